@@ -1,0 +1,5 @@
+"""`python -m batchtool`: the same as the `batchtool` command."""
+
+from batchtool.cli import main
+
+main()

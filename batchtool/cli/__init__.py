@@ -1,0 +1,10 @@
+"""The command line: a thin click layer over the library (one module per command group)."""
+
+from __future__ import annotations
+
+from batchtool.cli import io  # noqa: F401  (registers inspect, convert)
+from batchtool.cli.common import cli
+
+main = cli
+
+__all__ = ["cli", "main"]

@@ -1,0 +1,131 @@
+"""The click group and the option sets every command shares (one definition, many commands)."""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+import batchtool
+from batchtool.errors import BatchtoolError
+from batchtool.job import RunSettings
+from batchtool.output import DEFAULT_SHARD_BYTES, OutputOptions
+from batchtool.runner import default_threads
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+class _Group(click.Group):
+    """Turns BatchtoolErrors into one line on stderr and exit status 2; --debug shows the traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        debug = ctx.params.get("debug") or os.environ.get("BATCHTOOL_DEBUG") == "1"
+        try:
+            return super().invoke(ctx)
+        except BatchtoolError as exc:
+            if debug:
+                raise
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            if debug:
+                raise
+            click.echo("error: interrupted; DST left as it was", err=True)
+            ctx.exit(130)
+
+
+@click.group(cls=_Group, context_settings=CONTEXT)
+@click.version_option(batchtool.__version__, "--version", prog_name="batchtool")
+@click.option("--debug", is_flag=True, help="Show the full traceback on errors.")
+def cli(debug: bool) -> None:
+    """Prepare sequence datasets for training, offline.
+
+    Reads Parquet and TFRecord shards, resamples, buckets and segments them, and
+    writes pre-batched shards plus a manifest of what it did.
+
+    \b
+    Example:
+      batchtool inspect sample_data/parquet --label label
+    """
+
+
+def parse_size(text: str | None) -> int | None:
+    """'256MB', '1GiB', '1000000' -> bytes."""
+    if text is None:
+        return None
+    units = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
+             "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TB": 1 << 40}
+    s = text.strip().upper()
+    digits = s.rstrip("KMGTIB")
+    try:
+        value = float(digits)
+        return int(value * units[s[len(digits):]])
+    except (ValueError, KeyError):
+        raise click.BadParameter(f"{text!r} is not a size (e.g. 256MB, 1GB, 1000000)") from None
+
+
+def input_options(fn: Callable) -> Callable:
+    """--format and --skip-corrupt, for every command that reads SRC."""
+    fn = click.option("--skip-corrupt", is_flag=True,
+                      help="Count and skip TFRecord records with a bad CRC instead of stopping.")(fn)
+    fn = click.option("--format", "input_format", type=click.Choice(["parquet", "tfrecord"]),
+                      help="Input format (default: from the file names).")(fn)
+    return fn
+
+
+def run_options(fn: Callable) -> Callable:
+    """--threads and --quiet: how to run, never what to compute."""
+    fn = click.option("--quiet", "-q", is_flag=True, help="No progress bars or summary.")(fn)
+    fn = click.option("--threads", type=click.IntRange(min=1), default=default_threads, show_default="cores",
+                      help="Worker threads; output is identical for any value.")(fn)
+    return fn
+
+
+def output_options(fn: Callable) -> Callable:
+    """Batch-shard output options, for every command that writes DST."""
+    options = [
+        click.option("--overwrite", is_flag=True, help="Replace DST if it exists."),
+        click.option("--tfrecord-kind", type=click.Choice(["sequence_example", "example"]),
+                     default="sequence_example", show_default=True,
+                     help="Payload of TFRecord output."),
+        click.option("--shard-bytes", default=None, metavar="SIZE",
+                     help=f"Start a new output shard past this size (default {DEFAULT_SHARD_BYTES >> 20}MB)."),
+        click.option("--shard-rows", type=click.IntRange(min=1), default=None,
+                     help="Start a new output shard past this many rows."),
+        click.option("--compression", default=None,
+                     help="Parquet codec (zstd default, snappy, gzip, lz4, brotli, none) or TFRecord gzip/none."),
+        click.option("--to", "output_format", type=click.Choice(["parquet", "tfrecord"]), default="parquet",
+                     show_default=True, help="Output format."),
+    ]
+    for option in options:
+        fn = option(fn)
+    return fn
+
+
+def make_output(kwargs: dict[str, Any]) -> OutputOptions:
+    """Pop the output options out of a command's kwargs."""
+    return OutputOptions(format=kwargs.pop("output_format"), compression=kwargs.pop("compression"),
+                         shard_rows=kwargs.pop("shard_rows"),
+                         shard_bytes=parse_size(kwargs.pop("shard_bytes")) or DEFAULT_SHARD_BYTES,
+                         tfrecord_kind=kwargs.pop("tfrecord_kind"), overwrite=kwargs.pop("overwrite"))
+
+
+def make_run(kwargs: dict[str, Any]) -> RunSettings:
+    return RunSettings(threads=kwargs.pop("threads"), quiet=kwargs.pop("quiet"))
+
+
+def summary(result_line: str, quiet: bool) -> None:
+    if not quiet:
+        click.echo(result_line, err=True)
+
+
+def command(name: str, example: str) -> Callable:
+    """A subcommand whose help ends with an example, as every command's must."""
+    def wrap(fn: Callable) -> Callable:
+        doc = (fn.__doc__ or "").rstrip() + f"\n\n\b\nExample:\n  {example}\n"
+        fn.__doc__ = doc
+        return cli.command(name, context_settings=CONTEXT)(functools.wraps(fn)(fn))
+    return wrap

@@ -1,0 +1,52 @@
+"""`inspect` and `convert`: the commands that only read and rewrite shards."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import click
+
+from batchtool import inspection
+from batchtool.cli.common import command, input_options, make_output, make_run, output_options, run_options, summary
+from batchtool.convert import convert as convert_dataset
+
+
+@command("inspect", "batchtool inspect sample_data/parquet --label label --length tokens")
+@click.argument("src")
+@click.option("--label", help="Integer label column to count (default: 'label' if present).")
+@click.option("--length", "length", help="Length column, or a sequence column whose steps are counted "
+                                         "(default: the first list column).")
+@click.option("--sequence", "sequence", help="Alias of --length for a sequence column.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+@input_options
+@run_options
+def inspect_cmd(src: str, label: str | None, length: str | None, sequence: str | None, as_json: bool,
+                input_format: str | None, skip_corrupt: bool, threads: int, quiet: bool) -> None:
+    """Show schema, shards, rows and bytes, the label distribution and the length histogram of SRC.
+
+    SRC is a Parquet or TFRecord file, a directory or a glob. When SRC is a batchtool
+    output directory its manifest is summarised too.
+    """
+    result = inspection.inspect(src, label=label, length=length or sequence, format=input_format,
+                                threads=threads, skip_corrupt=skip_corrupt)
+    click.echo(json.dumps(result, indent=2) if as_json else inspection.render(result))
+
+
+@command("convert", "batchtool convert sample_data/parquet /tmp/tfr --to tfrecord")
+@click.argument("src")
+@click.argument("dst")
+@click.option("--columns", help="Comma-separated columns to keep (default: all).")
+@input_options
+@output_options
+@run_options
+def convert_cmd(src: str, dst: str, columns: str | None, input_format: str | None, skip_corrupt: bool,
+                **kwargs) -> None:
+    """Rewrite SRC as batch shards in DST (Parquet or TFRecord), row for row, with a manifest."""
+    output = make_output(kwargs)
+    run = make_run(kwargs)
+    result = convert_dataset(src, dst, output, columns=columns.split(",") if columns else None,
+                             format=input_format, skip_corrupt=skip_corrupt, run=run)
+    skipped = result.manifest["stats"].get("corrupt_records_skipped")
+    summary(f"wrote {result.rows_out:,} rows to {len(result.manifest['output']['files'])} shard(s) in "
+            f"{os.path.abspath(dst)}" + (f" ({skipped} corrupt records skipped)" if skipped else ""), run.quiet)

@@ -1,0 +1,31 @@
+"""`convert`: rewrite a dataset in another shard format, unchanged row for row."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import pyarrow as pa
+
+from batchtool.dataset import Chunk, ReadReport, open_dataset
+from batchtool.job import JobResult, RunSettings, write_job
+from batchtool.output import OutputOptions
+
+
+def convert(src: str, dst: str, output: OutputOptions, *, columns: Sequence[str] | None = None,
+            format: str | None = None, skip_corrupt: bool = False, run: RunSettings = RunSettings()) -> JobResult:
+    """Read SRC's shards in order and write them to DST, with the manifest."""
+    dataset = open_dataset(src, format=format, skip_corrupt=skip_corrupt)
+    cols = dataset.check_columns(columns)
+    schema = dataset.projected_schema(cols)
+    report = ReadReport()
+
+    def work(task: Callable[[], Chunk]) -> tuple[list[pa.RecordBatch], int]:
+        chunk: Chunk = task()
+        return [chunk.data], chunk.num_rows
+
+    return write_job(command="convert", options={"columns": cols, "to": output.format,
+                                                 "compression": output.codec, "shard_rows": output.shard_rows,
+                                                 "shard_bytes": output.shard_bytes},
+                     seed=None, dataset=dataset, dst=dst, output=output, schema=schema,
+                     items=dataset.tasks(cols, report), work=work, stats=dict, run=run, report=report)
+

@@ -1,0 +1,321 @@
+"""Opening a SRC (file, directory or glob of Parquet or TFRecord shards) as a stream of chunks with stable ids."""
+
+from __future__ import annotations
+
+import base64
+import glob
+import json
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from batchtool import rng
+from batchtool.errors import CorruptRecordError, InputError, SchemaError, where
+from batchtool.formats import example as example_codec
+from batchtool.formats import parquet as parquet_format
+from batchtool.formats import tfrecord as tfrecord_format
+from batchtool.runner import ordered_map
+
+PARQUET_SUFFIXES = (".parquet", ".pq")
+TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfrec", ".tfrecord.gz", ".tfrecords.gz", ".tfrecord.gzip")
+FORMATS = ("parquet", "tfrecord")
+MANIFEST_NAME = "manifest.json"
+TFRECORD_CHUNK_RECORDS = 1024
+"""Records per decode task: big enough to amortise overhead, small enough to spread across threads."""
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One input file; `index` is its position in SRC's sorted file list and part of every example id."""
+
+    index: int
+    path: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A slice of rows and their stable example ids (see rng.example_ids)."""
+
+    data: pa.RecordBatch
+    ids: np.ndarray
+
+    @property
+    def num_rows(self) -> int:
+        return self.data.num_rows
+
+    def take(self, indices: np.ndarray) -> Chunk:
+        """Rows by position (repeats allowed), ids included."""
+        indices = np.asarray(indices, dtype=np.int64)
+        return Chunk(self.data.take(pa.array(indices)), self.ids[indices])
+
+    def filter(self, mask: np.ndarray) -> Chunk:
+        mask = np.asarray(mask, dtype=bool)
+        return Chunk(self.data.filter(pa.array(mask)), self.ids[mask])
+
+    @staticmethod
+    def concat(chunks: Sequence[Chunk], schema: pa.Schema) -> Chunk:
+        """One chunk of all rows; `schema` makes an empty list of chunks well-defined."""
+        batches = pa.Table.from_batches([c.data for c in chunks], schema).combine_chunks().to_batches()
+        data = batches[0] if batches else pa.RecordBatch.from_pylist([], schema=schema)
+        ids = np.concatenate([c.ids for c in chunks]) if chunks else np.zeros(0, dtype=np.uint64)
+        return Chunk(data, ids)
+
+
+@dataclass
+class ReadReport:
+    """What reading had to skip (only with skip_corrupt); filled by the reader thread."""
+
+    corrupt_records: int = 0
+    first_errors: list[str] = field(default_factory=list)
+
+    def record(self, err: CorruptRecordError) -> None:
+        self.corrupt_records += 1
+        if len(self.first_errors) < 10:
+            self.first_errors.append(str(err))
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Resolved shards plus the schema every chunk is decoded to."""
+
+    src: str
+    format: str
+    shards: tuple[Shard, ...]
+    schema: pa.Schema
+    tfrecord_kind: str | None = None
+    num_rows: int | None = None
+    skip_corrupt: bool = False
+    manifest: dict | None = None
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(s.size for s in self.shards)
+
+    def shard_of(self, example_id: int) -> Shard:
+        return self.shards[int(example_id) >> rng.SHARD_BITS]
+
+    def locate(self, example_id: int) -> str:
+        """'file, row N' of an example id, for error messages."""
+        row = int(example_id) & ((1 << rng.SHARD_BITS) - 1)
+        label = "record" if self.format == "tfrecord" else "row"
+        return f"{self.shard_of(example_id).path}, {label} {row}"
+
+    def check_columns(self, columns: Sequence[str] | None) -> list[str] | None:
+        """Fail early, listing what is available, when an asked column does not exist."""
+        if columns is None:
+            return None
+        names = self.schema.names
+        for name in columns:
+            if name not in names:
+                raise SchemaError(f"{self.src}: no column {name!r} (available: {', '.join(names)})")
+        return list(dict.fromkeys(columns))
+
+    def projected_schema(self, columns: Sequence[str] | None) -> pa.Schema:
+        return self.schema if columns is None else pa.schema([self.schema.field(c) for c in columns])
+
+    def tasks(self, columns: Sequence[str] | None = None,
+              report: ReadReport | None = None) -> Iterator[Callable[[], Chunk]]:
+        """Read tasks in a deterministic order; run them on any threads and keep their order.
+
+        Parquet tasks are row groups (the I/O happens in the task); TFRecord tasks carry raw
+        records read and CRC-checked here, so the protobuf decoding runs in the task.
+        """
+        cols = self.check_columns(columns)
+        if self.format == "parquet":
+            yield from self._parquet_tasks(cols)
+        else:
+            yield from self._tfrecord_tasks(cols, report or ReadReport())
+
+    def _parquet_tasks(self, columns: list[str] | None) -> Iterator[Callable[[], Chunk]]:
+        for shard in self.shards:
+            meta = parquet_format.open_file(shard.path).metadata
+            first = 0
+            for rg in range(meta.num_row_groups):
+                rows = meta.row_group(rg).num_rows
+                if rows:
+                    yield _ParquetTask(shard, rg, first, columns, self.projected_schema(columns))
+                first += rows
+
+    def _tfrecord_tasks(self, columns: list[str] | None, report: ReadReport) -> Iterator[Callable[[], Chunk]]:
+        schema = self.projected_schema(columns)
+        for shard in self.shards:
+            on_corrupt = report.record if self.skip_corrupt else None
+            for first, payloads in tfrecord_format.iter_record_chunks(
+                    shard.path, TFRECORD_CHUNK_RECORDS, skip_corrupt=self.skip_corrupt, on_corrupt=on_corrupt):
+                yield _TFRecordTask(shard, first, payloads, schema, self.tfrecord_kind or "auto")
+
+    def chunks(self, columns: Sequence[str] | None = None, threads: int = 1,
+               report: ReadReport | None = None) -> Iterator[Chunk]:
+        """All chunks in order, decoded on `threads` threads."""
+        return ordered_map(lambda task: task(), self.tasks(columns, report), threads)
+
+
+@dataclass(frozen=True)
+class _ParquetTask:
+    shard: Shard
+    row_group: int
+    first_row: int
+    columns: list[str] | None
+    schema: pa.Schema
+
+    def __call__(self) -> Chunk:
+        batch = parquet_format.read_row_group(self.shard.path, self.row_group, self.columns)
+        if not batch.schema.equals(self.schema):
+            batch = _conform(batch, self.schema, self.shard.path)
+        return Chunk(batch, rng.example_ids(self.shard.index, self.first_row, batch.num_rows))
+
+
+@dataclass(frozen=True)
+class _TFRecordTask:
+    shard: Shard
+    first_record: int
+    payloads: list[bytes]
+    schema: pa.Schema
+    kind: str
+
+    def __call__(self) -> Chunk:
+        batch = example_codec.decode_records(self.payloads, self.schema, self.kind,
+                                             path=self.shard.path, first_record=self.first_record)
+        return Chunk(batch, rng.example_ids(self.shard.index, self.first_record, batch.num_rows))
+
+
+def _conform(batch: pa.RecordBatch, schema: pa.Schema, path: str) -> pa.RecordBatch:
+    """Cast a shard whose schema differs only in representation (e.g. large_string) to the dataset's."""
+    try:
+        return batch.cast(schema)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
+        raise SchemaError(f"{where(path)}: schema differs from the first shard's ({exc})") from exc
+
+
+def resolve_paths(src: str) -> list[str]:
+    """Files of SRC in a stable order: a file, a directory (recursively) or a glob."""
+    if any(ch in src for ch in "*?["):
+        paths = sorted(p for p in glob.glob(src, recursive=True) if os.path.isfile(p))
+        if not paths:
+            raise InputError(f"{src}: no files match this pattern")
+        return paths
+    if os.path.isfile(src):
+        return [src]
+    if os.path.isdir(src):
+        found = []
+        for root, dirs, files in os.walk(src):
+            dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
+            found.extend(os.path.join(root, f) for f in files
+                         if not f.startswith((".", "_")) and f != MANIFEST_NAME and detect_format(f))
+        if not found:
+            raise InputError(f"{src}: empty input: no Parquet or TFRecord files in this directory")
+        return sorted(found)
+    raise InputError(f"{src}: no such file or directory")
+
+
+def detect_format(path: str) -> str | None:
+    name = path.lower()
+    if name.endswith(PARQUET_SUFFIXES):
+        return "parquet"
+    if name.endswith(TFRECORD_SUFFIXES):
+        return "tfrecord"
+    return None
+
+
+def read_manifest(src: str) -> dict | None:
+    """The batchtool manifest of a directory SRC, if it has one."""
+    path = os.path.join(src, MANIFEST_NAME)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: unreadable manifest ({exc})") from exc
+
+
+def open_dataset(src: str, format: str | None = None, schema: pa.Schema | None = None,
+                 tfrecord_kind: str = "auto", skip_corrupt: bool = False) -> Dataset:
+    """Resolve SRC, check it is one readable format, and fix the schema every chunk will have."""
+    src = os.fspath(src)
+    paths = resolve_paths(src)
+    if format is None:
+        formats = {detect_format(p) for p in paths}
+        if None in formats:
+            bad = next(p for p in paths if detect_format(p) is None)
+            raise InputError(f"{bad}: unknown format (expected a name ending in .parquet or .tfrecord[.gz]; "
+                             "or pass --format)")
+        if len(formats) > 1:
+            raise InputError(f"{src}: mixes Parquet and TFRecord files; convert one part first")
+        format = formats.pop()
+    if format not in FORMATS:
+        raise InputError(f"{src}: unknown format {format!r} (expected one of: {', '.join(FORMATS)})")
+    shards = tuple(Shard(i, p, os.path.getsize(p)) for i, p in enumerate(paths))
+    manifest = read_manifest(src) if os.path.isdir(src) else None
+    if format == "parquet":
+        return _open_parquet(src, shards, schema, manifest)
+    return _open_tfrecord(src, shards, schema, tfrecord_kind, skip_corrupt, manifest)
+
+
+def _open_parquet(src: str, shards: tuple[Shard, ...], schema: pa.Schema | None,
+                  manifest: dict | None) -> Dataset:
+    rows = 0
+    first_schema = None
+    for shard in shards:
+        if shard.size == 0:
+            raise InputError(f"{shard.path}: empty file (0 bytes), not a Parquet file")
+        pf = parquet_format.open_file(shard.path)
+        rows += pf.metadata.num_rows
+        file_schema = pf.schema_arrow
+        if first_schema is None:
+            first_schema = file_schema
+        elif not _compatible(first_schema, file_schema):
+            raise SchemaError(f"{shard.path}: schema differs from {shards[0].path}: "
+                              f"{_schema_diff(first_schema, file_schema)}")
+    return Dataset(src, "parquet", shards, schema or first_schema, num_rows=rows, manifest=manifest)
+
+
+def _compatible(a: pa.Schema, b: pa.Schema) -> bool:
+    return a.remove_metadata().equals(b.remove_metadata())
+
+
+def _schema_diff(a: pa.Schema, b: pa.Schema) -> str:
+    for f in a:
+        if f.name not in b.names:
+            return f"column {f.name!r} missing"
+        if not b.field(f.name).type.equals(f.type):
+            return f"column {f.name!r} is {b.field(f.name).type}, expected {f.type}"
+    extra = [n for n in b.names if n not in a.names]
+    return f"extra columns {extra}" if extra else "column order differs"
+
+
+def _open_tfrecord(src: str, shards: tuple[Shard, ...], schema: pa.Schema | None, kind: str,
+                   skip_corrupt: bool, manifest: dict | None) -> Dataset:
+    if schema is None and manifest and manifest.get("schema"):
+        schema = schema_from_json(manifest["schema"])
+        kind = manifest.get("output", {}).get("tfrecord_kind", kind)
+    if schema is None:
+        sample: list[bytes] = []
+        sample_path = shards[0].path
+        for shard in shards:
+            for _, payloads in tfrecord_format.iter_record_chunks(
+                    shard.path, TFRECORD_CHUNK_RECORDS, skip_corrupt=skip_corrupt):
+                sample, sample_path = payloads, shard.path
+                break
+            if sample:
+                break
+        if not sample:
+            raise InputError(f"{src}: empty input: no TFRecord records to infer a schema from")
+        schema, kind = example_codec.infer_schema(sample, kind, path=sample_path)
+    elif kind == "auto":
+        kind = "sequence_example"
+    return Dataset(src, "tfrecord", shards, schema, tfrecord_kind=kind, skip_corrupt=skip_corrupt,
+                   manifest=manifest)
+
+
+def schema_to_json(schema: pa.Schema) -> str:
+    """Arrow schema as base64 IPC bytes: exact, so a TFRecord round trip restores every type."""
+    return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
+
+
+def schema_from_json(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))

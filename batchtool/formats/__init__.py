@@ -1,0 +1,1 @@
+"""Shard formats: Parquet and TFRecord readers and writers, apart from any operation."""

@@ -1,0 +1,47 @@
+"""Parquet shards: row-group-wise reads with projection, and a batch-per-row-group writer."""
+
+from __future__ import annotations
+
+from typing import BinaryIO
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from batchtool.errors import InputError, where
+
+
+def open_file(path: str) -> pq.ParquetFile:
+    """Open one shard, turning pyarrow's errors into one-line InputErrors."""
+    try:
+        return pq.ParquetFile(path, memory_map=False)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InputError(f"{where(path)}: not a readable Parquet file ({_first_line(exc)})") from exc
+
+
+def read_row_group(path: str, row_group: int, columns: list[str] | None) -> pa.RecordBatch:
+    """Read one row group, only the asked columns, as a single RecordBatch."""
+    try:
+        table = open_file(path).read_row_group(row_group, columns=columns, use_threads=False)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InputError(f"{where(path)}: row group {row_group} is unreadable ({_first_line(exc)})") from exc
+    return table.combine_chunks().to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist([], schema=table.schema)
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+class ParquetShardWriter:
+    """Writes RecordBatches to one file, one row group per call, so a reader can fetch batch i directly."""
+
+    def __init__(self, sink: BinaryIO, schema: pa.Schema, compression: str = "zstd",
+                 compression_level: int | None = None) -> None:
+        self._writer = pq.ParquetWriter(sink, schema, compression=compression,
+                                        compression_level=compression_level,
+                                        write_statistics=True, store_schema=True)
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        self._writer.write_batch(batch, row_group_size=max(batch.num_rows, 1))
+
+    def close(self) -> None:
+        self._writer.close()

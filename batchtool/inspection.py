@@ -1,0 +1,151 @@
+"""`inspect`: what a dataset holds (schema, shards, rows, labels, lengths), as a dict or drawn for a terminal."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from batchtool import stats as stats_mod
+from batchtool.dataset import Dataset, ReadReport, open_dataset
+
+_BAR_WIDTH = 40
+_HIST_BINS = 16
+
+
+def inspect(src: str, *, label: str | None = None, length: str | None = None, format: str | None = None,
+            threads: int = 1, skip_corrupt: bool = False) -> dict[str, Any]:
+    """Read SRC once (only the label and length columns) and describe it."""
+    dataset = open_dataset(src, format=format, skip_corrupt=skip_corrupt)
+    label = label or stats_mod.default_label(dataset.schema)
+    length = length or stats_mod.default_length(dataset.schema)
+    dataset.check_columns([c for c in (label, length) if c])
+    report = ReadReport()
+    st = stats_mod.collect(dataset, label=label, length=length, threads=threads, report=report)
+    return describe(dataset, st, label, length, report)
+
+
+def describe(dataset: Dataset, st: stats_mod.DatasetStats, label: str | None, length: str | None,
+             report: ReadReport) -> dict[str, Any]:
+    result: dict[str, Any] = {
+        "src": dataset.src,
+        "format": dataset.format,
+        "tfrecord_kind": dataset.tfrecord_kind,
+        "rows": st.rows,
+        "bytes": dataset.total_bytes,
+        "schema": [{"name": f.name, "type": str(f.type)} for f in dataset.schema],
+        "shards": [{"path": s.path, "bytes": s.size, "rows": st.shard_rows.get(s.index, 0)}
+                   for s in dataset.shards],
+    }
+    if label:
+        result["label"] = {"column": label, "nulls": st.label_nulls,
+                           "counts": {str(k): v for k, v in sorted(st.label_counts.items(), key=_sort_key)}}
+    if length:
+        result["length"] = {"column": length, **st.length_summary(),
+                            "histogram": histogram(st.length_counts)}
+    if report.corrupt_records:
+        result["corrupt_records_skipped"] = report.corrupt_records
+    if dataset.manifest:
+        result["manifest"] = manifest_summary(dataset.manifest)
+    return result
+
+
+def _sort_key(item: tuple) -> tuple:
+    key = item[0]
+    return (0, key, "") if isinstance(key, (int, float)) else (1, 0, str(key))
+
+
+def histogram(counts: np.ndarray, bins: int = _HIST_BINS) -> list[dict]:
+    """Equal-width bins over [min, max] of an exact length histogram."""
+    nonzero = np.nonzero(counts)[0]
+    if not len(nonzero):
+        return []
+    lo, hi = int(nonzero[0]), int(nonzero[-1]) + 1
+    width = max(1, -(-(hi - lo) // bins))
+    edges = list(range(lo, hi, width)) + [hi]
+    return [{"from": a, "to": b - 1, "count": int(counts[a:b].sum())} for a, b in zip(edges, edges[1:])]
+
+
+def manifest_summary(manifest: dict) -> dict:
+    """The parts of a DST's manifest worth showing next to the data."""
+    out = manifest.get("output", {})
+    return {"command": manifest.get("command"), "batchtool_version": manifest.get("batchtool_version"),
+            "seed": manifest.get("seed"), "options": manifest.get("options"),
+            "rows": out.get("rows"), "batches": out.get("batches"), "stats": manifest.get("stats", {})}
+
+
+def render(result: dict[str, Any]) -> str:
+    """The terminal view: aligned tables and bar charts."""
+    lines = [f"{result['src']}  ({result['format']}"
+             + (f", {result['tfrecord_kind']}" if result.get("tfrecord_kind") else "")
+             + f", {len(result['shards'])} shard(s), {human_bytes(result['bytes'])}, {result['rows']:,} rows)"]
+    lines.append("")
+    lines.append("schema")
+    width = max(len(c["name"]) for c in result["schema"]) if result["schema"] else 0
+    lines += [f"  {c['name']:<{width}}  {c['type']}" for c in result["schema"]]
+    lines.append("")
+    lines.append("shards")
+    for s in result["shards"][:20]:
+        lines.append(f"  {os.path.basename(s['path'])}  {s['rows']:>10,} rows  {human_bytes(s['bytes']):>9}")
+    if len(result["shards"]) > 20:
+        lines.append(f"  ... {len(result['shards']) - 20} more")
+    if "label" in result:
+        lines += ["", *render_labels(result["label"], result["rows"])]
+    if "length" in result:
+        lines += ["", *render_lengths(result["length"])]
+    if result.get("corrupt_records_skipped"):
+        lines += ["", f"corrupt records skipped: {result['corrupt_records_skipped']}"]
+    if "manifest" in result:
+        lines += ["", *render_manifest(result["manifest"])]
+    return "\n".join(lines)
+
+
+def render_labels(label: dict, rows: int) -> list[str]:
+    counts = label["counts"]
+    lines = [f"label distribution ({label['column']}, {len(counts)} classes"
+             + (f", {label['nulls']} null" if label["nulls"] else "") + ")"]
+    peak = max(counts.values(), default=0)
+    width = max((len(k) for k in counts), default=1)
+    for k, v in counts.items():
+        lines.append(f"  {k:>{width}}  {v:>10,}  {100 * v / max(rows, 1):6.2f}%  {bar(v, peak)}")
+    return lines
+
+
+def render_lengths(length: dict) -> list[str]:
+    if not length.get("count"):
+        return [f"lengths ({length['column']}): no rows"]
+    lines = [f"lengths ({length['column']}): min {length['min']}  p50 {length['p50']}  p90 {length['p90']}  "
+             f"p99 {length['p99']}  max {length['max']}  mean {length['mean']}"]
+    peak = max(b["count"] for b in length["histogram"])
+    width = len(str(length["max"]))
+    for b in length["histogram"]:
+        lines.append(f"  {b['from']:>{width}}-{b['to']:<{width}}  {b['count']:>10,}  {bar(b['count'], peak)}")
+    return lines
+
+
+def render_manifest(summary: dict) -> list[str]:
+    lines = [f"written by batchtool {summary['batchtool_version']}: {summary['command']}"
+             + (f" (seed {summary['seed']})" if summary.get("seed") is not None else "")]
+    if summary.get("batches") is not None:
+        lines.append(f"  {summary['rows']:,} rows in {summary['batches']:,} batches")
+    for key, value in summary.get("stats", {}).items():
+        if isinstance(value, (int, float, str)):
+            lines.append(f"  {key}: {value}")
+    return lines
+
+
+def bar(value: float, peak: float) -> str:
+    """A horizontal bar with eighth-block resolution."""
+    if peak <= 0:
+        return ""
+    eighths = int(round(_BAR_WIDTH * 8 * value / peak))
+    return "█" * (eighths // 8) + ("", "▏", "▎", "▍", "▌", "▋", "▊", "▉")[eighths % 8]
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"

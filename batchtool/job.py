@@ -1,0 +1,72 @@
+"""Running one command end to end on the local engine: work items -> worker threads -> batch shards + manifest."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import pyarrow as pa
+
+from batchtool import manifest as manifest_mod
+from batchtool import progress
+from batchtool.dataset import Dataset, ReadReport
+from batchtool.output import BatchShardWriter, EncodedBatch, OutputOptions, encode_batch, output_directory
+from batchtool.runner import ordered_map
+
+X = TypeVar("X")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """How to run, never what to compute: none of these may change output bytes."""
+
+    threads: int = 1
+    quiet: bool = False
+
+
+@dataclass
+class JobResult:
+    manifest: dict[str, Any]
+    rows_in: int
+    rows_out: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def write_job(*, command: str, options: dict[str, Any], seed: int | None, dataset: Dataset, dst: str,
+              output: OutputOptions, schema: pa.Schema, items: Iterable[X],
+              work: Callable[[X], tuple[list[pa.RecordBatch], int]], stats: Callable[[], dict[str, Any]],
+              run: RunSettings, report: ReadReport | None = None, total_rows: int | None = None,
+              desc: str | None = None) -> JobResult:
+    """Apply `work` to items on threads (each returns output batches and the input rows it consumed),
+    write the batches in item order, then the manifest, then move the directory into place."""
+    started = time.perf_counter()
+    rows_in = rows_out = 0
+
+    def encoded_work(item: X) -> tuple[list[EncodedBatch], int]:
+        batches, consumed = work(item)
+        return [encode_batch(b, output) for b in batches], consumed
+
+    with output_directory(dst, output.overwrite) as tmp:
+        writer = BatchShardWriter(tmp, schema, output)
+        with progress.bar(desc or command, total_rows if total_rows is not None else dataset.num_rows,
+                          quiet=run.quiet) as bar:
+            for encoded, consumed in ordered_map(encoded_work, items, run.threads):
+                for batch in encoded:
+                    writer.write(batch)
+                    rows_out += batch.data.num_rows
+                rows_in += consumed
+                bar.update(consumed)
+        files = writer.close()
+        job_stats = stats()
+        if report is not None and report.corrupt_records:
+            job_stats["corrupt_records_skipped"] = report.corrupt_records
+            job_stats["corrupt_record_errors"] = report.first_errors
+        manifest = manifest_mod.build(
+            command=command, options=options, seed=seed, dataset=dataset, output=output, schema=schema,
+            files=files, stats={"rows_in": rows_in, "rows_out": rows_out, **job_stats},
+            run={"threads": run.threads, "wall_seconds": round(time.perf_counter() - started, 3),
+                 "peak_rss_bytes": manifest_mod.peak_rss_bytes()})
+        manifest_mod.write(tmp, manifest)
+    return JobResult(manifest, rows_in, rows_out)

@@ -1,0 +1,1 @@
+"""Operations: stratify, resample, shuffle, bucket, segment; each a plan plus pure per-chunk functions."""

@@ -1,0 +1,142 @@
+"""Spilling rows to temporary Arrow IPC files, so global reorders run in bounded memory.
+
+Rows are scattered to (group, part) files: the group is what the operation asks for (a
+bucket, a class, or one group for a global shuffle), the part is a keyed random number
+that splits a group too large for memory. Reading a group back loads one part at a time
+and orders its rows by a keyed random key: scattering to random parts and shuffling each
+is a uniformly random permutation of the group (and independent of thread count).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from typing import TypeVar
+
+import numpy as np
+import pyarrow as pa
+
+from batchtool import rng
+from batchtool.dataset import Chunk
+
+T = TypeVar("T")
+ID_COLUMN = "__batchtool_id"
+_FLUSH_BYTES = 4 << 20
+
+
+def parts_for(group_bytes: float, budget_bytes: int) -> int:
+    """How many parts keep one group's part under the budget."""
+    return max(1, math.ceil(group_bytes / max(1, budget_bytes)))
+
+
+class Spill:
+    """Temporary (group, part) IPC files under `tmp_dir`, removed on close even after a failure."""
+
+    def __init__(self, schema: pa.Schema, parts_per_group: Sequence[int], seed: int, stage: str,
+                 tmp_dir: str | None = None) -> None:
+        self.schema = schema.append(pa.field(ID_COLUMN, pa.uint64()))
+        self.parts = list(parts_per_group)
+        self.seed, self.stage = seed, stage
+        self.directory = tempfile.mkdtemp(prefix="batchtool-spill-", dir=tmp_dir)
+        self._writers: dict[tuple[int, int], pa.ipc.RecordBatchStreamWriter] = {}
+        self._buffers: dict[tuple[int, int], list[pa.RecordBatch]] = {}
+        self._buffered: dict[tuple[int, int], int] = {}
+        self.rows = np.zeros(len(self.parts), dtype=np.int64)
+
+    def __enter__(self) -> Spill:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for writer in self._writers.values():
+            writer.close()
+        self._writers.clear()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _path(self, group: int, part: int) -> str:
+        return os.path.join(self.directory, f"g{group:06d}-p{part:06d}.arrow")
+
+    def add(self, chunk: Chunk, groups: np.ndarray) -> None:
+        """Append each row of the chunk to its group's spill (call in a deterministic order)."""
+        groups = np.asarray(groups, dtype=np.int64)
+        max_parts = max(self.parts) if self.parts else 1
+        part_draw = rng.keyed_hash(self.seed, self.stage + "/part", chunk.ids)
+        parts = (part_draw % np.asarray(self.parts, dtype=np.uint64)[groups]).astype(np.int64)
+        cells = groups * max_parts + parts
+        order = np.argsort(cells, kind="stable")
+        sorted_cells = cells[order]
+        starts = np.flatnonzero(np.r_[True, sorted_cells[1:] != sorted_cells[:-1]])
+        ends = np.r_[starts[1:], len(order)]
+        data = chunk.data.append_column(ID_COLUMN, pa.array(chunk.ids, pa.uint64()))
+        taken = data.take(pa.array(order))
+        for s, e in zip(starts, ends):
+            cell = int(sorted_cells[s])
+            key = (cell // max_parts, cell % max_parts)
+            piece = taken.slice(s, e - s)
+            self._buffers.setdefault(key, []).append(piece)
+            self._buffered[key] = self._buffered.get(key, 0) + piece.nbytes
+            self.rows[key[0]] += e - s
+            if self._buffered[key] >= _FLUSH_BYTES:
+                self._flush(key)
+
+    def _flush(self, key: tuple[int, int]) -> None:
+        pieces = self._buffers.pop(key, [])
+        self._buffered.pop(key, None)
+        if not pieces:
+            return
+        writer = self._writers.get(key)
+        if writer is None:
+            writer = self._writers[key] = pa.ipc.new_stream(pa.OSFile(self._path(*key), "wb"), self.schema)
+        writer.write_table(pa.Table.from_batches(pieces, self.schema).combine_chunks())
+
+    def finish(self) -> None:
+        """Flush and close every writer; call once, before reading."""
+        for key in list(self._buffers):
+            self._flush(key)
+        for writer in self._writers.values():
+            writer.close()
+        self._writers.clear()
+
+    def read_group(self, group: int, order_stage: str | None = None) -> Iterator[Chunk]:
+        """The group's rows, one part at a time; in keyed random order when order_stage is given,
+        else in the order they were added."""
+        for part in range(self.parts[group]):
+            path = self._path(group, part)
+            if not os.path.exists(path):
+                continue
+            with pa.memory_map(path) as source:
+                table = pa.ipc.open_stream(source).read_all()
+            if table.num_rows == 0:
+                continue
+            ids = table.column(ID_COLUMN).to_numpy()
+            if order_stage is not None:
+                order = np.argsort(rng.permutation_keys(self.seed, order_stage, ids), kind="stable")
+                table = table.take(pa.array(order))
+                ids = ids[order]
+            data = table.drop_columns([ID_COLUMN]).combine_chunks()
+            yield Chunk(data.to_batches()[0] if data.num_rows else data, np.ascontiguousarray(ids))
+
+
+def interleave(streams: Sequence[Iterator[T]], counts: Sequence[int], seed: int, stage: str) -> Iterator[tuple[int, T]]:
+    """Merge streams in a uniformly random interleaving that keeps each stream's own order.
+
+    Step t takes from stream i with probability remaining_i / remaining_total, drawn from the
+    keyed uniform of t, so the order depends only on the seed and the counts. `counts` must be
+    how many items each stream yields.
+    """
+    remaining = np.asarray(counts, dtype=np.int64).copy()
+    total = int(remaining.sum())
+    for step in range(total):
+        u = rng.uniform(seed, stage, np.array([step], dtype=np.uint64))[0]
+        pick = int(np.searchsorted(np.cumsum(remaining), u * total, side="right"))
+        remaining[pick] -= 1
+        total -= 1
+        yield pick, next(streams[pick])
+
+
+__all__ = ["ID_COLUMN", "Spill", "interleave", "parts_for"]

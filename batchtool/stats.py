@@ -1,0 +1,130 @@
+"""Whole-dataset statistics from one streaming pass over only the needed columns.
+
+Shared by `inspect`, `check` and every command's first pass: per-chunk partial
+statistics are computed on worker threads and merged in order, so memory stays
+bounded (label counts and an exact length histogram, never the rows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from batchtool import rng
+from batchtool.dataset import Chunk, Dataset, ReadReport
+from batchtool.errors import SchemaError
+from batchtool.runner import ordered_map
+
+
+def is_sequence_type(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def lengths_of(batch: pa.RecordBatch, column: str) -> np.ndarray:
+    """Per-row length: the value of an integer column, or the number of steps of a list column (null -> 0)."""
+    arr = batch.column(column)
+    if is_sequence_type(arr.type):
+        return pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    if pa.types.is_integer(arr.type):
+        return pc.fill_null(arr, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    raise SchemaError(f"column {column!r} is {arr.type}: a length needs an integer or list column")
+
+
+@dataclass
+class DatasetStats:
+    """Mergeable statistics: the rows per shard, label counts and an exact length histogram."""
+
+    rows: int = 0
+    shard_rows: dict[int, int] = field(default_factory=dict)
+    label_counts: dict = field(default_factory=dict)
+    label_nulls: int = 0
+    length_counts: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+
+    def merge(self, other: DatasetStats) -> None:
+        self.rows += other.rows
+        for k, v in other.shard_rows.items():
+            self.shard_rows[k] = self.shard_rows.get(k, 0) + v
+        for k, v in other.label_counts.items():
+            self.label_counts[k] = self.label_counts.get(k, 0) + v
+        self.label_nulls += other.label_nulls
+        self.length_counts = _add_counts(self.length_counts, other.length_counts)
+
+    @property
+    def has_lengths(self) -> bool:
+        return int(self.length_counts.sum()) > 0
+
+    def length_quantile(self, q: float) -> int:
+        """Exact q-quantile (lower) of the length distribution."""
+        cum = np.cumsum(self.length_counts)
+        return int(np.searchsorted(cum, q * cum[-1], side="left")) if len(cum) and cum[-1] else 0
+
+    def length_summary(self) -> dict:
+        counts = self.length_counts
+        n = int(counts.sum())
+        if not n:
+            return {"count": 0}
+        values = np.nonzero(counts)[0]
+        mean = float((np.arange(len(counts)) * counts).sum() / n)
+        return {"count": n, "min": int(values[0]), "max": int(values[-1]), "mean": round(mean, 3),
+                "p50": self.length_quantile(0.5), "p90": self.length_quantile(0.9),
+                "p99": self.length_quantile(0.99), "total": int((np.arange(len(counts)) * counts).sum())}
+
+
+def _add_counts(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if len(a) < len(b):
+        a, b = b, a
+    out = a.copy()
+    out[: len(b)] += b
+    return out
+
+
+def chunk_stats(chunk: Chunk, label: str | None, length: str | None) -> DatasetStats:
+    """Statistics of one chunk; a pure function so it can run on any worker thread."""
+    stats = DatasetStats(rows=chunk.num_rows)
+    shards, counts = np.unique(chunk.ids >> np.uint64(rng.SHARD_BITS), return_counts=True)
+    stats.shard_rows = {int(s): int(c) for s, c in zip(shards, counts)}
+    if label is not None:
+        arr = chunk.data.column(label)
+        stats.label_nulls = arr.null_count
+        vc = pc.value_counts(arr.drop_null() if arr.null_count else arr)
+        stats.label_counts = dict(zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist()))
+    if length is not None:
+        lens = lengths_of(chunk.data, length)
+        if len(lens) and lens.min() < 0:
+            raise SchemaError(f"column {length!r} has a negative length ({int(lens.min())})")
+        stats.length_counts = np.bincount(lens) if len(lens) else np.zeros(0, dtype=np.int64)
+    return stats
+
+
+def collect(dataset: Dataset, label: str | None = None, length: str | None = None, threads: int = 1,
+            report: ReadReport | None = None) -> DatasetStats:
+    """One pass over only the label and length columns (or the narrowest column, to count rows)."""
+    columns = [c for c in (label, length) if c is not None] or [_narrowest_column(dataset.schema)]
+    total = DatasetStats()
+    for part in ordered_map(lambda task: chunk_stats(task(), label, length),
+                            dataset.tasks(columns, report), threads):
+        total.merge(part)
+    return total
+
+
+def _narrowest_column(schema: pa.Schema) -> str:
+    """A cheap column to read when only row counts are needed."""
+    for f in schema:
+        if not is_sequence_type(f.type) and not pa.types.is_struct(f.type):
+            return f.name
+    return schema.names[0]
+
+
+def default_label(schema: pa.Schema) -> str | None:
+    return "label" if "label" in schema.names and pa.types.is_integer(schema.field("label").type) else None
+
+
+def default_length(schema: pa.Schema) -> str | None:
+    for f in schema:
+        if is_sequence_type(f.type):
+            return f.name
+    return None
+

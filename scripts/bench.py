@@ -1,0 +1,228 @@
+"""Benchmarks: one command, one table. Every batchtool job is measured in the same run as its floor
+(the same I/O done with plain pyarrow/NumPy) and, where installed, its peer (tf.data, DuckDB).
+
+    python scripts/bench.py --size 1GB                 # generate (or reuse) bench_data/1GB, run all jobs
+    python scripts/bench.py --size 200MB --jobs convert,tfrecord-read
+    python scripts/bench.py --tf-python /path/to/venv/bin/python   # run the tf.data peers there
+
+Each measurement is a separate subprocess, so peak RSS (from wait4) is that job's own.
+Jobs live in scripts/benchjobs/*.py: each module defines `jobs(ctx) -> list[Job]`; floors and
+peers are functions in those modules, run as `bench.py --call MODULE:FUNC ARGS_JSON`.
+Results go to bench_results/latest.md and latest.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import pkgutil
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, REPO)
+
+from make_sample_data import write_corpus  # noqa: E402
+
+BYTES_PER_ROW = {16: 5800}
+"""Approximate zstd Parquet bytes per example at the benchmark shape (median 100 steps, 16 floats/step)."""
+
+
+@dataclass(frozen=True)
+class Context:
+    data: str
+    parquet: str
+    tfrecord: str
+    rows: int
+    parquet_bytes: int
+    tfrecord_bytes: int
+    work: str
+    threads: int
+    tf_python: str | None
+
+
+@dataclass(frozen=True)
+class Command:
+    """A measured process: batchtool CLI args, or a MODULE:FUNC call with JSON args."""
+
+    batchtool: tuple[str, ...] = ()
+    call: str | None = None
+    args: dict = field(default_factory=dict)
+    python: str | None = None
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    rows: int
+    bytes: int
+    ours: Command
+    floor: Command | None = None
+    peer: Command | None = None
+    peer_name: str = ""
+    note: str = ""
+
+
+@dataclass
+class Measurement:
+    seconds: float
+    peak_rss: int
+    output: str
+
+
+def measure(cmd: Command, ctx: Context) -> Measurement | None:
+    """Run one command in its own process and return wall time and that process's peak RSS."""
+    if cmd.call:
+        python = cmd.python or sys.executable
+        argv = [python, os.path.join(HERE, "bench.py"), "--call", cmd.call, json.dumps(cmd.args)]
+    else:
+        argv = [sys.executable, "-m", "batchtool", *cmd.batchtool]
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - start
+    out, err = proc.stdout.read(), proc.stderr.read()
+    proc.stdout.close()
+    proc.stderr.close()
+    if os.waitstatus_to_exitcode(status) != 0:
+        print(f"  ! {' '.join(argv[:6])}... failed: {err.strip().splitlines()[-1] if err.strip() else status}",
+              file=sys.stderr)
+        return None
+    return Measurement(seconds, usage.ru_maxrss * 1024, out)
+
+
+def generate(size: str, root: str) -> Context:
+    """Write (or reuse) a corpus of about `size` of zstd Parquet, plus the same rows as GZIP-less TFRecord."""
+    target = parse_size(size)
+    rows = max(1000, target // BYTES_PER_ROW[16])
+    data = os.path.join(root, size)
+    marker = os.path.join(data, "DONE.json")
+    if not (os.path.exists(marker) and json.load(open(marker)).get("rows") == rows):
+        shutil.rmtree(data, ignore_errors=True)
+        os.makedirs(data)
+        print(f"generating {rows:,} examples in {data} ...", file=sys.stderr)
+        write_corpus(data, rows, shards=max(2, min(16, target // (128 << 20))), seed=1,
+                     tfrecord=True, parquet=True, median_length=100, max_length=2000, frame_dim=16,
+                     tfrecord_compression=None)
+        json.dump({"rows": rows}, open(marker, "w"))
+    return Context(data=data, parquet=os.path.join(data, "parquet"), tfrecord=os.path.join(data, "tfrecord"),
+                   rows=rows, parquet_bytes=dir_bytes(os.path.join(data, "parquet")),
+                   tfrecord_bytes=dir_bytes(os.path.join(data, "tfrecord")), work=os.path.join(data, "work"),
+                   threads=os.cpu_count() or 1, tf_python=None)
+
+
+def dir_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
+
+
+def parse_size(text: str) -> int:
+    units = {"KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}
+    t = text.upper()
+    for unit, mult in units.items():
+        if t.endswith(unit):
+            return int(float(t[: -len(unit)]) * mult)
+    return int(t)
+
+
+def all_jobs(ctx: Context) -> list[Job]:
+    import benchjobs
+
+    jobs: list[Job] = []
+    for info in sorted(pkgutil.iter_modules(benchjobs.__path__), key=lambda m: m.name):
+        jobs.extend(importlib.import_module(f"benchjobs.{info.name}").jobs(ctx))
+    return jobs
+
+
+def run_job(job: Job, ctx: Context) -> dict:
+    shutil.rmtree(ctx.work, ignore_errors=True)
+    os.makedirs(ctx.work)
+    print(f"{job.name}:", file=sys.stderr)
+    results = {}
+    for role, cmd in (("ours", job.ours), ("floor", job.floor), ("peer", job.peer)):
+        if cmd is None:
+            continue
+        if cmd.python is None and role == "peer" and cmd.call and ctx.tf_python and "tf" in cmd.call:
+            cmd = Command(call=cmd.call, args=cmd.args, python=ctx.tf_python)
+        m = measure(cmd, ctx)
+        shutil.rmtree(ctx.work, ignore_errors=True)
+        os.makedirs(ctx.work)
+        if m is not None:
+            results[role] = m
+            print(f"  {role:5} {m.seconds:8.2f} s  peak {m.peak_rss / 2**20:7.0f} MiB", file=sys.stderr)
+    ours = results.get("ours")
+    row = {"job": job.name, "rows": job.rows, "bytes": job.bytes, "note": job.note, "peer": job.peer_name}
+    if ours:
+        row.update(seconds=round(ours.seconds, 3), rows_per_s=round(job.rows / ours.seconds),
+                   mb_per_s=round(job.bytes / 2**20 / ours.seconds, 1), peak_rss_mib=round(ours.peak_rss / 2**20))
+    for role in ("floor", "peer"):
+        if ours and role in results:
+            row[f"{role}_seconds"] = round(results[role].seconds, 3)
+            row[f"ratio_to_{role}"] = round(ours.seconds / results[role].seconds, 2)
+            row[f"{role}_peak_rss_mib"] = round(results[role].peak_rss / 2**20)
+    return row
+
+
+def markdown(rows: list[dict], machine: str) -> str:
+    lines = [f"Machine: {machine}", "",
+             "| job | rows/s | MB/s | time (s) | vs floor (time ratio) | vs peer (time ratio) | peak RSS |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        if "seconds" not in r:
+            lines.append(f"| {r['job']} | failed | | | | | |")
+            continue
+        floor = f"{r['ratio_to_floor']:.2f}x" if "ratio_to_floor" in r else "-"
+        peer = f"{r['ratio_to_peer']:.2f}x ({r['peer']})" if "ratio_to_peer" in r else "-"
+        lines.append(f"| {r['job']} | {r['rows_per_s']:,} | {r['mb_per_s']} | {r['seconds']} | {floor} | {peer} | "
+                     f"{r['peak_rss_mib']} MiB |")
+    lines += ["", "Ratios are wall time of batchtool / wall time of the floor or peer: below 1 is faster."]
+    return "\n".join(lines)
+
+
+def machine_line() -> str:
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{platform.machine()}, {os.cpu_count()} cores, {mem:.0f} GiB RAM, Python {platform.python_version()}"
+
+
+def call(target: str, args_json: str) -> None:
+    module, func = target.split(":")
+    importlib.import_module(f"benchjobs.{module}").__dict__[func](**json.loads(args_json))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", default="1GB")
+    parser.add_argument("--data-root", default=os.path.join(REPO, "bench_data"))
+    parser.add_argument("--jobs", help="comma-separated job names (default: all)")
+    parser.add_argument("--tf-python", help="a Python with tensorflow for the tf.data peers")
+    parser.add_argument("--out", default=os.path.join(REPO, "bench_results"))
+    parser.add_argument("--call", nargs=2, metavar=("MODULE:FUNC", "ARGS_JSON"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.call:
+        call(*args.call)
+        return
+    ctx = generate(args.size, args.data_root)
+    ctx = Context(**{**asdict(ctx), "tf_python": args.tf_python})
+    wanted = set(args.jobs.split(",")) if args.jobs else None
+    rows = [run_job(job, ctx) for job in all_jobs(ctx) if wanted is None or job.name in wanted]
+    machine = machine_line()
+    table = markdown(rows, machine)
+    print(table)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "latest.md"), "w") as f:
+        f.write(table + "\n")
+    with open(os.path.join(args.out, "latest.json"), "w") as f:
+        json.dump({"machine": machine, "size": args.size, "rows": ctx.rows, "parquet_bytes": ctx.parquet_bytes,
+                   "tfrecord_bytes": ctx.tfrecord_bytes, "results": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""Shared fixtures: tiny seeded datasets written to tmp dirs, and a CLI runner that keeps stderr apart."""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from batchtool.cli import cli
+from batchtool.synthetic import make_table
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SAMPLE = os.path.join(REPO, "sample_data")
+
+
+def write_parquet_shards(directory: str, table: pa.Table, shards: int = 2, row_group_size: int = 50) -> str:
+    """Split a table into `shards` Parquet files of several row groups each."""
+    os.makedirs(directory, exist_ok=True)
+    per = -(-table.num_rows // shards)
+    for i in range(shards):
+        pq.write_table(table.slice(i * per, per), os.path.join(directory, f"part-{i:05d}.parquet"),
+                       row_group_size=row_group_size)
+    return directory
+
+
+@pytest.fixture
+def corpus(tmp_path) -> pa.Table:
+    return make_table(300, seed=7)
+
+
+@pytest.fixture
+def parquet_src(tmp_path, corpus) -> str:
+    return write_parquet_shards(str(tmp_path / "src"), corpus)
+
+
+@pytest.fixture
+def run_cli():
+    """Invoke the CLI in-process; returns click's Result with stdout and stderr separate."""
+    def invoke(*args: str):
+        return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+    return invoke
+
+
+def read_dir(path: str) -> pa.Table:
+    """All part files of an output directory, in order."""
+    files = sorted(f for f in os.listdir(path) if f.startswith("part-") and f.endswith(".parquet"))
+    return pa.concat_tables([pq.read_table(os.path.join(path, f)) for f in files])
+
+
+def data_bytes(path: str) -> dict[str, bytes]:
+    """The bytes of every data file of an output directory (the manifest's run section may differ)."""
+    return {f: open(os.path.join(path, f), "rb").read() for f in sorted(os.listdir(path)) if f.startswith("part-")}

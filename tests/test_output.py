@@ -1,0 +1,94 @@
+"""Batch-shard output: all-or-nothing directories, row groups per batch, rollover, checksums."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from batchtool.errors import DestinationExistsError
+from batchtool.output import BatchShardWriter, OutputOptions, encode_batch, output_directory
+
+
+def small_batches(n: int, rows: int) -> list[pa.RecordBatch]:
+    return [pa.record_batch({"x": pa.array(range(i * rows, (i + 1) * rows))}) for i in range(n)]
+
+
+def test_one_row_group_per_batch_and_rollover_by_rows(tmp_path):
+    writer = BatchShardWriter(str(tmp_path), pa.schema([("x", pa.int64())]), OutputOptions(shard_rows=25))
+    for b in small_batches(6, 10):
+        writer.write(encode_batch(b, writer.options))
+    files = writer.close()
+    assert [f["path"] for f in files] == ["part-00000.parquet", "part-00001.parquet"]
+    assert [f["rows"] for f in files] == [30, 30]
+    meta = pq.ParquetFile(tmp_path / "part-00000.parquet").metadata
+    assert [meta.row_group(i).num_rows for i in range(meta.num_row_groups)] == [10, 10, 10]
+    for f in files:
+        data = (tmp_path / f["path"]).read_bytes()
+        assert f["bytes"] == len(data)
+        assert f["sha256"] == hashlib.sha256(data).hexdigest()
+
+
+def test_empty_output_still_has_a_shard_with_the_schema(tmp_path):
+    schema = pa.schema([("x", pa.int64())])
+    files = BatchShardWriter(str(tmp_path), schema, OutputOptions()).close()
+    assert files[0]["rows"] == 0
+    assert pq.read_table(tmp_path / files[0]["path"]).schema.equals(schema)
+
+
+def test_failed_block_leaves_dst_untouched_and_no_temp_dir(tmp_path):
+    dst = tmp_path / "out"
+    dst.mkdir()
+    (dst / "keep.txt").write_text("old")
+    with pytest.raises(RuntimeError):
+        with output_directory(str(dst), overwrite=True) as tmp:
+            open(os.path.join(tmp, "part-00000.parquet"), "w").write("half")
+            raise RuntimeError("boom")
+    assert (dst / "keep.txt").read_text() == "old"
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+
+
+def test_interrupt_leaves_no_dst(tmp_path):
+    dst = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        with output_directory(str(dst), overwrite=False):
+            raise KeyboardInterrupt
+    assert os.listdir(tmp_path) == []
+
+
+def test_existing_dst_needs_overwrite(tmp_path):
+    dst = tmp_path / "out"
+    dst.mkdir()
+    with pytest.raises(DestinationExistsError, match="pass --overwrite"):
+        with output_directory(str(dst), overwrite=False):
+            pass
+    with output_directory(str(dst), overwrite=True) as tmp:
+        open(os.path.join(tmp, "new"), "w").write("x")
+    assert os.listdir(dst) == ["new"]
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+
+
+def test_gzip_tfrecord_output_is_byte_identical_across_runs(tmp_path):
+    opts = OutputOptions(format="tfrecord", compression="gzip")
+    outputs = []
+    for run in range(2):
+        d = tmp_path / str(run)
+        d.mkdir()
+        w = BatchShardWriter(str(d), pa.schema([("x", pa.int64())]), opts)
+        for b in small_batches(3, 4):
+            w.write(encode_batch(b, opts))
+        files = w.close()
+        outputs.append((d / files[0]["path"]).read_bytes())
+    assert files[0]["path"].endswith(".tfrecord.gz")
+    assert outputs[0] == outputs[1]
+
+
+def test_manifest_schema_round_trip():
+    from batchtool.dataset import schema_from_json, schema_to_json
+
+    schema = pa.schema([("a", pa.list_(pa.int16())), ("b", pa.float64())])
+    assert schema_from_json(json.loads(json.dumps(schema_to_json(schema)))).equals(schema)
