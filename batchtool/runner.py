@@ -56,7 +56,7 @@ def ordered_map(fn: Callable[[T], U], items: Iterable[T], threads: int,
     At most `window` items are in flight (read but not yet consumed), which bounds memory.
     """
     threads = max(1, int(threads))
-    window = window or 2 * threads + 1
+    window = window or threads + 1
     stop = threading.Event()
     source: queue.Queue = queue.Queue(maxsize=max(2, threads))
     reader = threading.Thread(target=_feed, args=(items, source, stop), name="batchtool-reader", daemon=True)

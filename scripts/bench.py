@@ -32,7 +32,7 @@ sys.path.insert(0, REPO)
 
 from make_sample_data import write_corpus  # noqa: E402
 
-BYTES_PER_ROW = {16: 5800}
+BYTES_PER_ROW = {16: 2870}
 """Approximate zstd Parquet bytes per example at the benchmark shape (median 100 steps, 16 floats/step)."""
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from batchtool.errors import CorruptRecordError, UsageError
+from batchtool.errors import CorruptRecordError, InputError, UsageError
 from batchtool.formats.tfrecord import (
     TFRecordFileWriter,
     detect_compression,
@@ -202,3 +202,11 @@ def test_unknown_compression(tmp_path: Path) -> None:
         list(iter_records(str(path), compression="ZSTD"))
     with pytest.raises(UsageError):
         TFRecordFileWriter(str(tmp_path / "v.tfrecord"), compression="ZSTD")
+
+
+def test_missing_file_is_an_input_error(tmp_path: Path) -> None:
+    missing = str(tmp_path / "nope.tfrecord")
+    with pytest.raises(InputError, match="nope.tfrecord: cannot read TFRecord file: No such file"):
+        list(iter_records(missing))
+    with pytest.raises(InputError):
+        detect_compression(missing)

@@ -1,19 +1,10 @@
-"""tf.train.Example / tf.train.SequenceExample <-> Arrow record batches, without TensorFlow.
-
-Mapping: context features (or an Example's features) are columns, scalar when
-they always hold one value, else lists; feature lists are list columns whose
-per-step vectors are nested lists (fixed-size when every step has the same
-count). Payloads are split with protobuf "view" messages that keep each
-Feature as raw bytes, and the packed int64/float lists inside are decoded
-for a whole chunk at once with NumPy; encoding writes the wire format the same
-way. Feature and map-entry order follows C++ protobuf's deterministic
-serialization (map keys sorted by their UTF-8 bytes).
-"""
+"""tf.train.Example / tf.train.SequenceExample <-> Arrow record batches, without TensorFlow."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any, NoReturn
 
 import numpy as np
@@ -198,7 +189,8 @@ def _wrap(flat: np.ndarray, lengths: np.ndarray,
     or stays empty when omit_empty and it is empty (protobuf writes no empty
     packed list). All layers are applied in one pass over the bytes.
     """
-    blocks, block_sizes = [], []
+    blocks: list[np.ndarray] = []
+    block_sizes: list[np.ndarray] = []
     for prefix, omit_empty in layers:
         varints, sizes = _varint_matrix(lengths.astype(np.uint64))
         fixed = np.broadcast_to(np.frombuffer(prefix, dtype=np.uint8), (len(lengths), len(prefix)))
@@ -310,6 +302,9 @@ def _decode_packed(raws: list[bytes], kind: str) -> tuple[np.ndarray, np.ndarray
             return None
         counts[holders] = inner[0] // 4
         return counts, payload.view("<f4")
+    ends_of_lists = np.cumsum(inner[0])[inner[0] > 0] - 1
+    if (payload[ends_of_lists] >= 0x80).any():
+        return None  # a varint runs past its list's end: malformed, let the parser say so
     values = _decode_varints(payload) if payload.size else np.zeros(0, dtype=np.int64)
     if values is None:
         return None
@@ -367,7 +362,7 @@ def _kind_of(raws: list[bytes]) -> str:
         if kind is None:
             kind = found
         elif found is not None and found != kind:
-            raise _BadFeature(i, f"holds {found}, but an earlier record holds {kind}")
+            raise _BadFeature(i, f"holds {found}, but earlier values of this feature are {kind}")
     return _FIELD_KIND[kind] if kind else "int64"
 
 
@@ -543,8 +538,8 @@ def _decode_column(field: pa.Field, shape: _Shape, contexts: Sequence[Mapping[st
     got = _gather(field.name, len(shape.lists), contexts, feature_lists, loc)
     try:
         counts, values = _decode_features(got.raws, shape.kind)
-    except _BadFeature as bad:
-        got.fail_raw(loc, bad.index, bad.message, CorruptRecordError if bad.corrupt else InputError)
+    except _BadFeature as problem:
+        got.fail_raw(loc, problem.index, problem.message, CorruptRecordError if problem.corrupt else InputError)
 
     def fail_value(i: int, message: str) -> NoReturn:
         got.fail_value(loc, counts, i, message)
@@ -739,7 +734,7 @@ def _split(flat: np.ndarray, lengths: np.ndarray, valid: np.ndarray) -> list[byt
     """Cut flat into one bytes object per valid row; b"" for null rows."""
     data = flat.tobytes()
     bounds = _exclusive_cumsum(lengths).tolist()
-    pieces = [data[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    pieces = [data[a:b] for a, b in pairwise(bounds)]
     if valid.all():
         return pieces
     out = [b""] * len(valid)
@@ -822,7 +817,8 @@ def encode_records(batch: pa.RecordBatch, kind: str = "sequence_example", *,
         unknown = sorted(set(sequence_columns) - set(names))
         if unknown:
             raise SchemaError(f"sequence columns {unknown} are not columns of the batch (columns: {names})")
-    context, lists = [], []
+    context: list[list[bytes]] = []
+    lists: list[list[bytes]] = []
     for field, column in sorted(zip(batch.schema, batch.columns), key=lambda pair: pair[0].name.encode("utf-8")):
         shape, as_feature_list = _plan(field, kind, sequence_columns)
         (lists if as_feature_list else context).append(_encode_column(field.name, column, shape, as_feature_list))

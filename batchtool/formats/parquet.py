@@ -9,6 +9,10 @@ import pyarrow.parquet as pq
 
 from batchtool.errors import InputError, where
 
+_DECODE_ROWS = 1024
+"""Decoding a row group in pieces of this many rows and joining them needs far less transient memory
+(and time) than decoding it whole: nested list columns decode with large temporary buffers."""
+
 
 def open_file(path: str) -> pq.ParquetFile:
     """Open one shard, turning pyarrow's errors into one-line InputErrors."""
@@ -21,10 +25,14 @@ def open_file(path: str) -> pq.ParquetFile:
 def read_row_group(path: str, row_group: int, columns: list[str] | None) -> pa.RecordBatch:
     """Read one row group, only the asked columns, as a single RecordBatch."""
     try:
-        table = open_file(path).read_row_group(row_group, columns=columns, use_threads=False)
+        pf = open_file(path)
+        pieces = list(pf.iter_batches(batch_size=_DECODE_ROWS, row_groups=[row_group], columns=columns,
+                                      use_threads=False))
     except (pa.ArrowInvalid, OSError) as exc:
         raise InputError(f"{where(path)}: row group {row_group} is unreadable ({_first_line(exc)})") from exc
-    return table.combine_chunks().to_batches()[0] if table.num_rows else pa.RecordBatch.from_pylist([], schema=table.schema)
+    schema = pieces[0].schema if pieces else pf.schema_arrow
+    batches = pa.Table.from_batches(pieces, schema).combine_chunks().to_batches()
+    return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=schema)
 
 
 def _first_line(exc: BaseException) -> str:

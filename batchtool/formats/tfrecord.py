@@ -11,9 +11,10 @@ from typing import BinaryIO
 
 import google_crc32c
 
-from batchtool.errors import CorruptRecordError, UsageError, where
+from batchtool.errors import CorruptRecordError, InputError, UsageError, where
 
 OnCorrupt = Callable[[CorruptRecordError], None]
+Stream = BinaryIO | gzip.GzipFile
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _HEADER_SIZE = 12
@@ -36,6 +37,14 @@ def _header_is_valid(header: bytes) -> bool:
     return len(header) == _HEADER_SIZE and masked_crc(header[:8]) == _U32.unpack_from(header, 8)[0]
 
 
+def _open_input(path: str) -> BinaryIO:
+    """The file opened for buffered reading; a missing or unreadable file is an InputError."""
+    try:
+        return open(path, "rb", buffering=_READ_BUFFER)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read TFRecord file: {exc.strerror or exc}") from None
+
+
 def detect_compression(path: str) -> str | None:
     """'GZIP' if the file is a gzip stream, else None.
 
@@ -43,7 +52,7 @@ def detect_compression(path: str) -> str | None:
     uncompressed record header (length CRC matches) is uncompressed: the magic
     alone can be the low bytes of a first record of 35,615+ bytes.
     """
-    with open(path, "rb") as f:
+    with _open_input(path) as f:
         head = f.read(_HEADER_SIZE)
     if head[:2] != _GZIP_MAGIC or _header_is_valid(head):
         return None
@@ -61,17 +70,10 @@ def _resolve_compression(path: str, compression: str | None) -> str | None:
     raise UsageError(f"{path}: unsupported TFRecord compression {compression!r}; expected 'auto', None or 'GZIP'")
 
 
-def _open_for_reading(path: str, compression: str | None) -> BinaryIO:
-    """A buffered binary stream of the decompressed record bytes."""
-    if _resolve_compression(path, compression) == "GZIP":
-        return gzip.open(path, "rb")
-    return open(path, "rb", buffering=_READ_BUFFER)
-
-
 class _Reader:
     """Reads one file's records in order, turning framing problems into CorruptRecordError."""
 
-    def __init__(self, path: str, stream: BinaryIO, compressed: bool) -> None:
+    def __init__(self, path: str, stream: Stream, compressed: bool) -> None:
         self.path = path
         self.stream = stream
         self.offset_note = " of the decompressed stream" if compressed else ""
@@ -141,7 +143,7 @@ def _iter_indexed(path: str, compression: str | None, skip_corrupt: bool,
             on_corrupt(err)
 
     compressed = _resolve_compression(path, compression) == "GZIP"
-    with _open_for_reading(path, "GZIP" if compressed else None) as stream:
+    with _open_input(path) as raw, gzip.GzipFile(fileobj=raw, mode="rb") if compressed else raw as stream:
         reader = _Reader(path, stream, compressed)
         while True:
             index = reader.index
@@ -181,7 +183,8 @@ def iter_record_chunks(path: str, chunk_records: int, *, compression: str | None
     """
     if chunk_records < 1:
         raise UsageError(f"chunk_records must be at least 1, got {chunk_records}")
-    first, chunk = 0, []
+    first = 0
+    chunk: list[bytes] = []
     for index, data in _iter_indexed(path, compression, skip_corrupt, on_corrupt):
         if chunk and (index != first + len(chunk) or len(chunk) == chunk_records):
             yield first, chunk
@@ -200,7 +203,7 @@ def frame_record(payload: bytes) -> bytes:
 
 def frame_records(payloads: Iterable[bytes]) -> bytes:
     """Many payloads framed back to back, built with one join."""
-    parts = []
+    parts: list[bytes] = []
     for payload in payloads:
         length = _U64.pack(len(payload))
         parts += (length, _U32.pack(masked_crc(length)), payload, _U32.pack(masked_crc(payload)))
@@ -219,8 +222,8 @@ class TFRecordFileWriter:
         self.path = path
         self.records = 0
         self.bytes_written = 0
-        self._raw: BinaryIO = open(path, "wb")
-        self._stream: BinaryIO = self._raw
+        self._raw: BinaryIO = open(path, "wb")  # noqa: SIM115 (closed by close())
+        self._stream: Stream = self._raw
         if compression and compression.upper() == "GZIP":
             self._stream = gzip.GzipFile(filename="", mode="wb", fileobj=self._raw, compresslevel=6, mtime=0)
         elif compression:
