@@ -1,0 +1,120 @@
+"""TFRecord through the CLI: corrupt and malformed input, --skip-corrupt, and Parquet <-> TFRecord round trips."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from batchtool.convert import convert
+from batchtool.formats.example import encode_records
+from batchtool.formats.tfrecord import TFRecordFileWriter, frame_record
+from batchtool.job import RunSettings
+from batchtool.output import OutputOptions
+from conftest import read_dir
+
+
+def write_tfrecord(path: Path, table: pa.Table) -> list[bytes]:
+    payloads = encode_records(table.to_batches()[0], "sequence_example")
+    with TFRecordFileWriter(str(path)) as writer:
+        writer.write_many(payloads)
+    return payloads
+
+
+def small_table(n: int = 5) -> pa.Table:
+    return pa.table({"key": [f"k{i}" for i in range(n)], "label": list(range(n)),
+                     "tokens": pa.array([[i] * (i + 1) for i in range(n)], pa.list_(pa.int64()))})
+
+
+def test_truncated_file_is_an_error_naming_file_and_record(tmp_path, run_cli):
+    path = tmp_path / "t.tfrecord"
+    write_tfrecord(path, small_table())
+    path.write_bytes(path.read_bytes()[:-7])
+    result = run_cli("convert", path, tmp_path / "dst")
+    assert result.exit_code == 2
+    assert f"error: {path}, record 4: truncated" in result.stderr
+    assert not (tmp_path / "dst").exists()
+
+
+def test_crc_mismatch_stops_or_is_skipped_and_counted(tmp_path, run_cli):
+    path = tmp_path / "t.tfrecord"
+    payloads = write_tfrecord(path, small_table())
+    data = bytearray(path.read_bytes())
+    second_record_data = len(frame_record(payloads[0])) + 12
+    data[second_record_data] ^= 0xFF
+    path.write_bytes(bytes(data))
+    result = run_cli("convert", path, tmp_path / "dst")
+    assert result.exit_code == 2 and "record 1" in result.stderr and "CRC" in result.stderr
+    assert not (tmp_path / "dst").exists()
+
+    result = run_cli("convert", path, tmp_path / "dst", "--skip-corrupt")
+    assert result.exit_code == 0, result.stderr
+    assert "1 corrupt records skipped" in result.stderr
+    manifest = json.load(open(tmp_path / "dst" / "manifest.json"))
+    assert manifest["stats"]["corrupt_records_skipped"] == 1
+    assert read_dir(str(tmp_path / "dst")).column("key").to_pylist() == ["k0", "k2", "k3", "k4"]
+
+
+def test_malformed_protobuf_names_file_and_record(tmp_path, run_cli):
+    path = tmp_path / "t.tfrecord"
+    payloads = encode_records(small_table().to_batches()[0], "sequence_example")
+    payloads[3] = b"\x0a\xff\xff\xff\x0fgarbage"
+    with TFRecordFileWriter(str(path)) as writer:
+        writer.write_many(payloads)
+    result = run_cli("convert", path, tmp_path / "dst")
+    assert result.exit_code == 2
+    assert str(path) in result.stderr and "record 3" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_wrong_column_type_is_named(tmp_path, run_cli):
+    path = tmp_path / "t.tfrecord"
+    write_tfrecord(path, small_table())
+    result = run_cli("inspect", path, "--label", "key")
+    assert result.exit_code == 0  # any type can be counted
+    result = run_cli("inspect", path, "--length", "key")
+    assert result.exit_code == 2 and "column 'key' is string" in result.stderr
+
+
+def test_sample_tfrecord_equals_sample_parquet(run_cli, tmp_path):
+    from conftest import SAMPLE
+
+    assert run_cli("convert", os.path.join(SAMPLE, "tfrecord"), tmp_path / "p", "-q").exit_code == 0
+    got = read_dir(str(tmp_path / "p"))
+    want = pa.concat_tables([pq.read_table(os.path.join(SAMPLE, "parquet", f))
+                             for f in sorted(os.listdir(os.path.join(SAMPLE, "parquet")))])
+    assert got.select(want.column_names).equals(want)
+
+
+ints = st.integers(-2**40, 2**40)
+floats = st.floats(width=32, allow_nan=False)
+ragged = st.lists(st.lists(ints, max_size=4), max_size=5)
+vectors = st.lists(st.lists(floats, min_size=2, max_size=2), max_size=5)
+rows = st.lists(st.tuples(st.one_of(st.none(), ints), st.integers(-100, 100), floats,
+                          st.one_of(st.none(), st.text(max_size=5)), st.booleans(),
+                          st.lists(ints, max_size=6), vectors, ragged), max_size=12)
+
+
+@given(rows)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_parquet_tfrecord_parquet_preserves_values_and_types(tmp_path_factory, data):
+    tmp = tmp_path_factory.mktemp("rt")
+    cols = list(zip(*data)) if data else [[]] * 8
+    table = pa.table({
+        "maybe": pa.array(cols[0], pa.int64()), "small": pa.array(cols[1], pa.int16()),
+        "f": pa.array(cols[2], pa.float32()), "s": pa.array(cols[3], pa.string()),
+        "flag": pa.array(cols[4], pa.bool_()), "seq": pa.array(cols[5], pa.list_(pa.int64())),
+        "vec": pa.array(cols[6], pa.list_(pa.list_(pa.float32(), 2))),
+        "rag": pa.array(cols[7], pa.list_(pa.list_(pa.int64()))),
+    })
+    os.makedirs(tmp / "src")
+    pq.write_table(table, tmp / "src" / "part-0.parquet")
+    quiet = RunSettings(threads=2, quiet=True)
+    convert(str(tmp / "src"), str(tmp / "tfr"), OutputOptions(format="tfrecord"), run=quiet)
+    convert(str(tmp / "tfr"), str(tmp / "back"), OutputOptions(), run=quiet)
+    assert read_dir(str(tmp / "back")).equals(table)
