@@ -54,8 +54,13 @@ def ordered_map(fn: Callable[[T], U], items: Iterable[T], threads: int,
     """Apply fn to items on `threads` workers and yield results in input order.
 
     At most `window` items are in flight (read but not yet consumed), which bounds memory.
+    With threads=1 everything runs in the calling thread, one item at a time: the baseline
+    that --threads N is measured against, and the easiest to debug.
     """
     threads = max(1, int(threads))
+    if threads == 1:
+        yield from map(fn, items)
+        return
     window = window or threads + 1
     stop = threading.Event()
     source: queue.Queue = queue.Queue(maxsize=max(2, threads))
