@@ -36,10 +36,13 @@ class Spill:
     """Temporary (group, part) IPC files under `tmp_dir`, removed on close even after a failure."""
 
     def __init__(self, schema: pa.Schema, parts_per_group: Sequence[int], seed: int, stage: str,
-                 tmp_dir: str | None = None) -> None:
+                 tmp_dir: str | None = None, flush_bytes: int = _FLUSH_BYTES) -> None:
         self.schema = schema.append(pa.field(ID_COLUMN, pa.uint64()))
+        self.flush_bytes = flush_bytes  # bytes one (group, part) buffers before writing; cells x this bounds memory
         self.parts = list(parts_per_group)
         self.seed, self.stage = seed, stage
+        if tmp_dir is not None:
+            os.makedirs(tmp_dir, exist_ok=True)
         self.directory = tempfile.mkdtemp(prefix="batchtool-spill-", dir=tmp_dir)
         self._writers: dict[tuple[int, int], pa.ipc.RecordBatchStreamWriter] = {}
         self._buffers: dict[tuple[int, int], list[pa.RecordBatch]] = {}
@@ -81,7 +84,7 @@ class Spill:
             self._buffers.setdefault(key, []).append(piece)
             self._buffered[key] = self._buffered.get(key, 0) + piece.nbytes
             self.rows[key[0]] += e - s
-            if self._buffered[key] >= _FLUSH_BYTES:
+            if self._buffered[key] >= self.flush_bytes:
                 self._flush(key)
 
     def _flush(self, key: tuple[int, int]) -> None:

@@ -7,6 +7,7 @@ bounded (label counts and an exact length histogram, never the rows).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,13 +36,18 @@ def lengths_of(batch: pa.RecordBatch, column: str) -> np.ndarray:
 
 @dataclass
 class DatasetStats:
-    """Mergeable statistics: the rows per shard, label counts and an exact length histogram."""
+    """Mergeable statistics: the rows per shard, label counts, an exact length histogram and, for the
+    columns asked, null and NaN counts."""
 
     rows: int = 0
     shard_rows: dict[int, int] = field(default_factory=dict)
     label_counts: dict = field(default_factory=dict)
     label_nulls: int = 0
     length_counts: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    null_counts: dict[str, int] = field(default_factory=dict)
+    """Null values per column (a null list counts once; nulls inside lists are not counted)."""
+    nan_counts: dict[str, int] = field(default_factory=dict)
+    """NaN values per float column, counting every element inside (nested) list columns."""
 
     def merge(self, other: DatasetStats) -> None:
         self.rows += other.rows
@@ -51,6 +57,9 @@ class DatasetStats:
             self.label_counts[k] = self.label_counts.get(k, 0) + v
         self.label_nulls += other.label_nulls
         self.length_counts = _add_counts(self.length_counts, other.length_counts)
+        for mine, theirs in ((self.null_counts, other.null_counts), (self.nan_counts, other.nan_counts)):
+            for k, v in theirs.items():
+                mine[k] = mine.get(k, 0) + v
 
     @property
     def has_lengths(self) -> bool:
@@ -81,7 +90,26 @@ def _add_counts(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out
 
 
-def chunk_stats(chunk: Chunk, label: str | None, length: str | None) -> DatasetStats:
+def leaf_values(arr: pa.Array) -> pa.Array:
+    """The scalar values inside any nesting of lists (only the rows' own: slices and null lists respected)."""
+    while is_sequence_type(arr.type):
+        arr = arr.flatten()
+    return arr
+
+
+def nan_count(arr: pa.Array, column: str) -> int:
+    """NaN values in a float (or list of float) column; a cheap max() pass when there are none."""
+    leaf = leaf_values(arr)
+    if not pa.types.is_floating(leaf.type):
+        raise SchemaError(f"column {column!r} is {arr.type}: counting NaN needs a float or list-of-float column")
+    values = (leaf.drop_null() if leaf.null_count else leaf).to_numpy(zero_copy_only=False)
+    if not len(values) or not np.isnan(values.max()):  # max() propagates NaN
+        return 0
+    return int(np.isnan(values).sum())
+
+
+def chunk_stats(chunk: Chunk, label: str | None, length: str | None, nulls: Sequence[str] = (),
+                nans: Sequence[str] = ()) -> DatasetStats:
     """Statistics of one chunk; a pure function so it can run on any worker thread."""
     stats = DatasetStats(rows=chunk.num_rows)
     shards, counts = np.unique(chunk.ids >> np.uint64(rng.SHARD_BITS), return_counts=True)
@@ -96,15 +124,18 @@ def chunk_stats(chunk: Chunk, label: str | None, length: str | None) -> DatasetS
         if len(lens) and lens.min() < 0:
             raise SchemaError(f"column {length!r} has a negative length ({int(lens.min())})")
         stats.length_counts = np.bincount(lens) if len(lens) else np.zeros(0, dtype=np.int64)
+    stats.null_counts = {c: chunk.data.column(c).null_count for c in nulls}
+    stats.nan_counts = {c: nan_count(chunk.data.column(c), c) for c in nans}
     return stats
 
 
 def collect(dataset: Dataset, label: str | None = None, length: str | None = None, threads: int = 1,
-            report: ReadReport | None = None) -> DatasetStats:
-    """One pass over only the label and length columns (or the narrowest column, to count rows)."""
-    columns = [c for c in (label, length) if c is not None] or [_narrowest_column(dataset.schema)]
+            report: ReadReport | None = None, nulls: Sequence[str] = (), nans: Sequence[str] = ()) -> DatasetStats:
+    """One pass over only the label, length, null and NaN columns (or the narrowest column, to count rows)."""
+    columns = list(dict.fromkeys(c for c in (label, length, *nulls, *nans) if c is not None)) \
+        or [_narrowest_column(dataset.schema)]
     total = DatasetStats()
-    for part in ordered_map(lambda task: chunk_stats(task(), label, length),
+    for part in ordered_map(lambda task: chunk_stats(task(), label, length, nulls, nans),
                             dataset.tasks(columns, report), threads):
         total.merge(part)
     return total

@@ -1,0 +1,150 @@
+"""What `check` found: per-rule results, drawn as a terminal table, JSON, or JUnit XML for CI systems."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from batchtool.errors import UsageError
+
+PASS, FAIL, ERROR = "PASS", "FAIL", "ERROR"
+
+
+@dataclass(frozen=True)
+class Offender:
+    """One offending row (file and row or record index, key value) or, for file-level rules, one file."""
+
+    detail: str
+    file: str | None = None
+    row: int | None = None
+    key: Any = None
+
+    def describe(self, unit: str = "row") -> str:
+        where = [p for p in (self.file, f"{unit} {self.row}" if self.row is not None else None) if p]
+        if self.key is not None:
+            where.append(f"key {self.key!r}")
+        return ", ".join(where) + (": " if where else "") + self.detail
+
+
+@dataclass(frozen=True)
+class RuleResult:
+    """One rule's verdict: `measured` and `bound` are for people, `value` for machines.
+
+    `offending` counts every offending row (or file, or class); `offenders` lists the first of them.
+    """
+
+    name: str
+    kind: str
+    status: str
+    measured: str
+    bound: str
+    value: Any = None
+    offending: int = 0
+    offenders: tuple[Offender, ...] = ()
+
+    @property
+    def message(self) -> str:
+        return f"{self.name}: {self.measured} (expected {self.bound})"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    src: str
+    format: str | None
+    rows: int | None
+    rules: tuple[RuleResult, ...]
+    seconds: float
+
+    @property
+    def passed(self) -> bool:
+        return all(r.status == PASS for r in self.rules)
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every rule passes, 1 when a rule fails (bad data); usage and read errors exit 2 before this."""
+        return 0 if self.passed else 1
+
+    @property
+    def row_unit(self) -> str:
+        return "record" if self.format == "tfrecord" else "row"
+
+    def counts(self) -> dict[str, int]:
+        return {s: sum(r.status == s for r in self.rules) for s in (PASS, FAIL, ERROR)}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"src": self.src, "format": self.format, "rows": self.rows, "passed": self.passed,
+                "exit_code": self.exit_code, "seconds": round(self.seconds, 3),
+                "counts": {k.lower(): v for k, v in self.counts().items()},
+                "rules": [{**{k: v for k, v in asdict(r).items() if k != "offenders"},
+                           "offenders": [asdict(o) for o in r.offenders]} for r in self.rules]}
+
+
+def render_text(result: CheckResult) -> str:
+    """The rules table, then each failed rule's full measurement and first offenders, then a summary line."""
+    header = ("rule", "status", "measured", "bound")
+    rows = [(r.name, r.status, _clip(r.measured), r.bound) for r in result.rules]
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(3)]
+    lines = [f"check {result.src}"
+             + (f" ({result.format}, {result.rows:,} {result.row_unit}s)" if result.rows is not None else ""), ""]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row[:3], widths)) + "  " + row[3] for row in (header, *rows)]
+    for r in result.rules:
+        if r.status != PASS and (r.offenders or r.measured != _clip(r.measured)):
+            more = r.offending - len(r.offenders)
+            lines += ["", f"{r.status} {r.name}: {r.measured}"]
+            if r.offenders:
+                lines.append(f"  first {len(r.offenders)} of {r.offending:,}:" if more > 0 else "  offenders:")
+            lines += [f"    {o.describe(result.row_unit)}" for o in r.offenders]
+    counts = result.counts()
+    lines += ["", f"{len(result.rules)} rules: {counts[PASS]} passed, {counts[FAIL]} failed"
+              + (f", {counts[ERROR]} not evaluated" if counts[ERROR] else "")
+              + f" ({result.seconds:.2f} s)"]
+    return "\n".join(lines)
+
+
+_CELL = 64
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _CELL else text[:_CELL - 3] + "..."
+
+
+def to_json(result: CheckResult) -> str:
+    return json.dumps(result.to_dict(), indent=2, default=_json_default) + "\n"
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def junit_xml(result: CheckResult) -> str:
+    """One testsuite, one testcase per rule; a failed rule is a <failure>, an unevaluated one an <error>."""
+    counts = result.counts()
+    attrs = {"tests": str(len(result.rules)), "failures": str(counts[FAIL]), "errors": str(counts[ERROR]),
+             "time": f"{result.seconds:.3f}"}
+    suites = ET.Element("testsuites", {"name": "batchtool check", **attrs})
+    suite = ET.SubElement(suites, "testsuite", {"name": f"batchtool check {result.src}", "skipped": "0", **attrs})
+    for r in result.rules:
+        case = ET.SubElement(suite, "testcase", {"classname": f"batchtool.check.{r.kind}", "name": r.name,
+                                                 "time": "0"})
+        if r.status != PASS:
+            tag = "failure" if r.status == FAIL else "error"
+            element = ET.SubElement(case, tag, {"message": r.message, "type": r.kind})
+            element.text = "\n".join([r.message, *(o.describe(result.row_unit) for o in r.offenders)])
+        ET.SubElement(case, "system-out").text = f"measured: {r.measured}\nbound: {r.bound}"
+    ET.indent(suites)
+    return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def write(path: str, text: str, flag: str) -> None:
+    """Write a report file; a path that cannot be written is a usage error naming the flag."""
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: cannot write ({exc.strerror or exc})") from exc

@@ -1,0 +1,453 @@
+"""Check rules: what `batchtool check` verifies, as frozen configs read from a TOML file or built from flags."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from batchtool.errors import InputError, UsageError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+
+class RuleError(UsageError):
+    """A rule option with a bad value; `key` names the option so the caller can say where it came from."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Base of every rule: a unique name (shown in the report) and the kind that says what is checked."""
+
+    name: str
+    kind: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise RuleError("name", "must be a non-empty string")
+
+    def reads(self) -> tuple[str, ...]:
+        """Data columns the streaming pass must read for this rule (none: metadata or manifest only)."""
+        return ()
+
+
+def _require(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise RuleError(key, message)
+
+
+def _check_min_max(low: int | None, high: int | None) -> None:
+    """Optional counts `min` <= `max`, neither negative."""
+    for key, value in (("min", low), ("max", high)):
+        _require(value is None or value >= 0, key, f"must be >= 0, got {value}")
+    _require(low is None or high is None or low <= high, "max", f"must be >= min ({low}), got {high}")
+
+
+@dataclass(frozen=True)
+class Schema(Rule):
+    """Required columns and their Arrow types (e.g. int64, string, list<int64>); `exact` forbids others."""
+
+    kind: ClassVar[str] = "schema"
+    columns: tuple[tuple[str, str], ...]
+    exact: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(len(self.columns) > 0, "columns", "must list at least one column")
+
+
+@dataclass(frozen=True)
+class ColumnsRule(Rule):
+    """A rule over a list of columns (at least `min_columns` of them), which is what it reads."""
+
+    columns: tuple[str, ...]
+    min_columns: ClassVar[int] = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(len(self.columns) >= self.min_columns, "columns",
+                 "must list at least one column" if self.min_columns == 1
+                 else f"must list at least {self.min_columns} columns")
+
+    def reads(self) -> tuple[str, ...]:
+        return self.columns
+
+
+@dataclass(frozen=True)
+class NoNulls(ColumnsRule):
+    kind: ClassVar[str] = "no_nulls"
+
+
+@dataclass(frozen=True)
+class NoNan(ColumnsRule):
+    """No NaN in float columns, including every element of list-of-float columns."""
+
+    kind: ClassVar[str] = "no_nan"
+
+
+@dataclass(frozen=True)
+class LabelRange(Rule):
+    """Every label in [0, num_classes) (a null label is out of range), as stratify requires."""
+
+    kind: ClassVar[str] = "label_range"
+    num_classes: int
+    column: str = "label"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(self.num_classes >= 1, "num_classes", f"must be at least 1, got {self.num_classes}")
+
+    def reads(self) -> tuple[str, ...]:
+        return (self.column,)
+
+
+@dataclass(frozen=True)
+class ClassProportions(Rule):
+    """Each class's share of the (non-null) labels within `tolerance` of its target: an absolute
+    difference, or with `relative` a fraction of the target."""
+
+    kind: ClassVar[str] = "class_proportions"
+    target: tuple[float, ...]
+    tolerance: float = 0.01
+    relative: bool = False
+    column: str = "label"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(len(self.target) > 0, "target", "must list one proportion per class")
+        _require(all(0 <= p <= 1 for p in self.target), "target", f"proportions must be in [0, 1], got "
+                 f"{list(self.target)}")
+        _require(math.isclose(sum(self.target), 1.0, abs_tol=1e-6), "target",
+                 f"proportions must sum to 1, got {sum(self.target):.6g}")
+        _require(self.tolerance >= 0, "tolerance", f"must be >= 0, got {self.tolerance}")
+
+    def reads(self) -> tuple[str, ...]:
+        return (self.column,)
+
+
+@dataclass(frozen=True)
+class MinClassRows(Rule):
+    """At least `min_rows` rows in every class: each of [0, num_classes) if given, else each class seen."""
+
+    kind: ClassVar[str] = "min_class_rows"
+    min_rows: int
+    num_classes: int | None = None
+    column: str = "label"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(self.min_rows >= 1, "min_rows", f"must be at least 1, got {self.min_rows}")
+        _require(self.num_classes is None or self.num_classes >= 1, "num_classes",
+                 f"must be at least 1, got {self.num_classes}")
+
+    def reads(self) -> tuple[str, ...]:
+        return (self.column,)
+
+
+@dataclass(frozen=True)
+class Length(Rule):
+    """Bounds on a length: every row within [min, max], and the p50/p90/p99 quantiles within [low, high].
+
+    `column` is an integer column or a sequence column whose steps are counted (default: the first list column).
+    """
+
+    kind: ClassVar[str] = "length"
+    column: str | None = None
+    min: int | None = None
+    max: int | None = None
+    p50: tuple[int, int] | None = None
+    p90: tuple[int, int] | None = None
+    p99: tuple[int, int] | None = None
+
+    QUANTILES: ClassVar[tuple[tuple[str, float], ...]] = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(any(v is not None for v in (self.min, self.max, self.p50, self.p90, self.p99)), "min",
+                 "a length rule needs at least one of min, max, p50, p90, p99")
+        _check_min_max(self.min, self.max)
+        for key, _ in self.QUANTILES:
+            bounds = getattr(self, key)
+            _require(bounds is None or 0 <= bounds[0] <= bounds[1], key,
+                     f"must be [low, high] with 0 <= low <= high, got {list(bounds or ())}")
+
+    def reads(self) -> tuple[str, ...]:
+        return (self.column,) if self.column else ()
+
+
+@dataclass(frozen=True)
+class SameLength(ColumnsRule):
+    """Sequence columns that must have the same number of steps in every row (e.g. tokens and frames)."""
+
+    kind: ClassVar[str] = "same_length"
+    min_columns: ClassVar[int] = 2
+
+
+@dataclass(frozen=True)
+class Unique(ColumnsRule):
+    """No two rows share a key (the values of `columns` together)."""
+
+    kind: ClassVar[str] = "unique"
+
+
+@dataclass(frozen=True)
+class NoDuplicateRows(Rule):
+    """No row equal to an earlier one in `columns` (default: every column)."""
+
+    kind: ClassVar[str] = "no_duplicate_rows"
+    columns: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(self.columns is None or len(self.columns) > 0, "columns", "must list at least one column")
+
+    def reads(self) -> tuple[str, ...]:
+        return self.columns or ()
+
+
+@dataclass(frozen=True)
+class RowCount(Rule):
+    kind: ClassVar[str] = "row_count"
+    min: int | None = None
+    max: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(self.min is not None or self.max is not None, "min", "a row_count rule needs min or max")
+        _check_min_max(self.min, self.max)
+
+
+@dataclass(frozen=True)
+class PaddingEfficiency(Rule):
+    """Real / padded elements at least `min`, as recorded in a bucket or segment output's manifest."""
+
+    kind: ClassVar[str] = "padding_efficiency"
+    min: float
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(0 < self.min <= 1, "min", f"must be in (0, 1], got {self.min}")
+
+
+@dataclass(frozen=True)
+class Checksums(Rule):
+    """Every output file of a batchtool DST has the size and sha256 its manifest.json records."""
+
+    kind: ClassVar[str] = "checksums"
+
+
+@dataclass(frozen=True)
+class Crc(Rule):
+    """Every TFRecord record's length and data CRCs are valid."""
+
+    kind: ClassVar[str] = "crc"
+
+
+KINDS: dict[str, type[Rule]] = {cls.kind: cls for cls in (
+    Schema, NoNulls, NoNan, LabelRange, ClassProportions, MinClassRows, Length, SameLength, Unique,
+    NoDuplicateRows, RowCount, PaddingEfficiency, Checksums, Crc)}
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    """A rules file: the rules in order, plus report settings the flags may override."""
+
+    rules: tuple[Rule, ...] = ()
+    key: str | None = None
+    max_offenders: int | None = None
+
+    def __post_init__(self) -> None:
+        seen: set[str] = set()
+        for rule in self.rules:
+            if rule.name in seen:
+                raise UsageError(f"two rules are named {rule.name!r}; rule names must be unique")
+            seen.add(rule.name)
+
+    def __add__(self, other: RuleSet) -> RuleSet:
+        """Both sets of rules; `other`'s settings win where given."""
+        return RuleSet(self.rules + other.rules, other.key or self.key,
+                       self.max_offenders if other.max_offenders is None else other.max_offenders)
+
+
+_TOP_LEVEL = {"rules": list, "key": str, "max_offenders": int}
+
+
+def load_rules(path: str) -> RuleSet:
+    """Read a rules file; any unknown key or wrong type is an error naming the file, the rule and the key."""
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read the rules file ({exc.strerror or exc})") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path}: not valid TOML ({exc})") from exc
+    for key, value in doc.items():
+        if key not in _TOP_LEVEL:
+            raise UsageError(f"{path}: unknown top-level key {key!r} (expected: {', '.join(_TOP_LEVEL)})")
+        if not _is_type(value, _TOP_LEVEL[key]):
+            raise UsageError(f"{path}: top-level key {key!r} must be {_describe(_TOP_LEVEL[key])}, "
+                             f"got {_show(value)}")
+    tables = doc.get("rules", [])
+    if not all(isinstance(t, dict) for t in tables):
+        raise UsageError(f"{path}: 'rules' must be an array of tables ([[rules]] sections)")
+    if not tables:
+        raise UsageError(f"{path}: no rules (add [[rules]] sections)")
+    max_offenders = doc.get("max_offenders")
+    if max_offenders is not None and max_offenders < 0:
+        raise UsageError(f"{path}: top-level key 'max_offenders' must be >= 0, got {max_offenders}")
+    rules = tuple(_rule_from_table(path, i, table) for i, table in enumerate(tables))
+    try:
+        return RuleSet(rules, doc.get("key"), max_offenders)
+    except UsageError as exc:
+        raise UsageError(f"{path}: {exc}") from None
+
+
+def _rule_from_table(path: str, index: int, table: dict[str, Any]) -> Rule:
+    kind = table.get("kind")
+    name = table.get("name", kind)
+    label = f"rule {name!r}" if isinstance(name, str) else f"rule #{index + 1}"
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise UsageError(f"{path}: {label}: key 'kind' must be one of {', '.join(KINDS)}, got {_show(kind)}")
+    cls = KINDS[kind]
+    values = {k: v for k, v in table.items() if k != "kind"}
+    values.setdefault("name", kind)
+    return make_rule(cls, values, lambda key: f"{path}: {label} ({kind}), key {key!r}")
+
+
+def make_rule(cls: type[Rule], values: Mapping[str, Any], where: typing.Callable[[str], str]) -> Rule:
+    """Build a rule from plain values (TOML or flags), checking each key exists and has the right type.
+
+    `where(key)` says where a key came from, for error messages.
+    """
+    hints = typing.get_type_hints(cls)
+    fields = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in values.items():
+        if key not in fields:
+            raise UsageError(f"{where(key)}: unknown key (expected: {', '.join(['kind', *fields])})")
+        try:
+            kwargs[key] = _convert(value, hints[key])
+        except TypeError:
+            raise UsageError(f"{where(key)}: must be {_describe(hints[key])}, got {_show(value)}") from None
+    for f in dataclasses.fields(cls):
+        if f.name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise UsageError(f"{where(f.name)}: required")
+    try:
+        return cls(**kwargs)
+    except RuleError as exc:
+        raise UsageError(f"{where(exc.key)}: {exc.message}") from None
+
+
+def _convert(value: Any, hint: Any) -> Any:
+    """TOML value -> the field's type (lists become tuples, a table becomes (key, value) pairs); TypeError if wrong."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        return _convert(value, next(a for a in args if a is not type(None)))
+    if origin is tuple:
+        if isinstance(value, dict) and args and typing.get_origin(args[0]) is tuple:
+            return tuple((_convert(k, args[0].__args__[0]), _convert(v, args[0].__args__[1]))
+                         for k, v in value.items())
+        if not isinstance(value, (list, tuple)):
+            raise TypeError
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_convert(v, args[0]) for v in value)
+        if len(value) != len(args):
+            raise TypeError
+        return tuple(_convert(v, a) for v, a in zip(value, args))
+    if not _is_type(value, hint):
+        raise TypeError
+    return float(value) if hint is float else value
+
+
+def _is_type(value: Any, hint: type) -> bool:
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+_NAMES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array"}
+
+
+def _describe(hint: Any) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return _describe(next(a for a in args if a is not type(None)))
+    if origin is tuple:
+        if args and typing.get_origin(args[0]) is tuple:
+            return 'a table of column = "type"'
+        if len(args) == 2 and args[1] is Ellipsis:
+            return f"a list of {_NAMES[args[0]]}s"
+        return f"a list of {len(args)} {_NAMES[args[0]]}s"
+    name = _NAMES.get(hint, getattr(hint, "__name__", str(hint)))
+    return f"an {name}" if name[0] in "aeiou" else f"a {name}"
+
+
+def _show(value: Any) -> str:
+    kind = {str: "string", bool: "boolean", int: "integer", float: "float", list: "array", dict: "table"}
+    return f"{kind.get(type(value), type(value).__name__)} {value!r}" if value is not None else "nothing"
+
+
+def rules_from_flags(*, label: str | None = None, num_classes: int | None = None,
+                     target: Sequence[float] | None = None, tolerance: float | None = None,
+                     min_rows: int | None = None, max_rows: int | None = None,
+                     unique: Sequence[Sequence[str]] = (), no_nulls: Sequence[str] = (),
+                     length: str | None = None, min_length: int | None = None, max_length: int | None = None,
+                     checksums: bool = False, crc: bool = False) -> RuleSet:
+    """The common rules as flags; each becomes the same rule a rules file would give, named after its kind."""
+    rules: list[Rule] = []
+
+    def add(cls: type[Rule], name: str, flags: dict[str, tuple[str, Any]]) -> None:
+        values = {key: value for key, (_, value) in flags.items() if value is not None}
+        rules.append(make_rule(cls, {"name": name, **values},
+                               lambda key: f"{flags[key][0]} {_flag_value(flags[key][1])}" if key in flags
+                               else f"rule {name!r}, key {key!r}"))
+
+    label_flag = ("--label", label)
+    if label is not None and num_classes is None and target is None:
+        raise UsageError(f"--label {label}: says which column --num-classes and --target check; give one of them")
+    if num_classes is not None:
+        add(LabelRange, "label_range", {"column": label_flag, "num_classes": ("--num-classes", num_classes)})
+    if target is not None:
+        add(ClassProportions, "class_proportions", {"column": label_flag, "target": ("--target", tuple(target)),
+                                                    "tolerance": ("--tolerance", tolerance)})
+    elif tolerance is not None:
+        raise UsageError(f"--tolerance {tolerance}: applies to --target, which is not given")
+    if min_rows is not None or max_rows is not None:
+        add(RowCount, "row_count", {"min": ("--min-rows", min_rows), "max": ("--max-rows", max_rows)})
+    for columns in unique:
+        add(Unique, "unique:" + ",".join(columns), {"columns": ("--unique", tuple(columns))})
+    if no_nulls:
+        add(NoNulls, "no_nulls", {"columns": ("--no-nulls", tuple(no_nulls))})
+    if min_length is not None or max_length is not None:
+        add(Length, "length", {"column": ("--length", length), "min": ("--min-length", min_length),
+                               "max": ("--max-length", max_length)})
+    elif length is not None:
+        raise UsageError(f"--length {length}: says which column --min-length/--max-length check; give one of them")
+    if checksums:
+        rules.append(Checksums("checksums"))
+    if crc:
+        rules.append(Crc("crc"))
+    return RuleSet(tuple(rules))
+
+
+def _flag_value(value: Any) -> str:
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value)
+    return str(value)

@@ -1,0 +1,156 @@
+"""`batchtool check` end to end: exit codes 0/1/2, the table, JSON and JUnit XML, damaged output shards."""
+
+from __future__ import annotations
+
+import json
+import os
+import xml.etree.ElementTree as ET
+
+import pyarrow as pa
+import pytest
+
+from conftest import SAMPLE, write_parquet_shards
+
+RULES = os.path.join(SAMPLE, "rules.toml")
+PARQUET = os.path.join(SAMPLE, "parquet")
+
+
+def test_sample_rules_pass_with_exit_0(run_cli):
+    result = run_cli("check", PARQUET, "--rules", RULES)
+    assert result.exit_code == 0, result.output + result.stderr
+    lines = result.output.splitlines()
+    assert lines[0] == f"check {PARQUET} (parquet, 4,000 rows)"
+    assert lines[2].split() == ["rule", "status", "measured", "bound"]
+    assert "11 rules: 11 passed, 0 failed" in lines[-1]
+    assert "FAIL" not in result.output
+
+
+def test_failing_flag_rules_exit_1_with_measured_values_and_offenders(run_cli):
+    result = run_cli("check", PARQUET, "--num-classes", "3", "--min-rows", "10", "--max-length", "300",
+                     "--max-offenders", "2")
+    assert result.exit_code == 1
+    table = {line.split()[0]: line for line in result.output.splitlines()[3:6]}
+    assert table["label_range"].split()[1] == "FAIL" and "41 rows outside [0, 3)" in table["label_range"]
+    assert table["row_count"].split()[1] == "PASS"
+    assert "max 400" in table["length"]
+    assert "first 2 of 41:" in result.output
+    assert "part-00000.parquet, row 94, key 'ex-00000094': label 3" in result.output
+    assert "3 rules: 1 passed, 2 failed" in result.output
+
+
+def test_junit_has_one_testcase_per_rule_and_marks_failures(tmp_path, run_cli):
+    junit = tmp_path / "check.xml"
+    result = run_cli("check", PARQUET, "--rules", RULES, "--num-classes", "3", "--unique", "label",
+                     "--junit", junit)
+    assert result.exit_code == 1
+    root = ET.parse(junit).getroot()
+    suites = root.findall("testsuite")
+    assert len(suites) == 1
+    cases = suites[0].findall("testcase")
+    assert [c.get("name") for c in cases][-2:] == ["label_range", "unique:label"] and len(cases) == 13
+    failed = {c.get("name"): c.find("failure") for c in cases if c.find("failure") is not None}
+    assert set(failed) == {"label_range", "unique:label"}
+    assert "41 rows outside [0, 3)" in failed["label_range"].get("message")
+    assert "3,996 rows repeat an earlier key" in failed["unique:label"].get("message")
+    assert suites[0].get("tests") == "13" and suites[0].get("failures") == "2" and suites[0].get("errors") == "0"
+
+
+def test_json_file_and_json_to_stdout(tmp_path, run_cli):
+    out = tmp_path / "check.json"
+    result = run_cli("check", PARQUET, "--unique", "key", "--no-nulls", "key,label", "--json", out)
+    assert result.exit_code == 0 and "rule" in result.output
+    data = json.loads(out.read_text())
+    assert data["passed"] is True and data["exit_code"] == 0 and data["rows"] == 4000
+    assert [(r["name"], r["status"], r["value"]) for r in data["rules"]] == [("unique:key", "PASS", 0),
+                                                                            ("no_nulls", "PASS", 0)]
+    stdout = run_cli("check", PARQUET, "--num-classes", "2", "--json", "-")
+    assert stdout.exit_code == 1
+    rule = json.loads(stdout.output)["rules"][0]
+    assert rule["status"] == "FAIL" and rule["value"] == 81 + 41 and len(rule["offenders"]) == 5
+    assert set(rule["offenders"][0]) == {"detail", "file", "row", "key"}
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_checksums_catch_a_corrupted_output_shard(tmp_path, run_cli, damage):
+    dst = tmp_path / "out"
+    assert run_cli("convert", PARQUET, dst, "--shard-rows", "1000", "-q").exit_code == 0
+    ok = run_cli("check", dst, "--checksums", "--num-classes", "4")
+    assert ok.exit_code == 0 and "all 4 files match" in ok.output
+    shard = dst / "part-00002.parquet"
+    data = bytearray(shard.read_bytes())
+    if damage == "truncate":
+        shard.write_bytes(bytes(data[:-7]))
+    else:
+        data[len(data) // 2] ^= 0x10
+        shard.write_bytes(bytes(data))
+    junit = tmp_path / "check.xml"
+    result = run_cli("check", dst, "--checksums", "--num-classes", "4", "--junit", junit)
+    assert result.exit_code == 1
+    line = next(line for line in result.output.splitlines() if line.startswith("checksums"))
+    assert line.split()[1] == "FAIL" and "1 of 4 files differ" in line
+    assert ("truncated: " if damage == "truncate" else "changed: sha256") in result.output
+    cases = {c.get("name"): c for c in ET.parse(junit).getroot().iter("testcase")}
+    assert cases["checksums"].find("failure") is not None
+
+
+def test_tfrecord_crc(tmp_path, run_cli):
+    dst = tmp_path / "tfr"
+    assert run_cli("convert", PARQUET, dst, "--to", "tfrecord", "-q").exit_code == 0
+    assert run_cli("check", dst, "--crc", "--min-rows", "4000").exit_code == 0
+    shard = dst / "part-00000.tfrecord"
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 0x01
+    shard.write_bytes(bytes(data))
+    unreadable = run_cli("check", dst, "--num-classes", "4")
+    assert unreadable.exit_code == 2 and "data CRC mismatch" in unreadable.stderr
+    result = run_cli("check", dst, "--crc", "--num-classes", "4", "--json", "-")
+    assert result.exit_code == 1
+    crc = json.loads(result.output)["rules"][1]
+    assert crc["status"] == "FAIL" and crc["value"] == 1 and "record 0" in crc["offenders"][0]["detail"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (("check", "/nonexistent/data"), "no rules to check"),
+    (("check", "/nonexistent/data", "--num-classes", "4"), "/nonexistent/data: no such file or directory"),
+    (("check", PARQUET, "--num-classes", "0"), "--num-classes 0: must be at least 1"),
+    (("check", PARQUET, "--target", "0.5,0.6"), "--target 0.5,0.6: proportions must sum to 1"),
+    (("check", PARQUET, "--no-nulls", "nope"), "no column 'nope'"),
+    (("check", PARQUET, "--crc"), "CRCs exist only in TFRecord"),
+    (("check", PARQUET, "--checksums"), "not a batchtool output directory"),
+    (("check", PARQUET, "--rules", "/nonexistent/rules.toml"), "cannot read the rules file"),
+    (("check", PARQUET, "--min-rows", "1", "--json", "/nonexistent/dir/out.json"), "--json /nonexistent/dir"),
+])
+def test_usage_and_input_errors_exit_2_with_one_line(run_cli, args, message):
+    result = run_cli(*args)
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: ") and message in result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+def test_bad_rules_file_exits_2_naming_the_file_rule_and_key(tmp_path, run_cli):
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[rules]]\nname = "lengths"\nkind = "length"\nmax = "long"\n')
+    result = run_cli("check", PARQUET, "--rules", rules)
+    assert result.exit_code == 2
+    assert f"{rules}: rule 'lengths' (length), key 'max': must be an integer, got string 'long'" in result.stderr
+
+
+def test_padding_efficiency_on_output_without_it_exits_2(tmp_path, run_cli):
+    dst = tmp_path / "out"
+    assert run_cli("convert", PARQUET, dst, "-q").exit_code == 0
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[rules]]\nkind = "padding_efficiency"\nmin = 0.9\n')
+    result = run_cli("check", dst, "--rules", rules)
+    assert result.exit_code == 2 and "no stats.padding_efficiency" in result.stderr
+
+
+def test_schema_failure_reports_dependent_rules_as_not_evaluated(tmp_path, run_cli):
+    src = write_parquet_shards(str(tmp_path / "src"), pa.table({"key": ["a", "b"]}), shards=1)
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[rules]]\nkind = "schema"\ncolumns = { label = "int64" }\n')
+    junit = tmp_path / "check.xml"
+    result = run_cli("check", src, "--rules", rules, "--num-classes", "2", "--junit", junit)
+    assert result.exit_code == 1
+    assert "1 failed, 1 not evaluated" in result.output
+    cases = {c.get("name"): c for c in ET.parse(junit).getroot().iter("testcase")}
+    assert cases["schema"].find("failure") is not None and cases["label_range"].find("error") is not None
