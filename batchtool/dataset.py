@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import glob
 import json
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -12,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from batchtool import rng
+from batchtool import fs, rng
 from batchtool.errors import CorruptRecordError, InputError, SchemaError, where
 from batchtool.formats import example as example_codec
 from batchtool.formats import parquet as parquet_format
@@ -192,23 +191,19 @@ def _conform(batch: pa.RecordBatch, schema: pa.Schema, path: str) -> pa.RecordBa
 
 
 def resolve_paths(src: str) -> list[str]:
-    """Files of SRC in a stable order: a file, a directory (recursively) or a glob."""
+    """Files of SRC in a stable order: a file, a directory (recursively) or a glob; local or a URI."""
     if any(ch in src for ch in "*?["):
-        paths = sorted(p for p in glob.glob(src, recursive=True) if os.path.isfile(p))
+        paths = fs.glob_files(src)
         if not paths:
             raise InputError(f"{src}: no files match this pattern")
         return paths
-    if os.path.isfile(src):
+    if fs.is_file(src):
         return [src]
-    if os.path.isdir(src):
-        found = []
-        for root, dirs, files in os.walk(src):
-            dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
-            found.extend(os.path.join(root, f) for f in files
-                         if not f.startswith((".", "_")) and f != MANIFEST_NAME and detect_format(f))
+    if fs.is_dir(src):
+        found = [p for p in fs.walk_files(src) if os.path.basename(p) != MANIFEST_NAME and detect_format(p)]
         if not found:
             raise InputError(f"{src}: empty input: no Parquet or TFRecord files in this directory")
-        return sorted(found)
+        return found
     raise InputError(f"{src}: no such file or directory")
 
 
@@ -223,12 +218,11 @@ def detect_format(path: str) -> str | None:
 
 def read_manifest(src: str) -> dict | None:
     """The batchtool manifest of a directory SRC, if it has one."""
-    path = os.path.join(src, MANIFEST_NAME)
-    if not os.path.isfile(path):
+    path = fs.join(src, MANIFEST_NAME)
+    if not fs.is_file(path):
         return None
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        return json.loads(fs.read_text(path))
     except (OSError, ValueError) as exc:
         raise InputError(f"{path}: unreadable manifest ({exc})") from exc
 
@@ -249,8 +243,8 @@ def open_dataset(src: str, format: str | None = None, schema: pa.Schema | None =
         format = formats.pop()
     if format not in FORMATS:
         raise InputError(f"{src}: unknown format {format!r} (expected one of: {', '.join(FORMATS)})")
-    shards = tuple(Shard(i, p, os.path.getsize(p)) for i, p in enumerate(paths))
-    manifest = read_manifest(src) if os.path.isdir(src) else None
+    shards = tuple(Shard(i, p, fs.file_size(p)) for i, p in enumerate(paths))
+    manifest = read_manifest(src) if fs.is_dir(src) else None
     if format == "parquet":
         return _open_parquet(src, shards, schema, manifest)
     return _open_tfrecord(src, shards, schema, tfrecord_kind, skip_corrupt, manifest)

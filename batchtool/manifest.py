@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow as pa
 
 import batchtool
+from batchtool import fs
 from batchtool.dataset import MANIFEST_NAME, Dataset, schema_to_json
 from batchtool.output import OutputOptions
 
@@ -26,7 +27,7 @@ _SAMPLE_BYTES = 1 << 20
 def fingerprint(path: str, size: int) -> str:
     """sha256 of the size and the first and last MiB: cheap on huge inputs, and catches rewrites."""
     h = hashlib.sha256(str(size).encode())
-    with open(path, "rb") as f:
+    with fs.open_input(path) as f:
         h.update(f.read(_SAMPLE_BYTES))
         if size > 2 * _SAMPLE_BYTES:
             f.seek(size - _SAMPLE_BYTES)
@@ -37,7 +38,7 @@ def fingerprint(path: str, size: int) -> str:
 
 
 def input_entries(dataset: Dataset) -> list[dict]:
-    return [{"path": os.path.abspath(s.path), "bytes": s.size, "fingerprint": fingerprint(s.path, s.size)}
+    return [{"path": s.path if fs.is_uri(s.path) else os.path.abspath(s.path), "bytes": s.size, "fingerprint": fingerprint(s.path, s.size)}
             for s in dataset.shards]
 
 

@@ -20,6 +20,7 @@ from typing import BinaryIO
 
 import pyarrow as pa
 
+from batchtool import fs
 from batchtool.errors import DestinationExistsError, UsageError
 from batchtool.formats import example as example_codec
 from batchtool.formats import parquet as parquet_format
@@ -188,8 +189,19 @@ def output_directory(dst: str, overwrite: bool) -> Iterator[str]:
     """Yield a temporary directory beside DST; rename it to DST only if the block succeeds.
 
     A failure, Ctrl-C or SIGTERM removes the temporary directory and leaves DST as it was.
-    A SIGKILL can leave a `.DST.tmp-*` directory behind, but never touches DST.
+    A SIGKILL can leave a `.DST.tmp-*` directory behind, but never touches DST. For an
+    object-store DST the directory is local and uploaded at the end (see fs.upload_directory).
     """
+    if fs.is_uri(dst):
+        check_destination(dst, overwrite)
+        tmp = tempfile.mkdtemp(prefix="batchtool-out-")
+        try:
+            with _sigterm_as_interrupt():
+                yield tmp
+                fs.upload_directory(tmp, dst, overwrite)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
     dst = os.path.abspath(dst)
     check_destination(dst, overwrite)
     parent = os.path.dirname(dst)
@@ -212,9 +224,9 @@ def output_directory(dst: str, overwrite: bool) -> Iterator[str]:
 
 
 def check_destination(dst: str, overwrite: bool) -> None:
-    if os.path.lexists(dst) and not overwrite:
+    if fs.exists(dst) and not overwrite:
         raise DestinationExistsError(f"{dst}: destination exists (pass --overwrite to replace it)")
-    if os.path.lexists(dst) and not os.path.isdir(dst):
+    if fs.exists(dst) and not fs.is_dir(dst):
         raise DestinationExistsError(f"{dst}: destination exists and is not a directory; refusing to replace it")
 
 

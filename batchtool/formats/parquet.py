@@ -7,6 +7,7 @@ from typing import BinaryIO
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from batchtool import fs
 from batchtool.errors import InputError, where
 
 _DECODE_ROWS = 1024
@@ -17,7 +18,7 @@ _DECODE_ROWS = 1024
 def open_file(path: str) -> pq.ParquetFile:
     """Open one shard, turning pyarrow's errors into one-line InputErrors."""
     try:
-        return pq.ParquetFile(path, memory_map=False)
+        return pq.ParquetFile(fs.open_input(path) if fs.is_uri(path) else path, memory_map=False)
     except (pa.ArrowInvalid, OSError) as exc:
         raise InputError(f"{where(path)}: not a readable Parquet file ({_first_line(exc)})") from exc
 

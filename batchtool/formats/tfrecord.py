@@ -11,6 +11,7 @@ from typing import BinaryIO
 
 import google_crc32c
 
+from batchtool import fs
 from batchtool.errors import CorruptRecordError, InputError, UsageError, where
 
 OnCorrupt = Callable[[CorruptRecordError], None]
@@ -21,7 +22,6 @@ _HEADER_SIZE = 12
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _MASK_DELTA = 0xA282EAD8
-_READ_BUFFER = 1 << 20
 _MAX_SINGLE_READ = 1 << 26
 _GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)
 
@@ -40,7 +40,7 @@ def _header_is_valid(header: bytes) -> bool:
 def _open_input(path: str) -> BinaryIO:
     """The file opened for buffered reading; a missing or unreadable file is an InputError."""
     try:
-        return open(path, "rb", buffering=_READ_BUFFER)
+        return fs.open_input(path, sequential=True)
     except OSError as exc:
         raise InputError(f"{path}: cannot read TFRecord file: {exc.strerror or exc}") from None
 
