@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from bench import Command, Context, Job
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 def jobs(ctx: Context) -> list[Job]:
@@ -23,8 +28,9 @@ def jobs(ctx: Context) -> list[Job]:
     ]
 
 
-def pyarrow_copy(src: str, dst: str) -> None:
-    """The floor: stream every row group through pyarrow into zstd Parquet, nothing else."""
+def pyarrow_copy(src: str, dst: str, transform: Callable[[pa.Table], pa.Table] | None = None) -> None:
+    """The floor: stream every row group through pyarrow into zstd Parquet, nothing else
+    (other floors pass a `transform` of each row group, e.g. a filter)."""
     import pyarrow.parquet as pq
 
     os.makedirs(dst, exist_ok=True)
@@ -33,7 +39,8 @@ def pyarrow_copy(src: str, dst: str) -> None:
         with pq.ParquetWriter(os.path.join(dst, f"part-{i:05d}.parquet"), pf.schema_arrow,
                               compression="zstd") as writer:
             for rg in range(pf.metadata.num_row_groups):
-                writer.write_table(pf.read_row_group(rg))
+                table = pf.read_row_group(rg)
+                writer.write_table(transform(table) if transform else table)
 
 
 def batchtool_read(src: str, threads: int) -> None:
@@ -46,6 +53,18 @@ def batchtool_read(src: str, threads: int) -> None:
 
 def tfdata_parse(src: str, parquet: str) -> None:
     """The peer: tf.data reading the same files and parsing every SequenceExample (AUTOTUNE)."""
+    import tensorflow as tf
+
+    context, sequence = tf_feature_spec(parquet)
+    files = sorted(glob.glob(os.path.join(src, "*.tfrecord*")))
+    ds = tf.data.TFRecordDataset(files, num_parallel_reads=tf.data.AUTOTUNE)
+    ds = ds.map(lambda x: tf.io.parse_single_sequence_example(x, context, sequence),
+                num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+    print(sum(1 for _ in ds))
+
+
+def tf_feature_spec(parquet: str) -> tuple[dict, dict]:
+    """(context, sequence) features for tf.io.parse_single_sequence_example, from the Parquet schema."""
     import pyarrow.parquet as pq
     import tensorflow as tf
 
@@ -62,8 +81,4 @@ def tfdata_parse(src: str, parquet: str) -> None:
         else:
             dtype = tf.string if str(t) == "string" else tf.float32 if "float" in str(t) else tf.int64
             context[f.name] = tf.io.FixedLenFeature([], dtype)
-    files = sorted(glob.glob(os.path.join(src, "*.tfrecord*")))
-    ds = tf.data.TFRecordDataset(files, num_parallel_reads=tf.data.AUTOTUNE)
-    ds = ds.map(lambda x: tf.io.parse_single_sequence_example(x, context, sequence),
-                num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
-    print(sum(1 for _ in ds))
+    return context, sequence

@@ -1,0 +1,139 @@
+"""`stratify`, `resample` and `shuffle`: each parses its options and calls one library function."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import click
+
+from batchtool.cli.common import command, input_options, make_output, make_run, output_options, parse_size, run_options
+from batchtool.cli.common import summary
+from batchtool.job import JobResult
+from batchtool.ops.resample import DEFAULT_RATE_COLUMN, ResampleOptions, parse_rate, resample
+from batchtool.ops.shuffle import ShuffleOptions, shuffle
+from batchtool.ops.stratify import MODES, StratifyOptions, discard_warning, parse_probs, parse_target, stratify
+
+
+def seed_option(fn: Callable) -> Callable:
+    return click.option("--seed", type=int, default=0, show_default=True,
+                        help="Seed of every random decision (same seed, same output bytes).")(fn)
+
+
+def memory_options(fn: Callable) -> Callable:
+    """--memory and --tmp-dir, for commands that reorder through spill files."""
+    fn = click.option("--tmp-dir", type=click.Path(file_okay=False),
+                      help="Directory for temporary spill files (default: the system's).")(fn)
+    fn = click.option("--memory", default="1GB", show_default=True, metavar="SIZE",
+                      help="Memory for reordering; more data than this spills to --tmp-dir.")(fn)
+    return fn
+
+
+def batch_options(fn: Callable) -> Callable:
+    fn = click.option("--drop-remainder", is_flag=True,
+                      help="Drop the final batch if it is smaller than --batch-size.")(fn)
+    fn = click.option("--batch-size", type=int, default=None,
+                      help="Write batches (row groups) of this many rows.")(fn)
+    return fn
+
+
+def _report(result: JobResult, dst: str, quiet: bool, what: str) -> None:
+    summary(f"wrote {result.rows_out:,} rows ({what}) to {len(result.manifest['output']['files'])} shard(s) "
+            f"in {os.path.abspath(dst)}", quiet)
+
+
+@command("stratify", "batchtool stratify sample_data/parquet /tmp/balanced --label label --target uniform")
+@click.argument("src")
+@click.argument("dst")
+@click.option("--label", default="label", show_default=True, help="Integer class column (values in [0, classes)).")
+@click.option("--target", required=True, metavar="SPEC",
+              help="Target proportions: P0,P1,... or 'uniform' or CLASS=PROB pairs (others get 0).")
+@click.option("--mode", type=click.Choice(MODES), default="exact", show_default=True,
+              help="exact: floor(M*t_i) examples per class, M as large as possible; bernoulli: the seed's "
+                   "per-example acceptance; online: class distribution estimated as the data streams.")
+@click.option("--init-probs", metavar="P0,P1,...",
+              help="Known class proportions of SRC (--mode bernoulli; default: counted in a first pass).")
+@click.option("--num-classes", type=int, help="Number of classes (default: from --target, or the largest label + 1).")
+@click.option("--replacement", is_flag=True, help="Upsample small classes instead of discarding large ones.")
+@click.option("--size", type=int, help="Output examples (--replacement: default the input size; exact: at most M).")
+@batch_options
+@click.option("--balanced-batches", is_flag=True,
+              help="Every batch holds its exact share of each class, rows shuffled, batches in random order.")
+@seed_option
+@memory_options
+@input_options
+@output_options
+@run_options
+def stratify_cmd(src: str, dst: str, label: str, target: str, mode: str, init_probs: str | None,
+                 num_classes: int | None, replacement: bool, size: int | None, batch_size: int | None,
+                 drop_remainder: bool, balanced_batches: bool, seed: int, memory: str, tmp_dir: str | None,
+                 input_format: str | None, skip_corrupt: bool, **kwargs) -> None:
+    """Resample SRC to target class proportions (the seed's stratified_sample) and write DST."""
+    output, run = make_output(kwargs), make_run(kwargs)
+    options = StratifyOptions(
+        label=label, target=parse_target(target), mode=mode,
+        init_probs=parse_probs(init_probs, "--init-probs") if init_probs is not None else None,
+        num_classes=num_classes, replacement=replacement, size=size, batch_size=batch_size,
+        balanced_batches=balanced_batches, drop_remainder=drop_remainder, memory=parse_size(memory), tmp_dir=tmp_dir)
+    result = stratify(src, dst, options, output, run, seed=seed, format=input_format, skip_corrupt=skip_corrupt)
+    stats = result.manifest["stats"]
+    warning = discard_warning(stats)
+    if warning:
+        click.echo(warning, err=True)
+    _report(result, dst, run.quiet, "per class " + "/".join(str(n) for n in stats["class_counts_after"].values()))
+
+
+@command("resample", "batchtool resample sample_data/parquet /tmp/weighted --weight weight --overall-rate 1.0")
+@click.argument("src")
+@click.argument("dst")
+@click.option("--rate", metavar="COL|X", help="Each example appears Poisson(rate) times: a number or a column.")
+@click.option("--weight", metavar="COL", help="Rate proportional to this column (with --overall-rate).")
+@click.option("--overall-rate", type=float, help="Mean rate over the data for --weight.")
+@click.option("--running-mean", is_flag=True,
+              help="Estimate the mean weight as the data streams (the seed's behaviour) instead of a first pass.")
+@click.option("--mean-decay", type=float, default=0.999, show_default=True, help="Decay of --running-mean.")
+@click.option("--warmup", type=int, default=10, show_default=True,
+              help="Chunks during which --running-mean is the plain mean.")
+@click.option("--rate-column", default=DEFAULT_RATE_COLUMN, show_default=True,
+              help="Column receiving each output row's effective rate (--weight).")
+@click.option("--accept-prob", metavar="COL", help="Rejection sampling: keep each example with this probability.")
+@seed_option
+@input_options
+@output_options
+@run_options
+def resample_cmd(src: str, dst: str, rate: str | None, weight: str | None, overall_rate: float | None,
+                 running_mean: bool, mean_decay: float, warmup: int, rate_column: str, accept_prob: str | None,
+                 seed: int, input_format: str | None, skip_corrupt: bool, **kwargs) -> None:
+    """Resample SRC by Poisson rate, relative weight or acceptance probability and write DST.
+
+    Copies of an example are consecutive rows; pipe the result through `shuffle` to spread them.
+    """
+    output, run = make_output(kwargs), make_run(kwargs)
+    options = ResampleOptions(rate=parse_rate(rate) if rate is not None else None, weight=weight,
+                              overall_rate=overall_rate, running_mean=running_mean, mean_decay=mean_decay,
+                              warmup=warmup, rate_column=rate_column, accept_prob=accept_prob)
+    result = resample(src, dst, options, output, run, seed=seed, format=input_format, skip_corrupt=skip_corrupt)
+    _report(result, dst, run.quiet, f"from {result.manifest['stats']['rows_in']:,} examples")
+
+
+@command("shuffle", "batchtool shuffle sample_data/parquet /tmp/shuffled --memory 256MB --seed 1")
+@click.argument("src")
+@click.argument("dst")
+@batch_options
+@click.option("--buffer", type=int, help="Buffered shuffle (shuffle_batch's capacity) instead of a global one.")
+@click.option("--min-after-dequeue", type=int,
+              help="shuffle_batch's min_after_dequeue; alone it sets the buffer to it plus the batch size.")
+@seed_option
+@memory_options
+@input_options
+@output_options
+@run_options
+def shuffle_cmd(src: str, dst: str, batch_size: int | None, drop_remainder: bool, buffer: int | None,
+                min_after_dequeue: int | None, seed: int, memory: str, tmp_dir: str | None,
+                input_format: str | None, skip_corrupt: bool, **kwargs) -> None:
+    """Shuffle SRC into DST: an exact seeded permutation in bounded memory, or the seed's buffered shuffle."""
+    output, run = make_output(kwargs), make_run(kwargs)
+    options = ShuffleOptions(memory=parse_size(memory), tmp_dir=tmp_dir, batch_size=batch_size,
+                             drop_remainder=drop_remainder, buffer=buffer, min_after_dequeue=min_after_dequeue)
+    result = shuffle(src, dst, options, output, run, seed=seed, format=input_format, skip_corrupt=skip_corrupt)
+    _report(result, dst, run.quiet, f"{result.manifest['stats']['mode']} shuffle")

@@ -1,0 +1,288 @@
+"""`resample`: each example a Poisson(rate) number of times, rates proportional to a weight, or rejection sampling."""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from batchtool import rng
+from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
+from batchtool.errors import InputError, SchemaError, UsageError
+from batchtool.job import JobResult, RunSettings, write_job
+from batchtool.ops.shuffle import manifest_options
+from batchtool.output import OutputOptions
+from batchtool.runner import ordered_map
+
+STAGE = "resample"
+DEFAULT_RATE_COLUMN = "resample_rate"
+Locate = Callable[[int], str]
+
+
+@dataclass(frozen=True)
+class ResampleOptions:
+    """Exactly one of: `rate` (a constant or a column), `weight` with `overall_rate`, `accept_prob`."""
+
+    rate: float | str | None = None
+    weight: str | None = None
+    overall_rate: float | None = None
+    running_mean: bool = False
+    mean_decay: float = 0.999
+    warmup: int = 10
+    rate_column: str = DEFAULT_RATE_COLUMN
+    accept_prob: str | None = None
+
+    def __post_init__(self) -> None:
+        chosen = [flag for flag, value in (("--rate", self.rate), ("--weight", self.weight),
+                                           ("--accept-prob", self.accept_prob)) if value is not None]
+        if len(chosen) != 1:
+            raise UsageError("give exactly one of --rate, --weight (with --overall-rate) or --accept-prob"
+                             + (f" (got {', '.join(chosen)})" if chosen else ""))
+        if isinstance(self.rate, float) and not (math.isfinite(self.rate) and self.rate >= 0):
+            raise UsageError(f"--rate {self.rate}: must be a finite rate >= 0 (or a column name)")
+        if (self.weight is None) != (self.overall_rate is None):
+            raise UsageError("--weight and --overall-rate go together (rate = overall rate * weight / mean weight)")
+        if self.overall_rate is not None and not (math.isfinite(self.overall_rate) and self.overall_rate >= 0):
+            raise UsageError(f"--overall-rate {self.overall_rate}: must be a finite rate >= 0")
+        if self.running_mean and self.weight is None:
+            raise UsageError("--running-mean applies to --weight (it estimates the mean weight as data streams)")
+        if not 0.0 <= self.mean_decay < 1.0:
+            raise UsageError(f"--mean-decay {self.mean_decay}: must be in [0, 1)")
+        if self.warmup < 1:
+            raise UsageError(f"--warmup {self.warmup}: must be at least 1")
+        if not self.rate_column:
+            raise UsageError("--rate-column: must be a non-empty column name")
+
+    @property
+    def mode(self) -> str:
+        return "rate" if self.rate is not None else "weighted" if self.weight is not None else "accept"
+
+    @property
+    def column(self) -> str | None:
+        """The input column the mode reads, if any."""
+        if self.mode == "rate":
+            return self.rate if isinstance(self.rate, str) else None
+        return self.weight if self.mode == "weighted" else self.accept_prob
+
+
+def parse_rate(text: str) -> float | str:
+    """--rate: a number is a constant rate, anything else names a column."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+# -- per-chunk functions (pure; shared with stratify) -------------------------------------------------------
+
+
+def checked_values(chunk: Chunk, column: str, locate: Locate, what: str, high: float = math.inf) -> np.ndarray:
+    """A numeric column as float64; a null, NaN, infinite, negative or > `high` value is an error naming
+    its file, row and column."""
+    arr = chunk.data.column(column)
+    t = arr.type
+    if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
+        raise SchemaError(f"column {column!r} is {t}: {what} needs a numeric column")
+    values = pc.cast(arr, pa.float64()).to_numpy(zero_copy_only=False)
+    bad = ~(np.isfinite(values) & (values >= 0) & (values <= high))
+    if bad.any():
+        i = int(np.argmax(bad))
+        value = "null" if not arr[i].is_valid else repr(arr[i].as_py())
+        expected = f"in [0, {high:g}]" if math.isfinite(high) else "finite and >= 0"
+        raise InputError(f"{locate(chunk.ids[i])}, column {column!r}: {what} {value} "
+                         f"(expected {expected}; {int(bad.sum())} such value(s) in this chunk)")
+    return values
+
+
+def repeat_rows(chunk: Chunk, copies: np.ndarray, seed: int, stage: str) -> Chunk:
+    """Each row copies[i] times, copies consecutive.
+
+    Copy 0 keeps the example id; copy j >= 1 gets a derived id (keyed hash of id and j), so that a
+    later reorder (balanced batches, a pipeline's shuffle) keys each copy's draws separately.
+    """
+    copies = np.asarray(copies, dtype=np.int64)
+    if len(copies) and copies.min() == 1 and copies.max() == 1:
+        return chunk
+    out = chunk.take(np.repeat(np.arange(len(copies)), copies))
+    copy_no = np.arange(out.num_rows) - np.repeat(np.cumsum(copies) - copies, copies)
+    extra = copy_no > 0
+    if extra.any():
+        ids = out.ids.copy()
+        ids[extra] = rng.keyed_hash(seed, stage + "/copy", ids[extra], draw=copy_no[extra].astype(np.uint64))
+        out = Chunk(out.data, ids)
+    return out
+
+
+def example_rates(chunk: Chunk, options: ResampleOptions, mean_weight: float | None, locate: Locate) -> np.ndarray:
+    """Expected copies of each row: the rate (constant or column), overall_rate * weight / mean weight,
+    or the acceptance probability."""
+    if options.mode == "rate":
+        if isinstance(options.rate, float):
+            return np.full(chunk.num_rows, options.rate)
+        return checked_values(chunk, options.rate, locate, "rate")
+    if options.mode == "accept":
+        return checked_values(chunk, options.accept_prob, locate, "acceptance probability", high=1.0)
+    weights = checked_values(chunk, options.weight, locate, "weight")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(weights > 0, options.overall_rate * weights / (mean_weight or 0.0), 0.0)
+
+
+def resample_chunk(chunk: Chunk, rates: np.ndarray, options: ResampleOptions, seed: int) -> tuple[Chunk, np.ndarray]:
+    """The output rows of one chunk and each input row's number of copies.
+
+    Poisson(rate) copies (exact for any rate), or one copy with probability p for --accept-prob.
+    Weighted mode appends each output row's effective rate.
+    """
+    if options.mode == "accept":
+        copies = (rng.uniform(seed, STAGE, chunk.ids) < rates).astype(np.int64)
+    else:
+        copies = rng.poisson(seed, STAGE, chunk.ids, rates)
+    out = repeat_rows(chunk, copies, seed, STAGE)
+    if options.mode == "weighted":
+        out = Chunk(out.data.append_column(options.rate_column, pa.array(np.repeat(rates, copies), pa.float64())),
+                    out.ids)
+    return out, copies
+
+
+# -- statistics -------------------------------------------------------------------------------------------
+
+
+class Tally:
+    """Per-chunk statistics added from worker threads, with totals that do not depend on completion
+    order: counts add exactly, float sums go through math.fsum, min and max commute."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.counts: dict[str, Any] = {}
+        self._sums: dict[str, list[float]] = {}
+        self._low: dict[str, float] = {}
+        self._high: dict[str, float] = {}
+
+    def add(self, **counts: Any) -> None:
+        with self._lock:
+            for name, value in counts.items():
+                self.counts[name] = self.counts.get(name, 0) + value
+
+    def add_values(self, name: str, values: np.ndarray) -> None:
+        if not len(values):
+            return
+        with self._lock:
+            self._sums.setdefault(name, []).append(float(values.sum()))
+            self._low[name] = min(self._low.get(name, math.inf), float(values.min()))
+            self._high[name] = max(self._high.get(name, -math.inf), float(values.max()))
+
+    def summary(self, name: str, count: int) -> dict[str, float]:
+        if name not in self._sums:
+            return {}
+        return {"mean": math.fsum(self._sums[name]) / max(count, 1), "min": self._low[name], "max": self._high[name]}
+
+    def count(self, name: str) -> int:
+        return int(self.counts.get(name, 0))
+
+
+def copy_stats(tally: Tally, copies: np.ndarray) -> None:
+    """The counts every resampling command reports: rows in and out, examples dropped and duplicated."""
+    tally.add(rows_in=len(copies), rows_out=int(copies.sum()), examples_dropped=int((copies == 0).sum()),
+              examples_duplicated=int((copies >= 2).sum()))
+    tally.add_values("copies", copies)
+
+
+def copy_summary(tally: Tally) -> dict[str, Any]:
+    rows_in = tally.count("rows_in")
+    return {"rows_in": rows_in, "examples_dropped": tally.count("examples_dropped"),
+            "examples_duplicated": tally.count("examples_duplicated"),
+            "copies_per_example": tally.summary("copies", rows_in)}
+
+
+# -- the mean weight: first pass or the seed's running estimate ----------------------------------------------
+
+
+def mean_weight(dataset: Dataset, column: str, threads: int) -> float:
+    """Mean of the weight column over the whole dataset (one pass over that column only)."""
+    def partial(task: Callable[[], Chunk]) -> tuple[float, int]:
+        chunk = task()
+        return float(checked_values(chunk, column, dataset.locate, "weight").sum()), chunk.num_rows
+
+    sums, rows = [], 0
+    for total, count in ordered_map(partial, dataset.tasks([column]), threads):
+        sums.append(total)
+        rows += count
+    mean = math.fsum(sums) / rows if rows else 0.0
+    if mean <= 0:
+        raise InputError(f"{dataset.src}: column {column!r}: every weight is 0, so no example can be sampled")
+    return mean
+
+
+class RunningMean:
+    """The seed's streaming estimate of the mean weight, updated once per chunk in input order (so it
+    is deterministic): with c the chunk number from 1, d_c = min((c - 1) / min(c, warmup), decay) and
+    mean_c = d_c * mean_(c-1) + (1 - d_c) * (mean weight of chunk c); chunk c uses mean_c."""
+
+    def __init__(self, column: str, decay: float, warmup: int, locate: Locate) -> None:
+        self.column, self.decay, self.warmup, self.locate = column, decay, warmup, locate
+        self.mean = 0.0
+
+    def __call__(self, chunks: Iterable[Chunk]) -> Iterator[tuple[Chunk, float]]:
+        for count, chunk in enumerate(chunks, start=1):
+            real_decay = min((count - 1) / min(count, self.warmup), self.decay)
+            weights = checked_values(chunk, self.column, self.locate, "weight")
+            batch_mean = float(weights.mean()) if len(weights) else 0.0
+            self.mean = real_decay * self.mean + (1.0 - real_decay) * batch_mean
+            yield chunk, self.mean
+
+
+# -- entry point --------------------------------------------------------------------------------------------
+
+
+def resample(src: str, dst: str, options: ResampleOptions, output: OutputOptions, run: RunSettings = RunSettings(),
+             *, seed: int = 0, format: str | None = None, skip_corrupt: bool = False) -> JobResult:
+    """Resample SRC into DST; copies of an example are consecutive rows (a later `shuffle` spreads them)."""
+    dataset = open_dataset(src, format=format, skip_corrupt=skip_corrupt)
+    dataset.check_columns([options.column] if options.column else None)
+    schema = dataset.schema
+    if options.mode == "weighted":
+        if options.rate_column in schema.names:
+            raise UsageError(f"--rate-column {options.rate_column!r}: SRC already has this column; "
+                             "choose another name")
+        schema = schema.append(pa.field(options.rate_column, pa.float64()))
+    report = ReadReport()
+    tally = Tally()
+    mean = None
+    if options.mode == "weighted" and not options.running_mean:
+        mean = mean_weight(dataset, options.weight, run.threads)
+    chunks = dataset.chunks(None, run.threads, report)
+    running = RunningMean(options.weight, options.mean_decay, options.warmup, dataset.locate)
+    items: Iterable[tuple[Chunk, float | None]] = (
+        running(chunks) if options.running_mean else ((chunk, mean) for chunk in chunks))
+
+    def work(item: tuple[Chunk, float | None]) -> tuple[list[pa.RecordBatch], int]:
+        chunk, chunk_mean = item
+        rates = example_rates(chunk, options, chunk_mean, dataset.locate)
+        out, copies = resample_chunk(chunk, rates, options, seed)
+        copy_stats(tally, copies)
+        tally.add_values("rate", rates)
+        return ([out.data] if out.num_rows else []), chunk.num_rows
+
+    def stats() -> dict[str, Any]:
+        rows_in = tally.count("rows_in")
+        result = {"mode": options.mode, **copy_summary(tally),
+                  ("accept_prob" if options.mode == "accept" else "rate"): tally.summary("rate", rows_in)}
+        if options.mode == "weighted":
+            result.update(overall_rate=options.overall_rate, rate_column=options.rate_column,
+                          mean_weight=running.mean if options.running_mean else mean,
+                          mean_weight_source="running estimate (final)" if options.running_mean else "first pass")
+        return result
+
+    return write_job(command="resample", options=manifest_options(options, output), seed=seed, dataset=dataset,
+                     dst=dst, output=output, schema=schema, items=items, work=work, stats=stats, run=run,
+                     report=report)
+
+
+__all__ = ["ResampleOptions", "RunningMean", "Tally", "example_rates", "parse_rate", "repeat_rows", "resample",
+           "resample_chunk"]

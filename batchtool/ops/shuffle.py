@@ -1,0 +1,343 @@
+"""`shuffle`: an exact seeded global permutation in bounded memory, or shuffle_batch's buffered shuffle."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from batchtool import progress, rng
+from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
+from batchtool.errors import UsageError
+from batchtool.job import JobResult, RunSettings, write_job
+from batchtool.output import OutputOptions
+from batchtool.spill import Spill, parts_for
+
+STAGE = "shuffle"
+DEFAULT_MEMORY = 1 << 30
+MAX_BATCH_ROWS = 65536
+BATCH_SHARE = 32
+"""Output row groups when --batch-size is not given: at most MAX_BATCH_ROWS rows and --memory / BATCH_SHARE
+bytes, so that the batches queued for writing (slices of a spill part) keep about one part alive."""
+PART_SHARE = 4
+"""A spill part is at most --memory / PART_SHARE: reading one back holds it about three times over."""
+TFRECORD_EXPANSION = {False: 4.0, True: 16.0}
+"""Assumed Arrow bytes per TFRecord file byte (uncompressed, gzip) when the row count is unknown.
+
+Deliberately high: too many spill parts only costs smaller reads, too few breaks the memory bound."""
+
+
+@dataclass(frozen=True)
+class ShuffleOptions:
+    """What `shuffle` computes; the memory budget and temporary directory never change the output bytes."""
+
+    memory: int = DEFAULT_MEMORY
+    tmp_dir: str | None = None
+    batch_size: int | None = None
+    drop_remainder: bool = False
+    buffer: int | None = None
+    min_after_dequeue: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.memory <= 0:
+            raise UsageError(f"--memory {self.memory}: must be a positive size")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise UsageError(f"--batch-size {self.batch_size}: must be at least 1")
+        if self.drop_remainder and self.batch_size is None:
+            raise UsageError("--drop-remainder needs --batch-size (the final partial batch is what it drops)")
+        if self.buffer is not None and self.buffer < 1:
+            raise UsageError(f"--buffer {self.buffer}: must be at least 1 row")
+        if self.min_after_dequeue is not None and self.min_after_dequeue < 0:
+            raise UsageError(f"--min-after-dequeue {self.min_after_dequeue}: must be >= 0")
+        if self.buffer is not None and self.min_after_dequeue is not None and self.min_after_dequeue >= self.buffer:
+            raise UsageError(f"--min-after-dequeue {self.min_after_dequeue} must be smaller than --buffer "
+                             f"{self.buffer} (the seed's capacity)")
+
+    @property
+    def buffered(self) -> bool:
+        return self.buffer is not None or self.min_after_dequeue is not None
+
+    @property
+    def capacity(self) -> int:
+        """Rows the buffered shuffle draws from: --buffer, or the smallest capacity the seed allowed."""
+        if self.buffer is not None:
+            return self.buffer
+        return (self.min_after_dequeue or 0) + (self.batch_size or 1)
+
+
+# -- helpers shared by the resampling commands -------------------------------------------------------------
+
+
+def slice_chunk(chunk: Chunk, start: int, length: int) -> Chunk:
+    return Chunk(chunk.data.slice(start, length), chunk.ids[start:start + length])
+
+
+class RowReader:
+    """Hands out the rows of a stream of chunks in requested amounts, across chunk boundaries."""
+
+    def __init__(self, chunks: Iterable[Chunk], schema: pa.Schema) -> None:
+        self._chunks = iter(chunks)
+        self._schema = schema
+        self._current: Chunk | None = None
+        self._offset = 0
+
+    def take(self, n: int) -> Chunk:
+        """The next n rows (fewer only when the stream ends)."""
+        pieces: list[Chunk] = []
+        need = n
+        while need > 0:
+            if self._current is None or self._offset == self._current.num_rows:
+                self._current, self._offset = next(self._chunks, None), 0
+                if self._current is None:
+                    break
+                continue
+            count = min(need, self._current.num_rows - self._offset)
+            pieces.append(slice_chunk(self._current, self._offset, count))
+            self._offset += count
+            need -= count
+        return pieces[0] if len(pieces) == 1 else Chunk.concat(pieces, self._schema)
+
+
+def rebatch(chunks: Iterable[Chunk], size: int, schema: pa.Schema, drop_remainder: bool = False) -> Iterator[Chunk]:
+    """Cut a stream of chunks into batches of exactly `size` rows; the last may be smaller unless dropped."""
+    reader = RowReader(chunks, schema)
+    while True:
+        batch = reader.take(size)
+        if batch.num_rows == 0 or (drop_remainder and batch.num_rows < size):
+            return
+        yield batch
+
+
+def estimate_memory_bytes(dataset: Dataset, first: Chunk | None, rows: int | None = None) -> float:
+    """Arrow bytes of the whole dataset, from the first chunk's bytes per row.
+
+    File sizes underestimate memory (Parquet is compressed and encoded), so the first chunk is the
+    yardstick. With no row count (TFRecord read without a manifest) it assumes a high expansion of
+    the file bytes instead.
+    """
+    if first is None or first.num_rows == 0:
+        return 0.0
+    rows = rows if rows is not None else dataset.num_rows
+    if rows is None and dataset.manifest:
+        rows = dataset.manifest.get("output", {}).get("rows")
+    if rows is None:
+        gzip = any(s.path.lower().endswith((".gz", ".gzip")) for s in dataset.shards)
+        return max(float(first.data.nbytes), dataset.total_bytes * TFRECORD_EXPANSION[gzip])
+    return first.data.nbytes / first.num_rows * rows
+
+
+def default_batch_rows(bytes_per_row: float, memory: int) -> int:
+    return int(max(1, min(MAX_BATCH_ROWS, memory / BATCH_SHARE / max(bytes_per_row, 1.0))))
+
+
+def spill_flush_bytes(memory: int, parts: int) -> int:
+    """Spill write buffers together stay under a quarter of the budget, whatever the number of parts."""
+    return max(16 << 10, min(4 << 20, memory // (4 * max(1, parts))))
+
+
+def peek(chunks: Iterator[Chunk]) -> tuple[Chunk | None, Iterator[Chunk]]:
+    """The first chunk, and the stream with it put back."""
+    first = next(chunks, None)
+    return first, (chunks if first is None else itertools.chain([first], chunks))
+
+
+def emit(chunk: Chunk) -> tuple[list[pa.RecordBatch], int]:
+    """write_job work for streams that are already output batches: one row group each."""
+    return [chunk.data], chunk.num_rows
+
+
+def manifest_options(options: Any, output: OutputOptions) -> dict[str, Any]:
+    """The options a manifest records: the operation's dataclass plus the output settings."""
+    return {**asdict(options), "to": output.format, "compression": output.codec,
+            "shard_rows": output.shard_rows, "shard_bytes": output.shard_bytes}
+
+
+# -- keyed orders through spill files --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KeyRanges:
+    """Spill layout for keyed random orders of several streams (the classes of balanced batches, or the
+    one stream of a global shuffle): stream s is split into parts[s] equal ranges of its order key, one
+    spill group each. Reading a stream's ranges in turn, each sorted by the key, is the stream sorted by
+    the key: the order is the same whatever the number of parts, so --memory never changes the output.
+    """
+
+    parts: tuple[int, ...]
+    seed: int
+    stage: str
+
+    @property
+    def groups(self) -> int:
+        return sum(self.parts)
+
+    def spill(self, schema: pa.Schema, memory: int, tmp_dir: str | None) -> Spill:
+        return Spill(schema, [1] * self.groups, self.seed, self.stage, tmp_dir,
+                     flush_bytes=spill_flush_bytes(memory, self.groups))
+
+    def add(self, spill: Spill, chunk: Chunk, streams: np.ndarray) -> None:
+        keys = rng.permutation_keys(self.seed, self.stage, chunk.ids)
+        parts = np.asarray(self.parts, dtype=np.uint64)[streams]
+        first = np.cumsum((0,) + self.parts[:-1])[streams]
+        spill.add(chunk, first + ((keys >> np.uint64(32)) * parts >> np.uint64(32)).astype(np.int64))
+
+    def _groups_of(self, stream: int) -> range:
+        first = sum(self.parts[:stream])
+        return range(first, first + self.parts[stream])
+
+    def rows(self, spill: Spill, stream: int) -> int:
+        return int(sum(spill.rows[g] for g in self._groups_of(stream)))
+
+    def read(self, spill: Spill, stream: int) -> Iterator[Chunk]:
+        for group in self._groups_of(stream):
+            yield from spill.read_group(group, self.stage)
+
+
+def spill_streams(chunks: Iterable[Chunk], ranges: KeyRanges, spill: Spill, streams_of: Callable[[Chunk], np.ndarray],
+                  desc: str, total: int | None, quiet: bool) -> None:
+    """Scatter every row of the chunks to its stream's key range, then close the spill for reading."""
+    with progress.bar(desc, total, quiet=quiet) as bar:
+        for chunk in chunks:
+            ranges.add(spill, chunk, streams_of(chunk))
+            bar.update(chunk.num_rows)
+    spill.finish()
+
+
+# -- the buffered shuffle (shuffle_batch parity) --------------------------------------------------------------
+
+
+class BufferedShuffle:
+    """shuffle_batch's queue, made deterministic.
+
+    Rows enter `capacity` slots in input order. Once the buffer is full, output position t takes
+    slot floor(u_t * capacity), u_t keyed by t, and the next input row refills that slot. When the
+    input ends, the remaining rows leave the same way from the shrinking buffer (the drawn slot is
+    refilled from the last one). Decisions are made on row numbers; the rows themselves are gathered
+    once per push, so memory holds the buffer plus one push of new rows.
+    """
+
+    def __init__(self, capacity: int, seed: int, schema: pa.Schema) -> None:
+        self.capacity, self.seed, self.schema = capacity, seed, schema
+        self._held = Chunk.concat([], schema)
+        self._held_rows = np.zeros(0, dtype=np.int64)
+        self._slots: list[int] = []
+        self._next_row = 0
+        self._out_pos = 0
+
+    def _uniforms(self, count: int) -> list[float]:
+        positions = np.arange(self._out_pos, self._out_pos + count, dtype=np.uint64)
+        self._out_pos += count
+        return rng.uniform(self.seed, STAGE + "/buffer", positions).tolist()
+
+    def push(self, new: Chunk) -> Chunk:
+        """Enqueue rows in order; returns the rows dequeued meanwhile (one per row past a full buffer)."""
+        rows = list(range(self._next_row, self._next_row + new.num_rows))
+        self._next_row += new.num_rows
+        fill = min(self.capacity - len(self._slots), len(rows))
+        self._slots.extend(rows[:fill])
+        out: list[int] = []
+        for u, row in zip(self._uniforms(len(rows) - fill), rows[fill:]):
+            slot = int(u * self.capacity)
+            out.append(self._slots[slot])
+            self._slots[slot] = row
+        return self._gather(new, out)
+
+    def drain(self) -> Chunk:
+        """The input has ended: dequeue everything left, one uniform draw over the remaining rows each."""
+        slots = self._slots
+        out: list[int] = []
+        for u in self._uniforms(len(slots)):
+            slot = int(u * len(slots))
+            out.append(slots[slot])
+            slots[slot] = slots[-1]
+            slots.pop()
+        return self._gather(Chunk.concat([], self.schema), out)
+
+    def _gather(self, new: Chunk, out: list[int]) -> Chunk:
+        pool = Chunk.concat([self._held, new], self.schema) if new.num_rows else self._held
+        pool_rows = np.concatenate([self._held_rows, np.arange(self._next_row - new.num_rows, self._next_row)])
+        order = np.argsort(pool_rows, kind="stable")
+        sorted_rows = pool_rows[order]
+
+        def positions(rows: list[int]) -> np.ndarray:
+            return order[np.searchsorted(sorted_rows, np.asarray(rows, dtype=np.int64))]
+
+        self._held, self._held_rows = pool.take(positions(self._slots)), np.asarray(self._slots, dtype=np.int64)
+        return pool.take(positions(out))
+
+
+def buffered_shuffle(chunks: Iterable[Chunk], capacity: int, seed: int, schema: pa.Schema) -> Iterator[Chunk]:
+    """The buffered shuffle of a chunk stream; input is pushed in groups of at least `capacity` rows so
+    that gathering (which copies the buffer) costs at most about one extra copy of the data."""
+    buffer = BufferedShuffle(capacity, seed, schema)
+    group: list[Chunk] = []
+    rows = 0
+    for chunk in chunks:
+        group.append(chunk)
+        rows += chunk.num_rows
+        if rows >= capacity:
+            out = buffer.push(Chunk.concat(group, schema))
+            group, rows = [], 0
+            if out.num_rows:
+                yield out
+    for out in (buffer.push(Chunk.concat(group, schema)), buffer.drain()):
+        if out.num_rows:
+            yield out
+
+
+# -- entry point --------------------------------------------------------------------------------------------
+
+
+def shuffle(src: str, dst: str, options: ShuffleOptions, output: OutputOptions, run: RunSettings = RunSettings(),
+            *, seed: int = 0, format: str | None = None, skip_corrupt: bool = False) -> JobResult:
+    """Shuffle SRC into DST: a global permutation through temporary spill files, or the buffered shuffle."""
+    dataset = open_dataset(src, format=format, skip_corrupt=skip_corrupt)
+    report = ReadReport()
+    schema = dataset.schema
+    first, chunks = peek(dataset.chunks(None, run.threads, report))
+    estimate = estimate_memory_bytes(dataset, first)
+    bytes_per_row = first.data.nbytes / first.num_rows if first is not None and first.num_rows else 1.0
+    batch_rows = options.batch_size or default_batch_rows(bytes_per_row, options.memory)
+    stats: dict[str, Any] = {"mode": "buffered" if options.buffered else "global", "batch_rows": batch_rows,
+                             "estimated_bytes": int(estimate)}
+    common = dict(command="shuffle", options=manifest_options(options, output), seed=seed, dataset=dataset,
+                  dst=dst, output=output, schema=schema, work=emit, run=run, report=report)
+
+    def summary(rows_in: int) -> dict[str, Any]:
+        dropped = rows_in % batch_rows if options.drop_remainder else 0
+        return {**stats, "rows_in": rows_in, "examples_dropped": dropped}
+
+    if options.buffered:
+        stats["capacity"] = options.capacity
+        counted = _Counted(chunks)
+        batches = rebatch(buffered_shuffle(counted, options.capacity, seed, schema), batch_rows, schema,
+                          options.drop_remainder)
+        return write_job(**common, items=batches, stats=lambda: summary(counted.rows))
+    ranges = KeyRanges((parts_for(estimate, options.memory // PART_SHARE),), seed, STAGE)
+    stats["parts"] = ranges.groups
+    with ranges.spill(schema, options.memory, options.tmp_dir) as spill:
+        spill_streams(chunks, ranges, spill, lambda c: np.zeros(c.num_rows, dtype=np.int64), "shuffle: spill",
+                      dataset.num_rows, run.quiet)
+        rows = ranges.rows(spill, 0)
+        batches = rebatch(ranges.read(spill, 0), batch_rows, schema, options.drop_remainder)
+        return write_job(**common, items=batches, stats=lambda: summary(rows), total_rows=rows)
+
+
+class _Counted:
+    """Counts the rows of a chunk stream as it is consumed (the buffered shuffle has no first pass)."""
+
+    def __init__(self, chunks: Iterable[Chunk]) -> None:
+        self._chunks = iter(chunks)
+        self.rows = 0
+
+    def __iter__(self) -> Iterator[Chunk]:
+        for chunk in self._chunks:
+            self.rows += chunk.num_rows
+            yield chunk
+
+
+__all__ = ["KeyRanges", "ShuffleOptions", "RowReader", "buffered_shuffle", "rebatch", "shuffle"]

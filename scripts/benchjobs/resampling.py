@@ -1,0 +1,106 @@
+"""Resampling: stratify (exact, to uniform) vs a pyarrow filter of the same rows and DuckDB; shuffle vs a copy."""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+
+from bench import Command, Context, Job
+from benchjobs.io import pyarrow_copy
+
+
+def jobs(ctx: Context) -> list[Job]:
+    out = os.path.join(ctx.work, "out")
+    memory = ctx.parquet_bytes // 4
+    peer_python = duckdb_python(ctx)
+    return [
+        Job("stratify exact uniform", ctx.rows, ctx.parquet_bytes,
+            ours=Command(batchtool=("stratify", ctx.parquet, out, "--target", "uniform", "-q")),
+            floor=Command(call="resampling:pyarrow_filter",
+                          args={"src": ctx.parquet, "dst": out, "mask": selection_mask(ctx)}),
+            peer=Command(call="resampling:duckdb_stratify", args={"src": ctx.parquet, "dst": out},
+                         python=peer_python) if peer_python else None,
+            peer_name="DuckDB row_number() semijoin",
+            note="90/7/2/1 % labels to uniform (4 x the smallest class); floor = pyarrow read + filter of the "
+                 "same rows + zstd write"),
+        Job(f"shuffle --memory {memory >> 20}MB", ctx.rows, ctx.parquet_bytes,
+            ours=Command(batchtool=("shuffle", ctx.parquet, out, "--memory", str(memory), "-q")),
+            floor=Command(call="resampling:pyarrow_copy", args={"src": ctx.parquet, "dst": out}),
+            note="global permutation of a corpus 4 x the memory budget (on disk; more in memory); "
+                 "floor = pyarrow copy"),
+    ]
+
+
+def duckdb_python(ctx: Context) -> str | None:
+    """A Python that can import duckdb: this one, or --tf-python's."""
+    if importlib.util.find_spec("duckdb") is not None:
+        return sys.executable
+    for python in filter(None, [ctx.tf_python]):
+        if subprocess.run([python, "-c", "import duckdb"], capture_output=True).returncode == 0:
+            return python
+    return None
+
+
+def selection_mask(ctx: Context) -> str:
+    """Which input rows `stratify --target uniform` keeps (seed 0), as a boolean .npy in input order.
+
+    Computed once with batchtool itself and cached beside the corpus, so the floor is given the same
+    rows without timing their selection.
+    """
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from batchtool.job import RunSettings
+    from batchtool.ops.stratify import StratifyOptions, stratify
+    from batchtool.output import OutputOptions
+
+    path = os.path.join(ctx.data, "cache", "stratify_uniform_seed0_mask.npy")
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = os.path.join(ctx.data, "cache", "stratify_uniform_seed0")
+        stratify(ctx.parquet, tmp, StratifyOptions(target="uniform"), OutputOptions(overwrite=True),
+                 RunSettings(threads=ctx.threads, quiet=True))
+        kept = set(pq.read_table(glob.glob(os.path.join(tmp, "part-*.parquet")), columns=["key"])
+                   .column("key").to_pylist())
+        keys = pq.read_table(ctx.parquet, columns=["key"]).column("key").to_pylist()
+        np.save(path, np.fromiter((k in kept for k in keys), dtype=bool, count=len(keys)))
+        shutil.rmtree(tmp)
+    return path
+
+
+def pyarrow_filter(src: str, dst: str, mask: str) -> None:
+    """The floor: the pyarrow copy, keeping only the masked rows of each row group."""
+    import numpy as np
+    import pyarrow as pa
+
+    keep = np.load(mask)
+    start = [0]
+
+    def select(table: pa.Table) -> pa.Table:
+        first, start[0] = start[0], start[0] + table.num_rows
+        return table.filter(pa.array(keep[first:start[0]]))
+
+    pyarrow_copy(src, dst, transform=select)
+
+
+def duckdb_stratify(src: str, dst: str) -> None:
+    """The peer: the same job in DuckDB SQL. Class counts, then row_number() over a random order within
+    each label on the (key, label) columns, keeping the smallest class's count of each (floor(M * t_i) for
+    a uniform target), then a semijoin fetching those rows, written as zstd Parquet."""
+    import duckdb
+
+    os.makedirs(dst, exist_ok=True)
+    files = os.path.join(src, "*.parquet")
+    duckdb.sql(f"""
+        COPY (
+            SELECT * FROM read_parquet('{files}') WHERE key IN (
+                SELECT key FROM (
+                    SELECT key, row_number() OVER (PARTITION BY label ORDER BY r) AS rn
+                    FROM (SELECT key, label, random() AS r FROM read_parquet('{files}')))
+                WHERE rn <= (SELECT min(n) FROM (SELECT count(*) AS n FROM read_parquet('{files}') GROUP BY label)))
+        ) TO '{os.path.join(dst, "part-00000.parquet")}' (FORMAT parquet, COMPRESSION zstd)
+    """)
