@@ -18,5 +18,6 @@ except PackageNotFoundError:  # running from a source tree that was not installe
 
 from batchtool.dataset import Dataset, open_dataset  # noqa: E402
 from batchtool.errors import BatchtoolError  # noqa: E402
+from batchtool.load import Loader, load  # noqa: E402
 
-__all__ = ["BatchtoolError", "Dataset", "open_dataset", "__version__"]
+__all__ = ["BatchtoolError", "Dataset", "Loader", "load", "open_dataset", "__version__"]

@@ -29,6 +29,9 @@ from batchtool.formats import tfrecord as tfrecord_format
 PARQUET_CODECS = ("zstd", "snappy", "gzip", "lz4", "brotli", "none")
 TFRECORD_KINDS = ("sequence_example", "example")
 DEFAULT_SHARD_BYTES = 256 * 1024 * 1024
+MAX_SHARD_BATCHES = 4096
+"""Row groups per Parquet shard at most: each costs ~1 KB of footer that writer and reader hold in
+memory, so shards of many small batches (segment's 32-row batches) roll over by count, not size."""
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,8 @@ class BatchShardWriter:
     def _full(self) -> bool:
         o = self.options
         return ((o.shard_rows is not None and self._rows >= o.shard_rows)
-                or (o.shard_bytes is not None and self._sink.bytes >= o.shard_bytes))
+                or (o.shard_bytes is not None and self._sink.bytes >= o.shard_bytes)
+                or (o.format == "parquet" and self._batches >= MAX_SHARD_BATCHES))
 
     def _open(self) -> None:
         name = f"part-{len(self.files):05d}{self.options.suffix}"

@@ -92,3 +92,22 @@ def test_manifest_schema_round_trip():
 
     schema = pa.schema([("a", pa.list_(pa.int16())), ("b", pa.float64())])
     assert schema_from_json(json.loads(json.dumps(schema_to_json(schema)))).equals(schema)
+
+
+def test_parquet_shards_roll_over_by_batch_count(tmp_path, monkeypatch):
+    import batchtool.output as output
+
+    monkeypatch.setattr(output, "MAX_SHARD_BATCHES", 4)
+    writer = BatchShardWriter(str(tmp_path), pa.schema([("x", pa.int64())]), OutputOptions())
+    for b in small_batches(10, 2):
+        writer.write(encode_batch(b, writer.options))
+    assert [f["batches"] for f in writer.close()] == [4, 4, 2]
+
+
+def test_statistics_only_for_flat_columns(tmp_path):
+    schema = pa.schema([("x", pa.int64()), ("seq", pa.list_(pa.int64()))])
+    writer = BatchShardWriter(str(tmp_path), schema, OutputOptions())
+    writer.write(encode_batch(pa.record_batch({"x": [1, 2], "seq": [[1], [2, 3]]}, schema=schema), writer.options))
+    meta = pq.ParquetFile(tmp_path / writer.close()[0]["path"]).metadata.row_group(0)
+    assert meta.column(0).statistics.min == 1
+    assert meta.column(1).statistics is None

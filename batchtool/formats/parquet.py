@@ -45,9 +45,12 @@ class ParquetShardWriter:
 
     def __init__(self, sink: BinaryIO, schema: pa.Schema, compression: str = "zstd",
                  compression_level: int | None = None) -> None:
+        # Statistics only for flat columns: min/max of list columns are rarely used, and with one row
+        # group per batch they would double the footer.
+        flat = [f.name for f in schema if not pa.types.is_nested(f.type)]
         self._writer = pq.ParquetWriter(sink, schema, compression=compression,
                                         compression_level=compression_level,
-                                        write_statistics=True, store_schema=True)
+                                        write_statistics=flat, store_schema=True)
 
     def write(self, batch: pa.RecordBatch) -> None:
         self._writer.write_batch(batch, row_group_size=max(batch.num_rows, 1))
