@@ -132,6 +132,37 @@ def render_manifest(summary: dict) -> list[str]:
     for key, value in summary.get("stats", {}).items():
         if isinstance(value, (int, float, str)):
             lines.append(f"  {key}: {value}")
+    if summary.get("stats", {}).get("buckets"):
+        lines += render_buckets(summary["stats"])
+    return lines
+
+
+def render_buckets(stats: dict) -> list[str]:
+    """bucket's per-bucket table: length range, examples, batches, elements and padding efficiency."""
+    def pct(value: float | None) -> str:
+        return "-" if value is None else f"{100 * value:.1f}%"
+
+    def span(row: dict) -> str:
+        lo, hi = row.get("lengths") or (None, None)
+        return f"[{lo}, {'inf' if hi is None else hi})" if lo is not None else str(row["bucket"])
+
+    rows = [(str(r["bucket"]), span(r), f"{r['examples']:,}", f"{r['batches']:,}", f"{r['real_elements']:,}",
+             f"{r['padded_elements']:,}", pct(r["padding_efficiency"])) for r in stats["buckets"]]
+    rows.append(("all", "", f"{sum(r['examples'] for r in stats['buckets']):,}", f"{stats.get('batches', 0):,}",
+                 f"{stats.get('real_elements', 0):,}", f"{stats.get('padded_elements', 0):,}",
+                 pct(stats.get("padding_efficiency"))))
+    header = ("bucket", "lengths", "examples", "batches", "real", "padded", "efficiency")
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    lines = ["", "buckets (padding efficiency = real / padded elements)",
+             "  " + "  ".join(h.rjust(w) for h, w in zip(header, widths))]
+    lines += ["  " + "  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+    dropped = {k: v for k, v in stats.get("examples_dropped", {}).items() if v}
+    if dropped:
+        lines.append("  dropped: " + ", ".join(f"{v:,} {k}" for k, v in dropped.items()))
+    auto = stats.get("auto_buckets")
+    if auto:
+        lines.append(f"  auto-buckets {auto['k']}: expected efficiency {pct(auto['expected_padding_efficiency'])} "
+                     f"(equal-count quantiles: {pct(auto['quantile_expected_padding_efficiency'])})")
     return lines
 
 

@@ -1,0 +1,661 @@
+"""`bucket`: group examples by length (or a bucket column) into padded batches, in bounded memory."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from batchtool import progress
+from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
+from batchtool.errors import InputError, SchemaError, UsageError
+from batchtool.job import JobResult, RunSettings, write_job
+from batchtool.ops.boundaries import (
+    assign_buckets,
+    check_boundaries,
+    choose_boundaries,
+    efficiency,
+    expected_efficiency,
+    quantile_boundaries,
+    real_elements,
+)
+from batchtool.output import OutputOptions
+from batchtool.padding import mask_column, pad_batch, parse_pad_values, row_lengths, sequence_lengths
+from batchtool.runner import ordered_map
+from batchtool.spill import Spill, interleave, parts_for
+from batchtool.stats import DatasetStats, chunk_stats, is_sequence_type, lengths_of
+
+ORDERS = ("shuffle", "sorted")
+OUTPUT_COLUMNS = ("batch", "bucket", "length", "mask")
+SPILL_STAGE, ORDER_STAGE, INTERLEAVE_STAGE = "bucket/spill", "bucket/order", "bucket/interleave"
+_MIN_FLUSH_BYTES, _MAX_FLUSH_BYTES = 64 << 10, 4 << 20
+_SPILL_ROW_BYTES = 12
+"""Per spilled row on top of the data: the uint64 example id and the int32 length."""
+
+
+@dataclass(frozen=True)
+class BatchBudget:
+    """When a batch is full: `batch_size` rows, or `max_tokens` padded elements (rows x padded length,
+    a zero length counting as one) with at most `max_rows` rows. Knows nothing about buckets."""
+
+    batch_size: int | None = None
+    max_tokens: int | None = None
+    max_rows: int | None = None
+
+    def fits(self, rows: int, padded_length: int) -> bool:
+        if self.batch_size is not None:
+            return rows <= self.batch_size
+        return (rows * max(padded_length, 1) <= self.max_tokens
+                and (self.max_rows is None or rows <= self.max_rows))
+
+    def cut(self, lengths: Iterable[np.ndarray], pad_to: int | None = None) -> np.ndarray:
+        """Sizes of the batches, in order, for rows of these lengths arriving in this order.
+
+        Greedy: a batch closes when the next row would not fit (padded to the batch's longest row,
+        or to `pad_to`). The last batch holds what is left. Every single row must fit.
+        """
+        if self.batch_size is not None:
+            full, rest = divmod(sum(len(a) for a in lengths), self.batch_size)
+            return np.array([self.batch_size] * full + ([rest] if rest else []), dtype=np.int64)
+        sizes: list[int] = []
+        rows = widest = 0
+        for block in lengths:
+            for length in block.tolist():
+                width = pad_to if pad_to is not None else max(widest, length)
+                if rows and not self.fits(rows + 1, width):
+                    sizes.append(rows)
+                    rows, width = 0, pad_to if pad_to is not None else length
+                rows, widest = rows + 1, width
+        if rows:
+            sizes.append(rows)
+        return np.array(sizes, dtype=np.int64)
+
+    def fits_alone(self, padded_lengths: np.ndarray) -> np.ndarray:
+        """Per row: does a batch of just this row, padded to this length, fit?"""
+        if self.batch_size is not None:
+            return np.ones(len(padded_lengths), dtype=bool)
+        return np.maximum(padded_lengths, 1) <= self.max_tokens
+
+    def is_partial(self, size: int) -> bool:
+        """Is a bucket's last batch a remainder? By count: when short; by tokens: always, since the
+        bucket ran out before the budget did."""
+        return self.batch_size is None or size < self.batch_size
+
+
+@dataclass(frozen=True)
+class BucketOptions:
+    """What `bucket` computes; validated on construction (flags named as on the command line)."""
+
+    length: str | None = None
+    sequences: tuple[str, ...] = ()
+    boundaries: tuple[int, ...] | None = None
+    auto_buckets: int | None = None
+    bucket_column: str | None = None
+    num_buckets: int | None = None
+    batch_size: tuple[int, ...] | None = None
+    max_tokens: int | None = None
+    max_rows: int | None = None
+    drop_oversize: bool = False
+    pad_to_boundary: bool = False
+    pad_values: tuple[str, ...] = ()
+    mask: bool = False
+    keep: str | None = None
+    drop_remainder: bool = False
+    order: str = "shuffle"
+    memory: int = 1 << 30
+    tmp_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        modes = [flag for flag, value in (("--boundaries", self.boundaries), ("--auto-buckets", self.auto_buckets),
+                                          ("--bucket-column", self.bucket_column)) if value is not None]
+        if len(modes) != 1:
+            raise UsageError("give exactly one of --boundaries, --auto-buckets, --bucket-column"
+                             + (f" (got {' and '.join(modes)})" if modes else ""))
+        if self.boundaries is not None:
+            check_boundaries(self.boundaries)
+        if self.auto_buckets is not None and self.auto_buckets < 1:
+            raise UsageError(f"--auto-buckets {self.auto_buckets}: must be at least 1")
+        if (self.bucket_column is None) != (self.num_buckets is None):
+            raise UsageError("--bucket-column and --num-buckets go together")
+        if self.num_buckets is not None and self.num_buckets < 1:
+            raise UsageError(f"--num-buckets {self.num_buckets}: must be at least 1")
+        self._check_batching()
+        if self.pad_to_boundary and self.bucket_column is not None:
+            raise UsageError("--pad-to-boundary needs length buckets (--boundaries or --auto-buckets), "
+                             "not --bucket-column")
+        if self.order not in ORDERS:
+            raise UsageError(f"--order {self.order!r}: expected {' or '.join(ORDERS)}")
+        if self.memory <= 0:
+            raise UsageError(f"--memory {self.memory}: must be positive")
+
+    def _check_batching(self) -> None:
+        if (self.batch_size is None) == (self.max_tokens is None):
+            raise UsageError("give exactly one of --batch-size and --max-tokens")
+        for flag, value in (("--max-tokens", self.max_tokens), ("--max-rows", self.max_rows)):
+            if value is not None and value < 1:
+                raise UsageError(f"{flag} {value}: must be positive")
+        if self.max_tokens is None and (self.max_rows is not None or self.drop_oversize):
+            raise UsageError(f"{'--max-rows' if self.max_rows is not None else '--drop-oversize'} "
+                             "goes with --max-tokens")
+        if self.batch_size is None:
+            return
+        text = ",".join(str(b) for b in self.batch_size)
+        if not self.batch_size or min(self.batch_size) < 1:
+            raise UsageError(f"--batch-size {text}: batch sizes must be positive")
+        if len(self.batch_size) > 1:
+            if self.auto_buckets is not None:
+                raise UsageError(f"--batch-size {text}: one size per bucket needs fixed buckets "
+                                 "(--boundaries or --bucket-column); --auto-buckets takes one size")
+            if len(self.batch_size) != self.bucket_count:
+                raise UsageError(f"--batch-size {text}: {len(self.batch_size)} sizes for {self.bucket_count} "
+                                 "buckets (give one size, or one per bucket)")
+
+    @property
+    def bucket_count(self) -> int | None:
+        """Buckets fixed by the options (None for --auto-buckets, which may find fewer distinct lengths)."""
+        if self.boundaries is not None:
+            return len(self.boundaries) + 1
+        return self.num_buckets
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Which input columns play which part; resolved from the schema before the first pass."""
+
+    length: str | None
+    """The column lengths are read from in the first pass (an integer column or a list column)."""
+    sequences: tuple[str, ...]
+    """List columns padded to the batch length; they must agree with each other and with `length`."""
+    bucket: str | None
+    keep: str | None
+    replaced: tuple[str, ...]
+    """Input columns dropped because an output column of the same name replaces them."""
+
+    @property
+    def first_pass(self) -> list[str]:
+        return list(dict.fromkeys(c for c in (self.length, self.bucket, self.keep) if c is not None))
+
+
+def resolve_columns(options: BucketOptions, schema: pa.Schema) -> Columns:
+    """Check every named column exists with a usable type; default the sequences to all list columns."""
+    names = schema.names
+
+    def need(name: str, flag: str, ok: Callable[[pa.DataType], bool], what: str) -> None:
+        if name not in names:
+            raise SchemaError(f"{flag} {name}: no such column (available: {', '.join(names)})")
+        if not ok(schema.field(name).type):
+            raise SchemaError(f"{flag} {name}: column is {schema.field(name).type}, expected {what}")
+
+    for name in options.sequences:
+        need(name, "--sequence", is_sequence_type, "a list (sequence) column")
+    sequences = options.sequences or tuple(f.name for f in schema if is_sequence_type(f.type))
+    length = options.length or (sequences[0] if sequences else None)
+    if options.length:
+        need(options.length, "--length", lambda t: is_sequence_type(t) or pa.types.is_integer(t),
+             "an integer or list column")
+    elif length is None:
+        raise SchemaError("no list column to measure: pass --length with an integer length column")
+    if options.bucket_column:
+        need(options.bucket_column, "--bucket-column", pa.types.is_integer, "an integer column")
+    if options.keep:
+        need(options.keep, "--keep", pa.types.is_boolean, "a boolean column")
+    replaced = tuple(c for c, role in (("length", length), ("bucket", options.bucket_column))
+                     if role == c and c not in sequences)
+    clash = [c for c in OUTPUT_COLUMNS if c in names and c not in replaced and (c != "mask" or options.mask)]
+    if clash:
+        raise SchemaError(f"column {clash[0]!r} is also an output column of bucket; rename it first "
+                          "(e.g. convert --columns)")
+    return Columns(length, tuple(sequences), options.bucket_column, options.keep, replaced)
+
+
+@dataclass(frozen=True)
+class BucketPlan:
+    """Everything the per-chunk and per-batch functions need: a pure function of options and first-pass stats."""
+
+    columns: Columns
+    boundaries: tuple[int, ...] | None
+    num_buckets: int
+    budgets: tuple[BatchBudget, ...]
+    pad_to: tuple[int | None, ...]
+    """Per bucket: the padded length with --pad-to-boundary (the longest length the bucket admits), else None."""
+    pad_values: Mapping[str, Any]
+    mask: bool
+    drop_oversize: bool
+    drop_remainder: bool
+    order: str
+    parts: tuple[int, ...]
+    """Spill parts per group. Shuffle: a group is a bucket; one part of every bucket is held at once, and
+    loading the next part of one bucket takes as much again, so together they are sized to half of
+    --memory. Sorted: one part per (bucket, length range) group."""
+    length_ranges: tuple[int, ...]
+    """--order sorted: length edges splitting each bucket into spill groups of at most half of --memory
+    (a group is loaded, then sorted into a copy)."""
+    defaulted_sequences: bool = False
+
+    @property
+    def groups_per_bucket(self) -> int:
+        return len(self.length_ranges) + 1
+
+    def padded_length(self, bucket: int, lengths: np.ndarray) -> int:
+        """A batch's padded length: the bucket's boundary, or the batch's longest row (the last,
+        unbounded bucket always uses the batch's longest row)."""
+        fixed = self.pad_to[bucket]
+        return fixed if fixed is not None else int(np.max(lengths, initial=0))
+
+
+def make_plan(options: BucketOptions, columns: Columns, stats: DatasetStats, schema: pa.Schema,
+              row_bytes: tuple[float, float]) -> BucketPlan:
+    """Boundaries (given or chosen), budgets, padding and the spill layout; `row_bytes` = (per row, per step)."""
+    counts = batchable_counts(stats, options)
+    if options.boundaries is not None:
+        boundaries: tuple[int, ...] | None = tuple(options.boundaries)
+    elif options.auto_buckets is not None:
+        boundaries = choose_boundaries(counts, options.auto_buckets)
+    else:
+        boundaries = None
+    n = len(boundaries) + 1 if boundaries is not None else options.num_buckets
+    sizes = options.batch_size or (None,)
+    budgets = tuple(BatchBudget(batch_size=sizes[b % len(sizes)], max_tokens=options.max_tokens,
+                                max_rows=options.max_rows) for b in range(n))
+    pad_to: tuple[int | None, ...] = (None,) * n
+    if options.pad_to_boundary:
+        pad_to = (*(b - 1 for b in boundaries), None)
+    pad_values = parse_pad_values(options.pad_values, schema)
+    unpadded = sorted(set(pad_values) - set(columns.sequences))
+    if unpadded:
+        raise UsageError(f"--pad-value {unpadded[0]}=...: column {unpadded[0]!r} is not padded "
+                         f"(sequence columns: {', '.join(columns.sequences) or 'none'})")
+    if options.order == "shuffle":
+        ranges: tuple[int, ...] = ()
+        parts = tuple(parts_for(b, options.memory // (2 * n)) for b in _bucket_bytes(stats, boundaries, n, row_bytes))
+    else:
+        ranges = _length_ranges(stats.length_counts, row_bytes, options.memory // 2)
+        parts = (1,) * (n * (len(ranges) + 1))
+    return BucketPlan(columns, boundaries, n, budgets, pad_to, pad_values, options.mask, options.drop_oversize,
+                      options.drop_remainder, options.order, parts, ranges, defaulted_sequences=not options.sequences)
+
+
+def batchable_counts(stats: DatasetStats, options: BucketOptions) -> np.ndarray:
+    """The length histogram without lengths over --max-tokens: they can never be batched, so they do not
+    shape the buckets (with --drop-oversize they are dropped; without it the run stops on them)."""
+    counts = stats.length_counts
+    return counts if options.max_tokens is None else counts[: options.max_tokens + 1]
+
+
+def _bucket_bytes(stats: DatasetStats, boundaries: tuple[int, ...] | None, n: int,
+                  row_bytes: tuple[float, float]) -> np.ndarray:
+    """Estimated in-memory bytes per bucket: exact rows and steps for length buckets; for a bucket
+    column, its rows at the mean length."""
+    per_row, per_step = row_bytes
+    if boundaries is not None:
+        counts = stats.length_counts
+        values = np.arange(len(counts))
+        buckets = assign_buckets(values, boundaries)
+        rows = np.bincount(buckets, weights=counts, minlength=n)
+        steps = np.bincount(buckets, weights=counts * values, minlength=n)
+    else:
+        rows = np.array([stats.label_counts.get(b, 0) for b in range(n)], dtype=np.float64)
+        steps = rows * (real_elements(stats.length_counts) / max(1, stats.rows))
+    return rows * per_row + steps * per_step
+
+
+def _length_ranges(length_counts: np.ndarray, row_bytes: tuple[float, float], budget: int) -> tuple[int, ...]:
+    """Length edges cutting the length axis into runs of about `budget` bytes (a single length is never split)."""
+    per_row, per_step = row_bytes
+    sizes = length_counts * (per_row + per_step * np.arange(len(length_counts)))
+    edges, held = [], 0.0
+    for length in np.flatnonzero(length_counts):
+        if held and held + sizes[length] > budget:
+            edges.append(int(length))
+            held = 0.0
+        held += sizes[length]
+    return tuple(edges)
+
+
+def row_bytes(sample: pa.RecordBatch | None, columns: Columns) -> tuple[float, float]:
+    """(bytes per row, bytes per step) of the spilled rows, measured on a sample chunk."""
+    if sample is None or sample.num_rows == 0:
+        return float(_SPILL_ROW_BYTES), 0.0
+    steps = int(row_lengths(sample.column(columns.sequences[0])).sum()) if columns.sequences else 0
+    seq_bytes = sum(sample.column(c).nbytes for c in columns.sequences)
+    per_step = seq_bytes / steps if steps else 0.0
+    return (sample.nbytes - seq_bytes) / sample.num_rows + _SPILL_ROW_BYTES, per_step
+
+
+@dataclass(frozen=True)
+class Assigned:
+    """One input chunk after filtering: rows with a `length` column, their buckets and what was dropped."""
+
+    chunk: Chunk
+    buckets: np.ndarray
+    rows_in: int
+    dropped_keep: int
+    dropped_oversize: int
+
+
+def assign(chunk: Chunk, plan: BucketPlan, locate: Callable[[int], str]) -> Assigned:
+    """Filter by --keep, measure, bucket and check a chunk; a pure function run on worker threads."""
+    cols = plan.columns
+    rows_in = chunk.num_rows
+    if cols.keep is not None:
+        chunk = chunk.filter(keep_mask(chunk, cols.keep))
+    kept = chunk.num_rows
+    lengths = measure(chunk, plan, locate)
+    if plan.boundaries is not None:
+        buckets = assign_buckets(lengths, plan.boundaries)
+    else:
+        buckets = _bucket_column(chunk, cols.bucket, plan.num_buckets, locate)
+    oversize = _oversize(lengths, buckets, plan)
+    if oversize.any():
+        if not plan.drop_oversize:
+            i = int(np.flatnonzero(oversize)[0])
+            raise InputError(f"{locate(chunk.ids[i])}: an example of length {lengths[i]} padded to "
+                             f"{plan.padded_length(int(buckets[i]), lengths[i:i + 1])} steps exceeds "
+                             f"--max-tokens {plan.budgets[0].max_tokens} on its own (pass --drop-oversize "
+                             "to drop such examples)")
+        keep = ~oversize
+        chunk, lengths, buckets = chunk.filter(keep), lengths[keep], buckets[keep]
+    data = chunk.data.drop_columns(list(cols.replaced)) if cols.replaced else chunk.data
+    data = data.append_column("length", pa.array(lengths.astype(np.int32)))
+    return Assigned(Chunk(data, chunk.ids), buckets, rows_in, rows_in - kept, int(oversize.sum()))
+
+
+def keep_mask(chunk: Chunk, keep: str) -> np.ndarray:
+    """The seed's keep_input: rows whose boolean column is true (null counts as false)."""
+    return pc.fill_null(chunk.data.column(keep), False).to_numpy(zero_copy_only=False)
+
+
+def measure(chunk: Chunk, plan: BucketPlan, locate: Callable[[int], str]) -> np.ndarray:
+    """True length per row: the sequence columns' shared length, which --length must agree with."""
+    cols = plan.columns
+
+    def at(i: int) -> str:
+        return locate(chunk.ids[i])
+
+    seq = None
+    if cols.sequences:
+        try:
+            seq = sequence_lengths(chunk.data, cols.sequences, at)
+        except SchemaError as exc:
+            hint = "; pass --sequence to choose the columns to pad" if plan.defaulted_sequences else ""
+            raise SchemaError(f"{exc}{hint}") from exc
+    lengths = lengths_of(chunk.data, cols.length) if cols.length not in cols.sequences else seq
+    if seq is not None and cols.length not in cols.sequences:
+        bad = np.flatnonzero(lengths != seq)
+        if len(bad):
+            i = int(bad[0])
+            raise SchemaError(f"{at(i)}: column {cols.length!r} says length {lengths[i]} but sequence column "
+                              f"{cols.sequences[0]!r} has {seq[i]} steps")
+    if len(lengths) and lengths.min() < 0:
+        i = int(np.argmin(lengths))
+        raise SchemaError(f"{at(i)}, column {cols.length!r}: negative length {lengths[i]}")
+    return lengths
+
+
+def _bucket_column(chunk: Chunk, column: str, num_buckets: int, locate: Callable[[int], str]) -> np.ndarray:
+    arr = chunk.data.column(column)
+    values = pc.fill_null(arr, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    bad = np.flatnonzero((values < 0) | (values >= num_buckets))
+    if len(bad):
+        i = int(bad[0])
+        shown = "null" if arr[i].as_py() is None else values[i]
+        raise InputError(f"{locate(chunk.ids[i])}, column {column!r}: bucket {shown} is outside "
+                         f"[0, {num_buckets}) (--num-buckets {num_buckets})")
+    return values.astype(np.int32)
+
+
+def _oversize(lengths: np.ndarray, buckets: np.ndarray, plan: BucketPlan) -> np.ndarray:
+    """Rows that exceed --max-tokens even alone in a batch (padded to their bucket's boundary, if fixed)."""
+    fixed = np.array([-1 if p is None else p for p in plan.pad_to], dtype=np.int64)[buckets]
+    return ~plan.budgets[0].fits_alone(np.where(fixed >= 0, fixed, lengths))
+
+
+def make_batch(data: pa.RecordBatch, index: int, bucket: int, pad_length: int, plan: BucketPlan) -> pa.RecordBatch:
+    """One output batch: sequence columns padded to `pad_length`, plus batch, bucket, length (and mask)."""
+    padded = pad_batch(data, plan.columns.sequences, pad_length, plan.pad_values)
+    n = data.num_rows
+    names = [name for name in padded.schema.names if name != "length"]
+    arrays = [padded.column(name) for name in names]
+    arrays += [pa.array(np.full(n, index, dtype=np.int64)), pa.array(np.full(n, bucket, dtype=np.int32)),
+               data.column("length")]
+    names += ["batch", "bucket", "length"]
+    if plan.mask:
+        arrays.append(mask_column(data.column("length").to_numpy(), pad_length))
+        names.append("mask")
+    return pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+@dataclass(frozen=True)
+class BatchItem:
+    """One batch on its way to a worker: its output index, bucket, unpadded rows and padded length."""
+
+    index: int
+    bucket: int
+    rows: Chunk
+    pad_length: int
+
+
+@dataclass
+class Tally:
+    """What was written and dropped, per bucket; filled by the one thread that forms batches."""
+
+    examples: np.ndarray
+    batches: np.ndarray
+    real: np.ndarray
+    padded: np.ndarray
+    rows_in: int = 0
+    dropped: dict[str, int] = field(default_factory=lambda: {"keep": 0, "oversize": 0, "remainder": 0})
+
+    @classmethod
+    def zeros(cls, num_buckets: int) -> Tally:
+        return cls(*(np.zeros(num_buckets, dtype=np.int64) for _ in range(4)))
+
+    def add_batch(self, bucket: int, lengths: np.ndarray, pad_length: int) -> None:
+        self.examples[bucket] += len(lengths)
+        self.batches[bucket] += 1
+        self.real[bucket] += int(lengths.sum())
+        self.padded[bucket] += len(lengths) * pad_length
+
+    def bucket_rows(self, plan: BucketPlan) -> list[dict[str, Any]]:
+        rows = []
+        for b in range(len(self.examples)):
+            row: dict[str, Any] = {"bucket": b}
+            if plan.boundaries is not None:
+                edges = (0, *plan.boundaries, None)
+                row["lengths"] = [edges[b], edges[b + 1]]
+            row.update(examples=int(self.examples[b]), batches=int(self.batches[b]), real_elements=int(self.real[b]),
+                       padded_elements=int(self.padded[b]),
+                       padding_efficiency=efficiency(int(self.real[b]), int(self.padded[b])))
+            rows.append(row)
+        return rows
+
+
+def bucket_stats(plan: BucketPlan, options: BucketOptions, stats: DatasetStats, tally: Tally) -> dict[str, Any]:
+    """manifest["stats"]: boundaries, per-bucket table, overall padding efficiency, what was dropped."""
+    real, padded = int(tally.real.sum()), int(tally.padded.sum())
+    out: dict[str, Any] = {
+        "rows_in": tally.rows_in,
+        "lengths_in": stats.length_summary(),
+        "boundaries": list(plan.boundaries) if plan.boundaries is not None else None,
+        "num_buckets": plan.num_buckets,
+        "batches": int(tally.batches.sum()),
+        "real_elements": real,
+        "padded_elements": padded,
+        "padding_efficiency": efficiency(real, padded),
+        "examples_dropped": dict(tally.dropped),
+        "buckets": tally.bucket_rows(plan),
+    }
+    if options.auto_buckets is not None:
+        out["auto_buckets"] = auto_bucket_report(batchable_counts(stats, options), plan.boundaries,
+                                                 options.auto_buckets)
+    return out
+
+
+def auto_bucket_report(length_counts: np.ndarray, boundaries: Sequence[int], k: int) -> dict[str, Any]:
+    """The chosen boundaries' expected efficiency (every example padded to its bucket's longest), next to
+    k equal-count quantile buckets'."""
+    quantiles = quantile_boundaries(length_counts, k)
+    return {"k": k, "expected_padding_efficiency": expected_efficiency(length_counts, boundaries),
+            "quantile_boundaries": list(quantiles),
+            "quantile_expected_padding_efficiency": expected_efficiency(length_counts, quantiles)}
+
+
+def bucket(src: str, dst: str, options: BucketOptions, output: OutputOptions, run: RunSettings = RunSettings(),
+           *, seed: int = 0, format: str | None = None, skip_corrupt: bool = False) -> JobResult:
+    """First pass (lengths only) -> plan -> scatter rows to per-bucket spills -> batches in a seeded
+    random order across buckets (or length order) -> padded batch shards + manifest."""
+    dataset = open_dataset(src, format=format, skip_corrupt=skip_corrupt)
+    columns = resolve_columns(options, dataset.schema)
+    return write_bucketed(dataset, options, columns, first_pass(dataset, columns, run), dst, output, run, seed=seed)
+
+
+def write_bucketed(dataset: Dataset, options: BucketOptions, columns: Columns, first: DatasetStats, dst: str,
+                   output: OutputOptions, run: RunSettings, *, seed: int,
+                   write: Callable[..., JobResult] = write_job) -> JobResult:
+    """Everything after the first pass (`write` is write_job, or a wrapper when bucket ends a pipeline)."""
+    sample = next(iter(dataset.tasks()), None)
+    plan = make_plan(options, columns, first, dataset.schema, row_bytes(sample().data if sample else None, columns))
+    report = ReadReport()
+    tally = Tally.zeros(plan.num_buckets)
+    schema = spill_schema(dataset.schema, columns)
+    with Spill(schema, plan.parts, seed, SPILL_STAGE, options.tmp_dir, flush_bytes(plan, options.memory)) as spill, \
+            Spill(pa.schema([schema.field("length")]), plan.parts, seed, SPILL_STAGE, options.tmp_dir) as lengths:
+        scatter(dataset, plan, spill, lengths, tally, run, report)
+        sizes = [batch_sizes(lengths, plan, b, tally) for b in range(plan.num_buckets)]
+        empty = make_batch(pa.RecordBatch.from_pylist([], schema=schema), 0, 0, 0, plan)
+        result = write(
+            command="bucket", options=_manifest_options(options), seed=seed, dataset=dataset, dst=dst,
+            output=output, schema=empty.schema, items=batches(spill, schema, plan, sizes, seed, tally),
+            work=lambda item: ([make_batch(item.rows.data, item.index, item.bucket, item.pad_length, plan)],
+                               item.rows.num_rows),
+            stats=lambda: bucket_stats(plan, options, first, tally), run=run, report=report,
+            total_rows=int(sum(int(s.sum()) for s in sizes)), desc="bucket: write")
+    return result
+
+
+def first_pass(dataset: Dataset, columns: Columns, run: RunSettings) -> DatasetStats:
+    """Length histogram (and bucket-column counts) of the kept rows, reading only the columns that need."""
+    length = columns.length
+    keep = columns.keep
+
+    def part(task: Callable[[], Chunk]) -> tuple[DatasetStats, int]:
+        chunk = task()
+        rows = chunk.num_rows
+        if keep is not None:
+            chunk = chunk.filter(keep_mask(chunk, keep))
+        return chunk_stats(chunk, columns.bucket, length), rows
+
+    total = DatasetStats()
+    with progress.bar("bucket: lengths", dataset.num_rows, quiet=run.quiet) as bar:
+        for stats, rows in ordered_map(part, dataset.tasks(columns.first_pass, ReadReport()), run.threads):
+            total.merge(stats)
+            bar.update(rows)
+    return total
+
+
+def spill_schema(schema: pa.Schema, columns: Columns) -> pa.Schema:
+    """What is spilled per row: the input columns (less those an output column replaces) and the length."""
+    return pa.schema([*(f for f in schema if f.name not in columns.replaced), pa.field("length", pa.int32())])
+
+
+def flush_bytes(plan: BucketPlan, memory: int) -> int:
+    """Spill write buffers (one per group and part) take at most a quarter of --memory together."""
+    return max(_MIN_FLUSH_BYTES, min(_MAX_FLUSH_BYTES, memory // (4 * sum(plan.parts))))
+
+
+def spill_groups(buckets: np.ndarray, lengths: np.ndarray, plan: BucketPlan) -> np.ndarray:
+    """Spill group per row: its bucket, or with --order sorted its (bucket, length range)."""
+    if plan.order == "shuffle":
+        return buckets
+    return buckets.astype(np.int64) * plan.groups_per_bucket + assign_buckets(lengths, plan.length_ranges)
+
+
+def scatter(dataset: Dataset, plan: BucketPlan, spill: Spill, lengths: Spill, tally: Tally, run: RunSettings,
+            report: ReadReport) -> None:
+    """The second pass: every kept row to its bucket's spill, in input order (so any --threads gives the
+    same files); the lengths alone go to a twin spill with the same groups and parts."""
+    with progress.bar("bucket: scatter", dataset.num_rows, quiet=run.quiet) as bar:
+        for a in ordered_map(lambda task: assign(task(), plan, dataset.locate), dataset.tasks(None, report),
+                             run.threads):
+            tally.rows_in += a.rows_in
+            tally.dropped["keep"] += a.dropped_keep
+            tally.dropped["oversize"] += a.dropped_oversize
+            bar.update(a.rows_in)
+            if a.chunk.num_rows:
+                row_lengths = a.chunk.data.column("length")
+                groups = spill_groups(a.buckets, row_lengths.to_numpy(), plan)
+                spill.add(a.chunk, groups)
+                lengths.add(Chunk(pa.record_batch([row_lengths], names=["length"]), a.chunk.ids), groups)
+    spill.finish()
+    lengths.finish()
+
+
+def ordered_rows(spill: Spill, plan: BucketPlan, bucket: int) -> Iterator[Chunk]:
+    """A bucket's rows in output order: keyed random, or ascending length (ties in input order)."""
+    if plan.order == "shuffle":
+        yield from spill.read_group(bucket, ORDER_STAGE)
+        return
+    first = bucket * plan.groups_per_bucket
+    for group in range(first, first + plan.groups_per_bucket):
+        for chunk in spill.read_group(group):
+            yield chunk.take(np.argsort(chunk.data.column("length").to_numpy(), kind="stable"))
+
+
+def batch_sizes(lengths: Spill, plan: BucketPlan, bucket: int, tally: Tally) -> np.ndarray:
+    """A bucket's batch sizes, from its lengths in output order (the twin spill orders rows exactly as
+    the data spill does); with --drop-remainder the last, partial batch is dropped and counted."""
+    budget = plan.budgets[bucket]
+    sizes = budget.cut((c.data.column("length").to_numpy() for c in ordered_rows(lengths, plan, bucket)),
+                       plan.pad_to[bucket])
+    if plan.drop_remainder and len(sizes) and budget.is_partial(int(sizes[-1])):
+        tally.dropped["remainder"] += int(sizes[-1])
+        sizes = sizes[:-1]
+    return sizes
+
+
+def take_sizes(chunks: Iterator[Chunk], sizes: Sequence[int], schema: pa.Schema) -> Iterator[Chunk]:
+    """Cut a stream of chunks into consecutive pieces of exactly these sizes (copying only across chunk edges)."""
+    pending: list[Chunk] = []
+    held = 0
+    for size in sizes:
+        while held < size:
+            chunk = next(chunks)
+            pending.append(chunk)
+            held += chunk.num_rows
+        last = pending[-1]
+        need = size - (held - last.num_rows)
+        head = [*pending[:-1], _slice(last, 0, need)]
+        yield head[0] if len(head) == 1 else Chunk.concat(head, schema)
+        rest = _slice(last, need, last.num_rows)
+        pending, held = ([rest], rest.num_rows) if rest.num_rows else ([], 0)
+
+
+def _slice(chunk: Chunk, start: int, stop: int) -> Chunk:
+    return Chunk(chunk.data.slice(start, stop - start), chunk.ids[start:stop])
+
+
+def batches(spill: Spill, schema: pa.Schema, plan: BucketPlan, sizes: Sequence[np.ndarray], seed: int,
+            tally: Tally) -> Iterator[BatchItem]:
+    """Batches in output order: the buckets' batch streams merged in a seeded uniformly random
+    interleaving, or one bucket after another with --order sorted."""
+    streams = [take_sizes(ordered_rows(spill, plan, b), sizes[b], schema) for b in range(plan.num_buckets)]
+    if plan.order == "shuffle":
+        merged: Iterator[tuple[int, Chunk]] = interleave(streams, [len(s) for s in sizes], seed, INTERLEAVE_STAGE)
+    else:
+        merged = itertools.chain.from_iterable(((b, c) for c in s) for b, s in enumerate(streams))
+    for index, (b, rows) in enumerate(merged):
+        lengths = rows.data.column("length").to_numpy()
+        pad_length = plan.padded_length(b, lengths)
+        tally.add_batch(b, lengths, pad_length)
+        yield BatchItem(index, b, rows, pad_length)
+
+
+def _manifest_options(options: BucketOptions) -> dict[str, Any]:
+    out = asdict(options)
+    out.pop("tmp_dir")
+    return out

@@ -1,0 +1,157 @@
+"""Length bucketing: `bucket` vs a pyarrow floor (read, pad, write) and tf.data bucket_by_sequence_length;
+then one epoch of `batchtool.load` over the bucketed output vs the same tf.data pipeline.
+
+Boundaries (auto-chosen and 8 equal-count quantiles) are computed once from the corpus's length
+histogram and cached in bench_data/<size>/bucket_boundaries.json, so the floor and tf.data get
+exactly the boundaries `bucket --auto-buckets 8` chooses. The bucketed output is kept in
+bench_data/<size>/bucket-auto8 for the load job (which must run after the bucket job).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+from bench import Command, Context, Job
+
+K, BATCH = 8, 32
+LENGTH = "tokens"
+
+
+def boundaries(ctx: Context) -> dict[str, list[int]]:
+    """{'auto': what --auto-buckets 8 chooses, 'quantile': 8 equal-count buckets}, cached beside the data."""
+    path = os.path.join(ctx.data, "bucket_boundaries.json")
+    if not os.path.exists(path):
+        import numpy as np
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+
+        from batchtool.ops.boundaries import choose_boundaries, quantile_boundaries
+
+        counts = np.zeros(0, dtype=np.int64)
+        for f in sorted(glob.glob(os.path.join(ctx.parquet, "*.parquet"))):
+            lengths = pc.list_value_length(pq.read_table(f, columns=[LENGTH]).column(LENGTH)).to_numpy()
+            more = np.bincount(lengths)
+            counts = np.pad(counts, (0, max(0, len(more) - len(counts))))
+            counts[: len(more)] += more
+        cached = {"auto": list(choose_boundaries(counts, K)), "quantile": list(quantile_boundaries(counts, K))}
+        with open(path, "w") as f:
+            json.dump(cached, f)
+    with open(path) as f:
+        return json.load(f)
+
+
+def jobs(ctx: Context) -> list[Job]:
+    out = os.path.join(ctx.work, "out")
+    kept = os.path.join(ctx.data, "bucket-auto8")
+    b = boundaries(ctx)
+    tf_args = {"src": ctx.tfrecord, "parquet": ctx.parquet, "boundaries": b["auto"], "batch_size": BATCH}
+    return [
+        Job(f"bucket auto-{K} b{BATCH}", ctx.rows, ctx.parquet_bytes,
+            ours=Command(batchtool=("bucket", ctx.parquet, kept, "--length", LENGTH, "--auto-buckets", str(K),
+                                    "--batch-size", str(BATCH), "--overwrite", "-q")),
+            floor=Command(call="bucket:pyarrow_floor",
+                          args={"src": ctx.parquet, "dst": out, "boundaries": b["auto"], "batch_size": BATCH}),
+            peer=Command(call="bucket:tfdata_bucket", args=tf_args),
+            peer_name="tf.data bucket_by_sequence_length, TFRecord, AUTOTUNE (writes nothing)",
+            note=f"zstd Parquet in and out, boundaries {b['auto']}; floor = pyarrow read, per-bucket batches "
+                 "of consecutive rows padded with padding.pad_batch, zstd write (no shuffle, no spill)"),
+        Job(f"bucket load epoch (b{BATCH})", ctx.rows, ctx.parquet_bytes,
+            ours=Command(call="bucket:load_epoch", args={"dst": kept}),
+            peer=Command(call="bucket:tfdata_bucket", args=tf_args),
+            peer_name="the tf.data pipeline of the bucket job",
+            note="one pass of batchtool.load over the bucket output (dicts of NumPy arrays) vs the tf.data "
+                 "pipeline; run after the bucket job"),
+    ]
+
+
+def pyarrow_floor(src: str, dst: str, boundaries: list[int], batch_size: int) -> None:
+    """Read every row group, cut each bucket's rows into batches of consecutive rows as they arrive,
+    pad them and write one zstd row group per batch: the I/O and padding bucket cannot avoid."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from batchtool.padding import pad_batch, row_lengths
+
+    files = sorted(glob.glob(os.path.join(src, "*.parquet")))
+    schema = pq.ParquetFile(files[0]).schema_arrow
+    sequences = [f.name for f in schema if pa.types.is_list(f.type)]
+    pending: dict[int, list[pa.RecordBatch]] = {}
+    os.makedirs(dst, exist_ok=True)
+    writer = None
+    batches = 0
+
+    def emit(rows: pa.RecordBatch, bucket: int) -> None:
+        nonlocal writer, batches
+        lengths = row_lengths(rows.column(LENGTH))
+        out = pad_batch(rows, sequences, int(lengths.max(initial=0)), {})
+        n = rows.num_rows
+        out = (out.append_column("batch", pa.array(np.full(n, batches, dtype=np.int64)))
+               .append_column("bucket", pa.array(np.full(n, bucket, dtype=np.int32)))
+               .append_column("length", pa.array(lengths.astype(np.int32))))
+        if writer is None:
+            writer = pq.ParquetWriter(os.path.join(dst, "part-00000.parquet"), out.schema, compression="zstd")
+        writer.write_batch(out)
+        batches += 1
+
+    for path in files:
+        pf = pq.ParquetFile(path)
+        for rg in range(pf.metadata.num_row_groups):
+            batch = pa.Table.from_batches(pf.read_row_group(rg).combine_chunks().to_batches()).to_batches()[0]
+            buckets = np.searchsorted(boundaries, row_lengths(batch.column(LENGTH)), side="right")
+            for b in np.unique(buckets).tolist():
+                queue = pending.setdefault(b, [])
+                queue.append(batch.filter(pa.array(buckets == b)))
+                held = pa.Table.from_batches(queue).combine_chunks()
+                full = held.num_rows // batch_size * batch_size
+                for start in range(0, full, batch_size):
+                    emit(held.slice(start, batch_size).to_batches()[0], b)
+                rest = held.slice(full)
+                pending[b] = rest.to_batches() if rest.num_rows else []
+    for b, queue in sorted(pending.items()):
+        if queue:
+            emit(pa.Table.from_batches(queue).combine_chunks().to_batches()[0], b)
+    writer.close()
+    print(batches)
+
+
+def tfdata_bucket(src: str, parquet: str, boundaries: list[int], batch_size: int) -> None:
+    """The peer: tf.data parses the SequenceExamples and buckets them with bucket_by_sequence_length
+    (dynamic padding, same boundaries and batch size); prints batches and padding efficiency."""
+    import tensorflow as tf
+
+    from benchjobs.io import tf_feature_spec
+
+    context, sequence = tf_feature_spec(parquet)
+
+    def parse(record: tf.Tensor) -> dict:
+        ctx, seq = tf.io.parse_single_sequence_example(record, context, sequence)
+        return {**ctx, **seq, "length": tf.shape(seq[LENGTH])[0]}
+
+    files = sorted(glob.glob(os.path.join(src, "*.tfrecord*")))
+    ds = tf.data.TFRecordDataset(files, num_parallel_reads=tf.data.AUTOTUNE)
+    ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.bucket_by_sequence_length(lambda x: x["length"], bucket_boundaries=boundaries,
+                                      bucket_batch_sizes=[batch_size] * (len(boundaries) + 1))
+    batches = real = padded = 0
+    for batch in ds.prefetch(tf.data.AUTOTUNE):
+        rows, width = batch[LENGTH].shape[:2]
+        batches += 1
+        real += int(batch["length"].numpy().sum())
+        padded += rows * width
+    print(f"batches {batches} padding_efficiency {real / padded:.4f}")
+
+
+def load_epoch(dst: str) -> None:
+    """One epoch of batchtool.load: every batch as a dict of NumPy arrays."""
+    import batchtool
+
+    if not os.path.exists(os.path.join(dst, "manifest.json")):
+        raise SystemExit(f"{dst}: no bucket output; run the 'bucket auto-{K} b{BATCH}' job first")
+    batches = rows = 0
+    for batch in batchtool.load(dst):
+        batches += 1
+        rows += len(batch["length"])
+    print(batches, rows)
