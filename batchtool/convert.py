@@ -7,10 +7,12 @@ from collections.abc import Callable, Sequence
 import pyarrow as pa
 
 from batchtool.dataset import Chunk, ReadReport, open_dataset
+from batchtool.engines import with_engine
 from batchtool.job import JobResult, RunSettings, write_job
 from batchtool.output import OutputOptions
 
 
+@with_engine
 def convert(src: str, dst: str, output: OutputOptions, *, columns: Sequence[str] | None = None,
             format: str | None = None, skip_corrupt: bool = False, run: RunSettings = RunSettings()) -> JobResult:
     """Read SRC's shards in order and write them to DST, with the manifest."""

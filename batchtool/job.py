@@ -1,4 +1,4 @@
-"""Running one command end to end on the local engine: work items -> worker threads -> batch shards + manifest."""
+"""Running one command end to end: work items -> the engine's workers -> batch shards + manifest."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pyarrow as pa
 from batchtool import manifest as manifest_mod
 from batchtool import progress
 from batchtool.dataset import Dataset, ReadReport
+from batchtool.engines import check_engine, engine_summary
 from batchtool.output import BatchShardWriter, EncodedBatch, OutputOptions, encode_batch, output_directory
 from batchtool.runner import ordered_map
 
@@ -24,6 +25,13 @@ class RunSettings:
 
     threads: int = 1
     quiet: bool = False
+    engine: str = "local"
+    """Where per-item work runs: "local" threads or "ray" (see batchtool.engines)."""
+    ray_address: str | None = None
+    """An existing Ray cluster to connect to; None starts a local one with `threads` CPUs."""
+
+    def __post_init__(self) -> None:
+        check_engine(self.engine, self.ray_address)
 
 
 @dataclass
@@ -39,8 +47,9 @@ def write_job(*, command: str, options: dict[str, Any], seed: int | None, datase
               work: Callable[[X], tuple[list[pa.RecordBatch], int]], stats: Callable[[], dict[str, Any]],
               run: RunSettings, report: ReadReport | None = None, total_rows: int | None = None,
               desc: str | None = None) -> JobResult:
-    """Apply `work` to items on threads (each returns output batches and the input rows it consumed),
-    write the batches in item order, then the manifest, then move the directory into place."""
+    """Apply `work` to items on the engine's workers (each returns output batches and the input rows
+    it consumed), write the batches in item order here, then the manifest, then move the directory
+    into place."""
     started = time.perf_counter()
     rows_in = rows_out = 0
 
@@ -66,7 +75,8 @@ def write_job(*, command: str, options: dict[str, Any], seed: int | None, datase
         manifest = manifest_mod.build(
             command=command, options=options, seed=seed, dataset=dataset, output=output, schema=schema,
             files=files, stats={"rows_in": rows_in, "rows_out": rows_out, **job_stats},
-            run={"threads": run.threads, "wall_seconds": round(time.perf_counter() - started, 3),
+            run={"threads": run.threads, "engine": run.engine, **engine_summary(),
+                 "wall_seconds": round(time.perf_counter() - started, 3),
                  "peak_rss_bytes": manifest_mod.peak_rss_bytes()})
         manifest_mod.write(tmp, manifest)
     return JobResult(manifest, rows_in, rows_out)

@@ -1,20 +1,27 @@
-"""The local engine's stage runner: a reader thread, worker threads and the consuming (writer) thread.
+"""Where per-item work runs: the local engine's threads, or the engine made active for a run.
 
-Items flow through bounded queues, so a slow writer holds back reading (backpressure).
-Results come out in input order whatever the thread count, which is what makes output
-bytes independent of --threads. The first error in input order stops every thread and is
-raised in the consumer; Ctrl-C does the same.
+Every operation reaches parallelism through `ordered_map(fn, items, threads)`. By default it runs
+the local engine: a reader thread, worker threads and the consuming (writer) thread, joined by
+bounded queues, so a slow writer holds back reading (backpressure). Inside `use_engine(engine)`
+(what `--engine ray` sets up, see batchtool.engines) the same call runs `fn` on that engine
+instead. Either way results come out in input order, which is what makes output bytes
+independent of --threads and of the engine. The first error in input order stops everything and
+is raised in the consumer; Ctrl-C does the same.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
+import uuid
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TypeVar
+from contextvars import ContextVar
+from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -27,7 +34,119 @@ def default_threads() -> int:
     return os.cpu_count() or 1
 
 
+# -- engines -----------------------------------------------------------------------------------------------
+
+
+class Engine(Protocol):
+    """Runs per-item functions somewhere else than the local threads (e.g. a Ray cluster)."""
+
+    name: str
+
+    def map(self, fn: Callable[[T], U], items: Iterable[T], threads: int, window: int | None) -> Iterator[U]:
+        """fn over items, results in input order, at most `window` items in flight (None: the engine's);
+        `threads` is what the local engine would use (e.g. for work the engine keeps local)."""
+        ...
+
+
+_ACTIVE: ContextVar[Engine | None] = ContextVar("batchtool_engine", default=None)
+
+
+def active_engine() -> Engine | None:
+    """The engine behind ordered_map in this context; None is the local engine (threads)."""
+    return _ACTIVE.get()
+
+
+@contextlib.contextmanager
+def use_engine(engine: Engine | None) -> Iterator[None]:
+    """Run every ordered_map call inside the block on `engine` (None: local threads)."""
+    token = _ACTIVE.set(engine)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+def ordered_map(fn: Callable[[T], U], items: Iterable[T], threads: int,
+                window: int | None = None) -> Iterator[U]:
+    """Apply fn to items and yield the results in input order, on the active engine.
+
+    Local engine: `threads` workers and at most `window` items in flight (read but not yet
+    consumed), which bounds memory. With threads=1 everything runs in the calling thread, one
+    item at a time: the baseline that --threads N is measured against, and the easiest to debug.
+    The engine is looked up now, not when iteration starts, so a stream handed to another thread
+    keeps the engine it was made under.
+    """
+    engine = active_engine()
+    if engine is not None:
+        return engine.map(fn, items, threads, window)
+    return threaded_map(fn, items, threads, window)
+
+
+# -- accumulators: side effects of per-item functions that must survive a remote engine ---------------------
+
+
+class Accumulator:
+    """Statistics that per-item functions add to as a side effect (Spark's accumulators, in effect).
+
+    On the local engine the functions add to this very object, from worker threads (subclasses
+    lock). A remote engine pickles the function with an empty stand-in for it instead; after each
+    call the engine takes what the call added (`take`), ships it back with the result, and the
+    driver merges it into this object (`merge_taken`) as it consumes that result, in input order.
+    A retried remote call ships only its own additions, so a retry never counts twice.
+
+    Subclasses are constructible with no arguments (an empty accumulator).
+    """
+
+    def take(self) -> Any:
+        """Everything added so far as plain picklable data, leaving this empty; None if nothing was added."""
+        raise NotImplementedError
+
+    def merge_taken(self, taken: Any) -> None:
+        """Add what `take` returned (on another copy) to this accumulator."""
+        raise NotImplementedError
+
+    def __reduce__(self) -> tuple[Callable[..., Accumulator], tuple[type, str]]:
+        token = self.__dict__.setdefault("_accumulator_token", uuid.uuid4().hex)
+        _ORIGINALS[token] = self
+        return _stand_in, (type(self), token)
+
+
+_ORIGINALS: weakref.WeakValueDictionary[str, Accumulator] = weakref.WeakValueDictionary()
+"""Driver side: the accumulators that were pickled for a remote engine, by token."""
+_STAND_INS: weakref.WeakSet[Accumulator] = weakref.WeakSet()
+"""Worker side: the empty copies unpickled with functions, drained after every call."""
+
+
+def _stand_in(cls: type[Accumulator], token: str) -> Accumulator:
+    acc = cls()
+    acc.__dict__["_accumulator_token"] = token
+    _STAND_INS.add(acc)
+    return acc
+
+
+def take_accumulated() -> list[tuple[str, Any]]:
+    """Worker side, after a call: what the call added to every stand-in in this process, by token."""
+    taken = []
+    for acc in list(_STAND_INS):
+        value = acc.take()
+        if value is not None:
+            taken.append((acc.__dict__["_accumulator_token"], value))
+    return taken
+
+
+def merge_accumulated(taken: Iterable[tuple[str, Any]]) -> None:
+    """Driver side: add a call's shipped additions to the original accumulators."""
+    for token, value in taken:
+        original = _ORIGINALS.get(token)
+        if original is not None:
+            original.merge_taken(value)
+
+
+# -- the local engine: threads ----------------------------------------------------------------------------
+
+
 class _SourceError:
+
     def __init__(self, exc: BaseException) -> None:
         self.exc = exc
 
@@ -49,14 +168,8 @@ def _feed(items: Iterable[T], out: queue.Queue, stop: threading.Event) -> None:
         out.put(_SourceError(exc))
 
 
-def ordered_map(fn: Callable[[T], U], items: Iterable[T], threads: int,
-                window: int | None = None) -> Iterator[U]:
-    """Apply fn to items on `threads` workers and yield results in input order.
-
-    At most `window` items are in flight (read but not yet consumed), which bounds memory.
-    With threads=1 everything runs in the calling thread, one item at a time: the baseline
-    that --threads N is measured against, and the easiest to debug.
-    """
+def threaded_map(fn: Callable[[T], U], items: Iterable[T], threads: int, window: int | None = None) -> Iterator[U]:
+    """The local engine's ordered_map (see there)."""
     threads = max(1, int(threads))
     if threads == 1:
         yield from map(fn, items)

@@ -33,6 +33,7 @@ from batchtool.check.rules import (Checksums, ClassProportions, Crc, LabelRange,
                                    NoDuplicateRows, NoNan, NoNulls, PaddingEfficiency, RowCount, Rule, RuleSet,
                                    SameLength, Schema, Unique)
 from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset, read_manifest, resolve_paths
+from batchtool.engines import with_engine
 from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.formats import tfrecord
 from batchtool.job import RunSettings
@@ -72,6 +73,7 @@ class CheckOptions:
             raise UsageError(f"--memory {self.memory}: must be positive")
 
 
+@with_engine
 def check(src: str, rules: RuleSet, options: CheckOptions = CheckOptions(),
           run: RunSettings = RunSettings()) -> CheckResult:
     """Evaluate every rule on SRC. A failing rule is a result (exit 1); bad usage or unreadable input raises.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 from collections.abc import Callable
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import click
 
 import batchtool
+from batchtool.engines import ENGINES, engine_scope
 from batchtool.errors import BatchtoolError
 from batchtool.job import RunSettings
 from batchtool.output import DEFAULT_SHARD_BYTES, OutputOptions
@@ -76,12 +78,36 @@ def input_options(fn: Callable) -> Callable:
     return fn
 
 
+_ENGINE_META = "batchtool.engine"
+
+
 def run_options(fn: Callable) -> Callable:
-    """--threads and --quiet: how to run, never what to compute."""
-    fn = click.option("--quiet", "-q", is_flag=True, help="No progress bars or summary.")(fn)
-    fn = click.option("--threads", type=click.IntRange(min=1), default=default_threads, show_default="cores",
-                      help="Worker threads; output is identical for any value.")(fn)
-    return fn
+    """--threads, --quiet, --engine and --ray-address: how to run, never what to compute.
+
+    The whole command runs on the chosen engine (make_run passes it on in RunSettings), so a
+    command needs nothing more than these options to run on Ray.
+    """
+    @functools.wraps(fn)
+    def on_engine(*args: Any, engine: str, ray_address: str | None, **kwargs: Any) -> Any:
+        settings = RunSettings(threads=kwargs["threads"], engine=engine, ray_address=ray_address)
+        click.get_current_context().meta[_ENGINE_META] = settings
+        with engine_scope(settings):
+            return fn(*args, **kwargs)
+
+    options = [
+        click.option("--ray-address", metavar="ADDR",
+                     help="With --engine ray: connect to this running Ray cluster (default: start a local one "
+                          "with --threads CPUs, or use RAY_ADDRESS)."),
+        click.option("--engine", type=click.Choice(ENGINES), default="local", show_default=True,
+                     help="Where the work runs: local threads, or a Ray cluster (needs batchtool[ray]); "
+                          "output is identical."),
+        click.option("--quiet", "-q", is_flag=True, help="No progress bars or summary."),
+        click.option("--threads", type=click.IntRange(min=1), default=default_threads, show_default="cores",
+                     help="Worker threads; output is identical for any value."),
+    ]
+    for option in options:
+        on_engine = option(on_engine)
+    return on_engine
 
 
 def output_options(fn: Callable) -> Callable:
@@ -114,7 +140,10 @@ def make_output(kwargs: dict[str, Any]) -> OutputOptions:
 
 
 def make_run(kwargs: dict[str, Any]) -> RunSettings:
-    return RunSettings(threads=kwargs.pop("threads"), quiet=kwargs.pop("quiet"))
+    """Pop --threads and --quiet; the engine comes from run_options."""
+    chosen = click.get_current_context().meta.get(_ENGINE_META, RunSettings())
+    return RunSettings(threads=kwargs.pop("threads"), quiet=kwargs.pop("quiet"), engine=chosen.engine,
+                       ray_address=chosen.ray_address)
 
 
 def summary(result_line: str, quiet: bool) -> None:
@@ -125,7 +154,7 @@ def summary(result_line: str, quiet: bool) -> None:
 def command(name: str, example: str) -> Callable:
     """A subcommand whose help ends with an example, as every command's must."""
     def wrap(fn: Callable) -> Callable:
-        doc = (fn.__doc__ or "").rstrip() + f"\n\n\b\nExample:\n  {example}\n"
+        doc = inspect.cleandoc(fn.__doc__ or "") + f"\n\n\b\nExample:\n  {example}\n"
         fn.__doc__ = doc
         return cli.command(name, context_settings=CONTEXT)(functools.wraps(fn)(fn))
     return wrap

@@ -64,23 +64,27 @@ def _report(result: JobResult, dst: str, quiet: bool, what: str) -> None:
 @input_options
 @output_options
 @run_options
-def stratify_cmd(src: str, dst: str, label: str, target: str, mode: str, init_probs: str | None,
-                 num_classes: int | None, replacement: bool, size: int | None, batch_size: int | None,
-                 drop_remainder: bool, balanced_batches: bool, seed: int, memory: str, tmp_dir: str | None,
-                 input_format: str | None, skip_corrupt: bool, **kwargs) -> None:
+def stratify_cmd(src: str, dst: str, seed: int, input_format: str | None, skip_corrupt: bool, **kwargs) -> None:
     """Resample SRC to target class proportions (the seed's stratified_sample) and write DST."""
     output, run = make_output(kwargs), make_run(kwargs)
-    options = StratifyOptions(
-        label=label, target=parse_target(target), mode=mode,
-        init_probs=parse_probs(init_probs, "--init-probs") if init_probs is not None else None,
-        num_classes=num_classes, replacement=replacement, size=size, batch_size=batch_size,
-        balanced_batches=balanced_batches, drop_remainder=drop_remainder, memory=parse_size(memory), tmp_dir=tmp_dir)
+    options = stratify_options(**kwargs)
     result = stratify(src, dst, options, output, run, seed=seed, format=input_format, skip_corrupt=skip_corrupt)
     stats = result.manifest["stats"]
     warning = discard_warning(stats)
     if warning:
         click.echo(warning, err=True)
     _report(result, dst, run.quiet, "per class " + "/".join(str(n) for n in stats["class_counts_after"].values()))
+
+
+def stratify_options(*, label: str, target: str, mode: str, init_probs: str | None, num_classes: int | None,
+                     replacement: bool, size: int | None, batch_size: int | None, drop_remainder: bool,
+                     balanced_batches: bool, memory: str, tmp_dir: str | None) -> StratifyOptions:
+    """stratify's options from its flags' values (shared with pipeline files, whose keys are the flags)."""
+    return StratifyOptions(
+        label=label, target=parse_target(target), mode=mode,
+        init_probs=parse_probs(init_probs, "--init-probs") if init_probs is not None else None,
+        num_classes=num_classes, replacement=replacement, size=size, batch_size=batch_size,
+        balanced_batches=balanced_batches, drop_remainder=drop_remainder, memory=parse_size(memory), tmp_dir=tmp_dir)
 
 
 @command("resample", "batchtool resample sample_data/parquet /tmp/weighted --weight weight --overall-rate 1.0")
@@ -101,19 +105,23 @@ def stratify_cmd(src: str, dst: str, label: str, target: str, mode: str, init_pr
 @input_options
 @output_options
 @run_options
-def resample_cmd(src: str, dst: str, rate: str | None, weight: str | None, overall_rate: float | None,
-                 running_mean: bool, mean_decay: float, warmup: int, rate_column: str, accept_prob: str | None,
-                 seed: int, input_format: str | None, skip_corrupt: bool, **kwargs) -> None:
+def resample_cmd(src: str, dst: str, seed: int, input_format: str | None, skip_corrupt: bool, **kwargs) -> None:
     """Resample SRC by Poisson rate, relative weight or acceptance probability and write DST.
 
     Copies of an example are consecutive rows; pipe the result through `shuffle` to spread them.
     """
     output, run = make_output(kwargs), make_run(kwargs)
-    options = ResampleOptions(rate=parse_rate(rate) if rate is not None else None, weight=weight,
-                              overall_rate=overall_rate, running_mean=running_mean, mean_decay=mean_decay,
-                              warmup=warmup, rate_column=rate_column, accept_prob=accept_prob)
+    options = resample_options(**kwargs)
     result = resample(src, dst, options, output, run, seed=seed, format=input_format, skip_corrupt=skip_corrupt)
     _report(result, dst, run.quiet, f"from {result.manifest['stats']['rows_in']:,} examples")
+
+
+def resample_options(*, rate: str | None, weight: str | None, overall_rate: float | None, running_mean: bool,
+                     mean_decay: float, warmup: int, rate_column: str, accept_prob: str | None) -> ResampleOptions:
+    """resample's options from its flags' values (shared with pipeline files)."""
+    return ResampleOptions(rate=parse_rate(rate) if rate is not None else None, weight=weight,
+                           overall_rate=overall_rate, running_mean=running_mean, mean_decay=mean_decay,
+                           warmup=warmup, rate_column=rate_column, accept_prob=accept_prob)
 
 
 @command("shuffle", "batchtool shuffle sample_data/parquet /tmp/shuffled --memory 256MB --seed 1")
@@ -128,12 +136,16 @@ def resample_cmd(src: str, dst: str, rate: str | None, weight: str | None, overa
 @input_options
 @output_options
 @run_options
-def shuffle_cmd(src: str, dst: str, batch_size: int | None, drop_remainder: bool, buffer: int | None,
-                min_after_dequeue: int | None, seed: int, memory: str, tmp_dir: str | None,
-                input_format: str | None, skip_corrupt: bool, **kwargs) -> None:
+def shuffle_cmd(src: str, dst: str, seed: int, input_format: str | None, skip_corrupt: bool, **kwargs) -> None:
     """Shuffle SRC into DST: an exact seeded permutation in bounded memory, or the seed's buffered shuffle."""
     output, run = make_output(kwargs), make_run(kwargs)
-    options = ShuffleOptions(memory=parse_size(memory), tmp_dir=tmp_dir, batch_size=batch_size,
-                             drop_remainder=drop_remainder, buffer=buffer, min_after_dequeue=min_after_dequeue)
+    options = shuffle_options(**kwargs)
     result = shuffle(src, dst, options, output, run, seed=seed, format=input_format, skip_corrupt=skip_corrupt)
     _report(result, dst, run.quiet, f"{result.manifest['stats']['mode']} shuffle")
+
+
+def shuffle_options(*, batch_size: int | None, drop_remainder: bool, buffer: int | None,
+                    min_after_dequeue: int | None, memory: str, tmp_dir: str | None) -> ShuffleOptions:
+    """shuffle's options from its flags' values (shared with pipeline files)."""
+    return ShuffleOptions(memory=parse_size(memory), tmp_dir=tmp_dir, batch_size=batch_size,
+                          drop_remainder=drop_remainder, buffer=buffer, min_after_dequeue=min_after_dequeue)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import click
 
@@ -42,24 +43,29 @@ def _names(text: str | None) -> tuple[str, ...]:
 @input_options
 @output_options
 @run_options
-def segment_cmd(src: str, dst: str, key: str, sequences: str, num_unroll: int, batch_size: int,
-                context: str | None, input_length: str | None, pad: bool, pad_values: tuple[str, ...],
-                initial_states: tuple[str, ...], allow_small_batch: bool, memory: str, tmp_dir: str | None,
-                input_format: str | None, skip_corrupt: bool, **kwargs) -> None:
+def segment_cmd(src: str, dst: str, memory: str, tmp_dir: str | None, input_format: str | None, skip_corrupt: bool,
+                **kwargs: Any) -> None:
     """Split sequences into --num-unroll-step segments and write lane-stable batches for truncated BPTT.
 
-    Row b of every batch is lane b: it plays one example's segments in consecutive
+    Row b of every batch is lane b: it plays one example's segments in order in consecutive
     batches, then the next example's, so a trainer carries its state per lane and resets
     lane b where sequence == 0. Read the output with batchtool.load(DST).
     """
     output = make_output(kwargs)
     run = make_run(kwargs)
-    options = SegmentOptions(key=key, sequences=_names(sequences), num_unroll=num_unroll, batch_size=batch_size,
-                             context=_names(context), input_length=input_length, pad=pad, pad_values=pad_values,
-                             initial_states=initial_states, allow_small_batch=allow_small_batch)
+    options = segment_options(**kwargs)
     result = segment(src, dst, options, output, format=input_format, skip_corrupt=skip_corrupt, run=run,
                      memory=parse_size(memory), tmp_dir=tmp_dir)
     stats = result.manifest["stats"]
     summary(f"wrote {stats['segments']:,} segments of {stats['examples']:,} examples in {stats['batches']:,} "
             f"batches to {os.path.abspath(dst)} (empty slots {stats['empty_slot_fraction']:.2%}, "
             f"padding efficiency {stats['padding_efficiency']:.2%})", run.quiet)
+
+
+def segment_options(*, key: str, sequences: str, num_unroll: int, batch_size: int, context: str | None,
+                    input_length: str | None, pad: bool, pad_values: tuple[str, ...], initial_states: tuple[str, ...],
+                    allow_small_batch: bool) -> SegmentOptions:
+    """segment's options from its flags' values (shared with pipeline files, whose keys are the flags)."""
+    return SegmentOptions(key=key, sequences=_names(sequences), num_unroll=num_unroll, batch_size=batch_size,
+                          context=_names(context), input_length=input_length, pad=pad, pad_values=pad_values,
+                          initial_states=initial_states, allow_small_batch=allow_small_batch)

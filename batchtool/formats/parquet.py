@@ -26,11 +26,15 @@ def open_file(path: str) -> pq.ParquetFile:
 def read_row_group(path: str, row_group: int, columns: list[str] | None) -> pa.RecordBatch:
     """Read one row group, only the asked columns, as a single RecordBatch."""
     try:
-        pf = open_file(path)
-        pieces = list(pf.iter_batches(batch_size=_DECODE_ROWS, row_groups=[row_group], columns=columns,
-                                      use_threads=False))
+        return decode_row_group(open_file(path), row_group, columns)
     except (pa.ArrowInvalid, OSError) as exc:
         raise InputError(f"{where(path)}: row group {row_group} is unreadable ({_first_line(exc)})") from exc
+
+
+def decode_row_group(pf: pq.ParquetFile, row_group: int, columns: list[str] | None) -> pa.RecordBatch:
+    """Decode one row group of an open file (in pieces, see _DECODE_ROWS) as a single RecordBatch."""
+    pieces = list(pf.iter_batches(batch_size=_DECODE_ROWS, row_groups=[row_group], columns=columns,
+                                  use_threads=False))
     schema = pieces[0].schema if pieces else pf.schema_arrow
     batches = pa.Table.from_batches(pieces, schema).combine_chunks().to_batches()
     return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=schema)

@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 
 from batchtool import progress
 from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
+from batchtool.engines import with_engine
 from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.job import JobResult, RunSettings, write_job
 from batchtool.ops.boundaries import (
@@ -505,6 +506,7 @@ def auto_bucket_report(length_counts: np.ndarray, boundaries: Sequence[int], k: 
             "quantile_expected_padding_efficiency": expected_efficiency(length_counts, quantiles)}
 
 
+@with_engine
 def bucket(src: str, dst: str, options: BucketOptions, output: OutputOptions, run: RunSettings = RunSettings(),
            *, seed: int = 0, format: str | None = None, skip_corrupt: bool = False) -> JobResult:
     """First pass (lengths only) -> plan -> scatter rows to per-bucket spills -> batches in a seeded

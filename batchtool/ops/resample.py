@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -15,10 +15,11 @@ import pyarrow.compute as pc
 from batchtool import rng
 from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
 from batchtool.errors import InputError, SchemaError, UsageError
+from batchtool.engines import with_engine
 from batchtool.job import JobResult, RunSettings, write_job
 from batchtool.ops.shuffle import manifest_options
 from batchtool.output import OutputOptions
-from batchtool.runner import ordered_map
+from batchtool.runner import Accumulator, ordered_map
 
 STAGE = "resample"
 DEFAULT_RATE_COLUMN = "resample_rate"
@@ -153,9 +154,10 @@ def resample_chunk(chunk: Chunk, rates: np.ndarray, options: ResampleOptions, se
 # -- statistics -------------------------------------------------------------------------------------------
 
 
-class Tally:
-    """Per-chunk statistics added from worker threads, with totals that do not depend on completion
-    order: counts add exactly, float sums go through math.fsum, min and max commute."""
+class Tally(Accumulator):
+    """Per-chunk statistics added from worker threads (or shipped back from remote workers: see
+    runner.Accumulator), with totals that do not depend on completion order: counts add exactly,
+    float sums go through math.fsum, min and max commute."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -176,6 +178,22 @@ class Tally:
             self._sums.setdefault(name, []).append(float(values.sum()))
             self._low[name] = min(self._low.get(name, math.inf), float(values.min()))
             self._high[name] = max(self._high.get(name, -math.inf), float(values.max()))
+
+    def take(self) -> dict[str, dict] | None:
+        with self._lock:
+            if not (self.counts or self._sums):
+                return None
+            taken = {"counts": self.counts, "sums": self._sums, "low": self._low, "high": self._high}
+            self.counts, self._sums, self._low, self._high = {}, {}, {}, {}
+        return taken
+
+    def merge_taken(self, taken: dict[str, dict]) -> None:
+        self.add(**taken["counts"])
+        with self._lock:
+            for name, sums in taken["sums"].items():
+                self._sums.setdefault(name, []).extend(sums)
+                self._low[name] = min(self._low.get(name, math.inf), taken["low"][name])
+                self._high[name] = max(self._high.get(name, -math.inf), taken["high"][name])
 
     def summary(self, name: str, count: int) -> dict[str, float]:
         if name not in self._sums:
@@ -240,49 +258,87 @@ class RunningMean:
 # -- entry point --------------------------------------------------------------------------------------------
 
 
+@with_engine
 def resample(src: str, dst: str, options: ResampleOptions, output: OutputOptions, run: RunSettings = RunSettings(),
              *, seed: int = 0, format: str | None = None, skip_corrupt: bool = False) -> JobResult:
     """Resample SRC into DST; copies of an example are consecutive rows (a later `shuffle` spreads them)."""
     dataset = open_dataset(src, format=format, skip_corrupt=skip_corrupt)
+    return write_resampled(prepare(dataset, options, seed, run.threads), dst, output, run)
+
+
+def prepare(dataset: Dataset, options: ResampleOptions, seed: int, threads: int) -> Resampling:
+    """Check the columns and, for --weight without --running-mean, take the mean weight in a first pass."""
     dataset.check_columns([options.column] if options.column else None)
-    schema = dataset.schema
-    if options.mode == "weighted":
-        if options.rate_column in schema.names:
-            raise UsageError(f"--rate-column {options.rate_column!r}: SRC already has this column; "
-                             "choose another name")
-        schema = schema.append(pa.field(options.rate_column, pa.float64()))
-    report = ReadReport()
-    tally = Tally()
+    if options.mode == "weighted" and options.rate_column in dataset.schema.names:
+        raise UsageError(f"--rate-column {options.rate_column!r}: SRC already has this column; choose another name")
     mean = None
     if options.mode == "weighted" and not options.running_mean:
-        mean = mean_weight(dataset, options.weight, run.threads)
-    chunks = dataset.chunks(None, run.threads, report)
-    running = RunningMean(options.weight, options.mean_decay, options.warmup, dataset.locate)
-    items: Iterable[tuple[Chunk, float | None]] = (
-        running(chunks) if options.running_mean else ((chunk, mean) for chunk in chunks))
+        mean = mean_weight(dataset, options.weight, threads)
+    return Resampling(dataset, options, seed, mean)
 
-    def work(item: tuple[Chunk, float | None]) -> tuple[list[pa.RecordBatch], int]:
+
+@dataclass
+class Resampling:
+    """Resampling one dataset's chunks: the options, the first pass's mean weight, and the counters."""
+
+    dataset: Dataset
+    options: ResampleOptions
+    seed: int
+    mean: float | None
+    tally: Tally = field(default_factory=Tally)
+
+    def __post_init__(self) -> None:
+        o = self.options
+        self.running = RunningMean(o.weight, o.mean_decay, o.warmup, self.dataset.locate) if o.running_mean else None
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The output schema: the input's, plus the rate column in weighted mode."""
+        schema = self.dataset.schema
+        if self.options.mode == "weighted":
+            schema = schema.append(pa.field(self.options.rate_column, pa.float64()))
+        return schema
+
+    def items(self, threads: int, report: ReadReport,
+              columns: Sequence[str] | None = None) -> Iterable[tuple[Chunk, float | None]]:
+        """(chunk, mean weight) in input order; --running-mean updates the mean chunk by chunk."""
+        chunks = self.dataset.chunks(columns, threads, report)
+        return self.running(chunks) if self.running else ((chunk, self.mean) for chunk in chunks)
+
+    def apply(self, item: tuple[Chunk, float | None]) -> tuple[Chunk, int]:
+        """One chunk's output rows and the rows it read."""
         chunk, chunk_mean = item
-        rates = example_rates(chunk, options, chunk_mean, dataset.locate)
-        out, copies = resample_chunk(chunk, rates, options, seed)
-        copy_stats(tally, copies)
-        tally.add_values("rate", rates)
-        return ([out.data] if out.num_rows else []), chunk.num_rows
+        rates = example_rates(chunk, self.options, chunk_mean, self.dataset.locate)
+        out, copies = resample_chunk(chunk, rates, self.options, self.seed)
+        copy_stats(self.tally, copies)
+        self.tally.add_values("rate", rates)
+        return out, chunk.num_rows
 
-    def stats() -> dict[str, Any]:
+    def work(self, item: tuple[Chunk, float | None]) -> tuple[list[pa.RecordBatch], int]:
+        out, rows = self.apply(item)
+        return ([out.data] if out.num_rows else []), rows
+
+    def stats(self) -> dict[str, Any]:
+        options, tally = self.options, self.tally
         rows_in = tally.count("rows_in")
         result = {"mode": options.mode, **copy_summary(tally),
                   ("accept_prob" if options.mode == "accept" else "rate"): tally.summary("rate", rows_in)}
         if options.mode == "weighted":
             result.update(overall_rate=options.overall_rate, rate_column=options.rate_column,
-                          mean_weight=running.mean if options.running_mean else mean,
-                          mean_weight_source="running estimate (final)" if options.running_mean else "first pass")
+                          mean_weight=self.running.mean if self.running else self.mean,
+                          mean_weight_source="running estimate (final)" if self.running else "first pass")
         return result
 
-    return write_job(command="resample", options=manifest_options(options, output), seed=seed, dataset=dataset,
-                     dst=dst, output=output, schema=schema, items=items, work=work, stats=stats, run=run,
-                     report=report)
+
+def write_resampled(resampling: Resampling, dst: str, output: OutputOptions, run: RunSettings,
+                    *, write: Callable[..., JobResult] = write_job) -> JobResult:
+    """The pass that writes (`write` is write_job, or a wrapper when resample is a pipeline's last stage)."""
+    report = ReadReport()
+    return write(command="resample", options=manifest_options(resampling.options, output), seed=resampling.seed,
+                 dataset=resampling.dataset, dst=dst, output=output, schema=resampling.schema,
+                 items=resampling.items(run.threads, report), work=resampling.work, stats=resampling.stats,
+                 run=run, report=report)
 
 
-__all__ = ["ResampleOptions", "RunningMean", "Tally", "example_rates", "parse_rate", "repeat_rows", "resample",
-           "resample_chunk"]
+__all__ = ["ResampleOptions", "Resampling", "RunningMean", "Tally", "example_rates", "parse_rate", "prepare",
+           "repeat_rows", "resample", "resample_chunk", "write_resampled"]

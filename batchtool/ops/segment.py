@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 
 from batchtool import rng
 from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
+from batchtool.engines import with_engine
 from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.job import JobResult, RunSettings, write_job
 from batchtool.output import OutputOptions
@@ -647,11 +648,19 @@ def _zeros_like(arr: pa.Array) -> pa.Array:
 
 # --- the command ------------------------------------------------------------------------------------
 
+@with_engine
 def segment(src: str, dst: str, options: SegmentOptions, output: OutputOptions, *, format: str | None = None,
             skip_corrupt: bool = False, run: RunSettings = RunSettings(), memory: int = DEFAULT_MEMORY,
             tmp_dir: str | None = None) -> JobResult:
     """Segment SRC into lane-stable batches of num_unroll-step segments in DST, with the manifest."""
     dataset = open_dataset(src, format=format, skip_corrupt=skip_corrupt)
+    return write_segmented(dataset, options, dst, output, run, memory=memory, tmp_dir=tmp_dir)
+
+
+def write_segmented(dataset: Dataset, options: SegmentOptions, dst: str, output: OutputOptions, run: RunSettings, *,
+                    memory: int = DEFAULT_MEMORY, tmp_dir: str | None = None,
+                    write: Callable[..., JobResult] = write_job) -> JobResult:
+    """The one pass: check, plan lanes, build and write batches (`write` is write_job, or a pipeline's wrapper)."""
     columns = dataset.check_columns(options.source_columns)
     plan = make_plan(dataset.projected_schema(columns), options)
     report = ReadReport()
@@ -672,10 +681,10 @@ def segment(src: str, dst: str, options: SegmentOptions, output: OutputOptions, 
         return build_batches(item, plan), item.finished
 
     try:
-        return write_job(command="segment", options={**options.manifest_options(), "memory": memory},
-                         seed=None, dataset=dataset, dst=dst,
-                         output=replace(output, sequence_columns=tuple(options.sequences)),
-                         schema=plan.schema, items=planner.items(checked()), work=work,
-                         stats=lambda: planner.stats.as_dict(plan), run=run, report=report)
+        return write(command="segment", options={**options.manifest_options(), "memory": memory},
+                     seed=None, dataset=dataset, dst=dst,
+                     output=replace(output, sequence_columns=tuple(options.sequences)),
+                     schema=plan.schema, items=planner.items(checked()), work=work,
+                     stats=lambda: planner.stats.as_dict(plan), run=run, report=report)
     finally:
         index.close()

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -13,6 +14,7 @@ import pyarrow as pa
 from batchtool import progress, rng
 from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
 from batchtool.errors import UsageError
+from batchtool.engines import with_engine
 from batchtool.job import JobResult, RunSettings, write_job
 from batchtool.output import OutputOptions
 from batchtool.spill import Spill, parts_for
@@ -126,12 +128,25 @@ def estimate_memory_bytes(dataset: Dataset, first: Chunk | None, rows: int | Non
         rows = dataset.manifest.get("output", {}).get("rows")
     if rows is None:
         gzip = any(s.path.lower().endswith((".gz", ".gzip")) for s in dataset.shards)
-        return max(float(first.data.nbytes), dataset.total_bytes * TFRECORD_EXPANSION[gzip])
-    return first.data.nbytes / first.num_rows * rows
+        return max(float(arrow_bytes(first.data)), dataset.total_bytes * TFRECORD_EXPANSION[gzip])
+    return arrow_bytes(first.data) / first.num_rows * rows
+
+
+def arrow_bytes(batch: pa.RecordBatch) -> int:
+    """A batch's size as Arrow IPC, which is what a spill writes and reads back. Unlike nbytes it does not
+    depend on how the buffers happen to be laid out (an all-valid bitmap, a slice), so a chunk that
+    crossed to another process (--engine ray) measures the same."""
+    return pa.ipc.get_record_batch_size(batch)
 
 
 def default_batch_rows(bytes_per_row: float, memory: int) -> int:
     return int(max(1, min(MAX_BATCH_ROWS, memory / BATCH_SHARE / max(bytes_per_row, 1.0))))
+
+
+def output_batch_rows(first: Chunk | None, options: ShuffleOptions) -> int:
+    """Rows per output batch: --batch-size, or a default sized from the first input chunk's bytes per row."""
+    bytes_per_row = arrow_bytes(first.data) / first.num_rows if first is not None and first.num_rows else 1.0
+    return options.batch_size or default_batch_rows(bytes_per_row, options.memory)
 
 
 def spill_flush_bytes(memory: int, parts: int) -> int:
@@ -292,39 +307,67 @@ def buffered_shuffle(chunks: Iterable[Chunk], capacity: int, seed: int, schema: 
 # -- entry point --------------------------------------------------------------------------------------------
 
 
+@with_engine
 def shuffle(src: str, dst: str, options: ShuffleOptions, output: OutputOptions, run: RunSettings = RunSettings(),
             *, seed: int = 0, format: str | None = None, skip_corrupt: bool = False) -> JobResult:
     """Shuffle SRC into DST: a global permutation through temporary spill files, or the buffered shuffle."""
     dataset = open_dataset(src, format=format, skip_corrupt=skip_corrupt)
+    return write_shuffled(dataset, options, dst, output, run, seed=seed)
+
+
+def write_shuffled(dataset: Dataset, options: ShuffleOptions, dst: str, output: OutputOptions, run: RunSettings,
+                   *, seed: int, write: Callable[..., JobResult] = write_job) -> JobResult:
+    """The shuffle and the pass that writes (`write` is write_job, or a wrapper in a pipeline)."""
     report = ReadReport()
-    schema = dataset.schema
-    first, chunks = peek(dataset.chunks(None, run.threads, report))
+    with shuffled(dataset, options, seed, run, report) as out:
+        return write(command="shuffle", options=manifest_options(options, output), seed=seed, dataset=dataset,
+                     dst=dst, output=output, schema=dataset.schema, items=out.batches(), work=emit,
+                     stats=out.stats, run=run, report=report, total_rows=out.rows)
+
+
+@dataclass
+class Shuffled:
+    """A shuffle's output: `batches()` streams it (again, for the global shuffle; once, for the buffered
+    one, which is computed as it streams) and `stats()` reports it once streamed."""
+
+    batches: Callable[[], Iterator[Chunk]]
+    rows_in: Callable[[], int]
+    info: dict[str, Any]
+    options: ShuffleOptions
+    rows: int | None = None
+    """Output rows, when known before streaming (global shuffle)."""
+
+    def stats(self) -> dict[str, Any]:
+        rows_in = self.rows_in()
+        dropped = rows_in % self.info["batch_rows"] if self.options.drop_remainder else 0
+        return {**self.info, "rows_in": rows_in, "examples_dropped": dropped}
+
+
+@contextmanager
+def shuffled(dataset: Dataset, options: ShuffleOptions, seed: int, run: RunSettings, report: ReadReport,
+             columns: Sequence[str] | None = None) -> Iterator[Shuffled]:
+    """Shuffle the dataset's rows (only `columns`, if given). The global shuffle spills every row here,
+    in the calling thread, and removes its files when the block ends; the buffered one streams."""
+    schema = dataset.projected_schema(columns)
+    first, chunks = peek(dataset.chunks(columns, run.threads, report))
     estimate = estimate_memory_bytes(dataset, first)
-    bytes_per_row = first.data.nbytes / first.num_rows if first is not None and first.num_rows else 1.0
-    batch_rows = options.batch_size or default_batch_rows(bytes_per_row, options.memory)
-    stats: dict[str, Any] = {"mode": "buffered" if options.buffered else "global", "batch_rows": batch_rows,
-                             "estimated_bytes": int(estimate)}
-    common = dict(command="shuffle", options=manifest_options(options, output), seed=seed, dataset=dataset,
-                  dst=dst, output=output, schema=schema, work=emit, run=run, report=report)
-
-    def summary(rows_in: int) -> dict[str, Any]:
-        dropped = rows_in % batch_rows if options.drop_remainder else 0
-        return {**stats, "rows_in": rows_in, "examples_dropped": dropped}
-
+    batch_rows = output_batch_rows(first, options)
+    info: dict[str, Any] = {"mode": "buffered" if options.buffered else "global", "batch_rows": batch_rows,
+                            "estimated_bytes": int(estimate)}
     if options.buffered:
-        stats["capacity"] = options.capacity
+        info["capacity"] = options.capacity
         counted = _Counted(chunks)
-        batches = rebatch(buffered_shuffle(counted, options.capacity, seed, schema), batch_rows, schema,
-                          options.drop_remainder)
-        return write_job(**common, items=batches, stats=lambda: summary(counted.rows))
+        yield Shuffled(lambda: rebatch(buffered_shuffle(counted, options.capacity, seed, schema), batch_rows, schema,
+                                       options.drop_remainder), lambda: counted.rows, info, options)
+        return
     ranges = KeyRanges((parts_for(estimate, options.memory // PART_SHARE),), seed, STAGE)
-    stats["parts"] = ranges.groups
+    info["parts"] = ranges.groups
     with ranges.spill(schema, options.memory, options.tmp_dir) as spill:
         spill_streams(chunks, ranges, spill, lambda c: np.zeros(c.num_rows, dtype=np.int64), "shuffle: spill",
                       dataset.num_rows, run.quiet)
         rows = ranges.rows(spill, 0)
-        batches = rebatch(ranges.read(spill, 0), batch_rows, schema, options.drop_remainder)
-        return write_job(**common, items=batches, stats=lambda: summary(rows), total_rows=rows)
+        yield Shuffled(lambda: rebatch(ranges.read(spill, 0), batch_rows, schema, options.drop_remainder),
+                       lambda: rows, info, options, rows)
 
 
 class _Counted:
@@ -340,4 +383,5 @@ class _Counted:
             yield chunk
 
 
-__all__ = ["KeyRanges", "ShuffleOptions", "RowReader", "buffered_shuffle", "rebatch", "shuffle"]
+__all__ = ["KeyRanges", "RowReader", "ShuffleOptions", "Shuffled", "buffered_shuffle", "rebatch", "shuffle",
+           "shuffled", "write_shuffled"]

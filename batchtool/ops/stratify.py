@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Union
 
 import numpy as np
@@ -16,6 +16,7 @@ from batchtool import rng
 from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
 from batchtool.errors import InputError, SchemaError, UsageError
+from batchtool.engines import with_engine
 from batchtool.job import JobResult, RunSettings, write_job
 from batchtool.ops.resample import Tally, copy_stats, copy_summary, repeat_rows
 from batchtool.ops.shuffle import (DEFAULT_MEMORY, PART_SHARE, KeyRanges, RowReader, emit, estimate_memory_bytes,
@@ -479,15 +480,62 @@ def balanced_batches(streams: list[RowReader], layout: BatchLayout, seed: int, s
 
 
 @dataclass(frozen=True)
-class _Job:
-    """What the output stage needs: the dataset, the resolved classes and target, and the counters."""
+class Stratification:
+    """What the first passes decide: the classes, the target and the plan (None for --mode online, which
+    plans chunk by chunk as it streams). `info` is what the manifest records about them."""
 
-    dataset: Dataset
     options: StratifyOptions
     num_classes: int
     target: np.ndarray
+    plan: Plan | None
+    expected_rows: float | None
+    info: dict[str, Any]
+
+
+def resolve(dataset: Dataset, options: StratifyOptions, seed: int, threads: int) -> Stratification:
+    """The first passes over the label column only: class counts (unless --init-probs or --mode online
+    make them unnecessary), then, in exact mode, the per-class thresholds."""
+    check_label_type(dataset, options.label)
+    num_classes = options.known_classes()
+    counted = None
+    if options.needs_counts:
+        counted = stats_mod.collect(dataset, label=options.label, threads=threads)
+        num_classes = num_classes or classes_from_data(counted, options)
+        if counted.label_nulls or any(not _is_class(v, num_classes) for v in counted.label_counts):
+            raise full_label_error(dataset, options.label, num_classes, threads, counted)
+    target = target_vector(options.target, num_classes)
+    info: dict[str, Any] = {"label": options.label, "mode": options.mode, "replacement": options.replacement,
+                            "num_classes": num_classes, "target": target.tolist()}
+    plan: Plan | None = None
+    expected_rows: float | None = None
+    if options.mode != "online":
+        plan, expected_rows = _plan(dataset, options, counted, num_classes, target, seed, threads, info)
+    return Stratification(options, num_classes, target, plan, expected_rows, info)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Applying a stratification to a dataset's chunks, with the counters the manifest reports."""
+
+    dataset: Dataset
+    strat: Stratification
     seed: int
-    tally: Tally
+    tally: Tally = field(default_factory=Tally)
+
+    @property
+    def options(self) -> StratifyOptions:
+        return self.strat.options
+
+    @property
+    def num_classes(self) -> int:
+        return self.strat.num_classes
+
+    def items(self, threads: int, report: ReadReport,
+              columns: Sequence[str] | None = None) -> Iterable[tuple[Callable[[], Chunk], Plan]]:
+        """(read task, plan) per input chunk, in order; --mode online plans each chunk from those before it."""
+        if self.strat.plan is None:
+            return online_items(self.dataset, self.strat, threads, report, columns)
+        return ((task, self.strat.plan) for task in self.dataset.tasks(columns, report))
 
     def select(self, item: tuple[Callable[[], Chunk], Plan]) -> tuple[Chunk, int]:
         """Read one chunk and apply its plan: the output rows (copies consecutive) and the rows read."""
@@ -511,51 +559,53 @@ class _Job:
                                                          self.dataset.locate), minlength=self.num_classes))
         return emit(chunk)
 
+    def stats(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """manifest["stats"]: the plan, class counts before and after, copies and what was discarded."""
+        tally, zeros = self.tally, np.zeros(self.num_classes)
+        written = tally.counts.get("class_out", tally.counts.get("class_selected", zeros))
+        result = {**self.strat.info, **copy_summary(tally),
+                  "class_counts_before": _by_class(tally.counts.get("class_in", zeros)),
+                  "class_counts_after": _by_class(written), **(extra or {})}
+        lost = tally.count("examples_dropped") + int(np.sum(tally.counts.get("class_selected", 0))) - \
+            int(np.sum(written))
+        result["discarded_fraction"] = round(lost / max(1, tally.count("rows_in")), 6)
+        return result
 
-def online_items(dataset: Dataset, options: StratifyOptions, num_classes: int, target: np.ndarray, threads: int,
-                 report: ReadReport, info: dict[str, Any]) -> Iterator[tuple[Callable[[], Chunk], Plan]]:
+
+def online_items(dataset: Dataset, strat: Stratification, threads: int, report: ReadReport,
+                 columns: Sequence[str] | None = None) -> Iterator[tuple[Callable[[], Chunk], Plan]]:
     """--mode online: chunk c's acceptance probabilities come from the label counts of chunks 0..c in input
     order (plus ONLINE_PRIOR per class), so they do not depend on threads. The final estimate goes to `info`."""
+    label, num_classes = strat.options.label, strat.num_classes
     seen = np.full(num_classes, float(ONLINE_PRIOR))
-    for chunk in dataset.chunks(None, threads, report):
-        seen += np.bincount(label_codes(chunk, options.label, num_classes, dataset.locate), minlength=num_classes)
-        info["online_final_probs"] = (seen / seen.sum()).tolist()
-        yield (lambda c=chunk: c), RatePlan(tuple(acceptance_probs(seen / seen.sum(), target).tolist()))
+    for chunk in dataset.chunks(columns, threads, report):
+        seen += np.bincount(label_codes(chunk, label, num_classes, dataset.locate), minlength=num_classes)
+        strat.info["online_final_probs"] = (seen / seen.sum()).tolist()
+        yield (lambda c=chunk: c), RatePlan(tuple(acceptance_probs(seen / seen.sum(), strat.target).tolist()))
 
 
+@with_engine
 def stratify(src: str, dst: str, options: StratifyOptions, output: OutputOptions, run: RunSettings = RunSettings(),
              *, seed: int = 0, format: str | None = None, skip_corrupt: bool = False) -> JobResult:
     """Stratify SRC into DST. Exact mode: a counting pass, one or two threshold passes over the label
     column, then one parallel filtering pass that writes."""
     dataset = open_dataset(src, format=format, skip_corrupt=skip_corrupt)
-    check_label_type(dataset, options.label)
-    num_classes = options.known_classes()
-    counted = None
-    if options.needs_counts:
-        counted = stats_mod.collect(dataset, label=options.label, threads=run.threads)
-        num_classes = num_classes or classes_from_data(counted, options)
-        if counted.label_nulls or any(not _is_class(v, num_classes) for v in counted.label_counts):
-            raise full_label_error(dataset, options.label, num_classes, run.threads, counted)
-    target = target_vector(options.target, num_classes)
+    return write_stratified(dataset, resolve(dataset, options, seed, run.threads), dst, output, run, seed=seed)
+
+
+def write_stratified(dataset: Dataset, strat: Stratification, dst: str, output: OutputOptions, run: RunSettings,
+                     *, seed: int, write: Callable[..., JobResult] = write_job) -> JobResult:
+    """The pass that writes (`write` is write_job, or a wrapper when stratify is a pipeline's last stage)."""
     report = ReadReport()
-    job = _Job(dataset, options, num_classes, target, seed, Tally())
-    info: dict[str, Any] = {"label": options.label, "mode": options.mode, "replacement": options.replacement,
-                            "num_classes": num_classes, "target": target.tolist()}
-    expected_rows: float | None = None
-    if options.mode == "online":
-        items: Iterable[tuple[Callable[[], Chunk], Plan]] = online_items(
-            dataset, options, num_classes, target, run.threads, report, info)
-    else:
-        plan, expected_rows = _plan(dataset, options, counted, num_classes, target, seed, run, info)
-        items = ((task, plan) for task in dataset.tasks(None, report))
+    selection = Selection(dataset, strat, seed)
     try:
-        return _write(job, items, dst, output, run, report, info, expected_rows)
+        return _write(selection, selection.items(run.threads, report), dst, output, run, report, write)
     except LabelError:  # found while streaming (no counting pass): count them all for the message
-        raise full_label_error(dataset, options.label, num_classes, run.threads) from None
+        raise full_label_error(dataset, strat.options.label, strat.num_classes, run.threads) from None
 
 
 def _plan(dataset: Dataset, options: StratifyOptions, counted: stats_mod.DatasetStats | None, num_classes: int,
-          target: np.ndarray, seed: int, run: RunSettings, info: dict[str, Any]) -> tuple[Plan, float | None]:
+          target: np.ndarray, seed: int, threads: int, info: dict[str, Any]) -> tuple[Plan, float | None]:
     """The plan of the exact and Bernoulli modes, and the expected output rows (None if unknown)."""
     if counted is None:
         init = np.asarray(options.init_probs, dtype=np.float64)
@@ -571,55 +621,44 @@ def _plan(dataset: Dataset, options: StratifyOptions, counted: stats_mod.Dataset
         totals, m = exact_totals(counts, target, options)
         info.update(total_m=m, class_targets={str(i): int(t) for i, t in enumerate(totals.tolist())})
         plan = threshold_plan(totals, counts, lambda ranks: find_thresholds(
-            dataset, options.label, num_classes, ranks, counts, seed, run.threads))
+            dataset, options.label, num_classes, ranks, counts, seed, threads))
         return plan, float(totals.sum())
     rates = replacement_rates(counts, target, options) if options.replacement else acceptance_probs(init, target)
     info["rates" if options.replacement else "acceptance_probs"] = rates.tolist()
     return RatePlan(tuple(rates.tolist())), float((counts * rates).sum())
 
 
-def _write(job: _Job, items: Iterable[tuple[Callable[[], Chunk], Plan]], dst: str, output: OutputOptions,
-           run: RunSettings, report: ReadReport, info: dict[str, Any], expected_rows: float | None) -> JobResult:
+def _write(job: Selection, items: Iterable[tuple[Callable[[], Chunk], Plan]], dst: str, output: OutputOptions,
+           run: RunSettings, report: ReadReport, write: Callable[..., JobResult]) -> JobResult:
     """Write the selection: one row group per input chunk, batches of --batch-size, or balanced batches."""
-    options, dataset, tally = job.options, job.dataset, job.tally
+    options, dataset, strat = job.options, job.dataset, job.strat
+    expected_rows = strat.expected_rows
     common = dict(command="stratify", options=manifest_options(options, output), seed=job.seed, dataset=dataset,
                   dst=dst, output=output, schema=dataset.schema, run=run, report=report)
-
-    def stats(extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        written = tally.counts.get("class_out", tally.counts.get("class_selected", np.zeros(job.num_classes)))
-        result = {**info, **copy_summary(tally),
-                  "class_counts_before": _by_class(tally.counts.get("class_in", np.zeros(job.num_classes))),
-                  "class_counts_after": _by_class(written), **(extra or {})}
-        lost = tally.count("examples_dropped") + int(np.sum(tally.counts.get("class_selected", 0))) - \
-            int(np.sum(written))
-        result["discarded_fraction"] = round(lost / max(1, tally.count("rows_in")), 6)
-        return result
-
     if options.batch_size is None:
-        return write_job(**common, items=items, work=job.select_batch, stats=stats, total_rows=dataset.num_rows)
+        return write(**common, items=items, work=job.select_batch, stats=job.stats, total_rows=dataset.num_rows)
     selected = (c for c, _ in ordered_map(job.select, items, run.threads) if c.num_rows)
     if not options.balanced_batches:
         batches = rebatch(selected, options.batch_size, dataset.schema, options.drop_remainder)
-        return write_job(**common, items=batches, work=job.count_written, stats=stats,
-                         total_rows=int(expected_rows) if expected_rows is not None else None,
-                         desc="stratify")
+        return write(**common, items=batches, work=job.count_written, stats=job.stats,
+                     total_rows=int(expected_rows) if expected_rows is not None else None, desc="stratify")
     first, selected = peek(selected)
-    active = job.target > 0
+    active = strat.target > 0
     whole = estimate_memory_bytes(dataset, first, rows=int(expected_rows) if expected_rows is not None else None)
     budget = max(1, options.memory // (PART_SHARE * int(active.sum())))
-    ranges = KeyRanges(tuple(parts_for(whole * t, budget) for t in job.target.tolist()), job.seed, STAGE + "/order")
+    ranges = KeyRanges(tuple(parts_for(whole * t, budget) for t in strat.target.tolist()), job.seed, STAGE + "/order")
     with ranges.spill(dataset.schema, options.memory, options.tmp_dir) as spill:
         spill_streams(selected, ranges, spill, lambda c: label_codes(c, options.label, job.num_classes,
                                                                      dataset.locate),
                       "stratify: select", dataset.num_rows, run.quiet)
         available = np.array([ranges.rows(spill, c) for c in range(job.num_classes)])
-        layout = batch_layout(available, job.target, options.batch_size, options.drop_remainder)
+        layout = batch_layout(available, strat.target, options.batch_size, options.drop_remainder)
         streams = [RowReader(ranges.read(spill, c), dataset.schema) for c in range(job.num_classes)]
         extra = {"batch_size": options.batch_size, "balanced_batches": layout.batches + bool(sum(layout.partial)),
                  "final_batch_quotas": list(layout.partial)}
-        return write_job(**common, items=balanced_batches(streams, layout, job.seed, dataset.schema),
-                         work=job.count_written, stats=lambda: stats(extra), total_rows=int(layout.per_class.sum()),
-                         desc="stratify")
+        return write(**common, items=balanced_batches(streams, layout, job.seed, dataset.schema),
+                     work=job.count_written, stats=lambda: job.stats(extra), total_rows=int(layout.per_class.sum()),
+                     desc="stratify")
 
 
 def _by_class(counts: np.ndarray) -> dict[str, int]:
@@ -636,6 +675,6 @@ def discard_warning(stats: dict[str, Any]) -> str | None:
             f"{stats['rows_in']:,} never appear in DST); {hint}")
 
 
-__all__ = ["BatchLayout", "RatePlan", "StratifyOptions", "ThresholdPlan", "acceptance_probs", "batch_layout",
-           "discard_warning", "find_thresholds", "label_codes", "largest_remainder", "largest_total",
-           "parse_target", "stratify"]
+__all__ = ["BatchLayout", "RatePlan", "Selection", "Stratification", "StratifyOptions", "ThresholdPlan",
+           "acceptance_probs", "batch_layout", "discard_warning", "find_thresholds", "label_codes",
+           "largest_remainder", "largest_total", "parse_target", "resolve", "stratify", "write_stratified"]

@@ -1,0 +1,339 @@
+"""Running a pipeline: first passes stage by stage, then one streaming run into the last stage's writer.
+
+Semantics: a pipeline writes the same bytes as running its stages one by one through the CLI
+with the same seed, each reading the previous one's output. A command reading that output sees
+example ids (shard, row) of it, so here every stage's input rows are re-keyed to their row number
+in the previous stage's output, as shard 0. That is exactly the CLI chain whenever each
+intermediate output is one shard (anything under the default 256MB --shard-bytes and 4096 row
+groups). Chunks also match: a stage's input chunks are the row groups the previous command
+would have written (its non-empty output chunks), and the first one is round-tripped through
+Parquet, because operations size their memory from its Arrow bytes.
+
+Passes: stage k's first passes read only the columns it needs (`first_pass_columns`), through
+the stages before it, whose plans are known by then. Stages without statistics add no pass of
+their own; a global shuffle before stage k is spilled (narrowly) only if a stage between them,
+or stage k's statistics, depend on ids or order, else it is skipped (it does not change counts
+or histograms). The main run then reads every column once: row stages stream, a global shuffle
+spills in this thread, and the last stage writes through its operation's own writer.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from batchtool import fs
+from batchtool import manifest as manifest_mod
+from batchtool import progress, rng
+from batchtool import stats as stats_mod
+from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
+from batchtool.engines import engine_scope
+from batchtool.errors import BatchtoolError, DestinationExistsError
+from batchtool.formats import parquet as parquet_format
+from batchtool.job import RunSettings, write_job
+from batchtool.ops.resample import Tally
+from batchtool.ops.shuffle import Shuffled
+from batchtool.pipeline import config as config_mod
+from batchtool.pipeline.stages import ANY, CHUNKS, ORDER, Columns, Stage, Stream, make_stage
+
+
+@dataclass
+class PipelineResult:
+    """What a run did: per-stage rows (and the manifest), or for a dry run what it would do."""
+
+    stages: list[dict[str, Any]]
+    manifest: dict[str, Any] | None = None
+    wall_seconds: float = 0.0
+    peak_rss_bytes: int = 0
+
+
+def run_pipeline(config: config_mod.PipelineConfig, run: RunSettings, *, dry_run: bool = False) -> PipelineResult:
+    """Plan every stage (its first passes), then run the pipeline into config.output_path (unless dry_run)."""
+    started = time.perf_counter()
+    with engine_scope(run):
+        if not dry_run:
+            _check_destination(config)
+        source = open_dataset(config.input.path, format=config.input.format, skip_corrupt=config.input.skip_corrupt)
+        columns = source.check_columns(config.input.columns)
+        stages = [make_stage(c, config) for c in config.stages]
+        with ExitStack() as stack:
+            prefix = Prefix(config, source, columns, stages, run, stack)
+            for k, stage in enumerate(stages):
+                with attributed(config.path, stage):
+                    wanted = stage.first_pass_columns(prefix.schemas[k])
+                    view = prefix.view(k, wanted, needs=stage.first_pass_needs,
+                                       desc=f"{stage.name}: first pass" if wanted and stage.first_pass_bar else None)
+                    stage.plan(view, run)
+            if dry_run:
+                return PipelineResult(prefix.expected(), wall_seconds=round(time.perf_counter() - started, 3),
+                                      peak_rss_bytes=manifest_mod.peak_rss_bytes())
+            last = stages[-1]
+            with attributed(config.path, last):
+                result = last.write(prefix.view(len(stages) - 1, None), config.output_path, config.output, run,
+                                     prefix.writer(started))
+    stats = result.manifest["stats"]
+    return PipelineResult(stats["stages"], result.manifest, stats["wall_seconds"], result.manifest["run"]["peak_rss_bytes"])
+
+
+def _check_destination(config: config_mod.PipelineConfig) -> None:
+    if fs.exists(config.output_path) and not config.output.overwrite:
+        raise DestinationExistsError(f"{config.path}: [output] path {config.output_path} exists (set overwrite = true "
+                                     "in [output], or pass --overwrite)")
+
+
+@contextmanager
+def attributed(path: str, stage: Stage) -> Iterator[None]:
+    """Errors raised by a stage name the pipeline file and the stage, with the stage's keys for its flags."""
+    try:
+        yield
+    except BatchtoolError as exc:
+        raise _attribute(exc, f"{path}: {stage.name}: ") from None
+
+
+def _attribute(exc: BatchtoolError, prefix: str) -> BatchtoolError:
+    if not getattr(exc, "pipeline_stage", False):
+        exc.args = (prefix + config_mod.flags_to_keys(str(exc)), *exc.args[1:])
+        exc.pipeline_stage = True  # type: ignore[attr-defined]
+    return exc
+
+
+def _attributed_stream(stream: Stream, path: str, stage: Stage) -> Stream:
+    with attributed(path, stage):
+        yield from stream
+
+
+@dataclass(frozen=True)
+class _Ready:
+    """A read task whose chunk is already computed (by the stages before)."""
+
+    chunk: Chunk
+
+    def __call__(self) -> Chunk:
+        return self.chunk
+
+
+@dataclass(frozen=True)
+class StageInput(Dataset):
+    """The data as stage `stage` (0-based) receives it, as a Dataset: operations run on it unchanged.
+
+    Its tasks run the stages before it; `scope` limits the columns they carry (None: all), and `needs` says
+    what its reader depends on (stages.ANY allows skipping a global shuffle before it, for statistics that
+    ignore order; stages.CHUNKS makes a narrow shuffle cut its output as the full one does).
+    Ids are re-keyed row numbers (see the module docstring); stage 0 reads the source itself.
+    """
+
+    prefix: Prefix | None = None
+    """The run it belongs to; not pickled (a remote worker only needs `locate`)."""
+    source: Dataset | None = None
+    stage: int = 0
+    scope: tuple[str, ...] | None = None
+    needs: int = CHUNKS
+    desc: str | None = None
+
+    def tasks(self, columns: Sequence[str] | None = None,
+              report: ReadReport | None = None) -> Iterator[Callable[[], Chunk]]:
+        cols = self.check_columns(columns)
+        if self.scope is not None and not set(cols or self.schema.names) <= set(self.scope):
+            raise AssertionError(f"columns {cols} outside the scope {self.scope} of this view")
+        report = report if report is not None else ReadReport()
+        prefix = self._prefix
+        if self.stage == 0 and self.desc is None:
+            return prefix.source.tasks(cols if cols is not None else prefix.columns, report)
+        chunks = prefix.stream(self.stage, None if self.scope is None else list(self.scope), report, self.needs)
+        if cols is not None and tuple(cols) != self.scope:
+            chunks = (Chunk(c.data.select(cols), c.ids) for c in chunks)
+        if self.desc:
+            chunks = prefix.counted(chunks, self.desc, self.num_rows)
+        return map(_Ready, chunks)
+
+    def locate(self, example_id: int) -> str:
+        if self.source is not None:
+            return self.source.locate(example_id)
+        return f"{self.src}, row {int(example_id)}"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "prefix": None}
+
+    @property
+    def _prefix(self) -> Prefix:
+        assert self.prefix is not None, "a StageInput is made by Prefix.view"
+        return self.prefix
+
+
+class Prefix:
+    """The stages of one run and what is known about the data between them."""
+
+    def __init__(self, config: config_mod.PipelineConfig, source: Dataset, columns: list[str] | None, stages: list[Stage],
+                 run: RunSettings, stack: ExitStack) -> None:
+        self.config, self.source, self.columns, self.stages, self.run = config, source, columns, stages, run
+        self._stack = stack
+        self.schemas = [source.projected_schema(columns)]
+        for stage in stages:
+            with attributed(config.path, stage):
+                self.schemas.append(stage.output_schema(self.schemas[-1]))
+        self.rows: dict[int, int] = {} if source.num_rows is None else {0: source.num_rows}
+        """Rows reaching stage k (k = len(stages): the output), once a complete pass has counted them."""
+        self.report = ReadReport()
+        """Corrupt records skipped while spilling a global shuffle of the main run."""
+        self._barriers: dict[tuple[int, tuple[str, ...] | None, bool], Shuffled] = {}
+
+    def view(self, k: int, scope: Columns, needs: int = CHUNKS, desc: str | None = None) -> StageInput:
+        """Stage k's input. Global shuffles before it are spilled now, in this thread, so temporary files
+        are only ever written by the thread that removes them (also on Ctrl-C)."""
+        if scope is None or scope:
+            self._materialize(k, scope, needs)
+        src = self.source
+        return StageInput(src=src.src if k == 0 else f"{self.config.path}: {self.stages[k].name} input",
+                          format=src.format, shards=src.shards, schema=self.schemas[k],
+                          tfrecord_kind=src.tfrecord_kind, num_rows=self.rows.get(k), skip_corrupt=src.skip_corrupt,
+                          prefix=self, source=src if k == 0 else None, stage=k, scope=None if scope is None else tuple(scope), needs=needs,
+                          desc=desc)
+
+    def _materialize(self, k: int, scope: Columns, needs: int) -> None:
+        columns = scope
+        for j in reversed(range(k)):
+            stage = self.stages[j]
+            needed = stage.input_columns(columns)
+            if stage.barrier and needs >= ORDER:
+                key = self._barrier_key(j, needed, needs)
+                if key not in self._barriers:
+                    batch_rows = None
+                    if needed is not None and needs >= CHUNKS:  # cut as the full spill will be
+                        batch_rows = stage.batch_rows(next(iter(self.view(j, None).chunks(None, 1)), None))
+                    upstream = self.view(j, needed)
+                    with attributed(self.config.path, stage):
+                        self._barriers[key] = self._stack.enter_context(stage.materialize(
+                            upstream, needed, self.run, self.report if needed is None else ReadReport(), batch_rows))
+                return
+            needs = max(needs, stage.sensitivity)
+            columns = needed
+
+    @staticmethod
+    def _barrier_key(j: int, columns: Columns, needs: int) -> tuple[int, tuple[str, ...] | None, bool]:
+        return j, _key(columns), columns is not None and needs >= CHUNKS
+
+    def stream(self, k: int, scope: Columns, report: ReadReport, needs: int) -> Iterator[Chunk]:
+        """Chunks reaching stage k (only the `scope` columns), re-keyed; barriers must be spilled already."""
+        if k == 0:
+            return self.source.chunks(scope if scope is not None else self.columns, self.run.threads, report)
+        stage = self.stages[k - 1]
+        needed = stage.input_columns(scope)
+        if stage.barrier and needs >= ORDER:
+            pairs: Stream = self._spilled(stage, self._barriers[self._barrier_key(k - 1, needed, needs)])
+        elif stage.barrier:  # nothing after it cares about order: skip the shuffle
+            pairs = ((c, c.num_rows) for c in self.stream(k - 1, needed, report, ANY))
+        else:
+            view = self.view(k - 1, needed, max(needs, stage.sensitivity))
+            pairs = _attributed_stream(stage.stream(view, needed, self.run, report), self.config.path, stage)
+        return self._rekey(k, pairs, scope)
+
+    @staticmethod
+    def _spilled(stage: Stage, shuffled: Shuffled) -> Stream:
+        for chunk in shuffled.batches():
+            yield chunk, chunk.num_rows
+        stage.report = shuffled.stats()
+
+    def _rekey(self, k: int, pairs: Stream, scope: Columns) -> Iterator[Chunk]:
+        """Ids = row number in the previous stage's output; empty chunks dropped (no row group is written
+        for them); the first chunk as a command would read it back from Parquet."""
+        rows = read = 0
+        for chunk, consumed in pairs:
+            read += consumed
+            if not chunk.num_rows:
+                continue
+            data = chunk.data if scope is None else chunk.data.select(scope)
+            if not rows:
+                data = reread(data)
+            yield Chunk(data, rng.example_ids(0, rows, data.num_rows))
+            rows += data.num_rows
+        self.rows[k - 1], self.rows[k] = read, rows
+
+    def counted(self, chunks: Iterator[Chunk], desc: str, total: int | None) -> Iterator[Chunk]:
+        """One progress bar per pass (rows reaching the stage)."""
+        with progress.bar(desc, total, quiet=self.run.quiet) as bar:
+            for chunk in chunks:
+                bar.update(chunk.num_rows)
+                yield chunk
+
+    def writer(self, started: float) -> Callable[..., Any]:
+        """write_job as the last stage's writer calls it, but recording the pipeline in the manifest."""
+        def write(**job: Any) -> Any:
+            work, op_stats = job["work"], job["stats"]
+            counter = Tally()
+
+            def counted(item: Any) -> tuple[list[pa.RecordBatch], int]:
+                batches, consumed = work(item)
+                counter.add(rows=sum(b.num_rows for b in batches))
+                return batches, consumed
+
+            report: ReadReport = job["report"] or ReadReport()
+            report.corrupt_records += self.report.corrupt_records
+            report.first_errors[:0] = self.report.first_errors
+            total = job.get("total_rows")
+            job.update(command="run", options=self.config.manifest_options(), seed=self.config.seed,
+                       dataset=self.source, work=counted, report=report,
+                       stats=lambda: self.stats(op_stats(), counter.count("rows"), started),
+                       total_rows=total if total is not None else job["dataset"].num_rows,
+                       desc=f"{self.stages[-1].name}: write")
+            return write_job(**job)
+        return write
+
+    def stats(self, last: dict[str, Any], rows_out: int, started: float) -> dict[str, Any]:
+        """manifest["stats"]: rows in and out of every stage with its own statistics, plus the totals."""
+        stages = []
+        for k, stage in enumerate(self.stages):
+            is_last = k == len(self.stages) - 1
+            own = last if is_last else stage.report
+            rows_in = self.rows.get(k, own.get("rows_in"))
+            stages.append({"stage": k + 1, "op": stage.config.op, **own, "rows_in": rows_in,
+                           "rows_out": rows_out if is_last else self.rows.get(k + 1)})
+        out: dict[str, Any] = {"rows_in": stages[0]["rows_in"], "stages": stages}
+        for key in ("batches", "padding_efficiency"):
+            if key in last:
+                out[key] = last[key]
+        out["wall_seconds"] = round(time.perf_counter() - started, 3)
+        return out
+
+    def expected(self) -> list[dict[str, Any]]:
+        """Dry run: per stage, the rows in (counted by the first passes, or planned) and what it would make."""
+        last = len(self.stages) - 1
+        stage, schema = self.stages[last], self.schemas[last]
+        wanted = stage.preview_columns(schema)
+        if wanted:
+            with attributed(self.config.path, stage):
+                stage.preview(self.view(last, wanted, needs=ANY, desc=f"{stage.name}: dry run"), self.run)
+        if last not in self.rows:  # count the rows reaching the last stage (one narrow pass)
+            column = next((f.name for f in schema if not pa.types.is_nested(f.type)), schema.names[0])
+            stats_mod.collect(self.view(last, [column], needs=ANY, desc="dry run: count"),
+                              threads=self.run.threads)
+        out, planned = [], self.rows.get(0)
+        for k, stage in enumerate(self.stages):
+            rows_in = self.rows.get(k, planned)
+            rows_out, info = stage.expected(rows_in)
+            planned = self.rows.get(k + 1, rows_out)
+            out.append({"stage": k + 1, "op": stage.config.op, "rows_in": rows_in,
+                        "rows_out": planned if k < last else rows_out, **info})
+        return out
+
+
+def _key(columns: Columns) -> tuple[str, ...] | None:
+    return None if columns is None else tuple(columns)
+
+
+def reread(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """The batch as a command reads it back from a batch shard: same values, Parquet-decoded buffers."""
+    sink = io.BytesIO()
+    writer = parquet_format.ParquetShardWriter(sink, batch.schema, compression="none")
+    writer.write(batch)
+    writer.close()
+    return parquet_format.decode_row_group(pq.ParquetFile(io.BytesIO(sink.getvalue())), 0, None)
+
+
+__all__ = ["PipelineResult", "StageInput", "reread", "run_pipeline"]

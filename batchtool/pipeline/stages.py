@@ -1,0 +1,429 @@
+"""Pipeline stages: each operation's plan, per-chunk functions and writer behind one small interface.
+
+A stage reads its input as a Dataset (the source, or a view of what the stages before it produce,
+see execute.StageInput), so the operations' own first passes and writers run on it unchanged.
+Row stages (filter, select, rename, stratify, resample, the buffered shuffle) map chunks to
+chunks as they stream; a global shuffle is a barrier (it spills everything before emitting);
+bucket, segment and batching stratify/shuffle only ever run last, through their own writers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from batchtool import stats as stats_mod
+from batchtool.dataset import Chunk, Dataset, ReadReport
+from batchtool.errors import SchemaError
+from batchtool.job import JobResult, RunSettings
+from batchtool.ops import bucket as bucket_op
+from batchtool.ops import resample as resample_op
+from batchtool.ops import segment as segment_op
+from batchtool.ops import shuffle as shuffle_op
+from batchtool.ops import stratify as stratify_op
+from batchtool.ops.boundaries import assign_buckets, expected_efficiency
+from batchtool.output import OutputOptions
+from batchtool.pipeline import config as config_mod
+from batchtool.runner import ordered_map
+
+Columns = list[str] | None
+"""Column names, or None for all of them."""
+Stream = Iterator[tuple[Chunk, int]]
+"""A stage's output chunks in order (possibly empty), each with the input rows it consumed."""
+Write = Callable[..., JobResult]
+
+ANY, ORDER, CHUNKS = 0, 1, 2
+"""What a consumer of a stage's input depends on: nothing but the rows (counts, histograms), their ids and
+order, or also how they are cut into chunks (per-chunk updates: stratify --mode online, --running-mean)."""
+
+
+class Stage:
+    """One [[stage]] at run time: its config, the plan its first passes make, and what it reported."""
+
+    barrier = False
+    """Spills its whole input before emitting anything (the global shuffle)."""
+    sensitivity = ANY
+    """What its output depends on besides the rows: ORDER (their ids and order: a shuffle before it matters)
+    or CHUNKS (also the chunking)."""
+
+    first_pass_needs = ANY
+    """What its first passes depend on besides the rows (ORDER: a shuffle before it must really run)."""
+    first_pass_bar = True
+    """Show a progress bar for the first passes (False when the operation's own pass shows one)."""
+
+    def __init__(self, config: config_mod.StageConfig, pipeline: config_mod.PipelineConfig) -> None:
+        self.config = config
+        self.options = config.options
+        self.pipeline = pipeline
+        self.seed = pipeline.seed
+        self.report: dict[str, Any] = {}
+        """The stage's statistics, from the last complete pass through it (every complete pass agrees)."""
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def output_schema(self, schema: pa.Schema) -> pa.Schema:
+        """The schema this stage writes, given the one it reads; fails on a missing or unusable column."""
+        return schema
+
+    def input_columns(self, columns: Columns) -> Columns:
+        """The input columns needed to produce these output columns (and to make the stage's decisions)."""
+        return columns
+
+    def first_pass_columns(self, schema: pa.Schema) -> Columns:
+        """The input columns its first passes read; [] when it needs none."""
+        return []
+
+    def plan(self, view: Dataset, run: RunSettings) -> None:
+        """Run the first passes over `view` and keep the plan."""
+
+    def stream(self, view: Dataset, columns: Columns, run: RunSettings, report: ReadReport) -> Stream:
+        raise NotImplementedError(f"{self.name} only runs as the last stage")
+
+    def materialize(self, view: Dataset, columns: Columns, run: RunSettings, report: ReadReport,
+                    batch_rows: int | None = None) -> AbstractContextManager[shuffle_op.Shuffled]:
+        raise NotImplementedError(f"{self.name} is not a barrier")
+
+    def batch_rows(self, first: Chunk | None) -> int:
+        """A barrier's output chunk size, given the first chunk of its (full) input."""
+        raise NotImplementedError(f"{self.name} is not a barrier")
+
+    def write(self, view: Dataset, dst: str, output: OutputOptions, run: RunSettings, write: Write) -> JobResult:
+        """As the last stage: one row group per non-empty output chunk, as `convert` writes."""
+        report = ReadReport()
+        return write(command=self.config.op, options={}, seed=None, dataset=view, dst=dst, output=output,
+                     schema=self.output_schema(view.schema), items=self.stream(view, None, run, report),
+                     work=_emit_nonempty, stats=lambda: self.report, run=run, report=report)
+
+    def expected(self, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
+        """Dry run: the output rows if the plan fixes them, and what else it can say without writing."""
+        return None, {}
+
+    def preview_columns(self, schema: pa.Schema) -> Columns:
+        """Dry run, last stage: the columns of an extra pass that `preview` needs ([]: none)."""
+        return []
+
+    def preview(self, view: Dataset, run: RunSettings) -> None:
+        """Dry run, last stage: an extra statistics pass for what `expected` reports."""
+
+
+def _emit_nonempty(item: tuple[Chunk, int]) -> tuple[list[pa.RecordBatch], int]:
+    chunk, rows = item
+    return ([chunk.data] if chunk.num_rows else []), rows
+
+
+class _MapStage(Stage):
+    """A stage that maps each chunk on its own (filter, select, rename): parallel, no ids involved."""
+
+    def apply(self, chunk: Chunk) -> Chunk:
+        raise NotImplementedError
+
+    def stream(self, view: Dataset, columns: Columns, run: RunSettings, report: ReadReport) -> Stream:
+        rows = [0, 0]
+        for out, read in ordered_map(lambda task: self._run(task()), view.tasks(columns, report), run.threads):
+            rows[0] += read
+            rows[1] += out.num_rows
+            yield out, read
+        self.report = {"rows_in": rows[0], "rows_out": rows[1]}
+
+    def _run(self, chunk: Chunk) -> tuple[Chunk, int]:
+        return self.apply(chunk), chunk.num_rows
+
+
+class FilterStage(_MapStage):
+    """Keeps the rows where a boolean column is true; null is false (as bucket's --keep)."""
+
+    options: config_mod.FilterOptions
+
+    def output_schema(self, schema: pa.Schema) -> pa.Schema:
+        column = self.options.column
+        _need(schema, [column], "column")
+        if not pa.types.is_boolean(schema.field(column).type):
+            raise SchemaError(f"key 'column': column {column!r} is {schema.field(column).type}, expected bool")
+        return schema
+
+    def input_columns(self, columns: Columns) -> Columns:
+        return None if columns is None else list(dict.fromkeys([*columns, self.options.column]))
+
+    def apply(self, chunk: Chunk) -> Chunk:
+        mask = pc.fill_null(chunk.data.column(self.options.column), False).to_numpy(zero_copy_only=False)
+        return chunk if mask.all() else chunk.filter(mask)
+
+
+class SelectStage(_MapStage):
+    options: config_mod.SelectOptions
+
+    def output_schema(self, schema: pa.Schema) -> pa.Schema:
+        _need(schema, self.options.columns, "columns")
+        return pa.schema([schema.field(c) for c in self.options.columns])
+
+    def input_columns(self, columns: Columns) -> Columns:
+        return list(self.options.columns) if columns is None else columns
+
+    def apply(self, chunk: Chunk) -> Chunk:
+        names = chunk.data.schema.names
+        return Chunk(chunk.data.select([c for c in self.options.columns if c in names]), chunk.ids)
+
+
+class RenameStage(_MapStage):
+    options: config_mod.RenameOptions
+
+    def output_schema(self, schema: pa.Schema) -> pa.Schema:
+        mapping = dict(self.options.columns)
+        _need(schema, list(mapping), "columns")
+        names = [mapping.get(n, n) for n in schema.names]
+        clash = sorted({n for n in names if names.count(n) > 1})
+        if clash:
+            raise SchemaError(f"key 'columns': renaming gives two columns named {clash[0]!r} "
+                              f"(columns: {', '.join(schema.names)})")
+        return pa.schema([f.with_name(n) for f, n in zip(schema, names)])
+
+    def input_columns(self, columns: Columns) -> Columns:
+        back = {new: old for old, new in self.options.columns}
+        return None if columns is None else [back.get(c, c) for c in columns]
+
+    def apply(self, chunk: Chunk) -> Chunk:
+        mapping = dict(self.options.columns)
+        return Chunk(chunk.data.rename_columns([mapping.get(n, n) for n in chunk.data.schema.names]), chunk.ids)
+
+
+class StratifyStage(Stage):
+    """Per-class selection as rows stream by; as the last stage also batch-size and balanced batches."""
+
+    options: stratify_op.StratifyOptions
+    strat: stratify_op.Stratification
+
+    @property
+    def sensitivity(self) -> int:  # type: ignore[override]
+        return CHUNKS if self.options.mode == "online" else ORDER
+
+    def output_schema(self, schema: pa.Schema) -> pa.Schema:
+        _need(schema, [self.options.label], "label")
+        return schema
+
+    def input_columns(self, columns: Columns) -> Columns:
+        return None if columns is None else list(dict.fromkeys([*columns, self.options.label]))
+
+    def first_pass_columns(self, schema: pa.Schema) -> Columns:
+        return [self.options.label] if self.options.needs_counts else []
+
+    @property
+    def first_pass_needs(self) -> int:  # type: ignore[override]
+        return ORDER if self.options.mode == "exact" else ANY  # the thresholds are keyed hashes of the ids
+
+    def plan(self, view: Dataset, run: RunSettings) -> None:
+        self.strat = stratify_op.resolve(view, self.options, self.seed, run.threads)
+
+    def stream(self, view: Dataset, columns: Columns, run: RunSettings, report: ReadReport) -> Stream:
+        selection = stratify_op.Selection(view, self.strat, self.seed)
+        try:
+            yield from ordered_map(selection.select, selection.items(run.threads, report, columns), run.threads)
+        except stratify_op.LabelError:  # no counting pass (init-probs, online): count them all for the message
+            raise stratify_op.full_label_error(view, self.options.label, self.strat.num_classes,
+                                               run.threads) from None
+        self.report = selection.stats()
+
+    def write(self, view: Dataset, dst: str, output: OutputOptions, run: RunSettings, write: Write) -> JobResult:
+        return stratify_op.write_stratified(view, self.strat, dst, output, run, seed=self.seed, write=write)
+
+    def expected(self, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
+        info = self.strat.info
+        shown: dict[str, Any] = {k: info[k] for k in ("num_classes", "input_probs", "class_targets", "acceptance_probs", "rates")
+                 if k in info}
+        exact = self.options.mode == "exact"
+        rows = None if self.strat.expected_rows is None else round(self.strat.expected_rows)
+        return (rows if exact else None), {**shown, **({} if exact or rows is None else {"expected_rows": rows})}
+
+
+class ResampleStage(Stage):
+    options: resample_op.ResampleOptions
+    mean: float | None = None
+
+    @property
+    def sensitivity(self) -> int:  # type: ignore[override]
+        return CHUNKS if self.options.running_mean else ORDER
+
+    def output_schema(self, schema: pa.Schema) -> pa.Schema:
+        o = self.options
+        if o.column:
+            _need(schema, [o.column], {"rate": "rate", "weighted": "weight", "accept": "accept-prob"}[o.mode])
+        if o.mode != "weighted":
+            return schema
+        if o.rate_column in schema.names:
+            raise SchemaError(f"key 'rate-column': the input already has a column {o.rate_column!r}; "
+                              "choose another name")
+        return schema.append(pa.field(o.rate_column, pa.float64()))
+
+    def input_columns(self, columns: Columns) -> Columns:
+        if columns is None:
+            return None
+        o = self.options
+        kept = [c for c in columns if not (o.mode == "weighted" and c == o.rate_column)]
+        return list(dict.fromkeys([*kept, *([o.column] if o.column else [])]))
+
+    def first_pass_columns(self, schema: pa.Schema) -> Columns:
+        o = self.options
+        return [o.weight] if o.weight is not None and not o.running_mean else []
+
+    def plan(self, view: Dataset, run: RunSettings) -> None:
+        self.mean = resample_op.prepare(view, self.options, self.seed, run.threads).mean
+
+    def resampling(self, view: Dataset) -> resample_op.Resampling:
+        return resample_op.Resampling(view, self.options, self.seed, self.mean)
+
+    def stream(self, view: Dataset, columns: Columns, run: RunSettings, report: ReadReport) -> Stream:
+        resampling = self.resampling(view)
+        yield from ordered_map(resampling.apply, resampling.items(run.threads, report, columns), run.threads)
+        self.report = resampling.stats()
+
+    def write(self, view: Dataset, dst: str, output: OutputOptions, run: RunSettings, write: Write) -> JobResult:
+        return resample_op.write_resampled(self.resampling(view), dst, output, run, write=write)
+
+    def expected(self, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
+        o = self.options
+        rate = o.rate if isinstance(o.rate, float) else o.overall_rate
+        if rate is None or rows_in is None:
+            return None, {"mean_weight": self.mean} if self.mean is not None else {}
+        return None, {"expected_rows": round(rate * rows_in)}
+
+
+class ShuffleStage(Stage):
+    """A global shuffle is a barrier (spilled once, read back in keyed order); the buffered one streams."""
+
+    options: shuffle_op.ShuffleOptions
+    sensitivity = ORDER
+
+    @property
+    def barrier(self) -> bool:  # type: ignore[override]
+        return not self.options.buffered
+
+    def materialize(self, view: Dataset, columns: Columns, run: RunSettings, report: ReadReport,
+                    batch_rows: int | None = None) -> AbstractContextManager[shuffle_op.Shuffled]:
+        """Spill; `batch_rows` fixes the output chunks (a narrow spill cut as the full one is)."""
+        options = self.options if batch_rows is None else replace(self.options, batch_size=batch_rows)
+        return shuffle_op.shuffled(view, options, self.seed, run, report, columns)
+
+    def batch_rows(self, first: Chunk | None) -> int:
+        return shuffle_op.output_batch_rows(first, self.options)
+
+    def stream(self, view: Dataset, columns: Columns, run: RunSettings, report: ReadReport) -> Stream:
+        with shuffle_op.shuffled(view, self.options, self.seed, run, report, columns) as out:
+            for chunk in out.batches():
+                yield chunk, chunk.num_rows
+            self.report = out.stats()
+
+    def write(self, view: Dataset, dst: str, output: OutputOptions, run: RunSettings, write: Write) -> JobResult:
+        return shuffle_op.write_shuffled(view, self.options, dst, output, run, seed=self.seed, write=write)
+
+    def expected(self, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
+        size = self.options.batch_size
+        if rows_in is None or size is None:
+            return rows_in, {}
+        batches = rows_in // size if self.options.drop_remainder else -(-rows_in // size)
+        return min(rows_in, batches * size), {"batches": batches}
+
+
+class BucketStage(Stage):
+    """Always last: its first pass (lengths) plans the buckets; the writer scatters, spills and batches."""
+
+    options: bucket_op.BucketOptions
+    first_pass_bar = False  # bucket's first pass shows its own
+    columns: bucket_op.Columns
+    first: stats_mod.DatasetStats
+
+    def output_schema(self, schema: pa.Schema) -> pa.Schema:
+        self.columns = bucket_op.resolve_columns(self.options, schema)
+        self.input_schema = schema
+        return schema
+
+    def first_pass_columns(self, schema: pa.Schema) -> Columns:
+        return self.columns.first_pass
+
+    def plan(self, view: Dataset, run: RunSettings) -> None:
+        self.first = bucket_op.first_pass(view, self.columns, run)
+
+    def write(self, view: Dataset, dst: str, output: OutputOptions, run: RunSettings, write: Write) -> JobResult:
+        return bucket_op.write_bucketed(view, self.options, self.columns, self.first, dst, output, run,
+                                        seed=self.seed, write=write)
+
+    def expected(self, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
+        o, first = self.options, self.first
+        plan = bucket_op.make_plan(o, self.columns, first, self.input_schema,
+                                   bucket_op.row_bytes(None, self.columns))
+        counts = bucket_op.batchable_counts(first, o)
+        if plan.boundaries is not None:
+            lengths = np.arange(len(counts))
+            rows = np.bincount(assign_buckets(lengths, plan.boundaries), weights=counts, minlength=plan.num_buckets)
+        else:
+            rows = np.array([first.label_counts.get(b, 0) for b in range(plan.num_buckets)], dtype=np.float64)
+        info: dict[str, Any] = {"boundaries": list(plan.boundaries) if plan.boundaries is not None else None,
+                                "num_buckets": plan.num_buckets, "examples_per_bucket": rows.astype(int).tolist()}
+        rows_out: int | None = None
+        if o.batch_size is not None:
+            sizes = np.array([b.batch_size for b in plan.budgets])
+            batches = rows // sizes if o.drop_remainder else -(-rows // sizes)
+            info["batches"] = int(batches.sum())
+            rows_out = int(np.minimum(rows, batches * sizes).sum())
+        elif not o.drop_remainder:
+            rows_out = int(rows.sum())
+        if plan.boundaries is not None:
+            info["padding_efficiency"] = expected_efficiency(counts, plan.boundaries)
+        return rows_out, info
+
+
+class SegmentStage(Stage):
+    """Always last: one pass that checks keys, plans lanes and writes; no first pass of its own."""
+
+    options: segment_op.SegmentOptions
+
+    def output_schema(self, schema: pa.Schema) -> pa.Schema:
+        o = self.options
+        _need(schema, [o.key], "key")
+        _need(schema, o.sequences, "sequence")
+        _need(schema, [*o.context, *o.states.values(), *([o.input_length] if o.input_length else [])], "context")
+        return segment_op.make_plan(pa.schema([schema.field(c) for c in o.source_columns]), o).schema
+
+    def write(self, view: Dataset, dst: str, output: OutputOptions, run: RunSettings, write: Write) -> JobResult:
+        return segment_op.write_segmented(view, self.options, dst, output, run, memory=self.pipeline.memory,
+                                          tmp_dir=self.pipeline.tmp_dir, write=write)
+
+    def preview_columns(self, schema: pa.Schema) -> Columns:
+        return [self.options.sequences[0]]
+
+    def preview(self, view: Dataset, run: RunSettings) -> None:
+        self.lengths = stats_mod.collect(view, length=self.options.sequences[0], threads=run.threads).length_counts
+
+    def expected(self, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
+        o = self.options
+        steps = np.arange(len(self.lengths))
+        count = np.maximum(1, -(-steps // o.num_unroll)) if o.pad else steps // o.num_unroll
+        segments = int((count * self.lengths).sum())
+        batches = -(-segments // o.batch_size)
+        slots = batches * o.batch_size * o.num_unroll
+        return None, {"segments": segments, "batches": batches,
+                      "padding_efficiency": round(int((steps * self.lengths).sum()) / slots, 6) if slots else None}
+
+
+def _need(schema: pa.Schema, columns: list[str] | tuple[str, ...], key: str) -> None:
+    for name in columns:
+        if name not in schema.names:
+            raise SchemaError(f"key {key!r}: no column {name!r} at this stage (columns: {', '.join(schema.names)})")
+
+
+STAGES: dict[str, type[Stage]] = {"filter": FilterStage, "select": SelectStage, "rename": RenameStage,
+                                  "stratify": StratifyStage, "resample": ResampleStage, "shuffle": ShuffleStage,
+                                  "bucket": BucketStage, "segment": SegmentStage}
+
+
+def make_stage(config: config_mod.StageConfig, pipeline: config_mod.PipelineConfig) -> Stage:
+    return STAGES[config.op](config, pipeline)
+
+
+__all__ = ["Stage", "make_stage"]

@@ -1,0 +1,363 @@
+"""--engine ray: the same output as the local engine for every operation, on one local 2-CPU Ray cluster.
+
+Every test marked `ray` shares the cluster the `ray_cluster` fixture starts once for this module
+(and shuts down after it); they are skipped where `import ray` fails. The local S3 server is
+started before the cluster, so its endpoint is in the environment the Ray workers inherit.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import os
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pytest
+
+import batchtool.engines.ray as ray_engine
+from batchtool import runner
+from batchtool.check.evaluate import check
+from batchtool.convert import convert
+from batchtool.errors import InputError, UsageError
+from batchtool.job import RunSettings
+from batchtool.ops.bucket import bucket
+from batchtool.ops.resample import Tally, resample
+from batchtool.ops.segment import segment
+from batchtool.ops.shuffle import shuffle
+from batchtool.ops.stratify import LabelError, StratifyOptions, stratify
+from batchtool.output import OutputOptions
+from batchtool.synthetic import make_table
+from conftest import data_bytes, write_parquet_shards
+from test_s3 import s3  # noqa: F401 (the local S3 server: bucket `data`, shared with test_s3.py's keys)
+
+RAY = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(request):
+    """One local Ray cluster (2 CPUs) for every Ray test of this module. Its workers import batchtool from
+    this source tree and can import the test modules (functions defined here are pickled by reference)."""
+    ray = pytest.importorskip("ray")
+    request.getfixturevalue("s3")  # first: the workers inherit its endpoint
+    saved = os.environ.get("PYTHONPATH")
+    tests = os.path.dirname(os.path.abspath(__file__))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [tests, os.path.dirname(tests), saved]))
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH")
+        else:
+            os.environ["PYTHONPATH"] = saved
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def remote_maps(ray_cluster, monkeypatch):
+    """Counts RayEngine.map calls, to show a command really ran its work on Ray."""
+    calls = []
+    original = ray_engine.RayEngine.map
+
+    def counting(self, fn, items, threads=1, window=None):
+        calls.append(fn)
+        return original(self, fn, items, threads, window)
+
+    monkeypatch.setattr(ray_engine.RayEngine, "map", counting)
+    return calls
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory) -> str:
+    """300 rows in 2 shards of 50-row row groups (12 read tasks), with a boolean column for --keep."""
+    table = make_table(300, seed=7)
+    table = table.append_column("keep", pa.array(np.arange(300) % 5 != 0))
+    return write_parquet_shards(str(tmp_path_factory.mktemp("src")), table)
+
+
+# -- the engine itself ----------------------------------------------------------------------------------------
+
+
+class Failing(InputError):
+    """An error whose constructor does not take its message (as stratify's LabelError)."""
+
+    def __init__(self, row: int) -> None:
+        self.row = row
+        super().__init__(f"row {row} is bad")
+
+
+def fail_at(k: int):
+    def fn(x: int) -> int:
+        if x == k:
+            raise Failing(x)
+        return x
+    return fn
+
+
+def square_slowly(x: int) -> tuple[int, int]:
+    time.sleep(0.005)
+    return x * x, os.getpid()
+
+
+@RAY
+def test_map_runs_remotely_in_input_order(ray_cluster):
+    engine = ray_engine.RayEngine()
+    out = list(engine.map(square_slowly, range(40)))
+    assert [v for v, _ in out] == [x * x for x in range(40)]
+    assert os.getpid() not in {pid for _, pid in out}
+    engine.close()
+    assert ray_cluster.is_initialized()  # a joined session is left running
+
+
+@RAY
+def test_a_function_too_cheap_to_ship_finishes_on_the_driver(ray_cluster):
+    out = list(ray_engine.RayEngine().map(lambda x: (x + 1, os.getpid()), range(5000), 2))
+    assert [v for v, _ in out] == list(range(1, 5001))
+    pids = [pid for _, pid in out]
+    assert pids[0] != os.getpid() and pids[-1] == os.getpid()
+
+
+@RAY
+def test_errors_come_back_in_order_as_the_same_type(ray_cluster):
+    seen = []
+    with pytest.raises(Failing, match="row 7 is bad") as info:
+        for value in ray_engine.RayEngine().map(fail_at(7), range(20), 1, window=4):
+            seen.append(value)
+    assert seen == list(range(7)) and info.value.row == 7
+    assert "in a Ray task" in str(info.value.__cause__)
+
+
+@RAY
+def test_source_error_follows_the_results_before_it(ray_cluster):
+    def items():
+        yield from range(5)
+        raise UsageError("source broke")
+
+    seen = []
+    with pytest.raises(UsageError, match="source broke"):
+        for value in ray_engine.RayEngine().map(lambda x: x + 1, items()):
+            seen.append(value)
+    assert seen == [1, 2, 3, 4, 5]
+
+
+@RAY
+def test_accumulator_additions_are_merged_on_the_driver(ray_cluster):
+    tally = Tally()
+
+    def fn(x: int) -> int:
+        tally.add(rows=1, total=x)
+        tally.add_values("x", np.array([float(x)]))
+        return x
+
+    with runner.use_engine(ray_engine.RayEngine()):
+        assert list(runner.ordered_map(fn, range(30), threads=2)) == list(range(30))
+    assert tally.count("rows") == 30 and tally.count("total") == sum(range(30))
+    assert tally.summary("x", 30) == {"mean": 14.5, "min": 0.0, "max": 29.0}
+
+
+@RAY
+def test_a_function_that_cannot_be_pickled_runs_locally(ray_cluster, capsys):
+    held = (x for x in range(3))  # generators do not pickle
+
+    def fn(x: int) -> tuple[int, int]:
+        return x + 1, id(held)
+
+    out = list(ray_engine.RayEngine().map(fn, range(10), 2))
+    assert [v for v, _ in out] == list(range(1, 11))
+    assert capsys.readouterr().err == ("warning: --engine ray: test_a_function_that_cannot_be_pickled_runs_locally."
+                                       "<locals>.fn cannot be sent to Ray workers (cannot pickle 'generator' object);"
+                                       " it runs on local threads\n")
+
+
+@RAY
+def test_library_call_runs_on_the_engine_in_run_settings(src, tmp_path, remote_maps):
+    options = StratifyOptions(mode="bernoulli")
+    ray = stratify(src, str(tmp_path / "ray"), options, OutputOptions(),
+                   RunSettings(threads=2, quiet=True, engine="ray"))
+    local = stratify(src, str(tmp_path / "local"), options, OutputOptions(), RunSettings(threads=2, quiet=True))
+    assert remote_maps and ray.manifest["run"]["engine"] == "ray"
+    assert data_bytes(str(tmp_path / "ray")) == data_bytes(str(tmp_path / "local"))
+    assert ray.manifest["stats"] == local.manifest["stats"]
+
+
+@pytest.mark.parametrize("entry", [convert, stratify, resample, shuffle, bucket, segment, check])
+def test_every_entry_point_runs_on_its_run_settings_engine(entry):
+    """The Python API honours RunSettings(engine=...) like the CLI (see the stratify run above)."""
+    assert entry.__wrapped__ and "run" in inspect.signature(entry).parameters
+
+
+@RAY
+def test_data_errors_keep_their_message(tmp_path, ray_cluster):
+    table = make_table(120, seed=3)
+    labels = table.column("label").to_numpy().copy()
+    labels[77] = 9
+    src = write_parquet_shards(str(tmp_path / "src"), table.set_column(1, "label", pa.array(labels)))
+    with pytest.raises(LabelError) as ray_error:
+        stratify(src, str(tmp_path / "ray"), StratifyOptions(mode="bernoulli", init_probs=(.25,) * 4),
+                 OutputOptions(), RunSettings(quiet=True, engine="ray"))
+    with pytest.raises(LabelError) as local_error:
+        stratify(src, str(tmp_path / "local"), StratifyOptions(mode="bernoulli", init_probs=(.25,) * 4),
+                 OutputOptions(), RunSettings(quiet=True))
+    assert str(ray_error.value) == str(local_error.value)
+    assert not os.path.exists(tmp_path / "ray")
+
+
+# -- every operation: the same bytes and statistics as the local engine ------------------------------------
+
+SEGMENT = ("--key", "key", "--sequence", "tokens,frames", "--context", "label", "--num-unroll", "4",
+           "--batch-size", "8")
+COMMANDS = {
+    "convert": ("convert",),
+    "convert-tfrecord-out": ("convert", "--to", "tfrecord", "--shard-rows", "120"),
+    "stratify-exact": ("stratify", "--target", "uniform", "--seed", "3"),
+    "stratify-bernoulli": ("stratify", "--target", "0.4,0.3,0.2,0.1", "--mode", "bernoulli"),
+    "stratify-replacement-batches": ("stratify", "--target", "uniform", "--replacement", "--batch-size", "16"),
+    "stratify-balanced": ("stratify", "--target", "uniform", "--batch-size", "8", "--balanced-batches"),
+    "stratify-online": ("stratify", "--target", "uniform", "--mode", "online", "--num-classes", "4"),
+    "resample-rate": ("resample", "--rate", "2.5", "--seed", "1"),
+    "resample-weighted": ("resample", "--weight", "weight", "--overall-rate", "1.5"),
+    "resample-running-mean": ("resample", "--weight", "weight", "--overall-rate", "1", "--running-mean"),
+    "shuffle": ("shuffle", "--memory", "20KB", "--batch-size", "32"),
+    "shuffle-buffered": ("shuffle", "--buffer", "64", "--min-after-dequeue", "16"),
+    "bucket-boundaries": ("bucket", "--boundaries", "10,20,40", "--batch-size", "8", "--keep", "keep"),
+    "bucket-auto-tokens": ("bucket", "--auto-buckets", "3", "--max-tokens", "200", "--mask", "--memory", "64KB"),
+    "bucket-sorted": ("bucket", "--boundaries", "16", "--batch-size", "8", "--order", "sorted"),
+    "segment": ("segment", *SEGMENT),
+    "segment-tfrecord-out": ("segment", *SEGMENT, "--to", "tfrecord", "--allow-small-batch"),
+}
+
+
+def run_both(run_cli, args: tuple[str, ...], src: str, tmp_path) -> tuple[dict, dict]:
+    """Run one command on both engines; return the (local, ray) manifests after checking the bytes."""
+    manifests = {}
+    for engine in ("local", "ray"):
+        dst = str(tmp_path / engine)
+        result = run_cli(args[0], src, dst, *args[1:], "--threads", "2", "-q", "--engine", engine)
+        assert result.exit_code == 0, result.stderr
+        with open(os.path.join(dst, "manifest.json")) as f:
+            manifests[engine] = json.load(f)
+    assert data_bytes(str(tmp_path / "ray")) == data_bytes(str(tmp_path / "local"))
+    assert manifests["ray"]["run"]["engine"] == "ray"
+    return manifests["local"], manifests["ray"]
+
+
+@RAY
+@pytest.mark.parametrize("name", COMMANDS)
+def test_same_output_as_local(name, src, tmp_path, run_cli, remote_maps):
+    local, ray = run_both(run_cli, COMMANDS[name], src, tmp_path)
+    assert remote_maps, "the work did not run on Ray"
+    assert local["stats"] == ray["stats"] and local["output"] == ray["output"]
+
+
+PIPELINE = """seed = 5
+memory = "64KB"
+
+[input]
+path = "{src}"
+
+[[stage]]
+op = "stratify"
+target = "uniform"
+replacement = true
+
+[[stage]]
+op = "shuffle"
+
+[[stage]]
+op = "bucket"
+boundaries = "12,30"
+batch-size = 16
+
+[output]
+path = "{dst}"
+"""
+
+
+@RAY
+def test_pipeline_run(src, tmp_path, run_cli, remote_maps):
+    """`run`: stages chained in one run, with a global shuffle spilled between them."""
+    manifests = {}
+    for engine in ("local", "ray"):
+        pipeline = tmp_path / f"{engine}.toml"
+        pipeline.write_text(PIPELINE.format(src=src, dst=tmp_path / engine))
+        result = run_cli("run", pipeline, "--threads", "2", "-q", "--engine", engine)
+        assert result.exit_code == 0, result.stderr
+        manifests[engine] = json.loads((tmp_path / engine / "manifest.json").read_text())
+        manifests[engine]["stats"].pop("wall_seconds")
+    assert remote_maps
+    assert data_bytes(str(tmp_path / "ray")) == data_bytes(str(tmp_path / "local"))
+    assert manifests["ray"]["stats"] == manifests["local"]["stats"]
+
+
+@RAY
+def test_tfrecord_input(src, tmp_path, run_cli, ray_cluster):
+    """TFRecord read tasks (records read on the driver, decoded on the workers), also with --skip-corrupt."""
+    tfr = str(tmp_path / "tfr")
+    assert run_cli("convert", src, tfr, "--to", "tfrecord", "--shard-rows", "100", "-q").exit_code == 0
+    path = os.path.join(tfr, "part-00001.tfrecord")
+    raw = bytearray(open(path, "rb").read())
+    raw[200] ^= 0xFF  # inside the first record's payload: its data CRC no longer matches
+    open(path, "wb").write(bytes(raw))
+    local, ray = run_both(run_cli, ("bucket", "--boundaries", "12,30", "--batch-size", "16", "--skip-corrupt"),
+                          tfr, tmp_path)
+    assert local["stats"] == ray["stats"] and ray["stats"]["corrupt_records_skipped"] == 1
+
+
+@RAY
+def test_check_reports_the_same(src, tmp_path, run_cli, remote_maps):
+    args = ("--num-classes", "4", "--target", "0.25,0.25,0.25,0.25", "--unique", "key", "--unique", "label,weight",
+            "--no-nulls", "key,label", "--max-length", "40", "--min-rows", "10", "--max-offenders", "3")
+    reports = {}
+    for engine in ("local", "ray"):
+        out = tmp_path / f"{engine}.json"
+        result = run_cli("check", src, *args, "--json", out, "--threads", "2", "-q", "--engine", engine)
+        assert result.exit_code == 1, result.stderr  # the proportions and length rules fail
+        reports[engine] = json.loads(out.read_text())
+    assert remote_maps
+    for report in reports.values():
+        report.pop("seconds")
+    assert reports["ray"] == reports["local"]
+
+
+@RAY
+def test_s3_in_and_out(src, tmp_path, run_cli, s3, ray_cluster):
+    pafs.copy_files(src, "data/ray-src", source_filesystem=pafs.LocalFileSystem(), destination_filesystem=s3)
+    args = ("--target", "uniform", "--batch-size", "8", "--balanced-batches", "-q", "--threads", "2")
+    assert run_cli("stratify", src, tmp_path / "local", *args).exit_code == 0
+    result = run_cli("stratify", "s3://data/ray-src", "s3://data/ray-out", *args, "--engine", "ray")
+    assert result.exit_code == 0, result.stderr
+    os.makedirs(tmp_path / "ray")
+    pafs.copy_files("data/ray-out", str(tmp_path / "ray"), source_filesystem=s3,
+                    destination_filesystem=pafs.LocalFileSystem())
+    assert data_bytes(str(tmp_path / "ray")) == data_bytes(str(tmp_path / "local"))
+
+
+# -- usage errors (no Ray needed) ----------------------------------------------------------------------------
+
+
+def test_engine_ray_without_the_extra(src, tmp_path, run_cli, monkeypatch):
+    monkeypatch.setattr(ray_engine, "ray", None)
+    for args in (("convert", src, tmp_path / "dst"), ("inspect", src)):
+        result = run_cli(*args, "--engine", "ray")
+        assert result.exit_code == 2
+        assert result.stderr == "error: --engine ray needs the ray extra: pip install 'batchtool[ray]'\n"
+    assert not os.path.exists(tmp_path / "dst")
+    with pytest.raises(UsageError, match="ray extra"):
+        stratify(src, str(tmp_path / "dst"), StratifyOptions(), OutputOptions(), RunSettings(engine="ray"))
+
+
+def test_ray_address_needs_engine_ray(src, tmp_path, run_cli):
+    result = run_cli("shuffle", src, tmp_path / "dst", "--ray-address", "auto")
+    assert result.exit_code == 2 and result.stderr == "error: --ray-address auto: needs --engine ray\n"
+    with pytest.raises(UsageError, match="--engine 'spark'"):
+        RunSettings(engine="spark")
+
+
+def test_unreachable_ray_address_fails_fast():
+    with pytest.raises(UsageError, match=r"^--ray-address 127.0.0.1:1: cannot connect to a Ray cluster"):
+        ray_engine._check_reachable("127.0.0.1:1", "--ray-address 127.0.0.1:1")
+    ray_engine._check_reachable("auto", "--ray-address auto")  # resolved by Ray itself
