@@ -141,7 +141,8 @@ def make_output(kwargs: dict[str, Any]) -> OutputOptions:
 
 def make_run(kwargs: dict[str, Any]) -> RunSettings:
     """Pop --threads and --quiet; the engine comes from run_options."""
-    chosen = click.get_current_context().meta.get(_ENGINE_META, RunSettings())
+    ctx = click.get_current_context(silent=True)
+    chosen = ctx.meta.get(_ENGINE_META, RunSettings()) if ctx is not None else RunSettings()
     return RunSettings(threads=kwargs.pop("threads"), quiet=kwargs.pop("quiet"), engine=chosen.engine,
                        ray_address=chosen.ray_address)
 

@@ -372,4 +372,4 @@ class RayEngine:
         self._task = None
 
 
-__all__ = ["RayEngine", "RemoteTraceback"]
+__all__ = ["RayEngine", "RemoteTraceback", "Timings"]

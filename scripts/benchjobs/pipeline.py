@@ -49,7 +49,7 @@ def jobs(ctx: Context) -> list[Job]:
             peer_name="the same stages as two commands",
             note="zstd Parquet in and out; stratify uniform (exact) -> bucket auto-8 b32; floor = pyarrow read + "
                  "zstd write of the whole input; peer = `stratify` then `bucket` (sum of the parts)"),
-        Job("pipeline tfrecord->bucket->zstd, 2 threads", ctx.rows, ctx.tfrecord_bytes,
+        Job("pipeline tfrecord->bucket->zstd: 2 threads vs 1", ctx.rows, ctx.tfrecord_bytes,
             ours=Command(batchtool=("run", tfrecord, "-q", "--threads", "2")),
             floor=Command(batchtool=("run", tfrecord, "-q", "--threads", "1")),
             note="CPU-bound: TFRecord decode, bucket auto-8 b32, zstd Parquet out; 'floor' here is the same run "
