@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import json
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -16,12 +14,12 @@ from batchtool.errors import CorruptRecordError, InputError, SchemaError, where
 from batchtool.formats import example as example_codec
 from batchtool.formats import parquet as parquet_format
 from batchtool.formats import tfrecord as tfrecord_format
+from batchtool.manifest import read_manifest, schema_from_json
 from batchtool.runner import ordered_map
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfrec", ".tfrecord.gz", ".tfrecords.gz", ".tfrecord.gzip")
 FORMATS = ("parquet", "tfrecord")
-MANIFEST_NAME = "manifest.json"
 TFRECORD_CHUNK_RECORDS = 1024
 """Records per decode task: big enough to amortise overhead, small enough to spread across threads."""
 
@@ -200,7 +198,7 @@ def resolve_paths(src: str) -> list[str]:
     if fs.is_file(src):
         return [src]
     if fs.is_dir(src):
-        found = [p for p in fs.walk_files(src) if os.path.basename(p) != MANIFEST_NAME and detect_format(p)]
+        found = [p for p in fs.walk_files(src) if detect_format(p)]  # the manifest is neither hidden nor data
         if not found:
             raise InputError(f"{src}: empty input: no Parquet or TFRecord files in this directory")
         return found
@@ -214,17 +212,6 @@ def detect_format(path: str) -> str | None:
     if name.endswith(TFRECORD_SUFFIXES):
         return "tfrecord"
     return None
-
-
-def read_manifest(src: str) -> dict | None:
-    """The batchtool manifest of a directory SRC, if it has one."""
-    path = fs.join(src, MANIFEST_NAME)
-    if not fs.is_file(path):
-        return None
-    try:
-        return json.loads(fs.read_text(path))
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path}: unreadable manifest ({exc})") from exc
 
 
 def open_dataset(src: str, format: str | None = None, schema: pa.Schema | None = None,
@@ -305,11 +292,3 @@ def _open_tfrecord(src: str, shards: tuple[Shard, ...], schema: pa.Schema | None
     return Dataset(src, "tfrecord", shards, schema, tfrecord_kind=kind, skip_corrupt=skip_corrupt,
                    manifest=manifest)
 
-
-def schema_to_json(schema: pa.Schema) -> str:
-    """Arrow schema as base64 IPC bytes: exact, so a TFRecord round trip restores every type."""
-    return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
-
-
-def schema_from_json(text: str) -> pa.Schema:
-    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))

@@ -101,11 +101,12 @@ def glob_files(pattern: str) -> list[str]:
 def upload_directory(local: str, dst: str, overwrite: bool) -> None:
     """Copy a finished local output directory to an object-store prefix: data files first, manifest last.
 
-    Object stores have no atomic rename, so readers must treat DST as complete only once
-    manifest.json exists; on failure the objects written so far are deleted.
+    Object stores have no atomic rename, so readers must treat DST as complete only once the
+    manifest exists; on failure the objects written so far are deleted. The manifest is the one
+    file named like those walk_files skips (a leading dot), so those go last.
     """
     fs, prefix = _resolve(dst)
-    names = sorted(os.listdir(local), key=lambda n: (n == "manifest.json", n))
+    names = sorted(os.listdir(local), key=lambda n: (n.startswith((".", "_")), n))
     written = []
     try:
         if overwrite and fs.get_file_info(prefix).type != pafs.FileType.NotFound:

@@ -11,11 +11,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchtool import rng
-from batchtool.dataset import MANIFEST_NAME, Dataset, Shard, open_dataset, read_manifest, schema_from_json
+from batchtool.dataset import Dataset, Shard, open_dataset
 from batchtool.errors import InputError, SchemaError
 from batchtool.formats import example as example_codec
 from batchtool.formats import parquet as parquet_format
 from batchtool.formats import tfrecord as tfrecord_format
+from batchtool.manifest import MANIFEST_NAME, manifest_path, output_files, read_manifest, schema_from_json
 from batchtool.runner import default_threads, ordered_map
 from batchtool.stats import is_sequence_type
 
@@ -188,12 +189,11 @@ def load(dst: str, columns: Sequence[str] | None = None, shuffle_files: bool = F
     cols = dataset.check_columns(columns)
     if dataset.format == "tfrecord":
         if not dataset.manifest:
-            raise InputError(f"{dst}: TFRecord batches need the manifest.json batchtool wrote beside them")
+            raise InputError(f"{dst}: TFRecord batches need the {MANIFEST_NAME} batchtool wrote beside them")
         if BATCH_COLUMN not in dataset.schema.names:
             raise SchemaError(f"{dst}: no {BATCH_COLUMN!r} column to find batch boundaries in TFRecord records; "
                               "write Parquet output to read it batch by batch")
-    counts = ({os.path.join(dst, f["path"]): f["batches"] for f in dataset.manifest["output"]["files"]}
-              if dataset.manifest else {})
+    counts = {f.path: f.batches for f in output_files(dst, dataset.manifest)} if dataset.manifest else {}
     parts = [_Part(s.path, _batch_count(s.path, counts, dataset.format)) for s in dataset.shards]
     if shuffle_files:
         order = np.argsort(rng.permutation_keys(seed, "load/files", np.arange(len(parts), dtype=np.uint64)))
@@ -204,10 +204,10 @@ def load(dst: str, columns: Sequence[str] | None = None, shuffle_files: bool = F
 def _from_manifest(dst: str, manifest: dict) -> Dataset:
     """The output's files and schema as its manifest lists them: no footer is parsed until iteration."""
     out = manifest["output"]
-    shards = tuple(Shard(i, os.path.join(dst, f["path"]), f["bytes"]) for i, f in enumerate(out["files"]))
+    shards = tuple(Shard(i, f.path, f.bytes) for i, f in enumerate(output_files(dst, manifest)))
     missing = [s.path for s in shards if not os.path.isfile(s.path)]
     if missing:
-        raise InputError(f"{missing[0]}: listed in {os.path.join(dst, MANIFEST_NAME)} but missing")
+        raise InputError(f"{missing[0]}: listed in {manifest_path(dst)} but missing")
     return Dataset(dst, out["format"], shards, schema_from_json(manifest["schema"]),
                    tfrecord_kind=out.get("tfrecord_kind"), manifest=manifest)
 

@@ -186,7 +186,7 @@ def converted(tmp_path, src: str, to: str = "parquet", name: str = "out") -> str
 
 
 def set_manifest_stats(dst: str, **stats) -> None:
-    path = Path(dst, "manifest.json")
+    path = Path(dst, ".batchtool_manifest.json")
     manifest = json.loads(path.read_text())
     manifest["stats"].update(stats)
     path.write_text(json.dumps(manifest))
@@ -197,7 +197,7 @@ def test_padding_efficiency_from_the_manifest(tmp_path):
     dst = converted(tmp_path, src)
     with pytest.raises(InputError, match="no stats.padding_efficiency"):
         one(dst, PaddingEfficiency("p", 0.9))
-    with pytest.raises(InputError, match="has no batchtool manifest.json"):
+    with pytest.raises(InputError, match="has no batchtool manifest"):
         one(src, PaddingEfficiency("p", 0.9))
     set_manifest_stats(dst, padding_efficiency=0.93)
     assert one(dst, PaddingEfficiency("p", 0.9)).status == PASS

@@ -18,7 +18,7 @@ def test_auto_buckets_prints_boundaries_and_inspect_shows_the_bucket_table(tmp_p
     dst = tmp_path / "out"
     result = run_cli("bucket", parquet_src, dst, "--auto-buckets", "4", "--batch-size", "8", "--mask")
     assert result.exit_code == 0, result.stderr
-    manifest = json.loads((dst / "manifest.json").read_text())
+    manifest = json.loads((dst / ".batchtool_manifest.json").read_text())
     stats = manifest["stats"]
     boundaries = ",".join(map(str, stats["boundaries"]))
     assert f"auto-buckets: boundaries {boundaries}; expected padding efficiency" in result.stderr

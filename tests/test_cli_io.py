@@ -67,7 +67,7 @@ def test_threads_1_and_4_give_identical_bytes(tmp_path, parquet_src, run_cli, to
 
 def test_manifest_records_inputs_outputs_and_options(tmp_path, parquet_src, run_cli):
     run_cli("convert", parquet_src, tmp_path / "out", "--columns", "key,label", "-q")
-    manifest = json.load(open(tmp_path / "out" / "manifest.json"))
+    manifest = json.load(open(tmp_path / "out" / ".batchtool_manifest.json"))
     assert manifest["command"] == "convert"
     assert manifest["options"]["columns"] == ["key", "label"]
     assert [os.path.basename(f["path"]) for f in manifest["inputs"]["files"]] == ["part-00000.parquet",
@@ -112,7 +112,7 @@ def test_existing_dst_is_refused_then_replaced_with_overwrite(tmp_path, parquet_
     assert result.exit_code == 2 and "destination exists" in result.stderr
     assert os.listdir(dst) == ["precious"]
     assert run_cli("convert", parquet_src, dst, "--overwrite", "-q").exit_code == 0
-    assert "precious" not in os.listdir(dst) and "manifest.json" in os.listdir(dst)
+    assert "precious" not in os.listdir(dst) and ".batchtool_manifest.json" in os.listdir(dst)
 
 
 def test_debug_shows_the_traceback(tmp_path, run_cli):

@@ -88,7 +88,7 @@ def test_pipeline_writes_the_bytes_of_the_cli_chain(tmp_path, run_cli, parquet_s
         assert step.exit_code == 0, step.stderr
         src = dst
     assert data_bytes(str(tmp_path / "out")) == data_bytes(src)
-    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    manifest = json.loads((tmp_path / "out" / ".batchtool_manifest.json").read_text())
     stages_stats = manifest["stats"]["stages"]
     assert [s["op"] for s in stages_stats] == [a[0] for a in commands]
     rows = sum(pq.read_metadata(os.path.join(parquet_src, f)).num_rows for f in os.listdir(parquet_src))
@@ -214,7 +214,7 @@ def test_threads_come_from_the_file_unless_given(tmp_path, run_cli, parquet_src)
                                                                  top="threads = 3", output="overwrite = true"))
     for args, threads in (((), 3), (("--threads", "1"), 1)):
         assert run_cli("run", pipeline, "-q", *args).exit_code == 0
-        assert json.loads((tmp_path / "out" / "manifest.json").read_text())["run"]["threads"] == threads
+        assert json.loads((tmp_path / "out" / ".batchtool_manifest.json").read_text())["run"]["threads"] == threads
 
 
 def test_missing_pipeline_file_and_existing_destination(tmp_path, run_cli, parquet_src):
@@ -308,5 +308,5 @@ def test_peak_memory_stays_bounded_on_data_many_times_the_budget(tmp_path):
     assert table.nbytes > 20 * memory
     assert measured["peak"] - measured["before"] < (32 << 20) + 4 * memory, measured
     assert measured["arrow_peak"] < 4 * memory, measured
-    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    manifest = json.loads((tmp_path / "out" / ".batchtool_manifest.json").read_text())
     assert manifest["stats"]["stages"][0]["parts"] > 20 and manifest["output"]["batches"] > 100

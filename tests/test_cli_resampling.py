@@ -106,7 +106,7 @@ def test_stratify_warns_when_most_data_is_discarded_and_records_stats(tmp_path, 
     warning, summary = result.stderr.strip().splitlines()
     assert warning.startswith("warning: stratify discarded ") and "never appear in DST" in warning
     assert summary.startswith("wrote ") and "per class" in summary
-    manifest = json.load(open(tmp_path / "out" / "manifest.json"))
+    manifest = json.load(open(tmp_path / "out" / ".batchtool_manifest.json"))
     stats = manifest["stats"]
     assert manifest["command"] == "stratify" and manifest["seed"] == 0
     assert manifest["options"]["target"] == "uniform" and manifest["options"]["mode"] == "exact"
@@ -124,13 +124,13 @@ def test_stratify_warns_when_most_data_is_discarded_and_records_stats(tmp_path, 
 
 def test_resample_and_shuffle_manifests(tmp_path, parquet_src, corpus, run_cli):
     assert run_cli("resample", parquet_src, tmp_path / "r", "--rate", "2", "-q").exit_code == 0
-    stats = json.load(open(tmp_path / "r" / "manifest.json"))["stats"]
+    stats = json.load(open(tmp_path / "r" / ".batchtool_manifest.json"))["stats"]
     assert stats["mode"] == "rate" and stats["rate"] == {"mean": 2.0, "min": 2.0, "max": 2.0}
     assert stats["rows_out"] == read_dir(str(tmp_path / "r")).num_rows
     assert run_cli("shuffle", parquet_src, tmp_path / "s", "-q").exit_code == 0
     shuffled = read_dir(str(tmp_path / "s"))
     assert sorted(shuffled.column("key").to_pylist()) == corpus.column("key").to_pylist()
-    stats = json.load(open(tmp_path / "s" / "manifest.json"))["stats"]
+    stats = json.load(open(tmp_path / "s" / ".batchtool_manifest.json"))["stats"]
     assert stats["mode"] == "global" and stats["rows_in"] == 300 and stats["examples_dropped"] == 0
 
 

@@ -22,7 +22,7 @@ def test_segment_writes_batches_and_a_manifest(tmp_path, parquet_src, run_cli):
     dst = tmp_path / "dst"
     result = run_cli("segment", parquet_src, dst, "--sequence", "tokens,frames", "--context", "label", *BASE)
     assert result.exit_code == 0, result.output
-    manifest = json.load(open(dst / "manifest.json"))
+    manifest = json.load(open(dst / ".batchtool_manifest.json"))
     stats = manifest["stats"]
     assert manifest["command"] == "segment" and manifest["options"]["num_unroll"] == 6
     assert stats["examples"] == stats["rows_in"] == 300

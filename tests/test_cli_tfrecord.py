@@ -55,7 +55,7 @@ def test_crc_mismatch_stops_or_is_skipped_and_counted(tmp_path, run_cli):
     result = run_cli("convert", path, tmp_path / "dst", "--skip-corrupt")
     assert result.exit_code == 0, result.stderr
     assert "1 corrupt records skipped" in result.stderr
-    manifest = json.load(open(tmp_path / "dst" / "manifest.json"))
+    manifest = json.load(open(tmp_path / "dst" / ".batchtool_manifest.json"))
     assert manifest["stats"]["corrupt_records_skipped"] == 1
     assert read_dir(str(tmp_path / "dst")).column("key").to_pylist() == ["k0", "k2", "k3", "k4"]
 

@@ -106,5 +106,5 @@ def test_tfrecord_output_without_a_batch_column_is_refused(tmp_path):
 
 def test_a_file_the_manifest_lists_must_exist(segmented):
     os.remove(os.path.join(segmented, "part-00001.parquet"))
-    with pytest.raises(InputError, match=r"part-00001.parquet: listed in .*manifest.json but missing"):
+    with pytest.raises(InputError, match=r"part-00001.parquet: listed in .*\.batchtool_manifest\.json but missing"):
         batchtool.load(segmented)

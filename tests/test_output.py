@@ -88,7 +88,7 @@ def test_gzip_tfrecord_output_is_byte_identical_across_runs(tmp_path):
 
 
 def test_manifest_schema_round_trip():
-    from batchtool.dataset import schema_from_json, schema_to_json
+    from batchtool.manifest import schema_from_json, schema_to_json
 
     schema = pa.schema([("a", pa.list_(pa.int16())), ("b", pa.float64())])
     assert schema_from_json(json.loads(json.dumps(schema_to_json(schema)))).equals(schema)

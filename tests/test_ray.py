@@ -238,7 +238,7 @@ def run_both(run_cli, args: tuple[str, ...], src: str, tmp_path) -> tuple[dict, 
         dst = str(tmp_path / engine)
         result = run_cli(args[0], src, dst, *args[1:], "--threads", "2", "-q", "--engine", engine)
         assert result.exit_code == 0, result.stderr
-        with open(os.path.join(dst, "manifest.json")) as f:
+        with open(os.path.join(dst, ".batchtool_manifest.json")) as f:
             manifests[engine] = json.load(f)
     assert data_bytes(str(tmp_path / "ray")) == data_bytes(str(tmp_path / "local"))
     assert manifests["ray"]["run"]["engine"] == "ray"
@@ -286,7 +286,7 @@ def test_pipeline_run(src, tmp_path, run_cli, remote_maps):
         pipeline.write_text(PIPELINE.format(src=src, dst=tmp_path / engine))
         result = run_cli("run", pipeline, "--threads", "2", "-q", "--engine", engine)
         assert result.exit_code == 0, result.stderr
-        manifests[engine] = json.loads((tmp_path / engine / "manifest.json").read_text())
+        manifests[engine] = json.loads((tmp_path / engine / ".batchtool_manifest.json").read_text())
         manifests[engine]["stats"].pop("wall_seconds")
     assert remote_maps
     assert data_bytes(str(tmp_path / "ray")) == data_bytes(str(tmp_path / "local"))

@@ -32,11 +32,12 @@ from batchtool.check.report import ERROR, FAIL, PASS, CheckResult, Offender, Rul
 from batchtool.check.rules import (Checksums, ClassProportions, Crc, LabelRange, Length, MinClassRows,
                                    NoDuplicateRows, NoNan, NoNulls, PaddingEfficiency, RowCount, Rule, RuleSet,
                                    SameLength, Schema, Unique)
-from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset, read_manifest, resolve_paths
+from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset, resolve_paths
 from batchtool.engines import with_engine
 from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.formats import tfrecord
 from batchtool.job import RunSettings
+from batchtool.manifest import MANIFEST_NAME, OutputFile, manifest_path, output_files, read_manifest
 from batchtool.padding import element_type
 from batchtool.runner import ordered_map
 from batchtool.stats import (
@@ -502,37 +503,30 @@ def judge_schema(rule: Schema, schema: pa.Schema) -> RuleResult:
 def judge_padding(rule: PaddingEfficiency, dataset: Dataset) -> RuleResult:
     manifest = dataset.manifest
     if manifest is None:
-        raise InputError(f"rule {rule.name!r}: {dataset.src} has no batchtool manifest.json to read the padding "
-                         "efficiency from (check the output directory of bucket or segment)")
+        raise InputError(f"rule {rule.name!r}: {dataset.src} has no batchtool manifest ({MANIFEST_NAME}) to read "
+                         "the padding efficiency from (check the output directory of bucket or segment)")
     value = manifest.get("stats", {}).get("padding_efficiency")
     if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise InputError(f"rule {rule.name!r}: {os.path.join(dataset.src, 'manifest.json')} records no "
+        raise InputError(f"rule {rule.name!r}: {manifest_path(dataset.src)} records no "
                          f"stats.padding_efficiency (written by {manifest.get('command')!r}; bucket and segment "
                          "output record it)")
     return _result(rule, value >= rule.min, f"{value:.4f}", f">= {rule.min:g}", value)
 
 
 def judge_checksums(rule: Checksums, src: str, limit: int, threads: int) -> RuleResult:
-    """Size and sha256 of every file manifest.json lists, plus data files it does not list."""
-    manifest_path = os.path.join(src, "manifest.json")
+    """Size and sha256 of every file the manifest lists, plus data files it does not list."""
     manifest = read_manifest(src) if os.path.isdir(src) else None
     if manifest is None:
-        raise InputError(f"rule {rule.name!r}: {src} is not a batchtool output directory (no manifest.json "
+        raise InputError(f"rule {rule.name!r}: {src} is not a batchtool output directory (no {MANIFEST_NAME} "
                          "listing the files and their checksums)")
-    files = manifest.get("output", {}).get("files") if isinstance(manifest.get("output"), dict) else None
-    if not isinstance(files, list):
-        raise InputError(f"{manifest_path}: no output.files list to check")
-    for i, entry in enumerate(files):
-        if not (isinstance(entry, dict) and isinstance(entry.get("path"), str)
-                and isinstance(entry.get("bytes"), int) and isinstance(entry.get("sha256"), str)):
-            raise InputError(f"{manifest_path}: output.files[{i}] lacks a path, bytes or sha256")
-    problems = [p for p in ordered_map(lambda e: file_problem(src, e), files, threads) if p is not None]
-    listed = {os.path.normpath(e["path"]) for e in files}
-    problems += [Offender("not listed in manifest.json", path) for path in _data_files(src)
+    files = output_files(src, manifest)
+    problems = [p for p in ordered_map(file_problem, files, threads) if p is not None]
+    listed = {os.path.normpath(f.name) for f in files}
+    problems += [Offender("not listed in the manifest", path) for path in _data_files(src)
                  if os.path.normpath(os.path.relpath(path, src)) not in listed]
     measured = (f"all {len(files)} files match" if not problems
                 else f"{len(problems)} of {len(files)} files differ")
-    return _result(rule, not problems, measured, "size and sha256 as in manifest.json", len(problems),
+    return _result(rule, not problems, measured, "size and sha256 as in the manifest", len(problems),
                    len(problems), problems[:limit])
 
 
@@ -543,22 +537,21 @@ def _data_files(src: str) -> list[str]:
         return []
 
 
-def file_problem(src: str, entry: dict) -> Offender | None:
+def file_problem(file: OutputFile) -> Offender | None:
     """What is wrong with one listed output file, or None."""
-    path = os.path.join(src, entry["path"])
-    if not os.path.isfile(path):
-        return Offender("missing", path)
-    size = os.path.getsize(path)
-    if size != entry["bytes"]:
-        what = "truncated" if size < entry["bytes"] else "grown"
-        return Offender(f"{what}: {size:,} bytes, manifest.json says {entry['bytes']:,}", path)
+    if not os.path.isfile(file.path):
+        return Offender("missing", file.path)
+    size = os.path.getsize(file.path)
+    if size != file.bytes:
+        what = "truncated" if size < file.bytes else "grown"
+        return Offender(f"{what}: {size:,} bytes, the manifest says {file.bytes:,}", file.path)
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open(file.path, "rb") as f:
         while block := f.read(_HASH_READ_BYTES):
             h.update(block)
-    if h.hexdigest() != entry["sha256"]:
-        return Offender(f"changed: sha256 {h.hexdigest()[:16]}..., manifest.json says {entry['sha256'][:16]}...",
-                        path)
+    if h.hexdigest() != file.sha256:
+        return Offender(f"changed: sha256 {h.hexdigest()[:16]}..., the manifest says {file.sha256[:16]}...",
+                        file.path)
     return None
 
 

@@ -244,7 +244,7 @@ class PaddingEfficiency(Rule):
 
 @dataclass(frozen=True)
 class Checksums(Rule):
-    """Every output file of a batchtool DST has the size and sha256 its manifest.json records."""
+    """Every output file of a batchtool DST has the size and sha256 its manifest records."""
 
     kind: ClassVar[str] = "checksums"
 

@@ -39,7 +39,7 @@ def _floats(ctx: click.Context, param: click.Parameter, text: str | None) -> tup
 @click.option("--length", metavar="COL", help="Column of --min-length/--max-length (default: the first list column).")
 @click.option("--min-length", type=int, help="Rule: every row at least this long.")
 @click.option("--max-length", type=int, help="Rule: every row at most this long.")
-@click.option("--checksums", is_flag=True, help="Rule: files match the sizes and sha256 in DST's manifest.json.")
+@click.option("--checksums", is_flag=True, help="Rule: files match the sizes and sha256 in DST's manifest.")
 @click.option("--crc", is_flag=True, help="Rule: every TFRecord record's CRCs are valid (corrupt ones are counted).")
 @click.option("--key", metavar="COL", help="Column shown with offending rows (default: key, if present).")
 @click.option("--max-offenders", type=int, help="Offending rows listed per rule (default 5).")

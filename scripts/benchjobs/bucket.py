@@ -148,7 +148,7 @@ def load_epoch(dst: str) -> None:
     """One epoch of batchtool.load: every batch as a dict of NumPy arrays."""
     import batchtool
 
-    if not os.path.exists(os.path.join(dst, "manifest.json")):
+    if not os.path.exists(os.path.join(dst, ".batchtool_manifest.json")):
         raise SystemExit(f"{dst}: no bucket output; run the 'bucket auto-{K} b{BATCH}' job first")
     batches = rows = 0
     for batch in batchtool.load(dst):

@@ -144,7 +144,7 @@ def load_epoch(dst: str) -> None:
     """One epoch of batchtool.load: every batch as a dict of [B, U, ...] NumPy arrays."""
     import batchtool
 
-    if not os.path.exists(os.path.join(dst, "manifest.json")):
+    if not os.path.exists(os.path.join(dst, ".batchtool_manifest.json")):
         raise SystemExit(f"{dst}: no segment output; run the 'segment u{U} b{B}' job first")
     start = time.perf_counter()
     batches = 0
