@@ -133,7 +133,10 @@ def render_manifest(summary: dict) -> list[str]:
         if isinstance(value, (int, float, str)):
             lines.append(f"  {key}: {value}")
     if summary.get("stats", {}).get("buckets"):
-        lines += render_buckets(summary["stats"])
+        try:
+            lines += render_buckets(summary["stats"])
+        except (KeyError, TypeError, ValueError, AttributeError):  # stats are free-form: show what is there
+            lines.append("  stats.buckets: not a per-bucket table as bucket writes it")
     return lines
 
 

@@ -267,3 +267,11 @@ def test_another_tools_manifest_json_in_an_input_directory_is_ignored(tmp_path, 
     result = run_cli("convert", src, tmp_path / "out", "-q")
     assert result.exit_code == 0, result.stderr
     assert len(batchtool.load(src)) == 2  # two shards of one row group each, counted from their footers
+
+
+@pytest.mark.parametrize("buckets", ["x", [{"bucket": 0}], [1, 2], {"a": 1}])
+def test_inspect_shows_a_damaged_bucket_table_as_a_note(dst, run_cli, buckets):
+    edit(dst, set_in(("stats", "buckets"), buckets))
+    result = run_cli("inspect", dst)
+    assert result.exit_code == 0, result.stderr
+    assert "stats.buckets: not a per-bucket table" in result.stdout
