@@ -45,13 +45,11 @@ class _ParquetRead:
     columns: list[str] | None
 
     def __call__(self) -> list[pa.RecordBatch]:
+        pf = parquet_format.open_file(self.path, self.metadata)  # the parsed footer is shared, not re-read
         try:
-            pf = pq.ParquetFile(self.path, metadata=self.metadata)  # the parsed footer is shared, not re-read
             table = pf.read_row_groups(list(self.row_groups), columns=self.columns, use_threads=False)
         except (pa.ArrowInvalid, OSError) as exc:
-            raise InputError(f"{self.path}: row groups {self.row_groups[0]}..{self.row_groups[-1]} are unreadable "
-                             f"({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})"
-                             ) from exc
+            raise parquet_format.unreadable(pf, self.path, list(self.row_groups), self.columns, exc) from exc
         whole = _one_batch(table)
         out, start = [], 0
         for rg in self.row_groups:

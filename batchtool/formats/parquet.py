@@ -10,25 +10,49 @@ import pyarrow.parquet as pq
 from batchtool import fs
 from batchtool.errors import InputError, where
 
+_CHECKSUM_FAILED = "CRC checksum verification failed"
+"""What pyarrow says when a page's CRC32 (write_page_checksum) does not match its bytes."""
 _DECODE_ROWS = 1024
 """Decoding a row group in pieces of this many rows and joining them needs far less transient memory
 (and time) than decoding it whole: nested list columns decode with large temporary buffers."""
 
 
-def open_file(path: str) -> pq.ParquetFile:
-    """Open one shard, turning pyarrow's errors into one-line InputErrors."""
+def open_file(path: str, metadata: pq.FileMetaData | None = None) -> pq.ParquetFile:
+    """Open one shard, turning pyarrow's errors into one-line InputErrors.
+
+    Page checksums are verified wherever the file has them (batchtool's own output always
+    does): a flipped bit is an error, not a changed value. `metadata` reuses a parsed footer.
+    """
     try:
-        return pq.ParquetFile(fs.open_input(path) if fs.is_uri(path) else path, memory_map=False)
+        return pq.ParquetFile(fs.open_input(path) if fs.is_uri(path) else path, metadata=metadata,
+                              memory_map=False, page_checksum_verification=True)
     except (pa.ArrowInvalid, OSError) as exc:
         raise InputError(f"{where(path)}: not a readable Parquet file ({_first_line(exc)})") from exc
 
 
 def read_row_group(path: str, row_group: int, columns: list[str] | None) -> pa.RecordBatch:
     """Read one row group, only the asked columns, as a single RecordBatch."""
+    pf = open_file(path)
     try:
-        return decode_row_group(open_file(path), row_group, columns)
+        return decode_row_group(pf, row_group, columns)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise InputError(f"{where(path)}: row group {row_group} is unreadable ({_first_line(exc)})") from exc
+        raise unreadable(pf, path, [row_group], columns, exc) from exc
+
+
+def unreadable(pf: pq.ParquetFile, path: str, row_groups: list[int], columns: list[str] | None,
+               exc: BaseException) -> InputError:
+    """The error for row groups that failed to decode, naming the row group and column that did."""
+    for rg in row_groups:
+        for column in columns if columns is not None else pf.schema_arrow.names:
+            try:
+                pf.read_row_group(rg, columns=[column], use_threads=False)
+            except (pa.ArrowInvalid, OSError) as column_exc:
+                problem = ("a page checksum does not match: the file changed after it was written"
+                           if _CHECKSUM_FAILED in str(column_exc) else _first_line(column_exc))
+                return InputError(f"{where(path)}, row group {rg}, column {column!r}: corrupt ({problem})")
+    first, last = row_groups[0], row_groups[-1]
+    groups = f"row group {first}" if first == last else f"row groups {first}..{last}"
+    return InputError(f"{where(path)}: {groups} unreadable ({_first_line(exc)})")
 
 
 def decode_row_group(pf: pq.ParquetFile, row_group: int, columns: list[str] | None) -> pa.RecordBatch:
@@ -52,9 +76,10 @@ class ParquetShardWriter:
         # Statistics only for flat columns: min/max of list columns are rarely used, and with one row
         # group per batch they would double the footer.
         flat = [f.name for f in schema if not pa.types.is_nested(f.type)]
+        # Page checksums let every reader (open_file) tell a flipped bit from data.
         self._writer = pq.ParquetWriter(sink, schema, compression=compression,
                                         compression_level=compression_level,
-                                        write_statistics=flat, store_schema=True)
+                                        write_statistics=flat, store_schema=True, write_page_checksum=True)
 
     def write(self, batch: pa.RecordBatch) -> None:
         self._writer.write_batch(batch, row_group_size=max(batch.num_rows, 1))
