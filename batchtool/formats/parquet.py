@@ -68,6 +68,17 @@ def _first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
+def dictionary_columns(schema: pa.Schema) -> list[str]:
+    """The columns worth dictionary-encoding: flat ones (one value a row) that are not floats.
+
+    The encoder keeps every distinct value of a page in a hash table before it can give up on
+    a dictionary, and a page never ends inside a row: one row of 10^6 steps x 16 random floats
+    took 1.2 GB for that and came out 53% larger than plain encoding (with zstd). Floats rarely
+    repeat, and zstd already compresses token lists as well as a dictionary does.
+    """
+    return [f.name for f in schema if not pa.types.is_nested(f.type) and not pa.types.is_floating(f.type)]
+
+
 class ParquetShardWriter:
     """Writes RecordBatches to one file, one row group per call, so a reader can fetch batch i directly."""
 
@@ -78,7 +89,7 @@ class ParquetShardWriter:
         flat = [f.name for f in schema if not pa.types.is_nested(f.type)]
         # Page checksums let every reader (open_file) tell a flipped bit from data.
         self._writer = pq.ParquetWriter(sink, schema, compression=compression,
-                                        compression_level=compression_level,
+                                        compression_level=compression_level, use_dictionary=dictionary_columns(schema),
                                         write_statistics=flat, store_schema=True, write_page_checksum=True)
 
     def write(self, batch: pa.RecordBatch) -> None:
