@@ -46,11 +46,11 @@ def write_job(*, command: str, options: dict[str, Any], seed: int | None, datase
               output: OutputOptions, schema: pa.Schema, items: Iterable[X],
               work: Callable[[X], tuple[list[pa.RecordBatch], int]], stats: Callable[[], dict[str, Any]],
               run: RunSettings, report: ReadReport | None = None, total_rows: int | None = None,
-              desc: str | None = None) -> JobResult:
+              desc: str | None = None, started: float | None = None) -> JobResult:
     """Apply `work` to items on the engine's workers (each returns output batches and the input rows
     it consumed), write the batches in item order here, then the manifest, then move the directory
-    into place."""
-    started = time.perf_counter()
+    into place. The manifest's run.wall_seconds counts from `started` (default: now)."""
+    started = time.perf_counter() if started is None else started
     rows_in = rows_out = 0
 
     def encoded_work(item: X) -> tuple[list[EncodedBatch], int]:

@@ -78,8 +78,9 @@ def run_pipeline(config: config_mod.PipelineConfig, run: RunSettings, *, dry_run
             with attributed(config.path, last):
                 result = last.write(prefix.view(len(stages) - 1, None), config.output_path, config.output, run,
                                      prefix.writer(started))
-    stats = result.manifest["stats"]
-    return PipelineResult(stats["stages"], result.manifest, stats["wall_seconds"], result.manifest["run"]["peak_rss_bytes"])
+    run_section = result.manifest["run"]
+    return PipelineResult(result.manifest["stats"]["stages"], result.manifest, run_section["wall_seconds"],
+                          run_section["peak_rss_bytes"])
 
 
 def _check_destination(config: config_mod.PipelineConfig) -> None:
@@ -278,14 +279,14 @@ class Prefix:
             report.first_errors[:0] = self.report.first_errors
             total = job.get("total_rows")
             job.update(command="run", options=self.config.manifest_options(), seed=self.config.seed,
-                       dataset=self.source, work=counted, report=report,
-                       stats=lambda: self.stats(op_stats(), counter.count("rows"), started),
+                       dataset=self.source, work=counted, report=report, started=started,
+                       stats=lambda: self.stats(op_stats(), counter.count("rows")),
                        total_rows=total if total is not None else job["dataset"].num_rows,
                        desc=f"{self.stages[-1].name}: write")
             return write_job(**job)
         return write
 
-    def stats(self, last: dict[str, Any], rows_out: int, started: float) -> dict[str, Any]:
+    def stats(self, last: dict[str, Any], rows_out: int) -> dict[str, Any]:
         """manifest["stats"]: rows in and out of every stage with its own statistics, plus the totals."""
         stages = []
         for k, stage in enumerate(self.stages):
@@ -298,7 +299,6 @@ class Prefix:
         for key in ("batches", "padding_efficiency"):
             if key in last:
                 out[key] = last[key]
-        out["wall_seconds"] = round(time.perf_counter() - started, 3)
         return out
 
     def expected(self) -> list[dict[str, Any]]:
