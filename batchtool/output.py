@@ -12,7 +12,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -113,6 +113,14 @@ class _HashingFile:
             self._file.close()
             self.closed = True
 
+    def abandon(self) -> None:
+        """Close the file, ignoring a failure to flush, and take any later write (an encoder's footer)
+        as done: nothing may write again from a finalizer, at some random later moment."""
+        with suppress(OSError):
+            self._file.close()
+        self.closed = True
+        self.write = lambda data: memoryview(data).nbytes  # type: ignore[method-assign]
+
     @property
     def writable(self) -> bool:
         return True
@@ -150,9 +158,24 @@ class BatchShardWriter:
             if self._full():
                 self._close_shard()
 
-    def _errors(self) -> AbstractContextManager[None]:
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        """A failed write is one DestinationError, and leaves no open shard whose finalizer writes again."""
         shard = self.files[-1]["path"] if self._sink is not None else f"part-{len(self.files):05d}{self.options.suffix}"
-        return fs.write_errors(f"{self.name}: cannot write the output ({shard})")
+        try:
+            with fs.write_errors(f"{self.name}: cannot write the output ({shard})"):
+                yield
+        except BaseException:
+            self._abandon()
+            raise
+
+    def _abandon(self) -> None:
+        if self._sink is not None:
+            self._sink.abandon()
+        for encoder in (self._encoder, self._gzip):
+            if encoder is not None:
+                encoder.close()  # into the abandoned sink: cannot fail
+        self._encoder = self._gzip = self._sink = None
 
     def _full(self) -> bool:
         o = self.options
