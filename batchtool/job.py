@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -60,9 +61,12 @@ def write_job(*, command: str, options: dict[str, Any], seed: int | None, datase
 
     with output_directory(dst, output.overwrite, read_paths(dataset)) as tmp:
         writer = BatchShardWriter(tmp, schema, output, name=dst)
+        results = ordered_map(encoded_work, items, run.threads)
+        # closed, however the block ends, before the directories are removed: the items' source may
+        # still be writing temporary files of its own (segment's key index) on the reader thread
         with progress.bar(desc or command, total_rows if total_rows is not None else dataset.num_rows,
-                          quiet=run.quiet) as bar:
-            for encoded, consumed in ordered_map(encoded_work, items, run.threads):
+                          quiet=run.quiet) as bar, closing(results):
+            for encoded, consumed in results:
                 for batch in encoded:
                     writer.write(batch)
                     rows_out += batch.data.num_rows

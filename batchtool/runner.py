@@ -212,7 +212,8 @@ def threaded_map(fn: Callable[[T], U], items: Iterable[T], threads: int, window:
         for fut in pending:
             fut.cancel()
         pool.shutdown(wait=False, cancel_futures=True)
-        reader.join()  # the source may write temporary files: it must be done before the caller removes them
+        if reader is not threading.current_thread():  # (a generator may be finalized on any thread)
+            reader.join()  # the source may write temporary files: done before the caller removes them
 
 
 def _failed(exc: BaseException) -> Future:
