@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import traceback
 from types import FrameType
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -46,6 +45,8 @@ def main() -> None:
         cli.main(prog_name="batchtool")
     except Interrupted as exc:
         if os.environ.get("BATCHTOOL_DEBUG") == "1" or "--debug" in sys.argv[1:]:
+            import traceback
+
             traceback.print_exc()
         name = signal.Signals(exc.signum).name
         sys.stderr.write(f"error: interrupted by {name}; temporary files removed\n")
