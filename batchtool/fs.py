@@ -186,6 +186,7 @@ class _Chains:
 
     def __init__(self) -> None:
         self._ids: dict[str, tuple[int, int] | None] = {}
+        self._chains: dict[str, list[tuple[int, int]]] = {}
 
     def _id(self, real: str) -> tuple[int, int] | None:
         if real not in self._ids:
@@ -198,15 +199,18 @@ class _Chains:
 
     def chain(self, path: str) -> list[tuple[int, int]]:
         """The path's own identity (if it exists) and its ancestors', innermost first."""
-        real, out = os.path.realpath(path), []
-        while True:
-            ident = self._id(real)
-            if ident is not None:
-                out.append(ident)
-            parent = os.path.dirname(real)
-            if parent == real:
-                return out
-            real = parent
+        if path not in self._chains:
+            real, out = os.path.realpath(path), []
+            while True:
+                ident = self._id(real)
+                if ident is not None:
+                    out.append(ident)
+                parent = os.path.dirname(real)
+                if parent == real:
+                    break
+                real = parent
+            self._chains[path] = out
+        return self._chains[path]
 
     def relation(self, a: str, b: str) -> str | None:
         la, lb = _local_path(a), _local_path(b)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
-import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -281,10 +280,8 @@ def _make_parents(dst: str) -> list[str]:
 
 
 def _remove_if_empty(directory: str) -> None:
-    try:
+    with suppress(OSError):
         os.rmdir(directory)
-    except OSError:
-        pass
 
 
 def _replace(tmp: str, dst: str) -> None:
