@@ -1,5 +1,5 @@
 """`python -m batchtool`: the same as the `batchtool` command."""
 
-from batchtool.cli import main
+from batchtool.entry import main
 
 main()

@@ -6,9 +6,9 @@ from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 
-from batchtool.dataset import Chunk, ReadReport, open_dataset
+from batchtool.dataset import Chunk, ReadReport
 from batchtool.engines import with_engine
-from batchtool.job import JobResult, RunSettings, write_job
+from batchtool.job import JobResult, RunSettings, open_source, write_job
 from batchtool.output import OutputOptions
 
 
@@ -16,7 +16,7 @@ from batchtool.output import OutputOptions
 def convert(src: str, dst: str, output: OutputOptions, *, columns: Sequence[str] | None = None,
             format: str | None = None, skip_corrupt: bool = False, run: RunSettings = RunSettings()) -> JobResult:
     """Read SRC's shards in order and write them to DST, with the manifest."""
-    dataset = open_dataset(src, format=format, skip_corrupt=skip_corrupt)
+    dataset = open_source(src, dst, output, format=format, skip_corrupt=skip_corrupt)
     cols = dataset.check_columns(columns)
     schema = dataset.projected_schema(cols)
     report = ReadReport()

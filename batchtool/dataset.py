@@ -190,7 +190,7 @@ def _conform(batch: pa.RecordBatch, schema: pa.Schema, path: str) -> pa.RecordBa
 
 def resolve_paths(src: str) -> list[str]:
     """Files of SRC in a stable order: a file, a directory (recursively) or a glob; local or a URI."""
-    if any(ch in src for ch in "*?["):
+    if fs.is_glob(src):
         paths = fs.glob_files(src)
         if not paths:
             raise InputError(f"{src}: no files match this pattern")

@@ -25,7 +25,11 @@ class SchemaError(InputError):
     """A column is missing or has a type the operation cannot use."""
 
 
-class DestinationExistsError(BatchtoolError):
+class DestinationError(BatchtoolError):
+    """DST or the tmp dir cannot be written: it overlaps an input, or the OS refuses (no space, no permission)."""
+
+
+class DestinationExistsError(DestinationError):
     """DST exists and --overwrite was not given."""
 
 

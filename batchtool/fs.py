@@ -7,15 +7,20 @@ pyarrow's filesystems, which read credentials and endpoints from the usual envir
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import glob
 import os
 import posixpath
+import secrets
+import shutil
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import BinaryIO
 
 import pyarrow.fs as pafs
 
-from batchtool.errors import InputError
+from batchtool.errors import DestinationError, InputError
 
 _READ_BUFFER = 1 << 20
 
@@ -89,13 +94,33 @@ def walk_files(root: str) -> list[str]:
     return sorted(files)
 
 
+def is_glob(path: str) -> bool:
+    return any(ch in path for ch in "*?[")
+
+
+def _glob_split(pattern: str) -> tuple[str, str]:
+    """(the directory before a glob's first wildcard, the rest of the pattern)."""
+    head = pattern[: min(pattern.index(c) for c in "*?[" if c in pattern)]
+    if "/" not in head:
+        return ".", pattern
+    base, _, name = head.rpartition("/")
+    return base or "/", pattern[len(base) + 1:]
+
+
 def glob_files(pattern: str) -> list[str]:
     """Files matching a glob; on object stores the part before the first wildcard is listed and filtered."""
     if not is_uri(pattern):
         return sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
-    head = pattern[: min(pattern.index(c) for c in "*?[" if c in pattern)]
-    base = head.rsplit("/", 1)[0]
-    return [f for f in walk_files(base) if fnmatch.fnmatch(f, pattern)]
+    return [f for f in walk_files(_glob_split(pattern)[0]) if fnmatch.fnmatch(f, pattern)]
+
+
+def glob_root(pattern: str) -> str | None:
+    """The directory below which a glob can match files in subdirectories (an output written there would
+    be read back by the same glob); None when it only matches names in one directory."""
+    base, rest = _glob_split(pattern)
+    if is_uri(pattern) or "**" in rest or "/" in rest:  # on object stores fnmatch's * crosses '/'
+        return base
+    return None
 
 
 def upload_directory(local: str, dst: str, overwrite: bool) -> None:
@@ -122,4 +147,125 @@ def upload_directory(local: str, dst: str, overwrite: bool) -> None:
                 fs.delete_file(target)
             except OSError:
                 pass
+        raise
+
+
+# -- where a command may write --------------------------------------------------------------------------
+
+
+def overlap(path: str, others: Iterable[str]) -> tuple[str, str] | None:
+    """The first of `others` that is `path`, contains it or lies inside it, with that relation
+    ("is", "is inside", "contains"); None if none does.
+
+    Local paths are compared after resolving symlinks and '..', by device and inode, so a symlink,
+    a bind mount or another spelling on a case-insensitive disk is the same place. Object-store
+    URIs compare scheme, bucket and key prefix, component by component (s3://b/data is not inside
+    s3://b/dat). A local path and a URI never overlap (except file:// URIs, which are local).
+    """
+    chains = _Chains()
+    for other in others:
+        relation = chains.relation(path, other)
+        if relation is not None:
+            return other, relation
+    return None
+
+
+def _local_path(path: str) -> str | None:
+    if not is_uri(path):
+        return path
+    scheme, _, rest = path.partition("://")
+    return rest if scheme.lower() == "file" else None
+
+
+def _uri_parts(uri: str) -> tuple[str, ...]:
+    scheme, _, rest = uri.partition("://")
+    return (scheme.lower(), *(p for p in posixpath.normpath("/" + rest).split("/") if p))
+
+
+class _Chains:
+    """Identities (device, inode) of local paths and of their existing ancestors, remembered per directory."""
+
+    def __init__(self) -> None:
+        self._ids: dict[str, tuple[int, int] | None] = {}
+        self._chains: dict[str, list[tuple[int, int]]] = {}
+
+    def _id(self, real: str) -> tuple[int, int] | None:
+        if real not in self._ids:
+            try:
+                st = os.stat(real)
+                self._ids[real] = (st.st_dev, st.st_ino)
+            except OSError:
+                self._ids[real] = None
+        return self._ids[real]
+
+    def chain(self, path: str) -> list[tuple[int, int]]:
+        """The path's own identity (if it exists) and its ancestors', innermost first."""
+        if path not in self._chains:
+            real, out = os.path.realpath(path), []
+            while True:
+                ident = self._id(real)
+                if ident is not None:
+                    out.append(ident)
+                parent = os.path.dirname(real)
+                if parent == real:
+                    break
+                real = parent
+            self._chains[path] = out
+        return self._chains[path]
+
+    def relation(self, a: str, b: str) -> str | None:
+        la, lb = _local_path(a), _local_path(b)
+        if la is None and lb is None:
+            pa_, pb = _uri_parts(a), _uri_parts(b)
+            n = min(len(pa_), len(pb))
+            if pa_[:n] != pb[:n]:
+                return None
+            return "is" if len(pa_) == len(pb) else "is inside" if len(pa_) > len(pb) else "contains"
+        if la is None or lb is None:
+            return None
+        ia, ib = self._id(os.path.realpath(la)), self._id(os.path.realpath(lb))
+        if ia is not None and ia == ib:
+            return "is"
+        if ib is not None and ib in self.chain(la):
+            return "is inside"
+        if ia is not None and ia in self.chain(lb):
+            return "contains"
+        return None
+
+
+def os_reason(exc: OSError) -> str:
+    """The OS's words for a failure ('No space left on device'), without pyarrow's wrapping of them."""
+    return os.strerror(exc.errno) if exc.errno else str(exc)
+
+
+@contextmanager
+def write_errors(what: str) -> Iterator[None]:
+    """The OS refusing a write (no space, no permission, read-only, not a directory) as one
+    DestinationError, '<what>: <the OS's reason>'. Only around writes: a failed read is not DST's fault."""
+    try:
+        yield
+    except OSError as exc:
+        raise DestinationError(f"{what}: {os_reason(exc)}") from exc
+
+
+def make_unique_dir(parent: str, prefix: str) -> str:
+    """A new directory `parent/prefix<random>` with the permissions the umask gives, as any directory the
+    user makes (tempfile.mkdtemp's are 0700: fine for scratch, wrong for an output renamed into place)."""
+    for _ in range(100):
+        path = os.path.join(parent, prefix + secrets.token_hex(4))
+        try:
+            os.mkdir(path)
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused temporary directory name", parent)
+
+
+def remove_tree(path: str) -> None:
+    """Remove a temporary directory; if a signal interrupts the removal, finish it before passing the
+    signal on, so an interrupted run still leaves nothing behind."""
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
         raise

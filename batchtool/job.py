@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import pyarrow as pa
 
+from batchtool import fs, progress
 from batchtool import manifest as manifest_mod
-from batchtool import progress
-from batchtool.dataset import Dataset, ReadReport
+from batchtool.dataset import Dataset, ReadReport, open_dataset
 from batchtool.engines import check_engine, engine_summary
-from batchtool.output import BatchShardWriter, EncodedBatch, OutputOptions, encode_batch, output_directory
+from batchtool.output import (BatchShardWriter, EncodedBatch, OutputOptions, check_destination, encode_batch,
+                              output_directory, refuse_overlap)
 from batchtool.runner import ordered_map
 
 X = TypeVar("X")
@@ -57,11 +59,14 @@ def write_job(*, command: str, options: dict[str, Any], seed: int | None, datase
         batches, consumed = work(item)
         return [encode_batch(b, output) for b in batches], consumed
 
-    with output_directory(dst, output.overwrite) as tmp:
-        writer = BatchShardWriter(tmp, schema, output)
+    with output_directory(dst, output.overwrite, read_paths(dataset)) as tmp:
+        writer = BatchShardWriter(tmp, schema, output, name=dst)
+        results = ordered_map(encoded_work, items, run.threads)
+        # closed, however the block ends, before the directories are removed: the items' source may
+        # still be writing temporary files of its own (segment's key index) on the reader thread
         with progress.bar(desc or command, total_rows if total_rows is not None else dataset.num_rows,
-                          quiet=run.quiet) as bar:
-            for encoded, consumed in ordered_map(encoded_work, items, run.threads):
+                          quiet=run.quiet) as bar, closing(results):
+            for encoded, consumed in results:
                 for batch in encoded:
                     writer.write(batch)
                     rows_out += batch.data.num_rows
@@ -78,5 +83,25 @@ def write_job(*, command: str, options: dict[str, Any], seed: int | None, datase
             run={"threads": run.threads, "engine": run.engine, **engine_summary(),
                  "wall_seconds": round(time.perf_counter() - started, 3),
                  "peak_rss_bytes": manifest_mod.peak_rss_bytes()})
-        manifest_mod.write(tmp, manifest)
+        with fs.write_errors(f"{dst}: cannot write the output"):
+            manifest_mod.write(tmp, manifest)
     return JobResult(manifest, rows_in, rows_out)
+
+
+def read_paths(dataset: Dataset) -> list[str]:
+    """Every place a command reads: each shard, SRC when it is a directory, and the directory a glob
+    lists when it reaches into subdirectories (what refuse_overlap keeps DST and the tmp dir out of)."""
+    src = dataset.src
+    root = fs.glob_root(src) if fs.is_glob(src) else src if fs.is_dir(src) else None
+    return ([root] if root is not None else []) + [s.path for s in dataset.shards]
+
+
+def open_source(src: str, dst: str, output: OutputOptions, *, tmp_dir: str | None = None,
+                format: str | None = None, skip_corrupt: bool = False) -> Dataset:
+    """open_dataset for a command that writes DST: before any pass runs or any file is made, refuse a DST
+    or tmp dir that overlaps the input, and an existing DST without --overwrite (write_job checks DST
+    again before it writes; this is so the user hears it at once)."""
+    dataset = open_dataset(src, format=format, skip_corrupt=skip_corrupt)
+    refuse_overlap(read_paths(dataset), {"DST": dst, "--tmp-dir": tmp_dir})
+    check_destination(dst, output.overwrite)
+    return dataset

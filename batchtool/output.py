@@ -9,19 +9,16 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
-import shutil
-import signal
 import tempfile
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import BinaryIO
 
 import pyarrow as pa
 
 from batchtool import fs
-from batchtool.errors import DestinationExistsError, UsageError
+from batchtool.errors import DestinationError, DestinationExistsError, UsageError
 from batchtool.formats import example as example_codec
 from batchtool.formats import parquet as parquet_format
 from batchtool.formats import tfrecord as tfrecord_format
@@ -115,6 +112,14 @@ class _HashingFile:
             self._file.close()
             self.closed = True
 
+    def abandon(self) -> None:
+        """Close the file, ignoring a failure to flush, and take any later write (an encoder's footer)
+        as done: nothing may write again from a finalizer, at some random later moment."""
+        with suppress(OSError):
+            self._file.close()
+        self.closed = True
+        self.write = lambda data: memoryview(data).nbytes  # type: ignore[method-assign]
+
     @property
     def writable(self) -> bool:
         return True
@@ -126,8 +131,10 @@ class BatchShardWriter:
     Each write() is one batch: one Parquet row group, or its rows as consecutive TFRecord records.
     """
 
-    def __init__(self, directory: str, schema: pa.Schema, options: OutputOptions) -> None:
+    def __init__(self, directory: str, schema: pa.Schema, options: OutputOptions, name: str | None = None) -> None:
         self.directory = directory
+        self.name = name or directory
+        """What errors name: DST, when `directory` is its temporary twin."""
         self.schema = schema
         self.options = options
         self.files: list[dict] = []
@@ -138,16 +145,36 @@ class BatchShardWriter:
         self._batches = 0
 
     def write(self, encoded: EncodedBatch) -> None:
-        if self._sink is None:
-            self._open()
-        if self.options.format == "parquet":
-            self._encoder.write(encoded.data)
-        else:
-            (self._gzip or self._sink).write(encoded.framed)
-        self._rows += encoded.data.num_rows
-        self._batches += 1
-        if self._full():
-            self._close_shard()
+        with self._errors():
+            if self._sink is None:
+                self._open()
+            if self.options.format == "parquet":
+                self._encoder.write(encoded.data)
+            else:
+                (self._gzip or self._sink).write(encoded.framed)
+            self._rows += encoded.data.num_rows
+            self._batches += 1
+            if self._full():
+                self._close_shard()
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        """A failed write is one DestinationError, and leaves no open shard whose finalizer writes again."""
+        shard = self.files[-1]["path"] if self._sink is not None else f"part-{len(self.files):05d}{self.options.suffix}"
+        try:
+            with fs.write_errors(f"{self.name}: cannot write the output ({shard})"):
+                yield
+        except BaseException:
+            self._abandon()
+            raise
+
+    def _abandon(self) -> None:
+        if self._sink is not None:
+            self._sink.abandon()
+        for encoder in (self._encoder, self._gzip):
+            if encoder is not None:
+                encoder.close()  # into the abandoned sink: cannot fail
+        self._encoder = self._gzip = self._sink = None
 
     def _full(self) -> bool:
         o = self.options
@@ -181,71 +208,114 @@ class BatchShardWriter:
 
     def close(self) -> list[dict]:
         """Finish the last shard; with no batches at all, write one empty shard so the schema survives."""
-        if self._sink is None and not self.files:
-            self._open()
-        if self._sink is not None:
-            self._close_shard()
+        with self._errors():
+            if self._sink is None and not self.files:
+                self._open()
+            if self._sink is not None:
+                self._close_shard()
         return self.files
 
 
 @contextmanager
-def output_directory(dst: str, overwrite: bool) -> Iterator[str]:
+def output_directory(dst: str, overwrite: bool, reads: Sequence[str] = ()) -> Iterator[str]:
     """Yield a temporary directory beside DST; rename it to DST only if the block succeeds.
 
-    A failure, Ctrl-C or SIGTERM removes the temporary directory and leaves DST as it was.
-    A SIGKILL can leave a `.DST.tmp-*` directory behind, but never touches DST. For an
-    object-store DST the directory is local and uploaded at the end (see fs.upload_directory).
+    Before anything is created or deleted, DST is checked: it may not overlap what the command
+    reads (`reads`, see refuse_overlap), and may exist only with `overwrite`. An exception, a
+    KeyboardInterrupt, or a signal the caller turns into an exception (the command line does, for
+    SIGINT and SIGTERM) removes the temporary directory and leaves DST as it was; this function
+    never touches signal handlers itself. SIGKILL can leave a `.DST.tmp-*` directory behind but never
+    touches DST. The OS refusing a write becomes a DestinationError naming DST. For an object-store
+    DST the directory is local and uploaded at the end (see fs.upload_directory).
     """
+    refuse_overlap(reads, {"DST": dst})
+    check_destination(dst, overwrite)
+    failed = f"{dst}: cannot write the output"
     if fs.is_uri(dst):
-        check_destination(dst, overwrite)
-        tmp = tempfile.mkdtemp(prefix="batchtool-out-")
+        with fs.write_errors(failed):
+            tmp = tempfile.mkdtemp(prefix="batchtool-out-")
         try:
-            with _sigterm_as_interrupt():
-                yield tmp
+            yield tmp
+            with fs.write_errors(failed):
                 fs.upload_directory(tmp, dst, overwrite)
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            fs.remove_tree(tmp)
         return
     dst = os.path.abspath(dst)
-    check_destination(dst, overwrite)
-    parent = os.path.dirname(dst)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(dst)}.tmp-", dir=parent)
+    created = _make_parents(dst)
+    tmp = None
     try:
-        with _sigterm_as_interrupt():
-            yield tmp
-            check_destination(dst, overwrite)
-            if os.path.lexists(dst):
-                old = tempfile.mkdtemp(prefix=f".{os.path.basename(dst)}.old-", dir=parent)
-                os.rename(dst, os.path.join(old, "dst"))
-                os.rename(tmp, dst)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.rename(tmp, dst)
+        with fs.write_errors(f"{dst}: cannot create the output directory"):
+            tmp = fs.make_unique_dir(os.path.dirname(dst), f".{os.path.basename(dst)}.tmp-")
+        yield tmp
+        check_destination(dst, overwrite)
+        with fs.write_errors(f"{dst}: cannot move the output into place"):
+            _replace(tmp, dst)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            fs.remove_tree(tmp)
+        for directory in created:
+            _remove_if_empty(directory)
         raise
 
 
+def _make_parents(dst: str) -> list[str]:
+    """Create DST's missing parent directories; return them, deepest first, for a failed run to remove."""
+    missing = []
+    parent = os.path.dirname(dst)
+    while not os.path.isdir(parent):
+        if os.path.lexists(parent):
+            raise DestinationError(f"{dst}: cannot create the output directory: {parent} is not a directory")
+        missing.append(parent)
+        parent = os.path.dirname(parent)
+    try:
+        with fs.write_errors(f"{dst}: cannot create the output directory"):
+            for directory in reversed(missing):
+                os.mkdir(directory)
+    except BaseException:
+        for directory in missing:
+            _remove_if_empty(directory)
+        raise
+    return missing
+
+
+def _remove_if_empty(directory: str) -> None:
+    with suppress(OSError):
+        os.rmdir(directory)
+
+
+def _replace(tmp: str, dst: str) -> None:
+    """Rename the finished directory to DST, replacing an existing DST (moved aside first and put back
+    if the second rename fails); only then is the old one deleted."""
+    if not os.path.lexists(dst):
+        os.rename(tmp, dst)
+        return
+    old = tempfile.mkdtemp(prefix=f".{os.path.basename(dst)}.old-", dir=os.path.dirname(dst))
+    aside = os.path.join(old, "dst")
+    os.rename(dst, aside)
+    try:
+        os.rename(tmp, dst)
+    except BaseException:
+        os.rename(aside, dst)
+        os.rmdir(old)
+        raise
+    fs.remove_tree(old)
+
+
 def check_destination(dst: str, overwrite: bool) -> None:
+    """DST may exist only with `overwrite`, and only as a directory."""
     if fs.exists(dst) and not overwrite:
         raise DestinationExistsError(f"{dst}: destination exists (pass --overwrite to replace it)")
     if fs.exists(dst) and not fs.is_dir(dst):
         raise DestinationExistsError(f"{dst}: destination exists and is not a directory; refusing to replace it")
 
 
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """Make `kill` clean up like Ctrl-C does (only possible from the main thread)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+def refuse_overlap(reads: Sequence[str], targets: dict[str, str | None]) -> None:
+    """Never write where the command reads: each target (DST, the tmp dir; named by its option) may not
+    be, contain or lie inside any path in `reads` (see fs.overlap for how paths are compared)."""
+    for option, path in targets.items():
+        found = fs.overlap(path, reads) if path is not None else None
+        if found is not None:
+            other, relation = found
+            raise DestinationError(f"{option} {path} {relation} the input {other}; batchtool never writes where "
+                                   "it reads: choose a place outside the input")

@@ -152,20 +152,31 @@ class _SourceError:
 
 
 def _feed(items: Iterable[T], out: queue.Queue, stop: threading.Event) -> None:
-    """Reader thread: iterate the source (which may do I/O) into a bounded queue."""
+    """Reader thread: iterate the source (which may do I/O, or write spill files) into a bounded queue,
+    until it ends or the consumer stops; then close it, so its own cleanup runs here and now."""
+    source = iter(items)
     try:
-        for item in items:
-            while not stop.is_set():
-                try:
-                    out.put(item, timeout=_POLL_SECONDS)
-                    break
-                except queue.Full:
-                    continue
-            if stop.is_set():
+        for item in source:
+            if not _put(out, item, stop):
                 return
-        out.put(_END)
+        _put(out, _END, stop)
     except BaseException as exc:  # surfaces in the consumer, in order
-        out.put(_SourceError(exc))
+        _put(out, _SourceError(exc), stop)
+    finally:
+        close = getattr(source, "close", None)
+        if close is not None:
+            close()
+
+
+def _put(out: queue.Queue, item: object, stop: threading.Event) -> bool:
+    """Put unless the consumer stops first (a full queue then never blocks the reader for good)."""
+    while not stop.is_set():
+        try:
+            out.put(item, timeout=_POLL_SECONDS)
+            return True
+        except queue.Full:
+            continue
+    return False
 
 
 def threaded_map(fn: Callable[[T], U], items: Iterable[T], threads: int, window: int | None = None) -> Iterator[U]:
@@ -201,6 +212,8 @@ def threaded_map(fn: Callable[[T], U], items: Iterable[T], threads: int, window:
         for fut in pending:
             fut.cancel()
         pool.shutdown(wait=False, cancel_futures=True)
+        if reader is not threading.current_thread():  # (a generator may be finalized on any thread)
+            reader.join()  # the source may write temporary files: done before the caller removes them
 
 
 def _failed(exc: BaseException) -> Future:

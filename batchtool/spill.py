@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, suppress
 from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
 
-from batchtool import rng
+from batchtool import fs, rng
 from batchtool.dataset import Chunk
 
 T = TypeVar("T")
@@ -41,9 +41,8 @@ class Spill:
         self.flush_bytes = flush_bytes  # bytes one (group, part) buffers before writing; cells x this bounds memory
         self.parts = list(parts_per_group)
         self.seed, self.stage = seed, stage
-        if tmp_dir is not None:
-            os.makedirs(tmp_dir, exist_ok=True)
-        self.directory = tempfile.mkdtemp(prefix="batchtool-spill-", dir=tmp_dir)
+        self.tmp_dir = tmp_dir
+        self.directory = make_temporary_dir("batchtool-spill-", tmp_dir)
         self._writers: dict[tuple[int, int], pa.ipc.RecordBatchStreamWriter] = {}
         self._buffers: dict[tuple[int, int], list[pa.RecordBatch]] = {}
         self._buffered: dict[tuple[int, int], int] = {}
@@ -56,10 +55,17 @@ class Spill:
         self.close()
 
     def close(self) -> None:
-        for writer in self._writers.values():
-            writer.close()
-        self._writers.clear()
-        shutil.rmtree(self.directory, ignore_errors=True)
+        """Remove every spill file, even when closing a writer fails (a full disk fails its last flush)."""
+        try:
+            for writer in self._writers.values():
+                with suppress(OSError):
+                    writer.close()
+            self._writers.clear()
+        finally:
+            fs.remove_tree(self.directory)
+
+    def _errors(self) -> AbstractContextManager[None]:
+        return temporary_write_errors(self.tmp_dir)
 
     def _path(self, group: int, part: int) -> str:
         return os.path.join(self.directory, f"g{group:06d}-p{part:06d}.arrow")
@@ -92,17 +98,19 @@ class Spill:
         self._buffered.pop(key, None)
         if not pieces:
             return
-        writer = self._writers.get(key)
-        if writer is None:
-            writer = self._writers[key] = pa.ipc.new_stream(pa.OSFile(self._path(*key), "wb"), self.schema)
-        writer.write_table(pa.Table.from_batches(pieces, self.schema).combine_chunks())
+        with self._errors():
+            writer = self._writers.get(key)
+            if writer is None:
+                writer = self._writers[key] = pa.ipc.new_stream(pa.OSFile(self._path(*key), "wb"), self.schema)
+            writer.write_table(pa.Table.from_batches(pieces, self.schema).combine_chunks())
 
     def finish(self) -> None:
         """Flush and close every writer; call once, before reading."""
         for key in list(self._buffers):
             self._flush(key)
-        for writer in self._writers.values():
-            writer.close()
+        with self._errors():
+            for writer in self._writers.values():
+                writer.close()
         self._writers.clear()
 
     def read_group(self, group: int, order_stage: str | None = None) -> Iterator[Chunk]:
@@ -125,6 +133,22 @@ class Spill:
             yield Chunk(data.to_batches()[0] if data.num_rows else data, np.ascontiguousarray(ids))
 
 
+def make_temporary_dir(prefix: str, tmp_dir: str | None) -> str:
+    """A new private directory for temporary files in tmp_dir (made if missing) or the system's; the caller
+    removes it (fs.remove_tree). Every command's scratch files start here, so every one fails the same way."""
+    with temporary_write_errors(tmp_dir):
+        if tmp_dir is not None:
+            os.makedirs(tmp_dir, exist_ok=True)
+        return tempfile.mkdtemp(prefix=prefix, dir=tmp_dir)
+
+
+def temporary_write_errors(tmp_dir: str | None) -> AbstractContextManager[None]:
+    """The OS refusing a temporary file (no space, no permission) as one error naming the directory."""
+    where = (f"--tmp-dir {tmp_dir}" if tmp_dir is not None
+             else f"{tempfile.gettempdir()} (the system's temporary directory; --tmp-dir chooses another)")
+    return fs.write_errors(f"{where}: cannot write temporary files")
+
+
 def interleave(streams: Sequence[Iterator[T]], counts: Sequence[int], seed: int, stage: str) -> Iterator[tuple[int, T]]:
     """Merge streams in a uniformly random interleaving that keeps each stream's own order.
 
@@ -142,4 +166,4 @@ def interleave(streams: Sequence[Iterator[T]], counts: Sequence[int], seed: int,
         yield pick, next(streams[pick])
 
 
-__all__ = ["ID_COLUMN", "Spill", "interleave", "parts_for"]
+__all__ = ["ID_COLUMN", "Spill", "interleave", "make_temporary_dir", "parts_for", "temporary_write_errors"]

@@ -5,16 +5,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 
 import pyarrow.parquet as pq
 import pytest
 
 from batchtool.cli import cli
-from batchtool.synthetic import make_table
-from conftest import SAMPLE, data_bytes, read_dir, write_parquet_shards
+from conftest import SAMPLE, data_bytes, read_dir
+from parked_cli import start_parked
 
 
 def test_version_and_every_command_help_has_an_example(run_cli):
@@ -120,18 +117,17 @@ def test_debug_shows_the_traceback(tmp_path, run_cli):
         run_cli("--debug", "inspect", tmp_path / "nope")
 
 
-def test_sigint_mid_run_leaves_dst_as_it_was(tmp_path):
-    src = write_parquet_shards(str(tmp_path / "big"), make_table(40_000, seed=1, median_length=200), shards=8,
-                               row_group_size=500)
+def test_sigint_mid_run_leaves_dst_as_it_was(tmp_path, parquet_src):
+    """Ctrl-C while shards are being written (the child parks there until the signal: no timing)."""
     dst = tmp_path / "dst"
     dst.mkdir()
     (dst / "old").write_text("previous run")
-    proc = subprocess.Popen([sys.executable, "-m", "batchtool.cli", "convert", src, str(dst), "--overwrite",
-                             "--to", "tfrecord", "--threads", "2"], stderr=subprocess.PIPE, text=True)
-    time.sleep(1.5)
+    proc = start_parked("pass:convert", "convert", parquet_src, dst, "--overwrite", "--to", "tfrecord",
+                        "--shard-rows", "50", "--threads", "2")
+    assert [n for n in os.listdir(tmp_path) if n.startswith(".dst.tmp-")]  # the run is writing
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    assert "interrupted" in err
+    assert err == "error: interrupted by SIGINT; temporary files removed\n"
     assert os.listdir(dst) == ["old"]
-    assert sorted(os.listdir(tmp_path)) == ["big", "dst"]
+    assert sorted(os.listdir(tmp_path)) == ["dst", "src"]

@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pyarrow as pa
@@ -18,6 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from conftest import REPO, SAMPLE, data_bytes, read_dir, write_parquet_shards
+from parked_cli import start_parked
 
 from batchtool.synthetic import make_table
 
@@ -252,16 +252,12 @@ def test_ctrl_c_removes_temporary_files_and_leaves_no_output(tmp_path):
     pipeline = write_pipeline(tmp_path / "p.toml", pipeline_text(
         src, "out", 'op = "shuffle"', 'op = "bucket"\nauto-buckets = 4\nbatch-size = 16',
         top=f'memory = "1MB"\ntmp-dir = "{spills}"\nthreads = 2'))
-    proc = subprocess.Popen([sys.executable, "-m", "batchtool", "run", pipeline, "-q"], cwd=REPO,
-                            stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=REPO))
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not any(files for _, _, files in os.walk(spills)):
-        time.sleep(0.01)
+    proc = start_parked("pass:shuffle: spill", "run", pipeline, "-q", cwd=REPO)  # parked mid-spill
     assert any(files for _, _, files in os.walk(spills)), "the run never spilled"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
-    assert "interrupted" in err
+    assert err == "error: interrupted by SIGINT; temporary files removed\n"
     assert os.listdir(spills) == [] and not (tmp_path / "out").exists()
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".out")]
 

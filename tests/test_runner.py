@@ -9,13 +9,29 @@ import pytest
 
 from batchtool.runner import ordered_map
 
+DEADLINE = 60.0
+
+
+def wait_until(condition, what: str) -> None:
+    """Poll a state until it holds (the deadline only turns a hang into a failure)."""
+    end = time.monotonic() + DEADLINE
+    while not condition():
+        assert time.monotonic() < end, f"timed out waiting until {what}"
+        time.sleep(0.005)  # poll interval
+
 
 @pytest.mark.parametrize("threads", [1, 2, 4, 8])
 def test_results_come_out_in_input_order(threads):
-    def slow_for_even(x: int) -> int:
-        time.sleep(0.002 if x % 2 == 0 else 0)
+    """Item 2k finishes only after item 2k+1 has (when there are threads to run both): completion order
+    is the reverse of input order within each pair, and the results still come out in input order."""
+    done = [threading.Event() for _ in range(51)]
+
+    def odd_first(x: int) -> int:
+        if threads > 1 and x % 2 == 0:
+            assert done[x + 1].wait(DEADLINE)
+        done[x].set()
         return x * x
-    assert list(ordered_map(slow_for_even, range(50), threads)) == [x * x for x in range(50)]
+    assert list(ordered_map(odd_first, range(50), threads)) == [x * x for x in range(50)]
 
 
 def test_worker_error_stops_everything_and_is_the_first_in_order():
@@ -46,7 +62,9 @@ def test_source_error_surfaces_after_the_items_before_it():
 
 
 def test_bounded_in_flight_items():
-    """Backpressure: a slow consumer holds back the source."""
+    """Backpressure: a consumer that waits holds back the source. With `window` items in flight and a
+    queue of max(2, threads), the source runs exactly window + queue items ahead of what was consumed
+    and then stops until the consumer takes the next one."""
     produced = []
 
     def source():
@@ -54,18 +72,39 @@ def test_bounded_in_flight_items():
             produced.append(i)
             yield i
 
-    it = ordered_map(lambda x: x, source(), 2, window=4)
-    next(it)
-    time.sleep(0.2)
-    assert len(produced) < 20
+    window, queue_size = 4, 2
+    it = ordered_map(lambda x: x, source(), 2, window=window)
+    for consumed in range(1, 6):
+        assert next(it) == consumed - 1
+        wait_until(lambda: len(produced) >= consumed + window + queue_size, "the source ran ahead")
+        assert len(produced) == consumed + window + queue_size
     it.close()
 
 
-def test_closing_early_leaves_no_busy_threads():
-    before = threading.active_count()
+def test_closing_early_stops_the_reader_at_once_and_the_workers_soon():
+    before = set(threading.enumerate())
     it = ordered_map(lambda x: x, iter(range(10**9)), 4)
     for _ in range(10):
         next(it)
     it.close()
-    time.sleep(0.5)
-    assert threading.active_count() <= before + 1
+    assert not [t for t in threading.enumerate() if t.name == "batchtool-reader" and t not in before]
+    wait_until(lambda: not set(threading.enumerate()) - before, "the worker threads ended")
+
+
+def test_a_source_is_closed_before_the_map_returns():
+    """A source's own cleanup (a spill it wrote, say) has run by the time the consumer stops, so the
+    consumer's cleanup never races a reader thread still writing."""
+    events = []
+
+    def source():
+        try:
+            for i in range(10**9):
+                yield i
+        finally:
+            events.append("source closed")
+
+    it = ordered_map(lambda x: x, source(), 2)
+    next(it)
+    it.close()
+    events.append("map closed")
+    assert events == ["source closed", "map closed"]

@@ -52,6 +52,8 @@ def test_convert_s3_to_s3_and_back(s3, run_cli, tmp_path):
     names = sorted(info.base_name for info in s3.get_file_info(pafs.FileSelector("data/out")))
     assert names == [".batchtool_manifest.json", "part-00000.tfrecord", "part-00001.tfrecord"]
     result = run_cli("convert", "s3://data/out", "s3://data/out", "-q")
+    assert result.exit_code == 2 and "s3://data/out is the input s3://data/out;" in result.stderr
+    result = run_cli("convert", "s3://data/parquet", "s3://data/out", "-q")
     assert result.exit_code == 2 and "destination exists" in result.stderr
     assert run_cli("convert", "s3://data/out/*.tfrecord", tmp_path / "local", "-q").exit_code == 0
     want = pq.read_table(os.path.join(SAMPLE, "parquet"))

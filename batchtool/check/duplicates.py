@@ -9,11 +9,12 @@ it reports with the real values (a 64-bit collision is rare, never impossible).
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 
 import numpy as np
+
+from batchtool import fs
+from batchtool.spill import make_temporary_dir, temporary_write_errors
 
 PAIR_BYTES = 16
 SORT_FACTOR = 4
@@ -50,7 +51,7 @@ class HashIndex:
 
     def close(self) -> None:
         if self.directory is not None:
-            shutil.rmtree(self.directory, ignore_errors=True)
+            fs.remove_tree(self.directory)
             self.directory = None
 
     @property
@@ -76,16 +77,14 @@ class HashIndex:
     def _spill(self) -> None:
         """Append the buffered pairs to their partition files (interleaved hash, id uint64s)."""
         if self.directory is None:
-            if self.tmp_dir:
-                os.makedirs(self.tmp_dir, exist_ok=True)
-            self.directory = tempfile.mkdtemp(prefix="batchtool-check-", dir=self.tmp_dir)
+            self.directory = make_temporary_dir("batchtool-check-", self.tmp_dir)
         hashes, ids = self._take_buffer()
         parts = (hashes >> _SHIFT).astype(np.int64)
         order = np.argsort(parts, kind="stable")
         pairs = np.stack([hashes[order], ids[order]], axis=1)
         bounds = np.searchsorted(parts[order], np.arange((1 << PARTITION_BITS) + 1))
         for part in np.flatnonzero(np.diff(bounds)):
-            with open(self._path(int(part)), "ab") as f:
+            with temporary_write_errors(self.tmp_dir), open(self._path(int(part)), "ab") as f:
                 pairs[bounds[part]:bounds[part + 1]].tofile(f)
 
     def repeats(self, limit: int) -> Repeats:

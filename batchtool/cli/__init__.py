@@ -9,7 +9,6 @@ from batchtool.cli import pipeline  # noqa: F401  (registers run)
 from batchtool.cli import resampling  # noqa: F401  (registers stratify, resample, shuffle)
 from batchtool.cli import segment  # noqa: F401  (registers segment)
 from batchtool.cli.common import cli
-
-main = cli
+from batchtool.entry import main
 
 __all__ = ["cli", "main"]

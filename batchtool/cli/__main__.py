@@ -1,5 +1,6 @@
-"""`python -m batchtool.cli`: the same as the `batchtool` command."""
+"""`python -m batchtool.cli`: the same as the `batchtool` command (use `python -m batchtool`, whose
+signal handling is in place before the command modules are imported)."""
 
-from batchtool.cli import main
+from batchtool.entry import main
 
 main()

@@ -21,7 +21,10 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 class _Group(click.Group):
-    """Turns BatchtoolErrors into one line on stderr and exit status 2; --debug shows the traceback."""
+    """Turns BatchtoolErrors into one line on stderr and exit status 2; --debug shows the traceback.
+
+    Signals are the entry point's (batchtool.entry): it sets their handlers before this module loads.
+    """
 
     def invoke(self, ctx: click.Context) -> Any:
         debug = ctx.params.get("debug") or os.environ.get("BATCHTOOL_DEBUG") == "1"
@@ -32,11 +35,6 @@ class _Group(click.Group):
                 raise
             click.echo(f"error: {exc}", err=True)
             ctx.exit(exc.exit_code)
-        except KeyboardInterrupt:
-            if debug:
-                raise
-            click.echo("error: interrupted; DST left as it was", err=True)
-            ctx.exit(130)
 
 
 @click.group(cls=_Group, context_settings=CONTEXT)

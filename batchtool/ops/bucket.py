@@ -12,10 +12,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batchtool import progress
-from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
+from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.engines import with_engine
 from batchtool.errors import InputError, SchemaError, UsageError
-from batchtool.job import JobResult, RunSettings, write_job
+from batchtool.job import JobResult, RunSettings, open_source, write_job
 from batchtool.ops.boundaries import (
     assign_buckets,
     check_boundaries,
@@ -511,7 +511,7 @@ def bucket(src: str, dst: str, options: BucketOptions, output: OutputOptions, ru
            *, seed: int = 0, format: str | None = None, skip_corrupt: bool = False) -> JobResult:
     """First pass (lengths only) -> plan -> scatter rows to per-bucket spills -> batches in a seeded
     random order across buckets (or length order) -> padded batch shards + manifest."""
-    dataset = open_dataset(src, format=format, skip_corrupt=skip_corrupt)
+    dataset = open_source(src, dst, output, tmp_dir=options.tmp_dir, format=format, skip_corrupt=skip_corrupt)
     columns = resolve_columns(options, dataset.schema)
     return write_bucketed(dataset, options, columns, first_pass(dataset, columns, run), dst, output, run, seed=seed)
 

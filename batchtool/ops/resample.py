@@ -13,10 +13,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batchtool import rng
-from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
+from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.engines import with_engine
-from batchtool.job import JobResult, RunSettings, write_job
+from batchtool.job import JobResult, RunSettings, open_source, write_job
 from batchtool.ops.shuffle import manifest_options
 from batchtool.output import OutputOptions
 from batchtool.runner import Accumulator, ordered_map
@@ -262,7 +262,7 @@ class RunningMean:
 def resample(src: str, dst: str, options: ResampleOptions, output: OutputOptions, run: RunSettings = RunSettings(),
              *, seed: int = 0, format: str | None = None, skip_corrupt: bool = False) -> JobResult:
     """Resample SRC into DST; copies of an example are consecutive rows (a later `shuffle` spreads them)."""
-    dataset = open_dataset(src, format=format, skip_corrupt=skip_corrupt)
+    dataset = open_source(src, dst, output, format=format, skip_corrupt=skip_corrupt)
     return write_resampled(prepare(dataset, options, seed, run.threads), dst, output, run)
 
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import heapq
 import os
-import shutil
-import tempfile
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -22,14 +20,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batchtool import rng
-from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
+from batchtool import fs, rng
+from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.engines import with_engine
 from batchtool.errors import InputError, SchemaError, UsageError
-from batchtool.job import JobResult, RunSettings, write_job
+from batchtool.job import JobResult, RunSettings, open_source, write_job
 from batchtool.output import OutputOptions
 from batchtool.padding import default_pad, pad_list_column, parse_pad_values, sequence_lengths
 from batchtool.runner import ordered_map
+from batchtool.spill import make_temporary_dir, temporary_write_errors
 from batchtool.stats import is_sequence_type
 
 METADATA: tuple[tuple[str, pa.DataType], ...] = (
@@ -287,7 +286,7 @@ class KeyIndex:
 
     def _spill(self) -> None:
         if self._dir is None:
-            self._dir = tempfile.mkdtemp(prefix="batchtool-keys-", dir=self.tmp_dir)
+            self._dir = make_temporary_dir("batchtool-keys-", self.tmp_dir)
         entries = np.concatenate(self._parts) if self._parts else np.zeros(0, _KEY_ENTRY)
         self._parts, self._held = [], 0
         part = (entries["hash"] >> np.uint64(64 - KEY_PARTITION_BITS)).astype(np.int64)
@@ -295,7 +294,8 @@ class KeyIndex:
         bounds = np.searchsorted(part[order], np.arange(KEY_PARTITIONS + 1))
         for p in range(KEY_PARTITIONS):
             if bounds[p + 1] > bounds[p]:
-                with open(os.path.join(self._dir, f"keys-{p:03d}.bin"), "ab") as f:
+                path = os.path.join(self._dir, f"keys-{p:03d}.bin")
+                with temporary_write_errors(self.tmp_dir), open(path, "ab") as f:
                     entries[order[bounds[p]: bounds[p + 1]]].tofile(f)
 
     def collisions(self) -> Iterator[tuple[int, int]]:
@@ -311,7 +311,7 @@ class KeyIndex:
 
     def close(self) -> None:
         if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
+            fs.remove_tree(self._dir)
             self._dir = None
         self._parts = []
 
@@ -653,7 +653,7 @@ def segment(src: str, dst: str, options: SegmentOptions, output: OutputOptions, 
             skip_corrupt: bool = False, run: RunSettings = RunSettings(), memory: int = DEFAULT_MEMORY,
             tmp_dir: str | None = None) -> JobResult:
     """Segment SRC into lane-stable batches of num_unroll-step segments in DST, with the manifest."""
-    dataset = open_dataset(src, format=format, skip_corrupt=skip_corrupt)
+    dataset = open_source(src, dst, output, tmp_dir=tmp_dir, format=format, skip_corrupt=skip_corrupt)
     return write_segmented(dataset, options, dst, output, run, memory=memory, tmp_dir=tmp_dir)
 
 

@@ -12,10 +12,10 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool import progress, rng
-from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
+from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.errors import UsageError
 from batchtool.engines import with_engine
-from batchtool.job import JobResult, RunSettings, write_job
+from batchtool.job import JobResult, RunSettings, open_source, write_job
 from batchtool.output import OutputOptions
 from batchtool.spill import Spill, parts_for
 
@@ -311,7 +311,7 @@ def buffered_shuffle(chunks: Iterable[Chunk], capacity: int, seed: int, schema: 
 def shuffle(src: str, dst: str, options: ShuffleOptions, output: OutputOptions, run: RunSettings = RunSettings(),
             *, seed: int = 0, format: str | None = None, skip_corrupt: bool = False) -> JobResult:
     """Shuffle SRC into DST: a global permutation through temporary spill files, or the buffered shuffle."""
-    dataset = open_dataset(src, format=format, skip_corrupt=skip_corrupt)
+    dataset = open_source(src, dst, output, tmp_dir=options.tmp_dir, format=format, skip_corrupt=skip_corrupt)
     return write_shuffled(dataset, options, dst, output, run, seed=seed)
 
 

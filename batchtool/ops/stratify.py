@@ -14,10 +14,10 @@ import pyarrow.compute as pc
 
 from batchtool import rng
 from batchtool import stats as stats_mod
-from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
+from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.engines import with_engine
-from batchtool.job import JobResult, RunSettings, write_job
+from batchtool.job import JobResult, RunSettings, open_source, write_job
 from batchtool.ops.resample import Tally, copy_stats, copy_summary, repeat_rows
 from batchtool.ops.shuffle import (DEFAULT_MEMORY, PART_SHARE, KeyRanges, RowReader, emit, estimate_memory_bytes,
                                    manifest_options, peek, rebatch, spill_streams)
@@ -589,7 +589,7 @@ def stratify(src: str, dst: str, options: StratifyOptions, output: OutputOptions
              *, seed: int = 0, format: str | None = None, skip_corrupt: bool = False) -> JobResult:
     """Stratify SRC into DST. Exact mode: a counting pass, one or two threshold passes over the label
     column, then one parallel filtering pass that writes."""
-    dataset = open_dataset(src, format=format, skip_corrupt=skip_corrupt)
+    dataset = open_source(src, dst, output, tmp_dir=options.tmp_dir, format=format, skip_corrupt=skip_corrupt)
     return write_stratified(dataset, resolve(dataset, options, seed, run.threads), dst, output, run, seed=seed)
 
 

@@ -37,9 +37,10 @@ from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
 from batchtool.engines import engine_scope
 from batchtool.errors import BatchtoolError, DestinationExistsError
 from batchtool.formats import parquet as parquet_format
-from batchtool.job import RunSettings, write_job
+from batchtool.job import RunSettings, read_paths, write_job
 from batchtool.ops.resample import Tally
 from batchtool.ops.shuffle import Shuffled
+from batchtool.output import refuse_overlap
 from batchtool.pipeline import config as config_mod
 from batchtool.pipeline.stages import ANY, CHUNKS, ORDER, Columns, Stage, Stream, make_stage
 
@@ -61,6 +62,8 @@ def run_pipeline(config: config_mod.PipelineConfig, run: RunSettings, *, dry_run
         if not dry_run:
             _check_destination(config)
         source = open_dataset(config.input.path, format=config.input.format, skip_corrupt=config.input.skip_corrupt)
+        refuse_overlap(read_paths(source), {f"{config.path}: [output] path": config.output_path,
+                                            f"{config.path}: tmp-dir": config.tmp_dir})
         columns = source.check_columns(config.input.columns)
         stages = [make_stage(c, config) for c in config.stages]
         with ExitStack() as stack:
