@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchtool.check import CheckOptions, check, evaluate, load_rules
+from batchtool.check import CheckOptions, check, load_rules, scan
 from batchtool.check.duplicates import HashIndex
 from batchtool.check.hashing import canonical, row_hashes
 from batchtool.check.report import ERROR, FAIL, PASS
@@ -279,11 +279,11 @@ def test_tfrecord_rows_are_counted_without_decoding(tmp_path, monkeypatch):
 def test_plan_reads_only_the_columns_rules_need():
     schema = pa.schema([("key", pa.string()), ("label", pa.int64()), ("tokens", pa.list_(pa.int64())),
                         ("weight", pa.float32())])
-    assert evaluate.make_plan([LabelRange("r", 4)], schema, key=None, limit=5).columns == ("label",)
-    plan = evaluate.make_plan([LabelRange("r", 4), Length("l", column="tokens", p50=(1, 2)), Unique("u", ("key",))],
+    assert scan.make_plan([LabelRange("r", 4)], schema, key=None, limit=5).columns == ("label",)
+    plan = scan.make_plan([LabelRange("r", 4), Length("l", column="tokens", p50=(1, 2)), Unique("u", ("key",))],
                               schema, key="key", limit=5)
     assert plan.columns == ("label", "tokens", "key") and plan.pairs == (("label", "tokens"),)
-    assert evaluate.make_plan([RowCount("r", min=1)], schema, key="key", limit=5).columns == ()
+    assert scan.make_plan([RowCount("r", min=1)], schema, key="key", limit=5).columns == ()
 
 
 def test_stats_collect_counts_nulls_and_nans_like_check(tmp_path):
@@ -410,7 +410,7 @@ def test_duplicates_spill_end_to_end(tmp_path):
 
 
 def test_hash_collisions_are_confirmed_away(tmp_path, monkeypatch):
-    monkeypatch.setattr(evaluate, "row_hashes", lambda batch, cols: np.zeros(batch.num_rows, np.uint64))
+    monkeypatch.setattr(scan, "row_hashes", lambda batch, cols: np.zeros(batch.num_rows, np.uint64))
     src = src_of(tmp_path, {"key": [f"k{i}" for i in range(20)]})
     result = one(src, Unique("u", ("key",)), max_offenders=2)
     assert result.status == PASS and result.value == 0

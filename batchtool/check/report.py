@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -47,6 +48,13 @@ class RuleResult:
     @property
     def message(self) -> str:
         return f"{self.name}: {self.measured} (expected {self.bound})"
+
+
+def verdict(rule: Any, ok: bool, measured: str, bound: str, value: Any = None, offending: int = 0,
+            offenders: Sequence[Offender] = ()) -> RuleResult:
+    """A rule's PASS or FAIL (`rule` is any check rule: its name and kind label the result)."""
+    return RuleResult(rule.name, rule.kind, PASS if ok else FAIL, measured, bound, value, offending,
+                      tuple(offenders))
 
 
 @dataclass(frozen=True)
