@@ -18,7 +18,7 @@ from functools import singledispatch
 
 import pyarrow as pa
 
-from batchtool.check.report import ERROR, FAIL, CheckResult, Offender, RuleResult
+from batchtool.check.report import ERROR, FAIL, CheckResult, Offender, RuleResult, every, plural
 from batchtool.check.report import verdict as _result
 from batchtool.check.rules import (Checksums, ClassProportions, Crc, LabelRange, Length, MinClassRows,
                                    NoDuplicateRows, NoNan, NoNulls, PaddingEfficiency, RowCount, Rule, RuleSet,
@@ -163,7 +163,7 @@ def judge_schema(rule: Schema, schema: pa.Schema) -> RuleResult:
         wanted = dict(rule.columns)
         problems += [f"unexpected column {c!r}" for c in actual if c not in wanted]
     bound = ", ".join(f"{c}: {t}" for c, t in rule.columns) + (" (no others)" if rule.exact else "")
-    measured = (f"all {len(rule.columns)} columns as expected" if not problems
+    measured = (f"{every(len(rule.columns), 'column')} as expected" if not problems
                 else "; ".join(problems[:2]) + (f"; {len(problems) - 2} more" if len(problems) > 2 else ""))
     return _result(rule, not problems, measured, bound, len(problems), len(problems),
                    [Offender(p) for p in problems])
@@ -200,8 +200,8 @@ def judge_checksums(rule: Checksums, src: str, limit: int, threads: int) -> Rule
     listed = {os.path.normpath(e["path"]) for e in files}
     problems += [Offender("not listed in manifest.json", path) for path in _data_files(src)
                  if os.path.normpath(os.path.relpath(path, src)) not in listed]
-    measured = (f"all {len(files)} files match" if not problems
-                else f"{len(problems)} of {len(files)} files differ")
+    measured = (f"{every(len(files), 'file')} {'matches' if len(files) == 1 else 'match'}" if not problems
+                else "the only file differs" if len(files) == 1 else f"{len(problems)} of {len(files)} files differ")
     return _result(rule, not problems, measured, "size and sha256 as in manifest.json", len(problems),
                    len(problems), problems[:limit])
 
@@ -246,7 +246,7 @@ def _(rule: NoNan, m: Measures) -> RuleResult:
 
 def _count_result(rule: Rule, m: Measures, counts: dict[str, int], what: str) -> RuleResult:
     total = sum(counts.values())
-    measured = f"no {what}s" if not total else f"{total:,} {what}s (" + ", ".join(
+    measured = f"no {what}s" if not total else f"{plural(total, what)} (" + ", ".join(
         f"{c}: {n:,}" for c, n in counts.items() if n) + ")"
     rows, offenders = m.rule_offenses(rule)
     return _result(rule, not total, measured, f"0 {what}s in " + ", ".join(rule.columns), total, rows, offenders)
@@ -259,7 +259,7 @@ def _(rule: LabelRange, m: Measures) -> RuleResult:
     total = sum(outside.values()) + st.label_nulls
     parts = [f"label {k}: {v:,}" for k, v in outside.items()] + ([f"null: {st.label_nulls:,}"] if st.label_nulls else [])
     measured = (f"all labels in [0, {rule.num_classes})" if not total
-                else f"{total:,} rows outside [0, {rule.num_classes}) (" + ", ".join(parts[:4])
+                else f"{plural(total, 'row')} outside [0, {rule.num_classes}) (" + ", ".join(parts[:4])
                 + (", ..." if len(parts) > 4 else "") + ")")
     rows, offenders = m.rule_offenses(rule)
     return _result(rule, not total, measured, f"{rule.column} in [0, {rule.num_classes})", total, rows, offenders)
@@ -301,14 +301,15 @@ def _deviation(p: float, t: float, relative: bool) -> float:
 def _(rule: MinClassRows, m: Measures) -> RuleResult:
     counts = m.label_stats(rule.column).label_counts
     classes = range(rule.num_classes) if rule.num_classes is not None else sorted(counts)
-    bound = f">= {rule.min_rows:,} rows per class" + (f" (classes 0..{rule.num_classes - 1})"
+    bound = f">= {plural(rule.min_rows, 'row')} per class" + (f" (classes 0..{rule.num_classes - 1})"
                                                       if rule.num_classes is not None else "")
     if not classes:
         return _result(rule, False, "no labels", bound, 0)
     smallest = min(classes, key=lambda k: (counts.get(k, 0), k))
     low = [k for k in classes if counts.get(k, 0) < rule.min_rows]
-    return _result(rule, not low, f"smallest class {smallest}: {counts.get(smallest, 0):,} rows", bound,
-                   counts.get(smallest, 0), len(low), [Offender(f"class {k}: {counts.get(k, 0):,} rows") for k in low])
+    return _result(rule, not low, f"smallest class {smallest}: {plural(counts.get(smallest, 0), 'row')}", bound,
+                   counts.get(smallest, 0), len(low),
+                   [Offender(f"class {k}: {plural(counts.get(k, 0), 'row')}") for k in low])
 
 
 @judge.register
@@ -338,7 +339,7 @@ def _(rule: Length, m: Measures) -> RuleResult:
 @judge.register
 def _(rule: SameLength, m: Measures) -> RuleResult:
     rows, offenders = m.rule_offenses(rule)
-    measured = "every row agrees" if not rows else f"{rows:,} rows disagree"
+    measured = "every row agrees" if not rows else f"{plural(rows, 'row')} {'disagrees' if rows == 1 else 'disagree'}"
     return _result(rule, not rows, measured, "same steps in " + ", ".join(rule.columns), rows, rows, offenders)
 
 
@@ -347,8 +348,8 @@ def _(rule: SameLength, m: Measures) -> RuleResult:
 def _(rule: Rule, m: Measures) -> RuleResult:
     count, offenders = m.repeats[rule.columns]
     what = "key" if isinstance(rule, Unique) else "row"
-    measured = (f"all {m.rows:,} {what}s distinct" if not count
-                else f"{count:,} rows repeat an earlier {what}")
+    measured = (f"{every(m.rows, what)} distinct" if not count
+                else f"{plural(count, 'row')} {'repeats' if count == 1 else 'repeat'} an earlier {what}")
     cols = ", ".join(rule.columns) if isinstance(rule, Unique) or len(rule.columns) <= 3 else "all columns"
     return _result(rule, not count, measured, f"0 repeated ({cols})", count, count, offenders)
 
@@ -359,13 +360,13 @@ def _(rule: RowCount, m: Measures) -> RuleResult:
     bound = (f"[{rule.min:,}, {rule.max:,}]" if rule.min is not None and rule.max is not None
              else f">= {rule.min:,}" if rule.min is not None else f"<= {rule.max:,}")
     ok = (rule.min is None or rows >= rule.min) and (rule.max is None or rows <= rule.max)
-    return _result(rule, ok, f"{rows:,} rows", bound, rows)
+    return _result(rule, ok, plural(rows, "row"), bound, rows)
 
 
 @judge.register
 def _(rule: Crc, m: Measures) -> RuleResult:
     n = m.report.corrupt_records
     files = len(m.dataset.shards)
-    measured = f"all records valid in {files} files" if not n else f"{n:,} corrupt record" + "s" * (n != 1)
+    measured = f"all records valid in {plural(files, 'file')}" if not n else plural(n, "corrupt record")
     return _result(rule, not n, measured, "0 corrupt records", n, n,
                    [Offender(e) for e in m.report.first_errors[:m.plan.limit]])
