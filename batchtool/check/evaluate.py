@@ -18,12 +18,16 @@ from functools import singledispatch
 
 import pyarrow as pa
 
+from batchtool import fs
+from batchtool.check.batches import BATCH_RULES, judge_batches
+from batchtool.check.drift import judge_drift, open_baseline, profile_of, resolve_drift
 from batchtool.check.report import ERROR, FAIL, CheckResult, Offender, RuleResult, every, plural
 from batchtool.check.report import verdict as _result
-from batchtool.check.rules import (Checksums, ClassProportions, Crc, LabelRange, Length, MinClassRows,
-                                   NoDuplicateRows, NoNan, NoNulls, PaddingEfficiency, RowCount, Rule, RuleSet,
-                                   SameLength, Schema, Unique)
+from batchtool.check.rules import (MANIFEST_RULES, Checksums, ClassProportions, Crc, Drift, DriftRows, LabelRange,
+                                   Length, MinClassRows, NoDuplicateRows, NoNan, NoNulls, PaddingEfficiency, RowCount,
+                                   Rule, RuleSet, SameLength, Schema, Unique)
 from batchtool.check.scan import Measures, make_plan, measure
+from batchtool.check.verify import VERIFY_RULES, verify
 from batchtool.dataset import Dataset, open_dataset, read_manifest, resolve_paths
 from batchtool.engines import with_engine
 from batchtool.errors import InputError, SchemaError, UsageError
@@ -64,11 +68,23 @@ def check(src: str, rules: RuleSet, options: CheckOptions = CheckOptions(),
     column is missing) are reported as not evaluated instead of stopping the check.
     """
     started = time.perf_counter()
+    manifest = read_manifest(src) if fs.is_dir(src) else None
     if not rules.rules:
-        raise UsageError("no rules to check: pass --rules FILE or rule flags such as --num-classes or --unique")
+        if manifest is None:
+            raise UsageError("no rules to check: pass --rules FILE or rule flags such as --num-classes or --unique "
+                             "(a batchtool output directory is checked against its manifest)")
+        rules = dataclasses.replace(rules, rules=tuple(cls(cls.kind) for cls in MANIFEST_RULES))
+    if rules.drift and rules.baseline is None:
+        raise UsageError(f"rule {rules.drift[0].name!r} compares SRC with a baseline: pass --baseline OTHER or set "
+                         "baseline in the rules file")
     limit = next(v for v in (options.max_offenders, rules.max_offenders, DEFAULT_MAX_OFFENDERS) if v is not None)
     results: dict[str, RuleResult] = {r.name: judge_checksums(r, src, limit, run.threads)
                                       for r in rules.rules if isinstance(r, Checksums)}
+    verifying = [r for r in rules.rules if isinstance(r, VERIFY_RULES)]
+    if verifying and manifest is None:
+        raise InputError(f"rule {verifying[0].name!r}: {src} is not a batchtool output directory (no manifest "
+                         "listing its files)")
+    results.update(verify(verifying, src, manifest, limit, run.threads))
     dataset = None
     rows = None
     try:
@@ -90,11 +106,21 @@ def _check_data(dataset: Dataset, rules: RuleSet, options: CheckOptions, run: Ru
     for rule in rules.rules:
         if isinstance(rule, Schema):
             results[rule.name] = judge_schema(rule, dataset.schema)
-        elif isinstance(rule, PaddingEfficiency):
+        elif isinstance(rule, PaddingEfficiency) and not rule.per_bucket:
             results[rule.name] = judge_padding(rule, dataset)
+        elif isinstance(rule, (PaddingEfficiency, *BATCH_RULES)):
+            results[rule.name] = judge_batches(rule, dataset, limit, run.threads)
         elif isinstance(rule, Crc) and dataset.format != "tfrecord":
             raise UsageError(f"rule {rule.name!r}: {dataset.src} is {dataset.format}; CRCs exist only in TFRecord files")
-    pending = [resolve(r, dataset.schema) for r in rules.rules if r.name not in results]
+    baseline = open_baseline(rules.baseline, options.skip_corrupt) if rules.drift else None
+    resolved: dict[str, Rule] = {}
+    for rule in rules.drift:
+        outcome = resolve_drift(rule, dataset.schema, baseline)
+        if isinstance(outcome, RuleResult):
+            results[rule.name] = outcome
+        else:
+            resolved[rule.name] = outcome
+    pending = [resolved.get(r.name) or resolve(r, dataset.schema) for r in rules.rules if r.name not in results]
     schema_failed = [r.name for r in rules.rules if isinstance(r, Schema) and results[r.name].status == FAIL]
     runnable = []
     for rule in pending:
@@ -107,10 +133,13 @@ def _check_data(dataset: Dataset, rules: RuleSet, options: CheckOptions, run: Ru
             runnable.append(rule)
     key = options.key or rules.key or ("key" if "key" in dataset.schema.names else None)
     plan = make_plan(runnable, dataset.schema, key, limit)
-    measures = measure(dataset, plan, run, needs_rows=any(isinstance(r, (RowCount, Crc)) for r in runnable),
+    measures = measure(dataset, plan, run, needs_rows=any(isinstance(r, (RowCount, Crc, DriftRows)) for r in runnable),
                        memory=options.memory, tmp_dir=options.tmp_dir)
+    drift = [r for r in runnable if isinstance(r, Drift)]
+    if drift:
+        mine, theirs = profile_of(measures, drift), baseline.profile(drift, run)
     for rule in runnable:
-        results[rule.name] = judge(rule, measures)
+        results[rule.name] = judge_drift(rule, mine, theirs, limit) if isinstance(rule, Drift) else judge(rule, measures)
     return measures.rows
 
 

@@ -128,7 +128,7 @@ def render_text(result: CheckResult, color: bool = False) -> str:
     lines += ["  ".join((status if i == 1 else str.ljust)(cell, w) for i, (cell, w) in enumerate(zip(row[:3], widths)))
               + "  " + row[3] for row in (header, *rows)]
     for r in result.rules:
-        if r.status not in (PASS, SKIP) and (r.offenders or r.measured != _clip(r.measured)):
+        if r.status != PASS and (r.offenders or r.measured != _clip(r.measured)):
             more = r.offending - len(r.offenders)
             lines += ["", f"{status(r.status)} {r.name}: {r.measured}"]
             if r.offenders:

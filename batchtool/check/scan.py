@@ -23,8 +23,8 @@ from batchtool import progress, rng
 from batchtool.check.duplicates import HashIndex
 from batchtool.check.hashing import canonical, row_hashes
 from batchtool.check.report import Offender
-from batchtool.check.rules import (ClassProportions, LabelRange, Length, MinClassRows, NoDuplicateRows, NoNan,
-                                   NoNulls, Rule, SameLength, Unique)
+from batchtool.check.rules import (ClassProportions, DriftLengths, DriftNulls, DriftProportions, LabelRange, Length,
+                                   MinClassRows, NoDuplicateRows, NoNan, NoNulls, Rule, SameLength, Unique)
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.errors import SchemaError
 from batchtool.formats import tfrecord
@@ -61,14 +61,14 @@ def make_plan(rules: Sequence[Rule], schema: pa.Schema, key: str | None, limit: 
     """Check column types once, then list what each chunk must yield."""
     labels, lengths, nulls, nans, keys = [], [], [], [], []
     for rule in rules:
-        if isinstance(rule, (LabelRange, ClassProportions, MinClassRows)):
+        if isinstance(rule, (LabelRange, ClassProportions, MinClassRows, DriftProportions)):
             _need(rule, rule.column, schema, pa.types.is_integer, "an integer label column")
             labels.append(rule.column)
-        elif isinstance(rule, Length):
+        elif isinstance(rule, (Length, DriftLengths)):
             _need(rule, rule.column, schema, lambda t: is_sequence_type(t) or pa.types.is_integer(t),
                   "a list column or an integer length column")
             lengths.append(rule.column)
-        elif isinstance(rule, NoNulls):
+        elif isinstance(rule, (NoNulls, DriftNulls)):
             nulls += rule.columns
         elif isinstance(rule, NoNan):
             for c in rule.columns:

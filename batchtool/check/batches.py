@@ -1,0 +1,159 @@
+"""Batch-level rules for batch outputs (bucket, segment, balanced stratify), on the batches `batchtool.load` yields.
+
+Padding per bucket comes from the manifest bucket wrote; rows per batch from Parquet footers
+(TFRecord: the `batch` column); quotas and ranks read one small column batch by batch.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from batchtool.check.report import Offender, RuleResult, plural, skipped, verdict
+from batchtool.check.rules import BatchQuotas, BatchRows, PaddingEfficiency, RankBatches, Rule
+from batchtool.dataset import Dataset
+from batchtool.errors import InputError, UsageError
+from batchtool.load import BATCH_COLUMN, load
+from batchtool.ops.stratify import BatchLayout
+
+BATCH_RULES = (BatchRows, BatchQuotas, RankBatches)
+
+
+def judge_batches(rule: Rule, dataset: Dataset, limit: int, threads: int) -> RuleResult:
+    """The result of one batch rule (`BATCH_RULES`, or padding_efficiency with per_bucket)."""
+    if isinstance(rule, PaddingEfficiency):
+        return judge_bucket_padding(rule, dataset, limit)
+    if isinstance(rule, BatchRows):
+        return judge_batch_rows(rule, dataset, limit, threads)
+    if isinstance(rule, BatchQuotas):
+        return judge_batch_quotas(rule, dataset, limit, threads)
+    return judge_rank_batches(rule, dataset, limit, threads)
+
+
+def _batches(rule: Rule, dataset: Dataset, columns: list[str], threads: int) -> Iterator[pa.RecordBatch]:
+    """SRC's batches in training order, with only `columns` (none: Parquet footers only).
+
+    A rule asked of data whose batches cannot be told apart is a usage error (exit 2), never a failure.
+    """
+    if dataset.format == "tfrecord" and (dataset.manifest is None or BATCH_COLUMN not in dataset.schema.names):
+        lacks = "a batchtool manifest" if dataset.manifest is None else f"a {BATCH_COLUMN!r} column"
+        raise UsageError(f"rule {rule.name!r}: {dataset.src} is TFRecord without {lacks}, so its records mark "
+                         "no batches")
+    return load(dataset.src, columns=columns, threads=threads).record_batches()
+
+
+def _stats(rule: Rule, dataset: Dataset, key: str, writer: str) -> Any:
+    """A manifest stats entry a rule needs; a usage error naming what writes it when SRC is other output."""
+    manifest = dataset.manifest
+    if manifest is None:
+        raise UsageError(f"rule {rule.name!r}: {dataset.src} has no batchtool manifest to read {key} from "
+                         f"(check the output directory of {writer})")
+    value = manifest.get("stats", {}).get(key)
+    if value is None:
+        raise UsageError(f"rule {rule.name!r}: {dataset.src}'s manifest records no stats.{key} (written by "
+                         f"{manifest.get('command')!r}; {writer} output records it)")
+    return value
+
+
+def judge_bucket_padding(rule: PaddingEfficiency, dataset: Dataset, limit: int) -> RuleResult:
+    """Each bucket's real / padded elements, as bucket recorded them; empty buckets have none."""
+    buckets = [b for b in _stats(rule, dataset, "buckets", "bucket")
+               if isinstance(b, dict) and isinstance(b.get("padding_efficiency"), (int, float))]
+    bound = f">= {rule.min:g} in every bucket"
+    if not buckets:
+        return verdict(rule, False, "no bucket holds examples", bound)
+
+    def name(b: dict) -> str:
+        low, high = (b.get("lengths") or [None, None])[:2]
+        edges = f" (lengths {low}-{high - 1 if high is not None else ''})" if low is not None else ""
+        return f"bucket {b.get('bucket')}{edges}"
+
+    worst = min(buckets, key=lambda b: b["padding_efficiency"])
+    low = [b for b in buckets if b["padding_efficiency"] < rule.min]
+    return verdict(rule, not low, f"worst {name(worst)}: {worst['padding_efficiency']:.4f}", bound,
+                   worst["padding_efficiency"], len(low),
+                   [Offender(f"{name(b)}: {b['padding_efficiency']:.4f} ({plural(b.get('batches', 0), 'batch', 'batches')})")
+                    for b in low[:limit]])
+
+
+def judge_batch_rows(rule: BatchRows, dataset: Dataset, limit: int, threads: int) -> RuleResult:
+    bound = (f"[{rule.min:,}, {rule.max:,}]" if rule.min is not None and rule.max is not None
+             else f">= {rule.min:,}" if rule.min is not None else f"<= {rule.max:,}") + " rows per batch"
+    sizes = np.array([b.num_rows for b in _batches(rule, dataset, [], threads)], dtype=np.int64)
+    if not len(sizes):
+        return verdict(rule, True, "no batches", bound)
+    bad = np.flatnonzero(((sizes < rule.min) if rule.min is not None else False)
+                         | ((sizes > rule.max) if rule.max is not None else False))
+    span = f"{sizes.min():,}" if sizes.min() == sizes.max() else f"{sizes.min():,}-{sizes.max():,}"
+    measured = f"{span} rows in {'each of ' if sizes.min() == sizes.max() else ''}" \
+               f"{plural(len(sizes), 'batch', 'batches')}"
+    return verdict(rule, not len(bad), measured, bound, {"min": int(sizes.min()), "max": int(sizes.max())},
+                   len(bad), [Offender(f"batch {i}: {plural(int(sizes[i]), 'row')}") for i in bad[:limit]])
+
+
+def judge_batch_quotas(rule: BatchQuotas, dataset: Dataset, limit: int, threads: int) -> RuleResult:
+    """Batch i must hold exactly the quotas stratify gave batch i (BatchLayout, rebuilt from the manifest)."""
+    _stats(rule, dataset, "balanced_batches", "stratify --balanced-batches")
+    stats = dataset.manifest["stats"]
+    try:
+        partial = tuple(int(q) for q in stats["final_batch_quotas"])
+        layout = BatchLayout(tuple(float(t) for t in stats["target"]), int(stats["batch_size"]),
+                             int(stats["balanced_batches"]) - bool(sum(partial)), partial)
+        label = str(stats["label"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"rule {rule.name!r}: {dataset.src}'s manifest lacks the balanced-batch layout "
+                         f"(stats.{exc} is missing or malformed)") from None
+    quotas = list(layout.sequence())
+    classes = len(layout.target)
+    problems = []
+    seen = 0
+    for i, batch in enumerate(_batches(rule, dataset, [label], threads)):
+        labels = batch.column(0).to_numpy(zero_copy_only=False)
+        outside = (labels < 0) | (labels >= classes)
+        counts = np.bincount(labels[~outside].astype(np.int64), minlength=classes)
+        want = quotas[i] if i < len(quotas) else None
+        if outside.any() or want is None or not np.array_equal(counts, want):
+            detail = (f"{plural(int(outside.sum()), 'label')} outside [0, {classes})" if outside.any()
+                      else "beyond the layout's batches" if want is None else f"quotas {want.tolist()}")
+            problems.append(Offender(f"batch {i}: classes {counts.tolist()}, expected {detail}"))
+        seen = i + 1
+    if seen < len(quotas):
+        problems.append(Offender(f"{plural(seen, 'batch', 'batches')}, the layout has {len(quotas):,}"))
+    measured = (f"every batch of {len(quotas):,} holds its quotas" if not problems
+                else f"{len(problems):,} of {plural(max(seen, len(quotas)), 'batch', 'batches')} off their quotas")
+    return verdict(rule, not problems, measured, f"{label} quotas of stratify --balanced-batches, batch by batch",
+                   len(problems), len(problems), problems[:limit])
+
+
+def judge_rank_batches(rule: RankBatches, dataset: Dataset, limit: int, threads: int) -> RuleResult:
+    """Batches per rank from the manifest's per-rank files, else from a rank column; skipped without either."""
+    files = (dataset.manifest or {}).get("output", {}).get("files") or []
+    counts: Counter[int] = Counter()
+    problems = []
+    if files and all(isinstance(f, dict) and isinstance(f.get("rank"), int) for f in files):
+        for f in files:
+            counts[f["rank"]] += int(f.get("batches", 0))
+        source = "manifest"
+    elif rule.column in dataset.schema.names:
+        for i, batch in enumerate(_batches(rule, dataset, [rule.column], threads)):
+            ranks = np.unique(batch.column(0).drop_null().to_numpy(zero_copy_only=False))
+            if len(ranks) != 1:
+                problems.append(Offender(f"batch {i}: ranks {ranks.tolist()}, expected one"))
+            counts.update(int(r) for r in ranks)
+        source = f"column {rule.column!r}"
+    else:
+        return skipped(rule, f"no rank layout: no {rule.column!r} column and no per-rank files in the manifest")
+    if not counts:
+        return verdict(rule, True, "no batches", "equal batches per rank")
+    most = max(counts.values())
+    problems += [Offender(f"rank {r}: {plural(n, 'batch', 'batches')}, rank {max(counts, key=counts.get)} has "
+                          f"{most:,}") for r, n in sorted(counts.items()) if n != most]
+    low, high = min(counts.values()), most
+    measured = (f"{plural(len(counts), 'rank')}, {plural(high, 'batch', 'batches')} each" if low == high
+                else f"{plural(len(counts), 'rank')}, {low:,}-{high:,} batches") + f" (from the {source})"
+    return verdict(rule, not problems, measured, "equal batches per rank", {str(r): n for r, n in sorted(counts.items())},
+                   len(problems), problems[:limit])
