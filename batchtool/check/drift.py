@@ -22,7 +22,7 @@ from batchtool.check.report import Offender, RuleResult, plural, skipped, verdic
 from batchtool.check.rules import Drift, DriftLengths, DriftNulls, DriftProportions, DriftRows, Length, Rule
 from batchtool.check.scan import Measures, make_plan, measure
 from batchtool.check.verify import listed_files
-from batchtool.dataset import Dataset, open_dataset, read_manifest, schema_from_json
+from batchtool.dataset import open_dataset, read_manifest, schema_from_json
 from batchtool.errors import InputError, SchemaError
 from batchtool.job import RunSettings
 from batchtool.stats import default_label, default_length, is_sequence_type
@@ -52,20 +52,24 @@ def profile_of(m: Measures, rules: Sequence[Drift]) -> Profile:
 
 @dataclass(frozen=True)
 class Baseline:
-    """What --baseline names: a dataset to read, a manifest, or both (a batchtool output)."""
+    """What --baseline names: a dataset, a manifest, or both (a batchtool output); the data is opened only when
+    the manifest's stats do not answer the rules."""
 
     src: str
     schema: pa.Schema
-    dataset: Dataset | None
     manifest: dict | None
+    data: str | None
+    """Where the baseline's data files are (None: a manifest alone)."""
+    skip_corrupt: bool = False
 
     def profile(self, rules: Sequence[Drift], run: RunSettings) -> Profile:
         """From the manifest's stats when they answer every rule, else from one pass over the data."""
         recorded = manifest_profile(self.manifest, self.src) if self.manifest else None
-        if self.dataset is None or (recorded is not None and all(_answers(recorded, r) for r in rules)):
+        if self.data is None or (recorded is not None and all(_answers(recorded, r) for r in rules)):
             return recorded
-        plan = make_plan(rules, self.dataset.schema, None, 0)
-        return profile_of(measure(self.dataset, plan, run, needs_rows=True), rules)
+        dataset = open_dataset(self.data, skip_corrupt=self.skip_corrupt)
+        plan = make_plan(rules, dataset.schema, None, 0)
+        return profile_of(measure(dataset, plan, run, needs_rows=True), rules)
 
 
 def open_baseline(spec: str, skip_corrupt: bool = False) -> Baseline:
@@ -80,11 +84,12 @@ def open_baseline(spec: str, skip_corrupt: bool = False) -> Baseline:
             raise InputError(f"--baseline {spec}: not a batchtool manifest (no output.rows and schema)")
         directory = os.path.dirname(spec) or "."
         beside = all(fs.is_file(f.path) for f in listed_files(directory, manifest))
-        dataset = open_dataset(directory, skip_corrupt=skip_corrupt) if beside else None
-        return Baseline(spec, schema_from_json(manifest["schema"]), dataset, manifest)
-    dataset = open_dataset(spec, skip_corrupt=skip_corrupt)
+        return Baseline(spec, schema_from_json(manifest["schema"]), manifest, directory if beside else None,
+                        skip_corrupt)
     manifest = read_manifest(spec) if fs.is_dir(spec) else None
-    return Baseline(spec, dataset.schema, dataset, manifest)
+    if manifest is not None and isinstance(manifest.get("schema"), str):
+        return Baseline(spec, schema_from_json(manifest["schema"]), manifest, spec, skip_corrupt)
+    return Baseline(spec, open_dataset(spec, skip_corrupt=skip_corrupt).schema, None, spec, skip_corrupt)
 
 
 def manifest_profile(manifest: dict, src: str) -> Profile:
@@ -114,7 +119,7 @@ def resolve_drift(rule: Drift, schema: pa.Schema, baseline: Baseline) -> Drift |
     A column named explicitly must exist in both; a default one is taken from SRC.
     """
     resolved = _resolve(rule, schema, baseline)
-    if baseline.dataset is None and isinstance(resolved, Drift) \
+    if baseline.data is None and isinstance(resolved, Drift) \
             and not _answers(manifest_profile(baseline.manifest, baseline.src), resolved):
         what = {DriftProportions: "class counts", DriftLengths: "lengths", DriftNulls: "null counts"}[type(rule)]
         return skipped(rule, f"the baseline manifest {baseline.src} records no {what} and has no data beside it "
@@ -128,8 +133,8 @@ def _resolve(rule: Drift, schema: pa.Schema, baseline: Baseline) -> Drift | Rule
         if column is None:
             column = default_label(schema) if isinstance(rule, DriftProportions) else default_length(schema)
             if column is None:
-                flag, what = (("--label", "an integer 'label' column") if isinstance(rule, DriftProportions)
-                              else ("--length", "a list column"))
+                flag, what = (("--label", "integer 'label' column") if isinstance(rule, DriftProportions)
+                              else ("--length", "list column"))
                 return skipped(rule, f"SRC has no {what} to compare (set the rule's column, or pass {flag} COL)")
         _in_baseline(rule, [column], baseline)
         return dataclasses.replace(rule, column=column)
@@ -167,6 +172,11 @@ def judge_drift(rule: Drift, mine: Profile, base: Profile, limit: int) -> RuleRe
     return judges[type(rule)](rule, mine, base, limit)
 
 
+def _within(deviation: float, tolerance: float) -> bool:
+    """deviation <= tolerance, forgiving float noise: 85 rows of 100 are within 0.15 of the baseline's."""
+    return deviation <= tolerance + 1e-12
+
+
 def _relative(value: float, reference: float) -> float:
     """|value / reference - 1|: 0 when both are 0, infinite when only the reference is."""
     if reference:
@@ -178,7 +188,7 @@ def _rows(rule: DriftRows, mine: Profile, base: Profile, limit: int) -> RuleResu
     ratio = mine.rows / base.rows if base.rows else (1.0 if not mine.rows else math.inf)
     bound = f"rows / baseline rows in [{max(0.0, 1 - rule.tolerance):g}, {1 + rule.tolerance:g}]"
     measured = f"{plural(mine.rows, 'row')}, baseline {base.rows:,} (ratio {ratio:.4f})"
-    return verdict(rule, _relative(mine.rows, base.rows) <= rule.tolerance, measured, bound,
+    return verdict(rule, _within(_relative(mine.rows, base.rows), rule.tolerance), measured, bound,
                    round(ratio, 6) if math.isfinite(ratio) else None)
 
 
@@ -194,7 +204,7 @@ def _proportions(rule: DriftProportions, mine: Profile, base: Profile, limit: in
         rows.append((abs(p - q), k, p, q))
     worst = max(rows, key=lambda r: (r[0], -r[1]))
     bad = [Offender(f"class {k}: {p:.4f} of labels, baseline {q:.4f} (difference {d:.4f})")
-           for d, k, p, q in rows if d > rule.tolerance]
+           for d, k, p, q in rows if not _within(d, rule.tolerance)]
     d, k, p, q = worst
     return verdict(rule, not bad, f"max difference {d:.4f} (class {k}: {p:.4f}, baseline {q:.4f})", bound,
                    round(d, 6), len(bad), bad[:limit])
@@ -204,7 +214,7 @@ def _lengths(rule: DriftLengths, mine: Profile, base: Profile, limit: int) -> Ru
     ours, theirs = mine.quantiles[rule.column], base.quantiles[rule.column]
     diffs = {k: _relative(ours[k], theirs[k]) for k, _ in Length.QUANTILES}
     bad = [Offender(f"{k}: {ours[k]:,}, baseline {theirs[k]:,} (relative difference {d:.4f})")
-           for k, d in diffs.items() if d > rule.tolerance]
+           for k, d in diffs.items() if not _within(d, rule.tolerance)]
     worst = max(diffs.values())
     measured = f"{rule.column}: " + ", ".join(f"{k} {ours[k]:,} (baseline {theirs[k]:,})" for k in diffs)
     return verdict(rule, not bad, measured, f"|q / baseline q - 1| <= {rule.tolerance:g} for p50, p90, p99",
@@ -218,7 +228,7 @@ def _nulls(rule: DriftNulls, mine: Profile, base: Profile, limit: int) -> RuleRe
     rows = [(abs(rate(mine, c) - rate(base, c)), c, rate(mine, c), rate(base, c)) for c in rule.columns]
     worst = max(rows, key=lambda r: r[0])
     bad = [Offender(f"{c}: {p:.4f} null, baseline {q:.4f} (difference {d:.4f})")
-           for d, c, p, q in rows if d > rule.tolerance]
+           for d, c, p, q in rows if not _within(d, rule.tolerance)]
     d, c, p, q = worst
     measured = (f"max difference {d:.4f} ({c}: {p:.4f}, baseline {q:.4f})" if d
                 else f"same null shares in {plural(len(rows), 'column')}")

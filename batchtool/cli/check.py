@@ -10,6 +10,7 @@ from batchtool.check import (CheckOptions, RuleSet, check, junit_xml, load_rules
                              to_json)
 from batchtool.check.report import write
 from batchtool.cli.common import command, input_options, make_run, parse_size, run_options
+from batchtool.errors import UsageError
 
 
 def _columns(texts: tuple[str, ...]) -> tuple[str, ...]:
@@ -36,11 +37,11 @@ def _tolerances(ctx: click.Context, param: click.Parameter,
         try:
             value = float(number)
         except ValueError:
-            raise click.BadParameter(f"{text!r} is not a number or KEY=NUMBER (e.g. proportions=0.02)") from None
+            raise UsageError(f"--tolerance {text}: not a number or KEY=NUMBER (e.g. proportions=0.02)") from None
         if not value >= 0:
-            raise click.BadParameter(f"{text!r}: a tolerance must be a number >= 0")
+            raise UsageError(f"--tolerance {text}: a tolerance must be a number >= 0")
         if not key and bare is not None:
-            raise click.BadParameter(f"{text!r}: a bare number is the --target tolerance, already given")
+            raise UsageError(f"--tolerance {text}: a bare number is the --target tolerance, already given")
         if key:
             keyed[key.strip()] = value
         else:
