@@ -116,8 +116,8 @@ def render_text(result: CheckResult, color: bool = False) -> str:
     styles again when stdout is not a terminal.
     """
     def status(text: str, width: int = 0) -> str:
-        cell = text.ljust(width)
-        return click.style(cell, fg=STATUS_COLORS[text]) if color and text in STATUS_COLORS else cell
+        styled = click.style(text, fg=STATUS_COLORS[text]) if color and text in STATUS_COLORS else text
+        return styled + " " * (width - len(text))
 
     header = ("rule", "status", "measured", "bound")
     rows = [(r.name, r.status, _clip(r.measured), r.bound) for r in result.rules]
