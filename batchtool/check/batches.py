@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from batchtool.check.report import Offender, RuleResult, plural, skipped, verdict
 from batchtool.check.rules import BatchQuotas, BatchRows, PaddingEfficiency, RankBatches, Rule
+from batchtool.check.verify import output_stats
 from batchtool.dataset import Dataset
 from batchtool.errors import InputError, UsageError
 from batchtool.load import BATCH_COLUMN, load
@@ -52,7 +53,7 @@ def _stats(rule: Rule, dataset: Dataset, key: str, writer: str) -> Any:
     if manifest is None:
         raise UsageError(f"rule {rule.name!r}: {dataset.src} has no batchtool manifest to read {key} from "
                          f"(check the output directory of {writer})")
-    value = manifest.get("stats", {}).get(key)
+    value = output_stats(manifest).get(key)
     if value is None:
         raise UsageError(f"rule {rule.name!r}: {dataset.src}'s manifest records no stats.{key} (written by "
                          f"{manifest.get('command')!r}; {writer} output records it)")
@@ -98,7 +99,7 @@ def judge_batch_rows(rule: BatchRows, dataset: Dataset, limit: int, threads: int
 def judge_batch_quotas(rule: BatchQuotas, dataset: Dataset, limit: int, threads: int) -> RuleResult:
     """Batch i must hold exactly the quotas stratify gave batch i (BatchLayout, rebuilt from the manifest)."""
     _stats(rule, dataset, "balanced_batches", "stratify --balanced-batches")
-    stats = dataset.manifest["stats"]
+    stats = output_stats(dataset.manifest)
     try:
         partial = tuple(int(q) for q in stats["final_batch_quotas"])
         layout = BatchLayout(tuple(float(t) for t in stats["target"]), int(stats["batch_size"]),

@@ -21,7 +21,7 @@ from batchtool import fs
 from batchtool.check.report import Offender, RuleResult, plural, skipped, verdict
 from batchtool.check.rules import Drift, DriftLengths, DriftNulls, DriftProportions, DriftRows, Length, Rule
 from batchtool.check.scan import Measures, make_plan, measure
-from batchtool.check.verify import listed_files
+from batchtool.check.verify import listed_files, output_stats
 from batchtool.dataset import open_dataset, read_manifest, schema_from_json
 from batchtool.errors import InputError, SchemaError
 from batchtool.job import RunSettings
@@ -94,7 +94,7 @@ def open_baseline(spec: str, skip_corrupt: bool = False) -> Baseline:
 
 def manifest_profile(manifest: dict, src: str) -> Profile:
     """Rows, and the class counts stratify records (the counts it wrote, per class of its label column)."""
-    stats = manifest.get("stats") if isinstance(manifest.get("stats"), dict) else {}
+    stats = output_stats(manifest)
     classes = {}
     counts, label = stats.get("class_counts_after"), stats.get("label")
     if isinstance(counts, dict) and isinstance(label, str):

@@ -59,6 +59,16 @@ class Layout:
     tfrecord_kind: str
 
 
+def output_stats(manifest: dict) -> dict:
+    """The stats that describe the output: the command's, or for `run` those of its last stage (whose batches,
+    buckets and classes are what DST holds)."""
+    stats = manifest.get("stats") if isinstance(manifest.get("stats"), dict) else {}
+    stages = stats.get("stages")
+    if manifest.get("command") == "run" and isinstance(stages, list) and stages and isinstance(stages[-1], dict):
+        return {**stats, **stages[-1]}
+    return stats
+
+
 def listed_files(src: str, manifest: dict) -> list[Listed]:
     """The manifest's output files; a path that is absolute or leaves SRC is refused, never followed."""
     files = manifest.get("output", {}).get("files") if isinstance(manifest.get("output"), dict) else None
