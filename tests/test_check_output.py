@@ -31,6 +31,11 @@ def table(result) -> dict[str, list[str]]:
     return rows
 
 
+def rules_of(result) -> dict[str, dict]:
+    """Rules of a `check --json -` output by name."""
+    return {r["name"]: r for r in json.loads(result.output)["rules"]}
+
+
 @pytest.fixture
 def bucketed(tmp_path, parquet_src, run_cli) -> str:
     """bucket output of 300 rows in 3 files: buckets < 20, [20, 40), >= 40, batches of 16."""
@@ -106,7 +111,7 @@ def test_rows_and_batches_that_differ_from_the_manifest_fail(bucketed, run_cli):
     rewrite_manifest(bucketed, change)
     result = run_cli("check", bucketed, "--json", "-")
     assert result.exit_code == 1
-    rules = {r["name"]: r for r in json.loads(result.output)["rules"]}
+    rules = rules_of(result)
     assert [rules[n]["status"] for n in rules] == ["PASS", "FAIL", "FAIL", "PASS"]
     assert [o["detail"] for o in rules["manifest_rows"]["offenders"]] == [
         "103 rows, the manifest says 104", "the manifest's output.rows is 300, its files add up to 301"]
@@ -255,3 +260,17 @@ def test_equal_batches_per_rank_without_ranks_is_skipped(bucketed, run_cli):
     assert table(result)["rank_batches"][0] == "SKIP"
     assert "no rank layout: no 'rank' column and no per-rank files in the manifest" in result.output
     assert result.output.splitlines()[-1].startswith("1 rule: 0 passed, 0 failed, 1 skipped")
+
+
+def test_a_run_output_is_judged_by_its_last_stage(tmp_path, parquet_src, run_cli):
+    pipeline = tmp_path / "pipeline.toml"
+    pipeline.write_text(f'[input]\npath = "{parquet_src}"\n\n[[stage]]\nop = "stratify"\n'
+                        f'target = "0.7,0.2,0.05,0.05"\n\n[[stage]]\nop = "bucket"\nlength = "tokens"\n'
+                        f'boundaries = "20"\nbatch-size = 8\n\n[output]\npath = "{tmp_path / "run"}"\n')
+    assert run_cli("run", pipeline, "-q").exit_code == 0
+    manifest = manifest_of(str(tmp_path / "run"))
+    worst = min(b["padding_efficiency"] for b in manifest["stats"]["stages"][-1]["buckets"])
+    result = run_cli("check", tmp_path / "run", "--manifest", "--min-bucket-padding-efficiency", "0.1", "--json", "-")
+    assert result.exit_code == 0, result.output + result.stderr
+    assert rules_of(result)["padding_efficiency:buckets"]["value"] == worst
+
