@@ -140,11 +140,14 @@ def test_a_missing_file_is_reported_not_followed(bucketed, run_cli):
     assert "part-00000.parquet: missing" in result.output
 
 
-def test_a_manifest_path_leaving_the_directory_is_refused(bucketed, run_cli):
-    rewrite_manifest(bucketed, lambda m: m["output"]["files"][0].update(path="../src/part-00000.parquet"))
-    result = run_cli("check", bucketed, "--manifest")
+@pytest.mark.parametrize("path", ["../src/part-00000.parquet", "/etc/passwd", "link.parquet"])
+@pytest.mark.parametrize("flag", ["--manifest", "--checksums"])
+def test_a_manifest_path_leaving_the_directory_is_refused(bucketed, parquet_src, run_cli, path, flag):
+    os.symlink(os.path.join(parquet_src, "part-00000.parquet"), os.path.join(bucketed, "link.parquet"))
+    rewrite_manifest(bucketed, lambda m: m["output"]["files"][0].update(path=path))
+    result = run_cli("check", bucketed, flag)
     assert result.exit_code == 2 and result.stderr.count("\n") == 1
-    assert "output.files[0] path '../src/part-00000.parquet' leaves the directory" in result.stderr
+    assert f"output.files[0] path {path!r} leaves the directory" in result.stderr
 
 
 def test_manifest_flag_adds_the_verification_to_other_rules(bucketed, run_cli):

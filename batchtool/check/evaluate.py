@@ -1,8 +1,10 @@
 """`check`: evaluate rules on a dataset: plan what to read, run the one pass (`scan`), judge each rule.
 
 Data rules are evaluated in one streaming pass that reads only the columns the rules need
-(batchtool/check/scan.py). Rules that need no data (schema, checksums, padding efficiency,
-row counts of Parquet) read only metadata or the manifest.
+(batchtool/check/scan.py); drift rules add their columns to it and compare with a baseline
+(drift.py). Rules that need no data (schema, checksums, padding efficiency, row counts of
+Parquet) read only metadata or the manifest; manifest verification (verify.py) and batch
+rules (batches.py) read footers or one small column.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from batchtool.check.rules import (MANIFEST_RULES, Checksums, ClassProportions, 
                                    Length, MinClassRows, NoDuplicateRows, NoNan, NoNulls, PaddingEfficiency, RowCount,
                                    Rule, RuleSet, SameLength, Schema, Unique)
 from batchtool.check.scan import Measures, make_plan, measure
-from batchtool.check.verify import VERIFY_RULES, verify
+from batchtool.check.verify import VERIFY_RULES, listed_files, verify
 from batchtool.dataset import Dataset, open_dataset, read_manifest, resolve_paths
 from batchtool.engines import with_engine
 from batchtool.errors import InputError, SchemaError, UsageError
@@ -64,6 +66,7 @@ def check(src: str, rules: RuleSet, options: CheckOptions = CheckOptions(),
           run: RunSettings = RunSettings()) -> CheckResult:
     """Evaluate every rule on SRC. A failing rule is a result (exit 1); bad usage or unreadable input raises.
 
+    With no rule, a batchtool output directory is verified against its manifest (MANIFEST_RULES).
     When the checksum or schema rule fails, rules that then cannot run (a shard is unreadable, a
     column is missing) are reported as not evaluated instead of stopping the check.
     """
@@ -78,12 +81,14 @@ def check(src: str, rules: RuleSet, options: CheckOptions = CheckOptions(),
         raise UsageError(f"rule {rules.drift[0].name!r} compares SRC with a baseline: pass --baseline OTHER or set "
                          "baseline in the rules file")
     limit = next(v for v in (options.max_offenders, rules.max_offenders, DEFAULT_MAX_OFFENDERS) if v is not None)
-    results: dict[str, RuleResult] = {r.name: judge_checksums(r, src, limit, run.threads)
-                                      for r in rules.rules if isinstance(r, Checksums)}
     verifying = [r for r in rules.rules if isinstance(r, VERIFY_RULES)]
     if verifying and manifest is None:
         raise InputError(f"rule {verifying[0].name!r}: {src} is not a batchtool output directory (no manifest "
                          "listing its files)")
+    if verifying or any(isinstance(r, Checksums) for r in rules.rules) and manifest is not None:
+        listed_files(src, manifest)  # refuse a path out of SRC before any rule opens one
+    results: dict[str, RuleResult] = {r.name: judge_checksums(r, src, limit, run.threads)
+                                      for r in rules.rules if isinstance(r, Checksums)}
     results.update(verify(verifying, src, manifest, limit, run.threads))
     dataset = None
     rows = None
@@ -102,7 +107,8 @@ def check(src: str, rules: RuleSet, options: CheckOptions = CheckOptions(),
 
 def _check_data(dataset: Dataset, rules: RuleSet, options: CheckOptions, run: RunSettings, limit: int,
                 results: dict[str, RuleResult]) -> int | None:
-    """Schema first, then one pass for every data rule; fills `results` and returns the row count if known."""
+    """Metadata and batch rules first, then one pass for every data rule (drift rules against the baseline's
+    profile); fills `results` and returns the row count if known."""
     for rule in rules.rules:
         if isinstance(rule, Schema):
             results[rule.name] = judge_schema(rule, dataset.schema)
@@ -136,10 +142,10 @@ def _check_data(dataset: Dataset, rules: RuleSet, options: CheckOptions, run: Ru
     measures = measure(dataset, plan, run, needs_rows=any(isinstance(r, (RowCount, Crc, DriftRows)) for r in runnable),
                        memory=options.memory, tmp_dir=options.tmp_dir)
     drift = [r for r in runnable if isinstance(r, Drift)]
-    if drift:
-        mine, theirs = profile_of(measures, drift), baseline.profile(drift, run)
+    profiles = (profile_of(measures, drift), baseline.profile(drift, run)) if drift else ()
     for rule in runnable:
-        results[rule.name] = judge_drift(rule, mine, theirs, limit) if isinstance(rule, Drift) else judge(rule, measures)
+        results[rule.name] = (judge_drift(rule, *profiles, limit) if isinstance(rule, Drift)
+                              else judge(rule, measures))
     return measures.rows
 
 

@@ -81,10 +81,20 @@ def listed_files(src: str, manifest: dict) -> list[Listed]:
                         for k in ("rows", "batches"))):
             raise InputError(f"{src}: the manifest's output.files[{i}] lacks a path, rows or batches")
         name = entry["path"]
-        if os.path.isabs(name) or os.path.normpath(name).split(os.sep)[0] == os.pardir:
+        if not _inside(src, name):
             raise InputError(f"{src}: the manifest's output.files[{i}] path {name!r} leaves the directory")
         out.append(Listed(name, fs.join(src, name), entry["rows"], entry["batches"]))
     return out
+
+
+def _inside(src: str, name: str) -> bool:
+    """A relative path that stays in SRC, symbolic links resolved (object stores have none)."""
+    if os.path.isabs(name) or os.path.normpath(name).split(os.sep)[0] == os.pardir:
+        return False
+    if fs.is_uri(src):
+        return True
+    root = os.path.realpath(src)
+    return os.path.commonpath([root, os.path.realpath(os.path.join(src, name))]) == root
 
 
 def verify(rules: Sequence[Rule], src: str, manifest: dict, limit: int, threads: int) -> dict[str, RuleResult]:
@@ -96,7 +106,7 @@ def verify(rules: Sequence[Rule], src: str, manifest: dict, limit: int, threads:
         raise InputError(f"{src}: the manifest records no schema to check the files against")
     output = manifest["output"]
     schema = schema_from_json(manifest["schema"])
-    layout = Layout(output.get("format") or detect_format(files[0].name) or "parquet", schema,
+    layout = Layout(output.get("format") or (detect_format(files[0].name) if files else None) or "parquet", schema,
                     output.get("tfrecord_kind") or "sequence_example")
     found = list(ordered_map(lambda f: inspect_file(f.path, layout), files, threads))
     results = {}
@@ -116,7 +126,7 @@ def verify(rules: Sequence[Rule], src: str, manifest: dict, limit: int, threads:
 
 def inspect_file(path: str, layout: Layout) -> Found:
     """Rows, batches and schema of one file, reading only what that takes (a Parquet footer; TFRecord records)."""
-    if not os.path.isfile(path):
+    if not fs.is_file(path):
         return Found(error="missing")
     try:
         if layout.format == "parquet":
