@@ -18,9 +18,9 @@ from batchtool.check import CheckOptions, check, load_rules, scan
 from batchtool.check.duplicates import HashIndex
 from batchtool.check.hashing import canonical, row_hashes
 from batchtool.check.report import ERROR, FAIL, PASS
-from batchtool.check.rules import (Checksums, ClassProportions, Crc, LabelRange, Length, MinClassRows,
-                                   NoDuplicateRows, NoNan, NoNulls, PaddingEfficiency, RowCount, RuleSet,
-                                   SameLength, Schema, Unique)
+from batchtool.check.rules import (BatchRows, Checksums, ClassProportions, Crc, DriftNulls, DriftProportions,
+                                   LabelRange, Length, ManifestRows, MinClassRows, NoDuplicateRows, NoNan, NoNulls,
+                                   PaddingEfficiency, RankBatches, RowCount, RuleSet, SameLength, Schema, Unique)
 from batchtool.convert import convert
 from batchtool.dataset import Dataset, open_dataset
 from batchtool.errors import InputError, SchemaError, UsageError
@@ -451,7 +451,41 @@ relative = true
                            ClassProportions("class_proportions", (0.5, 0.5), 1.0, True))
 
 
+def test_rules_file_builds_the_output_batch_and_drift_kinds(tmp_path):
+    path = rules_file(tmp_path, """
+baseline = "old/"
+[[rules]]
+kind = "manifest_rows"
+[[rules]]
+kind = "padding_efficiency"
+min = 0.5
+per_bucket = true
+[[rules]]
+kind = "batch_rows"
+max = 32
+[[rules]]
+kind = "rank_batches"
+column = "worker"
+[[rules]]
+kind = "drift_proportions"
+column = "y"
+tolerance = 0.05
+[[rules]]
+kind = "drift_nulls"
+columns = ["a"]
+""")
+    rules = load_rules(path)
+    assert rules.baseline == "old/"
+    assert rules.rules == (ManifestRows("manifest_rows"), PaddingEfficiency("padding_efficiency", 0.5, True),
+                           BatchRows("batch_rows", max=32), RankBatches("rank_batches", "worker"),
+                           DriftProportions("drift_proportions", 0.05, "y"), DriftNulls("drift_nulls", 0.01, ("a",)))
+    assert [r.tolerance for r in rules.drift] == [0.05, 0.01]
+
+
 @pytest.mark.parametrize("text, message", [
+    ('[[rules]]\nkind = "batch_rows"', "rule 'batch_rows' (batch_rows), key 'min': a batch_rows rule needs min or max"),
+    ('[[rules]]\nkind = "drift_rows"\ntolerance = -0.1', "key 'tolerance': must be a number >= 0, got -0.1"),
+    ('[[rules]]\nkind = "padding_efficiency"\nmin = 0.5\nper_bucket = 1', "key 'per_bucket': must be a boolean"),
     ('[[rules]]\nkind = "unique"\ncolumns = ["k"]\nmin = 1', "rule 'unique' (unique), key 'min': unknown key"),
     ('[[rules]]\nname = "n"\nkind = "row_count"\nmin = "5"',
      "rule 'n' (row_count), key 'min': must be an integer, got string '5'"),

@@ -68,7 +68,8 @@ def test_each_drift_rule_measures_the_difference_from_the_baseline(base, drifted
     assert [o["detail"] for o in rules["drift_proportions"]["offenders"]] == [
         "class 0: 0.7000 of labels, baseline 0.8000 (difference 0.1000)",
         "class 1: 0.3000 of labels, baseline 0.2000 (difference 0.1000)"]
-    assert rules["drift_lengths"]["measured"] == "tokens: p50 10 (baseline 10), p90 12 (baseline 10), p99 12 (baseline 10)"
+    assert rules["drift_lengths"]["measured"] == ("tokens: p50 10 (baseline 10), p90 12 (baseline 10), "
+                                                  "p99 12 (baseline 10)")
     assert [o["detail"] for o in rules["drift_lengths"]["offenders"]] == [
         "p90: 12, baseline 10 (relative difference 0.2000)", "p99: 12, baseline 10 (relative difference 0.2000)"]
     assert [o["detail"] for o in rules["drift_nulls"]["offenders"]] == [
@@ -181,8 +182,9 @@ def test_no_label_column_skips_the_proportions(tmp_path, run_cli):
 
 @pytest.mark.parametrize("args, message", [
     (("--tolerance", "proportions=0.1"), "--tolerance proportions=0.1: applies to --baseline, which is not given"),
-    (("--baseline", "BASE", "--tolerance", "shares=0.1"), "--tolerance shares=0.1: unknown key (expected one of: "
-                                                          "rows, proportions, lengths, nulls, or a number for --target)"),
+    (("--baseline", "BASE", "--tolerance", "shares=0.1"),
+     "--tolerance shares=0.1: unknown key (expected one of: rows, proportions, lengths, nulls, or a number for "
+     "--target)"),
     (("--baseline", "BASE", "--tolerance", "rows=abc"), "--tolerance rows=abc: not a number or KEY=NUMBER"),
     (("--baseline", "BASE", "--tolerance", "rows=-1"), "a tolerance must be a number >= 0"),
     (("--baseline", "/nonexistent/base"), "/nonexistent/base: no such file or directory"),

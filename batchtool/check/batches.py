@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from batchtool.check.report import Offender, RuleResult, plural, skipped, verdict
 from batchtool.check.rules import BatchQuotas, BatchRows, PaddingEfficiency, RankBatches, Rule
-from batchtool.check.verify import output_stats
+from batchtool.check.verify import listed_files, output_stats
 from batchtool.dataset import Dataset
 from batchtool.errors import InputError, UsageError
 from batchtool.load import BATCH_COLUMN, load
@@ -44,6 +44,8 @@ def _batches(rule: Rule, dataset: Dataset, columns: list[str], threads: int) -> 
         lacks = "a batchtool manifest" if dataset.manifest is None else f"a {BATCH_COLUMN!r} column"
         raise UsageError(f"rule {rule.name!r}: {dataset.src} is TFRecord without {lacks}, so its records mark "
                          "no batches")
+    if dataset.manifest is not None:
+        listed_files(dataset.src, dataset.manifest)  # the loader reads the files it lists: none may leave SRC
     return load(dataset.src, columns=columns, threads=threads).record_batches()
 
 
@@ -75,10 +77,10 @@ def judge_bucket_padding(rule: PaddingEfficiency, dataset: Dataset, limit: int) 
 
     worst = min(buckets, key=lambda b: b["padding_efficiency"])
     low = [b for b in buckets if b["padding_efficiency"] < rule.min]
+    offenders = [Offender(f"{name(b)}: {b['padding_efficiency']:.4f} "
+                          f"({plural(b.get('batches', 0), 'batch', 'batches')})") for b in low[:limit]]
     return verdict(rule, not low, f"worst {name(worst)}: {worst['padding_efficiency']:.4f}", bound,
-                   worst["padding_efficiency"], len(low),
-                   [Offender(f"{name(b)}: {b['padding_efficiency']:.4f} ({plural(b.get('batches', 0), 'batch', 'batches')})")
-                    for b in low[:limit]])
+                   worst["padding_efficiency"], len(low), offenders)
 
 
 def judge_batch_rows(rule: BatchRows, dataset: Dataset, limit: int, threads: int) -> RuleResult:
@@ -156,5 +158,5 @@ def judge_rank_batches(rule: RankBatches, dataset: Dataset, limit: int, threads:
     low, high = min(counts.values()), most
     measured = (f"{plural(len(counts), 'rank')}, {plural(high, 'batch', 'batches')} each" if low == high
                 else f"{plural(len(counts), 'rank')}, {low:,}-{high:,} batches") + f" (from the {source})"
-    return verdict(rule, not problems, measured, "equal batches per rank", {str(r): n for r, n in sorted(counts.items())},
-                   len(problems), problems[:limit])
+    per_rank = {str(r): n for r, n in sorted(counts.items())}
+    return verdict(rule, not problems, measured, "equal batches per rank", per_rank, len(problems), problems[:limit])

@@ -365,8 +365,6 @@ class DriftLengths(Drift):
     tolerance: float = 0.1
     column: str | None = None
 
-    QUANTILES: ClassVar[tuple[tuple[str, float], ...]] = Length.QUANTILES
-
     def reads(self) -> tuple[str, ...]:
         return (self.column,) if self.column else ()
 
