@@ -113,6 +113,7 @@ def test_rows_and_batches_that_differ_from_the_manifest_fail(bucketed, run_cli):
     assert result.exit_code == 1
     rules = rules_of(result)
     assert [rules[n]["status"] for n in rules] == ["PASS", "FAIL", "FAIL", "PASS"]
+    assert rules["manifest_rows"]["measured"] == "1 of 3 files differ; the manifest's total differs"
     assert [o["detail"] for o in rules["manifest_rows"]["offenders"]] == [
         "103 rows, the manifest says 104", "the manifest's output.rows is 300, its files add up to 301"]
     assert rules["manifest_rows"]["offenders"][0]["file"].endswith("part-00001.parquet")

@@ -183,13 +183,13 @@ def _counts(rule: Rule, files: list[Listed], found: list[Found], field: str, wor
             problems.append(Offender(got.error, f.path))
         elif have is not None and have != want:
             problems.append(Offender(f"{plural(have, word, words)}, the manifest says {want:,}", f.path))
+    n, bad = len(files), len(problems)
     listed = sum(getattr(f, field) for f in files)
     if total != listed:
         problems.append(Offender(f"the manifest's output.{field} is {total}, its files add up to {listed:,}"))
-    n = len(files)
-    measured = (f"{plural(listed, word, words)} in {plural(n, 'file')}, as listed" if not problems
-                else f"{len(problems)} of {plural(n, 'file')} differ" if n > 1 or len(problems) > 1
-                else "the only file differs")
+    parts = (["the only file differs" if n == 1 else f"{bad} of {n:,} files differ"] if bad else []) \
+        + (["the manifest's total differs"] if total != listed else [])
+    measured = "; ".join(parts) or f"{plural(listed, word, words)} in {plural(n, 'file')}, as listed"
     return verdict(rule, not problems, measured, f"{words or word + 's'} per file as in the manifest",
                    len(problems), len(problems), problems[:limit])
 
