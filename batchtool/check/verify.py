@@ -52,11 +52,13 @@ class Found:
 
 @dataclass(frozen=True)
 class Layout:
-    """How to read the files: their format, the manifest's schema and TFRecord payload kind."""
+    """How to read the files: their format, the manifest's schema and TFRecord payload kind, and whether to
+    count TFRecord batches (which decodes every record's batch column)."""
 
     format: str
     schema: pa.Schema
     tfrecord_kind: str
+    count_batches: bool = True
 
 
 def output_stats(manifest: dict) -> dict:
@@ -107,7 +109,8 @@ def verify(rules: Sequence[Rule], src: str, manifest: dict, limit: int, threads:
     output = manifest["output"]
     schema = schema_from_json(manifest["schema"])
     layout = Layout(output.get("format") or (detect_format(files[0].name) if files else None) or "parquet", schema,
-                    output.get("tfrecord_kind") or "sequence_example")
+                    output.get("tfrecord_kind") or "sequence_example",
+                    any(isinstance(r, ManifestBatches) for r in rules))
     found = list(ordered_map(lambda f: inspect_file(f.path, layout), files, threads))
     results = {}
     for rule in rules:
@@ -144,7 +147,8 @@ def inspect_file(path: str, layout: Layout) -> Found:
 def _inspect_tfrecord(path: str, layout: Layout) -> Found:
     """Count records and runs of the batch column; the first chunk must decode to the manifest's schema and
     hold no feature it lacks (a TFRecord file records no schema of its own)."""
-    batch_schema = pa.schema([layout.schema.field(BATCH_COLUMN)]) if BATCH_COLUMN in layout.schema.names else None
+    batch_schema = (pa.schema([layout.schema.field(BATCH_COLUMN)])
+                    if layout.count_batches and BATCH_COLUMN in layout.schema.names else None)
     rows = batches = 0
     previous = None
     problem = None
