@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from batchtool.check.report import Offender, RuleResult, plural, skipped, verdict
 from batchtool.check.rules import BatchQuotas, BatchRows, PaddingEfficiency, RankBatches, Rule
@@ -86,56 +87,68 @@ def judge_bucket_padding(rule: PaddingEfficiency, dataset: Dataset, limit: int) 
 def judge_batch_rows(rule: BatchRows, dataset: Dataset, limit: int, threads: int) -> RuleResult:
     bound = (f"[{rule.min:,}, {rule.max:,}]" if rule.min is not None and rule.max is not None
              else f">= {rule.min:,}" if rule.min is not None else f"<= {rule.max:,}") + " rows per batch"
-    sizes = np.array([b.num_rows for b in _batches(rule, dataset, [], threads)], dtype=np.int64)
-    if not len(sizes):
+    batches = low = high = bad = 0
+    offenders = []
+    for i, batch in enumerate(_batches(rule, dataset, [], threads)):
+        n = batch.num_rows
+        low, high = (n, n) if not i else (min(low, n), max(high, n))
+        batches += 1
+        if (rule.min is not None and n < rule.min) or (rule.max is not None and n > rule.max):
+            bad += 1
+            if len(offenders) < limit:
+                offenders.append(Offender(f"batch {i}: {plural(n, 'row')}"))
+    if not batches:
         return verdict(rule, True, "no batches", bound)
-    bad = np.flatnonzero(((sizes < rule.min) if rule.min is not None else False)
-                         | ((sizes > rule.max) if rule.max is not None else False))
-    span = f"{sizes.min():,}" if sizes.min() == sizes.max() else f"{sizes.min():,}-{sizes.max():,}"
-    measured = f"{span} rows in {'each of ' if sizes.min() == sizes.max() else ''}" \
-               f"{plural(len(sizes), 'batch', 'batches')}"
-    return verdict(rule, not len(bad), measured, bound, {"min": int(sizes.min()), "max": int(sizes.max())},
-                   len(bad), [Offender(f"batch {i}: {plural(int(sizes[i]), 'row')}") for i in bad[:limit]])
+    span = f"{low:,} rows in each of" if low == high else f"{low:,}-{high:,} rows in"
+    return verdict(rule, not bad, f"{span} {plural(batches, 'batch', 'batches')}", bound, {"min": low, "max": high},
+                   bad, offenders)
 
 
 def judge_batch_quotas(rule: BatchQuotas, dataset: Dataset, limit: int, threads: int) -> RuleResult:
-    """Batch i must hold exactly the quotas stratify gave batch i (BatchLayout, rebuilt from the manifest)."""
+    """Batch i must hold exactly the quotas stratify gave batch i (BatchLayout, rebuilt from the manifest and
+    unrolled along with the batches, so no manifest value decides how much is held in memory)."""
     _stats(rule, dataset, "balanced_batches", "stratify --balanced-batches")
     stats = output_stats(dataset.manifest)
     try:
+        expected = int(stats["balanced_batches"])
         partial = tuple(int(q) for q in stats["final_batch_quotas"])
         layout = BatchLayout(tuple(float(t) for t in stats["target"]), int(stats["batch_size"]),
-                             int(stats["balanced_batches"]) - bool(sum(partial)), partial)
+                             expected - bool(sum(partial)), partial)
         label = str(stats["label"])
     except (KeyError, TypeError, ValueError) as exc:
         raise InputError(f"rule {rule.name!r}: {dataset.src}'s manifest lacks the balanced-batch layout "
                          f"(stats.{exc} is missing or malformed)") from None
-    quotas = list(layout.sequence())
+    quotas = layout.sequence()
     classes = len(layout.target)
-    problems = []
-    seen = 0
+    bad = seen = 0
+    offenders = []
     for i, batch in enumerate(_batches(rule, dataset, [label], threads)):
-        labels = batch.column(0).to_numpy(zero_copy_only=False)
+        labels = pc.fill_null(batch.column(0), -1).to_numpy(zero_copy_only=False)
         outside = (labels < 0) | (labels >= classes)
         counts = np.bincount(labels[~outside].astype(np.int64), minlength=classes)
-        want = quotas[i] if i < len(quotas) else None
-        if outside.any() or want is None or not np.array_equal(counts, want):
-            detail = (f"{plural(int(outside.sum()), 'label')} outside [0, {classes})" if outside.any()
-                      else "beyond the layout's batches" if want is None else f"quotas {want.tolist()}")
-            problems.append(Offender(f"batch {i}: classes {counts.tolist()}, expected {detail}"))
+        want = next(quotas, None)
         seen = i + 1
-    if seen < len(quotas):
-        problems.append(Offender(f"{plural(seen, 'batch', 'batches')}, the layout has {len(quotas):,}"))
-    measured = (f"every batch of {len(quotas):,} holds its quotas" if not problems
-                else f"{len(problems):,} of {plural(max(seen, len(quotas)), 'batch', 'batches')} off their quotas")
-    return verdict(rule, not problems, measured, f"{label} quotas of stratify --balanced-batches, batch by batch",
-                   len(problems), len(problems), problems[:limit])
+        if outside.any() or want is None or not np.array_equal(counts, want):
+            bad += 1
+            detail = (f"{plural(int(outside.sum()), 'label')} null or outside [0, {classes})" if outside.any()
+                      else "no batch (beyond the layout's)" if want is None else f"quotas {want.tolist()}")
+            if len(offenders) < limit:
+                offenders.append(Offender(f"batch {i}: classes {counts.tolist()}, expected {detail}"))
+    if seen < expected:
+        bad += 1
+        if len(offenders) < limit:
+            offenders.append(Offender(f"{plural(seen, 'batch', 'batches')}, the layout has {expected:,}"))
+    measured = (f"every batch of {expected:,} holds its quotas" if not bad
+                else f"{bad:,} of {plural(max(seen, expected), 'batch', 'batches')} off their quotas")
+    return verdict(rule, not bad, measured, f"{label} quotas of stratify --balanced-batches, batch by batch",
+                   bad, bad, offenders)
 
 
 def judge_rank_batches(rule: RankBatches, dataset: Dataset, limit: int, threads: int) -> RuleResult:
     """Batches per rank from the manifest's per-rank files, else from a rank column; skipped without either."""
     files = (dataset.manifest or {}).get("output", {}).get("files") or []
     counts: Counter[int] = Counter()
+    mixed = 0
     problems = []
     if files and all(isinstance(f, dict) and isinstance(f.get("rank"), int) for f in files):
         for f in files:
@@ -145,7 +158,9 @@ def judge_rank_batches(rule: RankBatches, dataset: Dataset, limit: int, threads:
         for i, batch in enumerate(_batches(rule, dataset, [rule.column], threads)):
             ranks = np.unique(batch.column(0).drop_null().to_numpy(zero_copy_only=False))
             if len(ranks) != 1:
-                problems.append(Offender(f"batch {i}: ranks {ranks.tolist()}, expected one"))
+                mixed += 1
+                if len(problems) < limit:
+                    problems.append(Offender(f"batch {i}: ranks {ranks.tolist()}, expected one"))
             counts.update(int(r) for r in ranks)
         source = f"column {rule.column!r}"
     else:
@@ -153,10 +168,12 @@ def judge_rank_batches(rule: RankBatches, dataset: Dataset, limit: int, threads:
     if not counts:
         return verdict(rule, True, "no batches", "equal batches per rank")
     most = max(counts.values())
-    problems += [Offender(f"rank {r}: {plural(n, 'batch', 'batches')}, rank {max(counts, key=counts.get)} has "
-                          f"{most:,}") for r, n in sorted(counts.items()) if n != most]
+    behind = [Offender(f"rank {r}: {plural(n, 'batch', 'batches')}, rank {max(counts, key=counts.get)} has {most:,}")
+              for r, n in sorted(counts.items()) if n != most]
     low, high = min(counts.values()), most
     measured = (f"{plural(len(counts), 'rank')}, {plural(high, 'batch', 'batches')} each" if low == high
                 else f"{plural(len(counts), 'rank')}, {low:,}-{high:,} batches") + f" (from the {source})"
     per_rank = {str(r): n for r, n in sorted(counts.items())}
-    return verdict(rule, not problems, measured, "equal batches per rank", per_rank, len(problems), problems[:limit])
+    offending = mixed + len(behind)
+    return verdict(rule, not offending, measured, "equal batches per rank", per_rank, offending,
+                   (problems + behind)[:limit])
