@@ -278,3 +278,12 @@ def test_a_run_output_is_judged_by_its_last_stage(tmp_path, parquet_src, run_cli
     assert result.exit_code == 0, result.output + result.stderr
     assert rules_of(result)["padding_efficiency:buckets"]["value"] == worst
 
+
+
+def test_a_batch_holding_two_ranks_fails(tmp_path, run_cli):
+    src = tmp_path / "mixed"
+    src.mkdir()
+    pq.write_table(pa.table({"rank": pa.array([0, 0, 1, 1], pa.int32())}), src / "part-00000.parquet")
+    result = run_cli("check", src, "--rank-batches")
+    assert result.exit_code == 1
+    assert "batch 0: ranks [0, 1], expected one" in result.output
