@@ -159,6 +159,12 @@ def read_manifest(src: str) -> dict | None:
     return validate(data, path, src)
 
 
+def read_manifest_file(path: str) -> dict:
+    """A manifest named by its own path (`check --baseline out/.batchtool_manifest.json`), validated whole."""
+    src = os.path.dirname(path) or "."
+    return validate(_load_json(src, path), path, src)
+
+
 def _load_json(src: str, path: str) -> Any:
     dataset_file(src, os.path.basename(path), f"{src}: the manifest")
     size = fs.file_size(path)

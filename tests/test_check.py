@@ -14,13 +14,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchtool.check import CheckOptions, check, evaluate, load_rules
+from batchtool.check import CheckOptions, check, load_rules, scan
 from batchtool.check.duplicates import HashIndex
 from batchtool.check.hashing import canonical, row_hashes
 from batchtool.check.report import ERROR, FAIL, PASS
-from batchtool.check.rules import (Checksums, ClassProportions, Crc, LabelRange, Length, MinClassRows,
-                                   NoDuplicateRows, NoNan, NoNulls, PaddingEfficiency, RowCount, RuleSet,
-                                   SameLength, Schema, Unique)
+from batchtool.check.rules import (BatchRows, Checksums, ClassProportions, Crc, DriftNulls, DriftProportions,
+                                   LabelRange, Length, ManifestRows, MinClassRows, NoDuplicateRows, NoNan, NoNulls,
+                                   PaddingEfficiency, RankBatches, RowCount, RuleSet, SameLength, Schema, Unique)
 from batchtool.convert import convert
 from batchtool.dataset import Dataset, open_dataset
 from batchtool.errors import InputError, SchemaError, UsageError
@@ -279,11 +279,11 @@ def test_tfrecord_rows_are_counted_without_decoding(tmp_path, monkeypatch):
 def test_plan_reads_only_the_columns_rules_need():
     schema = pa.schema([("key", pa.string()), ("label", pa.int64()), ("tokens", pa.list_(pa.int64())),
                         ("weight", pa.float32())])
-    assert evaluate.make_plan([LabelRange("r", 4)], schema, key=None, limit=5).columns == ("label",)
-    plan = evaluate.make_plan([LabelRange("r", 4), Length("l", column="tokens", p50=(1, 2)), Unique("u", ("key",))],
+    assert scan.make_plan([LabelRange("r", 4)], schema, key=None, limit=5).columns == ("label",)
+    plan = scan.make_plan([LabelRange("r", 4), Length("l", column="tokens", p50=(1, 2)), Unique("u", ("key",))],
                               schema, key="key", limit=5)
     assert plan.columns == ("label", "tokens", "key") and plan.pairs == (("label", "tokens"),)
-    assert evaluate.make_plan([RowCount("r", min=1)], schema, key="key", limit=5).columns == ()
+    assert scan.make_plan([RowCount("r", min=1)], schema, key="key", limit=5).columns == ()
 
 
 def test_stats_collect_counts_nulls_and_nans_like_check(tmp_path):
@@ -410,7 +410,7 @@ def test_duplicates_spill_end_to_end(tmp_path):
 
 
 def test_hash_collisions_are_confirmed_away(tmp_path, monkeypatch):
-    monkeypatch.setattr(evaluate, "row_hashes", lambda batch, cols: np.zeros(batch.num_rows, np.uint64))
+    monkeypatch.setattr(scan, "row_hashes", lambda batch, cols: np.zeros(batch.num_rows, np.uint64))
     src = src_of(tmp_path, {"key": [f"k{i}" for i in range(20)]})
     result = one(src, Unique("u", ("key",)), max_offenders=2)
     assert result.status == PASS and result.value == 0
@@ -451,7 +451,41 @@ relative = true
                            ClassProportions("class_proportions", (0.5, 0.5), 1.0, True))
 
 
+def test_rules_file_builds_the_output_batch_and_drift_kinds(tmp_path):
+    path = rules_file(tmp_path, """
+baseline = "old/"
+[[rules]]
+kind = "manifest_rows"
+[[rules]]
+kind = "padding_efficiency"
+min = 0.5
+per_bucket = true
+[[rules]]
+kind = "batch_rows"
+max = 32
+[[rules]]
+kind = "rank_batches"
+column = "worker"
+[[rules]]
+kind = "drift_proportions"
+column = "y"
+tolerance = 0.05
+[[rules]]
+kind = "drift_nulls"
+columns = ["a"]
+""")
+    rules = load_rules(path)
+    assert rules.baseline == "old/"
+    assert rules.rules == (ManifestRows("manifest_rows"), PaddingEfficiency("padding_efficiency", 0.5, True),
+                           BatchRows("batch_rows", max=32), RankBatches("rank_batches", "worker"),
+                           DriftProportions("drift_proportions", 0.05, "y"), DriftNulls("drift_nulls", 0.01, ("a",)))
+    assert [r.tolerance for r in rules.drift] == [0.05, 0.01]
+
+
 @pytest.mark.parametrize("text, message", [
+    ('[[rules]]\nkind = "batch_rows"', "rule 'batch_rows' (batch_rows), key 'min': a batch_rows rule needs min or max"),
+    ('[[rules]]\nkind = "drift_rows"\ntolerance = -0.1', "key 'tolerance': must be a number >= 0, got -0.1"),
+    ('[[rules]]\nkind = "padding_efficiency"\nmin = 0.5\nper_bucket = 1', "key 'per_bucket': must be a boolean"),
     ('[[rules]]\nkind = "unique"\ncolumns = ["k"]\nmin = 1', "rule 'unique' (unique), key 'min': unknown key"),
     ('[[rules]]\nname = "n"\nkind = "row_count"\nmin = "5"',
      "rule 'n' (row_count), key 'min': must be an integer, got string '5'"),

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 
+import click
 import pyarrow as pa
 import pytest
+from click.testing import CliRunner
 
-from conftest import SAMPLE, write_parquet_shards
+from batchtool.cli import cli
+from conftest import REPO, SAMPLE, write_parquet_shards
 
 RULES = os.path.join(SAMPLE, "rules.toml")
 PARQUET = os.path.join(SAMPLE, "parquet")
@@ -154,3 +160,51 @@ def test_schema_failure_reports_dependent_rules_as_not_evaluated(tmp_path, run_c
     assert "1 failed, 1 not evaluated" in result.output
     cases = {c.get("name"): c for c in ET.parse(junit).getroot().iter("testcase")}
     assert cases["schema"].find("failure") is not None and cases["label_range"].find("error") is not None
+
+
+@pytest.mark.parametrize("form", [("--no-nan", "weight,frames"), ("--no-nan", "weight", "--no-nan", "frames")])
+def test_no_nan_flag_takes_repeated_and_comma_separated_columns(tmp_path, run_cli, form):
+    result = run_cli("check", PARQUET, *form, "--json", "-")
+    assert result.exit_code == 0
+    rule = json.loads(result.output)["rules"][0]
+    assert (rule["name"], rule["kind"], rule["status"], rule["bound"]) == ("no_nan", "no_nan", "PASS",
+                                                                          "0 NaNs in weight, frames")
+    src = write_parquet_shards(str(tmp_path / "nan"), pa.table({"x": [1.0, float("nan"), 2.0],
+                                                                "y": [[0.5], [1.0], [float("nan")]]}), shards=1)
+    bad = run_cli("check", src, *[a.replace("weight", "x").replace("frames", "y") for a in form])
+    assert bad.exit_code == 1
+    assert "2 NaNs (x: 1, y: 1)" in bad.output and "row 1: NaN in 'x'" in bad.output
+
+
+def test_counts_are_in_the_right_number(tmp_path, run_cli):
+    src = write_parquet_shards(str(tmp_path / "one"), pa.table({"key": ["a"], "label": [0]}), shards=1)
+    result = run_cli("check", src, "--unique", "key")
+    assert result.exit_code == 0
+    assert result.output.splitlines()[0] == f"check {src} (parquet, 1 row)"
+    assert "the only key distinct" in result.output
+    assert result.output.splitlines()[-1].startswith("1 rule: 1 passed, 0 failed")
+    dst = tmp_path / "out"
+    assert run_cli("convert", src, dst, "-q").exit_code == 0
+    verified = run_cli("check", dst, "--checksums")
+    assert "the only file matches" in verified.output and "all 1 file" not in verified.output
+    assert not re.search(r"\b1 (rules|files|rows|batches|columns)\b", verified.output + result.output)
+
+
+def test_statuses_are_plain_when_not_a_terminal_and_coloured_when_forced(monkeypatch):
+    args = ["check", PARQUET, "--num-classes", "3", "--min-rows", "1"]
+    plain = CliRunner().invoke(cli, args)
+    assert plain.exit_code == 1 and "\x1b[" not in plain.output
+    coloured = CliRunner().invoke(cli, args, color=True)
+    assert click.style("PASS", fg="green") in coloured.output and click.style("FAIL", fg="red") in coloured.output
+    assert click.unstyle(coloured.output).splitlines()[:-1] == plain.output.splitlines()[:-1]  # not the time
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert "\x1b[" not in CliRunner().invoke(cli, args, color=True).output
+
+
+def test_a_piped_check_prints_no_escape_codes():
+    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("NO_COLOR", None)
+    proc = subprocess.run([sys.executable, "-m", "batchtool", "check", PARQUET, "--num-classes", "4"],
+                          capture_output=True, text=True, env=env, cwd=REPO)
+    assert proc.returncode == 0 and "PASS" in proc.stdout and "\x1b[" not in proc.stdout
+    assert proc.stdout.splitlines()[-1].startswith("1 rule: 1 passed, 0 failed")

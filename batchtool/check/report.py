@@ -4,12 +4,28 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import click
+
 from batchtool.errors import UsageError
 
-PASS, FAIL, ERROR = "PASS", "FAIL", "ERROR"
+PASS, FAIL, ERROR, SKIP = "PASS", "FAIL", "ERROR", "SKIP"
+STATUS_COLORS = {PASS: "green", FAIL: "red", ERROR: "red", SKIP: "yellow"}
+"""Status cells on a terminal (click.style colours); SKIP (a rule that does not apply) is no failure."""
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """'1 file', '2 files', '1,024 batches': a count with the word in the right number."""
+    return f"{n:,} {word if n == 1 else words or word + 's'}"
+
+
+def every(n: int, word: str, words: str | None = None) -> str:
+    """'all 4 files', 'the only file', 'no files': the subject of a sentence about all of them."""
+    many = words or word + "s"
+    return f"all {n:,} {many}" if n > 1 else f"the only {word}" if n == 1 else f"no {many}"
 
 
 @dataclass(frozen=True)
@@ -49,6 +65,18 @@ class RuleResult:
         return f"{self.name}: {self.measured} (expected {self.bound})"
 
 
+def skipped(rule: Any, why: str) -> RuleResult:
+    """A rule that does not apply to this dataset (e.g. equal batches per rank without a rank layout)."""
+    return RuleResult(rule.name, rule.kind, SKIP, why, "-")
+
+
+def verdict(rule: Any, ok: bool, measured: str, bound: str, value: Any = None, offending: int = 0,
+            offenders: Sequence[Offender] = ()) -> RuleResult:
+    """A rule's PASS or FAIL (`rule` is any check rule: its name and kind label the result)."""
+    return RuleResult(rule.name, rule.kind, PASS if ok else FAIL, measured, bound, value, offending,
+                      tuple(offenders))
+
+
 @dataclass(frozen=True)
 class CheckResult:
     src: str
@@ -59,7 +87,7 @@ class CheckResult:
 
     @property
     def passed(self) -> bool:
-        return all(r.status == PASS for r in self.rules)
+        return all(r.status in (PASS, SKIP) for r in self.rules)
 
     @property
     def exit_code(self) -> int:
@@ -71,7 +99,7 @@ class CheckResult:
         return "record" if self.format == "tfrecord" else "row"
 
     def counts(self) -> dict[str, int]:
-        return {s: sum(r.status == s for r in self.rules) for s in (PASS, FAIL, ERROR)}
+        return {s: sum(r.status == s for r in self.rules) for s in (PASS, FAIL, ERROR, SKIP)}
 
     def to_dict(self) -> dict[str, Any]:
         return {"src": self.src, "format": self.format, "rows": self.rows, "passed": self.passed,
@@ -81,24 +109,35 @@ class CheckResult:
                            "offenders": [asdict(o) for o in r.offenders]} for r in self.rules]}
 
 
-def render_text(result: CheckResult) -> str:
-    """The rules table, then each failed rule's full measurement and first offenders, then a summary line."""
+def render_text(result: CheckResult, color: bool = False) -> str:
+    """The rules table, then each failed rule's full measurement and first offenders, then a summary line.
+
+    With `color`, statuses are styled (PASS green, FAIL red, SKIP yellow); click.echo strips the
+    styles again when stdout is not a terminal.
+    """
+    def status(text: str, width: int = 0) -> str:
+        styled = click.style(text, fg=STATUS_COLORS[text]) if color and text in STATUS_COLORS else text
+        return styled + " " * (width - len(text))
+
     header = ("rule", "status", "measured", "bound")
     rows = [(r.name, r.status, _clip(r.measured), r.bound) for r in result.rules]
     widths = [max(len(row[i]) for row in (header, *rows)) for i in range(3)]
     lines = [f"check {result.src}"
-             + (f" ({result.format}, {result.rows:,} {result.row_unit}s)" if result.rows is not None else ""), ""]
-    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row[:3], widths)) + "  " + row[3] for row in (header, *rows)]
+             + (f" ({result.format}, {plural(result.rows, result.row_unit)})" if result.rows is not None else ""),
+             ""]
+    lines += ["  ".join((status if i == 1 else str.ljust)(cell, w) for i, (cell, w) in enumerate(zip(row[:3], widths)))
+              + "  " + row[3] for row in (header, *rows)]
     for r in result.rules:
         if r.status != PASS and (r.offenders or r.measured != _clip(r.measured)):
             more = r.offending - len(r.offenders)
-            lines += ["", f"{r.status} {r.name}: {r.measured}"]
+            lines += ["", f"{status(r.status)} {r.name}: {r.measured}"]
             if r.offenders:
                 lines.append(f"  first {len(r.offenders)} of {r.offending:,}:" if more > 0 else "  offenders:")
             lines += [f"    {o.describe(result.row_unit)}" for o in r.offenders]
     counts = result.counts()
-    lines += ["", f"{len(result.rules)} rules: {counts[PASS]} passed, {counts[FAIL]} failed"
+    lines += ["", f"{plural(len(result.rules), 'rule')}: {counts[PASS]} passed, {counts[FAIL]} failed"
               + (f", {counts[ERROR]} not evaluated" if counts[ERROR] else "")
+              + (f", {counts[SKIP]} skipped" if counts[SKIP] else "")
               + f" ({result.seconds:.2f} s)"]
     return "\n".join(lines)
 
@@ -123,16 +162,20 @@ def _json_default(value: Any) -> Any:
 
 
 def junit_xml(result: CheckResult) -> str:
-    """One testsuite, one testcase per rule; a failed rule is a <failure>, an unevaluated one an <error>."""
+    """One testsuite, one testcase per rule; a failed rule is a <failure>, an unevaluated one an <error>,
+    one that does not apply <skipped>."""
     counts = result.counts()
     attrs = {"tests": str(len(result.rules)), "failures": str(counts[FAIL]), "errors": str(counts[ERROR]),
              "time": f"{result.seconds:.3f}"}
     suites = ET.Element("testsuites", {"name": "batchtool check", **attrs})
-    suite = ET.SubElement(suites, "testsuite", {"name": f"batchtool check {result.src}", "skipped": "0", **attrs})
+    suite = ET.SubElement(suites, "testsuite", {"name": f"batchtool check {result.src}",
+                                                "skipped": str(counts[SKIP]), **attrs})
     for r in result.rules:
         case = ET.SubElement(suite, "testcase", {"classname": f"batchtool.check.{r.kind}", "name": r.name,
                                                  "time": "0"})
-        if r.status != PASS:
+        if r.status == SKIP:
+            ET.SubElement(case, "skipped", {"message": r.message})
+        elif r.status != PASS:
             tag = "failure" if r.status == FAIL else "error"
             element = ET.SubElement(case, tag, {"message": r.message, "type": r.kind})
             element.text = "\n".join([r.message, *(o.describe(result.row_unit) for o in r.offenders)])

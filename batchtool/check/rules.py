@@ -232,10 +232,12 @@ class RowCount(Rule):
 
 @dataclass(frozen=True)
 class PaddingEfficiency(Rule):
-    """Real / padded elements at least `min`, as recorded in a bucket or segment output's manifest."""
+    """Real / padded elements at least `min`, as recorded in a bucket or segment output's manifest;
+    with `per_bucket`, in every bucket of a bucket output."""
 
     kind: ClassVar[str] = "padding_efficiency"
     min: float
+    per_bucket: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -256,9 +258,143 @@ class Crc(Rule):
     kind: ClassVar[str] = "crc"
 
 
+@dataclass(frozen=True)
+class ManifestRows(Rule):
+    """Every output file of a batchtool DST holds the rows its manifest records (and they add up to its total)."""
+
+    kind: ClassVar[str] = "manifest_rows"
+
+
+@dataclass(frozen=True)
+class ManifestBatches(Rule):
+    """Every output file of a batchtool DST holds the batches its manifest records."""
+
+    kind: ClassVar[str] = "manifest_batches"
+
+
+@dataclass(frozen=True)
+class ManifestSchema(Rule):
+    """Every output file of a batchtool DST has the schema its manifest records."""
+
+    kind: ClassVar[str] = "manifest_schema"
+
+
+MANIFEST_RULES: tuple[type[Rule], ...] = (Checksums, ManifestRows, ManifestBatches, ManifestSchema)
+"""What `check DST` verifies of a batchtool output when no rule is given (and what --manifest adds)."""
+
+
+@dataclass(frozen=True)
+class BatchRows(Rule):
+    """Rows of every batch (as batchtool.load yields them) within [min, max]."""
+
+    kind: ClassVar[str] = "batch_rows"
+    min: int | None = None
+    max: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(self.min is not None or self.max is not None, "min", "a batch_rows rule needs min or max")
+        _check_min_max(self.min, self.max)
+
+
+@dataclass(frozen=True)
+class BatchQuotas(Rule):
+    """Every batch of a `stratify --balanced-batches` output holds exactly the class quotas its manifest implies."""
+
+    kind: ClassVar[str] = "batch_quotas"
+
+
+@dataclass(frozen=True)
+class RankBatches(Rule):
+    """Every training rank of a rank-sharded output gets the same number of batches (skipped without ranks)."""
+
+    kind: ClassVar[str] = "rank_batches"
+    column: str = "rank"
+
+
+@dataclass(frozen=True)
+class Drift(Rule):
+    """Base of the rules comparing SRC with a baseline dataset: a statistic within `tolerance` of the baseline's.
+
+    `--tolerance KEY=X` sets `tolerance` of the drift rule `drift_KEY` that --baseline adds.
+    """
+
+    tolerance: float = 0.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(math.isfinite(self.tolerance) and self.tolerance >= 0, "tolerance",
+                 f"must be a number >= 0, got {self.tolerance}")
+
+    @classmethod
+    def tolerance_key(cls) -> str:
+        return cls.kind.removeprefix("drift_")
+
+
+@dataclass(frozen=True)
+class DriftRows(Drift):
+    """Row count within `tolerance` of the baseline's, as a ratio: |rows / baseline rows - 1| <= tolerance."""
+
+    kind: ClassVar[str] = "drift_rows"
+    tolerance: float = 0.1
+
+
+@dataclass(frozen=True)
+class DriftProportions(Drift):
+    """Each class's share of the labels within `tolerance` (absolute) of its share in the baseline.
+
+    `column` defaults to `label` when SRC has such an integer column (else the rule is skipped).
+    """
+
+    kind: ClassVar[str] = "drift_proportions"
+    tolerance: float = 0.02
+    column: str | None = None
+
+    def reads(self) -> tuple[str, ...]:
+        return (self.column,) if self.column else ()
+
+
+@dataclass(frozen=True)
+class DriftLengths(Drift):
+    """Length quantiles p50, p90 and p99 each within `tolerance` of the baseline's, relative to it.
+
+    `column` is an integer column or a sequence column whose steps are counted (default: the first list column).
+    """
+
+    kind: ClassVar[str] = "drift_lengths"
+    tolerance: float = 0.1
+    column: str | None = None
+
+    def reads(self) -> tuple[str, ...]:
+        return (self.column,) if self.column else ()
+
+
+@dataclass(frozen=True)
+class DriftNulls(Drift):
+    """Each column's share of null values within `tolerance` (absolute) of the baseline's.
+
+    `columns` defaults to every column SRC and the baseline share.
+    """
+
+    kind: ClassVar[str] = "drift_nulls"
+    tolerance: float = 0.01
+    columns: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(self.columns is None or len(self.columns) > 0, "columns", "must list at least one column")
+
+    def reads(self) -> tuple[str, ...]:
+        return self.columns or ()
+
+
+DRIFT_RULES: tuple[type[Drift], ...] = (DriftRows, DriftProportions, DriftLengths, DriftNulls)
+"""The drift rules --baseline adds, keyed for --tolerance by their kind without `drift_`."""
+
 KINDS: dict[str, type[Rule]] = {cls.kind: cls for cls in (
     Schema, NoNulls, NoNan, LabelRange, ClassProportions, MinClassRows, Length, SameLength, Unique,
-    NoDuplicateRows, RowCount, PaddingEfficiency, Checksums, Crc)}
+    NoDuplicateRows, RowCount, PaddingEfficiency, Checksums, Crc, ManifestRows, ManifestBatches, ManifestSchema,
+    BatchRows, BatchQuotas, RankBatches, *DRIFT_RULES)}
 
 
 @dataclass(frozen=True)
@@ -268,6 +404,8 @@ class RuleSet:
     rules: tuple[Rule, ...] = ()
     key: str | None = None
     max_offenders: int | None = None
+    baseline: str | None = None
+    """The dataset, batchtool output or manifest the drift rules compare SRC with."""
 
     def __post_init__(self) -> None:
         seen: set[str] = set()
@@ -279,10 +417,15 @@ class RuleSet:
     def __add__(self, other: RuleSet) -> RuleSet:
         """Both sets of rules; `other`'s settings win where given."""
         return RuleSet(self.rules + other.rules, other.key or self.key,
-                       self.max_offenders if other.max_offenders is None else other.max_offenders)
+                       self.max_offenders if other.max_offenders is None else other.max_offenders,
+                       other.baseline or self.baseline)
+
+    @property
+    def drift(self) -> tuple[Drift, ...]:
+        return tuple(r for r in self.rules if isinstance(r, Drift))
 
 
-_TOP_LEVEL = {"rules": list, "key": str, "max_offenders": int}
+_TOP_LEVEL = {"rules": list, "key": str, "max_offenders": int, "baseline": str}
 
 
 def load_rules(path: str) -> RuleSet:
@@ -309,8 +452,11 @@ def load_rules(path: str) -> RuleSet:
     if max_offenders is not None and max_offenders < 0:
         raise UsageError(f"{path}: top-level key 'max_offenders' must be >= 0, got {max_offenders}")
     rules = tuple(_rule_from_table(path, i, table) for i, table in enumerate(tables))
+    if "baseline" in doc and not any(isinstance(r, Drift) for r in rules):
+        raise UsageError(f"{path}: top-level key 'baseline' is set but no rule compares with it (add drift_* rules: "
+                         f"{', '.join(cls.kind for cls in DRIFT_RULES)})")
     try:
-        return RuleSet(rules, doc.get("key"), max_offenders)
+        return RuleSet(rules, doc.get("key"), max_offenders, doc.get("baseline"))
     except UsageError as exc:
         raise UsageError(f"{path}: {exc}") from None
 
@@ -407,44 +553,98 @@ def _show(value: Any) -> str:
 def rules_from_flags(*, label: str | None = None, num_classes: int | None = None,
                      target: Sequence[float] | None = None, tolerance: float | None = None,
                      min_rows: int | None = None, max_rows: int | None = None,
-                     unique: Sequence[Sequence[str]] = (), no_nulls: Sequence[str] = (),
+                     unique: Sequence[Sequence[str]] = (), no_nulls: Sequence[str] = (), no_nan: Sequence[str] = (),
                      length: str | None = None, min_length: int | None = None, max_length: int | None = None,
-                     checksums: bool = False, crc: bool = False) -> RuleSet:
-    """The common rules as flags; each becomes the same rule a rules file would give, named after its kind."""
+                     checksums: bool = False, crc: bool = False, manifest: bool = False,
+                     min_padding_efficiency: float | None = None, min_bucket_padding_efficiency: float | None = None,
+                     min_batch_rows: int | None = None, max_batch_rows: int | None = None,
+                     batch_quotas: bool = False, rank_batches: bool = False, baseline: str | None = None,
+                     drift_tolerances: Mapping[str, float] | None = None, drift_rules: bool = True) -> RuleSet:
+    """The common rules as flags; each becomes the same rule a rules file would give, named after its kind.
+
+    `baseline` adds one rule per drift kind (tolerances keyed as in --tolerance KEY=X), unless
+    `drift_rules` is false because a rules file brings its own; it is their baseline either way.
+    """
     rules: list[Rule] = []
+    drift_tolerances = dict(drift_tolerances or {})
 
     def add(cls: type[Rule], name: str, flags: dict[str, tuple[str, Any]]) -> None:
+        """`flags` maps each key to (flag, value); a flag ending in '=' (--tolerance KEY=) takes its value unspaced."""
         values = {key: value for key, (_, value) in flags.items() if value is not None}
-        rules.append(make_rule(cls, {"name": name, **values},
-                               lambda key: f"{flags[key][0]} {_flag_value(flags[key][1])}" if key in flags
-                               else f"rule {name!r}, key {key!r}"))
+
+        def where(key: str) -> str:
+            if key not in flags:
+                return f"rule {name!r}, key {key!r}"
+            flag, value = flags[key]
+            return flag + ("" if flag.endswith("=") else " ") + _flag_value(value)
+
+        rules.append(make_rule(cls, {"name": name, **values}, where))
 
     label_flag = ("--label", label)
-    if label is not None and num_classes is None and target is None:
-        raise UsageError(f"--label {label}: says which column --num-classes and --target check; give one of them")
+    drifting = baseline is not None and drift_rules
+    if label is not None and num_classes is None and target is None and not drifting:
+        raise UsageError(f"--label {label}: says which column --num-classes, --target and --baseline check; "
+                         "give one of them")
     if num_classes is not None:
         add(LabelRange, "label_range", {"column": label_flag, "num_classes": ("--num-classes", num_classes)})
     if target is not None:
         add(ClassProportions, "class_proportions", {"column": label_flag, "target": ("--target", tuple(target)),
                                                     "tolerance": ("--tolerance", tolerance)})
     elif tolerance is not None:
-        raise UsageError(f"--tolerance {tolerance}: applies to --target, which is not given")
+        raise UsageError(f"--tolerance {tolerance}: applies to --target, which is not given "
+                         "(for --baseline give KEY=X, e.g. --tolerance proportions=0.02)")
     if min_rows is not None or max_rows is not None:
         add(RowCount, "row_count", {"min": ("--min-rows", min_rows), "max": ("--max-rows", max_rows)})
     for columns in unique:
         add(Unique, "unique:" + ",".join(columns), {"columns": ("--unique", tuple(columns))})
     if no_nulls:
         add(NoNulls, "no_nulls", {"columns": ("--no-nulls", tuple(no_nulls))})
+    if no_nan:
+        add(NoNan, "no_nan", {"columns": ("--no-nan", tuple(no_nan))})
     if min_length is not None or max_length is not None:
         add(Length, "length", {"column": ("--length", length), "min": ("--min-length", min_length),
                                "max": ("--max-length", max_length)})
-    elif length is not None:
-        raise UsageError(f"--length {length}: says which column --min-length/--max-length check; give one of them")
-    if checksums:
+    elif length is not None and not drifting:
+        raise UsageError(f"--length {length}: says which column --min-length/--max-length and --baseline check; "
+                         "give one of them")
+    if checksums or manifest:
         rules.append(Checksums("checksums"))
+    if manifest:
+        rules += [cls(cls.kind) for cls in MANIFEST_RULES if cls is not Checksums]
     if crc:
         rules.append(Crc("crc"))
-    return RuleSet(tuple(rules))
+    if min_padding_efficiency is not None:
+        add(PaddingEfficiency, "padding_efficiency", {"min": ("--min-padding-efficiency", min_padding_efficiency)})
+    if min_bucket_padding_efficiency is not None:
+        add(PaddingEfficiency, "padding_efficiency:buckets",
+            {"min": ("--min-bucket-padding-efficiency", min_bucket_padding_efficiency),
+             "per_bucket": ("--min-bucket-padding-efficiency", True)})
+    if min_batch_rows is not None or max_batch_rows is not None:
+        add(BatchRows, "batch_rows", {"min": ("--min-batch-rows", min_batch_rows),
+                                      "max": ("--max-batch-rows", max_batch_rows)})
+    if batch_quotas:
+        rules.append(BatchQuotas("batch_quotas"))
+    if rank_batches:
+        rules.append(RankBatches("rank_batches"))
+    for key, value in drift_tolerances.items():
+        flag = f"--tolerance {key}={value:g}"
+        if key not in {cls.tolerance_key() for cls in DRIFT_RULES}:
+            raise UsageError(f"{flag}: unknown key (expected one of: "
+                             f"{', '.join(cls.tolerance_key() for cls in DRIFT_RULES)}, or a number for --target)")
+        if baseline is None:
+            raise UsageError(f"{flag}: applies to --baseline, which is not given")
+        if not drift_rules:
+            raise UsageError(f"{flag}: the rules file has its own drift rules; set their tolerance there")
+    if drifting:
+        for cls in DRIFT_RULES:
+            key = cls.tolerance_key()
+            values: dict[str, tuple[str, Any]] = {"tolerance": (f"--tolerance {key}=", drift_tolerances.get(key))}
+            if cls is DriftProportions:
+                values["column"] = label_flag
+            elif cls is DriftLengths:
+                values["column"] = ("--length", length)
+            add(cls, cls.kind, values)
+    return RuleSet(tuple(rules), baseline=baseline)
 
 
 def _flag_value(value: Any) -> str:

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from batchtool.check import (CheckOptions, RuleSet, check, junit_xml, load_rules, render_text, rules_from_flags,
                              to_json)
 from batchtool.check.report import write
 from batchtool.cli.common import command, input_options, make_run, parse_size, run_options
+from batchtool.errors import UsageError
 
 
-def _columns(text: str | None) -> tuple[str, ...]:
-    return tuple(c.strip() for c in text.split(",") if c.strip()) if text else ()
+def _columns(texts: tuple[str, ...]) -> tuple[str, ...]:
+    """Columns of a repeatable COL,... option: `--no-nan a,b` and `--no-nan a --no-nan b` are the same."""
+    return tuple(dict.fromkeys(c.strip() for text in texts for c in text.split(",") if c.strip()))
 
 
 def _floats(ctx: click.Context, param: click.Parameter, text: str | None) -> tuple[float, ...] | None:
@@ -23,24 +27,68 @@ def _floats(ctx: click.Context, param: click.Parameter, text: str | None) -> tup
         raise click.BadParameter(f"{text!r} is not a comma-separated list of numbers") from None
 
 
+def _tolerances(ctx: click.Context, param: click.Parameter,
+                texts: tuple[str, ...]) -> tuple[float | None, dict[str, float]]:
+    """A bare number (the --target tolerance) and KEY=X pairs (the drift rules' tolerances)."""
+    bare: float | None = None
+    keyed: dict[str, float] = {}
+    for text in texts:
+        key, _, number = text.rpartition("=")
+        try:
+            value = float(number)
+        except ValueError:
+            raise UsageError(f"--tolerance {text}: not a number or KEY=NUMBER (e.g. proportions=0.02)") from None
+        if not value >= 0:
+            raise UsageError(f"--tolerance {text}: a tolerance must be a number >= 0")
+        if not key and bare is not None:
+            raise UsageError(f"--tolerance {text}: a bare number is the --target tolerance, already given")
+        if key:
+            keyed[key.strip()] = value
+        else:
+            bare = value
+    return bare, keyed
+
+
 @command("check", "batchtool check sample_data/parquet --rules sample_data/rules.toml --junit check.xml")
 @click.argument("src")
 @click.option("--rules", "rules_file", metavar="RULES.toml", help="Rules file (see docs/check.md); flags add rules.")
-@click.option("--label", metavar="COL", help="Label column of --num-classes and --target (default: label).")
+@click.option("--label", metavar="COL",
+              help="Label column of --num-classes, --target and --baseline (default: label).")
 @click.option("--num-classes", type=int, help="Rule: every label is in [0, N).")
 @click.option("--target", callback=_floats, metavar="P0,P1,...",
               help="Rule: class proportions within --tolerance of these.")
-@click.option("--tolerance", type=float, help="Allowed |proportion - target| for --target (default 0.01).")
+@click.option("--tolerance", multiple=True, callback=_tolerances, metavar="X|KEY=X",
+              help="X: allowed |proportion - target| for --target (default 0.01). KEY=X: tolerance of a --baseline "
+                   "rule: proportions (0.02), lengths (0.1), nulls (0.01), rows (0.1). Repeatable.")
 @click.option("--min-rows", type=int, help="Rule: at least N rows.")
 @click.option("--max-rows", type=int, help="Rule: at most N rows.")
 @click.option("--unique", multiple=True, metavar="COL[,COL...]",
               help="Rule: no two rows share this key (repeat the flag for more keys).")
-@click.option("--no-nulls", metavar="COL,...", help="Rule: no nulls in these columns.")
-@click.option("--length", metavar="COL", help="Column of --min-length/--max-length (default: the first list column).")
+@click.option("--no-nulls", multiple=True, metavar="COL,...", help="Rule: no nulls in these columns (repeatable).")
+@click.option("--no-nan", multiple=True, metavar="COL,...",
+              help="Rule: no NaN in these float or list-of-float columns (repeatable).")
+@click.option("--length", metavar="COL",
+              help="Column of --min-length/--max-length and --baseline (default: the first list column).")
 @click.option("--min-length", type=int, help="Rule: every row at least this long.")
 @click.option("--max-length", type=int, help="Rule: every row at most this long.")
 @click.option("--checksums", is_flag=True, help="Rule: files match the sizes and sha256 in DST's manifest.")
+@click.option("--manifest", "verify_manifest", is_flag=True,
+              help="Rules: DST's files match its manifest (checksums, rows, batches, schema); the default for a "
+                   "batchtool output when no rule is given.")
 @click.option("--crc", is_flag=True, help="Rule: every TFRecord record's CRCs are valid (corrupt ones are counted).")
+@click.option("--min-padding-efficiency", type=float, metavar="X",
+              help="Rule: real / padded elements at least X (bucket and segment output).")
+@click.option("--min-bucket-padding-efficiency", type=float, metavar="X",
+              help="Rule: real / padded elements at least X in every bucket (bucket output).")
+@click.option("--min-batch-rows", type=int, metavar="N", help="Rule: every batch holds at least N rows.")
+@click.option("--max-batch-rows", type=int, metavar="N", help="Rule: every batch holds at most N rows.")
+@click.option("--batch-quotas", is_flag=True,
+              help="Rule: every batch of a stratify --balanced-batches output holds its class quotas.")
+@click.option("--rank-batches", is_flag=True,
+              help="Rule: every training rank gets the same number of batches (skipped without a rank layout).")
+@click.option("--baseline", metavar="OTHER",
+              help="Rules: class proportions, length quantiles, null shares and row count within --tolerance of "
+                   "OTHER's (a dataset, a batchtool output, or its manifest).")
 @click.option("--key", metavar="COL", help="Column shown with offending rows (default: key, if present).")
 @click.option("--max-offenders", type=int, help="Offending rows listed per rule (default 5).")
 @click.option("--json", "json_file", metavar="FILE", help="Write the result as JSON ('-': to stdout, no table).")
@@ -51,32 +99,42 @@ def _floats(ctx: click.Context, param: click.Parameter, text: str | None) -> tup
 @input_options
 @run_options
 def check_cmd(src: str, rules_file: str | None, label: str | None, num_classes: int | None,
-              target: tuple[float, ...] | None, tolerance: float | None, min_rows: int | None, max_rows: int | None,
-              unique: tuple[str, ...], no_nulls: str | None, length: str | None, min_length: int | None,
-              max_length: int | None, checksums: bool, crc: bool, key: str | None, max_offenders: int | None,
-              json_file: str | None, junit_file: str | None, memory: str, tmp_dir: str | None,
-              input_format: str | None, skip_corrupt: bool, **kwargs) -> None:
+              target: tuple[float, ...] | None, tolerance: tuple[float | None, dict[str, float]],
+              min_rows: int | None, max_rows: int | None, unique: tuple[str, ...], no_nulls: tuple[str, ...],
+              no_nan: tuple[str, ...], length: str | None, min_length: int | None, max_length: int | None,
+              checksums: bool, verify_manifest: bool, crc: bool, min_padding_efficiency: float | None,
+              min_bucket_padding_efficiency: float | None, min_batch_rows: int | None, max_batch_rows: int | None,
+              batch_quotas: bool, rank_batches: bool, baseline: str | None, key: str | None,
+              max_offenders: int | None, json_file: str | None, junit_file: str | None, memory: str,
+              tmp_dir: str | None, input_format: str | None, skip_corrupt: bool, **kwargs) -> None:
     """Check SRC against rules and print a table of them: PASS/FAIL, the measured value and the bound.
 
     Rules come from --rules RULES.toml and from the flags below (schema, nulls, NaN, label range,
     class proportions, rows per class, lengths, sequence agreement, unique keys, duplicate rows,
-    row counts, padding efficiency, manifest checksums, TFRecord CRCs). One streaming pass reads
-    only the columns the rules need. Exit status: 0 all pass, 1 a rule fails, 2 bad usage or
-    unreadable input.
+    row counts, padding efficiency, batch sizes and quotas, manifest checksums, TFRecord CRCs,
+    drift against a --baseline). With no rule, a batchtool output directory is verified against
+    its manifest (checksums, rows, batches, schema). One streaming pass reads only the columns the
+    rules need. Exit status: 0 all pass, 1 a rule fails, 2 bad usage or unreadable input.
     """
     run = make_run(kwargs)
-    flags = rules_from_flags(label=label, num_classes=num_classes, target=target, tolerance=tolerance,
-                             min_rows=min_rows, max_rows=max_rows, unique=[_columns(u) for u in unique],
-                             no_nulls=_columns(no_nulls), length=length, min_length=min_length,
-                             max_length=max_length, checksums=checksums, crc=crc)
-    rules = (load_rules(rules_file) if rules_file else RuleSet()) + flags
+    from_file = load_rules(rules_file) if rules_file else RuleSet()
+    target_tolerance, drift_tolerances = tolerance
+    flags = rules_from_flags(label=label, num_classes=num_classes, target=target, tolerance=target_tolerance,
+                             min_rows=min_rows, max_rows=max_rows, unique=[_columns((u,)) for u in unique],
+                             no_nulls=_columns(no_nulls), no_nan=_columns(no_nan), length=length,
+                             min_length=min_length, max_length=max_length, checksums=checksums,
+                             manifest=verify_manifest, crc=crc, min_padding_efficiency=min_padding_efficiency,
+                             min_bucket_padding_efficiency=min_bucket_padding_efficiency,
+                             min_batch_rows=min_batch_rows, max_batch_rows=max_batch_rows,
+                             batch_quotas=batch_quotas, rank_batches=rank_batches, baseline=baseline,
+                             drift_tolerances=drift_tolerances, drift_rules=not from_file.drift)
     options = CheckOptions(key=key, max_offenders=max_offenders, memory=parse_size(memory), tmp_dir=tmp_dir,
                            format=input_format, skip_corrupt=skip_corrupt)
-    result = check(src, rules, options, run)
+    result = check(src, from_file + flags, options, run)
     if json_file == "-":
         click.echo(to_json(result), nl=False)
     else:
-        click.echo(render_text(result))
+        click.echo(render_text(result, color=True), color=False if os.environ.get("NO_COLOR") else None)
         if json_file:
             write(json_file, to_json(result), "--json")
     if junit_file:

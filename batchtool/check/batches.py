@@ -1,0 +1,180 @@
+"""Batch-level rules for batch outputs (bucket, segment, balanced stratify), on the batches `batchtool.load` yields.
+
+Padding per bucket comes from the manifest bucket wrote; rows per batch from Parquet footers
+(TFRecord: the `batch` column); quotas and ranks read one small column batch by batch.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from batchtool.check.report import Offender, RuleResult, plural, skipped, verdict
+from batchtool.check.rules import BatchQuotas, BatchRows, PaddingEfficiency, RankBatches, Rule
+from batchtool.check.verify import output_stats
+from batchtool.manifest import output_files
+from batchtool.dataset import Dataset
+from batchtool.errors import InputError, UsageError
+from batchtool.load import BATCH_COLUMN, load
+from batchtool.ops.stratify import BatchLayout
+
+BATCH_RULES = (BatchRows, BatchQuotas, RankBatches)
+
+
+def judge_batches(rule: Rule, dataset: Dataset, limit: int, threads: int) -> RuleResult:
+    """The result of one batch rule (`BATCH_RULES`, or padding_efficiency with per_bucket)."""
+    if isinstance(rule, PaddingEfficiency):
+        return judge_bucket_padding(rule, dataset, limit)
+    if isinstance(rule, BatchRows):
+        return judge_batch_rows(rule, dataset, limit, threads)
+    if isinstance(rule, BatchQuotas):
+        return judge_batch_quotas(rule, dataset, limit, threads)
+    return judge_rank_batches(rule, dataset, limit, threads)
+
+
+def _batches(rule: Rule, dataset: Dataset, columns: list[str], threads: int) -> Iterator[pa.RecordBatch]:
+    """SRC's batches in training order, with only `columns` (none: Parquet footers only).
+
+    A rule asked of data whose batches cannot be told apart is a usage error (exit 2), never a failure.
+    """
+    if dataset.format == "tfrecord" and (dataset.manifest is None or BATCH_COLUMN not in dataset.schema.names):
+        lacks = "a batchtool manifest" if dataset.manifest is None else f"a {BATCH_COLUMN!r} column"
+        raise UsageError(f"rule {rule.name!r}: {dataset.src} is TFRecord without {lacks}, so its records mark "
+                         "no batches")
+    if dataset.manifest is not None:
+        output_files(dataset.src, dataset.manifest)  # the loader reads the files it lists: none may leave SRC
+    return load(dataset.src, columns=columns, threads=threads).record_batches()
+
+
+def _stats(rule: Rule, dataset: Dataset, key: str, writer: str) -> Any:
+    """A manifest stats entry a rule needs; a usage error naming what writes it when SRC is other output."""
+    manifest = dataset.manifest
+    if manifest is None:
+        raise UsageError(f"rule {rule.name!r}: {dataset.src} has no batchtool manifest to read {key} from "
+                         f"(check the output directory of {writer})")
+    value = output_stats(manifest).get(key)
+    if value is None:
+        raise UsageError(f"rule {rule.name!r}: {dataset.src}'s manifest records no stats.{key} (written by "
+                         f"{manifest.get('command')!r}; {writer} output records it)")
+    return value
+
+
+def judge_bucket_padding(rule: PaddingEfficiency, dataset: Dataset, limit: int) -> RuleResult:
+    """Each bucket's real / padded elements, as bucket recorded them; empty buckets have none."""
+    buckets = [b for b in _stats(rule, dataset, "buckets", "bucket")
+               if isinstance(b, dict) and isinstance(b.get("padding_efficiency"), (int, float))]
+    bound = f">= {rule.min:g} in every bucket"
+    if not buckets:
+        return verdict(rule, False, "no bucket holds examples", bound)
+
+    def name(b: dict) -> str:
+        low, high = (b.get("lengths") or [None, None])[:2]
+        edges = f" (lengths {low}-{high - 1 if high is not None else ''})" if low is not None else ""
+        return f"bucket {b.get('bucket')}{edges}"
+
+    worst = min(buckets, key=lambda b: b["padding_efficiency"])
+    low = [b for b in buckets if b["padding_efficiency"] < rule.min]
+    offenders = [Offender(f"{name(b)}: {b['padding_efficiency']:.4f} "
+                          f"({plural(b.get('batches', 0), 'batch', 'batches')})") for b in low[:limit]]
+    return verdict(rule, not low, f"worst {name(worst)}: {worst['padding_efficiency']:.4f}", bound,
+                   worst["padding_efficiency"], len(low), offenders)
+
+
+def judge_batch_rows(rule: BatchRows, dataset: Dataset, limit: int, threads: int) -> RuleResult:
+    bound = (f"[{rule.min:,}, {rule.max:,}]" if rule.min is not None and rule.max is not None
+             else f">= {rule.min:,}" if rule.min is not None else f"<= {rule.max:,}") + " rows per batch"
+    batches = low = high = bad = 0
+    offenders = []
+    for i, batch in enumerate(_batches(rule, dataset, [], threads)):
+        n = batch.num_rows
+        low, high = (n, n) if not i else (min(low, n), max(high, n))
+        batches += 1
+        if (rule.min is not None and n < rule.min) or (rule.max is not None and n > rule.max):
+            bad += 1
+            if len(offenders) < limit:
+                offenders.append(Offender(f"batch {i}: {plural(n, 'row')}"))
+    if not batches:
+        return verdict(rule, True, "no batches", bound)
+    span = f"{low:,} rows in each of" if low == high else f"{low:,}-{high:,} rows in"
+    return verdict(rule, not bad, f"{span} {plural(batches, 'batch', 'batches')}", bound, {"min": low, "max": high},
+                   bad, offenders)
+
+
+def judge_batch_quotas(rule: BatchQuotas, dataset: Dataset, limit: int, threads: int) -> RuleResult:
+    """Batch i must hold exactly the quotas stratify gave batch i (BatchLayout, rebuilt from the manifest and
+    unrolled along with the batches, so no manifest value decides how much is held in memory)."""
+    _stats(rule, dataset, "balanced_batches", "stratify --balanced-batches")
+    stats = output_stats(dataset.manifest)
+    try:
+        expected = int(stats["balanced_batches"])
+        partial = tuple(int(q) for q in stats["final_batch_quotas"])
+        layout = BatchLayout(tuple(float(t) for t in stats["target"]), int(stats["batch_size"]),
+                             expected - bool(sum(partial)), partial)
+        label = str(stats["label"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InputError(f"rule {rule.name!r}: {dataset.src}'s manifest lacks the balanced-batch layout "
+                         f"(stats.{exc} is missing or malformed)") from None
+    quotas = layout.sequence()
+    classes = len(layout.target)
+    bad = seen = 0
+    offenders = []
+    for i, batch in enumerate(_batches(rule, dataset, [label], threads)):
+        labels = pc.fill_null(batch.column(0), -1).to_numpy(zero_copy_only=False)
+        outside = (labels < 0) | (labels >= classes)
+        counts = np.bincount(labels[~outside].astype(np.int64), minlength=classes)
+        want = next(quotas, None)
+        seen = i + 1
+        if outside.any() or want is None or not np.array_equal(counts, want):
+            bad += 1
+            detail = (f"{plural(int(outside.sum()), 'label')} null or outside [0, {classes})" if outside.any()
+                      else "no batch (beyond the layout's)" if want is None else f"quotas {want.tolist()}")
+            if len(offenders) < limit:
+                offenders.append(Offender(f"batch {i}: classes {counts.tolist()}, expected {detail}"))
+    if seen < expected:
+        bad += 1
+        if len(offenders) < limit:
+            offenders.append(Offender(f"{plural(seen, 'batch', 'batches')}, the layout has {expected:,}"))
+    measured = (f"every batch of {expected:,} holds its quotas" if not bad
+                else f"{bad:,} of {plural(max(seen, expected), 'batch', 'batches')} off their quotas")
+    return verdict(rule, not bad, measured, f"{label} quotas of stratify --balanced-batches, batch by batch",
+                   bad, bad, offenders)
+
+
+def judge_rank_batches(rule: RankBatches, dataset: Dataset, limit: int, threads: int) -> RuleResult:
+    """Batches per rank from the manifest's per-rank files, else from a rank column; skipped without either."""
+    files = (dataset.manifest or {}).get("output", {}).get("files") or []
+    counts: Counter[int] = Counter()
+    mixed = 0
+    problems = []
+    if files and all(isinstance(f, dict) and isinstance(f.get("rank"), int) for f in files):
+        for f in files:
+            counts[f["rank"]] += int(f.get("batches", 0))
+        source = "manifest"
+    elif rule.column in dataset.schema.names:
+        for i, batch in enumerate(_batches(rule, dataset, [rule.column], threads)):
+            ranks = np.unique(batch.column(0).drop_null().to_numpy(zero_copy_only=False))
+            if len(ranks) != 1:
+                mixed += 1
+                if len(problems) < limit:
+                    problems.append(Offender(f"batch {i}: ranks {ranks.tolist()}, expected one"))
+            counts.update(int(r) for r in ranks)
+        source = f"column {rule.column!r}"
+    else:
+        return skipped(rule, f"no rank layout: no {rule.column!r} column and no per-rank files in the manifest")
+    if not counts:
+        return verdict(rule, True, "no batches", "equal batches per rank")
+    most = max(counts.values())
+    behind = [Offender(f"rank {r}: {plural(n, 'batch', 'batches')}, rank {max(counts, key=counts.get)} has {most:,}")
+              for r, n in sorted(counts.items()) if n != most]
+    low, high = min(counts.values()), most
+    measured = (f"{plural(len(counts), 'rank')}, {plural(high, 'batch', 'batches')} each" if low == high
+                else f"{plural(len(counts), 'rank')}, {low:,}-{high:,} batches") + f" (from the {source})"
+    per_rank = {str(r): n for r, n in sorted(counts.items())}
+    offending = mixed + len(behind)
+    return verdict(rule, not offending, measured, "equal batches per rank", per_rank, offending,
+                   (problems + behind)[:limit])

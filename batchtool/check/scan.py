@@ -1,0 +1,349 @@
+"""`check`'s one streaming pass: the plan of what each chunk must yield, the per-chunk scan, and what it measured.
+
+The pass reuses `stats.chunk_stats` (rows, label counts, length histograms, null and NaN counts)
+and adds, per chunk, the first offending rows of row-level rules and 64-bit hashes for the
+unique-key and duplicate-row rules.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Sequence
+from contextlib import closing
+from dataclasses import dataclass, field
+from functools import singledispatch
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from batchtool import progress, rng
+from batchtool.check.duplicates import HashIndex
+from batchtool.check.hashing import canonical, row_hashes
+from batchtool.check.report import Offender
+from batchtool.check.rules import (ClassProportions, DriftLengths, DriftNulls, DriftProportions, LabelRange, Length,
+                                   MinClassRows, NoDuplicateRows, NoNan, NoNulls, Rule, SameLength, Unique)
+from batchtool.dataset import Chunk, Dataset, ReadReport
+from batchtool.errors import SchemaError
+from batchtool.formats import tfrecord
+from batchtool.job import RunSettings
+from batchtool.padding import element_type
+from batchtool.runner import ordered_map
+from batchtool.stats import DatasetStats, chunk_stats, is_sequence_type, lengths_of
+
+_ROW_LEVEL = (NoNulls, NoNan, LabelRange, Length, SameLength)
+_KEYED = (Unique, NoDuplicateRows)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the one pass computes, from the rules and the schema only."""
+
+    columns: tuple[str, ...]
+    pairs: tuple[tuple[str | None, str | None], ...]
+    """(label, length) column of each chunk_stats call; the first call also counts nulls and NaN."""
+    nulls: tuple[str, ...]
+    nans: tuple[str, ...]
+    row_rules: tuple[Rule, ...]
+    keys: tuple[tuple[str, ...], ...]
+    """Distinct column sets the unique and duplicate-row rules hash."""
+    key: str | None
+    limit: int
+
+    def stats_index(self, label: str | None = None, length: str | None = None) -> int:
+        return next(i for i, (a, b) in enumerate(self.pairs) if (label is None or a == label)
+                    and (length is None or b == length))
+
+
+def make_plan(rules: Sequence[Rule], schema: pa.Schema, key: str | None, limit: int) -> Plan:
+    """Check column types once, then list what each chunk must yield."""
+    labels, lengths, nulls, nans, keys = [], [], [], [], []
+    for rule in rules:
+        if isinstance(rule, (LabelRange, ClassProportions, MinClassRows, DriftProportions)):
+            _need(rule, rule.column, schema, pa.types.is_integer, "an integer label column")
+            labels.append(rule.column)
+        elif isinstance(rule, (Length, DriftLengths)):
+            _need(rule, rule.column, schema, lambda t: is_sequence_type(t) or pa.types.is_integer(t),
+                  "a list column or an integer length column")
+            lengths.append(rule.column)
+        elif isinstance(rule, (NoNulls, DriftNulls)):
+            nulls += rule.columns
+        elif isinstance(rule, NoNan):
+            for c in rule.columns:
+                _need(rule, c, schema, lambda t: pa.types.is_floating(element_type(t)),
+                      "a float or list-of-float column")
+            nans += rule.columns
+        elif isinstance(rule, SameLength):
+            for c in rule.columns:
+                _need(rule, c, schema, is_sequence_type, "a list (sequence) column")
+        elif isinstance(rule, _KEYED):
+            keys.append(rule.columns)
+    row_rules = tuple(r for r in rules if isinstance(r, _ROW_LEVEL))
+    if key is not None and (row_rules or keys):
+        _need_column(key, schema, "--key")
+    reads = [c for r in rules for c in r.reads()] + ([key] if key is not None and row_rules else [])
+    labels, lengths = list(dict.fromkeys(labels)), list(dict.fromkeys(lengths))
+    pairs = tuple(itertools.zip_longest(labels, lengths)) or ((None, None),)
+    return Plan(tuple(dict.fromkeys(reads)), pairs, tuple(dict.fromkeys(nulls)), tuple(dict.fromkeys(nans)),
+                row_rules, tuple(dict.fromkeys(keys)), key if (row_rules or keys) else None, limit)
+
+
+def _need(rule: Rule, column: str, schema: pa.Schema, ok: Callable[[pa.DataType], bool], what: str) -> None:
+    _need_column(column, schema, f"rule {rule.name!r}")
+    if not ok(schema.field(column).type):
+        raise SchemaError(f"rule {rule.name!r}: column {column!r} is {schema.field(column).type}, expected {what}")
+
+
+def _need_column(column: str, schema: pa.Schema, who: str) -> None:
+    if column not in schema.names:
+        raise SchemaError(f"{who}: no column {column!r} (available: {', '.join(schema.names)})")
+
+
+@dataclass
+class Offenses:
+    """Offending rows of one rule: how many, and the first `limit` as (example id, key value, detail)."""
+
+    count: int = 0
+    found: list[tuple[int, Any, str]] = field(default_factory=list)
+
+    def merge(self, other: Offenses, limit: int) -> None:
+        self.count += other.count
+        self.found += other.found[:max(0, limit - len(self.found))]
+
+
+@dataclass
+class Scan:
+    """What one chunk contributes; computed on a worker thread, merged in order by the consumer."""
+
+    stats: list[DatasetStats]
+    offenses: dict[str, Offenses]
+    hashes: list[np.ndarray]
+    ids: np.ndarray
+
+
+def scan_chunk(chunk: Chunk, plan: Plan) -> Scan:
+    """A pure function of the chunk and the plan."""
+    stats = [chunk_stats(chunk, label, length, plan.nulls if i == 0 else (), plan.nans if i == 0 else ())
+             for i, (label, length) in enumerate(plan.pairs)]
+    offenses = {}
+    for rule in plan.row_rules:
+        found = offending_rows(rule, chunk.data, stats, plan)
+        if found is None:
+            continue
+        mask, describe = found
+        idx = np.flatnonzero(mask)
+        if not len(idx):
+            continue
+        first = idx[:plan.limit]
+        keys = chunk.data.column(plan.key).take(pa.array(first)).to_pylist() if plan.key else [None] * len(first)
+        offenses[rule.name] = Offenses(len(idx), [(int(chunk.ids[i]), k, describe(int(i)))
+                                                  for i, k in zip(first, keys)])
+    return Scan(stats, offenses, [row_hashes(chunk.data, cols) for cols in plan.keys], chunk.ids)
+
+
+@dataclass
+class Measures:
+    """Everything the pass measured, for judging the rules."""
+
+    dataset: Dataset
+    plan: Plan
+    rows: int | None
+    stats: list[DatasetStats]
+    offenses: dict[str, Offenses]
+    repeats: dict[tuple[str, ...], tuple[int, list[Offender]]]
+    report: ReadReport
+
+    def label_stats(self, column: str) -> DatasetStats:
+        return self.stats[self.plan.stats_index(label=column)]
+
+    def length_stats(self, column: str) -> DatasetStats:
+        return self.stats[self.plan.stats_index(length=column)]
+
+    def offender(self, example_id: int, key: Any, detail: str) -> Offender:
+        return Offender(detail, self.dataset.shard_of(example_id).path,
+                        example_id & ((1 << rng.SHARD_BITS) - 1), key)
+
+    def rule_offenses(self, rule: Rule) -> tuple[int, tuple[Offender, ...]]:
+        o = self.offenses.get(rule.name, Offenses())
+        return o.count, tuple(self.offender(*f) for f in o.found)
+
+
+def measure(dataset: Dataset, plan: Plan, run: RunSettings, needs_rows: bool, memory: int = 1 << 30,
+            tmp_dir: str | None = None) -> Measures:
+    """The one streaming pass (or, when no rule reads data, a record count or nothing).
+
+    `memory` bounds the unique-key and duplicate-row hashes before they spill to `tmp_dir`.
+    """
+    report = ReadReport()
+    stats = [DatasetStats() for _ in plan.pairs]
+    offenses: dict[str, Offenses] = {}
+    repeats: dict[tuple[str, ...], tuple[int, list[Offender]]] = {}
+    if not plan.columns:
+        rows = count_records(dataset, report, run.threads) if needs_rows and dataset.format == "tfrecord" \
+            else dataset.num_rows
+        return Measures(dataset, plan, rows, stats, offenses, repeats, report)
+    budget = memory // max(1, len(plan.keys))
+    indexes = [HashIndex(budget, tmp_dir) for _ in plan.keys]
+    try:
+        with progress.bar("check", dataset.num_rows, quiet=run.quiet) as bar:
+            for scan in ordered_map(lambda task: scan_chunk(task(), plan), dataset.tasks(plan.columns, report),
+                                    run.threads):
+                for total, part in zip(stats, scan.stats):
+                    total.merge(part)
+                for name, part in scan.offenses.items():
+                    offenses.setdefault(name, Offenses()).merge(part, plan.limit)
+                for index, hashes in zip(indexes, scan.hashes):
+                    index.add(hashes, scan.ids)
+                bar.update(len(scan.ids))
+        measures = Measures(dataset, plan, stats[0].rows, stats, offenses, repeats, report)
+        for cols, index in zip(plan.keys, indexes):
+            repeats[cols] = confirm_repeats(measures, cols, index, run.threads)
+    finally:
+        for index in indexes:
+            index.close()
+    return measures
+
+
+def count_records(dataset: Dataset, report: ReadReport, threads: int) -> int:
+    """Rows of a TFRecord dataset without decoding: read and CRC-check every record, shards on threads."""
+    def count(path: str) -> tuple[int, ReadReport]:
+        local = ReadReport()
+        records = tfrecord.iter_records(path, skip_corrupt=dataset.skip_corrupt, on_corrupt=local.record)
+        return sum(1 for _ in records), local
+
+    rows = 0
+    for n, local in ordered_map(count, [s.path for s in dataset.shards], threads):
+        rows += n
+        report.corrupt_records += local.corrupt_records
+        report.first_errors = (report.first_errors + local.first_errors)[:10]
+    return rows
+
+
+def confirm_repeats(m: Measures, columns: tuple[str, ...], index: HashIndex,
+                    threads: int) -> tuple[int, list[Offender]]:
+    """Repeated keys by hash, confirmed on the real values in id order until `limit` are confirmed.
+
+    A candidate whose values differ from its group's first row is a 64-bit hash collision and is
+    not counted. So a rule fails only on a confirmed repeat, and the count is exact whenever every
+    candidate got checked (always, short of more than `limit` repeats plus collisions).
+    """
+    target = max(m.plan.limit, 1)
+    fetch = list(dict.fromkeys([*columns, *([m.plan.key] if m.plan.key else [])]))
+    unit = "record" if m.dataset.format == "tfrecord" else "row"
+    offenders: list[Offender] = []
+    checked = refuted = 0
+    want = target
+    while True:
+        found = index.repeats(want)
+        ids, first_ids = found.ids[checked:].tolist(), found.first_ids[checked:].tolist()
+        rows = fetch_rows(m.dataset, np.unique(np.array(ids + first_ids, dtype=np.uint64)), fetch, threads)
+        for dup, first in zip(ids, first_ids):
+            if [canonical(rows[dup][c]) for c in columns] != [canonical(rows[first][c]) for c in columns]:
+                refuted += 1
+                continue
+            earlier = m.offender(first, None, "")
+            offenders.append(m.offender(dup, rows[dup].get(m.plan.key) if m.plan.key else None,
+                                        f"same as {earlier.file}, {unit} {earlier.row}"))
+        checked = len(found.ids)
+        if len(offenders) >= target or checked >= found.count:
+            return found.count - refuted, offenders[:m.plan.limit]
+        want *= 2
+
+
+def fetch_rows(dataset: Dataset, ids: np.ndarray, columns: list[str], threads: int) -> dict[int, dict]:
+    """Rows by example id, reading only the shards that hold them and stopping after the last."""
+    if not len(ids):
+        return {}
+    shards = {int(i) >> rng.SHARD_BITS for i in ids}
+    subset = dataclasses.replace(dataset, shards=tuple(s for s in dataset.shards if s.index in shards))
+    rows: dict[int, dict] = {}
+    with closing(subset.chunks(columns, threads)) as chunks:
+        for chunk in chunks:
+            hit = np.isin(chunk.ids, ids)
+            if hit.any():
+                taken = chunk.filter(hit)
+                rows.update(zip(taken.ids.tolist(), taken.data.to_pylist()))
+            if len(rows) == len(ids):
+                break
+    return rows
+
+
+# ------------------------------------------------------------------------------------- offending rows
+
+Found = tuple[np.ndarray, Callable[[int], str]] | None
+"""A mask of a chunk's offending rows and a function describing row i; None when the chunk has none."""
+
+
+@singledispatch
+def offending_rows(rule: Rule, batch: pa.RecordBatch, stats: list[DatasetStats], plan: Plan) -> Found:
+    raise NotImplementedError(type(rule).__name__)
+
+
+@offending_rows.register
+def _(rule: NoNulls, batch: pa.RecordBatch, stats: list[DatasetStats], plan: Plan) -> Found:
+    nulls = {c: batch.column(c).is_null().to_numpy(zero_copy_only=False)
+             for c in rule.columns if batch.column(c).null_count}
+    if not nulls:
+        return None
+    return (np.logical_or.reduce(list(nulls.values())),
+            lambda i: "null in " + ", ".join(repr(c) for c, m in nulls.items() if m[i]))
+
+
+@offending_rows.register
+def _(rule: NoNan, batch: pa.RecordBatch, stats: list[DatasetStats], plan: Plan) -> Found:
+    nans = {c: nan_rows(batch.column(c)) for c in rule.columns if stats[0].nan_counts[c]}
+    if not nans:
+        return None
+    return (np.logical_or.reduce(list(nans.values())),
+            lambda i: "NaN in " + ", ".join(repr(c) for c, m in nans.items() if m[i]))
+
+
+def nan_rows(arr: pa.Array) -> np.ndarray:
+    """Mask of the rows holding a NaN anywhere inside (nested lists included)."""
+    out = np.zeros(len(arr), dtype=bool)
+    rows = np.arange(len(arr))
+    while is_sequence_type(arr.type):
+        rows = rows[pc.list_parent_indices(arr).to_numpy()]
+        arr = arr.flatten()
+    out[rows[pc.fill_null(pc.is_nan(arr), False).to_numpy(zero_copy_only=False)]] = True
+    return out
+
+
+@offending_rows.register
+def _(rule: LabelRange, batch: pa.RecordBatch, stats: list[DatasetStats], plan: Plan) -> Found:
+    st = stats[plan.stats_index(label=rule.column)]
+    if not st.label_nulls and all(0 <= k < rule.num_classes for k in st.label_counts):
+        return None
+    arr = batch.column(rule.column)
+    values = pc.fill_null(arr, 0).to_numpy(zero_copy_only=False)
+    null = arr.is_null().to_numpy(zero_copy_only=False)
+    return null | (values < 0) | (values >= rule.num_classes), \
+        lambda i: f"label {'null' if null[i] else int(values[i])}"
+
+
+@offending_rows.register
+def _(rule: Length, batch: pa.RecordBatch, stats: list[DatasetStats], plan: Plan) -> Found:
+    counts = stats[plan.stats_index(length=rule.column)].length_counts
+    low = rule.min is not None and counts[:rule.min].any()
+    high = rule.max is not None and counts[rule.max + 1:].any()
+    if not (low or high):
+        return None
+    lens = lengths_of(batch, rule.column)
+    mask = np.zeros(len(lens), dtype=bool)
+    if low:
+        mask |= lens < rule.min
+    if high:
+        mask |= lens > rule.max
+    return mask, lambda i: f"{rule.column!r} length {lens[i]}"
+
+
+@offending_rows.register
+def _(rule: SameLength, batch: pa.RecordBatch, stats: list[DatasetStats], plan: Plan) -> Found:
+    lens = {c: lengths_of(batch, c) for c in rule.columns}
+    first = lens[rule.columns[0]]
+    mask = np.logical_or.reduce([v != first for v in lens.values()])
+    return mask, lambda i: ", ".join(f"{c!r} {v[i]} steps" for c, v in lens.items())
+
+
