@@ -503,8 +503,9 @@ def _check_ranks(dst: str, rank: int, world_size: int, streams: int, command: st
     if command in LANE_COMMANDS and world_size != streams:
         fix = ("write it with `segment --world-size N` for N ranks" if streams == 1
                else f"load it with world_size={streams}")
-        raise UsageError(f"world_size={world_size}: {dst} is {command} output with {streams} lane "
-                         f"stream{'s' if streams > 1 else ''} (one per rank; lanes cannot be split across ranks); {fix}")
+        plural = "s" if streams > 1 else ""
+        raise UsageError(f"world_size={world_size}: {dst} is {command} output with {streams} lane stream{plural} "
+                         f"(one per rank; lanes cannot be split across ranks); {fix}")
 
 
 def _from_manifest(dst: str, manifest: dict) -> Dataset:

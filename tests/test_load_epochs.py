@@ -165,7 +165,7 @@ def test_segment_ranks_read_their_own_lane_streams(root):
     assert parts[1] == list(range(1, manifest["output"]["batches"], 2))
     with pytest.raises(UsageError, match=r"world_size=3: .* with 2 lane streams .*; load it with world_size=2"):
         batchtool.load(dst, world_size=3)
-    with pytest.raises(UsageError, match=r"world_size=2: .* with 1 lane stream .*; write it with `segment --world-size N`"):
+    with pytest.raises(UsageError, match=r"world_size=2: .* 1 lane stream .*; write it with `segment --world-size N`"):
         batchtool.load(segment_output(root), world_size=2)
 
 
