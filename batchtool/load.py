@@ -25,7 +25,8 @@ from batchtool.stats import is_sequence_type
 
 READ_BATCHES = 32
 """Batches decoded per read call when consecutive batches of the stream are in one file: amortises the
-per-call cost of small row groups."""
+per-call cost of small row groups. An iteration starts with runs of 1, 2, 4, ... so the first batch
+(after a resume, say) costs one batch's read."""
 SHUFFLE_BLOCK_BATCHES = 8192
 """A shuffled epoch permutes the files, then the batches within blocks of consecutive files (those starting
 in each stretch of this many batches), so a reader holds the footers of one block, never the whole output's."""
@@ -267,8 +268,8 @@ class Loader:
             if state[key] != mine[key]:
                 raise UsageError(f"load_state_dict: the state was saved with {key}={state[key]!r}, this loader has "
                                  f"{key}={mine[key]!r}; resuming would not continue the same order")
-        self.epoch = int(state["epoch"])
         self._check_position(int(state["position"]))
+        self.epoch = int(state["epoch"])
         self.position = self._resume = int(state["position"])
 
     def _check_position(self, position: int) -> None:
@@ -327,15 +328,19 @@ class Loader:
         readers: dict[int, tfrecord_format.RangeReader] = {}
         footers: dict[int, pq.FileMetaData] = {}
         block = None
+        run = 1
         try:
             for a, b in zip(starts, ends):
                 if blocks[a] != block:
                     block = blocks[a]
                     _close(readers)
                     footers.clear()
-                for s in range(a, b, READ_BATCHES):
+                s = a
+                while s < b:
                     f = int(file[s])
-                    chunk = local[s:min(b, s + READ_BATCHES)]
+                    chunk = local[s:min(b, s + run)]
+                    s += run
+                    run = min(2 * run, READ_BATCHES)
                     if self._layout.ranges is None:
                         yield _ParquetRead(self._layout.paths[f], self._footer(f, footers),
                                            tuple(int(g) for g in self._row_groups(f, chunk)), self.columns)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from conftest import data_bytes
 from load_outputs import BUCKET_BATCHES, bucket_output, segment_output
 
 import batchtool
@@ -167,6 +168,21 @@ def test_segment_ranks_read_their_own_lane_streams(root):
         batchtool.load(dst, world_size=3)
     with pytest.raises(UsageError, match=r"world_size=2: .* 1 lane stream .*; write it with `segment --world-size N`"):
         batchtool.load(segment_output(root), world_size=2)
+
+
+def test_segment_world_size_from_the_cli_and_a_pipeline(tmp_path, parquet_src, run_cli):
+    flags = ("--key", "key", "--sequence", "tokens", "--num-unroll", "8", "--batch-size", "4", "-q")
+    assert run_cli("segment", parquet_src, tmp_path / "cli", *flags, "--world-size", "3").exit_code == 0
+    (tmp_path / "p.toml").write_text(
+        f'[input]\npath = "{parquet_src}"\n\n[[stage]]\nop = "segment"\nkey = "key"\nsequence = "tokens"\n'
+        f'num-unroll = 8\nbatch-size = 4\nworld-size = 3\n\n[output]\npath = "{tmp_path / "run"}"\n')
+    assert run_cli("run", tmp_path / "p.toml", "-q").exit_code == 0
+    assert data_bytes(str(tmp_path / "cli")) == data_bytes(str(tmp_path / "run"))
+    parts = [ids(batchtool.load(str(tmp_path / "cli"), rank=r, world_size=3)) for r in range(3)]
+    assert len({len(p) for p in parts}) == 1 and sorted(sum(parts, [])) == list(range(3 * len(parts[0])))
+    bad = run_cli("segment", parquet_src, tmp_path / "bad", *flags, "--world-size", "0")
+    assert bad.exit_code == 2 and bad.stderr == "error: --world-size 0: must be at least 1\n"
+    assert not os.path.exists(tmp_path / "bad")
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

@@ -31,6 +31,7 @@ def batch_ids(batches) -> list[int]:
     return [int(b["batch"][0]) for b in batches]
 
 
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 3 workers on a 2-core machine
 @pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
 @pytest.mark.parametrize(("kind", "kwargs"), [
     ("bucket", {"seed": 4, "rank": 1, "world_size": 2, "drop_uneven": False}),
