@@ -174,7 +174,7 @@ class Loader:
 
     @property
     def manifest(self) -> dict | None:
-        """The output's manifest.json as a dict (None for a plain Parquet directory)."""
+        """The output's manifest as a dict (None for a plain Parquet directory)."""
         return self.dataset.manifest
 
     @property

@@ -17,6 +17,11 @@ BUCKET_BATCHES = 23
 """Batches of bucket_output: a prime, so no world size in 2..5 divides it."""
 
 
+def manifest_file(dst: str) -> str:
+    """The manifest of an output directory, whatever batchtool names it."""
+    return os.path.join(dst, next(f for f in os.listdir(dst) if f.endswith("manifest.json")))
+
+
 def source(root: str) -> str:
     """240 seeded examples in 2 Parquet shards (made once per root)."""
     src = os.path.join(root, "src")
