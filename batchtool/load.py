@@ -31,7 +31,7 @@ SHUFFLE_BLOCK_BATCHES = 8192
 """A shuffled epoch permutes the files, then the batches within blocks of consecutive files (those starting
 in each stretch of this many batches), so a reader holds the footers of one block, never the whole output's."""
 LANE_COMMANDS = ("segment",)
-"""Commands whose batches continue each other (lanes carry state): read in order, never shuffled."""
+"""Operations whose batches continue each other (lanes carry state): read in order, never shuffled."""
 STATE_KEYS = ("seed", "shuffle", "world_size", "drop_uneven", "batches")
 """What a state must share with the loader it resumes: they fix the order."""
 
@@ -67,6 +67,36 @@ def rank_positions(batches: int, rank: int, world_size: int, drop_uneven: bool) 
 
 
 # --- where batches live -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Writer:
+    """The operation that wrote the batches, with its options and statistics: the command's own, or for a
+    `run` pipeline its last stage's (whose options are keyed by flag name: `batch-size` becomes `batch_size`)."""
+
+    op: str | None
+    options: dict
+    stats: dict
+
+    @staticmethod
+    def of(manifest: dict | None) -> _Writer:
+        if not manifest:
+            return _Writer(None, {}, {})
+        options, stats = manifest.get("options") or {}, manifest.get("stats") or {}
+        if manifest.get("command") != "run":
+            return _Writer(manifest.get("command"), options, stats)
+        stage = (options.get("stages") or [{}])[-1]
+        return _Writer(stage.get("op"), {k.replace("-", "_"): v for k, v in stage.items()},
+                       (stats.get("stages") or [{}])[-1])
+
+    @property
+    def lanes(self) -> bool:
+        return self.op in LANE_COMMANDS
+
+    @property
+    def streams(self) -> int:
+        """Lane streams (`segment --world-size`); 1 for independent batches and older outputs."""
+        return int(self.stats.get("world_size") or 1) if self.lanes else 1
+
 
 @dataclass(frozen=True)
 class _Layout:
@@ -148,18 +178,19 @@ class Loader:
     yields them in the same order as the loader itself. See docs/load.md.
     """
 
-    def __init__(self, dataset: Dataset, layout: _Layout, columns: list[str] | None, *, shuffle: bool, seed: int,
-                 rank: int, world_size: int, drop_uneven: bool, streams: int, threads: int, writable: bool,
-                 tensors: bool) -> None:
+    def __init__(self, dataset: Dataset, layout: _Layout, writer: _Writer, columns: list[str] | None, *,
+                 shuffle: bool, seed: int, rank: int, world_size: int, drop_uneven: bool, threads: int,
+                 writable: bool, tensors: bool) -> None:
         self.dataset = dataset
         self._layout = layout
+        self._writer = writer
         self.columns = columns
         self.shuffle = shuffle
         self.seed = seed
         self.rank = rank
         self.world_size = world_size
         self.drop_uneven = drop_uneven
-        self.streams = streams
+        self.streams = writer.streams
         """Lane streams the output was written with (`segment --world-size`); 1 for independent batches."""
         self.threads = threads
         self.writable = writable
@@ -189,23 +220,18 @@ class Loader:
     @property
     def num_lanes(self) -> int | None:
         """Segment output: the lanes B (rows per batch, one per carried state); None for other outputs."""
-        return self._option("batch_size") if self._command in LANE_COMMANDS else None
+        return int(self._writer.stats["lanes"]) if self._writer.lanes and "lanes" in self._writer.stats else None
 
     @property
     def batch_size(self) -> int | None:
         """Rows per batch when the writing command fixed one number, else None (per-bucket sizes,
         --max-tokens): `batch_index()["rows"]` has each batch's rows."""
-        size = self._option("batch_size")
-        if isinstance(size, list):
-            size = size[0] if len(size) == 1 else None
+        size = self.num_lanes or self._writer.options.get("batch_size")
+        if isinstance(size, list) and len(size) == 1:
+            size = size[0]
+        if isinstance(size, str) and size.strip().isdigit():  # a pipeline's `batch-size = "32"`
+            size = int(size)
         return size if isinstance(size, int) else None
-
-    @property
-    def _command(self) -> str | None:
-        return self.manifest.get("command") if self.manifest else None
-
-    def _option(self, name: str) -> Any:
-        return (self.manifest or {}).get("options", {}).get(name)
 
     def batch_index(self, batches: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """Per batch, without reading any data: `batch` (its number in the output, files in order), `file`,
@@ -481,35 +507,34 @@ def load(dst: str, *, columns: Sequence[str] | None = None, shuffle: bool | None
     dataset = _from_manifest(dst, manifest) if manifest and manifest.get("schema") else open_dataset(dst)
     cols = dataset.check_columns(columns)
     layout = _layout(dst, dataset)
-    command = manifest.get("command") if manifest else None
-    options = (manifest or {}).get("options", {})
-    streams = int(options.get("world_size") or 1) if command in LANE_COMMANDS else 1
-    _check_ranks(dst, rank, world_size, streams, command)
-    if command in LANE_COMMANDS:
+    writer = _Writer.of(dataset.manifest)
+    _check_ranks(dst, rank, world_size, writer)
+    if writer.lanes:
         if shuffle:
-            raise UsageError(f"shuffle=True: {dst} is {command} output, whose batches continue each other's lanes "
+            raise UsageError(f"shuffle=True: {dst} is {writer.op} output, whose batches continue each other's lanes "
                              "(state is carried from batch to batch), so their order cannot change")
         shuffle = False
     elif shuffle is None:
-        shuffle = options.get("order") != "sorted"
+        shuffle = writer.options.get("order") != "sorted"
     if shuffle and layout.ranges is not None and dataset.manifest["output"].get("compression") == "gzip":
         raise UsageError(f"shuffle=True: {dst} is GZIP-compressed TFRecord, which can only be read forward; "
                          "pass shuffle=False, or write Parquet or uncompressed TFRecord for shuffled reads")
-    return Loader(dataset, layout, cols, shuffle=bool(shuffle), seed=int(seed), rank=rank, world_size=world_size,
-                  drop_uneven=drop_uneven, streams=streams, threads=threads or min(4, default_threads()),
+    return Loader(dataset, layout, writer, cols, shuffle=bool(shuffle), seed=int(seed), rank=rank,
+                  world_size=world_size, drop_uneven=drop_uneven, threads=threads or min(4, default_threads()),
                   writable=writable, tensors=tensors)
 
 
-def _check_ranks(dst: str, rank: int, world_size: int, streams: int, command: str | None) -> None:
+def _check_ranks(dst: str, rank: int, world_size: int, writer: _Writer) -> None:
     if world_size < 1:
         raise UsageError(f"world_size={world_size}: must be at least 1")
     if not 0 <= rank < world_size:
         raise UsageError(f"rank={rank}: must be in 0..{world_size - 1} for world_size={world_size}")
-    if command in LANE_COMMANDS and world_size != streams:
+    streams = writer.streams
+    if writer.lanes and world_size != streams:
         fix = ("write it with `segment --world-size N` for N ranks" if streams == 1
                else f"load it with world_size={streams}")
         plural = "s" if streams > 1 else ""
-        raise UsageError(f"world_size={world_size}: {dst} is {command} output with {streams} lane stream{plural} "
+        raise UsageError(f"world_size={world_size}: {dst} is {writer.op} output with {streams} lane stream{plural} "
                          f"(one per rank; lanes cannot be split across ranks); {fix}")
 
 

@@ -178,8 +178,13 @@ def test_segment_world_size_from_the_cli_and_a_pipeline(tmp_path, parquet_src, r
         f'num-unroll = 8\nbatch-size = 4\nworld-size = 3\n\n[output]\npath = "{tmp_path / "run"}"\n')
     assert run_cli("run", tmp_path / "p.toml", "-q").exit_code == 0
     assert data_bytes(str(tmp_path / "cli")) == data_bytes(str(tmp_path / "run"))
-    parts = [ids(batchtool.load(str(tmp_path / "cli"), rank=r, world_size=3)) for r in range(3)]
-    assert len({len(p) for p in parts}) == 1 and sorted(sum(parts, [])) == list(range(3 * len(parts[0])))
+    for out in ("cli", "run"):  # a pipeline's manifest names its last stage: the loader reads it the same way
+        loaders = [batchtool.load(str(tmp_path / out), rank=r, world_size=3) for r in range(3)]
+        assert not loaders[0].shuffle and loaders[0].num_lanes == loaders[0].batch_size == 4
+        parts = [ids(loader) for loader in loaders]
+        assert len({len(p) for p in parts}) == 1 and sorted(sum(parts, [])) == list(range(3 * len(parts[0])))
+        with pytest.raises(UsageError, match=r"world_size=1: .* segment output with 3 lane streams"):
+            batchtool.load(str(tmp_path / out))
     bad = run_cli("segment", parquet_src, tmp_path / "bad", *flags, "--world-size", "0")
     assert bad.exit_code == 2 and bad.stderr == "error: --world-size 0: must be at least 1\n"
     assert not os.path.exists(tmp_path / "bad")
