@@ -1,10 +1,13 @@
-"""`batchtool.load`: iterate the batches of a batch-shard output as dicts of NumPy arrays, for training loops."""
+"""`batchtool.load`: the batches of a batch-shard output for a training loop: epochs, ranks, exact resume, workers."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+import sys
+import zlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -12,32 +15,116 @@ import pyarrow.parquet as pq
 
 from batchtool import rng
 from batchtool.dataset import Dataset, Shard, open_dataset
-from batchtool.errors import InputError, SchemaError
+from batchtool.errors import InputError, UsageError
 from batchtool.formats import example as example_codec
 from batchtool.formats import parquet as parquet_format
 from batchtool.formats import tfrecord as tfrecord_format
 from batchtool.manifest import MANIFEST_NAME, manifest_path, output_files, read_manifest, schema_from_json
+from batchtool.output import decode_batch_index
 from batchtool.runner import default_threads, ordered_map
 from batchtool.stats import is_sequence_type
 
-READ_ROW_GROUPS = 32
-"""Row groups (batches) decoded per read call: amortises the per-call cost of tiny row groups."""
-BATCH_COLUMN = "batch"
-"""The column that marks batch boundaries in TFRecord output (each batch's rows share its value)."""
-_TFRECORD_CHUNK = 1024
+READ_BATCHES = 32
+"""Batches decoded per read call when consecutive batches of the stream are in one file: amortises the
+per-call cost of small row groups. An iteration starts with runs of 1, 2, 4, ... so the first batch
+(after a resume, say) costs one batch's read."""
+SHUFFLE_BLOCK_BATCHES = 8192
+"""A shuffled epoch permutes the files, then the batches within blocks of consecutive files (those starting
+in each stretch of this many batches), so a reader holds the footers of one block, never the whole output's."""
+LANE_COMMANDS = ("segment",)
+"""Operations whose batches continue each other (lanes carry state): read in order, never shuffled."""
+STATE_KEYS = ("seed", "shuffle", "world_size", "drop_uneven", "batches")
+"""What a state must share with the loader it resumes: they fix the order."""
+
+
+# --- the order of an epoch: pure functions of (seed, epoch, the output's layout) ------------------------------
+
+def epoch_order(file_batches: Sequence[int], seed: int, epoch: int, shuffle: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(batch numbers in the order epoch `epoch` visits them, the block of each), where batches are numbered
+    in file order. Shuffled: a keyed permutation of the files, cut into blocks of about
+    SHUFFLE_BLOCK_BATCHES batches, each block's batches permuted. No process state is involved, so the
+    order is the same on any machine, for any rank, worker or thread count."""
+    counts = np.asarray(file_batches, dtype=np.int64)
+    file_of = np.repeat(np.arange(len(counts)), counts)
+    if not shuffle:
+        return np.arange(len(file_of), dtype=np.int64), file_of
+    files = np.argsort(rng.permutation_keys(seed, f"load/files/{epoch}", np.arange(len(counts), dtype=np.uint64)))
+    before = np.cumsum(counts[files]) - counts[files]
+    block = np.empty(len(counts), dtype=np.int64)
+    block[files] = before // SHUFFLE_BLOCK_BATCHES
+    keys = rng.permutation_keys(seed, f"load/epoch/{epoch}", np.arange(len(file_of), dtype=np.uint64))
+    order = np.lexsort((keys, block[file_of]))
+    return order.astype(np.int64), block[file_of][order]
+
+
+def rank_positions(batches: int, rank: int, world_size: int, drop_uneven: bool) -> np.ndarray:
+    """Positions in the epoch order that rank `rank` reads: contiguous equal parts, so each rank reads few
+    files. drop_uneven drops the last `batches % world_size` batches of the order; otherwise the order is
+    extended cyclically from its start, so some batches are read twice (by different ranks)."""
+    if batches == 0:
+        return np.zeros(0, dtype=np.int64)
+    per = batches // world_size if drop_uneven else -(-batches // world_size)
+    return np.arange(rank * per, (rank + 1) * per, dtype=np.int64) % batches
+
+
+# --- where batches live -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Writer:
+    """The operation that wrote the batches, with its options and statistics: the command's own, or for a
+    `run` pipeline its last stage's (whose options are keyed by flag name: `batch-size` becomes `batch_size`)."""
+
+    op: str | None
+    options: dict
+    stats: dict
+
+    @staticmethod
+    def of(manifest: dict | None) -> _Writer:
+        if not manifest:
+            return _Writer(None, {}, {})
+        options, stats = manifest.get("options") or {}, manifest.get("stats") or {}
+        if manifest.get("command") != "run":
+            return _Writer(manifest.get("command"), options, stats)
+        stage = (options.get("stages") or [{}])[-1]
+        return _Writer(stage.get("op"), {k.replace("-", "_"): v for k, v in stage.items()},
+                       (stats.get("stages") or [{}])[-1])
+
+    @property
+    def lanes(self) -> bool:
+        return self.op in LANE_COMMANDS
+
+    @property
+    def streams(self) -> int:
+        """Lane streams (`segment --world-size`); 1 for independent batches and older outputs."""
+        return int(self.stats.get("world_size") or 1) if self.lanes else 1
 
 
 @dataclass(frozen=True)
-class _Part:
-    """One output file and the number of (non-empty) batches it holds."""
+class _Layout:
+    """Each file's batches, numbered in file order: Parquet row groups, or TFRecord byte ranges."""
 
-    path: str
-    batches: int
+    paths: tuple[str, ...]
+    counts: np.ndarray
+    row_groups: tuple[np.ndarray | None, ...]
+    """Parquet: the row group of each of a file's batches; None when it is every row group in order."""
+    ranges: tuple[np.ndarray, ...] | None
+    """TFRecord: per file, (byte offset, record number) where each batch starts, then the end."""
+
+    @property
+    def total(self) -> int:
+        return int(self.counts.sum())
+
+    def locate(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(file, batch within the file) of global batch numbers (an empty file shares its start with the
+        next file, and side='right' picks the last file starting at or before the batch: never an empty one)."""
+        starts = np.cumsum(self.counts) - self.counts
+        file = np.searchsorted(starts, batch, side="right") - 1
+        return file, batch - starts[file]
 
 
 @dataclass(frozen=True)
 class _ParquetRead:
-    """Decode a run of row groups with one call (cheaper per batch) and cut it back into one batch per group."""
+    """Row groups of one file, decoded in one call (cheaper per batch) and cut back into one batch each."""
 
     path: str
     metadata: pq.FileMetaData
@@ -50,79 +137,29 @@ class _ParquetRead:
             table = pf.read_row_groups(list(self.row_groups), columns=self.columns, use_threads=False)
         except (pa.ArrowInvalid, OSError) as exc:
             raise parquet_format.unreadable(pf, self.path, list(self.row_groups), self.columns, exc) from exc
-        whole = _one_batch(table)
-        out, start = [], 0
-        for rg in self.row_groups:
-            rows = self.metadata.row_group(rg).num_rows
-            out.append(whole.slice(start, rows))
-            start += rows
-        return out
+        return _cut(_one_batch(table), [self.metadata.row_group(rg).num_rows for rg in self.row_groups])
 
 
-class Loader:
-    """The batches of DST in order: `for batch in loader` gives {column: np.ndarray}; `len(loader)` counts them.
+@dataclass(frozen=True)
+class _TFRecordDecode:
+    """Several batches' records (read in order by the reader), decoded in one call, cut back into batches."""
 
-    Files are opened as iteration reaches them; `threads` workers decode a few runs of row
-    groups ahead of the consumer (in order), so memory holds about (threads + 1) * READ_ROW_GROUPS batches.
-    """
+    path: str
+    payloads: list[bytes]
+    rows: list[int]
+    first_record: int
+    schema: pa.Schema
+    kind: str
 
-    def __init__(self, dataset: Dataset, columns: list[str] | None, parts: list[_Part], threads: int) -> None:
-        self.dataset = dataset
-        self.columns = columns
-        self.parts = parts
-        self.threads = threads
+    def __call__(self) -> list[pa.RecordBatch]:
+        decoded = example_codec.decode_records(self.payloads, self.schema, self.kind, path=self.path,
+                                               first_record=self.first_record)
+        return _cut(decoded, self.rows)
 
-    @property
-    def schema(self) -> pa.Schema:
-        return self.dataset.projected_schema(self.columns)
 
-    def __len__(self) -> int:
-        return sum(p.batches for p in self.parts)
-
-    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        for batch in self.record_batches():
-            yield to_numpy(batch)
-
-    def record_batches(self) -> Iterator[pa.RecordBatch]:
-        """The same batches as Arrow RecordBatches (for Arrow-native consumers)."""
-        if self.dataset.format == "parquet":
-            for batches in ordered_map(lambda read: read(), self._parquet_reads(), self.threads):
-                yield from batches
-        else:
-            for part in self.parts:
-                yield from self._tfrecord_batches(part.path)
-
-    def _parquet_reads(self) -> Iterator[_ParquetRead]:
-        for part in self.parts:
-            meta = parquet_format.open_file(part.path).metadata
-            groups = [rg for rg in range(meta.num_row_groups) if meta.row_group(rg).num_rows]
-            for start in range(0, len(groups), READ_ROW_GROUPS):
-                yield _ParquetRead(part.path, meta, tuple(groups[start:start + READ_ROW_GROUPS]), self.columns)
-
-    def _tfrecord_batches(self, path: str) -> Iterator[pa.RecordBatch]:
-        """Decode records in chunks (on worker threads) and cut them where the batch column changes value."""
-        wanted = self.schema
-        schema = wanted if BATCH_COLUMN in wanted.names else wanted.append(self.dataset.schema.field(BATCH_COLUMN))
-        kind = self.dataset.tfrecord_kind or "sequence_example"
-
-        def decode(chunk: tuple[int, list[bytes]]) -> pa.RecordBatch:
-            return example_codec.decode_records(chunk[1], schema, kind, path=path, first_record=chunk[0])
-
-        pending: list[pa.RecordBatch] = []
-        current = None
-        for decoded in ordered_map(decode, tfrecord_format.iter_record_chunks(path, _TFRECORD_CHUNK), self.threads):
-            ids = decoded.column(BATCH_COLUMN).to_numpy(zero_copy_only=False)
-            previous = np.r_[ids[0] if current is None else current, ids[:-1]]
-            start = 0
-            for cut in np.flatnonzero(ids != previous):
-                if cut > start:
-                    pending.append(decoded.slice(start, cut - start))
-                yield _combine(pending, wanted)
-                pending, start = [], int(cut)
-            pending.append(decoded.slice(start))
-            current = ids[-1]
-        if pending:
-            yield _combine(pending, wanted)
+def _cut(batch: pa.RecordBatch, rows: list[int]) -> list[pa.RecordBatch]:
+    starts = np.cumsum([0, *rows])
+    return [batch.slice(int(s), r) for s, r in zip(starts, rows)]
 
 
 def _one_batch(table: pa.Table) -> pa.RecordBatch:
@@ -130,30 +167,309 @@ def _one_batch(table: pa.Table) -> pa.RecordBatch:
     return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
 
 
-def _combine(pieces: list[pa.RecordBatch], schema: pa.Schema) -> pa.RecordBatch:
-    table = pa.Table.from_batches(pieces).select(schema.names)
-    return _one_batch(table)
+# --- the loader -------------------------------------------------------------------------------------------
+
+class Loader:
+    """This rank's batches of DST, epoch by epoch: `for batch in loader` gives {column: array}.
+
+    Also a PyTorch IterableDataset (registered when torch is imported before `load`), so
+    `DataLoader(loader, batch_size=None, num_workers=K)` splits the batches among its workers and
+    yields them in the same order as the loader itself. See docs/load.md.
+    """
+
+    def __init__(self, dataset: Dataset, layout: _Layout, writer: _Writer, columns: list[str] | None, *,
+                 shuffle: bool, seed: int, rank: int, world_size: int, drop_uneven: bool, threads: int,
+                 writable: bool, tensors: bool) -> None:
+        self.dataset = dataset
+        self._layout = layout
+        self._writer = writer
+        self.columns = columns
+        self.shuffle = shuffle
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.drop_uneven = drop_uneven
+        self.streams = writer.streams
+        """Lane streams the output was written with (`segment --world-size`); 1 for independent batches."""
+        self.threads = threads
+        self.writable = writable
+        self.tensors = tensors
+        self.epoch = 0
+        self.position = 0
+        """Batches of this epoch yielded so far (or where the next iteration resumes, after load_state_dict)."""
+        self._resume = 0
+        _register_with_torch()
+
+    # metadata ---------------------------------------------------------------------------------------------
+
+    @property
+    def manifest(self) -> dict | None:
+        """The output's manifest as a dict (None for a plain Parquet directory)."""
+        return self.dataset.manifest
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.dataset.projected_schema(self.columns)
+
+    @property
+    def num_batches(self) -> int:
+        """Batches in the whole output (every rank's)."""
+        return self._layout.total
+
+    @property
+    def num_lanes(self) -> int | None:
+        """Segment output: the lanes B (rows per batch, one per carried state); None for other outputs."""
+        return int(self._writer.stats["lanes"]) if self._writer.lanes and "lanes" in self._writer.stats else None
+
+    @property
+    def batch_size(self) -> int | None:
+        """Rows per batch when the writing command fixed one number, else None (per-bucket sizes,
+        --max-tokens): `batch_index()["rows"]` has each batch's rows."""
+        size = self.num_lanes or self._writer.options.get("batch_size")
+        if isinstance(size, list) and len(size) == 1:
+            size = size[0]
+        if isinstance(size, str) and size.strip().isdigit():  # a pipeline's `batch-size = "32"`
+            size = int(size)
+        return size if isinstance(size, int) else None
+
+    def batch_index(self, batches: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """Per batch, without reading any data: `batch` (its number in the output, files in order), `file`,
+        `rows`, and for outputs with a `bucket` column (Parquet), `bucket`. Default: this rank's batches of
+        the current epoch, in the order the loader yields them. Parses each file's footer once."""
+        ids = self.epoch_batches() if batches is None else np.asarray(batches, dtype=np.int64)
+        file, local = self._layout.locate(ids)
+        rows = np.zeros(len(ids), dtype=np.int64)
+        bucket = np.full(len(ids), -1, dtype=np.int64)
+        has_bucket = "bucket" in self.dataset.schema.names and self.dataset.format == "parquet"
+        for f in np.unique(file):
+            at = np.flatnonzero(file == f)
+            if self._layout.ranges is not None:
+                rows[at] = np.diff(self._layout.ranges[f][:, 1])[local[at]]
+                continue
+            meta = self._footer(int(f), {})
+            column = meta.schema.names.index("bucket") if has_bucket else -1
+            for i, rg in zip(at, self._row_groups(int(f), local[at])):
+                group = meta.row_group(int(rg))
+                rows[i] = group.num_rows
+                stats = group.column(column).statistics if column >= 0 else None
+                if stats is not None and stats.has_min_max and stats.min == stats.max:
+                    bucket[i] = stats.min
+        out = {"batch": ids, "file": file, "rows": rows}
+        if has_bucket:
+            out["bucket"] = bucket
+        return out
+
+    # epochs, ranks, resume ---------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Batches this rank reads in one epoch."""
+        return len(self._rank_positions())
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch (its order), as DistributedSampler.set_epoch; call it on every rank before each
+        epoch. Setting the epoch a state was loaded for keeps the resume position."""
+        if epoch != self.epoch:
+            self.epoch = int(epoch)
+            self.position = self._resume = 0
+
+    def state_dict(self, position: int | None = None) -> dict[str, Any]:
+        """Where this rank is: a few JSON-serialisable numbers. With DataLoader workers, this object does not
+        see what they read: pass `position`, the batches of this epoch the training loop has consumed."""
+        position = self.position if position is None else int(position)
+        self._check_position(position)
+        return {"epoch": self.epoch, "position": position, "seed": self.seed, "shuffle": self.shuffle,
+                "world_size": self.world_size, "drop_uneven": self.drop_uneven, "batches": self.num_batches}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue where `state` was taken: the next iteration starts with the next batch, in O(1) (the order
+        is recomputed, no batch before it is read). Every rank is at the same position, so one rank's state
+        resumes all of them."""
+        missing = [k for k in ("epoch", "position", *STATE_KEYS) if k not in state]
+        if missing:
+            raise UsageError(f"load_state_dict: the state has no {', '.join(missing)}; pass what state_dict() "
+                             "returned")
+        mine = self.state_dict()
+        for key in STATE_KEYS:
+            if state[key] != mine[key]:
+                raise UsageError(f"load_state_dict: the state was saved with {key}={state[key]!r}, this loader has "
+                                 f"{key}={mine[key]!r}; resuming would not continue the same order")
+        self._check_position(int(state["position"]))
+        self.epoch = int(state["epoch"])
+        self.position = self._resume = int(state["position"])
+
+    def _check_position(self, position: int) -> None:
+        if not 0 <= position <= len(self):
+            raise UsageError(f"position {position}: this rank has {len(self)} batches per epoch")
+
+    def epoch_batches(self) -> np.ndarray:
+        """The batch numbers this rank reads in the current epoch, in order (no data is read)."""
+        order, _ = self._epoch()
+        return order[self._rank_positions()]
+
+    def _epoch(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.streams > 1:
+            file, _ = self._layout.locate(np.arange(self.num_batches))
+            return np.arange(self.num_batches, dtype=np.int64), file
+        return epoch_order(self._layout.counts, self.seed, self.epoch, self.shuffle)
+
+    def _rank_positions(self) -> np.ndarray:
+        if self.streams > 1:
+            return np.arange(self.rank, self.num_batches, self.streams, dtype=np.int64)
+        return rank_positions(self.num_batches, self.rank, self.world_size, self.drop_uneven)
+
+    # reading -----------------------------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for batch in self.record_batches():
+            yield to_numpy(batch, writable=self.writable or self.tensors, tensors=self.tensors)
+
+    def __getitem__(self, index: object) -> Any:
+        raise TypeError("a batchtool Loader is iterable, not indexable; PyTorch's DataLoader treats it as an "
+                        "IterableDataset when torch is imported before batchtool.load() is called")
+
+    def record_batches(self) -> Iterator[pa.RecordBatch]:
+        """The same batches as Arrow RecordBatches (for Arrow-native consumers)."""
+        start, self._resume = self._resume, 0
+        order, blocks = self._epoch()
+        positions = self._rank_positions()
+        worker, workers = _worker_split()
+        picked = positions[start + worker::workers]
+        self.position = start
+        reads = self._reads(order[picked], blocks[picked])
+        for batches in ordered_map(lambda read: read(), reads, self.threads):
+            for batch in batches:
+                self.position += 1
+                yield batch
+
+    def _reads(self, ids: np.ndarray, blocks: np.ndarray) -> Iterator[Callable[[], list[pa.RecordBatch]]]:
+        """Read tasks in stream order: runs of up to READ_BATCHES consecutive batches of one file. Footers
+        (and TFRecord files) stay open for one block; I/O of TFRecord ranges happens here, in order."""
+        if not len(ids):
+            return
+        file, local = self._layout.locate(ids)
+        cuts = np.flatnonzero((file[1:] != file[:-1]) | (blocks[1:] != blocks[:-1])) + 1
+        starts = np.concatenate([[0], cuts]).astype(np.int64)
+        ends = np.concatenate([cuts, [len(ids)]]).astype(np.int64)
+        readers: dict[int, tfrecord_format.RangeReader] = {}
+        footers: dict[int, pq.FileMetaData] = {}
+        block = None
+        run = 1
+        try:
+            for a, b in zip(starts, ends):
+                if blocks[a] != block:
+                    block = blocks[a]
+                    _close(readers)
+                    footers.clear()
+                s = a
+                while s < b:
+                    f = int(file[s])
+                    chunk = local[s:min(b, s + run)]
+                    s += run
+                    run = min(2 * run, READ_BATCHES)
+                    if self._layout.ranges is None:
+                        yield _ParquetRead(self._layout.paths[f], self._footer(f, footers),
+                                           tuple(int(g) for g in self._row_groups(f, chunk)), self.columns)
+                    else:
+                        yield self._tfrecord_read(f, chunk, readers)
+        finally:
+            _close(readers)
+
+    def _footer(self, f: int, footers: dict[int, pq.FileMetaData]) -> pq.FileMetaData:
+        """File f's parsed footer, kept in `footers` (about 1 KB per column chunk: one block's files at a time)."""
+        meta = footers.get(f)
+        if meta is None:
+            path = self._layout.paths[f]
+            meta = parquet_format.open_file(path).metadata
+            expected = self._layout.counts[f] if self._layout.row_groups[f] is None else None
+            if expected is not None and meta.num_row_groups != expected:
+                raise InputError(f"{path}: has {meta.num_row_groups} row groups, but "
+                                 f"{MANIFEST_NAME} lists {expected} batches for it")
+            footers[f] = meta
+        return meta
+
+    def _row_groups(self, f: int, local: np.ndarray) -> np.ndarray:
+        groups = self._layout.row_groups[f]
+        return local if groups is None else groups[local]
+
+    def _tfrecord_read(self, f: int, local: np.ndarray,
+                       readers: dict[int, tfrecord_format.RangeReader]) -> _TFRecordDecode:
+        path = self._layout.paths[f]
+        reader = readers.get(f)
+        if reader is None:
+            reader = readers[f] = tfrecord_format.RangeReader(path)
+        ranges = self._layout.ranges[f]
+        payloads: list[bytes] = []
+        rows = []
+        for i in local:
+            (start, first), (end, stop) = ranges[i], ranges[i + 1]
+            records = reader.records(int(start), int(end), int(first))
+            if len(records) != stop - first:
+                raise InputError(f"{path}: bytes {start}..{end} hold {len(records)} records, but "
+                                 f"{MANIFEST_NAME} indexes {stop - first} for this batch")
+            payloads += records
+            rows.append(len(records))
+        return _TFRecordDecode(path, payloads, rows, int(ranges[local[0]][1]), self.schema,
+                               self.dataset.tfrecord_kind or "sequence_example")
+
+def _close(readers: dict[int, tfrecord_format.RangeReader]) -> None:
+    for reader in readers.values():
+        reader.close()
+    readers.clear()
 
 
-def to_numpy(batch: pa.RecordBatch) -> dict[str, np.ndarray]:
+def _worker_split() -> tuple[int, int]:
+    """(this worker, workers) inside a PyTorch DataLoader worker process, else (0, 1); never imports torch."""
+    data = sys.modules.get("torch.utils.data")
+    info = data.get_worker_info() if data is not None else None
+    return (info.id, info.num_workers) if info is not None else (0, 1)
+
+
+def _register_with_torch() -> None:
+    """Make Loader an IterableDataset for DataLoader, if torch is already imported (it is never imported here)."""
+    data = sys.modules.get("torch.utils.data")
+    if data is not None and not issubclass(Loader, data.IterableDataset):
+        data.IterableDataset.register(Loader)
+
+
+# --- arrays -----------------------------------------------------------------------------------------------
+
+def to_numpy(batch: pa.RecordBatch, writable: bool = False, tensors: bool = False) -> dict[str, Any]:
     """{column: array}: equal-length list columns -> [B, T, ...] (zero-copy for numbers without nulls),
-    scalars -> [B], strings -> object arrays, ragged lists -> object arrays of per-row arrays."""
-    return {name: column_to_numpy(batch.column(i)) for i, name in enumerate(batch.schema.names)}
+    scalars -> [B], strings -> object arrays, ragged lists -> object arrays of per-row arrays.
+    writable: numbers are writable views of the decoded buffers (a copy only if Arrow's buffer is
+    immutable). tensors: numbers as torch tensors sharing that memory (torch.from_numpy)."""
+    out = {name: column_to_numpy(batch.column(i), writable) for i, name in enumerate(batch.schema.names)}
+    if tensors:
+        import torch
+
+        out = {name: torch.from_numpy(a) if a.dtype != object else a for name, a in out.items()}
+    return out
 
 
-def column_to_numpy(arr: pa.Array) -> np.ndarray:
+def column_to_numpy(arr: pa.Array, writable: bool = False) -> np.ndarray:
     if not is_sequence_type(arr.type):
-        return arr.to_numpy(zero_copy_only=False)
-    dense = _dense(arr)
+        return _leaf(arr, writable)
+    dense = _dense(arr, writable)
     if dense is not None:
         return dense
     out = np.empty(len(arr), dtype=object)
     for i in range(len(arr)):
-        out[i] = None if not arr[i].is_valid else column_to_numpy(arr[i].values)
+        out[i] = None if not arr[i].is_valid else column_to_numpy(arr[i].values, writable)
     return out
 
 
-def _dense(arr: pa.Array) -> np.ndarray | None:
+def _leaf(arr: pa.Array, writable: bool) -> np.ndarray:
+    values = arr.to_numpy(zero_copy_only=False)
+    if not writable or values.flags.writeable:
+        return values
+    data = arr.buffers()[1] if len(arr.buffers()) > 1 else None
+    if (data is not None and data.is_mutable and not arr.null_count
+            and (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type))):
+        return np.frombuffer(data, dtype=values.dtype, count=len(arr), offset=arr.offset * values.itemsize)
+    return values.copy()
+
+
+def _dense(arr: pa.Array, writable: bool) -> np.ndarray | None:
     """[N, T, ...] view of a list column whose rows all have T steps and no nulls, else None."""
     if arr.null_count:
         return None
@@ -167,36 +483,58 @@ def _dense(arr: pa.Array) -> np.ndarray | None:
             return None
         steps = int(lengths[0]) if len(lengths) else 0
         values = arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
-    inner = column_to_numpy(values)
+    inner = column_to_numpy(values, writable)
     if inner.dtype == object and is_sequence_type(values.type):
         return None
     return inner.reshape(len(arr), steps, *inner.shape[1:])
 
 
-def load(dst: str, columns: Sequence[str] | None = None, shuffle_files: bool = False, seed: int = 0,
-         threads: int | None = None) -> Loader:
-    """Open a batch-shard output (bucket, segment, balanced stratify) for reading batch by batch.
+# --- opening ----------------------------------------------------------------------------------------------
 
-    Order matters for `segment` output (lanes carry state from batch to batch), so files are
-    read in order unless shuffle_files (then in a seeded order; batches within a file stay in order).
+def load(dst: str, *, columns: Sequence[str] | None = None, shuffle: bool | None = None, seed: int = 0,
+         rank: int = 0, world_size: int = 1, drop_uneven: bool = True, threads: int | None = None,
+         writable: bool = True, tensors: bool = False) -> Loader:
+    """Open a batch-shard output (bucket, segment, balanced stratify, ...) for training; see docs/load.md.
+
+    shuffle (default: True where batches are independent, False for segment output and `bucket
+    --order sorted`) permutes the batches per epoch (`set_epoch`); rank/world_size give each rank an
+    equal, disjoint part of every epoch (drop_uneven: drop the remainder, else repeat batches to fill).
     `threads` decode ahead of the training loop (default: min(4, cores)); the batches are the same.
     """
     dst = os.fspath(dst)
     manifest = read_manifest(dst) if os.path.isdir(dst) else None
     dataset = _from_manifest(dst, manifest) if manifest and manifest.get("schema") else open_dataset(dst)
     cols = dataset.check_columns(columns)
-    if dataset.format == "tfrecord":
-        if not dataset.manifest:
-            raise InputError(f"{dst}: TFRecord batches need the {MANIFEST_NAME} batchtool wrote beside them")
-        if BATCH_COLUMN not in dataset.schema.names:
-            raise SchemaError(f"{dst}: no {BATCH_COLUMN!r} column to find batch boundaries in TFRecord records; "
-                              "write Parquet output to read it batch by batch")
-    counts = {f.path: f.batches for f in output_files(dst, dataset.manifest)} if dataset.manifest else {}
-    parts = [_Part(s.path, _batch_count(s.path, counts, dataset.format)) for s in dataset.shards]
-    if shuffle_files:
-        order = np.argsort(rng.permutation_keys(seed, "load/files", np.arange(len(parts), dtype=np.uint64)))
-        parts = [parts[i] for i in order]
-    return Loader(dataset, cols, parts, threads or min(4, default_threads()))
+    layout = _layout(dst, dataset)
+    writer = _Writer.of(dataset.manifest)
+    _check_ranks(dst, rank, world_size, writer)
+    if writer.lanes:
+        if shuffle:
+            raise UsageError(f"shuffle=True: {dst} is {writer.op} output, whose batches continue each other's lanes "
+                             "(state is carried from batch to batch), so their order cannot change")
+        shuffle = False
+    elif shuffle is None:
+        shuffle = writer.options.get("order") != "sorted"
+    if shuffle and layout.ranges is not None and dataset.manifest["output"].get("compression") == "gzip":
+        raise UsageError(f"shuffle=True: {dst} is GZIP-compressed TFRecord, which can only be read forward; "
+                         "pass shuffle=False, or write Parquet or uncompressed TFRecord for shuffled reads")
+    return Loader(dataset, layout, writer, cols, shuffle=bool(shuffle), seed=int(seed), rank=rank,
+                  world_size=world_size, drop_uneven=drop_uneven, threads=threads or min(4, default_threads()),
+                  writable=writable, tensors=tensors)
+
+
+def _check_ranks(dst: str, rank: int, world_size: int, writer: _Writer) -> None:
+    if world_size < 1:
+        raise UsageError(f"world_size={world_size}: must be at least 1")
+    if not 0 <= rank < world_size:
+        raise UsageError(f"rank={rank}: must be in 0..{world_size - 1} for world_size={world_size}")
+    streams = writer.streams
+    if writer.lanes and world_size != streams:
+        fix = ("write it with `segment --world-size N` for N ranks" if streams == 1
+               else f"load it with world_size={streams}")
+        plural = "s" if streams > 1 else ""
+        raise UsageError(f"world_size={world_size}: {dst} is {writer.op} output with {streams} lane stream{plural} "
+                         f"(one per rank; lanes cannot be split across ranks); {fix}")
 
 
 def _from_manifest(dst: str, manifest: dict) -> Dataset:
@@ -210,11 +548,31 @@ def _from_manifest(dst: str, manifest: dict) -> Dataset:
                    tfrecord_kind=out.get("tfrecord_kind"), manifest=manifest)
 
 
-def _batch_count(path: str, manifest_counts: dict[str, int], format: str) -> int:
-    """Batches in one file: as the manifest records, else (Parquet) the non-empty row groups of its footer."""
-    if path in manifest_counts:
-        return manifest_counts[path]
-    if format == "tfrecord":
-        raise InputError(f"{path}: not listed in the manifest, so its batches are unknown")
-    meta = parquet_format.open_file(path).metadata
-    return sum(1 for rg in range(meta.num_row_groups) if meta.row_group(rg).num_rows)
+def _layout(dst: str, dataset: Dataset) -> _Layout:
+    """Where every batch is: from the manifest (the TFRecord batch index written with the files), or for a
+    Parquet directory without one, from the footers (each non-empty row group is a batch)."""
+    paths = tuple(s.path for s in dataset.shards)
+    entries = dataset.manifest["output"]["files"] if dataset.manifest else None
+    if dataset.format == "parquet":
+        if entries is not None:
+            counts = np.array([e["batches"] for e in entries], dtype=np.int64)
+            return _Layout(paths, counts, (None,) * len(paths), None)
+        groups = []
+        for path in paths:
+            meta = parquet_format.open_file(path).metadata
+            groups.append(np.array([g for g in range(meta.num_row_groups) if meta.row_group(g).num_rows],
+                                   dtype=np.int64))
+        return _Layout(paths, np.array([len(g) for g in groups], dtype=np.int64), tuple(groups), None)
+    if entries is None:
+        raise InputError(f"{dst}: TFRecord batches need the {MANIFEST_NAME} batchtool wrote beside them")
+    ranges = []
+    for path, entry in zip(paths, entries):
+        if "batch_index" not in entry:
+            raise InputError(f"{path}: {MANIFEST_NAME} has no batch index for this TFRecord file (written by an "
+                             "older batchtool); write the output again to read it batch by batch")
+        try:
+            ranges.append(decode_batch_index(entry["batch_index"], int(entry["batches"])))
+        except (ValueError, zlib.error) as exc:
+            raise InputError(f"{path}: unreadable batch index in {MANIFEST_NAME} ({exc})") from exc
+    return _Layout(paths, np.array([e["batches"] for e in entries], dtype=np.int64), (None,) * len(paths),
+                   tuple(ranges))

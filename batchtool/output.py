@@ -6,15 +6,18 @@ TFRecord) is a pure function run on worker threads; the writer thread only appen
 
 from __future__ import annotations
 
+import base64
 import gzip
 import hashlib
 import os
 import tempfile
+import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import BinaryIO
 
+import numpy as np
 import pyarrow as pa
 
 from batchtool import fs
@@ -143,6 +146,9 @@ class BatchShardWriter:
         self._gzip = None
         self._rows = 0
         self._batches = 0
+        self._starts: list[tuple[int, int]] = []
+        """TFRecord: (byte offset in the uncompressed record stream, record number) where each batch starts."""
+        self._stream_bytes = 0
 
     def write(self, encoded: EncodedBatch) -> None:
         with self._errors():
@@ -151,6 +157,8 @@ class BatchShardWriter:
             if self.options.format == "parquet":
                 self._encoder.write(encoded.data)
             else:
+                self._starts.append((self._stream_bytes, self._rows))
+                self._stream_bytes += len(encoded.framed)
                 (self._gzip or self._sink).write(encoded.framed)
             self._rows += encoded.data.num_rows
             self._batches += 1
@@ -185,7 +193,8 @@ class BatchShardWriter:
     def _open(self) -> None:
         name = f"part-{len(self.files):05d}{self.options.suffix}"
         self._sink = _HashingFile(os.path.join(self.directory, name))
-        self._rows = self._batches = 0
+        self._rows = self._batches = self._stream_bytes = 0
+        self._starts = []
         if self.options.format == "parquet":
             codec = None if self.options.codec == "none" else self.options.codec
             self._encoder = parquet_format.ParquetShardWriter(self._sink, self.schema, compression=codec or "none")
@@ -204,6 +213,8 @@ class BatchShardWriter:
         self._sink.close()
         self.files[-1].update(rows=self._rows, batches=self._batches, bytes=self._sink.bytes,
                               sha256=self._sink.sha256.hexdigest())
+        if self.options.format == "tfrecord":
+            self.files[-1]["batch_index"] = encode_batch_index([*self._starts, (self._stream_bytes, self._rows)])
         self._sink = None
 
     def close(self) -> list[dict]:
@@ -214,6 +225,24 @@ class BatchShardWriter:
             if self._sink is not None:
                 self._close_shard()
         return self.files
+
+
+def encode_batch_index(starts: list[tuple[int, int]]) -> str:
+    """A TFRecord file's batch index for the manifest: where each batch starts, then the end, as (byte offset
+    in the uncompressed record stream, record number) pairs; little-endian uint64, zlib, base64."""
+    return base64.b64encode(zlib.compress(np.asarray(starts, dtype="<u8").tobytes())).decode("ascii")
+
+
+def decode_batch_index(text: str, batches: int) -> np.ndarray:
+    """[batches + 1, 2] (offset, record) of encode_batch_index; ValueError if it does not hold that many."""
+    size = (batches + 1) * 16
+    raw = zlib.decompressobj().decompress(base64.b64decode(text, validate=True), size + 1)
+    if len(raw) != size:
+        raise ValueError(f"holds {len(raw) // 16 - 1} batches, not {batches}")
+    index = np.frombuffer(raw, dtype="<u8").reshape(batches + 1, 2).astype(np.int64)
+    if (np.diff(index, axis=0) < 0).any():
+        raise ValueError("offsets go backwards")
+    return index
 
 
 @contextmanager

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -9,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import write_parquet_shards
+from load_outputs import bucket_output, manifest_file
 
 import batchtool
 from batchtool.convert import convert
@@ -46,11 +48,16 @@ def test_batches_are_shaped_batch_time_features(segmented):
     assert [int(b["batch"][0]) for b in batches] == list(range(len(batches)))
 
 
-def test_numeric_arrays_are_views_of_arrow_buffers(segmented):
-    batch = next(iter(batchtool.load(segmented)))
+def test_numeric_arrays_are_writable_views_of_the_decoded_buffers(segmented):
+    first, second = list(batchtool.load(segmented))[:2]
     for name in ("tokens", "frames", "length", "weight"):
-        assert not batch[name].flags.writeable, name  # a read-only view of Arrow memory, not a copy
-        assert batch[name].base is not None
+        assert first[name].flags.writeable and not first[name].flags.owndata, name  # a view, not a copy
+        assert first[name].base is not None
+    before = second["tokens"].copy()
+    first["tokens"][:] = -1  # writing into one batch leaves the others alone
+    np.testing.assert_array_equal(second["tokens"], before)
+    readonly = next(iter(batchtool.load(segmented, writable=False)))
+    assert not readonly["frames"].flags.writeable and readonly["frames"].base is not None
 
 
 def test_columns_projection(segmented):
@@ -61,14 +68,20 @@ def test_columns_projection(segmented):
         batchtool.load(segmented, columns=["nope"])
 
 
-def test_shuffle_files_is_a_seeded_permutation_of_files(segmented):
-    plain = [int(b["batch"][0]) for b in batchtool.load(segmented)]
-    a = [int(b["batch"][0]) for b in batchtool.load(segmented, shuffle_files=True, seed=3)]
-    b = [int(b["batch"][0]) for b in batchtool.load(segmented, shuffle_files=True, seed=3)]
-    assert a == b and sorted(a) == plain
-    orders = {tuple(int(x["batch"][0]) for x in batchtool.load(segmented, shuffle_files=True, seed=s))
-              for s in range(8)}
-    assert len(orders) > 1
+def test_metadata_from_the_manifest_and_footers(segmented, tmp_path):
+    loader = batchtool.load(segmented)
+    assert loader.num_lanes == loader.batch_size == 4
+    assert loader.manifest["command"] == "segment" and loader.num_batches == loader.manifest["output"]["batches"]
+    bucketed = batchtool.load(bucket_output(str(tmp_path)))
+    assert bucketed.num_lanes is None and bucketed.batch_size == 11
+    index = bucketed.batch_index()
+    assert index["batch"].tolist() == bucketed.epoch_batches().tolist()
+    batches = {int(b["batch"][0]): b for b in bucketed}
+    assert len(set(index["bucket"].tolist())) == 3
+    for batch, rows, bucket in zip(index["batch"], index["rows"], index["bucket"]):
+        assert rows == len(batches[batch]["label"]) and (batches[batch]["bucket"] == bucket).all()
+    tf = batchtool.load(bucket_output(str(tmp_path), "tfrecord"), shuffle=False)
+    assert tf.batch_index()["rows"].tolist() == [len(b["label"]) for b in tf] and "bucket" not in tf.batch_index()
 
 
 def test_ragged_lists_become_object_arrays():
@@ -79,10 +92,12 @@ def test_ragged_lists_become_object_arrays():
     assert column_to_numpy(nested).shape == (2, 1, 2)
     sliced = column_to_numpy(pa.array([[9, 9], [1, 2], [3, 4]], pa.list_(pa.int64())).slice(1))
     assert sliced.tolist() == [[1, 2], [3, 4]]
+    writable = column_to_numpy(pa.array([[9, 9], [1, 2], [3, 4]], pa.list_(pa.int64())).slice(1), writable=True)
+    assert writable.tolist() == [[1, 2], [3, 4]] and writable.flags.writeable
 
 
 def test_any_batch_shard_output_reads_one_batch_per_row_group(tmp_path):
-    """A bucket-style output: batches of different padded lengths and sizes."""
+    """A bucket-style output without a manifest: batches of different padded lengths and sizes."""
     os.makedirs(tmp_path / "out")
     schema = pa.schema([("tokens", pa.list_(pa.int64())), ("label", pa.int64())])
     writer = BatchShardWriter(str(tmp_path / "out"), schema, OutputOptions())
@@ -92,16 +107,58 @@ def test_any_batch_shard_output_reads_one_batch_per_row_group(tmp_path):
                                             "label": list(range(rows))}, schema=schema)
         writer.write(EncodedBatch(batch))
     writer.close()
-    loader = batchtool.load(str(tmp_path / "out"))
+    loader = batchtool.load(str(tmp_path / "out"), shuffle=False)
     assert len(loader) == 3
     assert [b["tokens"].shape for b in loader] == sizes
+    assert sorted(b["tokens"].shape for b in batchtool.load(str(tmp_path / "out"))) == sorted(sizes)
 
 
-def test_tfrecord_output_without_a_batch_column_is_refused(tmp_path):
+def test_tfrecord_batches_come_from_the_batch_index_not_a_column(tmp_path):
+    """convert writes one batch per input chunk and no `batch` column: the manifest's index still finds them."""
+    src = write_parquet_shards(str(tmp_path / "src"), make_table(90, seed=1), row_group_size=20)
+    convert(src, str(tmp_path / "pq"), OutputOptions(), run=QUIET)
+    convert(src, str(tmp_path / "tf"), OutputOptions(format="tfrecord", shard_rows=50), run=QUIET)
+    a = list(batchtool.load(str(tmp_path / "pq"), shuffle=False).record_batches())
+    b = list(batchtool.load(str(tmp_path / "tf"), shuffle=False).record_batches())
+    assert [x.num_rows for x in b] == [20, 20, 5, 20, 20, 5] == [x.num_rows for x in a]
+    assert [x.to_pylist() for x in a] == [x.to_pylist() for x in b]
+
+
+def tfrecord_manifest(tmp_path) -> str:
     src = write_parquet_shards(str(tmp_path / "src"), make_table(10, seed=1))
     convert(src, str(tmp_path / "tf"), OutputOptions(format="tfrecord"), run=QUIET)
-    with pytest.raises(SchemaError, match="no 'batch' column"):
+    return manifest_file(str(tmp_path / "tf"))
+
+
+def test_tfrecord_output_without_a_batch_index_is_refused(tmp_path):
+    path = tfrecord_manifest(tmp_path)
+    manifest = json.load(open(path))
+    del manifest["output"]["files"][0]["batch_index"]
+    json.dump(manifest, open(path, "w"))
+    with pytest.raises(InputError, match=r"part-00000.tfrecord: \S*manifest\.json has no batch index"):
         batchtool.load(str(tmp_path / "tf"))
+
+
+def test_a_batch_index_that_disagrees_with_the_manifest_is_an_input_error(tmp_path):
+    path = tfrecord_manifest(tmp_path)
+    manifest = json.load(open(path))
+    manifest["output"]["files"][0]["batches"] += 1
+    json.dump(manifest, open(path, "w"))
+    with pytest.raises(InputError, match=r"part-00000.tfrecord: unreadable batch index in \S*manifest\.json \(holds 2 "
+                                         r"batches, not 3\)"):
+        batchtool.load(str(tmp_path / "tf"))
+
+
+def test_a_parquet_file_that_disagrees_with_the_manifest_is_an_input_error(segmented):
+    path = manifest_file(segmented)
+    manifest = json.load(open(path))
+    groups = manifest["output"]["files"][0]["batches"]
+    manifest["output"]["files"][0]["batches"] -= 1
+    manifest["output"]["files"][1]["batches"] += 1
+    json.dump(manifest, open(path, "w"))
+    with pytest.raises(InputError, match=rf"part-00000.parquet: has {groups} row groups, but \S*manifest\.json lists "
+                                         rf"{groups - 1} batches"):
+        list(batchtool.load(segmented))
 
 
 def test_a_file_the_manifest_lists_must_exist(segmented):

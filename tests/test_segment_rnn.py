@@ -1,5 +1,6 @@
 """The contract of `segment`: an RNN run over its batches, carrying state per lane and resetting where
-sequence == 0, ends every example in the same state as running it over the whole sequence."""
+sequence == 0, ends every example in the same state as running it over the whole sequence; with
+--world-size N, so does each rank over its own stream (and the ranks share no example)."""
 
 from __future__ import annotations
 
@@ -35,11 +36,12 @@ def reference(x: np.ndarray, length: int, h0: np.ndarray) -> np.ndarray:
     return h[0]
 
 
-def run_over_batches(dst: str, batch_size: int, use_initial_state: bool) -> dict[str, np.ndarray]:
+def run_over_batches(dst: str, batch_size: int, use_initial_state: bool, rank: int = 0,
+                     world_size: int = 1) -> dict[str, np.ndarray]:
     """What a truncated-BPTT trainer does: state per lane, reset at sequence == 0, steps past `length` masked."""
     h = np.zeros((batch_size, H))
     final: dict[str, np.ndarray] = {}
-    for batch in batchtool.load(dst):
+    for batch in batchtool.load(dst, rank=rank, world_size=world_size):
         lanes = batch["lane"]
         state = h[lanes]
         start = batch["sequence"] == 0
@@ -68,7 +70,8 @@ def corpora(draw: st.DrawFn) -> dict:
     input_lengths = [draw(st.integers(0, v)) for v in lengths] if with_input_length else None
     return {"num_unroll": num_unroll, "pad": pad, "lengths": lengths, "input_lengths": input_lengths,
             "batch_size": draw(st.integers(1, 16)), "allow_small_batch": draw(st.booleans()),
-            "initial_state": draw(st.booleans()), "seed": draw(st.integers(0, 2**31))}
+            "initial_state": draw(st.booleans()), "seed": draw(st.integers(0, 2**31)),
+            "world_size": draw(st.integers(1, 4))}
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -92,10 +95,19 @@ def test_segment_batches_match_whole_sequences(tmp_path_factory, case: dict) -> 
     options = SegmentOptions(key="key", sequences=("x",), num_unroll=case["num_unroll"],
                              batch_size=case["batch_size"], pad=case["pad"],
                              input_length="real" if case["input_lengths"] else None,
-                             initial_states=("h0=h0",), allow_small_batch=case["allow_small_batch"])
+                             initial_states=("h0=h0",), allow_small_batch=case["allow_small_batch"],
+                             world_size=case["world_size"])
     segment(str(tmp / "src"), str(tmp / "dst"), options, OutputOptions(), run=RunSettings(threads=2, quiet=True))
 
-    final = run_over_batches(str(tmp / "dst"), case["batch_size"], case["initial_state"])
+    final: dict[str, np.ndarray] = {}
+    lengths_per_rank = set()
+    for rank in range(case["world_size"]):
+        loader = batchtool.load(str(tmp / "dst"), rank=rank, world_size=case["world_size"])
+        lengths_per_rank.add(len(loader))
+        mine = run_over_batches(str(tmp / "dst"), case["batch_size"], case["initial_state"], rank, case["world_size"])
+        assert not set(mine) & set(final)  # each example is played by one rank only
+        final.update(mine)
+    assert len(lengths_per_rank) == 1  # every rank gets the same number of batches
     assert sorted(final) == sorted(f"ex{i}" for i in range(len(lengths)))
     real = case["input_lengths"] or lengths
     for i, x in enumerate(xs):

@@ -17,10 +17,9 @@ import pyarrow.compute as pc
 from batchtool.check.report import Offender, RuleResult, plural, skipped, verdict
 from batchtool.check.rules import BatchQuotas, BatchRows, PaddingEfficiency, RankBatches, Rule
 from batchtool.check.verify import output_stats
-from batchtool.manifest import output_files
 from batchtool.dataset import Dataset
 from batchtool.errors import InputError, UsageError
-from batchtool.load import BATCH_COLUMN, load
+from batchtool.load import load
 from batchtool.ops.stratify import BatchLayout
 
 BATCH_RULES = (BatchRows, BatchQuotas, RankBatches)
@@ -38,17 +37,14 @@ def judge_batches(rule: Rule, dataset: Dataset, limit: int, threads: int) -> Rul
 
 
 def _batches(rule: Rule, dataset: Dataset, columns: list[str], threads: int) -> Iterator[pa.RecordBatch]:
-    """SRC's batches in training order, with only `columns` (none: Parquet footers only).
+    """SRC's batches in file order (how `batchtool.load(..., shuffle=False)` yields them), with only `columns`.
 
     A rule asked of data whose batches cannot be told apart is a usage error (exit 2), never a failure.
     """
-    if dataset.format == "tfrecord" and (dataset.manifest is None or BATCH_COLUMN not in dataset.schema.names):
-        lacks = "a batchtool manifest" if dataset.manifest is None else f"a {BATCH_COLUMN!r} column"
-        raise UsageError(f"rule {rule.name!r}: {dataset.src} is TFRecord without {lacks}, so its records mark "
-                         "no batches")
-    if dataset.manifest is not None:
-        output_files(dataset.src, dataset.manifest)  # the loader reads the files it lists: none may leave SRC
-    return load(dataset.src, columns=columns, threads=threads).record_batches()
+    if dataset.format == "tfrecord" and dataset.manifest is None:
+        raise UsageError(f"rule {rule.name!r}: {dataset.src} is TFRecord without a batchtool manifest, so its "
+                         "records mark no batches")
+    return load(dataset.src, columns=columns, shuffle=False, threads=threads).record_batches()
 
 
 def _stats(rule: Rule, dataset: Dataset, key: str, writer: str) -> Any:

@@ -37,6 +37,9 @@ def _names(text: str | None) -> tuple[str, ...]:
                    "(initial_states); repeatable.")
 @click.option("--allow-small-batch", is_flag=True,
               help="Drop the empty rows of the final batches instead of writing padding rows (allow_small_batch).")
+@click.option("--world-size", type=int, default=1, show_default=True, metavar="N",
+              help="Write N lane-stable streams with equal batch counts, one per training rank "
+                   "(read with batchtool.load(DST, rank=r, world_size=N)).")
 @click.option("--memory", default=f"{DEFAULT_MEMORY >> 30}GB", show_default=True, metavar="SIZE",
               help="Memory for the duplicate-key check before it spills to --tmp-dir.")
 @click.option("--tmp-dir", type=click.Path(file_okay=False), help="Where spills go (default: the system temp dir).")
@@ -49,7 +52,8 @@ def segment_cmd(src: str, dst: str, memory: str, tmp_dir: str | None, input_form
 
     Row b of every batch is lane b: it plays one example's segments in order in consecutive
     batches, then the next example's, so a trainer carries its state per lane and resets
-    lane b where sequence == 0. Read the output with batchtool.load(DST).
+    lane b where sequence == 0. Read the output with batchtool.load(DST). With --world-size N,
+    each of N training ranks gets its own B lanes and the same number of batches.
     """
     output = make_output(kwargs)
     run = make_run(kwargs)
@@ -64,8 +68,8 @@ def segment_cmd(src: str, dst: str, memory: str, tmp_dir: str | None, input_form
 
 def segment_options(*, key: str, sequences: str, num_unroll: int, batch_size: int, context: str | None,
                     input_length: str | None, pad: bool, pad_values: tuple[str, ...], initial_states: tuple[str, ...],
-                    allow_small_batch: bool) -> SegmentOptions:
+                    allow_small_batch: bool, world_size: int = 1) -> SegmentOptions:
     """segment's options from its flags' values (shared with pipeline files, whose keys are the flags)."""
     return SegmentOptions(key=key, sequences=_names(sequences), num_unroll=num_unroll, batch_size=batch_size,
                           context=_names(context), input_length=input_length, pad=pad, pad_values=pad_values,
-                          initial_states=initial_states, allow_small_batch=allow_small_batch)
+                          initial_states=initial_states, allow_small_batch=allow_small_batch, world_size=world_size)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import io
 import struct
 import zlib
 from collections.abc import Callable, Iterable, Iterator
@@ -194,6 +195,60 @@ def iter_record_chunks(path: str, chunk_records: int, *, compression: str | None
         chunk.append(data)
     if chunk:
         yield first, chunk
+
+
+class RangeReader:
+    """The records of byte ranges of one file, for reading batches by an index; both CRCs verified.
+
+    Offsets are in the uncompressed record stream. An uncompressed file is read with one seek and
+    one read per range; a GZIP stream cannot be entered in the middle, so a range is reached by
+    decompressing forward from the last one (cheap when ranges come in file order), and a backward
+    jump decompresses from the start of the file again.
+    """
+
+    def __init__(self, path: str, compression: str | None = "auto") -> None:
+        self.path = path
+        self.compressed = _resolve_compression(path, compression) == "GZIP"
+        try:
+            self._raw: BinaryIO = fs.open_input(path) if self.compressed or fs.is_uri(path) else open(path, "rb", 0)
+        except OSError as exc:
+            raise InputError(f"{path}: cannot read TFRecord file: {exc.strerror or exc}") from None
+        self._gzip = gzip.GzipFile(fileobj=self._raw, mode="rb") if self.compressed else None
+        self._size = None if self.compressed else fs.file_size(path)
+
+    def records(self, start: int, end: int, first_record: int) -> list[bytes]:
+        """Payloads of the records in [start, end); errors name records counting from first_record."""
+        if self._gzip is not None:
+            try:
+                self._gzip.seek(start)
+            except _GZIP_ERRORS as exc:
+                raise CorruptRecordError(f"{self.path}: corrupt gzip stream before byte {start} "
+                                         f"of the decompressed stream: {exc}") from exc
+            stream: Stream = self._gzip
+        else:
+            if end > self._size:
+                raise CorruptRecordError(f"{self.path}: {self._size} bytes, but a batch ends at byte {end}")
+            self._raw.seek(start)
+            stream = io.BytesIO(self._raw.read(end - start))
+        reader = _Reader(self.path, stream, self.compressed)
+        reader.index, reader.offset = first_record, start
+        payloads = []
+        while reader.offset < end:
+            record = reader.next()
+            if record is None:
+                raise reader.error(f"the file ends before byte {end}, where this batch ends")
+            data, bad = record
+            if bad is not None:
+                raise bad
+            payloads.append(data)
+        if reader.offset != end:
+            raise reader.error(f"a record crosses byte {end}, where this batch ends")
+        return payloads
+
+    def close(self) -> None:
+        if self._gzip is not None:
+            self._gzip.close()
+        self._raw.close()
 
 
 def frame_record(payload: bytes) -> bytes:

@@ -68,12 +68,16 @@ class SegmentOptions:
     initial_states: tuple[str, ...] = ()
     """'NAME=COLUMN' specs: COLUMN's value is written as NAME on the first segment of each example."""
     allow_small_batch: bool = False
+    world_size: int = 1
+    """Lane streams written, one per training rank: batch t of rank r is output batch t * world_size + r."""
 
     def __post_init__(self) -> None:
         if self.num_unroll < 1:
             raise UsageError(f"--num-unroll {self.num_unroll}: must be at least 1")
         if self.batch_size < 1:
             raise UsageError(f"--batch-size {self.batch_size}: must be at least 1")
+        if self.world_size < 1:
+            raise UsageError(f"--world-size {self.world_size}: must be at least 1")
         if not self.sequences:
             raise UsageError("--sequence: give at least one sequence (list) column")
         states = self.states
@@ -120,7 +124,7 @@ class SegmentOptions:
         return {"key": self.key, "sequences": list(self.sequences), "num_unroll": self.num_unroll,
                 "batch_size": self.batch_size, "context": list(self.context), "input_length": self.input_length,
                 "pad": self.pad, "pad_values": list(self.pad_values), "initial_states": self.states,
-                "allow_small_batch": self.allow_small_batch}
+                "allow_small_batch": self.allow_small_batch, "world_size": self.world_size}
 
 
 @dataclass(frozen=True)
@@ -381,18 +385,21 @@ class SegmentStats:
     empty_slots: int = 0
     real_steps: int = 0
     max_sequence_count: int = 0
+    empty_batches: int = 0
+    """Batches of a rank whose lanes all finished before the other ranks' (written as empty rows)."""
 
     def as_dict(self, plan: SegmentPlan) -> dict[str, Any]:
         B, U = plan.options.batch_size, plan.options.num_unroll
         slots = self.batches * B
-        rows = self.segments if plan.options.allow_small_batch else slots
+        rows = self.segments + self.empty_batches * B if plan.options.allow_small_batch else slots
         return {"examples": self.examples, "segments": self.segments, "batches": self.batches,
                 "lanes": B, "rows_written": rows, "empty_slots": self.empty_slots,
                 "empty_slot_fraction": round(self.empty_slots / slots, 6) if slots else 0.0,
                 "empty_rows_written": rows - self.segments,
                 "real_steps": self.real_steps, "padded_steps": rows * U,
                 "padding_efficiency": round(self.real_steps / (rows * U), 6) if rows else 1.0,
-                "max_sequence_count": self.max_sequence_count}
+                "max_sequence_count": self.max_sequence_count, "world_size": plan.options.world_size,
+                "batches_per_rank": self.batches // plan.options.world_size, "empty_batches": self.empty_batches}
 
 
 class LanePlanner:
@@ -401,12 +408,13 @@ class LanePlanner:
     Examples are read in input order in windows of LANE_WINDOW * B; whenever a lane has
     nothing queued, the next window is assigned longest-first (ties: input order) onto the
     lane with the fewest queued segments (ties: lowest lane), i.e. LPT with the queues left
-    over as initial loads. Memory holds a window plus what the lanes have queued.
+    over as initial loads. Memory holds a window plus what the lanes have queued. With
+    world_size N there are N * B lanes: rank r's are lanes r * B .. r * B + B - 1.
     """
 
     def __init__(self, plan: SegmentPlan) -> None:
         self.plan = plan
-        B = plan.options.batch_size
+        B = plan.options.batch_size * plan.options.world_size
         self.lanes: list[deque[list]] = [deque() for _ in range(B)]
         self.load = np.zeros(B, dtype=np.int64)
         self.stats = SegmentStats()
@@ -474,6 +482,7 @@ class LanePlanner:
 
     def _emit(self, builder: _ItemBuilder, k: int) -> None:
         """The next k batches: each lane's next k segments (fewer at the very end: empty slots)."""
+        filled = np.zeros(len(self.lanes), dtype=np.int64)
         for lane, queue in enumerate(self.lanes):
             t = 0
             while t < k and queue:
@@ -489,8 +498,11 @@ class LanePlanner:
             self.load[lane] -= t
             self.stats.segments += t
             self.stats.empty_slots += k - t
+            filled[lane] = t
         builder.filled += k
-        self.stats.batches += k
+        N = self.plan.options.world_size
+        self.stats.batches += k * N
+        self.stats.empty_batches += int((k - filled.reshape(N, -1).max(axis=1)).sum())
 
 
 class _ItemBuilder:
@@ -529,10 +541,14 @@ class _ItemBuilder:
 # --- building batches (pure, on worker threads) --------------------------------------------------
 
 def build_batches(item: SegmentItem, plan: SegmentPlan) -> list[pa.RecordBatch]:
-    """The item's batches, one RecordBatch each (B rows; without empty rows under allow_small_batch)."""
+    """The item's batches, one RecordBatch each (B rows; without empty rows under allow_small_batch).
+
+    With world_size N each step of the planner's N * B lanes is cut into N batches, rank by rank."""
     o = plan.options
     U = o.num_unroll
-    n, B = item.src.shape
+    N = o.world_size
+    n, lanes = item.src.shape
+    B = lanes // N
     empty = (item.src < 0).ravel()
     # an empty slot reads its batch's first real row, so context and state keep their shape (then zeroed)
     first = np.argmax(item.src >= 0, axis=1)
@@ -562,8 +578,8 @@ def build_batches(item: SegmentItem, plan: SegmentPlan) -> list[pa.RecordBatch]:
         "length": pa.array(np.clip(total - seg * U, 0, U).astype(np.int32)),
         "total_length": pa.array(total.astype(np.int32)),
         "insertion_index": pa.array(np.where(empty, EMPTY_INSERTION_INDEX, FIRST_INSERTION_INDEX + ordinal)),
-        "lane": pa.array(np.tile(np.arange(B, dtype=np.int32), n)),
-        "batch": pa.array(np.repeat(np.arange(item.first_batch, item.first_batch + n, dtype=np.int64), B)),
+        "lane": pa.array(np.tile(np.arange(B, dtype=np.int32), n * N)),
+        "batch": pa.array(np.repeat(np.arange(item.first_batch * N, (item.first_batch + n) * N, dtype=np.int64), B)),
     }
     keep = pa.array(~empty)
     for name in o.context:
@@ -574,10 +590,12 @@ def build_batches(item: SegmentItem, plan: SegmentPlan) -> list[pa.RecordBatch]:
     for name, col in o.states.items():
         arrays[name] = _zero_where(column(col), first_segment)
     table = pa.RecordBatch.from_arrays([arrays[f.name] for f in plan.schema], schema=plan.schema)
-    batches = [table.slice(t * B, B) for t in range(n)]
+    batches = [table.slice(t * B, B) for t in range(n * N)]
     if o.allow_small_batch:
-        real = ~empty.reshape(n, B)
-        batches = [b if real[t].all() else b.filter(pa.array(real[t])) for t, b in enumerate(batches)]
+        # a batch with no real row keeps its empty rows, so every rank still gets a batch at this step
+        real = ~empty.reshape(n * N, B)
+        batches = [b if real[t].all() or not real[t].any() else b.filter(pa.array(real[t]))
+                   for t, b in enumerate(batches)]
     return batches
 
 

@@ -405,7 +405,7 @@ class SegmentStage(Stage):
         steps = np.arange(len(self.lengths))
         count = np.maximum(1, -(-steps // o.num_unroll)) if o.pad else steps // o.num_unroll
         segments = int((count * self.lengths).sum())
-        batches = -(-segments // o.batch_size)
+        batches = -(-segments // (o.batch_size * o.world_size)) * o.world_size
         slots = batches * o.batch_size * o.num_unroll
         return None, {"segments": segments, "batches": batches,
                       "padding_efficiency": round(int((steps * self.lengths).sum()) / slots, 6) if slots else None}
