@@ -33,7 +33,7 @@ from batchtool.stats import DatasetStats, chunk_stats, is_sequence_type, lengths
 
 ORDERS = ("shuffle", "sorted")
 OUTPUT_COLUMNS = ("batch", "bucket", "length", "mask")
-SPILL_STAGE, ORDER_STAGE, INTERLEAVE_STAGE = "bucket/spill", "bucket/order", "bucket/interleave"
+ORDER_STAGE, INTERLEAVE_STAGE = "bucket/order", "bucket/interleave"
 _MIN_FLUSH_BYTES, _MAX_FLUSH_BYTES = 64 << 10, 4 << 20
 _SPILL_ROW_BYTES = 12
 """Per spilled row on top of the data: the uint64 example id and the int32 length."""
@@ -525,8 +525,8 @@ def write_bucketed(dataset: Dataset, options: BucketOptions, columns: Columns, f
     report = ReadReport()
     tally = Tally.zeros(plan.num_buckets)
     schema = spill_schema(dataset.schema, columns)
-    with Spill(schema, plan.parts, seed, SPILL_STAGE, options.tmp_dir, flush_bytes(plan, options.memory)) as spill, \
-            Spill(pa.schema([schema.field("length")]), plan.parts, seed, SPILL_STAGE, options.tmp_dir) as lengths:
+    with Spill(schema, plan.parts, seed, ORDER_STAGE, options.tmp_dir, flush_bytes(plan, options.memory)) as spill, \
+            Spill(pa.schema([schema.field("length")]), plan.parts, seed, ORDER_STAGE, options.tmp_dir) as lengths:
         scatter(dataset, plan, spill, lengths, tally, run, report)
         sizes = [batch_sizes(lengths, plan, b, tally) for b in range(plan.num_buckets)]
         empty = make_batch(pa.RecordBatch.from_pylist([], schema=schema), 0, 0, 0, plan)
@@ -600,11 +600,11 @@ def scatter(dataset: Dataset, plan: BucketPlan, spill: Spill, lengths: Spill, ta
 def ordered_rows(spill: Spill, plan: BucketPlan, bucket: int) -> Iterator[Chunk]:
     """A bucket's rows in output order: keyed random, or ascending length (ties in input order)."""
     if plan.order == "shuffle":
-        yield from spill.read_group(bucket, ORDER_STAGE)
+        yield from spill.read_group(bucket)
         return
     first = bucket * plan.groups_per_bucket
     for group in range(first, first + plan.groups_per_bucket):
-        for chunk in spill.read_group(group):
+        for chunk in spill.read_group(group, ordered=False):
             yield chunk.take(np.argsort(chunk.data.column("length").to_numpy(), kind="stable"))
 
 

@@ -19,7 +19,7 @@ from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.engines import with_engine
 from batchtool.job import JobResult, RunSettings, write_job
 from batchtool.ops.resample import Tally, copy_stats, copy_summary, repeat_rows
-from batchtool.ops.shuffle import (DEFAULT_MEMORY, PART_SHARE, KeyRanges, RowReader, emit, estimate_memory_bytes,
+from batchtool.ops.shuffle import (DEFAULT_MEMORY, PART_SHARE, RowReader, emit, estimate_memory_bytes, keyed_spill,
                                    manifest_options, peek, rebatch, spill_streams)
 from batchtool.output import OutputOptions
 from batchtool.runner import ordered_map
@@ -646,14 +646,13 @@ def _write(job: Selection, items: Iterable[tuple[Callable[[], Chunk], Plan]], ds
     active = strat.target > 0
     whole = estimate_memory_bytes(dataset, first, rows=int(expected_rows) if expected_rows is not None else None)
     budget = max(1, options.memory // (PART_SHARE * int(active.sum())))
-    ranges = KeyRanges(tuple(parts_for(whole * t, budget) for t in strat.target.tolist()), job.seed, STAGE + "/order")
-    with ranges.spill(dataset.schema, options.memory, options.tmp_dir) as spill:
-        spill_streams(selected, ranges, spill, lambda c: label_codes(c, options.label, job.num_classes,
-                                                                     dataset.locate),
+    parts = [parts_for(whole * t, budget) for t in strat.target.tolist()]
+    with keyed_spill(dataset.schema, parts, job.seed, STAGE + "/order", options.memory, options.tmp_dir) as spill:
+        spill_streams(selected, spill, lambda c: label_codes(c, options.label, job.num_classes, dataset.locate),
                       "stratify: select", dataset.num_rows, run.quiet)
-        available = np.array([ranges.rows(spill, c) for c in range(job.num_classes)])
+        available = spill.rows.copy()
         layout = batch_layout(available, strat.target, options.batch_size, options.drop_remainder)
-        streams = [RowReader(ranges.read(spill, c), dataset.schema) for c in range(job.num_classes)]
+        streams = [RowReader(spill.read_group(c), dataset.schema) for c in range(job.num_classes)]
         extra = {"batch_size": options.batch_size, "balanced_batches": layout.batches + bool(sum(layout.partial)),
                  "final_batch_quotas": list(layout.partial)}
         return write(**common, items=balanced_batches(streams, layout, job.seed, dataset.schema),
