@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from batchtool import progress, rng
+from batchtool import budget, progress, rng
 from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
 from batchtool.errors import UsageError
 from batchtool.engines import with_engine
@@ -28,6 +28,9 @@ Arrow data. Fixed, not a share of --memory, since the row groups are part of the
 never changes; small enough that the batches queued for writing stay well under any useful budget."""
 PART_SHARE = 4
 """A spill part is at most --memory / PART_SHARE: reading one back holds it about three times over."""
+BUFFER_COPIES, SLOT_BYTES = 5, 100
+"""The buffered shuffle holds its buffer about BUFFER_COPIES times while gathering (the buffer, the pushed rows,
+their concatenation and the new buffer) plus SLOT_BYTES of row numbers per slot."""
 TFRECORD_EXPANSION = {False: 4.0, True: 16.0}
 """Assumed Arrow bytes per TFRecord file byte (uncompressed, gzip) when the row count is unknown.
 
@@ -144,10 +147,26 @@ def default_batch_rows(bytes_per_row: float) -> int:
     return int(max(1, min(MAX_BATCH_ROWS, BATCH_BYTES / max(bytes_per_row, 1.0))))
 
 
+def bytes_per_row(first: Chunk | None) -> float:
+    """Arrow bytes per row of a (first) chunk: the yardstick for the whole stream."""
+    return arrow_bytes(first.data) / first.num_rows if first is not None and first.num_rows else 1.0
+
+
 def output_batch_rows(first: Chunk | None, options: ShuffleOptions) -> int:
     """Rows per output batch: --batch-size, or a default sized from the first input chunk's bytes per row."""
-    bytes_per_row = arrow_bytes(first.data) / first.num_rows if first is not None and first.num_rows else 1.0
-    return options.batch_size or default_batch_rows(bytes_per_row)
+    return options.batch_size or default_batch_rows(bytes_per_row(first))
+
+
+def check_memory(options: ShuffleOptions, first: Chunk | None, rows: int | None) -> None:
+    """Stop before shuffling if one --batch-size batch, or the --buffer, would not fit the budget."""
+    per_row = bytes_per_row(first)
+    if options.batch_size is not None:
+        budget.check_rows("--batch-size", options.batch_size, rows, per_row, options.memory)
+    if options.buffered:
+        flag, value = ("--buffer", options.buffer) if options.buffer is not None else \
+            ("--min-after-dequeue", options.min_after_dequeue)
+        budget.check_rows(flag, value, rows, BUFFER_COPIES * per_row + SLOT_BYTES, options.memory,
+                          f"the buffer (capacity {options.capacity:,})")
 
 
 def spill_flush_bytes(memory: int, parts: int) -> int:
@@ -322,6 +341,8 @@ def shuffled(dataset: Dataset, options: ShuffleOptions, seed: int, run: RunSetti
     schema = dataset.projected_schema(columns)
     first, chunks = peek(dataset.chunks(columns, run.threads, report))
     estimate = estimate_memory_bytes(dataset, first)
+    check_memory(options, first, dataset.num_rows if dataset.num_rows is not None
+                 else int(estimate / bytes_per_row(first)))
     batch_rows = output_batch_rows(first, options)
     info: dict[str, Any] = {"mode": "buffered" if options.buffered else "global", "batch_rows": batch_rows,
                             "estimated_bytes": int(estimate)}
