@@ -29,6 +29,9 @@ from batchtool.dataset import Chunk
 T = TypeVar("T")
 ID_COLUMN = "__batchtool_id"
 _FLUSH_BYTES = 4 << 20
+MAX_OPEN_WRITERS = 256
+"""Spill files open for writing at once, whatever the number of (group, part) cells (a small --memory
+makes thousands): the least recently written cell's file is closed and it continues in a new file."""
 
 
 def parts_for(group_bytes: float, budget_bytes: int) -> int:
@@ -52,6 +55,7 @@ class Spill:
         self._buffers: dict[tuple[int, int], list[pa.RecordBatch]] = {}
         self._buffered: dict[tuple[int, int], int] = {}
         self.rows = np.zeros(len(self.parts), dtype=np.int64)
+        self._files: dict[tuple[int, int], int] = {}  # files written per (group, part), read back in order
 
     def __enter__(self) -> Spill:
         return self
@@ -65,8 +69,8 @@ class Spill:
         self._writers.clear()
         shutil.rmtree(self.directory, ignore_errors=True)
 
-    def _path(self, group: int, part: int) -> str:
-        return os.path.join(self.directory, f"g{group:06d}-p{part:06d}.arrow")
+    def _path(self, group: int, part: int, file: int) -> str:
+        return os.path.join(self.directory, f"g{group:06d}-p{part:06d}-f{file:06d}.arrow")
 
     def add(self, chunk: Chunk, groups: np.ndarray) -> None:
         """Append each row of the chunk to its group's spill (call in a deterministic order)."""
@@ -96,9 +100,14 @@ class Spill:
         self._buffered.pop(key, None)
         if not pieces:
             return
-        writer = self._writers.get(key)
+        writer = self._writers.pop(key, None)  # re-inserted below: the dict runs from least to most recent
         if writer is None:
-            writer = self._writers[key] = pa.ipc.new_stream(pa.OSFile(self._path(*key), "wb"), self.schema)
+            if len(self._writers) >= MAX_OPEN_WRITERS:
+                self._writers.pop(next(iter(self._writers))).close()
+            file = self._files.get(key, 0)
+            self._files[key] = file + 1
+            writer = pa.ipc.new_stream(pa.OSFile(self._path(*key, file), "wb"), self.schema)
+        self._writers[key] = writer
         writer.write_table(pa.Table.from_batches(pieces, self.schema).combine_chunks())
 
     def finish(self) -> None:
@@ -113,11 +122,10 @@ class Spill:
         """The group's rows, one part at a time: sorted by the order key (the stage's keyed random
         permutation), or with ordered=False in the order they were added (a group of one part)."""
         for part in range(self.parts[group]):
-            path = self._path(group, part)
-            if not os.path.exists(path):
+            files = range(self._files.get((group, part), 0))
+            if not files:
                 continue
-            with pa.memory_map(path) as source:
-                table = pa.ipc.open_stream(source).read_all()
+            table = pa.concat_tables([_read(self._path(group, part, f)) for f in files])
             if table.num_rows == 0:
                 continue
             last = table.num_columns - 1  # the ids (by position: a user column may share their name)
@@ -128,6 +136,11 @@ class Spill:
                 ids = ids[order]
             data = table.remove_column(last).combine_chunks()
             yield Chunk(data.to_batches()[0] if data.num_rows else data, np.ascontiguousarray(ids))
+
+
+def _read(path: str) -> pa.Table:
+    with pa.memory_map(path) as source:
+        return pa.ipc.open_stream(source).read_all()
 
 
 def key_range(keys: np.ndarray, parts: np.ndarray) -> np.ndarray:

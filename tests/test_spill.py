@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 
 from batchtool import rng
+from batchtool import spill as spill_mod
 from batchtool.dataset import Chunk
 from batchtool.spill import ID_COLUMN, Spill, interleave
 
@@ -102,3 +103,25 @@ def test_interleave_keeps_stream_order_and_counts():
     assert Counter(i for i, _ in merged) == {0: 3, 1: 1, 2: 2}
     again = list(interleave([iter(["a1", "a2", "a3"]), iter(["b1"]), iter(["c1", "c2"])], [3, 1, 2], 1, "i"))
     assert merged == again
+
+
+def test_many_cells_keep_few_files_open_and_lose_nothing(tmp_path, monkeypatch):
+    """A small budget makes thousands of (group, part) cells: only MAX_OPEN_WRITERS files are open at once,
+    and a cell whose file was closed continues in a new one, read back in order."""
+    monkeypatch.setattr(spill_mod, "MAX_OPEN_WRITERS", 3)
+    open_files = []
+    with Spill(pa.schema([("x", pa.int64())]), [4] * 10, seed=3, stage="t", tmp_dir=str(tmp_path),
+               flush_bytes=1) as spill:
+        before = len(os.listdir("/proc/self/fd"))
+        for c in chunks_of(2000, 50):
+            spill.add(c, c.data.column("x").to_numpy() % 10)
+            open_files.append(len(os.listdir("/proc/self/fd")) - before)
+        spill.finish()
+        assert max(open_files) <= 3
+        assert len(os.listdir(spill.directory)) > 40 * 3  # cells reopened in new files
+        ids = rng.example_ids(0, 0, 2000)
+        keys = rng.permutation_keys(3, "t", ids)
+        for g in range(10):
+            mine = np.arange(g, 2000, 10)
+            assert [v for ch in spill.read_group(g) for v in ch.data.column("x").to_pylist()] == \
+                mine[np.argsort(keys[mine])].tolist()
