@@ -17,9 +17,10 @@ import pyarrow.compute as pc
 from batchtool.errors import BatchtoolError, UsageError
 from batchtool.inspection import human_bytes
 
-SHARE = 4
-"""One option-sized allocation may take a quarter of --memory: each worker thread may hold one (a padded
-batch), and spill parts and write buffers take the rest."""
+SHARE = 8
+"""One option-sized allocation may take an eighth of --memory: a worker thread holds about two (a padded
+batch and its encoding) and the writer one, so with the default two threads and the spill parts that
+is about the budget (measured: segment holds ~6.5 padded batches at its peak)."""
 FLOOR = 64 << 20
 """Allocations up to this size always pass: the process needs more than this to run at all, so a --memory
 below it only sizes the spill parts."""

@@ -183,7 +183,7 @@ def histogram(counts: dict[int, int]) -> np.ndarray:
      r"--max-tokens 1000000000000: one batch of bucket 1, 2,000 rows padded to up to 20,000 steps"),
     ({"boundaries": (10**7,), "batch_size": (4,), "pad_to_boundary": True},
      r"--batch-size 4: one batch of bucket 0, 4 rows padded to 9,999,999 steps \(--pad-to-boundary, boundary 10000000\), "
-     r"takes about 305\.2 MB at once, more than --memory 1\.0 GB allows \(256\.0 MB\); give a smaller --batch-size, "
+     r"takes about 305\.2 MB at once, more than --memory 1\.0 GB allows \(128\.0 MB\); give a smaller --batch-size, "
      r"drop --pad-to-boundary or a larger --memory"),
     ({"boundaries": tuple(range(1, 300_001)), "batch_size": (4,)},
      r"--boundaries \(300,000 values\): the bookkeeping of 300,001 buckets takes about 293\.0 MB"),
