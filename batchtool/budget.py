@@ -39,11 +39,10 @@ def check(what: str, need: float, memory: int, fix: str, error: type[BatchtoolEr
                     f"allows ({human_bytes(allowed(memory))}); {fix}")
 
 
-def check_rows(flag: str, value: int, rows: int | None, bytes_per_row: float, memory: int,
-               what: str = "one batch") -> None:
-    """`what` holds `value` rows (or all `rows`, when known and fewer) of `bytes_per_row` each."""
+def check_rows(flag: str, value: int, rows: int | None, bytes_per_row: float, memory: int) -> None:
+    """One batch of `value` rows (or of all `rows`, when known and fewer) of `bytes_per_row` each."""
     held = value if rows is None else min(value, rows)
-    check(f"{flag} {value}: {what} of {held:,} rows", held * bytes_per_row, memory,
+    check(f"{flag} {value}: one batch of {held:,} rows", held * bytes_per_row, memory,
           f"give a smaller {flag} or a larger --memory")
 
 

@@ -24,7 +24,7 @@ from batchtool.job import RunSettings
 from batchtool.ops.bucket import BucketOptions, bucket
 from batchtool.ops.shuffle import ShuffleOptions, shuffle
 from batchtool.output import OutputOptions
-from conftest import SAMPLE
+from conftest import SAMPLE, data_bytes
 
 BUDGETS = [("1GB", 1), ("1MB", 2), ("100KB", 2)]
 """(--memory, --threads); the first is the reference."""
@@ -61,8 +61,7 @@ format = "{to}"
 
 def digests(path: str) -> dict[str, str]:
     """sha256 of every data file of an output directory (the manifest's run section may differ)."""
-    return {f: hashlib.sha256(open(os.path.join(path, f), "rb").read()).hexdigest()
-            for f in sorted(os.listdir(path)) if f.startswith("part-")}
+    return {name: hashlib.sha256(data).hexdigest() for name, data in data_bytes(path).items()}
 
 
 @pytest.fixture

@@ -72,9 +72,10 @@ def choose_boundaries(length_counts: np.ndarray, k: int) -> tuple[int, ...]:
     Dynamic programme over distinct lengths, one layer per bucket:
     cost_m(j) = min_i cost_{m-1}(i) + (P(j) - P(i)) * v[j-1], P = prefix counts. For fixed j this is
     the lower envelope of lines y = cost_{m-1}(i) - P(i) * x at x = v[j-1]; slopes fall as i grows and
-    x rises with j, so a monotone deque (convex hull trick) finds it in O(1) amortised:
-    O(k * L) time and CHOICE_BYTES * k * L bytes for L distinct lengths, in exact integer arithmetic. Each boundary is one more than the
-    longest length of the bucket below it, so padding to the boundary costs exactly this optimum.
+    x rises with j, so a monotone deque (convex hull trick) finds it in O(1) amortised: O(k * L) time
+    and CHOICE_BYTES * k * L bytes for L distinct lengths, in exact integer arithmetic. Each boundary is
+    one more than the longest length of the bucket below it, so padding to the boundary costs exactly
+    this optimum.
     """
     if k < 1:
         raise UsageError(f"--auto-buckets {k}: must be at least 1")

@@ -323,12 +323,12 @@ def check_largest_batch(plan: BucketPlan, options: BucketOptions, stats: Dataset
             batch_rows = min(int(rows[b]), limit.max_rows or limit.max_tokens, limit.max_tokens)
             elements = min(batch_rows * padded, limit.max_tokens)
             flag = f"--max-tokens {limit.max_tokens}"
-        padding = (f"padded to {padded:,} steps (--pad-to-boundary, boundary {padded + 1})"
-                   if plan.pad_to[b] is not None else f"padded to up to {padded:,} steps")
+        fixed = plan.pad_to[b] is not None
+        padding = (f"padded to {padded:,} steps (--pad-to-boundary, boundary {padded + 1})" if fixed
+                   else f"padded to up to {padded:,} steps")
+        fix = f"give a smaller {flag.split()[0]}{', drop --pad-to-boundary' if fixed else ''} or a larger --memory"
         budget.check(f"{flag}: one batch of bucket {b}, {batch_rows:,} rows {padding},",
-                     batch_rows * per_row + elements * per_step, options.memory,
-                     f"give a smaller {flag.split()[0]}" + (", drop --pad-to-boundary" if plan.pad_to[b] is not None
-                                                            else "") + " or a larger --memory")
+                     batch_rows * per_row + elements * per_step, options.memory, fix)
 
 
 def batchable_counts(stats: DatasetStats, options: BucketOptions) -> np.ndarray:
@@ -572,9 +572,9 @@ def write_bucketed(dataset: Dataset, options: BucketOptions, columns: Columns, f
     report = ReadReport()
     tally = Tally.zeros(plan.num_buckets)
     schema = spill_schema(dataset.schema, columns)
-    flush = flush_bytes(plan, options.memory)
+    flush, lengths_schema = flush_bytes(plan, options.memory), pa.schema([schema.field("length")])
     with Spill(schema, plan.parts, seed, ORDER_STAGE, options.tmp_dir, flush) as spill, \
-            Spill(pa.schema([schema.field("length")]), plan.parts, seed, ORDER_STAGE, options.tmp_dir, flush) as lengths:
+            Spill(lengths_schema, plan.parts, seed, ORDER_STAGE, options.tmp_dir, flush) as lengths:
         scatter(dataset, plan, spill, lengths, tally, run, report)
         sizes = [batch_sizes(lengths, plan, b, tally) for b in range(plan.num_buckets)]
         empty = make_batch(pa.RecordBatch.from_pylist([], schema=schema), 0, 0, 0, plan)

@@ -165,8 +165,9 @@ def check_memory(options: ShuffleOptions, first: Chunk | None, rows: int | None)
     if options.buffered:
         flag, value = ("--buffer", options.buffer) if options.buffer is not None else \
             ("--min-after-dequeue", options.min_after_dequeue)
-        budget.check_rows(flag, value, rows, BUFFER_COPIES * per_row + SLOT_BYTES, options.memory,
-                          f"the buffer (capacity {options.capacity:,})")
+        held = options.capacity if rows is None else min(options.capacity, rows)
+        budget.check(f"{flag} {value}: a buffer of {held:,} rows", held * (BUFFER_COPIES * per_row + SLOT_BYTES),
+                     options.memory, f"give a smaller {flag} or a larger --memory")
 
 
 def spill_flush_bytes(memory: int, parts: int) -> int:

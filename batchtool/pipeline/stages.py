@@ -224,8 +224,8 @@ class StratifyStage(Stage):
     def stream(self, view: Dataset, columns: Columns, run: RunSettings, report: ReadReport) -> Stream:
         selection = stratify_op.Selection(view, self.strat, self.seed)
         try:
-            yield from ordered_map(selection.build, selection.pieces(selection.items(run.threads, report, columns),
-                                                                     run.threads), run.threads)
+            pieces = selection.pieces(selection.items(run.threads, report, columns), run.threads)
+            yield from ordered_map(selection.build, pieces, run.threads)
         except stratify_op.LabelError:  # no counting pass (init-probs, online): count them all for the message
             raise stratify_op.full_label_error(view, self.options.label, self.strat.num_classes,
                                                run.threads) from None
@@ -281,7 +281,8 @@ class ResampleStage(Stage):
 
     def stream(self, view: Dataset, columns: Columns, run: RunSettings, report: ReadReport) -> Stream:
         resampling = self.resampling(view)
-        yield from ordered_map(resampling.build, resampling.pieces(run.threads, report, columns), run.threads)
+        pieces = resampling.pieces(run.threads, report, columns)
+        yield from ordered_map(resampling.build, pieces, run.threads)
         self.report = resampling.stats()
 
     def write(self, view: Dataset, dst: str, output: OutputOptions, run: RunSettings, write: Write) -> JobResult:
