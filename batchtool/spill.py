@@ -1,10 +1,14 @@
 """Spilling rows to temporary Arrow IPC files, so global reorders run in bounded memory.
 
 Rows are scattered to (group, part) files: the group is what the operation asks for (a
-bucket, a class, or one group for a global shuffle), the part is a keyed random number
-that splits a group too large for memory. Reading a group back loads one part at a time
-and orders its rows by a keyed random key: scattering to random parts and shuffling each
-is a uniformly random permutation of the group (and independent of thread count).
+bucket, a class, or one group for a global shuffle); the parts split a group too large for
+memory into equal ranges of each row's keyed random order key. Reading a group back loads one
+part at a time and sorts it by that key, so the group comes back sorted by the key: a uniformly
+random permutation that is the same for any number of parts, that is for any --memory (and
+any thread count, since rows are added in input order).
+
+Example ids travel as the last column of a spill file and are found by position, never by
+name, so an input column of any name (even `__batchtool_id`) cannot collide with them.
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ from batchtool.dataset import Chunk
 T = TypeVar("T")
 ID_COLUMN = "__batchtool_id"
 _FLUSH_BYTES = 4 << 20
+MAX_OPEN_WRITERS = 256
+"""Spill files open for writing at once, whatever the number of (group, part) cells (a small --memory
+makes thousands): the least recently written cell's file is closed and it continues in a new file."""
 
 
 def parts_for(group_bytes: float, budget_bytes: int) -> int:
@@ -47,6 +54,7 @@ class Spill:
         self._buffers: dict[tuple[int, int], list[pa.RecordBatch]] = {}
         self._buffered: dict[tuple[int, int], int] = {}
         self.rows = np.zeros(len(self.parts), dtype=np.int64)
+        self._files: dict[tuple[int, int], int] = {}  # files written per (group, part), read back in order
 
     def __enter__(self) -> Spill:
         return self
@@ -67,15 +75,15 @@ class Spill:
     def _errors(self) -> AbstractContextManager[None]:
         return temporary_write_errors(self.tmp_dir)
 
-    def _path(self, group: int, part: int) -> str:
-        return os.path.join(self.directory, f"g{group:06d}-p{part:06d}.arrow")
+    def _path(self, group: int, part: int, file: int) -> str:
+        return os.path.join(self.directory, f"g{group:06d}-p{part:06d}-f{file:06d}.arrow")
 
     def add(self, chunk: Chunk, groups: np.ndarray) -> None:
         """Append each row of the chunk to its group's spill (call in a deterministic order)."""
         groups = np.asarray(groups, dtype=np.int64)
         max_parts = max(self.parts) if self.parts else 1
-        part_draw = rng.keyed_hash(self.seed, self.stage + "/part", chunk.ids)
-        parts = (part_draw % np.asarray(self.parts, dtype=np.uint64)[groups]).astype(np.int64)
+        parts = key_range(rng.permutation_keys(self.seed, self.stage, chunk.ids),
+                          np.asarray(self.parts, dtype=np.uint64)[groups])
         cells = groups * max_parts + parts
         order = np.argsort(cells, kind="stable")
         sorted_cells = cells[order]
@@ -99,9 +107,14 @@ class Spill:
         if not pieces:
             return
         with self._errors():
-            writer = self._writers.get(key)
+            writer = self._writers.pop(key, None)  # re-inserted below: the dict runs from least to most recent
             if writer is None:
-                writer = self._writers[key] = pa.ipc.new_stream(pa.OSFile(self._path(*key), "wb"), self.schema)
+                if len(self._writers) >= MAX_OPEN_WRITERS:
+                    self._writers.pop(next(iter(self._writers))).close()
+                file = self._files.get(key, 0)
+                self._files[key] = file + 1
+                writer = pa.ipc.new_stream(pa.OSFile(self._path(*key, file), "wb"), self.schema)
+            self._writers[key] = writer
             writer.write_table(pa.Table.from_batches(pieces, self.schema).combine_chunks())
 
     def finish(self) -> None:
@@ -113,23 +126,23 @@ class Spill:
                 writer.close()
         self._writers.clear()
 
-    def read_group(self, group: int, order_stage: str | None = None) -> Iterator[Chunk]:
-        """The group's rows, one part at a time; in keyed random order when order_stage is given,
-        else in the order they were added."""
+    def read_group(self, group: int, ordered: bool = True) -> Iterator[Chunk]:
+        """The group's rows, one part at a time: sorted by the order key (the stage's keyed random
+        permutation), or with ordered=False in the order they were added (a group of one part)."""
         for part in range(self.parts[group]):
-            path = self._path(group, part)
-            if not os.path.exists(path):
+            files = range(self._files.get((group, part), 0))
+            if not files:
                 continue
-            with pa.memory_map(path) as source:
-                table = pa.ipc.open_stream(source).read_all()
+            table = pa.concat_tables([_read(self._path(group, part, f)) for f in files])
             if table.num_rows == 0:
                 continue
-            ids = table.column(ID_COLUMN).to_numpy()
-            if order_stage is not None:
-                order = np.argsort(rng.permutation_keys(self.seed, order_stage, ids), kind="stable")
+            last = table.num_columns - 1  # the ids (by position: a user column may share their name)
+            ids = table.column(last).to_numpy()
+            if ordered:
+                order = np.argsort(rng.permutation_keys(self.seed, self.stage, ids), kind="stable")
                 table = table.take(pa.array(order))
                 ids = ids[order]
-            data = table.drop_columns([ID_COLUMN]).combine_chunks()
+            data = table.remove_column(last).combine_chunks()
             yield Chunk(data.to_batches()[0] if data.num_rows else data, np.ascontiguousarray(ids))
 
 
@@ -149,6 +162,17 @@ def temporary_write_errors(tmp_dir: str | None) -> AbstractContextManager[None]:
     return fs.write_errors(f"{where}: cannot write temporary files")
 
 
+def _read(path: str) -> pa.Table:
+    with pa.memory_map(path) as source:
+        return pa.ipc.open_stream(source).read_all()
+
+
+def key_range(keys: np.ndarray, parts: np.ndarray) -> np.ndarray:
+    """The part of each uint64 order key when the key space is cut into `parts` equal ranges (monotone
+    in the key, so reading the parts in turn, each sorted, is sorting by the key)."""
+    return ((keys >> np.uint64(32)) * np.asarray(parts, dtype=np.uint64) >> np.uint64(32)).astype(np.int64)
+
+
 def interleave(streams: Sequence[Iterator[T]], counts: Sequence[int], seed: int, stage: str) -> Iterator[tuple[int, T]]:
     """Merge streams in a uniformly random interleaving that keeps each stream's own order.
 
@@ -166,4 +190,5 @@ def interleave(streams: Sequence[Iterator[T]], counts: Sequence[int], seed: int,
         yield pick, next(streams[pick])
 
 
-__all__ = ["ID_COLUMN", "Spill", "interleave", "make_temporary_dir", "parts_for", "temporary_write_errors"]
+__all__ = ["ID_COLUMN", "Spill", "interleave", "key_range", "make_temporary_dir", "parts_for",
+           "temporary_write_errors"]

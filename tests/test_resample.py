@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from batchtool import rng
 from batchtool.dataset import Chunk
 from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.job import RunSettings
-from batchtool.ops.resample import ResampleOptions, RunningMean, parse_rate, repeat_rows, resample
+from batchtool.ops import resample as resample_op
+from batchtool.ops.resample import ResampleOptions, RunningMean, parse_rate, piece_bounds, repeat_rows, resample
 from batchtool.output import OutputOptions
 from conftest import read_dir, write_parquet_shards
 
@@ -63,13 +67,13 @@ def test_constant_rate_and_parse_rate(tmp_path):
 
 
 @pytest.mark.parametrize("value, shown", [(-1.0, "-1.0"), (float("nan"), "nan"), (None, "null"),
-                                          (float("inf"), "inf")])
+                                          (float("inf"), "inf"), (1e10, "10000000000.0")])
 def test_bad_rates_name_file_row_and_column(tmp_path, value, shown):
     rates = [1.0] * 10
     rates[7] = value
     src = dataset(tmp_path / "src", 10, rate=pa.array(rates, pa.float64()))
     with pytest.raises(InputError, match=rf"part-00001\.parquet, row 2, column 'rate': rate {shown} "
-                                         r"\(expected finite and >= 0"):
+                                         r"\(expected in \[0, 4294967296\]"):
         run(src, tmp_path / "out", rate="rate")
     assert not (tmp_path / "out").exists()
 
@@ -143,6 +147,9 @@ def test_accept_prob_outside_unit_interval_is_an_error(tmp_path):
     ({}, "give exactly one of --rate"),
     ({"rate": 1.0, "accept_prob": "p"}, r"got --rate, --accept-prob"),
     ({"rate": -2.0}, "--rate -2.0: must be a finite rate >= 0"),
+    ({"rate": 1e308}, r"--rate 1e\+308: must be a finite rate >= 0 and at most 4294967296 \(expected copies"),
+    ({"weight": "w", "overall_rate": 1e12}, r"--overall-rate 1000000000000.0: must be a finite rate >= 0 and at "
+                                            "most 4294967296"),
     ({"weight": "w"}, "--weight and --overall-rate go together"),
     ({"rate": 1.0, "running_mean": True}, "--running-mean applies to --weight"),
     ({"weight": "w", "overall_rate": 1.0, "mean_decay": 1.0}, r"--mean-decay 1.0: must be in \[0, 1\)"),
@@ -160,6 +167,68 @@ def test_repeat_rows_gives_copies_distinct_ids_and_keeps_the_first():
     assert out.ids[0] == chunk.ids[0] and out.ids[3] == chunk.ids[2]
     assert len(set(out.ids.tolist())) == 5
     assert repeat_rows(chunk, np.ones(3, dtype=np.int64), 1, "t") is chunk
+
+
+@given(st.lists(st.integers(0, 6), min_size=1, max_size=12), st.data())
+def test_a_range_of_the_copies_is_that_slice_of_all_of_them(copies, data):
+    """Pieces are cut anywhere, even inside one row's copies: rows and ids are those of the whole output."""
+    copies = np.array(copies)
+    chunk = Chunk(pa.record_batch({"x": np.arange(len(copies))}), rng.example_ids(1, 5, len(copies)))
+    whole = repeat_rows(chunk, copies, seed=2, stage="t")
+    start = data.draw(st.integers(0, int(copies.sum())))
+    stop = data.draw(st.integers(start, int(copies.sum())))
+    part = repeat_rows(chunk, copies, seed=2, stage="t", start=start, stop=stop)
+    assert part.data.column("x").to_pylist() == whole.data.column("x").to_pylist()[start:stop]
+    assert part.ids.tolist() == whole.ids.tolist()[start:stop]
+
+
+@given(st.lists(st.integers(0, 50), min_size=1, max_size=12), st.lists(st.floats(0.0, 300.0), min_size=12,
+                                                                        max_size=12), st.floats(1.0, 2000.0))
+def test_piece_bounds_cover_the_output_in_order_within_the_limit(copies, sizes, limit):
+    sizes = np.array(sizes[:len(copies)])
+    bounds = piece_bounds(np.array(copies), sizes, limit)
+    assert bounds[0][0] == 0 and bounds[-1][1] == sum(copies)
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+    per_row = np.repeat(np.maximum(sizes, 1.0), copies)
+    for start, stop in bounds:
+        assert stop - start == 1 or per_row[start:stop].sum() <= limit
+
+
+def test_an_outlier_rate_is_written_in_pieces_with_every_copy(tmp_path, monkeypatch):
+    """One row with a huge rate: its copies are cut into row groups of about PIECE_BYTES, none lost."""
+    monkeypatch.setattr(resample_op, "PIECE_BYTES", 20_000)
+    rates = np.zeros(50)
+    rates[17] = 3000.0
+    src = dataset(tmp_path / "src", 50, rate=rates)
+    result = run(src, tmp_path / "out", rate="rate")
+    files = sorted((tmp_path / "out").glob("part-*"))
+    groups = [pq.ParquetFile(f).metadata.row_group(i) for f in files for i in range(pq.ParquetFile(f).num_row_groups)]
+    assert len(groups) >= 3 and all(g.num_rows > 1 for g in groups)  # 16-byte rows: 1,250 per piece
+    out = read_dir(str(tmp_path / "out"))
+    assert out.num_rows == result.rows_out == result.manifest["stats"]["copies_per_example"]["max"]
+    assert set(out.column("key").to_pylist()) == {17}
+
+
+def test_weighted_pieces_carry_the_rate_of_their_row(tmp_path, monkeypatch):
+    monkeypatch.setattr(resample_op, "PIECE_BYTES", 20_000)
+    weights = np.full(50, 0.001)
+    weights[3] = 40.0
+    src = dataset(tmp_path / "src", 50, w=weights)
+    run(src, tmp_path / "out", weight="w", overall_rate=50.0)
+    out = read_dir(str(tmp_path / "out"))
+    rates = dict(zip(out.column("key").to_pylist(), out.column("resample_rate").to_pylist()))
+    assert out.num_rows > 1000 and rates[3] == pytest.approx(50.0 * 40.0 / weights.mean())
+
+
+def test_a_weight_whose_rate_is_too_large_names_its_row(tmp_path):
+    weights = np.zeros(20)
+    weights[11] = 1.0
+    src = dataset(tmp_path / "src", 20, w=weights)
+    with pytest.raises(InputError, match=r"part-00001\.parquet, row 1, column 'w': weight 1 gives rate 8e\+09 "
+                                         r"\(--overall-rate 4e\+08 x weight / mean weight 0\.05\), more than "
+                                         r"4294967296 copies of one example"):
+        run(src, tmp_path / "out", weight="w", overall_rate=4e8)
+    assert not (tmp_path / "out").exists()
 
 
 def test_seeds_differ_and_threads_do_not_matter(tmp_path):

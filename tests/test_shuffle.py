@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from collections import Counter
 
 import numpy as np
 import pyarrow as pa
@@ -19,7 +18,7 @@ from batchtool import rng
 from batchtool.dataset import Chunk
 from batchtool.errors import UsageError
 from batchtool.job import RunSettings
-from batchtool.ops.shuffle import STAGE, KeyRanges, ShuffleOptions, buffered_shuffle, rebatch, shuffle
+from batchtool.ops.shuffle import STAGE, ShuffleOptions, buffered_shuffle, rebatch, shuffle
 from batchtool.output import OutputOptions
 from batchtool.synthetic import make_table
 from conftest import REPO, read_dir, write_parquet_shards
@@ -54,33 +53,6 @@ def test_global_shuffle_is_a_permutation_that_ignores_threads_and_memory(tmp_pat
     assert sorted(a.to_pylist(), key=lambda r: r["key"]) == corpus.to_pylist()
     assert keys(tmp_path / "a") != keys(tmp_path / "c")
     assert keys(tmp_path / "a") != corpus.column("key").to_pylist()
-
-
-def test_global_order_is_the_keyed_sort_whatever_the_parts(tmp_path):
-    chunks = chunks_of([37] * 10)
-    ids = np.concatenate([c.ids for c in chunks])
-    expected = np.argsort(rng.permutation_keys(4, STAGE, ids)).tolist()
-    for parts in (1, 3, 16):
-        ranges = KeyRanges((parts,), seed=4, stage=STAGE)
-        with ranges.spill(SCHEMA, 1 << 20, str(tmp_path)) as spill:
-            for c in chunks:
-                ranges.add(spill, c, np.zeros(c.num_rows, dtype=np.int64))
-            spill.finish()
-            assert [v for c in ranges.read(spill, 0) for v in c.data.column("x").to_pylist()] == expected
-
-
-def test_positions_are_uniform_over_seeds(tmp_path):
-    """Where element 0 lands, over 400 seeds with 3 spill parts: uniform over the 8 positions (chi-square)."""
-    positions = Counter()
-    for seed in range(400):
-        ranges = KeyRanges((3,), seed=seed, stage=STAGE)
-        with ranges.spill(SCHEMA, 1 << 20, str(tmp_path)) as spill:
-            ranges.add(spill, chunks_of([8])[0], np.zeros(8, dtype=np.int64))
-            spill.finish()
-            order = [v for c in ranges.read(spill, 0) for v in c.data.column("x").to_pylist()]
-        positions[order.index(0)] += 1
-    chi2 = sum((positions[i] - 50) ** 2 / 50 for i in range(8))
-    assert chi2 < 24.3  # 7 degrees of freedom, p = 0.001
 
 
 @pytest.mark.parametrize("batch_size, drop", [(64, False), (64, True), (1, False)])

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
 
 from batchtool.errors import UsageError
+
+CHOICE_BYTES = 4
+"""Memory of `choose_boundaries` per (bucket, distinct length): where each bucket's best start is."""
 
 
 def check_boundaries(boundaries: Sequence[int], flag: str = "--boundaries") -> tuple[int, ...]:
@@ -68,9 +72,10 @@ def choose_boundaries(length_counts: np.ndarray, k: int) -> tuple[int, ...]:
     Dynamic programme over distinct lengths, one layer per bucket:
     cost_m(j) = min_i cost_{m-1}(i) + (P(j) - P(i)) * v[j-1], P = prefix counts. For fixed j this is
     the lower envelope of lines y = cost_{m-1}(i) - P(i) * x at x = v[j-1]; slopes fall as i grows and
-    x rises with j, so a monotone deque (convex hull trick) finds it in O(1) amortised:
-    O(k * L) for L distinct lengths, in exact integer arithmetic. Each boundary is one more than the
-    longest length of the bucket below it, so padding to the boundary costs exactly this optimum.
+    x rises with j, so a monotone deque (convex hull trick) finds it in O(1) amortised: O(k * L) time
+    and CHOICE_BYTES * k * L bytes for L distinct lengths, in exact integer arithmetic. Each boundary is
+    one more than the longest length of the bucket below it, so padding to the boundary costs exactly
+    this optimum.
     """
     if k < 1:
         raise UsageError(f"--auto-buckets {k}: must be at least 1")
@@ -82,9 +87,9 @@ def choose_boundaries(length_counts: np.ndarray, k: int) -> tuple[int, ...]:
     prefix = [0, *np.cumsum(counts[values]).tolist()]
     n = len(values)
     cost = [0] + [prefix[j] * values[j - 1] for j in range(1, n + 1)]
-    starts: list[list[int]] = []
+    starts: list[array] = []
     for m in range(2, groups + 1):
-        layer, start = [0] * (n + 1), [0] * (n + 1)
+        layer, start = [0] * (n + 1), array("i", bytes(CHOICE_BYTES * (n + 1)))
         hull: deque[tuple[int, int, int]] = deque()  # (slope, intercept, i)
         for j in range(m, n + 1):
             _add_line(hull, -prefix[j - 1], cost[j - 1], j - 1)

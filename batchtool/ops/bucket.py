@@ -11,12 +11,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batchtool import progress
+from batchtool import budget, progress
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.engines import with_engine
 from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.job import JobResult, RunSettings, open_source, write_job
 from batchtool.ops.boundaries import (
+    CHOICE_BYTES,
     assign_buckets,
     check_boundaries,
     choose_boundaries,
@@ -26,17 +27,21 @@ from batchtool.ops.boundaries import (
     real_elements,
 )
 from batchtool.output import OutputOptions
-from batchtool.padding import mask_column, pad_batch, parse_pad_values, row_lengths, sequence_lengths
+from batchtool.padding import mask_column, pad_batch, parse_pad_values, sequence_lengths
 from batchtool.runner import ordered_map
 from batchtool.spill import Spill, interleave, parts_for
 from batchtool.stats import DatasetStats, chunk_stats, is_sequence_type, lengths_of
 
 ORDERS = ("shuffle", "sorted")
 OUTPUT_COLUMNS = ("batch", "bucket", "length", "mask")
-SPILL_STAGE, ORDER_STAGE, INTERLEAVE_STAGE = "bucket/spill", "bucket/order", "bucket/interleave"
+ORDER_STAGE, INTERLEAVE_STAGE = "bucket/order", "bucket/interleave"
 _MIN_FLUSH_BYTES, _MAX_FLUSH_BYTES = 64 << 10, 4 << 20
 _SPILL_ROW_BYTES = 12
 """Per spilled row on top of the data: the uint64 example id and the int32 length."""
+BUCKET_BYTES = 1 << 10
+"""Bookkeeping per bucket, empty or not: counters, its spill layout and batch stream."""
+HISTOGRAM_BYTES = 40
+"""Per length up to the longest: the length histogram and the arrays planning derives from it."""
 
 
 @dataclass(frozen=True)
@@ -256,10 +261,18 @@ def make_plan(options: BucketOptions, columns: Columns, stats: DatasetStats, sch
     if options.boundaries is not None:
         boundaries: tuple[int, ...] | None = tuple(options.boundaries)
     elif options.auto_buckets is not None:
+        distinct = int(np.count_nonzero(counts))
+        k = min(options.auto_buckets, distinct)
+        budget.check(f"--auto-buckets {options.auto_buckets}: choosing {k:,} buckets among {distinct:,} distinct "
+                     "lengths", max(0, k - 1) * (distinct + 1) * CHOICE_BYTES, options.memory,
+                     "give a smaller --auto-buckets (or fixed --boundaries)")
         boundaries = choose_boundaries(counts, options.auto_buckets)
     else:
         boundaries = None
     n = len(boundaries) + 1 if boundaries is not None else options.num_buckets
+    flag = f"--num-buckets {n}" if boundaries is None else f"--boundaries ({n - 1:,} values)"
+    budget.check(f"{flag}: the bookkeeping of {n:,} buckets", n * BUCKET_BYTES, options.memory,
+                 "give fewer buckets")
     sizes = options.batch_size or (None,)
     budgets = tuple(BatchBudget(batch_size=sizes[b % len(sizes)], max_tokens=options.max_tokens,
                                 max_rows=options.max_rows) for b in range(n))
@@ -277,8 +290,45 @@ def make_plan(options: BucketOptions, columns: Columns, stats: DatasetStats, sch
     else:
         ranges = _length_ranges(stats.length_counts, row_bytes, options.memory // 2)
         parts = (1,) * (n * (len(ranges) + 1))
-    return BucketPlan(columns, boundaries, n, budgets, pad_to, pad_values, options.mask, options.drop_oversize,
+    plan = BucketPlan(columns, boundaries, n, budgets, pad_to, pad_values, options.mask, options.drop_oversize,
                       options.drop_remainder, options.order, parts, ranges, defaulted_sequences=not options.sequences)
+    check_largest_batch(plan, options, stats, row_bytes)
+    return plan
+
+
+def check_largest_batch(plan: BucketPlan, options: BucketOptions, stats: DatasetStats,
+                        row_bytes: tuple[float, float]) -> None:
+    """Stop before batching if one padded batch of some bucket would not fit the budget: its rows (at most
+    the bucket's) padded to the bucket's boundary or its longest length, from the first-pass histogram."""
+    per_row, per_step = row_bytes
+    per_step += 1 if plan.mask else 0
+    counts = batchable_counts(stats, options)
+    present = np.flatnonzero(counts)
+    if plan.boundaries is not None:
+        buckets = assign_buckets(present, plan.boundaries)
+        rows = np.bincount(buckets, weights=counts[present], minlength=plan.num_buckets).astype(np.int64)
+        longest = np.zeros(plan.num_buckets, dtype=np.int64)
+        np.maximum.at(longest, buckets, present)
+    else:
+        rows = np.array([stats.label_counts.get(b, 0) for b in range(plan.num_buckets)], dtype=np.int64)
+        longest = np.full(plan.num_buckets, int(present.max(initial=0)))
+    for b in np.flatnonzero(rows):
+        padded = plan.pad_to[b] if plan.pad_to[b] is not None else int(longest[b])
+        limit = plan.budgets[b]
+        if limit.batch_size is not None:
+            batch_rows = min(int(rows[b]), limit.batch_size)
+            elements = batch_rows * padded
+            flag = f"--batch-size {limit.batch_size}"
+        else:
+            batch_rows = min(int(rows[b]), limit.max_rows or limit.max_tokens, limit.max_tokens)
+            elements = min(batch_rows * padded, limit.max_tokens)
+            flag = f"--max-tokens {limit.max_tokens}"
+        fixed = plan.pad_to[b] is not None
+        padding = (f"padded to {padded:,} steps (--pad-to-boundary, boundary {padded + 1})" if fixed
+                   else f"padded to up to {padded:,} steps")
+        fix = f"give a smaller {flag.split()[0]}{', drop --pad-to-boundary' if fixed else ''} or a larger --memory"
+        budget.check(f"{flag}: one batch of bucket {b}, {batch_rows:,} rows {padding},",
+                     batch_rows * per_row + elements * per_step, options.memory, fix)
 
 
 def batchable_counts(stats: DatasetStats, options: BucketOptions) -> np.ndarray:
@@ -320,12 +370,8 @@ def _length_ranges(length_counts: np.ndarray, row_bytes: tuple[float, float], bu
 
 def row_bytes(sample: pa.RecordBatch | None, columns: Columns) -> tuple[float, float]:
     """(bytes per row, bytes per step) of the spilled rows, measured on a sample chunk."""
-    if sample is None or sample.num_rows == 0:
-        return float(_SPILL_ROW_BYTES), 0.0
-    steps = int(row_lengths(sample.column(columns.sequences[0])).sum()) if columns.sequences else 0
-    seq_bytes = sum(sample.column(c).nbytes for c in columns.sequences)
-    per_step = seq_bytes / steps if steps else 0.0
-    return (sample.nbytes - seq_bytes) / sample.num_rows + _SPILL_ROW_BYTES, per_step
+    per_row, per_step = budget.row_bytes(sample, columns.sequences)
+    return per_row + _SPILL_ROW_BYTES, per_step
 
 
 @dataclass(frozen=True)
@@ -513,7 +559,8 @@ def bucket(src: str, dst: str, options: BucketOptions, output: OutputOptions, ru
     random order across buckets (or length order) -> padded batch shards + manifest."""
     dataset = open_source(src, dst, output, tmp_dir=options.tmp_dir, format=format, skip_corrupt=skip_corrupt)
     columns = resolve_columns(options, dataset.schema)
-    return write_bucketed(dataset, options, columns, first_pass(dataset, columns, run), dst, output, run, seed=seed)
+    return write_bucketed(dataset, options, columns, first_pass(dataset, columns, run, options.memory), dst, output,
+                          run, seed=seed)
 
 
 def write_bucketed(dataset: Dataset, options: BucketOptions, columns: Columns, first: DatasetStats, dst: str,
@@ -525,8 +572,9 @@ def write_bucketed(dataset: Dataset, options: BucketOptions, columns: Columns, f
     report = ReadReport()
     tally = Tally.zeros(plan.num_buckets)
     schema = spill_schema(dataset.schema, columns)
-    with Spill(schema, plan.parts, seed, SPILL_STAGE, options.tmp_dir, flush_bytes(plan, options.memory)) as spill, \
-            Spill(pa.schema([schema.field("length")]), plan.parts, seed, SPILL_STAGE, options.tmp_dir) as lengths:
+    flush, lengths_schema = flush_bytes(plan, options.memory), pa.schema([schema.field("length")])
+    with Spill(schema, plan.parts, seed, ORDER_STAGE, options.tmp_dir, flush) as spill, \
+            Spill(lengths_schema, plan.parts, seed, ORDER_STAGE, options.tmp_dir, flush) as lengths:
         scatter(dataset, plan, spill, lengths, tally, run, report)
         sizes = [batch_sizes(lengths, plan, b, tally) for b in range(plan.num_buckets)]
         empty = make_batch(pa.RecordBatch.from_pylist([], schema=schema), 0, 0, 0, plan)
@@ -540,7 +588,7 @@ def write_bucketed(dataset: Dataset, options: BucketOptions, columns: Columns, f
     return result
 
 
-def first_pass(dataset: Dataset, columns: Columns, run: RunSettings) -> DatasetStats:
+def first_pass(dataset: Dataset, columns: Columns, run: RunSettings, memory: int) -> DatasetStats:
     """Length histogram (and bucket-column counts) of the kept rows, reading only the columns that need."""
     length = columns.length
     keep = columns.keep
@@ -550,6 +598,7 @@ def first_pass(dataset: Dataset, columns: Columns, run: RunSettings) -> DatasetS
         rows = chunk.num_rows
         if keep is not None:
             chunk = chunk.filter(keep_mask(chunk, keep))
+        check_longest(chunk, length, memory, dataset.locate)
         return chunk_stats(chunk, columns.bucket, length), rows
 
     total = DatasetStats()
@@ -558,6 +607,17 @@ def first_pass(dataset: Dataset, columns: Columns, run: RunSettings) -> DatasetS
             total.merge(stats)
             bar.update(rows)
     return total
+
+
+def check_longest(chunk: Chunk, length: str, memory: int, locate: Callable[[int], str]) -> None:
+    """A length (an integer column's value) sizes the length histogram: stop on one too long for the budget,
+    naming its row, before the histogram is allocated."""
+    lengths = lengths_of(chunk.data, length)
+    if len(lengths):
+        i = int(np.argmax(lengths))
+        budget.check(f"{locate(chunk.ids[i])}, column {length!r}: length {lengths[i]:,} (its length histogram)",
+                     (int(lengths[i]) + 1) * HISTOGRAM_BYTES, memory,
+                     "check the column, or give a larger --memory", error=InputError)
 
 
 def spill_schema(schema: pa.Schema, columns: Columns) -> pa.Schema:
@@ -600,11 +660,11 @@ def scatter(dataset: Dataset, plan: BucketPlan, spill: Spill, lengths: Spill, ta
 def ordered_rows(spill: Spill, plan: BucketPlan, bucket: int) -> Iterator[Chunk]:
     """A bucket's rows in output order: keyed random, or ascending length (ties in input order)."""
     if plan.order == "shuffle":
-        yield from spill.read_group(bucket, ORDER_STAGE)
+        yield from spill.read_group(bucket)
         return
     first = bucket * plan.groups_per_bucket
     for group in range(first, first + plan.groups_per_bucket):
-        for chunk in spill.read_group(group):
+        for chunk in spill.read_group(group, ordered=False):
             yield chunk.take(np.argsort(chunk.data.column("length").to_numpy(), kind="stable"))
 
 

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batchtool import rng
+from batchtool.budget import row_nbytes
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.engines import with_engine
@@ -23,6 +24,12 @@ from batchtool.runner import Accumulator, ordered_map
 
 STAGE = "resample"
 DEFAULT_RATE_COLUMN = "resample_rate"
+MAX_RATE = float(1 << 32)
+"""The largest rate (expected copies of one example): about 4.3 billion copies of a row is surely a mistake,
+and Poisson counts stay exact integers far below 2**53."""
+PIECE_BYTES = 16 << 20
+"""Output Arrow bytes one work item builds: an input chunk whose copies come to more (than this and than the
+chunk itself) is written as several row groups of about this size, so a rate never decides memory."""
 Locate = Callable[[int], str]
 
 
@@ -45,12 +52,15 @@ class ResampleOptions:
         if len(chosen) != 1:
             raise UsageError("give exactly one of --rate, --weight (with --overall-rate) or --accept-prob"
                              + (f" (got {', '.join(chosen)})" if chosen else ""))
-        if isinstance(self.rate, float) and not (math.isfinite(self.rate) and self.rate >= 0):
-            raise UsageError(f"--rate {self.rate}: must be a finite rate >= 0 (or a column name)")
+        if isinstance(self.rate, float) and not (math.isfinite(self.rate) and 0 <= self.rate <= MAX_RATE):
+            raise UsageError(f"--rate {self.rate}: must be a finite rate >= 0 and at most {MAX_RATE:.10g} (expected "
+                             "copies of each example), or a column name")
         if (self.weight is None) != (self.overall_rate is None):
             raise UsageError("--weight and --overall-rate go together (rate = overall rate * weight / mean weight)")
-        if self.overall_rate is not None and not (math.isfinite(self.overall_rate) and self.overall_rate >= 0):
-            raise UsageError(f"--overall-rate {self.overall_rate}: must be a finite rate >= 0")
+        if self.overall_rate is not None and not (math.isfinite(self.overall_rate)
+                                                  and 0 <= self.overall_rate <= MAX_RATE):
+            raise UsageError(f"--overall-rate {self.overall_rate}: must be a finite rate >= 0 and at most "
+                             f"{MAX_RATE:.10g}")
         if self.running_mean and self.weight is None:
             raise UsageError("--running-mean applies to --weight (it estimates the mean weight as data streams)")
         if not 0.0 <= self.mean_decay < 1.0:
@@ -95,23 +105,40 @@ def checked_values(chunk: Chunk, column: str, locate: Locate, what: str, high: f
     if bad.any():
         i = int(np.argmax(bad))
         value = "null" if not arr[i].is_valid else repr(arr[i].as_py())
-        expected = f"in [0, {high:g}]" if math.isfinite(high) else "finite and >= 0"
+        expected = f"in [0, {high:.10g}]" if math.isfinite(high) else "finite and >= 0"
         raise InputError(f"{locate(chunk.ids[i])}, column {column!r}: {what} {value} "
                          f"(expected {expected}; {int(bad.sum())} such value(s) in this chunk)")
     return values
 
 
-def repeat_rows(chunk: Chunk, copies: np.ndarray, seed: int, stage: str) -> Chunk:
-    """Each row copies[i] times, copies consecutive.
+def copy_runs(copies: np.ndarray, start: int, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Output rows [start, stop) of "row i written copies[i] times, copies consecutive", as runs: the input
+    rows, how many of each one's copies fall in the range, and the copy number of each run's first."""
+    ends = np.cumsum(copies)
+    if stop <= start:
+        return (np.zeros(0, dtype=np.int64),) * 3
+    rows = np.arange(np.searchsorted(ends, start, side="right"), np.searchsorted(ends, stop - 1, side="right") + 1)
+    begins = ends[rows] - copies[rows]
+    low = np.maximum(begins, start)
+    counts = np.minimum(ends[rows], stop) - low
+    keep = counts > 0
+    return rows[keep], counts[keep], (low - begins)[keep]
+
+
+def repeat_rows(chunk: Chunk, copies: np.ndarray, seed: int, stage: str, start: int = 0,
+                stop: int | None = None) -> Chunk:
+    """Output rows [start, stop) (default: all) of each row copies[i] times, copies consecutive.
 
     Copy 0 keeps the example id; copy j >= 1 gets a derived id (keyed hash of id and j), so that a
     later reorder (balanced batches, a pipeline's shuffle) keys each copy's draws separately.
     """
     copies = np.asarray(copies, dtype=np.int64)
-    if len(copies) and copies.min() == 1 and copies.max() == 1:
+    stop = int(copies.sum()) if stop is None else stop
+    if start == 0 and stop == len(copies) and len(copies) and copies.min() == 1 and copies.max() == 1:
         return chunk
-    out = chunk.take(np.repeat(np.arange(len(copies)), copies))
-    copy_no = np.arange(out.num_rows) - np.repeat(np.cumsum(copies) - copies, copies)
+    rows, counts, first = copy_runs(copies, start, stop)
+    out = chunk.take(np.repeat(rows, counts))
+    copy_no = np.arange(out.num_rows) - np.repeat(np.cumsum(counts) - counts - first, counts)
     extra = copy_no > 0
     if extra.any():
         ids = out.ids.copy()
@@ -120,35 +147,96 @@ def repeat_rows(chunk: Chunk, copies: np.ndarray, seed: int, stage: str) -> Chun
     return out
 
 
+def piece_bounds(copies: np.ndarray, row_bytes: np.ndarray, limit: float) -> list[tuple[int, int]]:
+    """Cut the output rows (row i written copies[i] times) into consecutive ranges of at most `limit`
+    bytes each (at least one row), given each input row's bytes."""
+    pieces, start, position, held = [], 0, 0, 0.0
+    for n, size in zip(copies.tolist(), np.maximum(row_bytes, 1.0).tolist()):
+        while n:
+            if held and held + size > limit:
+                pieces.append((start, position))
+                start, held = position, 0.0
+            take = min(n, max(1, int((limit - held) // size)))
+            position, held, n = position + take, held + take * size, n - take
+    return [*pieces, (start, position)]
+
+
+@dataclass(frozen=True)
+class Copies:
+    """One input chunk and how many times each of its rows is written; cheap until its pieces are built."""
+
+    chunk: Chunk
+    copies: np.ndarray
+    rates: np.ndarray | None = None
+    """Per input row, the effective rate written with each of its copies (--weight), else None."""
+
+    def pieces(self) -> Iterator[Piece]:
+        """The output in pieces of at most PIECE_BYTES (or the input chunk's bytes, if more): one piece
+        unless the copies multiply the chunk past that. The last piece carries the chunk's input rows."""
+        total = int(self.copies.sum())
+        limit = max(PIECE_BYTES, self.chunk.data.nbytes)
+        bounds = [(0, total)]
+        if total and int(self.copies.max()) * self.chunk.data.nbytes > limit:
+            bounds = piece_bounds(self.copies, row_nbytes(self.chunk.data), limit)
+        for i, (start, stop) in enumerate(bounds):
+            yield Piece(self, start, stop, self.chunk.num_rows if i == len(bounds) - 1 else 0)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Output rows [start, stop) of one chunk's copies, and the input rows they complete (for progress)."""
+
+    source: Copies
+    start: int
+    stop: int
+    rows: int
+
+    def build(self, seed: int, stage: str, rate_column: str | None = None) -> Chunk:
+        """The piece's rows, with each one's effective rate appended as `rate_column` if given."""
+        src = self.source
+        out = repeat_rows(src.chunk, src.copies, seed, stage, self.start, self.stop)
+        if rate_column is not None:
+            rows, counts, _ = copy_runs(src.copies, self.start, self.stop)
+            out = Chunk(out.data.append_column(rate_column, pa.array(np.repeat(src.rates[rows], counts),
+                                                                     pa.float64())), out.ids)
+        return out
+
+
+def pieces(copies: Iterable[Copies]) -> Iterator[Piece]:
+    """Every chunk's output pieces, in order."""
+    for c in copies:
+        yield from c.pieces()
+
+
 def example_rates(chunk: Chunk, options: ResampleOptions, mean_weight: float | None, locate: Locate) -> np.ndarray:
     """Expected copies of each row: the rate (constant or column), overall_rate * weight / mean weight,
-    or the acceptance probability."""
+    or the acceptance probability. A rate above MAX_RATE is an error naming its row."""
     if options.mode == "rate":
         if isinstance(options.rate, float):
             return np.full(chunk.num_rows, options.rate)
-        return checked_values(chunk, options.rate, locate, "rate")
+        return checked_values(chunk, options.rate, locate, "rate", high=MAX_RATE)
     if options.mode == "accept":
         return checked_values(chunk, options.accept_prob, locate, "acceptance probability", high=1.0)
     weights = checked_values(chunk, options.weight, locate, "weight")
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(weights > 0, options.overall_rate * weights / (mean_weight or 0.0), 0.0)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        rates = np.where(weights > 0, options.overall_rate * weights / (mean_weight or 0.0), 0.0)
+    bad = np.flatnonzero(~(rates <= MAX_RATE))
+    if len(bad):
+        i = int(bad[0])
+        raise InputError(f"{locate(chunk.ids[i])}, column {options.weight!r}: weight {weights[i]:g} gives rate "
+                         f"{rates[i]:g} (--overall-rate {options.overall_rate:g} x weight / mean weight "
+                         f"{mean_weight or 0.0:g}), more than {MAX_RATE:.10g} copies of one example")
+    return rates
 
 
-def resample_chunk(chunk: Chunk, rates: np.ndarray, options: ResampleOptions, seed: int) -> tuple[Chunk, np.ndarray]:
-    """The output rows of one chunk and each input row's number of copies.
-
-    Poisson(rate) copies (exact for any rate), or one copy with probability p for --accept-prob.
-    Weighted mode appends each output row's effective rate.
-    """
+def resample_copies(chunk: Chunk, rates: np.ndarray, options: ResampleOptions, seed: int) -> Copies:
+    """How many times each row of one chunk is written: Poisson(rate) (exact for any rate), or once with
+    probability p for --accept-prob. Weighted mode keeps the rates, written with each copy."""
     if options.mode == "accept":
         copies = (rng.uniform(seed, STAGE, chunk.ids) < rates).astype(np.int64)
     else:
         copies = rng.poisson(seed, STAGE, chunk.ids, rates)
-    out = repeat_rows(chunk, copies, seed, STAGE)
-    if options.mode == "weighted":
-        out = Chunk(out.data.append_column(options.rate_column, pa.array(np.repeat(rates, copies), pa.float64())),
-                    out.ids)
-    return out, copies
+    return Copies(chunk, copies, rates if options.mode == "weighted" else None)
 
 
 # -- statistics -------------------------------------------------------------------------------------------
@@ -305,17 +393,26 @@ class Resampling:
         chunks = self.dataset.chunks(columns, threads, report)
         return self.running(chunks) if self.running else ((chunk, self.mean) for chunk in chunks)
 
-    def apply(self, item: tuple[Chunk, float | None]) -> tuple[Chunk, int]:
-        """One chunk's output rows and the rows it read."""
+    def copies(self, item: tuple[Chunk, float | None]) -> Copies:
+        """One chunk's copies per row, counted; runs on the engine's workers."""
         chunk, chunk_mean = item
         rates = example_rates(chunk, self.options, chunk_mean, self.dataset.locate)
-        out, copies = resample_chunk(chunk, rates, self.options, self.seed)
-        copy_stats(self.tally, copies)
+        copies = resample_copies(chunk, rates, self.options, self.seed)
+        copy_stats(self.tally, copies.copies)
         self.tally.add_values("rate", rates)
-        return out, chunk.num_rows
+        return copies
 
-    def work(self, item: tuple[Chunk, float | None]) -> tuple[list[pa.RecordBatch], int]:
-        out, rows = self.apply(item)
+    def pieces(self, threads: int, report: ReadReport, columns: Sequence[str] | None = None) -> Iterator[Piece]:
+        """The output in order, as pieces of bounded size (see Copies.pieces)."""
+        return pieces(ordered_map(self.copies, self.items(threads, report, columns), threads))
+
+    def build(self, piece: Piece) -> tuple[Chunk, int]:
+        """One piece's output rows and the input rows it completes."""
+        rate_column = self.options.rate_column if self.options.mode == "weighted" else None
+        return piece.build(self.seed, STAGE, rate_column), piece.rows
+
+    def work(self, piece: Piece) -> tuple[list[pa.RecordBatch], int]:
+        out, rows = self.build(piece)
         return ([out.data] if out.num_rows else []), rows
 
     def stats(self) -> dict[str, Any]:
@@ -336,9 +433,9 @@ def write_resampled(resampling: Resampling, dst: str, output: OutputOptions, run
     report = ReadReport()
     return write(command="resample", options=manifest_options(resampling.options, output), seed=resampling.seed,
                  dataset=resampling.dataset, dst=dst, output=output, schema=resampling.schema,
-                 items=resampling.items(run.threads, report), work=resampling.work, stats=resampling.stats,
+                 items=resampling.pieces(run.threads, report), work=resampling.work, stats=resampling.stats,
                  run=run, report=report)
 
 
-__all__ = ["ResampleOptions", "Resampling", "RunningMean", "Tally", "example_rates", "parse_rate", "prepare",
-           "repeat_rows", "resample", "resample_chunk", "write_resampled"]
+__all__ = ["Copies", "MAX_RATE", "Piece", "ResampleOptions", "Resampling", "RunningMean", "Tally", "example_rates",
+           "parse_rate", "pieces", "prepare", "repeat_rows", "resample", "resample_copies", "write_resampled"]

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batchtool import fs, rng
+from batchtool import budget, fs, rng
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.engines import with_engine
 from batchtool.errors import InputError, SchemaError, UsageError
@@ -44,7 +44,14 @@ EMPTY_INSERTION_INDEX = (1 << 63) - 1
 LANE_WINDOW = 4
 """Examples taken per lane each time a lane runs dry (a fixed window of 4 * B examples)."""
 ITEM_SEGMENTS = 2048
-"""Segments per work item handed to a worker thread (rounded to whole batches)."""
+"""Segments per work item handed to a worker thread (rounded to whole batches)..."""
+ITEM_BYTES = 16 << 20
+"""...and at most this many bytes of padded segments per item (but at least one batch), so a long
+--num-unroll does not multiply what a worker holds."""
+LANE_BYTES = 1 << 10
+"""Planner bookkeeping per lane (its queue, load and heap entry)."""
+METADATA_BYTES = 64
+"""Metadata per output row (keys, counters), beyond the example's own columns."""
 DEFAULT_MEMORY = 1 << 30
 KEY_PARTITION_BITS = 6
 KEY_PARTITIONS = 1 << KEY_PARTITION_BITS
@@ -412,14 +419,14 @@ class LanePlanner:
     world_size N there are N * B lanes: rank r's are lanes r * B .. r * B + B - 1.
     """
 
-    def __init__(self, plan: SegmentPlan) -> None:
+    def __init__(self, plan: SegmentPlan, batch_bytes: float = 0.0) -> None:
         self.plan = plan
         B = plan.options.batch_size * plan.options.world_size
         self.lanes: list[deque[list]] = [deque() for _ in range(B)]
         self.load = np.zeros(B, dtype=np.int64)
         self.stats = SegmentStats()
         self.window = LANE_WINDOW * B
-        self.item_batches = max(1, ITEM_SEGMENTS // B)
+        self.item_batches = max(1, min(ITEM_SEGMENTS // B, int(ITEM_BYTES // max(batch_bytes, 1.0))))
 
     def items(self, examples: Iterable[Examples]) -> Iterator[SegmentItem]:
         windows = self._windows(examples)
@@ -675,6 +682,20 @@ def segment(src: str, dst: str, options: SegmentOptions, output: OutputOptions, 
     return write_segmented(dataset, options, dst, output, run, memory=memory, tmp_dir=tmp_dir)
 
 
+def check_memory(options: SegmentOptions, sample: pa.RecordBatch | None, memory: int) -> float:
+    """Stop before planning if one padded batch, or the lanes with their window of examples, would not fit
+    the budget (sized from a sample chunk); returns the bytes of one padded batch."""
+    B, U = options.batch_size, options.num_unroll
+    per_row, per_step = budget.row_bytes(sample, options.sequences)
+    batch = B * (U * per_step + per_row + METADATA_BYTES)
+    budget.check(f"--num-unroll {U} with --batch-size {B}: one batch of {B:,} segments padded to {U:,} steps",
+                 batch, memory, "give a smaller --num-unroll or --batch-size, or a larger --memory")
+    example = sample.nbytes / sample.num_rows if sample is not None and sample.num_rows else 0.0
+    budget.check(f"--batch-size {B}: {B:,} lanes, each planning {LANE_WINDOW} examples ahead",
+                 B * (LANE_BYTES + LANE_WINDOW * example), memory, "give a smaller --batch-size or a larger --memory")
+    return batch
+
+
 def write_segmented(dataset: Dataset, options: SegmentOptions, dst: str, output: OutputOptions, run: RunSettings, *,
                     memory: int = DEFAULT_MEMORY, tmp_dir: str | None = None,
                     write: Callable[..., JobResult] = write_job) -> JobResult:
@@ -682,7 +703,8 @@ def write_segmented(dataset: Dataset, options: SegmentOptions, dst: str, output:
     columns = dataset.check_columns(options.source_columns)
     plan = make_plan(dataset.projected_schema(columns), options)
     report = ReadReport()
-    planner = LanePlanner(plan)
+    sample = next(iter(dataset.tasks(columns)), None)
+    planner = LanePlanner(plan, check_memory(options, sample().data if sample else None, memory))
     index = KeyIndex(max(1 << 20, memory // 4), tmp_dir)
 
     def examples() -> Iterator[Examples]:

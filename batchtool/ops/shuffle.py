@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from batchtool import progress, rng
+from batchtool import budget, progress, rng
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.errors import UsageError
 from batchtool.engines import with_engine
@@ -22,11 +22,15 @@ from batchtool.spill import Spill, parts_for
 STAGE = "shuffle"
 DEFAULT_MEMORY = 1 << 30
 MAX_BATCH_ROWS = 65536
-BATCH_SHARE = 32
-"""Output row groups when --batch-size is not given: at most MAX_BATCH_ROWS rows and --memory / BATCH_SHARE
-bytes, so that the batches queued for writing (slices of a spill part) keep about one part alive."""
+BATCH_BYTES = 1 << 19
+"""Output row groups when --batch-size is not given: at most MAX_BATCH_ROWS rows and about BATCH_BYTES of
+Arrow data. Fixed, not a share of --memory, since the row groups are part of the output, which the budget
+never changes; small enough that the batches queued for writing stay well under any useful budget."""
 PART_SHARE = 4
 """A spill part is at most --memory / PART_SHARE: reading one back holds it about three times over."""
+BUFFER_COPIES, SLOT_BYTES = 5, 100
+"""The buffered shuffle holds its buffer about BUFFER_COPIES times while gathering (the buffer, the pushed rows,
+their concatenation and the new buffer) plus SLOT_BYTES of row numbers per slot."""
 TFRECORD_EXPANSION = {False: 4.0, True: 16.0}
 """Assumed Arrow bytes per TFRecord file byte (uncompressed, gzip) when the row count is unknown.
 
@@ -139,14 +143,31 @@ def arrow_bytes(batch: pa.RecordBatch) -> int:
     return pa.ipc.get_record_batch_size(batch)
 
 
-def default_batch_rows(bytes_per_row: float, memory: int) -> int:
-    return int(max(1, min(MAX_BATCH_ROWS, memory / BATCH_SHARE / max(bytes_per_row, 1.0))))
+def default_batch_rows(bytes_per_row: float) -> int:
+    return int(max(1, min(MAX_BATCH_ROWS, BATCH_BYTES / max(bytes_per_row, 1.0))))
+
+
+def bytes_per_row(first: Chunk | None) -> float:
+    """Arrow bytes per row of a (first) chunk: the yardstick for the whole stream."""
+    return arrow_bytes(first.data) / first.num_rows if first is not None and first.num_rows else 1.0
 
 
 def output_batch_rows(first: Chunk | None, options: ShuffleOptions) -> int:
     """Rows per output batch: --batch-size, or a default sized from the first input chunk's bytes per row."""
-    bytes_per_row = arrow_bytes(first.data) / first.num_rows if first is not None and first.num_rows else 1.0
-    return options.batch_size or default_batch_rows(bytes_per_row, options.memory)
+    return options.batch_size or default_batch_rows(bytes_per_row(first))
+
+
+def check_memory(options: ShuffleOptions, first: Chunk | None, rows: int | None) -> None:
+    """Stop before shuffling if one --batch-size batch, or the --buffer, would not fit the budget."""
+    per_row = bytes_per_row(first)
+    if options.batch_size is not None:
+        budget.check_rows("--batch-size", options.batch_size, rows, per_row, options.memory)
+    if options.buffered:
+        flag, value = ("--buffer", options.buffer) if options.buffer is not None else \
+            ("--min-after-dequeue", options.min_after_dequeue)
+        held = options.capacity if rows is None else min(options.capacity, rows)
+        budget.check(f"{flag} {value}: a buffer of {held:,} rows", held * (BUFFER_COPIES * per_row + SLOT_BYTES),
+                     options.memory, f"give a smaller {flag} or a larger --memory")
 
 
 def spill_flush_bytes(memory: int, parts: int) -> int:
@@ -174,50 +195,20 @@ def manifest_options(options: Any, output: OutputOptions) -> dict[str, Any]:
 # -- keyed orders through spill files --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class KeyRanges:
-    """Spill layout for keyed random orders of several streams (the classes of balanced batches, or the
-    one stream of a global shuffle): stream s is split into parts[s] equal ranges of its order key, one
-    spill group each. Reading a stream's ranges in turn, each sorted by the key, is the stream sorted by
-    the key: the order is the same whatever the number of parts, so --memory never changes the output.
-    """
-
-    parts: tuple[int, ...]
-    seed: int
-    stage: str
-
-    @property
-    def groups(self) -> int:
-        return sum(self.parts)
-
-    def spill(self, schema: pa.Schema, memory: int, tmp_dir: str | None) -> Spill:
-        return Spill(schema, [1] * self.groups, self.seed, self.stage, tmp_dir,
-                     flush_bytes=spill_flush_bytes(memory, self.groups))
-
-    def add(self, spill: Spill, chunk: Chunk, streams: np.ndarray) -> None:
-        keys = rng.permutation_keys(self.seed, self.stage, chunk.ids)
-        parts = np.asarray(self.parts, dtype=np.uint64)[streams]
-        first = np.cumsum((0,) + self.parts[:-1])[streams]
-        spill.add(chunk, first + ((keys >> np.uint64(32)) * parts >> np.uint64(32)).astype(np.int64))
-
-    def _groups_of(self, stream: int) -> range:
-        first = sum(self.parts[:stream])
-        return range(first, first + self.parts[stream])
-
-    def rows(self, spill: Spill, stream: int) -> int:
-        return int(sum(spill.rows[g] for g in self._groups_of(stream)))
-
-    def read(self, spill: Spill, stream: int) -> Iterator[Chunk]:
-        for group in self._groups_of(stream):
-            yield from spill.read_group(group, self.stage)
+def keyed_spill(schema: pa.Schema, parts: Sequence[int], seed: int, stage: str, memory: int,
+                tmp_dir: str | None) -> Spill:
+    """A spill of several streams (the classes of balanced batches, or the one stream of a global shuffle),
+    each read back sorted by its rows' keyed order: stream s is split into parts[s] ranges of that key,
+    which changes how many files hold it, never its order (see batchtool.spill)."""
+    return Spill(schema, parts, seed, stage, tmp_dir, flush_bytes=spill_flush_bytes(memory, sum(parts)))
 
 
-def spill_streams(chunks: Iterable[Chunk], ranges: KeyRanges, spill: Spill, streams_of: Callable[[Chunk], np.ndarray],
-                  desc: str, total: int | None, quiet: bool) -> None:
-    """Scatter every row of the chunks to its stream's key range, then close the spill for reading."""
+def spill_streams(chunks: Iterable[Chunk], spill: Spill, streams_of: Callable[[Chunk], np.ndarray], desc: str,
+                  total: int | None, quiet: bool) -> None:
+    """Scatter every row of the chunks to its stream, then close the spill for reading."""
     with progress.bar(desc, total, quiet=quiet) as bar:
         for chunk in chunks:
-            ranges.add(spill, chunk, streams_of(chunk))
+            spill.add(chunk, streams_of(chunk))
             bar.update(chunk.num_rows)
     spill.finish()
 
@@ -351,6 +342,8 @@ def shuffled(dataset: Dataset, options: ShuffleOptions, seed: int, run: RunSetti
     schema = dataset.projected_schema(columns)
     first, chunks = peek(dataset.chunks(columns, run.threads, report))
     estimate = estimate_memory_bytes(dataset, first)
+    check_memory(options, first, dataset.num_rows if dataset.num_rows is not None
+                 else int(estimate / bytes_per_row(first)))
     batch_rows = output_batch_rows(first, options)
     info: dict[str, Any] = {"mode": "buffered" if options.buffered else "global", "batch_rows": batch_rows,
                             "estimated_bytes": int(estimate)}
@@ -360,13 +353,13 @@ def shuffled(dataset: Dataset, options: ShuffleOptions, seed: int, run: RunSetti
         yield Shuffled(lambda: rebatch(buffered_shuffle(counted, options.capacity, seed, schema), batch_rows, schema,
                                        options.drop_remainder), lambda: counted.rows, info, options)
         return
-    ranges = KeyRanges((parts_for(estimate, options.memory // PART_SHARE),), seed, STAGE)
-    info["parts"] = ranges.groups
-    with ranges.spill(schema, options.memory, options.tmp_dir) as spill:
-        spill_streams(chunks, ranges, spill, lambda c: np.zeros(c.num_rows, dtype=np.int64), "shuffle: spill",
+    parts = parts_for(estimate, options.memory // PART_SHARE)
+    info["parts"] = parts
+    with keyed_spill(schema, [parts], seed, STAGE, options.memory, options.tmp_dir) as spill:
+        spill_streams(chunks, spill, lambda c: np.zeros(c.num_rows, dtype=np.int64), "shuffle: spill",
                       dataset.num_rows, run.quiet)
-        rows = ranges.rows(spill, 0)
-        yield Shuffled(lambda: rebatch(ranges.read(spill, 0), batch_rows, schema, options.drop_remainder),
+        rows = int(spill.rows[0])
+        yield Shuffled(lambda: rebatch(spill.read_group(0), batch_rows, schema, options.drop_remainder),
                        lambda: rows, info, options, rows)
 
 
@@ -383,5 +376,5 @@ class _Counted:
             yield chunk
 
 
-__all__ = ["KeyRanges", "RowReader", "ShuffleOptions", "Shuffled", "buffered_shuffle", "rebatch", "shuffle",
-           "shuffled", "write_shuffled"]
+__all__ = ["RowReader", "ShuffleOptions", "Shuffled", "buffered_shuffle", "rebatch", "shuffle",
+           "shuffled", "keyed_spill", "spill_streams", "write_shuffled"]

@@ -12,15 +12,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batchtool import rng
+from batchtool import budget, rng
 from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.engines import with_engine
 from batchtool.job import JobResult, RunSettings, open_source, write_job
-from batchtool.ops.resample import Tally, copy_stats, copy_summary, repeat_rows
-from batchtool.ops.shuffle import (DEFAULT_MEMORY, PART_SHARE, KeyRanges, RowReader, emit, estimate_memory_bytes,
-                                   manifest_options, peek, rebatch, spill_streams)
+from batchtool.ops.resample import MAX_RATE, Copies, Piece, Tally, copy_stats, copy_summary, pieces
+from batchtool.ops.shuffle import (DEFAULT_MEMORY, PART_SHARE, RowReader, bytes_per_row, emit, estimate_memory_bytes,
+                                   keyed_spill, manifest_options, peek, rebatch, spill_streams)
 from batchtool.output import OutputOptions
 from batchtool.runner import ordered_map
 from batchtool.spill import parts_for
@@ -34,8 +34,9 @@ ONLINE_PRIOR = 10
 SELECT_BUDGET = 1 << 22
 """Keyed hashes held at once while finding the exact per-class thresholds (32 MiB)."""
 HIST_BITS = 16
-MAX_DATA_CLASSES = 1 << 16
-"""Most classes inferred from the data (uniform or class=prob targets without --num-classes)."""
+MAX_CLASSES = 1 << 16
+"""Most classes, given (--num-classes, --target) or inferred from the data: every input chunk counts its
+labels in an array of one entry per class."""
 
 Target = Union[str, tuple[float, ...], dict[int, float]]
 Locate = Callable[[int], str]
@@ -136,7 +137,12 @@ class StratifyOptions:
             raise UsageError(f"--memory {self.memory}: must be a positive size")
 
     def _check_class_counts(self) -> None:
-        """--target list, --num-classes and --init-probs must agree on the number of classes."""
+        """--target list, --num-classes and --init-probs must agree on the number of classes, at most MAX_CLASSES."""
+        named = max(self.target) + 1 if isinstance(self.target, dict) and self.target else 0
+        for flag, n in (("--num-classes", self.num_classes or 0), ("--target", named)):
+            if n > MAX_CLASSES:
+                raise UsageError(f"{flag}: {n:,} classes; at most {MAX_CLASSES:,} (every chunk counts its labels "
+                                 "per class)")
         sizes = {flag: n for flag, n in (
             ("--target", len(self.target) if isinstance(self.target, tuple) else None),
             ("--num-classes", self.num_classes),
@@ -238,7 +244,7 @@ def classes_from_data(counted: stats_mod.DatasetStats, options: StratifyOptions)
     """Uniform and class=prob targets without --num-classes: classes 0..(largest label seen)."""
     seen = [int(v) for v in counted.label_counts if isinstance(v, (int, float)) and float(v).is_integer() and v >= 0]
     largest = max(seen + ([max(options.target)] if isinstance(options.target, dict) else []), default=0)
-    if largest >= MAX_DATA_CLASSES:
+    if largest >= MAX_CLASSES:
         raise InputError(f"column {options.label!r}: labels go up to {largest}; pass --num-classes or a "
                          "--target list if there really are that many classes")
     return largest + 1
@@ -305,11 +311,23 @@ def largest_total(counts: np.ndarray, target: np.ndarray) -> int:
     return m
 
 
+def check_copies(total: int, counts: np.ndarray, target: np.ndarray, options: StratifyOptions) -> None:
+    """With --replacement each example of class i is written about total * t_i / n_i times: at most MAX_RATE."""
+    copies = np.divide(float(total) * target, counts, out=np.zeros_like(target), where=counts > 0)
+    i = int(np.argmax(copies))
+    if copies[i] > MAX_RATE:
+        given = f"--size {options.size:,}" if options.size else f"the input size {total:,}"
+        raise UsageError(f"{given} with --replacement: each of the {int(counts[i]):,} examples of class {i} would be "
+                         f"written about {copies[i]:.4g} times, more than {MAX_RATE:.10g} copies of one example; "
+                         "give a smaller --size")
+
+
 def exact_totals(counts: np.ndarray, target: np.ndarray, options: StratifyOptions) -> tuple[np.ndarray, int]:
     """Output examples per class, floor(M * t_i), and M: the largest M the counts allow (or --size);
     with --replacement M is --size or the input size."""
     if options.replacement:
         m = options.size or int(counts.sum())
+        check_copies(m, counts, target, options)
     else:
         m = largest_total(counts, target)
         if options.size is not None:
@@ -323,7 +341,8 @@ def exact_totals(counts: np.ndarray, target: np.ndarray, options: StratifyOption
 def replacement_rates(counts: np.ndarray, target: np.ndarray, options: StratifyOptions) -> np.ndarray:
     """Bernoulli with replacement: r_i = N * t_i / n_i expected copies, N = --size or the input size."""
     total = options.size or int(counts.sum())
-    return np.divide(total * target, counts, out=np.zeros_like(target), where=counts > 0)
+    check_copies(total, counts, target, options)
+    return np.divide(float(total) * target, counts, out=np.zeros_like(target), where=counts > 0)
 
 
 # -- exact thresholds ----------------------------------------------------------------------------------------------
@@ -459,7 +478,12 @@ def batch_layout(available: np.ndarray, target: np.ndarray, batch_size: int, dro
     partial = np.zeros(len(target), dtype=np.int64)
     if not drop_remainder:
         behind = batches * batch_size * target - used
-        for size in range(batch_size - 1, 0, -1):
+        # class i gets at least floor(size * t_i) <= its rows left, so size < (left_i + 1) / t_i: start there,
+        # not at batch_size (which may be far larger than the data)
+        left = available - used
+        bounds = (int((n + 1) / t) + 1 for n, t in zip(left.tolist(), target.tolist()) if t > 0)
+        largest = min([batch_size - 1, *bounds])
+        for size in range(largest, 0, -1):
             shares = largest_remainder(size, target, behind)
             if np.all(used + shares <= available):
                 partial = shares
@@ -537,8 +561,8 @@ class Selection:
             return online_items(self.dataset, self.strat, threads, report, columns)
         return ((task, self.strat.plan) for task in self.dataset.tasks(columns, report))
 
-    def select(self, item: tuple[Callable[[], Chunk], Plan]) -> tuple[Chunk, int]:
-        """Read one chunk and apply its plan: the output rows (copies consecutive) and the rows read."""
+    def select(self, item: tuple[Callable[[], Chunk], Plan]) -> Copies:
+        """Read one chunk and apply its plan: the copies of each row, counted (rows built by `build`)."""
         source, plan = item
         chunk = source()
         labels = label_codes(chunk, self.options.label, self.num_classes, self.dataset.locate)
@@ -547,11 +571,19 @@ class Selection:
         k = self.num_classes
         self.tally.add(class_in=np.bincount(labels, minlength=k),
                        class_selected=np.bincount(labels, weights=copies, minlength=k).astype(np.int64))
-        return repeat_rows(chunk, copies, self.seed, STAGE), chunk.num_rows
+        return Copies(chunk, copies)
 
-    def select_batch(self, item: tuple[Callable[[], Chunk], Plan]) -> tuple[list[pa.RecordBatch], int]:
-        """No --batch-size: each input chunk's output rows are one row group."""
-        out, rows = self.select(item)
+    def pieces(self, items: Iterable[tuple[Callable[[], Chunk], Plan]], threads: int) -> Iterator[Piece]:
+        """The selection in order, as pieces of bounded size (see resample.Copies.pieces)."""
+        return pieces(ordered_map(self.select, items, threads))
+
+    def build(self, piece: Piece) -> tuple[Chunk, int]:
+        """One piece's output rows (copies consecutive) and the input rows it completes."""
+        return piece.build(self.seed, STAGE), piece.rows
+
+    def build_batch(self, piece: Piece) -> tuple[list[pa.RecordBatch], int]:
+        """No --batch-size: each piece (an input chunk's selection, unless copies multiply it) is a row group."""
+        out, rows = self.build(piece)
         return ([out.data] if out.num_rows else []), rows
 
     def count_written(self, chunk: Chunk) -> tuple[list[pa.RecordBatch], int]:
@@ -636,24 +668,26 @@ def _write(job: Selection, items: Iterable[tuple[Callable[[], Chunk], Plan]], ds
     common = dict(command="stratify", options=manifest_options(options, output), seed=job.seed, dataset=dataset,
                   dst=dst, output=output, schema=dataset.schema, run=run, report=report)
     if options.batch_size is None:
-        return write(**common, items=items, work=job.select_batch, stats=job.stats, total_rows=dataset.num_rows)
-    selected = (c for c, _ in ordered_map(job.select, items, run.threads) if c.num_rows)
+        return write(**common, items=job.pieces(items, run.threads), work=job.build_batch, stats=job.stats,
+                     total_rows=dataset.num_rows)
+    selected = (c for c, _ in ordered_map(job.build, job.pieces(items, run.threads), run.threads) if c.num_rows)
+    first, selected = peek(selected)
+    most_rows = int(expected_rows) if options.mode == "exact" else None if options.replacement else dataset.num_rows
+    budget.check_rows("--batch-size", options.batch_size, most_rows, bytes_per_row(first), options.memory)
     if not options.balanced_batches:
         batches = rebatch(selected, options.batch_size, dataset.schema, options.drop_remainder)
         return write(**common, items=batches, work=job.count_written, stats=job.stats,
                      total_rows=int(expected_rows) if expected_rows is not None else None, desc="stratify")
-    first, selected = peek(selected)
     active = strat.target > 0
     whole = estimate_memory_bytes(dataset, first, rows=int(expected_rows) if expected_rows is not None else None)
-    budget = max(1, options.memory // (PART_SHARE * int(active.sum())))
-    ranges = KeyRanges(tuple(parts_for(whole * t, budget) for t in strat.target.tolist()), job.seed, STAGE + "/order")
-    with ranges.spill(dataset.schema, options.memory, options.tmp_dir) as spill:
-        spill_streams(selected, ranges, spill, lambda c: label_codes(c, options.label, job.num_classes,
-                                                                     dataset.locate),
+    part_bytes = max(1, options.memory // (PART_SHARE * int(active.sum())))
+    parts = [parts_for(whole * t, part_bytes) for t in strat.target.tolist()]
+    with keyed_spill(dataset.schema, parts, job.seed, STAGE + "/order", options.memory, options.tmp_dir) as spill:
+        spill_streams(selected, spill, lambda c: label_codes(c, options.label, job.num_classes, dataset.locate),
                       "stratify: select", dataset.num_rows, run.quiet)
-        available = np.array([ranges.rows(spill, c) for c in range(job.num_classes)])
+        available = spill.rows.copy()
         layout = batch_layout(available, strat.target, options.batch_size, options.drop_remainder)
-        streams = [RowReader(ranges.read(spill, c), dataset.schema) for c in range(job.num_classes)]
+        streams = [RowReader(spill.read_group(c), dataset.schema) for c in range(job.num_classes)]
         extra = {"batch_size": options.batch_size, "balanced_batches": layout.batches + bool(sum(layout.partial)),
                  "final_batch_quotas": list(layout.partial)}
         return write(**common, items=balanced_batches(streams, layout, job.seed, dataset.schema),

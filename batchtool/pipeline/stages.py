@@ -224,7 +224,8 @@ class StratifyStage(Stage):
     def stream(self, view: Dataset, columns: Columns, run: RunSettings, report: ReadReport) -> Stream:
         selection = stratify_op.Selection(view, self.strat, self.seed)
         try:
-            yield from ordered_map(selection.select, selection.items(run.threads, report, columns), run.threads)
+            pieces = selection.pieces(selection.items(run.threads, report, columns), run.threads)
+            yield from ordered_map(selection.build, pieces, run.threads)
         except stratify_op.LabelError:  # no counting pass (init-probs, online): count them all for the message
             raise stratify_op.full_label_error(view, self.options.label, self.strat.num_classes,
                                                run.threads) from None
@@ -280,7 +281,8 @@ class ResampleStage(Stage):
 
     def stream(self, view: Dataset, columns: Columns, run: RunSettings, report: ReadReport) -> Stream:
         resampling = self.resampling(view)
-        yield from ordered_map(resampling.apply, resampling.items(run.threads, report, columns), run.threads)
+        pieces = resampling.pieces(run.threads, report, columns)
+        yield from ordered_map(resampling.build, pieces, run.threads)
         self.report = resampling.stats()
 
     def write(self, view: Dataset, dst: str, output: OutputOptions, run: RunSettings, write: Write) -> JobResult:
@@ -347,7 +349,7 @@ class BucketStage(Stage):
         return self.columns.first_pass
 
     def plan(self, view: Dataset, run: RunSettings) -> None:
-        self.first = bucket_op.first_pass(view, self.columns, run)
+        self.first = bucket_op.first_pass(view, self.columns, run, self.options.memory)
 
     def write(self, view: Dataset, dst: str, output: OutputOptions, run: RunSettings, write: Write) -> JobResult:
         return bucket_op.write_bucketed(view, self.options, self.columns, self.first, dst, output, run,
