@@ -69,9 +69,8 @@ def write_job(*, command: str, options: dict[str, Any], seed: int | None, datase
                 bar.update(consumed)
         files = writer.close()
         job_stats = stats()
-        if report is not None and report.corrupt_records:
-            job_stats["corrupt_records_skipped"] = report.corrupt_records
-            job_stats["corrupt_record_errors"] = report.first_errors
+        if report is not None:
+            job_stats.update(report.stats())
         manifest = manifest_mod.build(
             command=command, options=options, seed=seed, dataset=dataset, output=output, schema=schema,
             files=files, stats={"rows_in": rows_in, "rows_out": rows_out, **job_stats},

@@ -54,9 +54,11 @@ def test_crc_mismatch_stops_or_is_skipped_and_counted(tmp_path, run_cli):
 
     result = run_cli("convert", path, tmp_path / "dst", "--skip-corrupt")
     assert result.exit_code == 0, result.stderr
-    assert "1 corrupt records skipped" in result.stderr
+    size = len(frame_record(payloads[1]))
+    assert result.stderr.endswith(f" (1 corrupt record, {size} bytes skipped)\n")
     manifest = json.load(open(tmp_path / "dst" / "manifest.json"))
     assert manifest["stats"]["corrupt_records_skipped"] == 1
+    assert manifest["stats"]["corrupt_bytes_skipped"] == size
     assert read_dir(str(tmp_path / "dst")).column("key").to_pylist() == ["k0", "k2", "k3", "k4"]
 
 

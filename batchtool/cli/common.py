@@ -12,7 +12,8 @@ import click
 
 import batchtool
 from batchtool.engines import ENGINES, engine_scope
-from batchtool.errors import BatchtoolError
+from batchtool.errors import BatchtoolError, UsageError
+from batchtool.formats import tfrecord
 from batchtool.job import RunSettings
 from batchtool.output import DEFAULT_SHARD_BYTES, OutputOptions
 from batchtool.runner import default_threads
@@ -70,12 +71,37 @@ def parse_size(text: str | None) -> int | None:
 
 
 def input_options(fn: Callable) -> Callable:
-    """--format and --skip-corrupt, for every command that reads SRC."""
-    fn = click.option("--skip-corrupt", is_flag=True,
-                      help="Count and skip TFRecord records with a bad CRC instead of stopping.")(fn)
-    fn = click.option("--format", "input_format", type=click.Choice(["parquet", "tfrecord"]),
-                      help="Input format (default: from the file names).")(fn)
-    return fn
+    """--format, --skip-corrupt and --max-record-bytes, for every command that reads SRC.
+
+    --max-record-bytes is applied around the whole command (tfrecord.record_limit), so every
+    reader the command opens obeys it without each command passing it on.
+    """
+    @functools.wraps(fn)
+    def limited(*args: Any, max_record_bytes: str, **kwargs: Any) -> Any:
+        try:
+            limit = parse_size(max_record_bytes)
+        except click.BadParameter:
+            limit = 0
+        if limit < 1:
+            raise UsageError(f"--max-record-bytes {max_record_bytes!r}: expected a size of at least 1 byte "
+                             "(e.g. 64MB, 1GB)")
+        with tfrecord.record_limit(limit):
+            return fn(*args, **kwargs)
+
+    options = [
+        click.option("--max-record-bytes", default=f"{tfrecord.DEFAULT_MAX_RECORD_BYTES >> 20}MB", metavar="SIZE",
+                     show_default=True, help="Largest TFRecord record to read: a record header claiming more is an "
+                                             "error, before anything is read."),
+        click.option("--skip-corrupt", is_flag=True,
+                     help="Skip damaged TFRecord records instead of stopping (a bad CRC; lost framing, up to the "
+                          "next record whose CRCs check out; a cut-short last record), counting the records and "
+                          "bytes skipped in the manifest."),
+        click.option("--format", "input_format", type=click.Choice(["parquet", "tfrecord"]),
+                     help="Input format (default: from the file names)."),
+    ]
+    for option in options:
+        limited = option(limited)
+    return limited
 
 
 _ENGINE_META = "batchtool.engine"
@@ -147,7 +173,11 @@ def make_run(kwargs: dict[str, Any]) -> RunSettings:
                        ray_address=chosen.ray_address)
 
 
-def summary(result_line: str, quiet: bool) -> None:
+def summary(result_line: str, quiet: bool, stats: dict[str, Any] | None = None) -> None:
+    """Print a command's result line; with the manifest's stats, it also says what was skipped."""
+    if stats and "corrupt_records_skipped" in stats:
+        records, size = stats["corrupt_records_skipped"], stats["corrupt_bytes_skipped"]
+        result_line += f" ({records:,} corrupt record{'s' * (records != 1)}, {size:,} bytes skipped)"
     if not quiet:
         click.echo(result_line, err=True)
 
