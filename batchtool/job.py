@@ -52,6 +52,8 @@ def write_job(*, command: str, options: dict[str, Any], seed: int | None, datase
     into place."""
     started = time.perf_counter()
     rows_in = rows_out = 0
+    casts = output.casts(schema)
+    schema = output.stored_schema(schema)
 
     def encoded_work(item: X) -> tuple[list[EncodedBatch], int]:
         batches, consumed = work(item)
@@ -77,5 +79,7 @@ def write_job(*, command: str, options: dict[str, Any], seed: int | None, datase
             run={"threads": run.threads, "engine": run.engine, **engine_summary(),
                  "wall_seconds": round(time.perf_counter() - started, 3),
                  "peak_rss_bytes": manifest_mod.peak_rss_bytes()})
+        if casts:
+            manifest["output"]["cast"] = casts
         manifest_mod.write(tmp, manifest)
     return JobResult(manifest, rows_in, rows_out)

@@ -407,9 +407,18 @@ def test_map_keys_are_sorted_by_utf8_bytes() -> None:
     assert payload.index(b"\x01a\x12") < payload.index(b"\x02aa") < payload.index(b"\x01b") < payload.index(b"\xc3\xa9")
 
 
-def test_float64_narrows_to_float32() -> None:
-    batch = pa.record_batch({"x": pa.array([0.1, None], pa.float64())})
-    assert decode(encode_records(batch, "example"), batch.schema, "example") == {"x": [float(np.float32(0.1)), None]}
+@pytest.mark.parametrize("column", [pa.array([0.1, None], pa.float64()),
+                                    pa.array([[0.5], []], pa.list_(pa.float64())),
+                                    pa.array([[[0.5, 1.0]]], pa.list_(pa.list_(pa.float64(), 2)))])
+def test_float64_is_refused_not_rounded(column: pa.Array) -> None:
+    with pytest.raises(SchemaError, match="column 'x': .* cannot be stored exactly in a tf.train.FloatList"):
+        encode_records(pa.record_batch({"x": column}))
+
+
+def test_float16_and_float32_are_exact() -> None:
+    batch = pa.record_batch({"h": pa.array([np.float16(0.1), None], pa.float16()),
+                             "f": pa.array([np.float32(0.1), np.float32(1e38)], pa.float32())})
+    assert decode(encode_records(batch, "example"), batch.schema, "example") == batch.to_pydict()
 
 
 def test_nan_and_empty_records() -> None:

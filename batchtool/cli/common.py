@@ -15,7 +15,7 @@ from batchtool.engines import ENGINES, engine_scope
 from batchtool.errors import BatchtoolError, UsageError
 from batchtool.formats import tfrecord
 from batchtool.job import RunSettings
-from batchtool.output import DEFAULT_SHARD_BYTES, OutputOptions
+from batchtool.output import CASTS, DEFAULT_SHARD_BYTES, OutputOptions
 from batchtool.runner import default_threads
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -140,6 +140,9 @@ def output_options(fn: Callable) -> Callable:
     """Batch-shard output options, for every command that writes DST."""
     options = [
         click.option("--overwrite", is_flag=True, help="Replace DST if it exists."),
+        click.option("--cast", type=click.Choice(list(CASTS)), default=None,
+                     help="TFRecord output: round float64 columns to float32 (tf.train.FloatList holds only float32; "
+                          "without this they are refused). The manifest lists the columns cast."),
         click.option("--tfrecord-kind", type=click.Choice(["sequence_example", "example"]),
                      default="sequence_example", show_default=True,
                      help="Payload of TFRecord output."),
@@ -162,7 +165,8 @@ def make_output(kwargs: dict[str, Any]) -> OutputOptions:
     return OutputOptions(format=kwargs.pop("output_format"), compression=kwargs.pop("compression"),
                          shard_rows=kwargs.pop("shard_rows"),
                          shard_bytes=parse_size(kwargs.pop("shard_bytes")) or DEFAULT_SHARD_BYTES,
-                         tfrecord_kind=kwargs.pop("tfrecord_kind"), overwrite=kwargs.pop("overwrite"))
+                         tfrecord_kind=kwargs.pop("tfrecord_kind"), overwrite=kwargs.pop("overwrite"),
+                         cast=(cast,) if (cast := kwargs.pop("cast")) else ())
 
 
 def make_run(kwargs: dict[str, Any]) -> RunSettings:

@@ -767,6 +767,13 @@ def _occurrences_parsed(payloads: Sequence[bytes], kind: str, path: str | None, 
                         column(1, lists), frozenset(not_utf8), sequence)
 
 
+def _kind_conflict(name: str, kind: str, at: Place, first_kind: str, first_at: Place) -> InputError:
+    """A feature holding `kind` at `at` after holding `first_kind` from `first_at` on."""
+    return InputError(f"{where(at[0], record=at[1], column=name)}: holds {_KIND_FIELD[kind]}, but earlier values "
+                      f"of this feature are {_KIND_FIELD[first_kind]} (first at {where(first_at[0], record=first_at[1])}); one column "
+                      "holds one type")
+
+
 @dataclass(frozen=True)
 class _FeatureSeen:
     """What the schema pass learned about one feature: enough to choose its column type."""
@@ -787,10 +794,7 @@ class _FeatureSeen:
             raise SchemaError(f"{where(later.first[0], record=later.first[1], column=name)}: {role} (first seen "
                               f"at {where(self.first[0], record=self.first[1])}); one column cannot hold both")
         if self.kind and later.kind and later.kind != self.kind:
-            path, record = later.kind_first
-            raise InputError(f"{where(path, record=record, column=name)}: holds {_KIND_FIELD[later.kind]}, but "
-                             f"earlier values of this feature are {_KIND_FIELD[self.kind]} (first at "
-                             f"{where(*self.kind_first)}); one column holds one type")
+            raise _kind_conflict(name, later.kind, later.kind_first, self.kind, self.kind_first)
         width = later.width if self.width is None else self.width if later.width in (None, self.width) else -1
         return _FeatureSeen(self.in_list, self.first, self.kind or later.kind, self.kind_first or later.kind_first,
                             width, self.utf8 and later.utf8)
@@ -841,9 +845,8 @@ def _seen(o: _Occurrences, path: str | None, first_record: int) -> dict[str, _Fe
             others = held[held != code]
             if others.size:
                 other = int(others[np.argmin(kind_first[i, others])])
-                raise InputError(f"{where(path, record=first_record + int(kind_first[i, other]), column=name)}: "
-                                 f"holds {_KIND_FIELD[_ONEOF_KINDS[other]]}, but earlier values of this feature "
-                                 f"are {_KIND_FIELD[kind]}")
+                raise _kind_conflict(name, _ONEOF_KINDS[other], (path, first_record + int(kind_first[i, other])),
+                                     kind, kind_first_at)
         width = None if largest[i] < 0 else int(largest[i]) if largest[i] == smallest[i] else -1
         out[name] = _FeatureSeen(bool(first_list[i] < never), (path, first_record + int(first[i])), kind,
                                  kind_first_at, width, i not in o.not_utf8)
@@ -952,10 +955,7 @@ def _bytes_payload(leaf: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 
 def _encode_features(leaf: pa.Array, counts: np.ndarray, kind: str, outer: Sequence[tuple[bytes, bool]],
                      fail: Callable[[Callable[[Any], bool], str], NoReturn]) -> tuple[np.ndarray, np.ndarray]:
-    """Serialized Features (then wrapped in `outer` layers), one per count, over the flat leaf values.
-
-    float64 values narrow to float32: tf.train.FloatList holds only float32.
-    """
+    """Serialized Features (then wrapped in `outer` layers), one per count, over the flat leaf values."""
     if kind == "int64":
         payload, sizes = _encode_varints(_int_payload(leaf, fail))
         return _wrap(payload, _segment_sums(sizes, counts), [(b"\x0a", True), (b"\x1a", False), *outer])
@@ -1043,10 +1043,12 @@ def encode_records(batch: pa.RecordBatch, kind: str = "sequence_example", *,
     a nested list step holds its values), or only the sequence_columns if
     given, other lists then being context list features; scalars are context
     features. Example: scalars become one-value features, lists multi-value
-    features. Integers and bools -> int64_list; floats -> float_list (float64
-    narrows to float32, all tf.train.FloatList holds); strings and binary ->
-    bytes_list. A null is an omitted feature. Features and feature lists are
-    written sorted by name (the bytes of C++ protobuf's deterministic output).
+    features. Integers and bools -> int64_list; float16 and float32 -> float_list;
+    strings and binary -> bytes_list. Every conversion is exact: float64 (which
+    tf.train.FloatList cannot hold) and uint64 values above the int64 range are
+    refused, naming the column. A null is an omitted feature. Features and
+    feature lists are written sorted by name (the bytes of C++ protobuf's
+    deterministic output).
     """
     _check_kind(kind)
     names = batch.schema.names
@@ -1063,6 +1065,9 @@ def encode_records(batch: pa.RecordBatch, kind: str = "sequence_example", *,
     lists: list[list[bytes]] = []
     for field, column in sorted(zip(batch.schema, batch.columns), key=lambda pair: pair[0].name.encode("utf-8")):
         shape, as_feature_list = _plan(field, kind, sequence_columns)
+        if pa.types.is_float64(shape.leaf):
+            raise SchemaError(f"{where(column=field.name)}: {field.type} cannot be stored exactly in a "
+                              "tf.train.FloatList, which holds float32; cast the column to float32 first")
         (lists if as_feature_list else context).append(_encode_column(field.name, column, shape, as_feature_list))
     rows = batch.num_rows
     context_rows = [b"".join(parts) for parts in zip(*context)] if context else [b""] * rows

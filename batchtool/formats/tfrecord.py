@@ -85,38 +85,44 @@ def masked_crc(data: bytes) -> int:
 
 
 def _length_crc_tables() -> tuple[int, np.ndarray]:
-    """CRC32C of 8 zero bytes, and each byte value's contribution at each of 8 positions.
+    """CRC32C of 8 zero bytes, and each 16-bit value's contribution at each of 4 byte pairs.
 
     CRC32C is affine over GF(2) for a fixed length, so the CRC of any 8 bytes is the zero
-    CRC xor one table entry per byte: what lets _valid_headers test every offset at once.
+    CRC xor one table entry per byte pair: what lets _valid_headers test every offset at once.
     """
     zero = google_crc32c.value(bytes(8))
-    tables = np.zeros((8, 256), dtype=np.uint32)
+    single = np.zeros((8, 256), dtype=np.uint32)
     for position in range(8):
         for value in range(256):
             message = bytearray(8)
             message[position] = value
-            tables[position, value] = google_crc32c.value(bytes(message)) ^ zero
-    return zero, tables
+            single[position, value] = google_crc32c.value(bytes(message)) ^ zero
+    pairs = np.arange(1 << 16)
+    return zero, np.stack([single[2 * k][pairs & 0xFF] ^ single[2 * k + 1][pairs >> 8] for k in range(4)])
 
 
 _ZERO_CRC, _CRC_TABLES = _length_crc_tables()
+_EMPTY_HEADER_CRC = masked_crc(bytes(8))
 
 
-def _valid_headers(window: bytes) -> np.ndarray:
-    """Every offset i where window[i:i + 12] is a record header whose length CRC checks out."""
+def _valid_headers(window: memoryview, limit: int) -> np.ndarray:
+    """Every offset i where window[i:i + 12] is a record header of at most `limit` bytes whose length CRC checks out."""
     count = len(window) - _HEADER_SIZE + 1
     if count <= 0:
         return np.zeros(0, dtype=np.int64)
-    a = np.frombuffer(window, dtype=np.uint8)
-    crc = np.full(count, _ZERO_CRC, dtype=np.uint32)
-    for position in range(8):
-        crc ^= _CRC_TABLES[position][a[position:position + count]]
+
+    def at_every_byte(dtype: str, offset: int, size: int) -> np.ndarray:
+        return np.ndarray((size,), dtype=dtype, buffer=window, offset=offset, strides=(1,))
+
+    lengths = at_every_byte("<u8", 0, count)
+    stored = at_every_byte("<u4", 8, count)
+    empty = np.flatnonzero((lengths == 0) & (stored == _EMPTY_HEADER_CRC))  # zeroed regions: no CRC work
+    at = np.flatnonzero((lengths <= limit) & (lengths > 0))
+    pairs = at_every_byte("<u2", 0, count + 6)
+    crc = np.uint32(_ZERO_CRC) ^ _CRC_TABLES[0][pairs[at]] ^ _CRC_TABLES[1][pairs[at + 2]] \
+        ^ _CRC_TABLES[2][pairs[at + 4]] ^ _CRC_TABLES[3][pairs[at + 6]]
     masked = ((crc >> np.uint32(15)) | (crc << np.uint32(17))) + np.uint32(_MASK_DELTA)
-    stored = np.zeros(count, dtype=np.uint32)
-    for position in range(4):
-        stored |= a[8 + position:8 + position + count].astype(np.uint32) << np.uint32(8 * position)
-    return np.flatnonzero(masked == stored)
+    return np.union1d(empty, at[masked == stored[at]])
 
 
 def _header_is_valid(header: bytes) -> bool:
@@ -264,7 +270,8 @@ def _resynchronise(source: _Source, seen: bytes, limit: int) -> tuple[int | None
     the length CRC (one offset in 2**32) is not taken for a boundary. Headers that pass the
     length CRC alone are counted as records passed: real records whose data is damaged. On
     success the bytes from the found record on are pushed back into the source. The window
-    never holds more than about twice the record limit.
+    never holds more than about twice the record limit. (A header claiming more than the limit
+    is not a boundary, and not counted: no such record could have been read.)
     """
     window, pos = seen, 0  # window[pos:] is not scanned yet; window[0] is at stream offset `base`
     base = source.offset - len(seen)
@@ -276,10 +283,10 @@ def _resynchronise(source: _Source, seen: bytes, limit: int) -> tuple[int | None
             ended = len(more) < _BLOCK
             window, base, pos = window[pos:] + more, base + pos, 0
         stop = min(len(window), pos + _BLOCK + _HEADER_SIZE - 1)
-        for at in (_valid_headers(memoryview(window)[pos:stop]) + pos).tolist():
+        for at in (_valid_headers(memoryview(window)[pos:stop], limit) + pos).tolist():
             (length,) = _U64.unpack_from(window, at)
             end = at + _HEADER_SIZE + length + 4
-            if length <= limit and len(window) < end and not ended:
+            if len(window) < end and not ended:
                 wanted = max(end - len(window), len(window))  # grow geometrically: few copies
                 more = source.read(wanted)
                 ended = len(more) < wanted
