@@ -539,12 +539,13 @@ def _decode_column(field: pa.Field, shape: _Shape, contexts: Sequence[Mapping[st
     return array.take(pa.array(np.cumsum(present) - 1, mask=~present))
 
 
-def _parse_records(payloads: Sequence[bytes], path: str | None, first_record: int) -> list[Any]:
-    """Parse payloads as SequenceExample views (an Example's features land in context)."""
+def _parse_records(payloads: Sequence[bytes], path: str | None, first_record: int,
+                   message: Any = _SequenceExampleView) -> list[Any]:
+    """Parse payloads as SequenceExample views (an Example's features land in context), or as `message`."""
     parsed = []
     for i, payload in enumerate(payloads):
         try:
-            parsed.append(_SequenceExampleView.FromString(payload))
+            parsed.append(message.FromString(payload))
         except DecodeError as exc:
             raise CorruptRecordError(f"{where(path, record=first_record + i)}: malformed Example/"
                                      f"SequenceExample protobuf ({exc})") from None
@@ -576,6 +577,10 @@ def decode_records(payloads: Sequence[bytes], schema: pa.Schema, kind: str, *, p
 
 
 # --- schema inference: one pass over every record's feature names, kinds and value counts --------
+
+MAX_FEATURES = 10_000
+"""Distinct feature names (columns) an input may have: each costs memory and time in every chunk
+decoded, so a record of many tiny features must not turn its bytes into columns."""
 
 _ONEOF_KINDS = (None, "bytes", "float", "int64")
 """Feature's oneof field number -> value kind (0: no kind set)."""
@@ -610,6 +615,8 @@ def _entries(buf: np.ndarray, owner: np.ndarray, starts: np.ndarray, ends: np.nd
     """
     holder, entry_start, entry_end = wire.items(buf, starts, ends)
     _, key_start, key_end = wire.field_at(buf, entry_start, 0x0A)
+    if (key_end >= entry_end).any():
+        raise wire.Unusual
     _, value_start, value_end = wire.field_at(buf, key_end, 0x12)
     if (value_end != entry_end).any():
         raise wire.Unusual
@@ -728,7 +735,13 @@ def _occurrences_fast(payloads: Sequence[bytes], kind: str) -> _Occurrences:
 
 
 def _occurrences_parsed(payloads: Sequence[bytes], kind: str, path: str | None, first_record: int) -> _Occurrences:
-    """_Occurrences by protobuf's parser, one Feature at a time: any valid encoding, and the exact error otherwise."""
+    """_Occurrences by protobuf's parser, one Feature at a time: any valid encoding, and the exact error otherwise.
+
+    The records are parsed as the full messages first, as TensorFlow's parser would: the views
+    do not look inside what protobuf sets aside (a map entry with an unknown field), the full
+    messages do, so a record TensorFlow rejects is rejected here too.
+    """
+    _parse_records(payloads, path, first_record, Example if kind == "example" else SequenceExample)
     index: dict[str, int] = {}
     features: list[tuple[int, int, bool, bytes]] = []
     lists: list[tuple[int, int]] = []
@@ -765,6 +778,12 @@ def _occurrences_parsed(payloads: Sequence[bytes], kind: str, path: str | None, 
     return _Occurrences(names, column(0, features), column(1, features), column(2, features).astype(bool),
                         np.array(kinds, dtype=np.int64), np.array(counts, dtype=np.int64), column(0, lists),
                         column(1, lists), frozenset(not_utf8), sequence)
+
+
+def _too_many(count: int, at: Place) -> InputError:
+    """More distinct feature names than MAX_FEATURES, the last ones first seen at `at`."""
+    return InputError(f"{where(at[0], record=at[1])}: {count:,} distinct feature names, more than the "
+                      f"{MAX_FEATURES:,} columns batchtool reads")
 
 
 def _kind_conflict(name: str, kind: str, at: Place, first_kind: str, first_at: Place) -> InputError:
@@ -819,6 +838,8 @@ def _seen(o: _Occurrences, path: str | None, first_record: int) -> dict[str, _Fe
     first = np.full(n, never)
     np.minimum.at(first, o.name, o.record)
     np.minimum.at(first, o.list_name, o.list_record)
+    if n > MAX_FEATURES:
+        raise _too_many(n, (path, first_record + int(np.sort(first)[MAX_FEATURES])))
     first_list = np.full(n, never)
     np.minimum.at(first_list, o.list_name, o.list_record)
     in_context = np.zeros(n, dtype=bool)
@@ -870,6 +891,9 @@ class FeatureScan:
         features = dict(self.features)
         for name, seen in later.features.items():
             features[name] = features[name].merge(seen, name) if name in features else seen
+        if len(features) > MAX_FEATURES:
+            raise _too_many(len(features), min((s.first for n, s in later.features.items() if n not in self.features),
+                                               key=lambda place: place[1]))
         return FeatureScan(self.records + later.records, self.sequence or later.sequence, features)
 
     def schema(self, kind: str = "auto", source: str | None = None) -> tuple[pa.Schema, str]:
