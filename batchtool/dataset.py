@@ -25,8 +25,10 @@ FORMATS = ("parquet", "tfrecord")
 MANIFEST_NAME = "manifest.json"
 TFRECORD_CHUNK_RECORDS = 1024
 """Records per decode task: big enough to amortise overhead, small enough to spread across threads."""
-TFRECORD_SCAN_RECORDS = 16384
-"""Records per step of the schema pass: it walks many records at once, so bigger steps go faster."""
+TFRECORD_SCAN_RECORDS = 4096
+TFRECORD_SCAN_BYTES = 4 << 20
+"""Records and payload bytes per step of the schema pass: it walks many records at once (bigger steps
+go faster), but keeps a few arrays per feature value of the step."""
 TFRECORD_CHUNK_BYTES = 16 << 20
 """Payload bytes per decode task at most (a larger record is a task alone): bounds the memory of a
 task whatever the record sizes."""
@@ -351,7 +353,7 @@ def _scan_schema(src: str, shards: tuple[Shard, ...], kind: str, skip_corrupt: b
     scan = example_codec.FeatureScan()
     for shard in shards:
         for first, payloads in tfrecord_format.iter_record_chunks(
-                shard.path, TFRECORD_SCAN_RECORDS, chunk_bytes=TFRECORD_CHUNK_BYTES, skip_corrupt=skip_corrupt,
+                shard.path, TFRECORD_SCAN_RECORDS, chunk_bytes=TFRECORD_SCAN_BYTES, skip_corrupt=skip_corrupt,
                 max_record_bytes=max_record_bytes):
             scan = scan.merge(example_codec.scan_records(payloads, kind, path=shard.path, first_record=first))
     if not scan.records:

@@ -157,7 +157,7 @@ def test_a_huge_record_header_is_refused_before_reading_it(tmp_path, kind):
     assert status == 2, stderr
     assert stderr == (f"error: {path}, record 0: the record header at byte offset 0"
                       f"{' of the decompressed stream' if kind == 'gzip-bomb' else ''} claims "
-                      f"1,152,921,504,606,846,976 bytes of data, more than the limit of 67,108,864 "
+                      f"1,152,921,504,606,846,976 bytes of data, more than the limit of 16,777,216 "
                       "(--max-record-bytes); raise --max-record-bytes if the record is genuine\n")
     assert peak < _MEMORY_LIMIT and not (tmp_path / "dst").exists()
     assert sorted(os.listdir(tmp_path)) == [path.name]
@@ -165,9 +165,42 @@ def test_a_huge_record_header_is_refused_before_reading_it(tmp_path, kind):
 
 def test_a_gzip_bomb_under_the_limit_is_read_in_bounded_memory(tmp_path):
     """A header within the limit over a stream of zeros: no more than the claimed length is read."""
-    path = gzip_bomb(tmp_path / "bomb.tfrecord.gz", header(48 << 20), 1 << 30)
+    path = gzip_bomb(tmp_path / "bomb.tfrecord.gz", header(12 << 20), 1 << 30)
     status, stderr, peak = run_limited(["convert", str(path), str(tmp_path / "dst")])
     assert status == 2 and f"error: {path}, record 0: data CRC mismatch" in stderr, stderr
+    assert peak < _MEMORY_LIMIT
+
+
+def _field(tag: int, body: bytes) -> bytes:
+    """A length-delimited protobuf field."""
+    return bytes([tag]) + _varint(len(body)) + body
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    return bytes(out + bytes([value]))
+
+
+def _entry(key: bytes, value: bytes) -> bytes:
+    return _field(0x0A, _field(0x0A, key) + _field(0x12, value))
+
+
+TINY = {  # a record of millions of the smallest elements protobuf has: the worst case for decoding
+    "int64 steps": lambda n: _field(0x12, _entry(b"s", _field(0x0A, _field(0x1A, _field(0x0A, b"\x05"))) * (n // 7))),
+    "empty steps": lambda n: _field(0x12, _entry(b"s", b"\x0a\x00" * (n // 2))),
+    "empty strings": lambda n: _field(0x0A, _entry(b"b", _field(0x0A, b"\x0a\x00" * (n // 2)))),
+    "1-byte varints": lambda n: _field(0x0A, _entry(b"v", _field(0x1A, _field(0x0A, b"\x05" * n)))),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(TINY))
+def test_decoding_a_record_of_tiny_elements_stays_in_bounded_memory(tmp_path, shape):
+    path = write_records(tmp_path / "tiny.tfrecord", [TINY[shape](4 << 20)])
+    status, stderr, peak = run_limited(["convert", str(path), str(tmp_path / "dst"), "-q"])
+    assert status == 0, stderr
     assert peak < _MEMORY_LIMIT
 
 

@@ -232,6 +232,9 @@ def _decode_varints(payload: np.ndarray) -> np.ndarray | None:
 
 # --- decoding Features ------------------------------------------------------------------------
 
+_SLICE = 1 << 18
+"""Features walked or decoded at a time: bounds the temporaries of one column of one chunk."""
+
 class _BadFeature(Exception):
     """A Feature that cannot be read as asked, by its position in the run being decoded."""
 
@@ -321,7 +324,19 @@ def _decode_general(raws: list[bytes], kind: str) -> tuple[np.ndarray, list[Any]
 
 
 def _decode_features(raws: list[bytes], kind: str) -> tuple[np.ndarray, pa.Array]:
-    """Per-Feature value counts and all values (int64, float32 or binary) of serialized Features."""
+    """Per-Feature value counts and all values (int64, float32 or binary) of serialized Features.
+
+    Many Features are decoded _SLICE at a time, so the temporaries stay small however many
+    tiny Features one column of one chunk holds.
+    """
+    if len(raws) > _SLICE:
+        parts = []
+        for at in range(0, len(raws), _SLICE):
+            try:
+                parts.append(_decode_features(raws[at:at + _SLICE], kind))
+            except _BadFeature as bad:
+                raise _BadFeature(at + bad.index, bad.message, bad.corrupt) from None
+        return np.concatenate([counts for counts, _ in parts]), pa.concat_arrays([values for _, values in parts])
     if kind != "bytes" and raws:
         packed = _decode_packed(raws, kind)
         if packed is not None:
@@ -676,8 +691,15 @@ def _kinds_and_counts(buf: np.ndarray, starts: np.ndarray,
                       ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
     """Each Feature's oneof field number (0: none) and value count, and (Feature, start, end) of its bytes values.
 
-    Packed lists must be one field, as protobuf writes them; else Unusual.
+    Packed lists must be one field, as protobuf writes them; else Unusual. Many Features are
+    walked _SLICE at a time, so the temporaries stay small.
     """
+    if starts.size > _SLICE:
+        parts = [(at, _kinds_and_counts(buf, starts[at:at + _SLICE], ends[at:at + _SLICE]))
+                 for at in range(0, starts.size, _SLICE)]
+        texts = tuple(np.concatenate([part[2][i] + (at if i == 0 else 0) for at, part in parts]) for i in range(3))
+        return (np.concatenate([part[0] for _, part in parts]), np.concatenate([part[1] for _, part in parts]),
+                texts)
     kinds = np.zeros(starts.size, dtype=np.int64)
     counts = np.zeros(starts.size, dtype=np.int64)
     present = np.flatnonzero(ends > starts)

@@ -19,9 +19,10 @@ from batchtool.errors import CorruptRecordError, InputError, UsageError, where
 
 Stream = BinaryIO | gzip.GzipFile
 
-DEFAULT_MAX_RECORD_BYTES = 64 << 20
-"""Largest record read unless the caller allows more (--max-record-bytes): protobuf's historical
-message limit, and small enough that decoding one record stays well inside the default --memory."""
+DEFAULT_MAX_RECORD_BYTES = 16 << 20
+"""Largest record read unless the caller allows more (--max-record-bytes). Decoding a record takes a
+few times its size for ordinary data, up to about 60 times for millions of tiny features, so this
+keeps even a hostile record near the default --memory (1GB)."""
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _HEADER_SIZE = 12

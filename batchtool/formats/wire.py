@@ -19,6 +19,8 @@ PAD = bytes(8)
 _LENGTH_BYTES = 5  # a length needs at most 5 varint bytes (< 2**35)
 _WIDE = 64
 """Fewer messages than this still going: finish them with protobuf's parser, not round by round."""
+_SLICE = 1 << 18
+"""Items of a long message handled at a time: bounds the temporaries."""
 _MAX_ROUNDS = 16
 """Fields per message walked for messages that are not plain repeated fields (Example has 2 at most)."""
 
@@ -123,7 +125,7 @@ def fields(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Fields:
 
 def _split(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray,
            owners: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """The rest of a few long repeated fields, split by protobuf's parser.
+    """The rest of a few long repeated fields, split by protobuf's parser, _SLICE items at a time.
 
     Positions are rebuilt from the item lengths, so anything but field 1 in the message (another
     field, an over-long varint) makes the lengths not add up, and raises Unusual.
@@ -134,13 +136,16 @@ def _split(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray,
             items = _Items.FromString(buf[start:end].tobytes()).item
         except DecodeError:
             raise Unusual from None
-        lengths = np.fromiter(map(len, items), dtype=np.int64, count=len(items))
-        headers = 2 + (lengths >= 1 << 7) + (lengths >= 1 << 14) + (lengths >= 1 << 21) + (lengths >= 1 << 28)
-        spans = headers + lengths
-        if int(spans.sum()) != end - start:
+        at = start
+        for first in range(0, len(items), _SLICE):
+            piece = items[first:first + _SLICE]
+            lengths = np.fromiter(map(len, piece), dtype=np.int64, count=len(piece))
+            headers = 2 + (lengths >= 1 << 7) + (lengths >= 1 << 14) + (lengths >= 1 << 21) + (lengths >= 1 << 28)
+            ends_of_items = at + np.cumsum(headers + lengths)
+            out.append((np.full(len(piece), owner), ends_of_items - lengths, ends_of_items))
+            at = int(ends_of_items[-1])
+        if at != end:
             raise Unusual
-        firsts = start + np.cumsum(spans) - spans + headers
-        out.append((np.full(len(items), owner), firsts, firsts + lengths))
     return out
 
 
