@@ -67,7 +67,8 @@ class OutputOptions:
             if cast not in CASTS:
                 raise UsageError(f"--cast {cast!r}: expected {' or '.join(CASTS)}")
             if self.format != "tfrecord":
-                raise UsageError(f"--cast {cast}: only TFRecord output narrows values; {self.format} keeps them exactly")
+                raise UsageError(f"--cast {cast}: only TFRecord output narrows values; "
+                                 f"{self.format} keeps them exactly")
 
     def stored_schema(self, schema: pa.Schema) -> pa.Schema:
         """The schema the output files hold exactly: for TFRecord, float64 narrowed to float32 if --cast

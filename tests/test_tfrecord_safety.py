@@ -209,9 +209,9 @@ def test_max_record_bytes_is_an_input_option_of_every_reading_command(tmp_path, 
     line = one_error_line(run_cli("inspect", path, "--max-record-bytes", "100"))
     assert "more than the limit of 100 (--max-record-bytes)" in line
     assert run_cli("inspect", path, "--max-record-bytes", "1MB").exit_code == 0
-    assert "--max-record-bytes '0'" in one_error_line(run_cli("convert", path, tmp_path / "d", "--max-record-bytes", "0"))
-    assert "--max-record-bytes 'lots'" in one_error_line(
-        run_cli("convert", path, tmp_path / "d", "--max-record-bytes", "lots"))
+    for size in ("0", "lots"):
+        line = one_error_line(run_cli("convert", path, tmp_path / "d", "--max-record-bytes", size))
+        assert line == f"error: --max-record-bytes '{size}': expected a size of at least 1 byte (e.g. 64MB, 1GB)"
 
 
 # --- schema from every record ---------------------------------------------------------------------
@@ -227,9 +227,8 @@ def example(features: dict[str, tuple[str, list]]) -> bytes:
 
 
 def test_a_feature_first_seen_at_record_1050_is_a_column(tmp_path, run_cli):
-    payloads = [example({"id": ("int64_list", [i]),
-                         **({"late": ("float_list", [i / 2]), "tag": ("bytes_list", [b"t%d" % i])} if i >= 1050 else {})})
-                for i in range(1100)]
+    late = {i: {"late": ("float_list", [i / 2]), "tag": ("bytes_list", [b"t%d" % i])} for i in range(1050, 1100)}
+    payloads = [example({"id": ("int64_list", [i]), **late.get(i, {})}) for i in range(1100)]
     path = write_records(tmp_path / "late.tfrecord", payloads)
     result = run_cli("convert", path, tmp_path / "dst", "-q")
     assert result.exit_code == 0, result.stderr

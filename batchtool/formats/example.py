@@ -769,7 +769,8 @@ def _occurrences_parsed(payloads: Sequence[bytes], kind: str, path: str | None, 
     lists: list[tuple[int, int]] = []
     sequence = False
     for i, message in enumerate(_parse_records(payloads, path, first_record)):
-        features += [(i, index.setdefault(name, len(index)), False, raw) for name, raw in message.context.feature.items()]
+        features += [(i, index.setdefault(name, len(index)), False, raw)
+                     for name, raw in message.context.feature.items()]
         if kind != "example" and message.HasField("feature_lists"):
             sequence = True
             for name, steps in message.feature_lists.feature_list.items():
@@ -810,9 +811,9 @@ def _too_many(count: int, at: Place) -> InputError:
 
 def _kind_conflict(name: str, kind: str, at: Place, first_kind: str, first_at: Place) -> InputError:
     """A feature holding `kind` at `at` after holding `first_kind` from `first_at` on."""
+    first = where(first_at[0], record=first_at[1])
     return InputError(f"{where(at[0], record=at[1], column=name)}: holds {_KIND_FIELD[kind]}, but earlier values "
-                      f"of this feature are {_KIND_FIELD[first_kind]} (first at {where(first_at[0], record=first_at[1])}); one column "
-                      "holds one type")
+                      f"of this feature are {_KIND_FIELD[first_kind]} (first at {first}); one column holds one type")
 
 
 @dataclass(frozen=True)

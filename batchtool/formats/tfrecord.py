@@ -292,7 +292,8 @@ def _resynchronise(source: _Source, seen: bytes, limit: int) -> tuple[int | None
                 more = source.read(wanted)
                 ended = len(more) < wanted
                 window += more
-            if len(window) >= end and masked_crc(window[at + _HEADER_SIZE:end - 4]) == _U32.unpack_from(window, end - 4)[0]:
+            data = window[at + _HEADER_SIZE:end - 4]
+            if len(window) >= end and masked_crc(data) == _U32.unpack_from(window, end - 4)[0]:
                 source.unread(window[at:])
                 return base + at, passed
             passed += 1
