@@ -670,20 +670,22 @@ def _terminators(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.nd
 
 
 def _not_utf8(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, names: np.ndarray) -> frozenset[int]:
-    """The names among these bytes values' names that have a value that is not valid UTF-8."""
+    """The names among these bytes values' names that have a value that is not valid UTF-8 (_SLICE values at a time)."""
     order = np.argsort(starts, kind="stable")
-    values, names = _strings(buf, starts[order], ends[order]), names[order]
-    try:
-        values.cast(pa.large_string())
-        return frozenset()
-    except pa.ArrowInvalid:
-        pass
-    bad = set()
-    for name in np.unique(names).tolist():
+    bad: set[int] = set()
+    for at in range(0, order.size, _SLICE):
+        part = order[at:at + _SLICE]
+        values, part_names = _strings(buf, starts[part], ends[part]), names[part]
         try:
-            values.filter(pa.array(names == name)).cast(pa.large_string())
+            values.cast(pa.large_string())
+            continue
         except pa.ArrowInvalid:
-            bad.add(name)
+            pass
+        for name in set(np.unique(part_names).tolist()) - bad:
+            try:
+                values.filter(pa.array(part_names == name)).cast(pa.large_string())
+            except pa.ArrowInvalid:
+                bad.add(name)
     return frozenset(bad)
 
 
