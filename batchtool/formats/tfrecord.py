@@ -39,7 +39,8 @@ class Skipped:
 
     bytes counts the stream's bytes from the start of the bad record to the next record
     read (of the decompressed stream for GZIP files); records counts the records those
-    bytes held, as far as their framing shows (at least one).
+    bytes held, as far as their framing shows: at least one, except for a gzip stream cut
+    short at a record boundary, which has nothing left to count.
     """
 
     error: CorruptRecordError
@@ -292,10 +293,11 @@ def _resynchronise(source: _Source, seen: bytes, limit: int) -> tuple[int | None
                 more = source.read(wanted)
                 ended = len(more) < wanted
                 window += more
-            data = window[at + _HEADER_SIZE:end - 4]
-            if len(window) >= end and masked_crc(data) == _U32.unpack_from(window, end - 4)[0]:
-                source.unread(window[at:])
-                return base + at, passed
+            if len(window) >= end:
+                stored = _U32.unpack_from(window, end - 4)[0]
+                if masked_crc(window[at + _HEADER_SIZE:end - 4]) == stored:
+                    source.unread(window[at:])
+                    return base + at, passed
             passed += 1
         pos = max(pos, stop - _HEADER_SIZE + 1)
         if ended and len(window) - pos < _HEADER_SIZE:
