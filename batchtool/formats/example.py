@@ -639,13 +639,20 @@ def _entries(buf: np.ndarray, owner: np.ndarray, starts: np.ndarray, ends: np.nd
 
 
 def _strings(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> pa.LargeBinaryArray:
-    """The byte ranges (increasing and disjoint) gathered into a binary array by Arrow: no per-byte indices."""
+    """The (disjoint) byte ranges of buf as a binary array in their order, gathered by Arrow: no per-byte indices.
+
+    The ranges, sorted, and the gaps between them are the values of one array over buf; taking
+    every other value is the gather.
+    """
+    order = np.argsort(starts, kind="stable")
     bounds = np.empty(2 * starts.size + 1, dtype=np.int64)
-    bounds[0:-1:2], bounds[1::2] = starts, ends
-    bounds[-1] = ends[-1] if ends.size else 0
+    bounds[0:-1:2], bounds[1::2] = starts[order], ends[order]
+    bounds[-1] = bounds[-2] if starts.size else 0
     spans = pa.LargeBinaryArray.from_buffers(pa.large_binary(), 2 * starts.size,
                                              [None, pa.py_buffer(bounds), pa.py_buffer(buf)])
-    return spans.take(pa.array(np.arange(0, 2 * starts.size, 2)))
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    return spans.take(pa.array(2 * rank))
 
 
 def _terminators(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -657,25 +664,20 @@ def _terminators(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.nd
         for j in range(longest):
             counts += (j < size) & (buf[starts + j] < 0x80)
         return counts
-    order = np.argsort(starts, kind="stable")
-    packed = _strings(buf, starts[order], ends[order])
+    packed = _strings(buf, starts, ends)
     _, offsets, data = packed.buffers()
     offsets = np.frombuffer(offsets, dtype=np.int64)[:len(packed) + 1]
     data = np.frombuffer(data, dtype=np.uint8)[:offsets[-1]] if data is not None else np.zeros(0, np.uint8)
     running = np.zeros(data.size + 1, dtype=np.int32 if data.size < 1 << 31 else np.int64)
     np.cumsum(data < 0x80, out=running[1:])
-    counts = np.empty(starts.size, dtype=np.int64)
-    counts[order] = running[offsets[1:]] - running[offsets[:-1]]
-    return counts
+    return (running[offsets[1:]] - running[offsets[:-1]]).astype(np.int64)
 
 
 def _not_utf8(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, names: np.ndarray) -> frozenset[int]:
     """The names among these bytes values' names that have a value that is not valid UTF-8 (_SLICE values at a time)."""
-    order = np.argsort(starts, kind="stable")
     bad: set[int] = set()
-    for at in range(0, order.size, _SLICE):
-        part = order[at:at + _SLICE]
-        values, part_names = _strings(buf, starts[part], ends[part]), names[part]
+    for at in range(0, starts.size, _SLICE):
+        values, part_names = _strings(buf, starts[at:at + _SLICE], ends[at:at + _SLICE]), names[at:at + _SLICE]
         try:
             values.cast(pa.large_string())
             continue
@@ -871,7 +873,7 @@ def _seen(o: _Occurrences, path: str | None, first_record: int) -> dict[str, _Fe
     in_context[o.name[~o.step]] = True
     clash = np.flatnonzero(in_context & (first_list < never))
     if clash.size:
-        i = int(clash[0])
+        i = min(clash.tolist(), key=lambda c: (first_list[c], o.names[c]))  # the first in the records
         raise SchemaError(f"{where(path, record=first_record + int(first_list[i]), column=o.names[i])}: a feature "
                           "list has the name of a context feature; one column cannot hold both")
     kind_first = np.full((n, len(_ONEOF_KINDS)), never)
@@ -882,20 +884,21 @@ def _seen(o: _Occurrences, path: str | None, first_record: int) -> dict[str, _Fe
     largest = np.full(n, -1)
     np.maximum.at(largest, o.name, o.count)
     out: dict[str, _FeatureSeen] = {}
+    conflicts = []
     for i, name in enumerate(o.names):
         held = np.flatnonzero(kind_first[i] < never)
         kind, kind_first_at = None, None
         if held.size:
             code = int(held[np.argmin(kind_first[i, held])])
             kind, kind_first_at = _ONEOF_KINDS[code], (path, first_record + int(kind_first[i, code]))
-            others = held[held != code]
-            if others.size:
-                other = int(others[np.argmin(kind_first[i, others])])
-                raise _kind_conflict(name, _ONEOF_KINDS[other], (path, first_record + int(kind_first[i, other])),
-                                     kind, kind_first_at)
+            for other in held[held != code].tolist():
+                at = (path, first_record + int(kind_first[i, other]))
+                conflicts.append((at[1], name, _kind_conflict(name, _ONEOF_KINDS[other], at, kind, kind_first_at)))
         width = None if largest[i] < 0 else int(largest[i]) if largest[i] == smallest[i] else -1
         out[name] = _FeatureSeen(bool(first_list[i] < never), (path, first_record + int(first[i])), kind,
                                  kind_first_at, width, i not in o.not_utf8)
+    if conflicts:
+        raise min(conflicts, key=lambda c: c[:2])[2]  # the first in the records
     return out
 
 
