@@ -6,7 +6,6 @@ import gzip
 import json
 import os
 import select
-import signal
 import subprocess
 import sys
 import time
