@@ -69,6 +69,22 @@ def test_a_bad_length_crc_loses_one_record_not_the_rest_of_the_file(tmp_path, ru
     assert "record 10: length CRC mismatch" in stats["corrupt_record_errors"][0]
 
 
+@pytest.mark.parametrize("command", [["shuffle"], ["stratify", "--target", "uniform", "--replacement"],
+                                     ["bucket", "--auto-buckets", "2", "--batch-size", "8"],
+                                     ["segment", "--key", "key", "--sequence", "tokens", "--num-unroll", "5",
+                                      "--batch-size", "4"]])
+def test_every_command_says_what_it_skipped(tmp_path, run_cli, records_200, command):
+    _, payloads = records_200
+    framed = bytearray(frame_records(payloads))
+    framed[len(frame_records(payloads[:3])) + 12] ^= 0x01  # record 3's data
+    path = tmp_path / "c.tfrecord"
+    path.write_bytes(bytes(framed))
+    name, *options = command
+    result = run_cli(name, path, tmp_path / "dst", *options, "--skip-corrupt")
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr.strip().endswith(f" (1 corrupt record, {len(frame_record(payloads[3])):,} bytes skipped)")
+
+
 def test_a_cut_short_last_record_is_counted_in_bytes(tmp_path, run_cli, records_200):
     _, payloads = records_200
     path = tmp_path / "t.tfrecord"
