@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from batchtool import fs, rng
-from batchtool.errors import CorruptRecordError, InputError, SchemaError, where
+from batchtool.errors import InputError, SchemaError, where
 from batchtool.formats import example as example_codec
 from batchtool.formats import parquet as parquet_format
 from batchtool.formats import tfrecord as tfrecord_format
@@ -22,6 +23,13 @@ TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfrec", ".tfrecord.gz", ".tfre
 FORMATS = ("parquet", "tfrecord")
 TFRECORD_CHUNK_RECORDS = 1024
 """Records per decode task: big enough to amortise overhead, small enough to spread across threads."""
+TFRECORD_SCAN_RECORDS = 4096
+TFRECORD_SCAN_BYTES = 4 << 20
+"""Records and payload bytes per step of the schema pass: it walks many records at once (bigger steps
+go faster), but keeps a few arrays per feature value of the step."""
+TFRECORD_CHUNK_BYTES = 16 << 20
+"""Payload bytes per decode task at most (a larger record is a task alone): bounds the memory of a
+task whatever the record sizes."""
 
 
 @dataclass(frozen=True)
@@ -67,12 +75,39 @@ class ReadReport:
     """What reading had to skip (only with skip_corrupt); filled by the reader thread."""
 
     corrupt_records: int = 0
+    corrupt_bytes: int = 0
+    """Exact bytes skipped: of the files, or of the decompressed stream of GZIP files."""
+    events: int = 0
+    """Places where something was skipped (a cut-short gzip stream can cost 0 records and 0 bytes)."""
     first_errors: list[str] = field(default_factory=list)
 
-    def record(self, err: CorruptRecordError) -> None:
-        self.corrupt_records += 1
+    def record(self, skipped: tfrecord_format.Skipped) -> None:
+        self.corrupt_records += skipped.records
+        self.corrupt_bytes += skipped.bytes
+        self.events += 1
         if len(self.first_errors) < 10:
-            self.first_errors.append(str(err))
+            self.first_errors.append(str(skipped.error))
+
+    def merge(self, other: ReadReport) -> None:
+        """Add another reader's report (readers of different shards, merged in shard order)."""
+        self.corrupt_records += other.corrupt_records
+        self.corrupt_bytes += other.corrupt_bytes
+        self.events += other.events
+        self.first_errors = (self.first_errors + other.first_errors)[:10]
+
+    def stats(self) -> dict[str, Any]:
+        """The manifest's account of what was skipped; empty when nothing was."""
+        if not self.events:
+            return {}
+        return {"corrupt_records_skipped": self.corrupt_records, "corrupt_bytes_skipped": self.corrupt_bytes,
+                "corrupt_record_errors": self.first_errors}
+
+    def summary(self) -> str:
+        """' (N corrupt records, B bytes skipped)' for a command's summary line; '' when nothing was."""
+        if not self.events:
+            return ""
+        records = "1 corrupt record" if self.corrupt_records == 1 else f"{self.corrupt_records:,} corrupt records"
+        return f" ({records}, {self.corrupt_bytes:,} bytes skipped)"
 
 
 @dataclass(frozen=True)
@@ -87,6 +122,7 @@ class Dataset:
     num_rows: int | None = None
     skip_corrupt: bool = False
     manifest: dict | None = None
+    max_record_bytes: int = field(default_factory=tfrecord_format.max_record_bytes)
 
     @property
     def total_bytes(self) -> int:
@@ -140,10 +176,15 @@ class Dataset:
     def _tfrecord_tasks(self, columns: list[str] | None, report: ReadReport) -> Iterator[Callable[[], Chunk]]:
         schema = self.projected_schema(columns)
         for shard in self.shards:
-            on_corrupt = report.record if self.skip_corrupt else None
-            for first, payloads in tfrecord_format.iter_record_chunks(
-                    shard.path, TFRECORD_CHUNK_RECORDS, skip_corrupt=self.skip_corrupt, on_corrupt=on_corrupt):
+            for first, payloads in self.record_chunks(shard, report.record):
                 yield _TFRecordTask(shard, first, payloads, schema, self.tfrecord_kind or "auto")
+
+    def record_chunks(self, shard: Shard, on_corrupt: tfrecord_format.OnCorrupt | None = None,
+                      ) -> Iterator[tuple[int, list[bytes]]]:
+        """One TFRecord shard's records in decode-task chunks, read with this dataset's settings."""
+        return tfrecord_format.iter_record_chunks(
+            shard.path, TFRECORD_CHUNK_RECORDS, chunk_bytes=TFRECORD_CHUNK_BYTES, skip_corrupt=self.skip_corrupt,
+            on_corrupt=on_corrupt, max_record_bytes=self.max_record_bytes)
 
     def chunks(self, columns: Sequence[str] | None = None, threads: int = 1,
                report: ReadReport | None = None) -> Iterator[Chunk]:
@@ -215,8 +256,14 @@ def detect_format(path: str) -> str | None:
 
 
 def open_dataset(src: str, format: str | None = None, schema: pa.Schema | None = None,
-                 tfrecord_kind: str = "auto", skip_corrupt: bool = False) -> Dataset:
-    """Resolve SRC, check it is one readable format, and fix the schema every chunk will have."""
+                 tfrecord_kind: str = "auto", skip_corrupt: bool = False,
+                 max_record_bytes: int | None = None) -> Dataset:
+    """Resolve SRC, check it is one readable format, and fix the schema every chunk will have.
+
+    A TFRecord SRC without a batchtool manifest gets its schema from a pass over every record
+    (feature names and kinds only). max_record_bytes: the largest TFRecord record read
+    (default: tfrecord.max_record_bytes(), what --max-record-bytes sets).
+    """
     src = os.fspath(src)
     paths = resolve_paths(src)
     if format is None:
@@ -234,7 +281,9 @@ def open_dataset(src: str, format: str | None = None, schema: pa.Schema | None =
     manifest = read_manifest(src) if fs.is_dir(src) else None
     if format == "parquet":
         return _open_parquet(src, shards, schema, manifest)
-    return _open_tfrecord(src, shards, schema, tfrecord_kind, skip_corrupt, manifest)
+    limit = tfrecord_format.check_record_limit(
+        tfrecord_format.max_record_bytes() if max_record_bytes is None else max_record_bytes)
+    return _open_tfrecord(src, shards, schema, tfrecord_kind, skip_corrupt, manifest, limit)
 
 
 def _open_parquet(src: str, shards: tuple[Shard, ...], schema: pa.Schema | None,
@@ -270,25 +319,31 @@ def _schema_diff(a: pa.Schema, b: pa.Schema) -> str:
 
 
 def _open_tfrecord(src: str, shards: tuple[Shard, ...], schema: pa.Schema | None, kind: str,
-                   skip_corrupt: bool, manifest: dict | None) -> Dataset:
+                   skip_corrupt: bool, manifest: dict | None, max_record_bytes: int) -> Dataset:
     if schema is None and manifest and manifest.get("schema"):
         schema = schema_from_json(manifest["schema"])
         kind = manifest.get("output", {}).get("tfrecord_kind", kind)
     if schema is None:
-        sample: list[bytes] = []
-        sample_path = shards[0].path
-        for shard in shards:
-            for _, payloads in tfrecord_format.iter_record_chunks(
-                    shard.path, TFRECORD_CHUNK_RECORDS, skip_corrupt=skip_corrupt):
-                sample, sample_path = payloads, shard.path
-                break
-            if sample:
-                break
-        if not sample:
-            raise InputError(f"{src}: empty input: no TFRecord records to infer a schema from")
-        schema, kind = example_codec.infer_schema(sample, kind, path=sample_path)
+        schema, kind = _scan_schema(src, shards, kind, skip_corrupt, max_record_bytes)
     elif kind == "auto":
         kind = "sequence_example"
     return Dataset(src, "tfrecord", shards, schema, tfrecord_kind=kind, skip_corrupt=skip_corrupt,
-                   manifest=manifest)
+                   manifest=manifest, max_record_bytes=max_record_bytes)
+
+
+def _scan_schema(src: str, shards: tuple[Shard, ...], kind: str, skip_corrupt: bool,
+                 max_record_bytes: int) -> tuple[pa.Schema, str]:
+    """The schema of every feature of every record: one pass over names, kinds and counts, not values.
+
+    Corrupt records skipped here are skipped (and counted) again by the pass that reads the data.
+    """
+    scan = example_codec.FeatureScan()
+    for shard in shards:
+        for first, payloads in tfrecord_format.iter_record_chunks(
+                shard.path, TFRECORD_SCAN_RECORDS, chunk_bytes=TFRECORD_SCAN_BYTES, skip_corrupt=skip_corrupt,
+                max_record_bytes=max_record_bytes):
+            scan = scan.merge(example_codec.scan_records(payloads, kind, path=shard.path, first_record=first))
+    if not scan.records:
+        raise InputError(f"{src}: empty input: no TFRecord records to infer a schema from")
+    return scan.schema(kind, src)
 

@@ -54,6 +54,8 @@ def write_job(*, command: str, options: dict[str, Any], seed: int | None, datase
     into place. The manifest's run.wall_seconds counts from `started` (default: now)."""
     started = time.perf_counter() if started is None else started
     rows_in = rows_out = 0
+    casts = output.casts(schema)
+    schema = output.stored_schema(schema)
 
     def encoded_work(item: X) -> tuple[list[EncodedBatch], int]:
         batches, consumed = work(item)
@@ -74,15 +76,16 @@ def write_job(*, command: str, options: dict[str, Any], seed: int | None, datase
                 bar.update(consumed)
         files = writer.close()
         job_stats = stats()
-        if report is not None and report.corrupt_records:
-            job_stats["corrupt_records_skipped"] = report.corrupt_records
-            job_stats["corrupt_record_errors"] = report.first_errors
+        if report is not None:
+            job_stats.update(report.stats())
         manifest = manifest_mod.build(
             command=command, options=options, seed=seed, dataset=dataset, output=output, schema=schema,
             files=files, stats={"rows_in": rows_in, "rows_out": rows_out, **job_stats},
             run={"threads": run.threads, "engine": run.engine, **engine_summary(),
                  "wall_seconds": round(time.perf_counter() - started, 3),
                  "peak_rss_bytes": manifest_mod.peak_rss_bytes()})
+        if casts:
+            manifest["output"]["cast"] = casts
         with fs.write_errors(f"{dst}: cannot write the output"):
             manifest_mod.write(tmp, manifest)
     return JobResult(manifest, rows_in, rows_out)

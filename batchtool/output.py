@@ -21,12 +21,14 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool import fs
-from batchtool.errors import DestinationError, DestinationExistsError, UsageError
+from batchtool.errors import DestinationError, DestinationExistsError, SchemaError, UsageError, where
 from batchtool.formats import example as example_codec
 from batchtool.formats import parquet as parquet_format
 from batchtool.formats import tfrecord as tfrecord_format
 
 PARQUET_CODECS = ("zstd", "snappy", "gzip", "lz4", "brotli", "none")
+CASTS = {"float64=float32": (pa.float64(), pa.float32())}
+"""Lossy conversions TFRecord output makes only when asked (--cast): tf.train.FloatList holds float32."""
 TFRECORD_KINDS = ("sequence_example", "example")
 DEFAULT_SHARD_BYTES = 256 * 1024 * 1024
 MAX_SHARD_BATCHES = 4096
@@ -46,6 +48,8 @@ class OutputOptions:
     tfrecord_kind: str = "sequence_example"
     sequence_columns: tuple[str, ...] | None = None
     overwrite: bool = False
+    cast: tuple[str, ...] = ()
+    """Lossy conversions asked for (keys of CASTS); TFRecord output refuses a column that needs one otherwise."""
 
     def __post_init__(self) -> None:
         if self.format not in ("parquet", "tfrecord"):
@@ -59,6 +63,32 @@ class OutputOptions:
         for name, value in (("--shard-rows", self.shard_rows), ("--shard-bytes", self.shard_bytes)):
             if value is not None and value <= 0:
                 raise UsageError(f"{name} {value}: must be positive")
+        for cast in self.cast:
+            if cast not in CASTS:
+                raise UsageError(f"--cast {cast!r}: expected {' or '.join(CASTS)}")
+            if self.format != "tfrecord":
+                raise UsageError(f"--cast {cast}: only TFRecord output narrows values; "
+                                 f"{self.format} keeps them exactly")
+
+    def stored_schema(self, schema: pa.Schema) -> pa.Schema:
+        """The schema the output files hold exactly: for TFRecord, float64 narrowed to float32 if --cast
+        asks for it, else SchemaError naming the column (tf.train.FloatList holds only float32)."""
+        if self.format != "tfrecord":
+            return schema
+        fields = []
+        for field in schema:
+            stored = _narrowed(field.type, [CASTS[c] for c in self.cast])
+            if _narrowed(stored, [CASTS["float64=float32"]]) != stored:
+                raise SchemaError(f"{where(column=field.name)}: {field.type} cannot be written to TFRecord exactly "
+                                  "(tf.train.FloatList holds float32); pass --cast float64=float32 to round it, "
+                                  "or write Parquet")
+            fields.append(field.with_type(stored))
+        return pa.schema(fields, metadata=schema.metadata)
+
+    def casts(self, schema: pa.Schema) -> dict[str, str]:
+        """The columns --cast changes, as {name: "old -> new"}, for the manifest."""
+        stored = self.stored_schema(schema)
+        return {f.name: f"{f.type} -> {s.type}" for f, s in zip(schema, stored) if f.type != s.type}
 
     @property
     def codec(self) -> str:
@@ -70,6 +100,16 @@ class OutputOptions:
         if self.format == "parquet":
             return ".parquet"
         return ".tfrecord.gz" if self.codec == "gzip" else ".tfrecord"
+
+
+def _narrowed(t: pa.DataType, casts: list[tuple[pa.DataType, pa.DataType]]) -> pa.DataType:
+    """t with each (from, to) leaf type replaced, inside any lists."""
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(t.value_field.with_type(_narrowed(t.value_type, casts)), t.list_size)
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        make = pa.large_list if pa.types.is_large_list(t) else pa.list_
+        return make(t.value_field.with_type(_narrowed(t.value_type, casts)))
+    return next((to for old, to in casts if t == old), t)
 
 
 @dataclass(frozen=True)
@@ -84,6 +124,9 @@ def encode_batch(batch: pa.RecordBatch, options: OutputOptions) -> EncodedBatch:
     """Pure and thread-safe: run it on workers so the writer thread only appends bytes."""
     if options.format == "parquet":
         return EncodedBatch(batch)
+    stored = options.stored_schema(batch.schema)
+    if stored != batch.schema:
+        batch = batch.cast(stored)
     payloads = example_codec.encode_records(batch, options.tfrecord_kind,
                                             sequence_columns=options.sequence_columns)
     return EncodedBatch(batch, b"".join(tfrecord_format.frame_record(p) for p in payloads))

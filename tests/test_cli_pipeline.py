@@ -117,8 +117,14 @@ def test_filter_select_segment_is_a_filter_then_convert_then_segment(tmp_path, r
 def test_tfrecord_in_and_out_with_rename_and_weighted_resample(tmp_path, run_cli):
     stages = ['op = "rename"\ncolumns = {weight = "w"}', 'op = "resample"\nweight = "w"\noverall-rate = 1.0',
               'op = "bucket"\nauto-buckets = 2\nbatch-size = 32']
-    pipeline = write_pipeline(tmp_path / "p.toml", pipeline_text(
-        os.path.join(SAMPLE, "tfrecord"), "out", *stages, output='format = "tfrecord"\ncompression = "gzip"'))
+    output = 'format = "tfrecord"\ncompression = "gzip"'
+    pipeline = write_pipeline(tmp_path / "p.toml", pipeline_text(os.path.join(SAMPLE, "tfrecord"), "out", *stages,
+                                                                 output=output))
+    refused = run_cli("run", pipeline)  # the float64 resample_rate column would be rounded
+    assert refused.exit_code == 2 and "column 'resample_rate': double cannot be written to TFRecord exactly" in \
+        refused.stderr and "cast float64=float32" in refused.stderr and not (tmp_path / "out").exists()
+    write_pipeline(tmp_path / "p.toml", pipeline_text(os.path.join(SAMPLE, "tfrecord"), "out", *stages,
+                                                      output=output + '\ncast = "float64=float32"'))
     outs = []
     for threads in ("1", "2"):
         result = run_cli("run", pipeline, "--threads", threads, "--overwrite")
@@ -126,6 +132,8 @@ def test_tfrecord_in_and_out_with_rename_and_weighted_resample(tmp_path, run_cli
         outs.append(data_bytes(str(tmp_path / "out")))
         assert "2 bucket" in result.stderr and "padding efficiency" in result.stderr
     assert outs[0] == outs[1] and all(name.endswith(".tfrecord.gz") for name in outs[0])
+    manifest = json.load(open(tmp_path / "out" / ".batchtool_manifest.json"))
+    assert manifest["output"]["cast"] == {"resample_rate": "double -> float"}
 
 
 def test_sample_pipeline_runs_twice_and_its_dry_run_writes_nothing(tmp_path, run_cli):

@@ -92,9 +92,10 @@ def src_with_prob(tmp_path, corpus) -> str:
 @pytest.mark.parametrize("to", ["parquet", "tfrecord"])
 def test_threads_1_and_4_give_identical_bytes_and_seeds_differ(tmp_path, src_with_prob, run_cli, name, to):
     command, *options = COMMANDS[name]
+    rounded = ["--cast", "float64=float32"] if to == "tfrecord" else []  # weight_p and resample_rate are float64
     for dst, threads, seed in (("t1", 1, 0), ("t4", 4, 0), ("s7", 2, 7)):
         result = run_cli(command, src_with_prob, tmp_path / dst, *options, "--threads", threads, "--seed", seed,
-                         "--to", to, "-q")
+                         "--to", to, *rounded, "-q")
         assert result.exit_code == 0, result.output
     assert data_bytes(str(tmp_path / "t1")) == data_bytes(str(tmp_path / "t4"))
     assert data_bytes(str(tmp_path / "t1")) != data_bytes(str(tmp_path / "s7"))

@@ -18,8 +18,12 @@ from batchtool.formats.example import (
     Feature,
     SequenceExample,
     decode_records,
+    _occurrences_fast,
+    _occurrences_parsed,
+    _seen,
     encode_records,
     infer_schema,
+    scan_records,
 )
 
 PATH = "shard-00001.tfrecord"
@@ -407,9 +411,18 @@ def test_map_keys_are_sorted_by_utf8_bytes() -> None:
     assert payload.index(b"\x01a\x12") < payload.index(b"\x02aa") < payload.index(b"\x01b") < payload.index(b"\xc3\xa9")
 
 
-def test_float64_narrows_to_float32() -> None:
-    batch = pa.record_batch({"x": pa.array([0.1, None], pa.float64())})
-    assert decode(encode_records(batch, "example"), batch.schema, "example") == {"x": [float(np.float32(0.1)), None]}
+@pytest.mark.parametrize("column", [pa.array([0.1, None], pa.float64()),
+                                    pa.array([[0.5], []], pa.list_(pa.float64())),
+                                    pa.array([[[0.5, 1.0]]], pa.list_(pa.list_(pa.float64(), 2)))])
+def test_float64_is_refused_not_rounded(column: pa.Array) -> None:
+    with pytest.raises(SchemaError, match="column 'x': .* cannot be stored exactly in a tf.train.FloatList"):
+        encode_records(pa.record_batch({"x": column}))
+
+
+def test_float16_and_float32_are_exact() -> None:
+    batch = pa.record_batch({"h": pa.array([np.float16(0.1), None], pa.float16()),
+                             "f": pa.array([np.float32(0.1), np.float32(1e38)], pa.float32())})
+    assert decode(encode_records(batch, "example"), batch.schema, "example") == batch.to_pydict()
 
 
 def test_nan_and_empty_records() -> None:
@@ -446,3 +459,52 @@ def test_encoding_errors() -> None:
         encode_records(batch, "tf_example")
     with pytest.raises(SchemaError, match="duplicate"):
         encode_records(pa.RecordBatch.from_arrays([pa.array([1]), pa.array([2])], names=["d", "d"]))
+
+
+# --- the schema pass: NumPy's walk of the wire format agrees with protobuf's parse -----------------
+
+VALUES = {"int64": st.lists(st.integers(-2**63, 2**63 - 1), max_size=12),
+          "float": st.lists(st.floats(width=32), max_size=12),
+          "bytes": st.lists(st.binary(max_size=6) | st.text(max_size=3).map(str.encode), max_size=12)}
+FEATURES = st.one_of(st.just(("none", [])), *(st.tuples(st.just(k), v) for k, v in VALUES.items()))
+NAMES = st.sampled_from(["a", "b", "é", "long-feature-name"])
+
+
+@st.composite
+def sequence_examples(draw) -> bytes:
+    """A SequenceExample (or an Example) as protobuf serializes it, of any names, kinds, counts and steps."""
+    def made(drawn: tuple[str, list]) -> Any:
+        kind, values = drawn
+        return Feature() if kind == "none" else feature(kind, values)
+    context = {n: made(draw(FEATURES)) for n in draw(st.lists(NAMES, max_size=3, unique=True))}
+    if draw(st.booleans()):
+        return ex(context)
+    lists = {n: [made(draw(FEATURES)) for _ in range(draw(st.integers(0, 6)))]
+             for n in draw(st.lists(st.sampled_from(["s", "t", "a"]), max_size=2, unique=True))}
+    return seq(context, lists)
+
+
+@given(st.lists(sequence_examples(), min_size=1, max_size=70))
+@settings(max_examples=40, deadline=None)
+def test_the_wire_walk_sees_what_protobuf_sees(payloads: list[bytes]) -> None:
+    try:
+        parsed = _seen(_occurrences_parsed(payloads, "auto", PATH, 3), PATH, 3)
+    except InputError as error:
+        with pytest.raises(type(error)) as info:
+            _seen(_occurrences_fast(payloads, "auto"), PATH, 3)
+        assert str(info.value) == str(error)
+        return
+    assert _seen(_occurrences_fast(payloads, "auto"), PATH, 3) == parsed
+    assert scan_records(payloads, path=PATH, first_record=3).features == parsed
+
+
+def test_the_wire_walk_sees_long_lists_as_protobuf_does() -> None:
+    """Many messages walked round by round, a few long ones split by protobuf: both agree with the parse."""
+    payloads = [seq({"n": ints(*range(-i, 300 * i, 7)), "s": strs(*[b"x" * i] * i)},
+                    {"l": [floats(*[0.5] * (i % 3)) for _ in range(i)], "w": [ints(2**62, -1)] * (i % 70)})
+                for i in range(200)]
+    parsed = _seen(_occurrences_parsed(payloads, "auto", PATH, 0), PATH, 0)
+    assert _seen(_occurrences_fast(payloads, "auto"), PATH, 0) == parsed
+    assert schema_of(payloads)[0] == {"n": "list<item: int64>", "s": "list<item: string>",
+                                      "l": "list<item: list<item: float>>",
+                                      "w": "list<item: fixed_size_list<item: int64>[2]>"}

@@ -134,7 +134,7 @@ def test_legitimately_large_output_streams_under_the_cap(capped_runs, name):
 
 def test_every_copy_of_the_huge_rate_row_is_written(capped_runs):
     paths, _ = capped_runs
-    manifest = json.loads(open(os.path.join(paths["rated_out"], "manifest.json")).read())
+    manifest = json.loads(open(os.path.join(paths["rated_out"], ".batchtool_manifest.json")).read())
     copies = np.bincount(read_dir(paths["rated_out"]).column("key").to_numpy(), minlength=200)
     assert copies[7] == manifest["stats"]["copies_per_example"]["max"] >= 9_500
     assert copies.sum() == manifest["stats"]["rows_out"] == manifest["output"]["rows"]
@@ -143,9 +143,9 @@ def test_every_copy_of_the_huge_rate_row_is_written(capped_runs):
 
 def test_replacement_output_has_the_asked_size_and_long_segments_all_segments(capped_runs):
     paths, _ = capped_runs
-    stats = json.loads(open(os.path.join(paths["strat_out"], "manifest.json")).read())["stats"]
+    stats = json.loads(open(os.path.join(paths["strat_out"], ".batchtool_manifest.json")).read())["stats"]
     assert stats["class_counts_after"] == {str(c): 100_000 for c in range(4)}
-    assert json.loads(open(os.path.join(paths["seg_out"], "manifest.json")).read())["stats"]["segments"] == 4000
+    assert json.loads(open(os.path.join(paths["seg_out"], ".batchtool_manifest.json")).read())["stats"]["segments"] == 4000
 
 
 def test_a_balanced_batch_size_larger_than_the_data_finishes_at_once(tmp_path, run_cli):

@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import gzip
+import zlib
 from pathlib import Path
 
 import pytest
 
 from batchtool.errors import CorruptRecordError, InputError, UsageError
 from batchtool.formats.tfrecord import (
+    DEFAULT_MAX_RECORD_BYTES,
+    Skipped,
     TFRecordFileWriter,
+    check_record_limit,
     detect_compression,
     frame_record,
     frame_records,
     iter_record_chunks,
     iter_records,
     masked_crc,
+    max_record_bytes,
+    record_limit,
 )
 
 # b"hello" framed by tf.io.TFRecordWriter (see tests/data/tf_hello.tfrecord).
@@ -127,31 +133,133 @@ def test_flipped_data_crc_byte(tmp_path: Path) -> None:
     assert "record 1" in read_error(path) and "data CRC mismatch" in read_error(path)
 
 
+def skipping(path: Path, **kwargs) -> tuple[list[bytes], list[Skipped]]:
+    """The records read with skip_corrupt, and what was reported skipped."""
+    seen: list[Skipped] = []
+    return list(iter_records(str(path), skip_corrupt=True, on_corrupt=seen.append, **kwargs)), seen
+
+
 def test_skip_corrupt_skips_bad_data_and_counts(tmp_path: Path) -> None:
     path = write(tmp_path / "s.tfrecord", PAYLOADS)
     flip(path, offsets(PAYLOADS)[1] + 12)
     flip(path, offsets(PAYLOADS)[3] + 12 + 7)
-    seen: list[CorruptRecordError] = []
-    records = list(iter_records(str(path), skip_corrupt=True, on_corrupt=seen.append))
+    records, seen = skipping(path)
     assert records == [PAYLOADS[0], PAYLOADS[2], PAYLOADS[4]]
-    assert len(seen) == 2
-    assert "record 1" in str(seen[0]) and "record 3" in str(seen[1])
-    assert all("data CRC mismatch" in str(err) for err in seen)
+    assert [(s.records, s.bytes) for s in seen] == [(1, 16 + len(PAYLOADS[1])), (1, 16 + len(PAYLOADS[3]))]
+    assert "record 1" in str(seen[0].error) and "record 3" in str(seen[1].error)
+    assert all("data CRC mismatch" in str(s.error) for s in seen)
     assert list(iter_records(str(path), skip_corrupt=True)) == records
 
 
-def test_skip_corrupt_stops_at_unsynchronisable_errors(tmp_path: Path) -> None:
+@pytest.mark.parametrize("position", [0, 3, 7, 8, 11])
+def test_a_bad_length_crc_resynchronises_at_the_next_good_record(tmp_path: Path, position: int) -> None:
     path = write(tmp_path / "s.tfrecord", PAYLOADS)
-    flip(path, offsets(PAYLOADS)[2] + 3)
-    seen: list[CorruptRecordError] = []
-    assert list(iter_records(str(path), skip_corrupt=True, on_corrupt=seen.append)) == PAYLOADS[:2]
-    assert len(seen) == 1 and "record 2" in str(seen[0]) and "length CRC mismatch" in str(seen[0])
+    flip(path, offsets(PAYLOADS)[2] + position)
+    records, seen = skipping(path)
+    assert records == PAYLOADS[:2] + PAYLOADS[3:]
+    (skipped,) = seen
+    assert (skipped.records, skipped.bytes) == (1, 16 + len(PAYLOADS[2]))
+    message = str(skipped.error)
+    assert "record 2: length CRC mismatch" in message
+    assert f"(record starts at byte offset {offsets(PAYLOADS)[2]}); skipped 316 bytes to the next record whose " \
+           f"CRCs check out, at byte offset {offsets(PAYLOADS)[3]}" in message
 
+
+def test_resynchronising_counts_damaged_records_it_passes(tmp_path: Path) -> None:
+    path = write(tmp_path / "s.tfrecord", PAYLOADS)
+    flip(path, offsets(PAYLOADS)[1] + 9)  # record 1: its length can no longer be trusted
+    flip(path, offsets(PAYLOADS)[2] + 12 + 5)  # record 2: a good header, damaged data
+    records, seen = skipping(path)
+    assert records == [PAYLOADS[0], *PAYLOADS[3:]]
+    assert [(s.records, s.bytes) for s in seen] == [(2, offsets(PAYLOADS)[3] - offsets(PAYLOADS)[1])]
+
+
+def test_a_chance_length_crc_match_is_not_trusted_without_the_data_crc(tmp_path: Path) -> None:
+    decoy = frame_record(b"decoy")[:12] + b"not the data"  # a valid header whose data CRC fails
+    payloads = [b"a" * 40, b"b" * 40 + decoy + b"c" * 40, b"d" * 40]
+    path = write(tmp_path / "d.tfrecord", payloads)
+    flip(path, offsets(payloads)[1] + 10)
+    records, seen = skipping(path)
+    assert records == [payloads[0], payloads[2]]
+    assert [(s.records, s.bytes) for s in seen] == [(2, 16 + len(payloads[1]))]
+
+
+def test_nothing_good_after_lost_framing_skips_to_the_end(tmp_path: Path) -> None:
+    path = write(tmp_path / "s.tfrecord", PAYLOADS)
+    flip(path, offsets(PAYLOADS)[4] + 2)
+    records, seen = skipping(path)
+    assert records == PAYLOADS[:4]
+    assert [(s.records, s.bytes) for s in seen] == [(1, 16 + len(PAYLOADS[4]))]
+    assert "skipped 20 bytes to the end" in str(seen[0].error)
+
+
+def test_truncated_last_record_is_counted_in_bytes(tmp_path: Path) -> None:
     path = write(tmp_path / "t.tfrecord", PAYLOADS)
     path.write_bytes(path.read_bytes()[:-1])
-    seen.clear()
-    assert list(iter_records(str(path), skip_corrupt=True, on_corrupt=seen.append)) == PAYLOADS[:4]
-    assert len(seen) == 1 and "record 4" in str(seen[0]) and "truncated" in str(seen[0])
+    records, seen = skipping(path)
+    assert records == PAYLOADS[:4]
+    assert [(s.records, s.bytes) for s in seen] == [(1, 16 + len(PAYLOADS[4]) - 1)]
+    assert "record 4" in str(seen[0].error) and "truncated" in str(seen[0].error)
+
+    path.write_bytes(path.read_bytes()[:offsets(PAYLOADS)[4] + 5])
+    records, seen = skipping(path)
+    assert records == PAYLOADS[:4] and [(s.records, s.bytes) for s in seen] == [(1, 5)]
+
+
+def test_gzip_resynchronises_and_counts_decompressed_bytes(tmp_path: Path) -> None:
+    framed = bytearray(frame_records(PAYLOADS))
+    framed[offsets(PAYLOADS)[1] + 9] ^= 0x40
+    path = tmp_path / "g.tfrecord.gz"
+    path.write_bytes(gzip.compress(bytes(framed)))
+    records, seen = skipping(path)
+    assert records == [PAYLOADS[0], *PAYLOADS[2:]]
+    assert [(s.records, s.bytes) for s in seen] == [(1, 16 + len(PAYLOADS[1]))]
+    assert "of the decompressed stream" in str(seen[0].error)
+
+
+def test_cut_short_gzip_stream_counts_every_byte_it_holds(tmp_path: Path) -> None:
+    path = write(tmp_path / "g.tfrecord.gz", PAYLOADS * 40, "GZIP")
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) // 2])
+    with pytest.raises(CorruptRecordError, match="the gzip stream ends without its end marker"):
+        list(iter_records(str(path)))
+    held = zlib.decompressobj(31).decompress(data[:len(data) // 2])
+    records, seen = skipping(path)
+    assert records == (PAYLOADS * 40)[:len(records)]
+    assert [s.records for s in seen] == [1]
+    assert sum(16 + len(p) for p in records) + seen[0].bytes == len(held)
+
+
+def test_a_corrupt_gzip_stream_stops_even_when_skipping(tmp_path: Path) -> None:
+    path = write(tmp_path / "g.tfrecord.gz", PAYLOADS * 40, "GZIP")
+    flip(path, 100)
+    with pytest.raises(CorruptRecordError, match="corrupt gzip stream .* --skip-corrupt cannot skip it"):
+        skipping(path)
+
+
+def test_a_record_over_the_limit_is_refused_before_reading(tmp_path: Path) -> None:
+    path = write(tmp_path / "big.tfrecord", [b"x" * 100, b"y" * 5000, b"z"])
+    with pytest.raises(InputError) as info:
+        list(iter_records(str(path), max_record_bytes=1000))
+    assert str(info.value) == (
+        f"{path}, record 1: the record header at byte offset 116 claims 5,000 bytes of data, more than the limit "
+        "of 1,000 (--max-record-bytes); raise --max-record-bytes if the record is genuine")
+    with pytest.raises(InputError, match="more than the limit"):  # a limit, not corruption: never skipped
+        skipping(path, max_record_bytes=1000)
+    assert len(list(iter_records(str(path), max_record_bytes=5000))) == 3
+    with record_limit(1000):
+        assert max_record_bytes() == 1000
+        with pytest.raises(InputError, match="limit of 1,000"):
+            list(iter_records(str(path)))
+    assert max_record_bytes() == DEFAULT_MAX_RECORD_BYTES
+    with pytest.raises(UsageError, match="--max-record-bytes 0"):
+        check_record_limit(0)
+
+
+def test_chunks_are_bounded_in_bytes(tmp_path: Path) -> None:
+    path = write(tmp_path / "c.tfrecord", PAYLOADS)
+    sizes = [[len(p) for p in chunk] for _, chunk in iter_record_chunks(str(path), 10, chunk_bytes=300)]
+    assert sizes == [[5, 0], [300], [256, 4]]
 
 
 def test_chunks_are_contiguous(tmp_path: Path) -> None:

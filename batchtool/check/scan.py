@@ -210,14 +210,14 @@ def count_records(dataset: Dataset, report: ReadReport, threads: int) -> int:
     """Rows of a TFRecord dataset without decoding: read and CRC-check every record, shards on threads."""
     def count(path: str) -> tuple[int, ReadReport]:
         local = ReadReport()
-        records = tfrecord.iter_records(path, skip_corrupt=dataset.skip_corrupt, on_corrupt=local.record)
+        records = tfrecord.iter_records(path, skip_corrupt=dataset.skip_corrupt, on_corrupt=local.record,
+                                        max_record_bytes=dataset.max_record_bytes)
         return sum(1 for _ in records), local
 
     rows = 0
     for n, local in ordered_map(count, [s.path for s in dataset.shards], threads):
         rows += n
-        report.corrupt_records += local.corrupt_records
-        report.first_errors = (report.first_errors + local.first_errors)[:10]
+        report.merge(local)
     return rows
 
 

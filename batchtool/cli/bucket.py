@@ -88,7 +88,7 @@ def bucket_cmd(src: str, dst: str, seed: int, input_format: str | None, skip_cor
     dropped = ", ".join(f"{n:,} {why}" for why, n in stats["examples_dropped"].items() if n)
     summary(f"wrote {result.rows_out:,} rows in {stats['batches']:,} batches ({stats['num_buckets']} buckets, "
             f"padding efficiency {percent(stats['padding_efficiency'])}) to {os.path.abspath(dst)}"
-            + (f"; dropped {dropped}" if dropped else ""), run.quiet)
+            + (f"; dropped {dropped}" if dropped else ""), run.quiet, stats)
 
 
 def bucket_options(*, length: str | None, sequences: tuple[str, ...], boundaries: str | None,

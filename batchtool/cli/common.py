@@ -12,9 +12,10 @@ import click
 
 import batchtool
 from batchtool.engines import ENGINES, engine_scope
-from batchtool.errors import BatchtoolError
+from batchtool.errors import BatchtoolError, UsageError
+from batchtool.formats import tfrecord
 from batchtool.job import RunSettings
-from batchtool.output import DEFAULT_SHARD_BYTES, OutputOptions
+from batchtool.output import CASTS, DEFAULT_SHARD_BYTES, OutputOptions
 from batchtool.runner import default_threads
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -68,12 +69,37 @@ def parse_size(text: str | None) -> int | None:
 
 
 def input_options(fn: Callable) -> Callable:
-    """--format and --skip-corrupt, for every command that reads SRC."""
-    fn = click.option("--skip-corrupt", is_flag=True,
-                      help="Count and skip TFRecord records with a bad CRC instead of stopping.")(fn)
-    fn = click.option("--format", "input_format", type=click.Choice(["parquet", "tfrecord"]),
-                      help="Input format (default: from the file names).")(fn)
-    return fn
+    """--format, --skip-corrupt and --max-record-bytes, for every command that reads SRC.
+
+    --max-record-bytes is applied around the whole command (tfrecord.record_limit), so every
+    reader the command opens obeys it without each command passing it on.
+    """
+    @functools.wraps(fn)
+    def limited(*args: Any, max_record_bytes: str, **kwargs: Any) -> Any:
+        try:
+            limit = parse_size(max_record_bytes)
+        except click.BadParameter:
+            limit = 0
+        if limit < 1:
+            raise UsageError(f"--max-record-bytes {max_record_bytes!r}: expected a size of at least 1 byte "
+                             "(e.g. 64MB, 1GB)")
+        with tfrecord.record_limit(limit):
+            return fn(*args, **kwargs)
+
+    options = [
+        click.option("--max-record-bytes", default=f"{tfrecord.DEFAULT_MAX_RECORD_BYTES >> 20}MB", metavar="SIZE",
+                     show_default=True, help="Largest TFRecord record to read: a record header claiming more is an "
+                                             "error, before anything is read."),
+        click.option("--skip-corrupt", is_flag=True,
+                     help="Skip damaged TFRecord records instead of stopping (a bad CRC; lost framing, up to the "
+                          "next record whose CRCs check out; a cut-short last record), counting the records and "
+                          "bytes skipped in the manifest."),
+        click.option("--format", "input_format", type=click.Choice(["parquet", "tfrecord"]),
+                     help="Input format (default: from the file names)."),
+    ]
+    for option in options:
+        limited = option(limited)
+    return limited
 
 
 _ENGINE_META = "batchtool.engine"
@@ -112,6 +138,9 @@ def output_options(fn: Callable) -> Callable:
     """Batch-shard output options, for every command that writes DST."""
     options = [
         click.option("--overwrite", is_flag=True, help="Replace DST if it exists."),
+        click.option("--cast", type=click.Choice(list(CASTS)), default=None,
+                     help="TFRecord output: round float64 columns to float32 (tf.train.FloatList holds only float32; "
+                          "without this they are refused). The manifest lists the columns cast."),
         click.option("--tfrecord-kind", type=click.Choice(["sequence_example", "example"]),
                      default="sequence_example", show_default=True,
                      help="Payload of TFRecord output."),
@@ -134,7 +163,8 @@ def make_output(kwargs: dict[str, Any]) -> OutputOptions:
     return OutputOptions(format=kwargs.pop("output_format"), compression=kwargs.pop("compression"),
                          shard_rows=kwargs.pop("shard_rows"),
                          shard_bytes=parse_size(kwargs.pop("shard_bytes")) or DEFAULT_SHARD_BYTES,
-                         tfrecord_kind=kwargs.pop("tfrecord_kind"), overwrite=kwargs.pop("overwrite"))
+                         tfrecord_kind=kwargs.pop("tfrecord_kind"), overwrite=kwargs.pop("overwrite"),
+                         cast=(cast,) if (cast := kwargs.pop("cast")) else ())
 
 
 def make_run(kwargs: dict[str, Any]) -> RunSettings:
@@ -145,7 +175,11 @@ def make_run(kwargs: dict[str, Any]) -> RunSettings:
                        ray_address=chosen.ray_address)
 
 
-def summary(result_line: str, quiet: bool) -> None:
+def summary(result_line: str, quiet: bool, stats: dict[str, Any] | None = None) -> None:
+    """Print a command's result line; with the manifest's stats, it also says what was skipped."""
+    if stats and "corrupt_records_skipped" in stats:
+        records, size = stats["corrupt_records_skipped"], stats["corrupt_bytes_skipped"]
+        result_line += f" ({records:,} corrupt record{'s' * (records != 1)}, {size:,} bytes skipped)"
     if not quiet:
         click.echo(result_line, err=True)
 

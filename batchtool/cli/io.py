@@ -47,6 +47,5 @@ def convert_cmd(src: str, dst: str, columns: str | None, input_format: str | Non
     run = make_run(kwargs)
     result = convert_dataset(src, dst, output, columns=columns.split(",") if columns else None,
                              format=input_format, skip_corrupt=skip_corrupt, run=run)
-    skipped = result.manifest["stats"].get("corrupt_records_skipped")
     summary(f"wrote {result.rows_out:,} rows to {len(result.manifest['output']['files'])} shard(s) in "
-            f"{os.path.abspath(dst)}" + (f" ({skipped} corrupt records skipped)" if skipped else ""), run.quiet)
+            f"{os.path.abspath(dst)}", run.quiet, result.manifest["stats"])

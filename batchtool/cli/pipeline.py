@@ -45,7 +45,7 @@ def run_cmd(pipeline: str, dry_run: bool, tmp_dir: str | None, overwrite: bool, 
                        (f"wrote {output['rows']:,} rows in {output['batches']:,} row groups to "
                        f"{len(output['files'])} shard(s) in {os.path.abspath(config.output_path)}; "
                        f"{result.wall_seconds:.1f} s, peak memory {result.peak_rss_bytes / 2**20:,.0f} MiB")]),
-            run.quiet)
+            run.quiet, result.manifest["stats"])
 
 
 def render(stages: list[dict[str, Any]], expected: bool) -> list[str]:

@@ -39,7 +39,7 @@ def batch_options(fn: Callable) -> Callable:
 
 def _report(result: JobResult, dst: str, quiet: bool, what: str) -> None:
     summary(f"wrote {result.rows_out:,} rows ({what}) to {len(result.manifest['output']['files'])} shard(s) "
-            f"in {os.path.abspath(dst)}", quiet)
+            f"in {os.path.abspath(dst)}", quiet, result.manifest["stats"])
 
 
 @command("stratify", "batchtool stratify sample_data/parquet /tmp/balanced --label label --target uniform")

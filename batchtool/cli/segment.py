@@ -63,7 +63,7 @@ def segment_cmd(src: str, dst: str, memory: str, tmp_dir: str | None, input_form
     stats = result.manifest["stats"]
     summary(f"wrote {stats['segments']:,} segments of {stats['examples']:,} examples in {stats['batches']:,} "
             f"batches to {os.path.abspath(dst)} (empty slots {stats['empty_slot_fraction']:.2%}, "
-            f"padding efficiency {stats['padding_efficiency']:.2%})", run.quiet)
+            f"padding efficiency {stats['padding_efficiency']:.2%})", run.quiet, stats)
 
 
 def segment_options(*, key: str, sequences: str, num_unroll: int, batch_size: int, context: str | None,

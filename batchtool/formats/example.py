@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from itertools import pairwise
 from typing import Any, NoReturn
 
@@ -14,6 +15,8 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
 from batchtool.errors import CorruptRecordError, InputError, SchemaError, UsageError, where
+from batchtool.formats import wire
+from batchtool.formats.wire import PAD, read_varints
 
 KINDS = ("example", "sequence_example")
 
@@ -127,8 +130,6 @@ _FIELD_KIND = {field: kind for kind, field in _KIND_FIELD.items()}
 _KIND_ARROW = {"int64": pa.int64(), "float": pa.float32(), "bytes": pa.binary()}
 _LEN_TAG = 0x0A  # field 1, length-delimited: packed list, map entry, map key, repeated element
 _VARINT_LIMITS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
-_HEADER_VARINT_BYTES = 5  # a message length needs at most 5 varint bytes (< 2**35)
-_PAD = bytes(_HEADER_VARINT_BYTES + 1)
 
 
 def _varint(value: int) -> bytes:
@@ -212,25 +213,6 @@ def _wrap(flat: np.ndarray, lengths: np.ndarray,
     return out, lengths
 
 
-def _read_varints(buf: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """The varint at each position (a message length: at most 5 bytes) and its size; None if longer.
-
-    Byte by byte, touching only the varints still going: lengths are nearly always 1-2 bytes.
-    """
-    values = buf[positions].astype(np.int64)
-    sizes = np.ones(len(positions), dtype=np.int64)
-    going = np.flatnonzero(values >= 0x80)
-    for shift in range(7, 7 * _HEADER_VARINT_BYTES, 7):
-        if not going.size:
-            return values, sizes
-        values[going] &= (1 << shift) - 1
-        more = buf[positions[going] + sizes[going]].astype(np.int64)
-        values[going] |= more << shift
-        sizes[going] += 1
-        going = going[more >= 0x80]
-    return None if going.size else (values, sizes)
-
-
 def _decode_varints(payload: np.ndarray) -> np.ndarray | None:
     """int64 values of back-to-back varints; None if one is unterminated or longer than 10 bytes."""
     ends = payload < 0x80
@@ -249,6 +231,9 @@ def _decode_varints(payload: np.ndarray) -> np.ndarray | None:
 
 
 # --- decoding Features ------------------------------------------------------------------------
+
+_SLICE = 1 << 18
+"""Features walked or decoded at a time: bounds the temporaries of one column of one chunk."""
 
 class _BadFeature(Exception):
     """A Feature that cannot be read as asked, by its position in the run being decoded."""
@@ -269,12 +254,12 @@ def _decode_packed(raws: list[bytes], kind: str) -> tuple[np.ndarray, np.ndarray
     """
     lengths = np.fromiter(map(len, raws), dtype=np.int64, count=len(raws))
     ends = np.cumsum(lengths)
-    buf = np.frombuffer(b"".join(raws) + _PAD, dtype=np.uint8)
+    buf = np.frombuffer(b"".join(raws) + PAD, dtype=np.uint8)
     present = np.flatnonzero(lengths)
     starts, stops = ends[present] - lengths[present], ends[present]
     if (buf[starts] != _KIND_TAG[kind]).any():
         return None
-    outer = _read_varints(buf, starts + 1)
+    outer = read_varints(buf, starts + 1)
     if outer is None:
         return None
     list_starts = starts + 1 + outer[1]
@@ -284,7 +269,7 @@ def _decode_packed(raws: list[bytes], kind: str) -> tuple[np.ndarray, np.ndarray
     list_starts, stops, holders = list_starts[filled], stops[filled], present[filled]
     if (buf[list_starts] != _LEN_TAG).any():
         return None
-    inner = _read_varints(buf, list_starts + 1)
+    inner = read_varints(buf, list_starts + 1)
     if inner is None:
         return None
     value_starts = list_starts + 1 + inner[1]
@@ -293,7 +278,7 @@ def _decode_packed(raws: list[bytes], kind: str) -> tuple[np.ndarray, np.ndarray
     raw_starts = ends - lengths
     header_ends = ends.copy()
     header_ends[holders] = value_starts
-    keep = np.ones(buf.size - len(_PAD), dtype=bool)
+    keep = np.ones(buf.size - len(PAD), dtype=bool)
     keep[_ragged_positions(raw_starts, header_ends - raw_starts)] = False
     payload = buf[:keep.size][keep]
     counts = np.zeros(len(raws), dtype=np.int64)
@@ -339,31 +324,25 @@ def _decode_general(raws: list[bytes], kind: str) -> tuple[np.ndarray, list[Any]
 
 
 def _decode_features(raws: list[bytes], kind: str) -> tuple[np.ndarray, pa.Array]:
-    """Per-Feature value counts and all values (int64, float32 or binary) of serialized Features."""
+    """Per-Feature value counts and all values (int64, float32 or binary) of serialized Features.
+
+    Many Features are decoded _SLICE at a time, so the temporaries stay small however many
+    tiny Features one column of one chunk holds.
+    """
+    if len(raws) > _SLICE:
+        parts = []
+        for at in range(0, len(raws), _SLICE):
+            try:
+                parts.append(_decode_features(raws[at:at + _SLICE], kind))
+            except _BadFeature as bad:
+                raise _BadFeature(at + bad.index, bad.message, bad.corrupt) from None
+        return np.concatenate([counts for counts, _ in parts]), pa.concat_arrays([values for _, values in parts])
     if kind != "bytes" and raws:
         packed = _decode_packed(raws, kind)
         if packed is not None:
             return packed[0], pa.array(packed[1])
     counts, values = _decode_general(raws, kind)
     return counts, pa.array(values, type=_KIND_ARROW[kind])
-
-
-def _kind_of(raws: list[bytes]) -> str:
-    """The value kind a run of Features holds: from their first byte, or by parsing when that is ambiguous.
-
-    Features that hold no kind at all give int64, since no value constrains the type.
-    """
-    firsts = {raw[:1] for raw in raws if raw}
-    if len(firsts) == 1 and (first := next(iter(firsts))) in _TAG_KIND:
-        return _TAG_KIND[first]
-    kind = None
-    for i, raw in enumerate(raws):
-        found = _parse_feature(raw, i).WhichOneof("kind")
-        if kind is None:
-            kind = found
-        elif found is not None and found != kind:
-            raise _BadFeature(i, f"holds {found}, but earlier values of this feature are {kind}")
-    return _FIELD_KIND[kind] if kind else "int64"
 
 
 # --- Arrow types --------------------------------------------------------------------------------
@@ -575,12 +554,13 @@ def _decode_column(field: pa.Field, shape: _Shape, contexts: Sequence[Mapping[st
     return array.take(pa.array(np.cumsum(present) - 1, mask=~present))
 
 
-def _parse_records(payloads: Sequence[bytes], path: str | None, first_record: int) -> list[Any]:
-    """Parse payloads as SequenceExample views (an Example's features land in context)."""
+def _parse_records(payloads: Sequence[bytes], path: str | None, first_record: int,
+                   message: Any = _SequenceExampleView) -> list[Any]:
+    """Parse payloads as SequenceExample views (an Example's features land in context), or as `message`."""
     parsed = []
     for i, payload in enumerate(payloads):
         try:
-            parsed.append(_SequenceExampleView.FromString(payload))
+            parsed.append(message.FromString(payload))
         except DecodeError as exc:
             raise CorruptRecordError(f"{where(path, record=first_record + i)}: malformed Example/"
                                      f"SequenceExample protobuf ({exc})") from None
@@ -611,30 +591,373 @@ def decode_records(payloads: Sequence[bytes], schema: pa.Schema, kind: str, *, p
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-# --- schema inference -----------------------------------------------------------------------------
+# --- schema inference: one pass over every record's feature names, kinds and value counts --------
 
-def _infer_values(name: str, depth: int, contexts: Sequence[Mapping[str, bytes]],
-                  feature_lists: Sequence[Mapping[str, Any]] | None,
-                  loc: _Where) -> tuple[pa.DataType, np.ndarray]:
-    """The Arrow leaf type of a feature and the value count of each of its Features."""
-    got = _gather(name, depth, contexts, feature_lists, loc)
-    try:
-        kind = _kind_of(got.raws)
-        counts, values = _decode_features(got.raws, kind)
-    except _BadFeature as bad:
-        got.fail_raw(loc, bad.index, bad.message, CorruptRecordError if bad.corrupt else InputError)
-    if kind == "bytes":
+MAX_FEATURES = 10_000
+"""Distinct feature names (columns) an input may have: each costs memory and time in every chunk
+decoded, so a record of many tiny features must not turn its bytes into columns."""
+
+_ONEOF_KINDS = (None, "bytes", "float", "int64")
+"""Feature's oneof field number -> value kind (0: no kind set)."""
+
+Place = tuple[str | None, int]
+"""(file, record index): where something was first seen, for error messages."""
+
+
+@dataclass(frozen=True)
+class _Occurrences:
+    """What a run of records holds, Feature by Feature, without the values themselves.
+
+    A Feature is a context feature or one step of a feature list; records are local indices.
+    """
+
+    names: list[str]
+    record: np.ndarray  # per Feature
+    name: np.ndarray  # per Feature: index into names
+    step: np.ndarray  # per Feature: a feature-list step (else a context feature)
+    kind: np.ndarray  # per Feature: oneof field number, 0 when no kind is set
+    count: np.ndarray  # per Feature: values it holds
+    list_record: np.ndarray  # per feature list (steps or not)
+    list_name: np.ndarray
+    not_utf8: frozenset[int]  # names with a bytes value that is not UTF-8
+    sequence: bool  # some record has the feature_lists field
+
+
+def _entries(buf: np.ndarray, owner: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The map entries of Features/FeatureLists messages: (owner, key start, key end, value start, value end).
+
+    Every entry must be exactly key then value, as protobuf writes them; else Unusual.
+    """
+    holder, entry_start, entry_end = wire.items(buf, starts, ends)
+    _, key_start, key_end = wire.field_at(buf, entry_start, 0x0A)
+    if (key_end >= entry_end).any():
+        raise wire.Unusual
+    _, value_start, value_end = wire.field_at(buf, key_end, 0x12)
+    if (value_end != entry_end).any():
+        raise wire.Unusual
+    return owner[holder], key_start, key_end, value_start, value_end
+
+
+def _strings(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> pa.LargeBinaryArray:
+    """The (disjoint) byte ranges of buf as a binary array in their order, gathered by Arrow: no per-byte indices.
+
+    The ranges, sorted, and the gaps between them are the values of one array over buf; taking
+    every other value is the gather.
+    """
+    order = np.argsort(starts, kind="stable")
+    bounds = np.empty(2 * starts.size + 1, dtype=np.int64)
+    bounds[0:-1:2], bounds[1::2] = starts[order], ends[order]
+    bounds[-1] = bounds[-2] if starts.size else 0
+    spans = pa.LargeBinaryArray.from_buffers(pa.large_binary(), 2 * starts.size,
+                                             [None, pa.py_buffer(bounds), pa.py_buffer(buf)])
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    return spans.take(pa.array(2 * rank))
+
+
+def _terminators(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Varints in each range (packed int64 values): its bytes below 0x80, each of which ends one."""
+    size = ends - starts
+    longest = int(size.max(initial=0))
+    if longest <= len(PAD):  # a few values each: look at their bytes directly
+        counts = np.zeros(starts.size, dtype=np.int64)
+        for j in range(longest):
+            counts += (j < size) & (buf[starts + j] < 0x80)
+        return counts
+    packed = _strings(buf, starts, ends)
+    _, offsets, data = packed.buffers()
+    offsets = np.frombuffer(offsets, dtype=np.int64)[:len(packed) + 1]
+    data = np.frombuffer(data, dtype=np.uint8)[:offsets[-1]] if data is not None else np.zeros(0, np.uint8)
+    running = np.zeros(data.size + 1, dtype=np.int32 if data.size < 1 << 31 else np.int64)
+    np.cumsum(data < 0x80, out=running[1:])
+    return (running[offsets[1:]] - running[offsets[:-1]]).astype(np.int64)
+
+
+def _not_utf8(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, names: np.ndarray) -> frozenset[int]:
+    """The names among these bytes values' names that have a value that is not valid UTF-8 (_SLICE values at a time)."""
+    bad: set[int] = set()
+    for at in range(0, starts.size, _SLICE):
+        values, part_names = _strings(buf, starts[at:at + _SLICE], ends[at:at + _SLICE]), names[at:at + _SLICE]
         try:
-            values.cast(pa.string())
-            return pa.string(), counts
+            values.cast(pa.large_string())
+            continue
         except pa.ArrowInvalid:
-            return pa.binary(), counts
-    return values.type, counts
+            pass
+        for name in set(np.unique(part_names).tolist()) - bad:
+            try:
+                values.filter(pa.array(part_names == name)).cast(pa.large_string())
+            except pa.ArrowInvalid:
+                bad.add(name)
+    return frozenset(bad)
+
+
+def _kinds_and_counts(buf: np.ndarray, starts: np.ndarray,
+                      ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
+    """Each Feature's oneof field number (0: none) and value count, and (Feature, start, end) of its bytes values.
+
+    Packed lists must be one field, as protobuf writes them; else Unusual. Many Features are
+    walked _SLICE at a time, so the temporaries stay small.
+    """
+    if starts.size > _SLICE:
+        parts = [(at, _kinds_and_counts(buf, starts[at:at + _SLICE], ends[at:at + _SLICE]))
+                 for at in range(0, starts.size, _SLICE)]
+        texts = tuple(np.concatenate([part[2][i] + (at if i == 0 else 0) for at, part in parts]) for i in range(3))
+        return (np.concatenate([part[0] for _, part in parts]), np.concatenate([part[1] for _, part in parts]),
+                texts)
+    kinds = np.zeros(starts.size, dtype=np.int64)
+    counts = np.zeros(starts.size, dtype=np.int64)
+    present = np.flatnonzero(ends > starts)
+    tags, list_start, list_end = wire.field_at(buf, starts[present], None)
+    code = (tags >> 3).astype(np.int64)
+    if (list_end != ends[present]).any() or (code > 3).any():
+        raise wire.Unusual  # a second field, or not a value list
+    kinds[present] = code
+    packed = np.flatnonzero((code >= 2) & (list_end > list_start))
+    _, value_start, value_end = wire.field_at(buf, list_start[packed], 0x0A)
+    if (value_end != list_end[packed]).any():
+        raise wire.Unusual
+    size = value_end - value_start
+    floats = code[packed] == 2
+    if (size[floats] % 4).any():
+        raise wire.Unusual
+    ints = np.flatnonzero(~floats & (size > 0))
+    if (buf[value_end[ints] - 1] >= 0x80).any():
+        raise wire.Unusual  # a varint runs past its list's end
+    counts[present[packed[floats]]] = size[floats] // 4
+    counts[present[packed[ints]]] = _terminators(buf, value_start[ints], value_end[ints])
+    texts = present[code == 1]
+    owner, text_start, text_end = wire.items(buf, list_start[code == 1], list_end[code == 1])
+    counts[texts] = np.bincount(owner, minlength=texts.size)
+    return kinds, counts, (texts[owner], text_start, text_end)
+
+
+def _occurrences_fast(payloads: Sequence[bytes], kind: str) -> _Occurrences:
+    """_Occurrences by walking the wire format with NumPy; wire.Unusual for anything but plain protobuf output."""
+    lengths = np.fromiter(map(len, payloads), dtype=np.int64, count=len(payloads))
+    buf = np.frombuffer(b"".join(payloads) + PAD, dtype=np.uint8)
+    ends = np.cumsum(lengths)
+    top = wire.fields(buf, ends - lengths, ends)
+    holders = [top.numbered(1), top.numbered(2) if kind != "example" else top.take(top.number < 0)]
+    context, lists = (_entries(buf, h.owner, h.start, h.end) for h in holders)
+    keys = _strings(buf, np.concatenate([context[1], lists[1]]), np.concatenate([context[2], lists[2]]))
+    encoded = keys.dictionary_encode()
+    try:
+        names = encoded.dictionary.cast(pa.large_string()).to_pylist()
+    except pa.ArrowInvalid:
+        raise wire.Unusual from None  # a key that is not UTF-8: protobuf says what is wrong
+    ids = encoded.indices.to_numpy().astype(np.int64)
+    context_names, list_names = ids[:context[0].size], ids[context[0].size:]
+    for records, name_ids in ((context[0], context_names), (lists[0], list_names)):
+        pairs = records * len(names) + name_ids
+        if np.unique(pairs).size != pairs.size:
+            raise wire.Unusual  # a repeated map key: the last one wins, as protobuf decides
+    step_owner, step_start, step_end = wire.items(buf, lists[3], lists[4])
+    kinds, counts, (texts, text_start, text_end) = _kinds_and_counts(
+        buf, np.concatenate([context[3], step_start]), np.concatenate([context[4], step_end]))
+    name = np.concatenate([context_names, list_names[step_owner]])
+    return _Occurrences(names, np.concatenate([context[0], lists[0][step_owner]]), name,
+                        np.arange(name.size) >= context[0].size, kinds, counts, lists[0], list_names,
+                        _not_utf8(buf, text_start, text_end, name[texts]), bool(holders[1].owner.size))
+
+
+def _occurrences_parsed(payloads: Sequence[bytes], kind: str, path: str | None, first_record: int) -> _Occurrences:
+    """_Occurrences by protobuf's parser, one Feature at a time: any valid encoding, and the exact error otherwise.
+
+    The records are parsed as the full messages first, as TensorFlow's parser would: the views
+    do not look inside what protobuf sets aside (a map entry with an unknown field), the full
+    messages do, so a record TensorFlow rejects is rejected here too.
+    """
+    _parse_records(payloads, path, first_record, Example if kind == "example" else SequenceExample)
+    index: dict[str, int] = {}
+    features: list[tuple[int, int, bool, bytes]] = []
+    lists: list[tuple[int, int]] = []
+    sequence = False
+    for i, message in enumerate(_parse_records(payloads, path, first_record)):
+        features += [(i, index.setdefault(name, len(index)), False, raw)
+                     for name, raw in message.context.feature.items()]
+        if kind != "example" and message.HasField("feature_lists"):
+            sequence = True
+            for name, steps in message.feature_lists.feature_list.items():
+                lists.append((i, index.setdefault(name, len(index))))
+                features += [(i, lists[-1][1], True, raw) for raw in steps.feature]
+    names = list(index)
+    kinds, counts, not_utf8 = [], [], set()
+    for record, name, _, raw in features:
+        try:
+            feature = _parse_feature(raw, 0)
+        except _BadFeature as bad:
+            raise CorruptRecordError(f"{where(path, record=first_record + record, column=names[name])}: "
+                                     f"{bad.message}") from None
+        found = feature.WhichOneof("kind")
+        values = getattr(feature, found).value if found else ()
+        kinds.append(_ONEOF_KINDS.index(_FIELD_KIND[found]) if found else 0)
+        counts.append(len(values))
+        if found == "bytes_list" and name not in not_utf8:
+            try:
+                for value in values:
+                    value.decode("utf-8")
+            except UnicodeDecodeError:
+                not_utf8.add(name)
+
+    def column(position: int, rows: list[tuple]) -> np.ndarray:
+        return np.array([row[position] for row in rows], dtype=np.int64)
+
+    return _Occurrences(names, column(0, features), column(1, features), column(2, features).astype(bool),
+                        np.array(kinds, dtype=np.int64), np.array(counts, dtype=np.int64), column(0, lists),
+                        column(1, lists), frozenset(not_utf8), sequence)
+
+
+def _too_many(count: int, at: Place) -> InputError:
+    """More distinct feature names than MAX_FEATURES, the last ones first seen at `at`."""
+    return InputError(f"{where(at[0], record=at[1])}: {count:,} distinct feature names, more than the "
+                      f"{MAX_FEATURES:,} columns batchtool reads")
+
+
+def _kind_conflict(name: str, kind: str, at: Place, first_kind: str, first_at: Place) -> InputError:
+    """A feature holding `kind` at `at` after holding `first_kind` from `first_at` on."""
+    first = where(first_at[0], record=first_at[1])
+    return InputError(f"{where(at[0], record=at[1], column=name)}: holds {_KIND_FIELD[kind]}, but earlier values "
+                      f"of this feature are {_KIND_FIELD[first_kind]} (first at {first}); one column holds one type")
+
+
+@dataclass(frozen=True)
+class _FeatureSeen:
+    """What the schema pass learned about one feature: enough to choose its column type."""
+
+    in_list: bool
+    first: Place
+    kind: str | None
+    kind_first: Place | None
+    width: int | None
+    """Values per Feature: None if it has no Feature, w if every one holds w, -1 if they differ."""
+    utf8: bool
+
+    def merge(self, later: _FeatureSeen, name: str) -> _FeatureSeen:
+        """This feature seen in earlier records and then in `later` ones; an error where they contradict."""
+        if later.in_list != self.in_list:
+            role = ("a feature list has the name of a context feature" if later.in_list
+                    else "a context feature has the name of a feature list")
+            raise SchemaError(f"{where(later.first[0], record=later.first[1], column=name)}: {role} (first seen "
+                              f"at {where(self.first[0], record=self.first[1])}); one column cannot hold both")
+        if self.kind and later.kind and later.kind != self.kind:
+            raise _kind_conflict(name, later.kind, later.kind_first, self.kind, self.kind_first)
+        width = later.width if self.width is None else self.width if later.width in (None, self.width) else -1
+        return _FeatureSeen(self.in_list, self.first, self.kind or later.kind, self.kind_first or later.kind_first,
+                            width, self.utf8 and later.utf8)
+
+    def arrow_type(self) -> pa.DataType:
+        """The column type: see infer_schema."""
+        leaf = {None: pa.int64(), "int64": pa.int64(), "float": pa.float32()}.get(
+            self.kind, pa.string() if self.utf8 else pa.binary())
+        if not self.in_list:
+            return leaf if self.width == 1 else pa.list_(leaf)
+        if self.width in (None, 1):
+            return pa.list_(leaf)
+        return pa.list_(pa.list_(leaf, self.width)) if self.width > 1 else pa.list_(pa.list_(leaf))
+
+
+def _seen(o: _Occurrences, path: str | None, first_record: int) -> dict[str, _FeatureSeen]:
+    """Each feature's _FeatureSeen over one run of records; an error where the records contradict each other.
+
+    Per-name minima and maxima by scattering (no sorting): a run can hold millions of Features.
+    """
+    n, never = len(o.names), np.iinfo(np.int64).max
+    first = np.full(n, never)
+    np.minimum.at(first, o.name, o.record)
+    np.minimum.at(first, o.list_name, o.list_record)
+    if n > MAX_FEATURES:
+        raise _too_many(n, (path, first_record + int(np.sort(first)[MAX_FEATURES])))
+    first_list = np.full(n, never)
+    np.minimum.at(first_list, o.list_name, o.list_record)
+    in_context = np.zeros(n, dtype=bool)
+    in_context[o.name[~o.step]] = True
+    clash = np.flatnonzero(in_context & (first_list < never))
+    if clash.size:
+        i = min(clash.tolist(), key=lambda c: (first_list[c], o.names[c]))  # the first in the records
+        raise SchemaError(f"{where(path, record=first_record + int(first_list[i]), column=o.names[i])}: a feature "
+                          "list has the name of a context feature; one column cannot hold both")
+    kind_first = np.full((n, len(_ONEOF_KINDS)), never)
+    np.minimum.at(kind_first, (o.name, o.kind), o.record)
+    kind_first[:, 0] = never  # no kind set: no constraint
+    smallest = np.full(n, never)
+    np.minimum.at(smallest, o.name, o.count)
+    largest = np.full(n, -1)
+    np.maximum.at(largest, o.name, o.count)
+    out: dict[str, _FeatureSeen] = {}
+    conflicts = []
+    for i, name in enumerate(o.names):
+        held = np.flatnonzero(kind_first[i] < never)
+        kind, kind_first_at = None, None
+        if held.size:
+            code = int(held[np.argmin(kind_first[i, held])])
+            kind, kind_first_at = _ONEOF_KINDS[code], (path, first_record + int(kind_first[i, code]))
+            for other in held[held != code].tolist():
+                at = (path, first_record + int(kind_first[i, other]))
+                conflicts.append((at[1], name, _kind_conflict(name, _ONEOF_KINDS[other], at, kind, kind_first_at)))
+        width = None if largest[i] < 0 else int(largest[i]) if largest[i] == smallest[i] else -1
+        out[name] = _FeatureSeen(bool(first_list[i] < never), (path, first_record + int(first[i])), kind,
+                                 kind_first_at, width, i not in o.not_utf8)
+    if conflicts:
+        raise min(conflicts, key=lambda c: c[:2])[2]  # the first in the records
+    return out
+
+
+@dataclass(frozen=True)
+class FeatureScan:
+    """Feature names, kinds and value counts of every record read so far: what a TFRecord schema is built from.
+
+    Built a chunk at a time (scan_records) and merged in file order, so a feature first seen
+    in the last record counts as much as one in the first.
+    """
+
+    records: int = 0
+    sequence: bool = False
+    features: Mapping[str, _FeatureSeen] = dataclass_field(default_factory=dict)
+
+    def merge(self, later: FeatureScan) -> FeatureScan:
+        """This scan followed by a scan of later records."""
+        features = dict(self.features)
+        for name, seen in later.features.items():
+            features[name] = features[name].merge(seen, name) if name in features else seen
+        if len(features) > MAX_FEATURES:
+            raise _too_many(len(features), min((s.first for n, s in later.features.items() if n not in self.features),
+                                               key=lambda place: place[1]))
+        return FeatureScan(self.records + later.records, self.sequence or later.sequence, features)
+
+    def schema(self, kind: str = "auto", source: str | None = None) -> tuple[pa.Schema, str]:
+        """The Arrow schema and record kind (see infer_schema); InputError if no record has any feature."""
+        if kind == "auto":
+            kind = "sequence_example" if self.sequence else "example"
+        _check_kind(kind)
+        if not self.records:
+            raise InputError(f"{where(source)}: no records to infer a schema from")
+        names = sorted(self.features, key=lambda n: (self.features[n].in_list, n))
+        if not names:
+            raise InputError(f"{where(source)}: no features in {self.records:,} records, so there are no columns "
+                             "to read (every record is an empty Example)")
+        return pa.schema([pa.field(n, self.features[n].arrow_type()) for n in names]), kind
+
+
+def scan_records(payloads: Sequence[bytes], kind: str = "auto", *, path: str | None = None,
+                 first_record: int = 0) -> FeatureScan:
+    """The FeatureScan of serialized records: their feature names, kinds and value counts, not their values.
+
+    Walks the wire format with NumPy (wire.fields), many records at once; records written
+    some other way than protobuf writes them are parsed with protobuf instead, which also
+    names the record of a malformed one (CorruptRecordError).
+    """
+    if kind != "auto":
+        _check_kind(kind)
+    try:
+        occurrences = _occurrences_fast(payloads, kind)
+    except wire.Unusual:
+        occurrences = _occurrences_parsed(payloads, kind, path, first_record)
+    return FeatureScan(len(payloads), occurrences.sequence, _seen(occurrences, path, first_record))
 
 
 def infer_schema(payloads: Sequence[bytes], kind: str = "auto", *, path: str | None = None,
                  first_record: int = 0) -> tuple[pa.Schema, str]:
-    """Infer the Arrow schema of serialized records, and their kind, from a sample.
+    """The Arrow schema of serialized records, and their kind, from every one of them.
 
     kind="auto": "sequence_example" if any record has the feature_lists field
     (field 2, which an Example never has), else "example". A SequenceExample
@@ -643,38 +966,12 @@ def infer_schema(payloads: Sequence[bytes], kind: str = "auto", *, path: str | N
     with exactly one value wherever present is a scalar, else a list; a feature
     list is list<T> if every step has one value, list<fixed_size_list<T, D>> if
     every step has D > 1, else list<list<T>>. int64_list -> int64, float_list ->
-    float32, bytes_list -> string if every value is UTF-8, else binary.
+    float32, bytes_list -> string if every value is UTF-8, else binary; a feature
+    that never holds a value kind -> int64. A feature missing from a record is
+    null there. Records that disagree on a feature's kind, or use one name for a
+    context feature and a feature list, are an error naming the record.
     """
-    if kind != "auto":
-        _check_kind(kind)
-    if not payloads:
-        raise InputError(f"{where(path)}: no records to infer a schema from")
-    parsed = _parse_records(payloads, path, first_record)
-    if kind == "auto":
-        kind = "sequence_example" if any(message.HasField("feature_lists") for message in parsed) else "example"
-    contexts = [message.context.feature for message in parsed]
-    context_names = sorted(set().union(*(context.keys() for context in contexts)))
-    feature_lists, list_names = None, []
-    if kind == "sequence_example":
-        feature_lists = [message.feature_lists.feature_list for message in parsed]
-        list_names = sorted(set().union(*(lists.keys() for lists in feature_lists)))
-        for name in sorted(set(context_names) & set(list_names)):
-            i = next(i for i, lists in enumerate(feature_lists) if name in lists)
-            raise SchemaError(f"{where(path, record=first_record + i, column=name)}: a feature list has the "
-                              "name of a context feature; one column cannot hold both")
-    fields = []
-    for name in context_names:
-        leaf, counts = _infer_values(name, 0, contexts, None, _Where(path, first_record, name))
-        fields.append(pa.field(name, leaf if (counts == 1).all() else pa.list_(leaf)))
-    for name in list_names:
-        leaf, counts = _infer_values(name, 2, contexts, feature_lists, _Where(path, first_record, name))
-        if (counts == 1).all():
-            fields.append(pa.field(name, pa.list_(leaf)))
-        elif (counts == counts[0]).all() and counts[0] > 1:
-            fields.append(pa.field(name, pa.list_(pa.list_(leaf, int(counts[0])))))
-        else:
-            fields.append(pa.field(name, pa.list_(pa.list_(leaf))))
-    return pa.schema(fields), kind
+    return scan_records(payloads, kind, path=path, first_record=first_record).schema(kind, path)
 
 
 # --- encoding ---------------------------------------------------------------------------------------
@@ -710,10 +1007,7 @@ def _bytes_payload(leaf: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 
 def _encode_features(leaf: pa.Array, counts: np.ndarray, kind: str, outer: Sequence[tuple[bytes, bool]],
                      fail: Callable[[Callable[[Any], bool], str], NoReturn]) -> tuple[np.ndarray, np.ndarray]:
-    """Serialized Features (then wrapped in `outer` layers), one per count, over the flat leaf values.
-
-    float64 values narrow to float32: tf.train.FloatList holds only float32.
-    """
+    """Serialized Features (then wrapped in `outer` layers), one per count, over the flat leaf values."""
     if kind == "int64":
         payload, sizes = _encode_varints(_int_payload(leaf, fail))
         return _wrap(payload, _segment_sums(sizes, counts), [(b"\x0a", True), (b"\x1a", False), *outer])
@@ -801,10 +1095,12 @@ def encode_records(batch: pa.RecordBatch, kind: str = "sequence_example", *,
     a nested list step holds its values), or only the sequence_columns if
     given, other lists then being context list features; scalars are context
     features. Example: scalars become one-value features, lists multi-value
-    features. Integers and bools -> int64_list; floats -> float_list (float64
-    narrows to float32, all tf.train.FloatList holds); strings and binary ->
-    bytes_list. A null is an omitted feature. Features and feature lists are
-    written sorted by name (the bytes of C++ protobuf's deterministic output).
+    features. Integers and bools -> int64_list; float16 and float32 -> float_list;
+    strings and binary -> bytes_list. Every conversion is exact: float64 (which
+    tf.train.FloatList cannot hold) and uint64 values above the int64 range are
+    refused, naming the column. A null is an omitted feature. Features and
+    feature lists are written sorted by name (the bytes of C++ protobuf's
+    deterministic output).
     """
     _check_kind(kind)
     names = batch.schema.names
@@ -821,6 +1117,9 @@ def encode_records(batch: pa.RecordBatch, kind: str = "sequence_example", *,
     lists: list[list[bytes]] = []
     for field, column in sorted(zip(batch.schema, batch.columns), key=lambda pair: pair[0].name.encode("utf-8")):
         shape, as_feature_list = _plan(field, kind, sequence_columns)
+        if pa.types.is_float64(shape.leaf):
+            raise SchemaError(f"{where(column=field.name)}: {field.type} cannot be stored exactly in a "
+                              "tf.train.FloatList, which holds float32; cast the column to float32 first")
         (lists if as_feature_list else context).append(_encode_column(field.name, column, shape, as_feature_list))
     rows = batch.num_rows
     context_rows = [b"".join(parts) for parts in zip(*context)] if context else [b""] * rows

@@ -7,30 +7,125 @@ import io
 import struct
 import zlib
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from types import TracebackType
 from typing import BinaryIO
 
 import google_crc32c
+import numpy as np
 
 from batchtool import fs
 from batchtool.errors import CorruptRecordError, InputError, UsageError, where
 
-OnCorrupt = Callable[[CorruptRecordError], None]
 Stream = BinaryIO | gzip.GzipFile
+
+DEFAULT_MAX_RECORD_BYTES = 16 << 20
+"""Largest record read unless the caller allows more (--max-record-bytes). Decoding a record takes a
+few times its size for ordinary data, up to about 60 times for millions of tiny features, so this
+keeps even a hostile record near the default --memory (1GB)."""
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _HEADER_SIZE = 12
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _MASK_DELTA = 0xA282EAD8
-_MAX_SINGLE_READ = 1 << 26
-_GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)
+_BLOCK = 1 << 16
+"""Bytes read ahead at a time: the unit of buffering, inflating and resynchronising."""
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """What --skip-corrupt dropped at one place of a file: the error, and exactly how much it cost.
+
+    bytes counts the stream's bytes from the start of the bad record to the next record
+    read (of the decompressed stream for GZIP files); records counts the records those
+    bytes held, as far as their framing shows: at least one, except for a gzip stream cut
+    short at a record boundary, which has nothing left to count.
+    """
+
+    error: CorruptRecordError
+    records: int
+    bytes: int
+
+
+OnCorrupt = Callable[[Skipped], None]
+
+_limit = DEFAULT_MAX_RECORD_BYTES
+
+
+def max_record_bytes() -> int:
+    """The record size limit in force: DEFAULT_MAX_RECORD_BYTES unless a record_limit block says otherwise."""
+    return _limit
+
+
+def check_record_limit(limit: int) -> int:
+    """limit itself, or UsageError if it cannot be a record size limit."""
+    if limit < 1:
+        raise UsageError(f"--max-record-bytes {limit}: must be at least 1 byte")
+    return limit
+
+
+@contextmanager
+def record_limit(limit: int) -> Iterator[None]:
+    """Make `limit` the record size limit of every reader opened in the block (on any thread).
+
+    A process-wide setting, as a command's options are: the CLI sets it from --max-record-bytes
+    around the whole command, so every reader of that command obeys it.
+    """
+    global _limit
+    previous, _limit = _limit, check_record_limit(limit)
+    try:
+        yield
+    finally:
+        _limit = previous
 
 
 def masked_crc(data: bytes) -> int:
     """CRC32C of data, masked as TFRecord stores it (so CRCs of CRCs do not degenerate)."""
     crc = google_crc32c.value(data)
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def _length_crc_tables() -> tuple[int, np.ndarray]:
+    """CRC32C of 8 zero bytes, and each 16-bit value's contribution at each of 4 byte pairs.
+
+    CRC32C is affine over GF(2) for a fixed length, so the CRC of any 8 bytes is the zero
+    CRC xor one table entry per byte pair: what lets _valid_headers test every offset at once.
+    """
+    zero = google_crc32c.value(bytes(8))
+    single = np.zeros((8, 256), dtype=np.uint32)
+    for position in range(8):
+        for value in range(256):
+            message = bytearray(8)
+            message[position] = value
+            single[position, value] = google_crc32c.value(bytes(message)) ^ zero
+    pairs = np.arange(1 << 16)
+    return zero, np.stack([single[2 * k][pairs & 0xFF] ^ single[2 * k + 1][pairs >> 8] for k in range(4)])
+
+
+_ZERO_CRC, _CRC_TABLES = _length_crc_tables()
+_EMPTY_HEADER_CRC = masked_crc(bytes(8))
+
+
+def _valid_headers(window: memoryview, limit: int) -> np.ndarray:
+    """Every offset i where window[i:i + 12] is a record header of at most `limit` bytes whose length CRC checks out."""
+    count = len(window) - _HEADER_SIZE + 1
+    if count <= 0:
+        return np.zeros(0, dtype=np.int64)
+
+    def at_every_byte(dtype: str, offset: int, size: int) -> np.ndarray:
+        return np.ndarray((size,), dtype=dtype, buffer=window, offset=offset, strides=(1,))
+
+    lengths = at_every_byte("<u8", 0, count)
+    stored = at_every_byte("<u4", 8, count)
+    empty = np.flatnonzero((lengths == 0) & (stored == _EMPTY_HEADER_CRC))  # zeroed regions: no CRC work
+    at = np.flatnonzero((lengths <= limit) & (lengths > 0))
+    pairs = at_every_byte("<u2", 0, count + 6)
+    crc = np.uint32(_ZERO_CRC) ^ _CRC_TABLES[0][pairs[at]] ^ _CRC_TABLES[1][pairs[at + 2]] \
+        ^ _CRC_TABLES[2][pairs[at + 4]] ^ _CRC_TABLES[3][pairs[at + 6]]
+    masked = ((crc >> np.uint32(15)) | (crc << np.uint32(17))) + np.uint32(_MASK_DELTA)
+    return np.union1d(empty, at[masked == stored[at]])
 
 
 def _header_is_valid(header: bytes) -> bool:
@@ -71,128 +166,285 @@ def _resolve_compression(path: str, compression: str | None) -> str | None:
     raise UsageError(f"{path}: unsupported TFRecord compression {compression!r}; expected 'auto', None or 'GZIP'")
 
 
-class _Reader:
-    """Reads one file's records in order, turning framing problems into CorruptRecordError."""
+class _GzipCorrupt(Exception):
+    """The gzip layer cannot go on (bad deflate data, a bad member CRC): no record boundary can be found after it."""
 
-    def __init__(self, path: str, stream: Stream, compressed: bool) -> None:
-        self.path = path
-        self.stream = stream
-        self.offset_note = " of the decompressed stream" if compressed else ""
-        self.index = 0
-        self.offset = 0
 
-    def error(self, message: str) -> CorruptRecordError:
-        """An error naming the file, the current record and its byte offset."""
-        return CorruptRecordError(
-            f"{where(self.path, record=self.index)}: {message} (record starts at byte offset "
-            f"{self.offset}{self.offset_note})")
+class _Inflater:
+    """The members of a GZIP file inflated in bounded pieces: no read returns more than asked for,
+    whatever the compression ratio, and a stream cut short returns every byte it holds."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self._raw = raw
+        self._zlib = zlib.decompressobj(31)
+        self._input = b""
+        self._fed = False
+        self.truncated = False
+        """The file ended inside a gzip member (no end marker): the stream is cut short."""
 
     def read(self, size: int) -> bytes:
-        """Up to size bytes; large sizes are read in pieces so a bogus length cannot exhaust memory."""
-        try:
-            if size <= _MAX_SINGLE_READ:
-                return self.stream.read(size)
-            pieces = []
-            while size > 0:
-                piece = self.stream.read(min(size, _MAX_SINGLE_READ))
-                if not piece:
-                    break
-                pieces.append(piece)
-                size -= len(piece)
-            return b"".join(pieces)
-        except _GZIP_ERRORS as exc:
-            raise self.error(f"corrupt gzip stream: {exc}") from exc
-
-    def next(self) -> tuple[bytes, CorruptRecordError | None] | None:
-        """The next payload and, if its data CRC is wrong, the error; None at a clean end of file.
-
-        Framing errors that lose synchronisation (truncation, bad length CRC, bad gzip) raise.
-        """
-        header = self.read(_HEADER_SIZE)
-        if not header:
-            return None
-        if len(header) < _HEADER_SIZE:
-            raise self.error(f"truncated: needs {_HEADER_SIZE} header bytes, {len(header)} left")
-        (length,) = _U64.unpack_from(header)
-        stored, computed = _U32.unpack_from(header, 8)[0], masked_crc(header[:8])
-        if stored != computed:
-            raise self.error(f"length CRC mismatch: stored 0x{stored:08x}, expected 0x{computed:08x}")
-        data = self.read(length)
-        footer = self.read(4) if len(data) == length else b""
-        if len(footer) < 4:
-            raise self.error(f"truncated: needs {length + 4} bytes ({length} data + 4 CRC), "
-                             f"{len(data) + len(footer)} left")
-        (stored,) = _U32.unpack(footer)
-        computed = masked_crc(data)
-        bad = None
-        if stored != computed:
-            bad = self.error(f"data CRC mismatch: stored 0x{stored:08x}, expected 0x{computed:08x} "
-                             f"for {length} bytes of data")
-        self.index += 1
-        self.offset += _HEADER_SIZE + length + 4
-        return data, bad
-
-
-def _iter_indexed(path: str, compression: str | None, skip_corrupt: bool,
-                  on_corrupt: OnCorrupt | None) -> Iterator[tuple[int, bytes]]:
-    """(record index, payload) pairs; the index counts skipped records too, so it is the position in the file."""
-
-    def report(err: CorruptRecordError) -> None:
-        if not skip_corrupt:
-            raise err
-        if on_corrupt is not None:
-            on_corrupt(err)
-
-    compressed = _resolve_compression(path, compression) == "GZIP"
-    with _open_input(path) as raw, gzip.GzipFile(fileobj=raw, mode="rb") if compressed else raw as stream:
-        reader = _Reader(path, stream, compressed)
+        """Up to size inflated bytes; b"" at the end."""
         while True:
-            index = reader.index
+            if not self._input:
+                self._input = self._raw.read(_BLOCK)
+                if not self._input:
+                    return self._end()
+            if self._zlib.eof:
+                self._input = self._input.lstrip(b"\0")  # zero padding after a member, as gzip allows
+                if not self._input:
+                    continue
+                self._zlib, self._fed = zlib.decompressobj(31), False
             try:
-                record = reader.next()
-            except CorruptRecordError as err:
-                report(err)
+                out = self._zlib.decompress(self._input, size)
+            except zlib.error as exc:
+                raise _GzipCorrupt(str(exc)) from None
+            self._fed = True
+            self._input = self._zlib.unused_data if self._zlib.eof else self._zlib.unconsumed_tail
+            if out:
+                return out
+
+    def _end(self) -> bytes:
+        """What is left at the end of the file: a cut-short member's last bytes, if any."""
+        if self._zlib.eof or not self._fed or self.truncated:
+            return b""
+        self.truncated = True
+        try:
+            return self._zlib.flush()
+        except zlib.error as exc:
+            raise _GzipCorrupt(str(exc)) from None
+
+
+class _Source:
+    """One file's record stream (inflated if GZIP), read in blocks, with push-back for resynchronising."""
+
+    def __init__(self, raw: BinaryIO, compressed: bool) -> None:
+        self._raw = raw
+        self._inflater = _Inflater(raw) if compressed else None
+        self._buf = b""
+        self._pos = 0
+        self.offset = 0
+        """Stream offset of the next byte read() returns."""
+
+    @property
+    def truncated(self) -> bool:
+        """True once a GZIP stream has turned out to end without its end marker."""
+        return self._inflater is not None and self._inflater.truncated
+
+    def _more(self, size: int) -> bytes:
+        return self._raw.read(size) if self._inflater is None else self._inflater.read(size)
+
+    def read(self, size: int) -> bytes:
+        """size bytes, fewer only at the end of the stream; never more than size are held for it."""
+        end = self._pos + size
+        if end <= len(self._buf):
+            out = self._buf[self._pos:end]
+            self._pos = end
+        else:
+            pieces = [self._buf[self._pos:]]
+            have = len(pieces[0])
+            self._buf, self._pos = b"", 0
+            while have < size:
+                want = size - have
+                block = self._more(max(want, _BLOCK))
+                if not block:
+                    break
+                if len(block) > want:
+                    self._buf, self._pos = block, want
+                    block = block[:want]
+                pieces.append(block)
+                have += len(block)
+            out = b"".join(pieces)
+        self.offset += len(out)
+        return out
+
+    def unread(self, data: bytes) -> None:
+        """Put bytes back in front of the stream (they were read past a resynchronisation point)."""
+        self._buf = data + self._buf[self._pos:]
+        self._pos = 0
+        self.offset -= len(data)
+
+
+def _resynchronise(source: _Source, seen: bytes, limit: int) -> tuple[int | None, int]:
+    """Find the next record after lost framing: (its stream offset, or None at the end; records passed).
+
+    `seen` are the bytes already read past the bad record's first byte. The scan moves one
+    byte at a time (every offset is tested at once, a block at a time), and a record is
+    trusted only when its length CRC and its data CRC both check out, so a chance match of
+    the length CRC (one offset in 2**32) is not taken for a boundary. Headers that pass the
+    length CRC alone are counted as records passed: real records whose data is damaged. On
+    success the bytes from the found record on are pushed back into the source. The window
+    never holds more than about twice the record limit. (A header claiming more than the limit
+    is not a boundary, and not counted: no such record could have been read.)
+    """
+    window, pos = seen, 0  # window[pos:] is not scanned yet; window[0] is at stream offset `base`
+    base = source.offset - len(seen)
+    passed = 0
+    ended = False
+    while True:
+        if not ended and len(window) - pos < _BLOCK + _HEADER_SIZE:
+            more = source.read(_BLOCK)
+            ended = len(more) < _BLOCK
+            window, base, pos = window[pos:] + more, base + pos, 0
+        stop = min(len(window), pos + _BLOCK + _HEADER_SIZE - 1)
+        for at in (_valid_headers(memoryview(window)[pos:stop], limit) + pos).tolist():
+            (length,) = _U64.unpack_from(window, at)
+            end = at + _HEADER_SIZE + length + 4
+            if len(window) < end and not ended:
+                wanted = max(end - len(window), len(window))  # grow geometrically: few copies
+                more = source.read(wanted)
+                ended = len(more) < wanted
+                window += more
+            if len(window) >= end:
+                stored = _U32.unpack_from(window, end - 4)[0]
+                if masked_crc(window[at + _HEADER_SIZE:end - 4]) == stored:
+                    source.unread(window[at:])
+                    return base + at, passed
+            passed += 1
+        pos = max(pos, stop - _HEADER_SIZE + 1)
+        if ended and len(window) - pos < _HEADER_SIZE:
+            return None, passed
+
+
+class _Reader:
+    """Reads one file's records in order, verifying both CRCs; with skip_corrupt, steps over what is
+    damaged and reports exactly what that cost."""
+
+    def __init__(self, path: str, source: _Source, compressed: bool, limit: int, skip_corrupt: bool,
+                 on_corrupt: OnCorrupt | None) -> None:
+        self.path = path
+        self.source = source
+        self.offset_note = " of the decompressed stream" if compressed else ""
+        self.limit = limit
+        self.skip_corrupt = skip_corrupt
+        self.on_corrupt = on_corrupt
+        self.index = 0
+
+    def error(self, message: str, start: int, then: str = "") -> CorruptRecordError:
+        """An error naming the file, the current record and its byte offset (then what was done about it)."""
+        return CorruptRecordError(
+            f"{where(self.path, record=self.index)}: {message} (record starts at byte offset "
+            f"{start}{self.offset_note}){then}")
+
+    def lose(self, start: int, size: int, records: int, message: str, then: str = "") -> None:
+        """Raise the error, or with skip_corrupt report what is skipped and step over it."""
+        error = self.error(message, start, then)
+        if not self.skip_corrupt:
+            raise error
+        if self.on_corrupt is not None:
+            self.on_corrupt(Skipped(error, records, size))
+        self.index += records
+
+    def gzip_error(self, reason: str) -> CorruptRecordError:
+        """The gzip layer failed: no record after this point can be found, so this stops even with skip_corrupt."""
+        stops = "; records after it cannot be found, so --skip-corrupt cannot skip it" if self.skip_corrupt else ""
+        return CorruptRecordError(f"{where(self.path, record=self.index)}: corrupt gzip stream ({reason}) after "
+                                  f"byte offset {self.source.offset}{self.offset_note}{stops}")
+
+    def truncated(self, needs: str, left: int) -> str:
+        cut = "; the gzip stream ends without its end marker" if self.source.truncated else ""
+        return f"truncated: needs {needs}, {left} left{cut}"
+
+    def records(self) -> Iterator[tuple[int, bytes]]:
+        """(record index, payload) of every good record; the index counts skipped records too."""
+        source = self.source
+        while True:
+            start = source.offset
+            header = source.read(_HEADER_SIZE)
+            if len(header) < _HEADER_SIZE:
+                if header:
+                    self.lose(start, len(header), 1, self.truncated(f"{_HEADER_SIZE} header bytes", len(header)))
+                elif source.truncated:
+                    self.lose(start, 0, 0, "truncated: the gzip stream ends without its end marker")
                 return
-            if record is None:
+            (length,) = _U64.unpack_from(header)
+            stored, computed = _U32.unpack_from(header, 8)[0], masked_crc(header[:8])
+            if stored != computed:
+                self.resynchronise(start, header, f"length CRC mismatch: stored 0x{stored:08x}, "
+                                                  f"expected 0x{computed:08x}")
+                continue
+            if length > self.limit:
+                raise InputError(
+                    f"{where(self.path, record=self.index)}: the record header at byte offset {start}"
+                    f"{self.offset_note} claims {length:,} bytes of data, more than the limit of "
+                    f"{self.limit:,} (--max-record-bytes); raise --max-record-bytes if the record is genuine")
+            data = source.read(length)
+            footer = source.read(4) if len(data) == length else b""
+            if len(footer) < 4:
+                self.lose(start, _HEADER_SIZE + len(data) + len(footer), 1,
+                          self.truncated(f"{length + 4} bytes ({length} data + 4 CRC)", len(data) + len(footer)))
                 return
-            data, bad = record
-            if bad is None:
-                yield index, data
-            else:
-                report(bad)
+            (stored,) = _U32.unpack(footer)
+            computed = masked_crc(data)
+            if stored != computed:
+                self.lose(start, _HEADER_SIZE + length + 4, 1,
+                          f"data CRC mismatch: stored 0x{stored:08x}, expected 0x{computed:08x} "
+                          f"for {length} bytes of data")
+                continue
+            yield self.index, data
+            self.index += 1
+
+    def resynchronise(self, start: int, header: bytes, message: str) -> None:
+        """After a header that cannot be trusted: stop, or with skip_corrupt skip to the next good record."""
+        if not self.skip_corrupt:
+            raise self.error(message, start)
+        found, passed = _resynchronise(self.source, header[1:], self.limit)
+        end = self.source.offset if found is None else found
+        then = (f"; skipped {end - start:,} bytes to the end: no record whose CRCs check out follows" if found is None
+                else f"; skipped {end - start:,} bytes to the next record whose CRCs check out, at byte offset {found}")
+        self.lose(start, end - start, 1 + passed, message, then)
+
+
+def _iter_indexed(path: str, compression: str | None, skip_corrupt: bool, on_corrupt: OnCorrupt | None,
+                  limit: int | None) -> Iterator[tuple[int, bytes]]:
+    """(record index, payload) pairs; the index counts skipped records too, so it is the position in the file."""
+    compressed = _resolve_compression(path, compression) == "GZIP"
+    with _open_input(path) as raw:
+        reader = _Reader(path, _Source(raw, compressed), compressed, max_record_bytes() if limit is None else limit,
+                         skip_corrupt, on_corrupt)
+        try:
+            yield from reader.records()
+        except _GzipCorrupt as exc:
+            raise reader.gzip_error(str(exc)) from None
 
 
 def iter_records(path: str, *, compression: str | None = "auto", skip_corrupt: bool = False,
-                 on_corrupt: OnCorrupt | None = None) -> Iterator[bytes]:
+                 on_corrupt: OnCorrupt | None = None, max_record_bytes: int | None = None) -> Iterator[bytes]:
     """Stream the payloads of one TFRecord file, verifying both CRCs of every record.
 
-    With skip_corrupt, a record whose data CRC is wrong is reported to on_corrupt
-    and skipped; a bad length CRC, truncation or corrupt gzip stream is reported
-    and ends the file, since the next record boundary cannot be found.
+    A header claiming more than max_record_bytes (default: the limit in force, see
+    record_limit) is an InputError before anything is read. With skip_corrupt, a record
+    whose data CRC is wrong, a truncated last record and the bytes after a header whose
+    length CRC is wrong (up to the next record whose CRCs both check out) are skipped and
+    reported to on_corrupt with their exact size. A corrupt gzip stream always stops.
     """
-    for _, data in _iter_indexed(path, compression, skip_corrupt, on_corrupt):
+    for _, data in _iter_indexed(path, compression, skip_corrupt, on_corrupt, max_record_bytes):
         yield data
 
 
-def iter_record_chunks(path: str, chunk_records: int, *, compression: str | None = "auto",
-                       skip_corrupt: bool = False, on_corrupt: OnCorrupt | None = None,
+def iter_record_chunks(path: str, chunk_records: int, *, chunk_bytes: int | None = None,
+                       compression: str | None = "auto", skip_corrupt: bool = False,
+                       on_corrupt: OnCorrupt | None = None, max_record_bytes: int | None = None,
                        ) -> Iterator[tuple[int, list[bytes]]]:
     """Yield (index of the chunk's first record, payloads) so decoding can run on worker threads.
 
-    Records in a chunk are consecutive in the file: a skipped corrupt record
-    ends the chunk early, so first_index + i is always record i's true index.
+    A chunk holds at most chunk_records records and, unless it is a single record, at most
+    chunk_bytes bytes of payload, so memory per chunk is bounded whatever the record sizes.
+    Records in a chunk are consecutive in the file: a skipped corrupt record ends the chunk
+    early, so first_index + i is always record i's true index.
     """
     if chunk_records < 1:
         raise UsageError(f"chunk_records must be at least 1, got {chunk_records}")
-    first = 0
+    first = size = 0
     chunk: list[bytes] = []
-    for index, data in _iter_indexed(path, compression, skip_corrupt, on_corrupt):
-        if chunk and (index != first + len(chunk) or len(chunk) == chunk_records):
+    for index, data in _iter_indexed(path, compression, skip_corrupt, on_corrupt, max_record_bytes):
+        if chunk and (index != first + len(chunk) or len(chunk) == chunk_records
+                      or (chunk_bytes is not None and size + len(data) > chunk_bytes)):
             yield first, chunk
-            chunk = []
+            chunk, size = [], 0
         if not chunk:
             first = index
         chunk.append(data)
+        size += len(data)
     if chunk:
         yield first, chunk
 
@@ -221,29 +473,23 @@ class RangeReader:
         if self._gzip is not None:
             try:
                 self._gzip.seek(start)
-            except _GZIP_ERRORS as exc:
-                raise CorruptRecordError(f"{self.path}: corrupt gzip stream before byte {start} "
+                data = self._gzip.read(end - start)
+            except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+                raise CorruptRecordError(f"{self.path}: corrupt gzip stream before byte {end} "
                                          f"of the decompressed stream: {exc}") from exc
-            stream: Stream = self._gzip
         else:
             if end > self._size:
                 raise CorruptRecordError(f"{self.path}: {self._size} bytes, but a batch ends at byte {end}")
             self._raw.seek(start)
-            stream = io.BytesIO(self._raw.read(end - start))
-        reader = _Reader(self.path, stream, self.compressed)
-        reader.index, reader.offset = first_record, start
-        payloads = []
-        while reader.offset < end:
-            record = reader.next()
-            if record is None:
-                raise reader.error(f"the file ends before byte {end}, where this batch ends")
-            data, bad = record
-            if bad is not None:
-                raise bad
-            payloads.append(data)
-        if reader.offset != end:
-            raise reader.error(f"a record crosses byte {end}, where this batch ends")
-        return payloads
+            data = self._raw.read(end - start)
+        if len(data) < end - start:
+            raise CorruptRecordError(f"{where(self.path, record=first_record)}: the file ends before byte {end}, "
+                                     "where this batch ends")
+        source = _Source(io.BytesIO(data), False)
+        source.offset = start
+        reader = _Reader(self.path, source, self.compressed, max(end - start, 0), False, None)
+        reader.index = first_record
+        return [payload for _, payload in reader.records()]
 
     def close(self) -> None:
         if self._gzip is not None:

@@ -45,7 +45,7 @@ SPILLING = ("stratify", "shuffle", "bucket")
 """Operations whose options carry the pipeline's memory and tmp-dir (segment gets them when it runs)."""
 TOP_KEYS = ("seed", "threads", "memory", "tmp-dir", "input", "stage", "output")
 INPUT_KEYS = ("path", "format", "columns", "skip-corrupt")
-OUTPUT_KEYS = ("path", "format", "compression", "shard-rows", "shard-bytes", "tfrecord-kind", "overwrite")
+OUTPUT_KEYS = ("path", "format", "compression", "shard-rows", "shard-bytes", "tfrecord-kind", "overwrite", "cast")
 _PIPELINE_WIDE = {"seed": "the top of the file", "threads": "the top of the file", "memory": "the top of the file",
                   "tmp-dir": "the top of the file", "format": "[input] or [output]", "skip-corrupt": "[input]",
                   **{k: "[output]" for k in OUTPUT_KEYS if k not in ("path", "format")}, "to": "[output] as 'format'"}

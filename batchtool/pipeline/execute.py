@@ -278,8 +278,7 @@ class Prefix:
                 return batches, consumed
 
             report: ReadReport = job["report"] or ReadReport()
-            report.corrupt_records += self.report.corrupt_records
-            report.first_errors[:0] = self.report.first_errors
+            report.merge(self.report)
             total = job.get("total_rows")
             job.update(command="run", options=self.config.manifest_options(), seed=self.config.seed,
                        dataset=self.source, work=counted, report=report, started=started,
