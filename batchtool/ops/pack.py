@@ -271,7 +271,7 @@ def make_plan(options: PackOptions, columns: PackColumns, counts: LengthCounts, 
     rows = packing.total_rows
     held = packing.examples * per_example + packing.real_steps * per_step
     per_group = max(1, int(rows * (options.memory // 2) / held)) if held else max(1, rows)
-    groups = -(-rows // per_group) if rows else 0
+    groups = max(1, -(-rows // per_group))
     pads = parse_pad_values(options.pad_values, schema)
     pad_values = {name: pads.get(name, default_pad(schema.field(name).type)) for name in columns.sequences}
     return PackPlan(options, columns, packing, report, counts.pieces, seed, pad_values,

@@ -7,10 +7,10 @@ examples; which example fills which slot of which row is decided afterwards by k
 (`Packing.rows_of`).
 
 Several heuristics run over the histogram and the plan with the fewest rows wins (ties: the first):
-best-fit decreasing, and hybrids that first deal the long examples worst-fit over as many rows as the
-lower bound allows, then best-fit the rest (these keep short examples for the gaps, which matters
-under --max-examples-per-row). Small instances are also searched exactly. See docs/pack.md for the
-measured efficiency of each.
+best-fit decreasing, and hybrids that first deal the long examples worst-fit over a preset number of
+rows (the lower bound, then the fewest that hold everything), then best-fit the rest; these keep short
+examples for the gaps, which matters under --max-examples-per-row. Small instances are also searched
+exactly. docs/pack.md has the measured efficiency of each.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ _NONE = 1 << 62
 """'No limit' for counts of examples (a row, or a bin with no --max-examples-per-row)."""
 HYBRID_QUANTILES = (0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
 """Length quantiles tried as the worst-fit/best-fit threshold of the hybrid candidates."""
+SEARCHED = 2
+"""Hybrid thresholds (the best ones at `bound` preset rows) whose preset rows are then bisected."""
 EXACT_MAX_EXAMPLES = 64
 """Instances with at most this many examples are also searched exactly (branch and bound)."""
 EXACT_NODES = 20_000
@@ -142,40 +144,67 @@ def lower_bound(counts: np.ndarray, max_length: int, max_examples: int | None = 
 def plan_packing(counts: np.ndarray, max_length: int, max_examples: int | None = None
                  ) -> tuple[Packing, dict[str, Any]]:
     """The plan with the fewest rows among the candidates, and a report (rows of every candidate, the
-    lower bound, whether the plan is proven optimal). `counts[s]` = examples of length s (s <= L)."""
+    lower bound, whether the plan is proven optimal). `counts[s]` = examples of length s (s <= L).
+
+    Candidates: best-fit decreasing; for each threshold of HYBRID_QUANTILES, lengths above it dealt
+    worst-fit over `bound` rows, then best-fit; for the SEARCHED best thresholds, the fewest preset rows
+    that leave nothing over (bisection, as iterated worst-fit decreasing does); and for small instances
+    an exact search."""
     counts = np.asarray(counts, dtype=np.int64)
     if len(counts) > max_length + 1 and counts[max_length + 1:].any():
         raise ValueError(f"lengths over max_length {max_length} cannot be packed")
     bound = lower_bound(counts, max_length, max_examples)
-    candidates: dict[str, _Bins] = {"best-fit decreasing": _pack(counts, max_length, max_examples)}
+    best = _pack(counts, max_length, max_examples)
+    candidates = {best.name: best.total_rows}
     sizes = np.flatnonzero(counts)
     if len(sizes) and bound:
         cum = np.cumsum(counts[sizes])
-        for q in HYBRID_QUANTILES:
-            theta = int(sizes[np.searchsorted(cum, q * cum[-1], side="right").clip(max=len(sizes) - 1)]) if q else 0
-            name = f"worst-fit >= {theta} over {bound} rows, then best-fit"
-            if name not in candidates:
-                candidates[name] = _pack(counts, max_length, max_examples, preset=bound, theta=theta)
-    report: dict[str, Any] = {"rows_lower_bound": bound,
-                              "candidates": {name: bins.total_rows for name, bins in candidates.items()}}
-    method, best = min(candidates.items(), key=lambda item: item[1].total_rows)
-    packing = best.packing(max_length, method)
+        thetas = sorted({int(sizes[min(len(sizes) - 1, int(np.searchsorted(cum, q * cum[-1], side="right")))])
+                         if q else 0 for q in HYBRID_QUANTILES})
+        hybrids = [_pack(counts, max_length, max_examples, preset=bound, theta=t) for t in thetas]
+        for bins in sorted(hybrids, key=lambda b: b.total_rows)[:SEARCHED]:
+            hybrids[hybrids.index(bins)] = _fewest_presets(counts, max_length, max_examples, bins, bound)
+        for bins in hybrids:
+            candidates[bins.name] = bins.total_rows
+            if bins.total_rows < best.total_rows:
+                best = bins
+    report: dict[str, Any] = {"rows_lower_bound": bound, "candidates": candidates}
+    packing = best.packing(max_length)
     if packing.total_rows > bound and int(counts.sum()) <= EXACT_MAX_EXAMPLES:
         found, complete = _exact(counts, max_length, max_examples, packing.total_rows, bound)
         if found is not None:
             packing = _from_bins(found, max_length, "exact search")
-        report["candidates"]["exact search"] = packing.total_rows
+        candidates["exact search"] = packing.total_rows
         report["exact_search_complete"] = complete
     report["method"] = packing.method
     report["proven_optimal"] = packing.total_rows == bound or bool(report.get("exact_search_complete"))
     return packing, report
 
 
+def _fewest_presets(counts: np.ndarray, max_length: int, max_examples: int | None, bins: _Bins,
+                    bound: int) -> _Bins:
+    """Bisect the preset rows of a hybrid between the bound and its rows for the fewest that hold every
+    example (more presets spread the long examples thinner); the best run found."""
+    lo, hi = bound, bins.total_rows
+    best = bins
+    while lo < hi:
+        mid = (lo + hi) // 2
+        run = _pack(counts, max_length, max_examples, preset=mid, theta=bins.theta)
+        if run.total_rows < best.total_rows:
+            best = run
+        if run.total_rows <= mid:
+            hi = mid
+        else:
+            lo = mid + 1
+    return best
+
+
 class _Bins:
     """Bulk bin packing over counts: bins in classes of identical content, content kept as a trie of
     (size, count) steps, so each step moves a whole class and the state stays O(distinct lengths)."""
 
-    def __init__(self, max_length: int, max_examples: int | None) -> None:
+    def __init__(self, max_length: int, max_examples: int | None, preset: int = 0, theta: int | None = None) -> None:
+        self.preset, self.theta = preset, theta
         self.L = max_length
         self.K = _NONE if max_examples is None else max_examples
         self.parent, self.size, self.count = [-1], [0], [0]
@@ -190,6 +219,12 @@ class _Bins:
     @property
     def total_rows(self) -> int:
         return sum(m for m, k in zip(self.m, self.k) if k)
+
+    @property
+    def name(self) -> str:
+        if self.theta is None:
+            return "best-fit decreasing"
+        return f"worst-fit >= {self.theta} over {self.preset:,} rows, then best-fit"
 
     def step(self, c: int, s: int, q: int, bins: int | None = None) -> int:
         """`bins` bins of class c (all when None) each take q examples of length s; returns the class they
@@ -227,7 +262,7 @@ class _Bins:
                 made.append(self.step(c, s, take))
         return made
 
-    def packing(self, max_length: int, method: str) -> Packing:
+    def packing(self, max_length: int) -> Packing:
         """The classes that hold examples, with their content read back from the trie."""
         entries: dict[tuple[int, int], int] = {}
         live = [c for c in range(len(self.m)) if self.m[c] and self.k[c]]
@@ -240,7 +275,7 @@ class _Bins:
         keys = sorted(entries)
         return Packing(max_length, np.array([self.m[c] for c in live], dtype=np.int64),
                        np.array([i for _, i in keys], dtype=np.int64), np.array([s for s, _ in keys], dtype=np.int64),
-                       np.array([entries[k] for k in keys], dtype=np.int64), method)
+                       np.array([entries[k] for k in keys], dtype=np.int64), self.name)
 
 
 def _pack(counts: np.ndarray, max_length: int, max_examples: int | None, preset: int = 0,
@@ -248,7 +283,7 @@ def _pack(counts: np.ndarray, max_length: int, max_examples: int | None, preset:
     """Lengths in decreasing order. Those >= theta go worst-fit (to the bin with the most room) over
     `preset` empty bins; the rest go best-fit (the bin with the least room that fits). Examples that fit
     nowhere open new bins. Ties go to the oldest class, so the result is a function of the counts."""
-    bins = _Bins(max_length, max_examples)
+    bins = _Bins(max_length, max_examples, preset, theta)
     sizes = np.flatnonzero(counts)[::-1].tolist()
     i = 0
     if theta is not None and preset:
