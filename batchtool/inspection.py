@@ -134,6 +134,32 @@ def render_manifest(summary: dict) -> list[str]:
             lines.append(f"  {key}: {value}")
     if summary.get("stats", {}).get("buckets"):
         lines += render_buckets(summary["stats"])
+    if summary.get("stats", {}).get("examples_per_row"):
+        lines += render_packing(summary["stats"])
+    return lines
+
+
+def render_packing(stats: dict) -> list[str]:
+    """pack's rows against the lower bound, its efficiency, and a histogram of examples per row."""
+    def pct(value: float | None) -> str:
+        return "-" if value is None else f"{100 * value:.2f}%"
+
+    optimal = "proven optimal" if stats.get("proven_optimal") else f"lower bound {stats['rows_lower_bound']:,}"
+    lines = ["", "packing (efficiency = real steps / (rows x max length))",
+             f"  {stats['rows']:,} rows of at most {stats['max_length']:,} steps ({optimal}): efficiency "
+             f"{pct(stats['packing_efficiency'])}, at most {pct(stats.get('packing_efficiency_bound'))}",
+             f"  plan: {stats['method']}"]
+    dropped, split = stats.get("examples_dropped", {}).get("long"), stats.get("examples_split")
+    if dropped or split:
+        lines.append(f"  long examples: {split or 0:,} split into pieces, {dropped or 0:,} dropped")
+    per_row = {int(k): v for k, v in stats["examples_per_row"].items()}
+    counts = np.zeros(max(per_row) + 1, dtype=np.int64)
+    counts[list(per_row)] = list(per_row.values())
+    bins = histogram(counts)
+    peak = max(b["count"] for b in bins)
+    width = len(str(max(per_row)))
+    lines.append("  examples per row")
+    lines += [f"  {b['from']:>{width}}-{b['to']:<{width}}  {b['count']:>10,}  {bar(b['count'], peak)}" for b in bins]
     return lines
 
 

@@ -500,15 +500,17 @@ def judge_schema(rule: Schema, schema: pa.Schema) -> RuleResult:
 
 
 def judge_padding(rule: PaddingEfficiency, dataset: Dataset) -> RuleResult:
+    """A padding (or, for PackingEfficiency, packing) efficiency from SRC's manifest, against `min`."""
     manifest = dataset.manifest
     if manifest is None:
-        raise InputError(f"rule {rule.name!r}: {dataset.src} has no batchtool manifest.json to read the padding "
-                         "efficiency from (check the output directory of bucket or segment)")
-    value = manifest.get("stats", {}).get("padding_efficiency")
+        raise InputError(f"rule {rule.name!r}: {dataset.src} has no batchtool manifest.json to read the "
+                         f"{rule.stat.replace('_', ' ')} from (check the output directory of "
+                         f"{rule.written_by.replace(' and ', ' or ')})")
+    value = manifest.get("stats", {}).get(rule.stat)
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise InputError(f"rule {rule.name!r}: {os.path.join(dataset.src, 'manifest.json')} records no "
-                         f"stats.padding_efficiency (written by {manifest.get('command')!r}; bucket and segment "
-                         "output record it)")
+                         f"stats.{rule.stat} (written by {manifest.get('command')!r}; {rule.written_by} "
+                         "output records it)")
     return _result(rule, value >= rule.min, f"{value:.4f}", f">= {rule.min:g}", value)
 
 

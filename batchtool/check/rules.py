@@ -235,11 +235,23 @@ class PaddingEfficiency(Rule):
     """Real / padded elements at least `min`, as recorded in a bucket or segment output's manifest."""
 
     kind: ClassVar[str] = "padding_efficiency"
+    stat: ClassVar[str] = "padding_efficiency"
+    """The manifest statistic the rule bounds, and the commands that record it."""
+    written_by: ClassVar[str] = "bucket and segment"
     min: float
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _require(0 < self.min <= 1, "min", f"must be in (0, 1], got {self.min}")
+
+
+@dataclass(frozen=True)
+class PackingEfficiency(PaddingEfficiency):
+    """Real steps / (rows x max length) at least `min`, as recorded in a pack output's manifest."""
+
+    kind: ClassVar[str] = "packing_efficiency"
+    stat: ClassVar[str] = "packing_efficiency"
+    written_by: ClassVar[str] = "pack"
 
 
 @dataclass(frozen=True)
@@ -258,7 +270,7 @@ class Crc(Rule):
 
 KINDS: dict[str, type[Rule]] = {cls.kind: cls for cls in (
     Schema, NoNulls, NoNan, LabelRange, ClassProportions, MinClassRows, Length, SameLength, Unique,
-    NoDuplicateRows, RowCount, PaddingEfficiency, Checksums, Crc)}
+    NoDuplicateRows, RowCount, PaddingEfficiency, PackingEfficiency, Checksums, Crc)}
 
 
 @dataclass(frozen=True)
