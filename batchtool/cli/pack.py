@@ -7,7 +7,6 @@ from typing import Any
 
 import click
 
-from batchtool.cli.bucket import percent
 from batchtool.cli.common import (
     command,
     input_options,
@@ -64,7 +63,7 @@ def pack_cmd(src: str, dst: str, seed: int, input_format: str | None, skip_corru
     extra += [f"dropped {stats['examples_dropped']['long']:,} long examples"] if stats["examples_dropped"]["long"] else []
     summary(f"packed {stats['examples_packed']:,} examples into {stats['rows']:,} rows of at most "
             f"{stats['max_length']:,} steps (lower bound {stats['rows_lower_bound']:,}; packing efficiency "
-            f"{percent(stats['packing_efficiency'])}), {stats['batches']:,} batches, to {os.path.abspath(dst)}"
+            f"{100 * (stats['packing_efficiency'] or 0):.2f}%), {stats['batches']:,} batches, to {os.path.abspath(dst)}"
             + (f"; {', '.join(extra)}" if extra else ""), run.quiet)
 
 

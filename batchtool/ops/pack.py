@@ -13,7 +13,7 @@ histogram and the input order, so output bytes do not depend on --threads, --mem
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -44,7 +44,7 @@ MAX_LENGTH_LIMIT = 1 << 24
 of a batch's steps must stay below 2**31 values."""
 MAX_PADDED_STEPS = (1 << 31) - 1
 SLOT_STAGE, ROW_STAGE, ORDER_STAGE, SPILL_STAGE = "pack/slot", "pack/row", "pack/order", "pack/spill"
-_LENGTH, _POS, _ORDER = "__batchtool_length", "__batchtool_pos", "__batchtool_order"
+_POS, _ORDER = "__batchtool_pos", "__batchtool_order"
 _BLOCK = 1 << 16
 """Output positions handled per step when laying out batches (keeps that O(batches), not O(rows))."""
 _TAKE = 4096
@@ -246,7 +246,8 @@ class PackPlan:
     pad_values: Mapping[str, Any]
     schema: pa.Schema
     rows_per_group: int
-    """Output positions per spill group: a group is loaded whole, so its bytes stay under half of --memory."""
+    """Output positions per spill group. A group is loaded whole (memory-mapped, then combined into one
+    copy), so its bytes stay under a quarter of --memory; the spill's write buffers take another quarter."""
     parts: tuple[int, ...] = field(default=())
     """One spill part per group (the groups are already sized to memory)."""
 
@@ -270,7 +271,7 @@ def make_plan(options: PackOptions, columns: PackColumns, counts: LengthCounts, 
     per_example, per_step = sizes
     rows = packing.total_rows
     held = packing.examples * per_example + packing.real_steps * per_step
-    per_group = max(1, int(rows * (options.memory // 2) / held)) if held else max(1, rows)
+    per_group = max(1, int(rows * (options.memory // 4) / held)) if held else max(1, rows)
     groups = max(1, -(-rows // per_group))
     pads = parse_pad_values(options.pad_values, schema)
     pad_values = {name: pads.get(name, default_pad(schema.field(name).type)) for name in columns.sequences}
@@ -365,8 +366,6 @@ def prepare(chunk: Chunk, plan: PackPlan, locate: Callable[[int], str]) -> Prepa
     if o.long == "split":
         arrays.append(pa.array(offsets.astype(np.int32)))
         names.append(SOURCE_OFFSET)
-    arrays.append(pa.array(pieces.astype(np.int32)))
-    names.append(_LENGTH)
     items = Chunk(pa.RecordBatch.from_arrays(arrays, names=names), chunk.ids[source])
     return Prepared(items, pieces.astype(np.int64), rows_in, dropped, int(long.sum()) if o.long == "split" else 0)
 
@@ -408,12 +407,12 @@ class Slots:
 
 def spill_schema(schema: pa.Schema, plan: PackPlan) -> pa.Schema:
     """What is spilled per item: the input columns (sequences as plain lists), the piece's offset with
-    --split-long, its length, its output position and its order within the row."""
+    --split-long, its output position and its order within the row."""
     fields = [pa.field(f.name, pa.list_(f.type.value_field)) if f.name in plan.columns.sequences else f
               for f in schema]
     if plan.options.long == "split":
         fields.append(pa.field(SOURCE_OFFSET, pa.int32()))
-    fields += [pa.field(_LENGTH, pa.int32()), pa.field(_POS, pa.int64()), pa.field(_ORDER, pa.uint64())]
+    fields += [pa.field(_POS, pa.int64()), pa.field(_ORDER, pa.uint64())]
     return pa.schema(fields)
 
 
@@ -462,46 +461,53 @@ class BatchItem:
     pad_length: int
 
 
-def assemble(items: pa.RecordBatch, batch: int, pad_length: int, plan: PackPlan) -> pa.RecordBatch:
-    """Packed rows from items sorted by row: sequence columns concatenated and padded, the other columns as
-    per-example lists, segment_ids / positions per step, cu_seqlens / num_examples / length per row."""
-    position = items.column(_POS).to_numpy()
-    lengths = items.column(_LENGTH).to_numpy().astype(np.int64)
+def assemble(items: pa.RecordBatch, rows: np.ndarray, batch: int, pad_length: int, schema: pa.Schema,
+             sequences: Sequence[str], pad_values: Mapping[str, Any]) -> pa.RecordBatch:
+    """Packed rows of `schema` from items in row order (`rows`: each item's row, non-decreasing): the
+    sequence columns concatenated and padded to `pad_length`, segment_ids and positions per step,
+    cu_seqlens, num_examples and length per row, every other column as a list per row."""
+    lengths = row_lengths(items.column(sequences[0]))
     n = len(lengths)
-    starts = np.flatnonzero(np.concatenate([[True], position[1:] != position[:-1]])) if n else np.zeros(0, np.int64)
-    rows = len(starts)
+    starts = np.flatnonzero(np.concatenate([[True], rows[1:] != rows[:-1]])) if n else np.zeros(0, np.int64)
+    count = len(starts)
     per_row = np.diff(np.concatenate([starts, [n]]))
-    row = np.repeat(np.arange(rows), per_row)
+    row = np.repeat(np.arange(count), per_row)
     first_step = np.cumsum(lengths) - lengths
     offset = first_step - first_step[starts][row]
     row_steps = np.add.reduceat(lengths, starts) if n else np.zeros(0, np.int64)
     step_item = np.repeat(np.arange(n), lengths)
     step = np.arange(len(step_item)) - first_step[step_item]
     dest = row[step_item] * pad_length + offset[step_item] + step
-    padded = pa.array((np.arange(rows + 1) * pad_length).astype(np.int32))
+    padded = pa.array((np.arange(count + 1) * pad_length).astype(np.int32))
 
     def per_step(values: np.ndarray) -> pa.Array:
-        out = np.zeros(rows * pad_length, dtype=np.int32)
+        out = np.zeros(count * pad_length, dtype=np.int32)
         out[dest] = values
         return pa.ListArray.from_arrays(padded, pa.array(out))
 
+    cu = np.zeros(n + count, dtype=np.int32)
+    cu[np.arange(n) + row + 1] = offset + lengths
+    computed = {
+        "segment_ids": lambda: per_step((np.arange(n) - starts[row] + 1)[step_item]),
+        "positions": lambda: per_step(step),
+        "cu_seqlens": lambda: pa.ListArray.from_arrays(
+            pa.array(np.concatenate([starts + np.arange(count), [n + count]]).astype(np.int32)), pa.array(cu)),
+        "num_examples": lambda: pa.array(per_row.astype(np.int32)),
+        "length": lambda: pa.array(row_steps.astype(np.int32)),
+        "batch": lambda: pa.array(np.full(count, batch, dtype=np.int64)),
+    }
     example_bounds = pa.array(np.concatenate([starts, [n]]).astype(np.int32))
     row_bounds = pa.array(np.concatenate([[0], np.cumsum(row_steps)]).astype(np.int32))
     arrays = []
-    for f in plan.schema:
-        if f.name in plan.columns.sequences:
+    for f in schema:
+        if f.name in sequences:
             packed = pa.ListArray.from_arrays(row_bounds, items.column(f.name).flatten(), type=f.type)
-            arrays.append(pad_list_column(packed, pad_length, plan.pad_values[f.name]))
-        elif f.name in plan.columns.others or f.name == SOURCE_OFFSET:
+            arrays.append(pad_list_column(packed, pad_length, pad_values[f.name]))
+        elif f.name in computed:
+            arrays.append(computed[f.name]())
+        else:
             arrays.append(pa.ListArray.from_arrays(example_bounds, items.column(f.name), type=f.type))
-    cu = np.zeros(n + rows, dtype=np.int32)
-    cu[np.arange(n) + row + 1] = offset + lengths
-    arrays += [per_step((np.arange(n) - starts[row] + 1)[step_item]), per_step(step),
-               pa.ListArray.from_arrays(pa.array(np.concatenate([starts + np.arange(rows), [n + rows]]).astype(np.int32)),
-                                        pa.array(cu)),
-               pa.array(per_row.astype(np.int32)), pa.array(row_steps.astype(np.int32)),
-               pa.array(np.full(rows, batch, dtype=np.int64))]
-    return pa.RecordBatch.from_arrays(arrays, schema=plan.schema)
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 def batches(spill: Spill, plan: PackPlan, layout: BatchLayout, schema: pa.Schema) -> Iterator[BatchItem]:
@@ -582,7 +588,8 @@ def write_packed(dataset: Dataset, options: PackOptions, columns: PackColumns, c
         return write(
             command="pack", options=_manifest_options(options), seed=seed, dataset=dataset, dst=dst,
             output=replace(output, sequence_columns=feature_lists(plan.schema, plan.columns)), schema=plan.schema, items=batches(spill, plan, layout, schema),
-            work=lambda item: ([assemble(item.items.data, item.index, item.pad_length, plan)],
+            work=lambda item: ([assemble(item.items.data, item.items.data.column(_POS).to_numpy(), item.index,
+                                         item.pad_length, plan.schema, plan.columns.sequences, plan.pad_values)],
                                consumed(item.items, plan)),
             stats=lambda: pack_stats(plan, layout, counts, tally), run=run, report=report,
             total_rows=counts.examples - (counts.long if options.long == "drop" else 0), desc="pack: write")
