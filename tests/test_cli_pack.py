@@ -75,7 +75,7 @@ def test_pipeline_stage_equals_the_commands_and_its_dry_run_the_result(tmp_path,
 @pytest.mark.parametrize("args, message", [
     (["--max-length", "100", "--batch-size", "4"],
      "part-00000.parquet, row 49, column 'tokens': 149 steps, more than --max-length 100 (pass --split-long"),
-    (["--max-length", "0", "--batch-size", "4"], "--max-length 0: must be between 1 and 16,777,216"),
+    (["--max-length", "0", "--batch-size", "4"], "--max-length 0: must be between 1 and 4,194,304"),
     (["--max-length", "512", "--batch-size", "4", "--max-examples-per-row", "0"],
      "--max-examples-per-row 0: must be at least 1"),
     (["--max-length", "512", "--batch-size", "4", "--split-long", "--drop-long"],

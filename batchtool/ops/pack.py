@@ -31,7 +31,7 @@ from batchtool.output import OutputOptions
 from batchtool.padding import default_pad, pad_list_column, parse_pad_values, row_lengths, sequence_lengths
 from batchtool.runner import ordered_map
 from batchtool.spill import Spill
-from batchtool.stats import is_sequence_type
+from batchtool.stats import _add_counts, is_sequence_type
 
 LONG = ("error", "split", "drop")
 """What happens to an example longer than --max-length: stop the run, cut it into pieces, drop it."""
@@ -39,9 +39,8 @@ PER_STEP = ("segment_ids", "positions")
 PER_ROW = ("cu_seqlens", "num_examples", "length", "batch")
 SOURCE_OFFSET = "source_offset"
 """With --split-long: per packed example, the step of its source example where the piece starts."""
-MAX_LENGTH_LIMIT = 1 << 24
-"""--max-length at most this: the plan holds a histogram of max_length + 1 counts, and an int32 list
-of a batch's steps must stay below 2**31 values."""
+MAX_LENGTH_LIMIT = 1 << 22
+"""--max-length at most this (4M steps): planning holds counts per length up to max_length, 8 bytes each."""
 MAX_PADDED_STEPS = (1 << 31) - 1
 SLOT_STAGE, ROW_STAGE, ORDER_STAGE, SPILL_STAGE = "pack/slot", "pack/row", "pack/order", "pack/spill"
 _POS, _ORDER = "__batchtool_pos", "__batchtool_order"
@@ -161,7 +160,8 @@ class LengthCounts:
     """Mergeable first-pass statistics: the histogram of what will be packed, and the input lengths."""
 
     pieces: np.ndarray
-    """pieces[s] = examples (or, with --split-long, pieces) of s steps to pack, s <= max_length."""
+    """pieces[s] = examples (or, with --split-long, pieces) of s steps to pack, s <= max_length (the array
+    is as long as the longest piece seen needs)."""
     examples: int = 0
     steps: int = 0
     shortest: int | None = None
@@ -171,7 +171,7 @@ class LengthCounts:
     long_steps: int = 0
 
     def merge(self, other: LengthCounts) -> None:
-        self.pieces += other.pieces
+        self.pieces = _add_counts(self.pieces, other.pieces)
         self.examples += other.examples
         self.steps += other.steps
         if other.shortest is not None:
@@ -191,13 +191,13 @@ class LengthCounts:
 def count_lengths(lengths: np.ndarray, options: PackOptions) -> LengthCounts:
     """First-pass statistics of one chunk's lengths (examples over --max-length already checked)."""
     L = options.max_length
-    short = lengths[lengths <= L]
-    pieces = np.bincount(short, minlength=L + 1).astype(np.int64)
     long = lengths[lengths > L]
+    pieces = np.bincount(lengths[lengths <= L]).astype(np.int64)
     if options.long == "split" and len(long):
-        pieces[L] += int((long // L).sum())
         rest = long % L
-        pieces += np.bincount(rest[rest > 0], minlength=L + 1)
+        full = np.zeros(L + 1, dtype=np.int64)
+        full[L] = int((long // L).sum())
+        pieces = _add_counts(_add_counts(pieces, np.bincount(rest[rest > 0])), full)
     return LengthCounts(pieces, len(lengths), int(lengths.sum()), int(lengths.min()) if len(lengths) else None,
                         int(lengths.max(initial=0)), len(long), int(long.sum()))
 
@@ -223,7 +223,7 @@ def first_pass(dataset: Dataset, columns: PackColumns, options: PackOptions, run
         check_long(lengths, chunk, columns.length, options, dataset.locate)
         return count_lengths(lengths, options)
 
-    total = LengthCounts(np.zeros(options.max_length + 1, dtype=np.int64))
+    total = LengthCounts(np.zeros(0, dtype=np.int64))
     with progress.bar("pack: lengths", dataset.num_rows, quiet=run.quiet) as bar:
         for counts in ordered_map(part, dataset.tasks([columns.length], ReadReport()), run.threads):
             total.merge(counts)
@@ -386,7 +386,7 @@ class Slots:
 
     def __init__(self, plan: PackPlan) -> None:
         self.plan = plan
-        self.seen = np.zeros(plan.options.max_length + 1, dtype=np.int64)
+        self.seen = np.zeros(len(plan.counts), dtype=np.int64)
 
     def rows(self, lengths: np.ndarray, locate: Callable[[int], str], ids: np.ndarray) -> np.ndarray:
         order = np.argsort(lengths, kind="stable")
