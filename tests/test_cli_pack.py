@@ -44,7 +44,8 @@ def test_threads_and_memory_do_not_change_the_bytes(tmp_path, parquet_src, run_c
 def test_tfrecord_output_loads_as_the_same_batches(tmp_path, parquet_src, run_cli):
     for to in ("parquet", "tfrecord"):
         assert run_cli("pack", parquet_src, tmp_path / to, *ARGS, "--to", to, "-q").exit_code == 0
-    parquet, tfrecord = list(batchtool.load(str(tmp_path / "parquet"))), list(batchtool.load(str(tmp_path / "tfrecord")))
+    parquet = list(batchtool.load(str(tmp_path / "parquet")))
+    tfrecord = list(batchtool.load(str(tmp_path / "tfrecord")))
     assert len(parquet) == len(tfrecord) > 1
     for a, b in zip(parquet, tfrecord):
         for name in ("tokens", "frames", "segment_ids", "positions", "length", "num_examples", "batch"):
@@ -104,4 +105,5 @@ def test_drop_long_is_counted(tmp_path, parquet_src, run_cli):
     stats = json.loads((tmp_path / "out" / "manifest.json").read_text())["stats"]
     long = stats["lengths_in"]["longer_than_max_length"]
     assert long > 0 and stats["examples_dropped"] == {"long": long} and f"dropped {long} long examples" in result.stderr
-    assert stats["examples_packed"] == 300 - long == sum(len(k) for k in read_dir(str(tmp_path / "out")).column("key").to_pylist())
+    keys = read_dir(str(tmp_path / "out")).column("key").to_pylist()
+    assert stats["examples_packed"] == 300 - long == sum(len(k) for k in keys)

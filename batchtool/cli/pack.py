@@ -59,11 +59,12 @@ def pack_cmd(src: str, dst: str, seed: int, input_format: str | None, skip_corru
     options = pack_options(**kwargs)
     result = pack(src, dst, options, output, run, seed=seed, format=input_format, skip_corrupt=skip_corrupt)
     stats = result.manifest["stats"]
-    extra = [f"split {stats['examples_split']:,} long examples"] if stats["examples_split"] else []
-    extra += [f"dropped {stats['examples_dropped']['long']:,} long examples"] if stats["examples_dropped"]["long"] else []
+    long = (("split", stats["examples_split"]), ("dropped", stats["examples_dropped"]["long"]))
+    extra = [f"{verb} {n:,} long examples" for verb, n in long if n]
     summary(f"packed {stats['examples_packed']:,} examples into {stats['rows']:,} rows of at most "
             f"{stats['max_length']:,} steps (lower bound {stats['rows_lower_bound']:,}; packing efficiency "
-            f"{100 * (stats['packing_efficiency'] or 0):.2f}%), {stats['batches']:,} batches, to {os.path.abspath(dst)}"
+            f"{100 * (stats['packing_efficiency'] or 0):.2f}%), {stats['batches']:,} batches, "
+            f"to {os.path.abspath(dst)}"
             + (f"; {', '.join(extra)}" if extra else ""), run.quiet)
 
 

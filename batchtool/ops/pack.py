@@ -587,7 +587,8 @@ def write_packed(dataset: Dataset, options: PackOptions, columns: PackColumns, c
         scatter(dataset, plan, spill, tally, run, report)
         return write(
             command="pack", options=_manifest_options(options), seed=seed, dataset=dataset, dst=dst,
-            output=replace(output, sequence_columns=feature_lists(plan.schema, plan.columns)), schema=plan.schema, items=batches(spill, plan, layout, schema),
+            output=replace(output, sequence_columns=feature_lists(plan.schema, plan.columns)), schema=plan.schema,
+            items=batches(spill, plan, layout, schema),
             work=lambda item: ([assemble(item.items.data, item.items.data.column(_POS).to_numpy(), item.index,
                                          item.pad_length, plan.schema, plan.columns.sequences, plan.pad_values)],
                                consumed(item.items, plan)),

@@ -294,10 +294,11 @@ class _Reader:
         """A stage that writes batches must be the last: anything after it would regroup its batches."""
         for earlier, later in itertools.pairwise(stages):
             if earlier.batching:
-                what = "writes batches" if earlier.op in ("bucket", "pack", "segment") else "writes batches (batch-size)"
+                what = ("writes batches" if earlier.op in ("bucket", "pack", "segment")
+                        else "writes batches (batch-size)")
                 raise self.fail(later.name, f"key 'op': cannot follow {earlier.name}, which {what} that a later "
-                                            "stage would break up; a batching stage (bucket, pack, segment, stratify or "
-                                            "shuffle with batch-size) must be the last stage")
+                                            "stage would break up; a batching stage (bucket, pack, segment, "
+                                            "stratify or shuffle with batch-size) must be the last stage")
 
 
 class _Params:
