@@ -271,8 +271,9 @@ def make_plan(options: PackOptions, columns: PackColumns, counts: LengthCounts, 
     per_example, per_step = sizes
     rows = packing.total_rows
     held = packing.examples * per_example + packing.real_steps * per_step
-    per_group = max(1, int(rows * (options.memory // 4) / held)) if held else max(1, rows)
-    groups = max(1, -(-rows // per_group))
+    most = max(1, int(rows * (options.memory // 4) / held)) if held else max(1, rows)
+    groups = max(1, -(-rows // most))
+    per_group = max(1, -(-rows // groups))  # equal groups: a small one would keep its spill buffer's parents alive
     pads = parse_pad_values(options.pad_values, schema)
     pad_values = {name: pads.get(name, default_pad(schema.field(name).type)) for name in columns.sequences}
     return PackPlan(options, columns, packing, report, counts.pieces, seed, pad_values,
@@ -444,10 +445,10 @@ def sorted_items(spill: Spill, plan: PackPlan) -> Iterator[Chunk]:
     taken a slice at a time so a group is never copied whole."""
     for group in range(plan.groups):
         for chunk in spill.read_group(group):
-            data = chunk.data
-            order = np.lexsort((data.column(_ORDER).to_numpy(), data.column(_POS).to_numpy()))
+            order = np.lexsort((chunk.data.column(_ORDER).to_numpy(), chunk.data.column(_POS).to_numpy()))
             for start in range(0, len(order), _TAKE):
                 yield chunk.take(order[start:start + _TAKE])
+            del chunk  # before the next group is read
 
 
 # --- assembling packed rows (pure, on worker threads) -----------------------------------------------------
