@@ -107,3 +107,13 @@ def test_drop_long_is_counted(tmp_path, parquet_src, run_cli):
     assert long > 0 and stats["examples_dropped"] == {"long": long} and f"dropped {long} long examples" in result.stderr
     keys = read_dir(str(tmp_path / "out")).column("key").to_pylist()
     assert stats["examples_packed"] == 300 - long == sum(len(k) for k in keys)
+
+
+def test_tfrecord_example_output_for_flat_sequences(tmp_path, parquet_src, run_cli):
+    """tf.train.Example holds no feature lists: flat sequences pack into Examples and load back."""
+    assert run_cli("convert", parquet_src, tmp_path / "flat", "--columns", "key,label,tokens", "-q").exit_code == 0
+    assert run_cli("pack", tmp_path / "flat", tmp_path / "ex", *ARGS, "--to", "tfrecord", "--tfrecord-kind", "example",
+                   "-q").exit_code == 0
+    assert run_cli("pack", tmp_path / "flat", tmp_path / "pq", *ARGS, "-q").exit_code == 0
+    for a, b in zip(batchtool.load(str(tmp_path / "ex")), batchtool.load(str(tmp_path / "pq")), strict=True):
+        assert np.array_equal(a["tokens"], b["tokens"]) and np.array_equal(a["segment_ids"], b["segment_ids"])

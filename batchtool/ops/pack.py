@@ -588,13 +588,20 @@ def write_packed(dataset: Dataset, options: PackOptions, columns: PackColumns, c
         scatter(dataset, plan, spill, tally, run, report)
         return write(
             command="pack", options=_manifest_options(options), seed=seed, dataset=dataset, dst=dst,
-            output=replace(output, sequence_columns=feature_lists(plan.schema, plan.columns)), schema=plan.schema,
+            output=_output(output, plan), schema=plan.schema,
             items=batches(spill, plan, layout, schema),
             work=lambda item: ([assemble(item.items.data, item.items.data.column(_POS).to_numpy(), item.index,
                                          item.pad_length, plan.schema, plan.columns.sequences, plan.pad_values)],
                                consumed(item.items, plan)),
             stats=lambda: pack_stats(plan, layout, counts, tally), run=run, report=report,
             total_rows=counts.examples - (counts.long if options.long == "drop" else 0), desc="pack: write")
+
+
+def _output(output: OutputOptions, plan: PackPlan) -> OutputOptions:
+    """SequenceExample output: which columns are feature lists (tf.train.Example has none)."""
+    if output.format != "tfrecord" or output.tfrecord_kind != "sequence_example":
+        return output
+    return replace(output, sequence_columns=feature_lists(plan.schema, plan.columns))
 
 
 def _manifest_options(options: PackOptions) -> dict[str, Any]:
