@@ -132,11 +132,37 @@ def render_manifest(summary: dict) -> list[str]:
     for key, value in summary.get("stats", {}).items():
         if isinstance(value, (int, float, str)):
             lines.append(f"  {key}: {value}")
-    if summary.get("stats", {}).get("buckets"):
-        try:
-            lines += render_buckets(summary["stats"])
-        except (KeyError, TypeError, ValueError, AttributeError):  # stats are free-form: show what is there
-            lines.append("  stats.buckets: not a per-bucket table as bucket writes it")
+    for key, render, what in (("buckets", render_buckets, "a per-bucket table as bucket writes it"),
+                              ("examples_per_row", render_packing, "a packing summary as pack writes it")):
+        if summary.get("stats", {}).get(key):
+            try:
+                lines += render(summary["stats"])
+            except (KeyError, TypeError, ValueError, AttributeError):  # stats are free-form: show what is there
+                lines.append(f"  stats.{key}: not {what}")
+    return lines
+
+
+def render_packing(stats: dict) -> list[str]:
+    """pack's rows against the lower bound, its efficiency, and a histogram of examples per row."""
+    def pct(value: float | None) -> str:
+        return "-" if value is None else f"{100 * value:.2f}%"
+
+    optimal = "proven optimal" if stats.get("proven_optimal") else f"lower bound {stats['rows_lower_bound']:,}"
+    lines = ["", "packing (efficiency = real steps / (rows x max length))",
+             f"  {stats['rows']:,} rows of at most {stats['max_length']:,} steps ({optimal}): efficiency "
+             f"{pct(stats['packing_efficiency'])}, at most {pct(stats.get('packing_efficiency_bound'))}",
+             f"  plan: {stats['method']}"]
+    dropped, split = stats.get("examples_dropped", {}).get("long"), stats.get("examples_split")
+    if dropped or split:
+        lines.append(f"  long examples: {split or 0:,} split into pieces, {dropped or 0:,} dropped")
+    per_row = {int(k): v for k, v in stats["examples_per_row"].items()}
+    counts = np.zeros(max(per_row) + 1, dtype=np.int64)
+    counts[list(per_row)] = list(per_row.values())
+    bins = histogram(counts)
+    peak = max(b["count"] for b in bins)
+    width = len(str(max(per_row)))
+    lines.append("  examples per row")
+    lines += [f"  {b['from']:>{width}}-{b['to']:<{width}}  {b['count']:>10,}  {bar(b['count'], peak)}" for b in bins]
     return lines
 
 

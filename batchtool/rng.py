@@ -122,3 +122,43 @@ def _poisson_ptrs(seed: int, stage: str, ids: np.ndarray, lam: np.ndarray) -> np
 def permutation_keys(seed: int, stage: str, ids: np.ndarray) -> np.ndarray:
     """Sort keys whose order is a uniformly random permutation of ids (no ties: the hash is a bijection)."""
     return keyed_hash(seed, stage, ids, draw=0)
+
+
+_FEISTEL_ROUNDS = 6
+
+
+def index_shuffle(seed: int, stage: str, index: np.ndarray, size: np.ndarray | int, tweak: np.ndarray | int = 0,
+                  inverse: bool = False) -> np.ndarray:
+    """Position of each `index` in a keyed pseudo-random permutation of [0, size) (Grain's index_shuffle).
+
+    A balanced Feistel network over the smallest even number of bits that covers `size`, cycle-walked
+    back into range: no table, so permuting billions of positions costs no memory, and any one index is
+    mapped on its own. `tweak` (< 2**32, per element like `size`) selects one of many independent
+    permutations; `inverse=True` maps positions back to indices.
+    """
+    x = np.array(index, dtype=np.uint64, copy=True).reshape(-1)
+    size = np.broadcast_to(np.asarray(size, dtype=np.uint64), x.shape)
+    tweak = np.broadcast_to(np.asarray(tweak, dtype=np.uint64), x.shape) << np.uint64(32)
+    half = np.zeros(x.shape, dtype=np.uint64)
+    while True:
+        short = (np.uint64(1) << (half * np.uint64(2))) < size
+        if not short.any():
+            break
+        half += short
+    mask = (np.uint64(1) << half) - np.uint64(1)
+    rounds = range(_FEISTEL_ROUNDS - 1, -1, -1) if inverse else range(_FEISTEL_ROUNDS)
+
+    def encrypt(v: np.ndarray, h: np.ndarray, m: np.ndarray, t: np.ndarray) -> np.ndarray:
+        left, right = v >> h, v & m
+        for r in rounds:
+            if inverse:
+                left, right = right ^ (keyed_hash(seed, stage, left | t, draw=r) & m), left
+            else:
+                left, right = right, left ^ (keyed_hash(seed, stage, right | t, draw=r) & m)
+        return (left << h) | right
+
+    pending = np.arange(len(x))
+    while len(pending):  # cycle walking: re-encrypt until the value is back in [0, size)
+        x[pending] = encrypt(x[pending], half[pending], mask[pending], tweak[pending])
+        pending = pending[x[pending] >= size[pending]]
+    return x.reshape(np.shape(index))

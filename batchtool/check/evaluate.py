@@ -29,7 +29,7 @@ from batchtool.check.rules import (MANIFEST_RULES, Checksums, ClassProportions, 
                                    Length, MinClassRows, NoDuplicateRows, NoNan, NoNulls, PaddingEfficiency, RowCount,
                                    Rule, RuleSet, SameLength, Schema, Unique)
 from batchtool.check.scan import Measures, make_plan, measure
-from batchtool.check.verify import VERIFY_RULES, verify
+from batchtool.check.verify import VERIFY_RULES, output_stats, verify
 from batchtool.dataset import Dataset, open_dataset, resolve_paths
 from batchtool.engines import with_engine
 from batchtool.errors import InputError, SchemaError, UsageError
@@ -204,15 +204,17 @@ def judge_schema(rule: Schema, schema: pa.Schema) -> RuleResult:
 
 
 def judge_padding(rule: PaddingEfficiency, dataset: Dataset) -> RuleResult:
+    """A padding (or, for PackingEfficiency, packing) efficiency from SRC's manifest, against `min`."""
     manifest = dataset.manifest
     if manifest is None:
         raise InputError(f"rule {rule.name!r}: {dataset.src} has no batchtool manifest ({MANIFEST_NAME}) to read "
-                         "the padding efficiency from (check the output directory of bucket or segment)")
-    value = manifest.get("stats", {}).get("padding_efficiency")
+                         f"the {rule.stat.replace('_', ' ')} from (check the output directory of "
+                         f"{rule.written_by.replace(' and ', ' or ')})")
+    value = output_stats(manifest).get(rule.stat)
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise InputError(f"rule {rule.name!r}: {manifest_path(dataset.src)} records no "
-                         f"stats.padding_efficiency (written by {manifest.get('command')!r}; bucket and segment "
-                         "output record it)")
+                         f"stats.{rule.stat} (written by {manifest.get('command')!r}; {rule.written_by} "
+                         "output records it)")
     return _result(rule, value >= rule.min, f"{value:.4f}", f">= {rule.min:g}", value)
 
 

@@ -236,12 +236,24 @@ class PaddingEfficiency(Rule):
     with `per_bucket`, in every bucket of a bucket output."""
 
     kind: ClassVar[str] = "padding_efficiency"
+    stat: ClassVar[str] = "padding_efficiency"
+    """The manifest statistic the rule bounds, and the commands that record it."""
+    written_by: ClassVar[str] = "bucket and segment"
     min: float
     per_bucket: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _require(0 < self.min <= 1, "min", f"must be in (0, 1], got {self.min}")
+
+
+@dataclass(frozen=True)
+class PackingEfficiency(PaddingEfficiency):
+    """Real steps / (rows x max length) at least `min`, as recorded in a pack output's manifest."""
+
+    kind: ClassVar[str] = "packing_efficiency"
+    stat: ClassVar[str] = "packing_efficiency"
+    written_by: ClassVar[str] = "pack"
 
 
 @dataclass(frozen=True)
@@ -393,7 +405,7 @@ DRIFT_RULES: tuple[type[Drift], ...] = (DriftRows, DriftProportions, DriftLength
 
 KINDS: dict[str, type[Rule]] = {cls.kind: cls for cls in (
     Schema, NoNulls, NoNan, LabelRange, ClassProportions, MinClassRows, Length, SameLength, Unique,
-    NoDuplicateRows, RowCount, PaddingEfficiency, Checksums, Crc, ManifestRows, ManifestBatches, ManifestSchema,
+    NoDuplicateRows, RowCount, PaddingEfficiency, PackingEfficiency, Checksums, Crc, ManifestRows, ManifestBatches, ManifestSchema,
     BatchRows, BatchQuotas, RankBatches, *DRIFT_RULES)}
 
 

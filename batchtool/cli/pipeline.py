@@ -22,7 +22,7 @@ from batchtool.pipeline import execute
 @click.option("--overwrite", is_flag=True, help="Replace the [output] path if it exists (as overwrite = true).")
 @run_options
 def run_cmd(pipeline: str, dry_run: bool, tmp_dir: str | None, overwrite: bool, **kwargs: Any) -> None:
-    """Run the stages of PIPELINE.toml (stratify, resample, shuffle, bucket, segment, filter,
+    """Run the stages of PIPELINE.toml (stratify, resample, shuffle, bucket, pack, segment, filter,
     select, rename) in one streaming, multithreaded run, with the same output as running them one
     by one through their commands with the same seed.
 
@@ -78,6 +78,9 @@ def notes(stage: dict[str, Any], expected: bool) -> str:
     if stage.get("batches") is not None:
         parts.append(f"{stage['batches']:,} batches" + (f" in {stage['num_buckets']} buckets"
                                                           if stage.get("num_buckets") else ""))
+    if stage.get("rows_lower_bound") is not None:
+        parts.append(f"{stage['rows']:,} packed rows (lower bound {stage['rows_lower_bound']:,}), packing efficiency "
+                     f"{100 * (stage['packing_efficiency'] or 0):.2f}%")
     if stage.get("boundaries"):
         parts.append("boundaries " + ",".join(map(str, stage["boundaries"])))
     efficiency = stage.get("padding_efficiency")

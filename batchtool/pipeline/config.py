@@ -21,6 +21,7 @@ import click
 
 from batchtool import fs
 from batchtool.cli import bucket as bucket_cli
+from batchtool.cli import pack as pack_cli
 from batchtool.cli import resampling as resampling_cli
 from batchtool.cli import segment as segment_cli
 from batchtool.cli.common import cli, input_options, make_output, output_options, parse_size, run_options
@@ -34,14 +35,14 @@ else:  # pragma: no cover
 
 ROW_OPS = ("filter", "select", "rename")
 """Stages with no command of their own: keep rows where a boolean column is true, keep columns, rename."""
-OPS = ("stratify", "resample", "shuffle", "bucket", "segment", *ROW_OPS)
+OPS = ("stratify", "resample", "shuffle", "bucket", "pack", "segment", *ROW_OPS)
 BUILDERS: dict[str, Callable[..., Any]] = {
     "stratify": resampling_cli.stratify_options, "resample": resampling_cli.resample_options,
     "shuffle": resampling_cli.shuffle_options, "bucket": bucket_cli.bucket_options,
-    "segment": segment_cli.segment_options,
+    "segment": segment_cli.segment_options, "pack": pack_cli.pack_options,
 }
 """The function each command builds its options with, from its flags' values."""
-SPILLING = ("stratify", "shuffle", "bucket")
+SPILLING = ("stratify", "shuffle", "bucket", "pack")
 """Operations whose options carry the pipeline's memory and tmp-dir (segment gets them when it runs)."""
 TOP_KEYS = ("seed", "threads", "memory", "tmp-dir", "input", "stage", "output")
 INPUT_KEYS = ("path", "format", "columns", "skip-corrupt")
@@ -89,7 +90,7 @@ class StageConfig:
     @property
     def batching(self) -> bool:
         """Does it write batches (row groups a later stage would regroup)? Then it must be last."""
-        if self.op in ("bucket", "segment"):
+        if self.op in ("bucket", "pack", "segment"):
             return True
         return self.op in ("stratify", "shuffle") and self.options.batch_size is not None
 
@@ -293,10 +294,11 @@ class _Reader:
         """A stage that writes batches must be the last: anything after it would regroup its batches."""
         for earlier, later in itertools.pairwise(stages):
             if earlier.batching:
-                what = "writes batches" if earlier.op in ("bucket", "segment") else "writes batches (batch-size)"
+                what = ("writes batches" if earlier.op in ("bucket", "pack", "segment")
+                        else "writes batches (batch-size)")
                 raise self.fail(later.name, f"key 'op': cannot follow {earlier.name}, which {what} that a later "
-                                            "stage would break up; a batching stage (bucket, segment, stratify or "
-                                            "shuffle with batch-size) must be the last stage")
+                                            "stage would break up; a batching stage (bucket, pack, segment, "
+                                            "stratify or shuffle with batch-size) must be the last stage")
 
 
 class _Params:

@@ -4,7 +4,7 @@ A stage reads its input as a Dataset (the source, or a view of what the stages b
 see execute.StageInput), so the operations' own first passes and writers run on it unchanged.
 Row stages (filter, select, rename, stratify, resample, the buffered shuffle) map chunks to
 chunks as they stream; a global shuffle is a barrier (it spills everything before emitting);
-bucket, segment and batching stratify/shuffle only ever run last, through their own writers.
+bucket, pack, segment and batching stratify/shuffle only ever run last, through their own writers.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.errors import SchemaError
 from batchtool.job import JobResult, RunSettings
 from batchtool.ops import bucket as bucket_op
+from batchtool.ops import pack as pack_op
 from batchtool.ops import resample as resample_op
 from batchtool.ops import segment as segment_op
 from batchtool.ops import shuffle as shuffle_op
@@ -380,6 +381,36 @@ class BucketStage(Stage):
         return rows_out, info
 
 
+class PackStage(Stage):
+    """Always last: its first pass (lengths) plans the rows; the writer scatters, spills and assembles them."""
+
+    options: pack_op.PackOptions
+    first_pass_bar = False  # pack's first pass shows its own
+    columns: pack_op.PackColumns
+    counts: pack_op.LengthCounts
+
+    def output_schema(self, schema: pa.Schema) -> pa.Schema:
+        self.columns = pack_op.resolve_columns(self.options, schema)
+        self.input_schema = schema
+        return pack_op.output_schema(schema, self.columns, self.options)
+
+    def first_pass_columns(self, schema: pa.Schema) -> Columns:
+        return [self.columns.length]
+
+    def plan(self, view: Dataset, run: RunSettings) -> None:
+        self.counts = pack_op.first_pass(view, self.columns, self.options, run)
+
+    def write(self, view: Dataset, dst: str, output: OutputOptions, run: RunSettings, write: Write) -> JobResult:
+        return pack_op.write_packed(view, self.options, self.columns, self.counts, dst, output, run, seed=self.seed,
+                                    write=write)
+
+    def expected(self, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
+        plan = pack_op.make_plan(self.options, self.columns, self.counts, self.input_schema, self.seed,
+                                 bucket_op.row_bytes(None, self.columns))  # type: ignore[arg-type]
+        info = pack_op.expected(plan, pack_op.batch_layout(plan))
+        return info["rows"], info
+
+
 class SegmentStage(Stage):
     """Always last: one pass that checks keys, plans lanes and writes; no first pass of its own."""
 
@@ -421,7 +452,7 @@ def _need(schema: pa.Schema, columns: list[str] | tuple[str, ...], key: str) -> 
 
 STAGES: dict[str, type[Stage]] = {"filter": FilterStage, "select": SelectStage, "rename": RenameStage,
                                   "stratify": StratifyStage, "resample": ResampleStage, "shuffle": ShuffleStage,
-                                  "bucket": BucketStage, "segment": SegmentStage}
+                                  "bucket": BucketStage, "pack": PackStage, "segment": SegmentStage}
 
 
 def make_stage(config: config_mod.StageConfig, pipeline: config_mod.PipelineConfig) -> Stage:

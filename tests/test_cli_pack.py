@@ -1,0 +1,119 @@
+"""batchtool pack end to end: summary, inspect, check, identical bytes for any --threads and --memory,
+TFRecord output, the pipeline stage and its dry run, and errors (exit 2, one line, DST untouched)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import batchtool
+from conftest import data_bytes, read_dir
+
+ARGS = ["--max-length", "128", "--split-long", "--batch-size", "4"]
+
+
+def test_summary_manifest_inspect_and_check(tmp_path, parquet_src, run_cli):
+    dst = tmp_path / "out"
+    result = run_cli("pack", parquet_src, dst, *ARGS)
+    assert result.exit_code == 0, result.stderr
+    stats = json.loads((dst / ".batchtool_manifest.json").read_text())["stats"]
+    assert (f"packed {stats['examples_packed']:,} examples into {stats['rows']:,} rows of at most 128 steps "
+            f"(lower bound {stats['rows_lower_bound']:,}; packing efficiency") in result.stderr
+    assert f"split {stats['examples_split']} long examples" in result.stderr and stats["examples_split"] > 0
+    shown = run_cli("inspect", dst)
+    assert "packing (efficiency = real steps / (rows x max length))" in shown.output
+    assert f"{stats['rows']:,} rows of at most 128 steps" in shown.output and "examples per row" in shown.output
+    rules = tmp_path / "rules.toml"
+    for bound, status in ((0.9, 0), (1.0, 1)):
+        rules.write_text(f'[[rules]]\nkind = "packing_efficiency"\nmin = {bound}\n')
+        checked = run_cli("check", dst, "--rules", rules)
+        assert checked.exit_code == status and f"{stats['packing_efficiency']:.4f}" in checked.output
+
+
+@pytest.mark.parametrize("to", ["parquet", "tfrecord"])
+def test_threads_and_memory_do_not_change_the_bytes(tmp_path, parquet_src, run_cli, to):
+    runs = {"t1": ("--threads", "1"), "t2": ("--threads", "2"), "small": ("--threads", "2", "--memory", "16KB")}
+    for name, extra in runs.items():
+        assert run_cli("pack", parquet_src, tmp_path / name, *ARGS, "--to", to, "-q", *extra).exit_code == 0
+    assert data_bytes(str(tmp_path / "t1")) == data_bytes(str(tmp_path / "t2")) == data_bytes(str(tmp_path / "small"))
+
+
+def test_tfrecord_output_loads_as_the_same_batches(tmp_path, parquet_src, run_cli):
+    for to in ("parquet", "tfrecord"):
+        assert run_cli("pack", parquet_src, tmp_path / to, *ARGS, "--to", to, "-q").exit_code == 0
+    parquet = list(batchtool.load(str(tmp_path / "parquet")))
+    tfrecord = list(batchtool.load(str(tmp_path / "tfrecord")))
+    assert len(parquet) == len(tfrecord) > 1
+    for a, b in zip(parquet, tfrecord):
+        for name in ("tokens", "frames", "segment_ids", "positions", "length", "num_examples", "batch"):
+            assert np.array_equal(a[name], b[name]), name
+        assert [list(x) for x in a["key"]] == [list(x) for x in b["key"]]
+
+
+def test_pipeline_stage_equals_the_commands_and_its_dry_run_the_result(tmp_path, parquet_src, run_cli):
+    pipeline = tmp_path / "pipeline.toml"
+    pipeline.write_text(f'seed = 5\n[input]\npath = "{parquet_src}"\n'
+                        '[[stage]]\nop = "shuffle"\n'
+                        '[[stage]]\nop = "pack"\nmax-length = 128\nsplit-long = true\nmax-tokens = 1024\n'
+                        f'[output]\npath = "{tmp_path / "piped"}"\n')
+    dry = run_cli("run", pipeline, "--dry-run")
+    assert dry.exit_code == 0, dry.stderr
+    assert run_cli("run", pipeline, "-q").exit_code == 0
+    assert run_cli("shuffle", parquet_src, tmp_path / "shuffled", "--seed", "5", "-q").exit_code == 0
+    assert run_cli("pack", tmp_path / "shuffled", tmp_path / "chained", "--max-length", "128", "--split-long",
+                   "--max-tokens", "1024", "--seed", "5", "-q").exit_code == 0
+    assert data_bytes(str(tmp_path / "piped")) == data_bytes(str(tmp_path / "chained"))
+    stage = json.loads((tmp_path / "piped" / ".batchtool_manifest.json").read_text())["stats"]["stages"][-1]
+    assert (f"{stage['rows']:,} packed rows (lower bound {stage['rows_lower_bound']:,}), packing efficiency "
+            f"{100 * stage['packing_efficiency']:.2f}%, padding efficiency {100 * stage['padding_efficiency']:.1f}% "
+            "(expected)") in dry.output
+    assert f"{stage['batches']:,} batches" in dry.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-length", "100", "--batch-size", "4"],
+     "part-00000.parquet, row 49, column 'tokens': 149 steps, more than --max-length 100 (pass --split-long"),
+    (["--max-length", "0", "--batch-size", "4"], "--max-length 0: must be between 1 and 4,194,304"),
+    (["--max-length", "512", "--batch-size", "4", "--max-examples-per-row", "0"],
+     "--max-examples-per-row 0: must be at least 1"),
+    (["--max-length", "512", "--batch-size", "4", "--split-long", "--drop-long"],
+     "give at most one of --split-long and --drop-long"),
+    (["--max-length", "512"], "give exactly one of --batch-size and --max-tokens"),
+    (["--max-length", "512", "--max-tokens", "100"], "--max-tokens 100: must be between --max-length (512"),
+    (["--max-length", "512", "--batch-size", "4", "--sequence", "label"],
+     "--sequence label: column is int64, expected a list (sequence) column"),
+    (["--max-length", "512", "--batch-size", "4", "--pad-value", "key=x", "--sequence", "tokens"],
+     "--pad-value key=...: column 'key' is not packed"),
+])
+def test_errors_exit_2_with_one_line_and_leave_dst_untouched(tmp_path, parquet_src, run_cli, args, message):
+    fresh, kept = tmp_path / "fresh", tmp_path / "kept"
+    kept.mkdir()
+    (kept / "marker").write_text("mine")
+    for dst, extra in ((fresh, []), (kept, ["--overwrite"])):
+        result = run_cli("pack", parquet_src, dst, *args, *extra)
+        assert result.exit_code == 2
+        assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: ") and message in result.stderr
+    assert not fresh.exists() and os.listdir(kept) == ["marker"]
+    assert sorted(os.listdir(tmp_path)) == ["kept", "src"]
+
+
+def test_drop_long_is_counted(tmp_path, parquet_src, run_cli):
+    result = run_cli("pack", parquet_src, tmp_path / "out", "--max-length", "64", "--drop-long", "--batch-size", "8")
+    stats = json.loads((tmp_path / "out" / ".batchtool_manifest.json").read_text())["stats"]
+    long = stats["lengths_in"]["longer_than_max_length"]
+    assert long > 0 and stats["examples_dropped"] == {"long": long} and f"dropped {long} long examples" in result.stderr
+    keys = read_dir(str(tmp_path / "out")).column("key").to_pylist()
+    assert stats["examples_packed"] == 300 - long == sum(len(k) for k in keys)
+
+
+def test_tfrecord_example_output_for_flat_sequences(tmp_path, parquet_src, run_cli):
+    """tf.train.Example holds no feature lists: flat sequences pack into Examples and load back."""
+    assert run_cli("convert", parquet_src, tmp_path / "flat", "--columns", "key,label,tokens", "-q").exit_code == 0
+    assert run_cli("pack", tmp_path / "flat", tmp_path / "ex", *ARGS, "--to", "tfrecord", "--tfrecord-kind", "example",
+                   "-q").exit_code == 0
+    assert run_cli("pack", tmp_path / "flat", tmp_path / "pq", *ARGS, "-q").exit_code == 0
+    for a, b in zip(batchtool.load(str(tmp_path / "ex")), batchtool.load(str(tmp_path / "pq")), strict=True):
+        assert np.array_equal(a["tokens"], b["tokens"]) and np.array_equal(a["segment_ids"], b["segment_ids"])
