@@ -2,8 +2,10 @@
 
 A watchdog thread reads the child's peak resident set (VmHWM in /proc/<pid>/status) every few
 milliseconds and kills it above the cap. Unlike RLIMIT_AS (which breaks pyarrow's allocator, as it
-reserves address space it never touches) this bounds what the child really uses. The peak is taken
-from wait4's rusage, so it is exact even for growth between two polls.
+reserves address space it never touches) this bounds what the child really uses. The peak reported is
+the child's own VmHWM: written by the child as it exits where it can (`batchtool()` runs it that way),
+else the largest the watchdog saw. Not wait4's ru_maxrss: a child started by vfork/exec inherits the
+parent's high-water mark, so it would report the pytest process's size.
 """
 
 from __future__ import annotations
@@ -19,6 +21,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 _POLL_SECONDS = 0.005
+PEAK_FILE_VARIABLE = "BATCHTOOL_TEST_PEAK"
+"""A child that writes its VmHWM (kB) to the file this names as it exits gives an exact peak."""
+_PEAK_REPORTER = f"""
+import os, runpy, sys
+sys.argv[0] = "batchtool"
+try:
+    runpy.run_module("batchtool", run_name="__main__", alter_sys=True)
+finally:
+    with open("/proc/self/status") as status, open(os.environ["{PEAK_FILE_VARIABLE}"], "w") as out:
+        out.write(next(line for line in status if line.startswith("VmHWM:")).split()[1])
+"""
 
 
 @dataclass(frozen=True)
@@ -52,13 +65,18 @@ def run_capped(args: Sequence[str], limit_bytes: int, *, env: dict[str, str] | N
     """Run args to completion, killing the child if its RSS passes limit_bytes or it outlives timeout."""
     killed = threading.Event()
     done = threading.Event()
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(list(args), stdout=out, stderr=err, env=env, cwd=cwd)
+    seen = [0]
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err, \
+            tempfile.NamedTemporaryFile("r", suffix=".peak") as peak_file:
+        child_env = {**(os.environ if env is None else env), PEAK_FILE_VARIABLE: peak_file.name}
+        proc = subprocess.Popen(list(args), stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=child_env,
+                                cwd=cwd)
 
         def watch() -> None:
             deadline = time.monotonic() + timeout
             while not done.is_set():
-                if _peak_rss(proc.pid) > limit_bytes or time.monotonic() > deadline:
+                seen[0] = max(seen[0], _peak_rss(proc.pid))
+                if seen[0] > limit_bytes or time.monotonic() > deadline:
                     killed.set()
                     os.kill(proc.pid, signal.SIGKILL)
                     return
@@ -66,18 +84,19 @@ def run_capped(args: Sequence[str], limit_bytes: int, *, env: dict[str, str] | N
 
         watchdog = threading.Thread(target=watch, daemon=True)
         watchdog.start()
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)  # so Popen does not wait again
+        proc.wait()
         done.set()
         watchdog.join()
         out.seek(0)
         err.seek(0)
-        peak = usage.ru_maxrss << 10
-        return Capped(proc.returncode, out.read(), err.read(), peak, killed.is_set() and peak > limit_bytes)
+        reported = peak_file.read().strip()
+        peak = int(reported) << 10 if reported else seen[0]
+        return Capped(proc.returncode, out.read(), err.read(), peak, killed.is_set() and seen[0] > limit_bytes)
 
 
-def batchtool(*args: str, limit_bytes: int, timeout: float = 120.0) -> Capped:
-    """`python -m batchtool ARGS` from this checkout, capped."""
+def batchtool(*args: str, limit_bytes: int, timeout: float = 120.0, cwd: str | None = None) -> Capped:
+    """`python -m batchtool ARGS` from this checkout, capped, reporting its exact peak."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return run_capped([sys.executable, "-m", "batchtool", *map(str, args)], limit_bytes, env=env, timeout=timeout)
+    return run_capped([sys.executable, "-c", _PEAK_REPORTER, *map(str, args)], limit_bytes, env=env,
+                      timeout=timeout, cwd=cwd)

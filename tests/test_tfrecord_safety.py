@@ -5,10 +5,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import select
-import subprocess
-import sys
-import time
 import zlib
 from pathlib import Path
 
@@ -20,7 +16,8 @@ import pytest
 from batchtool.formats.example import Example, SequenceExample, encode_records
 from batchtool.formats.tfrecord import TFRecordFileWriter, frame_record, frame_records, masked_crc
 from batchtool.synthetic import make_table
-from conftest import REPO, read_dir
+import memlimit
+from conftest import read_dir
 
 
 def one_error_line(result) -> str:
@@ -103,56 +100,6 @@ _MEMORY_LIMIT = 400 << 20
 """RSS a batchtool process may reach in these tests: its imports take about 100 MB."""
 
 
-def rss(pid: int) -> int:
-    """Resident bytes of a running process (0 once it is gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            return next(int(line.split()[1]) << 10 for line in status if line.startswith("VmRSS:"))
-    except (OSError, StopIteration):
-        return 0
-
-
-_PEAK_REPORTER = """
-import os, runpy, sys
-sys.argv[0] = "batchtool"
-try:
-    runpy.run_module("batchtool", run_name="__main__", alter_sys=True)
-finally:
-    with open("/proc/self/status") as status, open(os.environ["BATCHTOOL_TEST_PEAK"], "w") as out:
-        out.write(next(line for line in status if line.startswith("VmHWM:")).split()[1])
-"""
-"""`python -m batchtool` that writes its peak RSS (kB) to a file as it exits: the kernel's ru_maxrss of
-a child also counts the pytest process it was forked from, VmHWM of the started program does not."""
-
-
-def run_limited(args: list[str], tmp_path: Path, limit: int = _MEMORY_LIMIT,
-                timeout: float = 120) -> tuple[int, str, int]:
-    """Run batchtool ARGS, killed if its RSS passes `limit`: (exit status, stderr, peak RSS bytes).
-
-    The watch (polling /proc while waiting for stderr) only stops a runaway process before it
-    takes the machine; the peak the program reports as it exits is what the tests assert on.
-    """
-    peak_file = tmp_path / ".peak"
-    env = {**os.environ, "PYTHONPATH": REPO, "BATCHTOOL_TEST_PEAK": str(peak_file)}
-    proc = subprocess.Popen([sys.executable, "-c", _PEAK_REPORTER, *args], stdin=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, cwd=REPO)
-    deadline = time.monotonic() + timeout
-    stderr, reading = b"", True
-    while proc.poll() is None:
-        if rss(proc.pid) > limit or time.monotonic() > deadline:
-            proc.kill()
-        if reading and select.select([proc.stderr], [], [], 0.01)[0]:
-            chunk = os.read(proc.stderr.fileno(), 1 << 16)
-            stderr, reading = stderr + chunk, bool(chunk)
-        elif not reading:
-            select.select([], [], [], 0.01)  # stderr is closed: only the exit is left to wait for
-    stderr += proc.stderr.read()
-    proc.stderr.close()
-    peak = int(peak_file.read_text()) << 10 if peak_file.exists() else limit
-    peak_file.unlink(missing_ok=True)
-    return proc.returncode, stderr.decode(), peak
-
-
 def header(length: int) -> bytes:
     """A record header claiming `length` bytes of data, its length CRC valid."""
     size = length.to_bytes(8, "little")
@@ -180,7 +127,8 @@ def test_a_huge_record_header_is_refused_before_reading_it(tmp_path, kind):
             f.truncate(3 << 30)  # 3 GB on paper, a few KB on disk
     else:
         path = gzip_bomb(tmp_path / "bomb.tfrecord.gz", header(1 << 60), 1 << 30)  # 1 GB of zeros in ~1 MB
-    status, stderr, peak = run_limited(["convert", str(path), str(tmp_path / "dst")], tmp_path)
+    run = memlimit.batchtool("convert", str(path), str(tmp_path / "dst"), limit_bytes=_MEMORY_LIMIT)
+    status, stderr, peak = run.returncode, run.stderr, run.peak_bytes
     assert status == 2, stderr
     assert stderr == (f"error: {path}, record 0: the record header at byte offset 0"
                       f"{' of the decompressed stream' if kind == 'gzip-bomb' else ''} claims "
@@ -193,7 +141,8 @@ def test_a_huge_record_header_is_refused_before_reading_it(tmp_path, kind):
 def test_a_gzip_bomb_under_the_limit_is_read_in_bounded_memory(tmp_path):
     """A header within the limit over a stream of zeros: no more than the claimed length is read."""
     path = gzip_bomb(tmp_path / "bomb.tfrecord.gz", header(12 << 20), 1 << 30)
-    status, stderr, peak = run_limited(["convert", str(path), str(tmp_path / "dst")], tmp_path)
+    run = memlimit.batchtool("convert", str(path), str(tmp_path / "dst"), limit_bytes=_MEMORY_LIMIT)
+    status, stderr, peak = run.returncode, run.stderr, run.peak_bytes
     assert status == 2 and f"error: {path}, record 0: data CRC mismatch" in stderr, stderr
     assert peak < _MEMORY_LIMIT
 
@@ -226,7 +175,8 @@ TINY = {  # a record of millions of the smallest elements protobuf has: the wors
 @pytest.mark.parametrize("shape", sorted(TINY))
 def test_decoding_a_record_of_tiny_elements_stays_in_bounded_memory(tmp_path, shape):
     path = write_records(tmp_path / "tiny.tfrecord", [TINY[shape](4 << 20)])
-    status, stderr, peak = run_limited(["convert", str(path), str(tmp_path / "dst"), "-q"], tmp_path)
+    run = memlimit.batchtool("convert", str(path), str(tmp_path / "dst"), "-q", limit_bytes=_MEMORY_LIMIT)
+    status, stderr, peak = run.returncode, run.stderr, run.peak_bytes
     assert status == 0, stderr
     assert peak < _MEMORY_LIMIT
 
