@@ -8,8 +8,10 @@ from __future__ import annotations
 import glob
 import os
 import re
+import shutil
 import subprocess
 import sys
+import zipfile
 from importlib import resources
 
 import pytest
@@ -99,3 +101,31 @@ def test_docs_lists_topics_and_refuses_an_unknown_one_in_one_line():
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.startswith("error: docs 'buckets': no such topic; choose from bucket, check, load,")
     assert done.stderr.count("\n") == 1
+
+
+def test_a_built_wheel_ships_the_manuals_and_prints_them(tmp_path):
+    """`pip install` of the wheel (no checkout around) gives every docs/*.md to `batchtool docs TOPIC`."""
+    pytest.importorskip("setuptools")
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(f"{REPO}/{name}", source / name)
+    for name in ("batchtool", "docs"):
+        shutil.copytree(f"{REPO}/{name}", source / name, symlinks=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    built = subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"),
+                            str(source)], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    (wheel,) = (tmp_path / "dist").glob("batchtool-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = {n for n in archive.namelist() if n.startswith("batchtool/docs/")}
+    assert shipped == {f"batchtool/docs/{name}" for name in os.listdir(f"{REPO}/docs") if name.endswith(".md")}
+    installed = subprocess.run([*pip, "install", "--no-deps", "--target", str(tmp_path / "site"), str(wheel)],
+                               capture_output=True, text=True, timeout=300)
+    assert installed.returncode == 0, installed.stderr
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    done = subprocess.run([sys.executable, "-m", "batchtool", "docs", "bucket"], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=120)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == open(f"{REPO}/docs/bucket.md", encoding="utf-8").read()
