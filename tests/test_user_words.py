@@ -14,6 +14,7 @@ import sys
 import zipfile
 from importlib import resources
 
+import pyarrow.parquet as pq
 import pytest
 
 from cli_help import COMMANDS, REPO, batchtool_env, help_text
@@ -129,3 +130,17 @@ def test_a_built_wheel_ships_the_manuals_and_prints_them(tmp_path):
                           env=env, cwd=tmp_path, timeout=120)
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout == open(f"{REPO}/docs/bucket.md", encoding="utf-8").read()
+
+
+def test_no_text_a_user_reads_points_to_an_internal_issue():
+    texts = user_texts()
+    assert not [f"{name}: {line}" for name, text in texts.items() for line in text.splitlines()
+                if re.search(r"\bissue\s*#?\d+", line, re.IGNORECASE)]
+
+
+def test_the_readmes_batch_shapes_are_the_sample_datas():
+    """README's training loop prints `[B, T, D]` for `frames`, with D the sample corpus's features per step."""
+    schema = pq.read_schema(sorted(glob.glob(f"{REPO}/sample_data/parquet/*.parquet"))[0])
+    per_step = schema.field("frames").type.value_type.list_size
+    shapes = re.findall(r"\[B, T, (\d+)\]", user_texts()["README.md"])
+    assert shapes and set(shapes) == {str(per_step)}
