@@ -31,7 +31,8 @@ def int_list(flag: str, text: str | None) -> tuple[int, ...] | None:
         raise UsageError(f"{flag} {text!r}: expected comma-separated integers, e.g. 64,128,256") from None
 
 
-@command("bucket", "batchtool bucket sample_data/parquet /tmp/bucketed --length tokens --auto-buckets 8 --batch-size 32")
+@command("bucket", "batchtool bucket sample_data/parquet /tmp/bucketed --length tokens --auto-buckets 8 "
+                   "--batch-size 32")
 @click.argument("src")
 @click.argument("dst")
 @click.option("--length", help="Length to bucket by: an integer column, or a list column's steps "

@@ -306,7 +306,7 @@ def copy_summary(tally: Tally) -> dict[str, Any]:
             "copies_per_example": tally.summary("copies", rows_in)}
 
 
-# -- the mean weight: first pass or weighted_resample's running estimate ----------------------------------------------
+# -- the mean weight: first pass or weighted_resample's running estimate ------------------------------------
 
 
 def mean_weight(dataset: Dataset, column: str, threads: int) -> float:
