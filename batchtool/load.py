@@ -174,7 +174,7 @@ class Loader:
 
     Also a PyTorch IterableDataset (registered when torch is imported before `load`), so
     `DataLoader(loader, batch_size=None, num_workers=K)` splits the batches among its workers and
-    yields them in the same order as the loader itself. See docs/load.md.
+    yields them in the same order as the loader itself. See `batchtool docs load`.
     """
 
     def __init__(self, dataset: Dataset, layout: _Layout, writer: _Writer, columns: list[str] | None, *,
@@ -494,7 +494,7 @@ def _dense(arr: pa.Array, writable: bool) -> np.ndarray | None:
 def load(dst: str, *, columns: Sequence[str] | None = None, shuffle: bool | None = None, seed: int = 0,
          rank: int = 0, world_size: int = 1, drop_uneven: bool = True, threads: int | None = None,
          writable: bool = True, tensors: bool = False) -> Loader:
-    """Open a batch-shard output (bucket, segment, balanced stratify, ...) for training; see docs/load.md.
+    """Open a batch-shard output (bucket, segment, balanced stratify, ...) for training; see `batchtool docs load`.
 
     shuffle (default: True where batches are independent, False for segment output and `bucket
     --order sorted`) permutes the batches per epoch (`set_epoch`); rank/world_size give each rank an

@@ -45,7 +45,7 @@ def element_type(t: pa.DataType) -> pa.DataType:
 
 
 def default_pad(t: pa.DataType) -> Any:
-    """0 for numbers, False for booleans, the empty string for strings (the seed's PaddingFIFOQueue)."""
+    """0 for numbers, False for booleans, the empty string for strings (TensorFlow's PaddingFIFOQueue)."""
     e = element_type(t)
     if pa.types.is_string(e) or pa.types.is_large_string(e):
         return ""

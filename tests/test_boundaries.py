@@ -1,4 +1,4 @@
-"""Bucket boundaries: the seed's assignment, and auto-buckets that are optimal and beat quantiles."""
+"""Bucket boundaries: bucket_by_sequence_length's assignment, and auto-buckets that are optimal and beat quantiles."""
 
 from __future__ import annotations
 

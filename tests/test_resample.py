@@ -34,7 +34,7 @@ def copies_per_key(out: pa.Table, rows: int) -> np.ndarray:
 
 
 def test_poisson_copies_have_mean_and_variance_rate_for_small_and_huge_rates(tmp_path):
-    """Rates 0.5, 3 and 200 (the seed's float32 method breaks above 87): mean within 4 standard errors."""
+    """Rates 0.5, 3 and 200 (resample_at_rate's float32 method breaks above 87): mean within 4 standard errors."""
     rates = np.tile([0.5, 3.0, 200.0], 1000)
     src = dataset(tmp_path / "src", len(rates), rate=rates)
     result = run(src, tmp_path / "out", rate="rate")

@@ -49,7 +49,7 @@ def test_uniform_is_uniform():
 
 @pytest.mark.parametrize("rate", [0.0, 0.5, 3.0, 9.99, 10.0, 87.5, 200.0, 1e4, 1e7])
 def test_poisson_mean_and_variance(rate):
-    """Any rate works (the seed's float32 Knuth method breaks above 87); mean and variance match."""
+    """Any rate works (resample_at_rate's float32 Knuth method breaks above 87); mean and variance match."""
     n = 100_000
     counts = rng.poisson(5, "rate", rng.example_ids(0, 0, n), np.full(n, rate))
     assert counts.min() >= 0

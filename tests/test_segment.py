@@ -1,4 +1,4 @@
-"""segment: the seed's metadata on hand-worked examples, lane-stable batches, checks, and the key index."""
+"""segment: NextQueuedSequenceBatch's metadata on hand-worked examples, lane-stable batches, checks, and the key index."""
 
 from __future__ import annotations
 

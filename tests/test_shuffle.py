@@ -92,7 +92,7 @@ def test_buffered_shuffle_matches_the_reference_for_any_chunking(sizes, capacity
 
 
 def test_buffered_mixing_is_local(tmp_path):
-    """With capacity C, output position t holds an input row below t + C: the seed's mixing is local."""
+    """With capacity C, output position t holds an input row below t + C: shuffle_batch's mixing is local."""
     out = [v for c in buffered_shuffle(chunks_of([500] * 4), 100, 0, SCHEMA) for v in c.data.column("x").to_pylist()]
     assert sorted(out) == list(range(2000))
     assert all(v < t + 100 for t, v in enumerate(out))

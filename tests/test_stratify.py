@@ -1,4 +1,4 @@
-"""stratify: exact counts, uniform selection, the seed's acceptance formula, online estimate, balanced batches."""
+"""stratify: exact counts, uniform selection, stratified_sample's acceptance formula, online estimate, balanced batches."""
 
 from __future__ import annotations
 

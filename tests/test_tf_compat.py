@@ -110,3 +110,30 @@ def test_tensorflow_reads_batchtool_examples(tmp_path: Path) -> None:
         assert float(features["score"]) == float(np.float32(row["score"]))
         assert [t.decode() for t in features["tags"].values.numpy()] == row["tags"]
         assert features["raw"].numpy() == row["raw"]
+
+
+def test_the_documented_tf_data_snippet_gives_the_loaders_batches(tmp_path: Path, run_cli) -> None:
+    """docs/load.md's snippet, run as written on bucket output with partial batches, where `.batch(B)` is wrong."""
+    tf = pytest.importorskip("tensorflow")
+    import batchtool
+
+    dst = str(tmp_path / "out")
+    done = run_cli("bucket", str(Path(__file__).parents[1] / "sample_data" / "parquet"), dst, "--boundaries",
+                   "20,40,80", "--batch-size", "32", "--to", "tfrecord", "--shard-rows", "1000", "--quiet")
+    assert done.exit_code == 0, done.output
+    manual = (Path(__file__).parents[1] / "docs" / "load.md").read_text()
+    section = manual.split("## TensorFlow: the same batches with `tf.data`")[1].split("\n## ")[0]
+    snippet = section.split("```python\n")[1].split("```")[0]
+    scope: dict[str, Any] = {"dst": dst}
+    exec(snippet, scope)  # noqa: S102  (the documentation's code, checked as a user would run it)
+
+    theirs = list(scope["batches"].as_numpy_iterator())
+    ours = list(batchtool.load(dst, shuffle=False))
+    naive = tf.data.TFRecordDataset(sorted(map(str, Path(dst).glob("*.tfrecord")))).batch(32)
+    assert {len(b["label"]) for b in ours} != {32}
+    assert sum(1 for _ in naive) != len(ours)
+    assert len(theirs) == len(ours) == 127
+    for tf_batch, batch in zip(theirs, ours):
+        for column in ("batch", "label", "length", "frames"):
+            assert tf_batch[column].shape == batch[column].shape
+            assert (tf_batch[column] == batch[column]).all(), column

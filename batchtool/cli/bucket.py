@@ -31,7 +31,8 @@ def int_list(flag: str, text: str | None) -> tuple[int, ...] | None:
         raise UsageError(f"{flag} {text!r}: expected comma-separated integers, e.g. 64,128,256") from None
 
 
-@command("bucket", "batchtool bucket data/ out/ --length tokens --auto-buckets 8 --batch-size 32")
+@command("bucket", "batchtool bucket sample_data/parquet /tmp/bucketed --length tokens --auto-buckets 8 "
+                   "--batch-size 32")
 @click.argument("src")
 @click.argument("dst")
 @click.option("--length", help="Length to bucket by: an integer column, or a list column's steps "
@@ -68,7 +69,7 @@ def int_list(flag: str, text: str | None) -> tuple[int, ...] | None:
 @output_options
 @run_options
 def bucket_cmd(src: str, dst: str, seed: int, input_format: str | None, skip_corrupt: bool, **kwargs: Any) -> None:
-    """Group examples by length into padded batches (the seed's bucket / bucket_by_sequence_length).
+    """Group examples by length into padded batches (tf.contrib.training.bucket / bucket_by_sequence_length).
 
     Every batch holds examples of one bucket, padded to one length; batches from all
     buckets are written in a seeded random order. DST gets batch, bucket and length

@@ -51,7 +51,8 @@ def _tolerances(ctx: click.Context, param: click.Parameter,
 
 @command("check", "batchtool check sample_data/parquet --rules sample_data/rules.toml --junit check.xml")
 @click.argument("src")
-@click.option("--rules", "rules_file", metavar="RULES.toml", help="Rules file (see docs/check.md); flags add rules.")
+@click.option("--rules", "rules_file", metavar="RULES.toml",
+              help="Rules file (see `batchtool docs check`); flags add rules.")
 @click.option("--label", metavar="COL",
               help="Label column of --num-classes, --target and --baseline (default: label).")
 @click.option("--num-classes", type=int, help="Rule: every label is in [0, N).")

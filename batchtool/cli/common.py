@@ -6,6 +6,8 @@ import functools
 import inspect
 import os
 from collections.abc import Callable
+from importlib import resources
+from importlib.resources.abc import Traversable
 from typing import Any
 
 import click
@@ -184,10 +186,18 @@ def summary(result_line: str, quiet: bool, stats: dict[str, Any] | None = None) 
         click.echo(result_line, err=True)
 
 
+def manuals() -> dict[str, Traversable]:
+    """Topic -> its Markdown file: the repository's docs/*.md, shipped as batchtool/docs/ package data."""
+    files = sorted((f for f in (resources.files("batchtool") / "docs").iterdir() if f.name.endswith(".md")),
+                   key=lambda f: f.name)
+    return {f.name[:-len(".md")]: f for f in files}
+
+
 def command(name: str, example: str) -> Callable:
-    """A subcommand whose help ends with an example, as every command's must."""
+    """A subcommand whose help ends with an example, as every command's must, and names its manual."""
+    manual = f"\nManual: batchtool docs {name}\n" if name in manuals() else ""
     def wrap(fn: Callable) -> Callable:
-        doc = inspect.cleandoc(fn.__doc__ or "") + f"\n\n\b\nExample:\n  {example}\n"
+        doc = inspect.cleandoc(fn.__doc__ or "") + f"\n\n\b\nExample:\n  {example}\n{manual}"
         fn.__doc__ = doc
         return cli.command(name, context_settings=CONTEXT)(functools.wraps(fn)(fn))
     return wrap

@@ -26,7 +26,7 @@ def run_cmd(pipeline: str, dry_run: bool, tmp_dir: str | None, overwrite: bool, 
     select, rename) in one streaming, multithreaded run, with the same output as running them one
     by one through their commands with the same seed.
 
-    Stage keys are the commands' flags without '--' (see docs/run.md). --threads defaults to the
+    Stage keys are the commands' flags without '--' (see `batchtool docs run`). --threads defaults to the
     file's `threads`, else the number of cores.
     """
     config = pipeline_config.load(pipeline, tmp_dir=tmp_dir, overwrite=overwrite)

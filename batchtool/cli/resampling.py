@@ -49,8 +49,9 @@ def _report(result: JobResult, dst: str, quiet: bool, what: str) -> None:
 @click.option("--target", required=True, metavar="SPEC",
               help="Target proportions: P0,P1,... or 'uniform' or CLASS=PROB pairs (others get 0).")
 @click.option("--mode", type=click.Choice(MODES), default="exact", show_default=True,
-              help="exact: floor(M*t_i) examples per class, M as large as possible; bernoulli: the seed's "
-                   "per-example acceptance; online: class distribution estimated as the data streams.")
+              help="exact: floor(M*t_i) examples per class, M as large as possible; bernoulli: "
+                   "per-example acceptance as tf.contrib.training.stratified_sample; "
+                   "online: class distribution estimated as the data streams.")
 @click.option("--init-probs", metavar="P0,P1,...",
               help="Known class proportions of SRC (--mode bernoulli; default: counted in a first pass).")
 @click.option("--num-classes", type=int, help="Number of classes (default: from --target, or the largest label + 1).")
@@ -65,7 +66,7 @@ def _report(result: JobResult, dst: str, quiet: bool, what: str) -> None:
 @output_options
 @run_options
 def stratify_cmd(src: str, dst: str, seed: int, input_format: str | None, skip_corrupt: bool, **kwargs) -> None:
-    """Resample SRC to target class proportions (the seed's stratified_sample) and write DST."""
+    """Resample SRC to target class proportions (tf.contrib.training.stratified_sample) and write DST."""
     output, run = make_output(kwargs), make_run(kwargs)
     options = stratify_options(**kwargs)
     result = stratify(src, dst, options, output, run, seed=seed, format=input_format, skip_corrupt=skip_corrupt)
@@ -94,7 +95,8 @@ def stratify_options(*, label: str, target: str, mode: str, init_probs: str | No
 @click.option("--weight", metavar="COL", help="Rate proportional to this column (with --overall-rate).")
 @click.option("--overall-rate", type=float, help="Mean rate over the data for --weight.")
 @click.option("--running-mean", is_flag=True,
-              help="Estimate the mean weight as the data streams (the seed's behaviour) instead of a first pass.")
+              help="Estimate the mean weight as the data streams (as tf.contrib.training.weighted_resample)"
+                   " instead of a first pass.")
 @click.option("--mean-decay", type=float, default=0.999, show_default=True, help="Decay of --running-mean.")
 @click.option("--warmup", type=int, default=10, show_default=True,
               help="Chunks during which --running-mean is the plain mean.")
@@ -137,7 +139,8 @@ def resample_options(*, rate: str | None, weight: str | None, overall_rate: floa
 @output_options
 @run_options
 def shuffle_cmd(src: str, dst: str, seed: int, input_format: str | None, skip_corrupt: bool, **kwargs) -> None:
-    """Shuffle SRC into DST: an exact seeded permutation in bounded memory, or the seed's buffered shuffle."""
+    """Shuffle SRC into DST: an exact seeded permutation in bounded memory, or the buffered shuffle of
+    tf.compat.v1.train.shuffle_batch."""
     output, run = make_output(kwargs), make_run(kwargs)
     options = shuffle_options(**kwargs)
     result = shuffle(src, dst, options, output, run, seed=seed, format=input_format, skip_corrupt=skip_corrupt)

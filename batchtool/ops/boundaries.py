@@ -1,4 +1,4 @@
-"""Length buckets: the seed's bucket assignment, and boundaries chosen from a length histogram to minimise padding."""
+"""Length buckets: TensorFlow's bucket_by_sequence_length assignment, and boundaries that minimise padding."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ CHOICE_BYTES = 4
 
 
 def check_boundaries(boundaries: Sequence[int], flag: str = "--boundaries") -> tuple[int, ...]:
-    """The seed's rule: a non-empty list of strictly increasing non-negative integers."""
+    """`bucket_by_sequence_length`'s rule: a non-empty list of strictly increasing non-negative integers."""
     values = tuple(boundaries)
     text = ",".join(str(b) for b in values)
     if not values:
@@ -32,7 +32,7 @@ def check_boundaries(boundaries: Sequence[int], flag: str = "--boundaries") -> t
 
 
 def assign_buckets(lengths: np.ndarray, boundaries: Sequence[int]) -> np.ndarray:
-    """Bucket per length: 0 for `< b[0]`, i + 1 for `[b[i], b[i+1])`, len(b) for `>= b[-1]` (the seed's buckets)."""
+    """Bucket per length: 0 for `< b[0]`, i + 1 for `[b[i], b[i+1])`, len(b) for `>= b[-1]` (TensorFlow's buckets)."""
     return np.searchsorted(np.asarray(boundaries, dtype=np.int64), lengths, side="right").astype(np.int32)
 
 

@@ -413,7 +413,7 @@ def assign(chunk: Chunk, plan: BucketPlan, locate: Callable[[int], str]) -> Assi
 
 
 def keep_mask(chunk: Chunk, keep: str) -> np.ndarray:
-    """The seed's keep_input: rows whose boolean column is true (null counts as false)."""
+    """`tf.contrib.training.bucket`'s keep_input: rows whose boolean column is true (null counts as false)."""
     return pc.fill_null(chunk.data.column(keep), False).to_numpy(zero_copy_only=False)
 
 

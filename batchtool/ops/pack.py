@@ -7,7 +7,7 @@ arrival rank among examples of that length, through a keyed permutation, so whic
 is random among examples of the same length; the slot's row goes through a second keyed permutation to
 its output position, and the example is spilled to the group of output positions it belongs to. (3)
 Groups are read back in order, sorted by position (and a keyed order within the row), cut into batches
-and assembled into packed rows on worker threads. Every decision is a pure function of the seed, the
+and assembled into packed rows on worker threads. Every decision is a pure function of --seed, the
 histogram and the input order, so output bytes do not depend on --threads, --memory or the engine.
 """
 

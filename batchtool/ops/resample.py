@@ -306,7 +306,7 @@ def copy_summary(tally: Tally) -> dict[str, Any]:
             "copies_per_example": tally.summary("copies", rows_in)}
 
 
-# -- the mean weight: first pass or the seed's running estimate ----------------------------------------------
+# -- the mean weight: first pass or weighted_resample's running estimate ------------------------------------
 
 
 def mean_weight(dataset: Dataset, column: str, threads: int) -> float:
@@ -326,7 +326,7 @@ def mean_weight(dataset: Dataset, column: str, threads: int) -> float:
 
 
 class RunningMean:
-    """The seed's streaming estimate of the mean weight, updated once per chunk in input order (so it
+    """weighted_resample's streaming estimate of the mean weight, updated once per chunk in input order (so it
     is deterministic): with c the chunk number from 1, d_c = min((c - 1) / min(c, warmup), decay) and
     mean_c = d_c * mean_(c-1) + (1 - d_c) * (mean weight of chunk c); chunk c uses mean_c."""
 

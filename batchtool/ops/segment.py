@@ -38,7 +38,7 @@ METADATA: tuple[tuple[str, pa.DataType], ...] = (
 """Per-row metadata, with NextQueuedSequenceBatch's names and types, plus the lane and the batch index."""
 
 FIRST_INSERTION_INDEX = -(1 << 63)
-"""The seed's insertion_index of the first example; each later example (in input order) gets the next value."""
+"""TensorFlow's insertion_index of the first example; each later example (in input order) gets the next value."""
 EMPTY_INSERTION_INDEX = (1 << 63) - 1
 """insertion_index of an empty padding row: never a real example's."""
 LANE_WINDOW = 4
@@ -184,7 +184,7 @@ class Examples:
     total_length: np.ndarray
     """Real steps: --input-length, else the value length."""
     count: np.ndarray
-    """Segments (the seed's sequence_count)."""
+    """Segments (`NextQueuedSequenceBatch.sequence_count`)."""
     key_hash: np.ndarray
     first_ordinal: int = 0
     """Position of the first row in the input; set by the planner, which sees chunks in order."""

@@ -61,7 +61,7 @@ class ShuffleOptions:
             raise UsageError(f"--min-after-dequeue {self.min_after_dequeue}: must be >= 0")
         if self.buffer is not None and self.min_after_dequeue is not None and self.min_after_dequeue >= self.buffer:
             raise UsageError(f"--min-after-dequeue {self.min_after_dequeue} must be smaller than --buffer "
-                             f"{self.buffer} (the seed's capacity)")
+                             f"{self.buffer} (shuffle_batch's capacity)")
 
     @property
     def buffered(self) -> bool:
@@ -69,7 +69,7 @@ class ShuffleOptions:
 
     @property
     def capacity(self) -> int:
-        """Rows the buffered shuffle draws from: --buffer, or the smallest capacity the seed allowed."""
+        """Rows the buffered shuffle draws from: --buffer, or the smallest capacity shuffle_batch allowed."""
         if self.buffer is not None:
             return self.buffer
         return (self.min_after_dequeue or 0) + (self.batch_size or 1)

@@ -28,9 +28,9 @@ from batchtool.spill import parts_for
 STAGE = "stratify"
 MODES = ("exact", "bernoulli", "online")
 PROB_TOLERANCE = 1e-6
-"""How far from 1 a list of probabilities may sum (the seed's tolerance)."""
+"""How far from 1 a list of probabilities may sum (`tf.contrib.training.stratified_sample`'s tolerance)."""
 ONLINE_PRIOR = 10
-"""Pseudo-count of every class before any label is seen (the seed's smoothing constant)."""
+"""Pseudo-count of every class before any label is seen (`stratified_sample_unknown_dist`'s smoothing constant)."""
 SELECT_BUDGET = 1 << 22
 """Keyed hashes held at once while finding the exact per-class thresholds (32 MiB)."""
 HIST_BITS = 16
@@ -74,7 +74,7 @@ def parse_target(text: str) -> Target:
 
 
 def check_probs(values: Iterable[float], flag: str) -> None:
-    """The seed's checks: probabilities >= 0 that sum to one within PROB_TOLERANCE."""
+    """`stratified_sample`'s checks: probabilities >= 0 that sum to one within PROB_TOLERANCE."""
     values = list(values)
     shown = ",".join(f"{v:g}" for v in values)
     if not values:
@@ -285,13 +285,13 @@ Plan = Union[ThresholdPlan, RatePlan]
 
 
 def acceptance_probs(init_probs: np.ndarray, target: np.ndarray) -> np.ndarray:
-    """The seed's a_i = (t_i / p_i) / max_j (t_j / p_j); a class with p_i = 0 (and so t_i = 0) gets 0."""
+    """`stratified_sample`'s a_i = (t_i / p_i) / max_j (t_j / p_j); a class with p_i = 0 (and so t_i = 0) gets 0."""
     ratio = np.divide(target, init_probs, out=np.zeros_like(target), where=init_probs > 0)
     return ratio / ratio.max()
 
 
 def check_zero_classes(init_probs: np.ndarray, target: np.ndarray, source: str) -> None:
-    """The seed's error: a class with zero initial probability cannot reach a non-zero target."""
+    """`stratified_sample`'s error: a class with zero initial probability cannot reach a non-zero target."""
     for i in np.flatnonzero((init_probs <= 0) & (target > 0)):
         raise (UsageError if source == "--init-probs" else InputError)(
             f"class {i} has initial probability 0 ({source}) but --target gives it {target[i]:g}: "
@@ -700,7 +700,7 @@ def _by_class(counts: np.ndarray) -> dict[str, int]:
 
 
 def discard_warning(stats: dict[str, Any]) -> str | None:
-    """One line for stderr when more than half of the examples never reach DST (the seed logs this too)."""
+    """One line for stderr when more than half of the examples never reach DST (`stratified_sample` logs this too)."""
     fraction = stats.get("discarded_fraction", 0.0)
     if fraction <= 0.5:
         return None
