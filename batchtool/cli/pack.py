@@ -21,7 +21,7 @@ from batchtool.errors import UsageError
 from batchtool.ops.pack import PackOptions, pack
 
 
-@command("pack", "batchtool pack sample_data/parquet /tmp/packed --max-length 256 --sequence tokens --batch-size 8")
+@command("pack", "batchtool pack sample_data/parquet /tmp/packed --max-length 512 --sequence tokens --batch-size 8")
 @click.argument("src")
 @click.argument("dst")
 @click.option("--max-length", type=int, required=True, metavar="L", help="Steps per packed row, at most.")
