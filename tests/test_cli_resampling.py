@@ -33,7 +33,7 @@ def error_cases(src: str, bad: str) -> list[tuple[list, str]]:
         (["stratify", bad, "DST", "--target", "0.5,0.5", "--mode", "online"],
          "column 'label': 1 label(s) are not integers in [0, 2) (first: "),
         (["stratify", src, "DST", "--target", "uniform", "--label", "weight"], "label(s) are not integers"),
-        (["stratify", src, "DST", "--target", "uniform", "--label", "key"], "column 'key' is string"),
+        (["stratify", src, "DST", "--target", "uniform", "--label", "key"], "column 'key': type string"),
         (["stratify", src, "DST", "--target", "uniform", "--label", "nope"], "no column 'nope' (available: key"),
         (["stratify", src, "DST", "--target", "uniform", "--mode", "online"], "needs --num-classes"),
         (["stratify", src, "DST", "--target", "uniform", "--balanced-batches"],

@@ -8,6 +8,8 @@ from typing import Any
 import click
 
 from batchtool.cli.common import (
+    SIZE,
+    columns_option,
     command,
     input_options,
     make_output,
@@ -36,7 +38,7 @@ def int_list(flag: str, text: str | None) -> tuple[int, ...] | None:
 @click.argument("dst")
 @click.option("--length", help="Length to bucket by: an integer column, or a list column's steps "
                                "(default: the first sequence column).")
-@click.option("--sequence", "sequences", multiple=True, metavar="COL",
+@columns_option("--sequence", "sequences",
               help="A sequence (list) column to pad; repeat for several, which must agree in length "
                    "(default: every list column).")
 @click.option("--boundaries", help="Bucket edges b0,b1,...: buckets < b0, [b_i, b_i+1), >= b_last.")
@@ -61,7 +63,7 @@ def int_list(flag: str, text: str | None) -> tuple[int, ...] | None:
               help="shuffle: seeded random order within buckets and across batches; "
                    "sorted: ascending length, buckets in order (for inference).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of every random choice.")
-@click.option("--memory", default="1GB", show_default=True, metavar="SIZE",
+@click.option("--memory", type=SIZE, default="1GB", show_default=True, metavar="SIZE",
               help="Memory for holding buckets; larger buckets spill to temporary files.")
 @click.option("--tmp-dir", help="Directory for spill files (default: the system temp directory).")
 @input_options

@@ -20,16 +20,35 @@ from batchtool.runner import default_threads
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
+def _usage_line(exc: click.UsageError) -> click.exceptions.Exit:
+    """click's usage error (its usage, hint and message on four lines) as one `error:` line that keeps
+    the message, with its suggestion, and points at the command's --help."""
+    message = " ".join(exc.format_message().split())
+    path = exc.ctx.command_path if exc.ctx is not None else "batchtool"
+    click.echo(f"error: {message} (see '{path} --help')", err=True)
+    return click.exceptions.Exit(exc.exit_code)
+
+
 class _Group(click.Group):
-    """Turns BatchtoolErrors into one line on stderr and exit status 2; --debug shows the traceback.
+    """Turns BatchtoolErrors and click's usage errors into one line on stderr and exit status 2;
+    --debug shows the traceback of BatchtoolErrors.
 
     Signals are the entry point's (batchtool.entry): it sets their handlers before this module loads.
     """
 
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        try:  # the group's own options and arguments
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as exc:
+            raise _usage_line(exc) from None
+
     def invoke(self, ctx: click.Context) -> Any:
         debug = ctx.params.get("debug") or os.environ.get("BATCHTOOL_DEBUG") == "1"
-        try:
+        try:  # the command name, the subcommand's options and arguments, and the command itself
             return super().invoke(ctx)
+        except click.UsageError as exc:
+            raise _usage_line(exc) from None
         except BatchtoolError as exc:
             if debug:
                 raise
@@ -65,6 +84,44 @@ def parse_size(text: str | None) -> int | None:
         return int(value * units[s[len(digits):]])
     except (ValueError, KeyError):
         raise click.BadParameter(f"{text!r} is not a size (e.g. 256MB, 1GB, 1000000)") from None
+
+
+def column_list(ctx: click.Context | None, param: click.Parameter, values: Any) -> tuple[str, ...]:
+    """The columns of a COL[,COL...] option, given repeated, comma-separated or both (`--sequence a,b
+    --sequence c`), in order; a name given twice counts once (nothing is lost). The callback of every
+    column-list option, also applied to pipeline-file keys (a list or a comma-separated string)."""
+    flag = next((o for o in param.opts if o.startswith("--")), param.name)
+    texts = (values,) if isinstance(values, str) else values or ()
+    names: list[str] = []
+    for text in texts:
+        parts = [part.strip() for part in text.split(",")]
+        if not all(parts):
+            raise click.BadParameter(f"{text!r} has an empty column name (give COL or COL,COL,...)",
+                                     ctx=ctx, param=param, param_hint=flag)
+        names += parts
+    return tuple(dict.fromkeys(names))
+
+
+def columns_option(*decls: str, **kwargs: Any) -> Callable:
+    """A column-list option: repeatable, each value one column or several, comma-separated."""
+    return click.option(*decls, multiple=True, callback=column_list, metavar="COL[,COL...]", **kwargs)
+
+
+class Size(click.ParamType):
+    """A SIZE option ('256MB', '1GB', '1000000'), checked when parsed so an error names the option;
+    the value stays text, turned into bytes by parse_size where it is used."""
+
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            parse_size(value)
+        except click.BadParameter as exc:
+            self.fail(exc.message, param, ctx)
+        return value
+
+
+SIZE = Size()
 
 
 def input_options(fn: Callable) -> Callable:
@@ -115,7 +172,7 @@ def output_options(fn: Callable) -> Callable:
         click.option("--tfrecord-kind", type=click.Choice(["sequence_example", "example"]),
                      default="sequence_example", show_default=True,
                      help="Payload of TFRecord output."),
-        click.option("--shard-bytes", default=None, metavar="SIZE",
+        click.option("--shard-bytes", type=SIZE, default=None, metavar="SIZE",
                      help=f"Start a new output shard past this size (default {DEFAULT_SHARD_BYTES >> 20}MB)."),
         click.option("--shard-rows", type=click.IntRange(min=1), default=None,
                      help="Start a new output shard past this many rows."),

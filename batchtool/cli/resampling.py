@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import click
 
-from batchtool.cli.common import command, input_options, make_output, make_run, output_options, parse_size, run_options
-from batchtool.cli.common import summary
+from batchtool.cli.common import (SIZE, command, input_options, make_output, make_run, output_options, parse_size,
+                                  run_options, summary)
 from batchtool.job import JobResult
 from batchtool.ops.resample import DEFAULT_RATE_COLUMN, ResampleOptions, parse_rate, resample
 from batchtool.ops.shuffle import ShuffleOptions, shuffle
@@ -24,7 +24,7 @@ def memory_options(fn: Callable) -> Callable:
     """--memory and --tmp-dir, for commands that reorder through spill files."""
     fn = click.option("--tmp-dir", type=click.Path(file_okay=False),
                       help="Directory for temporary spill files (default: the system's).")(fn)
-    fn = click.option("--memory", default="1GB", show_default=True, metavar="SIZE",
+    fn = click.option("--memory", type=SIZE, default="1GB", show_default=True, metavar="SIZE",
                       help="Memory for reordering; more data than this spills to --tmp-dir.")(fn)
     return fn
 
@@ -49,7 +49,7 @@ def _report(result: JobResult, dst: str, quiet: bool, what: str) -> None:
 @click.option("--target", required=True, metavar="SPEC",
               help="Target proportions: P0,P1,... or 'uniform' or CLASS=PROB pairs (others get 0).")
 @click.option("--mode", type=click.Choice(MODES), default="exact", show_default=True,
-              help="exact: floor(M*t_i) examples per class, M as large as possible; bernoulli: the seed's "
+              help="exact: floor(M*t_i) examples per class, M = min_i n_i/t_i (n_i: class i's examples); bernoulli: the seed's "
                    "per-example acceptance; online: class distribution estimated as the data streams.")
 @click.option("--init-probs", metavar="P0,P1,...",
               help="Known class proportions of SRC (--mode bernoulli; default: counted in a first pass).")

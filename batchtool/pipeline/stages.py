@@ -386,9 +386,9 @@ class SegmentStage(Stage):
     options: segment_op.SegmentOptions
 
     def output_schema(self, schema: pa.Schema) -> pa.Schema:
-        o = self.options
-        _need(schema, [o.key], "key")
-        _need(schema, o.sequences, "sequence")
+        _need(schema, [self.options.key], "key")
+        _need(schema, self.options.sequences, "sequence")
+        o = self.options.with_context(schema)
         _need(schema, [*o.context, *o.states.values(), *([o.input_length] if o.input_length else [])], "context")
         return segment_op.make_plan(pa.schema([schema.field(c) for c in o.source_columns]), o).schema
 
