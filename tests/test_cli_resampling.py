@@ -103,9 +103,9 @@ def test_threads_1_and_4_give_identical_bytes_and_seeds_differ(tmp_path, src_wit
 def test_stratify_warns_when_most_data_is_discarded_and_records_stats(tmp_path, parquet_src, run_cli):
     result = run_cli("stratify", parquet_src, tmp_path / "out", "--target", "uniform")
     assert result.exit_code == 0, result.output
-    warning, summary = result.stderr.strip().splitlines()
+    warning, notes, summary = result.stderr.strip().splitlines()
     assert warning.startswith("warning: stratify discarded ") and "never appear in DST" in warning
-    assert summary.startswith("wrote ") and "per class" in summary
+    assert notes.startswith("stratify: ") and "per class" in notes and summary.startswith("wrote ")
     manifest = json.load(open(tmp_path / "out" / ".batchtool_manifest.json"))
     stats = manifest["stats"]
     assert manifest["command"] == "stratify" and manifest["seed"] == 0

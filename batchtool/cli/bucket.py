@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import click
@@ -16,6 +15,7 @@ from batchtool.cli.common import (
     make_run,
     output_options,
     parse_size,
+    report,
     run_options,
     summary,
 )
@@ -87,10 +87,7 @@ def bucket_cmd(src: str, dst: str, seed: int, input_format: str | None, skip_cor
                 f"expected padding efficiency {percent(auto['expected_padding_efficiency'])} "
                 f"({auto['k']} quantile buckets: {percent(auto['quantile_expected_padding_efficiency'])})",
                 run.quiet)
-    dropped = ", ".join(f"{n:,} {why}" for why, n in stats["examples_dropped"].items() if n)
-    summary(f"wrote {result.rows_out:,} rows in {stats['batches']:,} batches ({stats['num_buckets']} buckets, "
-            f"padding efficiency {percent(stats['padding_efficiency'])}) to {os.path.abspath(dst)}"
-            + (f"; dropped {dropped}" if dropped else ""), run.quiet)
+    report(result.manifest, dst, run.quiet)
 
 
 def bucket_options(*, length: str | None, sequences: tuple[str, ...], boundaries: str | None,

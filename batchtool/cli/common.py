@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +15,7 @@ import batchtool
 from batchtool.engines import ENGINES, engine_scope
 from batchtool.errors import BatchtoolError
 from batchtool.job import RunSettings
+from batchtool.ops.stratify import discard_warning
 from batchtool.output import DEFAULT_SHARD_BYTES, OutputOptions
 from batchtool.runner import default_threads
 
@@ -134,6 +136,7 @@ def input_options(fn: Callable) -> Callable:
 
 
 _ENGINE_META = "batchtool.engine"
+_STARTED_META = "batchtool.started"
 
 
 def run_options(fn: Callable) -> Callable:
@@ -145,7 +148,7 @@ def run_options(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def on_engine(*args: Any, engine: str, ray_address: str | None, **kwargs: Any) -> Any:
         settings = RunSettings(threads=kwargs["threads"], engine=engine, ray_address=ray_address)
-        click.get_current_context().meta[_ENGINE_META] = settings
+        click.get_current_context().meta.update({_ENGINE_META: settings, _STARTED_META: time.perf_counter()})
         with engine_scope(settings):
             return fn(*args, **kwargs)
 
@@ -205,6 +208,83 @@ def make_run(kwargs: dict[str, Any]) -> RunSettings:
 def summary(result_line: str, quiet: bool) -> None:
     if not quiet:
         click.echo(result_line, err=True)
+
+
+def report(manifest: dict[str, Any], dst: str, quiet: bool) -> None:
+    """How every writing command ends, `run` included, from DST's manifest: the discard warning of each
+    stratify step (even with --quiet), then what each step did (rows in and out, what it dropped or
+    duplicated, its own numbers) and one line of what was written, the time and the peak memory."""
+    stats, output, run = manifest["stats"], manifest["output"], manifest["run"]
+    stages = stats.get("stages") or [{**stats, "op": manifest["command"], "rows_out": output["rows"]}]
+    for stage in stages:
+        warning = discard_warning(stage) if stage["op"] == "stratify" else None
+        if warning:
+            click.echo(warning if "stage" not in stage else warning.replace(
+                "stratify", f"stage {stage['stage']} (stratify)", 1), err=True)
+    if quiet:
+        return
+    lines = render(stages, expected=False) if "stages" in stats else [
+        f"{stage['op']}: {_count(stage['rows_in'])} rows in, {_count(stage['rows_out'])} out"
+        + (f"; {details}" if (details := notes(stage, expected=False)) else "") for stage in stages]
+    ctx = click.get_current_context(silent=True)
+    started = ctx.meta.get(_STARTED_META) if ctx is not None else None  # the whole command, first passes too
+    seconds = run["wall_seconds"] if started is None else time.perf_counter() - started
+    lines.append(f"wrote {output['rows']:,} rows in {output['batches']:,} row groups to {len(output['files'])} "
+                 f"shard(s) in {os.path.abspath(dst)}; {seconds:.1f} s, "
+                 f"peak memory {run['peak_rss_bytes'] / 2**20:,.0f} MiB")
+    click.echo("\n".join(lines), err=True)
+
+
+def render(stages: list[dict[str, Any]], expected: bool) -> list[str]:
+    """The per-stage table: rows in and out and what each stage reports (or, dry, plans)."""
+    rows = [(f"{s['stage']} {s['op']}", _count(s["rows_in"]), _count(s["rows_out"]), notes(s, expected))
+            for s in stages]
+    header = ("stage", "rows in", "rows out" + (" (planned)" if expected else ""), "")
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    line = "  ".join([f"{{:<{widths[0]}}}", f"{{:>{widths[1]}}}", f"{{:>{widths[2]}}}", "{}"])
+    return [line.format(*header).rstrip(), *(line.format(*r).rstrip() for r in rows)]
+
+
+def notes(stage: dict[str, Any], expected: bool) -> str:
+    """One line of the numbers that matter for the stage's operation."""
+    parts = []
+    per_class = stage.get("class_targets" if expected else "class_counts_after")
+    if per_class:
+        parts.append("per class " + "/".join(f"{n:,}" for n in per_class.values()))
+    if expected and "expected_rows" in stage:
+        parts.append(f"about {stage['expected_rows']:,} rows")
+    dropped = stage.get("examples_dropped")
+    if isinstance(dropped, dict):  # bucket: by reason
+        reasons = ", ".join(f"{n:,} {why}" for why, n in dropped.items() if n)
+        dropped = f"{sum(dropped.values()):,} dropped ({reasons})" if reasons else None
+    elif dropped:
+        dropped = f"{dropped:,} dropped"
+    if dropped:
+        parts.append(dropped)
+    if stage.get("examples_duplicated"):
+        parts.append(f"{stage['examples_duplicated']:,} duplicated")
+    if stage.get("corrupt_records_skipped"):
+        parts.append(f"{stage['corrupt_records_skipped']:,} corrupt records skipped")
+    if stage.get("segments") is not None:
+        parts.append(f"{stage['segments']:,} segments" + (f" of {stage['examples']:,} examples"
+                                                           if stage.get("examples") is not None else ""))
+    if stage.get("empty_slot_fraction"):
+        parts.append(f"empty slots {100 * stage['empty_slot_fraction']:.2f}%")
+    if stage.get("batches") is not None:
+        parts.append(f"{stage['batches']:,} batches" + (f" in {stage['num_buckets']} buckets"
+                                                          if stage.get("num_buckets") else ""))
+    if stage.get("boundaries"):
+        parts.append("boundaries " + ",".join(map(str, stage["boundaries"])))
+    efficiency = stage.get("padding_efficiency")
+    if efficiency is not None:
+        parts.append(f"padding efficiency {100 * efficiency:.1f}%" + (" (expected)" if expected else ""))
+    if stage["op"] == "shuffle" and "mode" in stage:
+        parts.append(f"{stage['mode']} shuffle")
+    return ", ".join(parts)
+
+
+def _count(value: int | None) -> str:
+    return "?" if value is None else f"{value:,}"
 
 
 def command(name: str, example: str) -> Callable:

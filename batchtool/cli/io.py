@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 
 import click
 
 from batchtool import inspection
 from batchtool.cli.common import (columns_option, command, input_options, make_output, make_run, output_options,
-                                  run_options, summary)
+                                  report, run_options)
 from batchtool.convert import convert as convert_dataset
 
 
@@ -48,6 +47,4 @@ def convert_cmd(src: str, dst: str, columns: tuple[str, ...], input_format: str 
     run = make_run(kwargs)
     result = convert_dataset(src, dst, output, columns=list(columns) or None,
                              format=input_format, skip_corrupt=skip_corrupt, run=run)
-    skipped = result.manifest["stats"].get("corrupt_records_skipped")
-    summary(f"wrote {result.rows_out:,} rows to {len(result.manifest['output']['files'])} shard(s) in "
-            f"{os.path.abspath(dst)}" + (f" ({skipped} corrupt records skipped)" if skipped else ""), run.quiet)
+    report(result.manifest, dst, run.quiet)

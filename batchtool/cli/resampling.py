@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import click
 
 from batchtool.cli.common import (SIZE, command, input_options, make_output, make_run, output_options, parse_size,
-                                  run_options, summary)
-from batchtool.job import JobResult
+                                  report, run_options)
 from batchtool.ops.resample import DEFAULT_RATE_COLUMN, ResampleOptions, parse_rate, resample
 from batchtool.ops.shuffle import ShuffleOptions, shuffle
-from batchtool.ops.stratify import MODES, StratifyOptions, discard_warning, parse_probs, parse_target, stratify
+from batchtool.ops.stratify import MODES, StratifyOptions, parse_probs, parse_target, stratify
 
 
 def seed_option(fn: Callable) -> Callable:
@@ -35,11 +33,6 @@ def batch_options(fn: Callable) -> Callable:
     fn = click.option("--batch-size", type=int, default=None,
                       help="Write batches (row groups) of this many rows.")(fn)
     return fn
-
-
-def _report(result: JobResult, dst: str, quiet: bool, what: str) -> None:
-    summary(f"wrote {result.rows_out:,} rows ({what}) to {len(result.manifest['output']['files'])} shard(s) "
-            f"in {os.path.abspath(dst)}", quiet)
 
 
 @command("stratify", "batchtool stratify sample_data/parquet /tmp/balanced --label label --target uniform")
@@ -69,11 +62,7 @@ def stratify_cmd(src: str, dst: str, seed: int, input_format: str | None, skip_c
     output, run = make_output(kwargs), make_run(kwargs)
     options = stratify_options(**kwargs)
     result = stratify(src, dst, options, output, run, seed=seed, format=input_format, skip_corrupt=skip_corrupt)
-    stats = result.manifest["stats"]
-    warning = discard_warning(stats)
-    if warning:
-        click.echo(warning, err=True)
-    _report(result, dst, run.quiet, "per class " + "/".join(str(n) for n in stats["class_counts_after"].values()))
+    report(result.manifest, dst, run.quiet)
 
 
 def stratify_options(*, label: str, target: str, mode: str, init_probs: str | None, num_classes: int | None,
@@ -113,7 +102,7 @@ def resample_cmd(src: str, dst: str, seed: int, input_format: str | None, skip_c
     output, run = make_output(kwargs), make_run(kwargs)
     options = resample_options(**kwargs)
     result = resample(src, dst, options, output, run, seed=seed, format=input_format, skip_corrupt=skip_corrupt)
-    _report(result, dst, run.quiet, f"from {result.manifest['stats']['rows_in']:,} examples")
+    report(result.manifest, dst, run.quiet)
 
 
 def resample_options(*, rate: str | None, weight: str | None, overall_rate: float | None, running_mean: bool,
@@ -141,7 +130,7 @@ def shuffle_cmd(src: str, dst: str, seed: int, input_format: str | None, skip_co
     output, run = make_output(kwargs), make_run(kwargs)
     options = shuffle_options(**kwargs)
     result = shuffle(src, dst, options, output, run, seed=seed, format=input_format, skip_corrupt=skip_corrupt)
-    _report(result, dst, run.quiet, f"{result.manifest['stats']['mode']} shuffle")
+    report(result.manifest, dst, run.quiet)
 
 
 def shuffle_options(*, batch_size: int | None, drop_remainder: bool, buffer: int | None,

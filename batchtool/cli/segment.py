@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import click
 
 from batchtool.cli.common import (SIZE, columns_option, command, input_options, make_output, make_run, output_options,
-                                  parse_size, run_options, summary)
+                                  parse_size, report, run_options)
 from batchtool.ops.segment import DEFAULT_MEMORY, SegmentOptions, segment
 
 
@@ -56,11 +55,7 @@ def segment_cmd(src: str, dst: str, memory: str, tmp_dir: str | None, input_form
     options = segment_options(**kwargs)
     result = segment(src, dst, options, output, format=input_format, skip_corrupt=skip_corrupt, run=run,
                      memory=parse_size(memory), tmp_dir=tmp_dir)
-    stats = result.manifest["stats"]
-    summary(f"wrote {stats['segments']:,} segments of {stats['examples']:,} examples in {stats['batches']:,} "
-            f"batches to {os.path.abspath(dst)} (empty slots {stats['empty_slot_fraction']:.2%}, "
-            f"padding efficiency {stats['padding_efficiency']:.2%})", run.quiet)
-
+    report(result.manifest, dst, run.quiet)
 
 def segment_options(*, key: str, sequences: tuple[str, ...], num_unroll: int, batch_size: int,
                     context: tuple[str, ...], input_length: str | None, pad: bool, pad_values: tuple[str, ...],
