@@ -42,7 +42,7 @@ def batch_options(fn: Callable) -> Callable:
 @click.option("--target", required=True, metavar="SPEC",
               help="Target proportions: P0,P1,... or 'uniform' or CLASS=PROB pairs (others get 0).")
 @click.option("--mode", type=click.Choice(MODES), default="exact", show_default=True,
-              help="exact: floor(M*t_i) examples per class, M = min_i n_i/t_i (n_i: class i's examples); bernoulli: the seed's "
+              help="exact: floor(M*t_i) examples per class, M = min_i n_i/t_i (n_i: examples); bernoulli: the seed's "
                    "per-example acceptance; online: class distribution estimated as the data streams.")
 @click.option("--init-probs", metavar="P0,P1,...",
               help="Known class proportions of SRC (--mode bernoulli; default: counted in a first pass).")
