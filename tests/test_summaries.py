@@ -48,3 +48,48 @@ def test_run_warns_like_stratify_and_ends_the_same_way(tmp_path, run_cli):
     assert FINAL.fullmatch(lines[-1]), lines
     quiet = run_cli("run", pipeline, "-q", "--overwrite")
     assert quiet.exit_code == 0 and quiet.stderr.splitlines() == lines[:1]  # the warning is never hidden
+
+
+@pytest.fixture
+def bars(monkeypatch):
+    """Every progress bar opened: (label, total)."""
+    from batchtool import progress
+    opened: list[tuple[str, int | None]] = []
+    real = progress.bar
+
+    def record(desc, total, *args, **kwargs):
+        opened.append((desc, total))
+        return real(desc, total, *args, **kwargs)
+
+    monkeypatch.setattr(progress, "bar", record)
+    return opened
+
+
+LABEL = re.compile(r"(bucket|check|convert|resample|segment|shuffle|stratify|stage \d+ \([a-z]+\)): [a-z -]+")
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_progress_labels_follow_one_pattern(tmp_path, parquet_src, run_cli, bars, command):
+    assert run_cli(command, parquet_src, tmp_path / "dst", *COMMANDS[command], "-q").exit_code == 0
+    assert bars and all(LABEL.fullmatch(desc) and desc.startswith(command) for desc, _ in bars), bars
+
+
+def test_run_progress_labels_follow_the_same_pattern(tmp_path, run_cli, bars):
+    pipeline = tmp_path / "p.toml"
+    pipeline.write_text(f'[input]\npath = "{SAMPLE}/parquet"\n[[stage]]\nop = "stratify"\ntarget = "uniform"\n'
+                        f'batch-size = 8\nbalanced-batches = true\n[output]\npath = "{tmp_path}/out"\n')
+    assert run_cli("run", pipeline, "-q").exit_code == 0
+    pipeline.write_text(pipeline.read_text().replace("batch-size = 8\nbalanced-batches = true\n",
+                                                     '[[stage]]\nop = "shuffle"\n') + "overwrite = true\n")
+    assert run_cli("run", pipeline, "-q").exit_code == 0
+    assert run_cli("run", pipeline, "-q", "--dry-run").exit_code == 0
+    assert bars and all(LABEL.fullmatch(desc) and desc.startswith("stage ") for desc, _ in bars), [
+        desc for desc, _ in bars if not (LABEL.fullmatch(desc) and desc.startswith("stage "))]
+
+
+def test_a_tfrecord_output_gives_its_bars_a_total_from_the_manifest(tmp_path, parquet_src, run_cli, bars):
+    assert run_cli("convert", parquet_src, tmp_path / "tfr", "--to", "tfrecord", "-q").exit_code == 0
+    bars.clear()
+    assert run_cli("convert", tmp_path / "tfr", tmp_path / "back", "-q").exit_code == 0
+    assert run_cli("check", tmp_path / "tfr", "--no-nulls", "key", "-q").exit_code == 0
+    assert bars == [("convert: write", 300), ("check: scan", 300)]

@@ -636,12 +636,13 @@ def stratify(src: str, dst: str, options: StratifyOptions, output: OutputOptions
 
 
 def write_stratified(dataset: Dataset, strat: Stratification, dst: str, output: OutputOptions, run: RunSettings,
-                     *, seed: int, write: Callable[..., JobResult] = write_job) -> JobResult:
-    """The pass that writes (`write` is write_job, or a wrapper when stratify is a pipeline's last stage)."""
+                     *, seed: int, write: Callable[..., JobResult] = write_job, who: str = "stratify") -> JobResult:
+    """The pass that writes (`write` is write_job, or a wrapper when stratify is a pipeline's last stage,
+    whose name `who` then labels the progress bars)."""
     report = ReadReport()
     selection = Selection(dataset, strat, seed)
     try:
-        return _write(selection, selection.items(run.threads, report), dst, output, run, report, write)
+        return _write(selection, selection.items(run.threads, report), dst, output, run, report, write, who)
     except LabelError:  # found while streaming (no counting pass): count them all for the message
         raise full_label_error(dataset, strat.options.label, strat.num_classes, run.threads) from None
 
@@ -661,7 +662,8 @@ def _plan(dataset: Dataset, options: StratifyOptions, counted: stats_mod.Dataset
     info["input_probs"] = init.tolist()
     if options.mode == "exact":
         totals, m = exact_totals(counts, target, options)
-        info.update(total_m=m.numerator if m.denominator == 1 else round(float(m), 6), class_targets={str(i): int(t) for i, t in enumerate(totals.tolist())})
+        info.update(total_m=m.numerator if m.denominator == 1 else round(float(m), 6),
+                    class_targets={str(i): int(t) for i, t in enumerate(totals.tolist())})
         plan = threshold_plan(totals, counts, lambda ranks: find_thresholds(
             dataset, options.label, num_classes, ranks, counts, seed, threads))
         return plan, float(totals.sum())
@@ -671,7 +673,7 @@ def _plan(dataset: Dataset, options: StratifyOptions, counted: stats_mod.Dataset
 
 
 def _write(job: Selection, items: Iterable[tuple[Callable[[], Chunk], Plan]], dst: str, output: OutputOptions,
-           run: RunSettings, report: ReadReport, write: Callable[..., JobResult]) -> JobResult:
+           run: RunSettings, report: ReadReport, write: Callable[..., JobResult], who: str) -> JobResult:
     """Write the selection: one row group per input chunk, batches of --batch-size, or balanced batches."""
     options, dataset, strat = job.options, job.dataset, job.strat
     expected_rows = strat.expected_rows
@@ -679,7 +681,7 @@ def _write(job: Selection, items: Iterable[tuple[Callable[[], Chunk], Plan]], ds
                   dst=dst, output=output, schema=dataset.schema, run=run, report=report)
     if options.batch_size is None:
         return write(**common, items=job.pieces(items, run.threads), work=job.build_batch, stats=job.stats,
-                     total_rows=dataset.num_rows)
+                     total_rows=dataset.progress_rows)
     selected = (c for c, _ in ordered_map(job.build, job.pieces(items, run.threads), run.threads) if c.num_rows)
     first, selected = peek(selected)
     most_rows = int(expected_rows) if options.mode == "exact" else None if options.replacement else dataset.num_rows
@@ -687,22 +689,21 @@ def _write(job: Selection, items: Iterable[tuple[Callable[[], Chunk], Plan]], ds
     if not options.balanced_batches:
         batches = rebatch(selected, options.batch_size, dataset.schema, options.drop_remainder)
         return write(**common, items=batches, work=job.count_written, stats=job.stats,
-                     total_rows=int(expected_rows) if expected_rows is not None else None, desc="stratify")
+                     total_rows=int(expected_rows) if expected_rows is not None else None)
     active = strat.target > 0
     whole = estimate_memory_bytes(dataset, first, rows=int(expected_rows) if expected_rows is not None else None)
     part_bytes = max(1, options.memory // (PART_SHARE * int(active.sum())))
     parts = [parts_for(whole * t, part_bytes) for t in strat.target.tolist()]
     with keyed_spill(dataset.schema, parts, job.seed, STAGE + "/order", options.memory, options.tmp_dir) as spill:
         spill_streams(selected, spill, lambda c: label_codes(c, options.label, job.num_classes, dataset.locate),
-                      "stratify: select", dataset.num_rows, run.quiet)
+                      f"{who}: select", dataset.progress_rows, run.quiet)
         available = spill.rows.copy()
         layout = batch_layout(available, strat.target, options.batch_size, options.drop_remainder)
         streams = [RowReader(spill.read_group(c), dataset.schema) for c in range(job.num_classes)]
         extra = {"batch_size": options.batch_size, "balanced_batches": layout.batches + bool(sum(layout.partial)),
                  "final_batch_quotas": list(layout.partial)}
         return write(**common, items=balanced_batches(streams, layout, job.seed, dataset.schema),
-                     work=job.count_written, stats=lambda: job.stats(extra), total_rows=int(layout.per_class.sum()),
-                     desc="stratify")
+                     work=job.count_written, stats=lambda: job.stats(extra), total_rows=int(layout.per_class.sum()))
 
 
 def _by_class(counts: np.ndarray) -> dict[str, int]:
