@@ -135,6 +135,7 @@ def test_stratify_string_labels_name_the_file(tmp_path, run_cli):
     (["bogus"], ["No such command 'bogus'"]),
     (["--bogus"], ["No such option '--bogus'"]),
     (["check", "SRC", "--min-rows", "x"], ["'--min-rows'", "'x' is not a valid integer"]),
+    (["convert", "SRC", "DST", "--columns"], ["Option '--columns' requires an argument", "convert --help"]),
 ])
 def test_usage_errors_are_one_line(tmp_path, parquet_src, run_cli, args, parts):
     args = [parquet_src if a == "SRC" else tmp_path / "dst" if a == "DST" else a for a in args]

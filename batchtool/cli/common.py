@@ -22,11 +22,11 @@ from batchtool.runner import default_threads
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
-def _usage_line(exc: click.UsageError) -> click.exceptions.Exit:
+def _usage_line(exc: click.UsageError, path: str) -> click.exceptions.Exit:
     """click's usage error (its usage, hint and message on four lines) as one `error:` line that keeps
-    the message, with its suggestion, and points at the command's --help."""
+    the message, with its suggestion, and points at the command's --help (`path` when click names none)."""
     message = " ".join(exc.format_message().split())
-    path = exc.ctx.command_path if exc.ctx is not None else "batchtool"
+    path = exc.ctx.command_path if exc.ctx is not None else path
     click.echo(f"error: {message} (see '{path} --help')", err=True)
     return click.exceptions.Exit(exc.exit_code)
 
@@ -43,14 +43,14 @@ class _Group(click.Group):
         try:  # the group's own options and arguments
             return super().make_context(info_name, args, parent, **extra)
         except click.UsageError as exc:
-            raise _usage_line(exc) from None
+            raise _usage_line(exc, info_name or "batchtool") from None
 
     def invoke(self, ctx: click.Context) -> Any:
         debug = ctx.params.get("debug") or os.environ.get("BATCHTOOL_DEBUG") == "1"
         try:  # the command name, the subcommand's options and arguments, and the command itself
             return super().invoke(ctx)
         except click.UsageError as exc:
-            raise _usage_line(exc) from None
+            raise _usage_line(exc, " ".join(filter(None, [ctx.command_path, ctx.invoked_subcommand]))) from None
         except BatchtoolError as exc:
             if debug:
                 raise
