@@ -125,6 +125,15 @@ class Dataset:
     max_record_bytes: int = field(default_factory=tfrecord_format.max_record_bytes)
 
     @property
+    def progress_rows(self) -> int | None:
+        """Rows for a progress bar's total: the Parquet footers' count, else (TFRecord) a batchtool
+        manifest's. Only ever a bar's total: a manifest's number sizes nothing."""
+        if self.num_rows is not None:
+            return self.num_rows
+        rows = (self.manifest or {}).get("output", {}).get("rows")
+        return rows if isinstance(rows, int) and not isinstance(rows, bool) and rows >= 0 else None
+
+    @property
     def total_bytes(self) -> int:
         return sum(s.size for s in self.shards)
 

@@ -6,9 +6,11 @@ import os
 from typing import Any
 
 import numpy as np
+import pyarrow.compute as pc
 
 from batchtool import stats as stats_mod
-from batchtool.dataset import Dataset, ReadReport, open_dataset
+from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
+from batchtool.runner import ordered_map
 
 _BAR_WIDTH = 40
 _HIST_BINS = 16
@@ -16,14 +18,65 @@ _HIST_BINS = 16
 
 def inspect(src: str, *, label: str | None = None, length: str | None = None, format: str | None = None,
             threads: int = 1, skip_corrupt: bool = False) -> dict[str, Any]:
-    """Read SRC once (only the label and length columns) and describe it."""
+    """Read SRC once (only the label and length columns) and describe it.
+
+    On batchtool batch output the numbers are the examples', not the padding's: bucket output's
+    lengths are its `length` column (the real lengths), and segment output's labels and lengths are
+    those of the original examples (first segments' `total_length`), with its segments, lanes and
+    empty slots counted apart.
+    """
     dataset = open_dataset(src, format=format, skip_corrupt=skip_corrupt)
     label = label or stats_mod.default_label(dataset.schema)
+    op, options = producer(dataset.manifest)
+    report = ReadReport()
+    if length is None and op == "segment" and {"key", "sequence", "total_length"} <= set(dataset.schema.names):
+        st, segments = segment_stats(dataset, label, threads, report)
+        result = describe(dataset, st, label, "total_length", report)
+        result["length"]["column"] = "total_length (of the examples)"
+        result["segments"] = {**segments, "ranks": options.get("world_size") or 1}
+        return result
+    if length is None and op == "bucket":
+        length = options.get("length_column") or options.get("length-column") or "length"
+        length = length if length in dataset.schema.names else None
     length = length or stats_mod.default_length(dataset.schema)
     dataset.check_columns([c for c in (label, length) if c])
-    report = ReadReport()
     st = stats_mod.collect(dataset, label=label, length=length, threads=threads, report=report)
     return describe(dataset, st, label, length, report)
+
+
+def producer(manifest: dict | None) -> tuple[str | None, dict[str, Any]]:
+    """The operation that wrote a batchtool output and its options: the command, or `run`'s last stage."""
+    if not manifest:
+        return None, {}
+    options = manifest.get("options") or {}
+    if manifest.get("command") == "run":
+        stages = options.get("stages") or [{}]
+        return stages[-1].get("op"), stages[-1]
+    return manifest.get("command"), options
+
+
+def segment_stats(dataset: Dataset, label: str | None, threads: int,
+                  report: ReadReport) -> tuple[stats_mod.DatasetStats, dict[str, int]]:
+    """Segment output in one pass: rows and shards of all rows, labels and lengths of the examples
+    (first segments), and the counts of segments, examples, lanes and empty slots."""
+    columns = list(dict.fromkeys(["key", "sequence", "total_length", "lane", *([label] if label else [])]))
+    columns = [c for c in columns if c in dataset.schema.names]
+    dataset.check_columns(columns)
+
+    def one(chunk: Chunk) -> tuple[stats_mod.DatasetStats, dict[str, int]]:
+        real = pc.not_equal(chunk.data.column("key"), "").to_numpy(zero_copy_only=False)
+        first = real & (chunk.data.column("sequence").to_numpy(zero_copy_only=False) == 0)
+        st = stats_mod.chunk_stats(chunk.filter(first), label, "total_length")
+        st.rows, st.shard_rows = chunk.num_rows, stats_mod.chunk_stats(chunk, None, None).shard_rows
+        lanes = chunk.data.column("lane").to_numpy(zero_copy_only=False) if "lane" in columns else np.zeros(0)
+        return st, {"segments": int(real.sum()), "examples": int(first.sum()), "empty_slots": int((~real).sum()),
+                    "lanes": int(lanes.max()) + 1 if len(lanes) else 0}
+
+    total, counts = stats_mod.DatasetStats(), {"segments": 0, "examples": 0, "empty_slots": 0, "lanes": 0}
+    for st, part in ordered_map(lambda task: one(task()), dataset.tasks(columns, report), threads):
+        total.merge(st)
+        counts = {k: max(v, part[k]) if k == "lanes" else v + part[k] for k, v in counts.items()}
+    return total, counts
 
 
 def describe(dataset: Dataset, st: stats_mod.DatasetStats, label: str | None, length: str | None,
@@ -90,8 +143,10 @@ def render(result: dict[str, Any]) -> str:
         lines.append(f"  {os.path.basename(s['path'])}  {s['rows']:>10,} rows  {human_bytes(s['bytes']):>9}")
     if len(result["shards"]) > 20:
         lines.append(f"  ... {len(result['shards']) - 20} more")
+    if "segments" in result:
+        lines += ["", render_segments(result["segments"])]
     if "label" in result:
-        lines += ["", *render_labels(result["label"], result["rows"])]
+        lines += ["", *render_labels(result["label"])]
     if "length" in result:
         lines += ["", *render_lengths(result["length"])]
     if result.get("corrupt_records_skipped"):
@@ -101,8 +156,18 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def render_labels(label: dict, rows: int) -> list[str]:
+def render_segments(segments: dict) -> str:
+    """Segment output's own counts, which its row count mixes together."""
+    empty = 100 * segments["empty_slots"] / max(segments["segments"] + segments["empty_slots"], 1)
+    ranks = f" x {segments['ranks']} ranks" if segments["ranks"] > 1 else ""
+    return (f"segment output: {segments['segments']:,} segments of {segments['examples']:,} examples in "
+            f"{segments['lanes']:,} lanes{ranks}; {segments['empty_slots']:,} empty slots ({empty:.2f}%)"
+            "; labels and lengths below are the examples'")
+
+
+def render_labels(label: dict) -> list[str]:
     counts = label["counts"]
+    rows = sum(counts.values()) + label["nulls"]  # the rows (or examples) counted
     lines = [f"label distribution ({label['column']}, {len(counts)} classes"
              + (f", {label['nulls']} null" if label["nulls"] else "") + ")"]
     peak = max(counts.values(), default=0)
@@ -129,14 +194,20 @@ def render_manifest(summary: dict) -> list[str]:
              + (f" (seed {summary['seed']})" if summary.get("seed") is not None else "")]
     if summary.get("batches") is not None:
         lines.append(f"  {summary['rows']:,} rows in {summary['batches']:,} batches")
-    for key, value in summary.get("stats", {}).items():
+    stats = summary.get("stats", {})
+    for stage in stats.get("stages", []):  # run: each stage's rows, then the last stage's own numbers
+        if isinstance(stage, dict):
+            lines.append(f"  stage {stage.get('stage')} {stage.get('op')}: {shown('rows_in', stage.get('rows_in'))} "
+                         f"rows in, {shown('rows_out', stage.get('rows_out'))} out")
+    for key, value in stats.items():
         if isinstance(value, (int, float, str)):
-            lines.append(f"  {key}: {value}")
+            lines.append(f"  {key}: {shown(key, value)}")
+    last = stats["stages"][-1] if isinstance(stats.get("stages"), list) and stats["stages"] else stats
     for key, render, what in (("buckets", render_buckets, "a per-bucket table as bucket writes it"),
                               ("examples_per_row", render_packing, "a packing summary as pack writes it")):
-        if summary.get("stats", {}).get(key):
+        if isinstance(last, dict) and last.get(key):
             try:
-                lines += render(summary["stats"])
+                lines += render(last)
             except (KeyError, TypeError, ValueError, AttributeError):  # stats are free-form: show what is there
                 lines.append(f"  stats.{key}: not {what}")
     return lines
@@ -164,6 +235,17 @@ def render_packing(stats: dict) -> list[str]:
     lines.append("  examples per row")
     lines += [f"  {b['from']:>{width}}-{b['to']:<{width}}  {b['count']:>10,}  {bar(b['count'], peak)}" for b in bins]
     return lines
+
+
+def shown(key: str, value: Any) -> str:
+    """A manifest number as a person reads it: thousands separators, fractions as percentages."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "?" if value is None else str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if key.endswith(("efficiency", "fraction")):
+        return f"{100 * value:.2f}%"
+    return f"{value:,.6g}"
 
 
 def render_buckets(stats: dict) -> list[str]:

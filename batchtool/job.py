@@ -66,7 +66,7 @@ def write_job(*, command: str, options: dict[str, Any], seed: int | None, datase
         results = ordered_map(encoded_work, items, run.threads)
         # closed, however the block ends, before the directories are removed: the items' source may
         # still be writing temporary files of its own (segment's key index) on the reader thread
-        with progress.bar(desc or command, total_rows if total_rows is not None else dataset.num_rows,
+        with progress.bar(desc or f"{command}: write", total_rows if total_rows is not None else dataset.progress_rows,
                           quiet=run.quiet) as bar, closing(results):
             for encoded, consumed in results:
                 for batch in encoded:

@@ -122,7 +122,7 @@ def test_sigint_mid_run_leaves_dst_as_it_was(tmp_path, parquet_src):
     dst = tmp_path / "dst"
     dst.mkdir()
     (dst / "old").write_text("previous run")
-    proc = start_parked("pass:convert", "convert", parquet_src, dst, "--overwrite", "--to", "tfrecord",
+    proc = start_parked("pass:convert: write", "convert", parquet_src, dst, "--overwrite", "--to", "tfrecord",
                         "--shard-rows", "50", "--threads", "2")
     assert [n for n in os.listdir(tmp_path) if n.startswith(".dst.tmp-")]  # the run is writing
     proc.send_signal(signal.SIGINT)

@@ -20,9 +20,9 @@ def test_summary_manifest_inspect_and_check(tmp_path, parquet_src, run_cli):
     result = run_cli("pack", parquet_src, dst, *ARGS)
     assert result.exit_code == 0, result.stderr
     stats = json.loads((dst / ".batchtool_manifest.json").read_text())["stats"]
-    assert (f"packed {stats['examples_packed']:,} examples into {stats['rows']:,} rows of at most 128 steps "
-            f"(lower bound {stats['rows_lower_bound']:,}; packing efficiency") in result.stderr
-    assert f"split {stats['examples_split']} long examples" in result.stderr and stats["examples_split"] > 0
+    assert (f"{stats['rows']:,} packed rows (lower bound {stats['rows_lower_bound']:,}), packing efficiency "
+            f"{100 * stats['packing_efficiency']:.2f}%") in result.stderr
+    assert f"{stats['examples_split']} split into pieces" in result.stderr and stats["examples_split"] > 0
     shown = run_cli("inspect", dst)
     assert "packing (efficiency = real steps / (rows x max length))" in shown.output
     assert f"{stats['rows']:,} rows of at most 128 steps" in shown.output and "examples per row" in shown.output
@@ -104,7 +104,7 @@ def test_drop_long_is_counted(tmp_path, parquet_src, run_cli):
     result = run_cli("pack", parquet_src, tmp_path / "out", "--max-length", "64", "--drop-long", "--batch-size", "8")
     stats = json.loads((tmp_path / "out" / ".batchtool_manifest.json").read_text())["stats"]
     long = stats["lengths_in"]["longer_than_max_length"]
-    assert long > 0 and stats["examples_dropped"] == {"long": long} and f"dropped {long} long examples" in result.stderr
+    assert long > 0 and stats["examples_dropped"] == {"long": long} and f"{long} dropped ({long} long)" in result.stderr
     keys = read_dir(str(tmp_path / "out")).column("key").to_pylist()
     assert stats["examples_packed"] == 300 - long == sum(len(k) for k in keys)
 

@@ -260,7 +260,7 @@ def test_ctrl_c_removes_temporary_files_and_leaves_no_output(tmp_path):
     pipeline = write_pipeline(tmp_path / "p.toml", pipeline_text(
         src, "out", 'op = "shuffle"', 'op = "bucket"\nauto-buckets = 4\nbatch-size = 16',
         top=f'memory = "1MB"\ntmp-dir = "{spills}"\nthreads = 2'))
-    proc = start_parked("pass:shuffle: spill", "run", pipeline, "-q", cwd=REPO)  # parked mid-spill
+    proc = start_parked("pass:stage 1 (shuffle): spill", "run", pipeline, "-q", cwd=REPO)  # parked mid-spill
     assert any(files for _, _, files in os.walk(spills)), "the run never spilled"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)

@@ -33,7 +33,7 @@ def error_cases(src: str, bad: str) -> list[tuple[list, str]]:
         (["stratify", bad, "DST", "--target", "0.5,0.5", "--mode", "online"],
          "column 'label': 1 label(s) are not integers in [0, 2) (first: "),
         (["stratify", src, "DST", "--target", "uniform", "--label", "weight"], "label(s) are not integers"),
-        (["stratify", src, "DST", "--target", "uniform", "--label", "key"], "column 'key' is string"),
+        (["stratify", src, "DST", "--target", "uniform", "--label", "key"], "column 'key': type string"),
         (["stratify", src, "DST", "--target", "uniform", "--label", "nope"], "no column 'nope' (available: key"),
         (["stratify", src, "DST", "--target", "uniform", "--mode", "online"], "needs --num-classes"),
         (["stratify", src, "DST", "--target", "uniform", "--balanced-batches"],
@@ -104,9 +104,9 @@ def test_threads_1_and_4_give_identical_bytes_and_seeds_differ(tmp_path, src_wit
 def test_stratify_warns_when_most_data_is_discarded_and_records_stats(tmp_path, parquet_src, run_cli):
     result = run_cli("stratify", parquet_src, tmp_path / "out", "--target", "uniform")
     assert result.exit_code == 0, result.output
-    warning, summary = result.stderr.strip().splitlines()
+    warning, notes, summary = result.stderr.strip().splitlines()
     assert warning.startswith("warning: stratify discarded ") and "never appear in DST" in warning
-    assert summary.startswith("wrote ") and "per class" in summary
+    assert notes.startswith("stratify: ") and "per class" in notes and summary.startswith("wrote ")
     manifest = json.load(open(tmp_path / "out" / ".batchtool_manifest.json"))
     stats = manifest["stats"]
     assert manifest["command"] == "stratify" and manifest["seed"] == 0

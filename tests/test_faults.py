@@ -194,7 +194,7 @@ CONVERT = ("convert", "src", "dst", "--overwrite", "--shard-rows", "50", "--thre
     pytest.param("pass:bucket: scatter", BUCKET, signal.SIGINT, ["spill"], id="bucket-spill"),
     pytest.param("pass:shuffle: spill", SHUFFLE, signal.SIGTERM, ["spill"], id="shuffle-spill"),
     pytest.param("pass:bucket: write", BUCKET, signal.SIGTERM, ["spill", "output"], id="writing-from-spills"),
-    pytest.param("pass:convert", CONVERT, signal.SIGINT, ["output"], id="writing"),
+    pytest.param("pass:convert: write", CONVERT, signal.SIGINT, ["output"], id="writing"),
 ])
 def test_a_signal_at_any_moment_cleans_up_and_exits_by_convention(place, where, args, sig, in_progress):
     (place / "spills").mkdir()

@@ -201,7 +201,7 @@ def test_schema_errors(tmp_path):
     with pytest.raises(SchemaError, match=r"--sequence 'label' is int64: expected a list column"):
         run(tmp_path, table_of([2]), num_unroll=2, batch_size=1, sequences=("label",))
     with pytest.raises(SchemaError, match=r"--key 'label' is int64: expected a string column"):
-        run(tmp_path, table_of([2]), "b", key="label", num_unroll=2, batch_size=1)
+        run(tmp_path, table_of([2]), "b", key="label", num_unroll=2, batch_size=1, context=())
 
 
 def test_empty_input_gives_an_empty_valid_output(tmp_path):

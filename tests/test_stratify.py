@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from fractions import Fraction
 
 import numpy as np
 import pyarrow as pa
@@ -17,8 +18,8 @@ from batchtool.dataset import open_dataset
 from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.job import RunSettings
 from batchtool.ops.stratify import (ONLINE_PRIOR, STAGE, StratifyOptions, acceptance_probs, batch_layout,
-                                    find_thresholds, largest_remainder, largest_total, parse_target, stratify,
-                                    threshold_plan)
+                                    exact_target, exact_totals, find_thresholds, largest_remainder, largest_total,
+                                    parse_target, stratify, threshold_plan)
 from batchtool.output import OutputOptions
 from batchtool.synthetic import make_table
 from conftest import read_dir, write_parquet_shards
@@ -86,22 +87,28 @@ def test_acceptance_formula_on_a_hand_worked_example():
 
 
 def test_largest_total_on_hand_examples():
-    assert largest_total(np.array([90, 7, 2, 1]), np.full(4, 0.25)) == 7  # floor(7/4) = 1 <= 1, floor(8/4) = 2
-    assert largest_total(np.array([10, 10]), np.array([0.7, 0.3])) == 15  # 15*0.7 = 10.5, 16*0.7 = 11.2
-    assert largest_total(np.array([5, 0]), np.array([1.0, 0.0])) == 5
+    assert largest_total(np.array([90, 7, 2, 1]), exact_target("uniform", 4)) == 4  # the class of 1 limits M
+    assert largest_total(np.array([10, 10]), exact_target((0.7, 0.3), 2)) == Fraction(100, 7)
+    assert largest_total(np.array([5, 0]), exact_target((1.0, 0.0), 2)) == 5
+    assert largest_total(np.array([2709, 199, 62, 30]), exact_target((0.4, 0.3, 0.2, 0.1), 4)) == 300
 
 
 @given(st.lists(st.integers(0, 500), min_size=1, max_size=6), st.data())
 @settings(max_examples=80, deadline=None)
-def test_largest_total_is_the_largest_that_fits(counts, data):
-    weights = data.draw(st.lists(st.integers(0, 9), min_size=len(counts), max_size=len(counts)))
-    counts, weights = np.array(counts), np.array(weights, dtype=float)
-    if weights.sum() == 0 or np.any((weights > 0) & (counts == 0)):
+def test_exact_totals_fit_the_counts_and_are_exact_when_they_can_be(counts, data):
+    cuts = sorted(data.draw(st.lists(st.integers(0, 100), min_size=len(counts) - 1, max_size=len(counts) - 1)))
+    weights = np.diff([0, *cuts, 100])
+    counts = np.array(counts)
+    if any(w > 0 and n == 0 for w, n in zip(weights, counts)):
         return
-    t = weights / weights.sum()
-    m = largest_total(counts, t)
-    assert all(math.floor(m * ti) <= n for ti, n in zip(t, counts))
-    assert any(math.floor((m + 1) * ti) > n for ti, n in zip(t, counts))
+    target = tuple(w / 100 for w in weights)  # decimals as a user writes them (0.3 is not exact in binary)
+    totals, m = exact_totals(counts, np.array(target) / sum(target), StratifyOptions(label="label", target=target))
+    assert np.all(totals <= counts)  # no class gives more than it has...
+    assert any(k == n for k, n, w in zip(totals, counts, weights) if w > 0)  # ...and the scarcest gives all
+    scale = data.draw(st.integers(1, 20))  # counts proportional to the weights: the output is exactly that
+    proportional = weights * scale
+    exact, _ = exact_totals(proportional, np.array(target) / sum(target), StratifyOptions(label="label", target=target))
+    assert exact.tolist() == proportional.tolist()
 
 
 @given(st.integers(0, 1000), st.lists(st.integers(0, 9), min_size=1, max_size=8))
@@ -129,15 +136,15 @@ def test_exact_counts_no_duplicates_and_rows_equal_input_rows(tmp_path, big_src)
     result = run(big_src, tmp_path / "out", target=(0.4, 0.3, 0.2, 0.1))
     out = read_dir(str(tmp_path / "out"))
     counts = np.bincount(pq.read_table(big_src).column("label").to_numpy(), minlength=4)
-    t = np.array([0.4, 0.3, 0.2, 0.1])
-    m = largest_total(counts, t)
-    assert np.bincount(out.column("label").to_numpy(), minlength=4).tolist() == np.floor(m * t).astype(int).tolist()
+    m = largest_total(counts, exact_target((0.4, 0.3, 0.2, 0.1), 4))
+    expected = [math.floor(m * t) for t in exact_target((0.4, 0.3, 0.2, 0.1), 4)]
+    assert np.bincount(out.column("label").to_numpy(), minlength=4).tolist() == expected
     keys = out.column("key").to_pylist()
     assert len(set(keys)) == len(keys)
     source = {r["key"]: r for r in pq.read_table(big_src).to_pylist()}
     assert all(source[r["key"]] == r for r in out.to_pylist())
     stats = result.manifest["stats"]
-    assert stats["total_m"] == m and stats["class_counts_before"] == {str(i): int(n) for i, n in enumerate(counts)}
+    assert stats["total_m"] == (int(m) if m.denominator == 1 else round(float(m), 6)) and stats["class_counts_before"] == {str(i): int(n) for i, n in enumerate(counts)}
     assert stats["examples_dropped"] == 20_000 - out.num_rows and stats["examples_duplicated"] == 0
 
 
@@ -309,7 +316,7 @@ def test_label_errors_count_and_locate_the_first(tmp_path):
     with pytest.raises(InputError, match=r"1 label\(s\).*part-00001\.parquet, row 0: 1\.5"):
         run(floats, tmp_path / "out3", target=(0.5, 0.5))
     strings = labelled(tmp_path / "s", ["a", "b"])
-    with pytest.raises(SchemaError, match="column 'label' is string"):
+    with pytest.raises(SchemaError, match=r"part-00000\.parquet, column 'label': type string"):
         run(strings, tmp_path / "out4", target=(0.5, 0.5))
     assert not any((tmp_path / d).exists() for d in ("out", "out2", "out3", "out4"))
 
@@ -326,7 +333,7 @@ def test_zero_probability_class_with_a_target_is_an_error(tmp_path):
         run(src, tmp_path / "out", target=(0.4, 0.4, 0.2))
     with pytest.raises(UsageError, match=r"class 1 has initial probability 0 \(--init-probs\)"):
         run(src, tmp_path / "out", target=(0.5, 0.5), mode="bernoulli", init_probs=(1.0, 0.0))
-    with pytest.raises(UsageError, match="--size 9: without --replacement the data allows at most 5"):
+    with pytest.raises(UsageError, match="--size 9: without --replacement the data allows at most 4 "):
         run(src, tmp_path / "out", target="uniform", size=9)
     with pytest.raises(UsageError, match="needs --num-classes"):
         run(src, tmp_path / "out", target="uniform", mode="online")

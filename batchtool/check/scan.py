@@ -187,7 +187,7 @@ def measure(dataset: Dataset, plan: Plan, run: RunSettings, needs_rows: bool, me
     budget = memory // max(1, len(plan.keys))
     indexes = [HashIndex(budget, tmp_dir) for _ in plan.keys]
     try:
-        with progress.bar("check", dataset.num_rows, quiet=run.quiet) as bar:
+        with progress.bar("check: scan", dataset.progress_rows, quiet=run.quiet) as bar:
             for scan in ordered_map(lambda task: scan_chunk(task(), plan), dataset.tasks(plan.columns, report),
                                     run.threads):
                 for total, part in zip(stats, scan.stats):

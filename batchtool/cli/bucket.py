@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import click
 
 from batchtool.cli.common import (
+    SIZE,
+    columns_option,
     command,
     input_options,
     make_output,
     make_run,
     output_options,
     parse_size,
+    report,
     run_options,
     summary,
 )
@@ -37,7 +39,7 @@ def int_list(flag: str, text: str | None) -> tuple[int, ...] | None:
 @click.argument("dst")
 @click.option("--length", help="Length to bucket by: an integer column, or a list column's steps "
                                "(default: the first sequence column).")
-@click.option("--sequence", "sequences", multiple=True, metavar="COL",
+@columns_option("--sequence", "sequences",
               help="A sequence (list) column to pad; repeat for several, which must agree in length "
                    "(default: every list column).")
 @click.option("--boundaries", help="Bucket edges b0,b1,...: buckets < b0, [b_i, b_i+1), >= b_last.")
@@ -62,7 +64,7 @@ def int_list(flag: str, text: str | None) -> tuple[int, ...] | None:
               help="shuffle: seeded random order within buckets and across batches; "
                    "sorted: ascending length, buckets in order (for inference).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of every random choice.")
-@click.option("--memory", default="1GB", show_default=True, metavar="SIZE",
+@click.option("--memory", type=SIZE, default="1GB", show_default=True, metavar="SIZE",
               help="Memory for holding buckets; larger buckets spill to temporary files.")
 @click.option("--tmp-dir", help="Directory for spill files (default: the system temp directory).")
 @input_options
@@ -86,10 +88,7 @@ def bucket_cmd(src: str, dst: str, seed: int, input_format: str | None, skip_cor
                 f"expected padding efficiency {percent(auto['expected_padding_efficiency'])} "
                 f"({auto['k']} quantile buckets: {percent(auto['quantile_expected_padding_efficiency'])})",
                 run.quiet)
-    dropped = ", ".join(f"{n:,} {why}" for why, n in stats["examples_dropped"].items() if n)
-    summary(f"wrote {result.rows_out:,} rows in {stats['batches']:,} batches ({stats['num_buckets']} buckets, "
-            f"padding efficiency {percent(stats['padding_efficiency'])}) to {os.path.abspath(dst)}"
-            + (f"; dropped {dropped}" if dropped else ""), run.quiet, stats)
+    report(result.manifest, dst, run.quiet)
 
 
 def bucket_options(*, length: str | None, sequences: tuple[str, ...], boundaries: str | None,

@@ -9,13 +9,14 @@ import click
 from batchtool.check import (CheckOptions, RuleSet, check, junit_xml, load_rules, render_text, rules_from_flags,
                              to_json)
 from batchtool.check.report import write
-from batchtool.cli.common import command, input_options, make_run, parse_size, run_options
+from batchtool.cli.common import (SIZE, column_list, columns_option, command, input_options, make_run, parse_size,
+                                  run_options)
 from batchtool.errors import UsageError
 
 
-def _columns(texts: tuple[str, ...]) -> tuple[str, ...]:
-    """Columns of a repeatable COL,... option: `--no-nan a,b` and `--no-nan a --no-nan b` are the same."""
-    return tuple(dict.fromkeys(c.strip() for text in texts for c in text.split(",") if c.strip()))
+def _keys(ctx: click.Context, param: click.Parameter, texts: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
+    """--unique: each flag is one key, of one column or several."""
+    return tuple(column_list(ctx, param, text) for text in texts)
 
 
 def _floats(ctx: click.Context, param: click.Parameter, text: str | None) -> tuple[float, ...] | None:
@@ -63,11 +64,11 @@ def _tolerances(ctx: click.Context, param: click.Parameter,
                    "rule: proportions (0.02), lengths (0.1), nulls (0.01), rows (0.1). Repeatable.")
 @click.option("--min-rows", type=int, help="Rule: at least N rows.")
 @click.option("--max-rows", type=int, help="Rule: at most N rows.")
-@click.option("--unique", multiple=True, metavar="COL[,COL...]",
+@click.option("--unique", multiple=True, metavar="COL[,COL...]", callback=_keys,
               help="Rule: no two rows share this key (repeat the flag for more keys).")
-@click.option("--no-nulls", multiple=True, metavar="COL,...", help="Rule: no nulls in these columns (repeatable).")
-@click.option("--no-nan", multiple=True, metavar="COL,...",
-              help="Rule: no NaN in these float or list-of-float columns (repeatable).")
+@columns_option("--no-nulls", help="Rule: no nulls in these columns (repeatable).")
+@columns_option("--no-nan",
+                help="Rule: no NaN in these float or list-of-float columns (repeatable).")
 @click.option("--length", metavar="COL",
               help="Column of --min-length/--max-length and --baseline (default: the first list column).")
 @click.option("--min-length", type=int, help="Rule: every row at least this long.")
@@ -94,17 +95,18 @@ def _tolerances(ctx: click.Context, param: click.Parameter,
 @click.option("--max-offenders", type=int, help="Offending rows listed per rule (default 5).")
 @click.option("--json", "json_file", metavar="FILE", help="Write the result as JSON ('-': to stdout, no table).")
 @click.option("--junit", "junit_file", metavar="FILE", help="Write a JUnit XML report (one testcase per rule).")
-@click.option("--memory", default="1GB", show_default=True, metavar="SIZE",
+@click.option("--memory", type=SIZE, default="1GB", show_default=True, metavar="SIZE",
               help="Memory for unique-key and duplicate-row hashes before they spill to --tmp-dir.")
 @click.option("--tmp-dir", type=click.Path(file_okay=False), help="Where hashes spill (default: system temp).")
 @input_options
 @run_options
 def check_cmd(src: str, rules_file: str | None, label: str | None, num_classes: int | None,
               target: tuple[float, ...] | None, tolerance: tuple[float | None, dict[str, float]],
-              min_rows: int | None, max_rows: int | None, unique: tuple[str, ...], no_nulls: tuple[str, ...],
-              no_nan: tuple[str, ...], length: str | None, min_length: int | None, max_length: int | None,
-              checksums: bool, verify_manifest: bool, crc: bool, min_padding_efficiency: float | None,
-              min_bucket_padding_efficiency: float | None, min_batch_rows: int | None, max_batch_rows: int | None,
+              min_rows: int | None, max_rows: int | None, unique: tuple[tuple[str, ...], ...],
+              no_nulls: tuple[str, ...], no_nan: tuple[str, ...], length: str | None, min_length: int | None,
+              max_length: int | None, checksums: bool, verify_manifest: bool, crc: bool,
+              min_padding_efficiency: float | None, min_bucket_padding_efficiency: float | None,
+              min_batch_rows: int | None, max_batch_rows: int | None,
               batch_quotas: bool, rank_batches: bool, baseline: str | None, key: str | None,
               max_offenders: int | None, json_file: str | None, junit_file: str | None, memory: str,
               tmp_dir: str | None, input_format: str | None, skip_corrupt: bool, **kwargs) -> None:
@@ -121,8 +123,8 @@ def check_cmd(src: str, rules_file: str | None, label: str | None, num_classes: 
     from_file = load_rules(rules_file) if rules_file else RuleSet()
     target_tolerance, drift_tolerances = tolerance
     flags = rules_from_flags(label=label, num_classes=num_classes, target=target, tolerance=target_tolerance,
-                             min_rows=min_rows, max_rows=max_rows, unique=[_columns((u,)) for u in unique],
-                             no_nulls=_columns(no_nulls), no_nan=_columns(no_nan), length=length,
+                             min_rows=min_rows, max_rows=max_rows, unique=list(unique),
+                             no_nulls=no_nulls, no_nan=no_nan, length=length,
                              min_length=min_length, max_length=max_length, checksums=checksums,
                              manifest=verify_manifest, crc=crc, min_padding_efficiency=min_padding_efficiency,
                              min_bucket_padding_efficiency=min_bucket_padding_efficiency,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import time
 from collections.abc import Callable
 from importlib import resources
 from importlib.resources.abc import Traversable
@@ -17,22 +18,42 @@ from batchtool.engines import ENGINES, engine_scope
 from batchtool.errors import BatchtoolError, UsageError
 from batchtool.formats import tfrecord
 from batchtool.job import RunSettings
+from batchtool.ops.stratify import discard_warning
 from batchtool.output import CASTS, DEFAULT_SHARD_BYTES, OutputOptions
 from batchtool.runner import default_threads
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
+def _usage_line(exc: click.UsageError, path: str) -> click.exceptions.Exit:
+    """click's usage error (its usage, hint and message on four lines) as one `error:` line that keeps
+    the message, with its suggestion, and points at the command's --help (`path` when click names none)."""
+    message = " ".join(exc.format_message().split())
+    path = exc.ctx.command_path if exc.ctx is not None else path
+    click.echo(f"error: {message} (see '{path} --help')", err=True)
+    return click.exceptions.Exit(exc.exit_code)
+
+
 class _Group(click.Group):
-    """Turns BatchtoolErrors into one line on stderr and exit status 2; --debug shows the traceback.
+    """Turns BatchtoolErrors and click's usage errors into one line on stderr and exit status 2;
+    --debug shows the traceback of BatchtoolErrors.
 
     Signals are the entry point's (batchtool.entry): it sets their handlers before this module loads.
     """
 
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        try:  # the group's own options and arguments
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as exc:
+            raise _usage_line(exc, info_name or "batchtool") from None
+
     def invoke(self, ctx: click.Context) -> Any:
         debug = ctx.params.get("debug") or os.environ.get("BATCHTOOL_DEBUG") == "1"
-        try:
+        try:  # the command name, the subcommand's options and arguments, and the command itself
             return super().invoke(ctx)
+        except click.UsageError as exc:
+            raise _usage_line(exc, " ".join(filter(None, [ctx.command_path, ctx.invoked_subcommand]))) from None
         except BatchtoolError as exc:
             if debug:
                 raise
@@ -70,6 +91,44 @@ def parse_size(text: str | None) -> int | None:
         raise click.BadParameter(f"{text!r} is not a size (e.g. 256MB, 1GB, 1000000)") from None
 
 
+def column_list(ctx: click.Context | None, param: click.Parameter, values: Any) -> tuple[str, ...]:
+    """The columns of a COL[,COL...] option, given repeated, comma-separated or both (`--sequence a,b
+    --sequence c`), in order; a name given twice counts once (nothing is lost). The callback of every
+    column-list option, also applied to pipeline-file keys (a list or a comma-separated string)."""
+    flag = next((o for o in param.opts if o.startswith("--")), param.name)
+    texts = (values,) if isinstance(values, str) else values or ()
+    names: list[str] = []
+    for text in texts:
+        parts = [part.strip() for part in text.split(",")]
+        if not all(parts):
+            raise click.BadParameter(f"{text!r} has an empty column name (give COL or COL,COL,...)",
+                                     ctx=ctx, param=param, param_hint=flag)
+        names += parts
+    return tuple(dict.fromkeys(names))
+
+
+def columns_option(*decls: str, **kwargs: Any) -> Callable:
+    """A column-list option: repeatable, each value one column or several, comma-separated."""
+    return click.option(*decls, multiple=True, callback=column_list, metavar="COL[,COL...]", **kwargs)
+
+
+class Size(click.ParamType):
+    """A SIZE option ('256MB', '1GB', '1000000'), checked when parsed so an error names the option;
+    the value stays text, turned into bytes by parse_size where it is used."""
+
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            parse_size(value)
+        except click.BadParameter as exc:
+            self.fail(exc.message, param, ctx)
+        return value
+
+
+SIZE = Size()
+
+
 def input_options(fn: Callable) -> Callable:
     """--format, --skip-corrupt and --max-record-bytes, for every command that reads SRC.
 
@@ -105,6 +164,7 @@ def input_options(fn: Callable) -> Callable:
 
 
 _ENGINE_META = "batchtool.engine"
+_STARTED_META = "batchtool.started"
 
 
 def run_options(fn: Callable) -> Callable:
@@ -116,7 +176,7 @@ def run_options(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def on_engine(*args: Any, engine: str, ray_address: str | None, **kwargs: Any) -> Any:
         settings = RunSettings(threads=kwargs["threads"], engine=engine, ray_address=ray_address)
-        click.get_current_context().meta[_ENGINE_META] = settings
+        click.get_current_context().meta.update({_ENGINE_META: settings, _STARTED_META: time.perf_counter()})
         with engine_scope(settings):
             return fn(*args, **kwargs)
 
@@ -146,7 +206,7 @@ def output_options(fn: Callable) -> Callable:
         click.option("--tfrecord-kind", type=click.Choice(["sequence_example", "example"]),
                      default="sequence_example", show_default=True,
                      help="Payload of TFRecord output."),
-        click.option("--shard-bytes", default=None, metavar="SIZE",
+        click.option("--shard-bytes", type=SIZE, default=None, metavar="SIZE",
                      help=f"Start a new output shard past this size (default {DEFAULT_SHARD_BYTES >> 20}MB)."),
         click.option("--shard-rows", type=click.IntRange(min=1), default=None,
                      help="Start a new output shard past this many rows."),
@@ -177,11 +237,8 @@ def make_run(kwargs: dict[str, Any]) -> RunSettings:
                        ray_address=chosen.ray_address)
 
 
-def summary(result_line: str, quiet: bool, stats: dict[str, Any] | None = None) -> None:
-    """Print a command's result line; with the manifest's stats, it also says what was skipped."""
-    if stats and "corrupt_records_skipped" in stats:
-        records, size = stats["corrupt_records_skipped"], stats["corrupt_bytes_skipped"]
-        result_line += f" ({records:,} corrupt record{'s' * (records != 1)}, {size:,} bytes skipped)"
+def summary(result_line: str, quiet: bool) -> None:
+    """Print a line of a command's result (report() prints the summary every writing command ends with)."""
     if not quiet:
         click.echo(result_line, err=True)
 
@@ -191,6 +248,94 @@ def manuals() -> dict[str, Traversable]:
     files = sorted((f for f in (resources.files("batchtool") / "docs").iterdir() if f.name.endswith(".md")),
                    key=lambda f: f.name)
     return {f.name[:-len(".md")]: f for f in files}
+
+
+def report(manifest: dict[str, Any], dst: str, quiet: bool) -> None:
+    """How every writing command ends, `run` included, from DST's manifest: the discard warning of each
+    stratify step (even with --quiet), then what each step did (rows in and out, what it dropped or
+    duplicated, its own numbers) and one line of what was written, the time and the peak memory."""
+    stats, output, run = manifest["stats"], manifest["output"], manifest["run"]
+    stages = stats.get("stages") or [{**stats, "op": manifest["command"], "rows_out": output["rows"]}]
+    for stage in stages:
+        warning = discard_warning(stage) if stage["op"] == "stratify" else None
+        if warning:
+            click.echo(warning if "stage" not in stage else warning.replace(
+                "stratify", f"stage {stage['stage']} (stratify)", 1), err=True)
+    if quiet:
+        return
+    lines = render(stages, expected=False) if "stages" in stats else [
+        f"{stage['op']}: {_count(stage['rows_in'])} rows in, {_count(stage['rows_out'])} out"
+        + (f"; {details}" if (details := notes(stage, expected=False)) else "") for stage in stages]
+    ctx = click.get_current_context(silent=True)
+    started = ctx.meta.get(_STARTED_META) if ctx is not None else None  # the whole command, first passes too
+    seconds = run["wall_seconds"] if started is None else time.perf_counter() - started
+    lines.append(f"wrote {output['rows']:,} rows in {output['batches']:,} row groups to {len(output['files'])} "
+                 f"shard(s) in {os.path.abspath(dst)}; {seconds:.1f} s, "
+                 f"peak memory {run['peak_rss_bytes'] / 2**20:,.0f} MiB" + skipped_note(stats))
+    click.echo("\n".join(lines), err=True)
+
+
+def render(stages: list[dict[str, Any]], expected: bool) -> list[str]:
+    """The per-stage table: rows in and out and what each stage reports (or, dry, plans)."""
+    rows = [(f"{s['stage']} {s['op']}", _count(s["rows_in"]), _count(s["rows_out"]), notes(s, expected))
+            for s in stages]
+    header = ("stage", "rows in", "rows out" + (" (planned)" if expected else ""), "")
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    line = "  ".join([f"{{:<{widths[0]}}}", f"{{:>{widths[1]}}}", f"{{:>{widths[2]}}}", "{}"])
+    return [line.format(*header).rstrip(), *(line.format(*r).rstrip() for r in rows)]
+
+
+def notes(stage: dict[str, Any], expected: bool) -> str:
+    """One line of the numbers that matter for the stage's operation."""
+    parts = []
+    per_class = stage.get("class_targets" if expected else "class_counts_after")
+    if per_class:
+        parts.append("per class " + "/".join(f"{n:,}" for n in per_class.values()))
+    if expected and "expected_rows" in stage:
+        parts.append(f"about {stage['expected_rows']:,} rows")
+    dropped = stage.get("examples_dropped")
+    if isinstance(dropped, dict):  # bucket: by reason
+        reasons = ", ".join(f"{n:,} {why}" for why, n in dropped.items() if n)
+        dropped = f"{sum(dropped.values()):,} dropped ({reasons})" if reasons else None
+    elif dropped:
+        dropped = f"{dropped:,} dropped"
+    if dropped:
+        parts.append(dropped)
+    if stage.get("examples_duplicated"):
+        parts.append(f"{stage['examples_duplicated']:,} duplicated")
+    if stage.get("examples_split"):
+        parts.append(f"{stage['examples_split']:,} split into pieces")
+    if stage.get("segments") is not None:
+        parts.append(f"{stage['segments']:,} segments" + (f" of {stage['examples']:,} examples"
+                                                           if stage.get("examples") is not None else ""))
+    if stage.get("empty_slot_fraction"):
+        parts.append(f"empty slots {100 * stage['empty_slot_fraction']:.2f}%")
+    if stage.get("batches") is not None:
+        parts.append(f"{stage['batches']:,} batches" + (f" in {stage['num_buckets']} buckets"
+                                                          if stage.get("num_buckets") else ""))
+    if stage.get("rows_lower_bound") is not None:
+        parts.append(f"{stage['rows']:,} packed rows (lower bound {stage['rows_lower_bound']:,}), packing efficiency "
+                     f"{100 * (stage['packing_efficiency'] or 0):.2f}%")
+    if stage.get("boundaries"):
+        parts.append("boundaries " + ",".join(map(str, stage["boundaries"])))
+    efficiency = stage.get("padding_efficiency")
+    if efficiency is not None:
+        parts.append(f"padding efficiency {100 * efficiency:.1f}%" + (" (expected)" if expected else ""))
+    if stage["op"] == "shuffle" and "mode" in stage:
+        parts.append(f"{stage['mode']} shuffle")
+    return ", ".join(parts)
+
+
+def _count(value: int | None) -> str:
+    return "?" if value is None else f"{value:,}"
+
+
+def skipped_note(stats: dict[str, Any]) -> str:
+    """What --skip-corrupt cost, exactly, for the end of the summary line ('' when nothing was skipped)."""
+    if "corrupt_records_skipped" not in stats:
+        return ""
+    records, size = stats["corrupt_records_skipped"], stats.get("corrupt_bytes_skipped", 0)
+    return f" ({records:,} corrupt record{'s' * (records != 1)}, {size:,} bytes skipped)"
 
 
 def command(name: str, example: str) -> Callable:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 
 import click
 
 from batchtool import inspection
-from batchtool.cli.common import command, input_options, make_output, make_run, output_options, run_options, summary
+from batchtool.cli.common import (columns_option, command, input_options, make_output, make_run, output_options,
+                                  report, run_options)
 from batchtool.convert import convert as convert_dataset
 
 
@@ -36,16 +36,15 @@ def inspect_cmd(src: str, label: str | None, length: str | None, sequence: str |
 @command("convert", "batchtool convert sample_data/parquet /tmp/tfr --to tfrecord")
 @click.argument("src")
 @click.argument("dst")
-@click.option("--columns", help="Comma-separated columns to keep (default: all).")
+@columns_option("--columns", help="Columns to keep, in this order (default: all).")
 @input_options
 @output_options
 @run_options
-def convert_cmd(src: str, dst: str, columns: str | None, input_format: str | None, skip_corrupt: bool,
+def convert_cmd(src: str, dst: str, columns: tuple[str, ...], input_format: str | None, skip_corrupt: bool,
                 **kwargs) -> None:
     """Rewrite SRC as batch shards in DST (Parquet or TFRecord), row for row, with a manifest."""
     output = make_output(kwargs)
     run = make_run(kwargs)
-    result = convert_dataset(src, dst, output, columns=columns.split(",") if columns else None,
+    result = convert_dataset(src, dst, output, columns=list(columns) or None,
                              format=input_format, skip_corrupt=skip_corrupt, run=run)
-    summary(f"wrote {result.rows_out:,} rows to {len(result.manifest['output']['files'])} shard(s) in "
-            f"{os.path.abspath(dst)}", run.quiet, result.manifest["stats"])
+    report(result.manifest, dst, run.quiet)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import click
@@ -13,9 +12,11 @@ from batchtool.cli.common import (
     make_output,
     make_run,
     output_options,
+    SIZE,
+    columns_option,
     parse_size,
     run_options,
-    summary,
+    report,
 )
 from batchtool.errors import UsageError
 from batchtool.ops.pack import PackOptions, pack
@@ -25,7 +26,7 @@ from batchtool.ops.pack import PackOptions, pack
 @click.argument("src")
 @click.argument("dst")
 @click.option("--max-length", type=int, required=True, metavar="L", help="Steps per packed row, at most.")
-@click.option("--sequence", "sequences", multiple=True, metavar="COL",
+@columns_option("--sequence", "sequences",
               help="A sequence (list) column to pack; repeat for several, which must agree in length "
                    "(default: every list column).")
 @click.option("--max-examples-per-row", type=int, metavar="K", help="At most K examples in a row.")
@@ -40,7 +41,7 @@ from batchtool.ops.pack import PackOptions, pack
 @click.option("--pad-value", "pad_values", multiple=True, metavar="COL=V",
               help="Pad value of a sequence column (default 0, '' for strings); repeatable.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of every random choice.")
-@click.option("--memory", default="1GB", show_default=True, metavar="SIZE",
+@click.option("--memory", type=SIZE, default="1GB", show_default=True, metavar="SIZE",
               help="Memory for assembling rows; the rest spills to temporary files.")
 @click.option("--tmp-dir", help="Directory for spill files (default: the system temp directory).")
 @input_options
@@ -58,14 +59,7 @@ def pack_cmd(src: str, dst: str, seed: int, input_format: str | None, skip_corru
     run = make_run(kwargs)
     options = pack_options(**kwargs)
     result = pack(src, dst, options, output, run, seed=seed, format=input_format, skip_corrupt=skip_corrupt)
-    stats = result.manifest["stats"]
-    long = (("split", stats["examples_split"]), ("dropped", stats["examples_dropped"]["long"]))
-    extra = [f"{verb} {n:,} long examples" for verb, n in long if n]
-    summary(f"packed {stats['examples_packed']:,} examples into {stats['rows']:,} rows of at most "
-            f"{stats['max_length']:,} steps (lower bound {stats['rows_lower_bound']:,}; packing efficiency "
-            f"{100 * (stats['packing_efficiency'] or 0):.2f}%), {stats['batches']:,} batches, "
-            f"to {os.path.abspath(dst)}"
-            + (f"; {', '.join(extra)}" if extra else ""), run.quiet)
+    report(result.manifest, dst, run.quiet)
 
 
 def pack_options(*, max_length: int, sequences: tuple[str, ...], max_examples_per_row: int | None, split_long: bool,

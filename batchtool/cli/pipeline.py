@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import click
 from click.core import ParameterSource
 
-from batchtool.cli.common import command, make_run, run_options, summary
+from batchtool.cli.common import command, make_run, render, report, run_options
 from batchtool.pipeline import config as pipeline_config
 from batchtool.pipeline import execute
 
@@ -40,56 +39,4 @@ def run_cmd(pipeline: str, dry_run: bool, tmp_dir: str | None, overwrite: bool, 
         click.echo(f"(dry run: first passes only, nothing written; {result.wall_seconds:.1f} s)")
         return
     assert result.manifest is not None
-    output = result.manifest["output"]
-    summary("\n".join([*render(result.stages, expected=False),
-                       (f"wrote {output['rows']:,} rows in {output['batches']:,} row groups to "
-                       f"{len(output['files'])} shard(s) in {os.path.abspath(config.output_path)}; "
-                       f"{result.wall_seconds:.1f} s, peak memory {result.peak_rss_bytes / 2**20:,.0f} MiB")]),
-            run.quiet, result.manifest["stats"])
-
-
-def render(stages: list[dict[str, Any]], expected: bool) -> list[str]:
-    """The per-stage table: rows in and out and what each stage reports (or, dry, plans)."""
-    rows = [(f"{s['stage']} {s['op']}", _count(s["rows_in"]), _count(s["rows_out"]), notes(s, expected))
-            for s in stages]
-    header = ("stage", "rows in", "rows out" + (" (planned)" if expected else ""), "")
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    line = "  ".join([f"{{:<{widths[0]}}}", f"{{:>{widths[1]}}}", f"{{:>{widths[2]}}}", "{}"])
-    return [line.format(*header).rstrip(), *(line.format(*r).rstrip() for r in rows)]
-
-
-def notes(stage: dict[str, Any], expected: bool) -> str:
-    """One line of the numbers that matter for the stage's operation."""
-    parts = []
-    per_class = stage.get("class_targets" if expected else "class_counts_after")
-    if per_class:
-        parts.append("per class " + "/".join(f"{n:,}" for n in per_class.values()))
-    if expected and "expected_rows" in stage:
-        parts.append(f"about {stage['expected_rows']:,} rows")
-    dropped = stage.get("examples_dropped")
-    if isinstance(dropped, dict):
-        dropped = sum(dropped.values())
-    if stage.get("examples_duplicated"):
-        parts.append(f"{stage['examples_duplicated']:,} duplicated")
-    if dropped and stage["op"] != "stratify":
-        parts.append(f"{dropped:,} dropped")
-    if stage.get("segments") is not None:
-        parts.append(f"{stage['segments']:,} segments")
-    if stage.get("batches") is not None:
-        parts.append(f"{stage['batches']:,} batches" + (f" in {stage['num_buckets']} buckets"
-                                                          if stage.get("num_buckets") else ""))
-    if stage.get("rows_lower_bound") is not None:
-        parts.append(f"{stage['rows']:,} packed rows (lower bound {stage['rows_lower_bound']:,}), packing efficiency "
-                     f"{100 * (stage['packing_efficiency'] or 0):.2f}%")
-    if stage.get("boundaries"):
-        parts.append("boundaries " + ",".join(map(str, stage["boundaries"])))
-    efficiency = stage.get("padding_efficiency")
-    if efficiency is not None:
-        parts.append(f"padding efficiency {100 * efficiency:.1f}%" + (" (expected)" if expected else ""))
-    if stage["op"] == "shuffle" and "mode" in stage:
-        parts.append(f"{stage['mode']} shuffle")
-    return ", ".join(parts)
-
-
-def _count(value: int | None) -> str:
-    return "?" if value is None else f"{value:,}"
+    report(result.manifest, config.output_path, run.quiet)

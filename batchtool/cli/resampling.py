@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import click
 
-from batchtool.cli.common import command, input_options, make_output, make_run, output_options, parse_size, run_options
-from batchtool.cli.common import summary
-from batchtool.job import JobResult
+from batchtool.cli.common import (SIZE, command, input_options, make_output, make_run, output_options, parse_size,
+                                  report, run_options)
 from batchtool.ops.resample import DEFAULT_RATE_COLUMN, ResampleOptions, parse_rate, resample
 from batchtool.ops.shuffle import ShuffleOptions, shuffle
-from batchtool.ops.stratify import MODES, StratifyOptions, discard_warning, parse_probs, parse_target, stratify
+from batchtool.ops.stratify import MODES, StratifyOptions, parse_probs, parse_target, stratify
 
 
 def seed_option(fn: Callable) -> Callable:
@@ -24,7 +22,7 @@ def memory_options(fn: Callable) -> Callable:
     """--memory and --tmp-dir, for commands that reorder through spill files."""
     fn = click.option("--tmp-dir", type=click.Path(file_okay=False),
                       help="Directory for temporary spill files (default: the system's).")(fn)
-    fn = click.option("--memory", default="1GB", show_default=True, metavar="SIZE",
+    fn = click.option("--memory", type=SIZE, default="1GB", show_default=True, metavar="SIZE",
                       help="Memory for reordering; more data than this spills to --tmp-dir.")(fn)
     return fn
 
@@ -37,11 +35,6 @@ def batch_options(fn: Callable) -> Callable:
     return fn
 
 
-def _report(result: JobResult, dst: str, quiet: bool, what: str) -> None:
-    summary(f"wrote {result.rows_out:,} rows ({what}) to {len(result.manifest['output']['files'])} shard(s) "
-            f"in {os.path.abspath(dst)}", quiet, result.manifest["stats"])
-
-
 @command("stratify", "batchtool stratify sample_data/parquet /tmp/balanced --label label --target uniform")
 @click.argument("src")
 @click.argument("dst")
@@ -49,7 +42,7 @@ def _report(result: JobResult, dst: str, quiet: bool, what: str) -> None:
 @click.option("--target", required=True, metavar="SPEC",
               help="Target proportions: P0,P1,... or 'uniform' or CLASS=PROB pairs (others get 0).")
 @click.option("--mode", type=click.Choice(MODES), default="exact", show_default=True,
-              help="exact: floor(M*t_i) examples per class, M as large as possible; bernoulli: "
+              help="exact: floor(M*t_i) examples per class, M = min_i n_i/t_i (n_i: examples); bernoulli: "
                    "per-example acceptance as tf.contrib.training.stratified_sample; "
                    "online: class distribution estimated as the data streams.")
 @click.option("--init-probs", metavar="P0,P1,...",
@@ -70,11 +63,7 @@ def stratify_cmd(src: str, dst: str, seed: int, input_format: str | None, skip_c
     output, run = make_output(kwargs), make_run(kwargs)
     options = stratify_options(**kwargs)
     result = stratify(src, dst, options, output, run, seed=seed, format=input_format, skip_corrupt=skip_corrupt)
-    stats = result.manifest["stats"]
-    warning = discard_warning(stats)
-    if warning:
-        click.echo(warning, err=True)
-    _report(result, dst, run.quiet, "per class " + "/".join(str(n) for n in stats["class_counts_after"].values()))
+    report(result.manifest, dst, run.quiet)
 
 
 def stratify_options(*, label: str, target: str, mode: str, init_probs: str | None, num_classes: int | None,
@@ -115,7 +104,7 @@ def resample_cmd(src: str, dst: str, seed: int, input_format: str | None, skip_c
     output, run = make_output(kwargs), make_run(kwargs)
     options = resample_options(**kwargs)
     result = resample(src, dst, options, output, run, seed=seed, format=input_format, skip_corrupt=skip_corrupt)
-    _report(result, dst, run.quiet, f"from {result.manifest['stats']['rows_in']:,} examples")
+    report(result.manifest, dst, run.quiet)
 
 
 def resample_options(*, rate: str | None, weight: str | None, overall_rate: float | None, running_mean: bool,
@@ -144,7 +133,7 @@ def shuffle_cmd(src: str, dst: str, seed: int, input_format: str | None, skip_co
     output, run = make_output(kwargs), make_run(kwargs)
     options = shuffle_options(**kwargs)
     result = shuffle(src, dst, options, output, run, seed=seed, format=input_format, skip_corrupt=skip_corrupt)
-    _report(result, dst, run.quiet, f"{result.manifest['stats']['mode']} shuffle")
+    report(result.manifest, dst, run.quiet)
 
 
 def shuffle_options(*, batch_size: int | None, drop_remainder: bool, buffer: int | None,

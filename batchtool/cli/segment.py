@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import click
 
-from batchtool.cli.common import (command, input_options, make_output, make_run, output_options, parse_size,
-                                  run_options, summary)
+from batchtool.cli.common import (SIZE, columns_option, command, input_options, make_output, make_run, output_options,
+                                  parse_size, report, run_options)
 from batchtool.ops.segment import DEFAULT_MEMORY, SegmentOptions, segment
-
-
-def _names(text: str | None) -> tuple[str, ...]:
-    return tuple(n.strip() for n in text.split(",") if n.strip()) if text else ()
 
 
 @command("segment", "batchtool segment sample_data/parquet /tmp/seg --key key --sequence tokens,frames "
@@ -21,11 +16,11 @@ def _names(text: str | None) -> tuple[str, ...]:
 @click.argument("src")
 @click.argument("dst")
 @click.option("--key", required=True, help="Unique string key of each example (input_key).")
-@click.option("--sequence", "sequences", required=True, metavar="COL[,COL...]",
-              help="Sequence (list) columns sharing one time axis, split into segments (input_sequences).")
+@columns_option("--sequence", "sequences", required=True,
+                help="Sequence (list) columns sharing one time axis, split into segments (input_sequences).")
 @click.option("--num-unroll", type=int, required=True, help="Steps per segment (num_unroll).")
 @click.option("--batch-size", type=int, required=True, help="Rows (lanes) per batch (batch_size).")
-@click.option("--context", metavar="COL[,COL...]", help="Per-example columns copied to every segment (input_context).")
+@columns_option("--context", help="Per-example columns copied to every segment (input_context).")
 @click.option("--input-length", metavar="COL",
               help="Integer column of real steps before padding (input_length; default: the sequence length).")
 @click.option("--pad/--no-pad", default=True, show_default=True,
@@ -40,7 +35,7 @@ def _names(text: str | None) -> tuple[str, ...]:
 @click.option("--world-size", type=int, default=1, show_default=True, metavar="N",
               help="Write N lane-stable streams with equal batch counts, one per training rank "
                    "(read with batchtool.load(DST, rank=r, world_size=N)).")
-@click.option("--memory", default=f"{DEFAULT_MEMORY >> 30}GB", show_default=True, metavar="SIZE",
+@click.option("--memory", type=SIZE, default=f"{DEFAULT_MEMORY >> 30}GB", show_default=True, metavar="SIZE",
               help="Memory for the duplicate-key check before it spills to --tmp-dir.")
 @click.option("--tmp-dir", type=click.Path(file_okay=False), help="Where spills go (default: the system temp dir).")
 @input_options
@@ -60,16 +55,12 @@ def segment_cmd(src: str, dst: str, memory: str, tmp_dir: str | None, input_form
     options = segment_options(**kwargs)
     result = segment(src, dst, options, output, format=input_format, skip_corrupt=skip_corrupt, run=run,
                      memory=parse_size(memory), tmp_dir=tmp_dir)
-    stats = result.manifest["stats"]
-    summary(f"wrote {stats['segments']:,} segments of {stats['examples']:,} examples in {stats['batches']:,} "
-            f"batches to {os.path.abspath(dst)} (empty slots {stats['empty_slot_fraction']:.2%}, "
-            f"padding efficiency {stats['padding_efficiency']:.2%})", run.quiet, stats)
+    report(result.manifest, dst, run.quiet)
 
-
-def segment_options(*, key: str, sequences: str, num_unroll: int, batch_size: int, context: str | None,
-                    input_length: str | None, pad: bool, pad_values: tuple[str, ...], initial_states: tuple[str, ...],
-                    allow_small_batch: bool, world_size: int = 1) -> SegmentOptions:
+def segment_options(*, key: str, sequences: tuple[str, ...], num_unroll: int, batch_size: int,
+                    context: tuple[str, ...], input_length: str | None, pad: bool, pad_values: tuple[str, ...],
+                    initial_states: tuple[str, ...], allow_small_batch: bool, world_size: int = 1) -> SegmentOptions:
     """segment's options from its flags' values (shared with pipeline files, whose keys are the flags)."""
-    return SegmentOptions(key=key, sequences=_names(sequences), num_unroll=num_unroll, batch_size=batch_size,
-                          context=_names(context), input_length=input_length, pad=pad, pad_values=pad_values,
+    return SegmentOptions(key=key, sequences=sequences, num_unroll=num_unroll, batch_size=batch_size,
+                          context=context or None, input_length=input_length, pad=pad, pad_values=pad_values,
                           initial_states=initial_states, allow_small_batch=allow_small_batch, world_size=world_size)

@@ -67,7 +67,8 @@ class SegmentOptions:
     sequences: tuple[str, ...]
     num_unroll: int
     batch_size: int
-    context: tuple[str, ...] = ()
+    context: tuple[str, ...] | None = None
+    """Per-example columns copied to every segment; None: every input column the other options do not use."""
     input_length: str | None = None
     pad: bool = True
     pad_values: tuple[str, ...] = ()
@@ -88,14 +89,14 @@ class SegmentOptions:
         if not self.sequences:
             raise UsageError("--sequence: give at least one sequence (list) column")
         states = self.states
-        for flag, names in (("--sequence", self.sequences), ("--context", self.context),
+        for flag, names in (("--sequence", self.sequences), ("--context", self.context or ()),
                             ("--initial-state", tuple(states))):
             for name in names:
                 if ":" in name:
                     raise UsageError(f"{flag} {name!r}: names may not contain ':' (as in batch_sequences_with_states)")
         reserved = [name for name, _ in METADATA]
         seen: dict[str, str] = {}
-        for flag, names in (("--sequence", self.sequences), ("--context", self.context),
+        for flag, names in (("--sequence", self.sequences), ("--context", self.context or ()),
                             ("--initial-state", tuple(states))):
             for name in names:
                 if name in reserved:
@@ -118,6 +119,22 @@ class SegmentOptions:
                 raise UsageError(f"--initial-state {spec!r}: state {name!r} is given twice")
             out[name] = column
         return out
+
+    def with_context(self, schema: pa.Schema) -> SegmentOptions:
+        """Without --context, every input column not used otherwise (key, sequences, --input-length,
+        --initial-state sources) is context, so no column is dropped unasked; one that would clash
+        with an output column is refused by name."""
+        if self.context is not None:
+            return self
+        used = {self.key, *self.sequences, *self.states.values(), self.input_length}
+        rest = tuple(name for name in schema.names if name not in used)
+        taken = {name for name, _ in METADATA} | set(self.states)
+        clashes = [name for name in rest if name in taken]
+        if clashes:
+            raise UsageError(f"input column(s) {', '.join(map(repr, clashes))} would be copied as context but "
+                             "clash with segment's output columns; rename them, or name the columns to keep with "
+                             f"--context (the others are then not written: {', '.join(rest)})")
+        return replace(self, context=rest)
 
     @property
     def source_columns(self) -> list[str]:
@@ -700,6 +717,7 @@ def write_segmented(dataset: Dataset, options: SegmentOptions, dst: str, output:
                     memory: int = DEFAULT_MEMORY, tmp_dir: str | None = None,
                     write: Callable[..., JobResult] = write_job) -> JobResult:
     """The one pass: check, plan lanes, build and write batches (`write` is write_job, or a pipeline's wrapper)."""
+    options = options.with_context(dataset.schema)
     columns = dataset.check_columns(options.source_columns)
     plan = make_plan(dataset.projected_schema(columns), options)
     report = ReadReport()

@@ -307,10 +307,11 @@ def shuffle(src: str, dst: str, options: ShuffleOptions, output: OutputOptions, 
 
 
 def write_shuffled(dataset: Dataset, options: ShuffleOptions, dst: str, output: OutputOptions, run: RunSettings,
-                   *, seed: int, write: Callable[..., JobResult] = write_job) -> JobResult:
-    """The shuffle and the pass that writes (`write` is write_job, or a wrapper in a pipeline)."""
+                   *, seed: int, write: Callable[..., JobResult] = write_job, who: str = "shuffle") -> JobResult:
+    """The shuffle and the pass that writes (`write` is write_job, or a wrapper in a pipeline, whose stage
+    name `who` then labels the progress bars)."""
     report = ReadReport()
-    with shuffled(dataset, options, seed, run, report) as out:
+    with shuffled(dataset, options, seed, run, report, who=who) as out:
         return write(command="shuffle", options=manifest_options(options, output), seed=seed, dataset=dataset,
                      dst=dst, output=output, schema=dataset.schema, items=out.batches(), work=emit,
                      stats=out.stats, run=run, report=report, total_rows=out.rows)
@@ -336,9 +337,10 @@ class Shuffled:
 
 @contextmanager
 def shuffled(dataset: Dataset, options: ShuffleOptions, seed: int, run: RunSettings, report: ReadReport,
-             columns: Sequence[str] | None = None) -> Iterator[Shuffled]:
+             columns: Sequence[str] | None = None, who: str = "shuffle") -> Iterator[Shuffled]:
     """Shuffle the dataset's rows (only `columns`, if given). The global shuffle spills every row here,
-    in the calling thread, and removes its files when the block ends; the buffered one streams."""
+    in the calling thread, and removes its files when the block ends; the buffered one streams.
+    `who` labels the progress bar (`run` gives its stage's name)."""
     schema = dataset.projected_schema(columns)
     first, chunks = peek(dataset.chunks(columns, run.threads, report))
     estimate = estimate_memory_bytes(dataset, first)
@@ -356,8 +358,8 @@ def shuffled(dataset: Dataset, options: ShuffleOptions, seed: int, run: RunSetti
     parts = parts_for(estimate, options.memory // PART_SHARE)
     info["parts"] = parts
     with keyed_spill(schema, [parts], seed, STAGE, options.memory, options.tmp_dir) as spill:
-        spill_streams(chunks, spill, lambda c: np.zeros(c.num_rows, dtype=np.int64), "shuffle: spill",
-                      dataset.num_rows, run.quiet)
+        spill_streams(chunks, spill, lambda c: np.zeros(c.num_rows, dtype=np.int64), f"{who}: spill",
+                      dataset.progress_rows, run.quiet)
         rows = int(spill.rows[0])
         yield Shuffled(lambda: rebatch(spill.read_group(0), batch_rows, schema, options.drop_remainder),
                        lambda: rows, info, options, rows)

@@ -6,6 +6,7 @@ import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any, Union
 
 import numpy as np
@@ -15,7 +16,7 @@ import pyarrow.compute as pc
 from batchtool import budget, rng
 from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset, ReadReport
-from batchtool.errors import InputError, SchemaError, UsageError
+from batchtool.errors import InputError, SchemaError, UsageError, where
 from batchtool.engines import with_engine
 from batchtool.job import JobResult, RunSettings, open_source, write_job
 from batchtool.ops.resample import MAX_RATE, Copies, Piece, Tally, copy_stats, copy_summary, pieces
@@ -203,7 +204,8 @@ def check_label_type(dataset: Dataset, column: str) -> None:
     dataset.check_columns([column])
     t = dataset.schema.field(column).type
     if not (pa.types.is_integer(t) or pa.types.is_floating(t)):
-        raise SchemaError(f"column {column!r} is {t}: labels must be integers in [0, num_classes)")
+        path = dataset.shards[0].path if dataset.shards else dataset.src
+        raise SchemaError(f"{where(path, column=column)}: type {t}, but labels must be integers in [0, num_classes)")
 
 
 def label_codes(chunk: Chunk, column: str, num_classes: int, locate: Locate) -> np.ndarray:
@@ -298,17 +300,24 @@ def check_zero_classes(init_probs: np.ndarray, target: np.ndarray, source: str) 
             "a class with no examples cannot be sampled")
 
 
-def largest_total(counts: np.ndarray, target: np.ndarray) -> int:
-    """The largest M with floor(M * t_i) <= n_i for every class."""
-    def fits(m: int) -> bool:
-        return all(math.floor(m * t) <= n for t, n in zip(target.tolist(), counts.tolist()))
+def exact_target(target: Target, num_classes: int) -> list[Fraction]:
+    """The target as exact fractions of the decimals as written, normalised to sum to exactly 1, so that
+    floor(M * t_i) is never one short where a float product falls just below an integer (300 * 0.3)."""
+    if isinstance(target, str):
+        raw = [Fraction(1)] * num_classes
+    elif isinstance(target, dict):
+        raw = [Fraction(repr(float(target.get(i, 0.0)))) for i in range(num_classes)]
+    else:
+        raw = [Fraction(repr(float(p))) for p in target]
+    total = sum(raw)
+    return [r / total for r in raw]
 
-    m = min(math.floor((n + 1) / t) for t, n in zip(target.tolist(), counts.tolist()) if t > 0)
-    while m > 0 and not fits(m):
-        m -= 1
-    while fits(m + 1):
-        m += 1
-    return m
+
+def largest_total(counts: np.ndarray, target: Sequence[Fraction]) -> Fraction:
+    """M = min_i n_i / t_i over the classes with t_i > 0: the largest total every class can supply its
+    share of, so floor(M * t_i) <= n_i, the scarcest class is taken whole, and the proportions are exact
+    whenever the counts allow them (2709/199/62/30 at 0.4/0.3/0.2/0.1: M = 300, 120/90/60/30)."""
+    return min(Fraction(int(n)) / t for n, t in zip(counts.tolist(), target) if t > 0)
 
 
 def check_copies(total: int, counts: np.ndarray, target: np.ndarray, options: StratifyOptions) -> None:
@@ -322,20 +331,21 @@ def check_copies(total: int, counts: np.ndarray, target: np.ndarray, options: St
                          "give a smaller --size")
 
 
-def exact_totals(counts: np.ndarray, target: np.ndarray, options: StratifyOptions) -> tuple[np.ndarray, int]:
-    """Output examples per class, floor(M * t_i), and M: the largest M the counts allow (or --size);
+def exact_totals(counts: np.ndarray, target: np.ndarray, options: StratifyOptions) -> tuple[np.ndarray, Fraction]:
+    """Output examples per class, floor(M * t_i) in exact arithmetic, and M: min_i n_i / t_i (or --size);
     with --replacement M is --size or the input size."""
+    exact = exact_target(options.target, len(counts))
     if options.replacement:
-        m = options.size or int(counts.sum())
-        check_copies(m, counts, target, options)
+        m = Fraction(options.size or int(counts.sum()))
+        check_copies(int(m), counts, target, options)
     else:
-        m = largest_total(counts, target)
+        m = largest_total(counts, exact)
         if options.size is not None:
             if options.size > m:
-                raise UsageError(f"--size {options.size}: without --replacement the data allows at most {m:,} "
-                                 f"examples at these proportions (class counts {counts.tolist()})")
-            m = options.size
-    return np.floor(m * target).astype(np.int64), m
+                raise UsageError(f"--size {options.size}: without --replacement the data allows at most "
+                                 f"{math.floor(m):,} examples at these proportions (class counts {counts.tolist()})")
+            m = Fraction(options.size)
+    return np.array([math.floor(m * t) for t in exact], dtype=np.int64), m
 
 
 def replacement_rates(counts: np.ndarray, target: np.ndarray, options: StratifyOptions) -> np.ndarray:
@@ -626,12 +636,13 @@ def stratify(src: str, dst: str, options: StratifyOptions, output: OutputOptions
 
 
 def write_stratified(dataset: Dataset, strat: Stratification, dst: str, output: OutputOptions, run: RunSettings,
-                     *, seed: int, write: Callable[..., JobResult] = write_job) -> JobResult:
-    """The pass that writes (`write` is write_job, or a wrapper when stratify is a pipeline's last stage)."""
+                     *, seed: int, write: Callable[..., JobResult] = write_job, who: str = "stratify") -> JobResult:
+    """The pass that writes (`write` is write_job, or a wrapper when stratify is a pipeline's last stage,
+    whose name `who` then labels the progress bars)."""
     report = ReadReport()
     selection = Selection(dataset, strat, seed)
     try:
-        return _write(selection, selection.items(run.threads, report), dst, output, run, report, write)
+        return _write(selection, selection.items(run.threads, report), dst, output, run, report, write, who)
     except LabelError:  # found while streaming (no counting pass): count them all for the message
         raise full_label_error(dataset, strat.options.label, strat.num_classes, run.threads) from None
 
@@ -651,7 +662,8 @@ def _plan(dataset: Dataset, options: StratifyOptions, counted: stats_mod.Dataset
     info["input_probs"] = init.tolist()
     if options.mode == "exact":
         totals, m = exact_totals(counts, target, options)
-        info.update(total_m=m, class_targets={str(i): int(t) for i, t in enumerate(totals.tolist())})
+        info.update(total_m=m.numerator if m.denominator == 1 else round(float(m), 6),
+                    class_targets={str(i): int(t) for i, t in enumerate(totals.tolist())})
         plan = threshold_plan(totals, counts, lambda ranks: find_thresholds(
             dataset, options.label, num_classes, ranks, counts, seed, threads))
         return plan, float(totals.sum())
@@ -661,7 +673,7 @@ def _plan(dataset: Dataset, options: StratifyOptions, counted: stats_mod.Dataset
 
 
 def _write(job: Selection, items: Iterable[tuple[Callable[[], Chunk], Plan]], dst: str, output: OutputOptions,
-           run: RunSettings, report: ReadReport, write: Callable[..., JobResult]) -> JobResult:
+           run: RunSettings, report: ReadReport, write: Callable[..., JobResult], who: str) -> JobResult:
     """Write the selection: one row group per input chunk, batches of --batch-size, or balanced batches."""
     options, dataset, strat = job.options, job.dataset, job.strat
     expected_rows = strat.expected_rows
@@ -669,7 +681,7 @@ def _write(job: Selection, items: Iterable[tuple[Callable[[], Chunk], Plan]], ds
                   dst=dst, output=output, schema=dataset.schema, run=run, report=report)
     if options.batch_size is None:
         return write(**common, items=job.pieces(items, run.threads), work=job.build_batch, stats=job.stats,
-                     total_rows=dataset.num_rows)
+                     total_rows=dataset.progress_rows)
     selected = (c for c, _ in ordered_map(job.build, job.pieces(items, run.threads), run.threads) if c.num_rows)
     first, selected = peek(selected)
     most_rows = int(expected_rows) if options.mode == "exact" else None if options.replacement else dataset.num_rows
@@ -677,22 +689,21 @@ def _write(job: Selection, items: Iterable[tuple[Callable[[], Chunk], Plan]], ds
     if not options.balanced_batches:
         batches = rebatch(selected, options.batch_size, dataset.schema, options.drop_remainder)
         return write(**common, items=batches, work=job.count_written, stats=job.stats,
-                     total_rows=int(expected_rows) if expected_rows is not None else None, desc="stratify")
+                     total_rows=int(expected_rows) if expected_rows is not None else None)
     active = strat.target > 0
     whole = estimate_memory_bytes(dataset, first, rows=int(expected_rows) if expected_rows is not None else None)
     part_bytes = max(1, options.memory // (PART_SHARE * int(active.sum())))
     parts = [parts_for(whole * t, part_bytes) for t in strat.target.tolist()]
     with keyed_spill(dataset.schema, parts, job.seed, STAGE + "/order", options.memory, options.tmp_dir) as spill:
         spill_streams(selected, spill, lambda c: label_codes(c, options.label, job.num_classes, dataset.locate),
-                      "stratify: select", dataset.num_rows, run.quiet)
+                      f"{who}: select", dataset.progress_rows, run.quiet)
         available = spill.rows.copy()
         layout = batch_layout(available, strat.target, options.batch_size, options.drop_remainder)
         streams = [RowReader(spill.read_group(c), dataset.schema) for c in range(job.num_classes)]
         extra = {"batch_size": options.batch_size, "balanced_batches": layout.batches + bool(sum(layout.partial)),
                  "final_batch_quotas": list(layout.partial)}
         return write(**common, items=balanced_batches(streams, layout, job.seed, dataset.schema),
-                     work=job.count_written, stats=lambda: job.stats(extra), total_rows=int(layout.per_class.sum()),
-                     desc="stratify")
+                     work=job.count_written, stats=lambda: job.stats(extra), total_rows=int(layout.per_class.sum()))
 
 
 def _by_class(counts: np.ndarray) -> dict[str, int]:

@@ -344,7 +344,13 @@ class _Params:
         if param.multiple:
             items = [f"{k}={v}" for k, v in value.items()] if isinstance(value, dict) else \
                 value if isinstance(value, list) else [value]
-            return tuple(self.scalar(param, item, key) for item in items)
+            converted = tuple(self.scalar(param, item, key) for item in items)
+            if param.callback is None:  # a column list's callback splits and checks as on the command line
+                return converted
+            try:
+                return param.callback(self.ctx, param, converted)
+            except click.BadParameter as exc:
+                raise self.reader.fail(self.where, f"key {key!r}: {exc.message}") from None
         return self.scalar(param, value, key)
 
     def scalar(self, param: click.Option, value: Any, key: str) -> Any:

@@ -313,7 +313,7 @@ class Prefix:
                 stage.preview(self.view(last, wanted, needs=ANY, desc=f"{stage.name}: dry run"), self.run)
         if last not in self.rows:  # count the rows reaching the last stage (one narrow pass)
             column = next((f.name for f in schema if not pa.types.is_nested(f.type)), schema.names[0])
-            stats_mod.collect(self.view(last, [column], needs=ANY, desc="dry run: count"),
+            stats_mod.collect(self.view(last, [column], needs=ANY, desc=f"{stage.name}: dry-run count"),
                               threads=self.run.threads)
         out, planned = [], self.rows.get(0)
         for k, stage in enumerate(self.stages):

@@ -233,7 +233,8 @@ class StratifyStage(Stage):
         self.report = selection.stats()
 
     def write(self, view: Dataset, dst: str, output: OutputOptions, run: RunSettings, write: Write) -> JobResult:
-        return stratify_op.write_stratified(view, self.strat, dst, output, run, seed=self.seed, write=write)
+        return stratify_op.write_stratified(view, self.strat, dst, output, run, seed=self.seed, write=write,
+                                            who=self.name)
 
     def expected(self, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
         info = self.strat.info
@@ -311,19 +312,20 @@ class ShuffleStage(Stage):
                     batch_rows: int | None = None) -> AbstractContextManager[shuffle_op.Shuffled]:
         """Spill; `batch_rows` fixes the output chunks (a narrow spill cut as the full one is)."""
         options = self.options if batch_rows is None else replace(self.options, batch_size=batch_rows)
-        return shuffle_op.shuffled(view, options, self.seed, run, report, columns)
+        return shuffle_op.shuffled(view, options, self.seed, run, report, columns, who=self.name)
 
     def batch_rows(self, first: Chunk | None) -> int:
         return shuffle_op.output_batch_rows(first, self.options)
 
     def stream(self, view: Dataset, columns: Columns, run: RunSettings, report: ReadReport) -> Stream:
-        with shuffle_op.shuffled(view, self.options, self.seed, run, report, columns) as out:
+        with shuffle_op.shuffled(view, self.options, self.seed, run, report, columns, who=self.name) as out:
             for chunk in out.batches():
                 yield chunk, chunk.num_rows
             self.report = out.stats()
 
     def write(self, view: Dataset, dst: str, output: OutputOptions, run: RunSettings, write: Write) -> JobResult:
-        return shuffle_op.write_shuffled(view, self.options, dst, output, run, seed=self.seed, write=write)
+        return shuffle_op.write_shuffled(view, self.options, dst, output, run, seed=self.seed, write=write,
+                                         who=self.name)
 
     def expected(self, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
         size = self.options.batch_size
@@ -417,9 +419,9 @@ class SegmentStage(Stage):
     options: segment_op.SegmentOptions
 
     def output_schema(self, schema: pa.Schema) -> pa.Schema:
-        o = self.options
-        _need(schema, [o.key], "key")
-        _need(schema, o.sequences, "sequence")
+        _need(schema, [self.options.key], "key")
+        _need(schema, self.options.sequences, "sequence")
+        o = self.options.with_context(schema)
         _need(schema, [*o.context, *o.states.values(), *([o.input_length] if o.input_length else [])], "context")
         return segment_op.make_plan(pa.schema([schema.field(c) for c in o.source_columns]), o).schema
 

@@ -1,0 +1,155 @@
+"""Options that behave the same on every command: column lists in both forms, segment's default context,
+stratify's exact totals, and usage errors as one `error:` line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import REPO, data_bytes, read_dir, write_parquet_shards
+
+from batchtool.synthetic import make_table
+
+SEGMENT = ("--key", "key", "--num-unroll", "6", "--batch-size", "4", "-q")
+
+
+def manifest(path) -> dict:
+    return json.load(open(os.path.join(path, ".batchtool_manifest.json")))
+
+
+def one_error_line(result, *parts: str) -> str:
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert all(p in lines[0] for p in parts), lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("forms", [
+    ("--sequence", "tokens,frames"),
+    ("--sequence", "tokens", "--sequence", "frames"),
+    ("--sequence", "tokens", "--sequence", "frames,tokens"),  # mixed, a name twice: counted once
+])
+def test_segment_sequences_in_any_form(tmp_path, parquet_src, run_cli, forms):
+    result = run_cli("segment", parquet_src, tmp_path / "dst", *forms, "--context", "label", *SEGMENT)
+    assert result.exit_code == 0, result.stderr
+    assert manifest(tmp_path / "dst")["options"]["sequences"] == ["tokens", "frames"]
+    reference = tmp_path / "ref"
+    assert run_cli("segment", parquet_src, reference, "--sequence", "tokens,frames", "--context", "label",
+                   *SEGMENT).exit_code == 0
+    assert data_bytes(tmp_path / "dst") == data_bytes(reference)
+
+
+def test_bucket_takes_the_comma_form_too(tmp_path, parquet_src, run_cli):
+    common = ("--length", "tokens", "--boundaries", "10,20", "--batch-size", "8", "-q")
+    assert run_cli("bucket", parquet_src, tmp_path / "a", "--sequence", "tokens,frames", *common).exit_code == 0
+    assert run_cli("bucket", parquet_src, tmp_path / "b", "--sequence", "tokens", "--sequence", "frames",
+                   *common).exit_code == 0
+    assert data_bytes(tmp_path / "a") == data_bytes(tmp_path / "b")
+
+
+def test_convert_columns_repeated_and_comma_keep_the_order(tmp_path, parquet_src, run_cli):
+    result = run_cli("convert", parquet_src, tmp_path / "dst", "--columns", "weight", "--columns", "key,label", "-q")
+    assert result.exit_code == 0, result.stderr
+    assert read_dir(str(tmp_path / "dst")).schema.names == ["weight", "key", "label"]
+
+
+def test_check_column_lists_both_forms(parquet_src, run_cli):
+    comma = run_cli("check", parquet_src, "--no-nulls", "key,label", "--json", "-")
+    repeated = run_cli("check", parquet_src, "--no-nulls", "key", "--no-nulls", "label", "--json", "-")
+    assert comma.exit_code == repeated.exit_code == 0
+    assert json.loads(comma.stdout)["rules"] == json.loads(repeated.stdout)["rules"]
+
+
+def test_an_empty_column_name_is_refused(tmp_path, parquet_src, run_cli):
+    result = run_cli("segment", parquet_src, tmp_path / "dst", "--sequence", "tokens,,frames", *SEGMENT)
+    one_error_line(result, "--sequence", "'tokens,,frames' has an empty column name")
+    assert not (tmp_path / "dst").exists()
+
+
+def test_pipeline_sequence_key_as_list_or_comma_string(tmp_path, parquet_src, run_cli):
+    outputs = []
+    for i, value in enumerate(['["tokens", "frames"]', '"tokens,frames"']):
+        path = tmp_path / f"p{i}.toml"
+        path.write_text(f'[input]\npath = "{parquet_src}"\n[[stage]]\nop = "segment"\nkey = "key"\n'
+                        f'sequence = {value}\nnum-unroll = 6\nbatch-size = 4\n[output]\npath = "{tmp_path}/o{i}"\n')
+        assert run_cli("run", path, "-q").exit_code == 0
+        outputs.append(data_bytes(tmp_path / f"o{i}"))
+    assert outputs[0] == outputs[1]
+
+
+def test_segment_keeps_every_other_column_as_context_by_default(tmp_path, parquet_src, run_cli):
+    assert run_cli("segment", parquet_src, tmp_path / "all", "--sequence", "tokens,frames", *SEGMENT).exit_code == 0
+    out = read_dir(str(tmp_path / "all"))
+    assert {"label", "weight"} <= set(out.schema.names)
+    assert manifest(tmp_path / "all")["options"]["context"] == ["label", "weight"]
+    first = {r["key"].partition(":")[2]: r for r in out.to_pylist() if r["sequence"] == 0 and r["key"]}
+    source = {r["key"]: r for r in pq.read_table(parquet_src).to_pylist()}
+    assert len(first) == len(source) and all(first[k]["weight"] == pytest.approx(source[k]["weight"]) for k in first)
+    assert run_cli("segment", parquet_src, tmp_path / "named", "--sequence", "tokens,frames", "--context", "label",
+                   *SEGMENT).exit_code == 0
+    assert "weight" not in read_dir(str(tmp_path / "named")).schema.names
+
+
+def test_segment_refuses_a_default_context_column_named_like_an_output_column(tmp_path, corpus, run_cli):
+    src = write_parquet_shards(str(tmp_path / "src"), corpus.append_column("length", pa.array([1] * len(corpus))))
+    result = run_cli("segment", src, tmp_path / "dst", "--sequence", "tokens", *SEGMENT)
+    one_error_line(result, "'length'", "--context", "frames")
+    assert not (tmp_path / "dst").exists()
+
+
+def classes_table(counts: list[int]) -> pa.Table:
+    labels = np.repeat(np.arange(len(counts)), counts)
+    return pa.table({"key": [f"k{i}" for i in range(len(labels))], "label": labels})
+
+
+def test_stratify_exact_gives_exact_proportions_when_the_counts_allow(tmp_path, run_cli):
+    src = write_parquet_shards(str(tmp_path / "src"), classes_table([2709, 199, 62, 30]), shards=2,
+                               row_group_size=500)
+    result = run_cli("stratify", src, tmp_path / "dst", "--target", "0.4,0.3,0.2,0.1", "-q")
+    assert result.exit_code == 0, result.stderr
+    stats = manifest(tmp_path / "dst")["stats"]
+    assert stats["class_counts_after"] == {"0": 120, "1": 90, "2": 60, "3": 30} and stats["total_m"] == 300
+    labels = read_dir(str(tmp_path / "dst")).column("label").to_numpy()
+    assert np.bincount(labels).tolist() == [120, 90, 60, 30]
+
+
+def test_stratify_string_labels_name_the_file(tmp_path, run_cli):
+    src = write_parquet_shards(str(tmp_path / "src"), pa.table({"label": ["a", "b"]}), shards=1)
+    one_error_line(run_cli("stratify", src, tmp_path / "dst", "--target", "uniform"),
+                   "part-00000.parquet, column 'label': type string")
+
+
+@pytest.mark.parametrize("args, parts", [
+    (["bucket", "SRC", "DST", "--batchsize", "3"], ["No such option '--batchsize'", "Did you mean '--batch-size'?",
+                                                     "bucket --help"]),
+    (["shuffle", "SRC", "DST", "--memory", "abc"], ["'--memory'", "'abc' is not a size"]),
+    (["segment", "SRC"], ["Missing argument 'DST'", "segment --help"]),
+    (["convert", "SRC", "DST", "--to", "csv"], ["'--to'", "'csv' is not one of"]),
+    (["bogus"], ["No such command 'bogus'"]),
+    (["--bogus"], ["No such option '--bogus'"]),
+    (["check", "SRC", "--min-rows", "x"], ["'--min-rows'", "'x' is not a valid integer"]),
+    (["convert", "SRC", "DST", "--columns"], ["Option '--columns' requires an argument", "convert --help"]),
+])
+def test_usage_errors_are_one_line(tmp_path, parquet_src, run_cli, args, parts):
+    args = [parquet_src if a == "SRC" else tmp_path / "dst" if a == "DST" else a for a in args]
+    one_error_line(run_cli(*args), *parts)
+    assert not (tmp_path / "dst").exists()
+
+
+def test_usage_error_through_the_real_entry_point(tmp_path, parquet_src):
+    env = {**os.environ, "PYTHONPATH": REPO}
+    proc = subprocess.run([sys.executable, "-m", "batchtool", "bucket", parquet_src, str(tmp_path / "dst"),
+                           "--batchsize", "3"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: ") and "--batch-size" in proc.stderr
+
+
+def test_make_table_has_the_columns_these_tests_name():
+    assert make_table(2, seed=1).schema.names == ["key", "label", "weight", "tokens", "frames"]
