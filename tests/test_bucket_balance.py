@@ -224,6 +224,7 @@ def test_cli_balance_on_sample_data_summary_manifest_and_dry_run(tmp_path, run_c
     stats = json.loads((dst / ".batchtool_manifest.json").read_text())["stats"]
     balance = stats["balance"]
     assert balance["batch_share_min"] == balance["batch_share_max"] == [0.25] * 4
+    assert "warning: --balance dropped 95.7% of the examples (3,829 of 4,000" in result.stderr
     assert "balanced by label: rows per class 0: 3,602->" in result.stderr
     assert "share of each batch 0: 25.0%-25.0%" in result.stderr
     assert f"dropped {stats['examples_dropped']['unbalanced']:,} unbalanced" in result.stderr

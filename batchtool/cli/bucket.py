@@ -99,6 +99,11 @@ def bucket_cmd(src: str, dst: str, seed: int, input_format: str | None, skip_cor
                 f"({auto['k']} quantile buckets: {percent(auto['quantile_expected_padding_efficiency'])})",
                 run.quiet)
     if "balance" in stats:
+        unbalanced = stats["examples_dropped"]["unbalanced"]
+        if unbalanced > stats["rows_in"] / 2:
+            click.echo(f"warning: --balance dropped {unbalanced / stats['rows_in']:.1%} of the examples "
+                       f"({unbalanced:,} of {stats['rows_in']:,}: no balanced batch could take them); "
+                       "--oversample repeats rarer classes instead", err=True)
         summary(balance_line(stats["balance"]), run.quiet)
     dropped = ", ".join(f"{n:,} {why}" for why, n in stats["examples_dropped"].items() if n)
     summary(f"wrote {result.rows_out:,} rows in {stats['batches']:,} batches ({stats['num_buckets']} buckets, "
