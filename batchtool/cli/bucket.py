@@ -59,6 +59,9 @@ def int_list(flag: str, text: str | None) -> tuple[int, ...] | None:
 @click.option("--pad-value", "pad_values", multiple=True, metavar="COL=V",
               help="Pad value of a sequence column (default 0, '' for strings); repeatable.")
 @click.option("--mask", is_flag=True, help="Add a 'mask' list<bool> column, true on real steps.")
+@click.option("--output-column", "output_columns", multiple=True, metavar="OUT=NAME",
+              help="Name an output column (batch, bucket, length or mask) otherwise, when the input already "
+                   "has a column of that name; repeatable.")
 @click.option("--keep", metavar="COL", help="Boolean column: only rows where it is true are bucketed.")
 @click.option("--drop-remainder", is_flag=True, help="Drop (and count) each bucket's last, partial batch.")
 @click.option("--balance", metavar="LABEL_COL",
@@ -116,7 +119,8 @@ def bucket_options(*, length: str | None, sequences: tuple[str, ...], boundaries
                    batch_size: str | None, max_tokens: int | None, max_rows: int | None, drop_oversize: bool,
                    pad_to_boundary: bool, pad_values: tuple[str, ...], mask: bool, keep: str | None,
                    drop_remainder: bool, order: str, memory: str, tmp_dir: str | None, cost: str = "linear",
-                   balance: str | None = None, target: str | None = None, oversample: bool = False) -> BucketOptions:
+                   balance: str | None = None, target: str | None = None, oversample: bool = False,
+                   output_columns: tuple[str, ...] | str = ()) -> BucketOptions:
     """bucket's options from its flags' values (shared with pipeline files, whose keys are the flags)."""
     return BucketOptions(
         length=length, sequences=sequences, boundaries=int_list("--boundaries", boundaries),
@@ -125,7 +129,20 @@ def bucket_options(*, length: str | None, sequences: tuple[str, ...], boundaries
         drop_oversize=drop_oversize, pad_to_boundary=pad_to_boundary, pad_values=pad_values, mask=mask,
         keep=keep, drop_remainder=drop_remainder, order=order, memory=parse_size(memory), tmp_dir=tmp_dir,
         cost=cost, balance=balance, target=parse_target(target) if target is not None else "uniform",
-        oversample=oversample)
+        oversample=oversample, output_columns=pairs("--output-column", output_columns))
+
+
+def pairs(flag: str, values: tuple[str, ...] | str) -> tuple[tuple[str, str], ...]:
+    """OUT=NAME values (repeated, or comma-separated) -> ((OUT, NAME), ...)."""
+    items = [part.strip() for value in ([values] if isinstance(values, str) else values)
+             for part in value.split(",") if part.strip()]
+    out = []
+    for item in items:
+        role, sep, name = item.partition("=")
+        if not sep:
+            raise UsageError(f"{flag} {item!r}: expected OUT=NAME, e.g. length=n_steps")
+        out.append((role.strip(), name.strip()))
+    return tuple(out)
 
 
 def balance_line(balance: dict[str, Any]) -> str:

@@ -47,6 +47,8 @@ from batchtool.stats import DatasetStats, chunk_stats, is_sequence_type, lengths
 ORDERS = ("shuffle", "sorted")
 COSTS = ("linear", "quadratic")
 OUTPUT_COLUMNS = ("batch", "bucket", "length", "mask")
+RENAMABLE = ("bucket", "length", "mask")
+"""Output columns --output-column may name otherwise (`batch` marks the batches for load and check)."""
 ORDER_STAGE, INTERLEAVE_STAGE, BALANCE_STAGE = "bucket/order", "bucket/interleave", "bucket/balance"
 _MIN_FLUSH_BYTES, _MAX_FLUSH_BYTES = 64 << 10, 4 << 20
 _SPILL_ROW_BYTES = 12
@@ -144,6 +146,7 @@ class BucketOptions:
     memory: int = 1 << 30
     tmp_dir: str | None = None
     cost: str = "linear"
+    output_columns: tuple[tuple[str, str], ...] = ()
     balance: str | None = None
     target: Target = "uniform"
     oversample: bool = False
@@ -171,6 +174,25 @@ class BucketOptions:
         if self.memory <= 0:
             raise UsageError(f"--memory {self.memory}: must be positive")
         self._check_balance()
+        self._check_output_columns()
+
+    def _check_output_columns(self) -> None:
+        for role, name in self.output_columns:
+            if role not in RENAMABLE or not name:
+                raise UsageError(f"--output-column {role}={name}: expected OUT=NAME with OUT one of "
+                                 f"{', '.join(RENAMABLE)} and a non-empty NAME")
+        roles = [role for role, _ in self.output_columns]
+        if len(set(roles)) < len(roles):
+            raise UsageError(f"--output-column: {roles[0]} named twice")
+        names = list(self.output_names.values())
+        if len(set(names)) < len(names):
+            raise UsageError(f"--output-column: two output columns would be named "
+                             f"{next(n for n in names if names.count(n) > 1)!r}")
+
+    @property
+    def output_names(self) -> dict[str, str]:
+        """Each output column's name: its own, or the one --output-column gives."""
+        return {**{c: c for c in OUTPUT_COLUMNS}, **dict(self.output_columns)}
 
     def _check_balance(self) -> None:
         if self.balance is None:
@@ -239,6 +261,11 @@ class Columns:
     """Input columns dropped because an output column of the same name replaces them."""
     label: str | None = None
     """--balance: the class label column."""
+    names: Mapping[str, str] = field(default_factory=lambda: {c: c for c in OUTPUT_COLUMNS})
+    """The name of each output column (--output-column); the spilled rows carry their length under names["length"]."""
+    reused: tuple[str, ...] = ()
+    """Output columns ("length", "bucket") an input integer column of the same name already holds: it must
+    equal what bucket computes, row by row, and is then written once."""
 
     @property
     def first_pass(self) -> list[str]:
@@ -271,13 +298,22 @@ def resolve_columns(options: BucketOptions, schema: pa.Schema) -> Columns:
     if options.balance:
         need(options.balance, "--balance", lambda t: pa.types.is_integer(t) or pa.types.is_floating(t),
              "integer class labels in [0, num_classes)")
-    replaced = tuple(c for c, role in (("length", length), ("bucket", options.bucket_column))
-                     if role == c and c not in sequences)
-    clash = [c for c in OUTPUT_COLUMNS if c in names and c not in replaced and (c != "mask" or options.mask)]
+    out = options.output_names
+    replaced = tuple(out[c] for c, role in (("length", length), ("bucket", options.bucket_column))
+                     if role == out[c] and role not in sequences)
+    roles = [c for c in OUTPUT_COLUMNS if c != "mask" or options.mask]
+    reused = tuple(c for c in ("length", "bucket") if out[c] in names and out[c] not in replaced
+                   and pa.types.is_integer(schema.field(out[c]).type) and out[c] not in sequences
+                   and out[c] not in (options.keep, options.balance))
+    clash = [c for c in roles if out[c] in names and out[c] not in replaced and c not in reused]
     if clash:
-        raise SchemaError(f"column {clash[0]!r} is also an output column of bucket; rename it first "
-                          "(e.g. convert --columns)")
-    return Columns(length, tuple(sequences), options.bucket_column, options.keep, replaced, options.balance)
+        c = clash[0]
+        fix = (f"name bucket's column otherwise with --output-column {c}=NEW_NAME (or rename yours, e.g. convert "
+               "--columns)" if c in RENAMABLE else "rename yours first (e.g. convert --columns): batchtool.load "
+               "and check find the batches by it")
+        raise SchemaError(f"column {out[c]!r} is also an output column of bucket; {fix}")
+    return Columns(length, tuple(sequences), options.bucket_column, options.keep,
+                   replaced + tuple(out[c] for c in reused), options.balance, out, reused)
 
 
 @dataclass(frozen=True)
@@ -552,8 +588,26 @@ def assign(chunk: Chunk, plan: BucketPlan, locate: Callable[[int], str]) -> Assi
     if plan.balance is not None:
         classes = label_codes(chunk, cols.label, plan.balance.num_classes, locate)
     data = chunk.data.drop_columns(list(cols.replaced)) if cols.replaced else chunk.data
-    data = data.append_column("length", pa.array(lengths.astype(np.int32)))
+    names = cols.names
+    if "length" in cols.reused:
+        _check_reused(chunk, names["length"], lengths, "its length", locate)
+    if "bucket" in cols.reused:
+        _check_reused(chunk, names["bucket"], buckets, "its bucket", locate)
+    data = data.append_column(names["length"], pa.array(lengths.astype(np.int32)))
     return Assigned(Chunk(data, chunk.ids), buckets, rows_in, rows_in - kept, int(oversize.sum()), classes)
+
+
+def _check_reused(chunk: Chunk, column: str, computed: np.ndarray, what: str, locate: Callable[[int], str]) -> None:
+    """An input column named like an output column is written once only if it holds what bucket computes."""
+    given = pc.fill_null(chunk.data.column(column), -1).to_numpy(zero_copy_only=False)
+    bad = np.flatnonzero(given != computed)
+    if len(bad):
+        i = int(bad[0])
+        value = chunk.data.column(column)[i].as_py()
+        role = "length" if what == "its length" else "bucket"
+        raise SchemaError(f"{locate(chunk.ids[i])}, column {column!r}: {value} but {what} is {computed[i]}; "
+                          f"bucket writes its own {column!r} column: name it otherwise with "
+                          f"--output-column {role}=NEW_NAME (or rename yours, e.g. convert --columns)")
 
 
 def keep_mask(chunk: Chunk, keep: str) -> np.ndarray:
@@ -610,14 +664,15 @@ def make_batch(data: pa.RecordBatch, index: int, bucket: int, pad_length: int, p
     """One output batch: sequence columns padded to `pad_length`, plus batch, bucket, length (and mask)."""
     padded = pad_batch(data, plan.columns.sequences, pad_length, plan.pad_values)
     n = data.num_rows
-    names = [name for name in padded.schema.names if name != "length"]
+    out = plan.columns.names
+    names = [name for name in padded.schema.names if name != out["length"]]
     arrays = [padded.column(name) for name in names]
     arrays += [pa.array(np.full(n, index, dtype=np.int64)), pa.array(np.full(n, bucket, dtype=np.int32)),
-               data.column("length")]
-    names += ["batch", "bucket", "length"]
+               data.column(out["length"])]
+    names += [out["batch"], out["bucket"], out["length"]]
     if plan.mask:
-        arrays.append(mask_column(data.column("length").to_numpy(), pad_length))
-        names.append("mask")
+        arrays.append(mask_column(data.column(out["length"]).to_numpy(), pad_length))
+        names.append(out["mask"])
     return pa.RecordBatch.from_arrays(arrays, names=names)
 
 
@@ -752,7 +807,7 @@ def write_bucketed(dataset: Dataset, options: BucketOptions, columns: Columns, f
     report = ReadReport()
     tally = Tally.zeros(plan.num_buckets)
     schema = spill_schema(dataset.schema, columns)
-    flush, lengths_schema = flush_bytes(plan, options.memory), pa.schema([schema.field("length")])
+    flush, lengths_schema = flush_bytes(plan, options.memory), pa.schema([schema.field(columns.names["length"])])
     with Spill(schema, plan.parts, seed, ORDER_STAGE, options.tmp_dir, flush) as spill, \
             Spill(lengths_schema, plan.parts, seed, ORDER_STAGE, options.tmp_dir, flush) as lengths:
         scatter(dataset, plan, spill, lengths, tally, run, report)
@@ -887,7 +942,8 @@ def check_longest(chunk: Chunk, length: str, memory: int, locate: Callable[[int]
 
 def spill_schema(schema: pa.Schema, columns: Columns) -> pa.Schema:
     """What is spilled per row: the input columns (less those an output column replaces) and the length."""
-    return pa.schema([*(f for f in schema if f.name not in columns.replaced), pa.field("length", pa.int32())])
+    return pa.schema([*(f for f in schema if f.name not in columns.replaced),
+                      pa.field(columns.names["length"], pa.int32())])
 
 
 def flush_bytes(plan: BucketPlan, memory: int) -> int:
@@ -918,11 +974,12 @@ def scatter(dataset: Dataset, plan: BucketPlan, spill: Spill, lengths: Spill, ta
             tally.dropped["oversize"] += a.dropped_oversize
             bar.update(a.rows_in)
             if a.chunk.num_rows:
-                row_lengths = a.chunk.data.column("length")
+                row_lengths = a.chunk.data.column(plan.columns.names["length"])
                 groups = spill_groups(a.buckets, row_lengths.to_numpy(), plan, a.classes)
                 spill.add(a.chunk, groups)
                 if plan.balance is None:  # balanced batches take their sizes from the layouts
-                    lengths.add(Chunk(pa.record_batch([row_lengths], names=["length"]), a.chunk.ids), groups)
+                    lengths.add(Chunk(pa.record_batch([row_lengths], names=[plan.columns.names["length"]]),
+                                      a.chunk.ids), groups)
     spill.finish()
     lengths.finish()
 
@@ -935,14 +992,14 @@ def ordered_rows(spill: Spill, plan: BucketPlan, bucket: int) -> Iterator[Chunk]
     first = bucket * plan.groups_per_bucket
     for group in range(first, first + plan.groups_per_bucket):
         for chunk in spill.read_group(group, ordered=False):
-            yield chunk.take(np.argsort(chunk.data.column("length").to_numpy(), kind="stable"))
+            yield chunk.take(np.argsort(chunk.data.column(plan.columns.names["length"]).to_numpy(), kind="stable"))
 
 
 def batch_sizes(lengths: Spill, plan: BucketPlan, bucket: int, tally: Tally) -> np.ndarray:
     """A bucket's batch sizes, from its lengths in output order (the twin spill orders rows exactly as
     the data spill does); with --drop-remainder the last, partial batch is dropped and counted."""
     budget = plan.budgets[bucket]
-    sizes = budget.cut((c.data.column("length").to_numpy() for c in ordered_rows(lengths, plan, bucket)),
+    sizes = budget.cut((c.data.column(0).to_numpy() for c in ordered_rows(lengths, plan, bucket)),
                        plan.pad_to[bucket])
     if plan.drop_remainder and len(sizes) and budget.is_partial(int(sizes[-1])):
         tally.dropped["remainder"] += int(sizes[-1])
@@ -980,7 +1037,7 @@ def batches(streams: Sequence[Iterator[Chunk]], counts: Sequence[int], plan: Buc
     else:
         merged = itertools.chain.from_iterable(((b, c) for c in s) for b, s in enumerate(streams))
     for index, (b, rows) in enumerate(merged):
-        lengths = rows.data.column("length").to_numpy()
+        lengths = rows.data.column(plan.columns.names["length"]).to_numpy()
         pad_length = plan.padded_length(b, lengths)
         tally.add_batch(b, lengths, pad_length)
         if plan.balance is not None and rows.num_rows == plan.balance.layouts[b].batch_size:
