@@ -71,10 +71,12 @@ def test_quotas_round_each_batch_and_their_running_totals_stay_near_the_target(w
 
 
 @given(classes, st.integers(1, 9), st.one_of(st.none(), st.lists(st.integers(1, 5), min_size=4, max_size=4)),
-       st.lists(st.integers(2, 59), min_size=1, max_size=3, unique=True), st.booleans(), st.integers(0, 3))
+       st.lists(st.integers(2, 59), min_size=1, max_size=3, unique=True), st.booleans(), st.integers(0, 3),
+       st.one_of(st.none(), st.integers(60, 300)))
 @settings(max_examples=25, deadline=None)
 def test_every_full_batch_holds_its_exact_quotas_and_rows_come_from_their_bucket(counts, batch_size, weights,
-                                                                                boundaries, drop, seed):
+                                                                                boundaries, drop, seed, tokens):
+    """With --max-tokens the budget decides each bucket's rows per batch (`batch_rows`), split into quotas."""
     if sum(counts) == 0:
         counts[0] = 1
     k = len(counts)
@@ -85,8 +87,9 @@ def test_every_full_batch_holds_its_exact_quotas_and_rows_come_from_their_bucket
     table = labelled(counts, seed)
     bounds = tuple(sorted(boundaries))
     with tempfile.TemporaryDirectory() as tmp:
-        out, stats = run(tmp, table, boundaries=bounds, batch_size=(batch_size,), balance="label", target=target,
-                         drop_remainder=drop)
+        sizing = dict(batch_size=(batch_size,)) if tokens is None else dict(max_tokens=tokens)
+        out, stats = run(tmp, table, boundaries=bounds, balance="label", target=target, drop_remainder=drop,
+                         **sizing)
     lengths = np.array([len(x) for x in table.column("tokens").to_pylist()])
     in_bucket = assign_buckets(lengths, bounds)
     labels = table.column("label").to_numpy()
@@ -95,6 +98,10 @@ def test_every_full_batch_holds_its_exact_quotas_and_rows_come_from_their_bucket
     batches = per_bucket_batches(out)
     for b in range(len(bounds) + 1):
         mine = batches.get(b, [])
+        batch_size = stats["buckets"][b]["batch_rows"]
+        if tokens is not None:
+            for batch in mine:
+                assert batch.num_rows * max(batch.column("length").to_numpy()) <= tokens
         quotas = QuotaLayout(tuple(t.tolist()), batch_size, 0).full_quotas()
         available = np.bincount(labels[in_bucket == b], minlength=k)
         used = np.zeros(k, dtype=np.int64)
