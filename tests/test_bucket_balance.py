@@ -265,3 +265,11 @@ def test_balance_and_cost_errors_are_one_line_exit_2(tmp_path, run_cli, args, me
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
     assert not dst.exists()
+
+
+def test_a_row_over_a_quadratic_budget_names_its_cost(tmp_path, run_cli):
+    result = run_cli("bucket", os.path.join(SAMPLE, "parquet"), tmp_path / "out", "--boundaries", "50",
+                     "--max-tokens", "10000", "--cost", "quadratic")
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1
+    assert "steps exceeds --max-tokens 10000 (--cost quadratic: " in result.stderr
+    assert "pass --drop-oversize" in result.stderr and not (tmp_path / "out").exists()

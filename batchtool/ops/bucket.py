@@ -578,9 +578,11 @@ def assign(chunk: Chunk, plan: BucketPlan, locate: Callable[[int], str]) -> Assi
     if oversize.any():
         if not plan.drop_oversize:
             i = int(np.flatnonzero(oversize)[0])
-            raise InputError(f"{locate(chunk.ids[i])}: an example of length {lengths[i]} padded to "
-                             f"{plan.padded_length(int(buckets[i]), lengths[i:i + 1])} steps exceeds "
-                             f"--max-tokens {plan.budgets[0].max_tokens} on its own (pass --drop-oversize "
+            padded = plan.padded_length(int(buckets[i]), lengths[i:i + 1])
+            limit = plan.budgets[0]
+            cost = f" (--cost {limit.cost}: {limit.row_cost(padded):,})" if limit.cost != "linear" else ""
+            raise InputError(f"{locate(chunk.ids[i])}: an example of length {lengths[i]} padded to {padded} steps "
+                             f"exceeds --max-tokens {limit.max_tokens}{cost} on its own (pass --drop-oversize "
                              "to drop such examples)")
         keep = ~oversize
         chunk, lengths, buckets = chunk.filter(keep), lengths[keep], buckets[keep]
