@@ -404,10 +404,10 @@ def make_balance(options: BucketOptions, available: np.ndarray, budgets: Sequenc
     return Balance(options.balance, target, available, layouts, options.oversample)
 
 
-def make_plan(options: BucketOptions, columns: Columns, first: FirstPass, schema: pa.Schema,
-              row_bytes: tuple[float, float]) -> BucketPlan:
-    """Boundaries (given or chosen), budgets, padding and the spill layout; `row_bytes` = (per row, per step)."""
-    stats = first.stats
+def make_plan(options: BucketOptions, columns: Columns, stats: DatasetStats, schema: pa.Schema,
+              row_bytes: tuple[float, float], classes: np.ndarray | None = None) -> BucketPlan:
+    """Boundaries (given or chosen), budgets, padding and the spill layout; `row_bytes` = (per row, per step);
+    `classes` is the first pass's (class, length or bucket) counts with --balance."""
     counts = batchable_counts(stats, options)
     if options.boundaries is not None:
         boundaries: tuple[int, ...] | None = tuple(options.boundaries)
@@ -436,12 +436,12 @@ def make_plan(options: BucketOptions, columns: Columns, first: FirstPass, schema
         raise UsageError(f"--pad-value {unpadded[0]}=...: column {unpadded[0]!r} is not padded "
                          f"(sequence columns: {', '.join(columns.sequences) or 'none'})")
     balance = None
-    if first.classes is not None:
+    if classes is not None:
         fixed = np.array([-1 if p is None else p for p in pad_to])
         named = max(options.target) + 1 if isinstance(options.target, dict) and options.target else 0
-        k = options.known_classes or max(1, first.classes.shape[0], named)
-        classes = first.classes if boundaries is None else first.classes[:, : len(counts)]
-        balance = make_balance(options, class_counts(classes, k, boundaries, n), budgets,
+        k = options.known_classes or max(1, classes.shape[0], named)
+        batchable = classes if boundaries is None else classes[:, : len(counts)]
+        balance = make_balance(options, class_counts(batchable, k, boundaries, n), budgets,
                                np.where(fixed >= 0, fixed, bucket_longest(stats, options, boundaries, n)[1]))
     if balance is not None:
         ranges = ()
@@ -805,7 +805,8 @@ def write_bucketed(dataset: Dataset, options: BucketOptions, columns: Columns, f
                    write: Callable[..., JobResult] = write_job) -> JobResult:
     """Everything after the first pass (`write` is write_job, or a wrapper when bucket ends a pipeline)."""
     sample = next(iter(dataset.tasks()), None)
-    plan = make_plan(options, columns, first, dataset.schema, row_bytes(sample().data if sample else None, columns))
+    sizes_of = row_bytes(sample().data if sample else None, columns)
+    plan = make_plan(options, columns, first.stats, dataset.schema, sizes_of, first.classes)
     report = ReadReport()
     tally = Tally.zeros(plan.num_buckets)
     schema = spill_schema(dataset.schema, columns)

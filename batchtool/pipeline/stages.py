@@ -357,8 +357,8 @@ class BucketStage(Stage):
 
     def expected(self, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
         o, first = self.options, self.first.stats
-        plan = bucket_op.make_plan(o, self.columns, self.first, self.input_schema,
-                                   bucket_op.row_bytes(None, self.columns))
+        plan = bucket_op.make_plan(o, self.columns, first, self.input_schema, bucket_op.row_bytes(None, self.columns),
+                                   self.first.classes)
         counts = bucket_op.batchable_counts(first, o)
         if plan.boundaries is not None:
             lengths = np.arange(len(counts))
