@@ -104,3 +104,50 @@ def test_existing_dst_without_overwrite(tmp_path, parquet_src, run_cli):
     (tmp_path / "dst").mkdir()
     result = run_cli("bucket", parquet_src, tmp_path / "dst", "--boundaries", "9", "--batch-size", "4")
     assert result.exit_code == 2 and "destination exists" in result.stderr
+
+
+@pytest.fixture
+def with_length(tmp_path, corpus) -> pa.Table:
+    """The corpus with an integer `length` column holding each example's true length (as TensorFlow data has)."""
+    return corpus.append_column("length", pa.array([len(x) for x in corpus.column("tokens").to_pylist()], pa.int64()))
+
+
+def test_an_input_length_column_that_holds_the_lengths_is_written_once(tmp_path, parquet_src, with_length, run_cli):
+    src = write_parquet_shards(str(tmp_path / "with"), with_length)
+    args = ["--auto-buckets", "3", "--batch-size", "8", "--mask", "-q"]
+    assert run_cli("bucket", src, tmp_path / "a", *args).exit_code == 0
+    assert run_cli("bucket", parquet_src, tmp_path / "b", *args).exit_code == 0
+    assert data_bytes(str(tmp_path / "a")) == data_bytes(str(tmp_path / "b"))  # the same bytes, one `length`
+
+
+def test_a_different_length_column_names_the_row_and_output_column_renames_ours(tmp_path, with_length, run_cli):
+    lengths = with_length.column("length").to_numpy().copy()
+    lengths[7] += 1
+    src = write_parquet_shards(str(tmp_path / "off"), with_length.set_column(
+        with_length.schema.get_field_index("length"), "length", pa.array(lengths)), shards=1)
+    result = run_cli("bucket", src, tmp_path / "a", "--auto-buckets", "3", "--batch-size", "8")
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1 and not (tmp_path / "a").exists()
+    assert re.search(r"part-00000.parquet, row 7, column 'length': \d+ but its length is \d+; bucket writes its own "
+                     r"'length' column: name it otherwise with --output-column length=NEW_NAME", result.stderr)
+    ok = run_cli("bucket", src, tmp_path / "b", "--auto-buckets", "3", "--batch-size", "8", "--mask",
+                 "--output-column", "length=steps,mask=real", "-q")
+    assert ok.exit_code == 0, ok.stderr
+    out = read_dir(str(tmp_path / "b"))
+    assert out.schema.names[-5:] == ["length", "batch", "bucket", "steps", "real"]
+    true = [len(x) for x in with_length.column("tokens").to_pylist()]
+    keys = [int(k[3:]) for k in out.column("key").to_pylist()]
+    assert out.column("steps").to_pylist() == [true[k] for k in keys]
+    assert out.column("length").to_pylist() == [int(lengths[k]) for k in keys]  # the user's column, untouched
+
+
+@pytest.mark.parametrize("column, args, message", [
+    ("batch", [], "column 'batch' is also an output column of bucket; rename yours first"),
+    ("bucket", ["--output-column", "bucket=bucket"], "--output-column bucket=NEW_NAME"),
+    ("x", ["--output-column", "batch=b"], "--output-column batch=b: expected OUT=NAME with OUT one of bucket, length"),
+    ("x", ["--output-column", "length=bucket"], "two output columns would be named 'bucket'"),
+    ("x", ["--output-column", "length"], "--output-column 'length': expected OUT=NAME"),
+])
+def test_output_column_clashes_are_one_line_errors(tmp_path, corpus, run_cli, column, args, message):
+    src = write_parquet_shards(str(tmp_path / "src"), corpus.append_column(column, pa.array(["v"] * corpus.num_rows)))
+    result = run_cli("bucket", src, tmp_path / "dst", "--auto-buckets", "3", "--batch-size", "8", *args)
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1 and message in result.stderr, result.stderr

@@ -127,7 +127,7 @@ def test_stratify_string_labels_name_the_file(tmp_path, run_cli):
 
 
 @pytest.mark.parametrize("args, parts", [
-    (["bucket", "SRC", "DST", "--batchsize", "3"], ["No such option '--batchsize'", "Did you mean '--batch-size'?",
+    (["bucket", "SRC", "DST", "--batchsize", "3"], ["No such option '--batchsize'", "Did you mean", "'--batch-size'",
                                                      "bucket --help"]),
     (["shuffle", "SRC", "DST", "--memory", "abc"], ["'--memory'", "'abc' is not a size"]),
     (["segment", "SRC"], ["Missing argument 'DST'", "segment --help"]),

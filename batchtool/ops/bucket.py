@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batchtool import budget, progress
+from batchtool import budget, progress, rng
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.engines import with_engine
 from batchtool.errors import InputError, SchemaError, UsageError
@@ -28,13 +29,27 @@ from batchtool.ops.boundaries import (
 )
 from batchtool.output import OutputOptions
 from batchtool.padding import mask_column, pad_batch, parse_pad_values, sequence_lengths
+from batchtool.ops.quotas import QuotaLayout, plan_layout
+from batchtool.ops.shuffle import RowReader
+from batchtool.ops.stratify import (
+    MAX_CLASSES,
+    LabelError,
+    Target,
+    check_probs,
+    check_zero_classes,
+    label_codes,
+    target_vector,
+)
 from batchtool.runner import ordered_map
 from batchtool.spill import Spill, interleave, parts_for
 from batchtool.stats import DatasetStats, chunk_stats, is_sequence_type, lengths_of
 
 ORDERS = ("shuffle", "sorted")
+COSTS = ("linear", "quadratic")
 OUTPUT_COLUMNS = ("batch", "bucket", "length", "mask")
-ORDER_STAGE, INTERLEAVE_STAGE = "bucket/order", "bucket/interleave"
+RENAMABLE = ("bucket", "length", "mask")
+"""Output columns --output-column may name otherwise (`batch` marks the batches for load and check)."""
+ORDER_STAGE, INTERLEAVE_STAGE, BALANCE_STAGE = "bucket/order", "bucket/interleave", "bucket/balance"
 _MIN_FLUSH_BYTES, _MAX_FLUSH_BYTES = 64 << 10, 4 << 20
 _SPILL_ROW_BYTES = 12
 """Per spilled row on top of the data: the uint64 example id and the int32 length."""
@@ -46,18 +61,32 @@ HISTOGRAM_BYTES = 40
 
 @dataclass(frozen=True)
 class BatchBudget:
-    """When a batch is full: `batch_size` rows, or `max_tokens` padded elements (rows x padded length,
-    a zero length counting as one) with at most `max_rows` rows. Knows nothing about buckets."""
+    """When a batch is full: `batch_size` rows, or a cost of at most `max_tokens` with at most `max_rows`
+    rows. The cost is rows x padded length (`linear`, padded elements) or rows x padded length squared
+    (`quadratic`, as attention costs); a zero length counts as one. Knows nothing about buckets."""
 
     batch_size: int | None = None
     max_tokens: int | None = None
     max_rows: int | None = None
+    cost: str = "linear"
+
+    def row_cost(self, padded_length: int) -> int:
+        """What one row padded to this length costs against --max-tokens."""
+        width = max(padded_length, 1)
+        return width * width if self.cost == "quadratic" else width
 
     def fits(self, rows: int, padded_length: int) -> bool:
         if self.batch_size is not None:
             return rows <= self.batch_size
-        return (rows * max(padded_length, 1) <= self.max_tokens
+        return (rows * self.row_cost(padded_length) <= self.max_tokens
                 and (self.max_rows is None or rows <= self.max_rows))
+
+    def rows_at(self, padded_length: int) -> int:
+        """The most rows a batch padded to this length may hold."""
+        if self.batch_size is not None:
+            return self.batch_size
+        rows = self.max_tokens // self.row_cost(padded_length)
+        return rows if self.max_rows is None else min(rows, self.max_rows)
 
     def cut(self, lengths: Iterable[np.ndarray], pad_to: int | None = None) -> np.ndarray:
         """Sizes of the batches, in order, for rows of these lengths arriving in this order.
@@ -85,7 +114,8 @@ class BatchBudget:
         """Per row: does a batch of just this row, padded to this length, fit?"""
         if self.batch_size is not None:
             return np.ones(len(padded_lengths), dtype=bool)
-        return np.maximum(padded_lengths, 1) <= self.max_tokens
+        width = np.maximum(np.asarray(padded_lengths, dtype=np.int64), 1)
+        return (width * width if self.cost == "quadratic" else width) <= self.max_tokens
 
     def is_partial(self, size: int) -> bool:
         """Is a bucket's last batch a remainder? By count: when short; by tokens: always, since the
@@ -115,6 +145,11 @@ class BucketOptions:
     order: str = "shuffle"
     memory: int = 1 << 30
     tmp_dir: str | None = None
+    cost: str = "linear"
+    output_columns: tuple[tuple[str, str], ...] = ()
+    balance: str | None = None
+    target: Target = "uniform"
+    oversample: bool = False
 
     def __post_init__(self) -> None:
         modes = [flag for flag, value in (("--boundaries", self.boundaries), ("--auto-buckets", self.auto_buckets),
@@ -138,6 +173,45 @@ class BucketOptions:
             raise UsageError(f"--order {self.order!r}: expected {' or '.join(ORDERS)}")
         if self.memory <= 0:
             raise UsageError(f"--memory {self.memory}: must be positive")
+        self._check_balance()
+        self._check_output_columns()
+
+    def _check_output_columns(self) -> None:
+        for role, name in self.output_columns:
+            if role not in RENAMABLE or not name:
+                raise UsageError(f"--output-column {role}={name}: expected OUT=NAME with OUT one of "
+                                 f"{', '.join(RENAMABLE)} and a non-empty NAME")
+        roles = [role for role, _ in self.output_columns]
+        if len(set(roles)) < len(roles):
+            raise UsageError(f"--output-column: {roles[0]} named twice")
+        names = list(self.output_names.values())
+        if len(set(names)) < len(names):
+            raise UsageError(f"--output-column: two output columns would be named "
+                             f"{next(n for n in names if names.count(n) > 1)!r}")
+
+    @property
+    def output_names(self) -> dict[str, str]:
+        """Each output column's name: its own, or the one --output-column gives."""
+        return {**{c: c for c in OUTPUT_COLUMNS}, **dict(self.output_columns)}
+
+    def _check_balance(self) -> None:
+        if self.balance is None:
+            for flag, given in (("--target", self.target != "uniform"), ("--oversample", self.oversample)):
+                if given:
+                    raise UsageError(f"{flag} goes with --balance LABEL_COLUMN")
+            return
+        if isinstance(self.target, str) and self.target != "uniform":
+            raise UsageError(f"--target {self.target!r}: expected 'uniform', P0,P1,... or CLASS=PROB pairs")
+        if not isinstance(self.target, str):
+            check_probs(self.target.values() if isinstance(self.target, dict) else self.target, "--target")
+        if self.order != "shuffle":
+            raise UsageError(f"--balance with --order {self.order}: balanced batches are drawn at random "
+                             "(use --order shuffle)")
+
+    @property
+    def known_classes(self) -> int | None:
+        """--balance: the number of classes a --target list fixes (else the labels seen decide)."""
+        return len(self.target) if isinstance(self.target, tuple) else None
 
     def _check_batching(self) -> None:
         if (self.batch_size is None) == (self.max_tokens is None):
@@ -148,6 +222,10 @@ class BucketOptions:
         if self.max_tokens is None and (self.max_rows is not None or self.drop_oversize):
             raise UsageError(f"{'--max-rows' if self.max_rows is not None else '--drop-oversize'} "
                              "goes with --max-tokens")
+        if self.cost not in COSTS:
+            raise UsageError(f"--cost {self.cost!r}: expected {' or '.join(COSTS)}")
+        if self.cost != "linear" and self.max_tokens is None:
+            raise UsageError(f"--cost {self.cost} goes with --max-tokens")
         if self.batch_size is None:
             return
         text = ",".join(str(b) for b in self.batch_size)
@@ -181,10 +259,17 @@ class Columns:
     keep: str | None
     replaced: tuple[str, ...]
     """Input columns dropped because an output column of the same name replaces them."""
+    label: str | None = None
+    """--balance: the class label column."""
+    names: Mapping[str, str] = field(default_factory=lambda: {c: c for c in OUTPUT_COLUMNS})
+    """The name of each output column (--output-column); the spilled rows carry their length under names["length"]."""
+    reused: tuple[str, ...] = ()
+    """Output columns ("length", "bucket") an input integer column of the same name already holds: it must
+    equal what bucket computes, row by row, and is then written once."""
 
     @property
     def first_pass(self) -> list[str]:
-        return list(dict.fromkeys(c for c in (self.length, self.bucket, self.keep) if c is not None))
+        return list(dict.fromkeys(c for c in (self.length, self.bucket, self.keep, self.label) if c is not None))
 
 
 def resolve_columns(options: BucketOptions, schema: pa.Schema) -> Columns:
@@ -210,13 +295,25 @@ def resolve_columns(options: BucketOptions, schema: pa.Schema) -> Columns:
         need(options.bucket_column, "--bucket-column", pa.types.is_integer, "an integer column")
     if options.keep:
         need(options.keep, "--keep", pa.types.is_boolean, "a boolean column")
-    replaced = tuple(c for c, role in (("length", length), ("bucket", options.bucket_column))
-                     if role == c and c not in sequences)
-    clash = [c for c in OUTPUT_COLUMNS if c in names and c not in replaced and (c != "mask" or options.mask)]
+    if options.balance:
+        need(options.balance, "--balance", lambda t: pa.types.is_integer(t) or pa.types.is_floating(t),
+             "integer class labels in [0, num_classes)")
+    out = options.output_names
+    replaced = tuple(out[c] for c, role in (("length", length), ("bucket", options.bucket_column))
+                     if role == out[c] and role not in sequences)
+    roles = [c for c in OUTPUT_COLUMNS if c != "mask" or options.mask]
+    reused = tuple(c for c in ("length", "bucket") if out[c] in names and out[c] not in replaced
+                   and pa.types.is_integer(schema.field(out[c]).type) and out[c] not in sequences
+                   and out[c] not in (options.keep, options.balance))
+    clash = [c for c in roles if out[c] in names and out[c] not in replaced and c not in reused]
     if clash:
-        raise SchemaError(f"column {clash[0]!r} is also an output column of bucket; rename it first "
-                          "(e.g. convert --columns)")
-    return Columns(length, tuple(sequences), options.bucket_column, options.keep, replaced)
+        c = clash[0]
+        fix = (f"name bucket's column otherwise with --output-column {c}=NEW_NAME (or rename yours, e.g. convert "
+               "--columns)" if c in RENAMABLE else "rename yours first (e.g. convert --columns): batchtool.load "
+               "and check find the batches by it")
+        raise SchemaError(f"column {out[c]!r} is also an output column of bucket; {fix}")
+    return Columns(length, tuple(sequences), options.bucket_column, options.keep,
+                   replaced + tuple(out[c] for c in reused), options.balance, out, reused)
 
 
 @dataclass(frozen=True)
@@ -242,6 +339,7 @@ class BucketPlan:
     """--order sorted: length edges splitting each bucket into spill groups of at most half of --memory
     (a group is loaded, then sorted into a copy)."""
     defaulted_sequences: bool = False
+    balance: Balance | None = None
 
     @property
     def groups_per_bucket(self) -> int:
@@ -254,9 +352,62 @@ class BucketPlan:
         return fixed if fixed is not None else int(np.max(lengths, initial=0))
 
 
+@dataclass(frozen=True)
+class Balance:
+    """--balance: per bucket, the balanced batch layout of the bucket's class counts. Rows per
+    batch are the budget's: --batch-size, or as many rows as --max-tokens allows at the bucket's
+    longest padded length (so no choice of rows can exceed it)."""
+
+    label: str
+    target: np.ndarray
+    available: np.ndarray
+    """Rows per (bucket, class) after the first pass."""
+    layouts: tuple[QuotaLayout, ...]
+    oversample: bool
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.target)
+
+    @property
+    def written(self) -> np.ndarray:
+        """Rows written per (bucket, class), repeats included."""
+        return np.array([layout.per_class for layout in self.layouts], dtype=np.int64).reshape(self.available.shape)
+
+    @property
+    def batches(self) -> list[int]:
+        return [layout.batches + bool(sum(layout.partial)) for layout in self.layouts]
+
+
+def class_counts(classes: np.ndarray, num_classes: int, boundaries: tuple[int, ...] | None, n: int) -> np.ndarray:
+    """Rows per (bucket, class) from the first pass's (class, length) counts, or (class, bucket) counts
+    for a bucket column."""
+    joint = np.zeros((num_classes, classes.shape[1]), dtype=np.int64)
+    joint[: classes.shape[0]] = classes
+    if boundaries is None:
+        available = np.zeros((n, num_classes), dtype=np.int64)
+        available[: min(n, joint.shape[1])] = joint[:, :n].T
+        return available
+    bucket_of = assign_buckets(np.arange(joint.shape[1]), boundaries)
+    return np.stack([np.bincount(bucket_of, weights=row, minlength=n) for row in joint], axis=1).astype(np.int64)
+
+
+def make_balance(options: BucketOptions, available: np.ndarray, budgets: Sequence[BatchBudget],
+                 longest: np.ndarray) -> Balance:
+    """The layouts of every bucket from its rows per class (the first pass's, or the spill's exact counts)."""
+    target = target_vector(options.target, available.shape[1])
+    totals = available.sum(axis=0)
+    check_zero_classes(totals / max(1, totals.sum()), target, f"counted in column {options.balance!r}")
+    layouts = tuple(plan_layout(available[b], target, budgets[b].rows_at(int(longest[b])),
+                                partial=not options.drop_remainder, oversample=options.oversample)
+                    for b in range(len(available)))
+    return Balance(options.balance, target, available, layouts, options.oversample)
+
+
 def make_plan(options: BucketOptions, columns: Columns, stats: DatasetStats, schema: pa.Schema,
-              row_bytes: tuple[float, float]) -> BucketPlan:
-    """Boundaries (given or chosen), budgets, padding and the spill layout; `row_bytes` = (per row, per step)."""
+              row_bytes: tuple[float, float], classes: np.ndarray | None = None) -> BucketPlan:
+    """Boundaries (given or chosen), budgets, padding and the spill layout; `row_bytes` = (per row, per step);
+    `classes` is the first pass's (class, length or bucket) counts with --balance."""
     counts = batchable_counts(stats, options)
     if options.boundaries is not None:
         boundaries: tuple[int, ...] | None = tuple(options.boundaries)
@@ -275,7 +426,7 @@ def make_plan(options: BucketOptions, columns: Columns, stats: DatasetStats, sch
                  "give fewer buckets")
     sizes = options.batch_size or (None,)
     budgets = tuple(BatchBudget(batch_size=sizes[b % len(sizes)], max_tokens=options.max_tokens,
-                                max_rows=options.max_rows) for b in range(n))
+                                max_rows=options.max_rows, cost=options.cost) for b in range(n))
     pad_to: tuple[int | None, ...] = (None,) * n
     if options.pad_to_boundary:
         pad_to = (*(b - 1 for b in boundaries), None)
@@ -284,14 +435,29 @@ def make_plan(options: BucketOptions, columns: Columns, stats: DatasetStats, sch
     if unpadded:
         raise UsageError(f"--pad-value {unpadded[0]}=...: column {unpadded[0]!r} is not padded "
                          f"(sequence columns: {', '.join(columns.sequences) or 'none'})")
-    if options.order == "shuffle":
+    balance = None
+    if classes is not None:
+        fixed = np.array([-1 if p is None else p for p in pad_to])
+        named = max(options.target) + 1 if isinstance(options.target, dict) and options.target else 0
+        k = options.known_classes or max(1, classes.shape[0], named)
+        batchable = classes if boundaries is None else classes[:, : len(counts)]
+        balance = make_balance(options, class_counts(batchable, k, boundaries, n), budgets,
+                               np.where(fixed >= 0, fixed, bucket_longest(stats, options, boundaries, n)[1]))
+    if balance is not None:
+        ranges = ()
+        k = balance.num_classes
+        share = balance.available / np.maximum(1, balance.available.sum(axis=1, keepdims=True))
+        parts = tuple(parts_for(bytes_ * s, options.memory // (2 * n * k))
+                      for bytes_, row in zip(_bucket_bytes(stats, boundaries, n, row_bytes), share) for s in row)
+    elif options.order == "shuffle":
         ranges: tuple[int, ...] = ()
         parts = tuple(parts_for(b, options.memory // (2 * n)) for b in _bucket_bytes(stats, boundaries, n, row_bytes))
     else:
         ranges = _length_ranges(stats.length_counts, row_bytes, options.memory // 2)
         parts = (1,) * (n * (len(ranges) + 1))
     plan = BucketPlan(columns, boundaries, n, budgets, pad_to, pad_values, options.mask, options.drop_oversize,
-                      options.drop_remainder, options.order, parts, ranges, defaulted_sequences=not options.sequences)
+                      options.drop_remainder, options.order, parts, ranges, defaulted_sequences=not options.sequences,
+                      balance=balance)
     check_largest_batch(plan, options, stats, row_bytes)
     return plan
 
@@ -302,16 +468,7 @@ def check_largest_batch(plan: BucketPlan, options: BucketOptions, stats: Dataset
     the bucket's) padded to the bucket's boundary or its longest length, from the first-pass histogram."""
     per_row, per_step = row_bytes
     per_step += 1 if plan.mask else 0
-    counts = batchable_counts(stats, options)
-    present = np.flatnonzero(counts)
-    if plan.boundaries is not None:
-        buckets = assign_buckets(present, plan.boundaries)
-        rows = np.bincount(buckets, weights=counts[present], minlength=plan.num_buckets).astype(np.int64)
-        longest = np.zeros(plan.num_buckets, dtype=np.int64)
-        np.maximum.at(longest, buckets, present)
-    else:
-        rows = np.array([stats.label_counts.get(b, 0) for b in range(plan.num_buckets)], dtype=np.int64)
-        longest = np.full(plan.num_buckets, int(present.max(initial=0)))
+    rows, longest = bucket_longest(stats, options, plan.boundaries, plan.num_buckets)
     for b in np.flatnonzero(rows):
         padded = plan.pad_to[b] if plan.pad_to[b] is not None else int(longest[b])
         limit = plan.budgets[b]
@@ -331,11 +488,30 @@ def check_largest_batch(plan: BucketPlan, options: BucketOptions, stats: Dataset
                      batch_rows * per_row + elements * per_step, options.memory, fix)
 
 
+def bucket_longest(stats: DatasetStats, options: BucketOptions, boundaries: tuple[int, ...] | None,
+                   n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per bucket, from the first-pass histogram: its rows and its longest length (for a bucket column,
+    the longest length of all)."""
+    counts = batchable_counts(stats, options)
+    present = np.flatnonzero(counts)
+    if boundaries is not None:
+        buckets = assign_buckets(present, boundaries)
+        rows = np.bincount(buckets, weights=counts[present], minlength=n).astype(np.int64)
+        longest = np.zeros(n, dtype=np.int64)
+        np.maximum.at(longest, buckets, present)
+    else:
+        rows = np.array([stats.label_counts.get(b, 0) for b in range(n)], dtype=np.int64)
+        longest = np.full(n, int(present.max(initial=0)))
+    return rows, longest
+
+
 def batchable_counts(stats: DatasetStats, options: BucketOptions) -> np.ndarray:
     """The length histogram without lengths over --max-tokens: they can never be batched, so they do not
     shape the buckets (with --drop-oversize they are dropped; without it the run stops on them)."""
     counts = stats.length_counts
-    return counts if options.max_tokens is None else counts[: options.max_tokens + 1]
+    if options.max_tokens is None:
+        return counts
+    return counts[: (math.isqrt(options.max_tokens) if options.cost == "quadratic" else options.max_tokens) + 1]
 
 
 def _bucket_bytes(stats: DatasetStats, boundaries: tuple[int, ...] | None, n: int,
@@ -383,6 +559,7 @@ class Assigned:
     rows_in: int
     dropped_keep: int
     dropped_oversize: int
+    classes: np.ndarray | None = None
 
 
 def assign(chunk: Chunk, plan: BucketPlan, locate: Callable[[int], str]) -> Assigned:
@@ -401,15 +578,38 @@ def assign(chunk: Chunk, plan: BucketPlan, locate: Callable[[int], str]) -> Assi
     if oversize.any():
         if not plan.drop_oversize:
             i = int(np.flatnonzero(oversize)[0])
-            raise InputError(f"{locate(chunk.ids[i])}: an example of length {lengths[i]} padded to "
-                             f"{plan.padded_length(int(buckets[i]), lengths[i:i + 1])} steps exceeds "
-                             f"--max-tokens {plan.budgets[0].max_tokens} on its own (pass --drop-oversize "
+            padded = plan.padded_length(int(buckets[i]), lengths[i:i + 1])
+            limit = plan.budgets[0]
+            cost = f" (--cost {limit.cost}: {limit.row_cost(padded):,})" if limit.cost != "linear" else ""
+            raise InputError(f"{locate(chunk.ids[i])}: an example of length {lengths[i]} padded to {padded} steps "
+                             f"exceeds --max-tokens {limit.max_tokens}{cost} on its own (pass --drop-oversize "
                              "to drop such examples)")
         keep = ~oversize
         chunk, lengths, buckets = chunk.filter(keep), lengths[keep], buckets[keep]
+    classes = None
+    if plan.balance is not None:
+        classes = label_codes(chunk, cols.label, plan.balance.num_classes, locate)
     data = chunk.data.drop_columns(list(cols.replaced)) if cols.replaced else chunk.data
-    data = data.append_column("length", pa.array(lengths.astype(np.int32)))
-    return Assigned(Chunk(data, chunk.ids), buckets, rows_in, rows_in - kept, int(oversize.sum()))
+    names = cols.names
+    if "length" in cols.reused:
+        _check_reused(chunk, names["length"], lengths, "its length", locate)
+    if "bucket" in cols.reused:
+        _check_reused(chunk, names["bucket"], buckets, "its bucket", locate)
+    data = data.append_column(names["length"], pa.array(lengths.astype(np.int32)))
+    return Assigned(Chunk(data, chunk.ids), buckets, rows_in, rows_in - kept, int(oversize.sum()), classes)
+
+
+def _check_reused(chunk: Chunk, column: str, computed: np.ndarray, what: str, locate: Callable[[int], str]) -> None:
+    """An input column named like an output column is written once only if it holds what bucket computes."""
+    given = pc.fill_null(chunk.data.column(column), -1).to_numpy(zero_copy_only=False)
+    bad = np.flatnonzero(given != computed)
+    if len(bad):
+        i = int(bad[0])
+        value = chunk.data.column(column)[i].as_py()
+        role = "length" if what == "its length" else "bucket"
+        raise SchemaError(f"{locate(chunk.ids[i])}, column {column!r}: {value} but {what} is {computed[i]}; "
+                          f"bucket writes its own {column!r} column: name it otherwise with "
+                          f"--output-column {role}=NEW_NAME (or rename yours, e.g. convert --columns)")
 
 
 def keep_mask(chunk: Chunk, keep: str) -> np.ndarray:
@@ -466,14 +666,15 @@ def make_batch(data: pa.RecordBatch, index: int, bucket: int, pad_length: int, p
     """One output batch: sequence columns padded to `pad_length`, plus batch, bucket, length (and mask)."""
     padded = pad_batch(data, plan.columns.sequences, pad_length, plan.pad_values)
     n = data.num_rows
-    names = [name for name in padded.schema.names if name != "length"]
+    out = plan.columns.names
+    names = [name for name in padded.schema.names if name != out["length"]]
     arrays = [padded.column(name) for name in names]
     arrays += [pa.array(np.full(n, index, dtype=np.int64)), pa.array(np.full(n, bucket, dtype=np.int32)),
-               data.column("length")]
-    names += ["batch", "bucket", "length"]
+               data.column(out["length"])]
+    names += [out["batch"], out["bucket"], out["length"]]
     if plan.mask:
-        arrays.append(mask_column(data.column("length").to_numpy(), pad_length))
-        names.append("mask")
+        arrays.append(mask_column(data.column(out["length"]).to_numpy(), pad_length))
+        names.append(out["mask"])
     return pa.RecordBatch.from_arrays(arrays, names=names)
 
 
@@ -497,6 +698,15 @@ class Tally:
     padded: np.ndarray
     rows_in: int = 0
     dropped: dict[str, int] = field(default_factory=lambda: {"keep": 0, "oversize": 0, "remainder": 0})
+    balance: Balance | None = None
+    shares: list[np.ndarray] = field(default_factory=list)
+    """--balance: (smallest, largest) share of each class over the full batches written."""
+
+    def add_classes(self, labels: pa.Array, num_classes: int) -> None:
+        codes = pc.cast(labels, pa.int64()).to_numpy(zero_copy_only=False)
+        share = np.bincount(codes, minlength=num_classes) / max(1, len(codes))
+        self.shares = [np.minimum(self.shares[0], share), np.maximum(self.shares[1], share)] if self.shares \
+            else [share, share]
 
     @classmethod
     def zeros(cls, num_buckets: int) -> Tally:
@@ -518,8 +728,33 @@ class Tally:
             row.update(examples=int(self.examples[b]), batches=int(self.batches[b]), real_elements=int(self.real[b]),
                        padded_elements=int(self.padded[b]),
                        padding_efficiency=efficiency(int(self.real[b]), int(self.padded[b])))
+            if self.balance is not None:
+                row.update(self.balance_row(b))
             rows.append(row)
         return rows
+
+    def balance_row(self, b: int) -> dict[str, Any]:
+        """--balance: one bucket's rows per class in and out, dropped and repeated, and its batch size."""
+        assert self.balance is not None
+        available, written = self.balance.available[b], self.balance.written[b]
+        layout = self.balance.layouts[b]
+        return {"batch_rows": layout.batch_size, "balanced_batches": layout.batches,
+                "partial_batch_quotas": [int(q) for q in layout.partial] if sum(layout.partial) else None,
+                "class_rows_in": available.tolist(), "class_rows_out": written.tolist(),
+                "class_dropped": np.maximum(available - written, 0).tolist(),
+                "class_repeated": np.maximum(written - available, 0).tolist()}
+
+    def balance_summary(self) -> dict[str, Any]:
+        """manifest["stats"]["balance"]: the target, class totals and the class shares over batches."""
+        assert self.balance is not None
+        bal = self.balance
+        written, available = bal.written.sum(axis=0), bal.available.sum(axis=0)
+        low, high = self.shares or [np.zeros(bal.num_classes)] * 2
+        return {"label": bal.label, "num_classes": bal.num_classes, "target": bal.target.tolist(),
+                "oversample": bal.oversample, "class_rows_in": available.tolist(), "class_rows_out": written.tolist(),
+                "examples_repeated": int(np.maximum(bal.written - bal.available, 0).sum()),
+                "batch_share_min": [round(float(v), 6) for v in low],
+                "batch_share_max": [round(float(v), 6) for v in high]}
 
 
 def bucket_stats(plan: BucketPlan, options: BucketOptions, stats: DatasetStats, tally: Tally) -> dict[str, Any]:
@@ -537,6 +772,8 @@ def bucket_stats(plan: BucketPlan, options: BucketOptions, stats: DatasetStats, 
         "examples_dropped": dict(tally.dropped),
         "buckets": tally.bucket_rows(plan),
     }
+    if tally.balance is not None:
+        out["balance"] = tally.balance_summary()
     if options.auto_buckets is not None:
         out["auto_buckets"] = auto_bucket_report(batchable_counts(stats, options), plan.boundaries,
                                                  options.auto_buckets)
@@ -559,54 +796,140 @@ def bucket(src: str, dst: str, options: BucketOptions, output: OutputOptions, ru
     random order across buckets (or length order) -> padded batch shards + manifest."""
     dataset = open_source(src, dst, output, tmp_dir=options.tmp_dir, format=format, skip_corrupt=skip_corrupt)
     columns = resolve_columns(options, dataset.schema)
-    return write_bucketed(dataset, options, columns, first_pass(dataset, columns, run, options.memory), dst, output,
-                          run, seed=seed)
+    first = first_pass(dataset, columns, run, options.memory, options.known_classes)
+    return write_bucketed(dataset, options, columns, first, dst, output, run, seed=seed)
 
 
-def write_bucketed(dataset: Dataset, options: BucketOptions, columns: Columns, first: DatasetStats, dst: str,
+def write_bucketed(dataset: Dataset, options: BucketOptions, columns: Columns, first: FirstPass, dst: str,
                    output: OutputOptions, run: RunSettings, *, seed: int,
                    write: Callable[..., JobResult] = write_job) -> JobResult:
     """Everything after the first pass (`write` is write_job, or a wrapper when bucket ends a pipeline)."""
     sample = next(iter(dataset.tasks()), None)
-    plan = make_plan(options, columns, first, dataset.schema, row_bytes(sample().data if sample else None, columns))
+    sizes_of = row_bytes(sample().data if sample else None, columns)
+    plan = make_plan(options, columns, first.stats, dataset.schema, sizes_of, first.classes)
     report = ReadReport()
     tally = Tally.zeros(plan.num_buckets)
     schema = spill_schema(dataset.schema, columns)
-    flush, lengths_schema = flush_bytes(plan, options.memory), pa.schema([schema.field("length")])
+    flush, lengths_schema = flush_bytes(plan, options.memory), pa.schema([schema.field(columns.names["length"])])
     with Spill(schema, plan.parts, seed, ORDER_STAGE, options.tmp_dir, flush) as spill, \
             Spill(lengths_schema, plan.parts, seed, ORDER_STAGE, options.tmp_dir, flush) as lengths:
         scatter(dataset, plan, spill, lengths, tally, run, report)
-        sizes = [batch_sizes(lengths, plan, b, tally) for b in range(plan.num_buckets)]
+        if plan.balance is None:
+            sizes = [batch_sizes(lengths, plan, b, tally) for b in range(plan.num_buckets)]
+            streams = [take_sizes(ordered_rows(spill, plan, b), sizes[b], schema) for b in range(plan.num_buckets)]
+            counts = [len(s) for s in sizes]
+            total = int(sum(int(s.sum()) for s in sizes))
+        else:
+            plan = replace(plan, balance=rebalance(plan, options, spill, tally))
+            streams = [balanced_stream(spill, schema, plan.balance, b, seed) for b in range(plan.num_buckets)]
+            counts, total = plan.balance.batches, int(plan.balance.written.sum())
         empty = make_batch(pa.RecordBatch.from_pylist([], schema=schema), 0, 0, 0, plan)
         result = write(
             command="bucket", options=_manifest_options(options), seed=seed, dataset=dataset, dst=dst,
-            output=output, schema=empty.schema, items=batches(spill, schema, plan, sizes, seed, tally),
+            output=output, schema=empty.schema, items=batches(streams, counts, plan, seed, tally),
             work=lambda item: ([make_batch(item.rows.data, item.index, item.bucket, item.pad_length, plan)],
                                item.rows.num_rows),
-            stats=lambda: bucket_stats(plan, options, first, tally), run=run, report=report,
-            total_rows=int(sum(int(s.sum()) for s in sizes)), desc="bucket: write")
+            stats=lambda: bucket_stats(plan, options, first.stats, tally), run=run, report=report,
+            total_rows=total, desc="bucket: write")
     return result
 
 
-def first_pass(dataset: Dataset, columns: Columns, run: RunSettings, memory: int) -> DatasetStats:
+def rebalance(plan: BucketPlan, options: BucketOptions, spill: Spill, tally: Tally) -> Balance:
+    """The layouts again from the spill's exact rows per (bucket, class) (the first pass's counts do not know
+    which rows --drop-oversize drops); what no batch takes is counted as dropped."""
+    assert plan.balance is not None
+    k = plan.balance.num_classes
+    available = spill.rows.reshape(plan.num_buckets, k)
+    rows = [BatchBudget(batch_size=layout.batch_size) for layout in plan.balance.layouts]
+    balance = make_balance(options, available, rows, np.zeros(len(rows), dtype=np.int64))
+    tally.dropped["unbalanced"] = int(np.maximum(available - balance.written, 0).sum())
+    tally.balance = balance
+    return balance
+
+
+def balanced_stream(spill: Spill, schema: pa.Schema, balance: Balance, bucket: int, seed: int) -> Iterator[Chunk]:
+    """A bucket's balanced batches: each takes its quota of every class from the class's rows in keyed order
+    (cycling through them again with --oversample), shuffled within the batch by keyed order."""
+    k = balance.num_classes
+
+    def rows(c: int) -> Iterator[Chunk]:
+        group = bucket * k + c
+        yield from spill.read_group(group)
+        while balance.oversample and spill.rows[group]:
+            yield from spill.read_group(group)
+
+    readers = [RowReader(rows(c), schema) for c in range(k)]
+    for quotas in balance.layouts[bucket].sequence():
+        batch = Chunk.concat([readers[c].take(int(q)) for c, q in enumerate(quotas) if q], schema)
+        yield batch.take(np.argsort(rng.permutation_keys(seed, BALANCE_STAGE, batch.ids), kind="stable"))
+
+
+@dataclass(frozen=True)
+class FirstPass:
+    """What the first pass learns: the length histogram (and bucket-column counts), and with --balance the
+    rows per (class, length), or per (class, bucket) for a bucket column."""
+
+    stats: DatasetStats
+    classes: np.ndarray | None = None
+
+
+def first_pass(dataset: Dataset, columns: Columns, run: RunSettings, memory: int,
+               num_classes: int | None = None) -> FirstPass:
     """Length histogram (and bucket-column counts) of the kept rows, reading only the columns that need."""
     length = columns.length
     keep = columns.keep
 
-    def part(task: Callable[[], Chunk]) -> tuple[DatasetStats, int]:
+    def part(task: Callable[[], Chunk]) -> tuple[DatasetStats, np.ndarray | None, int]:
         chunk = task()
         rows = chunk.num_rows
         if keep is not None:
             chunk = chunk.filter(keep_mask(chunk, keep))
         check_longest(chunk, length, memory, dataset.locate)
-        return chunk_stats(chunk, columns.bucket, length), rows
+        joint = None
+        if columns.label is not None:
+            joint = joint_counts(chunk, columns, num_classes, memory, dataset.locate)
+        return chunk_stats(chunk, columns.bucket, length), joint, rows
 
     total = DatasetStats()
+    classes = np.zeros((0, 0), dtype=np.int64) if columns.label is not None else None
     with progress.bar("bucket: lengths", dataset.num_rows, quiet=run.quiet) as bar:
-        for stats, rows in ordered_map(part, dataset.tasks(columns.first_pass, ReadReport()), run.threads):
+        for stats, joint, rows in ordered_map(part, dataset.tasks(columns.first_pass, ReadReport()), run.threads):
             total.merge(stats)
+            if joint is not None:
+                classes = _add_counts(classes, joint)
             bar.update(rows)
-    return total
+    return FirstPass(total, classes)
+
+
+def joint_counts(chunk: Chunk, columns: Columns, num_classes: int | None, memory: int,
+                 locate: Callable[[int], str]) -> np.ndarray:
+    """--balance: a chunk's rows per (class, length), or per (class, bucket-column value); bucket values
+    outside [0, ...) are left for the scatter pass to report."""
+    try:
+        codes = label_codes(chunk, columns.label, num_classes or MAX_CLASSES, locate)
+    except LabelError as exc:
+        hint = f" (--target gives {num_classes} classes)" if num_classes else ""
+        raise InputError(f"--balance {columns.label}: labels must be integers in [0, {num_classes or MAX_CLASSES})"
+                         f"{hint}; first bad label: {exc.first}") from None
+    if columns.bucket is not None:
+        values = pc.fill_null(chunk.data.column(columns.bucket), -1).to_numpy(zero_copy_only=False).astype(np.int64)
+        codes, values = codes[values >= 0], values[values >= 0]
+    else:
+        values = lengths_of(chunk.data, columns.length)
+    if not len(values):
+        return np.zeros((0, 0), dtype=np.int64)
+    k, width = int(codes.max()) + 1, int(values.max()) + 1
+    budget.check(f"--balance {columns.label}: counting {k:,} classes x {width:,} lengths", k * width * 8, memory,
+                 "check the label column, or give a larger --memory", error=InputError)
+    return np.bincount(codes * width + values, minlength=k * width).reshape(k, width)
+
+
+def _add_counts(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Sum of two count matrices of any shapes (the smaller zero-padded)."""
+    out = np.zeros((max(a.shape[0], b.shape[0]), max(a.shape[1], b.shape[1])), dtype=np.int64)
+    out[: a.shape[0], : a.shape[1]] += a
+    out[: b.shape[0], : b.shape[1]] += b
+    return out
 
 
 def check_longest(chunk: Chunk, length: str, memory: int, locate: Callable[[int], str]) -> None:
@@ -622,7 +945,8 @@ def check_longest(chunk: Chunk, length: str, memory: int, locate: Callable[[int]
 
 def spill_schema(schema: pa.Schema, columns: Columns) -> pa.Schema:
     """What is spilled per row: the input columns (less those an output column replaces) and the length."""
-    return pa.schema([*(f for f in schema if f.name not in columns.replaced), pa.field("length", pa.int32())])
+    return pa.schema([*(f for f in schema if f.name not in columns.replaced),
+                      pa.field(columns.names["length"], pa.int32())])
 
 
 def flush_bytes(plan: BucketPlan, memory: int) -> int:
@@ -630,8 +954,12 @@ def flush_bytes(plan: BucketPlan, memory: int) -> int:
     return max(_MIN_FLUSH_BYTES, min(_MAX_FLUSH_BYTES, memory // (4 * sum(plan.parts))))
 
 
-def spill_groups(buckets: np.ndarray, lengths: np.ndarray, plan: BucketPlan) -> np.ndarray:
-    """Spill group per row: its bucket, or with --order sorted its (bucket, length range)."""
+def spill_groups(buckets: np.ndarray, lengths: np.ndarray, plan: BucketPlan,
+                 classes: np.ndarray | None = None) -> np.ndarray:
+    """Spill group per row: its bucket, with --balance its (bucket, class), or with --order sorted its
+    (bucket, length range)."""
+    if plan.balance is not None:
+        return buckets.astype(np.int64) * plan.balance.num_classes + classes
     if plan.order == "shuffle":
         return buckets
     return buckets.astype(np.int64) * plan.groups_per_bucket + assign_buckets(lengths, plan.length_ranges)
@@ -649,10 +977,12 @@ def scatter(dataset: Dataset, plan: BucketPlan, spill: Spill, lengths: Spill, ta
             tally.dropped["oversize"] += a.dropped_oversize
             bar.update(a.rows_in)
             if a.chunk.num_rows:
-                row_lengths = a.chunk.data.column("length")
-                groups = spill_groups(a.buckets, row_lengths.to_numpy(), plan)
+                row_lengths = a.chunk.data.column(plan.columns.names["length"])
+                groups = spill_groups(a.buckets, row_lengths.to_numpy(), plan, a.classes)
                 spill.add(a.chunk, groups)
-                lengths.add(Chunk(pa.record_batch([row_lengths], names=["length"]), a.chunk.ids), groups)
+                if plan.balance is None:  # balanced batches take their sizes from the layouts
+                    lengths.add(Chunk(pa.record_batch([row_lengths], names=[plan.columns.names["length"]]),
+                                      a.chunk.ids), groups)
     spill.finish()
     lengths.finish()
 
@@ -665,14 +995,14 @@ def ordered_rows(spill: Spill, plan: BucketPlan, bucket: int) -> Iterator[Chunk]
     first = bucket * plan.groups_per_bucket
     for group in range(first, first + plan.groups_per_bucket):
         for chunk in spill.read_group(group, ordered=False):
-            yield chunk.take(np.argsort(chunk.data.column("length").to_numpy(), kind="stable"))
+            yield chunk.take(np.argsort(chunk.data.column(plan.columns.names["length"]).to_numpy(), kind="stable"))
 
 
 def batch_sizes(lengths: Spill, plan: BucketPlan, bucket: int, tally: Tally) -> np.ndarray:
     """A bucket's batch sizes, from its lengths in output order (the twin spill orders rows exactly as
     the data spill does); with --drop-remainder the last, partial batch is dropped and counted."""
     budget = plan.budgets[bucket]
-    sizes = budget.cut((c.data.column("length").to_numpy() for c in ordered_rows(lengths, plan, bucket)),
+    sizes = budget.cut((c.data.column(0).to_numpy() for c in ordered_rows(lengths, plan, bucket)),
                        plan.pad_to[bucket])
     if plan.drop_remainder and len(sizes) and budget.is_partial(int(sizes[-1])):
         tally.dropped["remainder"] += int(sizes[-1])
@@ -701,19 +1031,20 @@ def _slice(chunk: Chunk, start: int, stop: int) -> Chunk:
     return Chunk(chunk.data.slice(start, stop - start), chunk.ids[start:stop])
 
 
-def batches(spill: Spill, schema: pa.Schema, plan: BucketPlan, sizes: Sequence[np.ndarray], seed: int,
+def batches(streams: Sequence[Iterator[Chunk]], counts: Sequence[int], plan: BucketPlan, seed: int,
             tally: Tally) -> Iterator[BatchItem]:
-    """Batches in output order: the buckets' batch streams merged in a seeded uniformly random
-    interleaving, or one bucket after another with --order sorted."""
-    streams = [take_sizes(ordered_rows(spill, plan, b), sizes[b], schema) for b in range(plan.num_buckets)]
+    """Batches in output order: the buckets' batch streams (`counts` batches each) merged in a seeded
+    uniformly random interleaving, or one bucket after another with --order sorted."""
     if plan.order == "shuffle":
-        merged: Iterator[tuple[int, Chunk]] = interleave(streams, [len(s) for s in sizes], seed, INTERLEAVE_STAGE)
+        merged: Iterator[tuple[int, Chunk]] = interleave(streams, counts, seed, INTERLEAVE_STAGE)
     else:
         merged = itertools.chain.from_iterable(((b, c) for c in s) for b, s in enumerate(streams))
     for index, (b, rows) in enumerate(merged):
-        lengths = rows.data.column("length").to_numpy()
+        lengths = rows.data.column(plan.columns.names["length"]).to_numpy()
         pad_length = plan.padded_length(b, lengths)
         tally.add_batch(b, lengths, pad_length)
+        if plan.balance is not None and rows.num_rows == plan.balance.layouts[b].batch_size:
+            tally.add_classes(rows.data.column(plan.balance.label), plan.balance.num_classes)
         yield BatchItem(index, b, rows, pad_length)
 
 

@@ -341,7 +341,7 @@ class BucketStage(Stage):
     options: bucket_op.BucketOptions
     first_pass_bar = False  # bucket's first pass shows its own
     columns: bucket_op.Columns
-    first: stats_mod.DatasetStats
+    first: bucket_op.FirstPass
 
     def output_schema(self, schema: pa.Schema) -> pa.Schema:
         self.columns = bucket_op.resolve_columns(self.options, schema)
@@ -352,16 +352,16 @@ class BucketStage(Stage):
         return self.columns.first_pass
 
     def plan(self, view: Dataset, run: RunSettings) -> None:
-        self.first = bucket_op.first_pass(view, self.columns, run, self.options.memory)
+        self.first = bucket_op.first_pass(view, self.columns, run, self.options.memory, self.options.known_classes)
 
     def write(self, view: Dataset, dst: str, output: OutputOptions, run: RunSettings, write: Write) -> JobResult:
         return bucket_op.write_bucketed(view, self.options, self.columns, self.first, dst, output, run,
                                         seed=self.seed, write=write)
 
     def expected(self, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
-        o, first = self.options, self.first
-        plan = bucket_op.make_plan(o, self.columns, first, self.input_schema,
-                                   bucket_op.row_bytes(None, self.columns))
+        o, first = self.options, self.first.stats
+        plan = bucket_op.make_plan(o, self.columns, first, self.input_schema, bucket_op.row_bytes(None, self.columns),
+                                   self.first.classes)
         counts = bucket_op.batchable_counts(first, o)
         if plan.boundaries is not None:
             lengths = np.arange(len(counts))
@@ -371,7 +371,13 @@ class BucketStage(Stage):
         info: dict[str, Any] = {"boundaries": list(plan.boundaries) if plan.boundaries is not None else None,
                                 "num_buckets": plan.num_buckets, "examples_per_bucket": rows.astype(int).tolist()}
         rows_out: int | None = None
-        if o.batch_size is not None:
+        if plan.balance is not None:
+            batches, written = plan.balance.batches, plan.balance.written
+            info.update(batches=sum(batches), batches_per_bucket=batches, batch_rows=[
+                layout.batch_size for layout in plan.balance.layouts], class_rows_out=written.sum(axis=0).tolist(),
+                examples_dropped_unbalanced=int(np.maximum(plan.balance.available - written, 0).sum()))
+            rows_out = int(written.sum())
+        elif o.batch_size is not None:
             sizes = np.array([b.batch_size for b in plan.budgets])
             batches = rows // sizes if o.drop_remainder else -(-rows // sizes)
             info["batches"] = int(batches.sum())
