@@ -1,4 +1,4 @@
-"""Opening a SRC (file, directory or glob of Parquet or TFRecord shards) as a stream of chunks with stable ids."""
+"""Opening a SRC (file, directory or glob of Parquet, TFRecord or Arrow IPC shards) as a stream of chunks with stable ids."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from batchtool import fs, rng
+from batchtool import formats, fs, rng
 from batchtool.errors import InputError, SchemaError, where
 from batchtool.formats import example as example_codec
 from batchtool.formats import parquet as parquet_format
@@ -18,9 +18,6 @@ from batchtool.formats import tfrecord as tfrecord_format
 from batchtool.manifest import read_manifest, schema_from_json
 from batchtool.runner import ordered_map
 
-PARQUET_SUFFIXES = (".parquet", ".pq")
-TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfrec", ".tfrecord.gz", ".tfrecords.gz", ".tfrecord.gzip")
-FORMATS = ("parquet", "tfrecord")
 TFRECORD_CHUNK_RECORDS = 1024
 """Records per decode task: big enough to amortise overhead, small enough to spread across threads."""
 TFRECORD_SCAN_RECORDS = 4096
@@ -134,8 +131,12 @@ class Dataset:
     def locate(self, example_id: int) -> str:
         """'file, row N' of an example id, for error messages."""
         row = int(example_id) & ((1 << rng.SHARD_BITS) - 1)
-        label = "record" if self.format == "tfrecord" else "row"
-        return f"{self.shard_of(example_id).path}, {label} {row}"
+        return f"{self.shard_of(example_id).path}, {self.spec.unit} {row}"
+
+    @property
+    def spec(self) -> formats.Format:
+        """The format of the shards (batchtool.formats)."""
+        return formats.FORMATS[self.format]
 
     def check_columns(self, columns: Sequence[str] | None) -> list[str] | None:
         """Fail early, listing what is available, when an asked column does not exist."""
@@ -154,14 +155,11 @@ class Dataset:
               report: ReadReport | None = None) -> Iterator[Callable[[], Chunk]]:
         """Read tasks in a deterministic order; run them on any threads and keep their order.
 
-        Parquet tasks are row groups (the I/O happens in the task); TFRecord tasks carry raw
-        records read and CRC-checked here, so the protobuf decoding runs in the task.
+        Parquet tasks are row groups and Arrow tasks record batches (the I/O happens in the task);
+        TFRecord tasks carry raw records read and CRC-checked here, so the protobuf decoding runs in the task.
         """
         cols = self.check_columns(columns)
-        if self.format == "parquet":
-            yield from self._parquet_tasks(cols)
-        else:
-            yield from self._tfrecord_tasks(cols, report or ReadReport())
+        yield from self.spec.tasks(self, cols, report or ReadReport())
 
     def _parquet_tasks(self, columns: list[str] | None) -> Iterator[Callable[[], Chunk]]:
         for shard in self.shards:
@@ -241,18 +239,22 @@ def resolve_paths(src: str) -> list[str]:
     if fs.is_dir(src):
         found = [p for p in fs.walk_files(src) if detect_format(p)]  # the manifest is neither hidden nor data
         if not found:
-            raise InputError(f"{src}: empty input: no Parquet or TFRecord files in this directory")
+            raise InputError(f"{src}: empty input: no Parquet, TFRecord or Arrow IPC files in this directory")
         return found
     raise InputError(f"{src}: no such file or directory")
 
 
-def detect_format(path: str) -> str | None:
-    name = path.lower()
-    if name.endswith(PARQUET_SUFFIXES):
-        return "parquet"
-    if name.endswith(TFRECORD_SUFFIXES):
-        return "tfrecord"
-    return None
+def detect_format(path: str, sniff: bool = False) -> str | None:
+    """The format of a file by its name; with `sniff`, by its magic bytes when the name says nothing."""
+    found = formats.detect(path)
+    if found is not None or not sniff or fs.is_uri(path):
+        return found
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError:
+        return None
+    return formats.detect(path, head)
 
 
 def open_dataset(src: str, format: str | None = None, schema: pa.Schema | None = None,
@@ -267,23 +269,22 @@ def open_dataset(src: str, format: str | None = None, schema: pa.Schema | None =
     src = os.fspath(src)
     paths = resolve_paths(src)
     if format is None:
-        formats = {detect_format(p) for p in paths}
-        if None in formats:
-            bad = next(p for p in paths if detect_format(p) is None)
-            raise InputError(f"{bad}: unknown format (expected a name ending in .parquet or .tfrecord[.gz]; "
+        sniff = len(paths) == 1
+        found = {detect_format(p, sniff) for p in paths}
+        if None in found:
+            bad = next(p for p in paths if detect_format(p, sniff) is None)
+            raise InputError(f"{bad}: unknown format (expected a name ending in .parquet, .tfrecord[.gz] or .arrow; "
                              "or pass --format)")
-        if len(formats) > 1:
-            raise InputError(f"{src}: mixes Parquet and TFRecord files; convert one part first")
-        format = formats.pop()
-    if format not in FORMATS:
-        raise InputError(f"{src}: unknown format {format!r} (expected one of: {', '.join(FORMATS)})")
+        if len(found) > 1:
+            labels = sorted(formats.FORMATS[f].label for f in found)
+            raise InputError(f"{src}: mixes {', '.join(labels[:-1])} and {labels[-1]} files; convert one part first")
+        format = found.pop()
+    if format not in formats.FORMATS:
+        raise InputError(f"{src}: unknown format {format!r} (expected one of: {', '.join(formats.NAMES)})")
     shards = tuple(Shard(i, p, fs.file_size(p)) for i, p in enumerate(paths))
     manifest = read_manifest(src) if fs.is_dir(src) else None
-    if format == "parquet":
-        return _open_parquet(src, shards, schema, manifest)
-    limit = tfrecord_format.check_record_limit(
-        tfrecord_format.max_record_bytes() if max_record_bytes is None else max_record_bytes)
-    return _open_tfrecord(src, shards, schema, tfrecord_kind, skip_corrupt, manifest, limit)
+    reading = {"tfrecord_kind": tfrecord_kind, "skip_corrupt": skip_corrupt, "max_record_bytes": max_record_bytes}
+    return formats.FORMATS[format].open_dataset(src, shards, schema, manifest, reading)
 
 
 def _open_parquet(src: str, shards: tuple[Shard, ...], schema: pa.Schema | None,

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 from batchtool import rng
 from batchtool.dataset import Dataset, Shard, open_dataset
 from batchtool.errors import InputError, UsageError
+from batchtool.formats import arrow as arrow_format
 from batchtool.formats import example as example_codec
 from batchtool.formats import parquet as parquet_format
 from batchtool.formats import tfrecord as tfrecord_format
@@ -101,7 +102,7 @@ class _Writer:
 
 @dataclass(frozen=True)
 class _Layout:
-    """Each file's batches, numbered in file order: Parquet row groups, or TFRecord byte ranges."""
+    """Each file's batches, numbered in file order: Parquet row groups, Arrow record batches or TFRecord byte ranges."""
 
     paths: tuple[str, ...]
     counts: np.ndarray
@@ -109,6 +110,7 @@ class _Layout:
     """Parquet: the row group of each of a file's batches; None when it is every row group in order."""
     ranges: tuple[np.ndarray, ...] | None
     """TFRecord: per file, (byte offset, record number) where each batch starts, then the end."""
+    format: str = "parquet"
 
     @property
     def total(self) -> int:
@@ -138,6 +140,18 @@ class _ParquetRead:
         except (pa.ArrowInvalid, OSError) as exc:
             raise parquet_format.unreadable(pf, self.path, list(self.row_groups), self.columns, exc) from exc
         return _cut(_one_batch(table), [self.metadata.row_group(rg).num_rows for rg in self.row_groups])
+
+
+@dataclass(frozen=True)
+class _ArrowRead:
+    """Record batches of one file: views of its memory map when uncompressed, decompressed here otherwise."""
+
+    path: str
+    batches: tuple[int, ...]
+    columns: list[str] | None
+
+    def __call__(self) -> list[pa.RecordBatch]:
+        return arrow_format.read_batches(self.path, self.batches, self.columns)
 
 
 @dataclass(frozen=True)
@@ -245,6 +259,9 @@ class Loader:
             at = np.flatnonzero(file == f)
             if self._layout.ranges is not None:
                 rows[at] = np.diff(self._layout.ranges[f][:, 1])[local[at]]
+                continue
+            if self._layout.format == "arrow":
+                rows[at] = np.asarray(arrow_format.batch_rows(self._layout.paths[int(f)]))[local[at]]
                 continue
             meta = self._footer(int(f), {})
             column = meta.schema.names.index("bucket") if has_bucket else -1
@@ -366,7 +383,9 @@ class Loader:
                     chunk = local[s:min(b, s + run)]
                     s += run
                     run = min(2 * run, READ_BATCHES)
-                    if self._layout.ranges is None:
+                    if self._layout.format == "arrow":
+                        yield _ArrowRead(self._layout.paths[f], tuple(int(i) for i in chunk), self.columns)
+                    elif self._layout.ranges is None:
                         yield _ParquetRead(self._layout.paths[f], self._footer(f, footers),
                                            tuple(int(g) for g in self._row_groups(f, chunk)), self.columns)
                     else:
@@ -553,6 +572,10 @@ def _layout(dst: str, dataset: Dataset) -> _Layout:
     Parquet directory without one, from the footers (each non-empty row group is a batch)."""
     paths = tuple(s.path for s in dataset.shards)
     entries = dataset.manifest["output"]["files"] if dataset.manifest else None
+    if dataset.format == "arrow":
+        counts = ([e["batches"] for e in entries] if entries is not None
+                  else [arrow_format.open_file(p).num_record_batches for p in paths])
+        return _Layout(paths, np.array(counts, dtype=np.int64), (None,) * len(paths), None, "arrow")
     if dataset.format == "parquet":
         if entries is not None:
             counts = np.array([e["batches"] for e in entries], dtype=np.int64)

@@ -231,7 +231,7 @@ def confirm_repeats(m: Measures, columns: tuple[str, ...], index: HashIndex,
     """
     target = max(m.plan.limit, 1)
     fetch = list(dict.fromkeys([*columns, *([m.plan.key] if m.plan.key else [])]))
-    unit = "record" if m.dataset.format == "tfrecord" else "row"
+    unit = m.dataset.spec.unit
     offenders: list[Offender] = []
     checked = refuted = 0
     want = target

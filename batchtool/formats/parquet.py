@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchtool import fs
 from batchtool.errors import InputError, where
+from batchtool.formats.base import EncodedBatch, Format
+
+if TYPE_CHECKING:
+    from batchtool.output import OutputOptions
 
 _CHECKSUM_FAILED = "CRC checksum verification failed"
 """What pyarrow says when a page's CRC32 (write_page_checksum) does not match its bytes."""
+MAX_SHARD_BATCHES = 4096
+"""Row groups per Parquet shard at most: each costs ~1 KB of footer that writer and reader hold in
+memory, so shards of many small batches (segment's 32-row batches) roll over by count, not size."""
 _DECODE_ROWS = 1024
 """Decoding a row group in pieces of this many rows and joining them needs far less transient memory
 (and time) than decoding it whole: nested list columns decode with large temporary buffers."""
@@ -97,3 +104,44 @@ class ParquetShardWriter:
 
     def close(self) -> None:
         self._writer.close()
+
+
+class _Sink:
+    """A Parquet shard: one row group per batch."""
+
+    def __init__(self, file: BinaryIO, schema: pa.Schema, codec: str) -> None:
+        self._writer = ParquetShardWriter(file, schema, compression=codec)
+
+    def write(self, encoded: EncodedBatch) -> None:
+        self._writer.write(encoded.data)
+
+    def close(self) -> dict:
+        self._writer.close()
+        return {}
+
+    def abandon(self) -> None:
+        self._writer.close()
+
+
+class ParquetFormat(Format):
+    """Parquet batch shards: one row group per batch, zstd by default."""
+
+    name = "parquet"
+    label = "Parquet"
+    suffixes = (".parquet", ".pq")
+    codecs = ("zstd", "snappy", "gzip", "lz4", "brotli", "none")
+    default_codec = "zstd"
+    max_shard_batches = MAX_SHARD_BATCHES
+    magic = b"PAR1"
+
+    def open_sink(self, file: BinaryIO, schema: pa.Schema, options: OutputOptions) -> _Sink:
+        return _Sink(file, schema, options.codec)
+
+    def open_dataset(self, src: str, shards: tuple, schema: pa.Schema | None, manifest: dict | None,
+                     reading: dict) -> object:
+        from batchtool import dataset
+
+        return dataset._open_parquet(src, shards, schema, manifest)
+
+    def tasks(self, dataset: object, columns: list[str] | None, report: object) -> object:
+        return dataset._parquet_tasks(columns)

@@ -10,13 +10,19 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import google_crc32c
 import numpy as np
 
 from batchtool import fs
 from batchtool.errors import CorruptRecordError, InputError, UsageError, where
+from batchtool.formats.base import EncodedBatch, Format
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from batchtool.output import OutputOptions
 
 Stream = BinaryIO | gzip.GzipFile
 
@@ -555,3 +561,75 @@ class TFRecordFileWriter:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+class _Sink:
+    """A TFRecord shard: each batch's framed records appended (through gzip when asked), and where each starts."""
+
+    def __init__(self, file: BinaryIO, codec: str) -> None:
+        self._file = file
+        # mtime=0 and no file name in the header keep gzip output byte-identical across runs
+        self._gzip = gzip.GzipFile(filename="", mode="wb", fileobj=file, mtime=0) if codec == "gzip" else None
+        self._starts: list[tuple[int, int]] = []
+        """(byte offset in the uncompressed record stream, record number) where each batch starts."""
+        self._stream_bytes = 0
+        self._records = 0
+
+    def write(self, encoded: EncodedBatch) -> None:
+        self._starts.append((self._stream_bytes, self._records))
+        self._stream_bytes += len(encoded.framed)
+        self._records += encoded.data.num_rows
+        (self._gzip or self._file).write(encoded.framed)
+
+    def close(self) -> dict:
+        from batchtool.output import encode_batch_index
+
+        if self._gzip is not None:
+            self._gzip.close()
+        return {"batch_index": encode_batch_index([*self._starts, (self._stream_bytes, self._records)])}
+
+    def abandon(self) -> None:
+        if self._gzip is not None:
+            self._gzip.close()
+
+
+class TFRecordFormat(Format):
+    """TFRecord shards of tf.train.SequenceExample (or Example) records, directly batchable by tf.data."""
+
+    name = "tfrecord"
+    label = "TFRecord"
+    suffixes = (".tfrecord", ".tfrecords", ".tfrec", ".tfrecord.gz", ".tfrecords.gz", ".tfrecord.gzip")
+    codecs = ("gzip", "none")
+    default_codec = "none"
+    unit = "record"
+
+    def suffix(self, codec: str) -> str:
+        return ".tfrecord.gz" if codec == "gzip" else ".tfrecord"
+
+    def check_options(self, options: OutputOptions) -> None:
+        if options.codec not in self.codecs:
+            raise UsageError(f"--compression {options.compression!r}: TFRecord takes gzip or none")
+
+    def encode(self, batch: pa.RecordBatch, options: OutputOptions) -> EncodedBatch:
+        from batchtool.formats import example as example_codec
+
+        stored = options.stored_schema(batch.schema)
+        if stored != batch.schema:
+            batch = batch.cast(stored)
+        payloads = example_codec.encode_records(batch, options.tfrecord_kind, sequence_columns=options.sequence_columns)
+        return EncodedBatch(batch, b"".join(frame_record(p) for p in payloads))
+
+    def open_sink(self, file: BinaryIO, schema: pa.Schema, options: OutputOptions) -> _Sink:
+        return _Sink(file, options.codec)
+
+    def open_dataset(self, src: str, shards: tuple, schema: pa.Schema | None, manifest: dict | None,
+                     reading: dict) -> object:
+        from batchtool import dataset
+
+        limit = check_record_limit(max_record_bytes() if reading.get("max_record_bytes") is None
+                                   else reading["max_record_bytes"])
+        return dataset._open_tfrecord(src, shards, schema, reading.get("tfrecord_kind", "auto"),
+                                      reading.get("skip_corrupt", False), manifest, limit)
+
+    def tasks(self, dataset: object, columns: list[str] | None, report: object) -> object:
+        return dataset._tfrecord_tasks(columns, report)

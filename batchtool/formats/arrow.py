@@ -1,0 +1,139 @@
+"""Arrow IPC file shards: one record batch per batch, read by memory map, so an epoch of `load` only touches pages."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, BinaryIO
+
+import pyarrow as pa
+
+from batchtool import fs, rng
+from batchtool.errors import InputError, SchemaError, where
+from batchtool.formats.base import EncodedBatch, Format
+
+if TYPE_CHECKING:
+    from batchtool.dataset import Chunk, Dataset, Shard
+    from batchtool.output import OutputOptions
+
+MAGIC = b"ARROW1"
+
+
+def open_file(path: str) -> pa.ipc.RecordBatchFileReader:
+    """Open one shard, memory-mapped when local (batches are then views of the page cache), as one-line errors."""
+    try:
+        source = fs.open_input(path) if fs.is_uri(path) else pa.memory_map(path, "r")
+        return pa.ipc.open_file(source)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InputError(f"{where(path)}: not a readable Arrow IPC file ({_first_line(exc)})") from exc
+
+
+def read_batch(reader: pa.ipc.RecordBatchFileReader, path: str, index: int, columns: list[str] | None,
+               full: bool = False) -> pa.RecordBatch:
+    """Batch `index` of an open file (O(1): the footer says where it is), checked for consistent buffers.
+
+    full: also check every offset and value against the type (touches all the data: the commands do it,
+    the loader, which hands out views of what the writer wrote and checksummed, checks the structure only).
+    """
+    try:
+        batch = reader.get_batch(index)
+        if columns is not None:
+            batch = batch.select(columns)
+        batch.validate(full=full)
+    except (pa.ArrowInvalid, OSError, KeyError) as exc:
+        raise InputError(f"{where(path)}, record batch {index}: corrupt ({_first_line(exc)})") from exc
+    return batch
+
+
+def read_batches(path: str, indices: tuple[int, ...], columns: list[str] | None) -> list[pa.RecordBatch]:
+    """Several batches of one file (the loader's read task): zero-copy for uncompressed local files."""
+    reader = open_file(path)
+    return [read_batch(reader, path, i, columns) for i in indices]
+
+
+def batch_rows(path: str) -> list[int]:
+    """Rows of each batch of a file (compressed files decompress each batch to learn it)."""
+    reader = open_file(path)
+    return [read_batch(reader, path, i, []).num_rows for i in range(reader.num_record_batches)]
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+class _Sink:
+    """An Arrow IPC file: one record batch per batch, buffers compressed with `codec` (or not)."""
+
+    def __init__(self, file: BinaryIO, schema: pa.Schema, codec: str) -> None:
+        options = pa.ipc.IpcWriteOptions(compression=None if codec == "none" else codec)
+        self._writer = pa.ipc.new_file(file, schema, options=options)
+
+    def write(self, encoded: EncodedBatch) -> None:
+        self._writer.write_batch(encoded.data)
+
+    def close(self) -> dict:
+        self._writer.close()
+        return {}
+
+    def abandon(self) -> None:
+        self._writer.close()
+
+
+@dataclass(frozen=True)
+class _Task:
+    """One record batch of a shard, projected, checked and cast to the dataset's schema."""
+
+    shard: Shard
+    index: int
+    first_row: int
+    columns: list[str] | None
+    schema: pa.Schema
+
+    def __call__(self) -> Chunk:
+        from batchtool.dataset import Chunk, _conform
+
+        batch = read_batch(open_file(self.shard.path), self.shard.path, self.index, self.columns, full=True)
+        if not batch.schema.equals(self.schema):
+            batch = _conform(batch, self.schema, self.shard.path)
+        return Chunk(batch, rng.example_ids(self.shard.index, self.first_row, batch.num_rows))
+
+
+class ArrowFormat(Format):
+    """Arrow IPC file format (`.arrow`): what pyarrow, polars, DuckDB and HuggingFace datasets map directly."""
+
+    name = "arrow"
+    label = "Arrow IPC"
+    suffixes = (".arrow", ".ipc")
+    codecs = ("none", "lz4", "zstd")
+    default_codec = "none"
+    magic = MAGIC
+
+    def open_sink(self, file: BinaryIO, schema: pa.Schema, options: OutputOptions) -> _Sink:
+        return _Sink(file, schema, options.codec)
+
+    def open_dataset(self, src: str, shards: tuple[Shard, ...], schema: pa.Schema | None, manifest: dict | None,
+                     reading: dict) -> Dataset:
+        from batchtool.dataset import Dataset, _compatible, _schema_diff
+
+        first = None
+        rows = 0
+        for shard in shards:
+            if shard.size == 0:
+                raise InputError(f"{shard.path}: empty file (0 bytes), not an Arrow IPC file")
+            file_schema = open_file(shard.path).schema
+            rows += sum(batch_rows(shard.path))
+            if first is None:
+                first = file_schema
+            elif not _compatible(first, file_schema):
+                raise SchemaError(f"{shard.path}: schema differs from {shards[0].path}: "
+                                  f"{_schema_diff(first, file_schema)}")
+        return Dataset(src, self.name, shards, schema or first, num_rows=rows, manifest=manifest)
+
+    def tasks(self, dataset: Dataset, columns: list[str] | None, report: object) -> Iterator[_Task]:
+        schema = dataset.projected_schema(columns)
+        for shard in dataset.shards:
+            first = 0
+            for index, rows in enumerate(batch_rows(shard.path)):
+                if rows:
+                    yield _Task(shard, index, first, columns, schema)
+                first += rows
