@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.dataset as pads
 import pytest
 from conftest import REPO, data_bytes
 from hypothesis import HealthCheck, given, settings
@@ -153,8 +154,10 @@ def arrow_file(outputs) -> str:
 def test_pyarrow_polars_duckdb_read_the_output(outputs):
     expected = pa.ipc.open_file(arrow_file(outputs)).read_all()
     assert expected.num_rows == 300
+    assert pads.dataset(outputs["arrow"], format="arrow").to_table().equals(expected)
     pl = pytest.importorskip("polars")
     assert pl.read_ipc(arrow_file(outputs)).to_arrow().to_pylist() == expected.to_pylist()
+    assert pl.scan_ipc(os.path.join(outputs["arrow"], "*.arrow")).select(pl.len()).collect().item() == 300
     duckdb = pytest.importorskip("duckdb")
     shards = pa.ipc.open_file(arrow_file(outputs)).read_all()  # noqa: F841 (DuckDB scans the local by name)
     assert duckdb.sql("select count(*), sum(label) from shards").fetchall()[0] == \
