@@ -196,3 +196,17 @@ def test_damaged_file_is_one_error_line_exit_2(tmp_path, outputs, how):
     assert result.stderr.startswith(f"error: {path}") and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not dst.exists()
     assert [n for n in os.listdir(tmp_path) if n.startswith(".out")] == []
+
+
+def test_a_batch_whose_offsets_are_damaged_is_one_error_naming_the_batch(run_cli, parquet_src, tmp_path):
+    src = str(tmp_path / "src_arrow")
+    assert run_cli("convert", parquet_src, src, "--to", "arrow", "--quiet").exit_code == 0
+    path = os.path.join(src, "part-00000.arrow")
+    data = open(path, "rb").read()
+    offsets = np.arange(0, 44, 11, dtype="<i4").tobytes()  # the `key` column's first offsets (11-byte keys)
+    at = data.index(offsets)
+    open(path, "wb").write(data[:at + 8] + np.int32(1 << 30).tobytes() + data[at + 12:])
+    result = run_cli("convert", src, tmp_path / "out", "--quiet")
+    assert result.exit_code == 2 and not (tmp_path / "out").exists()
+    assert result.stderr.startswith(f"error: {path}, record batch 0: corrupt") and \
+        len(result.stderr.strip().splitlines()) == 1, result.stderr

@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from batchtool import fs, rng
 from batchtool.errors import InputError, SchemaError, where
-from batchtool.formats.base import EncodedBatch, Format
+from batchtool.formats.base import EncodedBatch, Format, first_line
 
 if TYPE_CHECKING:
     from batchtool.dataset import Chunk, Dataset, Shard
@@ -25,23 +25,24 @@ def open_file(path: str) -> pa.ipc.RecordBatchFileReader:
         source = fs.open_input(path) if fs.is_uri(path) else pa.memory_map(path, "r")
         return pa.ipc.open_file(source)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise InputError(f"{where(path)}: not a readable Arrow IPC file ({_first_line(exc)})") from exc
+        raise InputError(f"{where(path)}: not a readable Arrow IPC file ({first_line(exc)})") from exc
 
 
-def read_batch(reader: pa.ipc.RecordBatchFileReader, path: str, index: int, columns: list[str] | None,
-               full: bool = False) -> pa.RecordBatch:
-    """Batch `index` of an open file (O(1): the footer says where it is), checked for consistent buffers.
+def read_batch(reader: pa.ipc.RecordBatchFileReader, path: str, index: int,
+               columns: list[str] | None) -> pa.RecordBatch:
+    """Batch `index` of an open file (O(1): the footer says where it is), its buffers' sizes checked.
 
-    full: also check every offset and value against the type (touches all the data: the commands do it,
-    the loader, which hands out views of what the writer wrote and checksummed, checks the structure only).
+    Only the structure is checked here: the commands also check every offset and value against the type
+    (a full pass over the data, on their worker threads); the loader, which hands out views of what the
+    writer wrote and checksummed, does not.
     """
     try:
         batch = reader.get_batch(index)
         if columns is not None:
             batch = batch.select(columns)
-        batch.validate(full=full)
+        batch.validate()
     except (pa.ArrowInvalid, OSError, KeyError) as exc:
-        raise InputError(f"{where(path)}, record batch {index}: corrupt ({_first_line(exc)})") from exc
+        raise InputError(f"{where(path)}, record batch {index}: corrupt ({first_line(exc)})") from exc
     return batch
 
 
@@ -55,10 +56,6 @@ def batch_rows(path: str) -> list[int]:
     """Rows of each batch of a file (compressed files decompress each batch to learn it)."""
     reader = open_file(path)
     return [read_batch(reader, path, i, []).num_rows for i in range(reader.num_record_batches)]
-
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 class _Sink:
@@ -81,18 +78,24 @@ class _Sink:
 
 @dataclass(frozen=True)
 class _Task:
-    """One record batch of a shard, projected, checked and cast to the dataset's schema."""
+    """One record batch of a shard (read, so decompressed, by the reader thread), checked in full and cast
+    to the dataset's schema."""
 
     shard: Shard
     index: int
     first_row: int
-    columns: list[str] | None
+    batch: pa.RecordBatch
     schema: pa.Schema
 
     def __call__(self) -> Chunk:
         from batchtool.dataset import Chunk, _conform
 
-        batch = read_batch(open_file(self.shard.path), self.shard.path, self.index, self.columns, full=True)
+        batch = self.batch
+        try:
+            batch.validate(full=True)
+        except pa.ArrowInvalid as exc:
+            raise InputError(f"{where(self.shard.path)}, record batch {self.index}: corrupt ({first_line(exc)})") \
+                from exc
         if not batch.schema.equals(self.schema):
             batch = _conform(batch, self.schema, self.shard.path)
         return Chunk(batch, rng.example_ids(self.shard.index, self.first_row, batch.num_rows))
@@ -132,8 +135,10 @@ class ArrowFormat(Format):
     def tasks(self, dataset: Dataset, columns: list[str] | None, report: object) -> Iterator[_Task]:
         schema = dataset.projected_schema(columns)
         for shard in dataset.shards:
+            reader = open_file(shard.path)
             first = 0
-            for index, rows in enumerate(batch_rows(shard.path)):
-                if rows:
-                    yield _Task(shard, index, first, columns, schema)
-                first += rows
+            for index in range(reader.num_record_batches):
+                batch = read_batch(reader, shard.path, index, columns)
+                if batch.num_rows:
+                    yield _Task(shard, index, first, batch, schema)
+                first += batch.num_rows

@@ -22,6 +22,11 @@ class EncodedBatch:
     framed: bytes | None = None
 
 
+def first_line(exc: BaseException) -> str:
+    """An exception's message cut to one line, for a one-line error naming the file."""
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
 class ShardSink(Protocol):
     """One output file being written: append batches, then close (returning the manifest entry's extra fields)."""
 

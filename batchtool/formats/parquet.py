@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 
 from batchtool import fs
 from batchtool.errors import InputError, where
-from batchtool.formats.base import EncodedBatch, Format
+from batchtool.formats.base import EncodedBatch, Format, first_line
 
 if TYPE_CHECKING:
     from batchtool.output import OutputOptions
@@ -34,7 +34,7 @@ def open_file(path: str, metadata: pq.FileMetaData | None = None) -> pq.ParquetF
         return pq.ParquetFile(fs.open_input(path) if fs.is_uri(path) else path, metadata=metadata,
                               memory_map=False, page_checksum_verification=True)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise InputError(f"{where(path)}: not a readable Parquet file ({_first_line(exc)})") from exc
+        raise InputError(f"{where(path)}: not a readable Parquet file ({first_line(exc)})") from exc
 
 
 def read_row_group(path: str, row_group: int, columns: list[str] | None) -> pa.RecordBatch:
@@ -55,11 +55,11 @@ def unreadable(pf: pq.ParquetFile, path: str, row_groups: list[int], columns: li
                 pf.read_row_group(rg, columns=[column], use_threads=False)
             except (pa.ArrowInvalid, OSError) as column_exc:
                 problem = ("a page checksum does not match: the file changed after it was written"
-                           if _CHECKSUM_FAILED in str(column_exc) else _first_line(column_exc))
+                           if _CHECKSUM_FAILED in str(column_exc) else first_line(column_exc))
                 return InputError(f"{where(path)}, row group {rg}, column {column!r}: corrupt ({problem})")
     first, last = row_groups[0], row_groups[-1]
     groups = f"row group {first}" if first == last else f"row groups {first}..{last}"
-    return InputError(f"{where(path)}: {groups} unreadable ({_first_line(exc)})")
+    return InputError(f"{where(path)}: {groups} unreadable ({first_line(exc)})")
 
 
 def decode_row_group(pf: pq.ParquetFile, row_group: int, columns: list[str] | None) -> pa.RecordBatch:
@@ -69,10 +69,6 @@ def decode_row_group(pf: pq.ParquetFile, row_group: int, columns: list[str] | No
     schema = pieces[0].schema if pieces else pf.schema_arrow
     batches = pa.Table.from_batches(pieces, schema).combine_chunks().to_batches()
     return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=schema)
-
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 def dictionary_columns(schema: pa.Schema) -> list[str]:
