@@ -1,4 +1,4 @@
-"""Opening a SRC (file, directory or glob of Parquet, TFRecord or Arrow IPC shards) as a stream of chunks with stable ids."""
+"""Opening a SRC (file, directory or glob of Parquet, TFRecord or Arrow IPC shards) as chunks with stable ids."""
 
 from __future__ import annotations
 
