@@ -119,7 +119,10 @@ def test_load_equals_parquet_and_tfrecord_batch_for_batch(outputs, shuffle):
 
 def test_load_resumes_and_hands_out_read_only_views_of_the_map(outputs):
     loader = load(outputs["arrow"], shuffle=True, seed=2, writable=False)
+    allocated = pa.total_allocated_bytes()
     first = list(loader)
+    assert pa.total_allocated_bytes() <= allocated  # every number is a view of the memory map: nothing decoded
+    assert sum(a.nbytes for batch in first for a in batch.values() if a.dtype != object) > 100_000
     loader.load_state_dict({**loader.state_dict(), "position": 3})
     same_batches(list(loader), first[3:])
     frames = first[0]["frames"]
