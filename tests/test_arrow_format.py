@@ -214,3 +214,16 @@ def test_a_batch_whose_offsets_are_damaged_is_one_error_naming_the_batch(run_cli
     assert result.exit_code == 2 and not (tmp_path / "out").exists()
     assert result.stderr.startswith(f"error: {path}, record batch 0: corrupt") and \
         len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_segment_output_loads_the_same_in_every_format_and_threads(run_cli, parquet_src, tmp_path):
+    loaded = {}
+    for fmt, threads in (("arrow", "1"), ("arrow", "2"), ("parquet", "1"), ("tfrecord", "1")):
+        dst = tmp_path / f"{fmt}{threads}"
+        result = run_cli("segment", parquet_src, dst, "--key", "key", "--sequence", "tokens,frames",
+                         "--num-unroll", "10", "--batch-size", "4", "--to", fmt, "--threads", threads, "--quiet")
+        assert result.exit_code == 0, result.stderr
+        loaded[fmt + threads] = list(load(str(dst)))
+    assert data_bytes(str(tmp_path / "arrow1")) == data_bytes(str(tmp_path / "arrow2"))
+    for other in ("parquet1", "tfrecord1"):
+        same_batches(loaded["arrow1"], loaded[other])
