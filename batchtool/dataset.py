@@ -13,7 +13,6 @@ import pyarrow as pa
 from batchtool import formats, fs, rng
 from batchtool.errors import InputError, SchemaError, where
 from batchtool.formats import example as example_codec
-from batchtool.formats import parquet as parquet_format
 from batchtool.formats import tfrecord as tfrecord_format
 from batchtool.manifest import read_manifest, schema_from_json
 from batchtool.runner import ordered_map
@@ -161,16 +160,6 @@ class Dataset:
         cols = self.check_columns(columns)
         yield from self.spec.tasks(self, cols, report or ReadReport())
 
-    def _parquet_tasks(self, columns: list[str] | None) -> Iterator[Callable[[], Chunk]]:
-        for shard in self.shards:
-            meta = parquet_format.open_file(shard.path).metadata
-            first = 0
-            for rg in range(meta.num_row_groups):
-                rows = meta.row_group(rg).num_rows
-                if rows:
-                    yield _ParquetTask(shard, rg, first, columns, self.projected_schema(columns))
-                first += rows
-
     def _tfrecord_tasks(self, columns: list[str] | None, report: ReadReport) -> Iterator[Callable[[], Chunk]]:
         schema = self.projected_schema(columns)
         for shard in self.shards:
@@ -188,21 +177,6 @@ class Dataset:
                report: ReadReport | None = None) -> Iterator[Chunk]:
         """All chunks in order, decoded on `threads` threads."""
         return ordered_map(lambda task: task(), self.tasks(columns, report), threads)
-
-
-@dataclass(frozen=True)
-class _ParquetTask:
-    shard: Shard
-    row_group: int
-    first_row: int
-    columns: list[str] | None
-    schema: pa.Schema
-
-    def __call__(self) -> Chunk:
-        batch = parquet_format.read_row_group(self.shard.path, self.row_group, self.columns)
-        if not batch.schema.equals(self.schema):
-            batch = _conform(batch, self.schema, self.shard.path)
-        return Chunk(batch, rng.example_ids(self.shard.index, self.first_row, batch.num_rows))
 
 
 @dataclass(frozen=True)
@@ -287,22 +261,23 @@ def open_dataset(src: str, format: str | None = None, schema: pa.Schema | None =
     return formats.FORMATS[format].open_dataset(src, shards, schema, manifest, reading)
 
 
-def _open_parquet(src: str, shards: tuple[Shard, ...], schema: pa.Schema | None,
-                  manifest: dict | None) -> Dataset:
+def open_self_describing(src: str, format: formats.Format, shards: tuple[Shard, ...], schema: pa.Schema | None,
+                         manifest: dict | None, footer: Callable[[str], tuple[pa.Schema, int]]) -> Dataset:
+    """A Dataset of shards that each record their schema and rows (Parquet, Arrow IPC; `footer` reads them):
+    every shard must have the first one's schema."""
     rows = 0
     first_schema = None
     for shard in shards:
         if shard.size == 0:
-            raise InputError(f"{shard.path}: empty file (0 bytes), not a Parquet file")
-        pf = parquet_format.open_file(shard.path)
-        rows += pf.metadata.num_rows
-        file_schema = pf.schema_arrow
+            raise InputError(f"{shard.path}: empty file (0 bytes), not a valid {format.label} file")
+        file_schema, file_rows = footer(shard.path)
+        rows += file_rows
         if first_schema is None:
             first_schema = file_schema
         elif not _compatible(first_schema, file_schema):
             raise SchemaError(f"{shard.path}: schema differs from {shards[0].path}: "
                               f"{_schema_diff(first_schema, file_schema)}")
-    return Dataset(src, "parquet", shards, schema or first_schema, num_rows=rows, manifest=manifest)
+    return Dataset(src, format.name, shards, schema or first_schema, num_rows=rows, manifest=manifest)
 
 
 def _compatible(a: pa.Schema, b: pa.Schema) -> bool:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, BinaryIO
 import pyarrow as pa
 
 from batchtool import fs, rng
-from batchtool.errors import InputError, SchemaError, where
+from batchtool.errors import InputError, where
 from batchtool.formats.base import EncodedBatch, Format, first_line
 
 if TYPE_CHECKING:
@@ -116,21 +116,10 @@ class ArrowFormat(Format):
 
     def open_dataset(self, src: str, shards: tuple[Shard, ...], schema: pa.Schema | None, manifest: dict | None,
                      reading: dict) -> Dataset:
-        from batchtool.dataset import Dataset, _compatible, _schema_diff
+        from batchtool.dataset import open_self_describing
 
-        first = None
-        rows = 0
-        for shard in shards:
-            if shard.size == 0:
-                raise InputError(f"{shard.path}: empty file (0 bytes), not an Arrow IPC file")
-            file_schema = open_file(shard.path).schema
-            rows += sum(batch_rows(shard.path))
-            if first is None:
-                first = file_schema
-            elif not _compatible(first, file_schema):
-                raise SchemaError(f"{shard.path}: schema differs from {shards[0].path}: "
-                                  f"{_schema_diff(first, file_schema)}")
-        return Dataset(src, self.name, shards, schema or first, num_rows=rows, manifest=manifest)
+        return open_self_describing(src, self, shards, schema, manifest,
+                                    lambda path: (open_file(path).schema, sum(batch_rows(path))))
 
     def tasks(self, dataset: Dataset, columns: list[str] | None, report: object) -> Iterator[_Task]:
         schema = dataset.projected_schema(columns)

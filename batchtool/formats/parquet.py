@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchtool import fs
+from batchtool import fs, rng
 from batchtool.errors import InputError, where
 from batchtool.formats.base import EncodedBatch, Format, first_line
 
 if TYPE_CHECKING:
+    from batchtool.dataset import Chunk, Dataset, Shard
     from batchtool.output import OutputOptions
 
 _CHECKSUM_FAILED = "CRC checksum verification failed"
@@ -119,6 +122,30 @@ class _Sink:
         self._writer.close()
 
 
+def _footer(path: str) -> tuple[pa.Schema, int]:
+    pf = open_file(path)
+    return pf.schema_arrow, pf.metadata.num_rows
+
+
+@dataclass(frozen=True)
+class _Task:
+    """One row group of a shard, read and decoded on a worker."""
+
+    shard: Shard
+    row_group: int
+    first_row: int
+    columns: list[str] | None
+    schema: pa.Schema
+
+    def __call__(self) -> Chunk:
+        from batchtool.dataset import Chunk, _conform
+
+        batch = read_row_group(self.shard.path, self.row_group, self.columns)
+        if not batch.schema.equals(self.schema):
+            batch = _conform(batch, self.schema, self.shard.path)
+        return Chunk(batch, rng.example_ids(self.shard.index, self.first_row, batch.num_rows))
+
+
 class ParquetFormat(Format):
     """Parquet batch shards: one row group per batch, zstd by default."""
 
@@ -133,11 +160,19 @@ class ParquetFormat(Format):
     def open_sink(self, file: BinaryIO, schema: pa.Schema, options: OutputOptions) -> _Sink:
         return _Sink(file, schema, options.codec)
 
-    def open_dataset(self, src: str, shards: tuple, schema: pa.Schema | None, manifest: dict | None,
-                     reading: dict) -> object:
-        from batchtool import dataset
+    def open_dataset(self, src: str, shards: tuple[Shard, ...], schema: pa.Schema | None, manifest: dict | None,
+                     reading: dict) -> Dataset:
+        from batchtool.dataset import open_self_describing
 
-        return dataset._open_parquet(src, shards, schema, manifest)
+        return open_self_describing(src, self, shards, schema, manifest, _footer)
 
-    def tasks(self, dataset: object, columns: list[str] | None, report: object) -> object:
-        return dataset._parquet_tasks(columns)
+    def tasks(self, dataset: Dataset, columns: list[str] | None, report: object) -> Iterator[_Task]:
+        schema = dataset.projected_schema(columns)
+        for shard in dataset.shards:
+            meta = open_file(shard.path).metadata
+            first = 0
+            for rg in range(meta.num_row_groups):
+                rows = meta.row_group(rg).num_rows
+                if rows:
+                    yield _Task(shard, rg, first, columns, schema)
+                first += rows
