@@ -57,14 +57,14 @@ class OutputOptions:
         for cast in self.cast:
             if cast not in CASTS:
                 raise UsageError(f"--cast {cast!r}: expected {' or '.join(CASTS)}")
-            if self.format != "tfrecord":
+            if not self.spec.float32_only:
                 raise UsageError(f"--cast {cast}: only TFRecord output narrows values; "
                                  f"{self.format} keeps them exactly")
 
     def stored_schema(self, schema: pa.Schema) -> pa.Schema:
         """The schema the output files hold exactly: for TFRecord, float64 narrowed to float32 if --cast
         asks for it, else SchemaError naming the column (tf.train.FloatList holds only float32)."""
-        if self.format != "tfrecord":
+        if not self.spec.float32_only:
             return schema
         fields = []
         for field in schema:

@@ -181,7 +181,7 @@ def measure(dataset: Dataset, plan: Plan, run: RunSettings, needs_rows: bool, me
     offenses: dict[str, Offenses] = {}
     repeats: dict[tuple[str, ...], tuple[int, list[Offender]]] = {}
     if not plan.columns:
-        rows = count_records(dataset, report, run.threads) if needs_rows and dataset.format == "tfrecord" \
+        rows = count_records(dataset, report, run.threads) if needs_rows and dataset.num_rows is None \
             else dataset.num_rows
         return Measures(dataset, plan, rows, stats, offenses, repeats, report)
     budget = memory // max(1, len(plan.keys))

@@ -52,6 +52,8 @@ class Format(ABC):
     """What an error calls one example of a file of this format ('row' or 'record')."""
     max_shard_batches: ClassVar[int | None] = None
     """Batches per shard at most, whatever its size (None: no limit)."""
+    float32_only: ClassVar[bool] = False
+    """Holds floats as float32 only, so float64 columns need `--cast float64=float32` (see OutputOptions)."""
     magic: ClassVar[bytes | None] = None
     """The bytes a file of this format starts with, to recognise a file whose name says nothing."""
 

@@ -602,6 +602,7 @@ class TFRecordFormat(Format):
     codecs = ("gzip", "none")
     default_codec = "none"
     unit = "record"
+    float32_only = True  # tf.train.FloatList
 
     def suffix(self, codec: str) -> str:
         return ".tfrecord.gz" if codec == "gzip" else ".tfrecord"
