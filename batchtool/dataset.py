@@ -12,20 +12,9 @@ import pyarrow as pa
 
 from batchtool import formats, fs, rng
 from batchtool.errors import InputError, SchemaError, where
-from batchtool.formats import example as example_codec
 from batchtool.formats import tfrecord as tfrecord_format
-from batchtool.manifest import read_manifest, schema_from_json
+from batchtool.manifest import read_manifest
 from batchtool.runner import ordered_map
-
-TFRECORD_CHUNK_RECORDS = 1024
-"""Records per decode task: big enough to amortise overhead, small enough to spread across threads."""
-TFRECORD_SCAN_RECORDS = 4096
-TFRECORD_SCAN_BYTES = 4 << 20
-"""Records and payload bytes per step of the schema pass: it walks many records at once (bigger steps
-go faster), but keeps a few arrays per feature value of the step."""
-TFRECORD_CHUNK_BYTES = 16 << 20
-"""Payload bytes per decode task at most (a larger record is a task alone): bounds the memory of a
-task whatever the record sizes."""
 
 
 @dataclass(frozen=True)
@@ -160,37 +149,10 @@ class Dataset:
         cols = self.check_columns(columns)
         yield from self.spec.tasks(self, cols, report or ReadReport())
 
-    def _tfrecord_tasks(self, columns: list[str] | None, report: ReadReport) -> Iterator[Callable[[], Chunk]]:
-        schema = self.projected_schema(columns)
-        for shard in self.shards:
-            for first, payloads in self.record_chunks(shard, report.record):
-                yield _TFRecordTask(shard, first, payloads, schema, self.tfrecord_kind or "auto")
-
-    def record_chunks(self, shard: Shard, on_corrupt: tfrecord_format.OnCorrupt | None = None,
-                      ) -> Iterator[tuple[int, list[bytes]]]:
-        """One TFRecord shard's records in decode-task chunks, read with this dataset's settings."""
-        return tfrecord_format.iter_record_chunks(
-            shard.path, TFRECORD_CHUNK_RECORDS, chunk_bytes=TFRECORD_CHUNK_BYTES, skip_corrupt=self.skip_corrupt,
-            on_corrupt=on_corrupt, max_record_bytes=self.max_record_bytes)
-
     def chunks(self, columns: Sequence[str] | None = None, threads: int = 1,
                report: ReadReport | None = None) -> Iterator[Chunk]:
         """All chunks in order, decoded on `threads` threads."""
         return ordered_map(lambda task: task(), self.tasks(columns, report), threads)
-
-
-@dataclass(frozen=True)
-class _TFRecordTask:
-    shard: Shard
-    first_record: int
-    payloads: list[bytes]
-    schema: pa.Schema
-    kind: str
-
-    def __call__(self) -> Chunk:
-        batch = example_codec.decode_records(self.payloads, self.schema, self.kind,
-                                             path=self.shard.path, first_record=self.first_record)
-        return Chunk(batch, rng.example_ids(self.shard.index, self.first_record, batch.num_rows))
 
 
 def _conform(batch: pa.RecordBatch, schema: pa.Schema, path: str) -> pa.RecordBatch:
@@ -292,34 +254,3 @@ def _schema_diff(a: pa.Schema, b: pa.Schema) -> str:
             return f"column {f.name!r} is {b.field(f.name).type}, expected {f.type}"
     extra = [n for n in b.names if n not in a.names]
     return f"extra columns {extra}" if extra else "column order differs"
-
-
-def _open_tfrecord(src: str, shards: tuple[Shard, ...], schema: pa.Schema | None, kind: str,
-                   skip_corrupt: bool, manifest: dict | None, max_record_bytes: int) -> Dataset:
-    if schema is None and manifest and manifest.get("schema"):
-        schema = schema_from_json(manifest["schema"])
-        kind = manifest.get("output", {}).get("tfrecord_kind", kind)
-    if schema is None:
-        schema, kind = _scan_schema(src, shards, kind, skip_corrupt, max_record_bytes)
-    elif kind == "auto":
-        kind = "sequence_example"
-    return Dataset(src, "tfrecord", shards, schema, tfrecord_kind=kind, skip_corrupt=skip_corrupt,
-                   manifest=manifest, max_record_bytes=max_record_bytes)
-
-
-def _scan_schema(src: str, shards: tuple[Shard, ...], kind: str, skip_corrupt: bool,
-                 max_record_bytes: int) -> tuple[pa.Schema, str]:
-    """The schema of every feature of every record: one pass over names, kinds and counts, not values.
-
-    Corrupt records skipped here are skipped (and counted) again by the pass that reads the data.
-    """
-    scan = example_codec.FeatureScan()
-    for shard in shards:
-        for first, payloads in tfrecord_format.iter_record_chunks(
-                shard.path, TFRECORD_SCAN_RECORDS, chunk_bytes=TFRECORD_SCAN_BYTES, skip_corrupt=skip_corrupt,
-                max_record_bytes=max_record_bytes):
-            scan = scan.merge(example_codec.scan_records(payloads, kind, path=shard.path, first_record=first))
-    if not scan.records:
-        raise InputError(f"{src}: empty input: no TFRecord records to infer a schema from")
-    return scan.schema(kind, src)
-

@@ -17,7 +17,7 @@ import pyarrow as pa
 from batchtool import fs
 from batchtool.check.report import Offender, RuleResult, every, plural, skipped, verdict
 from batchtool.check.rules import ManifestBatches, ManifestRows, ManifestSchema, Rule
-from batchtool.dataset import TFRECORD_CHUNK_RECORDS, _schema_diff, detect_format
+from batchtool.dataset import _schema_diff, detect_format
 from batchtool.errors import BatchtoolError, InputError
 from batchtool.formats import arrow as arrow_format
 from batchtool.formats import example as example_codec
@@ -122,7 +122,7 @@ def _inspect_tfrecord(path: str, layout: Layout) -> Found:
     rows = batches = 0
     previous = None
     problem = None
-    for first, payloads in tfrecord_format.iter_record_chunks(path, TFRECORD_CHUNK_RECORDS):
+    for first, payloads in tfrecord_format.iter_record_chunks(path, tfrecord_format.CHUNK_RECORDS):
         if first == 0:
             problem = _tfrecord_schema_problem(payloads, path, layout)
         rows += len(payloads)

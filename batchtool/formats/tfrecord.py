@@ -1,4 +1,5 @@
-"""TFRecord framing (length, masked CRC32C, payload) read and written without TensorFlow."""
+"""TFRecord framing (length, masked CRC32C, payload) read and written without TensorFlow, and TFRecord as a
+batchtool format: shards opened as datasets (schema from the manifest or a scan) and written as outputs."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from batchtool.formats.base import EncodedBatch, Format
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
     from batchtool.output import OutputOptions
 
 Stream = BinaryIO | gzip.GzipFile
@@ -593,6 +595,55 @@ class _Sink:
             self._gzip.close()
 
 
+CHUNK_RECORDS = 1024
+"""Records per decode task: big enough to amortise overhead, small enough to spread across threads."""
+CHUNK_BYTES = 16 << 20
+"""Payload bytes per decode task at most (a larger record is a task alone): bounds the memory of a
+task whatever the record sizes."""
+SCAN_RECORDS = 4096
+SCAN_BYTES = 4 << 20
+"""Records and payload bytes per step of the schema pass: it walks many records at once (bigger steps
+go faster), but keeps a few arrays per feature value of the step."""
+
+
+@dataclass(frozen=True)
+class _Task:
+    """Records read and CRC-checked by the reader thread, decoded (protobuf) on a worker."""
+
+    shard: Shard
+    first_record: int
+    payloads: list[bytes]
+    schema: pa.Schema
+    kind: str
+
+    def __call__(self) -> Chunk:
+        from batchtool import rng
+        from batchtool.dataset import Chunk
+        from batchtool.formats import example as example_codec
+
+        batch = example_codec.decode_records(self.payloads, self.schema, self.kind,
+                                             path=self.shard.path, first_record=self.first_record)
+        return Chunk(batch, rng.example_ids(self.shard.index, self.first_record, batch.num_rows))
+
+
+def _scan_schema(src: str, shards: tuple[Shard, ...], kind: str, skip_corrupt: bool,
+                 max_record_bytes: int) -> tuple[pa.Schema, str]:
+    """The schema of every feature of every record: one pass over names, kinds and counts, not values.
+
+    Corrupt records skipped here are skipped (and counted) again by the pass that reads the data.
+    """
+    from batchtool.formats import example as example_codec
+
+    scan = example_codec.FeatureScan()
+    for shard in shards:
+        for first, payloads in iter_record_chunks(shard.path, SCAN_RECORDS, chunk_bytes=SCAN_BYTES,
+                                                  skip_corrupt=skip_corrupt, max_record_bytes=max_record_bytes):
+            scan = scan.merge(example_codec.scan_records(payloads, kind, path=shard.path, first_record=first))
+    if not scan.records:
+        raise InputError(f"{src}: empty input: no TFRecord records to infer a schema from")
+    return scan.schema(kind, src)
+
+
 class TFRecordFormat(Format):
     """TFRecord shards of tf.train.SequenceExample (or Example) records, directly batchable by tf.data."""
 
@@ -623,14 +674,29 @@ class TFRecordFormat(Format):
     def open_sink(self, file: BinaryIO, schema: pa.Schema, options: OutputOptions) -> _Sink:
         return _Sink(file, options.codec)
 
-    def open_dataset(self, src: str, shards: tuple, schema: pa.Schema | None, manifest: dict | None,
-                     reading: dict) -> object:
-        from batchtool import dataset
+    def open_dataset(self, src: str, shards: tuple[Shard, ...], schema: pa.Schema | None, manifest: dict | None,
+                     reading: dict) -> Dataset:
+        """Without a schema, the manifest's (a batchtool output), else a scan of every record."""
+        from batchtool.dataset import Dataset
+        from batchtool.manifest import schema_from_json
 
         limit = check_record_limit(max_record_bytes() if reading.get("max_record_bytes") is None
                                    else reading["max_record_bytes"])
-        return dataset._open_tfrecord(src, shards, schema, reading.get("tfrecord_kind", "auto"),
-                                      reading.get("skip_corrupt", False), manifest, limit)
+        kind, skip_corrupt = reading.get("tfrecord_kind", "auto"), reading.get("skip_corrupt", False)
+        if schema is None and manifest and manifest.get("schema"):
+            schema = schema_from_json(manifest["schema"])
+            kind = manifest.get("output", {}).get("tfrecord_kind", kind)
+        if schema is None:
+            schema, kind = _scan_schema(src, shards, kind, skip_corrupt, limit)
+        elif kind == "auto":
+            kind = "sequence_example"
+        return Dataset(src, self.name, shards, schema, tfrecord_kind=kind, skip_corrupt=skip_corrupt,
+                       manifest=manifest, max_record_bytes=limit)
 
-    def tasks(self, dataset: object, columns: list[str] | None, report: object) -> object:
-        return dataset._tfrecord_tasks(columns, report)
+    def tasks(self, dataset: Dataset, columns: list[str] | None, report: ReadReport) -> Iterator[_Task]:
+        schema = dataset.projected_schema(columns)
+        for shard in dataset.shards:
+            for first, payloads in iter_record_chunks(
+                    shard.path, CHUNK_RECORDS, chunk_bytes=CHUNK_BYTES, skip_corrupt=dataset.skip_corrupt,
+                    on_corrupt=report.record, max_record_bytes=dataset.max_record_bytes):
+                yield _Task(shard, first, payloads, schema, dataset.tfrecord_kind or "auto")
