@@ -13,7 +13,7 @@ from batchtool.errors import InputError, where
 from batchtool.formats.base import EncodedBatch, Format, first_line
 
 if TYPE_CHECKING:
-    from batchtool.dataset import Chunk, Dataset, Shard
+    from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
     from batchtool.output import OutputOptions
 
 MAGIC = b"ARROW1"
@@ -121,7 +121,7 @@ class ArrowFormat(Format):
         return open_self_describing(src, self, shards, schema, manifest,
                                     lambda path: (open_file(path).schema, sum(batch_rows(path))))
 
-    def tasks(self, dataset: Dataset, columns: list[str] | None, report: object) -> Iterator[_Task]:
+    def tasks(self, dataset: Dataset, columns: list[str] | None, report: ReadReport) -> Iterator[_Task]:
         schema = dataset.projected_schema(columns)
         for shard in dataset.shards:
             reader = open_file(shard.path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO, ClassVar, Protocol
 
@@ -11,6 +12,7 @@ import pyarrow as pa
 from batchtool.errors import UsageError
 
 if TYPE_CHECKING:
+    from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
     from batchtool.output import OutputOptions
 
 
@@ -83,11 +85,12 @@ class Format(ABC):
     # reading ---------------------------------------------------------------------------------------------
 
     @abstractmethod
-    def open_dataset(self, src: str, shards: tuple, schema: pa.Schema | None, manifest: dict | None,
-                     reading: dict) -> object:
+    def open_dataset(self, src: str, shards: tuple[Shard, ...], schema: pa.Schema | None, manifest: dict | None,
+                     reading: dict) -> Dataset:
         """The batchtool.dataset.Dataset of these shards: their common schema (or `schema`), checked.
         `reading`: the reader settings open_dataset was given (tfrecord_kind, skip_corrupt, max_record_bytes)."""
 
     @abstractmethod
-    def tasks(self, dataset: object, columns: list[str] | None, report: object) -> object:
-        """Read tasks (callables returning a dataset.Chunk) over every shard, in a deterministic order."""
+    def tasks(self, dataset: Dataset, columns: list[str] | None,
+              report: ReadReport) -> Iterator[Callable[[], Chunk]]:
+        """Read tasks over every shard, in a deterministic order; any thread may run them."""

@@ -14,7 +14,7 @@ from batchtool.errors import InputError, where
 from batchtool.formats.base import EncodedBatch, Format, first_line
 
 if TYPE_CHECKING:
-    from batchtool.dataset import Chunk, Dataset, Shard
+    from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
     from batchtool.output import OutputOptions
 
 _CHECKSUM_FAILED = "CRC checksum verification failed"
@@ -166,7 +166,7 @@ class ParquetFormat(Format):
 
         return open_self_describing(src, self, shards, schema, manifest, _footer)
 
-    def tasks(self, dataset: Dataset, columns: list[str] | None, report: object) -> Iterator[_Task]:
+    def tasks(self, dataset: Dataset, columns: list[str] | None, report: ReadReport) -> Iterator[_Task]:
         schema = dataset.projected_schema(columns)
         for shard in dataset.shards:
             meta = open_file(shard.path).metadata
