@@ -1,4 +1,4 @@
-"""Opening a SRC (file, directory or glob of Parquet or TFRecord shards) as a stream of chunks with stable ids."""
+"""Opening a SRC (file, directory or glob of Parquet, TFRecord or Arrow IPC shards) as chunks with stable ids."""
 
 from __future__ import annotations
 
@@ -10,26 +10,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from batchtool import fs, rng
+from batchtool import formats, fs, rng
 from batchtool.errors import InputError, SchemaError, where
-from batchtool.formats import example as example_codec
-from batchtool.formats import parquet as parquet_format
 from batchtool.formats import tfrecord as tfrecord_format
-from batchtool.manifest import read_manifest, schema_from_json
+from batchtool.manifest import read_manifest
 from batchtool.runner import ordered_map
-
-PARQUET_SUFFIXES = (".parquet", ".pq")
-TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfrec", ".tfrecord.gz", ".tfrecords.gz", ".tfrecord.gzip")
-FORMATS = ("parquet", "tfrecord")
-TFRECORD_CHUNK_RECORDS = 1024
-"""Records per decode task: big enough to amortise overhead, small enough to spread across threads."""
-TFRECORD_SCAN_RECORDS = 4096
-TFRECORD_SCAN_BYTES = 4 << 20
-"""Records and payload bytes per step of the schema pass: it walks many records at once (bigger steps
-go faster), but keeps a few arrays per feature value of the step."""
-TFRECORD_CHUNK_BYTES = 16 << 20
-"""Payload bytes per decode task at most (a larger record is a task alone): bounds the memory of a
-task whatever the record sizes."""
 
 
 @dataclass(frozen=True)
@@ -143,8 +128,12 @@ class Dataset:
     def locate(self, example_id: int) -> str:
         """'file, row N' of an example id, for error messages."""
         row = int(example_id) & ((1 << rng.SHARD_BITS) - 1)
-        label = "record" if self.format == "tfrecord" else "row"
-        return f"{self.shard_of(example_id).path}, {label} {row}"
+        return f"{self.shard_of(example_id).path}, {self.spec.unit} {row}"
+
+    @property
+    def spec(self) -> formats.Format:
+        """The format of the shards (batchtool.formats)."""
+        return formats.FORMATS[self.format]
 
     def check_columns(self, columns: Sequence[str] | None) -> list[str] | None:
         """Fail early, listing what is available, when an asked column does not exist."""
@@ -163,71 +152,16 @@ class Dataset:
               report: ReadReport | None = None) -> Iterator[Callable[[], Chunk]]:
         """Read tasks in a deterministic order; run them on any threads and keep their order.
 
-        Parquet tasks are row groups (the I/O happens in the task); TFRecord tasks carry raw
-        records read and CRC-checked here, so the protobuf decoding runs in the task.
+        Parquet tasks are row groups and Arrow tasks record batches (the I/O happens in the task);
+        TFRecord tasks carry raw records read and CRC-checked here, so the protobuf decoding runs in the task.
         """
         cols = self.check_columns(columns)
-        if self.format == "parquet":
-            yield from self._parquet_tasks(cols)
-        else:
-            yield from self._tfrecord_tasks(cols, report or ReadReport())
-
-    def _parquet_tasks(self, columns: list[str] | None) -> Iterator[Callable[[], Chunk]]:
-        for shard in self.shards:
-            meta = parquet_format.open_file(shard.path).metadata
-            first = 0
-            for rg in range(meta.num_row_groups):
-                rows = meta.row_group(rg).num_rows
-                if rows:
-                    yield _ParquetTask(shard, rg, first, columns, self.projected_schema(columns))
-                first += rows
-
-    def _tfrecord_tasks(self, columns: list[str] | None, report: ReadReport) -> Iterator[Callable[[], Chunk]]:
-        schema = self.projected_schema(columns)
-        for shard in self.shards:
-            for first, payloads in self.record_chunks(shard, report.record):
-                yield _TFRecordTask(shard, first, payloads, schema, self.tfrecord_kind or "auto")
-
-    def record_chunks(self, shard: Shard, on_corrupt: tfrecord_format.OnCorrupt | None = None,
-                      ) -> Iterator[tuple[int, list[bytes]]]:
-        """One TFRecord shard's records in decode-task chunks, read with this dataset's settings."""
-        return tfrecord_format.iter_record_chunks(
-            shard.path, TFRECORD_CHUNK_RECORDS, chunk_bytes=TFRECORD_CHUNK_BYTES, skip_corrupt=self.skip_corrupt,
-            on_corrupt=on_corrupt, max_record_bytes=self.max_record_bytes)
+        yield from self.spec.tasks(self, cols, report or ReadReport())
 
     def chunks(self, columns: Sequence[str] | None = None, threads: int = 1,
                report: ReadReport | None = None) -> Iterator[Chunk]:
         """All chunks in order, decoded on `threads` threads."""
         return ordered_map(lambda task: task(), self.tasks(columns, report), threads)
-
-
-@dataclass(frozen=True)
-class _ParquetTask:
-    shard: Shard
-    row_group: int
-    first_row: int
-    columns: list[str] | None
-    schema: pa.Schema
-
-    def __call__(self) -> Chunk:
-        batch = parquet_format.read_row_group(self.shard.path, self.row_group, self.columns)
-        if not batch.schema.equals(self.schema):
-            batch = _conform(batch, self.schema, self.shard.path)
-        return Chunk(batch, rng.example_ids(self.shard.index, self.first_row, batch.num_rows))
-
-
-@dataclass(frozen=True)
-class _TFRecordTask:
-    shard: Shard
-    first_record: int
-    payloads: list[bytes]
-    schema: pa.Schema
-    kind: str
-
-    def __call__(self) -> Chunk:
-        batch = example_codec.decode_records(self.payloads, self.schema, self.kind,
-                                             path=self.shard.path, first_record=self.first_record)
-        return Chunk(batch, rng.example_ids(self.shard.index, self.first_record, batch.num_rows))
 
 
 def _conform(batch: pa.RecordBatch, schema: pa.Schema, path: str) -> pa.RecordBatch:
@@ -250,18 +184,22 @@ def resolve_paths(src: str) -> list[str]:
     if fs.is_dir(src):
         found = [p for p in fs.walk_files(src) if detect_format(p)]  # the manifest is neither hidden nor data
         if not found:
-            raise InputError(f"{src}: empty input: no Parquet or TFRecord files in this directory")
+            raise InputError(f"{src}: empty input: no Parquet, TFRecord or Arrow IPC files in this directory")
         return found
     raise InputError(f"{src}: no such file or directory")
 
 
-def detect_format(path: str) -> str | None:
-    name = path.lower()
-    if name.endswith(PARQUET_SUFFIXES):
-        return "parquet"
-    if name.endswith(TFRECORD_SUFFIXES):
-        return "tfrecord"
-    return None
+def detect_format(path: str, sniff: bool = False) -> str | None:
+    """The format of a file by its name; with `sniff`, by its magic bytes when the name says nothing."""
+    found = formats.detect(path)
+    if found is not None or not sniff or fs.is_uri(path):
+        return found
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError:
+        return None
+    return formats.detect(path, head)
 
 
 def open_dataset(src: str, format: str | None = None, schema: pa.Schema | None = None,
@@ -276,41 +214,41 @@ def open_dataset(src: str, format: str | None = None, schema: pa.Schema | None =
     src = os.fspath(src)
     paths = resolve_paths(src)
     if format is None:
-        formats = {detect_format(p) for p in paths}
-        if None in formats:
-            bad = next(p for p in paths if detect_format(p) is None)
-            raise InputError(f"{bad}: unknown format (expected a name ending in .parquet or .tfrecord[.gz]; "
+        sniff = len(paths) == 1
+        found = {detect_format(p, sniff) for p in paths}
+        if None in found:
+            bad = next(p for p in paths if detect_format(p, sniff) is None)
+            raise InputError(f"{bad}: unknown format (expected a name ending in .parquet, .tfrecord[.gz] or .arrow; "
                              "or pass --format)")
-        if len(formats) > 1:
-            raise InputError(f"{src}: mixes Parquet and TFRecord files; convert one part first")
-        format = formats.pop()
-    if format not in FORMATS:
-        raise InputError(f"{src}: unknown format {format!r} (expected one of: {', '.join(FORMATS)})")
+        if len(found) > 1:
+            labels = sorted(formats.FORMATS[f].label for f in found)
+            raise InputError(f"{src}: mixes {', '.join(labels[:-1])} and {labels[-1]} files; convert one part first")
+        format = found.pop()
+    if format not in formats.FORMATS:
+        raise InputError(f"{src}: unknown format {format!r} (expected one of: {', '.join(formats.NAMES)})")
     shards = tuple(Shard(i, p, fs.file_size(p)) for i, p in enumerate(paths))
     manifest = read_manifest(src) if fs.is_dir(src) else None
-    if format == "parquet":
-        return _open_parquet(src, shards, schema, manifest)
-    limit = tfrecord_format.check_record_limit(
-        tfrecord_format.max_record_bytes() if max_record_bytes is None else max_record_bytes)
-    return _open_tfrecord(src, shards, schema, tfrecord_kind, skip_corrupt, manifest, limit)
+    reading = {"tfrecord_kind": tfrecord_kind, "skip_corrupt": skip_corrupt, "max_record_bytes": max_record_bytes}
+    return formats.FORMATS[format].open_dataset(src, shards, schema, manifest, reading)
 
 
-def _open_parquet(src: str, shards: tuple[Shard, ...], schema: pa.Schema | None,
-                  manifest: dict | None) -> Dataset:
+def open_self_describing(src: str, format: formats.Format, shards: tuple[Shard, ...], schema: pa.Schema | None,
+                         manifest: dict | None, footer: Callable[[str], tuple[pa.Schema, int]]) -> Dataset:
+    """A Dataset of shards that each record their schema and rows (Parquet, Arrow IPC; `footer` reads them):
+    every shard must have the first one's schema."""
     rows = 0
     first_schema = None
     for shard in shards:
         if shard.size == 0:
-            raise InputError(f"{shard.path}: empty file (0 bytes), not a Parquet file")
-        pf = parquet_format.open_file(shard.path)
-        rows += pf.metadata.num_rows
-        file_schema = pf.schema_arrow
+            raise InputError(f"{shard.path}: empty file (0 bytes), not a valid {format.label} file")
+        file_schema, file_rows = footer(shard.path)
+        rows += file_rows
         if first_schema is None:
             first_schema = file_schema
         elif not _compatible(first_schema, file_schema):
             raise SchemaError(f"{shard.path}: schema differs from {shards[0].path}: "
                               f"{_schema_diff(first_schema, file_schema)}")
-    return Dataset(src, "parquet", shards, schema or first_schema, num_rows=rows, manifest=manifest)
+    return Dataset(src, format.name, shards, schema or first_schema, num_rows=rows, manifest=manifest)
 
 
 def _compatible(a: pa.Schema, b: pa.Schema) -> bool:
@@ -325,34 +263,3 @@ def _schema_diff(a: pa.Schema, b: pa.Schema) -> str:
             return f"column {f.name!r} is {b.field(f.name).type}, expected {f.type}"
     extra = [n for n in b.names if n not in a.names]
     return f"extra columns {extra}" if extra else "column order differs"
-
-
-def _open_tfrecord(src: str, shards: tuple[Shard, ...], schema: pa.Schema | None, kind: str,
-                   skip_corrupt: bool, manifest: dict | None, max_record_bytes: int) -> Dataset:
-    if schema is None and manifest and manifest.get("schema"):
-        schema = schema_from_json(manifest["schema"])
-        kind = manifest.get("output", {}).get("tfrecord_kind", kind)
-    if schema is None:
-        schema, kind = _scan_schema(src, shards, kind, skip_corrupt, max_record_bytes)
-    elif kind == "auto":
-        kind = "sequence_example"
-    return Dataset(src, "tfrecord", shards, schema, tfrecord_kind=kind, skip_corrupt=skip_corrupt,
-                   manifest=manifest, max_record_bytes=max_record_bytes)
-
-
-def _scan_schema(src: str, shards: tuple[Shard, ...], kind: str, skip_corrupt: bool,
-                 max_record_bytes: int) -> tuple[pa.Schema, str]:
-    """The schema of every feature of every record: one pass over names, kinds and counts, not values.
-
-    Corrupt records skipped here are skipped (and counted) again by the pass that reads the data.
-    """
-    scan = example_codec.FeatureScan()
-    for shard in shards:
-        for first, payloads in tfrecord_format.iter_record_chunks(
-                shard.path, TFRECORD_SCAN_RECORDS, chunk_bytes=TFRECORD_SCAN_BYTES, skip_corrupt=skip_corrupt,
-                max_record_bytes=max_record_bytes):
-            scan = scan.merge(example_codec.scan_records(payloads, kind, path=shard.path, first_record=first))
-    if not scan.records:
-        raise InputError(f"{src}: empty input: no TFRecord records to infer a schema from")
-    return scan.schema(kind, src)
-

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import zlib
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,7 @@ import pyarrow.parquet as pq
 from batchtool import rng
 from batchtool.dataset import Dataset, Shard, open_dataset
 from batchtool.errors import InputError, UsageError
+from batchtool.formats import arrow as arrow_format
 from batchtool.formats import example as example_codec
 from batchtool.formats import parquet as parquet_format
 from batchtool.formats import tfrecord as tfrecord_format
@@ -99,16 +101,125 @@ class _Writer:
         return int(self.stats.get("world_size") or 1) if self.lanes else 1
 
 
+class _Batches(ABC):
+    """Where each batch of each file is, in one format, and the task that reads a run of them. `cache` is
+    the reading generator's: what it keeps open for one block of files (footers, open files)."""
+
+    @abstractmethod
+    def rows(self, f: int, local: np.ndarray) -> np.ndarray:
+        """Rows of file f's batches `local`, reading no data (Arrow: batch headers; compressed, decompressing)."""
+
+    @abstractmethod
+    def read(self, f: int, local: np.ndarray, loader: Loader, cache: dict) -> Callable[[], list[pa.RecordBatch]]:
+        """The task reading file f's batches `local`, with the loader's columns and schema."""
+
+    def release(self, cache: dict) -> None:
+        """Drop (and close) what a block kept."""
+        cache.clear()
+
+
 @dataclass(frozen=True)
-class _Layout:
-    """Each file's batches, numbered in file order: Parquet row groups, or TFRecord byte ranges."""
+class _ParquetBatches(_Batches):
+    """Parquet: every non-empty row group is a batch."""
 
     paths: tuple[str, ...]
     counts: np.ndarray
     row_groups: tuple[np.ndarray | None, ...]
-    """Parquet: the row group of each of a file's batches; None when it is every row group in order."""
-    ranges: tuple[np.ndarray, ...] | None
-    """TFRecord: per file, (byte offset, record number) where each batch starts, then the end."""
+    """The row group of each of a file's batches; None when it is every row group in order."""
+
+    def footer(self, f: int, cache: dict) -> pq.FileMetaData:
+        """File f's parsed footer, kept in `cache` (about 1 KB per column chunk: one block's files at a time)."""
+        meta = cache.get(f)
+        if meta is None:
+            path = self.paths[f]
+            meta = parquet_format.open_file(path).metadata
+            expected = self.counts[f] if self.row_groups[f] is None else None
+            if expected is not None and meta.num_row_groups != expected:
+                raise InputError(f"{path}: has {meta.num_row_groups} row groups, but "
+                                 f"{MANIFEST_NAME} lists {expected} batches for it")
+            cache[f] = meta
+        return meta
+
+    def groups(self, f: int, local: np.ndarray) -> np.ndarray:
+        groups = self.row_groups[f]
+        return local if groups is None else groups[local]
+
+    def rows(self, f: int, local: np.ndarray) -> np.ndarray:
+        meta = self.footer(f, {})
+        return np.array([meta.row_group(int(g)).num_rows for g in self.groups(f, local)], dtype=np.int64)
+
+    def buckets(self, f: int, local: np.ndarray) -> np.ndarray:
+        """The `bucket` of each batch from the footer statistics (-1 where they do not give one value)."""
+        meta = self.footer(f, {})
+        column = meta.schema.names.index("bucket")
+        out = np.full(len(local), -1, dtype=np.int64)
+        for i, g in enumerate(self.groups(f, local)):
+            stats = meta.row_group(int(g)).column(column).statistics
+            if stats is not None and stats.has_min_max and stats.min == stats.max:
+                out[i] = stats.min
+        return out
+
+    def read(self, f: int, local: np.ndarray, loader: Loader, cache: dict) -> _ParquetRead:
+        return _ParquetRead(self.paths[f], self.footer(f, cache), tuple(int(g) for g in self.groups(f, local)),
+                            loader.columns)
+
+
+@dataclass(frozen=True)
+class _ArrowBatches(_Batches):
+    """Arrow IPC: record batch i is batch i, found through the file's footer."""
+
+    paths: tuple[str, ...]
+
+    def rows(self, f: int, local: np.ndarray) -> np.ndarray:
+        return np.asarray(arrow_format.batch_rows(self.paths[f]), dtype=np.int64)[local]
+
+    def read(self, f: int, local: np.ndarray, loader: Loader, cache: dict) -> _ArrowRead:
+        return _ArrowRead(self.paths[f], tuple(int(i) for i in local), loader.columns)
+
+
+@dataclass(frozen=True)
+class _TFRecordBatches(_Batches):
+    """TFRecord: byte ranges from the batch index the manifest holds; the I/O happens here, in stream order."""
+
+    paths: tuple[str, ...]
+    ranges: tuple[np.ndarray, ...]
+    """Per file, (byte offset, record number) where each batch starts, then the end."""
+
+    def rows(self, f: int, local: np.ndarray) -> np.ndarray:
+        return np.diff(self.ranges[f][:, 1])[local]
+
+    def read(self, f: int, local: np.ndarray, loader: Loader, cache: dict) -> _TFRecordDecode:
+        path = self.paths[f]
+        reader = cache.get(f)
+        if reader is None:
+            reader = cache[f] = tfrecord_format.RangeReader(path)
+        ranges = self.ranges[f]
+        payloads: list[bytes] = []
+        rows = []
+        for i in local:
+            (start, first), (end, stop) = ranges[i], ranges[i + 1]
+            records = reader.records(int(start), int(end), int(first))
+            if len(records) != stop - first:
+                raise InputError(f"{path}: bytes {start}..{end} hold {len(records)} records, but "
+                                 f"{MANIFEST_NAME} indexes {stop - first} for this batch")
+            payloads += records
+            rows.append(len(records))
+        return _TFRecordDecode(path, payloads, rows, int(ranges[local[0]][1]), loader.schema,
+                               loader.dataset.tfrecord_kind or "sequence_example")
+
+    def release(self, cache: dict) -> None:
+        for reader in cache.values():
+            reader.close()
+        cache.clear()
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Each file's batches, numbered in file order, and where they are in the files' format."""
+
+    paths: tuple[str, ...]
+    counts: np.ndarray
+    batches: _Batches
 
     @property
     def total(self) -> int:
@@ -138,6 +249,18 @@ class _ParquetRead:
         except (pa.ArrowInvalid, OSError) as exc:
             raise parquet_format.unreadable(pf, self.path, list(self.row_groups), self.columns, exc) from exc
         return _cut(_one_batch(table), [self.metadata.row_group(rg).num_rows for rg in self.row_groups])
+
+
+@dataclass(frozen=True)
+class _ArrowRead:
+    """Record batches of one file: views of its memory map when uncompressed, decompressed here otherwise."""
+
+    path: str
+    batches: tuple[int, ...]
+    columns: list[str] | None
+
+    def __call__(self) -> list[pa.RecordBatch]:
+        return arrow_format.read_batches(self.path, self.batches, self.columns)
 
 
 @dataclass(frozen=True)
@@ -240,20 +363,13 @@ class Loader:
         file, local = self._layout.locate(ids)
         rows = np.zeros(len(ids), dtype=np.int64)
         bucket = np.full(len(ids), -1, dtype=np.int64)
-        has_bucket = "bucket" in self.dataset.schema.names and self.dataset.format == "parquet"
+        where = self._layout.batches
+        has_bucket = "bucket" in self.dataset.schema.names and isinstance(where, _ParquetBatches)
         for f in np.unique(file):
             at = np.flatnonzero(file == f)
-            if self._layout.ranges is not None:
-                rows[at] = np.diff(self._layout.ranges[f][:, 1])[local[at]]
-                continue
-            meta = self._footer(int(f), {})
-            column = meta.schema.names.index("bucket") if has_bucket else -1
-            for i, rg in zip(at, self._row_groups(int(f), local[at])):
-                group = meta.row_group(int(rg))
-                rows[i] = group.num_rows
-                stats = group.column(column).statistics if column >= 0 else None
-                if stats is not None and stats.has_min_max and stats.min == stats.max:
-                    bucket[i] = stats.min
+            rows[at] = where.rows(int(f), local[at])
+            if has_bucket:
+                bucket[at] = where.buckets(int(f), local[at])
         out = {"batch": ids, "file": file, "rows": rows}
         if has_bucket:
             out["bucket"] = bucket
@@ -350,71 +466,24 @@ class Loader:
         cuts = np.flatnonzero((file[1:] != file[:-1]) | (blocks[1:] != blocks[:-1])) + 1
         starts = np.concatenate([[0], cuts]).astype(np.int64)
         ends = np.concatenate([cuts, [len(ids)]]).astype(np.int64)
-        readers: dict[int, tfrecord_format.RangeReader] = {}
-        footers: dict[int, pq.FileMetaData] = {}
+        where = self._layout.batches
+        cache: dict = {}
         block = None
         run = 1
         try:
             for a, b in zip(starts, ends):
                 if blocks[a] != block:
                     block = blocks[a]
-                    _close(readers)
-                    footers.clear()
+                    where.release(cache)
                 s = a
                 while s < b:
                     f = int(file[s])
                     chunk = local[s:min(b, s + run)]
                     s += run
                     run = min(2 * run, READ_BATCHES)
-                    if self._layout.ranges is None:
-                        yield _ParquetRead(self._layout.paths[f], self._footer(f, footers),
-                                           tuple(int(g) for g in self._row_groups(f, chunk)), self.columns)
-                    else:
-                        yield self._tfrecord_read(f, chunk, readers)
+                    yield where.read(f, chunk, self, cache)
         finally:
-            _close(readers)
-
-    def _footer(self, f: int, footers: dict[int, pq.FileMetaData]) -> pq.FileMetaData:
-        """File f's parsed footer, kept in `footers` (about 1 KB per column chunk: one block's files at a time)."""
-        meta = footers.get(f)
-        if meta is None:
-            path = self._layout.paths[f]
-            meta = parquet_format.open_file(path).metadata
-            expected = self._layout.counts[f] if self._layout.row_groups[f] is None else None
-            if expected is not None and meta.num_row_groups != expected:
-                raise InputError(f"{path}: has {meta.num_row_groups} row groups, but "
-                                 f"{MANIFEST_NAME} lists {expected} batches for it")
-            footers[f] = meta
-        return meta
-
-    def _row_groups(self, f: int, local: np.ndarray) -> np.ndarray:
-        groups = self._layout.row_groups[f]
-        return local if groups is None else groups[local]
-
-    def _tfrecord_read(self, f: int, local: np.ndarray,
-                       readers: dict[int, tfrecord_format.RangeReader]) -> _TFRecordDecode:
-        path = self._layout.paths[f]
-        reader = readers.get(f)
-        if reader is None:
-            reader = readers[f] = tfrecord_format.RangeReader(path)
-        ranges = self._layout.ranges[f]
-        payloads: list[bytes] = []
-        rows = []
-        for i in local:
-            (start, first), (end, stop) = ranges[i], ranges[i + 1]
-            records = reader.records(int(start), int(end), int(first))
-            if len(records) != stop - first:
-                raise InputError(f"{path}: bytes {start}..{end} hold {len(records)} records, but "
-                                 f"{MANIFEST_NAME} indexes {stop - first} for this batch")
-            payloads += records
-            rows.append(len(records))
-        return _TFRecordDecode(path, payloads, rows, int(ranges[local[0]][1]), self.schema,
-                               self.dataset.tfrecord_kind or "sequence_example")
-
-def _close(readers: dict[int, tfrecord_format.RangeReader]) -> None:
-    for reader in readers.values():
-        reader.close()
-    readers.clear()
+            where.release(cache)
 
 
 def _worker_split() -> tuple[int, int]:
@@ -515,7 +584,8 @@ def load(dst: str, *, columns: Sequence[str] | None = None, shuffle: bool | None
         shuffle = False
     elif shuffle is None:
         shuffle = writer.options.get("order") != "sorted"
-    if shuffle and layout.ranges is not None and dataset.manifest["output"].get("compression") == "gzip":
+    if (shuffle and isinstance(layout.batches, _TFRecordBatches)
+            and dataset.manifest["output"].get("compression") == "gzip"):
         raise UsageError(f"shuffle=True: {dst} is GZIP-compressed TFRecord, which can only be read forward; "
                          "pass shuffle=False, or write Parquet or uncompressed TFRecord for shuffled reads")
     return Loader(dataset, layout, writer, cols, shuffle=bool(shuffle), seed=int(seed), rank=rank,
@@ -553,16 +623,21 @@ def _layout(dst: str, dataset: Dataset) -> _Layout:
     Parquet directory without one, from the footers (each non-empty row group is a batch)."""
     paths = tuple(s.path for s in dataset.shards)
     entries = dataset.manifest["output"]["files"] if dataset.manifest else None
+    if dataset.format == "arrow":
+        counts = np.array([e["batches"] for e in entries] if entries is not None
+                          else [arrow_format.open_file(p).num_record_batches for p in paths], dtype=np.int64)
+        return _Layout(paths, counts, _ArrowBatches(paths))
     if dataset.format == "parquet":
         if entries is not None:
             counts = np.array([e["batches"] for e in entries], dtype=np.int64)
-            return _Layout(paths, counts, (None,) * len(paths), None)
+            return _Layout(paths, counts, _ParquetBatches(paths, counts, (None,) * len(paths)))
         groups = []
         for path in paths:
             meta = parquet_format.open_file(path).metadata
             groups.append(np.array([g for g in range(meta.num_row_groups) if meta.row_group(g).num_rows],
                                    dtype=np.int64))
-        return _Layout(paths, np.array([len(g) for g in groups], dtype=np.int64), tuple(groups), None)
+        counts = np.array([len(g) for g in groups], dtype=np.int64)
+        return _Layout(paths, counts, _ParquetBatches(paths, counts, tuple(groups)))
     if entries is None:
         raise InputError(f"{dst}: TFRecord batches need the {MANIFEST_NAME} batchtool wrote beside them")
     ranges = []
@@ -574,5 +649,5 @@ def _layout(dst: str, dataset: Dataset) -> _Layout:
             ranges.append(decode_batch_index(entry["batch_index"], int(entry["batches"])))
         except (ValueError, zlib.error) as exc:
             raise InputError(f"{path}: unreadable batch index in {MANIFEST_NAME} ({exc})") from exc
-    return _Layout(paths, np.array([e["batches"] for e in entries], dtype=np.int64), (None,) * len(paths),
-                   tuple(ranges))
+    return _Layout(paths, np.array([e["batches"] for e in entries], dtype=np.int64),
+                   _TFRecordBatches(paths, tuple(ranges)))

@@ -1,13 +1,12 @@
 """Batch-shard output: an all-or-nothing output directory, shard rollover, checksums.
 
-One writer serves every format; the formats only encode. Encoding (Arrow -> bytes for
-TFRecord) is a pure function run on worker threads; the writer thread only appends.
+One writer serves every format; the formats (batchtool.formats) only encode and append. Encoding
+(Arrow -> bytes for TFRecord) is a pure function run on worker threads; the writer thread only appends.
 """
 
 from __future__ import annotations
 
 import base64
-import gzip
 import hashlib
 import os
 import tempfile
@@ -22,18 +21,13 @@ import pyarrow as pa
 
 from batchtool import fs
 from batchtool.errors import DestinationError, DestinationExistsError, SchemaError, UsageError, where
-from batchtool.formats import example as example_codec
-from batchtool.formats import parquet as parquet_format
-from batchtool.formats import tfrecord as tfrecord_format
+from batchtool.formats import FORMATS, NAMES
+from batchtool.formats.base import EncodedBatch, Format, ShardSink
 
-PARQUET_CODECS = ("zstd", "snappy", "gzip", "lz4", "brotli", "none")
 CASTS = {"float64=float32": (pa.float64(), pa.float32())}
 """Lossy conversions TFRecord output makes only when asked (--cast): tf.train.FloatList holds float32."""
 TFRECORD_KINDS = ("sequence_example", "example")
 DEFAULT_SHARD_BYTES = 256 * 1024 * 1024
-MAX_SHARD_BATCHES = 4096
-"""Row groups per Parquet shard at most: each costs ~1 KB of footer that writer and reader hold in
-memory, so shards of many small batches (segment's 32-row batches) roll over by count, not size."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +36,7 @@ class OutputOptions:
 
     format: str = "parquet"
     compression: str | None = None
-    """Parquet codec (default zstd) or, for TFRecord, 'gzip' or none (default)."""
+    """The format's codec (its `codecs`); None for its default (Parquet zstd, TFRecord and Arrow none)."""
     shard_rows: int | None = None
     shard_bytes: int | None = DEFAULT_SHARD_BYTES
     tfrecord_kind: str = "sequence_example"
@@ -52,12 +46,9 @@ class OutputOptions:
     """Lossy conversions asked for (keys of CASTS); TFRecord output refuses a column that needs one otherwise."""
 
     def __post_init__(self) -> None:
-        if self.format not in ("parquet", "tfrecord"):
-            raise UsageError(f"--to {self.format!r}: expected parquet or tfrecord")
-        if self.format == "parquet" and self.codec not in PARQUET_CODECS:
-            raise UsageError(f"--compression {self.compression!r}: Parquet takes {', '.join(PARQUET_CODECS)}")
-        if self.format == "tfrecord" and self.codec not in ("gzip", "none"):
-            raise UsageError(f"--compression {self.compression!r}: TFRecord takes gzip or none")
+        if self.format not in FORMATS:
+            raise UsageError(f"--to {self.format!r}: expected {', '.join(NAMES[:-1])} or {NAMES[-1]}")
+        self.spec.check_options(self)
         if self.tfrecord_kind not in TFRECORD_KINDS:
             raise UsageError(f"--tfrecord-kind {self.tfrecord_kind!r}: expected {' or '.join(TFRECORD_KINDS)}")
         for name, value in (("--shard-rows", self.shard_rows), ("--shard-bytes", self.shard_bytes)):
@@ -66,14 +57,14 @@ class OutputOptions:
         for cast in self.cast:
             if cast not in CASTS:
                 raise UsageError(f"--cast {cast!r}: expected {' or '.join(CASTS)}")
-            if self.format != "tfrecord":
+            if not self.spec.float32_only:
                 raise UsageError(f"--cast {cast}: only TFRecord output narrows values; "
                                  f"{self.format} keeps them exactly")
 
     def stored_schema(self, schema: pa.Schema) -> pa.Schema:
         """The schema the output files hold exactly: for TFRecord, float64 narrowed to float32 if --cast
         asks for it, else SchemaError naming the column (tf.train.FloatList holds only float32)."""
-        if self.format != "tfrecord":
+        if not self.spec.float32_only:
             return schema
         fields = []
         for field in schema:
@@ -91,15 +82,17 @@ class OutputOptions:
         return {f.name: f"{f.type} -> {s.type}" for f, s in zip(schema, stored) if f.type != s.type}
 
     @property
+    def spec(self) -> Format:
+        """The output format (batchtool.formats)."""
+        return FORMATS[self.format]
+
+    @property
     def codec(self) -> str:
-        default = "zstd" if self.format == "parquet" else "none"
-        return (self.compression or default).lower()
+        return (self.compression or self.spec.default_codec).lower()
 
     @property
     def suffix(self) -> str:
-        if self.format == "parquet":
-            return ".parquet"
-        return ".tfrecord.gz" if self.codec == "gzip" else ".tfrecord"
+        return self.spec.suffix(self.codec)
 
 
 def _narrowed(t: pa.DataType, casts: list[tuple[pa.DataType, pa.DataType]]) -> pa.DataType:
@@ -112,24 +105,9 @@ def _narrowed(t: pa.DataType, casts: list[tuple[pa.DataType, pa.DataType]]) -> p
     return next((to for old, to in casts if t == old), t)
 
 
-@dataclass(frozen=True)
-class EncodedBatch:
-    """A batch ready for the writer: the Arrow data, plus framed TFRecord bytes when writing TFRecord."""
-
-    data: pa.RecordBatch
-    framed: bytes | None = None
-
-
 def encode_batch(batch: pa.RecordBatch, options: OutputOptions) -> EncodedBatch:
     """Pure and thread-safe: run it on workers so the writer thread only appends bytes."""
-    if options.format == "parquet":
-        return EncodedBatch(batch)
-    stored = options.stored_schema(batch.schema)
-    if stored != batch.schema:
-        batch = batch.cast(stored)
-    payloads = example_codec.encode_records(batch, options.tfrecord_kind,
-                                            sequence_columns=options.sequence_columns)
-    return EncodedBatch(batch, b"".join(tfrecord_format.frame_record(p) for p in payloads))
+    return options.spec.encode(batch, options)
 
 
 class _HashingFile:
@@ -174,7 +152,8 @@ class _HashingFile:
 class BatchShardWriter:
     """Writes batches to part-NNNNN files, starting a new shard when the size limit is reached.
 
-    Each write() is one batch: one Parquet row group, or its rows as consecutive TFRecord records.
+    Each write() is one batch: one Parquet row group, one Arrow record batch, or its rows as consecutive
+    TFRecord records.
     """
 
     def __init__(self, directory: str, schema: pa.Schema, options: OutputOptions, name: str | None = None) -> None:
@@ -185,24 +164,15 @@ class BatchShardWriter:
         self.options = options
         self.files: list[dict] = []
         self._sink: _HashingFile | None = None
-        self._encoder: parquet_format.ParquetShardWriter | None = None
-        self._gzip = None
+        self._encoder: ShardSink | None = None
         self._rows = 0
         self._batches = 0
-        self._starts: list[tuple[int, int]] = []
-        """TFRecord: (byte offset in the uncompressed record stream, record number) where each batch starts."""
-        self._stream_bytes = 0
 
     def write(self, encoded: EncodedBatch) -> None:
         with self._errors():
             if self._sink is None:
                 self._open()
-            if self.options.format == "parquet":
-                self._encoder.write(encoded.data)
-            else:
-                self._starts.append((self._stream_bytes, self._rows))
-                self._stream_bytes += len(encoded.framed)
-                (self._gzip or self._sink).write(encoded.framed)
+            self._encoder.write(encoded)
             self._rows += encoded.data.num_rows
             self._batches += 1
             if self._full():
@@ -222,42 +192,29 @@ class BatchShardWriter:
     def _abandon(self) -> None:
         if self._sink is not None:
             self._sink.abandon()
-        for encoder in (self._encoder, self._gzip):
-            if encoder is not None:
-                encoder.close()  # into the abandoned sink: cannot fail
-        self._encoder = self._gzip = self._sink = None
+        if self._encoder is not None:
+            self._encoder.abandon()  # into the abandoned sink: cannot fail
+        self._encoder = self._sink = None
 
     def _full(self) -> bool:
         o = self.options
         return ((o.shard_rows is not None and self._rows >= o.shard_rows)
                 or (o.shard_bytes is not None and self._sink.bytes >= o.shard_bytes)
-                or (o.format == "parquet" and self._batches >= MAX_SHARD_BATCHES))
+                or (o.spec.max_shard_batches is not None and self._batches >= o.spec.max_shard_batches))
 
     def _open(self) -> None:
         name = f"part-{len(self.files):05d}{self.options.suffix}"
         self._sink = _HashingFile(os.path.join(self.directory, name))
-        self._rows = self._batches = self._stream_bytes = 0
-        self._starts = []
-        if self.options.format == "parquet":
-            codec = None if self.options.codec == "none" else self.options.codec
-            self._encoder = parquet_format.ParquetShardWriter(self._sink, self.schema, compression=codec or "none")
-        elif self.options.codec == "gzip":
-            # mtime=0 and no file name in the header keep gzip output byte-identical across runs
-            self._gzip = gzip.GzipFile(filename="", mode="wb", fileobj=self._sink, mtime=0)
+        self._rows = self._batches = 0
         self.files.append({"path": name})
+        self._encoder = self.options.spec.open_sink(self._sink, self.schema, self.options)
 
     def _close_shard(self) -> None:
-        if self._encoder is not None:
-            self._encoder.close()
-            self._encoder = None
-        if self._gzip is not None:
-            self._gzip.close()
-            self._gzip = None
+        extra = self._encoder.close()
+        self._encoder = None
         self._sink.close()
         self.files[-1].update(rows=self._rows, batches=self._batches, bytes=self._sink.bytes,
-                              sha256=self._sink.sha256.hexdigest())
-        if self.options.format == "tfrecord":
-            self.files[-1]["batch_index"] = encode_batch_index([*self._starts, (self._stream_bytes, self._rows)])
+                              sha256=self._sink.sha256.hexdigest(), **extra)
         self._sink = None
 
     def close(self) -> list[dict]:

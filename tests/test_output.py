@@ -95,9 +95,9 @@ def test_manifest_schema_round_trip():
 
 
 def test_parquet_shards_roll_over_by_batch_count(tmp_path, monkeypatch):
-    import batchtool.output as output
+    from batchtool.formats.parquet import ParquetFormat
 
-    monkeypatch.setattr(output, "MAX_SHARD_BATCHES", 4)
+    monkeypatch.setattr(ParquetFormat, "max_shard_batches", 4)
     writer = BatchShardWriter(str(tmp_path), pa.schema([("x", pa.int64())]), OutputOptions())
     for b in small_batches(10, 2):
         writer.write(encode_batch(b, writer.options))

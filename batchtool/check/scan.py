@@ -181,7 +181,7 @@ def measure(dataset: Dataset, plan: Plan, run: RunSettings, needs_rows: bool, me
     offenses: dict[str, Offenses] = {}
     repeats: dict[tuple[str, ...], tuple[int, list[Offender]]] = {}
     if not plan.columns:
-        rows = count_records(dataset, report, run.threads) if needs_rows and dataset.format == "tfrecord" \
+        rows = count_records(dataset, report, run.threads) if needs_rows and dataset.num_rows is None \
             else dataset.num_rows
         return Measures(dataset, plan, rows, stats, offenses, repeats, report)
     budget = memory // max(1, len(plan.keys))
@@ -231,7 +231,7 @@ def confirm_repeats(m: Measures, columns: tuple[str, ...], index: HashIndex,
     """
     target = max(m.plan.limit, 1)
     fetch = list(dict.fromkeys([*columns, *([m.plan.key] if m.plan.key else [])]))
-    unit = "record" if m.dataset.format == "tfrecord" else "row"
+    unit = m.dataset.spec.unit
     offenders: list[Offender] = []
     checked = refuted = 0
     want = target

@@ -17,8 +17,9 @@ import pyarrow as pa
 from batchtool import fs
 from batchtool.check.report import Offender, RuleResult, every, plural, skipped, verdict
 from batchtool.check.rules import ManifestBatches, ManifestRows, ManifestSchema, Rule
-from batchtool.dataset import TFRECORD_CHUNK_RECORDS, _schema_diff, detect_format
+from batchtool.dataset import _schema_diff, detect_format
 from batchtool.errors import BatchtoolError, InputError
+from batchtool.formats import arrow as arrow_format
 from batchtool.formats import example as example_codec
 from batchtool.formats import parquet as parquet_format
 from batchtool.formats import tfrecord as tfrecord_format
@@ -89,7 +90,8 @@ def verify(rules: Sequence[Rule], src: str, manifest: dict, limit: int, threads:
 
 
 def inspect_file(path: str, layout: Layout) -> Found:
-    """Rows, batches and schema of one file, reading only what that takes (a Parquet footer; TFRecord records)."""
+    """Rows, batches and schema of one file, reading only what that takes (a Parquet footer, Arrow batch
+    headers; TFRecord records)."""
     if not fs.is_file(path):
         return Found(error="missing")
     try:
@@ -97,12 +99,19 @@ def inspect_file(path: str, layout: Layout) -> Found:
             pf = parquet_format.open_file(path)
             meta = pf.metadata
             groups = sum(1 for rg in range(meta.num_row_groups) if meta.row_group(rg).num_rows)
-            schema = pf.schema_arrow.remove_metadata()
-            problem = None if schema.equals(layout.schema.remove_metadata()) else _schema_diff(layout.schema, schema)
-            return Found(meta.num_rows, groups, problem)
+            return Found(meta.num_rows, groups, _schema_problem(pf.schema_arrow, layout))
+        if layout.format == "arrow":
+            rows = arrow_format.batch_rows(path)
+            schema = arrow_format.open_file(path).schema
+            return Found(sum(rows), sum(1 for r in rows if r), _schema_problem(schema, layout))
         return _inspect_tfrecord(path, layout)
     except (BatchtoolError, OSError, pa.ArrowException) as exc:
         return Found(error=f"unreadable: {exc}")
+
+
+def _schema_problem(schema: pa.Schema, layout: Layout) -> str | None:
+    schema = schema.remove_metadata()
+    return None if schema.equals(layout.schema.remove_metadata()) else _schema_diff(layout.schema, schema)
 
 
 def _inspect_tfrecord(path: str, layout: Layout) -> Found:
@@ -113,7 +122,7 @@ def _inspect_tfrecord(path: str, layout: Layout) -> Found:
     rows = batches = 0
     previous = None
     problem = None
-    for first, payloads in tfrecord_format.iter_record_chunks(path, TFRECORD_CHUNK_RECORDS):
+    for first, payloads in tfrecord_format.iter_record_chunks(path, tfrecord_format.CHUNK_RECORDS):
         if first == 0:
             problem = _tfrecord_schema_problem(payloads, path, layout)
         rows += len(payloads)

@@ -16,6 +16,7 @@ import click
 import batchtool
 from batchtool.engines import ENGINES, engine_scope
 from batchtool.errors import BatchtoolError, UsageError
+from batchtool import formats
 from batchtool.formats import tfrecord
 from batchtool.job import RunSettings
 from batchtool.ops.stratify import discard_warning
@@ -155,7 +156,7 @@ def input_options(fn: Callable) -> Callable:
                      help="Skip damaged TFRecord records instead of stopping (a bad CRC; lost framing, up to the "
                           "next record whose CRCs check out; a cut-short last record), counting the records and "
                           "bytes skipped in the manifest."),
-        click.option("--format", "input_format", type=click.Choice(["parquet", "tfrecord"]),
+        click.option("--format", "input_format", type=click.Choice(formats.NAMES),
                      help="Input format (default: from the file names)."),
     ]
     for option in options:
@@ -211,8 +212,9 @@ def output_options(fn: Callable) -> Callable:
         click.option("--shard-rows", type=click.IntRange(min=1), default=None,
                      help="Start a new output shard past this many rows."),
         click.option("--compression", default=None,
-                     help="Parquet codec (zstd default, snappy, gzip, lz4, brotli, none) or TFRecord gzip/none."),
-        click.option("--to", "output_format", type=click.Choice(["parquet", "tfrecord"]), default="parquet",
+                     help="Parquet codec (zstd default, snappy, gzip, lz4, brotli, none), TFRecord gzip/none, or "
+                          "Arrow lz4/zstd/none (default none)."),
+        click.option("--to", "output_format", type=click.Choice(formats.NAMES), default="parquet",
                      show_default=True, help="Output format."),
     ]
     for option in options:

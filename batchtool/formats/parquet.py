@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
-from typing import BinaryIO
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchtool import fs
+from batchtool import fs, rng
 from batchtool.errors import InputError, where
+from batchtool.formats.base import EncodedBatch, Format, first_line
+
+if TYPE_CHECKING:
+    from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
+    from batchtool.output import OutputOptions
 
 _CHECKSUM_FAILED = "CRC checksum verification failed"
 """What pyarrow says when a page's CRC32 (write_page_checksum) does not match its bytes."""
+MAX_SHARD_BATCHES = 4096
+"""Row groups per Parquet shard at most: each costs ~1 KB of footer that writer and reader hold in
+memory, so shards of many small batches (segment's 32-row batches) roll over by count, not size."""
 _DECODE_ROWS = 1024
 """Decoding a row group in pieces of this many rows and joining them needs far less transient memory
 (and time) than decoding it whole: nested list columns decode with large temporary buffers."""
@@ -27,7 +37,7 @@ def open_file(path: str, metadata: pq.FileMetaData | None = None) -> pq.ParquetF
         return pq.ParquetFile(fs.open_input(path) if fs.is_uri(path) else path, metadata=metadata,
                               memory_map=False, page_checksum_verification=True)
     except (pa.ArrowInvalid, OSError) as exc:
-        raise InputError(f"{where(path)}: not a readable Parquet file ({_first_line(exc)})") from exc
+        raise InputError(f"{where(path)}: not a readable Parquet file ({first_line(exc)})") from exc
 
 
 def read_row_group(path: str, row_group: int, columns: list[str] | None) -> pa.RecordBatch:
@@ -48,11 +58,11 @@ def unreadable(pf: pq.ParquetFile, path: str, row_groups: list[int], columns: li
                 pf.read_row_group(rg, columns=[column], use_threads=False)
             except (pa.ArrowInvalid, OSError) as column_exc:
                 problem = ("a page checksum does not match: the file changed after it was written"
-                           if _CHECKSUM_FAILED in str(column_exc) else _first_line(column_exc))
+                           if _CHECKSUM_FAILED in str(column_exc) else first_line(column_exc))
                 return InputError(f"{where(path)}, row group {rg}, column {column!r}: corrupt ({problem})")
     first, last = row_groups[0], row_groups[-1]
     groups = f"row group {first}" if first == last else f"row groups {first}..{last}"
-    return InputError(f"{where(path)}: {groups} unreadable ({_first_line(exc)})")
+    return InputError(f"{where(path)}: {groups} unreadable ({first_line(exc)})")
 
 
 def decode_row_group(pf: pq.ParquetFile, row_group: int, columns: list[str] | None) -> pa.RecordBatch:
@@ -62,10 +72,6 @@ def decode_row_group(pf: pq.ParquetFile, row_group: int, columns: list[str] | No
     schema = pieces[0].schema if pieces else pf.schema_arrow
     batches = pa.Table.from_batches(pieces, schema).combine_chunks().to_batches()
     return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=schema)
-
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 def dictionary_columns(schema: pa.Schema) -> list[str]:
@@ -97,3 +103,76 @@ class ParquetShardWriter:
 
     def close(self) -> None:
         self._writer.close()
+
+
+class _Sink:
+    """A Parquet shard: one row group per batch."""
+
+    def __init__(self, file: BinaryIO, schema: pa.Schema, codec: str) -> None:
+        self._writer = ParquetShardWriter(file, schema, compression=codec)
+
+    def write(self, encoded: EncodedBatch) -> None:
+        self._writer.write(encoded.data)
+
+    def close(self) -> dict:
+        self._writer.close()
+        return {}
+
+    def abandon(self) -> None:
+        self._writer.close()
+
+
+def _footer(path: str) -> tuple[pa.Schema, int]:
+    pf = open_file(path)
+    return pf.schema_arrow, pf.metadata.num_rows
+
+
+@dataclass(frozen=True)
+class _Task:
+    """One row group of a shard, read and decoded on a worker."""
+
+    shard: Shard
+    row_group: int
+    first_row: int
+    columns: list[str] | None
+    schema: pa.Schema
+
+    def __call__(self) -> Chunk:
+        from batchtool.dataset import Chunk, _conform
+
+        batch = read_row_group(self.shard.path, self.row_group, self.columns)
+        if not batch.schema.equals(self.schema):
+            batch = _conform(batch, self.schema, self.shard.path)
+        return Chunk(batch, rng.example_ids(self.shard.index, self.first_row, batch.num_rows))
+
+
+class ParquetFormat(Format):
+    """Parquet batch shards: one row group per batch, zstd by default."""
+
+    name = "parquet"
+    label = "Parquet"
+    suffixes = (".parquet", ".pq")
+    codecs = ("zstd", "snappy", "gzip", "lz4", "brotli", "none")
+    default_codec = "zstd"
+    max_shard_batches = MAX_SHARD_BATCHES
+    magic = b"PAR1"
+
+    def open_sink(self, file: BinaryIO, schema: pa.Schema, options: OutputOptions) -> _Sink:
+        return _Sink(file, schema, options.codec)
+
+    def open_dataset(self, src: str, shards: tuple[Shard, ...], schema: pa.Schema | None, manifest: dict | None,
+                     reading: dict) -> Dataset:
+        from batchtool.dataset import open_self_describing
+
+        return open_self_describing(src, self, shards, schema, manifest, _footer)
+
+    def tasks(self, dataset: Dataset, columns: list[str] | None, report: ReadReport) -> Iterator[_Task]:
+        schema = dataset.projected_schema(columns)
+        for shard in dataset.shards:
+            meta = open_file(shard.path).metadata
+            first = 0
+            for rg in range(meta.num_row_groups):
+                rows = meta.row_group(rg).num_rows
+                if rows:
+                    yield _Task(shard, rg, first, columns, schema)
+                first += rows

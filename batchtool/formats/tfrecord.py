@@ -1,4 +1,5 @@
-"""TFRecord framing (length, masked CRC32C, payload) read and written without TensorFlow."""
+"""TFRecord framing (length, masked CRC32C, payload) read and written without TensorFlow, and TFRecord as a
+batchtool format: shards opened as datasets (schema from the manifest or a scan) and written as outputs."""
 
 from __future__ import annotations
 
@@ -10,13 +11,20 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import google_crc32c
 import numpy as np
 
 from batchtool import fs
 from batchtool.errors import CorruptRecordError, InputError, UsageError, where
+from batchtool.formats.base import EncodedBatch, Format
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
+    from batchtool.output import OutputOptions
 
 Stream = BinaryIO | gzip.GzipFile
 
@@ -555,3 +563,140 @@ class TFRecordFileWriter:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+class _Sink:
+    """A TFRecord shard: each batch's framed records appended (through gzip when asked), and where each starts."""
+
+    def __init__(self, file: BinaryIO, codec: str) -> None:
+        self._file = file
+        # mtime=0 and no file name in the header keep gzip output byte-identical across runs
+        self._gzip = gzip.GzipFile(filename="", mode="wb", fileobj=file, mtime=0) if codec == "gzip" else None
+        self._starts: list[tuple[int, int]] = []
+        """(byte offset in the uncompressed record stream, record number) where each batch starts."""
+        self._stream_bytes = 0
+        self._records = 0
+
+    def write(self, encoded: EncodedBatch) -> None:
+        self._starts.append((self._stream_bytes, self._records))
+        self._stream_bytes += len(encoded.framed)
+        self._records += encoded.data.num_rows
+        (self._gzip or self._file).write(encoded.framed)
+
+    def close(self) -> dict:
+        from batchtool.output import encode_batch_index
+
+        if self._gzip is not None:
+            self._gzip.close()
+        return {"batch_index": encode_batch_index([*self._starts, (self._stream_bytes, self._records)])}
+
+    def abandon(self) -> None:
+        if self._gzip is not None:
+            self._gzip.close()
+
+
+CHUNK_RECORDS = 1024
+"""Records per decode task: big enough to amortise overhead, small enough to spread across threads."""
+CHUNK_BYTES = 16 << 20
+"""Payload bytes per decode task at most (a larger record is a task alone): bounds the memory of a
+task whatever the record sizes."""
+SCAN_RECORDS = 4096
+SCAN_BYTES = 4 << 20
+"""Records and payload bytes per step of the schema pass: it walks many records at once (bigger steps
+go faster), but keeps a few arrays per feature value of the step."""
+
+
+@dataclass(frozen=True)
+class _Task:
+    """Records read and CRC-checked by the reader thread, decoded (protobuf) on a worker."""
+
+    shard: Shard
+    first_record: int
+    payloads: list[bytes]
+    schema: pa.Schema
+    kind: str
+
+    def __call__(self) -> Chunk:
+        from batchtool import rng
+        from batchtool.dataset import Chunk
+        from batchtool.formats import example as example_codec
+
+        batch = example_codec.decode_records(self.payloads, self.schema, self.kind,
+                                             path=self.shard.path, first_record=self.first_record)
+        return Chunk(batch, rng.example_ids(self.shard.index, self.first_record, batch.num_rows))
+
+
+def _scan_schema(src: str, shards: tuple[Shard, ...], kind: str, skip_corrupt: bool,
+                 max_record_bytes: int) -> tuple[pa.Schema, str]:
+    """The schema of every feature of every record: one pass over names, kinds and counts, not values.
+
+    Corrupt records skipped here are skipped (and counted) again by the pass that reads the data.
+    """
+    from batchtool.formats import example as example_codec
+
+    scan = example_codec.FeatureScan()
+    for shard in shards:
+        for first, payloads in iter_record_chunks(shard.path, SCAN_RECORDS, chunk_bytes=SCAN_BYTES,
+                                                  skip_corrupt=skip_corrupt, max_record_bytes=max_record_bytes):
+            scan = scan.merge(example_codec.scan_records(payloads, kind, path=shard.path, first_record=first))
+    if not scan.records:
+        raise InputError(f"{src}: empty input: no TFRecord records to infer a schema from")
+    return scan.schema(kind, src)
+
+
+class TFRecordFormat(Format):
+    """TFRecord shards of tf.train.SequenceExample (or Example) records, directly batchable by tf.data."""
+
+    name = "tfrecord"
+    label = "TFRecord"
+    suffixes = (".tfrecord", ".tfrecords", ".tfrec", ".tfrecord.gz", ".tfrecords.gz", ".tfrecord.gzip")
+    codecs = ("gzip", "none")
+    default_codec = "none"
+    unit = "record"
+    float32_only = True  # tf.train.FloatList
+
+    def suffix(self, codec: str) -> str:
+        return ".tfrecord.gz" if codec == "gzip" else ".tfrecord"
+
+    def check_options(self, options: OutputOptions) -> None:
+        if options.codec not in self.codecs:
+            raise UsageError(f"--compression {options.compression!r}: TFRecord takes gzip or none")
+
+    def encode(self, batch: pa.RecordBatch, options: OutputOptions) -> EncodedBatch:
+        from batchtool.formats import example as example_codec
+
+        stored = options.stored_schema(batch.schema)
+        if stored != batch.schema:
+            batch = batch.cast(stored)
+        payloads = example_codec.encode_records(batch, options.tfrecord_kind, sequence_columns=options.sequence_columns)
+        return EncodedBatch(batch, b"".join(frame_record(p) for p in payloads))
+
+    def open_sink(self, file: BinaryIO, schema: pa.Schema, options: OutputOptions) -> _Sink:
+        return _Sink(file, options.codec)
+
+    def open_dataset(self, src: str, shards: tuple[Shard, ...], schema: pa.Schema | None, manifest: dict | None,
+                     reading: dict) -> Dataset:
+        """Without a schema, the manifest's (a batchtool output), else a scan of every record."""
+        from batchtool.dataset import Dataset
+        from batchtool.manifest import schema_from_json
+
+        limit = check_record_limit(max_record_bytes() if reading.get("max_record_bytes") is None
+                                   else reading["max_record_bytes"])
+        kind, skip_corrupt = reading.get("tfrecord_kind", "auto"), reading.get("skip_corrupt", False)
+        if schema is None and manifest and manifest.get("schema"):
+            schema = schema_from_json(manifest["schema"])
+            kind = manifest.get("output", {}).get("tfrecord_kind", kind)
+        if schema is None:
+            schema, kind = _scan_schema(src, shards, kind, skip_corrupt, limit)
+        elif kind == "auto":
+            kind = "sequence_example"
+        return Dataset(src, self.name, shards, schema, tfrecord_kind=kind, skip_corrupt=skip_corrupt,
+                       manifest=manifest, max_record_bytes=limit)
+
+    def tasks(self, dataset: Dataset, columns: list[str] | None, report: ReadReport) -> Iterator[_Task]:
+        schema = dataset.projected_schema(columns)
+        for shard in dataset.shards:
+            for first, payloads in iter_record_chunks(
+                    shard.path, CHUNK_RECORDS, chunk_bytes=CHUNK_BYTES, skip_corrupt=dataset.skip_corrupt,
+                    on_corrupt=report.record, max_record_bytes=dataset.max_record_bytes):
+                yield _Task(shard, first, payloads, schema, dataset.tfrecord_kind or "auto")

@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from batchtool import fs
+from batchtool import formats, fs
 from batchtool.cli import bucket as bucket_cli
 from batchtool.cli import pack as pack_cli
 from batchtool.cli import resampling as resampling_cli
@@ -199,8 +199,8 @@ class _Reader:
         if "path" not in table:
             raise self.fail("[input]", "missing key 'path'")
         fmt = self.scalar(table, "format", str, "[input]", None)
-        if fmt is not None and fmt not in ("parquet", "tfrecord"):
-            raise self.fail("[input]", f"key 'format': {fmt!r} is not parquet or tfrecord")
+        if fmt is not None and fmt not in formats.FORMATS:
+            raise self.fail("[input]", f"key 'format': {fmt!r} is not {', '.join(formats.NAMES)}")
         columns = table.get("columns")
         return InputConfig(self.resolve(self.scalar(table, "path", str, "[input]", None)), fmt,
                            None if columns is None else self.names(columns, "[input]", "columns"),

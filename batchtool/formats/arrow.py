@@ -1,0 +1,133 @@
+"""Arrow IPC file shards: one record batch per batch, read by memory map, so an epoch of `load` only touches pages."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, BinaryIO
+
+import pyarrow as pa
+
+from batchtool import fs, rng
+from batchtool.errors import InputError, where
+from batchtool.formats.base import EncodedBatch, Format, first_line
+
+if TYPE_CHECKING:
+    from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
+    from batchtool.output import OutputOptions
+
+MAGIC = b"ARROW1"
+
+
+def open_file(path: str) -> pa.ipc.RecordBatchFileReader:
+    """Open one shard, memory-mapped when local (batches are then views of the page cache), as one-line errors."""
+    try:
+        source = fs.open_input(path) if fs.is_uri(path) else pa.memory_map(path, "r")
+        return pa.ipc.open_file(source)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise InputError(f"{where(path)}: not a readable Arrow IPC file ({first_line(exc)})") from exc
+
+
+def read_batch(reader: pa.ipc.RecordBatchFileReader, path: str, index: int,
+               columns: list[str] | None) -> pa.RecordBatch:
+    """Batch `index` of an open file (O(1): the footer says where it is), its buffers' sizes checked.
+
+    Only the structure is checked here: the commands also check every offset and value against the type
+    (a full pass over the data, on their worker threads); the loader, which hands out views of what the
+    writer wrote and checksummed, does not.
+    """
+    try:
+        batch = reader.get_batch(index)
+        if columns is not None:
+            batch = batch.select(columns)
+        batch.validate()
+    except (pa.ArrowInvalid, OSError, KeyError) as exc:
+        raise InputError(f"{where(path)}, record batch {index}: corrupt ({first_line(exc)})") from exc
+    return batch
+
+
+def read_batches(path: str, indices: tuple[int, ...], columns: list[str] | None) -> list[pa.RecordBatch]:
+    """Several batches of one file (the loader's read task): zero-copy for uncompressed local files."""
+    reader = open_file(path)
+    return [read_batch(reader, path, i, columns) for i in indices]
+
+
+def batch_rows(path: str) -> list[int]:
+    """Rows of each batch of a file (compressed files decompress each batch to learn it)."""
+    reader = open_file(path)
+    return [read_batch(reader, path, i, []).num_rows for i in range(reader.num_record_batches)]
+
+
+class _Sink:
+    """An Arrow IPC file: one record batch per batch, buffers compressed with `codec` (or not)."""
+
+    def __init__(self, file: BinaryIO, schema: pa.Schema, codec: str) -> None:
+        options = pa.ipc.IpcWriteOptions(compression=None if codec == "none" else codec)
+        self._writer = pa.ipc.new_file(file, schema, options=options)
+
+    def write(self, encoded: EncodedBatch) -> None:
+        self._writer.write_batch(encoded.data)
+
+    def close(self) -> dict:
+        self._writer.close()
+        return {}
+
+    def abandon(self) -> None:
+        self._writer.close()
+
+
+@dataclass(frozen=True)
+class _Task:
+    """One record batch of a shard (read, so decompressed, by the reader thread), checked in full and cast
+    to the dataset's schema."""
+
+    shard: Shard
+    index: int
+    first_row: int
+    batch: pa.RecordBatch
+    schema: pa.Schema
+
+    def __call__(self) -> Chunk:
+        from batchtool.dataset import Chunk, _conform
+
+        batch = self.batch
+        try:
+            batch.validate(full=True)
+        except pa.ArrowInvalid as exc:
+            raise InputError(f"{where(self.shard.path)}, record batch {self.index}: corrupt ({first_line(exc)})") \
+                from exc
+        if not batch.schema.equals(self.schema):
+            batch = _conform(batch, self.schema, self.shard.path)
+        return Chunk(batch, rng.example_ids(self.shard.index, self.first_row, batch.num_rows))
+
+
+class ArrowFormat(Format):
+    """Arrow IPC file format (`.arrow`): what pyarrow, polars, DuckDB and HuggingFace datasets map directly."""
+
+    name = "arrow"
+    label = "Arrow IPC"
+    suffixes = (".arrow", ".ipc")
+    codecs = ("none", "lz4", "zstd")
+    default_codec = "none"
+    magic = MAGIC
+
+    def open_sink(self, file: BinaryIO, schema: pa.Schema, options: OutputOptions) -> _Sink:
+        return _Sink(file, schema, options.codec)
+
+    def open_dataset(self, src: str, shards: tuple[Shard, ...], schema: pa.Schema | None, manifest: dict | None,
+                     reading: dict) -> Dataset:
+        from batchtool.dataset import open_self_describing
+
+        return open_self_describing(src, self, shards, schema, manifest,
+                                    lambda path: (open_file(path).schema, sum(batch_rows(path))))
+
+    def tasks(self, dataset: Dataset, columns: list[str] | None, report: ReadReport) -> Iterator[_Task]:
+        schema = dataset.projected_schema(columns)
+        for shard in dataset.shards:
+            reader = open_file(shard.path)
+            first = 0
+            for index in range(reader.num_record_batches):
+                batch = read_batch(reader, shard.path, index, columns)
+                if batch.num_rows:
+                    yield _Task(shard, index, first, batch, schema)
+                first += batch.num_rows

@@ -1,0 +1,96 @@
+"""The contract every shard format meets, so the writer, the readers and the options ask a format, not its name."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, BinaryIO, ClassVar, Protocol
+
+import pyarrow as pa
+
+from batchtool.errors import UsageError
+
+if TYPE_CHECKING:
+    from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
+    from batchtool.output import OutputOptions
+
+
+@dataclass(frozen=True)
+class EncodedBatch:
+    """A batch ready for the writer: the Arrow data, plus framed bytes when the format encodes on workers."""
+
+    data: pa.RecordBatch
+    framed: bytes | None = None
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message cut to one line, for a one-line error naming the file."""
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+class ShardSink(Protocol):
+    """One output file being written: append batches, then close (returning the manifest entry's extra fields)."""
+
+    def write(self, encoded: EncodedBatch) -> None: ...
+
+    def close(self) -> dict:
+        """Finish the file; the fields the format adds to its manifest entry (e.g. a batch index)."""
+
+    def abandon(self) -> None:
+        """Close any encoder into the already abandoned file (cannot fail)."""
+
+
+class Format(ABC):
+    """A shard format: how files are recognised, written and read. Subclasses register in batchtool.formats."""
+
+    name: ClassVar[str]
+    label: ClassVar[str]
+    """How messages name it: 'Parquet'."""
+    suffixes: ClassVar[tuple[str, ...]]
+    codecs: ClassVar[tuple[str, ...]]
+    default_codec: ClassVar[str]
+    unit: ClassVar[str] = "row"
+    """What an error calls one example of a file of this format ('row' or 'record')."""
+    max_shard_batches: ClassVar[int | None] = None
+    """Batches per shard at most, whatever its size (None: no limit)."""
+    float32_only: ClassVar[bool] = False
+    """Holds floats as float32 only, so float64 columns need `--cast float64=float32` (see OutputOptions)."""
+    magic: ClassVar[bytes | None] = None
+    """The bytes a file of this format starts with, to recognise a file whose name says nothing."""
+
+    def detect(self, path: str, head: bytes | None = None) -> bool:
+        """By the file name, or (given the file's first bytes) by its magic number."""
+        if path.lower().endswith(self.suffixes):
+            return True
+        return head is not None and self.magic is not None and head.startswith(self.magic)
+
+    def suffix(self, codec: str) -> str:
+        """The suffix of output shards written with `codec`."""
+        return self.suffixes[0]
+
+    def check_options(self, options: OutputOptions) -> None:
+        """UsageError naming the option, the value and what is allowed."""
+        if options.codec not in self.codecs:
+            raise UsageError(f"--compression {options.compression!r}: {self.label} takes {', '.join(self.codecs)}")
+
+    def encode(self, batch: pa.RecordBatch, options: OutputOptions) -> EncodedBatch:
+        """Pure and thread-safe (workers run it): by default the writer encodes the Arrow data itself."""
+        return EncodedBatch(batch)
+
+    @abstractmethod
+    def open_sink(self, file: BinaryIO, schema: pa.Schema, options: OutputOptions) -> ShardSink:
+        """A sink writing one shard into `file` (which hashes and counts what it is given)."""
+
+    # reading ---------------------------------------------------------------------------------------------
+
+    @abstractmethod
+    def open_dataset(self, src: str, shards: tuple[Shard, ...], schema: pa.Schema | None, manifest: dict | None,
+                     reading: dict) -> Dataset:
+        """The batchtool.dataset.Dataset of these shards: their common schema (or `schema`), checked.
+        `reading`: the reader settings open_dataset was given (tfrecord_kind, skip_corrupt, max_record_bytes)."""
+
+    @abstractmethod
+    def tasks(self, dataset: Dataset, columns: list[str] | None,
+              report: ReadReport) -> Iterator[Callable[[], Chunk]]:
+        """Read tasks over every shard, in a deterministic order; any thread may run them."""

@@ -1,0 +1,229 @@
+"""Arrow IPC batch shards (`--to arrow`): round trips, determinism, `load` parity, other readers, damaged files."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pytest
+from conftest import REPO, data_bytes
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from batchtool.dataset import open_dataset
+from batchtool.load import load
+from batchtool.output import BatchShardWriter, OutputOptions, encode_batch
+
+LEAVES = {
+    "int8": (pa.int8(), st.integers(-128, 127)),
+    "int32": (pa.int32(), st.integers(-(1 << 31), (1 << 31) - 1)),
+    "int64": (pa.int64(), st.integers(-(1 << 63), (1 << 63) - 1)),
+    "uint16": (pa.uint16(), st.integers(0, (1 << 16) - 1)),
+    "bool": (pa.bool_(), st.booleans()),
+    "float32": (pa.float32(), st.floats(width=32, allow_nan=False)),
+    "float64": (pa.float64(), st.floats(allow_nan=False)),
+    "string": (pa.string(), st.text(max_size=5)),
+    "binary": (pa.binary(), st.binary(max_size=5)),
+}
+
+
+@st.composite
+def batches(draw: st.DrawFn) -> pa.RecordBatch:
+    """Small batches of every column shape batchtool handles: scalars, lists, lists of lists, of fixed-size lists."""
+    rows = draw(st.integers(0, 5))
+    columns = {}
+    for i in range(draw(st.integers(1, 4))):
+        leaf, values = LEAVES[draw(st.sampled_from(sorted(LEAVES)))]
+        shape = draw(st.sampled_from(["scalar", "list", "nested", "fixed"]))
+        size = draw(st.integers(1, 3))
+        step = {"scalar": values, "list": values, "nested": st.lists(values, max_size=3),
+                "fixed": st.lists(values, min_size=size, max_size=size)}[shape]
+        cell = step if shape == "scalar" else st.lists(step, max_size=4)
+        t = {"scalar": leaf, "list": pa.list_(leaf), "nested": pa.list_(pa.list_(leaf)),
+             "fixed": pa.list_(pa.list_(leaf, size))}[shape]
+        columns[f"c{i}"] = pa.array(draw(st.lists(st.one_of(st.none(), cell), min_size=rows, max_size=rows)), t)
+    return pa.record_batch(columns)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batch=batches(), codec=st.sampled_from(["none", "lz4", "zstd"]))
+def test_round_trips_every_column_type(tmp_path_factory, batch, codec):
+    out = str(tmp_path_factory.mktemp("arrow"))
+    writer = BatchShardWriter(out, batch.schema, OutputOptions(format="arrow", compression=codec))
+    writer.write(encode_batch(batch, writer.options))
+    writer.write(encode_batch(batch, writer.options))
+    files = writer.close()
+    assert files[0]["path"] == "part-00000.arrow" and files[0]["batches"] == 2
+    dataset = open_dataset(out)
+    assert dataset.format == "arrow" and dataset.schema.equals(batch.schema)
+    got = [chunk.data for chunk in dataset.chunks()]
+    assert pa.Table.from_batches(got, batch.schema).equals(pa.Table.from_batches([batch, batch]))
+
+
+def bucket(run_cli, src: str, dst: str, *extra: str) -> str:
+    result = run_cli("bucket", src, dst, "--auto-buckets", "4", "--batch-size", "16", "--seed", "3", "--quiet", *extra)
+    assert result.exit_code == 0, result.stderr
+    return dst
+
+
+@pytest.fixture
+def outputs(run_cli, parquet_src, tmp_path) -> dict[str, str]:
+    """The same bucket run written as each format."""
+    return {fmt: bucket(run_cli, parquet_src, str(tmp_path / fmt), "--to", fmt)
+            for fmt in ("arrow", "parquet", "tfrecord")}
+
+
+def test_output_is_byte_identical_across_threads_and_has_a_manifest(run_cli, parquet_src, tmp_path):
+    one = bucket(run_cli, parquet_src, str(tmp_path / "one"), "--to", "arrow", "--threads", "1")
+    two = bucket(run_cli, parquet_src, str(tmp_path / "two"), "--to", "arrow", "--threads", "2")
+    assert data_bytes(one) == data_bytes(two) and list(data_bytes(one)) == ["part-00000.arrow"]
+    manifest = load(one).manifest["output"]
+    assert manifest["format"] == "arrow" and manifest["compression"] == "none"
+    entry = manifest["files"][0]
+    assert entry["rows"] == 300 and entry["bytes"] == os.path.getsize(os.path.join(one, entry["path"]))
+    assert pa.ipc.open_file(os.path.join(one, entry["path"])).num_record_batches == entry["batches"]
+
+
+def test_compression_and_shard_rollover(run_cli, parquet_src, tmp_path):
+    dst = bucket(run_cli, parquet_src, str(tmp_path / "z"), "--to", "arrow", "--compression", "zstd",
+                 "--shard-rows", "100")
+    files = load(dst).manifest["output"]["files"]
+    assert len(files) > 1 and all(f["path"].endswith(".arrow") for f in files)
+    result = run_cli("bucket", parquet_src, str(tmp_path / "bad"), "--auto-buckets", "4", "--batch-size", "16",
+                     "--to", "arrow", "--compression", "gzip")
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: --compression 'gzip': Arrow IPC takes none, lz4, zstd")
+
+
+def same_batches(a, b) -> None:
+    for x, y in zip(a, b, strict=True):
+        assert x.keys() == y.keys()
+        for name in x:
+            if x[name].dtype == object:
+                assert all(np.array_equal(p, q) for p, q in zip(x[name], y[name], strict=True)), name
+            else:
+                assert np.array_equal(x[name], y[name]), name
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_load_equals_parquet_and_tfrecord_batch_for_batch(outputs, shuffle):
+    arrow = list(load(outputs["arrow"], shuffle=shuffle, seed=5))
+    assert len(arrow) > 1
+    for other in ("parquet", "tfrecord"):
+        same_batches(arrow, load(outputs[other], shuffle=shuffle, seed=5))
+
+
+def test_load_resumes_and_hands_out_read_only_views_of_the_map(outputs):
+    loader = load(outputs["arrow"], shuffle=True, seed=2, writable=False)
+    allocated = pa.total_allocated_bytes()
+    first = list(loader)
+    assert pa.total_allocated_bytes() <= allocated  # every number is a view of the memory map: nothing decoded
+    assert sum(a.nbytes for batch in first for a in batch.values() if a.dtype != object) > 100_000
+    loader.load_state_dict({**loader.state_dict(), "position": 3})
+    same_batches(list(loader), first[3:])
+    frames = first[0]["frames"]
+    assert frames.ndim == 3 and not frames.flags.writeable and not frames.flags.owndata
+    writable = next(iter(load(outputs["arrow"], shuffle=False)))["frames"]
+    writable[0, 0, 0] = 1.0  # the default gives private, writable arrays (a copy of the map)
+    assert load(outputs["arrow"]).batch_index()["rows"].sum() == 300
+
+
+@pytest.mark.parametrize("command", [
+    ["convert"], ["bucket", "--auto-buckets", "2", "--batch-size", "8"],
+    ["segment", "--key", "key", "--sequence", "tokens,frames", "--num-unroll", "10", "--batch-size", "4"],
+    ["stratify", "--label", "label", "--target", "uniform"], ["shuffle", "--seed", "1"],
+    ["resample", "--weight", "weight", "--overall-rate", "1.0"],
+    ["pack", "--max-length", "512", "--batch-size", "4", "--split-long"],
+])
+def test_every_command_reads_arrow_input(run_cli, parquet_src, tmp_path, command):
+    sources = {}
+    for fmt in ("arrow", "parquet"):
+        sources[fmt] = str(tmp_path / f"{fmt}_src")
+        assert run_cli("convert", parquet_src, sources[fmt], "--to", fmt, "--quiet").exit_code == 0
+    got = run_cli(command[0], sources["arrow"], tmp_path / "from_arrow", *command[1:], "--quiet")
+    assert got.exit_code == 0, got.stderr
+    want = run_cli(command[0], sources["parquet"], tmp_path / "from_parquet", *command[1:], "--quiet")
+    assert want.exit_code == 0, want.stderr
+    assert data_bytes(str(tmp_path / "from_arrow")) == data_bytes(str(tmp_path / "from_parquet"))
+
+
+def arrow_file(outputs) -> str:
+    return os.path.join(outputs["arrow"], "part-00000.arrow")
+
+
+def test_pyarrow_polars_duckdb_read_the_output(outputs):
+    expected = pa.ipc.open_file(arrow_file(outputs)).read_all()
+    assert expected.num_rows == 300
+    assert pads.dataset(outputs["arrow"], format="arrow").to_table().equals(expected)
+    pl = pytest.importorskip("polars")
+    assert pl.read_ipc(arrow_file(outputs)).to_arrow().to_pylist() == expected.to_pylist()
+    assert pl.scan_ipc(os.path.join(outputs["arrow"], "*.arrow")).select(pl.len()).collect().item() == 300
+    duckdb = pytest.importorskip("duckdb")
+    shards = pa.ipc.open_file(arrow_file(outputs)).read_all()  # noqa: F841 (DuckDB scans the local by name)
+    assert duckdb.sql("select count(*), sum(label) from shards").fetchall()[0] == \
+        (300, sum(expected.column("label").to_pylist()))
+
+
+def test_huggingface_datasets_reads_the_output(outputs, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    datasets = pytest.importorskip("datasets")
+    got = datasets.load_dataset("arrow", data_files=arrow_file(outputs), split="train",
+                                cache_dir=str(tmp_path / "hf"))
+    assert got.num_rows == 300 and got["key"] == pa.ipc.open_file(arrow_file(outputs)).read_all()["key"].to_pylist()
+
+
+def damaged(tmp_path, outputs, how: str) -> str:
+    data = open(arrow_file(outputs), "rb").read()
+    src = tmp_path / "damaged"
+    src.mkdir()
+    path = src / "part-00000.arrow"
+    if how == "truncated":
+        path.write_bytes(data[:len(data) // 2])
+    elif how == "footer":
+        path.write_bytes(data[:-40] + b"\xff" * 30 + data[-10:])
+    else:
+        path.write_bytes(b"ARROW1\0\0" + b"\x07" * 200)
+    return str(path)
+
+
+@pytest.mark.parametrize("how", ["truncated", "footer", "garbage"])
+def test_damaged_file_is_one_error_line_exit_2(tmp_path, outputs, how):
+    path = damaged(tmp_path, outputs, how)
+    dst = tmp_path / "out"
+    result = subprocess.run([sys.executable, "-m", "batchtool", "convert", path, str(dst)], capture_output=True,
+                            text=True, env={**os.environ, "PYTHONPATH": REPO}, cwd=REPO)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"error: {path}") and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not dst.exists()
+    assert [n for n in os.listdir(tmp_path) if n.startswith(".out")] == []
+
+
+def test_a_batch_whose_offsets_are_damaged_is_one_error_naming_the_batch(run_cli, parquet_src, tmp_path):
+    src = str(tmp_path / "src_arrow")
+    assert run_cli("convert", parquet_src, src, "--to", "arrow", "--quiet").exit_code == 0
+    path = os.path.join(src, "part-00000.arrow")
+    data = open(path, "rb").read()
+    offsets = np.arange(0, 44, 11, dtype="<i4").tobytes()  # the `key` column's first offsets (11-byte keys)
+    at = data.index(offsets)
+    open(path, "wb").write(data[:at + 8] + np.int32(1 << 30).tobytes() + data[at + 12:])
+    result = run_cli("convert", src, tmp_path / "out", "--quiet")
+    assert result.exit_code == 2 and not (tmp_path / "out").exists()
+    assert result.stderr.startswith(f"error: {path}, record batch 0: corrupt") and \
+        len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_segment_output_loads_the_same_in_every_format_and_threads(run_cli, parquet_src, tmp_path):
+    loaded = {}
+    for fmt, threads in (("arrow", "1"), ("arrow", "2"), ("parquet", "1"), ("tfrecord", "1")):
+        dst = tmp_path / f"{fmt}{threads}"
+        result = run_cli("segment", parquet_src, dst, "--key", "key", "--sequence", "tokens,frames",
+                         "--num-unroll", "10", "--batch-size", "4", "--to", fmt, "--threads", threads, "--quiet")
+        assert result.exit_code == 0, result.stderr
+        loaded[fmt + threads] = list(load(str(dst)))
+    assert data_bytes(str(tmp_path / "arrow1")) == data_bytes(str(tmp_path / "arrow2"))
+    for other in ("parquet1", "tfrecord1"):
+        same_batches(loaded["arrow1"], loaded[other])

@@ -1,0 +1,47 @@
+"""The format registry: every format is found by name and suffix (Arrow also by magic), and checks its own options."""
+
+from __future__ import annotations
+
+import pytest
+
+from batchtool import formats
+from batchtool.dataset import detect_format
+from batchtool.errors import UsageError
+from batchtool.output import OutputOptions
+
+
+def test_registry_names_and_detection_by_name():
+    assert formats.NAMES == ("parquet", "tfrecord", "arrow")
+    assert [formats.detect(p) for p in ("a/x.parquet", "x.PQ", "x.tfrecord.gz", "x.tfrec", "x.arrow", "x.ipc",
+                                        "x.json", ".batchtool_manifest.json")] == \
+        ["parquet", "parquet", "tfrecord", "tfrecord", "arrow", "arrow", None, None]
+
+
+def test_an_unnamed_file_is_recognised_by_its_magic_bytes_only_when_asked(tmp_path):
+    path = tmp_path / "shard"
+    path.write_bytes(b"ARROW1\0\0rest")
+    assert detect_format(str(path)) is None and detect_format(str(path), sniff=True) == "arrow"
+    path.write_bytes(b"PAR1rest")
+    assert detect_format(str(path), sniff=True) == "parquet"
+    path.write_bytes(b"nothing")
+    assert detect_format(str(path), sniff=True) is None
+
+
+@pytest.mark.parametrize("fmt, codec, suffix", [("parquet", "zstd", ".parquet"), ("tfrecord", "none", ".tfrecord"),
+                                                 ("arrow", "none", ".arrow")])
+def test_defaults_and_suffixes(fmt, codec, suffix):
+    options = OutputOptions(format=fmt)
+    assert options.codec == codec and options.suffix == suffix and options.spec is formats.get(fmt)
+    assert OutputOptions(format="tfrecord", compression="gzip").suffix == ".tfrecord.gz"
+
+
+@pytest.mark.parametrize("fmt, codec, message", [
+    ("parquet", "lzma", "--compression 'lzma': Parquet takes zstd, snappy, gzip, lz4, brotli, none"),
+    ("tfrecord", "zstd", "--compression 'zstd': TFRecord takes gzip or none"),
+    ("arrow", "snappy", "--compression 'snappy': Arrow IPC takes none, lz4, zstd"),
+    ("csv", None, "--to 'csv': expected parquet, tfrecord or arrow"),
+])
+def test_each_format_checks_its_codecs(fmt, codec, message):
+    with pytest.raises(UsageError) as info:
+        OutputOptions(format=fmt, compression=codec)
+    assert str(info.value) == message
