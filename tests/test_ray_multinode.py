@@ -1,8 +1,8 @@
 """--engine ray on a real two-node cluster (tests/ray_cluster.py): the same bytes as the local engine, tasks
 on both nodes, the driver's memory bounded.
 
-The cluster is started once for this module (about 20 s) with one CPU per node, so the engine's window of
-four tasks spreads over both; each command runs as `python -m batchtool ... --ray-address HEAD:PORT` in a
+The cluster is started once for this module (about 20 s) with one CPU per node, so that once the head's CPU
+is busy Ray sends tasks to the worker node; each command runs as `python -m batchtool ... --ray-address HEAD:PORT` in a
 child process, as a user would run it. The nodes' workers import batchtool from this source tree
 (PYTHONPATH in the environment the nodes start with).
 """
@@ -27,7 +27,7 @@ from test_ray import COMMANDS, PIPELINE
 pytestmark = pytest.mark.ray
 
 DRIVER_LIMIT = 1 << 30
-"""The driver's RSS cap: a Ray driver (the core worker, pyarrow, batchtool) peaks near 300 MB here."""
+"""The driver's RSS cap: a Ray driver (the core worker, pyarrow, batchtool) peaks at 170-250 MB here."""
 MULTINODE = {name: COMMANDS[name] for name in ("convert", "bucket-boundaries", "segment", "stratify-exact",
                                                "stratify-balanced")}
 MULTINODE["shuffle"] = ("shuffle", "--memory", "256KB", "--batch-size", "32")
