@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchtool import rng
+from batchtool import fs, rng
 from batchtool.dataset import Dataset, Shard, open_dataset
 from batchtool.errors import InputError, UsageError
 from batchtool.formats import arrow as arrow_format
@@ -571,7 +571,7 @@ def load(dst: str, *, columns: Sequence[str] | None = None, shuffle: bool | None
     `threads` decode ahead of the training loop (default: min(4, cores)); the batches are the same.
     """
     dst = os.fspath(dst)
-    manifest = read_manifest(dst) if os.path.isdir(dst) else None
+    manifest = read_manifest(dst) if fs.is_dir(dst) else None
     dataset = _from_manifest(dst, manifest) if manifest and manifest.get("schema") else open_dataset(dst)
     cols = dataset.check_columns(columns)
     layout = _layout(dst, dataset)
@@ -611,7 +611,7 @@ def _from_manifest(dst: str, manifest: dict) -> Dataset:
     """The output's files and schema as its manifest lists them: no footer is parsed until iteration."""
     out = manifest["output"]
     shards = tuple(Shard(i, f.path, f.bytes) for i, f in enumerate(output_files(dst, manifest)))
-    missing = [s.path for s in shards if not os.path.isfile(s.path)]
+    missing = [s.path for s in shards if not fs.is_file(s.path)]
     if missing:
         raise InputError(f"{missing[0]}: listed in {manifest_path(dst)} but missing")
     return Dataset(dst, out["format"], shards, schema_from_json(manifest["schema"]),

@@ -94,9 +94,11 @@ def run_capped(args: Sequence[str], limit_bytes: int, *, env: dict[str, str] | N
         return Capped(proc.returncode, out.read(), err.read(), peak, killed.is_set() and seen[0] > limit_bytes)
 
 
-def batchtool(*args: str, limit_bytes: int, timeout: float = 120.0, cwd: str | None = None) -> Capped:
-    """`python -m batchtool ARGS` from this checkout, capped, reporting its exact peak."""
+def batchtool(*args: str, limit_bytes: int, timeout: float = 120.0, cwd: str | None = None,
+              env: dict[str, str] | None = None) -> Capped:
+    """`python -m batchtool ARGS` from this checkout, capped, reporting its exact peak (in os.environ, or env)."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    base = os.environ if env is None else env
+    env = {**base, "PYTHONPATH": repo + os.pathsep + base.get("PYTHONPATH", "")}
     return run_capped([sys.executable, "-c", _PEAK_REPORTER, *map(str, args)], limit_bytes, env=env,
                       timeout=timeout, cwd=cwd)

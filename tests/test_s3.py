@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
 from conftest import SAMPLE, read_dir
+from load_outputs import BUCKET_BATCHES, bucket_output
+
+import batchtool
+from batchtool.errors import InputError
 
 moto_server = pytest.importorskip("moto.server")
 
@@ -65,3 +70,39 @@ def test_missing_s3_input_is_a_clean_error(s3, run_cli, tmp_path):
     result = run_cli("inspect", "s3://data/nothing-here")
     assert result.exit_code == 2
     assert result.stderr.startswith("error: s3://data/nothing-here: no such file or directory")
+
+
+def _upload(s3, local: str, key: str) -> str:
+    pafs.copy_files(local, f"data/{key}", source_filesystem=pafs.LocalFileSystem(), destination_filesystem=s3)
+    return f"s3://data/{key}"
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "tfrecord"])
+def test_load_reads_an_s3_output(s3, tmp_path, fmt):
+    """The loader gives the same batches from s3:// as from the same output on disk (both layouts)."""
+    local = bucket_output(str(tmp_path), fmt)
+    uri = _upload(s3, local, f"load-{fmt}")
+    want = list(batchtool.load(local, shuffle=False).record_batches())
+    got = list(batchtool.load(uri, shuffle=False).record_batches())
+    assert len(got) == len(want) == BUCKET_BATCHES and all(a.equals(b) for a, b in zip(got, want))
+    s3.delete_file(f"data/load-{fmt}/part-00000.{fmt}")
+    with pytest.raises(InputError, match=rf"^s3://data/load-{fmt}/part-00000.{fmt}: listed in .* but missing"):
+        batchtool.load(uri)
+
+
+def test_check_checksums_of_an_s3_output(s3, tmp_path, run_cli):
+    """check --checksums hashes the files in the object store: a match, then one changed file named."""
+    uri = _upload(s3, bucket_output(str(tmp_path)), "checksums")
+    result = run_cli("check", uri, "--checksums")
+    assert result.exit_code == 0, result.stderr
+    assert re.search(r"^checksums +PASS +all 3 files match", result.output, re.M), result.output
+    key = "data/checksums/part-00001.parquet"
+    with s3.open_input_file(key) as f:
+        damaged = bytearray(f.read())
+    damaged[100] ^= 0xFF  # the same size: only the sha256 over the object's bytes can tell
+    with s3.open_output_stream(key) as out:
+        out.write(bytes(damaged))
+    result = run_cli("check", uri, "--checksums", "--max-offenders", "5")
+    assert result.exit_code == 1
+    assert re.search(r"^checksums +FAIL +1 of 3 files differ", result.output, re.M), result.output
+    assert f"s3://{key}" in result.output and "changed: sha256" in result.output, result.output

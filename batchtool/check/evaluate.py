@@ -220,7 +220,7 @@ def judge_padding(rule: PaddingEfficiency, dataset: Dataset) -> RuleResult:
 
 def judge_checksums(rule: Checksums, src: str, limit: int, threads: int) -> RuleResult:
     """Size and sha256 of every file the manifest lists, plus data files it does not list."""
-    manifest = read_manifest(src) if os.path.isdir(src) else None
+    manifest = read_manifest(src) if fs.is_dir(src) else None
     if manifest is None:
         raise InputError(f"rule {rule.name!r}: {src} is not a batchtool output directory (no {MANIFEST_NAME} "
                          "listing the files and their checksums)")
@@ -244,14 +244,14 @@ def _data_files(src: str) -> list[str]:
 
 def file_problem(file: OutputFile) -> Offender | None:
     """What is wrong with one listed output file, or None."""
-    if not os.path.isfile(file.path):
+    if not fs.is_file(file.path):
         return Offender("missing", file.path)
-    size = os.path.getsize(file.path)
+    size = fs.file_size(file.path)
     if size != file.bytes:
         what = "truncated" if size < file.bytes else "grown"
         return Offender(f"{what}: {size:,} bytes, the manifest says {file.bytes:,}", file.path)
     h = hashlib.sha256()
-    with open(file.path, "rb") as f:
+    with fs.open_input(file.path, sequential=True) as f:
         while block := f.read(_HASH_READ_BYTES):
             h.update(block)
     if h.hexdigest() != file.sha256:

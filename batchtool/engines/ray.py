@@ -27,7 +27,7 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -146,12 +146,14 @@ def _unpack(packed: _Packed) -> Any:
 @dataclass
 class _Outcome:
     """What one task returns: the results of its items in order, the error that stopped it (if any,
-    as _portable state), what it added to accumulators, and how long its items took."""
+    as _portable state), what it added to accumulators, how long its items took, and the address of
+    the node it ran on."""
 
     results: list
     error: tuple | None
     accumulated: list[tuple[str, Any]]
     seconds: float
+    node: str
 
 
 def _run_group(fn: Callable[[T], U], packed: _Packed) -> _Packed:
@@ -164,7 +166,8 @@ def _run_group(fn: Callable[[T], U], packed: _Packed) -> _Packed:
         except Exception as exc:  # noqa: BLE001 (re-raised on the driver, in input order)
             error = _portable(exc)
             break
-    return _pack(_Outcome(results, error, runner.take_accumulated(), time.perf_counter() - started))
+    return _pack(_Outcome(results, error, runner.take_accumulated(), time.perf_counter() - started,
+                          ray.util.get_node_ip_address()))
 
 
 class _Schedule:
@@ -235,6 +238,8 @@ class Timings:
     unpack_seconds: float = 0.0
     worker_seconds: float = 0.0
     """Time the functions themselves took on the workers, summed over tasks."""
+    tasks_by_node: dict[str, int] = field(default_factory=dict)
+    """Tasks run on each node, by node address: where the work went."""
 
     def sent(self, packed: _Packed, items: int, started: float) -> float:
         seconds = time.perf_counter() - started
@@ -250,6 +255,7 @@ class Timings:
         self.bytes_received += packed.nbytes
         self.unpack_seconds += seconds
         self.worker_seconds += outcome.seconds
+        self.tasks_by_node[outcome.node] = self.tasks_by_node.get(outcome.node, 0) + 1
         return seconds
 
     def counted_local(self, results: Iterator[U]) -> Iterator[U]:
@@ -258,7 +264,9 @@ class Timings:
             yield result
 
     def summary(self) -> dict[str, Any]:
-        return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
+        summary = {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
+        summary["tasks_by_node"] = dict(sorted(self.tasks_by_node.items()))
+        return summary
 
 
 class RayEngine:

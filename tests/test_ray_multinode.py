@@ -1,0 +1,116 @@
+"""--engine ray on a real two-node cluster (tests/ray_cluster.py): the same bytes as the local engine, tasks
+on both nodes, the driver's memory bounded.
+
+The cluster is started once for this module (about 20 s) with one CPU per node, so that once the head's CPU
+is busy Ray sends tasks to the worker node; each command runs as `python -m batchtool ... --ray-address HEAD:PORT` in a
+child process, as a user would run it. The nodes' workers import batchtool from this source tree
+(PYTHONPATH in the environment the nodes start with).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import tempfile
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from conftest import data_bytes, write_parquet_shards
+from batchtool.synthetic import make_table
+from memlimit import batchtool
+from ray_cluster import HEAD_IP, WORKER_IP, start_cluster
+from test_ray import COMMANDS, PIPELINE
+
+pytestmark = pytest.mark.ray
+
+DRIVER_LIMIT = 1 << 30
+"""The driver's RSS cap: a Ray driver (the core worker, pyarrow, batchtool) peaks at 170-250 MB here."""
+MULTINODE = {name: COMMANDS[name] for name in ("convert", "bucket-boundaries", "segment", "stratify-exact",
+                                               "stratify-balanced")}
+MULTINODE["shuffle"] = ("shuffle", "--memory", "256KB", "--batch-size", "32")
+TASKS_BY_NODE: dict[str, int] = {}
+"""Tasks per node over every run of this module: Ray's scheduler decides per task, so the evidence that
+both nodes worked is the sum (a short pass may run on the head's CPU alone)."""
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory) -> str:
+    """2,000 rows in 10 row groups: tasks long enough (tens of ms) that Ray's scheduler, which keeps short
+    tasks on the driver's node while it has a free CPU, sends some to the worker node."""
+    table = make_table(2000, seed=7)
+    table = table.append_column("keep", pa.array(np.arange(2000) % 5 != 0))
+    return write_parquet_shards(str(tmp_path_factory.mktemp("src")), table, row_group_size=200)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Head 127.0.0.2 and worker 127.0.0.3, one CPU each, token auth with a token of their own; stopped by PID."""
+    pytest.importorskip("ray")
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16),
+           "PYTHONPATH": os.pathsep.join(filter(None, [os.path.dirname(tests), tests, os.environ.get("PYTHONPATH")]))}
+    with tempfile.TemporaryDirectory(prefix="rc") as temp:  # short: Ray's socket paths must fit 107 bytes
+        try:
+            running = start_cluster(temp, env)
+        except RuntimeError as exc:
+            pytest.skip(f"no two-node Ray cluster here: {exc}")
+        try:
+            yield running
+        finally:
+            running.stop()
+
+
+def both_engines(cluster, run_cli, tmp_path, args: tuple[str, ...]) -> dict:
+    """Run args (`{dst}`: the output, `{tmp}`: tmp_path) on the local engine in this process and on the cluster
+    in a child process (killed above DRIVER_LIMIT); check the bytes and statistics are the same; the cluster
+    run's manifest `run`, with the driver's peak RSS."""
+    manifests = {}
+    for engine in ("local", "ray"):
+        dst = tmp_path / engine
+        command = [str(a).format(dst=dst, tmp=tmp_path) for a in args]
+        if engine == "local":
+            done = run_cli(*command, "-q")
+            assert done.exit_code == 0, done.stderr
+        else:
+            done = batchtool(*command, "-q", "--engine", "ray", "--ray-address", cluster.address,
+                             limit_bytes=DRIVER_LIMIT, env=cluster.env)
+            assert done.returncode == 0, done.stderr
+        manifests[engine] = json.loads((dst / ".batchtool_manifest.json").read_text())
+    assert data_bytes(str(tmp_path / "ray")) == data_bytes(str(tmp_path / "local"))
+    assert manifests["ray"]["stats"] == manifests["local"]["stats"]
+    return {**manifests["ray"]["run"], "driver_peak_bytes": done.peak_bytes}  # VmHWM (see memlimit.py)
+
+
+def ran_on_the_cluster(run: dict) -> None:
+    """Every task ran on one of the two nodes; counted in TASKS_BY_NODE."""
+    assert run["engine"] == "ray"
+    by_node = run["ray"]["tasks_by_node"]
+    assert set(by_node) <= {HEAD_IP, WORKER_IP} and sum(by_node.values()) == run["ray"]["tasks"] > 0, by_node
+    for node, tasks in by_node.items():
+        TASKS_BY_NODE[node] = TASKS_BY_NODE.get(node, 0) + tasks
+
+
+@pytest.mark.parametrize("name", MULTINODE)
+def test_same_output_as_local_on_the_cluster(name, cluster, src, tmp_path, run_cli, record_property):
+    command, *options = MULTINODE[name]
+    run = both_engines(cluster, run_cli, tmp_path, (command, src, "{dst}", *options))
+    ran_on_the_cluster(run)
+    record_property("driver_peak_bytes", run["driver_peak_bytes"])
+
+
+def test_pipeline_run(cluster, src, tmp_path, run_cli, record_property):
+    for engine in ("local", "ray"):
+        (tmp_path / f"{engine}.toml").write_text(PIPELINE.format(src=src, dst=tmp_path / engine))
+    run = both_engines(cluster, run_cli, tmp_path, ("run", "{tmp}/{dst.name}.toml"))
+    ran_on_the_cluster(run)
+    record_property("driver_peak_bytes", run["driver_peak_bytes"])
+
+
+def test_tasks_ran_on_both_nodes():
+    """After the runs above (pytest runs this module's tests in file order)."""
+    if not TASKS_BY_NODE:
+        pytest.skip("needs the runs above")
+    assert set(TASKS_BY_NODE) == {HEAD_IP, WORKER_IP} and min(TASKS_BY_NODE.values()) >= 5, TASKS_BY_NODE
