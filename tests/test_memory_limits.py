@@ -23,7 +23,8 @@ import memlimit
 from batchtool.errors import UsageError
 from batchtool.ops import shuffle as shuffle_op
 from batchtool.ops.bucket import BucketOptions, make_plan, resolve_columns
-from batchtool.ops.stratify import StratifyOptions, batch_layout
+from batchtool.ops.quotas import plan_layout
+from batchtool.ops.stratify import StratifyOptions
 from batchtool.stats import DatasetStats
 from conftest import REPO, SAMPLE, read_dir
 
@@ -154,7 +155,7 @@ def test_a_balanced_batch_size_larger_than_the_data_finishes_at_once(tmp_path, r
                      "--batch-size", "1000000000", "-q")
     assert result.exit_code == 0, result.stderr
     assert read_dir(str(tmp_path / "out")).num_rows == 164
-    layout = batch_layout(np.array([10**6, 3]), np.array([0.5, 0.5]), 10**12, drop_remainder=False)
+    layout = plan_layout(np.array([10**6, 3]), np.array([0.5, 0.5]), 10**12, partial=True, oversample=False)
     assert layout.batches == 0 and layout.partial == (4, 3)  # the exact shares of 7, which class 1's 3 rows allow
 
 

@@ -17,9 +17,10 @@ from batchtool import rng
 from batchtool.dataset import open_dataset
 from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.job import RunSettings
-from batchtool.ops.stratify import (ONLINE_PRIOR, STAGE, StratifyOptions, acceptance_probs, batch_layout,
-                                    exact_target, exact_totals, find_thresholds, largest_remainder, largest_total,
-                                    parse_target, stratify, threshold_plan)
+from batchtool.ops.quotas import plan_layout
+from batchtool.ops.stratify import (ONLINE_PRIOR, STAGE, StratifyOptions, acceptance_probs, exact_target,
+                                    exact_totals, find_thresholds, largest_total, parse_target, stratify,
+                                    threshold_plan)
 from batchtool.output import OutputOptions
 from batchtool.synthetic import make_table
 from conftest import read_dir, write_parquet_shards
@@ -111,25 +112,14 @@ def test_exact_totals_fit_the_counts_and_are_exact_when_they_can_be(counts, data
     assert exact.tolist() == proportional.tolist()
 
 
-@given(st.integers(0, 1000), st.lists(st.integers(0, 9), min_size=1, max_size=8))
-@settings(max_examples=80, deadline=None)
-def test_largest_remainder_shares_are_floor_or_ceil_and_sum(total, weights):
-    if sum(weights) == 0:
-        return
-    t = np.array(weights, dtype=float) / sum(weights)
-    shares = largest_remainder(total, t)
-    assert shares.sum() == total
-    assert np.all(shares >= np.floor(total * t - 1e-9)) and np.all(shares <= np.ceil(total * t + 1e-9))
-
-
 def test_batch_layout_rotates_tied_remainders_and_fills_a_final_batch():
-    layout = batch_layout(np.array([100, 100, 100, 100]), np.full(4, 0.25), 10, drop_remainder=False)
+    layout = plan_layout(np.array([100, 100, 100, 100]), np.full(4, 0.25), 10, partial=True, oversample=False)
     quotas = list(layout.sequence())
     assert all(q.sum() == 10 and set(q) == {2, 3} for q in quotas[:layout.batches])
     assert layout.batches == 40 and layout.per_class.tolist() == [100, 100, 100, 100]
-    short = batch_layout(np.array([10, 3]), np.array([0.5, 0.5]), 4, drop_remainder=False)
+    short = plan_layout(np.array([10, 3]), np.array([0.5, 0.5]), 4, partial=True, oversample=False)
     assert short.batches == 1 and short.partial == (2, 1)  # leftover 8 and 1: a batch of 3 as 2 + 1
-    assert batch_layout(np.array([10, 3]), np.array([0.5, 0.5]), 4, drop_remainder=True).partial == (0, 0)
+    assert plan_layout(np.array([10, 3]), np.array([0.5, 0.5]), 4, partial=False, oversample=False).partial == ()
 
 
 def test_exact_counts_no_duplicates_and_rows_equal_input_rows(tmp_path, big_src):

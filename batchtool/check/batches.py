@@ -20,7 +20,7 @@ from batchtool.check.verify import output_stats
 from batchtool.dataset import Dataset
 from batchtool.errors import InputError, UsageError
 from batchtool.load import load
-from batchtool.ops.stratify import BatchLayout
+from batchtool.ops.quotas import QuotaLayout
 
 BATCH_RULES = (BatchRows, BatchQuotas, RankBatches)
 
@@ -102,14 +102,14 @@ def judge_batch_rows(rule: BatchRows, dataset: Dataset, limit: int, threads: int
 
 
 def judge_batch_quotas(rule: BatchQuotas, dataset: Dataset, limit: int, threads: int) -> RuleResult:
-    """Batch i must hold exactly the quotas stratify gave batch i (BatchLayout, rebuilt from the manifest and
+    """Batch i must hold exactly the quotas stratify gave batch i (QuotaLayout, rebuilt from the manifest and
     unrolled along with the batches, so no manifest value decides how much is held in memory)."""
     _stats(rule, dataset, "balanced_batches", "stratify --balanced-batches")
     stats = output_stats(dataset.manifest)
     try:
         expected = int(stats["balanced_batches"])
         partial = tuple(int(q) for q in stats["final_batch_quotas"])
-        layout = BatchLayout(tuple(float(t) for t in stats["target"]), int(stats["batch_size"]),
+        layout = QuotaLayout(tuple(float(t) for t in stats["target"]), int(stats["batch_size"]),
                              expected - bool(sum(partial)), partial)
         label = str(stats["label"])
     except (KeyError, TypeError, ValueError) as exc:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.errors import InputError, SchemaError, UsageError, where
 from batchtool.engines import with_engine
 from batchtool.job import JobResult, RunSettings, open_source, write_job
+from batchtool.ops.quotas import QuotaLayout, plan_layout
 from batchtool.ops.resample import MAX_RATE, Copies, Piece, Tally, copy_stats, copy_summary, pieces
 from batchtool.ops.shuffle import (DEFAULT_MEMORY, PART_SHARE, RowReader, bytes_per_row, emit, estimate_memory_bytes,
                                    keyed_spill, manifest_options, peek, rebatch, spill_streams)
@@ -430,78 +430,7 @@ def threshold_plan(totals: np.ndarray, counts: np.ndarray, find: Callable[[dict[
 # -- balanced batches ---------------------------------------------------------------------------------------------
 
 
-def largest_remainder(total: int, probs: np.ndarray, behind: np.ndarray | None = None) -> np.ndarray:
-    """Integer shares of `total` proportional to probs: floors, then +1 for the largest remainders.
-
-    Equal remainders go to the classes furthest `behind` their cumulative target, then to the lower
-    class, so that repeating the rounding batch after batch does not favour the same classes.
-    """
-    raw = total * probs
-    shares = np.floor(raw).astype(np.int64)
-    left = total - int(shares.sum())
-    behind = np.zeros_like(probs) if behind is None else behind
-    order = np.lexsort((np.arange(len(probs)), -behind, -np.round(raw - shares, 9)))
-    shares[order[:max(left, 0)]] += 1
-    return shares
-
-
-@dataclass(frozen=True)
-class BatchLayout:
-    """Balanced batches: `batches` full batches, each the largest-remainder shares of the batch size,
-    then one smaller batch with the exact shares of its size in `partial` (all zero: none)."""
-
-    target: tuple[float, ...]
-    batch_size: int
-    batches: int
-    partial: tuple[int, ...]
-
-    def full_quotas(self) -> Iterator[np.ndarray]:
-        """Quotas of the full batches: a pure function of (target, batch size), ties rotated by deficit."""
-        target = np.asarray(self.target)
-        given = np.zeros(len(target))
-        for index in itertools.count():
-            quotas = largest_remainder(self.batch_size, target, index * self.batch_size * target - given)
-            given += quotas
-            yield quotas
-
-    def sequence(self) -> Iterator[np.ndarray]:
-        yield from itertools.islice(self.full_quotas(), self.batches)
-        if sum(self.partial):
-            yield np.asarray(self.partial)
-
-    @property
-    def per_class(self) -> np.ndarray:
-        return sum(self.sequence(), np.zeros(len(self.target), dtype=np.int64))
-
-
-def batch_layout(available: np.ndarray, target: np.ndarray, batch_size: int, drop_remainder: bool) -> BatchLayout:
-    """As many full batches as the classes can fill, then the largest smaller batch whose exact shares
-    the leftover rows still cover (unless --drop-remainder)."""
-    layout = BatchLayout(tuple(target.tolist()), batch_size, 0, ())
-    used = np.zeros(len(target), dtype=np.int64)
-    batches = 0
-    for quotas in layout.full_quotas():
-        if np.any(used + quotas > available):
-            break
-        used += quotas
-        batches += 1
-    partial = np.zeros(len(target), dtype=np.int64)
-    if not drop_remainder:
-        behind = batches * batch_size * target - used
-        # class i gets at least floor(size * t_i) <= its rows left, so size < (left_i + 1) / t_i: start there,
-        # not at batch_size (which may be far larger than the data)
-        left = available - used
-        bounds = (int((n + 1) / t) + 1 for n, t in zip(left.tolist(), target.tolist()) if t > 0)
-        largest = min([batch_size - 1, *bounds])
-        for size in range(largest, 0, -1):
-            shares = largest_remainder(size, target, behind)
-            if np.all(used + shares <= available):
-                partial = shares
-                break
-    return BatchLayout(layout.target, batch_size, batches, tuple(partial.tolist()))
-
-
-def balanced_batches(streams: list[RowReader], layout: BatchLayout, seed: int, schema: pa.Schema) -> Iterator[Chunk]:
+def balanced_batches(streams: list[RowReader], layout: QuotaLayout, seed: int, schema: pa.Schema) -> Iterator[Chunk]:
     """Each batch takes its quota from every class's keyed random stream and is shuffled by keyed order.
 
     The class streams are uniformly random, so consecutive batches are already in random order."""
@@ -698,7 +627,8 @@ def _write(job: Selection, items: Iterable[tuple[Callable[[], Chunk], Plan]], ds
         spill_streams(selected, spill, lambda c: label_codes(c, options.label, job.num_classes, dataset.locate),
                       f"{who}: select", dataset.progress_rows, run.quiet)
         available = spill.rows.copy()
-        layout = batch_layout(available, strat.target, options.batch_size, options.drop_remainder)
+        layout = plan_layout(available, strat.target, options.batch_size, partial=not options.drop_remainder,
+                             oversample=False)
         streams = [RowReader(spill.read_group(c), dataset.schema) for c in range(job.num_classes)]
         extra = {"batch_size": options.batch_size, "balanced_batches": layout.batches + bool(sum(layout.partial)),
                  "final_batch_quotas": list(layout.partial)}
@@ -720,6 +650,6 @@ def discard_warning(stats: dict[str, Any]) -> str | None:
             f"{stats['rows_in']:,} never appear in DST); {hint}")
 
 
-__all__ = ["BatchLayout", "RatePlan", "Selection", "Stratification", "StratifyOptions", "ThresholdPlan",
-           "acceptance_probs", "batch_layout", "discard_warning", "find_thresholds", "label_codes",
-           "largest_remainder", "largest_total", "parse_target", "resolve", "stratify", "write_stratified"]
+__all__ = ["RatePlan", "Selection", "Stratification", "StratifyOptions", "ThresholdPlan",
+           "acceptance_probs", "discard_warning", "find_thresholds", "label_codes",
+           "largest_total", "parse_target", "resolve", "stratify", "write_stratified"]
