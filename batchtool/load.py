@@ -26,6 +26,10 @@ from batchtool.output import decode_batch_index
 from batchtool.runner import default_threads, ordered_map
 from batchtool.stats import is_sequence_type
 
+BATCH_COLUMN = "batch"
+"""The column bucket, segment and pack write: each row's batch number (in TFRecord output, what cuts the
+records into batches for tf.data and for outputs of batchtool 0.1, which had no batch index)."""
+
 READ_BATCHES = 32
 """Batches decoded per read call when consecutive batches of the stream are in one file: amortises the
 per-call cost of small row groups. An iteration starts with runs of 1, 2, 4, ... so the first batch
@@ -618,6 +622,32 @@ def _from_manifest(dst: str, manifest: dict) -> Dataset:
                    tfrecord_kind=out.get("tfrecord_kind"), manifest=manifest)
 
 
+def _scan_batch_index(path: str, dataset: Dataset, batches: int) -> np.ndarray:
+    """The batch index batchtool 0.1 did not write: one pass over the file's framing, decoding only the `batch`
+    column; a batch starts where its value changes. [batches + 1, 2] (stream offset, record) as the manifest's."""
+    if BATCH_COLUMN not in dataset.schema.names:
+        raise InputError(f"{path}: no batch index in {MANIFEST_NAME} and no {BATCH_COLUMN!r} column to find the "
+                         "batches by; write the output again")
+    schema = pa.schema([dataset.schema.field(BATCH_COLUMN)])
+    kind = dataset.tfrecord_kind or "sequence_example"
+    starts: list[tuple[int, int]] = []
+    offset = record = 0
+    previous = None
+    for first, payloads in tfrecord_format.iter_record_chunks(path, tfrecord_format.CHUNK_RECORDS):
+        ids = example_codec.decode_records(payloads, schema, kind, path=path, first_record=first).column(0)
+        for payload, batch in zip(payloads, ids.to_pylist()):
+            if batch != previous or not starts:
+                starts.append((offset, record))
+                previous = batch
+            offset += len(payload) + 16  # 8-byte length, its CRC, the payload, its CRC
+            record += 1
+    starts.append((offset, record))
+    if len(starts) - 1 != batches:
+        raise InputError(f"{path}: {len(starts) - 1} runs of the {BATCH_COLUMN!r} column, but {MANIFEST_NAME} "
+                         f"lists {batches} batches")
+    return np.asarray(starts, dtype=np.int64)
+
+
 def _layout(dst: str, dataset: Dataset) -> _Layout:
     """Where every batch is: from the manifest (the TFRecord batch index written with the files), or for a
     Parquet directory without one, from the footers (each non-empty row group is a batch)."""
@@ -642,9 +672,9 @@ def _layout(dst: str, dataset: Dataset) -> _Layout:
         raise InputError(f"{dst}: TFRecord batches need the {MANIFEST_NAME} batchtool wrote beside them")
     ranges = []
     for path, entry in zip(paths, entries):
-        if "batch_index" not in entry:
-            raise InputError(f"{path}: {MANIFEST_NAME} has no batch index for this TFRecord file (written by an "
-                             "older batchtool); write the output again to read it batch by batch")
+        if "batch_index" not in entry:  # written by batchtool 0.1: index it from its `batch` column, once
+            ranges.append(_scan_batch_index(path, dataset, int(entry["batches"])))
+            continue
         try:
             ranges.append(decode_batch_index(entry["batch_index"], int(entry["batches"])))
         except (ValueError, zlib.error) as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pyarrow as pa
@@ -130,12 +131,34 @@ def tfrecord_manifest(tmp_path) -> str:
     return manifest_file(str(tmp_path / "tf"))
 
 
-def test_tfrecord_output_without_a_batch_index_is_refused(tmp_path):
+@pytest.mark.parametrize("compression", [None, "gzip"])
+def test_tfrecord_output_of_batchtool_0_1_is_indexed_from_its_batch_column(tmp_path, compression):
+    """0.1 wrote `manifest.json` and no batch index: the batches are found where the `batch` column changes,
+    the same batches, shuffled and resumed as for today's output."""
+    new = bucket_output(str(tmp_path), "tfrecord", compression)
+    old = str(tmp_path / "old")
+    shutil.copytree(new, old)
+    manifest = json.load(open(manifest_file(old)))
+    for entry in manifest["output"]["files"]:
+        del entry["batch_index"]
+    os.remove(manifest_file(old))
+    json.dump(manifest, open(os.path.join(old, "manifest.json"), "w"))
+    for shuffle in (False, True) if compression is None else (False,):
+        expected = [b.to_pylist() for b in batchtool.load(new, shuffle=shuffle, seed=3).record_batches()]
+        loader = batchtool.load(old, shuffle=shuffle, seed=3)
+        assert [b.to_pylist() for b in loader.record_batches()] == expected
+        resumed = batchtool.load(old, shuffle=shuffle, seed=3)
+        resumed.load_state_dict({**loader.state_dict(), "position": 7})
+        assert [b.to_pylist() for b in resumed.record_batches()] == expected[7:]
+
+
+def test_an_old_tfrecord_output_whose_batch_column_disagrees_is_an_input_error(tmp_path):
     path = tfrecord_manifest(tmp_path)
     manifest = json.load(open(path))
     del manifest["output"]["files"][0]["batch_index"]
     json.dump(manifest, open(path, "w"))
-    with pytest.raises(InputError, match=r"part-00000.tfrecord: \S*manifest\.json has no batch index"):
+    with pytest.raises(InputError, match=r"part-00000.tfrecord: no batch index in \S*manifest\.json and no 'batch' "
+                                         r"column"):
         batchtool.load(str(tmp_path / "tf"))
 
 

@@ -23,12 +23,11 @@ from batchtool.formats import arrow as arrow_format
 from batchtool.formats import example as example_codec
 from batchtool.formats import parquet as parquet_format
 from batchtool.formats import tfrecord as tfrecord_format
+from batchtool.load import BATCH_COLUMN
 from batchtool.manifest import OutputFile, output_files, schema_from_json
 from batchtool.runner import ordered_map
 
 VERIFY_RULES = (ManifestRows, ManifestBatches, ManifestSchema)
-BATCH_COLUMN = "batch"
-"""The column bucket and segment write: in TFRecord output, consecutive records with one value are one batch."""
 
 
 @dataclass(frozen=True)
