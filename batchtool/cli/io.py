@@ -25,7 +25,7 @@ def inspect_cmd(src: str, label: str | None, length: str | None, sequence: str |
                 input_format: str | None, skip_corrupt: bool, threads: int, quiet: bool) -> None:
     """Show schema, shards, rows and bytes, the label distribution and the length histogram of SRC.
 
-    SRC is a Parquet or TFRecord file, a directory or a glob. When SRC is a batchtool
+    SRC is a Parquet, Arrow IPC or TFRecord file, a directory or a glob. When SRC is a batchtool
     output directory its manifest is summarised too.
     """
     result = inspection.inspect(src, label=label, length=length or sequence, format=input_format,
@@ -42,7 +42,7 @@ def inspect_cmd(src: str, label: str | None, length: str | None, sequence: str |
 @run_options
 def convert_cmd(src: str, dst: str, columns: tuple[str, ...], input_format: str | None, skip_corrupt: bool,
                 **kwargs) -> None:
-    """Rewrite SRC as batch shards in DST (Parquet or TFRecord), row for row, with a manifest."""
+    """Rewrite SRC as batch shards in DST (Parquet, TFRecord or Arrow IPC), row for row, with a manifest."""
     output = make_output(kwargs)
     run = make_run(kwargs)
     result = convert_dataset(src, dst, output, columns=list(columns) or None,
