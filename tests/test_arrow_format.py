@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.dataset as pads
 import pytest
 from conftest import REPO, data_bytes
+from strategies import record_batches
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -18,39 +19,8 @@ from batchtool.dataset import open_dataset
 from batchtool.load import load
 from batchtool.output import BatchShardWriter, OutputOptions, encode_batch
 
-LEAVES = {
-    "int8": (pa.int8(), st.integers(-128, 127)),
-    "int32": (pa.int32(), st.integers(-(1 << 31), (1 << 31) - 1)),
-    "int64": (pa.int64(), st.integers(-(1 << 63), (1 << 63) - 1)),
-    "uint16": (pa.uint16(), st.integers(0, (1 << 16) - 1)),
-    "bool": (pa.bool_(), st.booleans()),
-    "float32": (pa.float32(), st.floats(width=32, allow_nan=False)),
-    "float64": (pa.float64(), st.floats(allow_nan=False)),
-    "string": (pa.string(), st.text(max_size=5)),
-    "binary": (pa.binary(), st.binary(max_size=5)),
-}
-
-
-@st.composite
-def batches(draw: st.DrawFn) -> pa.RecordBatch:
-    """Small batches of every column shape batchtool handles: scalars, lists, lists of lists, of fixed-size lists."""
-    rows = draw(st.integers(0, 5))
-    columns = {}
-    for i in range(draw(st.integers(1, 4))):
-        leaf, values = LEAVES[draw(st.sampled_from(sorted(LEAVES)))]
-        shape = draw(st.sampled_from(["scalar", "list", "nested", "fixed"]))
-        size = draw(st.integers(1, 3))
-        step = {"scalar": values, "list": values, "nested": st.lists(values, max_size=3),
-                "fixed": st.lists(values, min_size=size, max_size=size)}[shape]
-        cell = step if shape == "scalar" else st.lists(step, max_size=4)
-        t = {"scalar": leaf, "list": pa.list_(leaf), "nested": pa.list_(pa.list_(leaf)),
-             "fixed": pa.list_(pa.list_(leaf, size))}[shape]
-        columns[f"c{i}"] = pa.array(draw(st.lists(st.one_of(st.none(), cell), min_size=rows, max_size=rows)), t)
-    return pa.record_batch(columns)
-
-
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(batch=batches(), codec=st.sampled_from(["none", "lz4", "zstd"]))
+@given(batch=record_batches(), codec=st.sampled_from(["none", "lz4", "zstd"]))
 def test_round_trips_every_column_type(tmp_path_factory, batch, codec):
     out = str(tmp_path_factory.mktemp("arrow"))
     writer = BatchShardWriter(out, batch.schema, OutputOptions(format="arrow", compression=codec))

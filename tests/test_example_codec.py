@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from strategies import LEAVES, SHAPES, record_batches
 
 from batchtool.errors import CorruptRecordError, InputError, SchemaError, UsageError
 from batchtool.formats.example import (
@@ -326,34 +327,10 @@ def test_long_steps_and_multibyte_lengths() -> None:
 
 # --- encoding ---------------------------------------------------------------------------------------
 
-LEAVES = {
-    "int64": (pa.int64(), st.integers(-(1 << 63), (1 << 63) - 1)),
-    "int32": (pa.int32(), st.integers(-(1 << 31), (1 << 31) - 1)),
-    "uint16": (pa.uint16(), st.integers(0, (1 << 16) - 1)),
-    "bool": (pa.bool_(), st.booleans()),
-    "float32": (pa.float32(), st.floats(width=32, allow_nan=False)),
-    "string": (pa.string(), st.text(max_size=5)),
-    "binary": (pa.binary(), st.binary(max_size=5)),
-}
-
-
-@st.composite
-def batches(draw: st.DrawFn, kind: str) -> pa.RecordBatch:
-    """Small batches of every supported column shape (names c0..c5: none is a prefix of another)."""
-    rows = draw(st.integers(0, 5))
-    shapes = ["scalar", "list"] + (["nested", "fixed"] if kind == "sequence_example" else [])
-    columns = {}
-    for i in range(draw(st.integers(1, 5))):
-        leaf, values = LEAVES[draw(st.sampled_from(sorted(LEAVES)))]
-        shape = draw(st.sampled_from(shapes))
-        size = draw(st.integers(1, 3))
-        step = {"scalar": values, "list": values, "nested": st.lists(values, max_size=3),
-                "fixed": st.lists(values, min_size=size, max_size=size)}[shape]
-        cell = step if shape == "scalar" else st.lists(step, max_size=4)
-        t = {"scalar": leaf, "list": pa.list_(leaf), "nested": pa.list_(pa.list_(leaf)),
-             "fixed": pa.list_(pa.list_(leaf, size))}[shape]
-        columns[f"c{i}"] = pa.array(draw(st.lists(st.one_of(st.none(), cell), min_size=rows, max_size=rows)), t)
-    return pa.record_batch(columns)
+def batches(kind: str) -> st.SearchStrategy[pa.RecordBatch]:
+    """Every column shape a payload kind holds; no float64 (tf.train.FloatList is float32)."""
+    shapes = SHAPES if kind == "sequence_example" else ("scalar", "list")
+    return record_batches(leaves={k: v for k, v in LEAVES.items() if k != "float64"}, shapes=shapes, max_columns=5)
 
 
 def reference_bytes(batch: pa.RecordBatch, kind: str) -> list[bytes]:
