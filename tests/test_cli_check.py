@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from batchtool.cli import cli
+from batchtool.synthetic import make_table
 from conftest import REPO, SAMPLE, write_parquet_shards
 
 RULES = os.path.join(SAMPLE, "rules.toml")
@@ -208,3 +209,27 @@ def test_a_piped_check_prints_no_escape_codes():
                           capture_output=True, text=True, env=env, cwd=REPO)
     assert proc.returncode == 0 and "PASS" in proc.stdout and "\x1b[" not in proc.stdout
     assert proc.stdout.splitlines()[-1].startswith("1 rule: 1 passed, 0 failed")
+
+
+@pytest.mark.parametrize("target", [
+    ["--json", "{src}/part-00000.parquet"],
+    ["--junit", "{src}/report.xml"],
+    ["--junit", "{rules}"],
+    ["--tmp-dir", "{src}/spill"],
+    ["--json", "{tmp}/r.out", "--junit", "{tmp}/./r.out"],
+], ids=["json-over-a-shard", "junit-inside-src", "junit-over-the-rules", "tmp-dir-inside-src", "one-file-twice"])
+@pytest.mark.parametrize("glob", [False, True])
+def test_reports_never_overwrite_what_check_reads(tmp_path, run_cli, target, glob):
+    src = write_parquet_shards(str(tmp_path / "src"), make_table(40, seed=1))
+    rules = tmp_path / "rules.toml"
+    rules.write_text("[[rule]]\nkind = \"row_count\"\nmin = 1\n")
+    before = {p: open(p, "rb").read() for p in [str(rules)] + [os.path.join(src, f) for f in os.listdir(src)]}
+    spec = os.path.join(src, "*.parquet") if glob else src
+    args = [a.format(src=src, rules=rules, tmp=tmp_path) for a in target]
+    result = run_cli("check", spec, "--rules", str(rules), *args)
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: "), result.stderr
+    after = {p: open(p, "rb").read() for p in before}
+    assert after == before
+    assert sorted(os.listdir(src)) == ["part-00000.parquet", "part-00001.parquet"]
+    assert not os.path.exists(tmp_path / "r.out")

@@ -11,7 +11,9 @@ from batchtool.check import (CheckOptions, RuleSet, check, junit_xml, load_rules
 from batchtool.check.report import write
 from batchtool.cli.common import (SIZE, column_list, columns_option, command, input_options, make_run, parse_size,
                                   run_options)
+from batchtool import fs
 from batchtool.errors import UsageError
+from batchtool.output import refuse_overlap
 
 
 def _keys(ctx: click.Context, param: click.Parameter, texts: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
@@ -48,6 +50,17 @@ def _tolerances(ctx: click.Context, param: click.Parameter,
         else:
             bare = value
     return bare, keyed
+
+
+def _refuse_writing_inputs(src: str, others: list[str | None], targets: dict[str, str | None]) -> None:
+    """The reports and the spill directory are written: none may be, hold or lie in SRC (each file a glob
+    matches, and its root when it reaches into subdirectories), the rules file or the baseline; and the
+    two reports may not be one file."""
+    sources = ([r for r in [fs.glob_root(src)] if r is not None] + fs.glob_files(src)) if fs.is_glob(src) else [src]
+    refuse_overlap(sources + [p for p in others if p is not None], targets)
+    json_file, junit_file = targets["--json"], targets["--junit"]
+    if json_file is not None and junit_file is not None and os.path.realpath(json_file) == os.path.realpath(junit_file):
+        raise UsageError(f"--json {json_file} and --junit {junit_file} are one file: give each report its own")
 
 
 @command("check", "batchtool check sample_data/parquet --rules sample_data/rules.toml --junit check.xml")
@@ -120,6 +133,8 @@ def check_cmd(src: str, rules_file: str | None, label: str | None, num_classes: 
     rules need. Exit status: 0 all pass, 1 a rule fails, 2 bad usage or unreadable input.
     """
     run = make_run(kwargs)
+    _refuse_writing_inputs(src, [rules_file, baseline], {"--json": None if json_file == "-" else json_file,
+                                                         "--junit": junit_file, "--tmp-dir": tmp_dir})
     from_file = load_rules(rules_file) if rules_file else RuleSet()
     target_tolerance, drift_tolerances = tolerance
     flags = rules_from_flags(label=label, num_classes=num_classes, target=target, tolerance=target_tolerance,
