@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from batchtool import fs
 from batchtool.errors import DestinationError, DestinationExistsError, SchemaError, UsageError, where
-from batchtool.formats import FORMATS, NAMES
+from batchtool.formats import DEFAULT, FORMATS, NAMES
 from batchtool.formats.base import EncodedBatch, Format, ShardSink
 
 CASTS = {"float64=float32": (pa.float64(), pa.float32())}
@@ -34,7 +34,7 @@ DEFAULT_SHARD_BYTES = 256 * 1024 * 1024
 class OutputOptions:
     """Where and how batch shards are written."""
 
-    format: str = "parquet"
+    format: str = DEFAULT
     compression: str | None = None
     """The format's codec (its `codecs`); None for its default (Parquet zstd, TFRecord and Arrow none)."""
     shard_rows: int | None = None

@@ -58,6 +58,11 @@ class Format(ABC):
     """Holds floats as float32 only, so float64 columns need `--cast float64=float32` (see OutputOptions)."""
     magic: ClassVar[bytes | None] = None
     """The bytes a file of this format starts with, to recognise a file whose name says nothing."""
+    record_checksums: ClassVar[bool] = False
+    """Each record carries its own checksum, which the `crc` rule of `check` verifies."""
+    self_indexing: ClassVar[bool] = True
+    """A file's batches can be found from the file alone (row groups, record batches); False: only from the
+    batch index in the manifest batchtool writes beside the files."""
 
     def detect(self, path: str, head: bytes | None = None) -> bool:
         """By the file name, or (given the file's first bytes) by its magic number."""
@@ -73,6 +78,11 @@ class Format(ABC):
         """UsageError naming the option, the value and what is allowed."""
         if options.codec not in self.codecs:
             raise UsageError(f"--compression {options.compression!r}: {self.label} takes {', '.join(self.codecs)}")
+
+    def record_kind(self, options: OutputOptions) -> str | None:
+        """The message each record holds, which the manifest records for readers (`output.tfrecord_kind`);
+        None when the files describe themselves."""
+        return None
 
     def encode(self, batch: pa.RecordBatch, options: OutputOptions) -> EncodedBatch:
         """Pure and thread-safe (workers run it): by default the writer encodes the Arrow data itself."""

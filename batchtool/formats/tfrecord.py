@@ -654,6 +654,8 @@ class TFRecordFormat(Format):
     default_codec = "none"
     unit = "record"
     float32_only = True  # tf.train.FloatList
+    record_checksums = True
+    self_indexing = False
 
     def suffix(self, codec: str) -> str:
         return ".tfrecord.gz" if codec == "gzip" else ".tfrecord"
@@ -661,6 +663,9 @@ class TFRecordFormat(Format):
     def check_options(self, options: OutputOptions) -> None:
         if options.codec not in self.codecs:
             raise UsageError(f"--compression {options.compression!r}: TFRecord takes gzip or none")
+
+    def record_kind(self, options: OutputOptions) -> str:
+        return options.tfrecord_kind
 
     def encode(self, batch: pa.RecordBatch, options: OutputOptions) -> EncodedBatch:
         from batchtool.formats import example as example_codec
