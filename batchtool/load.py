@@ -21,14 +21,11 @@ from batchtool.formats import arrow as arrow_format
 from batchtool.formats import example as example_codec
 from batchtool.formats import parquet as parquet_format
 from batchtool.formats import tfrecord as tfrecord_format
+from batchtool.formats.base import BATCH_COLUMN
 from batchtool.manifest import MANIFEST_NAME, manifest_path, output_files, read_manifest, schema_from_json
 from batchtool.output import decode_batch_index
 from batchtool.runner import default_threads, ordered_map
 from batchtool.stats import is_sequence_type
-
-BATCH_COLUMN = "batch"
-"""The column bucket, segment and pack write: each row's batch number (in TFRecord output, what cuts the
-records into batches for tf.data and for outputs of batchtool 0.1, which had no batch index)."""
 
 READ_BATCHES = 32
 """Batches decoded per read call when consecutive batches of the stream are in one file: amortises the

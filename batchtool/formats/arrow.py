@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from batchtool import fs, rng
 from batchtool.errors import InputError, where
-from batchtool.formats.base import EncodedBatch, Format, first_line
+from batchtool.formats.base import EncodedBatch, Format, first_line, schema_problem
 
 if TYPE_CHECKING:
     from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
@@ -120,6 +120,12 @@ class ArrowFormat(Format):
 
         return open_self_describing(src, self, shards, schema, manifest,
                                     lambda path: (open_file(path).schema, sum(batch_rows(path))))
+
+    def inspect_shard(self, path: str, schema: pa.Schema, output: dict,
+                      count_batches: bool) -> tuple[int, int, str | None]:
+        """From the batch headers: every non-empty record batch is a batch."""
+        rows = batch_rows(path)
+        return sum(rows), sum(1 for r in rows if r), schema_problem(open_file(path).schema, schema)
 
     def tasks(self, dataset: Dataset, columns: list[str] | None, report: ReadReport) -> Iterator[_Task]:
         schema = dataset.projected_schema(columns)

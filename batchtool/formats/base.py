@@ -16,6 +16,11 @@ if TYPE_CHECKING:
     from batchtool.output import OutputOptions
 
 
+BATCH_COLUMN = "batch"
+"""The column bucket, segment and pack write: each row's batch number (in TFRecord output, what cuts the
+records into batches for tf.data and for outputs of batchtool 0.1, which had no batch index)."""
+
+
 @dataclass(frozen=True)
 class EncodedBatch:
     """A batch ready for the writer: the Arrow data, plus framed bytes when the format encodes on workers."""
@@ -27,6 +32,14 @@ class EncodedBatch:
 def first_line(exc: BaseException) -> str:
     """An exception's message cut to one line, for a one-line error naming the file."""
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def schema_problem(found: pa.Schema, expected: pa.Schema) -> str | None:
+    """How a file's schema differs from the one expected (metadata aside); None when it does not."""
+    from batchtool.dataset import _schema_diff
+
+    found = found.remove_metadata()
+    return None if found.equals(expected.remove_metadata()) else _schema_diff(expected, found)
 
 
 class ShardSink(Protocol):
@@ -99,6 +112,12 @@ class Format(ABC):
                      reading: dict) -> Dataset:
         """The batchtool.dataset.Dataset of these shards: their common schema (or `schema`), checked.
         `reading`: the reader settings open_dataset was given (tfrecord_kind, skip_corrupt, max_record_bytes)."""
+
+    @abstractmethod
+    def inspect_shard(self, path: str, schema: pa.Schema, output: dict,
+                      count_batches: bool) -> tuple[int, int | None, str | None]:
+        """What `check DST` verifies of one file against the manifest (`schema`, its `output` section): (rows,
+        batches or None when the file marks none, how its schema differs or None), reading only what that takes."""
 
     @abstractmethod
     def tasks(self, dataset: Dataset, columns: list[str] | None,

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 
 from batchtool import fs, rng
 from batchtool.errors import InputError, where
-from batchtool.formats.base import EncodedBatch, Format, first_line
+from batchtool.formats.base import EncodedBatch, Format, first_line, schema_problem
 
 if TYPE_CHECKING:
     from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
@@ -165,6 +165,14 @@ class ParquetFormat(Format):
         from batchtool.dataset import open_self_describing
 
         return open_self_describing(src, self, shards, schema, manifest, _footer)
+
+    def inspect_shard(self, path: str, schema: pa.Schema, output: dict,
+                      count_batches: bool) -> tuple[int, int, str | None]:
+        """From the footer: every non-empty row group is a batch."""
+        pf = open_file(path)
+        meta = pf.metadata
+        groups = sum(1 for rg in range(meta.num_row_groups) if meta.row_group(rg).num_rows)
+        return meta.num_rows, groups, schema_problem(pf.schema_arrow, schema)
 
     def tasks(self, dataset: Dataset, columns: list[str] | None, report: ReadReport) -> Iterator[_Task]:
         schema = dataset.projected_schema(columns)

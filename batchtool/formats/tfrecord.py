@@ -15,14 +15,13 @@ from typing import TYPE_CHECKING, BinaryIO
 
 import google_crc32c
 import numpy as np
+import pyarrow as pa
 
 from batchtool import fs
 from batchtool.errors import CorruptRecordError, InputError, UsageError, where
-from batchtool.formats.base import EncodedBatch, Format
+from batchtool.formats.base import BATCH_COLUMN, EncodedBatch, Format
 
 if TYPE_CHECKING:
-    import pyarrow as pa
-
     from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
     from batchtool.output import OutputOptions
 
@@ -644,6 +643,19 @@ def _scan_schema(src: str, shards: tuple[Shard, ...], kind: str, skip_corrupt: b
     return scan.schema(kind, src)
 
 
+def _schema_problem(payloads: list[bytes], path: str, schema: pa.Schema, kind: str) -> str | None:
+    """How a file's first records differ from `schema`: they do not decode to it, or hold features it lacks."""
+    from batchtool.formats import example as example_codec
+
+    try:
+        example_codec.decode_records(payloads, schema, kind, path=path, first_record=0)
+    except InputError as exc:
+        return str(exc)
+    inferred, _ = example_codec.infer_schema(payloads, kind, path=path)
+    extra = [n for n in inferred.names if n not in schema.names]
+    return f"features not in the manifest's schema: {', '.join(extra)}" if extra else None
+
+
 class TFRecordFormat(Format):
     """TFRecord shards of tf.train.SequenceExample (or Example) records, directly batchable by tf.data."""
 
@@ -697,6 +709,30 @@ class TFRecordFormat(Format):
             kind = "sequence_example"
         return Dataset(src, self.name, shards, schema, tfrecord_kind=kind, skip_corrupt=skip_corrupt,
                        manifest=manifest, max_record_bytes=limit)
+
+    def inspect_shard(self, path: str, schema: pa.Schema, output: dict,
+                      count_batches: bool) -> tuple[int, int | None, str | None]:
+        """Records counted, batches as runs of the batch column (decoding it); the first chunk must decode to
+        `schema` and hold no feature it lacks (a TFRecord file records no schema of its own)."""
+        from batchtool.formats import example as example_codec
+
+        kind = output.get("tfrecord_kind") or "sequence_example"
+        batch_schema = (pa.schema([schema.field(BATCH_COLUMN)])
+                        if count_batches and BATCH_COLUMN in schema.names else None)
+        rows = batches = 0
+        previous = None
+        problem = None
+        for first, payloads in iter_record_chunks(path, CHUNK_RECORDS):
+            if first == 0:
+                problem = _schema_problem(payloads, path, schema, kind)
+            rows += len(payloads)
+            if batch_schema is not None:
+                ids = example_codec.decode_records(payloads, batch_schema, kind, path=path,
+                                                   first_record=first).column(0).to_numpy(zero_copy_only=False)
+                starts = np.r_[previous is None or ids[0] != previous, ids[1:] != ids[:-1]] if len(ids) else []
+                batches += int(np.count_nonzero(starts))
+                previous = ids[-1] if len(ids) else previous
+        return rows, batches if batch_schema is not None else None, problem
 
     def tasks(self, dataset: Dataset, columns: list[str] | None, report: ReadReport) -> Iterator[_Task]:
         schema = dataset.projected_schema(columns)
