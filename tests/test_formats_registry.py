@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import re
+
 import pytest
 
+import batchtool
 from batchtool import formats
 from batchtool.dataset import detect_format
 from batchtool.errors import UsageError
@@ -45,3 +49,24 @@ def test_each_format_checks_its_codecs(fmt, codec, message):
     with pytest.raises(UsageError) as info:
         OutputOptions(format=fmt, compression=codec)
     assert str(info.value) == message
+
+
+_NAME = "|".join(formats.NAMES)
+_BRANCH = re.compile(rf"""(==|!=|\bis|\bcase)\s*["']({_NAME})["']|["']({_NAME})["']\s*(==|!=)"""
+                     rf"""|\bin\s*[(\[{{][^)\]}}]*["']({_NAME})["']""")
+"""A format's name compared with something: a branch that belongs in the format's module."""
+PACKAGE = os.path.dirname(os.path.abspath(batchtool.__file__))
+
+
+def test_no_format_name_branches_outside_the_formats_package():
+    """Adding a format is adding one module: no code outside batchtool/formats/ asks which format it has."""
+    found = []
+    for folder, _, names in os.walk(PACKAGE):
+        if os.path.relpath(folder, PACKAGE).split(os.sep)[0] == "formats":
+            continue
+        for name in sorted(n for n in names if n.endswith(".py")):
+            path = os.path.join(folder, name)
+            with open(path, encoding="utf-8") as f:
+                found += [f"{os.path.relpath(path, os.path.dirname(PACKAGE))}:{n}: {line.strip()}"
+                          for n, line in enumerate(f, 1) if _BRANCH.search(line)]
+    assert not found, "format-name branches outside batchtool/formats/:\n" + "\n".join(found)

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO, ClassVar, Protocol
 
+import numpy as np
 import pyarrow as pa
 
 from batchtool.errors import UsageError
@@ -52,6 +53,44 @@ class ShardSink(Protocol):
 
     def abandon(self) -> None:
         """Close any encoder into the already abandoned file (cannot fail)."""
+
+
+class Batches(ABC):
+    """Where each batch of each output file is, in one format, and the task reading a run of them: what lets
+    `batchtool.load` read any batch directly. `cache` is the reading generator's: what it keeps open for one
+    block of files (footers, open files)."""
+
+    records_buckets: ClassVar[bool] = False
+    """The files' metadata give each batch's `bucket` (Parquet column statistics), so buckets() reads no data."""
+
+    @abstractmethod
+    def rows(self, f: int, local: np.ndarray) -> np.ndarray:
+        """Rows of file f's batches `local`, reading no data (Arrow: batch headers; compressed, decompressing)."""
+
+    @abstractmethod
+    def read(self, f: int, local: np.ndarray, columns: list[str] | None, schema: pa.Schema,
+             cache: dict) -> Callable[[], list[pa.RecordBatch]]:
+        """The task (any thread may run it) reading file f's batches `local`: `columns`, as `schema`."""
+
+    def buckets(self, f: int, local: np.ndarray) -> np.ndarray:
+        """The `bucket` of each batch from the files' metadata, -1 where they give no single value (everywhere
+        unless records_buckets)."""
+        return np.full(len(local), -1, dtype=np.int64)
+
+    def unshuffled(self) -> str | None:
+        """Why the batches can only be read in file order, as load's error goes on after 'DST is'; None: any
+        order."""
+        return None
+
+    def release(self, cache: dict) -> None:
+        """Drop (and close) what a block kept."""
+        cache.clear()
+
+
+def cut(batch: pa.RecordBatch, rows: list[int]) -> list[pa.RecordBatch]:
+    """Several batches decoded in one call cut back into batches of `rows` rows each."""
+    starts = np.cumsum([0, *rows])
+    return [batch.slice(int(s), r) for s, r in zip(starts, rows)]
 
 
 class Format(ABC):
@@ -112,6 +151,11 @@ class Format(ABC):
                      reading: dict) -> Dataset:
         """The batchtool.dataset.Dataset of these shards: their common schema (or `schema`), checked.
         `reading`: the reader settings open_dataset was given (tfrecord_kind, skip_corrupt, max_record_bytes)."""
+
+    @abstractmethod
+    def open_batches(self, dst: str, dataset: Dataset) -> tuple[np.ndarray, Batches]:
+        """Each file's batch count and where its batches are, for `batchtool.load` of the output DST (from the
+        manifest, dataset.manifest, where it lists them; else from the files)."""
 
     @abstractmethod
     def inspect_shard(self, path: str, schema: pa.Schema, output: dict,

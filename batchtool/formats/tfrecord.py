@@ -3,6 +3,7 @@ batchtool format: shards opened as datasets (schema from the manifest or a scan)
 
 from __future__ import annotations
 
+import base64
 import gzip
 import io
 import struct
@@ -19,7 +20,7 @@ import pyarrow as pa
 
 from batchtool import fs
 from batchtool.errors import CorruptRecordError, InputError, UsageError, where
-from batchtool.formats.base import BATCH_COLUMN, EncodedBatch, Format
+from batchtool.formats.base import BATCH_COLUMN, Batches, EncodedBatch, Format, cut
 
 if TYPE_CHECKING:
     from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
@@ -564,6 +565,24 @@ class TFRecordFileWriter:
         self.close()
 
 
+def encode_batch_index(starts: list[tuple[int, int]]) -> str:
+    """A TFRecord file's batch index for the manifest: where each batch starts, then the end, as (byte offset
+    in the uncompressed record stream, record number) pairs; little-endian uint64, zlib, base64."""
+    return base64.b64encode(zlib.compress(np.asarray(starts, dtype="<u8").tobytes())).decode("ascii")
+
+
+def decode_batch_index(text: str, batches: int) -> np.ndarray:
+    """[batches + 1, 2] (offset, record) of encode_batch_index; ValueError if it does not hold that many."""
+    size = (batches + 1) * 16
+    raw = zlib.decompressobj().decompress(base64.b64decode(text, validate=True), size + 1)
+    if len(raw) != size:
+        raise ValueError(f"holds {len(raw) // 16 - 1} batches, not {batches}")
+    index = np.frombuffer(raw, dtype="<u8").reshape(batches + 1, 2).astype(np.int64)
+    if (np.diff(index, axis=0) < 0).any():
+        raise ValueError("offsets go backwards")
+    return index
+
+
 class _Sink:
     """A TFRecord shard: each batch's framed records appended (through gzip when asked), and where each starts."""
 
@@ -583,8 +602,6 @@ class _Sink:
         (self._gzip or self._file).write(encoded.framed)
 
     def close(self) -> dict:
-        from batchtool.output import encode_batch_index
-
         if self._gzip is not None:
             self._gzip.close()
         return {"batch_index": encode_batch_index([*self._starts, (self._stream_bytes, self._records)])}
@@ -656,6 +673,97 @@ def _schema_problem(payloads: list[bytes], path: str, schema: pa.Schema, kind: s
     return f"features not in the manifest's schema: {', '.join(extra)}" if extra else None
 
 
+def _scan_batch_index(path: str, schema: pa.Schema, kind: str, batches: int) -> np.ndarray:
+    """The batch index batchtool 0.1 did not write: one pass over the file's framing, decoding only the `batch`
+    column; a batch starts where its value changes. [batches + 1, 2] (stream offset, record) as the manifest's."""
+    from batchtool.formats import example as example_codec
+    from batchtool.manifest import MANIFEST_NAME
+
+    if BATCH_COLUMN not in schema.names:
+        raise InputError(f"{path}: no batch index in {MANIFEST_NAME} and no {BATCH_COLUMN!r} column to find the "
+                         "batches by; write the output again")
+    schema = pa.schema([schema.field(BATCH_COLUMN)])
+    starts: list[tuple[int, int]] = []
+    offset = record = 0
+    previous = None
+    for first, payloads in iter_record_chunks(path, CHUNK_RECORDS):
+        ids = example_codec.decode_records(payloads, schema, kind, path=path, first_record=first).column(0)
+        for payload, batch in zip(payloads, ids.to_pylist()):
+            if batch != previous or not starts:
+                starts.append((offset, record))
+                previous = batch
+            offset += len(payload) + 16  # 8-byte length, its CRC, the payload, its CRC
+            record += 1
+    starts.append((offset, record))
+    if len(starts) - 1 != batches:
+        raise InputError(f"{path}: {len(starts) - 1} runs of the {BATCH_COLUMN!r} column, but {MANIFEST_NAME} "
+                         f"lists {batches} batches")
+    return np.asarray(starts, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class _Batches(Batches):
+    """Byte ranges from the batch index the manifest holds; the I/O happens here, in stream order."""
+
+    paths: tuple[str, ...]
+    ranges: tuple[np.ndarray, ...]
+    """Per file, (byte offset, record number) where each batch starts, then the end."""
+    kind: str
+    gzip: bool
+
+    def rows(self, f: int, local: np.ndarray) -> np.ndarray:
+        return np.diff(self.ranges[f][:, 1])[local]
+
+    def read(self, f: int, local: np.ndarray, columns: list[str] | None, schema: pa.Schema,
+             cache: dict) -> _Decode:
+        from batchtool.manifest import MANIFEST_NAME
+
+        path = self.paths[f]
+        reader = cache.get(f)
+        if reader is None:
+            reader = cache[f] = RangeReader(path)
+        ranges = self.ranges[f]
+        payloads: list[bytes] = []
+        rows = []
+        for i in local:
+            (start, first), (end, stop) = ranges[i], ranges[i + 1]
+            records = reader.records(int(start), int(end), int(first))
+            if len(records) != stop - first:
+                raise InputError(f"{path}: bytes {start}..{end} hold {len(records)} records, but "
+                                 f"{MANIFEST_NAME} indexes {stop - first} for this batch")
+            payloads += records
+            rows.append(len(records))
+        return _Decode(path, payloads, rows, int(ranges[local[0]][1]), schema, self.kind)
+
+    def unshuffled(self) -> str | None:
+        return ("GZIP-compressed TFRecord, which can only be read forward; pass shuffle=False, or write Parquet "
+                "or uncompressed TFRecord for shuffled reads") if self.gzip else None
+
+    def release(self, cache: dict) -> None:
+        for reader in cache.values():
+            reader.close()
+        cache.clear()
+
+
+@dataclass(frozen=True)
+class _Decode:
+    """Several batches' records (read in order by the reader), decoded in one call, cut back into batches."""
+
+    path: str
+    payloads: list[bytes]
+    rows: list[int]
+    first_record: int
+    schema: pa.Schema
+    kind: str
+
+    def __call__(self) -> list[pa.RecordBatch]:
+        from batchtool.formats import example as example_codec
+
+        decoded = example_codec.decode_records(self.payloads, self.schema, self.kind, path=self.path,
+                                               first_record=self.first_record)
+        return cut(decoded, self.rows)
+
+
 class TFRecordFormat(Format):
     """TFRecord shards of tf.train.SequenceExample (or Example) records, directly batchable by tf.data."""
 
@@ -709,6 +817,28 @@ class TFRecordFormat(Format):
             kind = "sequence_example"
         return Dataset(src, self.name, shards, schema, tfrecord_kind=kind, skip_corrupt=skip_corrupt,
                        manifest=manifest, max_record_bytes=limit)
+
+    def open_batches(self, dst: str, dataset: Dataset) -> tuple[np.ndarray, _Batches]:
+        """From the batch index in the manifest (outputs of batchtool 0.1 have none: a scan of the `batch`
+        column finds it); without a manifest, an InputError."""
+        from batchtool.manifest import MANIFEST_NAME
+
+        if not dataset.manifest:
+            raise InputError(f"{dst}: TFRecord batches need the {MANIFEST_NAME} batchtool wrote beside them")
+        output = dataset.manifest["output"]
+        kind = dataset.tfrecord_kind or "sequence_example"
+        ranges = []
+        for shard, entry in zip(dataset.shards, output["files"]):
+            if "batch_index" not in entry:  # written by batchtool 0.1: index it from its `batch` column, once
+                ranges.append(_scan_batch_index(shard.path, dataset.schema, kind, int(entry["batches"])))
+                continue
+            try:
+                ranges.append(decode_batch_index(entry["batch_index"], int(entry["batches"])))
+            except (ValueError, zlib.error) as exc:
+                raise InputError(f"{shard.path}: unreadable batch index in {MANIFEST_NAME} ({exc})") from exc
+        counts = np.array([e["batches"] for e in output["files"]], dtype=np.int64)
+        return counts, _Batches(tuple(s.path for s in dataset.shards), tuple(ranges), kind,
+                                output.get("compression") == "gzip")
 
     def inspect_shard(self, path: str, schema: pa.Schema, output: dict,
                       count_batches: bool) -> tuple[int, int | None, str | None]:
