@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
     from batchtool.output import OutputOptions
 
-Stream = BinaryIO | gzip.GzipFile
 
 DEFAULT_MAX_RECORD_BYTES = 16 << 20
 """Largest record read unless the caller allows more (--max-record-bytes). Decoding a record takes a
@@ -519,52 +518,6 @@ def frame_records(payloads: Iterable[bytes]) -> bytes:
     return b"".join(parts)
 
 
-class TFRecordFileWriter:
-    """Writes framed records to one file, optionally GZIP-compressed.
-
-    GZIP output has no file name and a zero mtime in its header, so the same
-    records always give the same bytes. bytes_written counts framed
-    (uncompressed) bytes; stat the file for its size on disk.
-    """
-
-    def __init__(self, path: str, compression: str | None = None) -> None:
-        self.path = path
-        self.records = 0
-        self.bytes_written = 0
-        self._raw: BinaryIO = open(path, "wb")  # noqa: SIM115 (closed by close())
-        self._stream: Stream = self._raw
-        if compression and compression.upper() == "GZIP":
-            self._stream = gzip.GzipFile(filename="", mode="wb", fileobj=self._raw, compresslevel=6, mtime=0)
-        elif compression:
-            self._raw.close()
-            raise UsageError(f"{path}: unsupported TFRecord compression {compression!r}; expected None or 'GZIP'")
-
-    def write(self, payload: bytes) -> None:
-        """Append one record."""
-        self.write_many((payload,))
-
-    def write_many(self, payloads: Iterable[bytes]) -> None:
-        """Append many records with a single write."""
-        payloads = list(payloads)
-        framed = frame_records(payloads)
-        self._stream.write(framed)
-        self.records += len(payloads)
-        self.bytes_written += len(framed)
-
-    def close(self) -> None:
-        """Flush and close (also ends the gzip stream); safe to call twice."""
-        if self._stream is not self._raw:
-            self._stream.close()
-        self._raw.close()
-
-    def __enter__(self) -> TFRecordFileWriter:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
-
-
 def encode_batch_index(starts: list[tuple[int, int]]) -> str:
     """A TFRecord file's batch index for the manifest: where each batch starts, then the end, as (byte offset
     in the uncompressed record stream, record number) pairs; little-endian uint64, zlib, base64."""
@@ -584,31 +537,82 @@ def decode_batch_index(text: str, batches: int) -> np.ndarray:
 
 
 class _Sink:
-    """A TFRecord shard: each batch's framed records appended (through gzip when asked), and where each starts."""
+    """The one TFRecord writer: framed records appended to a file (through gzip when asked), counted, and
+    where each batch starts. GZIP output has no file name and a zero mtime in its header, so the same
+    records always give the same bytes."""
 
     def __init__(self, file: BinaryIO, codec: str) -> None:
         self._file = file
-        # mtime=0 and no file name in the header keep gzip output byte-identical across runs
         self._gzip = gzip.GzipFile(filename="", mode="wb", fileobj=file, mtime=0) if codec == "gzip" else None
         self._starts: list[tuple[int, int]] = []
         """(byte offset in the uncompressed record stream, record number) where each batch starts."""
-        self._stream_bytes = 0
-        self._records = 0
+        self.stream_bytes = 0
+        """Framed (uncompressed) bytes written so far."""
+        self.records = 0
+
+    def append(self, framed: bytes, records: int) -> None:
+        """Append `records` framed records."""
+        self.stream_bytes += len(framed)
+        self.records += records
+        (self._gzip or self._file).write(framed)
 
     def write(self, encoded: EncodedBatch) -> None:
-        self._starts.append((self._stream_bytes, self._records))
-        self._stream_bytes += len(encoded.framed)
-        self._records += encoded.data.num_rows
-        (self._gzip or self._file).write(encoded.framed)
+        self._starts.append((self.stream_bytes, self.records))
+        self.append(encoded.framed, encoded.data.num_rows)
+
+    def finish(self) -> None:
+        """End the gzip stream, if any (safe to call twice); the file stays open."""
+        if self._gzip is not None:
+            self._gzip.close()
 
     def close(self) -> dict:
-        if self._gzip is not None:
-            self._gzip.close()
-        return {"batch_index": encode_batch_index([*self._starts, (self._stream_bytes, self._records)])}
+        self.finish()
+        return {"batch_index": encode_batch_index([*self._starts, (self.stream_bytes, self.records)])}
 
     def abandon(self) -> None:
-        if self._gzip is not None:
-            self._gzip.close()
+        self.finish()
+
+
+class TFRecordFileWriter:
+    """Records written to one file by path, optionally GZIP-compressed, by the writer output shards use (so
+    the same records give the same bytes either way). bytes_written counts framed (uncompressed) bytes;
+    stat the file for its size on disk."""
+
+    def __init__(self, path: str, compression: str | None = None) -> None:
+        if compression and compression.upper() != "GZIP":
+            raise UsageError(f"{path}: unsupported TFRecord compression {compression!r}; expected None or 'GZIP'")
+        self.path = path
+        self._raw: BinaryIO = open(path, "wb")  # noqa: SIM115 (closed by close())
+        self._sink = _Sink(self._raw, "gzip" if compression else "none")
+
+    @property
+    def records(self) -> int:
+        return self._sink.records
+
+    @property
+    def bytes_written(self) -> int:
+        return self._sink.stream_bytes
+
+    def write(self, payload: bytes) -> None:
+        """Append one record."""
+        self.write_many((payload,))
+
+    def write_many(self, payloads: Iterable[bytes]) -> None:
+        """Append many records with a single write."""
+        payloads = list(payloads)
+        self._sink.append(frame_records(payloads), len(payloads))
+
+    def close(self) -> None:
+        """Flush and close (also ends the gzip stream); safe to call twice."""
+        self._sink.finish()
+        self._raw.close()
+
+    def __enter__(self) -> TFRecordFileWriter:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
 
 
 CHUNK_RECORDS = 1024
