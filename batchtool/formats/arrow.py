@@ -148,6 +148,9 @@ class ArrowFormat(Format):
         return open_self_describing(src, self, shards, schema, manifest,
                                     lambda path: (open_file(path).schema, sum(batch_rows(path))))
 
+    def count_rows(self, dataset: Dataset, shard: Shard, report: ReadReport) -> int:
+        return sum(batch_rows(shard.path))
+
     def open_batches(self, dst: str, dataset: Dataset) -> tuple[np.ndarray, _Batches]:
         """The manifest's batch counts, or each file's record batches."""
         paths = tuple(s.path for s in dataset.shards)

@@ -153,6 +153,11 @@ class Format(ABC):
         `reading`: the reader settings open_dataset was given (tfrecord_kind, skip_corrupt, max_record_bytes)."""
 
     @abstractmethod
+    def count_rows(self, dataset: Dataset, shard: Shard, report: ReadReport) -> int:
+        """Rows of one shard, decoding none (check's row count when no rule reads data); what a damaged file
+        loses is told to `report`."""
+
+    @abstractmethod
     def open_batches(self, dst: str, dataset: Dataset) -> tuple[np.ndarray, Batches]:
         """Each file's batch count and where its batches are, for `batchtool.load` of the output DST (from the
         manifest, dataset.manifest, where it lists them; else from the files)."""

@@ -237,6 +237,9 @@ class ParquetFormat(Format):
 
         return open_self_describing(src, self, shards, schema, manifest, _footer)
 
+    def count_rows(self, dataset: Dataset, shard: Shard, report: ReadReport) -> int:
+        return open_file(shard.path).metadata.num_rows
+
     def open_batches(self, dst: str, dataset: Dataset) -> tuple[np.ndarray, _Batches]:
         """The manifest's batch counts (each checked against the footer when read), or for a Parquet directory
         without one, the footers' non-empty row groups."""

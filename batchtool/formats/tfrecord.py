@@ -822,6 +822,11 @@ class TFRecordFormat(Format):
         return Dataset(src, self.name, shards, schema, tfrecord_kind=kind, skip_corrupt=skip_corrupt,
                        manifest=manifest, max_record_bytes=limit)
 
+    def count_rows(self, dataset: Dataset, shard: Shard, report: ReadReport) -> int:
+        """Every record read and CRC-checked."""
+        return sum(1 for _ in iter_records(shard.path, skip_corrupt=dataset.skip_corrupt, on_corrupt=report.record,
+                                           max_record_bytes=dataset.max_record_bytes))
+
     def open_batches(self, dst: str, dataset: Dataset) -> tuple[np.ndarray, _Batches]:
         """From the batch index in the manifest (outputs of batchtool 0.1 have none: a scan of the `batch`
         column finds it); without a manifest, an InputError."""
