@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import re
 
+import numpy as np
 import pytest
 
 import batchtool
 from batchtool import formats
-from batchtool.dataset import detect_format
+from batchtool.dataset import ReadReport, detect_format, open_dataset
 from batchtool.errors import UsageError
 from batchtool.output import OutputOptions
 
@@ -70,3 +71,20 @@ def test_no_format_name_branches_outside_the_formats_package():
                 found += [f"{os.path.relpath(path, os.path.dirname(PACKAGE))}:{n}: {line.strip()}"
                           for n, line in enumerate(f, 1) if _BRANCH.search(line)]
     assert not found, "format-name branches outside batchtool/formats/:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("fmt", formats.NAMES)
+def test_every_format_counts_and_indexes_its_own_shards(tmp_path, run_cli, parquet_src, fmt):
+    """count_rows, inspect_shard and open_batches agree with the manifest the writer recorded, for each format."""
+    dst = str(tmp_path / "out")
+    assert run_cli("convert", parquet_src, dst, "--to", fmt, "--shard-rows", "120", "-q").exit_code == 0
+    dataset = open_dataset(dst)
+    spec, output = formats.get(fmt), dataset.manifest["output"]
+    entries = output["files"]
+    assert [spec.count_rows(dataset, s, ReadReport()) for s in dataset.shards] == [e["rows"] for e in entries]
+    # TFRecord records mark batches only by a `batch` column, which convert does not write
+    assert [spec.inspect_shard(s.path, dataset.schema, output, True) for s in dataset.shards] == \
+        [(e["rows"], e["batches"] if spec.self_indexing else None, None) for e in entries]
+    counts, batches = spec.open_batches(dst, dataset)
+    assert counts.tolist() == [e["batches"] for e in entries]
+    assert [int(batches.rows(f, np.arange(n)).sum()) for f, n in enumerate(counts)] == [e["rows"] for e in entries]

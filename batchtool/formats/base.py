@@ -97,11 +97,15 @@ class Format(ABC):
     """A shard format: how files are recognised, written and read. Subclasses register in batchtool.formats."""
 
     name: ClassVar[str]
+    """What --to, --format and the manifest call it: 'parquet'."""
     label: ClassVar[str]
     """How messages name it: 'Parquet'."""
     suffixes: ClassVar[tuple[str, ...]]
+    """The file name endings that say a file is of this format (lower case)."""
     codecs: ClassVar[tuple[str, ...]]
+    """What --compression may ask of it."""
     default_codec: ClassVar[str]
+    """The codec without --compression."""
     unit: ClassVar[str] = "row"
     """What an error calls one example of a file of this format ('row' or 'record')."""
     max_shard_batches: ClassVar[int | None] = None
