@@ -4,31 +4,20 @@ from __future__ import annotations
 
 import os
 import sys
-import zlib
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from batchtool import fs, rng
 from batchtool.dataset import Dataset, Shard, open_dataset
 from batchtool.errors import InputError, UsageError
-from batchtool.formats import arrow as arrow_format
-from batchtool.formats import example as example_codec
-from batchtool.formats import parquet as parquet_format
-from batchtool.formats import tfrecord as tfrecord_format
-from batchtool.manifest import MANIFEST_NAME, manifest_path, output_files, read_manifest, schema_from_json
-from batchtool.output import decode_batch_index
+from batchtool.formats.base import Batches
+from batchtool.manifest import manifest_path, output_files, read_manifest, schema_from_json
 from batchtool.runner import default_threads, ordered_map
 from batchtool.stats import is_sequence_type
-
-BATCH_COLUMN = "batch"
-"""The column bucket, segment and pack write: each row's batch number (in TFRecord output, what cuts the
-records into batches for tf.data and for outputs of batchtool 0.1, which had no batch index)."""
 
 READ_BATCHES = 32
 """Batches decoded per read call when consecutive batches of the stream are in one file: amortises the
@@ -105,125 +94,13 @@ class _Writer:
         return int(self.stats.get("world_size") or 1) if self.lanes else 1
 
 
-class _Batches(ABC):
-    """Where each batch of each file is, in one format, and the task that reads a run of them. `cache` is
-    the reading generator's: what it keeps open for one block of files (footers, open files)."""
-
-    @abstractmethod
-    def rows(self, f: int, local: np.ndarray) -> np.ndarray:
-        """Rows of file f's batches `local`, reading no data (Arrow: batch headers; compressed, decompressing)."""
-
-    @abstractmethod
-    def read(self, f: int, local: np.ndarray, loader: Loader, cache: dict) -> Callable[[], list[pa.RecordBatch]]:
-        """The task reading file f's batches `local`, with the loader's columns and schema."""
-
-    def release(self, cache: dict) -> None:
-        """Drop (and close) what a block kept."""
-        cache.clear()
-
-
-@dataclass(frozen=True)
-class _ParquetBatches(_Batches):
-    """Parquet: every non-empty row group is a batch."""
-
-    paths: tuple[str, ...]
-    counts: np.ndarray
-    row_groups: tuple[np.ndarray | None, ...]
-    """The row group of each of a file's batches; None when it is every row group in order."""
-
-    def footer(self, f: int, cache: dict) -> pq.FileMetaData:
-        """File f's parsed footer, kept in `cache` (about 1 KB per column chunk: one block's files at a time)."""
-        meta = cache.get(f)
-        if meta is None:
-            path = self.paths[f]
-            meta = parquet_format.open_file(path).metadata
-            expected = self.counts[f] if self.row_groups[f] is None else None
-            if expected is not None and meta.num_row_groups != expected:
-                raise InputError(f"{path}: has {meta.num_row_groups} row groups, but "
-                                 f"{MANIFEST_NAME} lists {expected} batches for it")
-            cache[f] = meta
-        return meta
-
-    def groups(self, f: int, local: np.ndarray) -> np.ndarray:
-        groups = self.row_groups[f]
-        return local if groups is None else groups[local]
-
-    def rows(self, f: int, local: np.ndarray) -> np.ndarray:
-        meta = self.footer(f, {})
-        return np.array([meta.row_group(int(g)).num_rows for g in self.groups(f, local)], dtype=np.int64)
-
-    def buckets(self, f: int, local: np.ndarray) -> np.ndarray:
-        """The `bucket` of each batch from the footer statistics (-1 where they do not give one value)."""
-        meta = self.footer(f, {})
-        column = meta.schema.names.index("bucket")
-        out = np.full(len(local), -1, dtype=np.int64)
-        for i, g in enumerate(self.groups(f, local)):
-            stats = meta.row_group(int(g)).column(column).statistics
-            if stats is not None and stats.has_min_max and stats.min == stats.max:
-                out[i] = stats.min
-        return out
-
-    def read(self, f: int, local: np.ndarray, loader: Loader, cache: dict) -> _ParquetRead:
-        return _ParquetRead(self.paths[f], self.footer(f, cache), tuple(int(g) for g in self.groups(f, local)),
-                            loader.columns)
-
-
-@dataclass(frozen=True)
-class _ArrowBatches(_Batches):
-    """Arrow IPC: record batch i is batch i, found through the file's footer."""
-
-    paths: tuple[str, ...]
-
-    def rows(self, f: int, local: np.ndarray) -> np.ndarray:
-        return np.asarray(arrow_format.batch_rows(self.paths[f]), dtype=np.int64)[local]
-
-    def read(self, f: int, local: np.ndarray, loader: Loader, cache: dict) -> _ArrowRead:
-        return _ArrowRead(self.paths[f], tuple(int(i) for i in local), loader.columns)
-
-
-@dataclass(frozen=True)
-class _TFRecordBatches(_Batches):
-    """TFRecord: byte ranges from the batch index the manifest holds; the I/O happens here, in stream order."""
-
-    paths: tuple[str, ...]
-    ranges: tuple[np.ndarray, ...]
-    """Per file, (byte offset, record number) where each batch starts, then the end."""
-
-    def rows(self, f: int, local: np.ndarray) -> np.ndarray:
-        return np.diff(self.ranges[f][:, 1])[local]
-
-    def read(self, f: int, local: np.ndarray, loader: Loader, cache: dict) -> _TFRecordDecode:
-        path = self.paths[f]
-        reader = cache.get(f)
-        if reader is None:
-            reader = cache[f] = tfrecord_format.RangeReader(path)
-        ranges = self.ranges[f]
-        payloads: list[bytes] = []
-        rows = []
-        for i in local:
-            (start, first), (end, stop) = ranges[i], ranges[i + 1]
-            records = reader.records(int(start), int(end), int(first))
-            if len(records) != stop - first:
-                raise InputError(f"{path}: bytes {start}..{end} hold {len(records)} records, but "
-                                 f"{MANIFEST_NAME} indexes {stop - first} for this batch")
-            payloads += records
-            rows.append(len(records))
-        return _TFRecordDecode(path, payloads, rows, int(ranges[local[0]][1]), loader.schema,
-                               loader.dataset.tfrecord_kind or "sequence_example")
-
-    def release(self, cache: dict) -> None:
-        for reader in cache.values():
-            reader.close()
-        cache.clear()
-
-
 @dataclass(frozen=True)
 class _Layout:
     """Each file's batches, numbered in file order, and where they are in the files' format."""
 
     paths: tuple[str, ...]
     counts: np.ndarray
-    batches: _Batches
+    batches: Batches
 
     @property
     def total(self) -> int:
@@ -235,63 +112,6 @@ class _Layout:
         starts = np.cumsum(self.counts) - self.counts
         file = np.searchsorted(starts, batch, side="right") - 1
         return file, batch - starts[file]
-
-
-@dataclass(frozen=True)
-class _ParquetRead:
-    """Row groups of one file, decoded in one call (cheaper per batch) and cut back into one batch each."""
-
-    path: str
-    metadata: pq.FileMetaData
-    row_groups: tuple[int, ...]
-    columns: list[str] | None
-
-    def __call__(self) -> list[pa.RecordBatch]:
-        pf = parquet_format.open_file(self.path, self.metadata)  # the parsed footer is shared, not re-read
-        try:
-            table = pf.read_row_groups(list(self.row_groups), columns=self.columns, use_threads=False)
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise parquet_format.unreadable(pf, self.path, list(self.row_groups), self.columns, exc) from exc
-        return _cut(_one_batch(table), [self.metadata.row_group(rg).num_rows for rg in self.row_groups])
-
-
-@dataclass(frozen=True)
-class _ArrowRead:
-    """Record batches of one file: views of its memory map when uncompressed, decompressed here otherwise."""
-
-    path: str
-    batches: tuple[int, ...]
-    columns: list[str] | None
-
-    def __call__(self) -> list[pa.RecordBatch]:
-        return arrow_format.read_batches(self.path, self.batches, self.columns)
-
-
-@dataclass(frozen=True)
-class _TFRecordDecode:
-    """Several batches' records (read in order by the reader), decoded in one call, cut back into batches."""
-
-    path: str
-    payloads: list[bytes]
-    rows: list[int]
-    first_record: int
-    schema: pa.Schema
-    kind: str
-
-    def __call__(self) -> list[pa.RecordBatch]:
-        decoded = example_codec.decode_records(self.payloads, self.schema, self.kind, path=self.path,
-                                               first_record=self.first_record)
-        return _cut(decoded, self.rows)
-
-
-def _cut(batch: pa.RecordBatch, rows: list[int]) -> list[pa.RecordBatch]:
-    starts = np.cumsum([0, *rows])
-    return [batch.slice(int(s), r) for s, r in zip(starts, rows)]
-
-
-def _one_batch(table: pa.Table) -> pa.RecordBatch:
-    batches = table.combine_chunks().to_batches()
-    return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
 
 
 # --- the loader -------------------------------------------------------------------------------------------
@@ -368,7 +188,7 @@ class Loader:
         rows = np.zeros(len(ids), dtype=np.int64)
         bucket = np.full(len(ids), -1, dtype=np.int64)
         where = self._layout.batches
-        has_bucket = "bucket" in self.dataset.schema.names and isinstance(where, _ParquetBatches)
+        has_bucket = "bucket" in self.dataset.schema.names and where.records_buckets
         for f in np.unique(file):
             at = np.flatnonzero(file == f)
             rows[at] = where.rows(int(f), local[at])
@@ -485,7 +305,7 @@ class Loader:
                     chunk = local[s:min(b, s + run)]
                     s += run
                     run = min(2 * run, READ_BATCHES)
-                    yield where.read(f, chunk, self, cache)
+                    yield where.read(f, chunk, self.columns, self.schema, cache)
         finally:
             where.release(cache)
 
@@ -588,10 +408,9 @@ def load(dst: str, *, columns: Sequence[str] | None = None, shuffle: bool | None
         shuffle = False
     elif shuffle is None:
         shuffle = writer.options.get("order") != "sorted"
-    if (shuffle and isinstance(layout.batches, _TFRecordBatches)
-            and dataset.manifest["output"].get("compression") == "gzip"):
-        raise UsageError(f"shuffle=True: {dst} is GZIP-compressed TFRecord, which can only be read forward; "
-                         "pass shuffle=False, or write Parquet or uncompressed TFRecord for shuffled reads")
+    unshuffled = layout.batches.unshuffled()
+    if shuffle and unshuffled:
+        raise UsageError(f"shuffle=True: {dst} is {unshuffled}")
     return Loader(dataset, layout, writer, cols, shuffle=bool(shuffle), seed=int(seed), rank=rank,
                   world_size=world_size, drop_uneven=drop_uneven, threads=threads or min(4, default_threads()),
                   writable=writable, tensors=tensors)
@@ -622,62 +441,7 @@ def _from_manifest(dst: str, manifest: dict) -> Dataset:
                    tfrecord_kind=out.get("tfrecord_kind"), manifest=manifest)
 
 
-def _scan_batch_index(path: str, dataset: Dataset, batches: int) -> np.ndarray:
-    """The batch index batchtool 0.1 did not write: one pass over the file's framing, decoding only the `batch`
-    column; a batch starts where its value changes. [batches + 1, 2] (stream offset, record) as the manifest's."""
-    if BATCH_COLUMN not in dataset.schema.names:
-        raise InputError(f"{path}: no batch index in {MANIFEST_NAME} and no {BATCH_COLUMN!r} column to find the "
-                         "batches by; write the output again")
-    schema = pa.schema([dataset.schema.field(BATCH_COLUMN)])
-    kind = dataset.tfrecord_kind or "sequence_example"
-    starts: list[tuple[int, int]] = []
-    offset = record = 0
-    previous = None
-    for first, payloads in tfrecord_format.iter_record_chunks(path, tfrecord_format.CHUNK_RECORDS):
-        ids = example_codec.decode_records(payloads, schema, kind, path=path, first_record=first).column(0)
-        for payload, batch in zip(payloads, ids.to_pylist()):
-            if batch != previous or not starts:
-                starts.append((offset, record))
-                previous = batch
-            offset += len(payload) + 16  # 8-byte length, its CRC, the payload, its CRC
-            record += 1
-    starts.append((offset, record))
-    if len(starts) - 1 != batches:
-        raise InputError(f"{path}: {len(starts) - 1} runs of the {BATCH_COLUMN!r} column, but {MANIFEST_NAME} "
-                         f"lists {batches} batches")
-    return np.asarray(starts, dtype=np.int64)
-
-
 def _layout(dst: str, dataset: Dataset) -> _Layout:
-    """Where every batch is: from the manifest (the TFRecord batch index written with the files), or for a
-    Parquet directory without one, from the footers (each non-empty row group is a batch)."""
-    paths = tuple(s.path for s in dataset.shards)
-    entries = dataset.manifest["output"]["files"] if dataset.manifest else None
-    if dataset.format == "arrow":
-        counts = np.array([e["batches"] for e in entries] if entries is not None
-                          else [arrow_format.open_file(p).num_record_batches for p in paths], dtype=np.int64)
-        return _Layout(paths, counts, _ArrowBatches(paths))
-    if dataset.format == "parquet":
-        if entries is not None:
-            counts = np.array([e["batches"] for e in entries], dtype=np.int64)
-            return _Layout(paths, counts, _ParquetBatches(paths, counts, (None,) * len(paths)))
-        groups = []
-        for path in paths:
-            meta = parquet_format.open_file(path).metadata
-            groups.append(np.array([g for g in range(meta.num_row_groups) if meta.row_group(g).num_rows],
-                                   dtype=np.int64))
-        counts = np.array([len(g) for g in groups], dtype=np.int64)
-        return _Layout(paths, counts, _ParquetBatches(paths, counts, tuple(groups)))
-    if entries is None:
-        raise InputError(f"{dst}: TFRecord batches need the {MANIFEST_NAME} batchtool wrote beside them")
-    ranges = []
-    for path, entry in zip(paths, entries):
-        if "batch_index" not in entry:  # written by batchtool 0.1: index it from its `batch` column, once
-            ranges.append(_scan_batch_index(path, dataset, int(entry["batches"])))
-            continue
-        try:
-            ranges.append(decode_batch_index(entry["batch_index"], int(entry["batches"])))
-        except (ValueError, zlib.error) as exc:
-            raise InputError(f"{path}: unreadable batch index in {MANIFEST_NAME} ({exc})") from exc
-    return _Layout(paths, np.array([e["batches"] for e in entries], dtype=np.int64),
-                   _TFRecordBatches(paths, tuple(ranges)))
+    """Where every batch is, as the output's format finds it (Format.open_batches)."""
+    counts, batches = dataset.spec.open_batches(dst, dataset)
+    return _Layout(tuple(s.path for s in dataset.shards), counts, batches)

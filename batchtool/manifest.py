@@ -108,7 +108,7 @@ def build(*, command: str, options: dict[str, Any], seed: int | None, dataset: D
         "inputs": {"src": dataset.src, "format": dataset.format, "tfrecord_kind": dataset.tfrecord_kind,
                    "files": input_entries(dataset)},
         "output": {"format": output.format, "compression": output.codec,
-                   "tfrecord_kind": output.tfrecord_kind if output.format == "tfrecord" else None,
+                   "tfrecord_kind": output.spec.record_kind(output),
                    "rows": sum(f["rows"] for f in files), "batches": sum(f["batches"] for f in files),
                    "bytes": sum(f["bytes"] for f in files), "files": files},
         "schema": schema_to_json(schema),

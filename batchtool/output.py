@@ -6,22 +6,19 @@ One writer serves every format; the formats (batchtool.formats) only encode and 
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import os
 import tempfile
-import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import BinaryIO
 
-import numpy as np
 import pyarrow as pa
 
 from batchtool import fs
 from batchtool.errors import DestinationError, DestinationExistsError, SchemaError, UsageError, where
-from batchtool.formats import FORMATS, NAMES
+from batchtool.formats import DEFAULT, FORMATS, NAMES
 from batchtool.formats.base import EncodedBatch, Format, ShardSink
 
 CASTS = {"float64=float32": (pa.float64(), pa.float32())}
@@ -34,7 +31,7 @@ DEFAULT_SHARD_BYTES = 256 * 1024 * 1024
 class OutputOptions:
     """Where and how batch shards are written."""
 
-    format: str = "parquet"
+    format: str = DEFAULT
     compression: str | None = None
     """The format's codec (its `codecs`); None for its default (Parquet zstd, TFRecord and Arrow none)."""
     shard_rows: int | None = None
@@ -225,24 +222,6 @@ class BatchShardWriter:
             if self._sink is not None:
                 self._close_shard()
         return self.files
-
-
-def encode_batch_index(starts: list[tuple[int, int]]) -> str:
-    """A TFRecord file's batch index for the manifest: where each batch starts, then the end, as (byte offset
-    in the uncompressed record stream, record number) pairs; little-endian uint64, zlib, base64."""
-    return base64.b64encode(zlib.compress(np.asarray(starts, dtype="<u8").tobytes())).decode("ascii")
-
-
-def decode_batch_index(text: str, batches: int) -> np.ndarray:
-    """[batches + 1, 2] (offset, record) of encode_batch_index; ValueError if it does not hold that many."""
-    size = (batches + 1) * 16
-    raw = zlib.decompressobj().decompress(base64.b64decode(text, validate=True), size + 1)
-    if len(raw) != size:
-        raise ValueError(f"holds {len(raw) // 16 - 1} batches, not {batches}")
-    index = np.frombuffer(raw, dtype="<u8").reshape(batches + 1, 2).astype(np.int64)
-    if (np.diff(index, axis=0) < 0).any():
-        raise ValueError("offsets go backwards")
-    return index
 
 
 @contextmanager

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import re
+
+import numpy as np
 import pytest
 
+import batchtool
 from batchtool import formats
-from batchtool.dataset import detect_format
+from batchtool.dataset import ReadReport, detect_format, open_dataset
 from batchtool.errors import UsageError
 from batchtool.output import OutputOptions
 
@@ -45,3 +50,41 @@ def test_each_format_checks_its_codecs(fmt, codec, message):
     with pytest.raises(UsageError) as info:
         OutputOptions(format=fmt, compression=codec)
     assert str(info.value) == message
+
+
+_NAME = "|".join(formats.NAMES)
+_BRANCH = re.compile(rf"""(==|!=|\bis|\bcase)\s*["']({_NAME})["']|["']({_NAME})["']\s*(==|!=)"""
+                     rf"""|\bin\s*[(\[{{][^)\]}}]*["']({_NAME})["']""")
+"""A format's name compared with something: a branch that belongs in the format's module."""
+PACKAGE = os.path.dirname(os.path.abspath(batchtool.__file__))
+
+
+def test_no_format_name_branches_outside_the_formats_package():
+    """Adding a format is adding one module: no code outside batchtool/formats/ asks which format it has."""
+    found = []
+    for folder, _, names in os.walk(PACKAGE):
+        if os.path.relpath(folder, PACKAGE).split(os.sep)[0] == "formats":
+            continue
+        for name in sorted(n for n in names if n.endswith(".py")):
+            path = os.path.join(folder, name)
+            with open(path, encoding="utf-8") as f:
+                found += [f"{os.path.relpath(path, os.path.dirname(PACKAGE))}:{n}: {line.strip()}"
+                          for n, line in enumerate(f, 1) if _BRANCH.search(line)]
+    assert not found, "format-name branches outside batchtool/formats/:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("fmt", formats.NAMES)
+def test_every_format_counts_and_indexes_its_own_shards(tmp_path, run_cli, parquet_src, fmt):
+    """count_rows, inspect_shard and open_batches agree with the manifest the writer recorded, for each format."""
+    dst = str(tmp_path / "out")
+    assert run_cli("convert", parquet_src, dst, "--to", fmt, "--shard-rows", "120", "-q").exit_code == 0
+    dataset = open_dataset(dst)
+    spec, output = formats.get(fmt), dataset.manifest["output"]
+    entries = output["files"]
+    assert [spec.count_rows(dataset, s, ReadReport()) for s in dataset.shards] == [e["rows"] for e in entries]
+    # TFRecord records mark batches only by a `batch` column, which convert does not write
+    assert [spec.inspect_shard(s.path, dataset.schema, output, True) for s in dataset.shards] == \
+        [(e["rows"], e["batches"] if spec.self_indexing else None, None) for e in entries]
+    counts, batches = spec.open_batches(dst, dataset)
+    assert counts.tolist() == [e["batches"] for e in entries]
+    assert [int(batches.rows(f, np.arange(n)).sum()) for f, n in enumerate(counts)] == [e["rows"] for e in entries]

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import gzip
+import io
 import zlib
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from batchtool.errors import CorruptRecordError, InputError, UsageError
+from batchtool.formats.example import encode_records
 from batchtool.formats.tfrecord import (
     DEFAULT_MAX_RECORD_BYTES,
     Skipped,
@@ -302,6 +305,21 @@ def test_gzip_magic_in_an_uncompressed_length_is_not_gzip(tmp_path: Path) -> Non
     assert path.read_bytes()[:2] == b"\x1f\x8b"
     assert detect_compression(str(path)) is None
     assert list(iter_records(str(path))) == [payload]
+
+
+@pytest.mark.parametrize("compression", [None, "gzip"])
+def test_one_writer_for_record_files_and_output_shards(tmp_path: Path, compression: str | None) -> None:
+    """TFRecordFileWriter (tests, scripts) and the output shards write the same records as the same bytes."""
+    from batchtool.output import OutputOptions
+
+    batch = pa.RecordBatch.from_pydict({"tokens": [[1, 2, 3], [4]], "label": [0, 1]})
+    options = OutputOptions(format="tfrecord", compression=compression)
+    shard = io.BytesIO()
+    sink = options.spec.open_sink(shard, batch.schema, options)
+    sink.write(options.spec.encode(batch, options))
+    sink.close()
+    path = write(tmp_path / "w.tfrecord", encode_records(batch), compression)
+    assert path.read_bytes() == shard.getvalue()
 
 
 def test_unknown_compression(tmp_path: Path) -> None:

@@ -41,9 +41,9 @@ def _batches(rule: Rule, dataset: Dataset, columns: list[str], threads: int) -> 
 
     A rule asked of data whose batches cannot be told apart is a usage error (exit 2), never a failure.
     """
-    if dataset.format == "tfrecord" and dataset.manifest is None:
-        raise UsageError(f"rule {rule.name!r}: {dataset.src} is TFRecord without a batchtool manifest, so its "
-                         "records mark no batches")
+    if not dataset.spec.self_indexing and dataset.manifest is None:
+        raise UsageError(f"rule {rule.name!r}: {dataset.src} is {dataset.spec.label} without a batchtool manifest, "
+                         f"so its {dataset.spec.unit}s mark no batches")
     return load(dataset.src, columns=columns, shuffle=False, threads=threads).record_batches()
 
 

@@ -20,7 +20,7 @@ from functools import singledispatch
 
 import pyarrow as pa
 
-from batchtool import fs
+from batchtool import formats, fs
 from batchtool.check.batches import BATCH_RULES, judge_batches
 from batchtool.check.drift import judge_drift, open_baseline, profile_of, resolve_drift
 from batchtool.check.report import ERROR, FAIL, CheckResult, Offender, RuleResult, every, plural
@@ -115,8 +115,10 @@ def _check_data(dataset: Dataset, rules: RuleSet, options: CheckOptions, run: Ru
             results[rule.name] = judge_padding(rule, dataset)
         elif isinstance(rule, (PaddingEfficiency, *BATCH_RULES)):
             results[rule.name] = judge_batches(rule, dataset, limit, run.threads)
-        elif isinstance(rule, Crc) and dataset.format != "tfrecord":
-            raise UsageError(f"rule {rule.name!r}: {dataset.src} is {dataset.format}; CRCs exist only in TFRecord files")
+        elif isinstance(rule, Crc) and not dataset.spec.record_checksums:
+            having = " or ".join(f.label for f in formats.FORMATS.values() if f.record_checksums)
+            raise UsageError(f"rule {rule.name!r}: {dataset.src} is {dataset.format}; "
+                             f"CRCs exist only in {having} files")
     baseline = open_baseline(rules.baseline, options.skip_corrupt) if rules.drift else None
     resolved: dict[str, Rule] = {}
     for rule in rules.drift:

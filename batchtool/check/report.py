@@ -10,7 +10,9 @@ from typing import Any
 
 import click
 
+from batchtool import formats
 from batchtool.errors import UsageError
+from batchtool.formats.base import Format
 
 PASS, FAIL, ERROR, SKIP = "PASS", "FAIL", "ERROR", "SKIP"
 STATUS_COLORS = {PASS: "green", FAIL: "red", ERROR: "red", SKIP: "yellow"}
@@ -96,7 +98,7 @@ class CheckResult:
 
     @property
     def row_unit(self) -> str:
-        return "record" if self.format == "tfrecord" else "row"
+        return formats.get(self.format).unit if self.format else Format.unit
 
     def counts(self) -> dict[str, int]:
         return {s: sum(r.status == s for r in self.rules) for s in (PASS, FAIL, ERROR, SKIP)}

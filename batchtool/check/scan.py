@@ -25,9 +25,8 @@ from batchtool.check.hashing import canonical, row_hashes
 from batchtool.check.report import Offender
 from batchtool.check.rules import (ClassProportions, DriftLengths, DriftNulls, DriftProportions, LabelRange, Length,
                                    MinClassRows, NoDuplicateRows, NoNan, NoNulls, Rule, SameLength, Unique)
-from batchtool.dataset import Chunk, Dataset, ReadReport
+from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
 from batchtool.errors import SchemaError
-from batchtool.formats import tfrecord
 from batchtool.job import RunSettings
 from batchtool.padding import element_type
 from batchtool.runner import ordered_map
@@ -207,15 +206,13 @@ def measure(dataset: Dataset, plan: Plan, run: RunSettings, needs_rows: bool, me
 
 
 def count_records(dataset: Dataset, report: ReadReport, threads: int) -> int:
-    """Rows of a TFRecord dataset without decoding: read and CRC-check every record, shards on threads."""
-    def count(path: str) -> tuple[int, ReadReport]:
+    """Rows of a dataset whose files do not say (TFRecord) without decoding them, shards on threads."""
+    def count(shard: Shard) -> tuple[int, ReadReport]:
         local = ReadReport()
-        records = tfrecord.iter_records(path, skip_corrupt=dataset.skip_corrupt, on_corrupt=local.record,
-                                        max_record_bytes=dataset.max_record_bytes)
-        return sum(1 for _ in records), local
+        return dataset.spec.count_rows(dataset, shard, local), local
 
     rows = 0
-    for n, local in ordered_map(count, [s.path for s in dataset.shards], threads):
+    for n, local in ordered_map(count, dataset.shards, threads):
         rows += n
         report.merge(local)
     return rows

@@ -11,6 +11,8 @@ from batchtool.formats.tfrecord import TFRecordFormat
 FORMATS: dict[str, Format] = {f.name: f for f in (ParquetFormat(), TFRecordFormat(), ArrowFormat())}
 """Every format batchtool reads and writes, by the name --to, --format and the manifest use."""
 NAMES = tuple(FORMATS)
+DEFAULT = ParquetFormat.name
+"""The format written when none is asked for."""
 
 
 def get(name: str) -> Format:

@@ -6,11 +6,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 
+import numpy as np
 import pyarrow as pa
 
 from batchtool import fs, rng
 from batchtool.errors import InputError, where
-from batchtool.formats.base import EncodedBatch, Format, first_line
+from batchtool.formats.base import Batches, EncodedBatch, Format, first_line, schema_problem
 
 if TYPE_CHECKING:
     from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
@@ -101,6 +102,32 @@ class _Task:
         return Chunk(batch, rng.example_ids(self.shard.index, self.first_row, batch.num_rows))
 
 
+@dataclass(frozen=True)
+class _Batches(Batches):
+    """Record batch i is batch i, found through the file's footer."""
+
+    paths: tuple[str, ...]
+
+    def rows(self, f: int, local: np.ndarray) -> np.ndarray:
+        return np.asarray(batch_rows(self.paths[f]), dtype=np.int64)[local]
+
+    def read(self, f: int, local: np.ndarray, columns: list[str] | None, schema: pa.Schema,
+             cache: dict) -> _Read:
+        return _Read(self.paths[f], tuple(int(i) for i in local), columns)
+
+
+@dataclass(frozen=True)
+class _Read:
+    """Record batches of one file: views of its memory map when uncompressed, decompressed here otherwise."""
+
+    path: str
+    batches: tuple[int, ...]
+    columns: list[str] | None
+
+    def __call__(self) -> list[pa.RecordBatch]:
+        return read_batches(self.path, self.batches, self.columns)
+
+
 class ArrowFormat(Format):
     """Arrow IPC file format (`.arrow`): what pyarrow, polars, DuckDB and HuggingFace datasets map directly."""
 
@@ -120,6 +147,23 @@ class ArrowFormat(Format):
 
         return open_self_describing(src, self, shards, schema, manifest,
                                     lambda path: (open_file(path).schema, sum(batch_rows(path))))
+
+    def count_rows(self, dataset: Dataset, shard: Shard, report: ReadReport) -> int:
+        return sum(batch_rows(shard.path))
+
+    def open_batches(self, dst: str, dataset: Dataset) -> tuple[np.ndarray, _Batches]:
+        """The manifest's batch counts, or each file's record batches."""
+        paths = tuple(s.path for s in dataset.shards)
+        entries = dataset.manifest["output"]["files"] if dataset.manifest else None
+        counts = np.array([e["batches"] for e in entries] if entries is not None
+                          else [open_file(p).num_record_batches for p in paths], dtype=np.int64)
+        return counts, _Batches(paths)
+
+    def inspect_shard(self, path: str, schema: pa.Schema, output: dict,
+                      count_batches: bool) -> tuple[int, int, str | None]:
+        """From the batch headers: every non-empty record batch is a batch."""
+        rows = batch_rows(path)
+        return sum(rows), sum(1 for r in rows if r), schema_problem(open_file(path).schema, schema)
 
     def tasks(self, dataset: Dataset, columns: list[str] | None, report: ReadReport) -> Iterator[_Task]:
         schema = dataset.projected_schema(columns)

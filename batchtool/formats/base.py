@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO, ClassVar, Protocol
 
+import numpy as np
 import pyarrow as pa
 
 from batchtool.errors import UsageError
@@ -14,6 +15,11 @@ from batchtool.errors import UsageError
 if TYPE_CHECKING:
     from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
     from batchtool.output import OutputOptions
+
+
+BATCH_COLUMN = "batch"
+"""The column bucket, segment and pack write: each row's batch number (in TFRecord output, what cuts the
+records into batches for tf.data and for outputs of batchtool 0.1, which had no batch index)."""
 
 
 @dataclass(frozen=True)
@@ -29,6 +35,14 @@ def first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
+def schema_problem(found: pa.Schema, expected: pa.Schema) -> str | None:
+    """How a file's schema differs from the one expected (metadata aside); None when it does not."""
+    from batchtool.dataset import _schema_diff
+
+    found = found.remove_metadata()
+    return None if found.equals(expected.remove_metadata()) else _schema_diff(expected, found)
+
+
 class ShardSink(Protocol):
     """One output file being written: append batches, then close (returning the manifest entry's extra fields)."""
 
@@ -41,15 +55,57 @@ class ShardSink(Protocol):
         """Close any encoder into the already abandoned file (cannot fail)."""
 
 
+class Batches(ABC):
+    """Where each batch of each output file is, in one format, and the task reading a run of them: what lets
+    `batchtool.load` read any batch directly. `cache` is the reading generator's: what it keeps open for one
+    block of files (footers, open files)."""
+
+    records_buckets: ClassVar[bool] = False
+    """The files' metadata give each batch's `bucket` (Parquet column statistics), so buckets() reads no data."""
+
+    @abstractmethod
+    def rows(self, f: int, local: np.ndarray) -> np.ndarray:
+        """Rows of file f's batches `local`, reading no data (Arrow: batch headers; compressed, decompressing)."""
+
+    @abstractmethod
+    def read(self, f: int, local: np.ndarray, columns: list[str] | None, schema: pa.Schema,
+             cache: dict) -> Callable[[], list[pa.RecordBatch]]:
+        """The task (any thread may run it) reading file f's batches `local`: `columns`, as `schema`."""
+
+    def buckets(self, f: int, local: np.ndarray) -> np.ndarray:
+        """The `bucket` of each batch from the files' metadata, -1 where they give no single value (everywhere
+        unless records_buckets)."""
+        return np.full(len(local), -1, dtype=np.int64)
+
+    def unshuffled(self) -> str | None:
+        """Why the batches can only be read in file order, as load's error goes on after 'DST is'; None: any
+        order."""
+        return None
+
+    def release(self, cache: dict) -> None:
+        """Drop (and close) what a block kept."""
+        cache.clear()
+
+
+def cut(batch: pa.RecordBatch, rows: list[int]) -> list[pa.RecordBatch]:
+    """Several batches decoded in one call cut back into batches of `rows` rows each."""
+    starts = np.cumsum([0, *rows])
+    return [batch.slice(int(s), r) for s, r in zip(starts, rows)]
+
+
 class Format(ABC):
     """A shard format: how files are recognised, written and read. Subclasses register in batchtool.formats."""
 
     name: ClassVar[str]
+    """What --to, --format and the manifest call it: 'parquet'."""
     label: ClassVar[str]
     """How messages name it: 'Parquet'."""
     suffixes: ClassVar[tuple[str, ...]]
+    """The file name endings that say a file is of this format (lower case)."""
     codecs: ClassVar[tuple[str, ...]]
+    """What --compression may ask of it."""
     default_codec: ClassVar[str]
+    """The codec without --compression."""
     unit: ClassVar[str] = "row"
     """What an error calls one example of a file of this format ('row' or 'record')."""
     max_shard_batches: ClassVar[int | None] = None
@@ -58,6 +114,11 @@ class Format(ABC):
     """Holds floats as float32 only, so float64 columns need `--cast float64=float32` (see OutputOptions)."""
     magic: ClassVar[bytes | None] = None
     """The bytes a file of this format starts with, to recognise a file whose name says nothing."""
+    record_checksums: ClassVar[bool] = False
+    """Each record carries its own checksum, which the `crc` rule of `check` verifies."""
+    self_indexing: ClassVar[bool] = True
+    """A file's batches can be found from the file alone (row groups, record batches); False: only from the
+    batch index in the manifest batchtool writes beside the files."""
 
     def detect(self, path: str, head: bytes | None = None) -> bool:
         """By the file name, or (given the file's first bytes) by its magic number."""
@@ -74,6 +135,11 @@ class Format(ABC):
         if options.codec not in self.codecs:
             raise UsageError(f"--compression {options.compression!r}: {self.label} takes {', '.join(self.codecs)}")
 
+    def record_kind(self, options: OutputOptions) -> str | None:
+        """The message each record holds, which the manifest records for readers (`output.tfrecord_kind`);
+        None when the files describe themselves."""
+        return None
+
     def encode(self, batch: pa.RecordBatch, options: OutputOptions) -> EncodedBatch:
         """Pure and thread-safe (workers run it): by default the writer encodes the Arrow data itself."""
         return EncodedBatch(batch)
@@ -89,6 +155,22 @@ class Format(ABC):
                      reading: dict) -> Dataset:
         """The batchtool.dataset.Dataset of these shards: their common schema (or `schema`), checked.
         `reading`: the reader settings open_dataset was given (tfrecord_kind, skip_corrupt, max_record_bytes)."""
+
+    @abstractmethod
+    def count_rows(self, dataset: Dataset, shard: Shard, report: ReadReport) -> int:
+        """Rows of one shard, decoding none (check's row count when no rule reads data); what a damaged file
+        loses is told to `report`."""
+
+    @abstractmethod
+    def open_batches(self, dst: str, dataset: Dataset) -> tuple[np.ndarray, Batches]:
+        """Each file's batch count and where its batches are, for `batchtool.load` of the output DST (from the
+        manifest, dataset.manifest, where it lists them; else from the files)."""
+
+    @abstractmethod
+    def inspect_shard(self, path: str, schema: pa.Schema, output: dict,
+                      count_batches: bool) -> tuple[int, int | None, str | None]:
+        """What `check DST` verifies of one file against the manifest (`schema`, its `output` section): (rows,
+        batches or None when the file marks none, how its schema differs or None), reading only what that takes."""
 
     @abstractmethod
     def tasks(self, dataset: Dataset, columns: list[str] | None,

@@ -6,12 +6,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchtool import fs, rng
 from batchtool.errors import InputError, where
-from batchtool.formats.base import EncodedBatch, Format, first_line
+from batchtool.formats.base import Batches, EncodedBatch, Format, cut, first_line, schema_problem
 
 if TYPE_CHECKING:
     from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
@@ -69,9 +70,12 @@ def decode_row_group(pf: pq.ParquetFile, row_group: int, columns: list[str] | No
     """Decode one row group of an open file (in pieces, see _DECODE_ROWS) as a single RecordBatch."""
     pieces = list(pf.iter_batches(batch_size=_DECODE_ROWS, row_groups=[row_group], columns=columns,
                                   use_threads=False))
-    schema = pieces[0].schema if pieces else pf.schema_arrow
-    batches = pa.Table.from_batches(pieces, schema).combine_chunks().to_batches()
-    return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=schema)
+    return _one_batch(pa.Table.from_batches(pieces, pieces[0].schema if pieces else pf.schema_arrow))
+
+
+def _one_batch(table: pa.Table) -> pa.RecordBatch:
+    batches = table.combine_chunks().to_batches()
+    return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
 
 
 def dictionary_columns(schema: pa.Schema) -> list[str]:
@@ -146,6 +150,73 @@ class _Task:
         return Chunk(batch, rng.example_ids(self.shard.index, self.first_row, batch.num_rows))
 
 
+@dataclass(frozen=True)
+class _Batches(Batches):
+    """Every non-empty row group is a batch."""
+
+    paths: tuple[str, ...]
+    counts: np.ndarray
+    row_groups: tuple[np.ndarray | None, ...]
+    """The row group of each of a file's batches; None when it is every row group in order."""
+    records_buckets = True
+
+    def footer(self, f: int, cache: dict) -> pq.FileMetaData:
+        """File f's parsed footer, kept in `cache` (about 1 KB per column chunk: one block's files at a time)."""
+        meta = cache.get(f)
+        if meta is None:
+            from batchtool.manifest import MANIFEST_NAME
+
+            path = self.paths[f]
+            meta = open_file(path).metadata
+            expected = self.counts[f] if self.row_groups[f] is None else None
+            if expected is not None and meta.num_row_groups != expected:
+                raise InputError(f"{path}: has {meta.num_row_groups} row groups, but "
+                                 f"{MANIFEST_NAME} lists {expected} batches for it")
+            cache[f] = meta
+        return meta
+
+    def groups(self, f: int, local: np.ndarray) -> np.ndarray:
+        groups = self.row_groups[f]
+        return local if groups is None else groups[local]
+
+    def rows(self, f: int, local: np.ndarray) -> np.ndarray:
+        meta = self.footer(f, {})
+        return np.array([meta.row_group(int(g)).num_rows for g in self.groups(f, local)], dtype=np.int64)
+
+    def buckets(self, f: int, local: np.ndarray) -> np.ndarray:
+        """From the footer statistics of the `bucket` column."""
+        meta = self.footer(f, {})
+        column = meta.schema.names.index("bucket")
+        out = np.full(len(local), -1, dtype=np.int64)
+        for i, g in enumerate(self.groups(f, local)):
+            stats = meta.row_group(int(g)).column(column).statistics
+            if stats is not None and stats.has_min_max and stats.min == stats.max:
+                out[i] = stats.min
+        return out
+
+    def read(self, f: int, local: np.ndarray, columns: list[str] | None, schema: pa.Schema,
+             cache: dict) -> _Read:
+        return _Read(self.paths[f], self.footer(f, cache), tuple(int(g) for g in self.groups(f, local)), columns)
+
+
+@dataclass(frozen=True)
+class _Read:
+    """Row groups of one file, decoded in one call (cheaper per batch) and cut back into one batch each."""
+
+    path: str
+    metadata: pq.FileMetaData
+    row_groups: tuple[int, ...]
+    columns: list[str] | None
+
+    def __call__(self) -> list[pa.RecordBatch]:
+        pf = open_file(self.path, self.metadata)  # the parsed footer is shared, not re-read
+        try:
+            table = pf.read_row_groups(list(self.row_groups), columns=self.columns, use_threads=False)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise unreadable(pf, self.path, list(self.row_groups), self.columns, exc) from exc
+        return cut(_one_batch(table), [self.metadata.row_group(rg).num_rows for rg in self.row_groups])
+
+
 class ParquetFormat(Format):
     """Parquet batch shards: one row group per batch, zstd by default."""
 
@@ -165,6 +236,32 @@ class ParquetFormat(Format):
         from batchtool.dataset import open_self_describing
 
         return open_self_describing(src, self, shards, schema, manifest, _footer)
+
+    def count_rows(self, dataset: Dataset, shard: Shard, report: ReadReport) -> int:
+        return open_file(shard.path).metadata.num_rows
+
+    def open_batches(self, dst: str, dataset: Dataset) -> tuple[np.ndarray, _Batches]:
+        """The manifest's batch counts (each checked against the footer when read), or for a Parquet directory
+        without one, the footers' non-empty row groups."""
+        paths = tuple(s.path for s in dataset.shards)
+        if dataset.manifest:
+            counts = np.array([e["batches"] for e in dataset.manifest["output"]["files"]], dtype=np.int64)
+            return counts, _Batches(paths, counts, (None,) * len(paths))
+        groups = []
+        for path in paths:
+            meta = open_file(path).metadata
+            groups.append(np.array([g for g in range(meta.num_row_groups) if meta.row_group(g).num_rows],
+                                   dtype=np.int64))
+        counts = np.array([len(g) for g in groups], dtype=np.int64)
+        return counts, _Batches(paths, counts, tuple(groups))
+
+    def inspect_shard(self, path: str, schema: pa.Schema, output: dict,
+                      count_batches: bool) -> tuple[int, int, str | None]:
+        """From the footer: every non-empty row group is a batch."""
+        pf = open_file(path)
+        meta = pf.metadata
+        groups = sum(1 for rg in range(meta.num_row_groups) if meta.row_group(rg).num_rows)
+        return meta.num_rows, groups, schema_problem(pf.schema_arrow, schema)
 
     def tasks(self, dataset: Dataset, columns: list[str] | None, report: ReadReport) -> Iterator[_Task]:
         schema = dataset.projected_schema(columns)

@@ -3,6 +3,7 @@ batchtool format: shards opened as datasets (schema from the manifest or a scan)
 
 from __future__ import annotations
 
+import base64
 import gzip
 import io
 import struct
@@ -15,18 +16,16 @@ from typing import TYPE_CHECKING, BinaryIO
 
 import google_crc32c
 import numpy as np
+import pyarrow as pa
 
 from batchtool import fs
 from batchtool.errors import CorruptRecordError, InputError, UsageError, where
-from batchtool.formats.base import EncodedBatch, Format
+from batchtool.formats.base import BATCH_COLUMN, Batches, EncodedBatch, Format, cut
 
 if TYPE_CHECKING:
-    import pyarrow as pa
-
     from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
     from batchtool.output import OutputOptions
 
-Stream = BinaryIO | gzip.GzipFile
 
 DEFAULT_MAX_RECORD_BYTES = 16 << 20
 """Largest record read unless the caller allows more (--max-record-bytes). Decoding a record takes a
@@ -519,25 +518,80 @@ def frame_records(payloads: Iterable[bytes]) -> bytes:
     return b"".join(parts)
 
 
-class TFRecordFileWriter:
-    """Writes framed records to one file, optionally GZIP-compressed.
+def encode_batch_index(starts: list[tuple[int, int]]) -> str:
+    """A TFRecord file's batch index for the manifest: where each batch starts, then the end, as (byte offset
+    in the uncompressed record stream, record number) pairs; little-endian uint64, zlib, base64."""
+    return base64.b64encode(zlib.compress(np.asarray(starts, dtype="<u8").tobytes())).decode("ascii")
 
-    GZIP output has no file name and a zero mtime in its header, so the same
-    records always give the same bytes. bytes_written counts framed
-    (uncompressed) bytes; stat the file for its size on disk.
-    """
+
+def decode_batch_index(text: str, batches: int) -> np.ndarray:
+    """[batches + 1, 2] (offset, record) of encode_batch_index; ValueError if it does not hold that many."""
+    size = (batches + 1) * 16
+    raw = zlib.decompressobj().decompress(base64.b64decode(text, validate=True), size + 1)
+    if len(raw) != size:
+        raise ValueError(f"holds {len(raw) // 16 - 1} batches, not {batches}")
+    index = np.frombuffer(raw, dtype="<u8").reshape(batches + 1, 2).astype(np.int64)
+    if (np.diff(index, axis=0) < 0).any():
+        raise ValueError("offsets go backwards")
+    return index
+
+
+class _Sink:
+    """The one TFRecord writer: framed records appended to a file (through gzip when asked), counted, and
+    where each batch starts. GZIP output has no file name and a zero mtime in its header, so the same
+    records always give the same bytes."""
+
+    def __init__(self, file: BinaryIO, codec: str) -> None:
+        self._file = file
+        self._gzip = gzip.GzipFile(filename="", mode="wb", fileobj=file, mtime=0) if codec == "gzip" else None
+        self._starts: list[tuple[int, int]] = []
+        """(byte offset in the uncompressed record stream, record number) where each batch starts."""
+        self.stream_bytes = 0
+        """Framed (uncompressed) bytes written so far."""
+        self.records = 0
+
+    def append(self, framed: bytes, records: int) -> None:
+        """Append `records` framed records."""
+        self.stream_bytes += len(framed)
+        self.records += records
+        (self._gzip or self._file).write(framed)
+
+    def write(self, encoded: EncodedBatch) -> None:
+        self._starts.append((self.stream_bytes, self.records))
+        self.append(encoded.framed, encoded.data.num_rows)
+
+    def finish(self) -> None:
+        """End the gzip stream, if any (safe to call twice); the file stays open."""
+        if self._gzip is not None:
+            self._gzip.close()
+
+    def close(self) -> dict:
+        self.finish()
+        return {"batch_index": encode_batch_index([*self._starts, (self.stream_bytes, self.records)])}
+
+    def abandon(self) -> None:
+        self.finish()
+
+
+class TFRecordFileWriter:
+    """Records written to one file by path, optionally GZIP-compressed, by the writer output shards use (so
+    the same records give the same bytes either way). bytes_written counts framed (uncompressed) bytes;
+    stat the file for its size on disk."""
 
     def __init__(self, path: str, compression: str | None = None) -> None:
-        self.path = path
-        self.records = 0
-        self.bytes_written = 0
-        self._raw: BinaryIO = open(path, "wb")  # noqa: SIM115 (closed by close())
-        self._stream: Stream = self._raw
-        if compression and compression.upper() == "GZIP":
-            self._stream = gzip.GzipFile(filename="", mode="wb", fileobj=self._raw, compresslevel=6, mtime=0)
-        elif compression:
-            self._raw.close()
+        if compression and compression.upper() != "GZIP":
             raise UsageError(f"{path}: unsupported TFRecord compression {compression!r}; expected None or 'GZIP'")
+        self.path = path
+        self._raw: BinaryIO = open(path, "wb")  # noqa: SIM115 (closed by close())
+        self._sink = _Sink(self._raw, "gzip" if compression else "none")
+
+    @property
+    def records(self) -> int:
+        return self._sink.records
+
+    @property
+    def bytes_written(self) -> int:
+        return self._sink.stream_bytes
 
     def write(self, payload: bytes) -> None:
         """Append one record."""
@@ -546,15 +600,11 @@ class TFRecordFileWriter:
     def write_many(self, payloads: Iterable[bytes]) -> None:
         """Append many records with a single write."""
         payloads = list(payloads)
-        framed = frame_records(payloads)
-        self._stream.write(framed)
-        self.records += len(payloads)
-        self.bytes_written += len(framed)
+        self._sink.append(frame_records(payloads), len(payloads))
 
     def close(self) -> None:
         """Flush and close (also ends the gzip stream); safe to call twice."""
-        if self._stream is not self._raw:
-            self._stream.close()
+        self._sink.finish()
         self._raw.close()
 
     def __enter__(self) -> TFRecordFileWriter:
@@ -563,36 +613,6 @@ class TFRecordFileWriter:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
-
-
-class _Sink:
-    """A TFRecord shard: each batch's framed records appended (through gzip when asked), and where each starts."""
-
-    def __init__(self, file: BinaryIO, codec: str) -> None:
-        self._file = file
-        # mtime=0 and no file name in the header keep gzip output byte-identical across runs
-        self._gzip = gzip.GzipFile(filename="", mode="wb", fileobj=file, mtime=0) if codec == "gzip" else None
-        self._starts: list[tuple[int, int]] = []
-        """(byte offset in the uncompressed record stream, record number) where each batch starts."""
-        self._stream_bytes = 0
-        self._records = 0
-
-    def write(self, encoded: EncodedBatch) -> None:
-        self._starts.append((self._stream_bytes, self._records))
-        self._stream_bytes += len(encoded.framed)
-        self._records += encoded.data.num_rows
-        (self._gzip or self._file).write(encoded.framed)
-
-    def close(self) -> dict:
-        from batchtool.output import encode_batch_index
-
-        if self._gzip is not None:
-            self._gzip.close()
-        return {"batch_index": encode_batch_index([*self._starts, (self._stream_bytes, self._records)])}
-
-    def abandon(self) -> None:
-        if self._gzip is not None:
-            self._gzip.close()
 
 
 CHUNK_RECORDS = 1024
@@ -644,6 +664,110 @@ def _scan_schema(src: str, shards: tuple[Shard, ...], kind: str, skip_corrupt: b
     return scan.schema(kind, src)
 
 
+def _schema_problem(payloads: list[bytes], path: str, schema: pa.Schema, kind: str) -> str | None:
+    """How a file's first records differ from `schema`: they do not decode to it, or hold features it lacks."""
+    from batchtool.formats import example as example_codec
+
+    try:
+        example_codec.decode_records(payloads, schema, kind, path=path, first_record=0)
+    except InputError as exc:
+        return str(exc)
+    inferred, _ = example_codec.infer_schema(payloads, kind, path=path)
+    extra = [n for n in inferred.names if n not in schema.names]
+    return f"features not in the manifest's schema: {', '.join(extra)}" if extra else None
+
+
+def _scan_batch_index(path: str, schema: pa.Schema, kind: str, batches: int) -> np.ndarray:
+    """The batch index batchtool 0.1 did not write: one pass over the file's framing, decoding only the `batch`
+    column; a batch starts where its value changes. [batches + 1, 2] (stream offset, record) as the manifest's."""
+    from batchtool.formats import example as example_codec
+    from batchtool.manifest import MANIFEST_NAME
+
+    if BATCH_COLUMN not in schema.names:
+        raise InputError(f"{path}: no batch index in {MANIFEST_NAME} and no {BATCH_COLUMN!r} column to find the "
+                         "batches by; write the output again")
+    schema = pa.schema([schema.field(BATCH_COLUMN)])
+    starts: list[tuple[int, int]] = []
+    offset = record = 0
+    previous = None
+    for first, payloads in iter_record_chunks(path, CHUNK_RECORDS):
+        ids = example_codec.decode_records(payloads, schema, kind, path=path, first_record=first).column(0)
+        for payload, batch in zip(payloads, ids.to_pylist()):
+            if batch != previous or not starts:
+                starts.append((offset, record))
+                previous = batch
+            offset += len(payload) + 16  # 8-byte length, its CRC, the payload, its CRC
+            record += 1
+    starts.append((offset, record))
+    if len(starts) - 1 != batches:
+        raise InputError(f"{path}: {len(starts) - 1} runs of the {BATCH_COLUMN!r} column, but {MANIFEST_NAME} "
+                         f"lists {batches} batches")
+    return np.asarray(starts, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class _Batches(Batches):
+    """Byte ranges from the batch index the manifest holds; the I/O happens here, in stream order."""
+
+    paths: tuple[str, ...]
+    ranges: tuple[np.ndarray, ...]
+    """Per file, (byte offset, record number) where each batch starts, then the end."""
+    kind: str
+    gzip: bool
+
+    def rows(self, f: int, local: np.ndarray) -> np.ndarray:
+        return np.diff(self.ranges[f][:, 1])[local]
+
+    def read(self, f: int, local: np.ndarray, columns: list[str] | None, schema: pa.Schema,
+             cache: dict) -> _Decode:
+        from batchtool.manifest import MANIFEST_NAME
+
+        path = self.paths[f]
+        reader = cache.get(f)
+        if reader is None:
+            reader = cache[f] = RangeReader(path)
+        ranges = self.ranges[f]
+        payloads: list[bytes] = []
+        rows = []
+        for i in local:
+            (start, first), (end, stop) = ranges[i], ranges[i + 1]
+            records = reader.records(int(start), int(end), int(first))
+            if len(records) != stop - first:
+                raise InputError(f"{path}: bytes {start}..{end} hold {len(records)} records, but "
+                                 f"{MANIFEST_NAME} indexes {stop - first} for this batch")
+            payloads += records
+            rows.append(len(records))
+        return _Decode(path, payloads, rows, int(ranges[local[0]][1]), schema, self.kind)
+
+    def unshuffled(self) -> str | None:
+        return ("GZIP-compressed TFRecord, which can only be read forward; pass shuffle=False, or write Parquet "
+                "or uncompressed TFRecord for shuffled reads") if self.gzip else None
+
+    def release(self, cache: dict) -> None:
+        for reader in cache.values():
+            reader.close()
+        cache.clear()
+
+
+@dataclass(frozen=True)
+class _Decode:
+    """Several batches' records (read in order by the reader), decoded in one call, cut back into batches."""
+
+    path: str
+    payloads: list[bytes]
+    rows: list[int]
+    first_record: int
+    schema: pa.Schema
+    kind: str
+
+    def __call__(self) -> list[pa.RecordBatch]:
+        from batchtool.formats import example as example_codec
+
+        decoded = example_codec.decode_records(self.payloads, self.schema, self.kind, path=self.path,
+                                               first_record=self.first_record)
+        return cut(decoded, self.rows)
+
+
 class TFRecordFormat(Format):
     """TFRecord shards of tf.train.SequenceExample (or Example) records, directly batchable by tf.data."""
 
@@ -654,6 +778,8 @@ class TFRecordFormat(Format):
     default_codec = "none"
     unit = "record"
     float32_only = True  # tf.train.FloatList
+    record_checksums = True
+    self_indexing = False
 
     def suffix(self, codec: str) -> str:
         return ".tfrecord.gz" if codec == "gzip" else ".tfrecord"
@@ -661,6 +787,9 @@ class TFRecordFormat(Format):
     def check_options(self, options: OutputOptions) -> None:
         if options.codec not in self.codecs:
             raise UsageError(f"--compression {options.compression!r}: TFRecord takes gzip or none")
+
+    def record_kind(self, options: OutputOptions) -> str:
+        return options.tfrecord_kind
 
     def encode(self, batch: pa.RecordBatch, options: OutputOptions) -> EncodedBatch:
         from batchtool.formats import example as example_codec
@@ -692,6 +821,57 @@ class TFRecordFormat(Format):
             kind = "sequence_example"
         return Dataset(src, self.name, shards, schema, tfrecord_kind=kind, skip_corrupt=skip_corrupt,
                        manifest=manifest, max_record_bytes=limit)
+
+    def count_rows(self, dataset: Dataset, shard: Shard, report: ReadReport) -> int:
+        """Every record read and CRC-checked."""
+        return sum(1 for _ in iter_records(shard.path, skip_corrupt=dataset.skip_corrupt, on_corrupt=report.record,
+                                           max_record_bytes=dataset.max_record_bytes))
+
+    def open_batches(self, dst: str, dataset: Dataset) -> tuple[np.ndarray, _Batches]:
+        """From the batch index in the manifest (outputs of batchtool 0.1 have none: a scan of the `batch`
+        column finds it); without a manifest, an InputError."""
+        from batchtool.manifest import MANIFEST_NAME
+
+        if not dataset.manifest:
+            raise InputError(f"{dst}: TFRecord batches need the {MANIFEST_NAME} batchtool wrote beside them")
+        output = dataset.manifest["output"]
+        kind = dataset.tfrecord_kind or "sequence_example"
+        ranges = []
+        for shard, entry in zip(dataset.shards, output["files"]):
+            if "batch_index" not in entry:  # written by batchtool 0.1: index it from its `batch` column, once
+                ranges.append(_scan_batch_index(shard.path, dataset.schema, kind, int(entry["batches"])))
+                continue
+            try:
+                ranges.append(decode_batch_index(entry["batch_index"], int(entry["batches"])))
+            except (ValueError, zlib.error) as exc:
+                raise InputError(f"{shard.path}: unreadable batch index in {MANIFEST_NAME} ({exc})") from exc
+        counts = np.array([e["batches"] for e in output["files"]], dtype=np.int64)
+        return counts, _Batches(tuple(s.path for s in dataset.shards), tuple(ranges), kind,
+                                output.get("compression") == "gzip")
+
+    def inspect_shard(self, path: str, schema: pa.Schema, output: dict,
+                      count_batches: bool) -> tuple[int, int | None, str | None]:
+        """Records counted, batches as runs of the batch column (decoding it); the first chunk must decode to
+        `schema` and hold no feature it lacks (a TFRecord file records no schema of its own)."""
+        from batchtool.formats import example as example_codec
+
+        kind = output.get("tfrecord_kind") or "sequence_example"
+        batch_schema = (pa.schema([schema.field(BATCH_COLUMN)])
+                        if count_batches and BATCH_COLUMN in schema.names else None)
+        rows = batches = 0
+        previous = None
+        problem = None
+        for first, payloads in iter_record_chunks(path, CHUNK_RECORDS):
+            if first == 0:
+                problem = _schema_problem(payloads, path, schema, kind)
+            rows += len(payloads)
+            if batch_schema is not None:
+                ids = example_codec.decode_records(payloads, batch_schema, kind, path=path,
+                                                   first_record=first).column(0).to_numpy(zero_copy_only=False)
+                starts = np.r_[previous is None or ids[0] != previous, ids[1:] != ids[:-1]] if len(ids) else []
+                batches += int(np.count_nonzero(starts))
+                previous = ids[-1] if len(ids) else previous
+        return rows, batches if batch_schema is not None else None, problem
 
     def tasks(self, dataset: Dataset, columns: list[str] | None, report: ReadReport) -> Iterator[_Task]:
         schema = dataset.projected_schema(columns)
