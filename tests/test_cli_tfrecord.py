@@ -17,7 +17,7 @@ from batchtool.formats.example import encode_records
 from batchtool.formats.tfrecord import TFRecordFileWriter, frame_record
 from batchtool.job import RunSettings
 from batchtool.output import OutputOptions
-from conftest import read_dir
+from conftest import SAMPLE, read_dir
 
 
 def write_tfrecord(path: Path, table: pa.Table) -> list[bytes]:
@@ -180,3 +180,23 @@ def test_parquet_tfrecord_parquet_is_exact_for_every_accepted_type(tmp_path_fact
                                                                compression=compression), run=quiet)
     convert(str(tmp / "tfr"), str(tmp / "back"), OutputOptions(), run=quiet)
     assert read_dir(str(tmp / "back")).equals(pq.read_table(tmp / "src" / "part-0.parquet"))
+
+
+def test_segment_and_pack_write_plain_examples_when_asked(tmp_path, run_cli):
+    """--tfrecord-kind example: the ops' feature lists only shape SequenceExample records; with tf.train.Example
+    every segment is one record of flat features, equal to the Parquet output of the same run."""
+    src = str(tmp_path / "src.parquet")
+    pq.write_table(pq.read_table(os.path.join(SAMPLE, "parquet"), columns=["key", "label", "tokens"]).slice(0, 300), src)
+    runs = {"segment": ["--key", "key", "--sequence", "tokens", "--num-unroll", "20", "--batch-size", "8"],
+            "pack": ["--max-length", "512", "--sequence", "tokens", "--batch-size", "8"]}
+    for command, args in runs.items():
+        tables = {}
+        for to in ("parquet", "tfrecord"):
+            dst = str(tmp_path / f"{command}-{to}")
+            result = run_cli(command, src, dst, *args, "--to", to, "--tfrecord-kind", "example", "-q")
+            assert result.exit_code == 0, result.stderr
+            back = str(tmp_path / f"{command}-{to}-back")
+            assert run_cli("convert", dst, back, "--to", "parquet", "-q").exit_code == 0
+            tables[to] = read_dir(back)
+        assert tables["tfrecord"].column("tokens").to_pylist() == tables["parquet"].column("tokens").to_pylist()
+        assert tables["tfrecord"].num_rows == tables["parquet"].num_rows > 0

@@ -797,7 +797,9 @@ class TFRecordFormat(Format):
         stored = options.stored_schema(batch.schema)
         if stored != batch.schema:
             batch = batch.cast(stored)
-        payloads = example_codec.encode_records(batch, options.tfrecord_kind, sequence_columns=options.sequence_columns)
+        # an op's feature lists matter to SequenceExample records only: tf.train.Example has none
+        lists = options.sequence_columns if options.tfrecord_kind == "sequence_example" else None
+        payloads = example_codec.encode_records(batch, options.tfrecord_kind, sequence_columns=lists)
         return EncodedBatch(batch, b"".join(frame_record(p) for p in payloads))
 
     def open_sink(self, file: BinaryIO, schema: pa.Schema, options: OutputOptions) -> _Sink:

@@ -598,9 +598,7 @@ def write_packed(dataset: Dataset, options: PackOptions, columns: PackColumns, c
 
 
 def _output(output: OutputOptions, plan: PackPlan) -> OutputOptions:
-    """SequenceExample output: which columns are feature lists (tf.train.Example has none)."""
-    if output.spec.record_kind(output) != "sequence_example":
-        return output
+    """Which columns are feature lists, should the output be SequenceExample records."""
     return replace(output, sequence_columns=feature_lists(plan.schema, plan.columns))
 
 
