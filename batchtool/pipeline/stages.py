@@ -16,18 +16,20 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.errors import SchemaError
 from batchtool.job import JobResult, RunSettings
+from batchtool.driver import Applied, emit_nonempty, make_plan
+from batchtool.ops import OPERATIONS
 from batchtool.ops import bucket as bucket_op
 from batchtool.ops import pack as pack_op
 from batchtool.ops import resample as resample_op
 from batchtool.ops import segment as segment_op
 from batchtool.ops import shuffle as shuffle_op
 from batchtool.ops import stratify as stratify_op
+from batchtool.ops.base import Operation, need_columns
 from batchtool.ops.boundaries import assign_buckets, expected_efficiency
 from batchtool.output import OutputOptions
 from batchtool.pipeline import config as config_mod
@@ -101,7 +103,7 @@ class Stage:
         report = ReadReport()
         return write(command=self.config.op, options={}, seed=None, dataset=view, dst=dst, output=output,
                      schema=self.output_schema(view.schema), items=self.stream(view, None, run, report),
-                     work=_emit_nonempty, stats=lambda: self.report, run=run, report=report)
+                     work=emit_nonempty, stats=lambda: self.report, run=run, report=report)
 
     def expected(self, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
         """Dry run: the output rows if the plan fixes them, and what else it can say without writing."""
@@ -115,84 +117,34 @@ class Stage:
         """Dry run, last stage: an extra statistics pass for what `expected` reports."""
 
 
-def _emit_nonempty(item: tuple[Chunk, int]) -> tuple[list[pa.RecordBatch], int]:
-    chunk, rows = item
-    return ([chunk.data] if chunk.num_rows else []), rows
+class OpStage(Stage):
+    """A stage derived from an operation definition (batchtool.ops.OPERATIONS): schema, columns, plan,
+    kernel and dry run are the op's own; nothing here is per op."""
 
+    def __init__(self, config: config_mod.StageConfig, pipeline: config_mod.PipelineConfig, op: Operation) -> None:
+        super().__init__(config, pipeline)
+        self.op = op
+        self.planned: Any = None
 
-class _MapStage(Stage):
-    """A stage that maps each chunk on its own (filter, select, rename): parallel, no ids involved."""
+    def output_schema(self, schema: pa.Schema) -> pa.Schema:
+        return self.op.output_schema(self.options, schema)
 
-    def apply(self, chunk: Chunk) -> Chunk:
-        raise NotImplementedError
+    def input_columns(self, columns: Columns) -> Columns:
+        return self.op.input_columns(self.options, columns)
+
+    def first_pass_columns(self, schema: pa.Schema) -> Columns:
+        return self.op.first_pass_columns(self.options)
+
+    def plan(self, view: Dataset, run: RunSettings) -> None:
+        self.planned = make_plan(self.op, self.options, view, run.threads)
 
     def stream(self, view: Dataset, columns: Columns, run: RunSettings, report: ReadReport) -> Stream:
-        rows = [0, 0]
-        for out, read in ordered_map(lambda task: self._run(task()), view.tasks(columns, report), run.threads):
-            rows[0] += read
-            rows[1] += out.num_rows
-            yield out, read
-        self.report = {"rows_in": rows[0], "rows_out": rows[1]}
+        applied = Applied(self.op, self.planned)
+        yield from applied.run(view.tasks(columns, report), run.threads)
+        self.report = applied.report()
 
-    def _run(self, chunk: Chunk) -> tuple[Chunk, int]:
-        return self.apply(chunk), chunk.num_rows
-
-
-class FilterStage(_MapStage):
-    """Keeps the rows where a boolean column is true; null is false (as bucket's --keep)."""
-
-    options: config_mod.FilterOptions
-
-    def output_schema(self, schema: pa.Schema) -> pa.Schema:
-        column = self.options.column
-        _need(schema, [column], "column")
-        if not pa.types.is_boolean(schema.field(column).type):
-            raise SchemaError(f"key 'column': column {column!r} is {schema.field(column).type}, expected bool")
-        return schema
-
-    def input_columns(self, columns: Columns) -> Columns:
-        return None if columns is None else list(dict.fromkeys([*columns, self.options.column]))
-
-    def apply(self, chunk: Chunk) -> Chunk:
-        mask = pc.fill_null(chunk.data.column(self.options.column), False).to_numpy(zero_copy_only=False)
-        return chunk if mask.all() else chunk.filter(mask)
-
-
-class SelectStage(_MapStage):
-    options: config_mod.SelectOptions
-
-    def output_schema(self, schema: pa.Schema) -> pa.Schema:
-        _need(schema, self.options.columns, "columns")
-        return pa.schema([schema.field(c) for c in self.options.columns])
-
-    def input_columns(self, columns: Columns) -> Columns:
-        return list(self.options.columns) if columns is None else columns
-
-    def apply(self, chunk: Chunk) -> Chunk:
-        names = chunk.data.schema.names
-        return Chunk(chunk.data.select([c for c in self.options.columns if c in names]), chunk.ids)
-
-
-class RenameStage(_MapStage):
-    options: config_mod.RenameOptions
-
-    def output_schema(self, schema: pa.Schema) -> pa.Schema:
-        mapping = dict(self.options.columns)
-        _need(schema, list(mapping), "columns")
-        names = [mapping.get(n, n) for n in schema.names]
-        clash = sorted({n for n in names if names.count(n) > 1})
-        if clash:
-            raise SchemaError(f"key 'columns': renaming gives two columns named {clash[0]!r} "
-                              f"(columns: {', '.join(schema.names)})")
-        return pa.schema([f.with_name(n) for f, n in zip(schema, names)])
-
-    def input_columns(self, columns: Columns) -> Columns:
-        back = {new: old for old, new in self.options.columns}
-        return None if columns is None else [back.get(c, c) for c in columns]
-
-    def apply(self, chunk: Chunk) -> Chunk:
-        mapping = dict(self.options.columns)
-        return Chunk(chunk.data.rename_columns([mapping.get(n, n) for n in chunk.data.schema.names]), chunk.ids)
+    def expected(self, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
+        return self.op.expected(self.planned, rows_in)
 
 
 class StratifyStage(Stage):
@@ -453,17 +405,16 @@ class SegmentStage(Stage):
 
 
 def _need(schema: pa.Schema, columns: list[str] | tuple[str, ...], key: str) -> None:
-    for name in columns:
-        if name not in schema.names:
-            raise SchemaError(f"key {key!r}: no column {name!r} at this stage (columns: {', '.join(schema.names)})")
+    need_columns(schema, key, columns)
 
 
-STAGES: dict[str, type[Stage]] = {"filter": FilterStage, "select": SelectStage, "rename": RenameStage,
-                                  "stratify": StratifyStage, "resample": ResampleStage, "shuffle": ShuffleStage,
+STAGES: dict[str, type[Stage]] = {"stratify": StratifyStage, "resample": ResampleStage, "shuffle": ShuffleStage,
                                   "bucket": BucketStage, "pack": PackStage, "segment": SegmentStage}
 
 
 def make_stage(config: config_mod.StageConfig, pipeline: config_mod.PipelineConfig) -> Stage:
+    if config.op in OPERATIONS:
+        return OpStage(config, pipeline, OPERATIONS[config.op])
     return STAGES[config.op](config, pipeline)
 
 
