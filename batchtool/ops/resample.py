@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +19,7 @@ from batchtool.engines import with_engine
 from batchtool.job import JobResult, RunSettings, open_source, write_job
 from batchtool.ops.shuffle import manifest_options
 from batchtool.output import OutputOptions
-from batchtool.runner import Accumulator, ordered_map
+from batchtool.runner import ordered_map
 
 STAGE = "resample"
 DEFAULT_RATE_COLUMN = "resample_rate"
@@ -202,6 +201,13 @@ class Piece:
         return out
 
 
+def merged(results: Iterable[tuple[Copies, Tally]], tally: Tally) -> Iterator[Copies]:
+    """The copies of each chunk in order, merging each one's statistics into `tally` as it passes."""
+    for copies, stats in results:
+        tally.merge(stats)
+        yield copies
+
+
 def pieces(copies: Iterable[Copies]) -> Iterator[Piece]:
     """Every chunk's output pieces, in order."""
     for c in copies:
@@ -242,61 +248,50 @@ def resample_copies(chunk: Chunk, rates: np.ndarray, options: ResampleOptions, s
 # -- statistics -------------------------------------------------------------------------------------------
 
 
-class Tally(Accumulator):
-    """Per-chunk statistics added from worker threads (or shipped back from remote workers: see
-    runner.Accumulator), with totals that do not depend on completion order: counts add exactly,
-    float sums go through math.fsum, min and max commute."""
+@dataclass
+class Tally:
+    """Statistics of some chunks: a kernel returns its chunk's, the driver merges them in input order (`merge`).
+    Counts add exactly, float sums go through math.fsum, min and max commute."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.counts: dict[str, Any] = {}
-        self._sums: dict[str, list[float]] = {}
-        self._low: dict[str, float] = {}
-        self._high: dict[str, float] = {}
+    counts: dict[str, Any] = field(default_factory=dict)
+    sums: dict[str, list[float]] = field(default_factory=dict)
+    low: dict[str, float] = field(default_factory=dict)
+    high: dict[str, float] = field(default_factory=dict)
 
     def add(self, **counts: Any) -> None:
-        with self._lock:
-            for name, value in counts.items():
-                self.counts[name] = self.counts.get(name, 0) + value
+        for name, value in counts.items():
+            self.counts[name] = self.counts.get(name, 0) + value
 
     def add_values(self, name: str, values: np.ndarray) -> None:
-        if not len(values):
-            return
-        with self._lock:
-            self._sums.setdefault(name, []).append(float(values.sum()))
-            self._low[name] = min(self._low.get(name, math.inf), float(values.min()))
-            self._high[name] = max(self._high.get(name, -math.inf), float(values.max()))
+        if len(values):
+            self.sums.setdefault(name, []).append(float(values.sum()))
+            self.low[name] = min(self.low.get(name, math.inf), float(values.min()))
+            self.high[name] = max(self.high.get(name, -math.inf), float(values.max()))
 
-    def take(self) -> dict[str, dict] | None:
-        with self._lock:
-            if not (self.counts or self._sums):
-                return None
-            taken = {"counts": self.counts, "sums": self._sums, "low": self._low, "high": self._high}
-            self.counts, self._sums, self._low, self._high = {}, {}, {}, {}
-        return taken
-
-    def merge_taken(self, taken: dict[str, dict]) -> None:
-        self.add(**taken["counts"])
-        with self._lock:
-            for name, sums in taken["sums"].items():
-                self._sums.setdefault(name, []).extend(sums)
-                self._low[name] = min(self._low.get(name, math.inf), taken["low"][name])
-                self._high[name] = max(self._high.get(name, -math.inf), taken["high"][name])
+    def merge(self, other: Tally) -> None:
+        """Add another chunk's statistics to these (the driver, in input order)."""
+        self.add(**other.counts)
+        for name, sums in other.sums.items():
+            self.sums.setdefault(name, []).extend(sums)
+            self.low[name] = min(self.low.get(name, math.inf), other.low[name])
+            self.high[name] = max(self.high.get(name, -math.inf), other.high[name])
 
     def summary(self, name: str, count: int) -> dict[str, float]:
-        if name not in self._sums:
+        if name not in self.sums:
             return {}
-        return {"mean": math.fsum(self._sums[name]) / max(count, 1), "min": self._low[name], "max": self._high[name]}
+        return {"mean": math.fsum(self.sums[name]) / max(count, 1), "min": self.low[name], "max": self.high[name]}
 
     def count(self, name: str) -> int:
         return int(self.counts.get(name, 0))
 
 
-def copy_stats(tally: Tally, copies: np.ndarray) -> None:
+def copy_stats(copies: np.ndarray) -> Tally:
     """The counts every resampling command reports: rows in and out, examples dropped and duplicated."""
+    tally = Tally()
     tally.add(rows_in=len(copies), rows_out=int(copies.sum()), examples_dropped=int((copies == 0).sum()),
               examples_duplicated=int((copies >= 2).sum()))
     tally.add_values("copies", copies)
+    return tally
 
 
 def copy_summary(tally: Tally) -> dict[str, Any]:
@@ -367,7 +362,8 @@ def prepare(dataset: Dataset, options: ResampleOptions, seed: int, threads: int)
 
 @dataclass
 class Resampling:
-    """Resampling one dataset's chunks: the options, the first pass's mean weight, and the counters."""
+    """Resampling one dataset's chunks: the options, the first pass's mean weight, and the statistics merged
+    so far (on the driver)."""
 
     dataset: Dataset
     options: ResampleOptions
@@ -393,18 +389,19 @@ class Resampling:
         chunks = self.dataset.chunks(columns, threads, report)
         return self.running(chunks) if self.running else ((chunk, self.mean) for chunk in chunks)
 
-    def copies(self, item: tuple[Chunk, float | None]) -> Copies:
-        """One chunk's copies per row, counted; runs on the engine's workers."""
+    def copies(self, item: tuple[Chunk, float | None]) -> tuple[Copies, Tally]:
+        """One chunk's copies per row and its statistics; pure, runs on the engine's workers."""
         chunk, chunk_mean = item
         rates = example_rates(chunk, self.options, chunk_mean, self.dataset.locate)
         copies = resample_copies(chunk, rates, self.options, self.seed)
-        copy_stats(self.tally, copies.copies)
-        self.tally.add_values("rate", rates)
-        return copies
+        tally = copy_stats(copies.copies)
+        tally.add_values("rate", rates)
+        return copies, tally
 
     def pieces(self, threads: int, report: ReadReport, columns: Sequence[str] | None = None) -> Iterator[Piece]:
-        """The output in order, as pieces of bounded size (see Copies.pieces)."""
-        return pieces(ordered_map(self.copies, self.items(threads, report, columns), threads))
+        """The output in order, as pieces of bounded size (see Copies.pieces); the chunks' statistics are
+        merged into `tally` here, in input order."""
+        return pieces(merged(ordered_map(self.copies, self.items(threads, report, columns), threads), self.tally))
 
     def build(self, piece: Piece) -> tuple[Chunk, int]:
         """One piece's output rows and the input rows it completes."""
@@ -438,4 +435,4 @@ def write_resampled(resampling: Resampling, dst: str, output: OutputOptions, run
 
 
 __all__ = ["Copies", "MAX_RATE", "Piece", "ResampleOptions", "Resampling", "RunningMean", "Tally", "example_rates",
-           "parse_rate", "pieces", "prepare", "repeat_rows", "resample", "resample_copies", "write_resampled"]
+           "merged", "parse_rate", "pieces", "prepare", "repeat_rows", "resample", "resample_copies", "write_resampled"]
