@@ -18,7 +18,7 @@ from batchtool import rng
 from batchtool.dataset import Chunk
 from batchtool.manifest import MANIFEST_NAME
 from batchtool.ops import OPERATIONS
-from batchtool.ops.base import OptionError, build, toml_key
+from batchtool.ops.base import OptionError, build
 from batchtool.ops.rename import RenameOptions
 from batchtool.ops.select import SelectOptions
 
@@ -105,7 +105,7 @@ def test_option_errors_name_a_field_rendered_per_front_end():
         build(RenameOptions, {"columns": {"a": "x", "b": "x"}})
     assert caught.value.field == "columns"
     assert str(caught.value) == "--columns: two columns are renamed to the same name (x, x)"
-    assert caught.value.rendered(toml_key) == "key 'columns': two columns are renamed to the same name (x, x)"
+    assert caught.value.rendered("toml") == "key 'columns': two columns are renamed to the same name (x, x)"
     assert build(SelectOptions, {"columns": "a, b"}) == SelectOptions(("a", "b"))
     with pytest.raises(OptionError, match="missing"):
         build(SelectOptions, {})
@@ -136,7 +136,7 @@ def test_select_then_rename_keeps_every_row_and_value(batch):
     selected, stats1 = select.kernel(chosen, _chunk(batch))
     out, stats2 = rename.kernel(renames, selected)
     assert out.data.schema == schema
-    assert stats1 == stats2 == {"rows_in": batch.num_rows, "rows_out": batch.num_rows}
+    assert stats1.counts == stats2.counts == {"rows_in": batch.num_rows, "rows_out": batch.num_rows}
     assert np.array_equal(out.ids, rng.example_ids(0, 0, batch.num_rows))
     for name in names:
         assert out.data.column(name.upper()).equals(batch.column(name))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import click
@@ -9,7 +10,8 @@ import click
 from batchtool.cli.common import command, input_options, make_output, make_run, output_options, report, run_options
 from batchtool.driver import run_operation
 from batchtool.ops import OPERATIONS
-from batchtool.ops.base import Operation, build, fields, flag, required
+from batchtool.cli.resampling import seed_option
+from batchtool.ops.base import Operation, Option, build, fields, flag, from_texts, required
 
 
 def make_command(op: Operation) -> click.Command:
@@ -18,22 +20,34 @@ def make_command(op: Operation) -> click.Command:
     names = [f.name for f, _ in fields(op.options)]
 
     def run_op(src: str, dst: str, input_format: str | None, skip_corrupt: bool, **kwargs: Any) -> None:
-        given = {name: list(value) if isinstance(value, tuple) else value
-                 for name in names if (value := kwargs.pop(name)) not in (None, ())}
-        options = build(op.options, given)
+        given = {name: value for name in names if (value := kwargs.pop(name)) not in (None, ())}
+        options = build(op.options, from_texts(op.options, given))
+        seed = kwargs.pop("seed", 0)
         output, run = make_output(kwargs), make_run(kwargs)
-        result = run_operation(op, options, src, dst, output, run, format=input_format, skip_corrupt=skip_corrupt)
+        result = run_operation(op, options, src, dst, output, run, seed=seed, format=input_format,
+                               skip_corrupt=skip_corrupt)
         report(result.manifest, dst, run.quiet)
 
     run_op.__name__ = f"{op.name}_cmd"
     run_op.__doc__ = op.summary
     fn = run_options(output_options(input_options(run_op)))
+    if op.seeded:
+        fn = seed_option(fn)
     for f, decl in reversed(fields(op.options)):
-        fn = click.option(flag(f.name), f.name, multiple=decl.value.multiple, required=required(f),
-                          metavar=decl.value.metavar, help=decl.help)(fn)
+        fn = click.option(flag(f.name), f.name, **_click_settings(f, decl))(fn)
     fn = click.argument("dst")(fn)
     fn = click.argument("src")(fn)
     return command(op.name, op.example)(fn)
+
+
+def _click_settings(f: dataclasses.Field, decl: Option) -> dict[str, Any]:
+    """How click declares one option: a flag, or a (repeatable) text option; defaults are the dataclass's,
+    shown in --help but applied by `build`, so a pipeline file gets the same ones."""
+    if decl.value.is_flag:
+        return {"is_flag": True, "default": None, "help": decl.help}
+    shown = None if required(f) or f.default is None else f.default
+    return {"multiple": decl.value.multiple, "required": required(f), "metavar": decl.value.metavar,
+            "help": decl.help + (f"  [default: {shown}]" if shown is not None else "")}
 
 
 COMMANDS = {name: make_command(op) for name, op in OPERATIONS.items()}

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batchtool.dataset import Chunk
-from batchtool.ops.base import Column, Operation, OptionError, Stats, need_columns, option, row_stats
+from batchtool.ops.base import Column, ColumnError, Operation, Tally, need_columns, option, row_stats
 
 
 @dataclass(frozen=True)
@@ -29,10 +29,10 @@ class Filter(Operation[FilterOptions, FilterOptions]):
         need_columns(schema, "column", [options.column])
         kind = schema.field(options.column).type
         if not pa.types.is_boolean(kind):
-            raise OptionError("column", f"column {options.column!r} is {kind}, expected bool")
+            raise ColumnError("column", f"column {options.column!r} is {kind}, expected bool")
         return schema
 
-    def kernel(self, plan: FilterOptions, chunk: Chunk) -> tuple[Chunk, Stats]:
+    def kernel(self, plan: FilterOptions, chunk: Chunk) -> tuple[Chunk, Tally]:
         mask = pc.fill_null(chunk.data.column(plan.column), False).to_numpy(zero_copy_only=False)
         out = chunk if mask.all() else chunk.filter(mask)
         return out, row_stats(chunk.num_rows, out.num_rows)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from batchtool.dataset import Chunk
-from batchtool.ops.base import Columns, Operation, OptionError, Renames, Stats, need_columns, option, row_stats
+from batchtool.ops.base import ColumnError, Columns, Operation, Renames, Tally, need_columns, option, row_stats
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class Rename(Operation[RenameOptions, RenameOptions]):
         names = [mapping.get(n, n) for n in schema.names]
         clash = sorted({n for n in names if names.count(n) > 1})
         if clash:
-            raise OptionError("columns", f"renaming gives two columns named {clash[0]!r} "
+            raise ColumnError("columns", f"renaming gives two columns named {clash[0]!r} "
                                          f"(columns: {', '.join(schema.names)})")
         return pa.schema([f.with_name(n) for f, n in zip(schema, names)])
 
@@ -35,7 +35,7 @@ class Rename(Operation[RenameOptions, RenameOptions]):
         back = {new: old for old, new in options.columns}
         return None if columns is None else [back.get(c, c) for c in columns]
 
-    def kernel(self, plan: RenameOptions, chunk: Chunk) -> tuple[Chunk, Stats]:
+    def kernel(self, plan: RenameOptions, chunk: Chunk) -> tuple[Chunk, Tally]:
         mapping = dict(plan.columns)
         out = Chunk(chunk.data.rename_columns([mapping.get(n, n) for n in chunk.data.schema.names]), chunk.ids)
         return out, row_stats(chunk.num_rows, chunk.num_rows)

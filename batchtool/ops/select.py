@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from batchtool.dataset import Chunk
-from batchtool.ops.base import ColumnList, Columns, Operation, Stats, need_columns, option, row_stats
+from batchtool.ops.base import ColumnList, Columns, Operation, Tally, need_columns, option, row_stats
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class Select(Operation[SelectOptions, SelectOptions]):
     def input_columns(self, options: SelectOptions, columns: Columns) -> Columns:
         return list(options.columns) if columns is None else columns
 
-    def kernel(self, plan: SelectOptions, chunk: Chunk) -> tuple[Chunk, Stats]:
+    def kernel(self, plan: SelectOptions, chunk: Chunk) -> tuple[Chunk, Tally]:
         names = chunk.data.schema.names
         out = Chunk(chunk.data.select([c for c in plan.columns if c in names]), chunk.ids)
         return out, row_stats(chunk.num_rows, chunk.num_rows)

@@ -19,7 +19,8 @@ from batchtool.errors import InputError, SchemaError, UsageError, where
 from batchtool.engines import with_engine
 from batchtool.job import JobResult, RunSettings, open_source, write_job
 from batchtool.ops.quotas import QuotaLayout, plan_layout
-from batchtool.ops.resample import MAX_RATE, Copies, Piece, Tally, copy_stats, copy_summary, merged, pieces
+from batchtool.ops.base import Tally
+from batchtool.ops.resample import MAX_RATE, Copies, Piece, copy_stats, copy_summary, merged, pieces
 from batchtool.ops.shuffle import (DEFAULT_MEMORY, PART_SHARE, RowReader, bytes_per_row, emit, estimate_memory_bytes,
                                    keyed_spill, manifest_options, peek, rebatch, spill_streams)
 from batchtool.output import OutputOptions

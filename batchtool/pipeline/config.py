@@ -27,7 +27,7 @@ from batchtool.cli import segment as segment_cli
 from batchtool.cli.common import cli, input_options, make_output, output_options, parse_size, run_options
 from batchtool.errors import BatchtoolError, InputError, UsageError
 from batchtool.ops import OPERATIONS
-from batchtool.ops.base import ColumnList, Kind, Operation, OptionError, build, fields, required, toml_key
+from batchtool.ops.base import ColumnList, Kind, Operation, OptionError, build, fields, required
 from batchtool.ops.base import key as key_of
 from batchtool.output import OutputOptions
 
@@ -36,9 +36,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-OPS = ("stratify", "resample", "shuffle", "bucket", "pack", "segment", *OPERATIONS)
+OPS = tuple(dict.fromkeys(("stratify", "resample", "shuffle", "bucket", "pack", "segment", *OPERATIONS)))
 BUILDERS: dict[str, Callable[..., Any]] = {
-    "stratify": resampling_cli.stratify_options, "resample": resampling_cli.resample_options,
+    "stratify": resampling_cli.stratify_options,
     "shuffle": resampling_cli.shuffle_options, "bucket": bucket_cli.bucket_options,
     "segment": segment_cli.segment_options, "pack": pack_cli.pack_options,
 }
@@ -210,7 +210,7 @@ class _Reader:
         try:
             return ColumnList().parse("columns", value)
         except OptionError as exc:
-            raise self.fail("[input]", exc.rendered(toml_key)) from None
+            raise self.fail("[input]", exc.rendered("toml")) from None
 
     def stage(self, index: int, table: Any, memory: str, tmp_dir: str | None) -> StageConfig:
         where = f"stage {index}"
@@ -253,7 +253,7 @@ class _Reader:
         try:
             return build(op.options, {declared[k].name: v for k, v in keys.items()})
         except OptionError as exc:
-            raise self.fail(where, exc.rendered(toml_key)) from None
+            raise self.fail(where, exc.rendered("toml")) from None
 
     def check_order(self, stages: Sequence[StageConfig]) -> None:
         """A stage that writes batches must be the last: anything after it would regroup its batches."""

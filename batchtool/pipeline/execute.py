@@ -38,7 +38,7 @@ from batchtool.engines import engine_scope
 from batchtool.errors import BatchtoolError, DestinationExistsError
 from batchtool.formats import parquet as parquet_format
 from batchtool.job import RunSettings, read_paths, write_job
-from batchtool.ops.base import OptionError, toml_key
+from batchtool.ops.base import OptionError
 from batchtool.ops.shuffle import Shuffled
 from batchtool.output import refuse_overlap
 from batchtool.runner import ordered_map
@@ -104,7 +104,7 @@ def attributed(path: str, stage: Stage) -> Iterator[None]:
 
 def _attribute(exc: BatchtoolError, prefix: str) -> BatchtoolError:
     if not getattr(exc, "pipeline_stage", False):
-        message = exc.rendered(toml_key) if isinstance(exc, OptionError) else config_mod.flags_to_keys(str(exc))
+        message = exc.rendered("toml") if isinstance(exc, OptionError) else config_mod.flags_to_keys(str(exc))
         exc.args = (prefix + message, *exc.args[1:])
         exc.pipeline_stage = True  # type: ignore[attr-defined]
     return exc

@@ -19,17 +19,15 @@ import pyarrow as pa
 
 from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset, ReadReport
-from batchtool.errors import SchemaError
 from batchtool.job import JobResult, RunSettings
 from batchtool.driver import Applied, emit_nonempty, make_plan
 from batchtool.ops import OPERATIONS
 from batchtool.ops import bucket as bucket_op
 from batchtool.ops import pack as pack_op
-from batchtool.ops import resample as resample_op
 from batchtool.ops import segment as segment_op
 from batchtool.ops import shuffle as shuffle_op
 from batchtool.ops import stratify as stratify_op
-from batchtool.ops.base import Operation, need_columns
+from batchtool.ops.base import Depends, Operation, need_columns
 from batchtool.ops.boundaries import assign_buckets, expected_efficiency
 from batchtool.output import OutputOptions
 from batchtool.pipeline import config as config_mod
@@ -41,7 +39,7 @@ Stream = Iterator[tuple[Chunk, int]]
 """A stage's output chunks in order (possibly empty), each with the input rows it consumed."""
 Write = Callable[..., JobResult]
 
-ANY, ORDER, CHUNKS = 0, 1, 2
+ANY, ORDER, CHUNKS = Depends.ROWS, Depends.ORDER, Depends.CHUNKS
 """What a consumer of a stage's input depends on: nothing but the rows (counts, histograms), their ids and
 order, or also how they are cut into chunks (per-chunk updates: stratify --mode online, --running-mean)."""
 
@@ -126,6 +124,10 @@ class OpStage(Stage):
         self.op = op
         self.planned: Any = None
 
+    @property
+    def sensitivity(self) -> int:  # type: ignore[override]
+        return int(self.op.depends(self.options))
+
     def output_schema(self, schema: pa.Schema) -> pa.Schema:
         return self.op.output_schema(self.options, schema)
 
@@ -136,11 +138,11 @@ class OpStage(Stage):
         return self.op.first_pass_columns(self.options)
 
     def plan(self, view: Dataset, run: RunSettings) -> None:
-        self.planned = make_plan(self.op, self.options, view, run.threads)
+        self.planned = make_plan(self.op, self.options, view, run.threads, self.seed)
 
     def stream(self, view: Dataset, columns: Columns, run: RunSettings, report: ReadReport) -> Stream:
         applied = Applied(self.op, self.planned)
-        yield from applied.run(view.tasks(columns, report), run.threads)
+        yield from applied.stream(view, columns, run.threads, report)
         self.report = applied.report()
 
     def expected(self, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
@@ -195,59 +197,6 @@ class StratifyStage(Stage):
         exact = self.options.mode == "exact"
         rows = None if self.strat.expected_rows is None else round(self.strat.expected_rows)
         return (rows if exact else None), {**shown, **({} if exact or rows is None else {"expected_rows": rows})}
-
-
-class ResampleStage(Stage):
-    options: resample_op.ResampleOptions
-    mean: float | None = None
-
-    @property
-    def sensitivity(self) -> int:  # type: ignore[override]
-        return CHUNKS if self.options.running_mean else ORDER
-
-    def output_schema(self, schema: pa.Schema) -> pa.Schema:
-        o = self.options
-        if o.column:
-            _need(schema, [o.column], {"rate": "rate", "weighted": "weight", "accept": "accept-prob"}[o.mode])
-        if o.mode != "weighted":
-            return schema
-        if o.rate_column in schema.names:
-            raise SchemaError(f"key 'rate-column': the input already has a column {o.rate_column!r}; "
-                              "choose another name")
-        return schema.append(pa.field(o.rate_column, pa.float64()))
-
-    def input_columns(self, columns: Columns) -> Columns:
-        if columns is None:
-            return None
-        o = self.options
-        kept = [c for c in columns if not (o.mode == "weighted" and c == o.rate_column)]
-        return list(dict.fromkeys([*kept, *([o.column] if o.column else [])]))
-
-    def first_pass_columns(self, schema: pa.Schema) -> Columns:
-        o = self.options
-        return [o.weight] if o.weight is not None and not o.running_mean else []
-
-    def plan(self, view: Dataset, run: RunSettings) -> None:
-        self.mean = resample_op.prepare(view, self.options, self.seed, run.threads).mean
-
-    def resampling(self, view: Dataset) -> resample_op.Resampling:
-        return resample_op.Resampling(view, self.options, self.seed, self.mean)
-
-    def stream(self, view: Dataset, columns: Columns, run: RunSettings, report: ReadReport) -> Stream:
-        resampling = self.resampling(view)
-        pieces = resampling.pieces(run.threads, report, columns)
-        yield from ordered_map(resampling.build, pieces, run.threads)
-        self.report = resampling.stats()
-
-    def write(self, view: Dataset, dst: str, output: OutputOptions, run: RunSettings, write: Write) -> JobResult:
-        return resample_op.write_resampled(self.resampling(view), dst, output, run, write=write)
-
-    def expected(self, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
-        o = self.options
-        rate = o.rate if isinstance(o.rate, float) else o.overall_rate
-        if rate is None or rows_in is None:
-            return None, {"mean_weight": self.mean} if self.mean is not None else {}
-        return None, {"expected_rows": round(rate * rows_in)}
 
 
 class ShuffleStage(Stage):
@@ -408,7 +357,7 @@ def _need(schema: pa.Schema, columns: list[str] | tuple[str, ...], key: str) -> 
     need_columns(schema, key, columns)
 
 
-STAGES: dict[str, type[Stage]] = {"stratify": StratifyStage, "resample": ResampleStage, "shuffle": ShuffleStage,
+STAGES: dict[str, type[Stage]] = {"stratify": StratifyStage, "shuffle": ShuffleStage,
                                   "bucket": BucketStage, "pack": PackStage, "segment": SegmentStage}
 
 
