@@ -18,7 +18,8 @@ from batchtool import rng
 from batchtool.dataset import Chunk
 from batchtool.manifest import MANIFEST_NAME
 from batchtool.ops import OPERATIONS
-from batchtool.ops.base import OptionError, build
+from batchtool.ops.base import (Column, ColumnList, Flag, Integer, Number, NumberOrColumn, OptionError, Renames,
+                                build)
 from batchtool.ops.rename import RenameOptions
 from batchtool.ops.select import SelectOptions
 
@@ -140,3 +141,29 @@ def test_select_then_rename_keeps_every_row_and_value(batch):
     assert np.array_equal(out.ids, rng.example_ids(0, 0, batch.num_rows))
     for name in names:
         assert out.data.column(name.upper()).equals(batch.column(name))
+
+
+@pytest.mark.parametrize("kind, given, message", [
+    (Flag(), 1, "expected true or false, got integer 1"),
+    (Number(), "0.5", "expected a number, got string '0.5'"),
+    (Integer(), 2.5, "expected an integer, got number 2.5"),
+    (NumberOrColumn(), True, "expected a number or a column name, got boolean True"),
+    (Column(), ["a"], "expected a column name, got list ['a']"),
+    (ColumnList(), {"a": 1}, "expected a non-empty list of column names, got table {'a': 1}"),
+    (Renames(), {"a": 3}, "expected a table of old = \"new\" names, got table {'a': 3}"),
+])
+def test_a_pipeline_value_of_the_wrong_kind_is_named_by_its_key(kind, given, message):
+    """TOML values are checked, never converted: a string "0.5" is not a number."""
+    with pytest.raises(OptionError) as caught:
+        kind.parse("some_option", given)
+    assert caught.value.rendered("toml") == f"key 'some-option': {message}"
+
+
+@pytest.mark.parametrize("kind, text, message", [
+    (Number(), "abc", "--some-option: 'abc' is not a number"),
+    (Integer(), "1.5", "--some-option: '1.5' is not an integer"),
+])
+def test_command_line_text_that_is_not_a_number(kind, text, message):
+    with pytest.raises(OptionError, match=message):
+        kind.from_text("some_option", text)
+    assert NumberOrColumn().from_text("rate", "1e3") == 1000.0

@@ -440,4 +440,4 @@ def row_stats(rows_in: int, rows_out: int) -> Tally:
 
 __all__ = ["Column", "ColumnError", "ColumnList", "Context", "Depends", "Flag", "Integer", "Kind", "Number",
            "NumberOrColumn", "Operation", "Option", "OptionError", "Renames", "Tally", "Value", "build", "fields",
-           "flag", "from_texts", "key", "need_columns", "option", "row_stats"]
+           "flag", "from_texts", "key", "need_columns", "option", "row_stats", "shown"]

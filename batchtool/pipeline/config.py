@@ -27,7 +27,7 @@ from batchtool.cli import segment as segment_cli
 from batchtool.cli.common import cli, input_options, make_output, output_options, parse_size, run_options
 from batchtool.errors import BatchtoolError, InputError, UsageError
 from batchtool.ops import OPERATIONS
-from batchtool.ops.base import ColumnList, Kind, Operation, OptionError, build, fields, required
+from batchtool.ops.base import ColumnList, Kind, Operation, OptionError, build, fields, required, shown
 from batchtool.ops.base import key as key_of
 from batchtool.output import OutputOptions
 
@@ -140,7 +140,7 @@ class _Reader:
 
     def keys(self, table: Any, allowed: Sequence[str], where: str | None, what: str = "table") -> dict[str, Any]:
         if not isinstance(table, dict):
-            raise self.fail(where, f"expected a {what}, got {_shown(table)}")
+            raise self.fail(where, f"expected a {what}, got {shown(table)}")
         for key in table:
             if key not in allowed:
                 raise self.fail(where, f"unknown key {key!r}{_suggest(key, allowed)}")
@@ -171,7 +171,7 @@ class _Reader:
                default: Any) -> Any:
         value = table.get(key, default)
         if value is not default and (not isinstance(value, kind) or isinstance(value, bool) and kind is not bool):
-            raise self.fail(where, f"key {key!r}: expected {_kind_name(kind)}, got {_shown(value)}")
+            raise self.fail(where, f"key {key!r}: expected {_kind_name(kind)}, got {shown(value)}")
         return value
 
     def input(self, table: Any) -> InputConfig:
@@ -215,7 +215,7 @@ class _Reader:
     def stage(self, index: int, table: Any, memory: str, tmp_dir: str | None) -> StageConfig:
         where = f"stage {index}"
         if not isinstance(table, dict):
-            raise self.fail(where, f"expected a [[stage]] table, got {_shown(table)}")
+            raise self.fail(where, f"expected a [[stage]] table, got {shown(table)}")
         op = table.get("op")
         if op is None:
             raise self.fail(where, f"missing key 'op' (one of: {', '.join(OPS)})")
@@ -304,7 +304,7 @@ class _Params:
         """A TOML value through the option's own type; flags take true/false."""
         if param.is_flag:
             if not isinstance(value, bool):
-                raise self.reader.fail(self.where, f"key {key!r}: expected true or false, got {_shown(value)}")
+                raise self.reader.fail(self.where, f"key {key!r}: expected true or false, got {shown(value)}")
             return value != secondary
         if param.multiple:
             items = [f"{k}={v}" for k, v in value.items()] if isinstance(value, dict) else \
@@ -329,7 +329,7 @@ class _Params:
                 value = str(value)
         expected = _toml_kind(kind)
         if not isinstance(value, expected) or isinstance(value, bool):
-            raise self.reader.fail(self.where, f"key {key!r}: expected {_kind_name(expected)}, got {_shown(value)}")
+            raise self.reader.fail(self.where, f"key {key!r}: expected {_kind_name(expected)}, got {shown(value)}")
         try:
             return kind.convert(value, param, self.ctx)
         except click.BadParameter as exc:
@@ -368,11 +368,6 @@ def _is_scalar(value: Any) -> bool:
 def _is_value(default: Any) -> bool:
     """click marks 'no default' with a sentinel object; anything else is a real default."""
     return default is None or isinstance(default, (str, int, float, bool, tuple, list))
-
-
-def _shown(value: Any) -> str:
-    kind = {bool: "boolean", int: "integer", float: "number", str: "string", list: "list", dict: "table"}
-    return f"{kind.get(type(value), type(value).__name__)} {value!r}"
 
 
 def _suggest(key: str, allowed: Sequence[str]) -> str:
