@@ -15,13 +15,11 @@ import contextlib
 import os
 import queue
 import threading
-import uuid
-import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextvars import ContextVar
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -80,66 +78,6 @@ def ordered_map(fn: Callable[[T], U], items: Iterable[T], threads: int,
     if engine is not None:
         return engine.map(fn, items, threads, window)
     return threaded_map(fn, items, threads, window)
-
-
-# -- accumulators: side effects of per-item functions that must survive a remote engine ---------------------
-
-
-class Accumulator:
-    """Statistics that per-item functions add to as a side effect (Spark's accumulators, in effect).
-
-    On the local engine the functions add to this very object, from worker threads (subclasses
-    lock). A remote engine pickles the function with an empty stand-in for it instead; after each
-    call the engine takes what the call added (`take`), ships it back with the result, and the
-    driver merges it into this object (`merge_taken`) as it consumes that result, in input order.
-    A retried remote call ships only its own additions, so a retry never counts twice.
-
-    Subclasses are constructible with no arguments (an empty accumulator).
-    """
-
-    def take(self) -> Any:
-        """Everything added so far as plain picklable data, leaving this empty; None if nothing was added."""
-        raise NotImplementedError
-
-    def merge_taken(self, taken: Any) -> None:
-        """Add what `take` returned (on another copy) to this accumulator."""
-        raise NotImplementedError
-
-    def __reduce__(self) -> tuple[Callable[..., Accumulator], tuple[type, str]]:
-        token = self.__dict__.setdefault("_accumulator_token", uuid.uuid4().hex)
-        _ORIGINALS[token] = self
-        return _stand_in, (type(self), token)
-
-
-_ORIGINALS: weakref.WeakValueDictionary[str, Accumulator] = weakref.WeakValueDictionary()
-"""Driver side: the accumulators that were pickled for a remote engine, by token."""
-_STAND_INS: weakref.WeakSet[Accumulator] = weakref.WeakSet()
-"""Worker side: the empty copies unpickled with functions, drained after every call."""
-
-
-def _stand_in(cls: type[Accumulator], token: str) -> Accumulator:
-    acc = cls()
-    acc.__dict__["_accumulator_token"] = token
-    _STAND_INS.add(acc)
-    return acc
-
-
-def take_accumulated() -> list[tuple[str, Any]]:
-    """Worker side, after a call: what the call added to every stand-in in this process, by token."""
-    taken = []
-    for acc in list(_STAND_INS):
-        value = acc.take()
-        if value is not None:
-            taken.append((acc.__dict__["_accumulator_token"], value))
-    return taken
-
-
-def merge_accumulated(taken: Iterable[tuple[str, Any]]) -> None:
-    """Driver side: add a call's shipped additions to the original accumulators."""
-    for token, value in taken:
-        original = _ORIGINALS.get(token)
-        if original is not None:
-            original.merge_taken(value)
 
 
 # -- the local engine: threads ----------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import argparse
 import os
 import shutil
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchtool.formats.example import encode_records
@@ -48,6 +49,15 @@ def write_corpus(out: str, rows: int, shards: int, seed: int, tfrecord: bool, pa
             tw.close()
 
 
+def write_flagged(out: str, seed: int, rows: int = 40) -> None:
+    """out/flagged.parquet: a few rows of the corpus with a boolean `keep` column (true for every class but 0,
+    null for every seventh row), for the `filter` examples."""
+    table = make_table(rows, seed)
+    keep = [None if i % 7 == 6 else label != 0 for i, label in enumerate(table.column("label").to_pylist())]
+    pq.write_table(table.append_column("keep", pa.array(keep, pa.bool_())), os.path.join(out, "flagged.parquet"),
+                   compression="zstd")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "sample_data"))
@@ -63,6 +73,8 @@ def main() -> None:
     write_corpus(args.out, args.rows, args.shards, args.seed, tfrecord=not args.no_tfrecord,
                  parquet=not args.no_parquet, median_length=args.median_length, max_length=args.max_length,
                  frame_dim=args.frame_dim)
+    if not args.no_parquet:
+        write_flagged(args.out, args.seed)
 
 
 if __name__ == "__main__":

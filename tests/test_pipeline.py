@@ -18,7 +18,7 @@ from batchtool.ops.bucket import BucketOptions
 from batchtool.ops.segment import SegmentOptions
 from batchtool.ops.stratify import StratifyOptions
 from batchtool.pipeline import execute, load, run_pipeline
-from batchtool.pipeline.config import RenameOptions
+from batchtool.ops.rename import RenameOptions
 from batchtool.pipeline.stages import ShuffleStage
 from batchtool.synthetic import make_table
 

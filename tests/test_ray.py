@@ -19,13 +19,12 @@ import pyarrow.fs as pafs
 import pytest
 
 import batchtool.engines.ray as ray_engine
-from batchtool import runner
 from batchtool.check.evaluate import check
 from batchtool.convert import convert
 from batchtool.errors import InputError, UsageError
 from batchtool.job import RunSettings
 from batchtool.ops.bucket import bucket
-from batchtool.ops.resample import Tally, resample
+from batchtool.ops.resample import resample
 from batchtool.ops.segment import segment
 from batchtool.ops.shuffle import shuffle
 from batchtool.ops.stratify import LabelError, StratifyOptions, stratify
@@ -145,21 +144,6 @@ def test_source_error_follows_the_results_before_it(ray_cluster):
         for value in ray_engine.RayEngine().map(lambda x: x + 1, items()):
             seen.append(value)
     assert seen == [1, 2, 3, 4, 5]
-
-
-@RAY
-def test_accumulator_additions_are_merged_on_the_driver(ray_cluster):
-    tally = Tally()
-
-    def fn(x: int) -> int:
-        tally.add(rows=1, total=x)
-        tally.add_values("x", np.array([float(x)]))
-        return x
-
-    with runner.use_engine(ray_engine.RayEngine()):
-        assert list(runner.ordered_map(fn, range(30), threads=2)) == list(range(30))
-    assert tally.count("rows") == 30 and tally.count("total") == sum(range(30))
-    assert tally.summary("x", 30) == {"mean": 14.5, "min": 0.0, "max": 29.0}
 
 
 @RAY

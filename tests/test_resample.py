@@ -14,7 +14,8 @@ from batchtool.dataset import Chunk
 from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.job import RunSettings
 from batchtool.ops import resample as resample_op
-from batchtool.ops.resample import ResampleOptions, RunningMean, parse_rate, piece_bounds, repeat_rows, resample
+from batchtool.ops.base import NumberOrColumn
+from batchtool.ops.resample import ResampleOptions, RunningMean, piece_bounds, repeat_rows, resample
 from batchtool.output import OutputOptions
 from conftest import read_dir, write_parquet_shards
 
@@ -59,8 +60,8 @@ def test_copies_are_consecutive_rows_equal_to_the_input_row_and_rate_zero_drops(
     assert all(r["name"] == f"n{r['key']}" and r["rate"] == 4.0 for r in out.to_pylist())
 
 
-def test_constant_rate_and_parse_rate(tmp_path):
-    assert parse_rate("2.5") == 2.5 and parse_rate("my_rate") == "my_rate"
+def test_constant_rate_and_a_rate_column_given_as_text(tmp_path):
+    assert NumberOrColumn().from_text("rate", "2.5") == 2.5 and NumberOrColumn().from_text("rate", "r") == "r"
     src = dataset(tmp_path / "src", 2000)
     result = run(src, tmp_path / "out", rate=0.5)
     assert abs(result.rows_out / 2000 - 0.5) <= 4 * np.sqrt(0.5 / 2000)
@@ -99,7 +100,7 @@ def test_weighted_errors(tmp_path):
     src = dataset(tmp_path / "src", 10, weight=np.zeros(10))
     with pytest.raises(InputError, match="every weight is 0"):
         run(src, tmp_path / "out", weight="weight", overall_rate=1.0)
-    with pytest.raises(UsageError, match="--rate-column 'weight': SRC already has this column"):
+    with pytest.raises(UsageError, match="--rate-column 'weight': the input already has this column"):
         run(src, tmp_path / "out", weight="key", overall_rate=1.0, rate_column="weight")
     with pytest.raises(SchemaError, match="no column 'nope'"):
         run(src, tmp_path / "out", weight="nope", overall_rate=1.0)
@@ -109,10 +110,11 @@ def test_running_mean_reproduces_the_seeds_estimate():
     """Chunk means 2, 4, 8, 16 with warmup 2 and decay 0.5: decays 0, 1/2, 1/2, 1/2."""
     chunks = [Chunk(pa.record_batch({"w": [m, m]}), rng.example_ids(0, 2 * i, 2)) for i, m in
               enumerate([2.0, 4.0, 8.0, 16.0])]
-    means = [m for _, m in RunningMean("w", 0.5, 2, str)(chunks)]
-    assert means == [2.0, 3.0, 5.5, 10.75]
+    running = RunningMean("w", 0.5, 2, str)
+    assert [running.update(c) for c in chunks] == [2.0, 3.0, 5.5, 10.75]
     # during warmup it is the plain mean of the chunk means: d_c = (c - 1) / c
-    plain = [m for _, m in RunningMean("w", 0.999, 10, str)(chunks)]
+    running = RunningMean("w", 0.999, 10, str)
+    plain = [running.update(c) for c in chunks]
     assert plain == pytest.approx([2.0, 3.0, 14 / 3, 7.5])
 
 

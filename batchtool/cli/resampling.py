@@ -1,4 +1,5 @@
-"""`stratify`, `resample` and `shuffle`: each parses its options and calls one library function."""
+"""`stratify` and `shuffle`: each parses its options and calls one library function (resample's command is
+generated from its operation definition, see cli/ops.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import click
 
 from batchtool.cli.common import (SIZE, command, input_options, make_output, make_run, output_options, parse_size,
                                   report, run_options)
-from batchtool.ops.resample import DEFAULT_RATE_COLUMN, ResampleOptions, parse_rate, resample
 from batchtool.ops.shuffle import ShuffleOptions, shuffle
 from batchtool.ops.stratify import MODES, StratifyOptions, parse_probs, parse_target, stratify
 
@@ -75,44 +75,6 @@ def stratify_options(*, label: str, target: str, mode: str, init_probs: str | No
         init_probs=parse_probs(init_probs, "--init-probs") if init_probs is not None else None,
         num_classes=num_classes, replacement=replacement, size=size, batch_size=batch_size,
         balanced_batches=balanced_batches, drop_remainder=drop_remainder, memory=parse_size(memory), tmp_dir=tmp_dir)
-
-
-@command("resample", "batchtool resample sample_data/parquet /tmp/weighted --weight weight --overall-rate 1.0")
-@click.argument("src")
-@click.argument("dst")
-@click.option("--rate", metavar="COL|X", help="Each example appears Poisson(rate) times: a number or a column.")
-@click.option("--weight", metavar="COL", help="Rate proportional to this column (with --overall-rate).")
-@click.option("--overall-rate", type=float, help="Mean rate over the data for --weight.")
-@click.option("--running-mean", is_flag=True,
-              help="Estimate the mean weight as the data streams (as tf.contrib.training.weighted_resample)"
-                   " instead of a first pass.")
-@click.option("--mean-decay", type=float, default=0.999, show_default=True, help="Decay of --running-mean.")
-@click.option("--warmup", type=int, default=10, show_default=True,
-              help="Chunks during which --running-mean is the plain mean.")
-@click.option("--rate-column", default=DEFAULT_RATE_COLUMN, show_default=True,
-              help="Column receiving each output row's effective rate (--weight).")
-@click.option("--accept-prob", metavar="COL", help="Rejection sampling: keep each example with this probability.")
-@seed_option
-@input_options
-@output_options
-@run_options
-def resample_cmd(src: str, dst: str, seed: int, input_format: str | None, skip_corrupt: bool, **kwargs) -> None:
-    """Resample SRC by Poisson rate, relative weight or acceptance probability and write DST.
-
-    Copies of an example are consecutive rows; pipe the result through `shuffle` to spread them.
-    """
-    output, run = make_output(kwargs), make_run(kwargs)
-    options = resample_options(**kwargs)
-    result = resample(src, dst, options, output, run, seed=seed, format=input_format, skip_corrupt=skip_corrupt)
-    report(result.manifest, dst, run.quiet)
-
-
-def resample_options(*, rate: str | None, weight: str | None, overall_rate: float | None, running_mean: bool,
-                     mean_decay: float, warmup: int, rate_column: str, accept_prob: str | None) -> ResampleOptions:
-    """resample's options from its flags' values (shared with pipeline files)."""
-    return ResampleOptions(rate=parse_rate(rate) if rate is not None else None, weight=weight,
-                           overall_rate=overall_rate, running_mean=running_mean, mean_decay=mean_decay,
-                           warmup=warmup, rate_column=rate_column, accept_prob=accept_prob)
 
 
 @command("shuffle", "batchtool shuffle sample_data/parquet /tmp/shuffled --memory 256MB --seed 1")

@@ -9,9 +9,8 @@ stops new submissions.
 
 Items and results travel as pickles whose Arrow data is compacted to IPC messages and moved out
 of band. Errors come back as values and are re-raised on the driver as the same exception type
-(so `error: ...` and exit 2 are unchanged), and whatever a task added to runner.Accumulator
-stand-ins (e.g. stratify's class counts) is merged into the driver's originals as its results
-are consumed.
+(so `error: ...` and exit 2 are unchanged). Per-item functions are pure: statistics travel in
+their results and the driver merges them in input order, so nothing needs shipping back besides.
 """
 
 from __future__ import annotations
@@ -146,12 +145,10 @@ def _unpack(packed: _Packed) -> Any:
 @dataclass
 class _Outcome:
     """What one task returns: the results of its items in order, the error that stopped it (if any,
-    as _portable state), what it added to accumulators, how long its items took, and the address of
-    the node it ran on."""
+    as _portable state), how long its items took, and the address of the node it ran on."""
 
     results: list
     error: tuple | None
-    accumulated: list[tuple[str, Any]]
     seconds: float
     node: str
 
@@ -166,7 +163,7 @@ def _run_group(fn: Callable[[T], U], packed: _Packed) -> _Packed:
         except Exception as exc:  # noqa: BLE001 (re-raised on the driver, in input order)
             error = _portable(exc)
             break
-    return _pack(_Outcome(results, error, runner.take_accumulated(), time.perf_counter() - started,
+    return _pack(_Outcome(results, error, time.perf_counter() - started,
                           ray.util.get_node_ip_address()))
 
 
@@ -356,7 +353,6 @@ class RayEngine:
                 started = time.perf_counter()
                 outcome: _Outcome = _unpack(packed)
                 schedule.received(outcome, count, self.timings.received(packed, outcome, waited, started))
-                runner.merge_accumulated(outcome.accumulated)
                 yield from outcome.results
                 if outcome.error is not None:
                     raise _rebuild(outcome.error)

@@ -1,1 +1,19 @@
-"""Operations: stratify, resample, shuffle, bucket, segment; each a plan plus pure per-chunk functions."""
+"""The operations, each one module; OPERATIONS registers those written to the operation interface (ops/base.py)."""
+
+from __future__ import annotations
+
+from batchtool.ops import filter as filter_op
+from batchtool.ops import rename as rename_op
+from batchtool.ops import resample as resample_op
+from batchtool.ops import select as select_op
+from batchtool.ops.base import Operation
+
+OPERATIONS: dict[str, Operation] = {
+    "filter": filter_op.OP,
+    "select": select_op.OP,
+    "rename": rename_op.OP,
+    "resample": resample_op.OP,
+}
+"""Name -> definition: the command, the pipeline stage and the dry run of each are derived from it."""
+
+__all__ = ["OPERATIONS", "Operation"]

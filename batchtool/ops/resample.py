@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import math
-import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -14,13 +13,13 @@ import pyarrow.compute as pc
 
 from batchtool import rng
 from batchtool.budget import row_nbytes
-from batchtool.dataset import Chunk, Dataset, ReadReport
-from batchtool.errors import InputError, SchemaError, UsageError
+from batchtool.dataset import Chunk
 from batchtool.engines import with_engine
-from batchtool.job import JobResult, RunSettings, open_source, write_job
-from batchtool.ops.shuffle import manifest_options
+from batchtool.errors import InputError, SchemaError
+from batchtool.job import JobResult, RunSettings
+from batchtool.ops.base import (Column, ColumnError, Context, Depends, Flag, Integer, Number, NumberOrColumn, Operation,
+                                OptionError, Tally, need_columns, option)
 from batchtool.output import OutputOptions
-from batchtool.runner import Accumulator, ordered_map
 
 STAGE = "resample"
 DEFAULT_RATE_COLUMN = "resample_rate"
@@ -37,38 +36,47 @@ Locate = Callable[[int], str]
 class ResampleOptions:
     """Exactly one of: `rate` (a constant or a column), `weight` with `overall_rate`, `accept_prob`."""
 
-    rate: float | str | None = None
-    weight: str | None = None
-    overall_rate: float | None = None
-    running_mean: bool = False
-    mean_decay: float = 0.999
-    warmup: int = 10
-    rate_column: str = DEFAULT_RATE_COLUMN
-    accept_prob: str | None = None
+    rate: float | str | None = option("Each example appears Poisson(rate) times: a number or a column.",
+                                      NumberOrColumn(), None)
+    weight: str | None = option("Rate proportional to this column (with --overall-rate).", Column(), None)
+    overall_rate: float | None = option("Mean rate over the data for --weight.", Number(), None)
+    running_mean: bool = option("Estimate the mean weight as the data streams (as "
+                                "tf.contrib.training.weighted_resample) instead of a first pass.", Flag(), False)
+    mean_decay: float = option("Decay of --running-mean.", Number(), 0.999)
+    warmup: int = option("Chunks during which --running-mean is the plain mean.", Integer(), 10)
+    rate_column: str = option("Column receiving each output row's effective rate (--weight).", Column(),
+                              DEFAULT_RATE_COLUMN)
+    accept_prob: str | None = option("Rejection sampling: keep each example with this probability.", Column(), None)
 
     def __post_init__(self) -> None:
-        chosen = [flag for flag, value in (("--rate", self.rate), ("--weight", self.weight),
-                                           ("--accept-prob", self.accept_prob)) if value is not None]
+        modes = ("rate", "weight", "accept_prob")
+        chosen = [name for name in modes if getattr(self, name) is not None]
         if len(chosen) != 1:
-            raise UsageError("give exactly one of --rate, --weight (with --overall-rate) or --accept-prob"
-                             + (f" (got {', '.join(chosen)})" if chosen else ""))
+            raise OptionError(chosen[-1] if chosen else "rate", "give exactly one of {rate}, {weight} (with "
+                              "{overall_rate}) or {accept_prob}" + (f" (got {', '.join('{%s}' % c for c in chosen)})"
+                                                                    if chosen else ""),
+                              mentions=[*modes, "overall_rate"])
         if isinstance(self.rate, float) and not (math.isfinite(self.rate) and 0 <= self.rate <= MAX_RATE):
-            raise UsageError(f"--rate {self.rate}: must be a finite rate >= 0 and at most {MAX_RATE:.10g} (expected "
-                             "copies of each example), or a column name")
+            raise OptionError("rate", f"must be a finite rate >= 0 and at most {MAX_RATE:.10g} (expected copies of "
+                              "each example), or a column name", value=str(self.rate))
         if (self.weight is None) != (self.overall_rate is None):
-            raise UsageError("--weight and --overall-rate go together (rate = overall rate * weight / mean weight)")
+            raise OptionError("weight" if self.weight is None else "overall_rate", "{weight} and {overall_rate} go "
+                              "together (rate = overall rate * weight / mean weight)",
+                              mentions=["weight", "overall_rate"])
         if self.overall_rate is not None and not (math.isfinite(self.overall_rate)
                                                   and 0 <= self.overall_rate <= MAX_RATE):
-            raise UsageError(f"--overall-rate {self.overall_rate}: must be a finite rate >= 0 and at most "
-                             f"{MAX_RATE:.10g}")
+            raise OptionError("overall_rate", f"must be a finite rate >= 0 and at most {MAX_RATE:.10g}",
+                              value=str(self.overall_rate))
         if self.running_mean and self.weight is None:
-            raise UsageError("--running-mean applies to --weight (it estimates the mean weight as data streams)")
+            raise OptionError("running_mean", "{running_mean} applies to {weight} (it estimates the mean weight as "
+                              "data streams)",
+                              mentions=["weight"])
         if not 0.0 <= self.mean_decay < 1.0:
-            raise UsageError(f"--mean-decay {self.mean_decay}: must be in [0, 1)")
+            raise OptionError("mean_decay", "must be in [0, 1)", value=str(self.mean_decay))
         if self.warmup < 1:
-            raise UsageError(f"--warmup {self.warmup}: must be at least 1")
+            raise OptionError("warmup", "must be at least 1", value=str(self.warmup))
         if not self.rate_column:
-            raise UsageError("--rate-column: must be a non-empty column name")
+            raise OptionError("rate_column", "must be a non-empty column name")
 
     @property
     def mode(self) -> str:
@@ -80,14 +88,6 @@ class ResampleOptions:
         if self.mode == "rate":
             return self.rate if isinstance(self.rate, str) else None
         return self.weight if self.mode == "weighted" else self.accept_prob
-
-
-def parse_rate(text: str) -> float | str:
-    """--rate: a number is a constant rate, anything else names a column."""
-    try:
-        return float(text)
-    except ValueError:
-        return text
 
 
 # -- per-chunk functions (pure; shared with stratify) -------------------------------------------------------
@@ -202,6 +202,13 @@ class Piece:
         return out
 
 
+def merged(results: Iterable[tuple[Copies, Tally]], tally: Tally) -> Iterator[Copies]:
+    """The copies of each chunk in order, merging each one's statistics into `tally` as it passes."""
+    for copies, stats in results:
+        tally.merge(stats)
+        yield copies
+
+
 def pieces(copies: Iterable[Copies]) -> Iterator[Piece]:
     """Every chunk's output pieces, in order."""
     for c in copies:
@@ -242,61 +249,13 @@ def resample_copies(chunk: Chunk, rates: np.ndarray, options: ResampleOptions, s
 # -- statistics -------------------------------------------------------------------------------------------
 
 
-class Tally(Accumulator):
-    """Per-chunk statistics added from worker threads (or shipped back from remote workers: see
-    runner.Accumulator), with totals that do not depend on completion order: counts add exactly,
-    float sums go through math.fsum, min and max commute."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.counts: dict[str, Any] = {}
-        self._sums: dict[str, list[float]] = {}
-        self._low: dict[str, float] = {}
-        self._high: dict[str, float] = {}
-
-    def add(self, **counts: Any) -> None:
-        with self._lock:
-            for name, value in counts.items():
-                self.counts[name] = self.counts.get(name, 0) + value
-
-    def add_values(self, name: str, values: np.ndarray) -> None:
-        if not len(values):
-            return
-        with self._lock:
-            self._sums.setdefault(name, []).append(float(values.sum()))
-            self._low[name] = min(self._low.get(name, math.inf), float(values.min()))
-            self._high[name] = max(self._high.get(name, -math.inf), float(values.max()))
-
-    def take(self) -> dict[str, dict] | None:
-        with self._lock:
-            if not (self.counts or self._sums):
-                return None
-            taken = {"counts": self.counts, "sums": self._sums, "low": self._low, "high": self._high}
-            self.counts, self._sums, self._low, self._high = {}, {}, {}, {}
-        return taken
-
-    def merge_taken(self, taken: dict[str, dict]) -> None:
-        self.add(**taken["counts"])
-        with self._lock:
-            for name, sums in taken["sums"].items():
-                self._sums.setdefault(name, []).extend(sums)
-                self._low[name] = min(self._low.get(name, math.inf), taken["low"][name])
-                self._high[name] = max(self._high.get(name, -math.inf), taken["high"][name])
-
-    def summary(self, name: str, count: int) -> dict[str, float]:
-        if name not in self._sums:
-            return {}
-        return {"mean": math.fsum(self._sums[name]) / max(count, 1), "min": self._low[name], "max": self._high[name]}
-
-    def count(self, name: str) -> int:
-        return int(self.counts.get(name, 0))
-
-
-def copy_stats(tally: Tally, copies: np.ndarray) -> None:
+def copy_stats(copies: np.ndarray) -> Tally:
     """The counts every resampling command reports: rows in and out, examples dropped and duplicated."""
+    tally = Tally()
     tally.add(rows_in=len(copies), rows_out=int(copies.sum()), examples_dropped=int((copies == 0).sum()),
               examples_duplicated=int((copies >= 2).sum()))
     tally.add_values("copies", copies)
+    return tally
 
 
 def copy_summary(tally: Tally) -> dict[str, Any]:
@@ -309,22 +268,6 @@ def copy_summary(tally: Tally) -> dict[str, Any]:
 # -- the mean weight: first pass or weighted_resample's running estimate ------------------------------------
 
 
-def mean_weight(dataset: Dataset, column: str, threads: int) -> float:
-    """Mean of the weight column over the whole dataset (one pass over that column only)."""
-    def partial(task: Callable[[], Chunk]) -> tuple[float, int]:
-        chunk = task()
-        return float(checked_values(chunk, column, dataset.locate, "weight").sum()), chunk.num_rows
-
-    sums, rows = [], 0
-    for total, count in ordered_map(partial, dataset.tasks([column]), threads):
-        sums.append(total)
-        rows += count
-    mean = math.fsum(sums) / rows if rows else 0.0
-    if mean <= 0:
-        raise InputError(f"{dataset.src}: column {column!r}: every weight is 0, so no example can be sampled")
-    return mean
-
-
 class RunningMean:
     """weighted_resample's streaming estimate of the mean weight, updated once per chunk in input order (so it
     is deterministic): with c the chunk number from 1, d_c = min((c - 1) / min(c, warmup), decay) and
@@ -332,110 +275,136 @@ class RunningMean:
 
     def __init__(self, column: str, decay: float, warmup: int, locate: Locate) -> None:
         self.column, self.decay, self.warmup, self.locate = column, decay, warmup, locate
-        self.mean = 0.0
+        self.mean, self.count = 0.0, 0
 
-    def __call__(self, chunks: Iterable[Chunk]) -> Iterator[tuple[Chunk, float]]:
-        for count, chunk in enumerate(chunks, start=1):
-            real_decay = min((count - 1) / min(count, self.warmup), self.decay)
-            weights = checked_values(chunk, self.column, self.locate, "weight")
-            batch_mean = float(weights.mean()) if len(weights) else 0.0
-            self.mean = real_decay * self.mean + (1.0 - real_decay) * batch_mean
-            yield chunk, self.mean
+    def update(self, chunk: Chunk) -> float:
+        """The estimate chunk `chunk` uses (the chunks before it already seen, in order)."""
+        self.count += 1
+        real_decay = min((self.count - 1) / min(self.count, self.warmup), self.decay)
+        weights = checked_values(chunk, self.column, self.locate, "weight")
+        batch_mean = float(weights.mean()) if len(weights) else 0.0
+        self.mean = real_decay * self.mean + (1.0 - real_decay) * batch_mean
+        return self.mean
 
 
-# -- entry point --------------------------------------------------------------------------------------------
+# -- the operation ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ResamplePlan:
+    """What each chunk's kernel needs: the options, the seed, the mean weight (first pass, or the running
+    estimate for that chunk) and how to name a row in an error."""
+
+    options: ResampleOptions
+    seed: int
+    mean: float | None
+    locate: Locate
+
+
+class Resample(Operation[ResampleOptions, ResamplePlan]):
+    name = "resample"
+    summary = """Resample SRC by Poisson rate, relative weight or acceptance probability and write DST.
+
+    Copies of an example are consecutive rows; pipe the result through `shuffle` to spread them."""
+    example = "batchtool resample sample_data/parquet /tmp/weighted --weight weight --overall-rate 1.0"
+    options = ResampleOptions
+    seeded = True
+    expands = True
+
+    def needs(self, options: ResampleOptions) -> list[str]:
+        return [options.column] if options.column else []
+
+    def depends(self, options: ResampleOptions) -> Depends:
+        return Depends.CHUNKS if options.running_mean else Depends.ORDER
+
+    def output_schema(self, options: ResampleOptions, schema: pa.Schema) -> pa.Schema:
+        if options.column:
+            need_columns(schema, {"rate": "rate", "weighted": "weight", "accept": "accept_prob"}[options.mode],
+                         [options.column])
+        if options.mode != "weighted":
+            return schema
+        if options.rate_column in schema.names:
+            raise ColumnError("rate_column", "the input already has this column; choose another name",
+                              value=repr(options.rate_column))
+        return schema.append(pa.field(options.rate_column, pa.float64()))
+
+    def input_columns(self, options: ResampleOptions, columns: list[str] | None) -> list[str] | None:
+        if columns is None:
+            return None
+        kept = [c for c in columns if not (options.mode == "weighted" and c == options.rate_column)]
+        return list(dict.fromkeys([*kept, *self.needs(options)]))
+
+    def first_pass_columns(self, options: ResampleOptions) -> list[str]:
+        """--weight without --running-mean: the mean weight, in a pass over that column only."""
+        return [options.weight] if options.weight is not None and not options.running_mean else []
+
+    def first_pass(self, options: ResampleOptions, context: Context, chunk: Chunk) -> Tally:
+        tally = Tally.of(rows=chunk.num_rows)
+        tally.add_values("weight", checked_values(chunk, options.weight, context.locate, "weight"))
+        return tally
+
+    def plan(self, options: ResampleOptions, context: Context, stats: Tally | None) -> ResamplePlan:
+        mean = None
+        if stats is not None:
+            mean = stats.total("weight") / stats.count("rows") if stats.count("rows") else 0.0
+            if mean <= 0:
+                raise InputError(f"{context.src}: column {options.weight!r}: every weight is 0, so no example can "
+                                 "be sampled")
+        return ResamplePlan(options, context.seed, mean, context.locate)
+
+    def per_chunk(self, plan: ResamplePlan) -> Callable[[Chunk], ResamplePlan] | None:
+        o = plan.options
+        if not o.running_mean:
+            return None
+        running = RunningMean(o.weight, o.mean_decay, o.warmup, plan.locate)
+        return lambda chunk: replace(plan, mean=running.update(chunk))
+
+    def kernel(self, plan: ResamplePlan, chunk: Chunk) -> tuple[Copies, Tally]:
+        """One chunk's copies per row (built into rows piece by piece) and its statistics."""
+        rates = example_rates(chunk, plan.options, plan.mean, plan.locate)
+        copies = resample_copies(chunk, rates, plan.options, plan.seed)
+        tally = copy_stats(copies.copies)
+        tally.add_values("rate", rates)
+        if plan.options.running_mean:
+            tally.latest["mean_weight"] = plan.mean
+        return copies, tally
+
+    def pieces(self, output: Copies) -> Iterator[Piece]:
+        return output.pieces()
+
+    def build(self, plan: ResamplePlan, piece: Piece) -> tuple[Chunk, int]:
+        rate_column = plan.options.rate_column if plan.options.mode == "weighted" else None
+        return piece.build(plan.seed, STAGE, rate_column), piece.rows
+
+    def report(self, plan: ResamplePlan, stats: Tally) -> dict[str, Any]:
+        o, rows_in = plan.options, stats.count("rows_in")
+        result = {"mode": o.mode, **copy_summary(stats),
+                  ("accept_prob" if o.mode == "accept" else "rate"): stats.summary("rate", rows_in)}
+        if o.mode == "weighted":
+            result.update(overall_rate=o.overall_rate, rate_column=o.rate_column,
+                          mean_weight=stats.latest.get("mean_weight", 0.0) if o.running_mean else plan.mean,
+                          mean_weight_source="running estimate (final)" if o.running_mean else "first pass")
+        return result
+
+    def expected(self, plan: ResamplePlan, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
+        o = plan.options
+        rate = o.rate if isinstance(o.rate, float) else o.overall_rate
+        if rate is None or rows_in is None:
+            return None, {"mean_weight": plan.mean} if plan.mean is not None else {}
+        return None, {"expected_rows": round(rate * rows_in)}
+
+
+OP = Resample()
 
 
 @with_engine
 def resample(src: str, dst: str, options: ResampleOptions, output: OutputOptions, run: RunSettings = RunSettings(),
              *, seed: int = 0, format: str | None = None, skip_corrupt: bool = False) -> JobResult:
     """Resample SRC into DST; copies of an example are consecutive rows (a later `shuffle` spreads them)."""
-    dataset = open_source(src, dst, output, format=format, skip_corrupt=skip_corrupt)
-    return write_resampled(prepare(dataset, options, seed, run.threads), dst, output, run)
+    from batchtool.driver import run_operation  # (the driver runs every op; it imports the ops package)
+
+    return run_operation(OP, options, src, dst, output, run, seed=seed, format=format, skip_corrupt=skip_corrupt)
 
 
-def prepare(dataset: Dataset, options: ResampleOptions, seed: int, threads: int) -> Resampling:
-    """Check the columns and, for --weight without --running-mean, take the mean weight in a first pass."""
-    dataset.check_columns([options.column] if options.column else None)
-    if options.mode == "weighted" and options.rate_column in dataset.schema.names:
-        raise UsageError(f"--rate-column {options.rate_column!r}: SRC already has this column; choose another name")
-    mean = None
-    if options.mode == "weighted" and not options.running_mean:
-        mean = mean_weight(dataset, options.weight, threads)
-    return Resampling(dataset, options, seed, mean)
-
-
-@dataclass
-class Resampling:
-    """Resampling one dataset's chunks: the options, the first pass's mean weight, and the counters."""
-
-    dataset: Dataset
-    options: ResampleOptions
-    seed: int
-    mean: float | None
-    tally: Tally = field(default_factory=Tally)
-
-    def __post_init__(self) -> None:
-        o = self.options
-        self.running = RunningMean(o.weight, o.mean_decay, o.warmup, self.dataset.locate) if o.running_mean else None
-
-    @property
-    def schema(self) -> pa.Schema:
-        """The output schema: the input's, plus the rate column in weighted mode."""
-        schema = self.dataset.schema
-        if self.options.mode == "weighted":
-            schema = schema.append(pa.field(self.options.rate_column, pa.float64()))
-        return schema
-
-    def items(self, threads: int, report: ReadReport,
-              columns: Sequence[str] | None = None) -> Iterable[tuple[Chunk, float | None]]:
-        """(chunk, mean weight) in input order; --running-mean updates the mean chunk by chunk."""
-        chunks = self.dataset.chunks(columns, threads, report)
-        return self.running(chunks) if self.running else ((chunk, self.mean) for chunk in chunks)
-
-    def copies(self, item: tuple[Chunk, float | None]) -> Copies:
-        """One chunk's copies per row, counted; runs on the engine's workers."""
-        chunk, chunk_mean = item
-        rates = example_rates(chunk, self.options, chunk_mean, self.dataset.locate)
-        copies = resample_copies(chunk, rates, self.options, self.seed)
-        copy_stats(self.tally, copies.copies)
-        self.tally.add_values("rate", rates)
-        return copies
-
-    def pieces(self, threads: int, report: ReadReport, columns: Sequence[str] | None = None) -> Iterator[Piece]:
-        """The output in order, as pieces of bounded size (see Copies.pieces)."""
-        return pieces(ordered_map(self.copies, self.items(threads, report, columns), threads))
-
-    def build(self, piece: Piece) -> tuple[Chunk, int]:
-        """One piece's output rows and the input rows it completes."""
-        rate_column = self.options.rate_column if self.options.mode == "weighted" else None
-        return piece.build(self.seed, STAGE, rate_column), piece.rows
-
-    def work(self, piece: Piece) -> tuple[list[pa.RecordBatch], int]:
-        out, rows = self.build(piece)
-        return ([out.data] if out.num_rows else []), rows
-
-    def stats(self) -> dict[str, Any]:
-        options, tally = self.options, self.tally
-        rows_in = tally.count("rows_in")
-        result = {"mode": options.mode, **copy_summary(tally),
-                  ("accept_prob" if options.mode == "accept" else "rate"): tally.summary("rate", rows_in)}
-        if options.mode == "weighted":
-            result.update(overall_rate=options.overall_rate, rate_column=options.rate_column,
-                          mean_weight=self.running.mean if self.running else self.mean,
-                          mean_weight_source="running estimate (final)" if self.running else "first pass")
-        return result
-
-
-def write_resampled(resampling: Resampling, dst: str, output: OutputOptions, run: RunSettings,
-                    *, write: Callable[..., JobResult] = write_job) -> JobResult:
-    """The pass that writes (`write` is write_job, or a wrapper when resample is a pipeline's last stage)."""
-    report = ReadReport()
-    return write(command="resample", options=manifest_options(resampling.options, output), seed=resampling.seed,
-                 dataset=resampling.dataset, dst=dst, output=output, schema=resampling.schema,
-                 items=resampling.pieces(run.threads, report), work=resampling.work, stats=resampling.stats,
-                 run=run, report=report)
-
-
-__all__ = ["Copies", "MAX_RATE", "Piece", "ResampleOptions", "Resampling", "RunningMean", "Tally", "example_rates",
-           "parse_rate", "pieces", "prepare", "repeat_rows", "resample", "resample_copies", "write_resampled"]
+__all__ = ["Copies", "MAX_RATE", "OP", "Piece", "ResampleOptions", "RunningMean", "example_rates", "merged",
+           "pieces", "repeat_rows", "resample", "resample_copies"]

@@ -19,7 +19,8 @@ from batchtool.errors import InputError, SchemaError, UsageError, where
 from batchtool.engines import with_engine
 from batchtool.job import JobResult, RunSettings, open_source, write_job
 from batchtool.ops.quotas import QuotaLayout, plan_layout
-from batchtool.ops.resample import MAX_RATE, Copies, Piece, Tally, copy_stats, copy_summary, pieces
+from batchtool.ops.base import Tally
+from batchtool.ops.resample import MAX_RATE, Copies, Piece, copy_stats, copy_summary, merged, pieces
 from batchtool.ops.shuffle import (DEFAULT_MEMORY, PART_SHARE, RowReader, bytes_per_row, emit, estimate_memory_bytes,
                                    keyed_spill, manifest_options, peek, rebatch, spill_streams)
 from batchtool.output import OutputOptions
@@ -476,14 +477,17 @@ def resolve(dataset: Dataset, options: StratifyOptions, seed: int, threads: int)
     return Stratification(options, num_classes, target, plan, expected_rows, info)
 
 
-@dataclass(frozen=True)
+@dataclass
 class Selection:
-    """Applying a stratification to a dataset's chunks, with the counters the manifest reports."""
+    """Applying a stratification to a dataset's chunks; the statistics the manifest reports are merged into
+    `tally` on the driver, in input order (the per-chunk functions sent to workers are pure)."""
 
     dataset: Dataset
     strat: Stratification
     seed: int
     tally: Tally = field(default_factory=Tally)
+    online_final_probs: list[float] | None = None
+    """--mode online: the class distribution estimated from every label read."""
 
     @property
     def options(self) -> StratifyOptions:
@@ -497,24 +501,36 @@ class Selection:
               columns: Sequence[str] | None = None) -> Iterable[tuple[Callable[[], Chunk], Plan]]:
         """(read task, plan) per input chunk, in order; --mode online plans each chunk from those before it."""
         if self.strat.plan is None:
-            return online_items(self.dataset, self.strat, threads, report, columns)
+            return self.online_items(threads, report, columns)
         return ((task, self.strat.plan) for task in self.dataset.tasks(columns, report))
 
-    def select(self, item: tuple[Callable[[], Chunk], Plan]) -> Copies:
-        """Read one chunk and apply its plan: the copies of each row, counted (rows built by `build`)."""
+    def online_items(self, threads: int, report: ReadReport,
+                     columns: Sequence[str] | None = None) -> Iterator[tuple[Callable[[], Chunk], Plan]]:
+        """--mode online: chunk c's acceptance probabilities come from the label counts of chunks 0..c in input
+        order (plus ONLINE_PRIOR per class), so they do not depend on threads."""
+        label, num_classes = self.options.label, self.num_classes
+        seen = np.full(num_classes, float(ONLINE_PRIOR))
+        for chunk in self.dataset.chunks(columns, threads, report):
+            seen += np.bincount(label_codes(chunk, label, num_classes, self.dataset.locate), minlength=num_classes)
+            self.online_final_probs = (seen / seen.sum()).tolist()
+            yield (lambda c=chunk: c), RatePlan(tuple(acceptance_probs(seen / seen.sum(), self.strat.target).tolist()))
+
+    def select(self, item: tuple[Callable[[], Chunk], Plan]) -> tuple[Copies, Tally]:
+        """Read one chunk and apply its plan: the copies of each row (rows built by `build`) and the chunk's
+        statistics; pure, runs on the engine's workers."""
         source, plan = item
         chunk = source()
         labels = label_codes(chunk, self.options.label, self.num_classes, self.dataset.locate)
         copies = plan.copies(labels, chunk.ids, self.seed)
-        copy_stats(self.tally, copies)
+        tally = copy_stats(copies)
         k = self.num_classes
-        self.tally.add(class_in=np.bincount(labels, minlength=k),
-                       class_selected=np.bincount(labels, weights=copies, minlength=k).astype(np.int64))
-        return Copies(chunk, copies)
+        tally.add(class_in=np.bincount(labels, minlength=k),
+                  class_selected=np.bincount(labels, weights=copies, minlength=k).astype(np.int64))
+        return Copies(chunk, copies), tally
 
     def pieces(self, items: Iterable[tuple[Callable[[], Chunk], Plan]], threads: int) -> Iterator[Piece]:
         """The selection in order, as pieces of bounded size (see resample.Copies.pieces)."""
-        return pieces(ordered_map(self.select, items, threads))
+        return pieces(merged(ordered_map(self.select, items, threads), self.tally))
 
     def build(self, piece: Piece) -> tuple[Chunk, int]:
         """One piece's output rows (copies consecutive) and the input rows it completes."""
@@ -525,34 +541,25 @@ class Selection:
         out, rows = self.build(piece)
         return ([out.data] if out.num_rows else []), rows
 
-    def count_written(self, chunk: Chunk) -> tuple[list[pa.RecordBatch], int]:
-        self.tally.add(class_out=np.bincount(label_codes(chunk, self.options.label, self.num_classes,
-                                                         self.dataset.locate), minlength=self.num_classes))
-        return emit(chunk)
+    def counted(self, batches: Iterable[Chunk]) -> Iterator[Chunk]:
+        """The batches as they go to the writer, their classes counted here (on the driver, in order)."""
+        for chunk in batches:
+            self.tally.add(class_out=np.bincount(label_codes(chunk, self.options.label, self.num_classes,
+                                                             self.dataset.locate), minlength=self.num_classes))
+            yield chunk
 
     def stats(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """manifest["stats"]: the plan, class counts before and after, copies and what was discarded."""
         tally, zeros = self.tally, np.zeros(self.num_classes)
         written = tally.counts.get("class_out", tally.counts.get("class_selected", zeros))
-        result = {**self.strat.info, **copy_summary(tally),
+        online = {} if self.online_final_probs is None else {"online_final_probs": self.online_final_probs}
+        result = {**self.strat.info, **online, **copy_summary(tally),
                   "class_counts_before": _by_class(tally.counts.get("class_in", zeros)),
                   "class_counts_after": _by_class(written), **(extra or {})}
         lost = tally.count("examples_dropped") + int(np.sum(tally.counts.get("class_selected", 0))) - \
             int(np.sum(written))
         result["discarded_fraction"] = round(lost / max(1, tally.count("rows_in")), 6)
         return result
-
-
-def online_items(dataset: Dataset, strat: Stratification, threads: int, report: ReadReport,
-                 columns: Sequence[str] | None = None) -> Iterator[tuple[Callable[[], Chunk], Plan]]:
-    """--mode online: chunk c's acceptance probabilities come from the label counts of chunks 0..c in input
-    order (plus ONLINE_PRIOR per class), so they do not depend on threads. The final estimate goes to `info`."""
-    label, num_classes = strat.options.label, strat.num_classes
-    seen = np.full(num_classes, float(ONLINE_PRIOR))
-    for chunk in dataset.chunks(columns, threads, report):
-        seen += np.bincount(label_codes(chunk, label, num_classes, dataset.locate), minlength=num_classes)
-        strat.info["online_final_probs"] = (seen / seen.sum()).tolist()
-        yield (lambda c=chunk: c), RatePlan(tuple(acceptance_probs(seen / seen.sum(), strat.target).tolist()))
 
 
 @with_engine
@@ -617,7 +624,7 @@ def _write(job: Selection, items: Iterable[tuple[Callable[[], Chunk], Plan]], ds
     budget.check_rows("--batch-size", options.batch_size, most_rows, bytes_per_row(first), options.memory)
     if not options.balanced_batches:
         batches = rebatch(selected, options.batch_size, dataset.schema, options.drop_remainder)
-        return write(**common, items=batches, work=job.count_written, stats=job.stats,
+        return write(**common, items=job.counted(batches), work=emit, stats=job.stats,
                      total_rows=int(expected_rows) if expected_rows is not None else None)
     active = strat.target > 0
     whole = estimate_memory_bytes(dataset, first, rows=int(expected_rows) if expected_rows is not None else None)
@@ -632,8 +639,8 @@ def _write(job: Selection, items: Iterable[tuple[Callable[[], Chunk], Plan]], ds
         streams = [RowReader(spill.read_group(c), dataset.schema) for c in range(job.num_classes)]
         extra = {"batch_size": options.batch_size, "balanced_batches": layout.batches + bool(sum(layout.partial)),
                  "final_batch_quotas": list(layout.partial)}
-        return write(**common, items=balanced_batches(streams, layout, job.seed, dataset.schema),
-                     work=job.count_written, stats=lambda: job.stats(extra), total_rows=int(layout.per_class.sum()))
+        return write(**common, items=job.counted(balanced_batches(streams, layout, job.seed, dataset.schema)),
+                     work=emit, stats=lambda: job.stats(extra), total_rows=int(layout.per_class.sum()))
 
 
 def _by_class(counts: np.ndarray) -> dict[str, int]:

@@ -26,6 +26,9 @@ from batchtool.cli import resampling as resampling_cli
 from batchtool.cli import segment as segment_cli
 from batchtool.cli.common import cli, input_options, make_output, output_options, parse_size, run_options
 from batchtool.errors import BatchtoolError, InputError, UsageError
+from batchtool.ops import OPERATIONS
+from batchtool.ops.base import ColumnList, Kind, Operation, OptionError, build, fields, required, shown
+from batchtool.ops.base import key as key_of
 from batchtool.output import OutputOptions
 
 if sys.version_info >= (3, 11):
@@ -33,11 +36,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-ROW_OPS = ("filter", "select", "rename")
-"""Stages with no command of their own: keep rows where a boolean column is true, keep columns, rename."""
-OPS = ("stratify", "resample", "shuffle", "bucket", "pack", "segment", *ROW_OPS)
+OPS = tuple(dict.fromkeys(("stratify", "resample", "shuffle", "bucket", "pack", "segment", *OPERATIONS)))
 BUILDERS: dict[str, Callable[..., Any]] = {
-    "stratify": resampling_cli.stratify_options, "resample": resampling_cli.resample_options,
+    "stratify": resampling_cli.stratify_options,
     "shuffle": resampling_cli.shuffle_options, "bucket": bucket_cli.bucket_options,
     "segment": segment_cli.segment_options, "pack": pack_cli.pack_options,
 }
@@ -51,27 +52,6 @@ _PIPELINE_WIDE = {"seed": "the top of the file", "threads": "the top of the file
                   "tmp-dir": "the top of the file", "format": "[input] or [output]", "skip-corrupt": "[input]",
                   **{k: "[output]" for k in OUTPUT_KEYS if k not in ("path", "format")}, "to": "[output] as 'format'"}
 """Keys a stage may not set, and where they go instead."""
-
-
-@dataclass(frozen=True)
-class FilterOptions:
-    """Keep the rows where a boolean column is true (null counts as false)."""
-
-    column: str
-
-
-@dataclass(frozen=True)
-class SelectOptions:
-    """Keep these columns, in this order."""
-
-    columns: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class RenameOptions:
-    """Rename columns: (old, new) pairs."""
-
-    columns: tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True)
@@ -92,6 +72,8 @@ class StageConfig:
         """Does it write batches (row groups a later stage would regroup)? Then it must be last."""
         if self.op in ("bucket", "pack", "segment"):
             return True
+        if self.op in OPERATIONS:
+            return OPERATIONS[self.op].kind is Kind.BATCHES
         return self.op in ("stratify", "shuffle") and self.options.batch_size is not None
 
 
@@ -158,7 +140,7 @@ class _Reader:
 
     def keys(self, table: Any, allowed: Sequence[str], where: str | None, what: str = "table") -> dict[str, Any]:
         if not isinstance(table, dict):
-            raise self.fail(where, f"expected a {what}, got {_shown(table)}")
+            raise self.fail(where, f"expected a {what}, got {shown(table)}")
         for key in table:
             if key not in allowed:
                 raise self.fail(where, f"unknown key {key!r}{_suggest(key, allowed)}")
@@ -189,7 +171,7 @@ class _Reader:
                default: Any) -> Any:
         value = table.get(key, default)
         if value is not default and (not isinstance(value, kind) or isinstance(value, bool) and kind is not bool):
-            raise self.fail(where, f"key {key!r}: expected {_kind_name(kind)}, got {_shown(value)}")
+            raise self.fail(where, f"key {key!r}: expected {_kind_name(kind)}, got {shown(value)}")
         return value
 
     def input(self, table: Any) -> InputConfig:
@@ -203,7 +185,7 @@ class _Reader:
             raise self.fail("[input]", f"key 'format': {fmt!r} is not {', '.join(formats.NAMES)}")
         columns = table.get("columns")
         return InputConfig(self.resolve(self.scalar(table, "path", str, "[input]", None)), fmt,
-                           None if columns is None else self.names(columns, "[input]", "columns"),
+                           None if columns is None else self.columns(columns),
                            self.scalar(table, "skip-corrupt", bool, "[input]", False))
 
     def output(self, table: Any, overwrite: bool) -> tuple[str, OutputOptions]:
@@ -223,20 +205,17 @@ class _Reader:
             message = exc.message if isinstance(exc, click.BadParameter) else str(exc)
             raise self.fail("[output]", flags_to_keys(message, {"--to": "format"})) from None
 
-    def names(self, value: Any, where: str, key: str) -> tuple[str, ...]:
-        """A list of column names (or one comma-separated string)."""
-        if isinstance(value, str):
-            value = [v.strip() for v in value.split(",") if v.strip()]
-        if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
-            raise self.fail(where, f"key {key!r}: expected a non-empty list of column names, got {_shown(value)}")
-        if len(set(value)) != len(value):
-            raise self.fail(where, f"key {key!r}: a column is named twice ({', '.join(value)})")
-        return tuple(value)
+    def columns(self, value: Any) -> tuple[str, ...]:
+        """[input] columns: a list of column names (or one comma-separated string)."""
+        try:
+            return ColumnList().parse("columns", value)
+        except OptionError as exc:
+            raise self.fail("[input]", exc.rendered("toml")) from None
 
     def stage(self, index: int, table: Any, memory: str, tmp_dir: str | None) -> StageConfig:
         where = f"stage {index}"
         if not isinstance(table, dict):
-            raise self.fail(where, f"expected a [[stage]] table, got {_shown(table)}")
+            raise self.fail(where, f"expected a [[stage]] table, got {shown(table)}")
         op = table.get("op")
         if op is None:
             raise self.fail(where, f"missing key 'op' (one of: {', '.join(OPS)})")
@@ -248,8 +227,8 @@ class _Reader:
         for key in keys:
             if key in _PIPELINE_WIDE:
                 raise self.fail(where, f"key {key!r} is set for the whole pipeline, in {_PIPELINE_WIDE[key]}")
-        options = self.row_options(op, keys, where) if op in ROW_OPS else self.command_options(op, keys, where,
-                                                                                               memory, tmp_dir)
+        options = (self.op_options(OPERATIONS[op], keys, where) if op in OPERATIONS
+                   else self.command_options(op, keys, where, memory, tmp_dir))
         return StageConfig(index, op, options, keys)
 
     def command_options(self, op: str, keys: dict[str, Any], where: str, memory: str, tmp_dir: str | None) -> Any:
@@ -264,31 +243,17 @@ class _Reader:
         except BatchtoolError as exc:
             raise self.fail(where, flags_to_keys(str(exc))) from None
 
-    def row_options(self, op: str, keys: dict[str, Any], where: str) -> Any:
-        allowed = ("column",) if op == "filter" else ("columns",)
-        self.keys(keys, allowed, where)
-        if allowed[0] not in keys:
-            raise self.fail(where, f"missing key {allowed[0]!r}")
-        if op == "filter":
-            return FilterOptions(self.scalar(keys, "column", str, where, None))
-        if op == "select":
-            return SelectOptions(self.names(keys["columns"], where, "columns"))
-        return RenameOptions(self.renames(keys["columns"], where))
-
-    def renames(self, value: Any, where: str) -> tuple[tuple[str, str], ...]:
-        """{old = "new", ...} or ["old=new", ...]."""
-        if isinstance(value, list) and all(isinstance(v, str) for v in value):
-            pairs = [v.partition("=") for v in value]
-            if any(not sep or not old or not new for old, sep, new in pairs):
-                raise self.fail(where, f"key 'columns': expected OLD=NEW pairs, got {_shown(value)}")
-            value = {old.strip(): new.strip() for old, _, new in pairs}
-        if not isinstance(value, dict) or not value or not all(isinstance(v, str) and v for v in value.values()):
-            raise self.fail(where, "key 'columns': expected a table of old = \"new\" names (or a list of "
-                                   f"\"old=new\"), got {_shown(value)}")
-        new = list(value.values())
-        if len(set(new)) != len(new):
-            raise self.fail(where, f"key 'columns': two columns are renamed to the same name ({', '.join(new)})")
-        return tuple(value.items())
+    def op_options(self, op: Operation, keys: dict[str, Any], where: str) -> Any:
+        """An operation definition's options, from the keys its schema declares."""
+        declared = {key_of(f.name): f for f, _ in fields(op.options)}
+        self.keys(keys, list(declared), where)
+        for name, f in declared.items():
+            if required(f) and name not in keys:
+                raise self.fail(where, f"missing key {name!r}")
+        try:
+            return build(op.options, {declared[k].name: v for k, v in keys.items()})
+        except OptionError as exc:
+            raise self.fail(where, exc.rendered("toml")) from None
 
     def check_order(self, stages: Sequence[StageConfig]) -> None:
         """A stage that writes batches must be the last: anything after it would regroup its batches."""
@@ -339,7 +304,7 @@ class _Params:
         """A TOML value through the option's own type; flags take true/false."""
         if param.is_flag:
             if not isinstance(value, bool):
-                raise self.reader.fail(self.where, f"key {key!r}: expected true or false, got {_shown(value)}")
+                raise self.reader.fail(self.where, f"key {key!r}: expected true or false, got {shown(value)}")
             return value != secondary
         if param.multiple:
             items = [f"{k}={v}" for k, v in value.items()] if isinstance(value, dict) else \
@@ -364,7 +329,7 @@ class _Params:
                 value = str(value)
         expected = _toml_kind(kind)
         if not isinstance(value, expected) or isinstance(value, bool):
-            raise self.reader.fail(self.where, f"key {key!r}: expected {_kind_name(expected)}, got {_shown(value)}")
+            raise self.reader.fail(self.where, f"key {key!r}: expected {_kind_name(expected)}, got {shown(value)}")
         try:
             return kind.convert(value, param, self.ctx)
         except click.BadParameter as exc:
@@ -405,11 +370,6 @@ def _is_value(default: Any) -> bool:
     return default is None or isinstance(default, (str, int, float, bool, tuple, list))
 
 
-def _shown(value: Any) -> str:
-    kind = {bool: "boolean", int: "integer", float: "number", str: "string", list: "list", dict: "table"}
-    return f"{kind.get(type(value), type(value).__name__)} {value!r}"
-
-
 def _suggest(key: str, allowed: Sequence[str]) -> str:
     close = difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else f" (keys: {', '.join(allowed)})"
@@ -421,5 +381,4 @@ def flags_to_keys(message: str, aliases: Mapping[str, str] | None = None) -> str
     return re.sub(r"--([a-z][a-z0-9-]*)", lambda m: aliases.get(m.group(0), m.group(1)), message)
 
 
-__all__ = ["OPS", "FilterOptions", "InputConfig", "PipelineConfig", "PipelineError", "RenameOptions", "SelectOptions",
-           "StageConfig", "load"]
+__all__ = ["OPS", "InputConfig", "PipelineConfig", "PipelineError", "StageConfig", "load"]

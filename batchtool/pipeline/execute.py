@@ -38,9 +38,10 @@ from batchtool.engines import engine_scope
 from batchtool.errors import BatchtoolError, DestinationExistsError
 from batchtool.formats import parquet as parquet_format
 from batchtool.job import RunSettings, read_paths, write_job
-from batchtool.ops.resample import Tally
+from batchtool.ops.base import OptionError
 from batchtool.ops.shuffle import Shuffled
 from batchtool.output import refuse_overlap
+from batchtool.runner import ordered_map
 from batchtool.pipeline import config as config_mod
 from batchtool.pipeline.stages import ANY, CHUNKS, ORDER, Columns, Stage, Stream, make_stage
 
@@ -103,7 +104,8 @@ def attributed(path: str, stage: Stage) -> Iterator[None]:
 
 def _attribute(exc: BatchtoolError, prefix: str) -> BatchtoolError:
     if not getattr(exc, "pipeline_stage", False):
-        exc.args = (prefix + config_mod.flags_to_keys(str(exc)), *exc.args[1:])
+        message = exc.rendered("toml") if isinstance(exc, OptionError) else config_mod.flags_to_keys(str(exc))
+        exc.args = (prefix + message, *exc.args[1:])
         exc.pipeline_stage = True  # type: ignore[attr-defined]
     return exc
 
@@ -267,22 +269,25 @@ class Prefix:
                 yield chunk
 
     def writer(self, started: float) -> Callable[..., Any]:
-        """write_job as the last stage's writer calls it, but recording the pipeline in the manifest."""
-        def write(**job: Any) -> Any:
-            work, op_stats = job["work"], job["stats"]
-            counter = Tally()
+        """write_job as the last stage's writer calls it, but recording the pipeline in the manifest.
 
-            def counted(item: Any) -> tuple[list[pa.RecordBatch], int]:
-                batches, consumed = work(item)
-                counter.add(rows=sum(b.num_rows for b in batches))
-                return batches, consumed
+        The stage's work runs here, through ordered_map on the engine, so that its output rows are counted
+        on this side, in order, for the stage's statistics; write_job then only encodes and writes."""
+        def write(**job: Any) -> Any:
+            work, op_stats, items = job["work"], job["stats"], job["items"]
+            rows_out = [0]
+
+            def worked() -> Iterator[tuple[list[pa.RecordBatch], int]]:
+                for batches, consumed in ordered_map(work, items, self.run.threads):
+                    rows_out[0] += sum(b.num_rows for b in batches)
+                    yield batches, consumed
 
             report: ReadReport = job["report"] or ReadReport()
             report.merge(self.report)
             total = job.get("total_rows")
             job.update(command="run", options=self.config.manifest_options(), seed=self.config.seed,
-                       dataset=self.source, work=counted, report=report, started=started,
-                       stats=lambda: self.stats(op_stats(), counter.count("rows")),
+                       dataset=self.source, items=worked(), work=_done, report=report, started=started,
+                       stats=lambda: self.stats(op_stats(), rows_out[0]),
                        total_rows=total if total is not None else job["dataset"].num_rows,
                        desc=f"{self.stages[-1].name}: write")
             return write_job(**job)
@@ -323,6 +328,11 @@ class Prefix:
             out.append({"stage": k + 1, "op": stage.config.op, "rows_in": rows_in,
                         "rows_out": planned if k < last else rows_out, **info})
         return out
+
+
+def _done(result: tuple[list[pa.RecordBatch], int]) -> tuple[list[pa.RecordBatch], int]:
+    """write_job's work for results the last stage's work already made."""
+    return result
 
 
 def _key(columns: Columns) -> tuple[str, ...] | None:

@@ -16,18 +16,18 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset, ReadReport
-from batchtool.errors import SchemaError
 from batchtool.job import JobResult, RunSettings
+from batchtool.driver import Applied, emit_nonempty, make_plan
+from batchtool.ops import OPERATIONS
 from batchtool.ops import bucket as bucket_op
 from batchtool.ops import pack as pack_op
-from batchtool.ops import resample as resample_op
 from batchtool.ops import segment as segment_op
 from batchtool.ops import shuffle as shuffle_op
 from batchtool.ops import stratify as stratify_op
+from batchtool.ops.base import Depends, Operation, need_columns
 from batchtool.ops.boundaries import assign_buckets, expected_efficiency
 from batchtool.output import OutputOptions
 from batchtool.pipeline import config as config_mod
@@ -39,7 +39,7 @@ Stream = Iterator[tuple[Chunk, int]]
 """A stage's output chunks in order (possibly empty), each with the input rows it consumed."""
 Write = Callable[..., JobResult]
 
-ANY, ORDER, CHUNKS = 0, 1, 2
+ANY, ORDER, CHUNKS = Depends.ROWS, Depends.ORDER, Depends.CHUNKS
 """What a consumer of a stage's input depends on: nothing but the rows (counts, histograms), their ids and
 order, or also how they are cut into chunks (per-chunk updates: stratify --mode online, --running-mean)."""
 
@@ -101,7 +101,7 @@ class Stage:
         report = ReadReport()
         return write(command=self.config.op, options={}, seed=None, dataset=view, dst=dst, output=output,
                      schema=self.output_schema(view.schema), items=self.stream(view, None, run, report),
-                     work=_emit_nonempty, stats=lambda: self.report, run=run, report=report)
+                     work=emit_nonempty, stats=lambda: self.report, run=run, report=report)
 
     def expected(self, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
         """Dry run: the output rows if the plan fixes them, and what else it can say without writing."""
@@ -115,84 +115,38 @@ class Stage:
         """Dry run, last stage: an extra statistics pass for what `expected` reports."""
 
 
-def _emit_nonempty(item: tuple[Chunk, int]) -> tuple[list[pa.RecordBatch], int]:
-    chunk, rows = item
-    return ([chunk.data] if chunk.num_rows else []), rows
+class OpStage(Stage):
+    """A stage derived from an operation definition (batchtool.ops.OPERATIONS): schema, columns, plan,
+    kernel and dry run are the op's own; nothing here is per op."""
 
+    def __init__(self, config: config_mod.StageConfig, pipeline: config_mod.PipelineConfig, op: Operation) -> None:
+        super().__init__(config, pipeline)
+        self.op = op
+        self.planned: Any = None
 
-class _MapStage(Stage):
-    """A stage that maps each chunk on its own (filter, select, rename): parallel, no ids involved."""
+    @property
+    def sensitivity(self) -> int:  # type: ignore[override]
+        return int(self.op.depends(self.options))
 
-    def apply(self, chunk: Chunk) -> Chunk:
-        raise NotImplementedError
+    def output_schema(self, schema: pa.Schema) -> pa.Schema:
+        return self.op.output_schema(self.options, schema)
+
+    def input_columns(self, columns: Columns) -> Columns:
+        return self.op.input_columns(self.options, columns)
+
+    def first_pass_columns(self, schema: pa.Schema) -> Columns:
+        return self.op.first_pass_columns(self.options)
+
+    def plan(self, view: Dataset, run: RunSettings) -> None:
+        self.planned = make_plan(self.op, self.options, view, run.threads, self.seed)
 
     def stream(self, view: Dataset, columns: Columns, run: RunSettings, report: ReadReport) -> Stream:
-        rows = [0, 0]
-        for out, read in ordered_map(lambda task: self._run(task()), view.tasks(columns, report), run.threads):
-            rows[0] += read
-            rows[1] += out.num_rows
-            yield out, read
-        self.report = {"rows_in": rows[0], "rows_out": rows[1]}
+        applied = Applied(self.op, self.planned)
+        yield from applied.stream(view, columns, run.threads, report)
+        self.report = applied.report()
 
-    def _run(self, chunk: Chunk) -> tuple[Chunk, int]:
-        return self.apply(chunk), chunk.num_rows
-
-
-class FilterStage(_MapStage):
-    """Keeps the rows where a boolean column is true; null is false (as bucket's --keep)."""
-
-    options: config_mod.FilterOptions
-
-    def output_schema(self, schema: pa.Schema) -> pa.Schema:
-        column = self.options.column
-        _need(schema, [column], "column")
-        if not pa.types.is_boolean(schema.field(column).type):
-            raise SchemaError(f"key 'column': column {column!r} is {schema.field(column).type}, expected bool")
-        return schema
-
-    def input_columns(self, columns: Columns) -> Columns:
-        return None if columns is None else list(dict.fromkeys([*columns, self.options.column]))
-
-    def apply(self, chunk: Chunk) -> Chunk:
-        mask = pc.fill_null(chunk.data.column(self.options.column), False).to_numpy(zero_copy_only=False)
-        return chunk if mask.all() else chunk.filter(mask)
-
-
-class SelectStage(_MapStage):
-    options: config_mod.SelectOptions
-
-    def output_schema(self, schema: pa.Schema) -> pa.Schema:
-        _need(schema, self.options.columns, "columns")
-        return pa.schema([schema.field(c) for c in self.options.columns])
-
-    def input_columns(self, columns: Columns) -> Columns:
-        return list(self.options.columns) if columns is None else columns
-
-    def apply(self, chunk: Chunk) -> Chunk:
-        names = chunk.data.schema.names
-        return Chunk(chunk.data.select([c for c in self.options.columns if c in names]), chunk.ids)
-
-
-class RenameStage(_MapStage):
-    options: config_mod.RenameOptions
-
-    def output_schema(self, schema: pa.Schema) -> pa.Schema:
-        mapping = dict(self.options.columns)
-        _need(schema, list(mapping), "columns")
-        names = [mapping.get(n, n) for n in schema.names]
-        clash = sorted({n for n in names if names.count(n) > 1})
-        if clash:
-            raise SchemaError(f"key 'columns': renaming gives two columns named {clash[0]!r} "
-                              f"(columns: {', '.join(schema.names)})")
-        return pa.schema([f.with_name(n) for f, n in zip(schema, names)])
-
-    def input_columns(self, columns: Columns) -> Columns:
-        back = {new: old for old, new in self.options.columns}
-        return None if columns is None else [back.get(c, c) for c in columns]
-
-    def apply(self, chunk: Chunk) -> Chunk:
-        mapping = dict(self.options.columns)
-        return Chunk(chunk.data.rename_columns([mapping.get(n, n) for n in chunk.data.schema.names]), chunk.ids)
+    def expected(self, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
+        return self.op.expected(self.planned, rows_in)
 
 
 class StratifyStage(Stage):
@@ -243,59 +197,6 @@ class StratifyStage(Stage):
         exact = self.options.mode == "exact"
         rows = None if self.strat.expected_rows is None else round(self.strat.expected_rows)
         return (rows if exact else None), {**shown, **({} if exact or rows is None else {"expected_rows": rows})}
-
-
-class ResampleStage(Stage):
-    options: resample_op.ResampleOptions
-    mean: float | None = None
-
-    @property
-    def sensitivity(self) -> int:  # type: ignore[override]
-        return CHUNKS if self.options.running_mean else ORDER
-
-    def output_schema(self, schema: pa.Schema) -> pa.Schema:
-        o = self.options
-        if o.column:
-            _need(schema, [o.column], {"rate": "rate", "weighted": "weight", "accept": "accept-prob"}[o.mode])
-        if o.mode != "weighted":
-            return schema
-        if o.rate_column in schema.names:
-            raise SchemaError(f"key 'rate-column': the input already has a column {o.rate_column!r}; "
-                              "choose another name")
-        return schema.append(pa.field(o.rate_column, pa.float64()))
-
-    def input_columns(self, columns: Columns) -> Columns:
-        if columns is None:
-            return None
-        o = self.options
-        kept = [c for c in columns if not (o.mode == "weighted" and c == o.rate_column)]
-        return list(dict.fromkeys([*kept, *([o.column] if o.column else [])]))
-
-    def first_pass_columns(self, schema: pa.Schema) -> Columns:
-        o = self.options
-        return [o.weight] if o.weight is not None and not o.running_mean else []
-
-    def plan(self, view: Dataset, run: RunSettings) -> None:
-        self.mean = resample_op.prepare(view, self.options, self.seed, run.threads).mean
-
-    def resampling(self, view: Dataset) -> resample_op.Resampling:
-        return resample_op.Resampling(view, self.options, self.seed, self.mean)
-
-    def stream(self, view: Dataset, columns: Columns, run: RunSettings, report: ReadReport) -> Stream:
-        resampling = self.resampling(view)
-        pieces = resampling.pieces(run.threads, report, columns)
-        yield from ordered_map(resampling.build, pieces, run.threads)
-        self.report = resampling.stats()
-
-    def write(self, view: Dataset, dst: str, output: OutputOptions, run: RunSettings, write: Write) -> JobResult:
-        return resample_op.write_resampled(self.resampling(view), dst, output, run, write=write)
-
-    def expected(self, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
-        o = self.options
-        rate = o.rate if isinstance(o.rate, float) else o.overall_rate
-        if rate is None or rows_in is None:
-            return None, {"mean_weight": self.mean} if self.mean is not None else {}
-        return None, {"expected_rows": round(rate * rows_in)}
 
 
 class ShuffleStage(Stage):
@@ -453,17 +354,16 @@ class SegmentStage(Stage):
 
 
 def _need(schema: pa.Schema, columns: list[str] | tuple[str, ...], key: str) -> None:
-    for name in columns:
-        if name not in schema.names:
-            raise SchemaError(f"key {key!r}: no column {name!r} at this stage (columns: {', '.join(schema.names)})")
+    need_columns(schema, key, columns)
 
 
-STAGES: dict[str, type[Stage]] = {"filter": FilterStage, "select": SelectStage, "rename": RenameStage,
-                                  "stratify": StratifyStage, "resample": ResampleStage, "shuffle": ShuffleStage,
+STAGES: dict[str, type[Stage]] = {"stratify": StratifyStage, "shuffle": ShuffleStage,
                                   "bucket": BucketStage, "pack": PackStage, "segment": SegmentStage}
 
 
 def make_stage(config: config_mod.StageConfig, pipeline: config_mod.PipelineConfig) -> Stage:
+    if config.op in OPERATIONS:
+        return OpStage(config, pipeline, OPERATIONS[config.op])
     return STAGES[config.op](config, pipeline)
 
 

@@ -1,0 +1,55 @@
+"""The commands generated from operation definitions (batchtool.ops.OPERATIONS): one factory, no click code per op."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import click
+
+from batchtool.cli.common import command, input_options, make_output, make_run, output_options, report, run_options
+from batchtool.driver import run_operation
+from batchtool.ops import OPERATIONS
+from batchtool.cli.resampling import seed_option
+from batchtool.ops.base import Operation, Option, build, fields, flag, from_texts, required
+
+
+def make_command(op: Operation) -> click.Command:
+    """`batchtool NAME SRC DST --option ...`: the op's options generated from its schema, plus what every
+    writing command takes (input, output and run options), running through the driver."""
+    names = [f.name for f, _ in fields(op.options)]
+
+    def run_op(src: str, dst: str, input_format: str | None, skip_corrupt: bool, **kwargs: Any) -> None:
+        given = {name: value for name in names if (value := kwargs.pop(name)) not in (None, ())}
+        options = build(op.options, from_texts(op.options, given))
+        seed = kwargs.pop("seed", 0)
+        output, run = make_output(kwargs), make_run(kwargs)
+        result = run_operation(op, options, src, dst, output, run, seed=seed, format=input_format,
+                               skip_corrupt=skip_corrupt)
+        report(result.manifest, dst, run.quiet)
+
+    run_op.__name__ = f"{op.name}_cmd"
+    run_op.__doc__ = op.summary
+    fn = run_options(output_options(input_options(run_op)))
+    if op.seeded:
+        fn = seed_option(fn)
+    for f, decl in reversed(fields(op.options)):
+        fn = click.option(flag(f.name), f.name, **_click_settings(f, decl))(fn)
+    fn = click.argument("dst")(fn)
+    fn = click.argument("src")(fn)
+    return command(op.name, op.example)(fn)
+
+
+def _click_settings(f: dataclasses.Field, decl: Option) -> dict[str, Any]:
+    """How click declares one option: a flag, or a (repeatable) text option; defaults are the dataclass's,
+    shown in --help but applied by `build`, so a pipeline file gets the same ones."""
+    if decl.value.is_flag:
+        return {"is_flag": True, "default": None, "help": decl.help}
+    shown = None if required(f) or f.default is None else f.default
+    return {"multiple": decl.value.multiple, "required": required(f), "metavar": decl.value.metavar,
+            "help": decl.help + (f"  [default: {shown}]" if shown is not None else "")}
+
+
+COMMANDS = {name: make_command(op) for name, op in OPERATIONS.items()}
+
+__all__ = ["COMMANDS", "make_command"]

@@ -1,0 +1,129 @@
+"""Running an operation definition (ops/base.py): its first pass, then its kernel over every chunk on the
+engine with the statistics merged in input order; a command writes the result, a pipeline stage streams it on."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from batchtool.dataset import Chunk, Dataset, ReadReport
+from batchtool.engines import with_engine
+from batchtool.job import JobResult, RunSettings, open_source, write_job
+from batchtool.ops.base import Context, Operation, OptionError, Tally
+from batchtool.ops.shuffle import manifest_options
+from batchtool.output import OutputOptions
+from batchtool.runner import ordered_map
+
+
+@dataclass(frozen=True)
+class _Ready:
+    """A read task whose chunk the driver already read (an op planning chunk by chunk needs to see it)."""
+
+    chunk: Chunk
+
+    def __call__(self) -> Chunk:
+        return self.chunk
+
+
+def _first_pass(op: Operation, options: Any, context: Context, task: Callable[[], Chunk]) -> Tally:
+    return op.first_pass(options, context, task())
+
+
+def _kernel(op: Operation, item: tuple[Callable[[], Chunk], Any]) -> tuple[Any, Tally, int]:
+    task, plan = item
+    chunk = task()
+    out, stats = op.kernel(plan, chunk)
+    return out, stats, chunk.num_rows
+
+
+def make_plan(op: Operation, options: Any, dataset: Dataset, threads: int, seed: int = 0) -> Any:
+    """The op's plan: its first pass over the columns it names (if any), merged in input order."""
+    context = Context(seed, dataset.schema, dataset.src, dataset.locate)
+    columns = op.first_pass_columns(options)
+    stats: Tally | None = None
+    if columns:
+        stats = Tally()
+        for part in ordered_map(functools.partial(_first_pass, op, options, context), dataset.tasks(columns),
+                                threads):
+            stats.merge(part)
+    return op.plan(options, context, stats)
+
+
+class Applied:
+    """An op's kernel over a dataset's chunks, on the engine: the output in order, and the kernels' statistics
+    merged as the results arrive, in input order."""
+
+    def __init__(self, op: Operation, plan: Any) -> None:
+        self.op, self.plan = op, plan
+        self.stats = Tally()
+
+    def items(self, dataset: Dataset, columns: Sequence[str] | None, threads: int,
+              report: ReadReport) -> Iterator[Any]:
+        """What the writer's work takes: (chunk, input rows) pairs, or the pieces of an expanding op."""
+        per_chunk = self.op.per_chunk(self.plan)
+        if per_chunk is None:
+            work = ((task, self.plan) for task in dataset.tasks(columns, report))
+        else:
+            work = ((_Ready(chunk), per_chunk(chunk)) for chunk in dataset.chunks(columns, threads, report))
+        for out, stats, rows in ordered_map(functools.partial(_kernel, self.op), work, threads):
+            self.stats.merge(stats)
+            if self.op.expands:
+                yield from self.op.pieces(out)
+            else:
+                yield out, rows
+
+    def stream(self, dataset: Dataset, columns: Sequence[str] | None, threads: int,
+               report: ReadReport) -> Iterator[tuple[Chunk, int]]:
+        """The output chunks in order, each with the input rows it completes."""
+        items = self.items(dataset, columns, threads, report)
+        if not self.op.expands:
+            return items
+        return ordered_map(functools.partial(_work, self.op, self.plan), items, threads)
+
+    @property
+    def emit(self) -> Callable[[Any], tuple[list[pa.RecordBatch], int]]:
+        """write_job's work for `items`: one row group per non-empty output chunk, as `convert` writes."""
+        return functools.partial(_emit, self.op, self.plan)
+
+    def report(self) -> dict[str, Any]:
+        return self.op.report(self.plan, self.stats)
+
+
+def _work(op: Operation, plan: Any, item: Any) -> tuple[Chunk, int]:
+    """An item as an output chunk and the input rows it completes (on the engine's workers)."""
+    return op.build(plan, item) if op.expands else item
+
+
+def _emit(op: Operation, plan: Any, item: Any) -> tuple[list[pa.RecordBatch], int]:
+    return emit_nonempty(_work(op, plan, item))
+
+
+def emit_nonempty(item: tuple[Chunk, int]) -> tuple[list[pa.RecordBatch], int]:
+    """One row group per non-empty output chunk."""
+    chunk, rows = item
+    return ([chunk.data] if chunk.num_rows else []), rows
+
+
+@with_engine
+def run_operation(op: Operation, options: Any, src: str, dst: str, output: OutputOptions,
+                  run: RunSettings = RunSettings(), *, seed: int = 0, format: str | None = None,
+                  skip_corrupt: bool = False) -> JobResult:
+    """An op as a command: SRC through its plan and kernel into DST, with the manifest."""
+    dataset = open_source(src, dst, output, format=format, skip_corrupt=skip_corrupt)
+    try:
+        schema = op.output_schema(options, dataset.schema)
+    except OptionError as exc:
+        raise exc.at(dataset.src) from None
+    applied = Applied(op, make_plan(op, options, dataset, run.threads, seed))
+    report = ReadReport()
+    items = applied.items(dataset, op.input_columns(options, None), run.threads, report)
+    return write_job(command=op.name, options=manifest_options(options, output), seed=seed if op.seeded else None,
+                     dataset=dataset, dst=dst, output=output, schema=schema, items=items, work=applied.emit,
+                     stats=applied.report, run=run, report=report)
+
+
+__all__ = ["Applied", "emit_nonempty", "make_plan", "run_operation"]

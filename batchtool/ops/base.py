@@ -1,0 +1,443 @@
+"""The operation interface: one definition per op, from which its command, its pipeline stage and its dry run are derived.
+
+An op is a subclass of `Operation` registered in `batchtool.ops.OPERATIONS`. It declares its options as
+a frozen dataclass whose fields are made with `option(...)` (help, value kind, default): click options,
+pipeline TOML keys and their checks are all generated from that one schema. Its work is a pure kernel
+`kernel(plan, chunk) -> (chunk, stats)` that mutates nothing shared; the driver merges the statistics
+in input order, so they do not depend on threads or engine. Problems with an option raise
+`OptionError(field, problem)`, which each front end renders in its own words (`--batch-size` on the
+command line, `key 'batch-size'` in a pipeline file).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, TypeVar
+
+import numpy as np
+import pyarrow as pa
+
+from batchtool.dataset import Chunk
+from batchtool.errors import SchemaError, UsageError
+
+O = TypeVar("O")
+"""An op's options (its frozen dataclass)."""
+P = TypeVar("P")
+"""An op's plan (its options when it has no first pass)."""
+Columns = list[str] | None
+"""Column names, or None for all of them."""
+
+
+class Kind(enum.Enum):
+    """What an op does to the order and grouping of rows (what may come after it in a pipeline)."""
+
+    ROWS = "rows"
+    """Maps each chunk on its own; order and chunking are kept."""
+    REORDERS = "reorders"
+    """Reorders rows globally (spills before it emits)."""
+    BATCHES = "batches"
+    """Writes batches a later op would regroup: it must come last."""
+
+
+class OptionError(UsageError):
+    """An option's value, or the column it names, is unusable. `field` is the options field, `value` (as
+    shown) what it was given; `{field}` in the problem names an option (the problem then stands alone).
+    Each front end renders these in its own words (`rendered`): `--batch-size 0: ...` on the command
+    line, `key 'batch-size' = 0: ...` in a pipeline file."""
+
+    def __init__(self, field: str, problem: str, *, value: str | None = None, mentions: Sequence[str] = (),
+                 where: str = "") -> None:
+        self.field, self.problem, self.value, self.mentions, self.where = field, problem, value, tuple(mentions), where
+        super().__init__(self.rendered("cli"))
+
+    def rendered(self, vocabulary: str) -> str:
+        """The message with options named as the command line ("cli") or a pipeline file ("toml") names them."""
+        name = flag if vocabulary == "cli" else key
+        head = name(self.field) if vocabulary == "cli" else f"key {key(self.field)!r}"
+        if self.value is not None:
+            head += f" {self.value}" if vocabulary == "cli" else f" = {self.value}"
+        problem = self.problem
+        for other in {self.field, *self.mentions}:
+            problem = problem.replace("{" + other + "}", name(other))
+        if "{" + self.field + "}" in self.problem:  # it names the option itself, where it reads best
+            return f"{self.where}{problem}"
+        return f"{self.where}{head}: {problem}"
+
+    def at(self, where: str) -> OptionError:
+        """The same problem, prefixed with the place it was found in (SRC, for a command)."""
+        return type(self)(self.field, self.problem, value=self.value, mentions=self.mentions, where=f"{where}: ")
+
+
+class ColumnError(OptionError, SchemaError):
+    """An option names a column the input lacks, or one whose type it cannot use."""
+
+
+def flag(field: str) -> str:
+    """A field's command-line flag: batch_size -> --batch-size."""
+    return "--" + key(field)
+
+
+def key(field: str) -> str:
+    """A field's pipeline-file key: batch_size -> batch-size."""
+    return field.replace("_", "-")
+
+
+# -- values: how a field's text (command line) or TOML value becomes its Python value ---------------------------
+
+
+class Value:
+    """A kind of option value. `parse` takes what TOML gives; `from_text` turns the command line's text
+    (for `multiple` kinds, the list of its repeated texts) into that shape first."""
+
+    multiple: ClassVar[bool] = False
+    is_flag: ClassVar[bool] = False
+    metavar: ClassVar[str | None] = "TEXT"
+
+    def from_text(self, field: str, text: Any) -> Any:
+        return text
+
+    def parse(self, field: str, value: Any) -> Any:
+        raise NotImplementedError
+
+
+class Flag(Value):
+    """On or off: `--flag` on the command line, true/false in a pipeline file."""
+
+    is_flag = True
+    metavar = None
+
+    def parse(self, field: str, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise OptionError(field, f"expected true or false, got {shown(value)}")
+        return value
+
+
+class Number(Value):
+    """A number (a TOML integer or float; a string is refused, not converted)."""
+
+    metavar = "FLOAT"
+
+    def from_text(self, field: str, text: Any) -> Any:
+        try:
+            return float(text)
+        except ValueError:
+            raise OptionError(field, f"{text!r} is not a number") from None
+
+    def parse(self, field: str, value: Any) -> float:
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise OptionError(field, f"expected a number, got {shown(value)}")
+        return float(value)
+
+
+class Integer(Value):
+    """A whole number."""
+
+    metavar = "INTEGER"
+
+    def from_text(self, field: str, text: Any) -> Any:
+        try:
+            return int(text)
+        except ValueError:
+            raise OptionError(field, f"{text!r} is not an integer") from None
+
+    def parse(self, field: str, value: Any) -> int:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise OptionError(field, f"expected an integer, got {shown(value)}")
+        return value
+
+
+class NumberOrColumn(Value):
+    """A constant (a number) or the name of a column holding one per row."""
+
+    metavar = "COL|X"
+
+    def from_text(self, field: str, text: Any) -> Any:
+        try:
+            return float(text)
+        except ValueError:
+            return text
+
+    def parse(self, field: str, value: Any) -> float | str:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)) or value == "":
+            raise OptionError(field, f"expected a number or a column name, got {shown(value)}")
+        return float(value) if isinstance(value, (int, float)) else value
+
+
+def shown(value: Any) -> str:
+    """A TOML value as a message shows it: its kind and repr."""
+    kind = {bool: "boolean", int: "integer", float: "number", str: "string", list: "list", dict: "table"}
+    return f"{kind.get(type(value), type(value).__name__)} {value!r}"
+
+
+class Column(Value):
+    """One column name."""
+
+    metavar = "COL"
+
+    def parse(self, field: str, value: Any) -> str:
+        if not isinstance(value, str) or not value:
+            raise OptionError(field, f"expected a column name, got {shown(value)}")
+        return value
+
+
+def _texts(field: str, value: Any, what: str) -> list[str]:
+    """A list of strings, each possibly comma-separated, as one list of non-empty parts."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not items or not all(isinstance(v, str) for v in items):
+        raise OptionError(field, f"expected {what}, got {shown(value)}")
+    parts = []
+    for item in items:
+        split = [part.strip() for part in item.split(",")]
+        if not all(split):
+            raise OptionError(field, f"{item!r} has an empty name (give NAME or NAME,NAME,...)")
+        parts += split
+    return parts
+
+
+class ColumnList(Value):
+    """Column names, in order: COL,COL,... (repeatable) or a TOML list; each named once."""
+
+    multiple = True
+    metavar = "COL[,COL...]"
+
+    def parse(self, field: str, value: Any) -> tuple[str, ...]:
+        names = _texts(field, value, "a non-empty list of column names")
+        if len(set(names)) != len(names):
+            raise OptionError(field, f"a column is named twice ({', '.join(names)})")
+        return tuple(names)
+
+
+class Renames(Value):
+    """OLD=NEW pairs: OLD=NEW,... (repeatable), a TOML list of "OLD=NEW" or a table {OLD = "NEW"}."""
+
+    multiple = True
+    metavar = "OLD=NEW[,OLD=NEW...]"
+
+    def parse(self, field: str, value: Any) -> tuple[tuple[str, str], ...]:
+        if isinstance(value, dict):
+            pairs = [(str(old), new) for old, new in value.items()]
+            if not pairs or not all(isinstance(new, str) and new for _, new in pairs):
+                raise OptionError(field, f'expected a table of old = "new" names, got {shown(value)}')
+        else:
+            pairs = []
+            for text in _texts(field, value, "OLD=NEW pairs"):
+                old, sep, new = text.partition("=")
+                if not sep or not old.strip() or not new.strip():
+                    raise OptionError(field, f"{text!r} is not an OLD=NEW pair")
+                pairs.append((old.strip(), new.strip()))
+        old, new = [o for o, _ in pairs], [n for _, n in pairs]
+        if len(set(old)) != len(old):
+            raise OptionError(field, f"a column is renamed twice ({', '.join(old)})")
+        if len(set(new)) != len(new):
+            raise OptionError(field, f"two columns are renamed to the same name ({', '.join(new)})")
+        return tuple(pairs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """A field's declaration: its help text and value kind (the flag and key come from the field's name)."""
+
+    help: str
+    value: Value
+
+
+def option(help: str, value: Value, default: Any = dataclasses.MISSING) -> Any:
+    """An options-dataclass field with what its command-line option and pipeline key are generated from."""
+    return dataclasses.field(default=default, metadata={"option": Option(help, value)})
+
+
+def fields(options: type) -> list[tuple[dataclasses.Field, Option]]:
+    """The declared option fields of an options dataclass, in order."""
+    return [(f, f.metadata["option"]) for f in dataclasses.fields(options) if "option" in f.metadata]
+
+
+def required(f: dataclasses.Field) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING  # type: ignore[misc]
+
+
+def from_texts(options: type, given: Mapping[str, Any]) -> dict[str, Any]:
+    """Command-line values (text, tuples of texts, flags) as the values `build` takes."""
+    kinds = {f.name: decl.value for f, decl in fields(options)}
+    return {name: kinds[name].from_text(name, list(v) if isinstance(v, tuple) else v) for name, v in given.items()}
+
+
+def build(options: type[O], given: Mapping[str, Any]) -> O:
+    """The options from {field: raw value} (absent fields take their defaults): every value parsed by its
+    kind, then the dataclass's own checks. Every problem is an OptionError naming the field."""
+    values = {}
+    for f, decl in fields(options):
+        if f.name in given:
+            values[f.name] = decl.value.parse(f.name, given[f.name])
+        elif required(f):
+            raise OptionError(f.name, "missing (required)")
+    return options(**values)
+
+
+# -- statistics ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Tally:
+    """Statistics of some chunks: a kernel returns its chunk's, the driver merges them in input order (`merge`),
+    so totals never depend on threads or engine. Counts (numbers or NumPy arrays) add; value sums go through
+    math.fsum, min and max commute; `latest` keeps the last chunk's value (a running estimate)."""
+
+    counts: dict[str, Any] = field(default_factory=dict)
+    sums: dict[str, list[float]] = field(default_factory=dict)
+    low: dict[str, float] = field(default_factory=dict)
+    high: dict[str, float] = field(default_factory=dict)
+    latest: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, **counts: Any) -> Tally:
+        tally = cls()
+        tally.add(**counts)
+        return tally
+
+    def add(self, **counts: Any) -> None:
+        for name, value in counts.items():
+            self.counts[name] = self.counts[name] + value if name in self.counts else value
+
+    def add_values(self, name: str, values: np.ndarray) -> None:
+        if len(values):
+            self.sums.setdefault(name, []).append(float(values.sum()))
+            self.low[name] = min(self.low.get(name, math.inf), float(values.min()))
+            self.high[name] = max(self.high.get(name, -math.inf), float(values.max()))
+
+    def merge(self, other: Tally) -> None:
+        """Add the statistics of the chunks after these."""
+        self.add(**other.counts)
+        for name, sums in other.sums.items():
+            self.sums.setdefault(name, []).extend(sums)
+            self.low[name] = min(self.low.get(name, math.inf), other.low[name])
+            self.high[name] = max(self.high.get(name, -math.inf), other.high[name])
+        self.latest.update(other.latest)
+
+    def total(self, name: str) -> float:
+        return math.fsum(self.sums.get(name, []))
+
+    def summary(self, name: str, count: int) -> dict[str, float]:
+        if name not in self.sums:
+            return {}
+        return {"mean": self.total(name) / max(count, 1), "min": self.low[name], "max": self.high[name]}
+
+    def count(self, name: str) -> int:
+        return int(self.counts.get(name, 0))
+
+
+# -- the interface -----------------------------------------------------------------------------------------------
+
+
+class Depends(enum.IntEnum):
+    """What an op's output depends on besides the rows it reads (a pipeline keeps what matters intact)."""
+
+    ROWS = 0
+    ORDER = 1
+    """Also their ids and order (random draws are keyed by example ids)."""
+    CHUNKS = 2
+    """Also how they are cut into chunks (state carried from chunk to chunk)."""
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a plan may use besides the options and the first pass: the seed, and the input (its schema,
+    its name, and how to name one of its rows in an error)."""
+
+    seed: int
+    schema: pa.Schema
+    src: str
+    locate: Callable[[int], str]
+
+
+class Operation(Generic[O, P]):
+    """One operation. A new op sets `name`, `summary`, `example` and `options` (and `kind`, `seeded` if they
+    differ), and writes `output_schema` and `kernel`. The other methods have defaults for an op with no
+    first pass, one plan for every chunk, and output no larger than its input."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    """What the command does (its --help starts with this)."""
+    example: ClassVar[str]
+    """A command line that runs as written on sample_data/ (its --help ends with it)."""
+    options: ClassVar[type]
+    kind: ClassVar[Kind] = Kind.ROWS
+    seeded: ClassVar[bool] = False
+    """Takes a --seed (random draws keyed by it and the example ids)."""
+    expands: ClassVar[bool] = False
+    """The kernel's output can outgrow its input chunk: it returns a description of it, cut by `pieces`
+    and built by `build` piece by piece, so that no single chunk decides memory."""
+
+    def needs(self, options: O) -> list[str]:
+        """Input columns it reads to make its decisions, besides the ones it outputs."""
+        return []
+
+    def output_schema(self, options: O, schema: pa.Schema) -> pa.Schema:
+        """The schema it writes given the one it reads; an OptionError for a missing or unusable column."""
+        raise NotImplementedError
+
+    def input_columns(self, options: O, columns: Columns) -> Columns:
+        """The input columns needed for these output columns (None: all)."""
+        return None if columns is None else list(dict.fromkeys([*columns, *self.needs(options)]))
+
+    def depends(self, options: O) -> Depends:
+        return Depends.ORDER if self.seeded else Depends.ROWS
+
+    # -- first pass (optional): per-chunk statistics, merged in input order, make the plan
+    def first_pass_columns(self, options: O) -> list[str]:
+        """The columns its first pass reads; [] when it has none."""
+        return []
+
+    def first_pass(self, options: O, context: Context, chunk: Chunk) -> Tally:
+        raise NotImplementedError(f"{self.name} has no first pass")
+
+    def plan(self, options: O, context: Context, stats: Tally | None) -> P:
+        """What the kernel needs, from the options and the first pass's merged statistics (None: no pass)."""
+        return options  # type: ignore[return-value]
+
+    def per_chunk(self, plan: P) -> Callable[[Chunk], P] | None:
+        """For a plan that changes chunk by chunk in input order (a running estimate): a function the driver
+        calls with each chunk, in order, for that chunk's plan. None: one plan for all."""
+        return None
+
+    # -- the work
+    def kernel(self, plan: P, chunk: Chunk) -> tuple[Any, Tally]:
+        """One chunk's output (a Chunk, or what `pieces` cuts if `expands`) and statistics; pure: it runs on
+        any worker, in any order, and changes nothing it did not make."""
+        raise NotImplementedError
+
+    def pieces(self, output: Any) -> Iterable[Any]:
+        raise NotImplementedError(f"{self.name} does not expand")
+
+    def build(self, plan: P, piece: Any) -> tuple[Chunk, int]:
+        """A piece's rows, and the input rows it completes."""
+        raise NotImplementedError(f"{self.name} does not expand")
+
+    # -- what it says
+    def report(self, plan: P, stats: Tally) -> dict[str, Any]:
+        """The manifest's statistics from the kernels' merged ones."""
+        return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in stats.counts.items()}
+
+    def expected(self, plan: P, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
+        """Dry run: the output rows if the plan fixes them, and what else it can say without writing."""
+        return None, {}
+
+
+def need_columns(schema: pa.Schema, field: str, names: Sequence[str]) -> None:
+    """A ColumnError naming the field for the first of `names` that the schema lacks."""
+    for name in names:
+        if name not in schema.names:
+            raise ColumnError(field, f"no column {name!r} in the input (columns: {', '.join(schema.names)})")
+
+
+def row_stats(rows_in: int, rows_out: int) -> Tally:
+    """What every row op reports per chunk."""
+    return Tally.of(rows_in=rows_in, rows_out=rows_out)
+
+
+__all__ = ["Column", "ColumnError", "ColumnList", "Context", "Depends", "Flag", "Integer", "Kind", "Number",
+           "NumberOrColumn", "Operation", "Option", "OptionError", "Renames", "Tally", "Value", "build", "fields",
+           "flag", "from_texts", "key", "need_columns", "option", "row_stats", "shown"]

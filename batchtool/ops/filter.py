@@ -1,0 +1,41 @@
+"""`filter`: keep the rows where a boolean column is true (null counts as false, as bucket's --keep)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from batchtool.dataset import Chunk
+from batchtool.ops.base import Column, ColumnError, Operation, Tally, need_columns, option, row_stats
+
+
+@dataclass(frozen=True)
+class FilterOptions:
+    column: str = option("Boolean column: keep the rows where it is true (null is false).", Column())
+
+
+class Filter(Operation[FilterOptions, FilterOptions]):
+    name = "filter"
+    summary = "Keep the rows of SRC where a boolean column is true (null is false) and write DST."
+    example = "batchtool filter sample_data/flagged.parquet /tmp/kept --column keep"
+    options = FilterOptions
+
+    def needs(self, options: FilterOptions) -> list[str]:
+        return [options.column]
+
+    def output_schema(self, options: FilterOptions, schema: pa.Schema) -> pa.Schema:
+        need_columns(schema, "column", [options.column])
+        kind = schema.field(options.column).type
+        if not pa.types.is_boolean(kind):
+            raise ColumnError("column", f"column {options.column!r} is {kind}, expected bool")
+        return schema
+
+    def kernel(self, plan: FilterOptions, chunk: Chunk) -> tuple[Chunk, Tally]:
+        mask = pc.fill_null(chunk.data.column(plan.column), False).to_numpy(zero_copy_only=False)
+        out = chunk if mask.all() else chunk.filter(mask)
+        return out, row_stats(chunk.num_rows, out.num_rows)
+
+
+OP = Filter()

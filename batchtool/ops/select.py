@@ -1,0 +1,40 @@
+"""`select`: keep some columns, in the order given."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from batchtool.dataset import Chunk
+from batchtool.ops.base import ColumnList, Columns, Operation, Tally, need_columns, option, row_stats
+
+
+@dataclass(frozen=True)
+class SelectOptions:
+    columns: tuple[str, ...] = option("Columns to keep, in this order.", ColumnList())
+
+
+class Select(Operation[SelectOptions, SelectOptions]):
+    name = "select"
+    summary = "Keep these columns of SRC, in this order, and write DST."
+    example = "batchtool select sample_data/parquet /tmp/selected --columns key,label,tokens"
+    options = SelectOptions
+
+    def output_schema(self, options: SelectOptions, schema: pa.Schema) -> pa.Schema:
+        need_columns(schema, "columns", options.columns)
+        return pa.schema([schema.field(c) for c in options.columns])
+
+    def input_columns(self, options: SelectOptions, columns: Columns) -> Columns:
+        return list(options.columns) if columns is None else columns
+
+    def kernel(self, plan: SelectOptions, chunk: Chunk) -> tuple[Chunk, Tally]:
+        names = chunk.data.schema.names
+        out = Chunk(chunk.data.select([c for c in plan.columns if c in names]), chunk.ids)
+        return out, row_stats(chunk.num_rows, chunk.num_rows)
+
+    def expected(self, plan: SelectOptions, rows_in: int | None) -> tuple[int | None, dict]:
+        return rows_in, {}
+
+
+OP = Select()

@@ -1,0 +1,135 @@
+"""The remote contract without Ray: an engine that pickles every function, item and result (as Ray does) runs
+every operation and writes the bytes and statistics the local engine writes. A per-item function that changed
+shared state, or returned its statistics by a side channel, would lose them here: each item gets its own copy."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import cloudpickle
+import numpy as np
+import pyarrow as pa
+import pytest
+from conftest import data_bytes, write_parquet_shards
+
+from batchtool import runner
+from batchtool.manifest import MANIFEST_NAME
+from batchtool.synthetic import make_table
+
+
+class PicklingEngine:
+    """Stands in for Ray (`--engine ray` finds it active and uses it): the function is pickled once,
+    unpickled afresh for every item, and items and results go through pickle both ways; the work runs on
+    the local threads, so ordering and backpressure are the local engine's."""
+
+    name = "ray"
+
+    def __init__(self) -> None:
+        self.items = 0
+        """Items sent through pickle (to show the work really went this way)."""
+
+    def map(self, fn: Callable[[Any], Any], items: Iterable[Any], threads: int, window: int | None) -> Iterator[Any]:
+        shipped = cloudpickle.dumps(fn)
+
+        def remote(item_bytes: bytes) -> bytes:
+            return cloudpickle.dumps(pickle.loads(shipped)(pickle.loads(item_bytes)))
+
+        def sent(source: Iterable[Any]) -> Iterator[bytes]:
+            for item in source:
+                self.items += 1
+                yield cloudpickle.dumps(item)
+
+        for result in runner.threaded_map(remote, sent(items), threads, window):
+            yield pickle.loads(result)
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory) -> str:
+    """300 rows in 2 shards of 50-row row groups, with a boolean column for filter and --keep."""
+    table = make_table(300, seed=7)
+    table = table.append_column("keep", pa.array(np.arange(300) % 5 != 0))
+    return write_parquet_shards(str(tmp_path_factory.mktemp("src")), table)
+
+
+SEGMENT = ("--key", "key", "--sequence", "tokens,frames", "--context", "label", "--num-unroll", "4",
+           "--batch-size", "8")
+COMMANDS = {
+    "filter": ("filter", "--column", "keep"),
+    "select": ("select", "--columns", "tokens,key"),
+    "rename": ("rename", "--columns", "label=class"),
+    "stratify-exact": ("stratify", "--target", "uniform", "--seed", "3"),
+    "stratify-online": ("stratify", "--target", "uniform", "--mode", "online", "--num-classes", "4"),
+    "stratify-balanced": ("stratify", "--target", "uniform", "--batch-size", "8", "--balanced-batches"),
+    "resample-rate": ("resample", "--rate", "2.5", "--seed", "1"),
+    "resample-weighted": ("resample", "--weight", "weight", "--overall-rate", "1.5"),
+    "resample-running-mean": ("resample", "--weight", "weight", "--overall-rate", "1", "--running-mean"),
+    "shuffle": ("shuffle", "--memory", "20KB", "--batch-size", "32"),
+    "shuffle-buffered": ("shuffle", "--buffer", "64", "--min-after-dequeue", "16"),
+    "bucket": ("bucket", "--boundaries", "10,20,40", "--batch-size", "8", "--keep", "keep"),
+    "bucket-balance": ("bucket", "--auto-buckets", "2", "--batch-size", "8", "--balance", "label"),
+    "pack": ("pack", "--max-length", "512", "--sequence", "tokens", "--batch-size", "4"),
+    "segment": ("segment", *SEGMENT),
+}
+
+PIPELINE = """seed = 5
+memory = "64KB"
+[input]
+path = "{src}"
+[[stage]]
+op = "filter"
+column = "keep"
+[[stage]]
+op = "stratify"
+target = "uniform"
+replacement = true
+[[stage]]
+op = "rename"
+columns = {{ tokens = "ids" }}
+[[stage]]
+op = "shuffle"
+[[stage]]
+op = "bucket"
+length = "ids"
+boundaries = "12,30"
+batch-size = 16
+[output]
+path = "{dst}"
+"""
+
+
+def manifest(dst: str) -> dict:
+    with open(os.path.join(dst, MANIFEST_NAME)) as f:
+        return json.load(f)
+
+
+def run_both(run_cli, tmp_path, args: Callable[[str], list[str]]) -> PicklingEngine:
+    """Run on the local engine and on the pickling one; the data files, output and statistics must agree."""
+    assert run_cli(*args(str(tmp_path / "local")), "--threads", "2", "-q").exit_code == 0
+    engine = PicklingEngine()
+    with runner.use_engine(engine):
+        result = run_cli(*args(str(tmp_path / "pickled")), "--threads", "2", "-q", "--engine", "ray")
+    assert result.exit_code == 0, result.stderr
+    assert data_bytes(str(tmp_path / "pickled")) == data_bytes(str(tmp_path / "local"))
+    local, pickled = manifest(str(tmp_path / "local")), manifest(str(tmp_path / "pickled"))
+    assert local["stats"] == pickled["stats"] and local["output"] == pickled["output"]
+    return engine
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_op_writes_the_same_through_pickles(name, src, tmp_path, run_cli):
+    command, *options = COMMANDS[name]
+    engine = run_both(run_cli, tmp_path, lambda dst: [command, src, dst, *options])
+    assert engine.items, "no work went through the engine"
+
+
+def test_a_pipeline_writes_the_same_through_pickles(src, tmp_path, run_cli):
+    def args(dst: str) -> list[str]:
+        path = tmp_path / f"{os.path.basename(dst)}.toml"
+        path.write_text(PIPELINE.format(src=src, dst=dst))
+        return ["run", str(path)]
+
+    assert run_both(run_cli, tmp_path, args).items
