@@ -45,9 +45,19 @@ def run_cli():
 
 
 def read_dir(path: str) -> pa.Table:
-    """All part files of an output directory, in order."""
-    files = sorted(f for f in os.listdir(path) if f.startswith("part-") and f.endswith(".parquet"))
-    return pa.concat_tables([pq.read_table(os.path.join(path, f)) for f in files])
+    """All part files of a Parquet or Arrow IPC output directory, in order, as pyarrow (not batchtool) reads them:
+    tests of an operation's rows read its output whatever format the command wrote by default."""
+    files = sorted(f for f in os.listdir(path) if f.startswith("part-") and f.endswith((".parquet", ".arrow")))
+    assert files, f"no Parquet or Arrow IPC part files in {path}"
+    return pa.concat_tables([read_part(os.path.join(path, f)) for f in files])
+
+
+def read_part(path: str) -> pa.Table:
+    """One Parquet or Arrow IPC part file, read by pyarrow."""
+    if path.endswith(".arrow"):
+        with pa.OSFile(path) as f:
+            return pa.ipc.open_file(f).read_all()
+    return pq.read_table(path)
 
 
 def data_bytes(path: str) -> dict[str, bytes]:

@@ -38,22 +38,24 @@ def rules_of(result) -> dict[str, dict]:
 
 @pytest.fixture
 def bucketed(tmp_path, parquet_src, run_cli) -> str:
-    """bucket output of 300 rows in 3 files: buckets < 20, [20, 40), >= 40, batches of 16."""
+    """bucket output of 300 rows in 3 Parquet files (the tests rewrite them): buckets < 20, [20, 40), >= 40,
+    batches of 16."""
     dst = str(tmp_path / "bucketed")
     assert run_cli("bucket", parquet_src, dst, "--length", "tokens", "--boundaries", "20,40", "--batch-size", "16",
-                   "--shard-rows", "100", "-q").exit_code == 0
+                   "--shard-rows", "100", "--to", "parquet", "-q").exit_code == 0
     return dst
 
 
 @pytest.fixture
 def balanced(tmp_path, run_cli) -> str:
-    """stratify --balanced-batches output: 125 rows of 4 classes (0.4/0.3/0.2/0.1) in 12 batches of 10 and one of 5."""
+    """stratify --balanced-batches output, in Parquet (a test rewrites it): 125 rows of 4 classes (0.4/0.3/0.2/0.1)
+    in 12 batches of 10 and one of 5."""
     corpus = make_table(200, seed=7)
     corpus = corpus.set_column(1, "label", pa.array(np.arange(200) % 4, pa.int64()))
     src = write_parquet_shards(str(tmp_path / "classes"), corpus)
     dst = str(tmp_path / "balanced")
     assert run_cli("stratify", src, dst, "--target", "0.4,0.3,0.2,0.1", "--batch-size", "10", "--balanced-batches",
-                   "-q").exit_code == 0
+                   "--to", "parquet", "-q").exit_code == 0
     return dst
 
 
@@ -70,7 +72,7 @@ def rewrite_manifest(dst: str, change) -> None:
 
 # ------------------------------------------------------------------------------ verification by default
 
-@pytest.mark.parametrize("to", ["parquet", "tfrecord"])
+@pytest.mark.parametrize("to", ["parquet", "tfrecord", "arrow"])
 def test_no_rule_on_a_batchtool_output_verifies_it_against_its_manifest(tmp_path, parquet_src, run_cli, to):
     dst = str(tmp_path / "out")
     assert run_cli("bucket", parquet_src, dst, "--length", "tokens", "--boundaries", "20,40", "--batch-size", "16",

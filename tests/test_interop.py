@@ -20,7 +20,7 @@ from batchtool.synthetic import make_table
 
 @pytest.fixture(scope="module")
 def bucketed(tmp_path_factory) -> str:
-    """A bucket output of 60 rows in three shards (so shard order shows), with its manifest."""
+    """A Parquet bucket output of 60 rows in three shards (so shard order shows), with its manifest."""
     from batchtool.cli import cli
     from click.testing import CliRunner
 
@@ -28,7 +28,7 @@ def bucketed(tmp_path_factory) -> str:
     src = write_parquet_shards(str(root / "src"), make_table(60, seed=3))
     dst = str(root / "dst")
     result = CliRunner().invoke(cli, ["bucket", src, dst, "--boundaries", "20,40", "--batch-size", "8",
-                                      "--shard-rows", "24", "-q"], catch_exceptions=False)
+                                      "--shard-rows", "24", "--to", "parquet", "-q"], catch_exceptions=False)
     assert result.exit_code == 0, result.stderr
     assert sorted(os.listdir(dst)) == [MANIFEST_NAME, "part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
     return dst

@@ -7,7 +7,7 @@ import re
 import pytest
 from conftest import SAMPLE
 
-FINAL = re.compile(r"wrote [\d,]+ rows in [\d,]+ row groups to \d+ shard\(s\) in .+; \d+\.\d s, peak memory [\d,]+ MiB")
+FINAL = re.compile(r"wrote [\d,]+ rows in [\d,]+ batches to \d+ shard\(s\) in .+; \d+\.\d s, peak memory [\d,]+ MiB")
 
 COMMANDS = {
     "convert": [],

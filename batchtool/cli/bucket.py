@@ -84,7 +84,7 @@ def int_list(flag: str, text: str | None) -> tuple[int, ...] | None:
               help="Memory for holding buckets; larger buckets spill to temporary files.")
 @click.option("--tmp-dir", help="Directory for spill files (default: the system temp directory).")
 @input_options
-@output_options
+@output_options(batches=True)
 @run_options
 def bucket_cmd(src: str, dst: str, seed: int, input_format: str | None, skip_corrupt: bool, **kwargs: Any) -> None:
     """Group examples by length into padded batches (tf.contrib.training.bucket / bucket_by_sequence_length).

@@ -197,8 +197,30 @@ def run_options(fn: Callable) -> Callable:
     return on_engine
 
 
-def output_options(fn: Callable) -> Callable:
-    """Batch-shard output options, for every command that writes DST."""
+BATCH_FORMAT = "arrow"
+"""What a command whose output is batches writes without --to: an uncompressed Arrow IPC file, which
+batchtool.load memory-maps (one epoch about 6x faster than zstd Parquet, for about twice the disk)."""
+ROW_FORMAT = "parquet"
+"""What every other command writes without --to: compact, and read by everything."""
+
+
+def output_options(fn: Callable | None = None, *, batches: bool | str = False) -> Callable:
+    """Batch-shard output options, for every command that writes DST.
+
+    `batches` declares when the command's output is batches: always (True), or when the flag it names
+    is given ("--balanced-batches"); without --to such output is BATCH_FORMAT, anything else ROW_FORMAT.
+    """
+    if fn is None:
+        return functools.partial(output_options, batches=batches)
+
+    @functools.wraps(fn)
+    def resolved(*args: Any, output_format: str | None, **kwargs: Any) -> Any:
+        command = click.get_current_context().command
+        chosen = output_format or default_format(command, lambda flag: kwargs[flag[2:].replace("-", "_")])
+        return fn(*args, output_format=chosen, **kwargs)
+
+    shown = (BATCH_FORMAT if batches is True else f"{BATCH_FORMAT} with {batches}, else {ROW_FORMAT}" if batches
+             else ROW_FORMAT)
     options = [
         click.option("--overwrite", is_flag=True, help="Replace DST if it exists."),
         click.option("--cast", type=click.Choice(list(CASTS)), default=None,
@@ -214,12 +236,28 @@ def output_options(fn: Callable) -> Callable:
         click.option("--compression", default=None,
                      help="Parquet codec (zstd default, snappy, gzip, lz4, brotli, none), TFRecord gzip/none, or "
                           "Arrow lz4/zstd/none (default none)."),
-        click.option("--to", "output_format", type=click.Choice(formats.NAMES), default="parquet",
-                     show_default=True, help="Output format."),
+        click.option("--to", "output_format", cls=_ToOption, batches=batches, type=click.Choice(formats.NAMES),
+                     default=None, help="Output format" + (f"; batchtool.load memory-maps {BATCH_FORMAT} batches"
+                                                           if batches else "") + f".  [default: {shown}]"),
     ]
     for option in options:
-        fn = option(fn)
-    return fn
+        resolved = option(resolved)
+    return resolved
+
+
+class _ToOption(click.Option):
+    """--to, carrying its command's `batches` declaration (see output_options) for default_format."""
+
+    def __init__(self, *args: Any, batches: bool | str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.batches = batches
+
+
+def default_format(command: click.Command | None, given: Callable[[str], Any]) -> str:
+    """What `command` writes without --to: BATCH_FORMAT when its output is batches (its output_options
+    declaration; `given(flag)` is the value of a flag of it, e.g. a pipeline stage's key), else ROW_FORMAT."""
+    batches = next((p.batches for p in command.params if isinstance(p, _ToOption)), False) if command else False
+    return BATCH_FORMAT if batches is True or (batches and given(batches)) else ROW_FORMAT
 
 
 def make_output(kwargs: dict[str, Any]) -> OutputOptions:
@@ -271,7 +309,7 @@ def report(manifest: dict[str, Any], dst: str, quiet: bool) -> None:
     ctx = click.get_current_context(silent=True)
     started = ctx.meta.get(_STARTED_META) if ctx is not None else None  # the whole command, first passes too
     seconds = run["wall_seconds"] if started is None else time.perf_counter() - started
-    lines.append(f"wrote {output['rows']:,} rows in {output['batches']:,} row groups to {len(output['files'])} "
+    lines.append(f"wrote {output['rows']:,} rows in {output['batches']:,} batches to {len(output['files'])} "
                  f"shard(s) in {os.path.abspath(dst)}; {seconds:.1f} s, "
                  f"peak memory {run['peak_rss_bytes'] / 2**20:,.0f} MiB" + skipped_note(stats))
     click.echo("\n".join(lines), err=True)

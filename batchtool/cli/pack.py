@@ -45,7 +45,7 @@ from batchtool.ops.pack import PackOptions, pack
               help="Memory for assembling rows; the rest spills to temporary files.")
 @click.option("--tmp-dir", help="Directory for spill files (default: the system temp directory).")
 @input_options
-@output_options
+@output_options(batches=True)
 @run_options
 def pack_cmd(src: str, dst: str, seed: int, input_format: str | None, skip_corrupt: bool, **kwargs: Any) -> None:
     """Pack whole sequences into rows of at most L steps, for transformer training without padding waste.

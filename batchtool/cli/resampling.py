@@ -56,7 +56,7 @@ def batch_options(fn: Callable) -> Callable:
 @seed_option
 @memory_options
 @input_options
-@output_options
+@output_options(batches="--balanced-batches")
 @run_options
 def stratify_cmd(src: str, dst: str, seed: int, input_format: str | None, skip_corrupt: bool, **kwargs) -> None:
     """Resample SRC to target class proportions (tf.contrib.training.stratified_sample) and write DST."""

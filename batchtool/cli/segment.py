@@ -39,7 +39,7 @@ from batchtool.ops.segment import DEFAULT_MEMORY, SegmentOptions, segment
               help="Memory for the duplicate-key check before it spills to --tmp-dir.")
 @click.option("--tmp-dir", type=click.Path(file_okay=False), help="Where spills go (default: the system temp dir).")
 @input_options
-@output_options
+@output_options(batches=True)
 @run_options
 def segment_cmd(src: str, dst: str, memory: str, tmp_dir: str | None, input_format: str | None, skip_corrupt: bool,
                 **kwargs: Any) -> None:

@@ -24,7 +24,8 @@ from batchtool.cli import bucket as bucket_cli
 from batchtool.cli import pack as pack_cli
 from batchtool.cli import resampling as resampling_cli
 from batchtool.cli import segment as segment_cli
-from batchtool.cli.common import cli, input_options, make_output, output_options, parse_size, run_options
+from batchtool.cli.common import (cli, default_format, input_options, make_output, output_options, parse_size,
+                                  run_options)
 from batchtool.errors import BatchtoolError, InputError, UsageError
 from batchtool.ops import OPERATIONS
 from batchtool.ops.base import ColumnList, Kind, Operation, OptionError, build, fields, required, shown
@@ -164,7 +165,7 @@ class _Reader:
             raise self.fail(None, "key 'stage': write each stage as a [[stage]] table")
         stages = tuple(self.stage(i, table, str(memory), tmp_dir) for i, table in enumerate(doc.get("stage", []), 1))
         self.check_order(stages)
-        dst, output = self.output(doc.get("output"), overwrite)
+        dst, output = self.output(doc.get("output"), overwrite, stages[-1] if stages else None)
         return PipelineConfig(self.path, seed, threads, memory, tmp_dir, source, stages, dst, output)
 
     def scalar(self, table: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str | None,
@@ -188,7 +189,7 @@ class _Reader:
                            None if columns is None else self.columns(columns),
                            self.scalar(table, "skip-corrupt", bool, "[input]", False))
 
-    def output(self, table: Any, overwrite: bool) -> tuple[str, OutputOptions]:
+    def output(self, table: Any, overwrite: bool, last: StageConfig | None) -> tuple[str, OutputOptions]:
         if table is None:
             raise self.fail(None, "missing [output] table (with at least path = \"...\")")
         self.keys(table, OUTPUT_KEYS, "[output]")
@@ -199,6 +200,8 @@ class _Reader:
         params = _Params(_output_params(), cli.commands["convert"], self, "[output]")
         values = params.values(flags, aliases={"--to": "format"})
         values["overwrite"] = values["overwrite"] or overwrite
+        values["output_format"] = values["output_format"] or default_format(  # the last stage's command's --to
+            cli.commands.get(last.op) if last else None, lambda flag: last.keys.get(flag[2:]))
         try:
             return dst, make_output(values)
         except (BatchtoolError, click.BadParameter) as exc:
