@@ -12,10 +12,11 @@ import numpy as np
 def shares(size: int, target: np.ndarray, behind: np.ndarray) -> np.ndarray:
     """Largest-remainder shares of `size`: floor(size x t_i), plus one for the classes furthest behind their
     running target once this batch's exact share is counted (`behind` + remainder): first those that would
-    otherwise fall a whole row behind, then by deficit, ties to the lower class."""
+    otherwise fall a whole row behind, then by deficit, ties to the lower class. A class with target 0 never
+    gets one (the remainder is smaller than the number of classes with a fractional share)."""
     raw = size * target
     out = np.floor(raw).astype(np.int64)
-    deficit = np.round(behind + raw - out, 9)
+    deficit = np.where(target > 0, np.round(behind + raw - out, 9), -np.inf)
     order = np.lexsort((np.arange(len(target)), -deficit, deficit < 1))
     out[order[: max(size - int(out.sum()), 0)]] += 1
     return out
