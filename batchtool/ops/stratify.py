@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -455,6 +456,14 @@ class Stratification:
     expected_rows: float | None
     info: dict[str, Any]
 
+    def expected(self) -> tuple[int | None, dict[str, Any]]:
+        """Dry run: the output rows (exact mode fixes them) and the plan's numbers."""
+        shown = {k: self.info[k] for k in ("num_classes", "input_probs", "class_targets", "acceptance_probs",
+                                           "rates") if k in self.info}
+        exact = self.options.mode == "exact"
+        rows = None if self.expected_rows is None else round(self.expected_rows)
+        return (rows if exact else None), {**shown, **({} if exact or rows is None else {"expected_rows": rows})}
+
 
 def resolve(dataset: Dataset, options: StratifyOptions, seed: int, threads: int) -> Stratification:
     """The first passes over the label column only: class counts (unless --init-probs or --mode online
@@ -577,10 +586,18 @@ def write_stratified(dataset: Dataset, strat: Stratification, dst: str, output: 
     whose name `who` then labels the progress bars)."""
     report = ReadReport()
     selection = Selection(dataset, strat, seed)
-    try:
+    with labels_counted(dataset, strat, run.threads):
         return _write(selection, selection.items(run.threads, report), dst, output, run, report, write, who)
-    except LabelError:  # found while streaming (no counting pass): count them all for the message
-        raise full_label_error(dataset, strat.options.label, strat.num_classes, run.threads) from None
+
+
+@contextlib.contextmanager
+def labels_counted(dataset: Dataset, strat: Stratification, threads: int) -> Iterator[None]:
+    """A bad label found while streaming (no counting pass: --init-probs, --mode online) becomes the error
+    over the whole dataset: every bad label counted, the first one named."""
+    try:
+        yield
+    except LabelError:
+        raise full_label_error(dataset, strat.options.label, strat.num_classes, threads) from None
 
 
 def _plan(dataset: Dataset, options: StratifyOptions, counted: stats_mod.DatasetStats | None, num_classes: int,

@@ -178,12 +178,9 @@ class StratifyStage(Stage):
 
     def stream(self, view: Dataset, columns: Columns, run: RunSettings, report: ReadReport) -> Stream:
         selection = stratify_op.Selection(view, self.strat, self.seed)
-        try:
+        with stratify_op.labels_counted(view, self.strat, run.threads):
             pieces = selection.pieces(selection.items(run.threads, report, columns), run.threads)
             yield from ordered_map(selection.build, pieces, run.threads)
-        except stratify_op.LabelError:  # no counting pass (init-probs, online): count them all for the message
-            raise stratify_op.full_label_error(view, self.options.label, self.strat.num_classes,
-                                               run.threads) from None
         self.report = selection.stats()
 
     def write(self, view: Dataset, dst: str, output: OutputOptions, run: RunSettings, write: Write) -> JobResult:
@@ -191,12 +188,7 @@ class StratifyStage(Stage):
                                             who=self.name)
 
     def expected(self, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
-        info = self.strat.info
-        shown: dict[str, Any] = {k: info[k] for k in ("num_classes", "input_probs", "class_targets", "acceptance_probs", "rates")
-                 if k in info}
-        exact = self.options.mode == "exact"
-        rows = None if self.strat.expected_rows is None else round(self.strat.expected_rows)
-        return (rows if exact else None), {**shown, **({} if exact or rows is None else {"expected_rows": rows})}
+        return self.strat.expected()
 
 
 class ShuffleStage(Stage):
