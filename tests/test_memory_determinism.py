@@ -81,14 +81,7 @@ def most_parts(monkeypatch) -> list[int]:
     return seen
 
 
-ARROW_SLICES = pytest.mark.xfail(strict=True, reason=(
-    "bucket's default Arrow IPC output differs with --memory: pyarrow's IPC writer writes the whole value "
-    "buffer of a string column sliced at offset 0, and the slices follow the spill parts (formats/arrow.py)"))
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=ARROW_SLICES) if n in ("bucket", "bucket --max-tokens",
-                                                                            "bucket --order sorted") else n
-                                  for n in COMMANDS])
+@pytest.mark.parametrize("name", list(COMMANDS))
 def test_command_output_ignores_memory_and_threads(tmp_path, run_cli, most_parts, name):
     command, *args = COMMANDS[name]
     sums = []

@@ -141,6 +141,13 @@ class ArrowFormat(Format):
     def open_sink(self, file: BinaryIO, schema: pa.Schema, options: OutputOptions) -> _Sink:
         return _Sink(file, schema, options.codec)
 
+    def encode(self, batch: pa.RecordBatch, options: OutputOptions) -> EncodedBatch:
+        """The IPC writer stores a sliced column's whole buffers (a string column sliced at offset 0 keeps
+        its parent's values): columns holding more than they show are copied compact, so the bytes depend
+        on the values only, not on how the batch was cut (spill parts, --memory)."""
+        columns = [pa.concat_arrays([c]) if c.get_total_buffer_size() > c.nbytes else c for c in batch.columns]
+        return EncodedBatch(pa.RecordBatch.from_arrays(columns, schema=batch.schema))
+
     def open_dataset(self, src: str, shards: tuple[Shard, ...], schema: pa.Schema | None, manifest: dict | None,
                      reading: dict) -> Dataset:
         from batchtool.dataset import open_self_describing
