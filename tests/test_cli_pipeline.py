@@ -206,6 +206,7 @@ FILE_ERRORS = {
     "output value": ('[input]\npath = "x"\n[output]\npath = "o"\ncompression = "lzma"',
                      "[output]: compression 'lzma': Parquet takes"),
     "stage not a table": ('stage = 3\n[input]\npath = "x"\n[output]\npath = "o"', "key 'stage': write each stage"),
+    "no stage": ('[input]\npath = "x"\n[output]\npath = "o"', "no [[stage]]: a pipeline needs at least one"),
 }
 
 

@@ -166,6 +166,9 @@ class _Reader:
         stages = tuple(self.stage(i, table, str(memory), tmp_dir) for i, table in enumerate(doc.get("stage", []), 1))
         self.check_order(stages)
         dst, output = self.output(doc.get("output"), overwrite, stages[-1] if stages else None)
+        if not stages:
+            raise self.fail(None, "no [[stage]]: a pipeline needs at least one (batchtool convert copies files "
+                                  "as they are)")
         return PipelineConfig(self.path, seed, threads, memory, tmp_dir, source, stages, dst, output)
 
     def scalar(self, table: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str | None,
