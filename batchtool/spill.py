@@ -126,24 +126,37 @@ class Spill:
                 writer.close()
         self._writers.clear()
 
+    def paths(self, group: int, part: int) -> list[str]:
+        """The files holding a (group, part) cell, in the order its rows were added (after finish)."""
+        return [self._path(group, part, f) for f in range(self._files.get((group, part), 0))]
+
     def read_group(self, group: int, ordered: bool = True) -> Iterator[Chunk]:
         """The group's rows, one part at a time: sorted by the order key (the stage's keyed random
         permutation), or with ordered=False in the order they were added (a group of one part)."""
         for part in range(self.parts[group]):
-            files = range(self._files.get((group, part), 0))
-            if not files:
-                continue
-            table = pa.concat_tables([_read(self._path(group, part, f)) for f in files])
-            if table.num_rows == 0:
-                continue
-            last = table.num_columns - 1  # the ids (by position: a user column may share their name)
-            ids = table.column(last).to_numpy()
-            if ordered:
-                order = np.argsort(rng.permutation_keys(self.seed, self.stage, ids), kind="stable")
-                table = table.take(pa.array(order))
-                ids = ids[order]
-            data = table.remove_column(last).combine_chunks()
-            yield Chunk(data.to_batches()[0] if data.num_rows else data, np.ascontiguousarray(ids))
+            chunk = read_part(self.paths(group, part), self.seed, self.stage, ordered)
+            if chunk is not None:
+                yield chunk
+
+
+def read_part(paths: Sequence[str], seed: int, stage: str, ordered: bool = True) -> Chunk | None:
+    """The rows of one part's spill files (read in the order given, which is the order the rows were added),
+    sorted by their keyed order key unless `ordered` is False; None if they hold no rows. The sort is stable,
+    so files of several spills given in input order (the map outputs of batchtool.exchange) read back
+    exactly as one spill of the same rows would."""
+    if not paths:
+        return None
+    table = pa.concat_tables([_read(path) for path in paths])
+    if table.num_rows == 0:
+        return None
+    last = table.num_columns - 1  # the ids (by position: a user column may share their name)
+    ids = table.column(last).to_numpy()
+    if ordered:
+        order = np.argsort(rng.permutation_keys(seed, stage, ids), kind="stable")
+        table = table.take(pa.array(order))
+        ids = ids[order]
+    data = table.remove_column(last).combine_chunks()
+    return Chunk(data.to_batches()[0] if data.num_rows else data, np.ascontiguousarray(ids))
 
 
 def make_temporary_dir(prefix: str, tmp_dir: str | None) -> str:
@@ -190,5 +203,5 @@ def interleave(streams: Sequence[Iterator[T]], counts: Sequence[int], seed: int,
         yield pick, next(streams[pick])
 
 
-__all__ = ["ID_COLUMN", "Spill", "interleave", "key_range", "make_temporary_dir", "parts_for",
+__all__ = ["ID_COLUMN", "Spill", "interleave", "key_range", "make_temporary_dir", "parts_for", "read_part",
            "temporary_write_errors"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import os
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -11,12 +13,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from batchtool import budget, progress, rng
+from batchtool import budget, exchange, fs, progress, rng, runner
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.errors import UsageError
 from batchtool.engines import with_engine
-from batchtool.job import JobResult, RunSettings, open_source, write_job
-from batchtool.output import OutputOptions
+from batchtool.job import JobResult, RunSettings, open_source, read_paths, write_job, write_manifest
+from batchtool.output import BatchShardWriter, OutputOptions, encode_batch, output_directory
+from batchtool.runner import ordered_map
 from batchtool.spill import Spill, parts_for
 
 STAGE = "shuffle"
@@ -31,6 +34,9 @@ PART_SHARE = 4
 BUFFER_COPIES, SLOT_BYTES = 5, 100
 """The buffered shuffle holds its buffer about BUFFER_COPIES times while gathering (the buffer, the pushed rows,
 their concatenation and the new buffer) plus SLOT_BYTES of row numbers per slot."""
+EXCHANGE_DIR = ".exchange"
+"""Where a distributed shuffle's map tasks write, inside DST's temporary directory: beside DST, so on the
+storage the workers write the output to, and removed with it if the command fails."""
 TFRECORD_EXPANSION = {False: 4.0, True: 16.0}
 """Assumed Arrow bytes per TFRecord file byte (uncompressed, gzip) when the row count is unknown.
 
@@ -118,22 +124,44 @@ def rebatch(chunks: Iterable[Chunk], size: int, schema: pa.Schema, drop_remainde
         yield batch
 
 
+@dataclass(frozen=True)
+class Yardstick:
+    """The first chunk's Arrow bytes and rows: what the first pass sizes everything from, and all a worker
+    that read the chunk needs to send back (see write_exchanged)."""
+
+    bytes: int
+    rows: int
+
+    @staticmethod
+    def of(chunk: Chunk | None) -> Yardstick | None:
+        return None if chunk is None else Yardstick(arrow_bytes(chunk.data), chunk.num_rows)
+
+    @property
+    def per_row(self) -> float:
+        return self.bytes / self.rows if self.rows else 1.0
+
+
 def estimate_memory_bytes(dataset: Dataset, first: Chunk | None, rows: int | None = None) -> float:
+    """Arrow bytes of the whole dataset, from the first chunk's bytes per row (see estimate_bytes)."""
+    return estimate_bytes(dataset, Yardstick.of(first), rows)
+
+
+def estimate_bytes(dataset: Dataset, first: Yardstick | None, rows: int | None = None) -> float:
     """Arrow bytes of the whole dataset, from the first chunk's bytes per row.
 
     File sizes underestimate memory (Parquet is compressed and encoded), so the first chunk is the
     yardstick. With no row count (TFRecord read without a manifest) it assumes a high expansion of
     the file bytes instead.
     """
-    if first is None or first.num_rows == 0:
+    if first is None or first.rows == 0:
         return 0.0
     rows = rows if rows is not None else dataset.num_rows
     if rows is None and dataset.manifest:
         rows = dataset.manifest.get("output", {}).get("rows")
     if rows is None:
         gzip = any(s.path.lower().endswith((".gz", ".gzip")) for s in dataset.shards)
-        return max(float(arrow_bytes(first.data)), dataset.total_bytes * TFRECORD_EXPANSION[gzip])
-    return arrow_bytes(first.data) / first.num_rows * rows
+        return max(float(first.bytes), dataset.total_bytes * TFRECORD_EXPANSION[gzip])
+    return first.bytes / first.rows * rows
 
 
 def arrow_bytes(batch: pa.RecordBatch) -> int:
@@ -147,17 +175,18 @@ def default_batch_rows(bytes_per_row: float) -> int:
     return int(max(1, min(MAX_BATCH_ROWS, BATCH_BYTES / max(bytes_per_row, 1.0))))
 
 
-def bytes_per_row(first: Chunk | None) -> float:
+def bytes_per_row(first: Chunk | Yardstick | None) -> float:
     """Arrow bytes per row of a (first) chunk: the yardstick for the whole stream."""
-    return arrow_bytes(first.data) / first.num_rows if first is not None and first.num_rows else 1.0
+    first = first if first is None or isinstance(first, Yardstick) else Yardstick.of(first)
+    return first.per_row if first is not None else 1.0
 
 
-def output_batch_rows(first: Chunk | None, options: ShuffleOptions) -> int:
+def output_batch_rows(first: Chunk | Yardstick | None, options: ShuffleOptions) -> int:
     """Rows per output batch: --batch-size, or a default sized from the first input chunk's bytes per row."""
     return options.batch_size or default_batch_rows(bytes_per_row(first))
 
 
-def check_memory(options: ShuffleOptions, first: Chunk | None, rows: int | None) -> None:
+def check_memory(options: ShuffleOptions, first: Chunk | Yardstick | None, rows: int | None) -> None:
     """Stop before shuffling if one --batch-size batch, or the --buffer, would not fit the budget."""
     per_row = bytes_per_row(first)
     if options.batch_size is not None:
@@ -309,7 +338,10 @@ def shuffle(src: str, dst: str, options: ShuffleOptions, output: OutputOptions, 
 def write_shuffled(dataset: Dataset, options: ShuffleOptions, dst: str, output: OutputOptions, run: RunSettings,
                    *, seed: int, write: Callable[..., JobResult] = write_job, who: str = "shuffle") -> JobResult:
     """The shuffle and the pass that writes (`write` is write_job, or a wrapper in a pipeline, whose stage
-    name `who` then labels the progress bars)."""
+    name `who` then labels the progress bars). On a remote engine (--engine ray), the global shuffle of a
+    command runs as map-reduce on the workers (write_exchanged)."""
+    if not options.buffered and write is write_job and runner.active_engine() is not None and not fs.is_uri(dst):
+        return write_exchanged(dataset, options, dst, output, run, seed=seed)
     report = ReadReport()
     with shuffled(dataset, options, seed, run, report, who=who) as out:
         return write(command="shuffle", options=manifest_options(options, output), seed=seed, dataset=dataset,
@@ -330,9 +362,12 @@ class Shuffled:
     """Output rows, when known before streaming (global shuffle)."""
 
     def stats(self) -> dict[str, Any]:
-        rows_in = self.rows_in()
-        dropped = rows_in % self.info["batch_rows"] if self.options.drop_remainder else 0
-        return {**self.info, "rows_in": rows_in, "examples_dropped": dropped}
+        return shuffle_stats(self.info, self.rows_in(), self.options)
+
+
+def shuffle_stats(info: dict[str, Any], rows_in: int, options: ShuffleOptions) -> dict[str, Any]:
+    dropped = rows_in % info["batch_rows"] if options.drop_remainder else 0
+    return {**info, "rows_in": rows_in, "examples_dropped": dropped}
 
 
 @contextmanager
@@ -343,26 +378,99 @@ def shuffled(dataset: Dataset, options: ShuffleOptions, seed: int, run: RunSetti
     `who` labels the progress bar (`run` gives its stage's name)."""
     schema = dataset.projected_schema(columns)
     first, chunks = peek(dataset.chunks(columns, run.threads, report))
-    estimate = estimate_memory_bytes(dataset, first)
-    check_memory(options, first, dataset.num_rows if dataset.num_rows is not None
-                 else int(estimate / bytes_per_row(first)))
-    batch_rows = output_batch_rows(first, options)
-    info: dict[str, Any] = {"mode": "buffered" if options.buffered else "global", "batch_rows": batch_rows,
-                            "estimated_bytes": int(estimate)}
+    info = plan(dataset, options, Yardstick.of(first))
+    batch_rows = info["batch_rows"]
     if options.buffered:
         info["capacity"] = options.capacity
         counted = _Counted(chunks)
         yield Shuffled(lambda: rebatch(buffered_shuffle(counted, options.capacity, seed, schema), batch_rows, schema,
                                        options.drop_remainder), lambda: counted.rows, info, options)
         return
-    parts = parts_for(estimate, options.memory // PART_SHARE)
-    info["parts"] = parts
+    parts = info["parts"]
     with keyed_spill(schema, [parts], seed, STAGE, options.memory, options.tmp_dir) as spill:
         spill_streams(chunks, spill, lambda c: np.zeros(c.num_rows, dtype=np.int64), f"{who}: spill",
                       dataset.progress_rows, run.quiet)
         rows = int(spill.rows[0])
         yield Shuffled(lambda: rebatch(spill.read_group(0), batch_rows, schema, options.drop_remainder),
                        lambda: rows, info, options, rows)
+
+
+def plan(dataset: Dataset, options: ShuffleOptions, first: Yardstick | None) -> dict[str, Any]:
+    """From the first chunk, before any row moves: check the budget, size the output batches and (global
+    shuffle) the spill's key ranges; the manifest's statistics of the plan."""
+    estimate = estimate_bytes(dataset, first)
+    check_memory(options, first, dataset.num_rows if dataset.num_rows is not None
+                 else int(estimate / bytes_per_row(first)))
+    info: dict[str, Any] = {"mode": "buffered" if options.buffered else "global",
+                            "batch_rows": output_batch_rows(first, options), "estimated_bytes": int(estimate)}
+    if not options.buffered:
+        info["parts"] = parts_for(estimate, options.memory // PART_SHARE)
+    return info
+
+
+# -- the global shuffle as map-reduce on a remote engine's workers ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class _ShardPlan:
+    """What the reduce task needs: where the map outputs are, how to cut and encode batches, where to write."""
+
+    exchange: str
+    parts: int
+    seed: int
+    schema: pa.Schema
+    batch_rows: int
+    drop_remainder: bool
+    output: OutputOptions
+    stored: pa.Schema
+    directory: str
+    name: str
+
+
+def _write_shards(plan: _ShardPlan) -> tuple[list[dict], int]:
+    """The reduce task: every key range in turn, sorted, cut into batches and written as write_job writes
+    them locally (the same writer, so the same shard boundaries); the shards' manifest entries and rows."""
+    chunks = exchange.read_group(plan.exchange, plan.seed, STAGE, 0, plan.parts)
+    writer = BatchShardWriter(plan.directory, plan.stored, plan.output, name=plan.name)
+    rows = 0
+    for batch in rebatch(chunks, plan.batch_rows, plan.schema, plan.drop_remainder):
+        writer.write(encode_batch(batch.data, plan.output))
+        rows += batch.num_rows
+    return writer.close(), rows
+
+
+def write_exchanged(dataset: Dataset, options: ShuffleOptions, dst: str, output: OutputOptions, run: RunSettings,
+                    *, seed: int) -> JobResult:
+    """The global shuffle with no row passing through the driver: map tasks on the workers read the input and
+    scatter it to key ranges under DST's temporary directory (batchtool.exchange), then one reduce task reads
+    the ranges in key order and writes the shards there; the driver plans, counts and writes the manifest.
+    The same bytes and statistics as the local spill (same keys, same ranges, same writer)."""
+    started = time.perf_counter()
+    report = ReadReport()
+    first, units = exchange.probe(exchange.read_units(dataset), Yardstick.of, run.threads)
+    info = plan(dataset, options, first)
+    casts = output.casts(dataset.schema)
+    stored = output.stored_schema(dataset.schema)
+    with output_directory(dst, output.overwrite, read_paths(dataset)) as tmp:
+        directory = os.path.join(tmp, EXCHANGE_DIR)
+        with fs.write_errors(f"{dst}: cannot write the output"):
+            os.mkdir(directory)
+        job = exchange.MapJob(directory, dataset.schema, (info["parts"],), seed, STAGE,
+                              spill_flush_bytes(options.memory, info["parts"]), dst)
+        rows = int(exchange.scatter(units, job, run.threads, report, "shuffle: spill", dataset.progress_rows,
+                                    run.quiet)[0])
+        shard_plan = _ShardPlan(directory, info["parts"], seed, dataset.schema, info["batch_rows"],
+                                options.drop_remainder, output, stored, tmp, dst)
+        with progress.bar("shuffle: write", rows, quiet=run.quiet) as bar:
+            files, rows_out = next(iter(ordered_map(_write_shards, [shard_plan], run.threads)))
+            bar.update(rows)
+        fs.remove_tree(directory)
+        manifest = write_manifest(tmp, command="shuffle", options=manifest_options(options, output), seed=seed,
+                                  dataset=dataset, dst=dst, output=output, schema=stored, casts=casts, files=files,
+                                  rows_in=rows_out, rows_out=rows_out,
+                                  stats=lambda: shuffle_stats(info, rows, options), run=run, report=report,
+                                  started=started)
+    return JobResult(manifest, rows_out, rows_out)
 
 
 class _Counted:

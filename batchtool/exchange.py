@@ -1,0 +1,163 @@
+"""Global reorders as map-reduce on the engine's workers: the data goes from input to output through files
+beside DST, never through the driver, which passes paths and counts only.
+
+A map task reads one unit of input (a Parquet row group, a whole TFRecord file: see read_units) and
+scatters its rows, exactly as the local spill does (batchtool.spill.Spill), to (group, part) files under
+`<exchange>/m<unit number>/`: the part is the range of each row's keyed order key. A reduce task reads
+one (group, part) from every map, in map order, and sorts it by the key (spill.read_part): since the
+rows come in input order and the sort is stable, that is the very order the local spill reads back, so
+the output bytes are the same on any engine. The exchange directory must be on storage every worker
+shares (the local engine's threads trivially do).
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import itertools
+import os
+import socket
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
+
+import numpy as np
+import pyarrow as pa
+
+from batchtool import fs, progress
+from batchtool.dataset import Chunk, Dataset, ReadReport
+from batchtool.errors import DestinationError
+from batchtool.runner import ordered_map
+from batchtool.spill import Spill, read_part
+
+T = TypeVar("T")
+
+
+class ReadUnit(Protocol):
+    """Input a worker reads whole: its chunks, in order; what it skips (--skip-corrupt) goes to `report`."""
+
+    def __call__(self, report: ReadReport) -> Iterator[Chunk]: ...
+
+
+@dataclass(frozen=True)
+class _OneChunk:
+    """A read task that is already worker-sized (a Parquet row group, an Arrow record batch) as a unit."""
+
+    task: Callable[[], Chunk]
+
+    def __call__(self, report: ReadReport) -> Iterator[Chunk]:
+        yield self.task()
+
+
+def read_units(dataset: Dataset, columns: Sequence[str] | None = None) -> Iterator[ReadUnit]:
+    """The dataset's input as units for workers, in order: a format that frames its records sequentially
+    (TFRecord: `file_tasks`) gives one unit per file, so the framing runs on a worker too; other formats'
+    read tasks are units as they are."""
+    cols = dataset.check_columns(columns)
+    file_tasks = getattr(dataset.spec, "file_tasks", None)
+    if file_tasks is not None:
+        yield from file_tasks(dataset, cols)
+        return
+    for task in dataset.tasks(cols):
+        yield _OneChunk(task)
+
+
+def _measure_first(measure: Callable[[Chunk], T], unit: ReadUnit) -> T | None:
+    return next((measure(chunk) for chunk in unit(ReadReport())), None)
+
+
+def probe(units: Iterator[ReadUnit], measure: Callable[[Chunk], T], threads: int) -> tuple[T | None, Iterator[ReadUnit]]:
+    """`measure` of the first chunk (the yardstick of the first pass), computed on a worker, and the units
+    with the ones probed put back."""
+    probed: list[ReadUnit] = []
+    for unit in units:
+        probed.append(unit)
+        found = next(iter(ordered_map(functools.partial(_measure_first, measure), [unit], threads)))
+        if found is not None:
+            return found, itertools.chain(probed, units)
+    return None, iter(probed)
+
+
+@dataclass(frozen=True)
+class MapJob:
+    """What every map task of one exchange shares."""
+
+    directory: str
+    schema: pa.Schema
+    parts: tuple[int, ...]
+    """Parts (key ranges) of each group."""
+    seed: int
+    stage: str
+    flush_bytes: int
+    name: str
+    """DST, for errors."""
+    groups_of: Callable[[Chunk], np.ndarray] | None = None
+    """Each row's group (a bucket, a class); None: one group."""
+
+
+@dataclass
+class MapOutput:
+    """What a map task returns to the driver: counts, never rows."""
+
+    rows: np.ndarray
+    """Rows per group."""
+    report: ReadReport = field(default_factory=ReadReport)
+
+
+def _map(job: MapJob, item: tuple[int, ReadUnit]) -> MapOutput:
+    """The map task: unit number `index` scattered to its own directory (emptied first, so a retried task
+    never leaves a second copy of its rows)."""
+    index, unit = item
+    if not os.path.isdir(job.directory):
+        raise DestinationError(f"{job.name}: the exchange directory {job.directory} is not visible on "
+                               f"{socket.gethostname()}: with --engine ray a global reorder writes its temporary "
+                               "files beside DST, so DST must be on storage every node shares")
+    own = map_directory(job.directory, index)
+    fs.remove_tree(own)
+    os.makedirs(own)
+    report = ReadReport()
+    spill = Spill(job.schema, job.parts, job.seed, job.stage, own, job.flush_bytes)
+    try:
+        for chunk in unit(report):
+            groups = np.zeros(chunk.num_rows, dtype=np.int64) if job.groups_of is None else job.groups_of(chunk)
+            spill.add(chunk, groups)
+        spill.finish()
+    except BaseException:
+        spill.close()
+        raise
+    return MapOutput(spill.rows.copy(), report)
+
+
+def map_directory(directory: str, index: int) -> str:
+    return os.path.join(directory, f"m{index:09d}")
+
+
+def scatter(units: Iterable[ReadUnit], job: MapJob, threads: int, report: ReadReport, desc: str,
+            total: int | None, quiet: bool) -> np.ndarray:
+    """Run the map tasks on the engine; the rows of each group (what they skipped goes to `report`, in
+    input order)."""
+    rows = np.zeros(len(job.parts), dtype=np.int64)
+    with progress.bar(desc, total, quiet=quiet) as bar:
+        for out in ordered_map(functools.partial(_map, job), enumerate(units), threads):
+            rows += out.rows
+            report.merge(out.report)
+            bar.update(int(out.rows.sum()))
+    return rows
+
+
+def read_range(directory: str, seed: int, stage: str, group: int, part: int) -> Chunk | None:
+    """The reduce side: one (group, part) of every map, sorted by the order key (None if empty)."""
+    paths = sorted(glob.glob(os.path.join(glob.escape(directory), "m*", "*", f"g{group:06d}-p{part:06d}-f*.arrow")))
+    return read_part(paths, seed, stage)
+
+
+def read_group(directory: str, seed: int, stage: str, group: int, parts: int) -> Iterator[Chunk]:
+    """A group's rows in the order key, one part at a time (what Spill.read_group gives locally)."""
+    for part in range(parts):
+        chunk = read_range(directory, seed, stage, group, part)
+        if chunk is not None:
+            yield chunk
+
+
+__all__ = ["MapJob", "MapOutput", "ReadUnit", "map_directory", "probe", "read_group", "read_range", "read_units",
+           "scatter"]
