@@ -99,8 +99,8 @@ class MapJob:
 class MapOutput:
     """What a map task returns to the driver: counts, never rows."""
 
-    rows: np.ndarray
-    """Rows per group."""
+    rows: tuple[int, ...]
+    """Rows per group (plain ints: nothing of a map's result travels as an out-of-band buffer)."""
     report: ReadReport = field(default_factory=ReadReport)
 
 
@@ -125,7 +125,7 @@ def _map(job: MapJob, item: tuple[int, ReadUnit]) -> MapOutput:
     except BaseException:
         spill.close()
         raise
-    return MapOutput(spill.rows.copy(), report)
+    return MapOutput(tuple(int(n) for n in spill.rows), report)
 
 
 def map_directory(directory: str, index: int) -> str:
@@ -139,9 +139,9 @@ def scatter(units: Iterable[ReadUnit], job: MapJob, threads: int, report: ReadRe
     rows = np.zeros(len(job.parts), dtype=np.int64)
     with progress.bar(desc, total, quiet=quiet) as bar:
         for out in ordered_map(functools.partial(_map, job), enumerate(units), threads):
-            rows += out.rows
+            rows += np.asarray(out.rows, dtype=np.int64)
             report.merge(out.report)
-            bar.update(int(out.rows.sum()))
+            bar.update(sum(out.rows))
     return rows
 
 

@@ -1,0 +1,69 @@
+"""The distributed global shuffle (batchtool.exchange, shuffle.write_exchanged) run on local threads: the same
+bytes and statistics as the local spill, for Parquet and TFRecord input, several shards and a dropped
+remainder; a failure leaves DST and no temporary files behind. (On Ray: tests/test_ray.py.)"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from batchtool.convert import convert
+from batchtool.errors import InputError
+from batchtool.job import RunSettings, open_source
+from batchtool.ops.shuffle import ShuffleOptions, shuffle, write_exchanged
+from batchtool.output import OutputOptions
+from batchtool.synthetic import make_table
+from conftest import data_bytes, write_parquet_shards
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> dict[str, str]:
+    """400 rows as Parquet (2 shards of 50-row row groups) and as TFRecord (4 files, with a manifest)."""
+    root = tmp_path_factory.mktemp("sources")
+    parquet = write_parquet_shards(str(root / "parquet"), make_table(400, seed=5))
+    convert(parquet, str(root / "tfrecord"), OutputOptions(format="tfrecord", shard_rows=100, cast=("float64=float32",)),
+            run=RunSettings(quiet=True))
+    return {"parquet": parquet, "tfrecord": str(root / "tfrecord")}
+
+
+CASES = {
+    "parquet-several-parts-and-shards": ("parquet", ShuffleOptions(memory=20_000, batch_size=32),
+                                         OutputOptions(shard_bytes=30_000)),
+    "tfrecord-default-batches": ("tfrecord", ShuffleOptions(memory=1 << 20), OutputOptions(shard_rows=150)),
+    "tfrecord-out-drop-remainder": ("parquet", ShuffleOptions(memory=50_000, batch_size=7, drop_remainder=True),
+                                    OutputOptions(format="tfrecord", shard_rows=100, cast=("float64=float32",))),
+}
+
+
+def exchanged(src: str, dst: str, options: ShuffleOptions, output: OutputOptions, seed: int):
+    return write_exchanged(open_source(src, dst, output), options, dst, output, RunSettings(threads=2, quiet=True),
+                           seed=seed)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_same_bytes_and_stats_as_the_local_spill(case, sources, tmp_path):
+    fmt, options, output = CASES[case]
+    src = sources[fmt]
+    local = shuffle(src, str(tmp_path / "local"), options, output, RunSettings(threads=2, quiet=True), seed=3)
+    ours = exchanged(src, str(tmp_path / "exchanged"), options, output, seed=3)
+    assert data_bytes(str(tmp_path / "exchanged")) == data_bytes(str(tmp_path / "local"))
+    assert len(data_bytes(str(tmp_path / "local"))) > 1 or options.batch_size is None  # (400 rows: one batch)
+    assert ours.manifest["stats"] == local.manifest["stats"] and ours.manifest["output"] == local.manifest["output"]
+    assert (ours.rows_in, ours.rows_out) == (local.rows_in, local.rows_out)
+    assert sorted(os.listdir(tmp_path)) == ["exchanged", "local"]  # no exchange or temporary directory left
+
+
+def test_a_corrupt_input_fails_the_same_and_leaves_nothing(sources, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(sources["tfrecord"], src)
+    raw = bytearray((src / "part-00001.tfrecord").read_bytes())
+    raw[200] ^= 0xFF  # inside the first record's payload: its data CRC no longer matches
+    (src / "part-00001.tfrecord").write_bytes(bytes(raw))
+    with pytest.raises(InputError) as ours:
+        exchanged(str(src), str(tmp_path / "dst"), ShuffleOptions(), OutputOptions(), seed=0)
+    with pytest.raises(InputError) as local:
+        shuffle(str(src), str(tmp_path / "dst"), ShuffleOptions(), OutputOptions(), RunSettings(quiet=True))
+    assert str(ours.value) == str(local.value)
+    assert sorted(os.listdir(tmp_path)) == ["src"]
