@@ -28,7 +28,7 @@ from batchtool import fs, progress
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.errors import DestinationError
 from batchtool.runner import ordered_map
-from batchtool.spill import Spill, read_part
+from batchtool.spill import ID_COLUMN, Spill, read_part
 
 T = TypeVar("T")
 
@@ -99,8 +99,8 @@ class MapJob:
 class MapOutput:
     """What a map task returns to the driver: counts, never rows."""
 
-    rows: tuple[int, ...]
-    """Rows per group (plain ints: nothing of a map's result travels as an out-of-band buffer)."""
+    rows: tuple[tuple[int, ...], ...]
+    """Rows per part of each group (plain ints: nothing of a map's result travels as an out-of-band buffer)."""
     report: ReadReport = field(default_factory=ReadReport)
 
 
@@ -125,7 +125,8 @@ def _map(job: MapJob, item: tuple[int, ReadUnit]) -> MapOutput:
     except BaseException:
         spill.close()
         raise
-    return MapOutput(tuple(int(n) for n in spill.rows), report)
+    return MapOutput(tuple(tuple(spill.part_rows.get((g, p), 0) for p in range(parts))
+                           for g, parts in enumerate(job.parts)), report)
 
 
 def map_directory(directory: str, index: int) -> str:
@@ -133,15 +134,16 @@ def map_directory(directory: str, index: int) -> str:
 
 
 def scatter(units: Iterable[ReadUnit], job: MapJob, threads: int, report: ReadReport, desc: str,
-            total: int | None, quiet: bool) -> np.ndarray:
-    """Run the map tasks on the engine; the rows of each group (what they skipped goes to `report`, in
-    input order)."""
-    rows = np.zeros(len(job.parts), dtype=np.int64)
+            total: int | None, quiet: bool) -> list[np.ndarray]:
+    """Run the map tasks on the engine; the rows in each part of each group (what they skipped goes to
+    `report`, in input order)."""
+    rows = [np.zeros(parts, dtype=np.int64) for parts in job.parts]
     with progress.bar(desc, total, quiet=quiet) as bar:
         for out in ordered_map(functools.partial(_map, job), enumerate(units), threads):
-            rows += np.asarray(out.rows, dtype=np.int64)
+            for group, counts in zip(rows, out.rows):
+                group += np.asarray(counts, dtype=np.int64)
             report.merge(out.report)
-            bar.update(sum(out.rows))
+            bar.update(sum(map(sum, out.rows)))
     return rows
 
 
@@ -151,13 +153,62 @@ def read_range(directory: str, seed: int, stage: str, group: int, part: int) -> 
     return read_part(paths, seed, stage)
 
 
-def read_group(directory: str, seed: int, stage: str, group: int, parts: int) -> Iterator[Chunk]:
-    """A group's rows in the order key, one part at a time (what Spill.read_group gives locally)."""
-    for part in range(parts):
-        chunk = read_range(directory, seed, stage, group, part)
-        if chunk is not None:
-            yield chunk
+@dataclass(frozen=True)
+class SortedGroup:
+    """A group's rows in key order, as one uncompressed Arrow IPC file per part (sort_group wrote them), so any
+    worker reads any run of rows by memory map, without sorting again."""
+
+    directory: str
+    group: int
+    part_rows: tuple[int, ...]
+
+    def path(self, part: int) -> str:
+        return os.path.join(self.directory, "sorted", f"g{self.group:06d}-p{part:06d}.arrow")
+
+    def chunks(self, start: int = 0) -> Iterator[Chunk]:
+        """The parts' chunks from the one holding row `start` on (as Spill.read_group yields them, so slicing
+        them as a local run does gives batches laid out the same); the caller skips start - first_row(...)."""
+        first = 0
+        for part, rows in enumerate(self.part_rows):
+            if rows and first + rows > start:
+                with pa.memory_map(self.path(part)) as source:
+                    table = pa.ipc.open_file(source).read_all()
+                last = table.num_columns - 1
+                yield Chunk(table.remove_column(last).combine_chunks().to_batches()[0],
+                            table.column(last).to_numpy())
+            first += rows
+
+    def first_row(self, start: int) -> int:
+        """The first row of the part holding row `start` (where chunks(start) begins)."""
+        first = 0
+        for rows in self.part_rows:
+            if rows and first + rows > start:
+                return first
+            first += rows
+        return first
 
 
-__all__ = ["MapJob", "MapOutput", "ReadUnit", "map_directory", "probe", "read_group", "read_range", "read_units",
-           "scatter"]
+def _sort_part(job: tuple[str, int, str, int, int, str]) -> None:
+    """The reduce task of one key range: read it from every map, sort it, write it for SortedGroup."""
+    directory, seed, stage, group, part, path = job
+    chunk = read_range(directory, seed, stage, group, part)
+    if chunk is None:
+        return
+    data = chunk.data.append_column(ID_COLUMN, pa.array(chunk.ids, pa.uint64()))
+    with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, data.schema) as writer:
+        writer.write_batch(data)
+
+
+def sort_group(directory: str, seed: int, stage: str, group: int, part_rows: Sequence[int],
+               threads: int) -> SortedGroup:
+    """Sort every key range of a group on the engine's workers, one task per range."""
+    out = SortedGroup(directory, group, tuple(int(n) for n in part_rows))
+    os.makedirs(os.path.dirname(out.path(0)), exist_ok=True)
+    jobs = [(directory, seed, stage, group, part, out.path(part)) for part in range(len(out.part_rows))]
+    for _ in ordered_map(_sort_part, jobs, threads):
+        pass
+    return out
+
+
+__all__ = ["MapJob", "MapOutput", "ReadUnit", "SortedGroup", "map_directory", "probe", "read_range", "read_units",
+           "scatter", "sort_group"]

@@ -54,6 +54,8 @@ class Spill:
         self._buffers: dict[tuple[int, int], list[pa.RecordBatch]] = {}
         self._buffered: dict[tuple[int, int], int] = {}
         self.rows = np.zeros(len(self.parts), dtype=np.int64)
+        self.part_rows: dict[tuple[int, int], int] = {}
+        """Rows per (group, part) cell."""
         self._files: dict[tuple[int, int], int] = {}  # files written per (group, part), read back in order
 
     def __enter__(self) -> Spill:
@@ -98,6 +100,7 @@ class Spill:
             self._buffers.setdefault(key, []).append(piece)
             self._buffered[key] = self._buffered.get(key, 0) + piece.nbytes
             self.rows[key[0]] += e - s
+            self.part_rows[key] = self.part_rows.get(key, 0) + int(e - s)
             if self._buffered[key] >= self.flush_bytes:
                 self._flush(key)
 

@@ -287,7 +287,7 @@ def test_global_shuffle_sends_no_data_through_the_driver(fmt, src, tmp_path, ray
     moved = ray.manifest["run"]["ray"]
     assert moved["tasks"] > 2 and moved["local_items"] == 0
     assert out_of_band and not any(out_of_band)
-    assert moved["bytes_sent"] + moved["bytes_received"] < sum(map(len, written.values())) / 4, moved
+    assert (moved["bytes_sent"] + moved["bytes_received"]) / moved["items"] < 2048, moved  # paths, schemas, counts
 
 
 PIPELINE = """seed = 5

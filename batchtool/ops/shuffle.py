@@ -18,6 +18,8 @@ from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.errors import UsageError
 from batchtool.engines import with_engine
 from batchtool.job import JobResult, RunSettings, open_source, read_paths, write_job, write_manifest
+from batchtool.exchange import SortedGroup
+from batchtool.formats.base import EncodedBatch
 from batchtool.output import BatchShardWriter, OutputOptions, encode_batch, output_directory
 from batchtool.runner import ordered_map
 from batchtool.spill import Spill, parts_for
@@ -34,6 +36,8 @@ PART_SHARE = 4
 BUFFER_COPIES, SLOT_BYTES = 5, 100
 """The buffered shuffle holds its buffer about BUFFER_COPIES times while gathering (the buffer, the pushed rows,
 their concatenation and the new buffer) plus SLOT_BYTES of row numbers per slot."""
+MEASURES_PER_WORKER = 2
+"""A distributed shuffle measures its batches in this many tasks per worker CPU, so every worker encodes."""
 EXCHANGE_DIR = ".exchange"
 """Where a distributed shuffle's map tasks write, inside DST's temporary directory: beside DST, so on the
 storage the workers write the output to, and removed with it if the command fails."""
@@ -412,65 +416,193 @@ def plan(dataset: Dataset, options: ShuffleOptions, first: Yardstick | None) -> 
 
 
 @dataclass(frozen=True)
-class _ShardPlan:
-    """What the reduce task needs: where the map outputs are, how to cut and encode batches, where to write."""
+class _Batches:
+    """The output batches of a sorted stream (SortedGroup) as write_job would write them: batch k holds rows
+    [k * batch_rows, (k + 1) * batch_rows) of the first `rows` (the remainder already dropped if asked)."""
 
-    exchange: str
-    parts: int
-    seed: int
+    rows_in: SortedGroup
     schema: pa.Schema
     batch_rows: int
-    drop_remainder: bool
+    rows: int
     output: OutputOptions
     stored: pa.Schema
+
+    @property
+    def count(self) -> int:
+        return -(-self.rows // self.batch_rows)
+
+    def encoded(self, start: int, end: int) -> Iterator[EncodedBatch]:
+        """Batches [start, end), encoded; cut from the same chunks at the same offsets as a local run, so
+        laid out the same."""
+        first = start * self.batch_rows
+        reader = RowReader(self.rows_in.chunks(first), self.schema)
+        reader.take(first - self.rows_in.first_row(first))
+        for k in range(start, end):
+            batch = reader.take(min(self.batch_rows, self.rows - k * self.batch_rows))
+            yield encode_batch(batch.data, self.output)
+
+
+class _CountingFile:
+    """A file that only counts what is written to it: a shard's size, batch by batch, without keeping it."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.closed = False
+
+    def write(self, data: bytes) -> int:
+        self.bytes += memoryview(data).nbytes
+        return memoryview(data).nbytes
+
+    def tell(self) -> int:
+        return self.bytes
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+    @property
+    def writable(self) -> bool:
+        return True
+
+
+def _measure(job: tuple[_Batches, int, int]) -> tuple[int, list[int]]:
+    """A map task over batches [start, end): the bytes a shard holds once opened, and the bytes each batch
+    adds to it (one sink for the whole run, whose file only counts)."""
+    batches, start, end = job
+    file = _CountingFile()
+    sink = batches.output.spec.open_sink(file, batches.stored, batches.output)
+    opened, added = file.bytes, []
+    for encoded in batches.encoded(start, end):
+        before = file.bytes
+        sink.write(encoded)
+        added.append(file.bytes - before)
+    sink.abandon()
+    return opened, added
+
+
+def _shard_ends(sizes: Iterable[tuple[int, list[int]]], batches: _Batches) -> list[int]:
+    """Where BatchShardWriter would close each shard, from the measured sizes: after the batch that reaches
+    --shard-rows, --shard-bytes or the format's batches per shard (its _full rule), and at the end."""
+    o = batches.output
+    ends: list[int] = []
+    rows = size = count = k = 0
+    for opened, added in sizes:
+        for batch_bytes in added:
+            if count == 0:
+                rows, size = 0, opened
+            rows += min(batches.batch_rows, batches.rows - k * batches.batch_rows)
+            size += batch_bytes
+            count += 1
+            k += 1
+            if ((o.shard_rows is not None and rows >= o.shard_rows)
+                    or (o.shard_bytes is not None and size >= o.shard_bytes)
+                    or (o.spec.max_shard_batches is not None and count >= o.spec.max_shard_batches)):
+                ends.append(k)
+                count = 0
+    if not ends or ends[-1] != batches.count:
+        ends.append(batches.count)
+    return ends
+
+
+@dataclass(frozen=True)
+class _Shard:
+    """One shard to write on a worker: batches [start, end) as part-<index>."""
+
+    batches: _Batches
+    index: int
+    start: int
+    end: int
+    last: bool
     directory: str
+    scratch: str
     name: str
 
 
-def _write_shards(plan: _ShardPlan) -> tuple[list[dict], int]:
-    """The reduce task: every key range in turn, sorted, cut into batches and written as write_job writes
-    them locally (the same writer, so the same shard boundaries); the shards' manifest entries and rows."""
-    chunks = exchange.read_group(plan.exchange, plan.seed, STAGE, 0, plan.parts)
-    writer = BatchShardWriter(plan.directory, plan.stored, plan.output, name=plan.name)
-    rows = 0
-    for batch in rebatch(chunks, plan.batch_rows, plan.schema, plan.drop_remainder):
-        writer.write(encode_batch(batch.data, plan.output))
-        rows += batch.num_rows
-    return writer.close(), rows
+def _write_shard(shard: _Shard) -> dict | None:
+    """Write one shard with the local writer; its manifest entry, or None if the writer did not close it
+    exactly where planned (a format whose shard size is not the sum of its batches' sizes): then the
+    driver writes every shard in one task instead."""
+    os.makedirs(shard.scratch, exist_ok=True)
+    writer = BatchShardWriter(shard.scratch, shard.batches.stored, shard.batches.output, name=shard.name)
+    for encoded in shard.batches.encoded(shard.start, shard.end):
+        writer.write(encoded)
+    closed_by_writer = len(writer.files) == 1 and "sha256" in writer.files[0]
+    files = writer.close()
+    if len(files) != 1 or not (closed_by_writer or shard.last):
+        return None
+    entry = dict(files[0], path=f"part-{shard.index:05d}{shard.batches.output.suffix}")
+    os.replace(os.path.join(shard.scratch, files[0]["path"]), os.path.join(shard.directory, entry["path"]))
+    return entry
+
+
+def _write_all(job: tuple[_Batches, str, str]) -> list[dict]:
+    """Every shard in one task, in order: the writer run exactly as write_job runs it."""
+    batches, directory, name = job
+    writer = BatchShardWriter(directory, batches.stored, batches.output, name=name)
+    for encoded in batches.encoded(0, batches.count):
+        writer.write(encoded)
+    return writer.close()
+
+
+def write_sorted(batches: _Batches, directory: str, scratch: str, name: str, segments: int,
+                 threads: int) -> list[dict]:
+    """Write a sorted stream's batches as the local writer would, on the engine's workers: measure every
+    batch's encoded size (`segments` tasks), place the shard boundaries as the writer would, write the
+    shards in parallel. Falls back to one task writing them all when the sizes do not add up."""
+    if batches.count:
+        step = -(-batches.count // max(1, segments))
+        runs = [(batches, k, min(k + step, batches.count)) for k in range(0, batches.count, step)]
+        ends = _shard_ends(ordered_map(_measure, runs, threads), batches)
+        shards = [_Shard(batches, i, start, end, i == len(ends) - 1, directory, os.path.join(scratch, f"w{i:06d}"),
+                         name) for i, (start, end) in enumerate(zip([0, *ends[:-1]], ends))]
+        files = list(ordered_map(_write_shard, shards, threads))
+        if all(entry is not None for entry in files):
+            return files
+        for entry in files:
+            if entry is not None:
+                os.remove(os.path.join(directory, entry["path"]))
+    return next(iter(ordered_map(_write_all, [(batches, directory, name)], threads)))
 
 
 def write_exchanged(dataset: Dataset, options: ShuffleOptions, dst: str, output: OutputOptions, run: RunSettings,
                     *, seed: int) -> JobResult:
     """The global shuffle with no row passing through the driver: map tasks on the workers read the input and
-    scatter it to key ranges under DST's temporary directory (batchtool.exchange), then one reduce task reads
-    the ranges in key order and writes the shards there; the driver plans, counts and writes the manifest.
-    The same bytes and statistics as the local spill (same keys, same ranges, same writer)."""
+    scatter it to key ranges under DST's temporary directory (batchtool.exchange), reduce tasks sort each
+    range, and the shards are measured and written there in parallel (write_sorted); the driver plans,
+    counts and writes the manifest. The same bytes and statistics as the local spill: the same keys, key
+    ranges and order, batches cut from the same chunks, the same writer and shard boundaries."""
     started = time.perf_counter()
     report = ReadReport()
     first, units = exchange.probe(exchange.read_units(dataset), Yardstick.of, run.threads)
     info = plan(dataset, options, first)
     casts = output.casts(dataset.schema)
     stored = output.stored_schema(dataset.schema)
+    workers = max(1, getattr(runner.active_engine(), "cpus", run.threads))
+    parts = info["parts"]  # more ranges would sort the same, but cut batches across more chunks: Arrow IPC
+    # output records how a batch's buffers are laid out, so its bytes would change
     with output_directory(dst, output.overwrite, read_paths(dataset)) as tmp:
         directory = os.path.join(tmp, EXCHANGE_DIR)
         with fs.write_errors(f"{dst}: cannot write the output"):
             os.mkdir(directory)
-        job = exchange.MapJob(directory, dataset.schema, (info["parts"],), seed, STAGE,
-                              spill_flush_bytes(options.memory, info["parts"]), dst)
-        rows = int(exchange.scatter(units, job, run.threads, report, "shuffle: spill", dataset.progress_rows,
-                                    run.quiet)[0])
-        shard_plan = _ShardPlan(directory, info["parts"], seed, dataset.schema, info["batch_rows"],
-                                options.drop_remainder, output, stored, tmp, dst)
+        job = exchange.MapJob(directory, dataset.schema, (parts,), seed, STAGE,
+                              spill_flush_bytes(options.memory, parts), dst)
+        part_rows = exchange.scatter(units, job, run.threads, report, "shuffle: spill", dataset.progress_rows,
+                                     run.quiet)[0]
+        rows = int(part_rows.sum())
         with progress.bar("shuffle: write", rows, quiet=run.quiet) as bar:
-            files, rows_out = next(iter(ordered_map(_write_shards, [shard_plan], run.threads)))
+            group = exchange.sort_group(directory, seed, STAGE, 0, part_rows, run.threads)
+            kept = rows - (rows % info["batch_rows"] if options.drop_remainder else 0)
+            batches = _Batches(group, dataset.schema, info["batch_rows"], kept, output, stored)
+            files = write_sorted(batches, tmp, directory, dst, MEASURES_PER_WORKER * workers, run.threads)
             bar.update(rows)
         fs.remove_tree(directory)
         manifest = write_manifest(tmp, command="shuffle", options=manifest_options(options, output), seed=seed,
                                   dataset=dataset, dst=dst, output=output, schema=stored, casts=casts, files=files,
-                                  rows_in=rows_out, rows_out=rows_out,
-                                  stats=lambda: shuffle_stats(info, rows, options), run=run, report=report,
-                                  started=started)
-    return JobResult(manifest, rows_out, rows_out)
+                                  rows_in=kept, rows_out=kept, stats=lambda: shuffle_stats(info, rows, options),
+                                  run=run, report=report, started=started)
+    return JobResult(manifest, kept, kept)
 
 
 class _Counted:
