@@ -114,7 +114,7 @@ def _map(job: MapJob, item: tuple[int, ReadUnit]) -> MapOutput:
                                "files beside DST, so DST must be on storage every node shares")
     own = map_directory(job.directory, index)
     fs.remove_tree(own)
-    os.makedirs(own)
+    os.mkdir(own)  # not makedirs: a task still running after the driver removed the exchange must not recreate it
     report = ReadReport()
     spill = Spill(job.schema, job.parts, job.seed, job.stage, own, job.flush_bytes)
     try:

@@ -6,7 +6,7 @@ import itertools
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -524,7 +524,8 @@ def _write_shard(shard: _Shard) -> dict | None:
     """Write one shard with the local writer; its manifest entry, or None if the writer did not close it
     exactly where planned (a format whose shard size is not the sum of its batches' sizes): then the
     driver writes every shard in one task instead."""
-    os.makedirs(shard.scratch, exist_ok=True)
+    with suppress(FileExistsError):  # (a retried task) not makedirs: see exchange._map
+        os.mkdir(shard.scratch)
     writer = BatchShardWriter(shard.scratch, shard.batches.stored, shard.batches.output, name=shard.name)
     for encoded in shard.batches.encoded(shard.start, shard.end):
         writer.write(encoded)
