@@ -2,7 +2,7 @@
 beside DST, never through the driver, which passes paths and counts only.
 
 A map task reads one unit of input (a Parquet row group, a whole TFRecord file: see read_units) and
-scatters its rows, exactly as the local spill does (batchtool.spill.Spill), to (group, part) files under
+scatters its rows, exactly as the local spill does (batchtool.spill.Spill), to (group, part) files in
 `<exchange>/m<unit number>/`: the part is the range of each row's keyed order key. A reduce task reads
 one (group, part) from every map, in map order, and sorts it by the key (spill.read_part): since the
 rows come in input order and the sort is stable, that is the very order the local spill reads back, so
@@ -17,6 +17,7 @@ import glob
 import itertools
 import os
 import socket
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
@@ -105,23 +106,26 @@ class MapOutput:
 
 
 def _map(job: MapJob, item: tuple[int, ReadUnit]) -> MapOutput:
-    """The map task: unit number `index` scattered to its own directory (emptied first, so a retried task
-    never leaves a second copy of its rows)."""
+    """The map task: unit number `index` scattered to a directory of its own, published as m<index> once
+    complete (replacing what a failed earlier attempt of the task left). Directories are made with mkdir,
+    never makedirs: a task still running after a failed command's cleanup must not recreate its tree."""
     index, unit = item
     if not os.path.isdir(job.directory):
         raise DestinationError(f"{job.name}: the exchange directory {job.directory} is not visible on "
                                f"{socket.gethostname()}: with --engine ray a global reorder writes its temporary "
                                "files beside DST, so DST must be on storage every node shares")
-    own = map_directory(job.directory, index)
-    fs.remove_tree(own)
-    os.mkdir(own)  # not makedirs: a task still running after the driver removed the exchange must not recreate it
+    writing = os.path.join(job.directory, f".m{index:09d}-{uuid.uuid4().hex}")
+    os.mkdir(writing)
     report = ReadReport()
-    spill = Spill(job.schema, job.parts, job.seed, job.stage, own, job.flush_bytes)
+    spill = Spill(job.schema, job.parts, job.seed, job.stage, flush_bytes=job.flush_bytes, directory=writing)
     try:
         for chunk in unit(report):
             groups = np.zeros(chunk.num_rows, dtype=np.int64) if job.groups_of is None else job.groups_of(chunk)
             spill.add(chunk, groups)
         spill.finish()
+        own = map_directory(job.directory, index)
+        fs.remove_tree(own)
+        os.rename(writing, own)
     except BaseException:
         spill.close()
         raise
@@ -149,7 +153,7 @@ def scatter(units: Iterable[ReadUnit], job: MapJob, threads: int, report: ReadRe
 
 def read_range(directory: str, seed: int, stage: str, group: int, part: int) -> Chunk | None:
     """The reduce side: one (group, part) of every map, sorted by the order key (None if empty)."""
-    paths = sorted(glob.glob(os.path.join(glob.escape(directory), "m*", "*", f"g{group:06d}-p{part:06d}-f*.arrow")))
+    paths = sorted(glob.glob(os.path.join(glob.escape(directory), "m*", f"g{group:06d}-p{part:06d}-f*.arrow")))
     return read_part(paths, seed, stage)
 
 
@@ -177,6 +181,10 @@ class SortedGroup:
                 yield Chunk(table.remove_column(last).combine_chunks().to_batches()[0],
                             table.column(last).to_numpy())
             first += rows
+
+    def nbytes(self) -> int:
+        """The sorted files' bytes (uncompressed Arrow): the size of the data before any output encoding."""
+        return sum(os.path.getsize(self.path(p)) for p, rows in enumerate(self.part_rows) if rows)
 
     def first_row(self, start: int) -> int:
         """The first row of the part holding row `start` (where chunks(start) begins)."""

@@ -43,13 +43,15 @@ class Spill:
     """Temporary (group, part) IPC files under `tmp_dir`, removed on close even after a failure."""
 
     def __init__(self, schema: pa.Schema, parts_per_group: Sequence[int], seed: int, stage: str,
-                 tmp_dir: str | None = None, flush_bytes: int = _FLUSH_BYTES) -> None:
+                 tmp_dir: str | None = None, flush_bytes: int = _FLUSH_BYTES, directory: str | None = None) -> None:
+        """`directory`: an existing empty directory to write in (and remove on close) instead of a new one
+        in tmp_dir."""
         self.schema = schema.append(pa.field(ID_COLUMN, pa.uint64()))
         self.flush_bytes = flush_bytes  # bytes one (group, part) buffers before writing; cells x this bounds memory
         self.parts = list(parts_per_group)
         self.seed, self.stage = seed, stage
         self.tmp_dir = tmp_dir
-        self.directory = make_temporary_dir("batchtool-spill-", tmp_dir)
+        self.directory = directory or make_temporary_dir("batchtool-spill-", tmp_dir)
         self._writers: dict[tuple[int, int], pa.ipc.RecordBatchStreamWriter] = {}
         self._buffers: dict[tuple[int, int], list[pa.RecordBatch]] = {}
         self._buffered: dict[tuple[int, int], int] = {}

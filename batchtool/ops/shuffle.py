@@ -36,6 +36,9 @@ PART_SHARE = 4
 BUFFER_COPIES, SLOT_BYTES = 5, 100
 """The buffered shuffle holds its buffer about BUFFER_COPIES times while gathering (the buffer, the pushed rows,
 their concatenation and the new buffer) plus SLOT_BYTES of row numbers per slot."""
+ONE_SHARD_MARGIN = 2
+"""Sorted data (Arrow) this many times smaller than --shard-bytes is planned as one shard without measuring
+its encoded size (verified as it is written, see _write_shard)."""
 MEASURES_PER_WORKER = 2
 """A distributed shuffle measures its batches in this many tasks per worker CPU, so every worker encodes."""
 EXCHANGE_DIR = ".exchange"
@@ -482,7 +485,7 @@ def _measure(job: tuple[_Batches, int, int]) -> tuple[int, list[int]]:
     return opened, added
 
 
-def _shard_ends(sizes: Iterable[tuple[int, list[int]]], batches: _Batches) -> list[int]:
+def _shard_ends(sizes: Iterable[tuple[int, Iterable[int]]], batches: _Batches) -> list[int]:
     """Where BatchShardWriter would close each shard, from the measured sizes: after the batch that reaches
     --shard-rows, --shard-bytes or the format's batches per shard (its _full rule), and at the end."""
     o = batches.output
@@ -550,12 +553,18 @@ def _write_all(job: tuple[_Batches, str, str]) -> list[dict]:
 def write_sorted(batches: _Batches, directory: str, scratch: str, name: str, segments: int,
                  threads: int) -> list[dict]:
     """Write a sorted stream's batches as the local writer would, on the engine's workers: measure every
-    batch's encoded size (`segments` tasks), place the shard boundaries as the writer would, write the
-    shards in parallel. Falls back to one task writing them all when the sizes do not add up."""
+    batch's encoded size (`segments` tasks; not when no --shard-bytes applies, or the data is far smaller),
+    place the shard boundaries as the writer would, write the shards in parallel. Falls back to one task
+    writing them all when a shard task finds the writer would have cut elsewhere."""
     if batches.count:
-        step = -(-batches.count // max(1, segments))
-        runs = [(batches, k, min(k + step, batches.count)) for k in range(0, batches.count, step)]
-        ends = _shard_ends(ordered_map(_measure, runs, threads), batches)
+        output = batches.output
+        if output.shard_bytes is None or batches.rows_in.nbytes() * ONE_SHARD_MARGIN <= output.shard_bytes:
+            sizes: Iterable[tuple[int, Iterable[int]]] = [(0, itertools.repeat(0, batches.count))]
+        else:
+            step = -(-batches.count // max(1, segments))
+            sizes = ordered_map(_measure, [(batches, k, min(k + step, batches.count))
+                                           for k in range(0, batches.count, step)], threads)
+        ends = _shard_ends(sizes, batches)
         shards = [_Shard(batches, i, start, end, i == len(ends) - 1, directory, os.path.join(scratch, f"w{i:06d}"),
                          name) for i, (start, end) in enumerate(zip([0, *ends[:-1]], ends))]
         files = list(ordered_map(_write_shard, shards, threads))
