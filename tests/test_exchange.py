@@ -40,6 +40,8 @@ CASES = {
     "gzip-tfrecord-out": ("tfrecord", ShuffleOptions(batch_size=16),
                           OutputOptions(format="tfrecord", compression="gzip", shard_bytes=20_000)),
     "arrow-out": ("parquet", ShuffleOptions(batch_size=16), OutputOptions(format="arrow", shard_bytes=60_000)),
+    "arrow-out-several-parts": ("parquet", ShuffleOptions(memory=20_000, batch_size=16),
+                                OutputOptions(format="arrow", shard_bytes=60_000)),
 }
 IN_ONE_TASK = {"gzip-tfrecord-out"}
 """Outputs whose shard sizes are not the sum of their batches' (a gzip stream), so the shards are written in
