@@ -10,7 +10,8 @@ import shutil
 import pytest
 
 from batchtool.convert import convert
-from batchtool.errors import InputError
+from batchtool.errors import DestinationError, InputError
+from batchtool.exchange import MapJob, _map, read_units
 from batchtool.job import RunSettings, open_source
 from batchtool.ops import shuffle as shuffle_module
 from batchtool.ops.shuffle import ShuffleOptions, shuffle, write_exchanged
@@ -83,3 +84,15 @@ def test_a_corrupt_input_fails_the_same_and_leaves_nothing(sources, tmp_path):
         shuffle(str(src), str(tmp_path / "dst"), ShuffleOptions(), OutputOptions(), RunSettings(quiet=True))
     assert str(ours.value) == str(local.value)
     assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
+def test_a_worker_that_cannot_see_the_exchange_directory_says_so(sources, tmp_path):
+    """On a cluster whose nodes do not share DST's filesystem, the first map task stops the command."""
+    dataset = open_source(sources["parquet"], str(tmp_path / "dst"), OutputOptions())
+    unit = next(read_units(dataset))
+    job = MapJob(str(tmp_path / "elsewhere"), dataset.schema, (1,), 0, "shuffle", 1 << 16, "out/")
+    with pytest.raises(DestinationError, match=r"^out/: the exchange directory .*elsewhere is not visible on .*: "
+                                               r"with --engine ray a global reorder writes its temporary files "
+                                               r"beside DST, so DST must be on storage every node shares$"):
+        _map(job, (0, unit))
+    assert not os.path.exists(tmp_path / "elsewhere")
