@@ -67,7 +67,8 @@ def _measure_first(measure: Callable[[Chunk], T], unit: ReadUnit) -> T | None:
     return next((measure(chunk) for chunk in unit(ReadReport())), None)
 
 
-def probe(units: Iterator[ReadUnit], measure: Callable[[Chunk], T], threads: int) -> tuple[T | None, Iterator[ReadUnit]]:
+def probe(units: Iterator[ReadUnit], measure: Callable[[Chunk], T],
+          threads: int) -> tuple[T | None, Iterator[ReadUnit]]:
     """`measure` of the first chunk (the yardstick of the first pass), computed on a worker, and the units
     with the ones probed put back."""
     probed: list[ReadUnit] = []

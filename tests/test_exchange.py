@@ -25,8 +25,8 @@ def sources(tmp_path_factory) -> dict[str, str]:
     """400 rows as Parquet (2 shards of 50-row row groups) and as TFRecord (4 files, with a manifest)."""
     root = tmp_path_factory.mktemp("sources")
     parquet = write_parquet_shards(str(root / "parquet"), make_table(400, seed=5))
-    convert(parquet, str(root / "tfrecord"), OutputOptions(format="tfrecord", shard_rows=100, cast=("float64=float32",)),
-            run=RunSettings(quiet=True))
+    convert(parquet, str(root / "tfrecord"),
+            OutputOptions(format="tfrecord", shard_rows=100, cast=("float64=float32",)), run=RunSettings(quiet=True))
     return {"parquet": parquet, "tfrecord": str(root / "tfrecord")}
 
 
