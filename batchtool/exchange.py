@@ -19,6 +19,7 @@ import os
 import socket
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
@@ -32,6 +33,33 @@ from batchtool.runner import ordered_map
 from batchtool.spill import ID_COLUMN, Spill, read_part
 
 T = TypeVar("T")
+
+
+WORKSPACE = ".exchange"
+"""The exchange's directory in DST's temporary directory: beside DST, so on the storage the workers write the
+output to, and never left behind (see workspace)."""
+
+
+@contextmanager
+def workspace(tmp: str, dst: str) -> Iterator[str]:
+    """The exchange directory, made in DST's temporary directory `tmp` and removed when the block ends.
+
+    It is renamed before it is removed: every task creates its files and directories by paths under the
+    old name (and with mkdir, never makedirs), so a task still running after a failure (the local engine
+    does not wait for its threads; a Ray task runs until its job ends) can no longer add anything while
+    the tree is being removed.
+    """
+    directory = os.path.join(tmp, WORKSPACE)
+    with fs.write_errors(f"{dst}: cannot write the output"):
+        os.mkdir(directory)
+    try:
+        yield directory
+    finally:
+        removed = directory + "-removed"
+        with suppress(OSError):
+            os.rename(directory, removed)
+        fs.remove_tree(removed)
+        fs.remove_tree(directory)
 
 
 class ReadUnit(Protocol):

@@ -36,14 +36,12 @@ PART_SHARE = 4
 BUFFER_COPIES, SLOT_BYTES = 5, 100
 """The buffered shuffle holds its buffer about BUFFER_COPIES times while gathering (the buffer, the pushed rows,
 their concatenation and the new buffer) plus SLOT_BYTES of row numbers per slot."""
-ONE_SHARD_MARGIN = 2
+ONE_SHARD_MARGIN = 1
 """Sorted data (Arrow) this many times smaller than --shard-bytes is planned as one shard without measuring
-its encoded size (verified as it is written, see _write_shard)."""
+its encoded size: encoding rarely makes data larger, and the shard task stops at once if the writer cuts
+it earlier (see _write_shard), which then costs one shard's encoding."""
 MEASURES_PER_WORKER = 2
 """A distributed shuffle measures its batches in this many tasks per worker CPU, so every worker encodes."""
-EXCHANGE_DIR = ".exchange"
-"""Where a distributed shuffle's map tasks write, inside DST's temporary directory: beside DST, so on the
-storage the workers write the output to, and removed with it if the command fails."""
 TFRECORD_EXPANSION = {False: 4.0, True: 16.0}
 """Assumed Arrow bytes per TFRecord file byte (uncompressed, gzip) when the row count is unknown.
 
@@ -530,24 +528,31 @@ def _write_shard(shard: _Shard) -> dict | None:
     with suppress(FileExistsError):  # (a retried task) not makedirs: see exchange._map
         os.mkdir(shard.scratch)
     writer = BatchShardWriter(shard.scratch, shard.batches.stored, shard.batches.output, name=shard.name)
-    for encoded in shard.batches.encoded(shard.start, shard.end):
+    for written, encoded in enumerate(shard.batches.encoded(shard.start, shard.end), 1):
         writer.write(encoded)
-    closed_by_writer = len(writer.files) == 1 and "sha256" in writer.files[0]
+        if "sha256" in writer.files[0] and written < shard.end - shard.start:  # cut before the planned end
+            return None
+    closed_by_writer = "sha256" in writer.files[0]
     files = writer.close()
-    if len(files) != 1 or not (closed_by_writer or shard.last):
+    if not (closed_by_writer or shard.last):
         return None
     entry = dict(files[0], path=f"part-{shard.index:05d}{shard.batches.output.suffix}")
     os.replace(os.path.join(shard.scratch, files[0]["path"]), os.path.join(shard.directory, entry["path"]))
     return entry
 
 
-def _write_all(job: tuple[_Batches, str, str]) -> list[dict]:
-    """Every shard in one task, in order: the writer run exactly as write_job runs it."""
-    batches, directory, name = job
-    writer = BatchShardWriter(directory, batches.stored, batches.output, name=name)
+def _write_all(job: tuple[_Batches, str, str, str]) -> list[dict]:
+    """Every shard in one task, in order: the writer run exactly as write_job runs it (in the scratch
+    directory, then moved, so nothing is written in DST's temporary directory once the exchange is gone)."""
+    batches, directory, scratch, name = job
+    os.mkdir(scratch)
+    writer = BatchShardWriter(scratch, batches.stored, batches.output, name=name)
     for encoded in batches.encoded(0, batches.count):
         writer.write(encoded)
-    return writer.close()
+    files = writer.close()
+    for entry in files:
+        os.replace(os.path.join(scratch, entry["path"]), os.path.join(directory, entry["path"]))
+    return files
 
 
 def write_sorted(batches: _Batches, directory: str, scratch: str, name: str, segments: int,
@@ -573,7 +578,7 @@ def write_sorted(batches: _Batches, directory: str, scratch: str, name: str, seg
         for entry in files:
             if entry is not None:
                 os.remove(os.path.join(directory, entry["path"]))
-    return next(iter(ordered_map(_write_all, [(batches, directory, name)], threads)))
+    return next(iter(ordered_map(_write_all, [(batches, directory, os.path.join(scratch, "all"), name)], threads)))
 
 
 def write_exchanged(dataset: Dataset, options: ShuffleOptions, dst: str, output: OutputOptions, run: RunSettings,
@@ -593,21 +598,18 @@ def write_exchanged(dataset: Dataset, options: ShuffleOptions, dst: str, output:
     parts = info["parts"]  # more ranges would sort the same, but cut batches across more chunks: Arrow IPC
     # output records how a batch's buffers are laid out, so its bytes would change
     with output_directory(dst, output.overwrite, read_paths(dataset)) as tmp:
-        directory = os.path.join(tmp, EXCHANGE_DIR)
-        with fs.write_errors(f"{dst}: cannot write the output"):
-            os.mkdir(directory)
-        job = exchange.MapJob(directory, dataset.schema, (parts,), seed, STAGE,
-                              spill_flush_bytes(options.memory, parts), dst)
-        part_rows = exchange.scatter(units, job, run.threads, report, "shuffle: spill", dataset.progress_rows,
-                                     run.quiet)[0]
-        rows = int(part_rows.sum())
-        with progress.bar("shuffle: write", rows, quiet=run.quiet) as bar:
-            group = exchange.sort_group(directory, seed, STAGE, 0, part_rows, run.threads)
-            kept = rows - (rows % info["batch_rows"] if options.drop_remainder else 0)
-            batches = _Batches(group, dataset.schema, info["batch_rows"], kept, output, stored)
-            files = write_sorted(batches, tmp, directory, dst, MEASURES_PER_WORKER * workers, run.threads)
-            bar.update(rows)
-        fs.remove_tree(directory)
+        with exchange.workspace(tmp, dst) as directory:
+            job = exchange.MapJob(directory, dataset.schema, (parts,), seed, STAGE,
+                                  spill_flush_bytes(options.memory, parts), dst)
+            part_rows = exchange.scatter(units, job, run.threads, report, "shuffle: spill", dataset.progress_rows,
+                                         run.quiet)[0]
+            rows = int(part_rows.sum())
+            with progress.bar("shuffle: write", rows, quiet=run.quiet) as bar:
+                group = exchange.sort_group(directory, seed, STAGE, 0, part_rows, run.threads)
+                kept = rows - (rows % info["batch_rows"] if options.drop_remainder else 0)
+                batches = _Batches(group, dataset.schema, info["batch_rows"], kept, output, stored)
+                files = write_sorted(batches, tmp, directory, dst, MEASURES_PER_WORKER * workers, run.threads)
+                bar.update(rows)
         manifest = write_manifest(tmp, command="shuffle", options=manifest_options(options, output), seed=seed,
                                   dataset=dataset, dst=dst, output=output, schema=stored, casts=casts, files=files,
                                   rows_in=kept, rows_out=kept, stats=lambda: shuffle_stats(info, rows, options),
