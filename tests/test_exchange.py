@@ -86,6 +86,21 @@ def test_a_corrupt_input_fails_the_same_and_leaves_nothing(sources, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["src"]
 
 
+def test_skipped_corrupt_records_are_counted_as_locally(sources, tmp_path):
+    """--skip-corrupt: the map tasks frame the records, and what they skip reaches the manifest in order."""
+    src = tmp_path / "src"
+    shutil.copytree(sources["tfrecord"], src)
+    raw = bytearray((src / "part-00002.tfrecord").read_bytes())
+    raw[200] ^= 0xFF
+    (src / "part-00002.tfrecord").write_bytes(bytes(raw))
+    options, output = ShuffleOptions(batch_size=16), OutputOptions()
+    local = shuffle(str(src), str(tmp_path / "local"), options, output, RunSettings(quiet=True), skip_corrupt=True)
+    dataset = open_source(str(src), str(tmp_path / "ours"), output, skip_corrupt=True)
+    ours = write_exchanged(dataset, options, str(tmp_path / "ours"), output, RunSettings(threads=2, quiet=True), seed=0)
+    assert data_bytes(str(tmp_path / "ours")) == data_bytes(str(tmp_path / "local"))
+    assert ours.manifest["stats"] == local.manifest["stats"] and local.manifest["stats"]["corrupt_records_skipped"] == 1
+
+
 def test_a_worker_that_cannot_see_the_exchange_directory_says_so(sources, tmp_path):
     """On a cluster whose nodes do not share DST's filesystem, the first map task stops the command."""
     dataset = open_source(sources["parquet"], str(tmp_path / "dst"), OutputOptions())

@@ -290,6 +290,26 @@ def test_global_shuffle_sends_no_data_through_the_driver(fmt, src, tmp_path, ray
     assert (moved["bytes_sent"] + moved["bytes_received"]) / moved["items"] < 2048, moved  # paths, schemas, counts
 
 
+@RAY
+def test_global_shuffle_failing_on_a_worker_leaves_nothing(src, tmp_path, run_cli, ray_cluster):
+    """A corrupt record met by a map task: one error line naming it, exit 2, no DST and no temporary files."""
+    tfr = tmp_path / "tfr"
+    convert(src, str(tfr), OutputOptions(format="tfrecord", shard_rows=100, cast=("float64=float32",)),
+            run=RunSettings(quiet=True))
+    raw = bytearray((tfr / "part-00001.tfrecord").read_bytes())
+    raw[200] ^= 0xFF
+    (tfr / "part-00001.tfrecord").write_bytes(bytes(raw))
+    out = tmp_path / "out"
+    out.mkdir()
+    errors = {}
+    for engine in ("local", "ray"):
+        result = run_cli("shuffle", tfr, out / engine, "-q", "--engine", engine)
+        assert result.exit_code == 2 and result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+        errors[engine] = result.stderr
+    assert errors["ray"] == errors["local"] and "part-00001.tfrecord" in errors["ray"]
+    assert os.listdir(out) == []
+
+
 PIPELINE = """seed = 5
 memory = "64KB"
 
