@@ -75,20 +75,32 @@ def write_job(*, command: str, options: dict[str, Any], seed: int | None, datase
                 rows_in += consumed
                 bar.update(consumed)
         files = writer.close()
-        job_stats = stats()
-        if report is not None:
-            job_stats.update(report.stats())
-        manifest = manifest_mod.build(
-            command=command, options=options, seed=seed, dataset=dataset, output=output, schema=schema,
-            files=files, stats={"rows_in": rows_in, "rows_out": rows_out, **job_stats},
-            run={"threads": run.threads, "engine": run.engine, **engine_summary(),
-                 "wall_seconds": round(time.perf_counter() - started, 3),
-                 "peak_rss_bytes": manifest_mod.peak_rss_bytes()})
-        if casts:
-            manifest["output"]["cast"] = casts
-        with fs.write_errors(f"{dst}: cannot write the output"):
-            manifest_mod.write(tmp, manifest)
+        manifest = write_manifest(tmp, command=command, options=options, seed=seed, dataset=dataset, dst=dst,
+                                  output=output, schema=schema, casts=casts, files=files, rows_in=rows_in,
+                                  rows_out=rows_out, stats=stats, run=run, report=report, started=started)
     return JobResult(manifest, rows_in, rows_out)
+
+
+def write_manifest(tmp: str, *, command: str, options: dict[str, Any], seed: int | None, dataset: Dataset,
+                   dst: str, output: OutputOptions, schema: pa.Schema, casts: dict[str, str], files: list[dict],
+                   rows_in: int, rows_out: int, stats: Callable[[], dict[str, Any]], run: RunSettings,
+                   report: ReadReport | None, started: float) -> dict[str, Any]:
+    """The manifest of a finished output in `tmp` (files written, by write_job here or by workers,
+    see batchtool.exchange), written there; returns it."""
+    job_stats = stats()
+    if report is not None:
+        job_stats.update(report.stats())
+    manifest = manifest_mod.build(
+        command=command, options=options, seed=seed, dataset=dataset, output=output, schema=schema,
+        files=files, stats={"rows_in": rows_in, "rows_out": rows_out, **job_stats},
+        run={"threads": run.threads, "engine": run.engine, **engine_summary(),
+             "wall_seconds": round(time.perf_counter() - started, 3),
+             "peak_rss_bytes": manifest_mod.peak_rss_bytes()})
+    if casts:
+        manifest["output"]["cast"] = casts
+    with fs.write_errors(f"{dst}: cannot write the output"):
+        manifest_mod.write(tmp, manifest)
+    return manifest
 
 
 def read_paths(dataset: Dataset) -> list[str]:

@@ -43,17 +43,21 @@ class Spill:
     """Temporary (group, part) IPC files under `tmp_dir`, removed on close even after a failure."""
 
     def __init__(self, schema: pa.Schema, parts_per_group: Sequence[int], seed: int, stage: str,
-                 tmp_dir: str | None = None, flush_bytes: int = _FLUSH_BYTES) -> None:
+                 tmp_dir: str | None = None, flush_bytes: int = _FLUSH_BYTES, directory: str | None = None) -> None:
+        """`directory`: an existing empty directory to write in (and remove on close) instead of a new one
+        in tmp_dir."""
         self.schema = schema.append(pa.field(ID_COLUMN, pa.uint64()))
         self.flush_bytes = flush_bytes  # bytes one (group, part) buffers before writing; cells x this bounds memory
         self.parts = list(parts_per_group)
         self.seed, self.stage = seed, stage
         self.tmp_dir = tmp_dir
-        self.directory = make_temporary_dir("batchtool-spill-", tmp_dir)
+        self.directory = directory or make_temporary_dir("batchtool-spill-", tmp_dir)
         self._writers: dict[tuple[int, int], pa.ipc.RecordBatchStreamWriter] = {}
         self._buffers: dict[tuple[int, int], list[pa.RecordBatch]] = {}
         self._buffered: dict[tuple[int, int], int] = {}
         self.rows = np.zeros(len(self.parts), dtype=np.int64)
+        self.part_rows: dict[tuple[int, int], int] = {}
+        """Rows per (group, part) cell."""
         self._files: dict[tuple[int, int], int] = {}  # files written per (group, part), read back in order
 
     def __enter__(self) -> Spill:
@@ -98,6 +102,7 @@ class Spill:
             self._buffers.setdefault(key, []).append(piece)
             self._buffered[key] = self._buffered.get(key, 0) + piece.nbytes
             self.rows[key[0]] += e - s
+            self.part_rows[key] = self.part_rows.get(key, 0) + int(e - s)
             if self._buffered[key] >= self.flush_bytes:
                 self._flush(key)
 
@@ -126,24 +131,37 @@ class Spill:
                 writer.close()
         self._writers.clear()
 
+    def paths(self, group: int, part: int) -> list[str]:
+        """The files holding a (group, part) cell, in the order its rows were added (after finish)."""
+        return [self._path(group, part, f) for f in range(self._files.get((group, part), 0))]
+
     def read_group(self, group: int, ordered: bool = True) -> Iterator[Chunk]:
         """The group's rows, one part at a time: sorted by the order key (the stage's keyed random
         permutation), or with ordered=False in the order they were added (a group of one part)."""
         for part in range(self.parts[group]):
-            files = range(self._files.get((group, part), 0))
-            if not files:
-                continue
-            table = pa.concat_tables([_read(self._path(group, part, f)) for f in files])
-            if table.num_rows == 0:
-                continue
-            last = table.num_columns - 1  # the ids (by position: a user column may share their name)
-            ids = table.column(last).to_numpy()
-            if ordered:
-                order = np.argsort(rng.permutation_keys(self.seed, self.stage, ids), kind="stable")
-                table = table.take(pa.array(order))
-                ids = ids[order]
-            data = table.remove_column(last).combine_chunks()
-            yield Chunk(data.to_batches()[0] if data.num_rows else data, np.ascontiguousarray(ids))
+            chunk = read_part(self.paths(group, part), self.seed, self.stage, ordered)
+            if chunk is not None:
+                yield chunk
+
+
+def read_part(paths: Sequence[str], seed: int, stage: str, ordered: bool = True) -> Chunk | None:
+    """The rows of one part's spill files (read in the order given, which is the order the rows were added),
+    sorted by their keyed order key unless `ordered` is False; None if they hold no rows. The sort is stable,
+    so files of several spills given in input order (the map outputs of batchtool.exchange) read back
+    exactly as one spill of the same rows would."""
+    if not paths:
+        return None
+    table = pa.concat_tables([_read(path) for path in paths])
+    if table.num_rows == 0:
+        return None
+    last = table.num_columns - 1  # the ids (by position: a user column may share their name)
+    ids = table.column(last).to_numpy()
+    if ordered:
+        order = np.argsort(rng.permutation_keys(seed, stage, ids), kind="stable")
+        table = table.take(pa.array(order))
+        ids = ids[order]
+    data = table.remove_column(last).combine_chunks()
+    return Chunk(data.to_batches()[0] if data.num_rows else data, np.ascontiguousarray(ids))
 
 
 def make_temporary_dir(prefix: str, tmp_dir: str | None) -> str:
@@ -190,5 +208,5 @@ def interleave(streams: Sequence[Iterator[T]], counts: Sequence[int], seed: int,
         yield pick, next(streams[pick])
 
 
-__all__ = ["ID_COLUMN", "Spill", "interleave", "key_range", "make_temporary_dir", "parts_for",
+__all__ = ["ID_COLUMN", "Spill", "interleave", "key_range", "make_temporary_dir", "parts_for", "read_part",
            "temporary_write_errors"]

@@ -26,7 +26,7 @@ from batchtool.job import RunSettings
 from batchtool.ops.bucket import bucket
 from batchtool.ops.resample import resample
 from batchtool.ops.segment import segment
-from batchtool.ops.shuffle import shuffle
+from batchtool.ops.shuffle import ShuffleOptions, shuffle
 from batchtool.ops.stratify import LabelError, StratifyOptions, stratify
 from batchtool.output import OutputOptions
 from batchtool.synthetic import make_table
@@ -238,6 +238,60 @@ def test_same_output_as_local(name, src, tmp_path, run_cli, remote_maps):
     local, ray = run_both(run_cli, COMMANDS[name], src, tmp_path)
     assert remote_maps, "the work did not run on Ray"
     assert local["stats"] == ray["stats"] and local["output"] == ray["output"]
+
+
+@RAY
+@pytest.mark.parametrize("fmt", ["parquet", "tfrecord"])
+def test_global_shuffle_sends_no_data_through_the_driver(fmt, src, tmp_path, ray_cluster, monkeypatch):
+    """Map tasks scatter to files beside DST, the reduce task writes the shards: the same bytes (several shards,
+    several key ranges) and statistics as the local engine, while everything the driver sent to or received
+    from the workers was small metadata, with no Arrow data (out-of-band buffers) at all."""
+    if fmt == "tfrecord":
+        tfr = str(tmp_path / "tfr")
+        convert(src, tfr, OutputOptions(format="tfrecord", shard_rows=100, cast=("float64=float32",)),
+                run=RunSettings(quiet=True))
+        src = tfr
+    out_of_band: list[int] = []
+    for name in ("_pack", "_unpack"):
+        original = getattr(ray_engine, name)
+
+        def counted(obj, original=original):
+            packed = obj if isinstance(obj, ray_engine._Packed) else None
+            result = original(obj)
+            out_of_band.append(len((packed or result).buffers))
+            return result
+
+        monkeypatch.setattr(ray_engine, name, counted)
+    options, output = ShuffleOptions(memory=20_000, batch_size=32), OutputOptions(shard_bytes=20_000)
+    ray = shuffle(src, str(tmp_path / "ray"), options, output, RunSettings(threads=2, quiet=True, engine="ray"), seed=4)
+    local = shuffle(src, str(tmp_path / "local"), options, output, RunSettings(threads=2, quiet=True), seed=4)
+    written = data_bytes(str(tmp_path / "local"))
+    assert data_bytes(str(tmp_path / "ray")) == written and len(written) > 1
+    assert ray.manifest["stats"] == local.manifest["stats"] and local.manifest["stats"]["parts"] > 1
+    moved = ray.manifest["run"]["ray"]
+    assert moved["tasks"] > 2 and moved["local_items"] == 0
+    assert out_of_band and not any(out_of_band)
+    assert (moved["bytes_sent"] + moved["bytes_received"]) / moved["items"] < 2048, moved  # paths, schemas, counts
+
+
+@RAY
+def test_global_shuffle_failing_on_a_worker_leaves_nothing(src, tmp_path, run_cli, ray_cluster):
+    """A corrupt record met by a map task: one error line naming it, exit 2, no DST and no temporary files."""
+    tfr = tmp_path / "tfr"
+    convert(src, str(tfr), OutputOptions(format="tfrecord", shard_rows=100, cast=("float64=float32",)),
+            run=RunSettings(quiet=True))
+    raw = bytearray((tfr / "part-00001.tfrecord").read_bytes())
+    raw[200] ^= 0xFF
+    (tfr / "part-00001.tfrecord").write_bytes(bytes(raw))
+    out = tmp_path / "out"
+    out.mkdir()
+    errors = {}
+    for engine in ("local", "ray"):
+        result = run_cli("shuffle", tfr, out / engine, "-q", "--engine", engine)
+        assert result.exit_code == 2 and result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+        errors[engine] = result.stderr
+    assert errors["ray"] == errors["local"] and "part-00001.tfrecord" in errors["ray"]
+    assert os.listdir(out) == []
 
 
 PIPELINE = """seed = 5

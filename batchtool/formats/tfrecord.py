@@ -646,6 +646,29 @@ class _Task:
         return Chunk(batch, rng.example_ids(self.shard.index, self.first_record, batch.num_rows))
 
 
+@dataclass(frozen=True)
+class FileTask:
+    """One whole file, framed, CRC-checked and decoded by whoever runs it: a worker of a distributed pass
+    (batchtool.exchange), so the records never pass through the driver."""
+
+    shard: Shard
+    schema: pa.Schema
+    kind: str
+    skip_corrupt: bool
+    max_record_bytes: int
+
+    def tasks(self, report: ReadReport) -> Iterator[_Task]:
+        """The file's decode tasks, in order; what is skipped (skip_corrupt) goes to `report`."""
+        for first, payloads in iter_record_chunks(
+                self.shard.path, CHUNK_RECORDS, chunk_bytes=CHUNK_BYTES, skip_corrupt=self.skip_corrupt,
+                on_corrupt=report.record, max_record_bytes=self.max_record_bytes):
+            yield _Task(self.shard, first, payloads, self.schema, self.kind)
+
+    def __call__(self, report: ReadReport) -> Iterator[Chunk]:
+        for task in self.tasks(report):
+            yield task()
+
+
 def _scan_schema(src: str, shards: tuple[Shard, ...], kind: str, skip_corrupt: bool,
                  max_record_bytes: int) -> tuple[pa.Schema, str]:
     """The schema of every feature of every record: one pass over names, kinds and counts, not values.
@@ -876,9 +899,12 @@ class TFRecordFormat(Format):
         return rows, batches if batch_schema is not None else None, problem
 
     def tasks(self, dataset: Dataset, columns: list[str] | None, report: ReadReport) -> Iterator[_Task]:
+        for file in self.file_tasks(dataset, columns):
+            yield from file.tasks(report)
+
+    def file_tasks(self, dataset: Dataset, columns: list[str] | None) -> Iterator[FileTask]:
+        """One task per file, which frames its records where it runs (see batchtool.exchange.read_units)."""
         schema = dataset.projected_schema(columns)
         for shard in dataset.shards:
-            for first, payloads in iter_record_chunks(
-                    shard.path, CHUNK_RECORDS, chunk_bytes=CHUNK_BYTES, skip_corrupt=dataset.skip_corrupt,
-                    on_corrupt=report.record, max_record_bytes=dataset.max_record_bytes):
-                yield _Task(shard, first, payloads, schema, dataset.tfrecord_kind or "auto")
+            yield FileTask(shard, schema, dataset.tfrecord_kind or "auto", dataset.skip_corrupt,
+                           dataset.max_record_bytes)

@@ -1,0 +1,251 @@
+"""Global reorders as map-reduce on the engine's workers: the data goes from input to output through files
+beside DST, never through the driver, which passes paths and counts only.
+
+A map task reads one unit of input (a Parquet row group, a whole TFRecord file: see read_units) and
+scatters its rows, exactly as the local spill does (batchtool.spill.Spill), to (group, part) files in
+`<exchange>/m<unit number>/`: the part is the range of each row's keyed order key. A reduce task reads
+one (group, part) from every map, in map order, and sorts it by the key (spill.read_part): since the
+rows come in input order and the sort is stable, that is the very order the local spill reads back, so
+the output bytes are the same on any engine. The exchange directory must be on storage every worker
+shares (the local engine's threads trivially do).
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import itertools
+import os
+import socket
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
+
+import numpy as np
+import pyarrow as pa
+
+from batchtool import fs, progress
+from batchtool.dataset import Chunk, Dataset, ReadReport
+from batchtool.errors import DestinationError
+from batchtool.runner import ordered_map
+from batchtool.spill import ID_COLUMN, Spill, read_part
+
+T = TypeVar("T")
+
+
+WORKSPACE = ".exchange"
+"""The exchange's directory in DST's temporary directory: beside DST, so on the storage the workers write the
+output to, and never left behind (see workspace)."""
+
+
+@contextmanager
+def workspace(tmp: str, dst: str) -> Iterator[str]:
+    """The exchange directory, made in DST's temporary directory `tmp` and removed when the block ends.
+
+    It is renamed before it is removed: every task creates its files and directories by paths under the
+    old name (and with mkdir, never makedirs), so a task still running after a failure (the local engine
+    does not wait for its threads; a Ray task runs until its job ends) can no longer add anything while
+    the tree is being removed.
+    """
+    directory = os.path.join(tmp, WORKSPACE)
+    with fs.write_errors(f"{dst}: cannot write the output"):
+        os.mkdir(directory)
+    try:
+        yield directory
+    finally:
+        removed = directory + "-removed"
+        with suppress(OSError):
+            os.rename(directory, removed)
+        fs.remove_tree(removed)
+        fs.remove_tree(directory)
+
+
+class ReadUnit(Protocol):
+    """Input a worker reads whole: its chunks, in order; what it skips (--skip-corrupt) goes to `report`."""
+
+    def __call__(self, report: ReadReport) -> Iterator[Chunk]: ...
+
+
+@dataclass(frozen=True)
+class _OneChunk:
+    """A read task that is already worker-sized (a Parquet row group, an Arrow record batch) as a unit."""
+
+    task: Callable[[], Chunk]
+
+    def __call__(self, report: ReadReport) -> Iterator[Chunk]:
+        yield self.task()
+
+
+def read_units(dataset: Dataset, columns: Sequence[str] | None = None) -> Iterator[ReadUnit]:
+    """The dataset's input as units for workers, in order: a format that frames its records sequentially
+    (TFRecord: `file_tasks`) gives one unit per file, so the framing runs on a worker too; other formats'
+    read tasks are units as they are."""
+    cols = dataset.check_columns(columns)
+    file_tasks = getattr(dataset.spec, "file_tasks", None)
+    if file_tasks is not None:
+        yield from file_tasks(dataset, cols)
+        return
+    for task in dataset.tasks(cols):
+        yield _OneChunk(task)
+
+
+def _measure_first(measure: Callable[[Chunk], T], unit: ReadUnit) -> T | None:
+    return next((measure(chunk) for chunk in unit(ReadReport())), None)
+
+
+def probe(units: Iterator[ReadUnit], measure: Callable[[Chunk], T],
+          threads: int) -> tuple[T | None, Iterator[ReadUnit]]:
+    """`measure` of the first chunk (the yardstick of the first pass), computed on a worker, and the units
+    with the ones probed put back."""
+    probed: list[ReadUnit] = []
+    for unit in units:
+        probed.append(unit)
+        found = next(iter(ordered_map(functools.partial(_measure_first, measure), [unit], threads)))
+        if found is not None:
+            return found, itertools.chain(probed, units)
+    return None, iter(probed)
+
+
+@dataclass(frozen=True)
+class MapJob:
+    """What every map task of one exchange shares."""
+
+    directory: str
+    schema: pa.Schema
+    parts: tuple[int, ...]
+    """Parts (key ranges) of each group."""
+    seed: int
+    stage: str
+    flush_bytes: int
+    name: str
+    """DST, for errors."""
+    groups_of: Callable[[Chunk], np.ndarray] | None = None
+    """Each row's group (a bucket, a class); None: one group."""
+
+
+@dataclass
+class MapOutput:
+    """What a map task returns to the driver: counts, never rows."""
+
+    rows: tuple[tuple[int, ...], ...]
+    """Rows per part of each group (plain ints: nothing of a map's result travels as an out-of-band buffer)."""
+    report: ReadReport = field(default_factory=ReadReport)
+
+
+def _map(job: MapJob, item: tuple[int, ReadUnit]) -> MapOutput:
+    """The map task: unit number `index` scattered to a directory of its own, published as m<index> once
+    complete (replacing what a failed earlier attempt of the task left). Directories are made with mkdir,
+    never makedirs: a task still running after a failed command's cleanup must not recreate its tree."""
+    index, unit = item
+    if not os.path.isdir(job.directory):
+        raise DestinationError(f"{job.name}: the exchange directory {job.directory} is not visible on "
+                               f"{socket.gethostname()}: with --engine ray a global reorder writes its temporary "
+                               "files beside DST, so DST must be on storage every node shares")
+    writing = os.path.join(job.directory, f".m{index:09d}-{uuid.uuid4().hex}")
+    os.mkdir(writing)
+    report = ReadReport()
+    spill = Spill(job.schema, job.parts, job.seed, job.stage, flush_bytes=job.flush_bytes, directory=writing)
+    try:
+        for chunk in unit(report):
+            groups = np.zeros(chunk.num_rows, dtype=np.int64) if job.groups_of is None else job.groups_of(chunk)
+            spill.add(chunk, groups)
+        spill.finish()
+        own = map_directory(job.directory, index)
+        fs.remove_tree(own)
+        os.rename(writing, own)
+    except BaseException:
+        spill.close()
+        raise
+    return MapOutput(tuple(tuple(spill.part_rows.get((g, p), 0) for p in range(parts))
+                           for g, parts in enumerate(job.parts)), report)
+
+
+def map_directory(directory: str, index: int) -> str:
+    return os.path.join(directory, f"m{index:09d}")
+
+
+def scatter(units: Iterable[ReadUnit], job: MapJob, threads: int, report: ReadReport, desc: str,
+            total: int | None, quiet: bool) -> list[np.ndarray]:
+    """Run the map tasks on the engine; the rows in each part of each group (what they skipped goes to
+    `report`, in input order)."""
+    rows = [np.zeros(parts, dtype=np.int64) for parts in job.parts]
+    with progress.bar(desc, total, quiet=quiet) as bar:
+        for out in ordered_map(functools.partial(_map, job), enumerate(units), threads):
+            for group, counts in zip(rows, out.rows):
+                group += np.asarray(counts, dtype=np.int64)
+            report.merge(out.report)
+            bar.update(sum(map(sum, out.rows)))
+    return rows
+
+
+def read_range(directory: str, seed: int, stage: str, group: int, part: int) -> Chunk | None:
+    """The reduce side: one (group, part) of every map, sorted by the order key (None if empty)."""
+    paths = sorted(glob.glob(os.path.join(glob.escape(directory), "m*", f"g{group:06d}-p{part:06d}-f*.arrow")))
+    return read_part(paths, seed, stage)
+
+
+@dataclass(frozen=True)
+class SortedGroup:
+    """A group's rows in key order, as one uncompressed Arrow IPC file per part (sort_group wrote them), so any
+    worker reads any run of rows by memory map, without sorting again."""
+
+    directory: str
+    group: int
+    part_rows: tuple[int, ...]
+
+    def path(self, part: int) -> str:
+        return os.path.join(self.directory, "sorted", f"g{self.group:06d}-p{part:06d}.arrow")
+
+    def chunks(self, start: int = 0) -> Iterator[Chunk]:
+        """The parts' chunks from the one holding row `start` on (as Spill.read_group yields them, so slicing
+        them as a local run does gives batches laid out the same); the caller skips start - first_row(...)."""
+        first = 0
+        for part, rows in enumerate(self.part_rows):
+            if rows and first + rows > start:
+                with pa.memory_map(self.path(part)) as source:
+                    table = pa.ipc.open_file(source).read_all()
+                last = table.num_columns - 1
+                yield Chunk(table.remove_column(last).combine_chunks().to_batches()[0],
+                            table.column(last).to_numpy())
+            first += rows
+
+    def nbytes(self) -> int:
+        """The sorted files' bytes (uncompressed Arrow): the size of the data before any output encoding."""
+        return sum(os.path.getsize(self.path(p)) for p, rows in enumerate(self.part_rows) if rows)
+
+    def first_row(self, start: int) -> int:
+        """The first row of the part holding row `start` (where chunks(start) begins)."""
+        first = 0
+        for rows in self.part_rows:
+            if rows and first + rows > start:
+                return first
+            first += rows
+        return first
+
+
+def _sort_part(job: tuple[str, int, str, int, int, str]) -> None:
+    """The reduce task of one key range: read it from every map, sort it, write it for SortedGroup."""
+    directory, seed, stage, group, part, path = job
+    chunk = read_range(directory, seed, stage, group, part)
+    if chunk is None:
+        return
+    data = chunk.data.append_column(ID_COLUMN, pa.array(chunk.ids, pa.uint64()))
+    with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, data.schema) as writer:
+        writer.write_batch(data)
+
+
+def sort_group(directory: str, seed: int, stage: str, group: int, part_rows: Sequence[int],
+               threads: int) -> SortedGroup:
+    """Sort every key range of a group on the engine's workers, one task per range."""
+    out = SortedGroup(directory, group, tuple(int(n) for n in part_rows))
+    os.makedirs(os.path.dirname(out.path(0)), exist_ok=True)
+    jobs = [(directory, seed, stage, group, part, out.path(part)) for part in range(len(out.part_rows))]
+    for _ in ordered_map(_sort_part, jobs, threads):
+        pass
+    return out
+
+
+__all__ = ["MapJob", "MapOutput", "ReadUnit", "SortedGroup", "map_directory", "probe", "read_range", "read_units",
+           "scatter", "sort_group"]

@@ -1,0 +1,113 @@
+"""The distributed global shuffle (batchtool.exchange, shuffle.write_exchanged) run on local threads: the same
+bytes and statistics as the local spill, for Parquet and TFRecord input, several shards and a dropped
+remainder; a failure leaves DST and no temporary files behind. (On Ray: tests/test_ray.py.)"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from batchtool.convert import convert
+from batchtool.errors import DestinationError, InputError
+from batchtool.exchange import MapJob, _map, read_units
+from batchtool.job import RunSettings, open_source
+from batchtool.ops import shuffle as shuffle_module
+from batchtool.ops.shuffle import ShuffleOptions, shuffle, write_exchanged
+from batchtool.output import OutputOptions
+from batchtool.synthetic import make_table
+from conftest import data_bytes, write_parquet_shards
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> dict[str, str]:
+    """400 rows as Parquet (2 shards of 50-row row groups) and as TFRecord (4 files, with a manifest)."""
+    root = tmp_path_factory.mktemp("sources")
+    parquet = write_parquet_shards(str(root / "parquet"), make_table(400, seed=5))
+    convert(parquet, str(root / "tfrecord"),
+            OutputOptions(format="tfrecord", shard_rows=100, cast=("float64=float32",)), run=RunSettings(quiet=True))
+    return {"parquet": parquet, "tfrecord": str(root / "tfrecord")}
+
+
+CASES = {
+    "parquet-several-parts-and-shards": ("parquet", ShuffleOptions(memory=20_000, batch_size=32),
+                                         OutputOptions(shard_bytes=30_000)),
+    "tfrecord-default-batches": ("tfrecord", ShuffleOptions(memory=1 << 20), OutputOptions(shard_rows=150)),
+    "tfrecord-out-drop-remainder": ("parquet", ShuffleOptions(memory=50_000, batch_size=7, drop_remainder=True),
+                                    OutputOptions(format="tfrecord", shard_rows=100, cast=("float64=float32",))),
+    "tfrecord-out-by-bytes": ("parquet", ShuffleOptions(batch_size=16),
+                              OutputOptions(format="tfrecord", shard_bytes=40_000, cast=("float64=float32",))),
+    "gzip-tfrecord-out": ("tfrecord", ShuffleOptions(batch_size=16),
+                          OutputOptions(format="tfrecord", compression="gzip", shard_bytes=20_000)),
+    "arrow-out": ("parquet", ShuffleOptions(batch_size=16), OutputOptions(format="arrow", shard_bytes=60_000)),
+    "arrow-out-several-parts": ("parquet", ShuffleOptions(memory=20_000, batch_size=16),
+                                OutputOptions(format="arrow", shard_bytes=60_000)),
+}
+IN_ONE_TASK = {"gzip-tfrecord-out"}
+"""Outputs whose shard sizes are not the sum of their batches' (a gzip stream), so the shards are written in
+one task, not in parallel. (Arrow IPC writes the schema with a file's first batch: its planned boundaries
+are right unless a shard starting inside a measuring task ends within the schema's bytes of the limit.)"""
+
+
+def exchanged(src: str, dst: str, options: ShuffleOptions, output: OutputOptions, seed: int):
+    return write_exchanged(open_source(src, dst, output), options, dst, output, RunSettings(threads=2, quiet=True),
+                           seed=seed)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_same_bytes_and_stats_as_the_local_spill(case, sources, tmp_path, monkeypatch):
+    fmt, options, output = CASES[case]
+    in_one_task = []
+    monkeypatch.setattr(shuffle_module, "_write_all", lambda job, write=shuffle_module._write_all:
+                        in_one_task.append(job) or write(job))
+    src = sources[fmt]
+    local = shuffle(src, str(tmp_path / "local"), options, output, RunSettings(threads=2, quiet=True), seed=3)
+    ours = exchanged(src, str(tmp_path / "exchanged"), options, output, seed=3)
+    assert data_bytes(str(tmp_path / "exchanged")) == data_bytes(str(tmp_path / "local"))
+    assert len(data_bytes(str(tmp_path / "local"))) > 1 or options.batch_size is None  # (400 rows: one batch)
+    assert ours.manifest["stats"] == local.manifest["stats"] and ours.manifest["output"] == local.manifest["output"]
+    assert (ours.rows_in, ours.rows_out) == (local.rows_in, local.rows_out)
+    assert sorted(os.listdir(tmp_path)) == ["exchanged", "local"]  # no exchange or temporary directory left
+    assert bool(in_one_task) == (case in IN_ONE_TASK) or output.format == "arrow"
+
+
+def test_a_corrupt_input_fails_the_same_and_leaves_nothing(sources, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(sources["tfrecord"], src)
+    raw = bytearray((src / "part-00001.tfrecord").read_bytes())
+    raw[200] ^= 0xFF  # inside the first record's payload: its data CRC no longer matches
+    (src / "part-00001.tfrecord").write_bytes(bytes(raw))
+    with pytest.raises(InputError) as ours:
+        exchanged(str(src), str(tmp_path / "dst"), ShuffleOptions(), OutputOptions(), seed=0)
+    with pytest.raises(InputError) as local:
+        shuffle(str(src), str(tmp_path / "dst"), ShuffleOptions(), OutputOptions(), RunSettings(quiet=True))
+    assert str(ours.value) == str(local.value)
+    assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
+def test_skipped_corrupt_records_are_counted_as_locally(sources, tmp_path):
+    """--skip-corrupt: the map tasks frame the records, and what they skip reaches the manifest in order."""
+    src = tmp_path / "src"
+    shutil.copytree(sources["tfrecord"], src)
+    raw = bytearray((src / "part-00002.tfrecord").read_bytes())
+    raw[200] ^= 0xFF
+    (src / "part-00002.tfrecord").write_bytes(bytes(raw))
+    options, output = ShuffleOptions(batch_size=16), OutputOptions()
+    local = shuffle(str(src), str(tmp_path / "local"), options, output, RunSettings(quiet=True), skip_corrupt=True)
+    dataset = open_source(str(src), str(tmp_path / "ours"), output, skip_corrupt=True)
+    ours = write_exchanged(dataset, options, str(tmp_path / "ours"), output, RunSettings(threads=2, quiet=True), seed=0)
+    assert data_bytes(str(tmp_path / "ours")) == data_bytes(str(tmp_path / "local"))
+    assert ours.manifest["stats"] == local.manifest["stats"] and local.manifest["stats"]["corrupt_records_skipped"] == 1
+
+
+def test_a_worker_that_cannot_see_the_exchange_directory_says_so(sources, tmp_path):
+    """On a cluster whose nodes do not share DST's filesystem, the first map task stops the command."""
+    dataset = open_source(sources["parquet"], str(tmp_path / "dst"), OutputOptions())
+    unit = next(read_units(dataset))
+    job = MapJob(str(tmp_path / "elsewhere"), dataset.schema, (1,), 0, "shuffle", 1 << 16, "out/")
+    with pytest.raises(DestinationError, match=r"^out/: the exchange directory .*elsewhere is not visible on .*: "
+                                               r"with --engine ray a global reorder writes its temporary files "
+                                               r"beside DST, so DST must be on storage every node shares$"):
+        _map(job, (0, unit))
+    assert not os.path.exists(tmp_path / "elsewhere")
