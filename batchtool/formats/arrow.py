@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
@@ -45,12 +46,6 @@ def read_batch(reader: pa.ipc.RecordBatchFileReader, path: str, index: int,
     except (pa.ArrowInvalid, OSError, KeyError) as exc:
         raise InputError(f"{where(path)}, record batch {index}: corrupt ({first_line(exc)})") from exc
     return batch
-
-
-def read_batches(path: str, indices: tuple[int, ...], columns: list[str] | None) -> list[pa.RecordBatch]:
-    """Several batches of one file (the loader's read task): zero-copy for uncompressed local files."""
-    reader = open_file(path)
-    return [read_batch(reader, path, i, columns) for i in indices]
 
 
 def batch_rows(path: str) -> list[int]:
@@ -113,19 +108,34 @@ class _Batches(Batches):
 
     def read(self, f: int, local: np.ndarray, columns: list[str] | None, schema: pa.Schema,
              cache: dict) -> _Read:
-        return _Read(self.paths[f], tuple(int(i) for i in local), columns)
+        opened = cache.get(f)
+        if opened is None:
+            opened = cache[f] = _OpenFile(self.paths[f], open_file(self.paths[f]), threading.Lock())
+        return _Read(opened, tuple(int(i) for i in local), columns)
+
+
+@dataclass(frozen=True)
+class _OpenFile:
+    """A shard opened once for a block of reads: its footer (one entry per batch) is parsed once, not once per
+    run of batches a shuffled epoch reads from it. The lock keeps the reader to one thread at a time (a
+    zero-copy read from the map takes microseconds)."""
+
+    path: str
+    reader: pa.ipc.RecordBatchFileReader
+    lock: threading.Lock
 
 
 @dataclass(frozen=True)
 class _Read:
     """Record batches of one file: views of its memory map when uncompressed, decompressed here otherwise."""
 
-    path: str
+    file: _OpenFile
     batches: tuple[int, ...]
     columns: list[str] | None
 
     def __call__(self) -> list[pa.RecordBatch]:
-        return read_batches(self.path, self.batches, self.columns)
+        with self.file.lock:
+            return [read_batch(self.file.reader, self.file.path, i, self.columns) for i in self.batches]
 
 
 class ArrowFormat(Format):
