@@ -6,25 +6,26 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-import cloudpickle
 import numpy as np
 import pyarrow as pa
 import pytest
 from conftest import data_bytes, write_parquet_shards
 
 from batchtool import runner
+
+ray_engine = pytest.importorskip("batchtool.engines.ray")
+pytest.importorskip("cloudpickle")
 from batchtool.manifest import MANIFEST_NAME
 from batchtool.synthetic import make_table
 
 
 class PicklingEngine:
-    """Stands in for Ray (`--engine ray` finds it active and uses it): the function is pickled once,
-    unpickled afresh for every item, and items and results go through pickle both ways; the work runs on
-    the local threads, so ordering and backpressure are the local engine's."""
+    """Stands in for Ray (`--engine ray` finds it active and uses it): the function is pickled once, with the
+    Ray engine's own pickler, unpickled afresh for every item, and items and results go through it both
+    ways; the work runs on the local threads, so ordering and backpressure are the local engine's."""
 
     name = "ray"
 
@@ -33,18 +34,18 @@ class PicklingEngine:
         """Items sent through pickle (to show the work really went this way)."""
 
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any], threads: int, window: int | None) -> Iterator[Any]:
-        shipped = cloudpickle.dumps(fn)
+        shipped = ray_engine._pack(fn)
 
-        def remote(item_bytes: bytes) -> bytes:
-            return cloudpickle.dumps(pickle.loads(shipped)(pickle.loads(item_bytes)))
+        def remote(item: Any) -> Any:
+            return ray_engine._pack(ray_engine._unpack(shipped)(ray_engine._unpack(item)))
 
-        def sent(source: Iterable[Any]) -> Iterator[bytes]:
+        def sent(source: Iterable[Any]) -> Iterator[Any]:
             for item in source:
                 self.items += 1
-                yield cloudpickle.dumps(item)
+                yield ray_engine._pack(item)
 
         for result in runner.threaded_map(remote, sent(items), threads, window):
-            yield pickle.loads(result)
+            yield ray_engine._unpack(result)
 
 
 @pytest.fixture(scope="module")

@@ -39,7 +39,11 @@ try:
     import ray
     from ray import cloudpickle
 except ImportError:  # the optional extra is not installed
-    ray = cloudpickle = None
+    ray = None
+    try:  # the pickler alone (tests/test_pickling_engine.py runs the remote contract with it, without Ray)
+        import cloudpickle
+    except ImportError:
+        cloudpickle = None
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -95,9 +99,22 @@ def _array_from_ipc(schema: pa.Schema, message: pa.Buffer) -> pa.Array:
     return pa.ipc.read_record_batch(message, schema).column(0)
 
 
+def _schema_from_ipc(message: bytes) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(message))
+
+
+def _type_from_ipc(message: bytes, whole_field: bool) -> pa.Field | pa.DataType:
+    field = _schema_from_ipc(message).field(0)
+    return field if whole_field else field.type
+
+
 if cloudpickle is not None:
     class _Pickler(cloudpickle.CloudPickler):
         """Pickles Arrow record batches and arrays as IPC messages: only the rows they show travel.
+
+        Schemas, fields and types travel as IPC schemas too: pyarrow's own pickling names every
+        fixed_size_list child "item", so a Parquet file written from a pickled schema would record
+        other names (other bytes) than the local engine's.
 
         Plain pickling of a slice (a batch cut from a larger chunk, as bucket's and shuffle's
         batches are) ships the whole parent's list values; 64 such 32-row slices of one 5,000-row
@@ -107,6 +124,11 @@ if cloudpickle is not None:
 
         def reducer_override(self, obj: Any) -> Any:
             try:
+                if isinstance(obj, pa.Schema):
+                    return _schema_from_ipc, (obj.serialize().to_pybytes(),)  # in band: metadata, not data
+                if isinstance(obj, (pa.Field, pa.DataType)):
+                    field = obj if isinstance(obj, pa.Field) else pa.field("a", obj)
+                    return _type_from_ipc, (pa.schema([field]).serialize().to_pybytes(), isinstance(obj, pa.Field))
                 if type(obj) is pa.RecordBatch:
                     return _batch_from_ipc, (obj.schema, obj.serialize())
                 if isinstance(obj, pa.Array):
