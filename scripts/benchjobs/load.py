@@ -49,14 +49,18 @@ def epoch_jobs(ctx: Context, base: str, title: str, peer: Command, peer_name: st
     """One `load` epoch per format over the kept outputs of job `base`, each against the in-memory floor (over
     the arrow output) and the tf.data pipeline `peer` (both measured once per run)."""
     floor = Command(call="load:in_memory_floor", args={"dst": kept(ctx, base, "arrow")})
+    note = ("one pass of batchtool.load over the {} output, every column to NumPy and touched (seconds inside "
+            "the process); floor = touching the same arrays, already in memory; peer = the tf.data pipeline's "
+            "epoch, every column to NumPy and touched")
     return [
-        Job(f"{title} load epoch {fmt}", ctx.rows, ctx.parquet_bytes,
-            ours=Command(call="load:epoch", args={"dst": kept(ctx, base, fmt)}),
+        *(Job(f"{title} load epoch {fmt}", ctx.rows, ctx.parquet_bytes,
+              ours=Command(call="load:epoch", args={"dst": kept(ctx, base, fmt)}),
+              floor=floor, peer=peer, peer_name=peer_name, note=note.format(fmt))
+          for fmt in FORMATS),
+        Job(f"{title} load epoch arrow writable=False", ctx.rows, ctx.parquet_bytes,
+            ours=Command(call="load:epoch", args={"dst": kept(ctx, base, "arrow"), "writable": False}),
             floor=floor, peer=peer, peer_name=peer_name,
-            note=f"one pass of batchtool.load over the {fmt} output, every column to NumPy and touched "
-                 "(seconds inside the process); floor = touching the same arrays, already in memory; peer = "
-                 "the tf.data pipeline's epoch, every column to NumPy and touched")
-        for fmt in FORMATS
+            note=note.format("arrow") + "; writable=False: read-only views of the memory map, no copy"),
     ]
 
 
@@ -69,15 +73,16 @@ def touch(batch: dict[str, Any]) -> float:
     return total
 
 
-def epoch(dst: str) -> None:
-    """One epoch of batchtool.load (its defaults): every batch as a dict of NumPy arrays, touched."""
+def epoch(dst: str, writable: bool = True) -> None:
+    """One epoch of batchtool.load (its defaults, or read-only arrays): every batch as a dict of NumPy
+    arrays, touched."""
     import batchtool
 
     if not os.path.exists(os.path.join(dst, ".batchtool_manifest.json")):
         raise SystemExit(f"{dst}: no output; run the job that writes it first")
     start = time.perf_counter()
     batches = 0
-    for batch in batchtool.load(dst):
+    for batch in batchtool.load(dst, writable=writable):
         touch(batch)
         batches += 1
     seconds = time.perf_counter() - start
