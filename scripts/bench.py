@@ -2,7 +2,7 @@
 (the same I/O done with plain pyarrow/NumPy) and, where installed, its peer (tf.data, DuckDB).
 
     python scripts/bench.py --size 1GB                 # generate (or reuse) bench_data/1GB, run all jobs
-    python scripts/bench.py --size 200MB --jobs convert,tfrecord-read
+    python scripts/bench.py --size 200MB --jobs "convert parquet->parquet,segment*"
     python scripts/bench.py --tf-python /path/to/venv/bin/python   # run the tf.data peers there
 
 Each measurement is a separate subprocess, so peak RSS (from wait4) is that job's own.
@@ -242,6 +242,10 @@ def machine_line() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores, {mem:.0f} GiB RAM, Python {platform.python_version()}"
 
 
+def selected(name: str, wanted: list[str]) -> bool:
+    return any(name.startswith(w[:-1]) if w.endswith("*") else name == w for w in wanted)
+
+
 def call(target: str, args_json: str) -> None:
     module, func = target.split(":")
     importlib.import_module(f"benchjobs.{module}").__dict__[func](**json.loads(args_json))
@@ -251,7 +255,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", default="1GB")
     parser.add_argument("--data-root", default=os.path.join(REPO, "bench_data"))
-    parser.add_argument("--jobs", help="comma-separated job names, or beginnings of names (default: all)")
+    parser.add_argument("--jobs", help="comma-separated job names; NAME* for every job whose name starts with NAME "
+                                       "(default: all)")
     parser.add_argument("--tf-python", help="a Python with tensorflow for the tf.data peers")
     parser.add_argument("--no-tfrecord", action="store_true",
                         help="generate Parquet only (jobs that read TFRecord then fail)")
@@ -264,22 +269,32 @@ def main() -> None:
     launcher = Launcher()
     ctx = generate(args.size, args.data_root, tfrecord=not args.no_tfrecord)
     ctx = Context(**{**asdict(ctx), "tf_python": args.tf_python})
-    wanted = tuple(args.jobs.split(",")) if args.jobs else None
+    wanted = args.jobs.split(",") if args.jobs else None
     done: dict[str, Measurement] = {}
     start_load = os.getloadavg()
-    rows = [run_job(job, ctx, done, launcher) for job in all_jobs(ctx) if wanted is None or job.name.startswith(wanted)]
+    rows: list[dict] = []
+    table = "no job selected"
+    for job in all_jobs(ctx):
+        if wanted is None or selected(job.name, wanted):
+            rows.append(run_job(job, ctx, done, launcher))
+            # after every job, so a stopped run keeps the rows it has
+            table = write_results(rows, ctx, args.size, args.out, start_load)
+    print(table)
+
+
+def write_results(rows: list[dict], ctx: Context, size: str, out: str, start_load: tuple[float, ...]) -> str:
+    """Write latest.md and latest.json from the rows so far; return the table."""
     machine = (f"{machine_line()}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average (1, 5, 15 min) "
                f"{'/'.join(f'{x:.1f}' for x in start_load)} at start, "
                f"{'/'.join(f'{x:.1f}' for x in os.getloadavg())} at end")
     table = markdown(rows, machine)
-    print(table)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "latest.md"), "w") as f:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "latest.md"), "w") as f:
         f.write(table + "\n")
-    with open(os.path.join(args.out, "latest.json"), "w") as f:
-        json.dump({"machine": machine, "size": args.size, "rows": ctx.rows, "parquet_bytes": ctx.parquet_bytes,
+    with open(os.path.join(out, "latest.json"), "w") as f:
+        json.dump({"machine": machine, "size": size, "rows": ctx.rows, "parquet_bytes": ctx.parquet_bytes,
                    "tfrecord_bytes": ctx.tfrecord_bytes, "results": rows}, f, indent=2)
-
+    return table
 
 if __name__ == "__main__":
     main()
