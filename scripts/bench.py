@@ -228,7 +228,7 @@ def markdown(rows: list[dict], machine: str) -> str:
             continue
         floor = f"{r['ratio_to_floor']:.2f}x" if "ratio_to_floor" in r else "-"
         peer = f"{r['ratio_to_peer']:.2f}x ({r['peer']})" if "ratio_to_peer" in r else "-"
-        disk = f"{r['disk_bytes'] / 2**30:.2f} GiB" if "disk_bytes" in r else "-"
+        disk = f"{r['disk_bytes'] / 1e9:.2f} GB" if "disk_bytes" in r else "-"
         lines.append(f"| {r['job']} | {r['rows_per_s']:,} | {r['mb_per_s']} | {r['seconds']} | {floor} | {peer} | "
                      f"{r['peak_rss_mib']} MiB | {disk} |")
     lines += ["", "Ratios are time of batchtool / time of the floor or peer: below 1 is faster. Times are wall "
