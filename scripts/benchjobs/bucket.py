@@ -1,10 +1,11 @@
-"""Length bucketing: `bucket` vs a pyarrow floor (read, pad, write) and tf.data bucket_by_sequence_length;
-then one epoch of `batchtool.load` over the bucketed output vs the same tf.data pipeline.
+"""Length bucketing: `bucket` in every batch format vs a pyarrow floor (read, pad, write) and tf.data
+bucket_by_sequence_length, --threads 2 vs 1; then one epoch of `batchtool.load` per format vs the same
+tf.data pipeline.
 
 Boundaries (auto-chosen and 8 equal-count quantiles) are computed once from the corpus's length
 histogram and cached in bench_data/<size>/bucket_boundaries.json, so the floor and tf.data get
-exactly the boundaries `bucket --auto-buckets 8` chooses. The bucketed output is kept in
-bench_data/<size>/bucket-auto8 for the load job (which must run after the bucket job).
+exactly the boundaries `bucket --auto-buckets 8` chooses. The bucketed output of every format is
+kept in bench_data/<size>/bucket-auto8-<format> for the load epoch jobs, which follow the bucket jobs.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from __future__ import annotations
 import glob
 import json
 import os
+import time
 
 from bench import Command, Context, Job
+from benchjobs.load import FORMATS, epoch_jobs, kept
 
 K, BATCH = 8, 32
 LENGTH = "tokens"
@@ -44,31 +47,42 @@ def boundaries(ctx: Context) -> dict[str, list[int]]:
 
 def jobs(ctx: Context) -> list[Job]:
     out = os.path.join(ctx.work, "out")
-    kept = os.path.join(ctx.data, "bucket-auto8")
     b = boundaries(ctx)
-    tf_args = {"src": ctx.tfrecord, "parquet": ctx.parquet, "boundaries": b["auto"], "batch_size": BATCH}
-    return [
-        Job(f"bucket auto-{K} b{BATCH}", ctx.rows, ctx.parquet_bytes,
-            ours=Command(batchtool=("bucket", ctx.parquet, kept, "--length", LENGTH, "--auto-buckets", str(K),
-                                    "--batch-size", str(BATCH), "--overwrite", "-q")),
-            floor=Command(call="bucket:pyarrow_floor",
-                          args={"src": ctx.parquet, "dst": out, "boundaries": b["auto"], "batch_size": BATCH}),
-            peer=Command(call="bucket:tfdata_bucket", args=tf_args),
-            peer_name="tf.data bucket_by_sequence_length, TFRecord, AUTOTUNE (writes nothing)",
-            note=f"zstd Parquet in and out, boundaries {b['auto']}; floor = pyarrow read, per-bucket batches "
-                 "of consecutive rows padded with padding.pad_batch, zstd write (no shuffle, no spill)"),
-        Job(f"bucket load epoch (b{BATCH})", ctx.rows, ctx.parquet_bytes,
-            ours=Command(call="bucket:load_epoch", args={"dst": kept}),
-            peer=Command(call="bucket:tfdata_bucket", args=tf_args),
-            peer_name="the tf.data pipeline of the bucket job",
-            note="one pass of batchtool.load over the bucket output (dicts of NumPy arrays) vs the tf.data "
-                 "pipeline; run after the bucket job"),
+    cli = ("bucket", ctx.parquet, None, "--length", LENGTH, "--auto-buckets", str(K), "--batch-size", str(BATCH),
+           "--overwrite", "-q")
+    peer = Command(call="bucket:tfdata_bucket",
+                   args={"src": ctx.tfrecord, "parquet": ctx.parquet, "boundaries": b["auto"], "batch_size": BATCH})
+    peer_name = "tf.data bucket_by_sequence_length, TFRecord, AUTOTUNE (writes nothing)"
+    floors = {fmt: Command(call="bucket:pyarrow_floor", args={"src": ctx.parquet, "dst": out, "boundaries": b["auto"],
+                                                              "batch_size": BATCH, "fmt": fmt})
+              for fmt in ("arrow", "parquet zstd")}
+    write = [
+        Job(f"bucket auto-{K} b{BATCH} {fmt}", ctx.rows, ctx.parquet_bytes,
+            ours=Command(batchtool=with_dst(cli, kept(ctx, "bucket-auto8", fmt)) + options),
+            floor=floors.get(fmt), peer=peer, peer_name=peer_name, output=kept(ctx, "bucket-auto8", fmt),
+            note=f"zstd Parquet in, {fmt} out, boundaries {b['auto']}; floor = pyarrow read, per-bucket batches "
+                 "of consecutive rows padded with padding.pad_batch, the same format written (no shuffle, no spill); "
+                 "peer seconds inside its process (TensorFlow start-up excluded), every batch to NumPy and touched")
+        for fmt, options in FORMATS.items()
     ]
+    threads = Job(f"bucket auto-{K} b{BATCH} arrow: threads 2 vs 1", ctx.rows, ctx.parquet_bytes,
+                  ours=Command(batchtool=with_dst(cli, out) + FORMATS["arrow"] + ("--threads", "2")),
+                  floor=Command(batchtool=with_dst(cli, out) + FORMATS["arrow"] + ("--threads", "1")),
+                  note="ours = --threads 2, floor = --threads 1: the ratio is the time --threads 2 takes "
+                       "(target <= 0.63, i.e. >= 1.6x faster)")
+    return [*write, threads, *epoch_jobs(ctx, "bucket-auto8", f"bucket b{BATCH}", peer,
+                                         "the tf.data pipeline of the bucket job")]
 
 
-def pyarrow_floor(src: str, dst: str, boundaries: list[int], batch_size: int) -> None:
+def with_dst(cli: tuple, dst: str) -> tuple[str, ...]:
+    """The command line `cli` with its DST (the None) filled in."""
+    return tuple(dst if arg is None else arg for arg in cli)
+
+
+def pyarrow_floor(src: str, dst: str, boundaries: list[int], batch_size: int, fmt: str = "parquet zstd") -> None:
     """Read every row group, cut each bucket's rows into batches of consecutive rows as they arrive,
-    pad them and write one zstd row group per batch: the I/O and padding bucket cannot avoid."""
+    pad them and write one batch per zstd row group, or per uncompressed Arrow IPC record batch (fmt
+    'arrow'): the I/O and padding bucket cannot avoid."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -92,7 +106,8 @@ def pyarrow_floor(src: str, dst: str, boundaries: list[int], batch_size: int) ->
                .append_column("bucket", pa.array(np.full(n, bucket, dtype=np.int32)))
                .append_column("length", pa.array(lengths.astype(np.int32))))
         if writer is None:
-            writer = pq.ParquetWriter(os.path.join(dst, "part-00000.parquet"), out.schema, compression="zstd")
+            writer = (pa.ipc.new_file(os.path.join(dst, "part-00000.arrow"), out.schema) if fmt == "arrow" else
+                      pq.ParquetWriter(os.path.join(dst, "part-00000.parquet"), out.schema, compression="zstd"))
         writer.write_batch(out)
         batches += 1
 
@@ -119,10 +134,12 @@ def pyarrow_floor(src: str, dst: str, boundaries: list[int], batch_size: int) ->
 
 def tfdata_bucket(src: str, parquet: str, boundaries: list[int], batch_size: int) -> None:
     """The peer: tf.data parses the SequenceExamples and buckets them with bucket_by_sequence_length
-    (dynamic padding, same boundaries and batch size); prints batches and padding efficiency."""
+    (dynamic padding, same boundaries and batch size), every batch to NumPy and touched as load_epoch
+    does; prints batches, padding efficiency and the seconds of the epoch (TensorFlow start-up excluded)."""
     import tensorflow as tf
 
     from benchjobs.io import tf_feature_spec
+    from benchjobs.load import touch
 
     context, sequence = tf_feature_spec(parquet)
 
@@ -135,23 +152,14 @@ def tfdata_bucket(src: str, parquet: str, boundaries: list[int], batch_size: int
     ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
     ds = ds.bucket_by_sequence_length(lambda x: x["length"], bucket_boundaries=boundaries,
                                       bucket_batch_sizes=[batch_size] * (len(boundaries) + 1))
+    start = time.perf_counter()
     batches = real = padded = 0
     for batch in ds.prefetch(tf.data.AUTOTUNE):
-        rows, width = batch[LENGTH].shape[:2]
+        arrays = {name: value.numpy() for name, value in batch.items()}
+        touch(arrays)
+        rows, width = arrays[LENGTH].shape[:2]
         batches += 1
-        real += int(batch["length"].numpy().sum())
+        real += int(arrays["length"].sum())
         padded += rows * width
-    print(f"batches {batches} padding_efficiency {real / padded:.4f}")
-
-
-def load_epoch(dst: str) -> None:
-    """One epoch of batchtool.load: every batch as a dict of NumPy arrays."""
-    import batchtool
-
-    if not os.path.exists(os.path.join(dst, ".batchtool_manifest.json")):
-        raise SystemExit(f"{dst}: no bucket output; run the 'bucket auto-{K} b{BATCH}' job first")
-    batches = rows = 0
-    for batch in batchtool.load(dst):
-        batches += 1
-        rows += len(batch["length"])
-    print(batches, rows)
+    seconds = time.perf_counter() - start
+    print(f"batches {batches} padding_efficiency {real / padded:.4f} seconds {seconds:.3f}")

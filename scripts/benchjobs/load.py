@@ -1,32 +1,107 @@
-"""Training-side costs of `batchtool.load` over the bucket job's output: a shuffled epoch split over 4 ranks
-(each rank's epoch, one after the other) vs the same epoch on 1 rank, and resuming from the middle of it.
+"""Training-side costs of `batchtool.load`: one epoch per batch format (the bucket and segment modules list
+those jobs), its floor (touching the same arrays already in memory), a shuffled epoch split over 4 ranks,
+and resuming from the middle of an epoch.
 
-Run after the bucket job (it reads bench_data/<size>/bucket-auto8). The resume figure excludes interpreter
-start-up, so it is printed by the function rather than read from the table:
+Epoch functions print `seconds N` measured inside the process (open to last batch, interpreter start-up
+excluded); bench.py reports that figure rather than the process's wall time. The resume figure is printed
+by its function only:
 
-    python scripts/bench.py --call load:resume '{"dst": "bench_data/1GB/bucket-auto8"}'
+    python scripts/bench.py --call load:resume '{"dst": "bench_data/1GB/bucket-auto8-arrow"}'
 """
 
 from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 from bench import Command, Context, Job
 
 RANKS = 4
+FORMATS: dict[str, tuple[str, ...]] = {
+    "arrow": ("--to", "arrow", "--compression", "none"),
+    "arrow zstd": ("--to", "arrow", "--compression", "zstd"),
+    "arrow lz4": ("--to", "arrow", "--compression", "lz4"),
+    "parquet zstd": ("--to", "parquet", "--compression", "zstd"),
+    "tfrecord": ("--to", "tfrecord", "--compression", "none"),
+}
+"""Batch formats the batching commands are measured writing (and `load` reading): name -> CLI options."""
+
+
+def kept(ctx: Context, base: str, fmt: str) -> str:
+    """Where the output of job `base` in format `fmt` is kept for the load jobs that follow it."""
+    return os.path.join(ctx.data, f"{base}-{fmt.replace(' ', '-')}")
 
 
 def jobs(ctx: Context) -> list[Job]:
-    kept = os.path.join(ctx.data, "bucket-auto8")
+    dst = kept(ctx, "bucket-auto8", "arrow")
     return [
         Job(f"bucket load epoch: {RANKS} ranks vs 1", ctx.rows, ctx.parquet_bytes,
-            ours=Command(call="load:rank_epochs", args={"dst": kept, "world_size": RANKS}),
-            floor=Command(call="load:rank_epochs", args={"dst": kept, "world_size": 1}),
-            note=f"shuffled epoch 1 of the bucket output: the {RANKS} ranks' parts read one after the other (ours) "
-                 "vs the whole epoch on one rank (floor); ratio 1.00 = no cost for splitting; run after the bucket "
-                 "job"),
+            ours=Command(call="load:rank_epochs", args={"dst": dst, "world_size": RANKS}),
+            floor=Command(call="load:rank_epochs", args={"dst": dst, "world_size": 1}),
+            note=f"shuffled epoch 1 of the bucket arrow output: the {RANKS} ranks' parts read one after the other "
+                 "(ours) vs the whole epoch on one rank (floor); ratio 1.00 = no cost for splitting; run after the "
+                 "bucket jobs"),
     ]
+
+
+def epoch_jobs(ctx: Context, base: str, title: str, peer: Command, peer_name: str) -> list[Job]:
+    """One `load` epoch per format over the kept outputs of job `base`, each against the in-memory floor (over
+    the arrow output) and the tf.data pipeline `peer` (both measured once per run)."""
+    floor = Command(call="load:in_memory_floor", args={"dst": kept(ctx, base, "arrow")})
+    note = ("one pass of batchtool.load over the {} output, every column to NumPy and touched (seconds inside "
+            "the process); floor = touching the same arrays, already in memory; peer = the tf.data pipeline's "
+            "epoch, every column to NumPy and touched")
+    return [
+        *(Job(f"{title} load epoch {fmt}", ctx.rows, ctx.parquet_bytes,
+              ours=Command(call="load:epoch", args={"dst": kept(ctx, base, fmt)}),
+              floor=floor, peer=peer, peer_name=peer_name, note=note.format(fmt))
+          for fmt in FORMATS),
+        Job(f"{title} load epoch arrow writable=False", ctx.rows, ctx.parquet_bytes,
+            ours=Command(call="load:epoch", args={"dst": kept(ctx, base, "arrow"), "writable": False}),
+            floor=floor, peer=peer, peer_name=peer_name,
+            note=note.format("arrow") + "; writable=False: read-only views of the memory map, no copy"),
+    ]
+
+
+def touch(batch: dict[str, Any]) -> float:
+    """Read every byte of every numeric array (a sum), and every string array's length: what a training
+    step at least does with a batch."""
+    total = 0.0
+    for array in batch.values():
+        total += float(array.sum()) if array.dtype != object else len(array)
+    return total
+
+
+def epoch(dst: str, writable: bool = True) -> None:
+    """One epoch of batchtool.load (its defaults, or read-only arrays): every batch as a dict of NumPy
+    arrays, touched."""
+    import batchtool
+
+    if not os.path.exists(os.path.join(dst, ".batchtool_manifest.json")):
+        raise SystemExit(f"{dst}: no output; run the job that writes it first")
+    start = time.perf_counter()
+    batches = 0
+    for batch in batchtool.load(dst, writable=writable):
+        touch(batch)
+        batches += 1
+    seconds = time.perf_counter() - start
+    print(f"batches {batches} seconds {seconds:.3f} batches_per_s {batches / seconds:.0f}")
+
+
+def in_memory_floor(dst: str) -> None:
+    """The floor of an epoch: every batch of `dst` held as NumPy arrays (zero-copy views of the memory-mapped
+    Arrow IPC output, paged in by a first pass), then a timed second pass touching them all."""
+    import batchtool
+
+    held = list(batchtool.load(dst, shuffle=False, writable=False))
+    for batch in held:
+        touch(batch)
+    start = time.perf_counter()
+    for batch in held:
+        touch(batch)
+    seconds = time.perf_counter() - start
+    print(f"batches {len(held)} seconds {seconds:.3f}")
 
 
 def rank_epochs(dst: str, world_size: int) -> None:

@@ -4,7 +4,7 @@ held in memory (what online packers do; TRL and torchtune are not installed here
 batchtool.ops.packing.first_fit, a max-tree first-fit in Python, feeding the same row builder).
 
 Each measured function prints its packing efficiency (real steps / (rows x L)); the pack output is kept
-in bench_data/<size>/pack-2048 so its manifest can be read next to bucket's (bucket-auto8).
+in bench_data/<size>/pack-2048 so its manifest can be read next to bucket's (bucket-auto8-parquet-zstd).
 """
 
 from __future__ import annotations

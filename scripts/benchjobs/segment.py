@@ -1,9 +1,10 @@
 """Segmentation for truncated BPTT: `segment` (U=20, B=32) vs a pyarrow floor and a tf.data pipeline doing
-the same split; then one epoch of `batchtool.load` over the segment output vs that tf.data pipeline.
+the same split, in every batch format, --threads 2 vs 1; then one epoch of `batchtool.load` per format vs
+that tf.data pipeline.
 
-The segment output is kept in bench_data/<size>/segment-u20-b32 for the load job (run it after the
-segment job). The measured functions also print their own batches/s, excluding interpreter and
-TensorFlow start-up, since that is what a trainer pays per epoch.
+The segment output of every format is kept in bench_data/<size>/segment-u20-b32-<format> for the load
+epoch jobs, which follow the segment jobs. The tf.data peer prints its own seconds, excluding interpreter
+and TensorFlow start-up, since that is what a trainer pays per epoch.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import os
 import time
 
 from bench import Command, Context, Job
+from benchjobs.bucket import with_dst
+from benchjobs.load import FORMATS, epoch_jobs, kept
 
 U, B = 20, 32
 SEQUENCES, CONTEXT = ("tokens", "frames"), ("label", "weight")
@@ -20,31 +23,38 @@ SEQUENCES, CONTEXT = ("tokens", "frames"), ("label", "weight")
 
 def jobs(ctx: Context) -> list[Job]:
     out = os.path.join(ctx.work, "out")
-    kept = os.path.join(ctx.data, f"segment-u{U}-b{B}")
-    tf_args = {"src": ctx.tfrecord, "parquet": ctx.parquet, "num_unroll": U, "batch_size": B}
-    return [
-        Job(f"segment u{U} b{B}", ctx.rows, ctx.parquet_bytes,
-            ours=Command(batchtool=("segment", ctx.parquet, kept, "--key", "key", "--sequence", ",".join(SEQUENCES),
-                                    "--context", ",".join(CONTEXT), "--num-unroll", str(U), "--batch-size", str(B),
-                                    "--overwrite", "-q")),
-            floor=Command(call="segment:pyarrow_floor", args={"src": ctx.parquet, "dst": out}),
-            peer=Command(call="segment:tfdata_segment", args=tf_args),
-            peer_name="tf.data pad to a multiple of U, split, unbatch, batch; TFRecord, AUTOTUNE (writes nothing)",
-            note="zstd Parquet in and out, one row group per batch; floor = pyarrow read, copy into preallocated "
-                 "padded NumPy arrays, the same columns, zstd write of B consecutive segments per row group"),
-        Job(f"segment load epoch (u{U} b{B})", ctx.rows, ctx.parquet_bytes,
-            ours=Command(call="segment:load_epoch", args={"dst": kept}),
-            peer=Command(call="segment:tfdata_segment", args=tf_args),
-            peer_name="the tf.data pipeline of the segment job",
-            note="one pass of batchtool.load over the segment output (dicts of NumPy arrays) vs the tf.data "
-                 "pipeline; run after the segment job"),
+    base = f"segment-u{U}-b{B}"
+    cli = ("segment", ctx.parquet, None, "--key", "key", "--sequence", ",".join(SEQUENCES), "--context",
+           ",".join(CONTEXT), "--num-unroll", str(U), "--batch-size", str(B), "--overwrite", "-q")
+    peer = Command(call="segment:tfdata_segment",
+                   args={"src": ctx.tfrecord, "parquet": ctx.parquet, "num_unroll": U, "batch_size": B})
+    peer_name = "tf.data pad to a multiple of U, split, unbatch, batch; TFRecord, AUTOTUNE (writes nothing)"
+    floors = {fmt: Command(call="segment:pyarrow_floor", args={"src": ctx.parquet, "dst": out, "fmt": fmt})
+              for fmt in ("arrow", "parquet zstd")}
+    write = [
+        Job(f"segment u{U} b{B} {fmt}", ctx.rows, ctx.parquet_bytes,
+            ours=Command(batchtool=with_dst(cli, kept(ctx, base, fmt)) + options),
+            floor=floors.get(fmt), peer=peer, peer_name=peer_name, output=kept(ctx, base, fmt),
+            note=f"zstd Parquet in, {fmt} out, one batch per row group / record batch; floor = pyarrow read, copy "
+                 "into preallocated padded NumPy arrays, the same columns, B consecutive segments per batch in "
+                 "the same format; peer seconds inside its process (TensorFlow start-up excluded), every batch "
+                 "to NumPy and touched")
+        for fmt, options in FORMATS.items()
     ]
+    threads = Job(f"segment u{U} b{B} arrow: threads 2 vs 1", ctx.rows, ctx.parquet_bytes,
+                  ours=Command(batchtool=with_dst(cli, out) + FORMATS["arrow"] + ("--threads", "2")),
+                  floor=Command(batchtool=with_dst(cli, out) + FORMATS["arrow"] + ("--threads", "1")),
+                  note="ours = --threads 2, floor = --threads 1: the ratio is the time --threads 2 takes "
+                       "(target <= 0.63, i.e. >= 1.6x faster)")
+    return [*write, threads, *epoch_jobs(ctx, base, f"segment u{U} b{B}", peer,
+                                         "the tf.data pipeline of the segment job")]
 
 
-def pyarrow_floor(src: str, dst: str) -> None:
+def pyarrow_floor(src: str, dst: str, fmt: str = "parquet zstd") -> None:
     """The I/O and copying segment cannot avoid: read each row group, copy every example's steps into
     preallocated [segments, U, ...] arrays padded with zeros, add the same metadata columns
-    (vectorised, no lane planning) and write B consecutive segments per zstd row group."""
+    (vectorised, no lane planning) and write B consecutive segments per zstd row group, or per
+    uncompressed Arrow IPC record batch (fmt 'arrow')."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -96,9 +106,14 @@ def pyarrow_floor(src: str, dst: str) -> None:
                 columns[name] = pa.ListArray.from_arrays(pa.array(np.arange(segments + 1, dtype=np.int32) * U), steps)
             out = pa.table(columns)
             if writer is None:
-                writer = pq.ParquetWriter(os.path.join(dst, f"part-{i:05d}.parquet"), out.schema, compression="zstd")
+                writer = (pa.ipc.new_file(os.path.join(dst, f"part-{i:05d}.arrow"), out.schema) if fmt == "arrow"
+                          else pq.ParquetWriter(os.path.join(dst, f"part-{i:05d}.parquet"), out.schema,
+                                                compression="zstd"))
             for start in range(0, segments, B):
-                writer.write_table(out.slice(start, B), row_group_size=B)
+                if fmt == "arrow":
+                    writer.write_table(out.slice(start, B))
+                else:
+                    writer.write_table(out.slice(start, B), row_group_size=B)
             batches += -(-segments // B)
             examples += len(lengths)
         writer.close()
@@ -107,10 +122,12 @@ def pyarrow_floor(src: str, dst: str) -> None:
 
 def tfdata_segment(src: str, parquet: str, num_unroll: int, batch_size: int) -> None:
     """The peer: tf.data parses the SequenceExamples, pads each to a multiple of U, splits it into
-    segments (with sequence index and real length, context repeated), unbatches and batches by B."""
+    segments (with sequence index and real length, context repeated), unbatches and batches by B; every
+    batch to NumPy and touched as load:epoch does."""
     import tensorflow as tf
 
     from benchjobs.io import tf_feature_spec
+    from benchjobs.load import touch
 
     context, sequence = tf_feature_spec(parquet)
 
@@ -134,22 +151,9 @@ def tfdata_segment(src: str, parquet: str, num_unroll: int, batch_size: int) -> 
     ds = ds.map(split, num_parallel_calls=tf.data.AUTOTUNE).unbatch().batch(batch_size)
     start = time.perf_counter()
     batches = 0
-    for _ in ds.prefetch(tf.data.AUTOTUNE):
+    for batch in ds.prefetch(tf.data.AUTOTUNE):
+        touch({name: value.numpy() for name, value in batch.items()})
         batches += 1
     seconds = time.perf_counter() - start
     print(f"batches {batches} seconds {seconds:.2f} batches_per_s {batches / seconds:.0f}")
 
-
-def load_epoch(dst: str) -> None:
-    """One epoch of batchtool.load: every batch as a dict of [B, U, ...] NumPy arrays."""
-    import batchtool
-
-    if not os.path.exists(os.path.join(dst, ".batchtool_manifest.json")):
-        raise SystemExit(f"{dst}: no segment output; run the 'segment u{U} b{B}' job first")
-    start = time.perf_counter()
-    batches = 0
-    for batch in batchtool.load(dst):
-        batches += 1
-        assert batch["frames"].shape[:2] == (B, U)
-    seconds = time.perf_counter() - start
-    print(f"batches {batches} seconds {seconds:.2f} batches_per_s {batches / seconds:.0f}")
