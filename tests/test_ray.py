@@ -27,7 +27,8 @@ from batchtool.ops.bucket import bucket
 from batchtool.ops.resample import resample
 from batchtool.ops.segment import segment
 from batchtool.ops.shuffle import shuffle
-from batchtool.ops.stratify import LabelError, StratifyOptions, stratify
+from batchtool.ops.stratify import LabelError, StratifyOptions
+from batchtool.stratify_writer import stratify
 from batchtool.output import OutputOptions
 from batchtool.synthetic import make_table
 from conftest import data_bytes, write_parquet_shards

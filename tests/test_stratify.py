@@ -19,8 +19,9 @@ from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.job import RunSettings
 from batchtool.ops.quotas import plan_layout
 from batchtool.ops.stratify import (ONLINE_PRIOR, STAGE, StratifyOptions, acceptance_probs, exact_target,
-                                    exact_totals, find_thresholds, largest_total, parse_target, stratify,
+                                    exact_totals, find_thresholds, largest_total, parse_target,
                                     threshold_plan)
+from batchtool.stratify_writer import stratify
 from batchtool.output import OutputOptions
 from batchtool.synthetic import make_table
 from conftest import read_dir, write_parquet_shards

@@ -10,7 +10,8 @@ import click
 from batchtool.cli.common import (SIZE, command, input_options, make_output, make_run, output_options, parse_size,
                                   report, run_options)
 from batchtool.ops.shuffle import ShuffleOptions, shuffle
-from batchtool.ops.stratify import MODES, StratifyOptions, parse_probs, parse_target, stratify
+from batchtool.ops.stratify import MODES, StratifyOptions, parse_probs, parse_target
+from batchtool.stratify_writer import stratify
 
 
 def seed_option(fn: Callable) -> Callable:

@@ -32,6 +32,7 @@ from batchtool.ops.boundaries import assign_buckets, expected_efficiency
 from batchtool.output import OutputOptions
 from batchtool.pipeline import config as config_mod
 from batchtool.runner import ordered_map
+from batchtool.stratify_writer import labels_counted, write_stratified
 
 Columns = list[str] | None
 """Column names, or None for all of them."""
@@ -178,14 +179,13 @@ class StratifyStage(Stage):
 
     def stream(self, view: Dataset, columns: Columns, run: RunSettings, report: ReadReport) -> Stream:
         selection = stratify_op.Selection(view, self.strat, self.seed)
-        with stratify_op.labels_counted(view, self.strat, run.threads):
+        with labels_counted(view, self.strat, run.threads):
             pieces = selection.pieces(selection.items(run.threads, report, columns), run.threads)
             yield from ordered_map(selection.build, pieces, run.threads)
         self.report = selection.stats()
 
     def write(self, view: Dataset, dst: str, output: OutputOptions, run: RunSettings, write: Write) -> JobResult:
-        return stratify_op.write_stratified(view, self.strat, dst, output, run, seed=self.seed, write=write,
-                                            who=self.name)
+        return write_stratified(view, self.strat, dst, output, run, seed=self.seed, write=write, who=self.name)
 
     def expected(self, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
         return self.strat.expected()
