@@ -13,8 +13,10 @@ import pyarrow as pa
 from batchtool import rng
 from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset, ReadReport
-from batchtool.errors import InputError, UsageError
-from batchtool.ops.base import Tally
+from batchtool.errors import InputError
+from batchtool.ops.base import (Choice, Column, Depends, Flag, Integer, Operation, OptionError, Tally, Value, flag,
+                                need_columns, option)
+from batchtool.ops.base import shown as shown_value
 from batchtool.ops.labels import (MAX_CLASSES, LabelError, check_label_type, full_label_error, is_class,
                                   label_codes)
 from batchtool.ops.quotas import QuotaLayout
@@ -36,12 +38,18 @@ ONLINE_PRIOR = 10
 # -- options ---------------------------------------------------------------------------------------------------
 
 
+def field_of(flag: str) -> str:
+    """--init-probs -> init_probs (the callers outside the schema name a flag)."""
+    return flag.lstrip("-").replace("-", "_")
+
+
 def parse_probs(text: str, flag: str) -> tuple[float, ...]:
     """'0.5,0.3,0.2' -> (0.5, 0.3, 0.2)."""
     try:
         return tuple(float(p) for p in text.split(",") if p.strip())
     except ValueError:
-        raise UsageError(f"{flag} {text!r}: expected comma-separated probabilities, e.g. 0.5,0.3,0.2") from None
+        raise OptionError(field_of(flag), "expected comma-separated probabilities, e.g. 0.5,0.3,0.2",
+                          value=repr(text)) from None
 
 
 def parse_target(text: str) -> Target:
@@ -59,91 +67,133 @@ def parse_target(text: str) -> Target:
         except ValueError:
             cls = prob = None
         if not sep or cls is None or cls < 0 or cls in pairs:
-            raise UsageError(f"--target {text!r}: {item!r} is not a new CLASS=PROB pair with CLASS an integer >= 0")
+            raise OptionError("target", f"{item!r} is not a new CLASS=PROB pair with CLASS an integer >= 0",
+                              value=repr(text))
         pairs[cls] = prob
     return pairs
 
 
 def check_probs(values: Iterable[float], flag: str) -> None:
     """`stratified_sample`'s checks: probabilities >= 0 that sum to one within PROB_TOLERANCE."""
-    values = list(values)
+    values, name = list(values), field_of(flag)
     shown = ",".join(f"{v:g}" for v in values)
     if not values:
-        raise UsageError(f"{flag}: no probabilities given")
+        raise OptionError(name, "no probabilities given")
     for i, v in enumerate(values):
         if not (math.isfinite(v) and v >= 0):
-            raise UsageError(f"{flag} {shown}: probabilities must be >= 0 (value {i} is {v:g})")
+            raise OptionError(name, f"probabilities must be >= 0 (value {i} is {v:g})", value=shown)
     total = math.fsum(values)
     if abs(total - 1.0) > PROB_TOLERANCE:
-        raise UsageError(f"{flag} {shown}: probabilities sum to {total:.9g}, expected 1 "
-                         f"(tolerance {PROB_TOLERANCE:g})")
+        raise OptionError(name, f"probabilities sum to {total:.9g}, expected 1 (tolerance {PROB_TOLERANCE:g})",
+                          value=shown)
+
+
+def _probs_text(field: str, value: Any) -> str:
+    """A pipeline file's probabilities as the command line's text: a list of numbers, or a string."""
+    if isinstance(value, list) and value and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                 for v in value):
+        return ",".join(str(v) for v in value)
+    if not isinstance(value, str):
+        raise OptionError(field, f"expected a list of probabilities or a string, got {shown_value(value)}")
+    return value
+
+
+class TargetSpec(Value):
+    """--target: 'uniform', P0,P1,... or CLASS=PROB pairs; in a pipeline file also a list or a table."""
+
+    metavar = "SPEC"
+
+    def parse(self, field: str, value: Any) -> Target:
+        if isinstance(value, dict):
+            value = ",".join(f"{k}={v}" for k, v in value.items())
+        return parse_target(_probs_text(field, value))
+
+
+class Probs(Value):
+    """P0,P1,...: class proportions (a list of numbers in a pipeline file)."""
+
+    metavar = "P0,P1,..."
+
+    def parse(self, field: str, value: Any) -> tuple[float, ...]:
+        return parse_probs(_probs_text(field, value), flag(field))
 
 
 @dataclass(frozen=True)
 class StratifyOptions:
     """What `stratify` computes; `memory` and `tmp_dir` only bound the balanced-batch spill."""
 
-    label: str = "label"
-    target: Target = "uniform"
-    mode: str = "exact"
-    init_probs: tuple[float, ...] | None = None
-    num_classes: int | None = None
-    replacement: bool = False
-    size: int | None = None
-    batch_size: int | None = None
-    balanced_batches: bool = False
-    drop_remainder: bool = False
+    label: str = option("Integer class column (values in [0, classes)).", Column(), "label")
+    target: Target = option("Target proportions: P0,P1,... or 'uniform' or CLASS=PROB pairs (others get 0).",
+                            TargetSpec(), "uniform", required=True)
+    mode: str = option("exact: floor(M*t_i) examples per class, M = min_i n_i/t_i (n_i: examples); bernoulli: "
+                       "per-example acceptance as tf.contrib.training.stratified_sample; "
+                       "online: class distribution estimated as the data streams.", Choice(MODES), "exact")
+    init_probs: tuple[float, ...] | None = option(
+        "Known class proportions of SRC (--mode bernoulli; default: counted in a first pass).", Probs(), None)
+    num_classes: int | None = option("Number of classes (default: from --target, or the largest label + 1).",
+                                     Integer(), None)
+    replacement: bool = option("Upsample small classes instead of discarding large ones.", Flag(), False)
+    size: int | None = option("Output examples (--replacement: default the input size; exact: at most M).",
+                              Integer(), None)
+    batch_size: int | None = option("Write batches (row groups) of this many rows.", Integer(), None)
+    drop_remainder: bool = option("Drop the final batch if it is smaller than --batch-size.", Flag(), False)
+    balanced_batches: bool = option("Every batch holds its exact share of each class, rows shuffled, batches in "
+                                    "random order.", Flag(), False)
     memory: int = DEFAULT_MEMORY
     tmp_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
-            raise UsageError(f"--mode {self.mode!r}: expected one of {', '.join(MODES)}")
+            raise OptionError("mode", f"expected one of {', '.join(MODES)}", value=repr(self.mode))
         if isinstance(self.target, str) and self.target != "uniform":
-            raise UsageError(f"--target {self.target!r}: expected 'uniform', P0,P1,... or CLASS=PROB pairs")
+            raise OptionError("target", "expected 'uniform', P0,P1,... or CLASS=PROB pairs", value=repr(self.target))
         if not isinstance(self.target, str):
             check_probs(self.target.values() if isinstance(self.target, dict) else self.target, "--target")
         if self.init_probs is not None:
             if self.mode != "bernoulli":
-                raise UsageError(f"--init-probs applies to --mode bernoulli (--mode {self.mode} "
-                                 + ("counts the classes first)" if self.mode == "exact" else "estimates them)"))
+                raise OptionError("init_probs", f"{{init_probs}} applies to {{mode}} bernoulli ({{mode}} {self.mode} "
+                                  + ("counts the classes first)" if self.mode == "exact" else "estimates them)"),
+                                  mentions=["mode"])
             check_probs(self.init_probs, "--init-probs")
         if self.num_classes is not None and self.num_classes < 1:
-            raise UsageError(f"--num-classes {self.num_classes}: must be at least 1")
+            raise OptionError("num_classes", "must be at least 1", value=str(self.num_classes))
         self._check_class_counts()
         if self.replacement and self.mode == "online":
-            raise UsageError("--replacement needs the class counts: use --mode exact or bernoulli")
+            raise OptionError("replacement", "{replacement} needs the class counts: use {mode} exact or bernoulli",
+                              mentions=["mode"])
         if self.mode == "online":
             self.known_classes()
         if self.replacement and self.init_probs is not None:
-            raise UsageError("--replacement counts the classes itself; drop --init-probs")
+            raise OptionError("init_probs", "{replacement} counts the classes itself; drop {init_probs}",
+                              mentions=["replacement"])
         if self.size is not None and (self.size < 1 or (self.mode != "exact" and not self.replacement)):
-            raise UsageError(f"--size {self.size}: must be >= 1, with --mode exact or --replacement")
+            raise OptionError("size", "must be >= 1, with {mode} exact or {replacement}", value=str(self.size),
+                              mentions=["mode", "replacement"])
         if self.batch_size is not None and self.batch_size < 1:
-            raise UsageError(f"--batch-size {self.batch_size}: must be at least 1")
+            raise OptionError("batch_size", "must be at least 1", value=str(self.batch_size))
         if (self.balanced_batches or self.drop_remainder) and self.batch_size is None:
-            flag = "--balanced-batches" if self.balanced_batches else "--drop-remainder"
-            raise UsageError(f"{flag} needs --batch-size")
+            name = "balanced_batches" if self.balanced_batches else "drop_remainder"
+            raise OptionError(name, f"{{{name}}} needs {{batch_size}}", mentions=["batch_size"])
         if self.memory <= 0:
-            raise UsageError(f"--memory {self.memory}: must be a positive size")
+            raise OptionError("memory", "must be a positive size", value=str(self.memory))
 
     def _check_class_counts(self) -> None:
         """--target list, --num-classes and --init-probs must agree on the number of classes, at most MAX_CLASSES."""
         named = max(self.target) + 1 if isinstance(self.target, dict) and self.target else 0
-        for flag, n in (("--num-classes", self.num_classes or 0), ("--target", named)):
+        for name, n in (("num_classes", self.num_classes or 0), ("target", named)):
             if n > MAX_CLASSES:
-                raise UsageError(f"{flag}: {n:,} classes; at most {MAX_CLASSES:,} (every chunk counts its labels "
-                                 "per class)")
-        sizes = {flag: n for flag, n in (
-            ("--target", len(self.target) if isinstance(self.target, tuple) else None),
-            ("--num-classes", self.num_classes),
-            ("--init-probs", len(self.init_probs) if self.init_probs is not None else None)) if n is not None}
+                raise OptionError(name, f"{n:,} classes; at most {MAX_CLASSES:,} (every chunk counts its labels "
+                                  "per class)")
+        sizes = {name: n for name, n in (
+            ("target", len(self.target) if isinstance(self.target, tuple) else None),
+            ("num_classes", self.num_classes),
+            ("init_probs", len(self.init_probs) if self.init_probs is not None else None)) if n is not None}
         if len(set(sizes.values())) > 1:
-            raise UsageError("the number of classes disagrees: "
-                             + ", ".join(f"{flag} gives {n}" for flag, n in sizes.items()))
+            raise OptionError(next(iter(sizes)), "the number of classes disagrees: "
+                              + ", ".join(f"{{{name}}} gives {n}" for name, n in sizes.items()), mentions=list(sizes))
         if isinstance(self.target, dict) and sizes and max(self.target) >= min(sizes.values()):
-            raise UsageError(f"--target names class {max(self.target)} but there are only "
-                             f"{min(sizes.values())} classes (0..{min(sizes.values()) - 1})")
+            raise OptionError("target", f"{{target}} names class {max(self.target)} but there are only "
+                              f"{min(sizes.values())} classes (0..{min(sizes.values()) - 1})")
 
     def known_classes(self) -> int | None:
         """The number of classes if the options fix it (else the counting pass finds it)."""
@@ -156,8 +206,8 @@ class StratifyOptions:
         if self.mode == "online" and isinstance(self.target, dict):
             return max(self.target) + 1
         if self.mode == "online":
-            raise UsageError("--target uniform with --mode online needs --num-classes "
-                             "(there is no counting pass to find the classes)")
+            raise OptionError("target", "{target} uniform with {mode} online needs {num_classes} "
+                              "(there is no counting pass to find the classes)", mentions=["mode", "num_classes"])
         return None
 
     @property
@@ -350,6 +400,33 @@ def _by_class(counts: np.ndarray) -> dict[str, int]:
     return {str(i): int(n) for i, n in enumerate(np.asarray(counts).tolist())}
 
 
+class Stratify(Operation[StratifyOptions, Stratification]):
+    """stratify's definition: its options (the command and the pipeline keys are generated from them), the
+    columns it reads, and what its output depends on. Its passes and writer are still its own
+    (`resolve`, `Selection`, batchtool.stratify_writer), so it is not yet in OPERATIONS."""
+
+    name = "stratify"
+    summary = "Resample SRC to target class proportions (tf.contrib.training.stratified_sample) and write DST."
+    example = "batchtool stratify sample_data/parquet /tmp/balanced --label label --target uniform"
+    options = StratifyOptions
+    seeded = True
+    spills = True
+    batches_flag = "--balanced-batches"
+
+    def needs(self, options: StratifyOptions) -> list[str]:
+        return [options.label]
+
+    def depends(self, options: StratifyOptions) -> Depends:
+        return Depends.CHUNKS if options.mode == "online" else Depends.ORDER
+
+    def output_schema(self, options: StratifyOptions, schema: pa.Schema) -> pa.Schema:
+        need_columns(schema, "label", [options.label])
+        return schema
+
+
+OP = Stratify()
+
+
 def discard_warning(stats: dict[str, Any]) -> str | None:
     """One line for stderr when more than half of the examples never reach DST (`stratified_sample` logs this too)."""
     fraction = stats.get("discarded_fraction", 0.0)
@@ -360,7 +437,7 @@ def discard_warning(stats: dict[str, Any]) -> str | None:
             f"{stats['rows_in']:,} never appear in DST); {hint}")
 
 
-__all__ = ["MAX_CLASSES", "MODES", "ONLINE_PRIOR", "STAGE", "LabelError", "RatePlan", "Selection", "Stratification",
+__all__ = ["MAX_CLASSES", "MODES", "OP", "ONLINE_PRIOR", "STAGE", "Stratify", "LabelError", "RatePlan", "Selection", "Stratification",
            "StratifyOptions", "Target", "ThresholdPlan", "acceptance_probs", "balanced_batches", "check_probs",
            "check_zero_classes", "discard_warning", "exact_target", "exact_totals", "find_thresholds",
            "label_codes", "largest_total", "parse_probs", "parse_target", "resolve", "target_vector",
