@@ -11,12 +11,13 @@ from batchtool import budget
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.engines import with_engine
 from batchtool.job import JobResult, RunSettings, open_source, write_job
-from batchtool.ops.labels import LabelError, full_label_error, label_codes
+from batchtool.driver import make_plan, scanner
+from batchtool.ops.labels import LabelError, check_label_type, full_label_error, label_codes
 from batchtool.ops.quotas import plan_layout
 from batchtool.ops.shuffle import (PART_SHARE, RowReader, bytes_per_row, emit, estimate_memory_bytes, keyed_spill,
                                    manifest_options, peek, rebatch, spill_streams)
-from batchtool.ops.stratify import (STAGE, Plan, Selection, Stratification, StratifyOptions, balanced_batches,
-                                    resolve)
+from batchtool.ops.stratify import (OP, STAGE, Plan, Selection, Stratification, StratifyOptions,
+                                    balanced_batches)
 from batchtool.output import OutputOptions
 from batchtool.runner import ordered_map
 from batchtool.spill import parts_for
@@ -41,6 +42,12 @@ def write_stratified(dataset: Dataset, strat: Stratification, dst: str, output: 
         return _write(selection, selection.items(run.threads, report), dst, output, run, report, write, who)
 
 
+def resolve(dataset: Dataset, options: StratifyOptions, seed: int, threads: int) -> Stratification:
+    """stratify's plan, from its first pass (class counts) and, in exact mode, its threshold passes."""
+    check_label_type(dataset, options.label)
+    return make_plan(OP, options, dataset, threads, seed)
+
+
 @contextlib.contextmanager
 def labels_counted(dataset: Dataset, strat: Stratification, threads: int) -> Iterator[None]:
     """A bad label found while streaming (no counting pass: --init-probs, --mode online) becomes the error
@@ -48,7 +55,8 @@ def labels_counted(dataset: Dataset, strat: Stratification, threads: int) -> Ite
     try:
         yield
     except LabelError:
-        raise full_label_error(dataset, strat.options.label, strat.num_classes, threads) from None
+        raise full_label_error(scanner(dataset, threads), strat.options.label, strat.num_classes,
+                               dataset.locate) from None
 
 
 
@@ -88,4 +96,4 @@ def _write(job: Selection, items: Iterable[tuple[Callable[[], Chunk], Plan]], ds
 
 
 
-__all__ = ["labels_counted", "stratify", "write_stratified"]
+__all__ = ["labels_counted", "resolve", "stratify", "write_stratified"]

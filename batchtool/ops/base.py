@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -30,6 +30,8 @@ P = TypeVar("P")
 """An op's plan (its options when it has no first pass)."""
 Columns = list[str] | None
 """Column names, or None for all of them."""
+Scan = Callable[[list[str], Callable[[Chunk], Any]], Iterator[Any]]
+"""A pass over some columns of the input: fn(chunk) per chunk, in input order (see Context.scan)."""
 
 
 class Kind(enum.Enum):
@@ -369,6 +371,9 @@ class Context:
     schema: pa.Schema
     src: str
     locate: Callable[[int], str]
+    scan: Scan | None = field(default=None, compare=False)
+    """Further passes the plan may ask for (exact thresholds, the full count behind an error): scan(columns, fn)
+    yields fn(chunk) for every chunk of those columns, in input order, run on the engine. None on workers."""
 
 
 class Operation(Generic[O, P]):
@@ -461,5 +466,5 @@ def row_stats(rows_in: int, rows_out: int) -> Tally:
 
 
 __all__ = ["Choice", "Column", "ColumnError", "ColumnList", "Context", "Depends", "Flag", "Integer", "Kind", "Number",
-           "NumberOrColumn", "Operation", "Option", "OptionError", "Renames", "Tally", "Value", "build", "fields",
+           "NumberOrColumn", "Operation", "Option", "OptionError", "Renames", "Scan", "Tally", "Value", "build", "fields",
            "flag", "from_texts", "key", "need_columns", "option", "row_stats", "shown"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -13,6 +14,7 @@ import pyarrow.compute as pc
 from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset
 from batchtool.errors import InputError, SchemaError, where
+from batchtool.ops.base import Scan
 
 MAX_CLASSES = 1 << 16
 """Most classes, given (--num-classes, --target) or inferred from the data: every input chunk counts its
@@ -58,17 +60,30 @@ def is_class(value: Any, num_classes: int) -> bool:
     return isinstance(value, (int, float)) and float(value).is_integer() and 0 <= value < num_classes
 
 
-def full_label_error(dataset: Dataset, column: str, num_classes: int, threads: int,
+def _first_bad(column: str, num_classes: int, locate: Locate, chunk: Chunk) -> str | None:
+    try:
+        label_codes(chunk, column, num_classes, locate)
+    except LabelError as exc:
+        return exc.first
+    return None
+
+
+def bad_label_count(counted: stats_mod.DatasetStats, num_classes: int) -> int:
+    """Labels that are null or not a class, from a counting pass."""
+    return counted.label_nulls + sum(n for v, n in counted.label_counts.items() if not is_class(v, num_classes))
+
+
+def full_label_error(scan: Scan, column: str, num_classes: int, locate: Locate,
                      counted: stats_mod.DatasetStats | None = None) -> LabelError:
     """The error over the whole dataset: how many labels are bad (counting pass) and the first one."""
-    counted = counted or stats_mod.collect(dataset, label=column, threads=threads)
-    count = counted.label_nulls + sum(n for v, n in counted.label_counts.items() if not is_class(v, num_classes))
-    for chunk in dataset.chunks([column], threads):
-        try:
-            label_codes(chunk, column, num_classes, dataset.locate)
-        except LabelError as exc:
-            return LabelError(column, num_classes, count, exc.first)
+    if counted is None:
+        counted = stats_mod.DatasetStats()
+        for part in scan([column], functools.partial(stats_mod.chunk_stats, label=column, length=None)):
+            counted.merge(part)
+    for first in scan([column], functools.partial(_first_bad, column, num_classes, locate)):
+        if first is not None:
+            return LabelError(column, num_classes, bad_label_count(counted, num_classes), first)
     raise AssertionError("the counting pass saw bad labels that the scan did not find")
 
 
-__all__ = ["LabelError", "MAX_CLASSES", "check_label_type", "full_label_error", "is_class", "label_codes"]
+__all__ = ["LabelError", "MAX_CLASSES", "check_label_type", "bad_label_count", "full_label_error", "is_class", "label_codes"]

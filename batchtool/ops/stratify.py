@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,11 +15,10 @@ from batchtool import rng
 from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.errors import InputError
-from batchtool.ops.base import (Choice, Column, Depends, Flag, Integer, Operation, OptionError, Tally, Value, flag,
+from batchtool.ops.base import (Choice, Column, Context, Depends, Flag, Integer, Operation, OptionError, Tally, Value, flag,
                                 need_columns, option)
 from batchtool.ops.base import shown as shown_value
-from batchtool.ops.labels import (MAX_CLASSES, LabelError, check_label_type, full_label_error, is_class,
-                                  label_codes)
+from batchtool.ops.labels import MAX_CLASSES, LabelError, bad_label_count, full_label_error, label_codes
 from batchtool.ops.quotas import QuotaLayout
 from batchtool.ops.resample import Copies, Piece, copy_stats, copy_summary, merged, pieces
 from batchtool.ops.shuffle import DEFAULT_MEMORY, RowReader
@@ -263,27 +263,6 @@ class Stratification:
         return (rows if exact else None), {**shown, **({} if exact or rows is None else {"expected_rows": rows})}
 
 
-def resolve(dataset: Dataset, options: StratifyOptions, seed: int, threads: int) -> Stratification:
-    """The first passes over the label column only: class counts (unless --init-probs or --mode online
-    make them unnecessary), then, in exact mode, the per-class thresholds."""
-    check_label_type(dataset, options.label)
-    num_classes = options.known_classes()
-    counted = None
-    if options.needs_counts:
-        counted = stats_mod.collect(dataset, label=options.label, threads=threads)
-        num_classes = num_classes or classes_from_data(counted, options)
-        if counted.label_nulls or any(not is_class(v, num_classes) for v in counted.label_counts):
-            raise full_label_error(dataset, options.label, num_classes, threads, counted)
-    target = target_vector(options.target, num_classes)
-    info: dict[str, Any] = {"label": options.label, "mode": options.mode, "replacement": options.replacement,
-                            "num_classes": num_classes, "target": target.tolist()}
-    plan: Plan | None = None
-    expected_rows: float | None = None
-    if options.mode != "online":
-        plan, expected_rows = _plan(dataset, options, counted, num_classes, target, seed, threads, info)
-    return Stratification(options, num_classes, target, plan, expected_rows, info)
-
-
 @dataclass
 class Selection:
     """Applying a stratification to a dataset's chunks; the statistics the manifest reports are merged into
@@ -370,8 +349,8 @@ class Selection:
 
 
 
-def _plan(dataset: Dataset, options: StratifyOptions, counted: stats_mod.DatasetStats | None, num_classes: int,
-          target: np.ndarray, seed: int, threads: int, info: dict[str, Any]) -> tuple[Plan, float | None]:
+def _plan(context: Context, options: StratifyOptions, counted: stats_mod.DatasetStats | None, num_classes: int,
+          target: np.ndarray, info: dict[str, Any]) -> tuple[Plan, float | None]:
     """The plan of the exact and Bernoulli modes, and the expected output rows (None if unknown)."""
     if counted is None:
         init = np.asarray(options.init_probs, dtype=np.float64)
@@ -388,12 +367,11 @@ def _plan(dataset: Dataset, options: StratifyOptions, counted: stats_mod.Dataset
         info.update(total_m=m.numerator if m.denominator == 1 else round(float(m), 6),
                     class_targets={str(i): int(t) for i, t in enumerate(totals.tolist())})
         plan = threshold_plan(totals, counts, lambda ranks: find_thresholds(
-            dataset, options.label, num_classes, ranks, counts, seed, threads))
+            context.scan, options.label, num_classes, ranks, counts, context.seed, context.locate))
         return plan, float(totals.sum())
     rates = replacement_rates(counts, target, options) if options.replacement else acceptance_probs(init, target)
     info["rates" if options.replacement else "acceptance_probs"] = rates.tolist()
     return RatePlan(tuple(rates.tolist())), float((counts * rates).sum())
-
 
 
 def _by_class(counts: np.ndarray) -> dict[str, int]:
@@ -423,6 +401,34 @@ class Stratify(Operation[StratifyOptions, Stratification]):
         need_columns(schema, "label", [options.label])
         return schema
 
+    def first_pass_columns(self, options: StratifyOptions) -> list[str]:
+        """The class counts (unless --init-probs or --mode online make them unnecessary)."""
+        return [options.label] if options.needs_counts else []
+
+    def first_pass(self, options: StratifyOptions, context: Context, chunk: Chunk) -> Tally:
+        part = stats_mod.chunk_stats(chunk, options.label, None)
+        return Tally.of(label_counts=Counter(part.label_counts), label_nulls=part.label_nulls)
+
+    def plan(self, options: StratifyOptions, context: Context, stats: Tally | None) -> Stratification:
+        """The classes, the target and, unless --mode online (which plans chunk by chunk), the plan: in exact
+        mode with the per-class thresholds, found in further passes over the label column."""
+        num_classes = options.known_classes()
+        counted = None
+        if stats is not None:
+            counted = stats_mod.DatasetStats(label_counts=dict(stats.counts.get("label_counts", {})),
+                                             label_nulls=stats.count("label_nulls"))
+            num_classes = num_classes or classes_from_data(counted, options)
+            if bad_label_count(counted, num_classes):
+                raise full_label_error(context.scan, options.label, num_classes, context.locate, counted)
+        target = target_vector(options.target, num_classes)
+        info: dict[str, Any] = {"label": options.label, "mode": options.mode, "replacement": options.replacement,
+                                "num_classes": num_classes, "target": target.tolist()}
+        plan: Plan | None = None
+        expected_rows: float | None = None
+        if options.mode != "online":
+            plan, expected_rows = _plan(context, options, counted, num_classes, target, info)
+        return Stratification(options, num_classes, target, plan, expected_rows, info)
+
 
 OP = Stratify()
 
@@ -440,5 +446,5 @@ def discard_warning(stats: dict[str, Any]) -> str | None:
 __all__ = ["MAX_CLASSES", "MODES", "OP", "ONLINE_PRIOR", "STAGE", "Stratify", "LabelError", "RatePlan", "Selection", "Stratification",
            "StratifyOptions", "Target", "ThresholdPlan", "acceptance_probs", "balanced_batches", "check_probs",
            "check_zero_classes", "discard_warning", "exact_target", "exact_totals", "find_thresholds",
-           "label_codes", "largest_total", "parse_probs", "parse_target", "resolve", "target_vector",
+           "label_codes", "largest_total", "parse_probs", "parse_target", "target_vector",
            "threshold_plan"]

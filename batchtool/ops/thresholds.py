@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
 
 import numpy as np
 
 from batchtool import rng
-from batchtool.dataset import Chunk, Dataset
+from batchtool.dataset import Chunk
+from batchtool.ops.base import Scan
 from batchtool.ops.labels import Locate, label_codes
 from batchtool.ops.stratify_plans import STAGE
-from batchtool.runner import ordered_map
 
 SELECT_BUDGET = 1 << 22
 """Keyed hashes held at once while finding the exact per-class thresholds (32 MiB)."""
@@ -38,8 +38,13 @@ def window_chunk(chunk: Chunk, column: str, num_classes: int, windows: dict[int,
     return result
 
 
-def find_thresholds(dataset: Dataset, column: str, num_classes: int, ranks: dict[int, int], counts: np.ndarray,
-                    seed: int, threads: int, budget: int = SELECT_BUDGET) -> dict[int, int]:
+def _window(chunk: Chunk, *, column: str, num_classes: int, windows: dict[int, tuple[int, int, bool]], seed: int,
+            locate: Locate) -> dict[int, np.ndarray]:
+    return window_chunk(chunk, column, num_classes, windows, seed, locate)
+
+
+def find_thresholds(scan: Scan, column: str, num_classes: int, ranks: dict[int, int], counts: np.ndarray,
+                    seed: int, locate: Locate, budget: int = SELECT_BUDGET) -> dict[int, int]:
     """The ranks[c]-th smallest keyed hash of each class c, exactly, reading only the label column.
 
     Each pass either collects a class's hashes (when its window holds at most `budget` of them) and
@@ -57,10 +62,9 @@ def find_thresholds(dataset: Dataset, column: str, num_classes: int, ranks: dict
                 used += size
         windows = {cls: (prefix, bits, cls in collect) for cls, (_, prefix, bits, _) in state.items()}
         parts: dict[int, list[np.ndarray]] = {cls: [] for cls in state}
-        def window_task(task: Callable[[], Chunk], windows: dict = windows) -> dict[int, np.ndarray]:
-            return window_chunk(task(), column, num_classes, windows, seed, dataset.locate)
-
-        for result in ordered_map(window_task, dataset.tasks([column]), threads):
+        window = functools.partial(_window, column=column, num_classes=num_classes, windows=windows, seed=seed,
+                                   locate=locate)
+        for result in scan([column], window):
             for cls, values in result.items():
                 parts[cls].append(values)
         for cls, (rank, prefix, bits, _) in list(state.items()):

@@ -32,7 +32,7 @@ from batchtool.ops.boundaries import assign_buckets, expected_efficiency
 from batchtool.output import OutputOptions
 from batchtool.pipeline import config as config_mod
 from batchtool.runner import ordered_map
-from batchtool.stratify_writer import labels_counted, write_stratified
+from batchtool.stratify_writer import labels_counted, resolve, write_stratified
 
 Columns = list[str] | None
 """Column names, or None for all of them."""
@@ -175,7 +175,7 @@ class StratifyStage(Stage):
         return ORDER if self.options.mode == "exact" else ANY  # the thresholds are keyed hashes of the ids
 
     def plan(self, view: Dataset, run: RunSettings) -> None:
-        self.strat = stratify_op.resolve(view, self.options, self.seed, run.threads)
+        self.strat = resolve(view, self.options, self.seed, run.threads)
 
     def stream(self, view: Dataset, columns: Columns, run: RunSettings, report: ReadReport) -> Stream:
         selection = stratify_op.Selection(view, self.strat, self.seed)
