@@ -7,19 +7,19 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Iterator
 
+import numpy as np
+
 from batchtool import budget
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.engines import with_engine
 from batchtool.job import JobResult, RunSettings, open_source, write_job
-from batchtool.driver import make_plan, scanner
-from batchtool.ops.labels import LabelError, check_label_type, full_label_error, label_codes
+from batchtool.driver import Applied, make_plan, scanner
+from batchtool.ops.labels import LabelError, check_label_type, full_label_error
 from batchtool.ops.quotas import plan_layout
 from batchtool.ops.shuffle import (PART_SHARE, RowReader, bytes_per_row, emit, estimate_memory_bytes, keyed_spill,
                                    manifest_options, peek, rebatch, spill_streams)
-from batchtool.ops.stratify import (OP, STAGE, Plan, Selection, Stratification, StratifyOptions,
-                                    balanced_batches)
+from batchtool.ops.stratify import OP, STAGE, Stratification, StratifyOptions, balanced_batches
 from batchtool.output import OutputOptions
-from batchtool.runner import ordered_map
 from batchtool.spill import parts_for
 
 
@@ -36,10 +36,8 @@ def write_stratified(dataset: Dataset, strat: Stratification, dst: str, output: 
                      *, seed: int, write: Callable[..., JobResult] = write_job, who: str = "stratify") -> JobResult:
     """The pass that writes (`write` is write_job, or a wrapper when stratify is a pipeline's last stage,
     whose name `who` then labels the progress bars)."""
-    report = ReadReport()
-    selection = Selection(dataset, strat, seed)
     with labels_counted(dataset, strat, run.threads):
-        return _write(selection, selection.items(run.threads, report), dst, output, run, report, write, who)
+        return _write(Applied(OP, strat), dataset, dst, output, run, write, who)
 
 
 def resolve(dataset: Dataset, options: StratifyOptions, seed: int, threads: int) -> Stratification:
@@ -60,40 +58,47 @@ def labels_counted(dataset: Dataset, strat: Stratification, threads: int) -> Ite
 
 
 
-def _write(job: Selection, items: Iterable[tuple[Callable[[], Chunk], Plan]], dst: str, output: OutputOptions,
-           run: RunSettings, report: ReadReport, write: Callable[..., JobResult], who: str) -> JobResult:
+def _write(applied: Applied, dataset: Dataset, dst: str, output: OutputOptions, run: RunSettings,
+           write: Callable[..., JobResult], who: str) -> JobResult:
     """Write the selection: one row group per input chunk, batches of --batch-size, or balanced batches."""
-    options, dataset, strat = job.options, job.dataset, job.strat
-    expected_rows = strat.expected_rows
-    common = dict(command="stratify", options=manifest_options(options, output), seed=job.seed, dataset=dataset,
-                  dst=dst, output=output, schema=dataset.schema, run=run, report=report)
+    strat: Stratification = applied.plan
+    options, report, expected_rows = strat.options, ReadReport(), strat.expected_rows
+    common = dict(command="stratify", options=manifest_options(options, output), seed=strat.seed, dataset=dataset,
+                  dst=dst, output=output, schema=dataset.schema, run=run, report=report, stats=applied.report)
     if options.batch_size is None:
-        return write(**common, items=job.pieces(items, run.threads), work=job.build_batch, stats=job.stats,
+        return write(**common, items=applied.items(dataset, None, run.threads, report), work=applied.emit,
                      total_rows=dataset.progress_rows)
-    selected = (c for c, _ in ordered_map(job.build, job.pieces(items, run.threads), run.threads) if c.num_rows)
+    selected = (c for c, _ in applied.stream(dataset, None, run.threads, report) if c.num_rows)
     first, selected = peek(selected)
     most_rows = int(expected_rows) if options.mode == "exact" else None if options.replacement else dataset.num_rows
     budget.check_rows("--batch-size", options.batch_size, most_rows, bytes_per_row(first), options.memory)
     if not options.balanced_batches:
         batches = rebatch(selected, options.batch_size, dataset.schema, options.drop_remainder)
-        return write(**common, items=job.counted(batches), work=emit, stats=job.stats,
+        return write(**common, items=_counted(applied, batches), work=emit,
                      total_rows=int(expected_rows) if expected_rows is not None else None)
     active = strat.target > 0
     whole = estimate_memory_bytes(dataset, first, rows=int(expected_rows) if expected_rows is not None else None)
     part_bytes = max(1, options.memory // (PART_SHARE * int(active.sum())))
     parts = [parts_for(whole * t, part_bytes) for t in strat.target.tolist()]
-    with keyed_spill(dataset.schema, parts, job.seed, STAGE + "/order", options.memory, options.tmp_dir) as spill:
-        spill_streams(selected, spill, lambda c: label_codes(c, options.label, job.num_classes, dataset.locate),
-                      f"{who}: select", dataset.progress_rows, run.quiet)
+    with keyed_spill(dataset.schema, parts, strat.seed, STAGE + "/order", options.memory, options.tmp_dir) as spill:
+        spill_streams(selected, spill, strat.labels, f"{who}: select", dataset.progress_rows, run.quiet)
         available = spill.rows.copy()
         layout = plan_layout(available, strat.target, options.batch_size, partial=not options.drop_remainder,
                              oversample=False)
-        streams = [RowReader(spill.read_group(c), dataset.schema) for c in range(job.num_classes)]
-        extra = {"batch_size": options.batch_size, "balanced_batches": layout.batches + bool(sum(layout.partial)),
-                 "final_batch_quotas": list(layout.partial)}
-        return write(**common, items=job.counted(balanced_batches(streams, layout, job.seed, dataset.schema)),
-                     work=emit, stats=lambda: job.stats(extra), total_rows=int(layout.per_class.sum()))
+        streams = [RowReader(spill.read_group(c), dataset.schema) for c in range(strat.num_classes)]
+        applied.stats.latest["batches"] = {"batch_size": options.batch_size,
+                                           "balanced_batches": layout.batches + bool(sum(layout.partial)),
+                                           "final_batch_quotas": list(layout.partial)}
+        return write(**common, items=_counted(applied, balanced_batches(streams, layout, strat.seed, dataset.schema)),
+                     work=emit, total_rows=int(layout.per_class.sum()))
 
+
+def _counted(applied: Applied, batches: Iterable[Chunk]) -> Iterator[Chunk]:
+    """The batches as they go to the writer, their classes counted here (on the driver, in order)."""
+    strat: Stratification = applied.plan
+    for chunk in batches:
+        applied.stats.add(class_out=np.bincount(strat.labels(chunk), minlength=strat.num_classes))
+        yield chunk
 
 
 __all__ = ["labels_counted", "resolve", "stratify", "write_stratified"]

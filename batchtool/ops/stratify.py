@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -13,20 +13,19 @@ import pyarrow as pa
 
 from batchtool import rng
 from batchtool import stats as stats_mod
-from batchtool.dataset import Chunk, Dataset, ReadReport
+from batchtool.dataset import Chunk
 from batchtool.errors import InputError
 from batchtool.ops.base import (Choice, Column, Context, Depends, Flag, Integer, Operation, OptionError, Tally, Value, flag,
                                 need_columns, option)
 from batchtool.ops.base import shown as shown_value
-from batchtool.ops.labels import MAX_CLASSES, LabelError, bad_label_count, full_label_error, label_codes
+from batchtool.ops.labels import MAX_CLASSES, Locate, LabelError, bad_label_count, full_label_error, label_codes
 from batchtool.ops.quotas import QuotaLayout
-from batchtool.ops.resample import Copies, Piece, copy_stats, copy_summary, merged, pieces
+from batchtool.ops.resample import Copies, Piece, copy_stats, copy_summary
 from batchtool.ops.shuffle import DEFAULT_MEMORY, RowReader
 from batchtool.ops.stratify_plans import (STAGE, Plan, RatePlan, Target, ThresholdPlan, acceptance_probs,
                                           check_zero_classes, exact_target, exact_totals, largest_total,
                                           replacement_rates, target_vector, threshold_plan)
 from batchtool.ops.thresholds import find_thresholds
-from batchtool.runner import ordered_map
 
 MODES = ("exact", "bernoulli", "online")
 PROB_TOLERANCE = 1e-6
@@ -253,6 +252,13 @@ class Stratification:
     plan: Plan | None
     expected_rows: float | None
     info: dict[str, Any]
+    seed: int
+    locate: Locate
+    seen: np.ndarray | None = None
+    """--mode online: the class counts (plus ONLINE_PRIOR) up to and including this chunk."""
+
+    def labels(self, chunk: Chunk) -> np.ndarray:
+        return label_codes(chunk, self.options.label, self.num_classes, self.locate)
 
     def expected(self) -> tuple[int | None, dict[str, Any]]:
         """Dry run: the output rows (exact mode fixes them) and the plan's numbers."""
@@ -261,92 +267,6 @@ class Stratification:
         exact = self.options.mode == "exact"
         rows = None if self.expected_rows is None else round(self.expected_rows)
         return (rows if exact else None), {**shown, **({} if exact or rows is None else {"expected_rows": rows})}
-
-
-@dataclass
-class Selection:
-    """Applying a stratification to a dataset's chunks; the statistics the manifest reports are merged into
-    `tally` on the driver, in input order (the per-chunk functions sent to workers are pure)."""
-
-    dataset: Dataset
-    strat: Stratification
-    seed: int
-    tally: Tally = field(default_factory=Tally)
-    online_final_probs: list[float] | None = None
-    """--mode online: the class distribution estimated from every label read."""
-
-    @property
-    def options(self) -> StratifyOptions:
-        return self.strat.options
-
-    @property
-    def num_classes(self) -> int:
-        return self.strat.num_classes
-
-    def items(self, threads: int, report: ReadReport,
-              columns: Sequence[str] | None = None) -> Iterable[tuple[Callable[[], Chunk], Plan]]:
-        """(read task, plan) per input chunk, in order; --mode online plans each chunk from those before it."""
-        if self.strat.plan is None:
-            return self.online_items(threads, report, columns)
-        return ((task, self.strat.plan) for task in self.dataset.tasks(columns, report))
-
-    def online_items(self, threads: int, report: ReadReport,
-                     columns: Sequence[str] | None = None) -> Iterator[tuple[Callable[[], Chunk], Plan]]:
-        """--mode online: chunk c's acceptance probabilities come from the label counts of chunks 0..c in input
-        order (plus ONLINE_PRIOR per class), so they do not depend on threads."""
-        label, num_classes = self.options.label, self.num_classes
-        seen = np.full(num_classes, float(ONLINE_PRIOR))
-        for chunk in self.dataset.chunks(columns, threads, report):
-            seen += np.bincount(label_codes(chunk, label, num_classes, self.dataset.locate), minlength=num_classes)
-            self.online_final_probs = (seen / seen.sum()).tolist()
-            yield (lambda c=chunk: c), RatePlan(tuple(acceptance_probs(seen / seen.sum(), self.strat.target).tolist()))
-
-    def select(self, item: tuple[Callable[[], Chunk], Plan]) -> tuple[Copies, Tally]:
-        """Read one chunk and apply its plan: the copies of each row (rows built by `build`) and the chunk's
-        statistics; pure, runs on the engine's workers."""
-        source, plan = item
-        chunk = source()
-        labels = label_codes(chunk, self.options.label, self.num_classes, self.dataset.locate)
-        copies = plan.copies(labels, chunk.ids, self.seed)
-        tally = copy_stats(copies)
-        k = self.num_classes
-        tally.add(class_in=np.bincount(labels, minlength=k),
-                  class_selected=np.bincount(labels, weights=copies, minlength=k).astype(np.int64))
-        return Copies(chunk, copies), tally
-
-    def pieces(self, items: Iterable[tuple[Callable[[], Chunk], Plan]], threads: int) -> Iterator[Piece]:
-        """The selection in order, as pieces of bounded size (see resample.Copies.pieces)."""
-        return pieces(merged(ordered_map(self.select, items, threads), self.tally))
-
-    def build(self, piece: Piece) -> tuple[Chunk, int]:
-        """One piece's output rows (copies consecutive) and the input rows it completes."""
-        return piece.build(self.seed, STAGE), piece.rows
-
-    def build_batch(self, piece: Piece) -> tuple[list[pa.RecordBatch], int]:
-        """No --batch-size: each piece (an input chunk's selection, unless copies multiply it) is a row group."""
-        out, rows = self.build(piece)
-        return ([out.data] if out.num_rows else []), rows
-
-    def counted(self, batches: Iterable[Chunk]) -> Iterator[Chunk]:
-        """The batches as they go to the writer, their classes counted here (on the driver, in order)."""
-        for chunk in batches:
-            self.tally.add(class_out=np.bincount(label_codes(chunk, self.options.label, self.num_classes,
-                                                             self.dataset.locate), minlength=self.num_classes))
-            yield chunk
-
-    def stats(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        """manifest["stats"]: the plan, class counts before and after, copies and what was discarded."""
-        tally, zeros = self.tally, np.zeros(self.num_classes)
-        written = tally.counts.get("class_out", tally.counts.get("class_selected", zeros))
-        online = {} if self.online_final_probs is None else {"online_final_probs": self.online_final_probs}
-        result = {**self.strat.info, **online, **copy_summary(tally),
-                  "class_counts_before": _by_class(tally.counts.get("class_in", zeros)),
-                  "class_counts_after": _by_class(written), **(extra or {})}
-        lost = tally.count("examples_dropped") + int(np.sum(tally.counts.get("class_selected", 0))) - \
-            int(np.sum(written))
-        result["discarded_fraction"] = round(lost / max(1, tally.count("rows_in")), 6)
-        return result
-
 
 
 def _plan(context: Context, options: StratifyOptions, counted: stats_mod.DatasetStats | None, num_classes: int,
@@ -379,9 +299,9 @@ def _by_class(counts: np.ndarray) -> dict[str, int]:
 
 
 class Stratify(Operation[StratifyOptions, Stratification]):
-    """stratify's definition: its options (the command and the pipeline keys are generated from them), the
-    columns it reads, and what its output depends on. Its passes and writer are still its own
-    (`resolve`, `Selection`, batchtool.stratify_writer), so it is not yet in OPERATIONS."""
+    """stratify's definition: options, first pass, plan, kernel, report and dry run. Its writer (batches of
+    --batch-size, balanced batches spilled by class) and its pipeline stage are still its own
+    (batchtool.stratify_writer, pipeline/stages.StratifyStage), so it is not yet in OPERATIONS."""
 
     name = "stratify"
     summary = "Resample SRC to target class proportions (tf.contrib.training.stratified_sample) and write DST."
@@ -389,6 +309,7 @@ class Stratify(Operation[StratifyOptions, Stratification]):
     options = StratifyOptions
     seeded = True
     spills = True
+    expands = True
     batches_flag = "--balanced-batches"
 
     def needs(self, options: StratifyOptions) -> list[str]:
@@ -427,7 +348,57 @@ class Stratify(Operation[StratifyOptions, Stratification]):
         expected_rows: float | None = None
         if options.mode != "online":
             plan, expected_rows = _plan(context, options, counted, num_classes, target, info)
-        return Stratification(options, num_classes, target, plan, expected_rows, info)
+        return Stratification(options, num_classes, target, plan, expected_rows, info, context.seed, context.locate)
+
+    def per_chunk(self, plan: Stratification) -> Callable[[Chunk], Stratification] | None:
+        """--mode online: chunk c's acceptance probabilities come from the label counts of chunks 0..c in input
+        order (plus ONLINE_PRIOR per class), so they do not depend on threads."""
+        if plan.plan is not None:
+            return None
+        seen = np.full(plan.num_classes, float(ONLINE_PRIOR))
+
+        def chunk_plan(chunk: Chunk) -> Stratification:
+            nonlocal seen
+            seen = seen + np.bincount(plan.labels(chunk), minlength=plan.num_classes)
+            rates = RatePlan(tuple(acceptance_probs(seen / seen.sum(), plan.target).tolist()))
+            return replace(plan, plan=rates, seen=seen)
+        return chunk_plan
+
+    def kernel(self, plan: Stratification, chunk: Chunk) -> tuple[Copies, Tally]:
+        """One chunk's copies per row (built into rows piece by piece) and its class counts before and after."""
+        labels = plan.labels(chunk)
+        copies = plan.plan.copies(labels, chunk.ids, plan.seed)  # type: ignore[union-attr]
+        tally = copy_stats(copies)
+        k = plan.num_classes
+        tally.add(class_in=np.bincount(labels, minlength=k),
+                  class_selected=np.bincount(labels, weights=copies, minlength=k).astype(np.int64))
+        if plan.seen is not None:
+            tally.latest["online_final_probs"] = (plan.seen / plan.seen.sum()).tolist()
+        return Copies(chunk, copies), tally
+
+    def pieces(self, output: Copies) -> Iterator[Piece]:
+        return output.pieces()
+
+    def build(self, plan: Stratification, piece: Piece) -> tuple[Chunk, int]:
+        """One piece's output rows (copies consecutive) and the input rows it completes."""
+        return piece.build(plan.seed, STAGE), piece.rows
+
+    def report(self, plan: Stratification, stats: Tally) -> dict[str, Any]:
+        """manifest["stats"]: the plan, class counts before and after, copies and what was discarded (the
+        writer adds `class_out`, the classes of the batches it wrote, and `latest["batches"]`, their layout)."""
+        zeros = np.zeros(plan.num_classes)
+        written = stats.counts.get("class_out", stats.counts.get("class_selected", zeros))
+        online = {k: v for k, v in stats.latest.items() if k == "online_final_probs"}
+        result = {**plan.info, **online, **copy_summary(stats),
+                  "class_counts_before": _by_class(stats.counts.get("class_in", zeros)),
+                  "class_counts_after": _by_class(written), **stats.latest.get("batches", {})}
+        lost = stats.count("examples_dropped") + int(np.sum(stats.counts.get("class_selected", 0))) - \
+            int(np.sum(written))
+        result["discarded_fraction"] = round(lost / max(1, stats.count("rows_in")), 6)
+        return result
+
+    def expected(self, plan: Stratification, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
+        return plan.expected()
 
 
 OP = Stratify()
@@ -443,7 +414,7 @@ def discard_warning(stats: dict[str, Any]) -> str | None:
             f"{stats['rows_in']:,} never appear in DST); {hint}")
 
 
-__all__ = ["MAX_CLASSES", "MODES", "OP", "ONLINE_PRIOR", "STAGE", "Stratify", "LabelError", "RatePlan", "Selection", "Stratification",
+__all__ = ["MAX_CLASSES", "MODES", "OP", "ONLINE_PRIOR", "STAGE", "Stratify", "LabelError", "RatePlan", "Stratification",
            "StratifyOptions", "Target", "ThresholdPlan", "acceptance_probs", "balanced_batches", "check_probs",
            "check_zero_classes", "discard_warning", "exact_target", "exact_totals", "find_thresholds",
            "label_codes", "largest_total", "parse_probs", "parse_target", "target_vector",
