@@ -466,5 +466,6 @@ def row_stats(rows_in: int, rows_out: int) -> Tally:
 
 
 __all__ = ["Choice", "Column", "ColumnError", "ColumnList", "Context", "Depends", "Flag", "Integer", "Kind", "Number",
-           "NumberOrColumn", "Operation", "Option", "OptionError", "Renames", "Scan", "Tally", "Value", "build", "fields",
+           "NumberOrColumn", "Operation", "Option", "OptionError", "Renames", "Scan", "Tally", "Value", "build",
+           "fields",
            "flag", "from_texts", "key", "need_columns", "option", "row_stats", "shown"]

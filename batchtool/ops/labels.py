@@ -1,4 +1,4 @@
-"""Class labels: an integer column read as class indices, and the errors that name the bad ones (stratify, bucket --balance)."""
+"""Class labels: an integer column read as class indices, and errors naming the bad ones (stratify, bucket)."""
 
 from __future__ import annotations
 
@@ -86,4 +86,5 @@ def full_label_error(scan: Scan, column: str, num_classes: int, locate: Locate,
     raise AssertionError("the counting pass saw bad labels that the scan did not find")
 
 
-__all__ = ["LabelError", "MAX_CLASSES", "check_label_type", "bad_label_count", "full_label_error", "is_class", "label_codes"]
+__all__ = ["LabelError", "MAX_CLASSES", "bad_label_count", "check_label_type", "full_label_error", "is_class",
+           "label_codes"]

@@ -15,8 +15,8 @@ from batchtool import rng
 from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk
 from batchtool.errors import InputError
-from batchtool.ops.base import (Choice, Column, Context, Depends, Flag, Integer, Operation, OptionError, Tally, Value, flag,
-                                need_columns, option)
+from batchtool.ops.base import (Choice, Column, Context, Depends, Flag, Integer, Operation, OptionError, Tally, Value,
+                                flag, need_columns, option)
 from batchtool.ops.base import shown as shown_value
 from batchtool.ops.labels import MAX_CLASSES, Locate, LabelError, bad_label_count, full_label_error, label_codes
 from batchtool.ops.quotas import QuotaLayout
@@ -414,8 +414,7 @@ def discard_warning(stats: dict[str, Any]) -> str | None:
             f"{stats['rows_in']:,} never appear in DST); {hint}")
 
 
-__all__ = ["MAX_CLASSES", "MODES", "OP", "ONLINE_PRIOR", "STAGE", "Stratify", "LabelError", "RatePlan", "Stratification",
-           "StratifyOptions", "Target", "ThresholdPlan", "acceptance_probs", "balanced_batches", "check_probs",
-           "check_zero_classes", "discard_warning", "exact_target", "exact_totals", "find_thresholds",
-           "label_codes", "largest_total", "parse_probs", "parse_target", "target_vector",
-           "threshold_plan"]
+__all__ = ["MAX_CLASSES", "MODES", "OP", "ONLINE_PRIOR", "STAGE", "LabelError", "RatePlan", "Stratification",
+           "Stratify", "StratifyOptions", "Target", "ThresholdPlan", "acceptance_probs", "balanced_batches",
+           "check_probs", "check_zero_classes", "discard_warning", "exact_target", "exact_totals", "find_thresholds",
+           "label_codes", "largest_total", "parse_probs", "parse_target", "target_vector", "threshold_plan"]
