@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -13,7 +13,7 @@ import pyarrow as pa
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.engines import with_engine
 from batchtool.job import JobResult, RunSettings, open_source, write_job
-from batchtool.ops.base import Context, Operation, OptionError, Tally
+from batchtool.ops.base import Context, Operation, OptionError, Scan, Tally
 from batchtool.ops.shuffle import manifest_options
 from batchtool.output import OutputOptions
 from batchtool.runner import ordered_map
@@ -40,6 +40,17 @@ def _kernel(op: Operation, item: tuple[Callable[[], Chunk], Any]) -> tuple[Any, 
     return out, stats, chunk.num_rows
 
 
+def _apply(fn: Callable[[Chunk], Any], task: Callable[[], Chunk]) -> Any:
+    return fn(task())
+
+
+def scanner(dataset: Dataset, threads: int) -> Scan:
+    """Passes over `dataset` on the engine, each result in input order (Context.scan)."""
+    def scan(columns: list[str], fn: Callable[[Chunk], Any]) -> Iterator[Any]:
+        return ordered_map(functools.partial(_apply, fn), dataset.tasks(columns), threads)
+    return scan
+
+
 def make_plan(op: Operation, options: Any, dataset: Dataset, threads: int, seed: int = 0) -> Any:
     """The op's plan: its first pass over the columns it names (if any), merged in input order."""
     context = Context(seed, dataset.schema, dataset.src, dataset.locate)
@@ -50,7 +61,7 @@ def make_plan(op: Operation, options: Any, dataset: Dataset, threads: int, seed:
         for part in ordered_map(functools.partial(_first_pass, op, options, context), dataset.tasks(columns),
                                 threads):
             stats.merge(part)
-    return op.plan(options, context, stats)
+    return op.plan(options, replace(context, scan=scanner(dataset, threads)), stats)
 
 
 class Applied:
@@ -126,4 +137,4 @@ def run_operation(op: Operation, options: Any, src: str, dst: str, output: Outpu
                      stats=applied.report, run=run, report=report)
 
 
-__all__ = ["Applied", "emit_nonempty", "make_plan", "run_operation"]
+__all__ = ["Applied", "emit_nonempty", "make_plan", "run_operation", "scanner"]

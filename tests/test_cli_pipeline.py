@@ -160,7 +160,7 @@ ERRORS = {
     "flag not bool": (['op = "bucket"\nauto-buckets = 3\nbatch-size = 8\nmask = 1'],
                       "stage 1 (bucket): key 'mask': expected true or false, got integer 1"),
     "bad choice": (['op = "stratify"\ntarget = "uniform"\nmode = "exactly"'],
-                   "stage 1 (stratify): key 'mode': 'exactly' is not one of"),
+                   "stage 1 (stratify): key 'mode' = 'exactly': expected one of exact, bernoulli, online"),
     "invalid value": (['op = "shuffle"\nbatch-size = 0'], "stage 1 (shuffle): batch-size 0: must be at least 1"),
     "missing required": (['op = "stratify"'], "stage 1 (stratify): missing key 'target'"),
     "unknown op": (['op = "bukcet"'], "stage 1: key 'op': unknown operation 'bukcet' (did you mean 'bucket'?)"),

@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 
 import numpy as np
 import pyarrow as pa
 import pytest
 from conftest import data_bytes, write_parquet_shards
 
-from batchtool.errors import BatchtoolError, InputError
+from batchtool.errors import BatchtoolError, InputError, UsageError
 from batchtool.job import RunSettings
 from batchtool.ops.bucket import BucketOptions
 from batchtool.ops.segment import SegmentOptions
@@ -41,6 +42,19 @@ def test_keys_are_the_commands_flags_with_their_types_and_defaults(tmp_path):
                                       tmp_dir=str(tmp_path / "spills"))
     assert (config.seed, config.threads, config.input.path) == (7, 3, str(tmp_path / "src"))
     assert config.output_path == str(tmp_path / "out") and config.output.codec == "zstd"
+
+
+def test_stratify_keys_come_from_its_schema_and_errors_name_keys(tmp_path):
+    config = load(pipeline(tmp_path, ['op = "stratify"\ntarget = [0.5, 0.5]\nmode = "bernoulli"\n'
+                                      'init-probs = "0.25,0.75"']))
+    assert config.stages[0].options == StratifyOptions(target=(0.5, 0.5), mode="bernoulli", init_probs=(0.25, 0.75))
+    for keys, message in [('target = "uniform"\nbalanced-batches = true', "balanced-batches needs batch-size"),
+                          ('target = [0.5, 0.6]', "key 'target' = 0.5,0.6: probabilities sum to 1.1"),
+                          ('target = "uniform"\nnum-classes = 0', "key 'num-classes' = 0: must be at least 1"),
+                          ('target = "uniform"\ninit-probs = true', "key 'init-probs': expected a list of "
+                                                                     "probabilities or a string, got boolean True")]:
+        with pytest.raises(UsageError, match=re.escape(f"stage 1 (stratify): {message}")):
+            load(pipeline(tmp_path, [f'op = "stratify"\n{keys}']))
 
 
 def test_lists_tables_and_negated_flags(tmp_path):

@@ -15,14 +15,15 @@ from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.job import RunSettings
 from batchtool.ops import resample as resample_op
 from batchtool.ops.base import NumberOrColumn
-from batchtool.ops.resample import ResampleOptions, RunningMean, piece_bounds, repeat_rows, resample
+from batchtool.driver import run_operation
+from batchtool.ops.resample import OP, ResampleOptions, RunningMean, piece_bounds, repeat_rows
 from batchtool.output import OutputOptions
 from conftest import read_dir, write_parquet_shards
 
 
 def run(src, dst, threads: int = 2, seed: int = 0, **options):
-    return resample(src, str(dst), ResampleOptions(**options), OutputOptions(),
-                    RunSettings(threads=threads, quiet=True), seed=seed)
+    return run_operation(OP, ResampleOptions(**options), src, str(dst), OutputOptions(),
+                         RunSettings(threads=threads, quiet=True), seed=seed)
 
 
 def dataset(path, rows: int, row_group_size: int = 250, **columns) -> str:

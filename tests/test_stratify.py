@@ -15,12 +15,14 @@ from hypothesis import strategies as st
 
 from batchtool import rng
 from batchtool.dataset import open_dataset
+from batchtool.driver import scanner
 from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.job import RunSettings
 from batchtool.ops.quotas import plan_layout
 from batchtool.ops.stratify import (ONLINE_PRIOR, STAGE, StratifyOptions, acceptance_probs, exact_target,
-                                    exact_totals, find_thresholds, largest_total, parse_target, stratify,
+                                    exact_totals, find_thresholds, largest_total, parse_target,
                                     threshold_plan)
+from batchtool.stratify_writer import stratify
 from batchtool.output import OutputOptions
 from batchtool.synthetic import make_table
 from conftest import read_dir, write_parquet_shards
@@ -159,7 +161,8 @@ def test_thresholds_found_in_several_passes_are_exact(tmp_path):
     counts = np.bincount(labels)
     ranks = {0: 1, 1: int(counts[1]) // 2, 2: int(counts[2])}
     for budget in (1, 100, 1 << 22):  # 1: histogram passes down to 48 fixed bits; huge: one collecting pass
-        found = find_thresholds(dataset, "label", 3, ranks, counts, seed=9, threads=2, budget=budget)
+        found = find_thresholds(scanner(dataset, 2), "label", 3, ranks, counts, seed=9, locate=dataset.locate,
+                                budget=budget)
         assert found == {c: int(np.sort(hashes[labels == c])[k - 1]) for c, k in ranks.items()}
 
 
@@ -172,8 +175,8 @@ def test_within_class_selection_is_uniform_over_subsets(tmp_path):
     counts = np.array([6, 3])
     subsets = Counter()
     for seed in range(600):
-        plan = threshold_plan(np.array([3, 3]), counts,
-                              lambda ranks, seed=seed: find_thresholds(dataset, "label", 2, ranks, counts, seed, 1))
+        plan = threshold_plan(np.array([3, 3]), counts, lambda ranks, seed=seed: find_thresholds(
+            scanner(dataset, 1), "label", 2, ranks, counts, seed, dataset.locate))
         copies = plan.copies(codes, ids, seed)
         assert copies[6:].tolist() == [1, 1, 1] and copies[:6].sum() == 3
         subsets[tuple(np.flatnonzero(copies[:6]))] += 1

@@ -130,6 +130,20 @@ class Size(click.ParamType):
 SIZE = Size()
 
 
+def seed_option(fn: Callable) -> Callable:
+    return click.option("--seed", type=int, default=0, show_default=True,
+                        help="Seed of every random decision (same seed, same output bytes).")(fn)
+
+
+def memory_options(fn: Callable) -> Callable:
+    """--memory and --tmp-dir, for commands that reorder through spill files."""
+    fn = click.option("--tmp-dir", type=click.Path(file_okay=False),
+                      help="Directory for temporary spill files (default: the system's).")(fn)
+    fn = click.option("--memory", type=SIZE, default="1GB", show_default=True, metavar="SIZE",
+                      help="Memory for reordering; more data than this spills to --tmp-dir.")(fn)
+    return fn
+
+
 def input_options(fn: Callable) -> Callable:
     """--format, --skip-corrupt and --max-record-bytes, for every command that reads SRC.
 

@@ -3,34 +3,42 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import click
 
-from batchtool.cli.common import command, input_options, make_output, make_run, output_options, report, run_options
+from batchtool.cli.common import (command, input_options, make_output, make_run, memory_options, output_options,
+                                  parse_size, report, run_options, seed_option)
 from batchtool.driver import run_operation
+from batchtool.job import JobResult
 from batchtool.ops import OPERATIONS
-from batchtool.cli.resampling import seed_option
 from batchtool.ops.base import Operation, Option, build, fields, flag, from_texts, required
 
+Runner = Callable[..., JobResult]
+"""How a command runs its op: run_operation(op, options, src, dst, output, run, *, seed, format, skip_corrupt)."""
 
-def make_command(op: Operation) -> click.Command:
+
+def make_command(op: Operation, runner: Runner = run_operation) -> click.Command:
     """`batchtool NAME SRC DST --option ...`: the op's options generated from its schema, plus what every
-    writing command takes (input, output and run options), running through the driver."""
+    writing command takes (input, output and run options; --seed for a seeded op, --memory and --tmp-dir
+    for one that spills), running through the driver."""
     names = [f.name for f, _ in fields(op.options)]
 
     def run_op(src: str, dst: str, input_format: str | None, skip_corrupt: bool, **kwargs: Any) -> None:
         given = {name: value for name in names if (value := kwargs.pop(name)) not in (None, ())}
-        options = build(op.options, from_texts(op.options, given))
+        settings = {"memory": parse_size(kwargs.pop("memory")), "tmp_dir": kwargs.pop("tmp_dir")} if op.spills else {}
+        options = build(op.options, from_texts(op.options, given), **settings)
         seed = kwargs.pop("seed", 0)
         output, run = make_output(kwargs), make_run(kwargs)
-        result = run_operation(op, options, src, dst, output, run, seed=seed, format=input_format,
-                               skip_corrupt=skip_corrupt)
+        result = runner(op, options, src, dst, output, run, seed=seed, format=input_format, skip_corrupt=skip_corrupt)
         report(result.manifest, dst, run.quiet)
 
     run_op.__name__ = f"{op.name}_cmd"
     run_op.__doc__ = op.summary
-    fn = run_options(output_options(input_options(run_op)))
+    fn = run_options(output_options(input_options(run_op), batches=op.batches_flag or False))
+    if op.spills:
+        fn = memory_options(fn)
     if op.seeded:
         fn = seed_option(fn)
     for f, decl in reversed(fields(op.options)):

@@ -6,6 +6,7 @@ from batchtool.ops import filter as filter_op
 from batchtool.ops import rename as rename_op
 from batchtool.ops import resample as resample_op
 from batchtool.ops import select as select_op
+from batchtool.ops import stratify as stratify_op
 from batchtool.ops.base import Operation
 
 OPERATIONS: dict[str, Operation] = {
@@ -16,4 +17,8 @@ OPERATIONS: dict[str, Operation] = {
 }
 """Name -> definition: the command, the pipeline stage and the dry run of each are derived from it."""
 
-__all__ = ["OPERATIONS", "Operation"]
+DEFINED: dict[str, Operation] = {**OPERATIONS, "stratify": stratify_op.OP}
+"""Every op with a definition: its command and pipeline keys come from its schema. Those not in OPERATIONS
+still run their own passes and writer (and have their own pipeline stage)."""
+
+__all__ = ["DEFINED", "OPERATIONS", "Operation"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -30,6 +30,8 @@ P = TypeVar("P")
 """An op's plan (its options when it has no first pass)."""
 Columns = list[str] | None
 """Column names, or None for all of them."""
+Scan = Callable[[list[str], Callable[[Chunk], Any]], Iterator[Any]]
+"""A pass over some columns of the input: fn(chunk) per chunk, in input order (see Context.scan)."""
 
 
 class Kind(enum.Enum):
@@ -173,6 +175,20 @@ def shown(value: Any) -> str:
     return f"{kind.get(type(value), type(value).__name__)} {value!r}"
 
 
+class Choice(Value):
+    """One of a few words."""
+
+    def __init__(self, choices: Sequence[str]) -> None:
+        self.choices = tuple(choices)
+        self.metavar = f"[{'|'.join(self.choices)}]"  # type: ignore[misc]
+
+    def parse(self, field: str, value: Any) -> str:
+        if value not in self.choices:
+            raise OptionError(field, f"expected one of {', '.join(self.choices)}",
+                              value=repr(value) if isinstance(value, str) else shown(value))
+        return value
+
+
 class Column(Value):
     """One column name."""
 
@@ -243,11 +259,13 @@ class Option:
 
     help: str
     value: Value
+    required: bool = False
+    """Must be given even though the dataclass has a default (for callers that build it directly)."""
 
 
-def option(help: str, value: Value, default: Any = dataclasses.MISSING) -> Any:
+def option(help: str, value: Value, default: Any = dataclasses.MISSING, *, required: bool = False) -> Any:
     """An options-dataclass field with what its command-line option and pipeline key are generated from."""
-    return dataclasses.field(default=default, metadata={"option": Option(help, value)})
+    return dataclasses.field(default=default, metadata={"option": Option(help, value, required)})
 
 
 def fields(options: type) -> list[tuple[dataclasses.Field, Option]]:
@@ -256,7 +274,8 @@ def fields(options: type) -> list[tuple[dataclasses.Field, Option]]:
 
 
 def required(f: dataclasses.Field) -> bool:
-    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING  # type: ignore[misc]
+    return (f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING  # type: ignore[misc]
+            or f.metadata.get("option", Option("", Value())).required)
 
 
 def from_texts(options: type, given: Mapping[str, Any]) -> dict[str, Any]:
@@ -265,10 +284,11 @@ def from_texts(options: type, given: Mapping[str, Any]) -> dict[str, Any]:
     return {name: kinds[name].from_text(name, list(v) if isinstance(v, tuple) else v) for name, v in given.items()}
 
 
-def build(options: type[O], given: Mapping[str, Any]) -> O:
+def build(options: type[O], given: Mapping[str, Any], **settings: Any) -> O:
     """The options from {field: raw value} (absent fields take their defaults): every value parsed by its
-    kind, then the dataclass's own checks. Every problem is an OptionError naming the field."""
-    values = {}
+    kind, then the dataclass's own checks. Every problem is an OptionError naming the field. `settings` are
+    fields that are not options of the op (the pipeline's memory for a spilling op), passed as they are."""
+    values = dict(settings)
     for f, decl in fields(options):
         if f.name in given:
             values[f.name] = decl.value.parse(f.name, given[f.name])
@@ -351,6 +371,9 @@ class Context:
     schema: pa.Schema
     src: str
     locate: Callable[[int], str]
+    scan: Scan | None = field(default=None, compare=False)
+    """Further passes the plan may ask for (exact thresholds, the full count behind an error): scan(columns, fn)
+    yields fn(chunk) for every chunk of those columns, in input order, run on the engine. None on workers."""
 
 
 class Operation(Generic[O, P]):
@@ -367,6 +390,10 @@ class Operation(Generic[O, P]):
     kind: ClassVar[Kind] = Kind.ROWS
     seeded: ClassVar[bool] = False
     """Takes a --seed (random draws keyed by it and the example ids)."""
+    spills: ClassVar[bool] = False
+    """Its options carry `memory` and `tmp_dir` (--memory, --tmp-dir; a pipeline's own in a pipeline)."""
+    batches_flag: ClassVar[str | None] = None
+    """The flag with which its output is batches (written as batch shards without --to)."""
     expands: ClassVar[bool] = False
     """The kernel's output can outgrow its input chunk: it returns a description of it, cut by `pieces`
     and built by `build` piece by piece, so that no single chunk decides memory."""
@@ -438,6 +465,7 @@ def row_stats(rows_in: int, rows_out: int) -> Tally:
     return Tally.of(rows_in=rows_in, rows_out=rows_out)
 
 
-__all__ = ["Column", "ColumnError", "ColumnList", "Context", "Depends", "Flag", "Integer", "Kind", "Number",
-           "NumberOrColumn", "Operation", "Option", "OptionError", "Renames", "Tally", "Value", "build", "fields",
+__all__ = ["Choice", "Column", "ColumnError", "ColumnList", "Context", "Depends", "Flag", "Integer", "Kind", "Number",
+           "NumberOrColumn", "Operation", "Option", "OptionError", "Renames", "Scan", "Tally", "Value", "build",
+           "fields",
            "flag", "from_texts", "key", "need_columns", "option", "row_stats", "shown"]

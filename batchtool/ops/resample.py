@@ -14,12 +14,9 @@ import pyarrow.compute as pc
 from batchtool import rng
 from batchtool.budget import row_nbytes
 from batchtool.dataset import Chunk
-from batchtool.engines import with_engine
 from batchtool.errors import InputError, SchemaError
-from batchtool.job import JobResult, RunSettings
 from batchtool.ops.base import (Column, ColumnError, Context, Depends, Flag, Integer, Number, NumberOrColumn, Operation,
                                 OptionError, Tally, need_columns, option)
-from batchtool.output import OutputOptions
 
 STAGE = "resample"
 DEFAULT_RATE_COLUMN = "resample_rate"
@@ -397,14 +394,5 @@ class Resample(Operation[ResampleOptions, ResamplePlan]):
 OP = Resample()
 
 
-@with_engine
-def resample(src: str, dst: str, options: ResampleOptions, output: OutputOptions, run: RunSettings = RunSettings(),
-             *, seed: int = 0, format: str | None = None, skip_corrupt: bool = False) -> JobResult:
-    """Resample SRC into DST; copies of an example are consecutive rows (a later `shuffle` spreads them)."""
-    from batchtool.driver import run_operation  # (the driver runs every op; it imports the ops package)
-
-    return run_operation(OP, options, src, dst, output, run, seed=seed, format=format, skip_corrupt=skip_corrupt)
-
-
 __all__ = ["Copies", "MAX_RATE", "OP", "Piece", "ResampleOptions", "RunningMean", "example_rates", "merged",
-           "pieces", "repeat_rows", "resample", "resample_copies"]
+           "pieces", "repeat_rows", "resample_copies"]

@@ -1,9 +1,9 @@
 """Pipeline files: TOML read into frozen, validated configs; every error names the file, the stage and the key.
 
 A stage's keys are its command's flags without `--` (`batch-size = 32` is `--batch-size 32`). They
-are converted by the click command's own parameters and turned into the operation's options by
-the same function the command uses, so a pipeline stage and a CLI invocation cannot disagree on
-a name, a default or a check.
+are read by the op's option schema (ops/base.py) when it has a definition, else converted by the click
+command's own parameters and turned into options by the function the command uses, so a pipeline stage
+and a CLI invocation cannot disagree on a name, a default or a check.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from batchtool.cli import segment as segment_cli
 from batchtool.cli.common import (cli, default_format, input_options, make_output, output_options, parse_size,
                                   run_options)
 from batchtool.errors import BatchtoolError, InputError, UsageError
-from batchtool.ops import OPERATIONS
+from batchtool.ops import DEFINED, OPERATIONS
 from batchtool.ops.base import ColumnList, Kind, Operation, OptionError, build, fields, required, shown
 from batchtool.ops.base import key as key_of
 from batchtool.output import OutputOptions
@@ -39,12 +39,11 @@ else:  # pragma: no cover
 
 OPS = tuple(dict.fromkeys(("stratify", "resample", "shuffle", "bucket", "pack", "segment", *OPERATIONS)))
 BUILDERS: dict[str, Callable[..., Any]] = {
-    "stratify": resampling_cli.stratify_options,
     "shuffle": resampling_cli.shuffle_options, "bucket": bucket_cli.bucket_options,
     "segment": segment_cli.segment_options, "pack": pack_cli.pack_options,
 }
 """The function each command builds its options with, from its flags' values."""
-SPILLING = ("stratify", "shuffle", "bucket", "pack")
+SPILLING = ("shuffle", "bucket", "pack")
 """Operations whose options carry the pipeline's memory and tmp-dir (segment gets them when it runs)."""
 TOP_KEYS = ("seed", "threads", "memory", "tmp-dir", "input", "stage", "output")
 INPUT_KEYS = ("path", "format", "columns", "skip-corrupt")
@@ -233,7 +232,7 @@ class _Reader:
         for key in keys:
             if key in _PIPELINE_WIDE:
                 raise self.fail(where, f"key {key!r} is set for the whole pipeline, in {_PIPELINE_WIDE[key]}")
-        options = (self.op_options(OPERATIONS[op], keys, where) if op in OPERATIONS
+        options = (self.op_options(DEFINED[op], keys, where, memory, tmp_dir) if op in DEFINED
                    else self.command_options(op, keys, where, memory, tmp_dir))
         return StageConfig(index, op, options, keys)
 
@@ -249,15 +248,17 @@ class _Reader:
         except BatchtoolError as exc:
             raise self.fail(where, flags_to_keys(str(exc))) from None
 
-    def op_options(self, op: Operation, keys: dict[str, Any], where: str) -> Any:
-        """An operation definition's options, from the keys its schema declares."""
+    def op_options(self, op: Operation, keys: dict[str, Any], where: str, memory: str, tmp_dir: str | None) -> Any:
+        """An operation definition's options, from the keys its schema declares (and the pipeline's memory
+        and tmp-dir for an op that spills)."""
         declared = {key_of(f.name): f for f, _ in fields(op.options)}
         self.keys(keys, list(declared), where)
         for name, f in declared.items():
             if required(f) and name not in keys:
                 raise self.fail(where, f"missing key {name!r}")
         try:
-            return build(op.options, {declared[k].name: v for k, v in keys.items()})
+            settings = {"memory": parse_size(memory), "tmp_dir": tmp_dir} if op.spills else {}
+            return build(op.options, {declared[k].name: v for k, v in keys.items()}, **settings)
         except OptionError as exc:
             raise self.fail(where, exc.rendered("toml")) from None
 

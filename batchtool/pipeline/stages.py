@@ -31,7 +31,7 @@ from batchtool.ops.base import Depends, Operation, need_columns
 from batchtool.ops.boundaries import assign_buckets, expected_efficiency
 from batchtool.output import OutputOptions
 from batchtool.pipeline import config as config_mod
-from batchtool.runner import ordered_map
+from batchtool.stratify_writer import labels_counted, resolve, write_stratified
 
 Columns = list[str] | None
 """Column names, or None for all of them."""
@@ -157,38 +157,35 @@ class StratifyStage(Stage):
 
     @property
     def sensitivity(self) -> int:  # type: ignore[override]
-        return CHUNKS if self.options.mode == "online" else ORDER
+        return int(stratify_op.OP.depends(self.options))
 
     def output_schema(self, schema: pa.Schema) -> pa.Schema:
-        _need(schema, [self.options.label], "label")
-        return schema
+        return stratify_op.OP.output_schema(self.options, schema)
 
     def input_columns(self, columns: Columns) -> Columns:
-        return None if columns is None else list(dict.fromkeys([*columns, self.options.label]))
+        return stratify_op.OP.input_columns(self.options, columns)
 
     def first_pass_columns(self, schema: pa.Schema) -> Columns:
-        return [self.options.label] if self.options.needs_counts else []
+        return stratify_op.OP.first_pass_columns(self.options)
 
     @property
     def first_pass_needs(self) -> int:  # type: ignore[override]
         return ORDER if self.options.mode == "exact" else ANY  # the thresholds are keyed hashes of the ids
 
     def plan(self, view: Dataset, run: RunSettings) -> None:
-        self.strat = stratify_op.resolve(view, self.options, self.seed, run.threads)
+        self.strat = resolve(view, self.options, self.seed, run.threads)
 
     def stream(self, view: Dataset, columns: Columns, run: RunSettings, report: ReadReport) -> Stream:
-        selection = stratify_op.Selection(view, self.strat, self.seed)
-        with stratify_op.labels_counted(view, self.strat, run.threads):
-            pieces = selection.pieces(selection.items(run.threads, report, columns), run.threads)
-            yield from ordered_map(selection.build, pieces, run.threads)
-        self.report = selection.stats()
+        applied = Applied(stratify_op.OP, self.strat)
+        with labels_counted(view, self.strat, run.threads):
+            yield from applied.stream(view, columns, run.threads, report)
+        self.report = applied.report()
 
     def write(self, view: Dataset, dst: str, output: OutputOptions, run: RunSettings, write: Write) -> JobResult:
-        return stratify_op.write_stratified(view, self.strat, dst, output, run, seed=self.seed, write=write,
-                                            who=self.name)
+        return write_stratified(view, self.strat, dst, output, run, seed=self.seed, write=write, who=self.name)
 
     def expected(self, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
-        return self.strat.expected()
+        return stratify_op.OP.expected(self.strat, rows_in)
 
 
 class ShuffleStage(Stage):

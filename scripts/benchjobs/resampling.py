@@ -55,7 +55,8 @@ def selection_mask(ctx: Context) -> str:
     import pyarrow.parquet as pq
 
     from batchtool.job import RunSettings
-    from batchtool.ops.stratify import StratifyOptions, stratify
+    from batchtool.ops.stratify import StratifyOptions
+    from batchtool.stratify_writer import stratify
     from batchtool.output import OutputOptions
 
     path = os.path.join(ctx.data, "cache", "stratify_uniform_seed0_mask.npy")

@@ -1,0 +1,154 @@
+"""stratify's plans: target proportions, the exact per-class totals and Bernoulli rates, and the pure
+functions from a chunk's labels and ids to copies per example."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import TYPE_CHECKING, Union
+
+import numpy as np
+
+from batchtool import rng
+from batchtool.errors import InputError, UsageError
+from batchtool.ops.resample import MAX_RATE
+
+if TYPE_CHECKING:
+    from batchtool.ops.stratify import StratifyOptions
+
+STAGE = "stratify"
+Target = Union[str, tuple[float, ...], dict[int, float]]
+
+
+def target_vector(target: Target, num_classes: int) -> np.ndarray:
+    """Target proportions per class, normalised to sum to exactly 1 (after the tolerance check)."""
+    if isinstance(target, str):
+        t = np.full(num_classes, 1.0 / num_classes)
+    elif isinstance(target, dict):
+        t = np.zeros(num_classes)
+        for cls, prob in target.items():
+            t[cls] = prob
+    else:
+        t = np.asarray(target, dtype=np.float64)
+    return t / t.sum()
+
+
+
+# -- plans: pure functions from a chunk's labels and ids to copies per example -----------------------------------
+
+
+@dataclass(frozen=True)
+class ThresholdPlan:
+    """Exact mode: every example of class i gets base[i] copies, plus one more if its keyed hash is
+    <= thresholds[i] (exactly the class's k_i smallest hashes; None: no example gets one)."""
+
+    base: tuple[int, ...]
+    thresholds: tuple[int | None, ...]
+
+    def copies(self, labels: np.ndarray, ids: np.ndarray, seed: int) -> np.ndarray:
+        has = np.array([t is not None for t in self.thresholds])
+        limit = np.array([t or 0 for t in self.thresholds], dtype=np.uint64)
+        extra = has[labels] & (rng.keyed_hash(seed, STAGE, ids) <= limit[labels])
+        return np.asarray(self.base, dtype=np.int64)[labels] + extra
+
+
+@dataclass(frozen=True)
+class RatePlan:
+    """Bernoulli, online and Bernoulli-with-replacement: an example of class i gets floor(r_i) copies
+    plus one more with probability frac(r_i), from its keyed uniform."""
+
+    rates: tuple[float, ...]
+
+    def copies(self, labels: np.ndarray, ids: np.ndarray, seed: int) -> np.ndarray:
+        r = np.asarray(self.rates, dtype=np.float64)[labels]
+        whole = np.floor(r)
+        return whole.astype(np.int64) + (rng.uniform(seed, STAGE, ids) < r - whole)
+
+
+Plan = Union[ThresholdPlan, RatePlan]
+
+
+def acceptance_probs(init_probs: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """`stratified_sample`'s a_i = (t_i / p_i) / max_j (t_j / p_j); a class with p_i = 0 (and so t_i = 0) gets 0."""
+    ratio = np.divide(target, init_probs, out=np.zeros_like(target), where=init_probs > 0)
+    return ratio / ratio.max()
+
+
+def check_zero_classes(init_probs: np.ndarray, target: np.ndarray, source: str) -> None:
+    """`stratified_sample`'s error: a class with zero initial probability cannot reach a non-zero target."""
+    for i in np.flatnonzero((init_probs <= 0) & (target > 0)):
+        raise (UsageError if source == "--init-probs" else InputError)(
+            f"class {i} has initial probability 0 ({source}) but --target gives it {target[i]:g}: "
+            "a class with no examples cannot be sampled")
+
+
+def exact_target(target: Target, num_classes: int) -> list[Fraction]:
+    """The target as exact fractions of the decimals as written, normalised to sum to exactly 1, so that
+    floor(M * t_i) is never one short where a float product falls just below an integer (300 * 0.3)."""
+    if isinstance(target, str):
+        raw = [Fraction(1)] * num_classes
+    elif isinstance(target, dict):
+        raw = [Fraction(repr(float(target.get(i, 0.0)))) for i in range(num_classes)]
+    else:
+        raw = [Fraction(repr(float(p))) for p in target]
+    total = sum(raw)
+    return [r / total for r in raw]
+
+
+def largest_total(counts: np.ndarray, target: Sequence[Fraction]) -> Fraction:
+    """M = min_i n_i / t_i over the classes with t_i > 0: the largest total every class can supply its
+    share of, so floor(M * t_i) <= n_i, the scarcest class is taken whole, and the proportions are exact
+    whenever the counts allow them (2709/199/62/30 at 0.4/0.3/0.2/0.1: M = 300, 120/90/60/30)."""
+    return min(Fraction(int(n)) / t for n, t in zip(counts.tolist(), target) if t > 0)
+
+
+def check_copies(total: int, counts: np.ndarray, target: np.ndarray, options: StratifyOptions) -> None:
+    """With --replacement each example of class i is written about total * t_i / n_i times: at most MAX_RATE."""
+    copies = np.divide(float(total) * target, counts, out=np.zeros_like(target), where=counts > 0)
+    i = int(np.argmax(copies))
+    if copies[i] > MAX_RATE:
+        given = f"--size {options.size:,}" if options.size else f"the input size {total:,}"
+        raise UsageError(f"{given} with --replacement: each of the {int(counts[i]):,} examples of class {i} would be "
+                         f"written about {copies[i]:.4g} times, more than {MAX_RATE:.10g} copies of one example; "
+                         "give a smaller --size")
+
+
+def exact_totals(counts: np.ndarray, target: np.ndarray, options: StratifyOptions) -> tuple[np.ndarray, Fraction]:
+    """Output examples per class, floor(M * t_i) in exact arithmetic, and M: min_i n_i / t_i (or --size);
+    with --replacement M is --size or the input size."""
+    exact = exact_target(options.target, len(counts))
+    if options.replacement:
+        m = Fraction(options.size or int(counts.sum()))
+        check_copies(int(m), counts, target, options)
+    else:
+        m = largest_total(counts, exact)
+        if options.size is not None:
+            if options.size > m:
+                raise UsageError(f"--size {options.size}: without --replacement the data allows at most "
+                                 f"{math.floor(m):,} examples at these proportions (class counts {counts.tolist()})")
+            m = Fraction(options.size)
+    return np.array([math.floor(m * t) for t in exact], dtype=np.int64), m
+
+
+def replacement_rates(counts: np.ndarray, target: np.ndarray, options: StratifyOptions) -> np.ndarray:
+    """Bernoulli with replacement: r_i = N * t_i / n_i expected copies, N = --size or the input size."""
+    total = options.size or int(counts.sum())
+    check_copies(total, counts, target, options)
+    return np.divide(float(total) * target, counts, out=np.zeros_like(target), where=counts > 0)
+
+
+
+def threshold_plan(totals: np.ndarray, counts: np.ndarray, find: Callable[[dict[int, int]], dict[int, int]]
+                   ) -> ThresholdPlan:
+    """base_i = T_i // n_i copies for all, one more for the T_i % n_i examples with the smallest hashes."""
+    base = np.floor_divide(totals, np.maximum(counts, 1))
+    extra = totals - base * counts
+    found = find({i: int(k) for i, k in enumerate(extra.tolist()) if k > 0})
+    return ThresholdPlan(tuple(base.tolist()), tuple(found.get(i) for i in range(len(totals))))
+
+
+__all__ = ["Plan", "RatePlan", "STAGE", "Target", "ThresholdPlan", "acceptance_probs", "check_copies",
+           "check_zero_classes", "exact_target", "exact_totals", "largest_total", "replacement_rates",
+           "target_vector", "threshold_plan"]
