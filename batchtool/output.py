@@ -176,7 +176,6 @@ class BatchShardWriter:
             if self._sink is None:
                 self._open()
             self._encoder.write(encoded)
-            self._stream.flush()  # so the shard's size (for rollover) counts the whole batch
             self._rows += encoded.data.num_rows
             self._batches += 1
             if self._full():
@@ -206,7 +205,7 @@ class BatchShardWriter:
     def _full(self) -> bool:
         o = self.options
         return ((o.shard_rows is not None and self._rows >= o.shard_rows)
-                or (o.shard_bytes is not None and self._sink.bytes >= o.shard_bytes)
+                or (o.shard_bytes is not None and self._stream.tell() >= o.shard_bytes)
                 or (o.spec.max_shard_batches is not None and self._batches >= o.spec.max_shard_batches))
 
     def _open(self) -> None:
@@ -215,8 +214,9 @@ class BatchShardWriter:
         self._rows = self._batches = 0
         self.files.append({"path": name})
         # Encoders write many small buffers (Arrow IPC about two dozen a batch, Parquet more): gathered in a
-        # native buffer, the writer thread takes the GIL once a batch for them, not once a buffer, and
-        # otherwise stays in C++ (which releases it) while the workers run Python.
+        # native buffer (whose tell() counts them for rollover), the writer thread takes the GIL once a
+        # megabyte to hash and write them, not once a buffer, and otherwise stays in C++ (which releases
+        # it) while the workers run Python.
         self._stream = pa.BufferedOutputStream(pa.PythonFile(self._sink, mode="w"), WRITE_BUFFER_BYTES)
         self._encoder = self.options.spec.open_sink(self._stream, self.schema, self.options)
 
