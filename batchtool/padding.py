@@ -82,10 +82,10 @@ def sequence_lengths(batch: pa.RecordBatch, columns: Sequence[str], locate: Call
 
 def pad_list_column(arr: pa.Array, length: int, pad_value: Any) -> pa.Array:
     """Every row padded on the right to exactly `length` steps (rows must not be longer)."""
-    lens = row_lengths(arr)
+    values, offsets = list_values(arr)
+    lens = np.diff(offsets) if not arr.null_count else row_lengths(arr)  # (a null row may span values)
     if len(arr) and lens.max(initial=0) > length:
         raise ValueError(f"a row has {lens.max()} steps, more than the padded length {length}")
-    values, offsets = list_values(arr)
     return padded_list([values], np.zeros(len(arr), dtype=np.int64), offsets[:-1], lens, length, pad_value,
                        arr.type.value_field)
 
