@@ -530,36 +530,43 @@ class LanePlanner:
 
 
 class _ItemBuilder:
-    """Slot arrays of one SegmentItem being filled by the planner."""
+    """Slot arrays of one SegmentItem being filled by the planner: it records runs (a lane's m consecutive
+    slots playing consecutive segments of one example), expanded into the arrays at once by finish()."""
 
     def __init__(self, batches: int, lanes: int, first_batch: int) -> None:
         self.first_batch = first_batch
+        self.batches = batches
+        self.lanes = lanes
         self.filled = 0
         self.finished = 0
-        self.src = np.full((batches, lanes), -1, dtype=np.int32)
-        self.row = np.zeros((batches, lanes), dtype=np.int64)
-        self.seg = np.zeros((batches, lanes), dtype=np.int32)
+        self.runs: list[tuple[int, int, int, int, int, int]] = []
+        """(first slot's batch, lane, source, row, first segment, m) per run."""
         self.sources: dict[int, int] = {}
         self.source_list: list[Examples] = []
 
     @property
     def room(self) -> int:
-        return len(self.src) - self.filled
+        return self.batches - self.filled
 
     def put(self, t: int, lane: int, ex: Examples, row: int, seg: int, m: int) -> None:
         index = self.sources.get(id(ex))
         if index is None:
             index = self.sources[id(ex)] = len(self.source_list)
             self.source_list.append(ex)
-        rows = slice(self.filled + t, self.filled + t + m)
-        self.src[rows, lane] = index
-        self.row[rows, lane] = row
-        self.seg[rows, lane] = np.arange(seg, seg + m)
+        self.runs.append((self.filled + t, lane, index, row, seg, m))
 
     def finish(self) -> SegmentItem:
         n = self.filled
-        return SegmentItem(self.first_batch, tuple(self.source_list), self.src[:n], self.row[:n], self.seg[:n],
-                           self.finished)
+        src = np.full((n, self.lanes), -1, dtype=np.int32)
+        row = np.zeros((n, self.lanes), dtype=np.int64)
+        seg = np.zeros((n, self.lanes), dtype=np.int32)
+        if self.runs:
+            first, lane, source, rows, segs, m = np.array(self.runs, dtype=np.int64).T
+            slots = (_ranges(first, m), np.repeat(lane, m))
+            src[slots] = np.repeat(source, m)
+            row[slots] = np.repeat(rows, m)
+            seg[slots] = _ranges(segs, m)
+        return SegmentItem(self.first_batch, tuple(self.source_list), src, row, seg, self.finished)
 
 
 # --- building batches (pure, on worker threads) --------------------------------------------------
