@@ -122,11 +122,16 @@ def _gather(sources: Sequence[pa.Array], source: np.ndarray, index: np.ndarray, 
     t = sources[0].type
     leaves, width, leaf_type = _numeric_leaves(sources)
     if leaves is not None:
-        out = np.full((len(index), width), pad_value, dtype=leaf_type.to_pandas_dtype())
+        # the padded buffer comes from Arrow's memory pool, which reuses freed memory: a fresh NumPy array
+        # of a batch's size is new pages from the OS each time, and the page faults cost as much as the copy
+        dtype = np.dtype(leaf_type.to_pandas_dtype())
+        buffer = pa.allocate_buffer(len(index) * width * dtype.itemsize)
+        out = np.frombuffer(buffer, dtype=dtype).reshape(len(index), width)
+        out[~real] = pad_value
         for s, leaf in enumerate(leaves):
             take = real & (source == s) if len(leaves) > 1 else real
             out[take] = leaf.reshape(-1, width)[index[take]]
-        array = pa.array(out.ravel(), type=leaf_type)
+        array = pa.Array.from_buffers(leaf_type, len(index) * width, [None, buffer])
         nesting = []
         while pa.types.is_fixed_size_list(t):
             nesting.append(t)
