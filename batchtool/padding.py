@@ -139,18 +139,16 @@ def _gather(sources: Sequence[pa.Array], source: np.ndarray, index: np.ndarray, 
         for fixed in reversed(nesting):
             array = pa.FixedSizeListArray.from_arrays(array, type=fixed)
         return array
-    if pa.types.is_fixed_size_list(t):  # with nulls, or of a non-numeric type: gather inside the vectors
-        width = t.list_size
-        inner = [s.values.slice(s.offset * width, len(s) * width) for s in sources]
-        return pa.FixedSizeListArray.from_arrays(
-            _gather(inner, np.repeat(source, width), (index[:, None] * width + np.arange(width)).ravel(),
-                    np.repeat(real, width), pad_value), type=t)
-    base = np.cumsum([0] + [len(s) for s in sources])
-    flat = base[source] + index
-    taken = pa.chunked_array(sources, type=t).take(pa.array(flat, mask=~real)).combine_chunks()
+    base = np.cumsum([0] + [len(s) for s in sources])  # with nulls, or not numbers: Arrow's take, then the pad
+    taken = pa.chunked_array(sources, type=t).take(pa.array(base[source] + index, mask=~real)).combine_chunks()
     if real.all():
         return taken
-    return pc.if_else(pa.array(real), taken, pa.scalar(pad_value, type=t))  # a null step stays null
+    return pc.if_else(pa.array(real), taken, pa.scalar(_pad_step(t, pad_value), type=t))  # a null stays null
+
+
+def _pad_step(t: pa.DataType, pad_value: Any) -> Any:
+    """One step of padding: pad_value, or a vector of them for a step that is a fixed-size vector."""
+    return [_pad_step(t.value_type, pad_value)] * t.list_size if pa.types.is_fixed_size_list(t) else pad_value
 
 
 def _numeric_leaves(sources: Sequence[pa.Array]) -> tuple[list[np.ndarray] | None, int, pa.DataType]:

@@ -68,6 +68,8 @@ def ragged_sources(draw):
     scalar = (st.text(max_size=2) if leaf == pa.string() else st.integers(-9, 9))
     element = st.one_of(st.none(), scalar) if nulls else scalar
     step = element if width is None else st.lists(element, min_size=width, max_size=width)
+    if nulls and width is not None:
+        step = st.one_of(st.none(), step)  # a null vector
     step_type = leaf if width is None else pa.list_(leaf, width)
     sources = [pa.array(draw(st.lists(step, max_size=8)), step_type).slice(draw(st.integers(0, 1)))
                for _ in range(draw(st.integers(1, 3)))]
@@ -104,3 +106,9 @@ def test_padding_vectors_matches_a_python_reference(rows, extra):
     for offset in (0, min(1, len(rows))):
         got = pad_list_column(arr.slice(offset), length, -1.0)
         assert got.to_pylist() == [(r or []) + [[-1.0, -1.0]] * (length - len(r or [])) for r in rows[offset:]]
+
+
+def test_a_null_vector_step_stays_null():
+    arr = pa.array([[[1.0, 2.0], None], [[5.0, 6.0]]], pa.list_(pa.list_(pa.float32(), 2)))
+    assert pad_list_column(arr, 3, -1.0).to_pylist() == [[[1.0, 2.0], None, [-1.0, -1.0]],
+                                                          [[5.0, 6.0], [-1.0, -1.0], [-1.0, -1.0]]]
