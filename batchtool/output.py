@@ -25,6 +25,8 @@ CASTS = {"float64=float32": (pa.float64(), pa.float32())}
 """Lossy conversions TFRecord output makes only when asked (--cast): tf.train.FloatList holds float32."""
 TFRECORD_KINDS = ("sequence_example", "example")
 DEFAULT_SHARD_BYTES = 256 * 1024 * 1024
+WRITE_BUFFER_BYTES = 1 << 20
+"""What a shard's native write buffer gathers before one Python-level write (see BatchShardWriter._open)."""
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,7 @@ class BatchShardWriter:
         self.options = options
         self.files: list[dict] = []
         self._sink: _HashingFile | None = None
+        self._stream: pa.BufferedOutputStream | None = None
         self._encoder: ShardSink | None = None
         self._rows = 0
         self._batches = 0
@@ -191,12 +194,15 @@ class BatchShardWriter:
             self._sink.abandon()
         if self._encoder is not None:
             self._encoder.abandon()  # into the abandoned sink: cannot fail
-        self._encoder = self._sink = None
+        if self._stream is not None:
+            with suppress(OSError):
+                self._stream.close()
+        self._encoder = self._sink = self._stream = None
 
     def _full(self) -> bool:
         o = self.options
         return ((o.shard_rows is not None and self._rows >= o.shard_rows)
-                or (o.shard_bytes is not None and self._sink.bytes >= o.shard_bytes)
+                or (o.shard_bytes is not None and self._stream.tell() >= o.shard_bytes)
                 or (o.spec.max_shard_batches is not None and self._batches >= o.spec.max_shard_batches))
 
     def _open(self) -> None:
@@ -204,11 +210,19 @@ class BatchShardWriter:
         self._sink = _HashingFile(os.path.join(self.directory, name))
         self._rows = self._batches = 0
         self.files.append({"path": name})
-        self._encoder = self.options.spec.open_sink(self._sink, self.schema, self.options)
+        # Encoders write many small buffers (Arrow IPC about two dozen a batch, Parquet more): gathered in a
+        # native buffer (whose tell() counts them for rollover), the writer thread takes the GIL once a
+        # megabyte to hash and write them, not once a buffer, and otherwise stays in C++ (which releases
+        # it) while the workers run Python.
+        self._stream = pa.BufferedOutputStream(pa.PythonFile(self._sink, mode="w"), WRITE_BUFFER_BYTES)
+        self._encoder = self.options.spec.open_sink(self._stream, self.schema, self.options)
 
     def _close_shard(self) -> None:
         extra = self._encoder.close()
         self._encoder = None
+        if not self._stream.closed:
+            self._stream.close()  # flushes, and closes the sink
+        self._stream = None
         self._sink.close()
         self.files[-1].update(rows=self._rows, batches=self._batches, bytes=self._sink.bytes,
                               sha256=self._sink.sha256.hexdigest(), **extra)

@@ -82,36 +82,89 @@ def sequence_lengths(batch: pa.RecordBatch, columns: Sequence[str], locate: Call
 
 def pad_list_column(arr: pa.Array, length: int, pad_value: Any) -> pa.Array:
     """Every row padded on the right to exactly `length` steps (rows must not be longer)."""
-    lens = row_lengths(arr)
-    n = len(arr)
-    if n and lens.max(initial=0) > length:
+    values, offsets = list_values(arr)
+    lens = np.diff(offsets) if not arr.null_count else row_lengths(arr)  # (a null row may span values)
+    if len(arr) and lens.max(initial=0) > length:
         raise ValueError(f"a row has {lens.max()} steps, more than the padded length {length}")
-    values = arr.flatten()
-    starts = np.concatenate([[0], np.cumsum(lens)[:-1]]) if n else np.zeros(0, dtype=np.int64)
-    step = np.arange(int(lens.sum())) - np.repeat(starts, lens)
-    dest = np.repeat(np.arange(n) * length, lens) + step
-    padded = _scatter(values, dest, n * length, pad_value)
-    offsets = pa.array((np.arange(n + 1) * length).astype(np.int32))
-    return pa.ListArray.from_arrays(offsets, padded, type=pa.list_(arr.type.value_field))
+    return padded_list([values], np.zeros(len(arr), dtype=np.int64), offsets[:-1], lens, length, pad_value,
+                       arr.type.value_field)
 
 
-def _scatter(values: pa.Array, dest: np.ndarray, size: int, pad_value: Any) -> pa.Array:
-    """Place values at dest positions of an array of `size` steps filled with pad_value."""
-    if pa.types.is_fixed_size_list(values.type):
-        width = values.type.list_size
-        inner_dest = (dest[:, None] * width + np.arange(width)).ravel()
-        inner = values.flatten()
-        return pa.FixedSizeListArray.from_arrays(_scatter(inner, inner_dest, size * width, pad_value),
-                                                 type=values.type)
-    t = values.type
-    if (pa.types.is_integer(t) or pa.types.is_floating(t)) and values.null_count == 0:
-        out = np.full(size, pad_value, dtype=t.to_pandas_dtype())
-        out[dest] = values.to_numpy(zero_copy_only=False)
-        return pa.array(out, type=t)
-    index = np.full(size, -1, dtype=np.int64)
-    index[dest] = np.arange(len(dest))
-    taken = values.take(pa.array(index, mask=index < 0))
-    return pc.fill_null(taken, pa.scalar(pad_value, type=t)) if len(dest) < size else taken
+def list_values(arr: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """A list column's values and its row offsets into them (starting at 0), honouring slicing.
+
+    Unlike flatten(), values behind null rows stay, so the offsets stay valid.
+    """
+    if pa.types.is_fixed_size_list(arr.type):
+        size = arr.type.list_size
+        return arr.values.slice(arr.offset * size, len(arr) * size), np.arange(len(arr) + 1, dtype=np.int64) * size
+    offsets = arr.offsets.to_numpy().astype(np.int64)
+    return arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])), offsets - offsets[0]
+
+
+def padded_list(sources: Sequence[pa.Array], source: np.ndarray, starts: np.ndarray, lens: np.ndarray, length: int,
+                pad_value: Any, value_field: pa.Field) -> pa.ListArray:
+    """list<value_field> of `length` steps a row: row i is sources[source[i]][starts[i]:][:lens[i]], then
+    pad_value. One gather straight into the padded buffer, never a copy of the sources (segment reads a
+    few steps of each of many long examples); NumPy does the copying, so other threads keep the GIL."""
+    n = len(lens)
+    steps = np.arange(length, dtype=np.int64)
+    real = (steps < np.asarray(lens, dtype=np.int64)[:, None]).ravel()
+    index = (np.asarray(starts, dtype=np.int64)[:, None] + steps).ravel()
+    values = _gather(sources, np.repeat(np.asarray(source, dtype=np.int64), length), index, real, pad_value)
+    offsets = pa.array(np.arange(n + 1, dtype=np.int32) * length)
+    return pa.ListArray.from_arrays(offsets, values, type=pa.list_(value_field))
+
+
+def _gather(sources: Sequence[pa.Array], source: np.ndarray, index: np.ndarray, real: np.ndarray,
+            pad_value: Any) -> pa.Array:
+    """Step k is sources[source[k]][index[k]] where real[k], else pad_value (a step may be a fixed-size vector)."""
+    t = sources[0].type
+    leaves, width, leaf_type = _numeric_leaves(sources)
+    if leaves is not None:
+        # the padded buffer comes from Arrow's memory pool, which reuses freed memory: a fresh NumPy array
+        # of a batch's size is new pages from the OS each time, and the page faults cost as much as the copy
+        dtype = np.dtype(leaf_type.to_pandas_dtype())
+        buffer = pa.allocate_buffer(len(index) * width * dtype.itemsize)
+        out = np.frombuffer(buffer, dtype=dtype).reshape(len(index), width)
+        out[~real] = pad_value
+        for s, leaf in enumerate(leaves):
+            take = real & (source == s) if len(leaves) > 1 else real
+            out[take] = leaf.reshape(-1, width)[index[take]]
+        array = pa.Array.from_buffers(leaf_type, len(index) * width, [None, buffer])
+        nesting = []
+        while pa.types.is_fixed_size_list(t):
+            nesting.append(t)
+            t = t.value_type
+        for fixed in reversed(nesting):
+            array = pa.FixedSizeListArray.from_arrays(array, type=fixed)
+        return array
+    base = np.cumsum([0] + [len(s) for s in sources])  # with nulls, or not numbers: Arrow's take, then the pad
+    taken = pa.chunked_array(sources, type=t).take(pa.array(base[source] + index, mask=~real)).combine_chunks()
+    if real.all():
+        return taken
+    return pc.if_else(pa.array(real), taken, pa.scalar(_pad_step(t, pad_value), type=t))  # a null stays null
+
+
+def _pad_step(t: pa.DataType, pad_value: Any) -> Any:
+    """One step of padding: pad_value, or a vector of them for a step that is a fixed-size vector."""
+    return [_pad_step(t.value_type, pad_value)] * t.list_size if pa.types.is_fixed_size_list(t) else pad_value
+
+
+def _numeric_leaves(sources: Sequence[pa.Array]) -> tuple[list[np.ndarray] | None, int, pa.DataType]:
+    """Each source's values as one flat NumPy view, the values per step and their type, when every level is
+    numbers (inside fixed-size lists) without nulls; (None, 0, type) otherwise."""
+    t, width = sources[0].type, 1
+    arrays = list(sources)
+    while pa.types.is_fixed_size_list(t):
+        if any(a.null_count for a in arrays):
+            return None, 0, t
+        arrays = [a.values.slice(a.offset * t.list_size, len(a) * t.list_size) for a in arrays]
+        width *= t.list_size
+        t = t.value_type
+    if not (pa.types.is_integer(t) or pa.types.is_floating(t)) or any(a.null_count for a in arrays):
+        return None, 0, t
+    return [a.to_numpy(zero_copy_only=False) for a in arrays], width, t
 
 
 def pad_batch(batch: pa.RecordBatch, columns: Sequence[str], length: int,

@@ -111,3 +111,33 @@ def test_statistics_only_for_flat_columns(tmp_path):
     meta = pq.ParquetFile(tmp_path / writer.close()[0]["path"]).metadata.row_group(0)
     assert meta.column(0).statistics.min == 1
     assert meta.column(1).statistics is None
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow", "tfrecord"])
+def test_shards_roll_over_after_the_batch_that_reaches_shard_bytes(tmp_path, fmt):
+    """Writes are buffered, but a shard still ends right after the first batch that takes it to --shard-bytes."""
+    import io
+
+    options = OutputOptions(format=fmt, shard_bytes=3000)
+    schema = pa.schema([("x", pa.int64())])
+    batches = [encode_batch(b, options) for b in small_batches(40, 37)]
+    writer = BatchShardWriter(str(tmp_path), schema, options)
+    for b in batches:
+        writer.write(b)
+    files = writer.close()
+    assert len(files) > 2
+    first = 0
+    for f in files:
+        data = (tmp_path / f["path"]).read_bytes()
+        assert (f["bytes"], f["sha256"]) == (len(data), hashlib.sha256(data).hexdigest())
+        sizes = []  # the shard's size before its footer, after each of its batches, written unbuffered
+        plain = io.BytesIO()
+        sink = options.spec.open_sink(plain, schema, options)
+        for b in batches[first:first + f["batches"]]:
+            sink.write(b)
+            sizes.append(plain.tell())
+        assert all(size < 3000 for size in sizes[:-1])
+        if f is not files[-1]:
+            assert sizes[-1] >= 3000
+        first += f["batches"]
+    assert first == len(batches)

@@ -26,7 +26,7 @@ from batchtool.engines import with_engine
 from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.job import JobResult, RunSettings, open_source, write_job
 from batchtool.output import OutputOptions
-from batchtool.padding import default_pad, pad_list_column, parse_pad_values, sequence_lengths
+from batchtool.padding import default_pad, list_values, padded_list, parse_pad_values, sequence_lengths
 from batchtool.runner import ordered_map
 from batchtool.spill import make_temporary_dir, temporary_write_errors
 from batchtool.stats import is_sequence_type
@@ -530,36 +530,43 @@ class LanePlanner:
 
 
 class _ItemBuilder:
-    """Slot arrays of one SegmentItem being filled by the planner."""
+    """Slot arrays of one SegmentItem being filled by the planner: it records runs (a lane's m consecutive
+    slots playing consecutive segments of one example), expanded into the arrays at once by finish()."""
 
     def __init__(self, batches: int, lanes: int, first_batch: int) -> None:
         self.first_batch = first_batch
+        self.batches = batches
+        self.lanes = lanes
         self.filled = 0
         self.finished = 0
-        self.src = np.full((batches, lanes), -1, dtype=np.int32)
-        self.row = np.zeros((batches, lanes), dtype=np.int64)
-        self.seg = np.zeros((batches, lanes), dtype=np.int32)
+        self.runs: list[tuple[int, int, int, int, int, int]] = []
+        """(first slot's batch, lane, source, row, first segment, m) per run."""
         self.sources: dict[int, int] = {}
         self.source_list: list[Examples] = []
 
     @property
     def room(self) -> int:
-        return len(self.src) - self.filled
+        return self.batches - self.filled
 
     def put(self, t: int, lane: int, ex: Examples, row: int, seg: int, m: int) -> None:
         index = self.sources.get(id(ex))
         if index is None:
             index = self.sources[id(ex)] = len(self.source_list)
             self.source_list.append(ex)
-        rows = slice(self.filled + t, self.filled + t + m)
-        self.src[rows, lane] = index
-        self.row[rows, lane] = row
-        self.seg[rows, lane] = np.arange(seg, seg + m)
+        self.runs.append((self.filled + t, lane, index, row, seg, m))
 
     def finish(self) -> SegmentItem:
         n = self.filled
-        return SegmentItem(self.first_batch, tuple(self.source_list), self.src[:n], self.row[:n], self.seg[:n],
-                           self.finished)
+        src = np.full((n, self.lanes), -1, dtype=np.int32)
+        row = np.zeros((n, self.lanes), dtype=np.int64)
+        seg = np.zeros((n, self.lanes), dtype=np.int32)
+        if self.runs:
+            first, lane, source, rows, segs, m = np.array(self.runs, dtype=np.int64).T
+            slots = (_ranges(first, m), np.repeat(lane, m))
+            src[slots] = np.repeat(source, m)
+            row[slots] = np.repeat(rows, m)
+            seg[slots] = _ranges(segs, m)
+        return SegmentItem(self.first_batch, tuple(self.source_list), src, row, seg, self.finished)
 
 
 # --- building batches (pure, on worker threads) --------------------------------------------------
@@ -627,18 +634,10 @@ def _segments(item: SegmentItem, name: str, src: np.ndarray, row: np.ndarray, se
               steps: np.ndarray, plan: SegmentPlan) -> pa.Array:
     """Each slot's `steps` real values of its segment, padded to num_unroll steps."""
     U = plan.options.num_unroll
-    flats, starts, base = [], [], 0
-    for source in item.sources:
-        values, offsets = _flat(source.data.column(name))
-        flats.append(values)
-        starts.append(offsets[:-1] + base)
-        base += offsets[-1]
-    begin = np.concatenate(starts)[np.cumsum([0] + [s.num_rows for s in item.sources])[src] + row] + seg * U
-    values = pa.chunked_array(flats, type=flats[0].type).take(pa.array(_ranges(begin, steps))).combine_chunks()
-    offsets = np.concatenate([[0], np.cumsum(steps)]).astype(np.int32)
-    value_field = plan.schema.field(name).type.value_field
-    pieces = pa.ListArray.from_arrays(pa.array(offsets), values, type=pa.list_(value_field))
-    return pad_list_column(pieces, U, plan.pad_values[name])
+    flats, starts = zip(*(list_values(source.data.column(name)) for source in item.sources))
+    begin = np.concatenate([offsets[:-1] for offsets in starts])[
+        np.cumsum([0] + [s.num_rows for s in item.sources])[src] + row] + seg * U
+    return padded_list(flats, src, begin, steps, U, plan.pad_values[name], plan.schema.field(name).type.value_field)
 
 
 def _keys(original: pa.Array, seg: np.ndarray, count: np.ndarray, empty: np.ndarray) -> tuple[pa.Array, pa.Array]:
@@ -660,22 +659,10 @@ def _zero_where(arr: pa.Array, keep: pa.Array) -> pa.Array:
     return pc.if_else(keep, arr, _zeros_like(arr))
 
 
-def _flat(arr: pa.Array) -> tuple[pa.Array, np.ndarray]:
-    """A list column's values and its row offsets into them (starting at 0), honouring slicing.
-
-    Unlike flatten(), values behind null rows stay, so the offsets stay valid.
-    """
-    if pa.types.is_fixed_size_list(arr.type):
-        size = arr.type.list_size
-        return arr.values.slice(arr.offset * size, len(arr) * size), np.arange(len(arr) + 1, dtype=np.int64) * size
-    offsets = arr.offsets.to_numpy().astype(np.int64)
-    return arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])), offsets - offsets[0]
-
-
 def _zeros_like(arr: pa.Array) -> pa.Array:
     t = arr.type
     if is_sequence_type(t):
-        values, offsets = _flat(arr)
+        values, offsets = list_values(arr)
         zeros = _zeros_like(values)
         if pa.types.is_fixed_size_list(t):
             return pa.FixedSizeListArray.from_arrays(zeros, type=t)
