@@ -68,14 +68,26 @@ def test_benchmark_length_distribution_packs_within_a_hair_of_the_optimum():
         assert bounded.efficiency() >= 0.99 and (bounded.class_examples <= k).all()
 
 
-@given(st.integers(0, 2**32), st.integers(1, 1500), st.floats(2, 400), st.floats(0.1, 1.5), st.integers(8, 4096))
+@given(st.integers(0, 2**32), st.integers(1, 1500), st.floats(2, 400), st.floats(0.05, 1.5), st.integers(8, 4096))
 @settings(max_examples=80, deadline=None)
 def test_never_more_rows_than_first_fit_in_arrival_order(seed, n, median, sigma, max_length):
-    """On long-tailed length distributions of any scale, in any arrival order."""
+    """On long-tailed length distributions of any scale (sigma >= 0.3), in any arrival order, never more rows
+    than first-fit; on narrow ones (many near-equal lengths: best-fit decreasing leaves each row a gap just
+    under the smallest length, which a lucky arrival order fills) at most one more (docs/pack.md)."""
     gen = np.random.default_rng(seed)
     lengths = np.clip(np.round(gen.lognormal(np.log(median), sigma, n)), 0, max_length).astype(np.int64)
     packing, _ = plan_packing(counts_of(lengths, max_length), max_length)
-    assert packing.total_rows <= first_fit(lengths.tolist(), max_length).max() + 1
+    first_fit_rows = int(first_fit(lengths.tolist(), max_length).max()) + 1 if n else 0
+    assert packing.total_rows <= first_fit_rows + (0 if sigma >= 0.3 else 1)
+
+
+def test_a_narrow_distribution_can_lose_one_row_to_a_lucky_arrival_order():
+    """The case hypothesis found: 997 lengths of 28-43 steps in rows of 1000."""
+    gen = np.random.default_rng(1000)
+    lengths = np.clip(np.round(gen.lognormal(np.log(32.6875), 0.1, 997)), 0, 1000).astype(np.int64)
+    packing, report = plan_packing(counts_of(lengths, 1000), 1000)
+    first_fit_rows = int(first_fit(lengths.tolist(), 1000).max()) + 1
+    assert report["rows_lower_bound"] <= packing.total_rows <= first_fit_rows + 1
 
 
 @st.composite
