@@ -75,6 +75,13 @@ class OutputOptions:
             fields.append(field.with_type(stored))
         return pa.schema(fields, metadata=schema.metadata)
 
+    def shard_full(self, rows: int, size: int, batches: int) -> bool:
+        """The rollover rule: a shard ends after the batch that reaches --shard-rows, --shard-bytes or the
+        format's batches per shard (the writer follows it, and so do shuffle's shards planned ahead)."""
+        return ((self.shard_rows is not None and rows >= self.shard_rows)
+                or (self.shard_bytes is not None and size >= self.shard_bytes)
+                or (self.spec.max_shard_batches is not None and batches >= self.spec.max_shard_batches))
+
     def casts(self, schema: pa.Schema) -> dict[str, str]:
         """The columns --cast changes, as {name: "old -> new"}, for the manifest."""
         stored = self.stored_schema(schema)
@@ -200,10 +207,7 @@ class BatchShardWriter:
         self._encoder = self._sink = self._stream = None
 
     def _full(self) -> bool:
-        o = self.options
-        return ((o.shard_rows is not None and self._rows >= o.shard_rows)
-                or (o.shard_bytes is not None and self._stream.tell() >= o.shard_bytes)
-                or (o.spec.max_shard_batches is not None and self._batches >= o.spec.max_shard_batches))
+        return self.options.shard_full(self._rows, self._stream.tell(), self._batches)
 
     def _open(self) -> None:
         name = f"part-{len(self.files):05d}{self.options.suffix}"

@@ -485,7 +485,7 @@ def _measure(job: tuple[_Batches, int, int]) -> tuple[int, list[int]]:
 
 def _shard_ends(sizes: Iterable[tuple[int, Iterable[int]]], batches: _Batches) -> list[int]:
     """Where BatchShardWriter would close each shard, from the measured sizes: after the batch that reaches
-    --shard-rows, --shard-bytes or the format's batches per shard (its _full rule), and at the end."""
+    --shard-rows, --shard-bytes or the format's batches per shard (OutputOptions.shard_full), and at the end."""
     o = batches.output
     ends: list[int] = []
     rows = size = count = k = 0
@@ -497,9 +497,7 @@ def _shard_ends(sizes: Iterable[tuple[int, Iterable[int]]], batches: _Batches) -
             size += batch_bytes
             count += 1
             k += 1
-            if ((o.shard_rows is not None and rows >= o.shard_rows)
-                    or (o.shard_bytes is not None and size >= o.shard_bytes)
-                    or (o.spec.max_shard_batches is not None and count >= o.spec.max_shard_batches)):
+            if o.shard_full(rows, size, count):
                 ends.append(k)
                 count = 0
     if not ends or ends[-1] != batches.count:
