@@ -102,45 +102,71 @@ def list_values(arr: pa.Array) -> tuple[pa.Array, np.ndarray]:
     return arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])), offsets - offsets[0]
 
 
+ROW_COPY_ELEMENTS = 4096
+"""Padded rows of at least this many values are copied a slice a row; shorter ones in one vectorised gather."""
+
+
 def padded_list(sources: Sequence[pa.Array], source: np.ndarray, starts: np.ndarray, lens: np.ndarray, length: int,
-                pad_value: Any, value_field: pa.Field) -> pa.ListArray:
+                pad_value: Any, value_field: pa.Field, row_copy_elements: int = ROW_COPY_ELEMENTS) -> pa.ListArray:
     """list<value_field> of `length` steps a row: row i is sources[source[i]][starts[i]:][:lens[i]], then
-    pad_value. One gather straight into the padded buffer, never a copy of the sources (segment reads a
-    few steps of each of many long examples); NumPy does the copying, so other threads keep the GIL."""
+    pad_value. Written straight into the padded buffer, never a copy of the sources (segment reads a few
+    steps of each of many long examples); NumPy does the copying, so other threads keep the GIL."""
     n = len(lens)
-    steps = np.arange(length, dtype=np.int64)
-    real = (steps < np.asarray(lens, dtype=np.int64)[:, None]).ravel()
-    index = (np.asarray(starts, dtype=np.int64)[:, None] + steps).ravel()
-    values = _gather(sources, np.repeat(np.asarray(source, dtype=np.int64), length), index, real, pad_value)
     offsets = pa.array(np.arange(n + 1, dtype=np.int32) * length)
+    leaves, width, leaf_type = _numeric_leaves(sources)
+    if leaves is not None:
+        values = _copy_rows(leaves, width, leaf_type, sources[0].type, source, starts, lens, length, pad_value,
+                            row_copy_elements)
+    else:
+        values = _take_rows(sources, source, starts, lens, length, pad_value)
     return pa.ListArray.from_arrays(offsets, values, type=pa.list_(value_field))
 
 
-def _gather(sources: Sequence[pa.Array], source: np.ndarray, index: np.ndarray, real: np.ndarray,
-            pad_value: Any) -> pa.Array:
-    """Step k is sources[source[k]][index[k]] where real[k], else pad_value (a step may be a fixed-size vector)."""
+def _copy_rows(leaves: list[np.ndarray], width: int, leaf_type: pa.DataType, t: pa.DataType, source: np.ndarray,
+               starts: np.ndarray, lens: np.ndarray, length: int, pad_value: Any, row_copy_elements: int) -> pa.Array:
+    """Numbers (in fixed-size vectors) without nulls, written into the output buffer (from Arrow's memory pool,
+    which reuses freed memory: a fresh NumPy array of a batch's size is new pages from the OS each time, and
+    the page faults cost as much as the copy). Long rows are copied a slice a row (no temporaries the size
+    of the batch); short ones in one gather (a Python step per row would cost more than the copy)."""
+    n = len(lens)
+    dtype = np.dtype(leaf_type.to_pandas_dtype())
+    buffer = pa.allocate_buffer(n * length * width * dtype.itemsize)
+    out = np.frombuffer(buffer, dtype=dtype).reshape(n, length, width)
+    steps = [leaf.reshape(-1, width) for leaf in leaves]
+    if length * width >= row_copy_elements:
+        for i, (s, start, k) in enumerate(zip(np.asarray(source).tolist(), np.asarray(starts).tolist(),
+                                             np.asarray(lens).tolist())):
+            out[i, :k] = steps[s][start:start + k]
+            out[i, k:] = pad_value
+    else:
+        flat = out.reshape(n * length, width)
+        real = (np.arange(length, dtype=np.int64) < np.asarray(lens, dtype=np.int64)[:, None]).ravel()
+        index = (np.asarray(starts, dtype=np.int64)[:, None] + np.arange(length, dtype=np.int64)).ravel()
+        per_step = np.repeat(np.asarray(source, dtype=np.int64), length)
+        flat[~real] = pad_value
+        for s, values in enumerate(steps):
+            take = real & (per_step == s) if len(steps) > 1 else real
+            flat[take] = values[index[take]]
+    array = pa.Array.from_buffers(leaf_type, n * length * width, [None, buffer])
+    nesting = []
+    while pa.types.is_fixed_size_list(t):
+        nesting.append(t)
+        t = t.value_type
+    for fixed in reversed(nesting):
+        array = pa.FixedSizeListArray.from_arrays(array, type=fixed)
+    return array
+
+
+def _take_rows(sources: Sequence[pa.Array], source: np.ndarray, starts: np.ndarray, lens: np.ndarray, length: int,
+               pad_value: Any) -> pa.Array:
+    """With nulls, or not numbers: Arrow's take of every step, then the pad where a row has ended."""
     t = sources[0].type
-    leaves, width, leaf_type = _numeric_leaves(sources)
-    if leaves is not None:
-        # the padded buffer comes from Arrow's memory pool, which reuses freed memory: a fresh NumPy array
-        # of a batch's size is new pages from the OS each time, and the page faults cost as much as the copy
-        dtype = np.dtype(leaf_type.to_pandas_dtype())
-        buffer = pa.allocate_buffer(len(index) * width * dtype.itemsize)
-        out = np.frombuffer(buffer, dtype=dtype).reshape(len(index), width)
-        out[~real] = pad_value
-        for s, leaf in enumerate(leaves):
-            take = real & (source == s) if len(leaves) > 1 else real
-            out[take] = leaf.reshape(-1, width)[index[take]]
-        array = pa.Array.from_buffers(leaf_type, len(index) * width, [None, buffer])
-        nesting = []
-        while pa.types.is_fixed_size_list(t):
-            nesting.append(t)
-            t = t.value_type
-        for fixed in reversed(nesting):
-            array = pa.FixedSizeListArray.from_arrays(array, type=fixed)
-        return array
-    base = np.cumsum([0] + [len(s) for s in sources])  # with nulls, or not numbers: Arrow's take, then the pad
-    taken = pa.chunked_array(sources, type=t).take(pa.array(base[source] + index, mask=~real)).combine_chunks()
+    steps = np.arange(length, dtype=np.int64)
+    real = (steps < np.asarray(lens, dtype=np.int64)[:, None]).ravel()
+    index = (np.asarray(starts, dtype=np.int64)[:, None] + steps).ravel()
+    base = np.cumsum([0] + [len(s) for s in sources])
+    flat = np.repeat(base[np.asarray(source, dtype=np.int64)], length) + index
+    taken = pa.chunked_array(sources, type=t).take(pa.array(flat, mask=~real)).combine_chunks()
     if real.all():
         return taken
     return pc.if_else(pa.array(real), taken, pa.scalar(_pad_step(t, pad_value), type=t))  # a null stays null

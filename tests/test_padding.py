@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchtool.errors import SchemaError, UsageError
-from batchtool.padding import (mask_column, pad_batch, pad_list_column, padded_list, parse_pad_values,
+from batchtool.padding import (ROW_COPY_ELEMENTS, mask_column, pad_batch, pad_list_column, padded_list, parse_pad_values,
                                sequence_lengths)
 
 
@@ -83,13 +83,14 @@ def ragged_sources(draw):
     return sources, rows, length, pad
 
 
-@given(ragged_sources())
+@given(ragged_sources(), st.sampled_from([0, ROW_COPY_ELEMENTS]))
 @settings(max_examples=150, deadline=None)
-def test_padded_list_matches_a_per_row_reference(case):
+def test_padded_list_matches_a_per_row_reference(case, row_copy_elements):
+    """Both ways of writing numbers (a slice a row for long rows, one gather for short ones) and Arrow's take."""
     sources, rows, length, pad = case
     got = padded_list(sources, np.array([r[0] for r in rows], dtype=np.int64),
                       np.array([r[1] for r in rows], dtype=np.int64), np.array([r[2] for r in rows], dtype=np.int64),
-                      length, pad, pa.field("item", sources[0].type))
+                      length, pad, pa.field("item", sources[0].type), row_copy_elements)
     width = sources[0].type.list_size if pa.types.is_fixed_size_list(sources[0].type) else None
     pad_step = pad if width is None else [pad] * width
     want = [sources[s].to_pylist()[start:start + n] + [pad_step] * (length - n) for s, start, n in rows]
