@@ -3,21 +3,12 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
 from batchtool.runner import ordered_map
 
 DEADLINE = 60.0
-
-
-def wait_until(condition, what: str) -> None:
-    """Poll a state until it holds (the deadline only turns a hang into a failure)."""
-    end = time.monotonic() + DEADLINE
-    while not condition():
-        assert time.monotonic() < end, f"timed out waiting until {what}"
-        time.sleep(0.005)  # poll interval
 
 
 @pytest.mark.parametrize("threads", [1, 2, 4, 8])
@@ -66,17 +57,21 @@ def test_bounded_in_flight_items():
     queue of max(2, threads), the source runs exactly window + queue items ahead of what was consumed
     and then stops until the consumer takes the next one."""
     produced = []
+    changed = threading.Condition()
 
     def source():
         for i in range(1000):
-            produced.append(i)
+            with changed:
+                produced.append(i)
+                changed.notify_all()
             yield i
 
     window, queue_size = 4, 2
     it = ordered_map(lambda x: x, source(), 2, window=window)
     for consumed in range(1, 6):
         assert next(it) == consumed - 1
-        wait_until(lambda: len(produced) >= consumed + window + queue_size, "the source ran ahead")
+        with changed:  # woken by each item the source makes (the deadline only turns a hang into a failure)
+            assert changed.wait_for(lambda: len(produced) >= consumed + window + queue_size, DEADLINE)
         assert len(produced) == consumed + window + queue_size
     it.close()
 
@@ -88,7 +83,9 @@ def test_closing_early_stops_the_reader_at_once_and_the_workers_soon():
         next(it)
     it.close()
     assert not [t for t in threading.enumerate() if t.name == "batchtool-reader" and t not in before]
-    wait_until(lambda: not set(threading.enumerate()) - before, "the worker threads ended")
+    for thread in set(threading.enumerate()) - before:
+        thread.join(DEADLINE)
+        assert not thread.is_alive(), f"{thread.name} still runs"
 
 
 def test_a_source_is_closed_before_the_map_returns():
