@@ -164,6 +164,13 @@ class Dataset:
         return ordered_map(lambda task: task(), self.tasks(columns, report), threads)
 
 
+def shard_chunk(batch: pa.RecordBatch, schema: pa.Schema, shard: Shard, first_row: int) -> Chunk:
+    """A batch read from a shard as a chunk of the dataset: in the dataset's schema, with its rows' ids."""
+    if not batch.schema.equals(schema):
+        batch = _conform(batch, schema, shard.path)
+    return Chunk(batch, rng.example_ids(shard.index, first_row, batch.num_rows))
+
+
 def _conform(batch: pa.RecordBatch, schema: pa.Schema, path: str) -> pa.RecordBatch:
     """Cast a shard whose schema differs only in representation (e.g. large_string) to the dataset's."""
     try:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, BinaryIO
 import numpy as np
 import pyarrow as pa
 
-from batchtool import fs, rng
+from batchtool import fs
 from batchtool.errors import InputError, where
 from batchtool.formats.base import Batches, EncodedBatch, Format, first_line, schema_problem
 
@@ -84,7 +84,7 @@ class _Task:
     schema: pa.Schema
 
     def __call__(self) -> Chunk:
-        from batchtool.dataset import Chunk, _conform
+        from batchtool.dataset import shard_chunk
 
         batch = self.batch
         try:
@@ -92,9 +92,7 @@ class _Task:
         except pa.ArrowInvalid as exc:
             raise InputError(f"{where(self.shard.path)}, record batch {self.index}: corrupt ({first_line(exc)})") \
                 from exc
-        if not batch.schema.equals(self.schema):
-            batch = _conform(batch, self.schema, self.shard.path)
-        return Chunk(batch, rng.example_ids(self.shard.index, self.first_row, batch.num_rows))
+        return shard_chunk(batch, self.schema, self.shard, self.first_row)
 
 
 @dataclass(frozen=True)

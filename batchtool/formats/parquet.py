@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchtool import fs, rng
+from batchtool import fs
 from batchtool.errors import InputError, where
 from batchtool.formats.base import Batches, EncodedBatch, Format, cut, first_line, schema_problem
 
@@ -142,12 +142,10 @@ class _Task:
     schema: pa.Schema
 
     def __call__(self) -> Chunk:
-        from batchtool.dataset import Chunk, _conform
+        from batchtool.dataset import shard_chunk
 
         batch = read_row_group(self.shard.path, self.row_group, self.columns)
-        if not batch.schema.equals(self.schema):
-            batch = _conform(batch, self.schema, self.shard.path)
-        return Chunk(batch, rng.example_ids(self.shard.index, self.first_row, batch.num_rows))
+        return shard_chunk(batch, self.schema, self.shard, self.first_row)
 
 
 @dataclass(frozen=True)
