@@ -273,3 +273,15 @@ def test_a_row_over_a_quadratic_budget_names_its_cost(tmp_path, run_cli):
     assert result.exit_code == 2 and result.stderr.count("\n") == 1
     assert "steps exceeds --max-tokens 10000 (--cost quadratic: " in result.stderr
     assert "pass --drop-oversize" in result.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_class_with_target_zero_never_gets_a_row():
+    """The remainder rows go to classes with a share: here the others run ahead of their running target and a
+    zero class used to win a row (batch 17 was [1, 4, 4, 4, 5, 5])."""
+    import itertools
+
+    from batchtool.ops.quotas import QuotaLayout
+
+    target = np.array([0, 7, 7, 7, 8, 8]) / 37
+    for quotas in itertools.islice(QuotaLayout(tuple(target), 23, 0).full_quotas(), 200):
+        assert quotas[0] == 0 and quotas.sum() == 23
