@@ -4,19 +4,34 @@ engine with the statistics merged in input order; a command writes the result, a
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
 
+from batchtool import progress
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.engines import with_engine
 from batchtool.job import JobResult, RunSettings, open_source, write_job
-from batchtool.ops.base import Context, Operation, OptionError, Scan, Tally
-from batchtool.ops.shuffle import manifest_options
+from batchtool.ops.base import Bar, Context, Kind, Operation, OptionError, Regrouped, Scan, Tally
 from batchtool.output import OutputOptions
 from batchtool.runner import ordered_map
+
+
+@dataclass(frozen=True)
+class EngineRuntime:
+    """The ops.base.Runtime of a run: its engine (threads or Ray, whichever is active) and its progress bars."""
+
+    threads: int
+    quiet: bool = True
+
+    def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
+        return ordered_map(fn, items, self.threads)
+
+    def bar(self, desc: str, total: int | None) -> AbstractContextManager[Bar]:
+        return progress.bar(desc, total, quiet=self.quiet)
 
 
 @dataclass(frozen=True)
@@ -29,8 +44,9 @@ class _Ready:
         return self.chunk
 
 
-def _first_pass(op: Operation, options: Any, context: Context, task: Callable[[], Chunk]) -> Tally:
-    return op.first_pass(options, context, task())
+def _first_pass(op: Operation, options: Any, context: Context, task: Callable[[], Chunk]) -> tuple[Any, int]:
+    chunk = task()
+    return op.first_pass(options, context, chunk), chunk.num_rows
 
 
 def _kernel(op: Operation, item: tuple[Callable[[], Chunk], Any]) -> tuple[Any, Tally, int]:
@@ -51,16 +67,20 @@ def scanner(dataset: Dataset, threads: int) -> Scan:
     return scan
 
 
-def make_plan(op: Operation, options: Any, dataset: Dataset, threads: int, seed: int = 0) -> Any:
+def make_plan(op: Operation, options: Any, dataset: Dataset, threads: int, seed: int = 0,
+              quiet: bool = True) -> Any:
     """The op's plan: its first pass over the columns it names (if any), merged in input order."""
     context = Context(seed, dataset.schema, dataset.src, dataset.locate)
     columns = op.first_pass_columns(options)
-    stats: Tally | None = None
+    stats: Any = None
     if columns:
-        stats = Tally()
-        for part in ordered_map(functools.partial(_first_pass, op, options, context), dataset.tasks(columns),
-                                threads):
-            stats.merge(part)
+        stats = op.new_stats(options)
+        desc = f"{op.name}: {op.first_pass_desc}" if op.first_pass_desc else None
+        with progress.bar(desc or "", dataset.num_rows, quiet=quiet or desc is None) as bar:
+            for part, rows in ordered_map(functools.partial(_first_pass, op, options, context),
+                                          dataset.tasks(columns), threads):
+                stats.merge(part)
+                bar.update(rows)
     return op.plan(options, replace(context, scan=scanner(dataset, threads)), stats)
 
 
@@ -119,22 +139,36 @@ def emit_nonempty(item: tuple[Chunk, int]) -> tuple[list[pa.RecordBatch], int]:
     return ([chunk.data] if chunk.num_rows else []), rows
 
 
+def write_regrouped(write: Callable[..., JobResult], out: Regrouped, output: OutputOptions, *, desc: str,
+                    report: ReadReport, **job: Any) -> JobResult:
+    """A regrouping op's output through `write` (write_job, or a pipeline's wrapper of it)."""
+    if out.sequence_columns is not None:
+        output = replace(output, sequence_columns=out.sequence_columns)
+    return write(output=output, items=out.items, work=out.work, stats=out.stats, total_rows=out.total_rows,
+                 desc=desc, report=report, **job)
+
+
 @with_engine
 def run_operation(op: Operation, options: Any, src: str, dst: str, output: OutputOptions,
                   run: RunSettings = RunSettings(), *, seed: int = 0, format: str | None = None,
                   skip_corrupt: bool = False) -> JobResult:
-    """An op as a command: SRC through its plan and kernel into DST, with the manifest."""
-    dataset = open_source(src, dst, output, format=format, skip_corrupt=skip_corrupt)
+    """An op as a command: SRC through its plan and kernel (or its regrouping) into DST, with the manifest."""
+    tmp_dir = getattr(options, "tmp_dir", None) if op.spills else None
+    dataset = open_source(src, dst, output, tmp_dir=tmp_dir, format=format, skip_corrupt=skip_corrupt)
     try:
         schema = op.output_schema(options, dataset.schema)
     except OptionError as exc:
         raise exc.at(dataset.src) from None
-    applied = Applied(op, make_plan(op, options, dataset, run.threads, seed))
+    plan = make_plan(op, options, dataset, run.threads, seed, run.quiet)
     report = ReadReport()
+    job = dict(command=op.name, options=op.recorded(options, output), seed=seed if op.seeded else None,
+               dataset=dataset, dst=dst, schema=schema, run=run)
+    if op.kind is not Kind.ROWS:
+        with op.regroup(plan, dataset, report, EngineRuntime(run.threads, run.quiet)) as out:
+            return write_regrouped(write_job, out, output, desc=f"{op.name}: write", report=report, **job)
+    applied = Applied(op, plan)
     items = applied.items(dataset, op.input_columns(options, None), run.threads, report)
-    return write_job(command=op.name, options=manifest_options(options, output), seed=seed if op.seeded else None,
-                     dataset=dataset, dst=dst, output=output, schema=schema, items=items, work=applied.emit,
-                     stats=applied.report, run=run, report=report)
+    return write_job(output=output, items=items, work=applied.emit, stats=applied.report, report=report, **job)
 
 
-__all__ = ["Applied", "emit_nonempty", "make_plan", "run_operation", "scanner"]
+__all__ = ["Applied", "EngineRuntime", "emit_nonempty", "make_plan", "run_operation", "scanner", "write_regrouped"]

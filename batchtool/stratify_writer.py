@@ -13,11 +13,12 @@ from batchtool import budget
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.engines import with_engine
 from batchtool.job import JobResult, RunSettings, open_source, write_job
+from batchtool.ops.base import manifest_options
 from batchtool.driver import Applied, make_plan, scanner
 from batchtool.ops.labels import LabelError, check_label_type, full_label_error
 from batchtool.ops.quotas import plan_layout
 from batchtool.ops.shuffle import (PART_SHARE, RowReader, bytes_per_row, emit, estimate_memory_bytes, keyed_spill,
-                                   manifest_options, peek, rebatch, spill_streams)
+                                   peek, rebatch, spill_streams)
 from batchtool.ops.stratify import OP, STAGE, Stratification, StratifyOptions, balanced_batches
 from batchtool.output import OutputOptions
 from batchtool.spill import parts_for

@@ -15,14 +15,18 @@ import dataclasses
 import enum
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
 
-from batchtool.dataset import Chunk
+from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.errors import SchemaError, UsageError
+
+if TYPE_CHECKING:
+    from batchtool.output import OutputOptions
 
 O = TypeVar("O")
 """An op's options (its frozen dataclass)."""
@@ -376,6 +380,46 @@ class Context:
     yields fn(chunk) for every chunk of those columns, in input order, run on the engine. None on workers."""
 
 
+class Bar(Protocol):
+    def update(self, n: int) -> Any: ...
+
+
+class Runtime(Protocol):
+    """What the driver lends an op that regroups its whole input: the engine (an ordered map over items,
+    run on threads or Ray workers) and progress bars, so that ops neither choose nor import them."""
+
+    threads: int
+
+    def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
+        """fn over items on the engine, results in input order (`fn` must pickle: it may run remotely)."""
+        ...
+
+    def bar(self, desc: str, total: int | None) -> AbstractContextManager[Bar]:
+        """A progress bar for a pass (shown on a terminal, silent with --quiet)."""
+        ...
+
+
+@dataclass
+class Regrouped:
+    """The output of an op that regroups its whole input (Kind.REORDERS, Kind.BATCHES), valid while its
+    `regroup` context is open: the items, the work that turns one item into output batches (on the
+    engine's workers) with the input rows it completes, and the statistics once every item is written."""
+
+    items: Iterable[Any]
+    work: Callable[[Any], tuple[list[pa.RecordBatch], int]]
+    stats: Callable[[], dict[str, Any]]
+    total_rows: int | None = None
+    """The input rows the items complete (the write's progress total); None: the input's rows."""
+    sequence_columns: tuple[str, ...] | None = None
+    """Columns to write as feature lists should the output be tf.train.SequenceExample records."""
+
+
+def manifest_options(options: Any, output: OutputOptions) -> dict[str, Any]:
+    """The options a manifest records: the operation's dataclass plus the output settings."""
+    return {**dataclasses.asdict(options), "to": output.format, "compression": output.codec,
+            "shard_rows": output.shard_rows, "shard_bytes": output.shard_bytes}
+
+
 class Operation(Generic[O, P]):
     """One operation. A new op sets `name`, `summary`, `example` and `options` (and `kind`, `seeded` if they
     differ), and writes `output_schema` and `kernel`. The other methods have defaults for an op with no
@@ -406,6 +450,10 @@ class Operation(Generic[O, P]):
         """The schema it writes given the one it reads; an OptionError for a missing or unusable column."""
         raise NotImplementedError
 
+    def recorded(self, options: O, output: OutputOptions) -> dict[str, Any]:
+        """What the manifest's `options` records."""
+        return manifest_options(options, output)
+
     def input_columns(self, options: O, columns: Columns) -> Columns:
         """The input columns needed for these output columns (None: all)."""
         return None if columns is None else list(dict.fromkeys([*columns, *self.needs(options)]))
@@ -418,8 +466,20 @@ class Operation(Generic[O, P]):
         """The columns its first pass reads; [] when it has none."""
         return []
 
-    def first_pass(self, options: O, context: Context, chunk: Chunk) -> Tally:
+    first_pass_desc: ClassVar[str | None] = None
+    """Names the first pass's progress bar ("lengths": `bucket: lengths`); None shows none."""
+
+    def first_pass(self, options: O, context: Context, chunk: Chunk) -> Any:
+        """One chunk's statistics: a Tally, or any object with `merge(later)` that `new_stats` makes."""
         raise NotImplementedError(f"{self.name} has no first pass")
+
+    def new_stats(self, options: O) -> Any:
+        """The first pass's statistics of no rows (what the chunks' are merged into)."""
+        return Tally()
+
+    def first_pass_depends(self, options: O) -> Depends:
+        """What the first pass depends on besides the rows (ORDER: a shuffle before it in a pipeline must run)."""
+        return Depends.ROWS
 
     def plan(self, options: O, context: Context, stats: Tally | None) -> P:
         """What the kernel needs, from the options and the first pass's merged statistics (None: no pass)."""
@@ -443,6 +503,14 @@ class Operation(Generic[O, P]):
         """A piece's rows, and the input rows it completes."""
         raise NotImplementedError(f"{self.name} does not expand")
 
+    def regroup(self, plan: P, data: Dataset, report: ReadReport,
+                runtime: Runtime) -> AbstractContextManager[Regrouped]:
+        """Kind.REORDERS and Kind.BATCHES instead of `kernel`: read all of `data` (counting skipped records in
+        `report`), spill it (under the options' memory and tmp_dir) and give the output back in its new order
+        and grouping; the spill lives until the context closes. The driver writes the output, or a pipeline
+        streams it on."""
+        raise NotImplementedError(f"{self.name} does not regroup")
+
     # -- what it says
     def report(self, plan: P, stats: Tally) -> dict[str, Any]:
         """The manifest's statistics from the kernels' merged ones."""
@@ -465,7 +533,7 @@ def row_stats(rows_in: int, rows_out: int) -> Tally:
     return Tally.of(rows_in=rows_in, rows_out=rows_out)
 
 
-__all__ = ["Choice", "Column", "ColumnError", "ColumnList", "Context", "Depends", "Flag", "Integer", "Kind", "Number",
+__all__ = ["Bar", "Regrouped", "Runtime", "manifest_options", "Choice", "Column", "ColumnError", "ColumnList", "Context", "Depends", "Flag", "Integer", "Kind", "Number",
            "NumberOrColumn", "Operation", "Option", "OptionError", "Renames", "Scan", "Tally", "Value", "build",
            "fields",
            "flag", "from_texts", "key", "need_columns", "option", "row_stats", "shown"]

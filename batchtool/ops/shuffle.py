@@ -7,7 +7,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,6 +20,7 @@ from batchtool.engines import with_engine
 from batchtool.job import JobResult, RunSettings, open_source, read_paths, write_job, write_manifest
 from batchtool.exchange import SortedGroup
 from batchtool.formats.base import EncodedBatch
+from batchtool.ops.base import manifest_options
 from batchtool.output import BatchShardWriter, OutputOptions, encode_batch, output_directory
 from batchtool.runner import ordered_map
 from batchtool.spill import Spill, parts_for
@@ -218,12 +219,6 @@ def peek(chunks: Iterator[Chunk]) -> tuple[Chunk | None, Iterator[Chunk]]:
 def emit(chunk: Chunk) -> tuple[list[pa.RecordBatch], int]:
     """write_job work for streams that are already output batches: one row group each."""
     return [chunk.data], chunk.num_rows
-
-
-def manifest_options(options: Any, output: OutputOptions) -> dict[str, Any]:
-    """The options a manifest records: the operation's dataclass plus the output settings."""
-    return {**asdict(options), "to": output.format, "compression": output.codec,
-            "shard_rows": output.shard_rows, "shard_bytes": output.shard_bytes}
 
 
 # -- keyed orders through spill files --------------------------------------------------------------------------

@@ -20,14 +20,14 @@ import pyarrow as pa
 from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.job import JobResult, RunSettings
-from batchtool.driver import Applied, emit_nonempty, make_plan
+from batchtool.driver import Applied, EngineRuntime, emit_nonempty, make_plan, write_regrouped
 from batchtool.ops import OPERATIONS
 from batchtool.ops import bucket as bucket_op
 from batchtool.ops import pack as pack_op
 from batchtool.ops import segment as segment_op
 from batchtool.ops import shuffle as shuffle_op
 from batchtool.ops import stratify as stratify_op
-from batchtool.ops.base import Depends, Operation, need_columns
+from batchtool.ops.base import Depends, Kind, Operation, need_columns
 from batchtool.ops.boundaries import assign_buckets, expected_efficiency
 from batchtool.output import OutputOptions
 from batchtool.pipeline import config as config_mod
@@ -128,6 +128,14 @@ class OpStage(Stage):
     def sensitivity(self) -> int:  # type: ignore[override]
         return int(self.op.depends(self.options))
 
+    @property
+    def first_pass_needs(self) -> int:  # type: ignore[override]
+        return int(self.op.first_pass_depends(self.options))
+
+    @property
+    def first_pass_bar(self) -> bool:  # type: ignore[override]
+        return self.op.first_pass_desc is None  # else the op's first pass shows its own
+
     def output_schema(self, schema: pa.Schema) -> pa.Schema:
         return self.op.output_schema(self.options, schema)
 
@@ -138,12 +146,21 @@ class OpStage(Stage):
         return self.op.first_pass_columns(self.options)
 
     def plan(self, view: Dataset, run: RunSettings) -> None:
-        self.planned = make_plan(self.op, self.options, view, run.threads, self.seed)
+        self.planned = make_plan(self.op, self.options, view, run.threads, self.seed, run.quiet)
 
     def stream(self, view: Dataset, columns: Columns, run: RunSettings, report: ReadReport) -> Stream:
         applied = Applied(self.op, self.planned)
         yield from applied.stream(view, columns, run.threads, report)
         self.report = applied.report()
+
+    def write(self, view: Dataset, dst: str, output: OutputOptions, run: RunSettings, write: Write) -> JobResult:
+        if self.op.kind is Kind.ROWS:
+            return super().write(view, dst, output, run, write)
+        report = ReadReport()
+        with self.op.regroup(self.planned, view, report, EngineRuntime(run.threads, run.quiet)) as out:
+            return write_regrouped(write, out, output, desc=f"{self.name}: write", report=report,
+                                   command=self.config.op, options={}, seed=None, dataset=view, dst=dst,
+                                   schema=self.output_schema(view.schema), run=run)
 
     def expected(self, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
         return self.op.expected(self.planned, rows_in)
