@@ -163,7 +163,7 @@ def run_operation(op: Operation, options: Any, src: str, dst: str, output: Outpu
     report = ReadReport()
     job = dict(command=op.name, options=op.recorded(options, output), seed=seed if op.seeded else None,
                dataset=dataset, dst=dst, schema=schema, run=run)
-    if op.kind is not Kind.ROWS:
+    if op.kind_of(options) is not Kind.ROWS:
         with op.regroup(plan, dataset, report, EngineRuntime(run.threads, run.quiet)) as out:
             return write_regrouped(write_job, out, output, desc=f"{op.name}: write", report=report, **job)
     applied = Applied(op, plan)

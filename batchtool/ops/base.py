@@ -458,6 +458,10 @@ class Operation(Generic[O, P]):
         """The input columns needed for these output columns (None: all)."""
         return None if columns is None else list(dict.fromkeys([*columns, *self.needs(options)]))
 
+    def kind_of(self, options: O) -> Kind:
+        """Its kind with these options (stratify makes batches only with --batch-size)."""
+        return self.kind
+
     def depends(self, options: O) -> Depends:
         return Depends.ORDER if self.seeded else Depends.ROWS
 

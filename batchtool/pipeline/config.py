@@ -73,7 +73,7 @@ class StageConfig:
         if self.op in ("bucket", "pack", "segment"):
             return True
         if self.op in OPERATIONS:
-            return OPERATIONS[self.op].kind is Kind.BATCHES
+            return OPERATIONS[self.op].kind_of(self.options) is Kind.BATCHES
         return self.op in ("stratify", "shuffle") and self.options.batch_size is not None
 
 

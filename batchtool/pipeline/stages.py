@@ -154,7 +154,7 @@ class OpStage(Stage):
         self.report = applied.report()
 
     def write(self, view: Dataset, dst: str, output: OutputOptions, run: RunSettings, write: Write) -> JobResult:
-        if self.op.kind is Kind.ROWS:
+        if self.op.kind_of(self.options) is Kind.ROWS:
             return super().write(view, dst, output, run, write)
         report = ReadReport()
         with self.op.regroup(self.planned, view, report, EngineRuntime(run.threads, run.quiet)) as out:
