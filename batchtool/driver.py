@@ -3,6 +3,7 @@ engine with the statistics merged in input order; a command writes the result, a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -75,12 +76,14 @@ def make_plan(op: Operation, options: Any, dataset: Dataset, threads: int, seed:
     stats: Any = None
     if columns:
         stats = op.new_stats(options)
-        desc = f"{op.name}: {op.first_pass_desc}" if op.first_pass_desc else None
-        with progress.bar(desc or "", dataset.num_rows, quiet=quiet or desc is None) as bar:
-            for part, rows in ordered_map(functools.partial(_first_pass, op, options, context),
-                                          dataset.tasks(columns), threads):
+        parts = ordered_map(functools.partial(_first_pass, op, options, context), dataset.tasks(columns), threads)
+        with contextlib.ExitStack() as stack:
+            bar = None if op.first_pass_desc is None else stack.enter_context(
+                progress.bar(f"{op.name}: {op.first_pass_desc}", dataset.num_rows, quiet=quiet))
+            for part, rows in parts:
                 stats.merge(part)
-                bar.update(rows)
+                if bar is not None:
+                    bar.update(rows)
     return op.plan(options, replace(context, scan=scanner(dataset, threads)), stats)
 
 
