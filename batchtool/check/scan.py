@@ -328,5 +328,3 @@ def _(rule: SameLength, batch: pa.RecordBatch, stats: list[DatasetStats], plan: 
     first = lens[rule.columns[0]]
     mask = np.logical_or.reduce([v != first for v in lens.values()])
     return mask, lambda i: ", ".join(f"{c!r} {v[i]} steps" for c, v in lens.items())
-
-

@@ -315,4 +315,3 @@ def decode_records(payloads: Sequence[bytes], schema: pa.Schema, kind: str, *, p
     arrays = [_decode_column(field, shape, contexts, feature_lists, _Where(path, first_record, field.name))
               for field, shape in zip(schema, shapes)]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
-

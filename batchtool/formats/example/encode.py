@@ -79,7 +79,6 @@ def _wrap(flat: np.ndarray, lengths: np.ndarray,
     return out, lengths
 
 
-
 def _first_row(column: pa.Array, depth: int, predicate: Callable[[Any], bool]) -> int:
     """The first row holding a leaf (or inner list) for which predicate is true; for error messages."""
     def leaves(value: Any, level: int) -> list[Any]:
