@@ -337,6 +337,21 @@ def test_usage_errors(tmp_path):
         RuleSet((RowCount("x", min=1), RowCount("x", max=1)))
 
 
+
+@pytest.mark.parametrize("rules, key, message", [
+    ((LabelRange("r", 2),), None, "rule 'r': column 'label' is double, expected an integer label column"),
+    ((Length("l", column="label", min=1),), None,
+     "rule 'l': column 'label' is double, expected a list column or an integer length column"),
+    ((NoNan("n", ("key",)),), None, "rule 'n': column 'key' is string, expected a float or list-of-float column"),
+    ((SameLength("s", ("key", "label")),), None, "rule 's': column 'key' is string, expected a list (sequence) column"),
+    ((NoNulls("n", ("key",)),), "id", "--key: no column 'id' (available: key, label)"),
+])
+def test_a_column_of_the_wrong_type_is_named_with_what_the_rule_expects(tmp_path, rules, key, message):
+    src = src_of(tmp_path, {"key": ["a", "b"], "label": [0.5, 1.0]})
+    with pytest.raises(SchemaError) as caught:
+        run(src, *rules, key=key)
+    assert str(caught.value) == message
+
 # ------------------------------------------------------------------------------------ hashing, repeats
 
 def batch_of(values, type_=None) -> pa.RecordBatch:

@@ -197,6 +197,20 @@ def test_drift_usage_errors_exit_2_with_one_line(base, drifted, run_cli, args, m
     assert message in result.stderr
 
 
+
+@pytest.mark.parametrize("args, message", [
+    (("--label", "key"), "rule 'drift_proportions': column 'key' of the baseline BASE is string, expected an integer "
+                         "label column"),
+    (("--length", "key"), "rule 'drift_lengths': column 'key' of the baseline BASE is string, expected a list column "
+                          "or an integer length column"),
+    (("--length", "nope"), "rule 'drift_lengths': the baseline BASE has no column 'nope' (available: key, label, "
+                           "weight, tokens)"),
+])
+def test_a_baseline_column_is_checked_like_a_column_of_src(base, drifted, run_cli, args, message):
+    result = run_cli("check", drifted, "--baseline", base, *args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr == f"error: {message.replace('BASE', base)}\n"
+
 def test_drift_rules_in_a_file_need_a_baseline(tmp_path, drifted, run_cli):
     rules = tmp_path / "rules.toml"
     rules.write_text('[[rules]]\nkind = "drift_rows"\n')

@@ -19,13 +19,11 @@ from batchtool.formats.example import (
     Feature,
     SequenceExample,
     decode_records,
-    _occurrences_fast,
-    _occurrences_parsed,
-    _seen,
     encode_records,
     infer_schema,
     scan_records,
 )
+from batchtool.formats.example.scan import _occurrences_fast, _occurrences_parsed, _seen
 
 PATH = "shard-00001.tfrecord"
 

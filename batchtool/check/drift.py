@@ -17,15 +17,15 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from batchtool import fs
+from batchtool.check.columns import LABEL, LENGTH, need
 from batchtool.check.report import Offender, RuleResult, plural, skipped, verdict
 from batchtool.check.rules import Drift, DriftLengths, DriftNulls, DriftProportions, DriftRows, Length, Rule
 from batchtool.check.scan import Measures, make_plan, measure
 from batchtool.check.verify import output_stats
 from batchtool.dataset import open_dataset
-from batchtool.errors import SchemaError
 from batchtool.job import RunSettings
 from batchtool.manifest import output_files, read_manifest, read_manifest_file, schema_from_json
-from batchtool.stats import default_label, default_length, is_sequence_type
+from batchtool.stats import default_label, default_length
 
 
 @dataclass(frozen=True)
@@ -144,17 +144,10 @@ def _resolve(rule: Drift, schema: pa.Schema, baseline: Baseline) -> Drift | Rule
 
 
 def _in_baseline(rule: Rule, columns: Sequence[str], baseline: Baseline) -> None:
+    """The baseline has the columns, of the type the rule needs of them in SRC too."""
+    expected = LABEL if isinstance(rule, DriftProportions) else LENGTH if isinstance(rule, DriftLengths) else None
     for c in columns:
-        if c not in baseline.schema.names:
-            raise SchemaError(f"rule {rule.name!r}: the baseline {baseline.src} has no column {c!r} "
-                              f"(available: {', '.join(baseline.schema.names)})")
-        if isinstance(rule, DriftProportions) and not pa.types.is_integer(baseline.schema.field(c).type):
-            raise SchemaError(f"rule {rule.name!r}: column {c!r} of the baseline {baseline.src} is "
-                              f"{baseline.schema.field(c).type}, expected an integer label column")
-        if isinstance(rule, DriftLengths) and not (is_sequence_type(baseline.schema.field(c).type)
-                                                   or pa.types.is_integer(baseline.schema.field(c).type)):
-            raise SchemaError(f"rule {rule.name!r}: column {c!r} of the baseline {baseline.src} is "
-                              f"{baseline.schema.field(c).type}, expected a list column or an integer length column")
+        need(f"rule {rule.name!r}", baseline.schema, c, expected, f"the baseline {baseline.src}")
 
 
 # -------------------------------------------------------------------------------------------- judging

@@ -20,15 +20,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batchtool import progress, rng
+from batchtool.check.columns import FLOATS, LABEL, LENGTH, SEQUENCE, need
 from batchtool.check.duplicates import HashIndex
 from batchtool.check.hashing import canonical, row_hashes
 from batchtool.check.report import Offender
 from batchtool.check.rules import (ClassProportions, DriftLengths, DriftNulls, DriftProportions, LabelRange, Length,
                                    MinClassRows, NoDuplicateRows, NoNan, NoNulls, Rule, SameLength, Unique)
 from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
-from batchtool.errors import SchemaError
 from batchtool.job import RunSettings
-from batchtool.padding import element_type
 from batchtool.runner import ordered_map
 from batchtool.stats import DatasetStats, chunk_stats, is_sequence_type, lengths_of
 
@@ -61,43 +60,30 @@ def make_plan(rules: Sequence[Rule], schema: pa.Schema, key: str | None, limit: 
     labels, lengths, nulls, nans, keys = [], [], [], [], []
     for rule in rules:
         if isinstance(rule, (LabelRange, ClassProportions, MinClassRows, DriftProportions)):
-            _need(rule, rule.column, schema, pa.types.is_integer, "an integer label column")
+            need(f"rule {rule.name!r}", schema, rule.column, LABEL)
             labels.append(rule.column)
         elif isinstance(rule, (Length, DriftLengths)):
-            _need(rule, rule.column, schema, lambda t: is_sequence_type(t) or pa.types.is_integer(t),
-                  "a list column or an integer length column")
+            need(f"rule {rule.name!r}", schema, rule.column, LENGTH)
             lengths.append(rule.column)
         elif isinstance(rule, (NoNulls, DriftNulls)):
             nulls += rule.columns
         elif isinstance(rule, NoNan):
             for c in rule.columns:
-                _need(rule, c, schema, lambda t: pa.types.is_floating(element_type(t)),
-                      "a float or list-of-float column")
+                need(f"rule {rule.name!r}", schema, c, FLOATS)
             nans += rule.columns
         elif isinstance(rule, SameLength):
             for c in rule.columns:
-                _need(rule, c, schema, is_sequence_type, "a list (sequence) column")
+                need(f"rule {rule.name!r}", schema, c, SEQUENCE)
         elif isinstance(rule, _KEYED):
             keys.append(rule.columns)
     row_rules = tuple(r for r in rules if isinstance(r, _ROW_LEVEL))
     if key is not None and (row_rules or keys):
-        _need_column(key, schema, "--key")
+        need("--key", schema, key)
     reads = [c for r in rules for c in r.reads()] + ([key] if key is not None and row_rules else [])
     labels, lengths = list(dict.fromkeys(labels)), list(dict.fromkeys(lengths))
     pairs = tuple(itertools.zip_longest(labels, lengths)) or ((None, None),)
     return Plan(tuple(dict.fromkeys(reads)), pairs, tuple(dict.fromkeys(nulls)), tuple(dict.fromkeys(nans)),
                 row_rules, tuple(dict.fromkeys(keys)), key if (row_rules or keys) else None, limit)
-
-
-def _need(rule: Rule, column: str, schema: pa.Schema, ok: Callable[[pa.DataType], bool], what: str) -> None:
-    _need_column(column, schema, f"rule {rule.name!r}")
-    if not ok(schema.field(column).type):
-        raise SchemaError(f"rule {rule.name!r}: column {column!r} is {schema.field(column).type}, expected {what}")
-
-
-def _need_column(column: str, schema: pa.Schema, who: str) -> None:
-    if column not in schema.names:
-        raise SchemaError(f"{who}: no column {column!r} (available: {', '.join(schema.names)})")
 
 
 @dataclass
@@ -342,5 +328,3 @@ def _(rule: SameLength, batch: pa.RecordBatch, stats: list[DatasetStats], plan: 
     first = lens[rule.columns[0]]
     mask = np.logical_or.reduce([v != first for v in lens.values()])
     return mask, lambda i: ", ".join(f"{c!r} {v[i]} steps" for c, v in lens.items())
-
-

@@ -1,6 +1,6 @@
 """`check DST` with no rule: a batchtool output verified against its manifest (rows, batches, schema per file).
 
-Checksums are the `checksums` rule's (evaluate.judge_checksums); this module adds what the
+Checksums are the `checksums` rule's (checksums.py); this module adds what the
 writer recorded beyond the bytes: each file's rows, batches and schema, as its format finds them
 (Format.inspect_shard: Parquet footers, TFRecord records and runs of the `batch` column). Every file
 is read once, on worker threads, for all three rules.

@@ -1,0 +1,59 @@
+"""The `checksums` rule: every file a batchtool output's manifest lists, by size and sha256, and any data file it
+does not list; read before any data, so a damaged output is named as such rather than as unreadable data."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+from batchtool import fs
+from batchtool.check.report import Offender, RuleResult, every, verdict
+from batchtool.check.rules import Checksums
+from batchtool.dataset import resolve_paths
+from batchtool.errors import InputError
+from batchtool.manifest import MANIFEST_NAME, OutputFile, output_files, read_manifest
+from batchtool.runner import ordered_map
+
+_HASH_READ_BYTES = 1 << 20
+
+
+def judge_checksums(rule: Checksums, src: str, limit: int, threads: int) -> RuleResult:
+    """Size and sha256 of every file the manifest lists, plus data files it does not list."""
+    manifest = read_manifest(src) if fs.is_dir(src) else None
+    if manifest is None:
+        raise InputError(f"rule {rule.name!r}: {src} is not a batchtool output directory (no {MANIFEST_NAME} "
+                         "listing the files and their checksums)")
+    files = output_files(src, manifest)
+    problems = [p for p in ordered_map(file_problem, files, threads) if p is not None]
+    listed = {os.path.normpath(f.name) for f in files}
+    problems += [Offender("not listed in the manifest", path) for path in _data_files(src)
+                 if os.path.normpath(os.path.relpath(path, src)) not in listed]
+    measured = (f"{every(len(files), 'file')} {'matches' if len(files) == 1 else 'match'}" if not problems
+                else "the only file differs" if len(files) == 1 else f"{len(problems)} of {len(files)} files differ")
+    return verdict(rule, not problems, measured, "size and sha256 as in the manifest", len(problems),
+                   len(problems), problems[:limit])
+
+
+def _data_files(src: str) -> list[str]:
+    try:
+        return resolve_paths(src)
+    except InputError:  # every data file is gone: each is reported missing already
+        return []
+
+
+def file_problem(file: OutputFile) -> Offender | None:
+    """What is wrong with one listed output file, or None."""
+    if not fs.is_file(file.path):
+        return Offender("missing", file.path)
+    size = fs.file_size(file.path)
+    if size != file.bytes:
+        what = "truncated" if size < file.bytes else "grown"
+        return Offender(f"{what}: {size:,} bytes, the manifest says {file.bytes:,}", file.path)
+    h = hashlib.sha256()
+    with fs.open_input(file.path, sequential=True) as f:
+        while block := f.read(_HASH_READ_BYTES):
+            h.update(block)
+    if h.hexdigest() != file.sha256:
+        return Offender(f"changed: sha256 {h.hexdigest()[:16]}..., the manifest says {file.sha256[:16]}...",
+                        file.path)
+    return None
