@@ -15,14 +15,13 @@ from hypothesis import strategies as st
 
 from batchtool import rng
 from batchtool.dataset import open_dataset
-from batchtool.driver import scanner
+from batchtool.driver import run_operation, scanner
 from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.job import RunSettings
 from batchtool.ops.quotas import plan_layout
-from batchtool.ops.stratify import (ONLINE_PRIOR, STAGE, StratifyOptions, acceptance_probs, exact_target,
+from batchtool.ops.stratify import (OP, ONLINE_PRIOR, STAGE, StratifyOptions, acceptance_probs, exact_target,
                                     exact_totals, find_thresholds, largest_total, parse_target,
                                     threshold_plan)
-from batchtool.stratify_writer import stratify
 from batchtool.output import OutputOptions
 from batchtool.synthetic import make_table
 from conftest import read_dir, write_parquet_shards
@@ -31,8 +30,8 @@ QUIET = RunSettings(threads=2, quiet=True)
 
 
 def run(src, dst, threads: int = 2, seed: int = 0, **options):
-    return stratify(src, str(dst), StratifyOptions(**options), OutputOptions(),
-                    RunSettings(threads=threads, quiet=True), seed=seed)
+    return run_operation(OP, StratifyOptions(**options), src, str(dst), OutputOptions(),
+                         RunSettings(threads=threads, quiet=True), seed=seed)
 
 
 def labelled(path, labels, row_group_size: int = 50, **columns) -> str:

@@ -5,23 +5,24 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from batchtool import rng
 from batchtool import stats as stats_mod
-from batchtool.dataset import Chunk
-from batchtool.errors import InputError
-from batchtool.ops.base import (Choice, Column, Context, Depends, Flag, Integer, Operation, OptionError, Tally, Value,
-                                flag, need_columns, option)
+from batchtool.dataset import Chunk, Dataset, ReadReport
+from batchtool.errors import BatchtoolError, InputError
+from batchtool.ops.base import (Choice, Column, Context, Depends, Flag, Integer, Kind, Operation, OptionError,
+                                Regrouped, Runtime, Scan, Tally, Value, flag, need_columns, option)
 from batchtool.ops.base import shown as shown_value
-from batchtool.ops.labels import MAX_CLASSES, Locate, LabelError, bad_label_count, full_label_error, label_codes
-from batchtool.ops.quotas import QuotaLayout
+from batchtool.ops.labels import (MAX_CLASSES, LabelError, Locate, bad_label_count, check_label_type,
+                                  full_label_error, label_codes)
 from batchtool.ops.resample import Copies, Piece, copy_stats, copy_summary
-from batchtool.ops.shuffle import DEFAULT_MEMORY, RowReader
+from batchtool.ops.shuffle import DEFAULT_MEMORY
+from batchtool.ops.stratify_batches import balanced_batches, batched
 from batchtool.ops.stratify_plans import (STAGE, Plan, RatePlan, Target, ThresholdPlan, acceptance_probs,
                                           check_zero_classes, exact_target, exact_totals, largest_total,
                                           replacement_rates, target_vector, threshold_plan)
@@ -214,7 +215,6 @@ class StratifyOptions:
         return self.mode == "exact" or (self.mode == "bernoulli" and self.init_probs is None)
 
 
-
 def classes_from_data(counted: stats_mod.DatasetStats, options: StratifyOptions) -> int:
     """Uniform and class=prob targets without --num-classes: classes 0..(largest label seen)."""
     seen = [int(v) for v in counted.label_counts if isinstance(v, (int, float)) and float(v).is_integer() and v >= 0]
@@ -223,19 +223,6 @@ def classes_from_data(counted: stats_mod.DatasetStats, options: StratifyOptions)
         raise InputError(f"column {options.label!r}: labels go up to {largest}; pass --num-classes or a "
                          "--target list if there really are that many classes")
     return largest + 1
-
-
-
-# -- balanced batches ---------------------------------------------------------------------------------------------
-
-
-def balanced_batches(streams: list[RowReader], layout: QuotaLayout, seed: int, schema: pa.Schema) -> Iterator[Chunk]:
-    """Each batch takes its quota from every class's keyed random stream and is shuffled by keyed order.
-
-    The class streams are uniformly random, so consecutive batches are already in random order."""
-    for quotas in layout.sequence():
-        batch = Chunk.concat([streams[c].take(int(q)) for c, q in enumerate(quotas) if q], schema)
-        yield batch.take(np.argsort(rng.permutation_keys(seed, STAGE + "/batch", batch.ids), kind="stable"))
 
 
 # -- entry point ---------------------------------------------------------------------------------------------------
@@ -299,9 +286,8 @@ def _by_class(counts: np.ndarray) -> dict[str, int]:
 
 
 class Stratify(Operation[StratifyOptions, Stratification]):
-    """stratify's definition: options, first pass, plan, kernel, report and dry run. Its writer (batches of
-    --batch-size, balanced batches spilled by class) and its pipeline stage are still its own
-    (batchtool.stratify_writer, pipeline/stages.StratifyStage), so it is not yet in OPERATIONS."""
+    """stratify's definition: options, first pass, plan, kernel, report and dry run; with --batch-size it
+    regroups its selection into batches (ops/stratify_batches.py)."""
 
     name = "stratify"
     summary = "Resample SRC to target class proportions (tf.contrib.training.stratified_sample) and write DST."
@@ -315,8 +301,16 @@ class Stratify(Operation[StratifyOptions, Stratification]):
     def needs(self, options: StratifyOptions) -> list[str]:
         return [options.label]
 
+    def kind_of(self, options: StratifyOptions) -> Kind:
+        """Rows as they stream, or batches with --batch-size (and --balanced-batches)."""
+        return Kind.ROWS if options.batch_size is None else Kind.BATCHES
+
     def depends(self, options: StratifyOptions) -> Depends:
         return Depends.CHUNKS if options.mode == "online" else Depends.ORDER
+
+    def first_pass_depends(self, options: StratifyOptions) -> Depends:
+        """Exact mode: the thresholds are keyed hashes of the ids."""
+        return Depends.ORDER if options.mode == "exact" else Depends.ROWS
 
     def output_schema(self, options: StratifyOptions, schema: pa.Schema) -> pa.Schema:
         need_columns(schema, "label", [options.label])
@@ -327,12 +321,14 @@ class Stratify(Operation[StratifyOptions, Stratification]):
         return [options.label] if options.needs_counts else []
 
     def first_pass(self, options: StratifyOptions, context: Context, chunk: Chunk) -> Tally:
+        check_label_type(context, options.label)  # before a first chunk's labels are counted
         part = stats_mod.chunk_stats(chunk, options.label, None)
         return Tally.of(label_counts=Counter(part.label_counts), label_nulls=part.label_nulls)
 
     def plan(self, options: StratifyOptions, context: Context, stats: Tally | None) -> Stratification:
         """The classes, the target and, unless --mode online (which plans chunk by chunk), the plan: in exact
         mode with the per-class thresholds, found in further passes over the label column."""
+        check_label_type(context, options.label)
         num_classes = options.known_classes()
         counted = None
         if stats is not None:
@@ -375,6 +371,17 @@ class Stratify(Operation[StratifyOptions, Stratification]):
         if plan.seen is not None:
             tally.latest["online_final_probs"] = (plan.seen / plan.seen.sum()).tolist()
         return Copies(chunk, copies), tally
+
+    def regroup(self, plan: Stratification, data: Dataset, report: ReadReport,
+                runtime: Runtime) -> AbstractContextManager[Regrouped]:
+        return batched(self, plan, data, report, runtime)
+
+    def on_stream_error(self, plan: Stratification, error: BatchtoolError, scan: Scan) -> BatchtoolError | None:
+        """A bad label found while streaming (no counting pass: --init-probs, --mode online) becomes the error
+        over the whole dataset: every bad label counted, the first one named."""
+        if isinstance(error, LabelError):
+            return full_label_error(scan, plan.options.label, plan.num_classes, plan.locate)
+        return None
 
     def pieces(self, output: Copies) -> Iterator[Piece]:
         return output.pieces()
