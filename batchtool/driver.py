@@ -28,11 +28,16 @@ class EngineRuntime:
 
     threads: int
     quiet: bool = True
+    label: str | None = None
+    """Who its bars name instead of the op (`stage 2 (stratify): select` in a pipeline); None: the op."""
 
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
         return ordered_map(fn, items, self.threads)
 
     def bar(self, desc: str, total: int | None) -> AbstractContextManager[Bar]:
+        """`desc` as an op names its passes (`stratify: select`), relabelled with `label` if any."""
+        if self.label is not None:
+            desc = f"{self.label}:{desc.partition(':')[2]}"
         return progress.bar(desc, total, quiet=self.quiet)
 
     def apply(self, op: Operation, plan: Any, data: Dataset,
@@ -84,12 +89,19 @@ def make_plan(op: Operation, options: Any, dataset: Dataset, threads: int, seed:
     if columns:
         stats = op.new_stats(options)
         desc = f"{op.name}: {op.first_pass_desc}" if op.first_pass_desc else None
-        with progress.bar(desc or "", dataset.num_rows, quiet=quiet or desc is None) as bar:
+        with progress.bar(desc, dataset.num_rows, quiet=quiet) if desc else contextlib.nullcontext(_Unshown()) as bar:
             for part, rows in ordered_map(functools.partial(_first_pass, op, options, context),
                                           dataset.tasks(columns), threads):
                 stats.merge(part)
                 bar.update(rows)
     return op.plan(options, replace(context, scan=scanner(dataset, threads)), stats)
+
+
+class _Unshown:
+    """The bar of a first pass the op names none for (no bar at all: a pipeline stage shows its own)."""
+
+    def update(self, n: int) -> None:
+        pass
 
 
 @contextlib.contextmanager

@@ -157,7 +157,7 @@ class OpStage(Stage):
             return super().write(view, dst, output, run, write)
         report = ReadReport()
         with stream_errors(self.op, self.planned, view, run.threads), \
-                self.op.regroup(self.planned, view, report, EngineRuntime(run.threads, run.quiet)) as out:
+                self.op.regroup(self.planned, view, report, EngineRuntime(run.threads, run.quiet, self.name)) as out:
             return write_regrouped(write, out, output, desc=f"{self.name}: write", report=report,
                                    command=self.config.op, options={}, seed=None, dataset=view, dst=dst,
                                    schema=self.output_schema(view.schema), run=run)
