@@ -15,6 +15,7 @@ import pyarrow as pa
 from batchtool import progress
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.engines import with_engine
+from batchtool.errors import BatchtoolError
 from batchtool.job import JobResult, RunSettings, open_source, write_job
 from batchtool.ops.base import Bar, Context, Kind, Operation, OptionError, Regrouped, Scan, Tally
 from batchtool.output import OutputOptions
@@ -27,12 +28,22 @@ class EngineRuntime:
 
     threads: int
     quiet: bool = True
+    label: str | None = None
+    """Who its bars name instead of the op (`stage 2 (stratify): select` in a pipeline); None: the op."""
 
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
         return ordered_map(fn, items, self.threads)
 
     def bar(self, desc: str, total: int | None) -> AbstractContextManager[Bar]:
+        """`desc` as an op names its passes (`stratify: select`), relabelled with `label` if any."""
+        if self.label is not None:
+            desc = f"{self.label}:{desc.partition(':')[2]}"
         return progress.bar(desc, total, quiet=self.quiet)
+
+    def apply(self, op: Operation, plan: Any, data: Dataset,
+              report: ReadReport) -> tuple[Iterator[tuple[Chunk, int]], Tally]:
+        applied = Applied(op, plan)
+        return applied.stream(data, None, self.threads, report), applied.stats
 
 
 @dataclass(frozen=True)
@@ -71,20 +82,39 @@ def scanner(dataset: Dataset, threads: int) -> Scan:
 def make_plan(op: Operation, options: Any, dataset: Dataset, threads: int, seed: int = 0,
               quiet: bool = True) -> Any:
     """The op's plan: its first pass over the columns it names (if any), merged in input order."""
-    context = Context(seed, dataset.schema, dataset.src, dataset.locate)
+    context = Context(seed, dataset.schema, dataset.src, dataset.locate,
+                      first_file=dataset.shards[0].path if dataset.shards else None)
     columns = op.first_pass_columns(options)
     stats: Any = None
     if columns:
         stats = op.new_stats(options)
-        parts = ordered_map(functools.partial(_first_pass, op, options, context), dataset.tasks(columns), threads)
-        with contextlib.ExitStack() as stack:
-            bar = None if op.first_pass_desc is None else stack.enter_context(
-                progress.bar(f"{op.name}: {op.first_pass_desc}", dataset.num_rows, quiet=quiet))
-            for part, rows in parts:
+        desc = f"{op.name}: {op.first_pass_desc}" if op.first_pass_desc else None
+        with progress.bar(desc, dataset.num_rows, quiet=quiet) if desc else contextlib.nullcontext(_Unshown()) as bar:
+            for part, rows in ordered_map(functools.partial(_first_pass, op, options, context),
+                                          dataset.tasks(columns), threads):
                 stats.merge(part)
-                if bar is not None:
-                    bar.update(rows)
+                bar.update(rows)
     return op.plan(options, replace(context, scan=scanner(dataset, threads)), stats)
+
+
+class _Unshown:
+    """The bar of a first pass the op names none for (no bar at all: a pipeline stage shows its own)."""
+
+    def update(self, n: int) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def stream_errors(op: Operation, plan: Any, dataset: Dataset, threads: int) -> Iterator[None]:
+    """Around every stream of `dataset` through the op (its kernel or regrouping, as a command or a pipeline
+    stage): an error found mid-stream becomes the one the op would rather raise (Operation.on_stream_error)."""
+    try:
+        yield
+    except BatchtoolError as exc:
+        better = op.on_stream_error(plan, exc, scanner(dataset, threads))
+        if better is None:
+            raise
+        raise better from None
 
 
 class Applied:
@@ -166,12 +196,14 @@ def run_operation(op: Operation, options: Any, src: str, dst: str, output: Outpu
     report = ReadReport()
     job = dict(command=op.name, options=op.recorded(options, output), seed=seed if op.seeded else None,
                dataset=dataset, dst=dst, schema=schema, run=run)
-    if op.kind_of(options) is not Kind.ROWS:
-        with op.regroup(plan, dataset, report, EngineRuntime(run.threads, run.quiet)) as out:
-            return write_regrouped(write_job, out, output, desc=f"{op.name}: write", report=report, **job)
-    applied = Applied(op, plan)
-    items = applied.items(dataset, op.input_columns(options, None), run.threads, report)
-    return write_job(output=output, items=items, work=applied.emit, stats=applied.report, report=report, **job)
+    with stream_errors(op, plan, dataset, run.threads):
+        if op.kind_of(options) is not Kind.ROWS:
+            with op.regroup(plan, dataset, report, EngineRuntime(run.threads, run.quiet)) as out:
+                return write_regrouped(write_job, out, output, desc=f"{op.name}: write", report=report, **job)
+        applied = Applied(op, plan)
+        items = applied.items(dataset, op.input_columns(options, None), run.threads, report)
+        return write_job(output=output, items=items, work=applied.emit, stats=applied.report, report=report, **job)
 
 
-__all__ = ["Applied", "EngineRuntime", "emit_nonempty", "make_plan", "run_operation", "scanner", "write_regrouped"]
+__all__ = ["Applied", "EngineRuntime", "emit_nonempty", "make_plan", "run_operation", "scanner", "stream_errors",
+           "write_regrouped"]

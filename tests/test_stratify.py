@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections import Counter
 from fractions import Fraction
 
@@ -15,15 +16,15 @@ from hypothesis import strategies as st
 
 from batchtool import rng
 from batchtool.dataset import open_dataset
-from batchtool.driver import scanner
+from batchtool.driver import run_operation, scanner
 from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.job import RunSettings
 from batchtool.ops.quotas import plan_layout
-from batchtool.ops.stratify import (ONLINE_PRIOR, STAGE, StratifyOptions, acceptance_probs, exact_target,
+from batchtool.ops.stratify import (OP, ONLINE_PRIOR, STAGE, StratifyOptions, acceptance_probs, exact_target,
                                     exact_totals, find_thresholds, largest_total, parse_target,
                                     threshold_plan)
-from batchtool.stratify_writer import stratify
 from batchtool.output import OutputOptions
+from batchtool.pipeline import load, run_pipeline
 from batchtool.synthetic import make_table
 from conftest import read_dir, write_parquet_shards
 
@@ -31,8 +32,8 @@ QUIET = RunSettings(threads=2, quiet=True)
 
 
 def run(src, dst, threads: int = 2, seed: int = 0, **options):
-    return stratify(src, str(dst), StratifyOptions(**options), OutputOptions(),
-                    RunSettings(threads=threads, quiet=True), seed=seed)
+    return run_operation(OP, StratifyOptions(**options), src, str(dst), OutputOptions(),
+                         RunSettings(threads=threads, quiet=True), seed=seed)
 
 
 def labelled(path, labels, row_group_size: int = 50, **columns) -> str:
@@ -312,6 +313,27 @@ def test_label_errors_count_and_locate_the_first(tmp_path):
     with pytest.raises(SchemaError, match=r"part-00000\.parquet, column 'label': type string"):
         run(strings, tmp_path / "out4", target=(0.5, 0.5))
     assert not any((tmp_path / d).exists() for d in ("out", "out2", "out3", "out4"))
+
+
+@pytest.mark.parametrize("batches", [{}, {"batch_size": 2}, {"batch_size": 2, "balanced_batches": True}],
+                         ids=["rows", "batches", "balanced"])
+def test_bad_labels_found_while_streaming_are_counted_over_the_whole_input(tmp_path, batches):
+    """--mode online has no counting pass: the first bad label stops the stream and the error counts every bad
+    one and names the first, whether stratify writes rows or batches, as a command or a pipeline's last stage;
+    neither DST nor a spill file is left behind."""
+    src = labelled(tmp_path / "src", [0, 1, 0, 1, 5, 1, 0, 7, 1, 0], row_group_size=2)
+    message = r"column 'label': 2 label\(s\) are not integers in \[0, 2\) \(first: .*part-00000\.parquet, row 4: 5\)"
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    with pytest.raises(InputError, match=message):
+        run(src, tmp_path / "out", target="uniform", mode="online", num_classes=2, tmp_dir=str(spill), **batches)
+    keys = "".join(f"\n{k.replace('_', '-')} = {str(v).lower()}" for k, v in batches.items())
+    toml = tmp_path / "p.toml"
+    toml.write_text(f'tmp-dir = "{spill}"\n[input]\npath = "{src}"\n[[stage]]\nop = "stratify"\ntarget = "uniform"\n'
+                    f'mode = "online"\nnum-classes = 2{keys}\n[output]\npath = "{tmp_path / "piped"}"\n')
+    with pytest.raises(InputError, match=f"{toml}: stage 1 \\(stratify\\): {message}"):
+        run_pipeline(load(str(toml)), QUIET)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "piped").exists() and not os.listdir(spill)
 
 
 def test_float_labels_that_are_integers_are_accepted(tmp_path):

@@ -1,22 +1,15 @@
-"""`stratify` and `shuffle`: stratify's command is generated from its definition (cli/ops.py) and runs its own
-writer; shuffle parses its options and calls one library function."""
+"""`shuffle`: parses its options and calls one library function (stratify's and resample's commands are generated
+from their definitions, in cli/ops.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import click
 
 from batchtool.cli.common import (command, input_options, make_output, make_run, memory_options, output_options,
                                   parse_size, report, run_options, seed_option)
-from batchtool.cli.ops import make_command
-from batchtool.job import JobResult, RunSettings
-from batchtool.ops import stratify as stratify_op
 from batchtool.ops.shuffle import ShuffleOptions, shuffle
-from batchtool.ops.stratify import Stratify, StratifyOptions
-from batchtool.output import OutputOptions
-from batchtool.stratify_writer import stratify
 
 
 def batch_options(fn: Callable) -> Callable:
@@ -25,15 +18,6 @@ def batch_options(fn: Callable) -> Callable:
     fn = click.option("--batch-size", type=int, default=None,
                       help="Write batches (row groups) of this many rows.")(fn)
     return fn
-
-
-def _run_stratify(op: Stratify, options: StratifyOptions, src: str, dst: str, output: OutputOptions,
-                  run: RunSettings, **kwargs: Any) -> JobResult:
-    """stratify's passes and writer are still its own (batchtool.stratify_writer), not the driver's."""
-    return stratify(src, dst, options, output, run, **kwargs)
-
-
-stratify_cmd = make_command(stratify_op.OP, _run_stratify)
 
 
 @command("shuffle", "batchtool shuffle sample_data/parquet /tmp/shuffled --memory 256MB --seed 1")

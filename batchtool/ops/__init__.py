@@ -14,11 +14,8 @@ OPERATIONS: dict[str, Operation] = {
     "select": select_op.OP,
     "rename": rename_op.OP,
     "resample": resample_op.OP,
+    "stratify": stratify_op.OP,
 }
 """Name -> definition: the command, the pipeline stage and the dry run of each are derived from it."""
 
-DEFINED: dict[str, Operation] = {**OPERATIONS, "stratify": stratify_op.OP}
-"""Every op with a definition: its command and pipeline keys come from its schema. Those not in OPERATIONS
-still run their own passes and writer (and have their own pipeline stage)."""
-
-__all__ = ["DEFINED", "OPERATIONS", "Operation"]
+__all__ = ["OPERATIONS", "Operation"]

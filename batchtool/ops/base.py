@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool.dataset import Chunk, Dataset, ReadReport
-from batchtool.errors import SchemaError, UsageError
+from batchtool.errors import BatchtoolError, SchemaError, UsageError
 
 if TYPE_CHECKING:
     from batchtool.output import OutputOptions
@@ -378,6 +378,8 @@ class Context:
     scan: Scan | None = field(default=None, compare=False)
     """Further passes the plan may ask for (exact thresholds, the full count behind an error): scan(columns, fn)
     yields fn(chunk) for every chunk of those columns, in input order, run on the engine. None on workers."""
+    first_file: str | None = None
+    """The input's first file, where its schema is read: an error about a column's type names it (None: `src`)."""
 
 
 class Bar(Protocol):
@@ -396,6 +398,13 @@ class Runtime(Protocol):
 
     def bar(self, desc: str, total: int | None) -> AbstractContextManager[Bar]:
         """A progress bar for a pass (shown on a terminal, silent with --quiet)."""
+        ...
+
+    def apply(self, op: Operation, plan: Any, data: Dataset,
+              report: ReadReport) -> tuple[Iterator[tuple[Chunk, int]], Tally]:
+        """`op`'s kernel over every chunk of `data` on the engine, for an op that regroups its own kernel's
+        output: the output chunks in input order, each with the input rows it completes, and the kernels'
+        statistics, merged into that Tally in input order as the chunks are read."""
         ...
 
 
@@ -514,6 +523,12 @@ class Operation(Generic[O, P]):
         and grouping; the spill lives until the context closes. The driver writes the output, or a pipeline
         streams it on."""
         raise NotImplementedError(f"{self.name} does not regroup")
+
+    def on_stream_error(self, plan: P, error: BatchtoolError, scan: Scan) -> BatchtoolError | None:
+        """An error raised while the input streams through the kernel or `regroup` (found mid-stream, so it
+        may only know part of the input): the error to raise instead (`scan` runs passes over the whole
+        input), or None to raise it as it is. The driver and the pipeline stage call it for every stream."""
+        return None
 
     # -- what it says
     def report(self, plan: P, stats: Tally) -> dict[str, Any]:

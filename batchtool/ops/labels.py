@@ -12,9 +12,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batchtool import stats as stats_mod
-from batchtool.dataset import Chunk, Dataset
+from batchtool.dataset import Chunk
 from batchtool.errors import InputError, SchemaError, where
-from batchtool.ops.base import Scan
+from batchtool.ops.base import Context, Scan
 
 MAX_CLASSES = 1 << 16
 """Most classes, given (--num-classes, --target) or inferred from the data: every input chunk counts its
@@ -31,11 +31,11 @@ class LabelError(InputError):
                          f"(first: {first})")
 
 
-def check_label_type(dataset: Dataset, column: str) -> None:
-    dataset.check_columns([column])
-    t = dataset.schema.field(column).type
+def check_label_type(context: Context, column: str) -> None:
+    """Labels must be integers (or floats holding them): checked on the schema, before any label is counted."""
+    t = context.schema.field(column).type
     if not (pa.types.is_integer(t) or pa.types.is_floating(t)):
-        path = dataset.shards[0].path if dataset.shards else dataset.src
+        path = context.first_file or context.src
         raise SchemaError(f"{where(path, column=column)}: type {t}, but labels must be integers in [0, num_classes)")
 
 

@@ -27,7 +27,7 @@ from batchtool.cli import segment as segment_cli
 from batchtool.cli.common import (cli, default_format, input_options, make_output, output_options, parse_size,
                                   run_options)
 from batchtool.errors import BatchtoolError, InputError, UsageError
-from batchtool.ops import DEFINED, OPERATIONS
+from batchtool.ops import OPERATIONS
 from batchtool.ops.base import ColumnList, Kind, Operation, OptionError, build, fields, required, shown
 from batchtool.ops.base import key as key_of
 from batchtool.output import OutputOptions
@@ -232,7 +232,7 @@ class _Reader:
         for key in keys:
             if key in _PIPELINE_WIDE:
                 raise self.fail(where, f"key {key!r} is set for the whole pipeline, in {_PIPELINE_WIDE[key]}")
-        options = (self.op_options(DEFINED[op], keys, where, memory, tmp_dir) if op in DEFINED
+        options = (self.op_options(OPERATIONS[op], keys, where, memory, tmp_dir) if op in OPERATIONS
                    else self.command_options(op, keys, where, memory, tmp_dir))
         return StageConfig(index, op, options, keys)
 

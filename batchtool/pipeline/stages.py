@@ -20,18 +20,16 @@ import pyarrow as pa
 from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.job import JobResult, RunSettings
-from batchtool.driver import Applied, EngineRuntime, emit_nonempty, make_plan, write_regrouped
+from batchtool.driver import Applied, EngineRuntime, emit_nonempty, make_plan, stream_errors, write_regrouped
 from batchtool.ops import OPERATIONS
 from batchtool.ops import bucket as bucket_op
 from batchtool.ops import pack as pack_op
 from batchtool.ops import segment as segment_op
 from batchtool.ops import shuffle as shuffle_op
-from batchtool.ops import stratify as stratify_op
 from batchtool.ops.base import Depends, Kind, Operation, need_columns
 from batchtool.ops.boundaries import assign_buckets, expected_efficiency
 from batchtool.output import OutputOptions
 from batchtool.pipeline import config as config_mod
-from batchtool.stratify_writer import labels_counted, resolve, write_stratified
 
 Columns = list[str] | None
 """Column names, or None for all of them."""
@@ -150,59 +148,22 @@ class OpStage(Stage):
 
     def stream(self, view: Dataset, columns: Columns, run: RunSettings, report: ReadReport) -> Stream:
         applied = Applied(self.op, self.planned)
-        yield from applied.stream(view, columns, run.threads, report)
+        with stream_errors(self.op, self.planned, view, run.threads):
+            yield from applied.stream(view, columns, run.threads, report)
         self.report = applied.report()
 
     def write(self, view: Dataset, dst: str, output: OutputOptions, run: RunSettings, write: Write) -> JobResult:
         if self.op.kind_of(self.options) is Kind.ROWS:
             return super().write(view, dst, output, run, write)
         report = ReadReport()
-        with self.op.regroup(self.planned, view, report, EngineRuntime(run.threads, run.quiet)) as out:
+        with stream_errors(self.op, self.planned, view, run.threads), \
+                self.op.regroup(self.planned, view, report, EngineRuntime(run.threads, run.quiet, self.name)) as out:
             return write_regrouped(write, out, output, desc=f"{self.name}: write", report=report,
                                    command=self.config.op, options={}, seed=None, dataset=view, dst=dst,
                                    schema=self.output_schema(view.schema), run=run)
 
     def expected(self, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
         return self.op.expected(self.planned, rows_in)
-
-
-class StratifyStage(Stage):
-    """Per-class selection as rows stream by; as the last stage also batch-size and balanced batches."""
-
-    options: stratify_op.StratifyOptions
-    strat: stratify_op.Stratification
-
-    @property
-    def sensitivity(self) -> int:  # type: ignore[override]
-        return int(stratify_op.OP.depends(self.options))
-
-    def output_schema(self, schema: pa.Schema) -> pa.Schema:
-        return stratify_op.OP.output_schema(self.options, schema)
-
-    def input_columns(self, columns: Columns) -> Columns:
-        return stratify_op.OP.input_columns(self.options, columns)
-
-    def first_pass_columns(self, schema: pa.Schema) -> Columns:
-        return stratify_op.OP.first_pass_columns(self.options)
-
-    @property
-    def first_pass_needs(self) -> int:  # type: ignore[override]
-        return ORDER if self.options.mode == "exact" else ANY  # the thresholds are keyed hashes of the ids
-
-    def plan(self, view: Dataset, run: RunSettings) -> None:
-        self.strat = resolve(view, self.options, self.seed, run.threads)
-
-    def stream(self, view: Dataset, columns: Columns, run: RunSettings, report: ReadReport) -> Stream:
-        applied = Applied(stratify_op.OP, self.strat)
-        with labels_counted(view, self.strat, run.threads):
-            yield from applied.stream(view, columns, run.threads, report)
-        self.report = applied.report()
-
-    def write(self, view: Dataset, dst: str, output: OutputOptions, run: RunSettings, write: Write) -> JobResult:
-        return write_stratified(view, self.strat, dst, output, run, seed=self.seed, write=write, who=self.name)
-
-    def expected(self, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
-        return stratify_op.OP.expected(self.strat, rows_in)
 
 
 class ShuffleStage(Stage):
@@ -363,8 +324,8 @@ def _need(schema: pa.Schema, columns: list[str] | tuple[str, ...], key: str) -> 
     need_columns(schema, key, columns)
 
 
-STAGES: dict[str, type[Stage]] = {"stratify": StratifyStage, "shuffle": ShuffleStage,
-                                  "bucket": BucketStage, "pack": PackStage, "segment": SegmentStage}
+STAGES: dict[str, type[Stage]] = {"shuffle": ShuffleStage, "bucket": BucketStage, "pack": PackStage,
+                                  "segment": SegmentStage}
 
 
 def make_stage(config: config_mod.StageConfig, pipeline: config_mod.PipelineConfig) -> Stage:

@@ -54,17 +54,17 @@ def selection_mask(ctx: Context) -> str:
     import numpy as np
     import pyarrow.parquet as pq
 
+    from batchtool.driver import run_operation
     from batchtool.job import RunSettings
-    from batchtool.ops.stratify import StratifyOptions
-    from batchtool.stratify_writer import stratify
+    from batchtool.ops.stratify import OP, StratifyOptions
     from batchtool.output import OutputOptions
 
     path = os.path.join(ctx.data, "cache", "stratify_uniform_seed0_mask.npy")
     if not os.path.exists(path):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = os.path.join(ctx.data, "cache", "stratify_uniform_seed0")
-        stratify(ctx.parquet, tmp, StratifyOptions(target="uniform"), OutputOptions(overwrite=True),
-                 RunSettings(threads=ctx.threads, quiet=True))
+        run_operation(OP, StratifyOptions(target="uniform"), ctx.parquet, tmp, OutputOptions(overwrite=True),
+                      RunSettings(threads=ctx.threads, quiet=True))
         kept = set(pq.read_table(glob.glob(os.path.join(tmp, "part-*.parquet")), columns=["key"])
                    .column("key").to_pylist())
         keys = pq.read_table(ctx.parquet, columns=["key"]).column("key").to_pylist()

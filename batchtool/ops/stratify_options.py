@@ -1,0 +1,200 @@
+"""stratify's options: the schema its command and pipeline keys are generated from, with the checks of
+probabilities and of the number of classes that `tf.contrib.training.stratified_sample` makes."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from batchtool.ops.base import Choice, Column, Flag, Integer, OptionError, Value, flag, option
+from batchtool.ops.base import shown as shown_value
+from batchtool.ops.labels import MAX_CLASSES
+from batchtool.ops.shuffle import DEFAULT_MEMORY
+from batchtool.ops.stratify_plans import Target
+
+MODES = ("exact", "bernoulli", "online")
+PROB_TOLERANCE = 1e-6
+"""How far from 1 a list of probabilities may sum (`tf.contrib.training.stratified_sample`'s tolerance)."""
+
+
+def field_of(flag: str) -> str:
+    """--init-probs -> init_probs (the callers outside the schema name a flag)."""
+    return flag.lstrip("-").replace("-", "_")
+
+
+def parse_probs(text: str, flag: str) -> tuple[float, ...]:
+    """'0.5,0.3,0.2' -> (0.5, 0.3, 0.2)."""
+    try:
+        return tuple(float(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        raise OptionError(field_of(flag), "expected comma-separated probabilities, e.g. 0.5,0.3,0.2",
+                          value=repr(text)) from None
+
+
+def parse_target(text: str) -> Target:
+    """--target: 'uniform', 'P0,P1,...' or 'class=prob' pairs such as '0=0.5,3=0.5' (unnamed classes get 0)."""
+    text = text.strip()
+    if text.lower() == "uniform":
+        return "uniform"
+    if "=" not in text:
+        return parse_probs(text, "--target")
+    pairs: dict[int, float] = {}
+    for item in (p.strip() for p in text.split(",") if p.strip()):
+        name, sep, value = item.partition("=")
+        try:
+            cls, prob = int(name), float(value)
+        except ValueError:
+            cls = prob = None
+        if not sep or cls is None or cls < 0 or cls in pairs:
+            raise OptionError("target", f"{item!r} is not a new CLASS=PROB pair with CLASS an integer >= 0",
+                              value=repr(text))
+        pairs[cls] = prob
+    return pairs
+
+
+def check_probs(values: Iterable[float], flag: str) -> None:
+    """`stratified_sample`'s checks: probabilities >= 0 that sum to one within PROB_TOLERANCE."""
+    values, name = list(values), field_of(flag)
+    shown = ",".join(f"{v:g}" for v in values)
+    if not values:
+        raise OptionError(name, "no probabilities given")
+    for i, v in enumerate(values):
+        if not (math.isfinite(v) and v >= 0):
+            raise OptionError(name, f"probabilities must be >= 0 (value {i} is {v:g})", value=shown)
+    total = math.fsum(values)
+    if abs(total - 1.0) > PROB_TOLERANCE:
+        raise OptionError(name, f"probabilities sum to {total:.9g}, expected 1 (tolerance {PROB_TOLERANCE:g})",
+                          value=shown)
+
+
+def _probs_text(field: str, value: Any) -> str:
+    """A pipeline file's probabilities as the command line's text: a list of numbers, or a string."""
+    if isinstance(value, list) and value and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                 for v in value):
+        return ",".join(str(v) for v in value)
+    if not isinstance(value, str):
+        raise OptionError(field, f"expected a list of probabilities or a string, got {shown_value(value)}")
+    return value
+
+
+class TargetSpec(Value):
+    """--target: 'uniform', P0,P1,... or CLASS=PROB pairs; in a pipeline file also a list or a table."""
+
+    metavar = "SPEC"
+
+    def parse(self, field: str, value: Any) -> Target:
+        if isinstance(value, dict):
+            value = ",".join(f"{k}={v}" for k, v in value.items())
+        return parse_target(_probs_text(field, value))
+
+
+class Probs(Value):
+    """P0,P1,...: class proportions (a list of numbers in a pipeline file)."""
+
+    metavar = "P0,P1,..."
+
+    def parse(self, field: str, value: Any) -> tuple[float, ...]:
+        return parse_probs(_probs_text(field, value), flag(field))
+
+
+@dataclass(frozen=True)
+class StratifyOptions:
+    """What `stratify` computes; `memory` and `tmp_dir` only bound the balanced-batch spill."""
+
+    label: str = option("Integer class column (values in [0, classes)).", Column(), "label")
+    target: Target = option("Target proportions: P0,P1,... or 'uniform' or CLASS=PROB pairs (others get 0).",
+                            TargetSpec(), "uniform", required=True)
+    mode: str = option("exact: floor(M*t_i) examples per class, M = min_i n_i/t_i (n_i: examples); bernoulli: "
+                       "per-example acceptance as tf.contrib.training.stratified_sample; "
+                       "online: class distribution estimated as the data streams.", Choice(MODES), "exact")
+    init_probs: tuple[float, ...] | None = option(
+        "Known class proportions of SRC (--mode bernoulli; default: counted in a first pass).", Probs(), None)
+    num_classes: int | None = option("Number of classes (default: from --target, or the largest label + 1).",
+                                     Integer(), None)
+    replacement: bool = option("Upsample small classes instead of discarding large ones.", Flag(), False)
+    size: int | None = option("Output examples (--replacement: default the input size; exact: at most M).",
+                              Integer(), None)
+    batch_size: int | None = option("Write batches (row groups) of this many rows.", Integer(), None)
+    drop_remainder: bool = option("Drop the final batch if it is smaller than --batch-size.", Flag(), False)
+    balanced_batches: bool = option("Every batch holds its exact share of each class, rows shuffled, batches in "
+                                    "random order.", Flag(), False)
+    memory: int = DEFAULT_MEMORY
+    tmp_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise OptionError("mode", f"expected one of {', '.join(MODES)}", value=repr(self.mode))
+        if isinstance(self.target, str) and self.target != "uniform":
+            raise OptionError("target", "expected 'uniform', P0,P1,... or CLASS=PROB pairs", value=repr(self.target))
+        if not isinstance(self.target, str):
+            check_probs(self.target.values() if isinstance(self.target, dict) else self.target, "--target")
+        if self.init_probs is not None:
+            if self.mode != "bernoulli":
+                raise OptionError("init_probs", f"{{init_probs}} applies to {{mode}} bernoulli ({{mode}} {self.mode} "
+                                  + ("counts the classes first)" if self.mode == "exact" else "estimates them)"),
+                                  mentions=["mode"])
+            check_probs(self.init_probs, "--init-probs")
+        if self.num_classes is not None and self.num_classes < 1:
+            raise OptionError("num_classes", "must be at least 1", value=str(self.num_classes))
+        self._check_class_counts()
+        if self.replacement and self.mode == "online":
+            raise OptionError("replacement", "{replacement} needs the class counts: use {mode} exact or bernoulli",
+                              mentions=["mode"])
+        if self.mode == "online":
+            self.known_classes()
+        if self.replacement and self.init_probs is not None:
+            raise OptionError("init_probs", "{replacement} counts the classes itself; drop {init_probs}",
+                              mentions=["replacement"])
+        if self.size is not None and (self.size < 1 or (self.mode != "exact" and not self.replacement)):
+            raise OptionError("size", "must be >= 1, with {mode} exact or {replacement}", value=str(self.size),
+                              mentions=["mode", "replacement"])
+        if self.batch_size is not None and self.batch_size < 1:
+            raise OptionError("batch_size", "must be at least 1", value=str(self.batch_size))
+        if (self.balanced_batches or self.drop_remainder) and self.batch_size is None:
+            name = "balanced_batches" if self.balanced_batches else "drop_remainder"
+            raise OptionError(name, f"{{{name}}} needs {{batch_size}}", mentions=["batch_size"])
+        if self.memory <= 0:
+            raise OptionError("memory", "must be a positive size", value=str(self.memory))
+
+    def _check_class_counts(self) -> None:
+        """--target list, --num-classes and --init-probs must agree on the number of classes, at most MAX_CLASSES."""
+        named = max(self.target) + 1 if isinstance(self.target, dict) and self.target else 0
+        for name, n in (("num_classes", self.num_classes or 0), ("target", named)):
+            if n > MAX_CLASSES:
+                raise OptionError(name, f"{n:,} classes; at most {MAX_CLASSES:,} (every chunk counts its labels "
+                                  "per class)")
+        sizes = {name: n for name, n in (
+            ("target", len(self.target) if isinstance(self.target, tuple) else None),
+            ("num_classes", self.num_classes),
+            ("init_probs", len(self.init_probs) if self.init_probs is not None else None)) if n is not None}
+        if len(set(sizes.values())) > 1:
+            raise OptionError(next(iter(sizes)), "the number of classes disagrees: "
+                              + ", ".join(f"{{{name}}} gives {n}" for name, n in sizes.items()), mentions=list(sizes))
+        if isinstance(self.target, dict) and sizes and max(self.target) >= min(sizes.values()):
+            raise OptionError("target", f"{{target}} names class {max(self.target)} but there are only "
+                              f"{min(sizes.values())} classes (0..{min(sizes.values()) - 1})")
+
+    def known_classes(self) -> int | None:
+        """The number of classes if the options fix it (else the counting pass finds it)."""
+        if isinstance(self.target, tuple):
+            return len(self.target)
+        if self.num_classes is not None:
+            return self.num_classes
+        if self.init_probs is not None:
+            return len(self.init_probs)
+        if self.mode == "online" and isinstance(self.target, dict):
+            return max(self.target) + 1
+        if self.mode == "online":
+            raise OptionError("target", "{target} uniform with {mode} online needs {num_classes} "
+                              "(there is no counting pass to find the classes)", mentions=["mode", "num_classes"])
+        return None
+
+    @property
+    def needs_counts(self) -> bool:
+        return self.mode == "exact" or (self.mode == "bernoulli" and self.init_probs is None)
+
+
+__all__ = ["MODES", "PROB_TOLERANCE", "Probs", "StratifyOptions", "TargetSpec", "check_probs", "field_of",
+           "parse_probs", "parse_target"]
