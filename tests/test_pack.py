@@ -16,7 +16,8 @@ import batchtool
 from batchtool import rng
 from batchtool.errors import InputError
 from batchtool.job import RunSettings
-from batchtool.ops.pack import PackOptions, pack
+from batchtool.driver import run_operation
+from batchtool.ops.pack import OP, PackOptions
 from batchtool.ops.packing import first_fit, lower_bound, plan_packing
 from batchtool.output import OutputOptions
 from batchtool.synthetic import lognormal_lengths
@@ -162,9 +163,11 @@ def table_of(lengths) -> pa.Table:
     })
 
 
-def run_pack(src: str, dst: str, seed: int = 0, **options) -> dict:
+def run_pack(src: str, dst: str, seed: int = 0, long: str = "error", **options) -> dict:
     options.setdefault("batch_size", 3)
-    return pack(src, dst, PackOptions(**options), OutputOptions(), RunSettings(quiet=True), seed=seed).manifest
+    options.update(split_long=long == "split", drop_long=long == "drop")
+    return run_operation(OP, PackOptions(**options), src, dst, OutputOptions(), RunSettings(quiet=True),
+                         seed=seed).manifest
 
 
 def unpack(dst: str) -> dict[str, list]:

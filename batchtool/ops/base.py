@@ -140,9 +140,13 @@ class Number(Value):
 
 
 class Integer(Value):
-    """A whole number."""
+    """A whole number (`metavar`: what the help calls it, e.g. "L" when other help texts refer to it)."""
 
     metavar = "INTEGER"
+
+    def __init__(self, metavar: str | None = None) -> None:
+        if metavar is not None:
+            self.metavar = metavar  # type: ignore[misc]
 
     def from_text(self, field: str, text: Any) -> Any:
         try:
@@ -436,8 +440,8 @@ class Operation(Generic[O, P]):
     """Takes a --seed (random draws keyed by it and the example ids)."""
     spills: ClassVar[bool] = False
     """Its options carry `memory` and `tmp_dir` (--memory, --tmp-dir; a pipeline's own in a pipeline)."""
-    batches_flag: ClassVar[str | None] = None
-    """The flag with which its output is batches (written as batch shards without --to)."""
+    batches_flag: ClassVar[str | bool | None] = None
+    """The flag with which its output is batches (written as batch shards without --to); True: always batches."""
     expands: ClassVar[bool] = False
     """The kernel's output can outgrow its input chunk: it returns a description of it, cut by `pieces`
     and built by `build` piece by piece, so that no single chunk decides memory."""
@@ -466,8 +470,8 @@ class Operation(Generic[O, P]):
         return Depends.ORDER if self.seeded else Depends.ROWS
 
     # -- first pass (optional): per-chunk statistics, merged in input order, make the plan
-    def first_pass_columns(self, options: O) -> list[str]:
-        """The columns its first pass reads; [] when it has none."""
+    def first_pass_columns(self, options: O, schema: pa.Schema) -> list[str]:
+        """The columns its first pass reads from input of this schema; [] when it has none."""
         return []
 
     first_pass_desc: ClassVar[str | None] = None
