@@ -22,7 +22,8 @@ import pyarrow as pa
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.ops.base import Context, Kind, Operation, Regrouped, Runtime
 from batchtool.ops.pack_options import PackColumns, PackOptions, output_schema, resolve_columns
-from batchtool.ops.pack_plan import LengthCounts, PackPlan, batch_layout, check_long, count_lengths, make_plan, planned
+from batchtool.ops.pack_plan import (LengthCounts, PackPlan, batch_layout, check_long, count_lengths, make_plan,
+                                     planned)
 from batchtool.ops.pack_rows import assemble, regrouped
 from batchtool.padding import row_lengths
 
