@@ -58,7 +58,7 @@ class Pack(Operation[PackOptions, PackPlan]):
         return [resolve_columns(options, schema).length]
 
     def first_pass(self, options: PackOptions, context: Context, chunk: Chunk) -> LengthCounts:
-        column = chunk.data.schema.names[0]  # the pass reads the length column alone
+        column = resolve_columns(options, context.schema).length
         lengths = row_lengths(chunk.data.column(column))
         check_long(lengths, chunk, column, options, context.locate)
         return count_lengths(lengths, options)

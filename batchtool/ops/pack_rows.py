@@ -122,7 +122,7 @@ def spill_schema(schema: pa.Schema, plan: PackPlan) -> pa.Schema:
     return pa.schema(fields)
 
 
-def scatter(data: Dataset, plan: PackPlan, layout: SpillLayout, spill: Spill, runtime: Runtime,
+def scatter(data: Dataset, plan: PackPlan, groups: SpillLayout, spill: Spill, runtime: Runtime,
             report: ReadReport) -> Tally:
     """The second pass: every item to the spill group of its output position, in input order (so the
     ranks, and everything after them, are the same for any --threads). Returns what it read, dropped,
@@ -139,15 +139,15 @@ def scatter(data: Dataset, plan: PackPlan, layout: SpillLayout, spill: Spill, ru
             position = rng.index_shuffle(plan.seed, ROW_STAGE, row_ids.astype(np.uint64), plan.rows).astype(np.int64)
             order = rng.keyed_hash(plan.seed, ORDER_STAGE, p.items.ids)
             batch = p.items.data.append_column(_POS, pa.array(position)).append_column(_ORDER, pa.array(order))
-            spill.add(Chunk(batch, p.items.ids), position // layout.rows_per_group)
+            spill.add(Chunk(batch, p.items.ids), position // groups.rows_per_group)
     spill.finish()
     return tally
 
 
-def sorted_items(spill: Spill, layout: SpillLayout) -> Iterator[Chunk]:
+def sorted_items(spill: Spill, groups: SpillLayout) -> Iterator[Chunk]:
     """All items in output order: group by group, sorted by (position, keyed order within the row),
     taken a slice at a time so a group is never copied whole."""
-    for group in range(layout.groups):
+    for group in range(groups.groups):
         for chunk in spill.read_group(group):
             order = np.lexsort((chunk.data.column(_ORDER).to_numpy(), chunk.data.column(_POS).to_numpy()))
             for start in range(0, len(order), _TAKE):
@@ -215,12 +215,12 @@ def assemble(items: pa.RecordBatch, rows: np.ndarray, batch: int, pad_length: in
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def batches(spill: Spill, plan: PackPlan, layout: SpillLayout, batch_layout: BatchLayout,
+def batches(spill: Spill, plan: PackPlan, groups: SpillLayout, layout: BatchLayout,
             schema: pa.Schema) -> Iterator[BatchItem]:
     """The spilled items cut into the planned batches, in output order."""
-    items = take_sizes(sorted_items(spill, layout), batch_layout.examples.tolist(), schema)
+    items = take_sizes(sorted_items(spill, groups), layout.examples.tolist(), schema)
     for index, chunk in enumerate(items):
-        yield BatchItem(index, chunk, plan.pad_length(int(batch_layout.widest[index])))
+        yield BatchItem(index, chunk, plan.pad_length(int(layout.widest[index])))
 
 
 def consumed(items: Chunk, plan: PackPlan) -> int:
@@ -252,14 +252,15 @@ def regrouped(plan: PackPlan, data: Dataset, report: ReadReport, runtime: Runtim
     """Scatter `data` to the spill (sized on its first chunk's bytes), then give the planned batches back in
     output order; the spill lives until the context closes."""
     sample = next(iter(data.tasks()), None)
-    layout = spill_layout(plan, row_bytes(sample().data if sample else None, plan.columns))  # type: ignore[arg-type]
-    rows = batch_layout(plan)
+    groups = spill_layout(plan, row_bytes(sample().data if sample else None, plan.columns))  # type: ignore[arg-type]
+    layout = batch_layout(plan)
     schema = spill_schema(data.schema, plan)
     o, lengths = plan.options, plan.lengths
-    with Spill(schema, layout.parts, plan.seed, SPILL_STAGE, o.tmp_dir, flush_bytes(layout, o.memory)) as spill:
-        tally = scatter(data, plan, layout, spill, runtime, report)
-        yield Regrouped(items=batches(spill, plan, layout, rows, schema), work=functools.partial(build, plan),
-                        stats=lambda: pack_stats(plan, rows, tally),
+    with Spill(schema, groups.parts, plan.seed, SPILL_STAGE, o.tmp_dir,
+               flush_bytes(groups, o.memory)) as spill:  # type: ignore[arg-type]
+        tally = scatter(data, plan, groups, spill, runtime, report)
+        yield Regrouped(items=batches(spill, plan, groups, layout, schema), work=functools.partial(build, plan),
+                        stats=lambda: pack_stats(plan, layout, tally),
                         total_rows=lengths.examples - (lengths.long if o.long == "drop" else 0),
                         sequence_columns=feature_lists(plan.schema, plan.columns))
 
