@@ -470,9 +470,14 @@ class Operation(Generic[O, P]):
         return Depends.ORDER if self.seeded else Depends.ROWS
 
     # -- first pass (optional): per-chunk statistics, merged in input order, make the plan
-    def first_pass_columns(self, options: O, schema: pa.Schema) -> list[str]:
-        """The columns its first pass reads from input of this schema; [] when it has none."""
+    def first_pass_columns(self, options: O) -> list[str]:
+        """The columns its first pass reads; [] when it has none."""
         return []
+
+    def first_pass_columns_in(self, options: O, schema: pa.Schema) -> list[str]:
+        """The columns its first pass reads from input of this schema (what the driver asks): those of
+        `first_pass_columns`, unless they depend on the input (pack's default: its first list column)."""
+        return self.first_pass_columns(options)
 
     first_pass_desc: ClassVar[str | None] = None
     """Names the first pass's progress bar ("lengths": `bucket: lengths`); None shows none."""

@@ -331,7 +331,7 @@ class Resample(Operation[ResampleOptions, ResamplePlan]):
         kept = [c for c in columns if not (options.mode == "weighted" and c == options.rate_column)]
         return list(dict.fromkeys([*kept, *self.needs(options)]))
 
-    def first_pass_columns(self, options: ResampleOptions, schema: pa.Schema) -> list[str]:
+    def first_pass_columns(self, options: ResampleOptions) -> list[str]:
         """--weight without --running-mean: the mean weight, in a pass over that column only."""
         return [options.weight] if options.weight is not None and not options.running_mean else []
 

@@ -322,7 +322,7 @@ class Stratify(Operation[StratifyOptions, Stratification]):
         need_columns(schema, "label", [options.label])
         return schema
 
-    def first_pass_columns(self, options: StratifyOptions, schema: pa.Schema) -> list[str]:
+    def first_pass_columns(self, options: StratifyOptions) -> list[str]:
         """The class counts (unless --init-probs or --mode online make them unnecessary)."""
         return [options.label] if options.needs_counts else []
 

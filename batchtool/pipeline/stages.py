@@ -142,7 +142,7 @@ class OpStage(Stage):
         return self.op.input_columns(self.options, columns)
 
     def first_pass_columns(self, schema: pa.Schema) -> Columns:
-        return self.op.first_pass_columns(self.options, schema)
+        return self.op.first_pass_columns_in(self.options, schema)
 
     def plan(self, view: Dataset, run: RunSettings) -> None:
         self.planned = make_plan(self.op, self.options, view, run.threads, self.seed, run.quiet)
@@ -182,7 +182,7 @@ class StratifyStage(Stage):
         return stratify_op.OP.input_columns(self.options, columns)
 
     def first_pass_columns(self, schema: pa.Schema) -> Columns:
-        return stratify_op.OP.first_pass_columns(self.options, schema)
+        return stratify_op.OP.first_pass_columns(self.options)
 
     @property
     def first_pass_needs(self) -> int:  # type: ignore[override]
