@@ -56,7 +56,7 @@ class DatasetStats:
         for k, v in other.label_counts.items():
             self.label_counts[k] = self.label_counts.get(k, 0) + v
         self.label_nulls += other.label_nulls
-        self.length_counts = _add_counts(self.length_counts, other.length_counts)
+        self.length_counts = add_counts(self.length_counts, other.length_counts)
         for mine, theirs in ((self.null_counts, other.null_counts), (self.nan_counts, other.nan_counts)):
             for k, v in theirs.items():
                 mine[k] = mine.get(k, 0) + v
@@ -82,7 +82,8 @@ class DatasetStats:
                 "p99": self.length_quantile(0.99), "total": int((np.arange(len(counts)) * counts).sum())}
 
 
-def _add_counts(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def add_counts(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The sum of two histograms of any lengths (the shorter one zero-padded)."""
     if len(a) < len(b):
         a, b = b, a
     out = a.copy()

@@ -14,13 +14,16 @@ from hypothesis import strategies as st
 
 import batchtool
 from batchtool import rng
-from batchtool.errors import InputError
+from batchtool.errors import InputError, SchemaError
 from batchtool.job import RunSettings
-from batchtool.ops.pack import PackOptions, pack
+from batchtool.driver import run_operation
+from batchtool.ops.base import OptionError
+from batchtool.ops.pack import OP, PackOptions
+from batchtool.ops.pack_options import PadValues, resolve_columns
 from batchtool.ops.packing import first_fit, lower_bound, plan_packing
 from batchtool.output import OutputOptions
 from batchtool.synthetic import lognormal_lengths
-from conftest import REPO, read_dir, write_parquet_shards
+from conftest import REPO, data_bytes, read_dir, write_parquet_shards
 
 BENCH_EXAMPLES = 374_126
 """Examples of the 1 GB benchmark corpus (scripts/bench.py: median 100, max 2000 steps)."""
@@ -162,9 +165,11 @@ def table_of(lengths) -> pa.Table:
     })
 
 
-def run_pack(src: str, dst: str, seed: int = 0, **options) -> dict:
+def run_pack(src: str, dst: str, seed: int = 0, long: str = "error", **options) -> dict:
     options.setdefault("batch_size", 3)
-    return pack(src, dst, PackOptions(**options), OutputOptions(), RunSettings(quiet=True), seed=seed).manifest
+    options.update(split_long=long == "split", drop_long=long == "drop")
+    return run_operation(OP, PackOptions(**options), src, dst, OutputOptions(), RunSettings(quiet=True),
+                         seed=seed).manifest
 
 
 def unpack(dst: str) -> dict[str, list]:
@@ -287,3 +292,62 @@ def test_attention_over_a_packed_row_equals_each_example_alone(tmp_path, packed_
     batch = next(iter(batchtool.load(str(tmp_path / "out"))))
     flat, cu, longest = script.varlen_inputs(batch)
     assert cu[-1] == len(flat) == batch["length"].sum() and longest == max(np.diff(cu))
+
+
+# --- the options: one schema for the command line and pipeline files -------------------------------------
+
+@pytest.mark.parametrize("given, cli, toml", [
+    ({"max_length": 8, "batch_size": 0}, "--batch-size 0: must be positive", "key 'batch-size' = 0: must be positive"),
+    ({"max_length": 4000, "batch_size": 1_000_000, "pad_to_max_length": True},
+     "--batch-size 1000000 x --max-length 4000 padded steps exceed 2,147,483,647",
+     "batch-size 1000000 x max-length 4000 padded steps exceed 2,147,483,647"),
+    ({"max_length": 8, "max_tokens": 8, "split_long": True, "drop_long": True},
+     "give at most one of --split-long and --drop-long", "give at most one of split-long and drop-long"),
+    ({"max_length": 8, "batch_size": 2, "memory": 0}, "--memory 0: must be positive",
+     "key 'memory' = 0: must be positive"),
+])
+def test_option_errors_name_the_option_in_each_vocabulary(given, cli, toml):
+    with pytest.raises(OptionError) as caught:
+        PackOptions(**given)
+    assert caught.value.rendered("cli").startswith(cli) and caught.value.rendered("toml").startswith(toml)
+
+
+def test_pad_values_as_pairs_a_list_or_a_table():
+    kind = PadValues()
+    assert kind.parse("pad_value", "tokens=-1") == ("tokens=-1",)
+    assert kind.parse("pad_value", ["tokens=-1", "words=<pad>"]) == ("tokens=-1", "words=<pad>")
+    assert kind.parse("pad_value", {"tokens": -1, "words": "<pad>"}) == ("tokens=-1", "words=<pad>")
+    with pytest.raises(OptionError, match=r"expected COL=V pairs, got list \[1\]"):
+        kind.parse("pad_value", [1])
+
+
+def test_the_manifest_records_the_options_as_one_long_word():
+    options = PackOptions(max_length=8, sequence=("tokens",), drop_long=True, max_tokens=64, pad_value=("tokens=1",))
+    assert options.recorded() == {"max_length": 8, "sequences": ("tokens",), "max_examples_per_row": None,
+                                  "long": "drop", "batch_size": None, "max_tokens": 64, "pad_to_max_length": False,
+                                  "pad_values": ("tokens=1",), "memory": 1 << 30}
+
+
+@pytest.mark.parametrize("schema, sequence, message", [
+    (pa.schema([("key", pa.string())]), None, "no list column to pack: pass --sequence COL"),
+    (pa.schema([("tokens", pa.list_(pa.int64()))]), ("words",), "--sequence words: no such column (available: tokens)"),
+    (pa.schema([("tokens", pa.list_(pa.int64())), ("length", pa.int64())]), None,
+     "column 'length' is also an output column of pack"),
+])
+def test_columns_are_checked_against_the_schema(schema, sequence, message):
+    with pytest.raises(SchemaError) as caught:
+        resolve_columns(PackOptions(max_length=8, batch_size=2, sequence=sequence), schema)
+    assert message in str(caught.value)
+
+
+def test_pipeline_keys_in_every_form_write_what_the_command_writes(tmp_path, parquet_src, run_cli):
+    args = ["--max-length", "128", "--split-long", "--batch-size", "4", "--sequence", "tokens", "--pad-value",
+            "tokens=-1", "--seed", "3", "-q"]
+    assert run_cli("pack", parquet_src, tmp_path / "cli", *args).exit_code == 0
+    for i, keys in enumerate(['sequence = ["tokens"]\npad-value = {tokens = -1}',
+                              'sequence = "tokens"\npad-value = ["tokens=-1"]']):
+        pipeline = tmp_path / f"p{i}.toml"
+        pipeline.write_text(f'seed = 3\n[input]\npath = "{parquet_src}"\n[[stage]]\nop = "pack"\nmax-length = 128\n'
+                            f'split-long = true\nbatch-size = 4\n{keys}\n[output]\npath = "{tmp_path / str(i)}"\n')
+        assert run_cli("run", pipeline, "-q").exit_code == 0
+        assert data_bytes(str(tmp_path / str(i))) == data_bytes(str(tmp_path / "cli"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from batchtool.ops import filter as filter_op
+from batchtool.ops import pack as pack_op
 from batchtool.ops import rename as rename_op
 from batchtool.ops import resample as resample_op
 from batchtool.ops import select as select_op
@@ -15,6 +16,7 @@ OPERATIONS: dict[str, Operation] = {
     "rename": rename_op.OP,
     "resample": resample_op.OP,
     "stratify": stratify_op.OP,
+    "pack": pack_op.OP,
 }
 """Name -> definition: the command, the pipeline stage and the dry run of each are derived from it."""
 

@@ -140,9 +140,13 @@ class Number(Value):
 
 
 class Integer(Value):
-    """A whole number."""
+    """A whole number (`metavar`: what the help calls it, e.g. "L" when other help texts refer to it)."""
 
     metavar = "INTEGER"
+
+    def __init__(self, metavar: str | None = None) -> None:
+        if metavar is not None:
+            self.metavar = metavar  # type: ignore[misc]
 
     def from_text(self, field: str, text: Any) -> Any:
         try:
@@ -445,8 +449,8 @@ class Operation(Generic[O, P]):
     """Takes a --seed (random draws keyed by it and the example ids)."""
     spills: ClassVar[bool] = False
     """Its options carry `memory` and `tmp_dir` (--memory, --tmp-dir; a pipeline's own in a pipeline)."""
-    batches_flag: ClassVar[str | None] = None
-    """The flag with which its output is batches (written as batch shards without --to)."""
+    batches_flag: ClassVar[str | bool | None] = None
+    """The flag with which its output is batches (written as batch shards without --to); True: always batches."""
     expands: ClassVar[bool] = False
     """The kernel's output can outgrow its input chunk: it returns a description of it, cut by `pieces`
     and built by `build` piece by piece, so that no single chunk decides memory."""
@@ -478,6 +482,11 @@ class Operation(Generic[O, P]):
     def first_pass_columns(self, options: O) -> list[str]:
         """The columns its first pass reads; [] when it has none."""
         return []
+
+    def first_pass_columns_in(self, options: O, schema: pa.Schema) -> list[str]:
+        """The columns its first pass reads from input of this schema (what the driver asks): those of
+        `first_pass_columns`, unless they depend on the input (pack's default: its first list column)."""
+        return self.first_pass_columns(options)
 
     first_pass_desc: ClassVar[str | None] = None
     """Names the first pass's progress bar ("lengths": `bucket: lengths`); None shows none."""

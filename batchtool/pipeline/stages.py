@@ -23,7 +23,6 @@ from batchtool.job import JobResult, RunSettings
 from batchtool.driver import Applied, EngineRuntime, emit_nonempty, make_plan, stream_errors, write_regrouped
 from batchtool.ops import OPERATIONS
 from batchtool.ops import bucket as bucket_op
-from batchtool.ops import pack as pack_op
 from batchtool.ops import segment as segment_op
 from batchtool.ops import shuffle as shuffle_op
 from batchtool.ops.base import Depends, Kind, Operation, need_columns
@@ -141,7 +140,7 @@ class OpStage(Stage):
         return self.op.input_columns(self.options, columns)
 
     def first_pass_columns(self, schema: pa.Schema) -> Columns:
-        return self.op.first_pass_columns(self.options)
+        return self.op.first_pass_columns_in(self.options, schema)
 
     def plan(self, view: Dataset, run: RunSettings) -> None:
         self.planned = make_plan(self.op, self.options, view, run.threads, self.seed, run.quiet)
@@ -257,36 +256,6 @@ class BucketStage(Stage):
         return rows_out, info
 
 
-class PackStage(Stage):
-    """Always last: its first pass (lengths) plans the rows; the writer scatters, spills and assembles them."""
-
-    options: pack_op.PackOptions
-    first_pass_bar = False  # pack's first pass shows its own
-    columns: pack_op.PackColumns
-    counts: pack_op.LengthCounts
-
-    def output_schema(self, schema: pa.Schema) -> pa.Schema:
-        self.columns = pack_op.resolve_columns(self.options, schema)
-        self.input_schema = schema
-        return pack_op.output_schema(schema, self.columns, self.options)
-
-    def first_pass_columns(self, schema: pa.Schema) -> Columns:
-        return [self.columns.length]
-
-    def plan(self, view: Dataset, run: RunSettings) -> None:
-        self.counts = pack_op.first_pass(view, self.columns, self.options, run)
-
-    def write(self, view: Dataset, dst: str, output: OutputOptions, run: RunSettings, write: Write) -> JobResult:
-        return pack_op.write_packed(view, self.options, self.columns, self.counts, dst, output, run, seed=self.seed,
-                                    write=write)
-
-    def expected(self, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
-        plan = pack_op.make_plan(self.options, self.columns, self.counts, self.input_schema, self.seed,
-                                 bucket_op.row_bytes(None, self.columns))  # type: ignore[arg-type]
-        info = pack_op.expected(plan, pack_op.batch_layout(plan))
-        return info["rows"], info
-
-
 class SegmentStage(Stage):
     """Always last: one pass that checks keys, plans lanes and writes; no first pass of its own."""
 
@@ -324,8 +293,7 @@ def _need(schema: pa.Schema, columns: list[str] | tuple[str, ...], key: str) -> 
     need_columns(schema, key, columns)
 
 
-STAGES: dict[str, type[Stage]] = {"shuffle": ShuffleStage, "bucket": BucketStage, "pack": PackStage,
-                                  "segment": SegmentStage}
+STAGES: dict[str, type[Stage]] = {"shuffle": ShuffleStage, "bucket": BucketStage, "segment": SegmentStage}
 
 
 def make_stage(config: config_mod.StageConfig, pipeline: config_mod.PipelineConfig) -> Stage:

@@ -1,0 +1,177 @@
+"""What `pack` is asked to do: its options (declared once for the command line and pipeline files), which
+input columns play which part, and the schema it writes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from batchtool.errors import SchemaError
+from batchtool.ops.base import ColumnError, ColumnList, Flag, Integer, OptionError, Value, option, shown
+from batchtool.ops.bucket import BatchBudget
+from batchtool.padding import parse_pad_values
+from batchtool.stats import is_sequence_type
+
+PER_STEP = ("segment_ids", "positions")
+PER_ROW = ("cu_seqlens", "num_examples", "length", "batch")
+SOURCE_OFFSET = "source_offset"
+"""With --split-long: per packed example, the step of its source example where the piece starts."""
+MAX_LENGTH_LIMIT = 1 << 22
+"""--max-length at most this (4M steps): planning holds counts per length up to max_length, 8 bytes each."""
+MAX_PADDED_STEPS = (1 << 31) - 1
+
+
+class PadValues(Value):
+    """COL=V pairs, one a value: repeatable on the command line; a pipeline file's string, list of strings or
+    table {COL = V}. Checked against the schema (padding.parse_pad_values), where the column's type is known."""
+
+    multiple = True
+    metavar = "COL=V"
+
+    def parse(self, field: str, value: Any) -> tuple[str, ...]:
+        if isinstance(value, dict):
+            return tuple(f"{name}={v}" for name, v in value.items())
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
+            raise OptionError(field, f"expected COL=V pairs, got {shown(value)}")
+        return tuple(items)
+
+
+@dataclass(frozen=True)
+class PackOptions:
+    """What `pack` computes; validated on construction. `memory` and `tmp_dir` are the command's (or the
+    pipeline's) spill settings."""
+
+    max_length: int = option("Steps per packed row, at most.", Integer("L"))
+    sequence: tuple[str, ...] | None = option(
+        "A sequence (list) column to pack; repeat for several, which must agree in length (default: every list "
+        "column).", ColumnList(), None)
+    max_examples_per_row: int | None = option("At most K examples in a row.", Integer("K"), None)
+    split_long: bool = option("Cut examples longer than L into pieces of at most L steps (marked in source_offset).",
+                              Flag(), False)
+    drop_long: bool = option("Drop (and count) examples longer than L.", Flag(), False)
+    batch_size: int | None = option("Packed rows per batch.", Integer("B"), None)
+    max_tokens: int | None = option("Instead of --batch-size: at most T padded steps (rows x padded length) per "
+                                    "batch.", Integer("T"), None)
+    pad_to_max_length: bool = option("Pad every batch to L steps (default: to the batch's longest row).", Flag(),
+                                     False)
+    pad_value: tuple[str, ...] | None = option("Pad value of a sequence column (default 0, '' for strings); "
+                                               "repeatable.", PadValues(), None)
+    memory: int = 1 << 30
+    tmp_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        L = self.max_length
+        if not 1 <= L <= MAX_LENGTH_LIMIT:
+            raise OptionError("max_length", f"must be between 1 and {MAX_LENGTH_LIMIT:,}", value=str(L))
+        K = self.max_examples_per_row
+        if K is not None and K < 1:
+            raise OptionError("max_examples_per_row", "must be at least 1", value=str(K))
+        if self.split_long and self.drop_long:
+            raise OptionError("drop_long", "give at most one of {split_long} and {drop_long}", mentions=["split_long"])
+        if (self.batch_size is None) == (self.max_tokens is None):
+            raise OptionError("batch_size", "give exactly one of {batch_size} and {max_tokens}",
+                              mentions=["max_tokens"])
+        if self.batch_size is not None:
+            if self.batch_size < 1:
+                raise OptionError("batch_size", "must be positive", value=str(self.batch_size))
+            if self.pad_to_max_length and self.batch_size * L > MAX_PADDED_STEPS:
+                raise OptionError("batch_size", f"{{batch_size}} {self.batch_size} x {{max_length}} {L} padded steps "
+                                  f"exceed {MAX_PADDED_STEPS:,} (the most an Arrow list column holds); use a smaller "
+                                  "batch", mentions=["max_length"])
+        if self.max_tokens is not None and not L <= self.max_tokens <= MAX_PADDED_STEPS:
+            raise OptionError("max_tokens", f"must be between {{max_length}} ({L}, so that a full row fits) and "
+                              f"{MAX_PADDED_STEPS:,}", value=str(self.max_tokens), mentions=["max_length"])
+        if self.memory <= 0:
+            raise OptionError("memory", "must be positive", value=str(self.memory))
+
+    @property
+    def long(self) -> str:
+        """What happens to an example longer than max_length: "error" (stop the run), "split" or "drop"."""
+        return "split" if self.split_long else "drop" if self.drop_long else "error"
+
+    @property
+    def sequences(self) -> tuple[str, ...]:
+        """The sequence columns named (none: every list column)."""
+        return self.sequence or ()
+
+    @property
+    def pad_values(self) -> tuple[str, ...]:
+        return self.pad_value or ()
+
+    @property
+    def budget(self) -> BatchBudget:
+        return BatchBudget(batch_size=self.batch_size, max_tokens=self.max_tokens)
+
+    def recorded(self) -> dict[str, Any]:
+        """The manifest's options (as they were before the options had a schema: `long` one word)."""
+        return {"max_length": self.max_length, "sequences": self.sequences,
+                "max_examples_per_row": self.max_examples_per_row, "long": self.long, "batch_size": self.batch_size,
+                "max_tokens": self.max_tokens, "pad_to_max_length": self.pad_to_max_length,
+                "pad_values": self.pad_values, "memory": self.memory}
+
+
+@dataclass(frozen=True)
+class PackColumns:
+    """Which input columns play which part; resolved from the schema before the first pass."""
+
+    sequences: tuple[str, ...]
+    """List columns concatenated into packed rows; they must agree in length row by row."""
+    others: tuple[str, ...]
+    """Every other column, written as a list of one value per packed example."""
+    defaulted: bool = False
+
+    @property
+    def length(self) -> str:
+        return self.sequences[0]
+
+
+def resolve_columns(options: PackOptions, schema: pa.Schema) -> PackColumns:
+    """Check the named sequence columns (default: every list column) and that no input column is named
+    like an output column."""
+    names = schema.names
+    for name in options.sequences:
+        if name not in names:
+            raise ColumnError("sequence", f"no such column (available: {', '.join(names)})", value=name)
+        if not is_sequence_type(schema.field(name).type):
+            raise ColumnError("sequence", f"column is {schema.field(name).type}, expected a list (sequence) column",
+                              value=name)
+    sequences = options.sequences or tuple(f.name for f in schema if is_sequence_type(f.type))
+    if not sequences:
+        raise ColumnError("sequence", "no list column to pack: pass {sequence} COL")
+    added = [*PER_STEP, *PER_ROW, *([SOURCE_OFFSET] if options.long == "split" else [])]
+    clash = [c for c in added if c in names]
+    if clash:
+        raise SchemaError(f"column {clash[0]!r} is also an output column of pack ({', '.join(added)}); "
+                          "rename it first (e.g. a rename stage of `batchtool run`)")
+    unpadded = sorted(set(parse_pad_values(options.pad_values, schema)) - set(sequences))
+    if unpadded:
+        raise ColumnError("pad_value", f"{{pad_value}} {unpadded[0]}=...: column {unpadded[0]!r} is not packed "
+                          f"(sequence columns: {', '.join(sequences)})")
+    return PackColumns(tuple(sequences), tuple(n for n in names if n not in sequences),
+                       defaulted=not options.sequences)
+
+
+def output_schema(schema: pa.Schema, columns: PackColumns, options: PackOptions) -> pa.Schema:
+    """Input columns in their order (sequences packed, the others as per-example lists), then the
+    packing columns."""
+    fields = [pa.field(f.name, pa.list_(f.type.value_field)) if f.name in columns.sequences
+              else pa.field(f.name, pa.list_(f.type)) for f in schema]
+    if options.long == "split":
+        fields.append(pa.field(SOURCE_OFFSET, pa.list_(pa.int32())))
+    fields += [pa.field(name, pa.list_(pa.int32())) for name in (*PER_STEP, "cu_seqlens")]
+    fields += [pa.field("num_examples", pa.int32()), pa.field("length", pa.int32()), pa.field("batch", pa.int64())]
+    return pa.schema(fields)
+
+
+def feature_lists(schema: pa.Schema, columns: PackColumns) -> tuple[str, ...]:
+    """Columns written as SequenceExample feature lists: the per-step ones, and per-example lists of lists
+    (which a context feature cannot hold); the other per-example and per-row lists are context features."""
+    nested = tuple(f.name for f in schema if f.name in columns.others and is_sequence_type(f.type.value_type))
+    return (*columns.sequences, *PER_STEP, *nested)
+
+
+__all__ = ["MAX_LENGTH_LIMIT", "MAX_PADDED_STEPS", "PER_ROW", "PER_STEP", "SOURCE_OFFSET", "PackColumns",
+           "PackOptions", "PadValues", "feature_lists", "output_schema", "resolve_columns"]

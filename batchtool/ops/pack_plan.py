@@ -1,0 +1,217 @@
+"""pack's first pass and plan: the length histogram, then which lengths share a row (batchtool.ops.packing),
+the order of the rows and how they are cut into batches. All of it from counts and the seed, never rows, so
+the dry run states exactly what the run writes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from batchtool import rng
+from batchtool.dataset import Chunk
+from batchtool.errors import InputError
+from batchtool.ops.pack_options import PackColumns, PackOptions, output_schema
+from batchtool.ops.packing import Packing, plan_packing
+from batchtool.padding import default_pad, parse_pad_values
+from batchtool.stats import add_counts
+
+ROW_STAGE = "pack/row"
+"""Keys the permutation from row ids to output positions."""
+_BLOCK = 1 << 16
+"""Output positions handled per step when laying out batches (keeps that O(batches), not O(rows))."""
+
+
+# --- first pass: the lengths ----------------------------------------------------------------------------
+
+@dataclass
+class LengthCounts:
+    """Mergeable first-pass statistics: the histogram of what will be packed, and the input lengths."""
+
+    pieces: np.ndarray
+    """pieces[s] = examples (or, with --split-long, pieces) of s steps to pack, s <= max_length (the array
+    is as long as the longest piece seen needs)."""
+    examples: int = 0
+    steps: int = 0
+    shortest: int | None = None
+    longest: int = 0
+    long: int = 0
+    """Examples longer than --max-length (split or dropped)."""
+    long_steps: int = 0
+
+    def merge(self, other: LengthCounts) -> None:
+        self.pieces = add_counts(self.pieces, other.pieces)
+        self.examples += other.examples
+        self.steps += other.steps
+        if other.shortest is not None:
+            self.shortest = other.shortest if self.shortest is None else min(self.shortest, other.shortest)
+        self.longest = max(self.longest, other.longest)
+        self.long += other.long
+        self.long_steps += other.long_steps
+
+    def summary(self) -> dict[str, Any]:
+        if not self.examples:
+            return {"count": 0}
+        return {"count": self.examples, "min": self.shortest, "max": self.longest,
+                "mean": round(self.steps / self.examples, 3), "total": self.steps,
+                "longer_than_max_length": self.long}
+
+
+def count_lengths(lengths: np.ndarray, options: PackOptions) -> LengthCounts:
+    """First-pass statistics of one chunk's lengths (examples over --max-length already checked)."""
+    L = options.max_length
+    long = lengths[lengths > L]
+    pieces = np.bincount(lengths[lengths <= L]).astype(np.int64)
+    if options.long == "split" and len(long):
+        rest = long % L
+        full = np.zeros(L + 1, dtype=np.int64)
+        full[L] = int((long // L).sum())
+        pieces = add_counts(add_counts(pieces, np.bincount(rest[rest > 0])), full)
+    return LengthCounts(pieces, len(lengths), int(lengths.sum()), int(lengths.min()) if len(lengths) else None,
+                        int(lengths.max(initial=0)), len(long), int(long.sum()))
+
+
+def check_long(lengths: np.ndarray, chunk: Chunk, column: str, options: PackOptions,
+               locate: Callable[[int], str]) -> None:
+    """Without --split-long or --drop-long, an example longer than --max-length stops the run."""
+    if options.long != "error":
+        return
+    long = np.flatnonzero(lengths > options.max_length)
+    if len(long):
+        i = int(long[0])
+        raise InputError(f"{locate(chunk.ids[i])}, column {column!r}: {lengths[i]} steps, more than --max-length "
+                         f"{options.max_length} (pass --split-long to cut such examples into pieces, or "
+                         "--drop-long to drop and count them)")
+
+
+# --- the plan --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PackPlan:
+    """Everything the passes after the first need: a pure function of options, histogram and seed."""
+
+    options: PackOptions
+    columns: PackColumns
+    packing: Packing
+    report: dict[str, Any]
+    lengths: LengthCounts
+    seed: int
+    pad_values: Mapping[str, Any]
+    schema: pa.Schema
+
+    @property
+    def counts(self) -> np.ndarray:
+        """Items to pack per length (the slots of each length)."""
+        return self.lengths.pieces
+
+    @property
+    def rows(self) -> int:
+        return self.packing.total_rows
+
+    def pad_length(self, widest: int) -> int:
+        return self.options.max_length if self.options.pad_to_max_length else widest
+
+
+def make_plan(options: PackOptions, columns: PackColumns, lengths: LengthCounts, schema: pa.Schema,
+              seed: int) -> PackPlan:
+    """The packing: the best candidate over the histogram."""
+    packing, report = plan_packing(lengths.pieces, options.max_length, options.max_examples_per_row)
+    pads = parse_pad_values(options.pad_values, schema)
+    pad_values = {name: pads.get(name, default_pad(schema.field(name).type)) for name in columns.sequences}
+    return PackPlan(options, columns, packing, report, lengths, seed, pad_values,
+                    output_schema(schema, columns, options))
+
+
+@dataclass(frozen=True)
+class SpillLayout:
+    """Output positions per spill group. A group is loaded whole (memory-mapped, then combined into one copy),
+    so its bytes stay under a quarter of --memory; the spill's write buffers take another quarter."""
+
+    rows_per_group: int
+    parts: tuple[int, ...]
+    """One spill part per group (the groups are already sized to memory)."""
+
+    @property
+    def groups(self) -> int:
+        return len(self.parts)
+
+
+def spill_layout(plan: PackPlan, sizes: tuple[float, float]) -> SpillLayout:
+    """Groups of equal output positions under the memory budget; `sizes` = (bytes per example, bytes per
+    step) as spilled."""
+    per_example, per_step = sizes
+    rows, packing = plan.rows, plan.packing
+    held = packing.examples * per_example + packing.real_steps * per_step
+    most = max(1, int(rows * (plan.options.memory // 4) / held)) if held else max(1, rows)
+    groups = max(1, -(-rows // most))
+    per_group = max(1, -(-rows // groups))  # equal groups: a small one would keep its spill buffer's parents alive
+    return SpillLayout(per_group, (1,) * groups)
+
+
+# --- batches: laid out from the plan alone ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """Per batch, in output order: rows, packed examples, and the longest row (all from the plan)."""
+
+    rows: np.ndarray
+    examples: np.ndarray
+    widest: np.ndarray
+
+    def padded_steps(self, plan: PackPlan) -> int:
+        pad = np.full(len(self.rows), plan.options.max_length) if plan.options.pad_to_max_length else self.widest
+        return int((self.rows * pad).sum())
+
+
+def row_blocks(plan: PackPlan) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """(first position, real steps, examples) of the rows at consecutive output positions, in blocks."""
+    for start in range(0, plan.rows, _BLOCK):
+        positions = np.arange(start, min(plan.rows, start + _BLOCK), dtype=np.uint64)
+        row_ids = rng.index_shuffle(plan.seed, ROW_STAGE, positions, plan.rows, inverse=True)
+        yield (start, *plan.packing.row_shape(row_ids.astype(np.int64)))
+
+
+def batch_layout(plan: PackPlan) -> BatchLayout:
+    """Cut the rows, in output order, into batches by --batch-size or --max-tokens."""
+    pad_to = plan.options.max_length if plan.options.pad_to_max_length else None
+    sizes = plan.options.budget.cut((lengths for _, lengths, _ in row_blocks(plan)), pad_to)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    examples = np.zeros(len(sizes), dtype=np.int64)
+    widest = np.zeros(len(sizes), dtype=np.int64)
+    for first, lengths, counts in row_blocks(plan):
+        inside = starts[(starts > first) & (starts < first + len(lengths))] - first
+        cuts = np.concatenate([[0], inside]).astype(np.int64)
+        batch = np.searchsorted(starts, first, side="right") - 1 + np.arange(len(cuts))
+        np.add.at(examples, batch, np.add.reduceat(counts, cuts))
+        np.maximum.at(widest, batch, np.maximum.reduceat(lengths, cuts))
+    return BatchLayout(sizes, examples, widest)
+
+
+def planned(plan: PackPlan, layout: BatchLayout) -> dict[str, Any]:
+    """What the plan fixes before any row is written: rows, efficiency against the bound, batches."""
+    packing = plan.packing
+    L = plan.options.max_length
+    bound = plan.report["rows_lower_bound"]
+    padded = layout.padded_steps(plan)
+    return {
+        "max_length": L,
+        "rows": packing.total_rows,
+        "rows_lower_bound": bound,
+        "proven_optimal": plan.report["proven_optimal"],
+        "real_steps": packing.real_steps,
+        "packing_efficiency": packing.efficiency(),
+        "packing_efficiency_bound": round(packing.real_steps / (bound * L), 6) if bound else None,
+        "method": plan.report["method"],
+        "candidates": plan.report["candidates"],
+        "examples_per_row": packing.examples_per_row(),
+        "batches": len(layout.rows),
+        "padded_steps": padded,
+        "padding_efficiency": round(packing.real_steps / padded, 6) if padded else None,
+    }
+
+
+__all__ = ["BatchLayout", "LengthCounts", "PackPlan", "ROW_STAGE", "SpillLayout", "batch_layout", "check_long",
+           "count_lengths", "make_plan", "planned", "row_blocks", "spill_layout"]
