@@ -71,7 +71,7 @@ def make_plan(op: Operation, options: Any, dataset: Dataset, threads: int, seed:
               quiet: bool = True) -> Any:
     """The op's plan: its first pass over the columns it names (if any), merged in input order."""
     context = Context(seed, dataset.schema, dataset.src, dataset.locate)
-    columns = op.first_pass_columns(options)
+    columns = op.first_pass_input(options, dataset.schema)
     stats: Any = None
     if columns:
         stats = op.new_stats(options)

@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 
 from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.job import RunSettings
-from batchtool.ops.bucket import BatchBudget, BucketOptions, bucket
+from batchtool.driver import run_operation
+from batchtool.ops.bucket import OP, BucketOptions
+from batchtool.ops.bucket_plan import BatchBudget
 from batchtool.output import OutputOptions
 from batchtool.synthetic import make_table
 from conftest import data_bytes, read_dir, write_parquet_shards
@@ -27,7 +29,7 @@ def run(tmp_path, table: pa.Table, name: str = "out", run: RunSettings = QUIET, 
     src = str(tmp_path / "src")
     if not os.path.exists(src):
         write_parquet_shards(src, table, shards=3, row_group_size=40)
-    result = bucket(src, str(tmp_path / name), BucketOptions(**options), OutputOptions(), run, seed=seed)
+    result = run_operation(OP, BucketOptions(**options), src, str(tmp_path / name), OutputOptions(), run, seed=seed)
     return read_dir(str(tmp_path / name)), result.manifest
 
 
@@ -77,7 +79,7 @@ def table() -> pa.Table:
 
 
 def test_every_example_once_padded_to_one_length_with_true_lengths(tmp_path, table):
-    out, manifest = run(tmp_path, table, boundaries=(20, 40, 80), batch_size=(16,), pad_values=("tokens=-7",),
+    out, manifest = run(tmp_path, table, boundaries=(20, 40, 80), batch_size=(16,), pad_value=("tokens=-7",),
                         mask=True)
     assert sorted(out.column("key").to_pylist()) == sorted(table.column("key").to_pylist())
     original = {k: t for k, t in zip(table.column("key").to_pylist(), table.column("tokens").to_pylist())}
@@ -231,7 +233,7 @@ def test_property_every_example_once_or_counted_and_budgets_hold(tmp_path_factor
     table = pa.table({"key": [f"k{i}" for i in range(n)], "keep": keep,
                       "tokens": pa.array([list(range(1, x + 1)) for x in lengths], pa.list_(pa.int32()))})
     out, manifest = run(tmp_path_factory.mktemp("p"), table, boundaries=boundaries, keep="keep",
-                        drop_remainder=drop_remainder, pad_values=("tokens=-1",), **batching)
+                        drop_remainder=drop_remainder, pad_value=("tokens=-1",), **batching)
     dropped = manifest["stats"]["examples_dropped"]
     keys = out.column("key").to_pylist()
     assert len(set(keys)) == len(keys) and out.num_rows + sum(dropped.values()) == n

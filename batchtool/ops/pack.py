@@ -25,7 +25,8 @@ from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
 from batchtool.engines import with_engine
 from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.job import JobResult, RunSettings, write_job
-from batchtool.ops.bucket import BatchBudget, flush_bytes, row_bytes, take_sizes
+from batchtool.ops.bucket_batches import take_sizes
+from batchtool.ops.bucket_plan import BatchBudget, flush_bytes, row_bytes
 from batchtool.ops.packing import Packing, plan_packing
 from batchtool.output import OutputOptions
 from batchtool.padding import default_pad, pad_list_column, parse_pad_values, row_lengths, sequence_lengths

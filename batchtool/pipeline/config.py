@@ -20,7 +20,6 @@ from typing import Any
 import click
 
 from batchtool import formats, fs
-from batchtool.cli import bucket as bucket_cli
 from batchtool.cli import pack as pack_cli
 from batchtool.cli import resampling as resampling_cli
 from batchtool.cli import segment as segment_cli
@@ -39,11 +38,11 @@ else:  # pragma: no cover
 
 OPS = tuple(dict.fromkeys(("stratify", "resample", "shuffle", "bucket", "pack", "segment", *OPERATIONS)))
 BUILDERS: dict[str, Callable[..., Any]] = {
-    "shuffle": resampling_cli.shuffle_options, "bucket": bucket_cli.bucket_options,
-    "segment": segment_cli.segment_options, "pack": pack_cli.pack_options,
+    "shuffle": resampling_cli.shuffle_options, "segment": segment_cli.segment_options,
+    "pack": pack_cli.pack_options,
 }
 """The function each command builds its options with, from its flags' values."""
-SPILLING = ("shuffle", "bucket", "pack")
+SPILLING = ("shuffle", "pack")
 """Operations whose options carry the pipeline's memory and tmp-dir (segment gets them when it runs)."""
 TOP_KEYS = ("seed", "threads", "memory", "tmp-dir", "input", "stage", "output")
 INPUT_KEYS = ("path", "format", "columns", "skip-corrupt")
