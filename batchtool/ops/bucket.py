@@ -1,9 +1,5 @@
-"""`bucket`: group examples by length (or a bucket column) into padded batches, in bounded memory.
-
-The definition: its options, its first pass (the length histogram) and plan, its regrouping (scatter to
-per-bucket spills, batches in a seeded order) and its dry run. The plan is in bucket_plan, the batches in
-bucket_batches, the statistics and summary lines in bucket_report.
-"""
+"""`bucket`: group examples by length (or a bucket column) into padded batches, in bounded memory: its options
+and its definition (the plan is in bucket_plan, the batches in bucket_batches, what it reports in bucket_report)."""
 
 from __future__ import annotations
 
@@ -26,7 +22,7 @@ from batchtool.ops.bucket_batches import (ORDER_STAGE, balanced_stream, batch_si
 from batchtool.ops.bucket_plan import (OUTPUT_COLUMNS, RENAMABLE, BucketPlan, LengthPass, batchable_counts,
                                        flush_bytes, length_pass, make_plan, resolve_columns, row_bytes,
                                        with_spill_layout)
-from batchtool.ops.bucket_report import BucketCounts, bucket_stats, said
+from batchtool.ops.bucket_report import BucketCounts, bucket_stats, summary_lines
 from batchtool.ops.stratify import TargetSpec, check_probs
 from batchtool.ops.stratify_plans import Target
 from batchtool.spill import Spill
@@ -342,7 +338,7 @@ class Bucket(Operation[BucketOptions, BucketPlan]):
         return rows_out, info
 
     def said(self, stats: dict[str, Any]) -> list[str]:
-        return said(stats)
+        return summary_lines(stats)
 
 
 RECORDED_AS = {"sequence": "sequences", "pad_value": "pad_values", "output_column": "output_columns"}

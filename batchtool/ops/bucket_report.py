@@ -119,7 +119,7 @@ def auto_bucket_report(length_counts: np.ndarray, boundaries: Sequence[int], k: 
             "quantile_expected_padding_efficiency": expected_efficiency(length_counts, quantiles)}
 
 
-def said(stats: dict[str, Any]) -> list[str]:
+def summary_lines(stats: dict[str, Any]) -> list[str]:
     """The command's lines before its report: the boundaries --auto-buckets chose, and with --balance a warning
     when it dropped most rows and what it balanced."""
     lines = []
