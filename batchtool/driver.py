@@ -84,7 +84,7 @@ def make_plan(op: Operation, options: Any, dataset: Dataset, threads: int, seed:
     """The op's plan: its first pass over the columns it names (if any), merged in input order."""
     context = Context(seed, dataset.schema, dataset.src, dataset.locate,
                       first_file=dataset.shards[0].path if dataset.shards else None)
-    columns = op.first_pass_columns_in(options, dataset.schema)
+    columns = op.first_pass_input(options, dataset.schema)
     stats: Any = None
     if columns:
         stats = op.new_stats(options)

@@ -7,7 +7,8 @@ import os
 from conftest import write_parquet_shards
 
 from batchtool.job import RunSettings
-from batchtool.ops.bucket import BucketOptions, bucket
+from batchtool.driver import run_operation
+from batchtool.ops.bucket import OP, BucketOptions
 from batchtool.ops.segment import SegmentOptions, segment
 from batchtool.output import OutputOptions
 from batchtool.synthetic import make_table
@@ -35,8 +36,8 @@ def bucket_output(root: str, fmt: str = "parquet", compression: str | None = Non
     dst = os.path.join(root, f"bucket-{fmt}-{compression}-{sorted(options.items())}")
     if not os.path.exists(dst):
         opts = {"boundaries": (20, 40), "batch_size": (11,), **options}
-        bucket(source(root), dst, BucketOptions(**opts),
-               OutputOptions(format=fmt, compression=compression, shard_rows=100), QUIET, seed=1)
+        run_operation(OP, BucketOptions(**opts), source(root), dst,
+                      OutputOptions(format=fmt, compression=compression, shard_rows=100), QUIET, seed=1)
     return dst
 
 

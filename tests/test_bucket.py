@@ -14,7 +14,11 @@ from hypothesis import strategies as st
 
 from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.job import RunSettings
-from batchtool.ops.bucket import BatchBudget, BucketOptions, bucket
+from batchtool.driver import run_operation
+from batchtool.ops.base import ColumnList, Context, OptionError
+from batchtool.ops.bucket import OP, BucketOptions, Integers, OutputNames, Pairs
+from batchtool.ops.bucket_plan import BatchBudget, BucketPlan, LengthPass, resolve_columns
+from batchtool.stats import DatasetStats
 from batchtool.output import OutputOptions
 from batchtool.synthetic import make_table
 from conftest import data_bytes, read_dir, write_parquet_shards
@@ -27,7 +31,7 @@ def run(tmp_path, table: pa.Table, name: str = "out", run: RunSettings = QUIET, 
     src = str(tmp_path / "src")
     if not os.path.exists(src):
         write_parquet_shards(src, table, shards=3, row_group_size=40)
-    result = bucket(src, str(tmp_path / name), BucketOptions(**options), OutputOptions(), run, seed=seed)
+    result = run_operation(OP, BucketOptions(**options), src, str(tmp_path / name), OutputOptions(), run, seed=seed)
     return read_dir(str(tmp_path / name)), result.manifest
 
 
@@ -77,7 +81,7 @@ def table() -> pa.Table:
 
 
 def test_every_example_once_padded_to_one_length_with_true_lengths(tmp_path, table):
-    out, manifest = run(tmp_path, table, boundaries=(20, 40, 80), batch_size=(16,), pad_values=("tokens=-7",),
+    out, manifest = run(tmp_path, table, boundaries=(20, 40, 80), batch_size=(16,), pad_value=("tokens=-7",),
                         mask=True)
     assert sorted(out.column("key").to_pylist()) == sorted(table.column("key").to_pylist())
     original = {k: t for k, t in zip(table.column("key").to_pylist(), table.column("tokens").to_pylist())}
@@ -231,7 +235,7 @@ def test_property_every_example_once_or_counted_and_budgets_hold(tmp_path_factor
     table = pa.table({"key": [f"k{i}" for i in range(n)], "keep": keep,
                       "tokens": pa.array([list(range(1, x + 1)) for x in lengths], pa.list_(pa.int32()))})
     out, manifest = run(tmp_path_factory.mktemp("p"), table, boundaries=boundaries, keep="keep",
-                        drop_remainder=drop_remainder, pad_values=("tokens=-1",), **batching)
+                        drop_remainder=drop_remainder, pad_value=("tokens=-1",), **batching)
     dropped = manifest["stats"]["examples_dropped"]
     keys = out.column("key").to_pylist()
     assert len(set(keys)) == len(keys) and out.num_rows + sum(dropped.values()) == n
@@ -246,3 +250,121 @@ def test_property_every_example_once_or_counted_and_budgets_hold(tmp_path_factor
         else:
             assert batch.num_rows <= batching["batch_size"][0]
     assert all(lengths[int(k[1:])] == t for k, t in zip(keys, out.column("length").to_pylist()))
+
+
+# --- the option schema: values from a pipeline file, problems in each front end's words -------------------------
+
+@pytest.mark.parametrize("options, cli, toml", [
+    ({"boundaries": (4,), "bucket_column": "label", "num_buckets": 2, "batch_size": (4,)},
+     "give exactly one of --boundaries, --auto-buckets, --bucket-column (got --boundaries and --bucket-column)",
+     "give exactly one of boundaries, auto-buckets, bucket-column (got boundaries and bucket-column)"),
+    ({"boundaries": (10, 5), "batch_size": (4,)},
+     "--boundaries 10,5: boundaries must be strictly increasing (10 is followed by 5)",
+     "boundaries 10,5: boundaries must be strictly increasing (10 is followed by 5)"),
+    ({"bucket_column": "b", "num_buckets": 0, "batch_size": (4,)},
+     "--num-buckets 0: must be at least 1", "key 'num-buckets' = 0: must be at least 1"),
+    ({"boundaries": (4,), "batch_size": (4,), "order": "random"},
+     "--order 'random': expected shuffle or sorted", "key 'order' = 'random': expected shuffle or sorted"),
+    ({"boundaries": (4,), "batch_size": (4,), "memory": 0},
+     "--memory 0: must be positive", "key 'memory' = 0: must be positive"),
+    ({"boundaries": (4,), "batch_size": (4,), "output_column": (("length", "n"), ("length", "m"))},
+     "--output-column: length named twice", "key 'output-column': length named twice"),
+    ({"boundaries": (4,), "batch_size": (4,), "balance": "label", "target": "even"},
+     "--target 'even': expected 'uniform', P0,P1,... or CLASS=PROB pairs",
+     "key 'target' = 'even': expected 'uniform', P0,P1,... or CLASS=PROB pairs"),
+    ({"boundaries": (4,), "max_tokens": 0}, "--max-tokens 0: must be positive", "key 'max-tokens' = 0: must be positive"),
+    ({"boundaries": (4,), "batch_size": (4,), "cost": "cubic"},
+     "--cost 'cubic': expected linear or quadratic", "key 'cost' = 'cubic': expected linear or quadratic"),
+    ({"boundaries": (4,), "batch_size": (0,)},
+     "--batch-size 0: batch sizes must be positive", "key 'batch-size' = 0: batch sizes must be positive"),
+    ({"auto_buckets": 2, "batch_size": (4, 8)},
+     "--batch-size 4,8: one size per bucket needs fixed buckets (--boundaries or --bucket-column); --auto-buckets "
+     "takes one size",
+     "key 'batch-size' = 4,8: one size per bucket needs fixed buckets (boundaries or bucket-column); auto-buckets "
+     "takes one size"),
+    ({"boundaries": (4,), "batch_size": (4,), "oversample": True},
+     "--oversample goes with --balance LABEL_COLUMN", "oversample goes with balance LABEL_COLUMN"),
+])
+def test_option_problems_name_the_option_as_each_front_end_does(options, cli, toml):
+    with pytest.raises(OptionError) as caught:
+        BucketOptions(**options)
+    assert (caught.value.rendered("cli"), caught.value.rendered("toml")) == (cli, toml)
+
+
+def test_pipeline_values_take_the_command_lines_forms():
+    assert Integers().parse("boundaries", 16) == (16,)
+    assert Integers().parse("boundaries", [8, 16]) == Integers().parse("boundaries", "8, 16") == (8, 16)
+    with pytest.raises(OptionError, match="expected comma-separated integers, got boolean True"):
+        Integers().parse("batch_size", True)
+    with pytest.raises(OptionError) as caught:
+        Integers().parse("boundaries", "a")
+    assert caught.value.rendered("cli") == "--boundaries 'a': expected comma-separated integers, e.g. 64,128,256"
+    pads = Pairs(metavar="COL=V")
+    assert pads.parse("pad_value", {"tokens": -1, "frames": 0.5}) == ("tokens=-1", "frames=0.5")
+    assert pads.parse("pad_value", "tokens=-1") == ("tokens=-1",)
+    with pytest.raises(OptionError, match=r"expected COL=V pairs, got list \[\['x'\]\]"):
+        pads.parse("pad_value", [["x"]])
+    names = OutputNames()
+    assert names.parse("output_column", {"length": "n"}) == (("length", "n"),)
+    assert names.parse("output_column", ["length=n, mask=m"]) == (("length", "n"), ("mask", "m"))
+    assert ColumnList(once=True).parse("sequence", ["tokens,frames", "tokens"]) == ("tokens", "frames")
+
+
+# --- the plan and the dry run, from a length histogram alone --------------------------------------------------
+
+SCHEMA = pa.schema([("tokens", pa.list_(pa.int64()))])
+
+
+def planned(**options) -> BucketPlan:
+    """The plan for 10 rows of length 5 and 20 of length 25."""
+    counts = np.zeros(26, dtype=np.int64)
+    counts[5], counts[25] = 10, 20
+    first = LengthPass(DatasetStats(rows=30, length_counts=counts))
+    return OP.plan(BucketOptions(**options), Context(0, SCHEMA, "src", str), first)
+
+
+@pytest.mark.parametrize("options, rows_out, batches", [
+    ({"batch_size": (4,)}, 30, 3 + 5),
+    ({"batch_size": (4,), "drop_remainder": True}, 8 + 20, 2 + 5),
+    ({"max_tokens": 100}, 30, None),  # every row is written; how many batches depends on the order
+    ({"max_tokens": 100, "drop_remainder": True}, None, None),
+])
+def test_dry_run_plans_rows_and_batches_from_the_first_pass(options, rows_out, batches):
+    rows, info = OP.expected(planned(boundaries=(10,), **options), 30)
+    expected = {"boundaries": [10], "num_buckets": 2, "examples_per_bucket": [10, 20], "padding_efficiency": 1.0}
+    assert (rows, info) == (rows_out, expected if batches is None else {**expected, "batches": batches})
+
+
+def test_a_budget_of_rows_fits_any_length_and_a_corpus_needs_something_to_measure():
+    assert BatchBudget(batch_size=4).fits(4, 10**6) and not BatchBudget(batch_size=4).fits(5, 1)
+    with pytest.raises(SchemaError, match="no list column to measure: pass --length"):
+        resolve_columns(BucketOptions(boundaries=(4,), batch_size=(4,)), pa.schema([("n", pa.int64())]))
+
+
+# --- columns that are not lengths ----------------------------------------------------------------------------
+
+def small(bucket_of: list[int], labels: list[int]) -> pa.Table:
+    n = len(labels)
+    return pa.table({"key": [f"k{i}" for i in range(n)], "label": pa.array(labels, pa.int64()),
+                     "b": pa.array(bucket_of, pa.int64()),
+                     "tokens": pa.array([[1] * (i % 3 + 1) for i in range(n)], pa.list_(pa.int64()))})
+
+
+def test_balance_with_a_bucket_column_puts_one_of_each_class_in_every_batch(tmp_path):
+    table = small([0, 0, 0, 0, 1, 1, 1, 1], [0, 1, 0, 1, 1, 0, 1, 0])
+    out, manifest = run(tmp_path, table, bucket_column="b", num_buckets=2, batch_size=(2,), balance="label")
+    parts = batches_of(out)
+    assert len(parts) == 4 and all(sorted(b.column("label").to_pylist()) == [0, 1] for b in parts)
+    assert out.column("b").to_pylist() == out.column("bucket").to_pylist()
+    assert manifest["stats"]["balance"]["class_rows_out"] == [4, 4]
+
+
+def test_an_input_bucket_column_is_written_once_when_it_holds_the_buckets(tmp_path):
+    table = small([0] * 6, [0] * 6)
+    lengths = [len(t) for t in table.column("tokens").to_pylist()]
+    right = table.append_column("bucket", pa.array([int(x >= 2) for x in lengths], pa.int64()))
+    out, _ = run(tmp_path / "right", right, boundaries=(2,), batch_size=(3,))
+    assert out.schema.names.count("bucket") == 1
+    wrong = table.append_column("bucket", pa.array([0] * 6, pa.int64()))
+    with pytest.raises(SchemaError, match=r"column 'bucket': 0 but its bucket is 1; bucket writes its own 'bucket'"):
+        run(tmp_path / "wrong", wrong, boundaries=(2,), batch_size=(3,))

@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 
 from batchtool.job import RunSettings
 from batchtool.ops.boundaries import assign_buckets
-from batchtool.ops.bucket import BatchBudget, BucketOptions, bucket
+from batchtool.driver import run_operation
+from batchtool.ops.bucket import OP, BucketOptions
+from batchtool.ops.bucket_plan import BatchBudget
 from batchtool.ops.quotas import QuotaLayout
 from batchtool.output import OutputOptions
 from conftest import SAMPLE, data_bytes, read_dir, write_parquet_shards
@@ -41,7 +43,7 @@ def run(directory: str, table: pa.Table, name: str = "out", settings: RunSetting
     if not os.path.exists(src):
         write_parquet_shards(src, table, shards=2, row_group_size=30)
     dst = os.path.join(directory, name)
-    result = bucket(src, dst, BucketOptions(**options), OutputOptions(), settings, seed=3)
+    result = run_operation(OP, BucketOptions(**options), src, dst, OutputOptions(), settings, seed=3)
     return read_dir(dst), result.manifest["stats"]
 
 

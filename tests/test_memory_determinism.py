@@ -22,7 +22,9 @@ from hypothesis import strategies as st
 
 from batchtool import spill as spill_mod
 from batchtool.job import RunSettings
-from batchtool.ops.bucket import BucketOptions, bucket
+from batchtool.driver import run_operation
+from batchtool.ops.bucket import OP as BUCKET
+from batchtool.ops.bucket import BucketOptions
 from batchtool.ops.shuffle import ShuffleOptions, shuffle
 from batchtool.output import OutputOptions
 from conftest import SAMPLE, data_bytes
@@ -135,7 +137,10 @@ def test_any_corpus_buckets_and_shuffles_the_same_under_any_budget(corpus, seed)
             sums = []
             for i, memory in enumerate((1 << 30, 2 << 10, 300)):
                 dst = os.path.join(tmp, f"{op}-{memory}")
-                fn = bucket if op == "bucket" else shuffle
-                fn(os.path.join(tmp, "src"), dst, make(memory), OutputOptions(), quiet[i % 2], seed=seed)
+                src = os.path.join(tmp, "src")
+                if op == "bucket":
+                    run_operation(BUCKET, make(memory), src, dst, OutputOptions(), quiet[i % 2], seed=seed)
+                else:
+                    shuffle(src, dst, make(memory), OutputOptions(), quiet[i % 2], seed=seed)
                 sums.append(digests(dst))
             assert all(s == sums[0] for s in sums[1:]), op

@@ -22,7 +22,8 @@ import pytest
 import memlimit
 from batchtool.errors import UsageError
 from batchtool.ops import shuffle as shuffle_op
-from batchtool.ops.bucket import BucketOptions, make_plan, resolve_columns
+from batchtool.ops.bucket import BucketOptions
+from batchtool.ops.bucket_plan import LengthPass, make_plan, resolve_columns, with_spill_layout
 from batchtool.ops.quotas import plan_layout
 from batchtool.ops.stratify import StratifyOptions
 from batchtool.stats import DatasetStats
@@ -167,7 +168,8 @@ def bucket_plan(length_counts: np.ndarray, **options):
     schema = pa.schema([("tokens", pa.list_(pa.int64()))])
     bucket_options = BucketOptions(**options)
     stats = DatasetStats(rows=int(length_counts.sum()), length_counts=length_counts)
-    return make_plan(bucket_options, resolve_columns(bucket_options, schema), stats, schema, (12.0, 8.0))
+    plan = make_plan(bucket_options, resolve_columns(bucket_options, schema), LengthPass(stats), schema, 0)
+    return with_spill_layout(plan, (12.0, 8.0))
 
 
 def histogram(counts: dict[int, int]) -> np.ndarray:

@@ -67,7 +67,7 @@ def test_lists_tables_and_negated_flags(tmp_path):
     assert (config.output.format, config.output.shard_bytes) == ("tfrecord", 1 << 20)
     bucket = load(pipeline(tmp_path, [('op = "bucket"\nboundaries = [8, 16]\nbatch-size = [4, 2, 1]\n'
                                       'sequence = "tokens"')]))
-    assert bucket.stages[0].options == BucketOptions(boundaries=(8, 16), batch_size=(4, 2, 1), sequences=("tokens",),
+    assert bucket.stages[0].options == BucketOptions(boundaries=(8, 16), batch_size=(4, 2, 1), sequence=("tokens",),
                                                      tmp_dir=None)
     rename = load(pipeline(tmp_path, ['op = "rename"\ncolumns = ["label=class", "key = id"]']))
     assert rename.stages[0].options == RenameOptions((("label", "class"), ("key", "id")))

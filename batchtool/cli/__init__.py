@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from batchtool.cli import bucket  # noqa: F401  (registers bucket)
 from batchtool.cli import check  # noqa: F401  (registers check)
 from batchtool.cli import docs  # noqa: F401  (registers docs)
 from batchtool.cli import io  # noqa: F401  (registers inspect, convert)

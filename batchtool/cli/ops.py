@@ -9,11 +9,11 @@ from typing import Any
 import click
 
 from batchtool.cli.common import (command, input_options, make_output, make_run, memory_options, output_options,
-                                  parse_size, report, run_options, seed_option)
+                                  parse_size, report, run_options, seed_option, summary)
 from batchtool.driver import run_operation
 from batchtool.job import JobResult
 from batchtool.ops import OPERATIONS
-from batchtool.ops.base import Operation, Option, build, fields, flag, from_texts, required
+from batchtool.ops.base import Kind, Operation, Option, build, fields, flag, from_texts, required
 
 Runner = Callable[..., JobResult]
 """How a command runs its op: run_operation(op, options, src, dst, output, run, *, seed, format, skip_corrupt)."""
@@ -32,11 +32,17 @@ def make_command(op: Operation, runner: Runner = run_operation) -> click.Command
         seed = kwargs.pop("seed", 0)
         output, run = make_output(kwargs), make_run(kwargs)
         result = runner(op, options, src, dst, output, run, seed=seed, format=input_format, skip_corrupt=skip_corrupt)
+        for line in op.said(result.manifest["stats"]):
+            if line.startswith("warning: "):
+                click.echo(line, err=True)
+            else:
+                summary(line, run.quiet)
         report(result.manifest, dst, run.quiet)
 
     run_op.__name__ = f"{op.name}_cmd"
     run_op.__doc__ = op.summary
-    fn = run_options(output_options(input_options(run_op), batches=op.batches_flag or False))
+    batches = True if op.kind is Kind.BATCHES else op.batches_flag or False
+    fn = run_options(output_options(input_options(run_op), batches=batches))
     if op.spills:
         fn = memory_options(fn)
     if op.seeded:
@@ -53,7 +59,7 @@ def _click_settings(f: dataclasses.Field, decl: Option) -> dict[str, Any]:
     shown in --help but applied by `build`, so a pipeline file gets the same ones."""
     if decl.value.is_flag:
         return {"is_flag": True, "default": None, "help": decl.help}
-    shown = None if required(f) or f.default is None else f.default
+    shown = None if required(f) or f.default in (None, ()) else f.default
     return {"multiple": decl.value.multiple, "required": required(f), "metavar": decl.value.metavar,
             "help": decl.help + (f"  [default: {shown}]" if shown is not None else "")}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from batchtool.ops import bucket as bucket_op
 from batchtool.ops import filter as filter_op
 from batchtool.ops import pack as pack_op
 from batchtool.ops import rename as rename_op
@@ -17,6 +18,7 @@ OPERATIONS: dict[str, Operation] = {
     "resample": resample_op.OP,
     "stratify": stratify_op.OP,
     "pack": pack_op.OP,
+    "bucket": bucket_op.OP,
 }
 """Name -> definition: the command, the pipeline stage and the dry run of each are derived from it."""
 

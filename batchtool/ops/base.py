@@ -103,6 +103,11 @@ class Value:
     is_flag: ClassVar[bool] = False
     metavar: ClassVar[str | None] = "TEXT"
 
+    def __init__(self, *, metavar: str | None = None) -> None:
+        """`metavar` names the value in --help where the help text names it (`--max-tokens T`)."""
+        if metavar is not None:
+            self.metavar = metavar  # type: ignore[misc]
+
     def from_text(self, field: str, text: Any) -> Any:
         return text
 
@@ -223,13 +228,20 @@ def _texts(field: str, value: Any, what: str) -> list[str]:
 
 
 class ColumnList(Value):
-    """Column names, in order: COL,COL,... (repeatable) or a TOML list; each named once."""
+    """Column names, in order: COL,COL,... (repeatable) or a TOML list; each named once (`once`: a name given
+    twice counts once, as `--sequence a,b --sequence a`)."""
 
     multiple = True
     metavar = "COL[,COL...]"
 
+    def __init__(self, *, once: bool = False, metavar: str | None = None) -> None:
+        super().__init__(metavar=metavar)
+        self.once = once
+
     def parse(self, field: str, value: Any) -> tuple[str, ...]:
         names = _texts(field, value, "a non-empty list of column names")
+        if self.once:
+            return tuple(dict.fromkeys(names))
         if len(set(names)) != len(names):
             raise OptionError(field, f"a column is named twice ({', '.join(names)})")
         return tuple(names)
@@ -483,9 +495,9 @@ class Operation(Generic[O, P]):
         """The columns its first pass reads; [] when it has none."""
         return []
 
-    def first_pass_columns_in(self, options: O, schema: pa.Schema) -> list[str]:
-        """The columns its first pass reads from input of this schema (what the driver asks): those of
-        `first_pass_columns`, unless they depend on the input (pack's default: its first list column)."""
+    def first_pass_input(self, options: O, schema: pa.Schema) -> list[str]:
+        """The columns its first pass reads from an input of this schema: `first_pass_columns`, unless the input
+        decides them (bucket and pack measure the input's first list column when none is named)."""
         return self.first_pass_columns(options)
 
     first_pass_desc: ClassVar[str | None] = None
@@ -547,6 +559,11 @@ class Operation(Generic[O, P]):
     def expected(self, plan: P, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
         """Dry run: the output rows if the plan fixes them, and what else it can say without writing."""
         return None, {}
+
+    def said(self, stats: dict[str, Any]) -> list[str]:
+        """Lines its command prints from the manifest's statistics before the report every command ends with
+        (a line starting with "warning: " is printed even with --quiet)."""
+        return []
 
 
 def need_columns(schema: pa.Schema, field: str, names: Sequence[str]) -> None:

@@ -53,7 +53,7 @@ class Pack(Operation[PackOptions, PackPlan]):
     def recorded(self, options: PackOptions, output: OutputOptions) -> dict[str, Any]:
         return options.recorded()
 
-    def first_pass_columns_in(self, options: PackOptions, schema: pa.Schema) -> list[str]:
+    def first_pass_input(self, options: PackOptions, schema: pa.Schema) -> list[str]:
         """The lengths alone: the first sequence column."""
         return [resolve_columns(options, schema).length]
 

@@ -22,11 +22,9 @@ from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.job import JobResult, RunSettings
 from batchtool.driver import Applied, EngineRuntime, emit_nonempty, make_plan, stream_errors, write_regrouped
 from batchtool.ops import OPERATIONS
-from batchtool.ops import bucket as bucket_op
 from batchtool.ops import segment as segment_op
 from batchtool.ops import shuffle as shuffle_op
 from batchtool.ops.base import Depends, Kind, Operation, need_columns
-from batchtool.ops.boundaries import assign_buckets, expected_efficiency
 from batchtool.output import OutputOptions
 from batchtool.pipeline import config as config_mod
 
@@ -140,7 +138,7 @@ class OpStage(Stage):
         return self.op.input_columns(self.options, columns)
 
     def first_pass_columns(self, schema: pa.Schema) -> Columns:
-        return self.op.first_pass_columns_in(self.options, schema)
+        return self.op.first_pass_input(self.options, schema)
 
     def plan(self, view: Dataset, run: RunSettings) -> None:
         self.planned = make_plan(self.op, self.options, view, run.threads, self.seed, run.quiet)
@@ -202,58 +200,6 @@ class ShuffleStage(Stage):
         return min(rows_in, batches * size), {"batches": batches}
 
 
-class BucketStage(Stage):
-    """Always last: its first pass (lengths) plans the buckets; the writer scatters, spills and batches."""
-
-    options: bucket_op.BucketOptions
-    first_pass_bar = False  # bucket's first pass shows its own
-    columns: bucket_op.Columns
-    first: bucket_op.FirstPass
-
-    def output_schema(self, schema: pa.Schema) -> pa.Schema:
-        self.columns = bucket_op.resolve_columns(self.options, schema)
-        self.input_schema = schema
-        return schema
-
-    def first_pass_columns(self, schema: pa.Schema) -> Columns:
-        return self.columns.first_pass
-
-    def plan(self, view: Dataset, run: RunSettings) -> None:
-        self.first = bucket_op.first_pass(view, self.columns, run, self.options.memory, self.options.known_classes)
-
-    def write(self, view: Dataset, dst: str, output: OutputOptions, run: RunSettings, write: Write) -> JobResult:
-        return bucket_op.write_bucketed(view, self.options, self.columns, self.first, dst, output, run,
-                                        seed=self.seed, write=write)
-
-    def expected(self, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
-        o, first = self.options, self.first.stats
-        plan = bucket_op.make_plan(o, self.columns, first, self.input_schema, bucket_op.row_bytes(None, self.columns),
-                                   self.first.classes)
-        counts = bucket_op.batchable_counts(first, o)
-        if plan.boundaries is not None:
-            lengths = np.arange(len(counts))
-            rows = np.bincount(assign_buckets(lengths, plan.boundaries), weights=counts, minlength=plan.num_buckets)
-        else:
-            rows = np.array([first.label_counts.get(b, 0) for b in range(plan.num_buckets)], dtype=np.float64)
-        info: dict[str, Any] = {"boundaries": list(plan.boundaries) if plan.boundaries is not None else None,
-                                "num_buckets": plan.num_buckets, "examples_per_bucket": rows.astype(int).tolist()}
-        rows_out: int | None = None
-        if plan.balance is not None:
-            batches, written = plan.balance.batches, plan.balance.written
-            info.update(batches=sum(batches), batches_per_bucket=batches, batch_rows=[
-                layout.batch_size for layout in plan.balance.layouts], class_rows_out=written.sum(axis=0).tolist(),
-                examples_dropped_unbalanced=int(np.maximum(plan.balance.available - written, 0).sum()))
-            rows_out = int(written.sum())
-        elif o.batch_size is not None:
-            sizes = np.array([b.batch_size for b in plan.budgets])
-            batches = rows // sizes if o.drop_remainder else -(-rows // sizes)
-            info["batches"] = int(batches.sum())
-            rows_out = int(np.minimum(rows, batches * sizes).sum())
-        elif not o.drop_remainder:
-            rows_out = int(rows.sum())
-        if plan.boundaries is not None:
-            info["padding_efficiency"] = expected_efficiency(counts, plan.boundaries)
-        return rows_out, info
 
 
 class SegmentStage(Stage):
@@ -293,7 +239,7 @@ def _need(schema: pa.Schema, columns: list[str] | tuple[str, ...], key: str) -> 
     need_columns(schema, key, columns)
 
 
-STAGES: dict[str, type[Stage]] = {"shuffle": ShuffleStage, "bucket": BucketStage, "segment": SegmentStage}
+STAGES: dict[str, type[Stage]] = {"shuffle": ShuffleStage, "segment": SegmentStage}
 
 
 def make_stage(config: config_mod.StageConfig, pipeline: config_mod.PipelineConfig) -> Stage:

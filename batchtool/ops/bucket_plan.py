@@ -1,0 +1,499 @@
+"""bucket's first pass and plan: which columns play which part, the length histogram (and class counts), and the
+boundaries, batch budgets, padding, balanced layouts and spill layout made from them."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from batchtool import budget
+from batchtool.dataset import Chunk
+from batchtool.errors import InputError, SchemaError, UsageError
+from batchtool.ops.boundaries import CHOICE_BYTES, assign_buckets, choose_boundaries, real_elements
+from batchtool.ops.filter import keep_mask
+from batchtool.ops.labels import MAX_CLASSES, LabelError, label_codes
+from batchtool.ops.quotas import QuotaLayout, plan_layout
+from batchtool.ops.stratify_plans import check_zero_classes, target_vector
+from batchtool.padding import parse_pad_values
+from batchtool.spill import parts_for
+from batchtool.stats import DatasetStats, chunk_stats, is_sequence_type, lengths_of
+
+if TYPE_CHECKING:
+    from batchtool.ops.bucket import BucketOptions
+
+OUTPUT_COLUMNS = ("batch", "bucket", "length", "mask")
+RENAMABLE = ("bucket", "length", "mask")
+"""Output columns --output-column may name otherwise (`batch` marks the batches for load and check)."""
+_MIN_FLUSH_BYTES, _MAX_FLUSH_BYTES = 64 << 10, 4 << 20
+_SPILL_ROW_BYTES = 12
+"""Per spilled row on top of the data: the uint64 example id and the int32 length."""
+BUCKET_BYTES = 1 << 10
+"""Bookkeeping per bucket, empty or not: counters, its spill layout and batch stream."""
+HISTOGRAM_BYTES = 40
+"""Per length up to the longest: the length histogram and the arrays planning derives from it."""
+
+
+@dataclass(frozen=True)
+class BatchBudget:
+    """When a batch is full: `batch_size` rows, or a cost of at most `max_tokens` with at most `max_rows`
+    rows. The cost is rows x padded length (`linear`, padded elements) or rows x padded length squared
+    (`quadratic`, as attention costs); a zero length counts as one. Knows nothing about buckets."""
+
+    batch_size: int | None = None
+    max_tokens: int | None = None
+    max_rows: int | None = None
+    cost: str = "linear"
+
+    def row_cost(self, padded_length: int) -> int:
+        """What one row padded to this length costs against --max-tokens."""
+        width = max(padded_length, 1)
+        return width * width if self.cost == "quadratic" else width
+
+    def fits(self, rows: int, padded_length: int) -> bool:
+        if self.batch_size is not None:
+            return rows <= self.batch_size
+        return (rows * self.row_cost(padded_length) <= self.max_tokens
+                and (self.max_rows is None or rows <= self.max_rows))
+
+    def rows_at(self, padded_length: int) -> int:
+        """The most rows a batch padded to this length may hold."""
+        if self.batch_size is not None:
+            return self.batch_size
+        rows = self.max_tokens // self.row_cost(padded_length)
+        return rows if self.max_rows is None else min(rows, self.max_rows)
+
+    def cut(self, lengths: Iterable[np.ndarray], pad_to: int | None = None) -> np.ndarray:
+        """Sizes of the batches, in order, for rows of these lengths arriving in this order.
+
+        Greedy: a batch closes when the next row would not fit (padded to the batch's longest row,
+        or to `pad_to`). The last batch holds what is left. Every single row must fit.
+        """
+        if self.batch_size is not None:
+            full, rest = divmod(sum(len(a) for a in lengths), self.batch_size)
+            return np.array([self.batch_size] * full + ([rest] if rest else []), dtype=np.int64)
+        sizes: list[int] = []
+        rows = widest = 0
+        for block in lengths:
+            for length in block.tolist():
+                width = pad_to if pad_to is not None else max(widest, length)
+                if rows and not self.fits(rows + 1, width):
+                    sizes.append(rows)
+                    rows, width = 0, pad_to if pad_to is not None else length
+                rows, widest = rows + 1, width
+        if rows:
+            sizes.append(rows)
+        return np.array(sizes, dtype=np.int64)
+
+    def fits_alone(self, padded_lengths: np.ndarray) -> np.ndarray:
+        """Per row: does a batch of just this row, padded to this length, fit?"""
+        if self.batch_size is not None:
+            return np.ones(len(padded_lengths), dtype=bool)
+        width = np.maximum(np.asarray(padded_lengths, dtype=np.int64), 1)
+        return (width * width if self.cost == "quadratic" else width) <= self.max_tokens
+
+    def is_partial(self, size: int) -> bool:
+        """Is a bucket's last batch a remainder? By count: when short; by tokens: always, since the
+        bucket ran out before the budget did."""
+        return self.batch_size is None or size < self.batch_size
+
+
+# -- which columns play which part ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BucketColumns:
+    """Which input columns play which part; resolved from the schema before the first pass."""
+
+    length: str | None
+    """The column lengths are read from in the first pass (an integer column or a list column)."""
+    sequences: tuple[str, ...]
+    """List columns padded to the batch length; they must agree with each other and with `length`."""
+    bucket: str | None
+    keep: str | None
+    replaced: tuple[str, ...]
+    """Input columns dropped because an output column of the same name replaces them."""
+    label: str | None = None
+    """--balance: the class label column."""
+    names: Mapping[str, str] = field(default_factory=lambda: {c: c for c in OUTPUT_COLUMNS})
+    """The name of each output column (--output-column); the spilled rows carry their length under names["length"]."""
+    reused: tuple[str, ...] = ()
+    """Output columns ("length", "bucket") an input integer column of the same name already holds: it must
+    equal what bucket computes, row by row, and is then written once."""
+
+    @property
+    def first_pass(self) -> list[str]:
+        return list(dict.fromkeys(c for c in (self.length, self.bucket, self.keep, self.label) if c is not None))
+
+
+def resolve_columns(options: BucketOptions, schema: pa.Schema) -> BucketColumns:
+    """Check every named column exists with a usable type; default the sequences to all list columns."""
+    names = schema.names
+
+    def need(name: str, flag: str, ok: Callable[[pa.DataType], bool], what: str) -> None:
+        if name not in names:
+            raise SchemaError(f"{flag} {name}: no such column (available: {', '.join(names)})")
+        if not ok(schema.field(name).type):
+            raise SchemaError(f"{flag} {name}: column is {schema.field(name).type}, expected {what}")
+
+    for name in options.sequence:
+        need(name, "--sequence", is_sequence_type, "a list (sequence) column")
+    sequences = options.sequence or tuple(f.name for f in schema if is_sequence_type(f.type))
+    length = options.length or (sequences[0] if sequences else None)
+    if options.length:
+        need(options.length, "--length", lambda t: is_sequence_type(t) or pa.types.is_integer(t),
+             "an integer or list column")
+    elif length is None:
+        raise SchemaError("no list column to measure: pass --length with an integer length column")
+    if options.bucket_column:
+        need(options.bucket_column, "--bucket-column", pa.types.is_integer, "an integer column")
+    if options.keep:
+        need(options.keep, "--keep", pa.types.is_boolean, "a boolean column")
+    if options.balance:
+        need(options.balance, "--balance", lambda t: pa.types.is_integer(t) or pa.types.is_floating(t),
+             "integer class labels in [0, num_classes)")
+    out = options.output_names
+    replaced = tuple(out[c] for c, role in (("length", length), ("bucket", options.bucket_column))
+                     if role == out[c] and role not in sequences)
+    roles = [c for c in OUTPUT_COLUMNS if c != "mask" or options.mask]
+    reused = tuple(c for c in ("length", "bucket") if out[c] in names and out[c] not in replaced
+                   and pa.types.is_integer(schema.field(out[c]).type) and out[c] not in sequences
+                   and out[c] not in (options.keep, options.balance))
+    clash = [c for c in roles if out[c] in names and out[c] not in replaced and c not in reused]
+    if clash:
+        c = clash[0]
+        fix = (f"name bucket's column otherwise with --output-column {c}=NEW_NAME (or rename yours, e.g. convert "
+               "--columns)" if c in RENAMABLE else "rename yours first (e.g. convert --columns): batchtool.load "
+               "and check find the batches by it")
+        raise SchemaError(f"column {out[c]!r} is also an output column of bucket; {fix}")
+    return BucketColumns(length, tuple(sequences), options.bucket_column, options.keep,
+                         replaced + tuple(out[c] for c in reused), options.balance, out, reused)
+
+
+# -- the first pass ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class LengthPass:
+    """What the first pass learns: the length histogram (and bucket-column counts), and with --balance the
+    rows per (class, length), or per (class, bucket) for a bucket column. Chunks' passes merge in input order."""
+
+    stats: DatasetStats = field(default_factory=DatasetStats)
+    classes: np.ndarray | None = None
+
+    def merge(self, later: LengthPass) -> None:
+        self.stats.merge(later.stats)
+        if later.classes is not None:
+            self.classes = _add_counts(self.classes, later.classes)
+
+
+def length_pass(options: BucketOptions, columns: BucketColumns, chunk: Chunk,
+                locate: Callable[[int], str]) -> LengthPass:
+    """One chunk's length histogram (and bucket-column counts) of the kept rows; with --balance its class counts."""
+    if columns.keep is not None:
+        chunk = chunk.filter(keep_mask(chunk, columns.keep))
+    check_longest(chunk, columns.length, options.memory, locate)
+    joint = None
+    if columns.label is not None:
+        joint = joint_counts(chunk, columns, options.known_classes, options.memory, locate)
+    return LengthPass(chunk_stats(chunk, columns.bucket, columns.length), joint)
+
+
+def joint_counts(chunk: Chunk, columns: BucketColumns, num_classes: int | None, memory: int,
+                 locate: Callable[[int], str]) -> np.ndarray:
+    """--balance: a chunk's rows per (class, length), or per (class, bucket-column value); bucket values
+    outside [0, ...) are left for the scatter pass to report."""
+    try:
+        codes = label_codes(chunk, columns.label, num_classes or MAX_CLASSES, locate)
+    except LabelError as exc:
+        hint = f" (--target gives {num_classes} classes)" if num_classes else ""
+        raise InputError(f"--balance {columns.label}: labels must be integers in [0, {num_classes or MAX_CLASSES})"
+                         f"{hint}; first bad label: {exc.first}") from None
+    if columns.bucket is not None:
+        values = pc.fill_null(chunk.data.column(columns.bucket), -1).to_numpy(zero_copy_only=False).astype(np.int64)
+        codes, values = codes[values >= 0], values[values >= 0]
+    else:
+        values = lengths_of(chunk.data, columns.length)
+    if not len(values):
+        return np.zeros((0, 0), dtype=np.int64)
+    k, width = int(codes.max()) + 1, int(values.max()) + 1
+    budget.check(f"--balance {columns.label}: counting {k:,} classes x {width:,} lengths", k * width * 8, memory,
+                 "check the label column, or give a larger --memory", error=InputError)
+    return np.bincount(codes * width + values, minlength=k * width).reshape(k, width)
+
+
+def _add_counts(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Sum of two count matrices of any shapes (the smaller zero-padded)."""
+    out = np.zeros((max(a.shape[0], b.shape[0]), max(a.shape[1], b.shape[1])), dtype=np.int64)
+    out[: a.shape[0], : a.shape[1]] += a
+    out[: b.shape[0], : b.shape[1]] += b
+    return out
+
+
+def check_longest(chunk: Chunk, length: str, memory: int, locate: Callable[[int], str]) -> None:
+    """A length (an integer column's value) sizes the length histogram: stop on one too long for the budget,
+    naming its row, before the histogram is allocated."""
+    lengths = lengths_of(chunk.data, length)
+    if len(lengths):
+        i = int(np.argmax(lengths))
+        budget.check(f"{locate(chunk.ids[i])}, column {length!r}: length {lengths[i]:,} (its length histogram)",
+                     (int(lengths[i]) + 1) * HISTOGRAM_BYTES, memory,
+                     "check the column, or give a larger --memory", error=InputError)
+
+
+# -- the plan ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Balance:
+    """--balance: per bucket, the balanced batch layout of the bucket's class counts. Rows per
+    batch are the budget's: --batch-size, or as many rows as --max-tokens allows at the bucket's
+    longest padded length (so no choice of rows can exceed it)."""
+
+    label: str
+    target: np.ndarray
+    available: np.ndarray
+    """Rows per (bucket, class) after the first pass."""
+    layouts: tuple[QuotaLayout, ...]
+    oversample: bool
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.target)
+
+    @property
+    def written(self) -> np.ndarray:
+        """Rows written per (bucket, class), repeats included."""
+        return np.array([layout.per_class for layout in self.layouts], dtype=np.int64).reshape(self.available.shape)
+
+    @property
+    def batches(self) -> list[int]:
+        return [layout.batches + bool(sum(layout.partial)) for layout in self.layouts]
+
+
+@dataclass(frozen=True)
+class BucketPlan:
+    """Everything the per-chunk and per-batch functions need: a pure function of options, seed and first pass."""
+
+    options: BucketOptions
+    seed: int
+    first: LengthPass
+    columns: BucketColumns
+    boundaries: tuple[int, ...] | None
+    num_buckets: int
+    budgets: tuple[BatchBudget, ...]
+    pad_to: tuple[int | None, ...]
+    """Per bucket: the padded length with --pad-to-boundary (the longest length the bucket admits), else None."""
+    pad_values: Mapping[str, Any]
+    balance: Balance | None = None
+    parts: tuple[int, ...] = ()
+    """Spill parts per group (`with_spill_layout`). Shuffle: a group is a bucket; one part of every bucket is held
+    at once, and loading the next part of one bucket takes as much again, so together they are sized to half of
+    --memory. Sorted: one part per (bucket, length range) group."""
+    length_ranges: tuple[int, ...] = ()
+    """--order sorted: length edges splitting each bucket into spill groups of at most half of --memory
+    (a group is loaded, then sorted into a copy)."""
+
+    @property
+    def order(self) -> str:
+        return self.options.order
+
+    @property
+    def groups_per_bucket(self) -> int:
+        return len(self.length_ranges) + 1
+
+    def padded_length(self, bucket: int, lengths: np.ndarray) -> int:
+        """A batch's padded length: the bucket's boundary, or the batch's longest row (the last,
+        unbounded bucket always uses the batch's longest row)."""
+        fixed = self.pad_to[bucket]
+        return fixed if fixed is not None else int(np.max(lengths, initial=0))
+
+    def rows_per_bucket(self) -> np.ndarray:
+        """Batchable rows per bucket, from the first pass."""
+        return bucket_longest(self.first.stats, self.options, self.boundaries, self.num_buckets)[0]
+
+
+def class_counts(classes: np.ndarray, num_classes: int, boundaries: tuple[int, ...] | None, n: int) -> np.ndarray:
+    """Rows per (bucket, class) from the first pass's (class, length) counts, or (class, bucket) counts
+    for a bucket column."""
+    joint = np.zeros((num_classes, classes.shape[1]), dtype=np.int64)
+    joint[: classes.shape[0]] = classes
+    if boundaries is None:
+        available = np.zeros((n, num_classes), dtype=np.int64)
+        available[: min(n, joint.shape[1])] = joint[:, :n].T
+        return available
+    bucket_of = assign_buckets(np.arange(joint.shape[1]), boundaries)
+    return np.stack([np.bincount(bucket_of, weights=row, minlength=n) for row in joint], axis=1).astype(np.int64)
+
+
+def make_balance(options: BucketOptions, available: np.ndarray, budgets: Sequence[BatchBudget],
+                 longest: np.ndarray) -> Balance:
+    """The layouts of every bucket from its rows per class (the first pass's, or the spill's exact counts)."""
+    target = target_vector(options.target, available.shape[1])
+    totals = available.sum(axis=0)
+    check_zero_classes(totals / max(1, totals.sum()), target, f"counted in column {options.balance!r}")
+    layouts = tuple(plan_layout(available[b], target, budgets[b].rows_at(int(longest[b])),
+                                partial=not options.drop_remainder, oversample=options.oversample)
+                    for b in range(len(available)))
+    return Balance(options.balance, target, available, layouts, options.oversample)
+
+
+def make_plan(options: BucketOptions, columns: BucketColumns, first: LengthPass, schema: pa.Schema,
+              seed: int) -> BucketPlan:
+    """Boundaries (given or chosen), budgets, padding and, with --balance, the layouts (from the first pass's
+    class counts); the spill layout comes later, from a sample of the rows (`with_spill_layout`)."""
+    stats = first.stats
+    counts = batchable_counts(stats, options)
+    if options.boundaries is not None:
+        boundaries: tuple[int, ...] | None = tuple(options.boundaries)
+    elif options.auto_buckets is not None:
+        distinct = int(np.count_nonzero(counts))
+        k = min(options.auto_buckets, distinct)
+        budget.check(f"--auto-buckets {options.auto_buckets}: choosing {k:,} buckets among {distinct:,} distinct "
+                     "lengths", max(0, k - 1) * (distinct + 1) * CHOICE_BYTES, options.memory,
+                     "give a smaller --auto-buckets (or fixed --boundaries)")
+        boundaries = choose_boundaries(counts, options.auto_buckets)
+    else:
+        boundaries = None
+    n = len(boundaries) + 1 if boundaries is not None else options.num_buckets
+    flag = f"--num-buckets {n}" if boundaries is None else f"--boundaries ({n - 1:,} values)"
+    budget.check(f"{flag}: the bookkeeping of {n:,} buckets", n * BUCKET_BYTES, options.memory,
+                 "give fewer buckets")
+    sizes = options.batch_size or (None,)
+    budgets = tuple(BatchBudget(batch_size=sizes[b % len(sizes)], max_tokens=options.max_tokens,
+                                max_rows=options.max_rows, cost=options.cost) for b in range(n))
+    pad_to: tuple[int | None, ...] = (None,) * n
+    if options.pad_to_boundary:
+        pad_to = (*(b - 1 for b in boundaries), None)
+    pad_values = parse_pad_values(options.pad_value, schema)
+    unpadded = sorted(set(pad_values) - set(columns.sequences))
+    if unpadded:
+        raise UsageError(f"--pad-value {unpadded[0]}=...: column {unpadded[0]!r} is not padded "
+                         f"(sequence columns: {', '.join(columns.sequences) or 'none'})")
+    balance = None
+    if first.classes is not None:
+        fixed = np.array([-1 if p is None else p for p in pad_to])
+        named = max(options.target) + 1 if isinstance(options.target, dict) and options.target else 0
+        k = options.known_classes or max(1, first.classes.shape[0], named)
+        batchable = first.classes if boundaries is None else first.classes[:, : len(counts)]
+        balance = make_balance(options, class_counts(batchable, k, boundaries, n), budgets,
+                               np.where(fixed >= 0, fixed, bucket_longest(stats, options, boundaries, n)[1]))
+    return BucketPlan(options, seed, first, columns, boundaries, n, budgets, pad_to, pad_values, balance)
+
+
+def with_spill_layout(plan: BucketPlan, row_bytes: tuple[float, float]) -> BucketPlan:
+    """The plan with its spill layout for rows of these sizes ((per row, per step), see `row_bytes`), once one
+    padded batch of every bucket is known to fit --memory."""
+    options, stats, n = plan.options, plan.first.stats, plan.num_buckets
+    if plan.balance is not None:
+        ranges: tuple[int, ...] = ()
+        k = plan.balance.num_classes
+        share = plan.balance.available / np.maximum(1, plan.balance.available.sum(axis=1, keepdims=True))
+        parts = tuple(parts_for(bytes_ * s, options.memory // (2 * n * k))
+                      for bytes_, row in zip(_bucket_bytes(stats, plan.boundaries, n, row_bytes), share) for s in row)
+    elif options.order == "shuffle":
+        ranges = ()
+        parts = tuple(parts_for(b, options.memory // (2 * n))
+                      for b in _bucket_bytes(stats, plan.boundaries, n, row_bytes))
+    else:
+        ranges = _length_ranges(stats.length_counts, row_bytes, options.memory // 2)
+        parts = (1,) * (n * (len(ranges) + 1))
+    check_largest_batch(plan, row_bytes)
+    return replace(plan, parts=parts, length_ranges=ranges)
+
+
+def check_largest_batch(plan: BucketPlan, row_bytes: tuple[float, float]) -> None:
+    """Stop before batching if one padded batch of some bucket would not fit the budget: its rows (at most
+    the bucket's) padded to the bucket's boundary or its longest length, from the first-pass histogram."""
+    per_row, per_step = row_bytes
+    per_step += 1 if plan.options.mask else 0
+    rows, longest = bucket_longest(plan.first.stats, plan.options, plan.boundaries, plan.num_buckets)
+    for b in np.flatnonzero(rows):
+        padded = plan.pad_to[b] if plan.pad_to[b] is not None else int(longest[b])
+        limit = plan.budgets[b]
+        if limit.batch_size is not None:
+            batch_rows = min(int(rows[b]), limit.batch_size)
+            elements = batch_rows * padded
+            flag = f"--batch-size {limit.batch_size}"
+        else:
+            batch_rows = min(int(rows[b]), limit.max_rows or limit.max_tokens, limit.max_tokens)
+            elements = min(batch_rows * padded, limit.max_tokens)
+            flag = f"--max-tokens {limit.max_tokens}"
+        fixed = plan.pad_to[b] is not None
+        padding = (f"padded to {padded:,} steps (--pad-to-boundary, boundary {padded + 1})" if fixed
+                   else f"padded to up to {padded:,} steps")
+        fix = f"give a smaller {flag.split()[0]}{', drop --pad-to-boundary' if fixed else ''} or a larger --memory"
+        budget.check(f"{flag}: one batch of bucket {b}, {batch_rows:,} rows {padding},",
+                     batch_rows * per_row + elements * per_step, plan.options.memory, fix)
+
+
+def bucket_longest(stats: DatasetStats, options: BucketOptions, boundaries: tuple[int, ...] | None,
+                   n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per bucket, from the first-pass histogram: its rows and its longest length (for a bucket column,
+    the longest length of all)."""
+    counts = batchable_counts(stats, options)
+    present = np.flatnonzero(counts)
+    if boundaries is not None:
+        buckets = assign_buckets(present, boundaries)
+        rows = np.bincount(buckets, weights=counts[present], minlength=n).astype(np.int64)
+        longest = np.zeros(n, dtype=np.int64)
+        np.maximum.at(longest, buckets, present)
+    else:
+        rows = np.array([stats.label_counts.get(b, 0) for b in range(n)], dtype=np.int64)
+        longest = np.full(n, int(present.max(initial=0)))
+    return rows, longest
+
+
+def batchable_counts(stats: DatasetStats, options: BucketOptions) -> np.ndarray:
+    """The length histogram without lengths over --max-tokens: they can never be batched, so they do not
+    shape the buckets (with --drop-oversize they are dropped; without it the run stops on them)."""
+    counts = stats.length_counts
+    if options.max_tokens is None:
+        return counts
+    return counts[: (math.isqrt(options.max_tokens) if options.cost == "quadratic" else options.max_tokens) + 1]
+
+
+def _bucket_bytes(stats: DatasetStats, boundaries: tuple[int, ...] | None, n: int,
+                  row_bytes: tuple[float, float]) -> np.ndarray:
+    """Estimated in-memory bytes per bucket: exact rows and steps for length buckets; for a bucket
+    column, its rows at the mean length."""
+    per_row, per_step = row_bytes
+    if boundaries is not None:
+        counts = stats.length_counts
+        values = np.arange(len(counts))
+        buckets = assign_buckets(values, boundaries)
+        rows = np.bincount(buckets, weights=counts, minlength=n)
+        steps = np.bincount(buckets, weights=counts * values, minlength=n)
+    else:
+        rows = np.array([stats.label_counts.get(b, 0) for b in range(n)], dtype=np.float64)
+        steps = rows * (real_elements(stats.length_counts) / max(1, stats.rows))
+    return rows * per_row + steps * per_step
+
+
+def _length_ranges(length_counts: np.ndarray, row_bytes: tuple[float, float], budget: int) -> tuple[int, ...]:
+    """Length edges cutting the length axis into runs of about `budget` bytes (a single length is never split)."""
+    per_row, per_step = row_bytes
+    sizes = length_counts * (per_row + per_step * np.arange(len(length_counts)))
+    edges, held = [], 0.0
+    for length in np.flatnonzero(length_counts):
+        if held and held + sizes[length] > budget:
+            edges.append(int(length))
+            held = 0.0
+        held += sizes[length]
+    return tuple(edges)
+
+
+def row_bytes(sample: pa.RecordBatch | None, columns: BucketColumns) -> tuple[float, float]:
+    """(bytes per row, bytes per step) of the spilled rows, measured on a sample chunk."""
+    per_row, per_step = budget.row_bytes(sample, columns.sequences)
+    return per_row + _SPILL_ROW_BYTES, per_step
+
+
+def flush_bytes(plan: Any, memory: int) -> int:
+    """Spill write buffers (one per group and part of `plan.parts`) take at most a quarter of --memory together."""
+    return max(_MIN_FLUSH_BYTES, min(_MAX_FLUSH_BYTES, memory // (4 * sum(plan.parts))))
