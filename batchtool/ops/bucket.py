@@ -23,7 +23,7 @@ from batchtool.ops.bucket_plan import (OUTPUT_COLUMNS, RENAMABLE, BucketPlan, Le
                                        flush_bytes, length_pass, make_plan, resolve_columns, row_bytes,
                                        with_spill_layout)
 from batchtool.ops.bucket_report import BucketCounts, bucket_stats, summary_lines
-from batchtool.ops.stratify import TargetSpec, check_probs
+from batchtool.ops.stratify_options import TargetSpec, check_probs
 from batchtool.ops.stratify_plans import Target
 from batchtool.spill import Spill
 from batchtool.stats import DatasetStats
