@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from batchtool.errors import SchemaError
 from batchtool.ops.base import ColumnError, ColumnList, Flag, Integer, OptionError, Value, option, shown
-from batchtool.ops.bucket import BatchBudget
+from batchtool.ops.bucket_plan import BatchBudget
 from batchtool.padding import parse_pad_values
 from batchtool.stats import is_sequence_type
 

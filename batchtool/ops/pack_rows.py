@@ -17,7 +17,8 @@ from batchtool import rng
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.errors import InputError, SchemaError
 from batchtool.ops.base import Regrouped, Runtime, Tally
-from batchtool.ops.bucket import flush_bytes, row_bytes, take_sizes
+from batchtool.ops.bucket_batches import take_sizes
+from batchtool.ops.bucket_plan import flush_bytes, row_bytes
 from batchtool.ops.pack_options import SOURCE_OFFSET, feature_lists
 from batchtool.ops.pack_plan import (ROW_STAGE, BatchLayout, PackPlan, SpillLayout, batch_layout, check_long, planned,
                                      spill_layout)
