@@ -27,9 +27,10 @@ import pyarrow as pa
 import pytest
 from google.protobuf.message import DecodeError
 
-from batchtool.dataset import open_dataset
+from batchtool.dataset import ReadReport, open_dataset
 from batchtool.errors import BatchtoolError
 from batchtool.formats.example import SequenceExample, decode_records, encode_records
+from batchtool.formats import tfrecord as tfrecord_format
 from batchtool.formats.tfrecord import frame_records
 from batchtool.synthetic import make_table
 from conftest import REPO
@@ -265,3 +266,40 @@ def test_claimed_lengths_inside_a_payload_allocate_nothing(tmp_path, payload):
     path.write_bytes(frame_records([payload]))
     with pytest.raises(BatchtoolError, match="record 0"):
         read_all(path, skip_corrupt=True)
+
+
+def _outcome(chunks: Callable[[ReadReport], Iterator[Any]]) -> tuple:
+    """Every chunk's rows and ids and what was skipped; or the error's type and message."""
+    report = ReadReport()
+    try:
+        read = [(chunk.data.to_pylist(), chunk.ids.tolist()) for chunk in chunks(report)]
+    except BatchtoolError as exc:
+        return type(exc), str(exc)
+    return read, report.stats()
+
+
+def test_read_tasks_of_offsets_read_what_a_reader_in_file_order_reads(tmp_path, monkeypatch):
+    """The read tasks that frame their records where they run (offsets from a pass over the headers) give the same
+    chunks, ids, skipped-record accounts and first error as reading each file in order on the driver, whatever the
+    damage to the framing or the payloads; chunks are made tiny so the damage falls on their boundaries too."""
+    monkeypatch.setattr(tfrecord_format, "CHUNK_RECORDS", 2)
+    monkeypatch.setattr(tfrecord_format, "CHUNK_BYTES", 60)
+    schemas = {}
+    for kind, originals in base_payloads().items():
+        (tmp_path / f"{kind}.tfrecord").write_bytes(frame_records(originals))
+        schemas[kind] = open_dataset(str(tmp_path / f"{kind}.tfrecord")).schema
+    compared = 0
+    for name, file_name, data, _ in cases(base_payloads()):
+        if file_name.endswith(".gz") or compared == 300:
+            continue
+        compared += 1
+        path = tmp_path / file_name
+        path.write_bytes(data)
+        kind = name.split("(")[1].split(",")[0]
+        for skip in (False, True):
+            dataset = open_dataset(str(path), schema=schemas[kind], skip_corrupt=skip, max_record_bytes=LIMIT,
+                                   tfrecord_kind="example" if kind == "example" else "sequence_example")
+            in_tasks = _outcome(lambda report: (task() for task in dataset.tasks(report=report)))
+            in_order = _outcome(lambda report: (chunk for file in dataset.spec.file_tasks(dataset, None)
+                                                for chunk in file(report)))
+            assert in_tasks == in_order, f"{name}, skip_corrupt={skip}"

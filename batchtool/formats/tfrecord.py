@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool import fs
-from batchtool.errors import CorruptRecordError, InputError, UsageError, where
+from batchtool.errors import BatchtoolError, CorruptRecordError, InputError, UsageError, where
 from batchtool.formats.base import BATCH_COLUMN, Batches, EncodedBatch, Format, cut
 
 if TYPE_CHECKING:
@@ -140,10 +140,11 @@ def _header_is_valid(header: bytes) -> bool:
     return len(header) == _HEADER_SIZE and masked_crc(header[:8]) == _U32.unpack_from(header, 8)[0]
 
 
-def _open_input(path: str) -> BinaryIO:
-    """The file opened for buffered reading; a missing or unreadable file is an InputError."""
+def _open_input(path: str, sequential: bool = True) -> BinaryIO:
+    """The file opened for buffered reading (seekable unless `sequential`); a missing or unreadable file is an
+    InputError."""
     try:
-        return fs.open_input(path, sequential=True)
+        return fs.open_input(path, sequential=sequential)
     except OSError as exc:
         raise InputError(f"{path}: cannot read TFRecord file: {exc.strerror or exc}") from None
 
@@ -224,9 +225,11 @@ class _Inflater:
 class _Source:
     """One file's record stream (inflated if GZIP), read in blocks, with push-back for resynchronising."""
 
-    def __init__(self, raw: BinaryIO, compressed: bool) -> None:
+    def __init__(self, raw: BinaryIO, compressed: bool, size: int | None = None) -> None:
         self._raw = raw
         self._inflater = _Inflater(raw) if compressed else None
+        self._size = size
+        """The file's size, for skip() (an uncompressed file read from its start only)."""
         self._buf = b""
         self._pos = 0
         self.offset = 0
@@ -263,6 +266,19 @@ class _Source:
             out = b"".join(pieces)
         self.offset += len(out)
         return out
+
+    def skip(self, size: int) -> int:
+        """Step over size bytes without reading them (a seek past what is buffered); the bytes stepped over,
+        fewer only at the end of the file. Only for an uncompressed file read from its start, given its size."""
+        buffered = len(self._buf) - self._pos
+        if size <= buffered:
+            self._pos += size
+        else:
+            size = max(buffered, min(size, self._size - self.offset))
+            self._buf, self._pos = b"", 0
+            self._raw.seek(self.offset + size)
+        self.offset += size
+        return size
 
     def unread(self, data: bytes) -> None:
         """Put bytes back in front of the stream (they were read past a resynchronisation point)."""
@@ -353,6 +369,16 @@ class _Reader:
 
     def records(self) -> Iterator[tuple[int, bytes]]:
         """(record index, payload) of every good record; the index counts skipped records too."""
+        for index, _, _, data in self.walk(read_data=True):
+            yield index, data
+
+    def walk(self, read_data: bool) -> Iterator[tuple[int, int, int, bytes]]:
+        """(record index, stream offset of its header, offset after its data CRC, payload) of every good record.
+
+        Without read_data (for an uncompressed file, given its size, and never with skip_corrupt) only the
+        headers are read and checked: the payloads are stepped over unread, their CRC unchecked, and b""
+        stands for each. That finds where the records are for read tasks that frame them where they run.
+        """
         source = self.source
         while True:
             start = source.offset
@@ -374,20 +400,25 @@ class _Reader:
                     f"{where(self.path, record=self.index)}: the record header at byte offset {start}"
                     f"{self.offset_note} claims {length:,} bytes of data, more than the limit of "
                     f"{self.limit:,} (--max-record-bytes); raise --max-record-bytes if the record is genuine")
-            data = source.read(length)
-            footer = source.read(4) if len(data) == length else b""
-            if len(footer) < 4:
-                self.lose(start, _HEADER_SIZE + len(data) + len(footer), 1,
-                          self.truncated(f"{length + 4} bytes ({length} data + 4 CRC)", len(data) + len(footer)))
+            if read_data:
+                data = source.read(length)
+                footer = source.read(4) if len(data) == length else b""
+                got = len(data) + len(footer)
+            else:
+                data, footer, got = b"", b"", source.skip(length + 4)
+            if got < length + 4:
+                self.lose(start, _HEADER_SIZE + got, 1,
+                          self.truncated(f"{length + 4} bytes ({length} data + 4 CRC)", got))
                 return
-            (stored,) = _U32.unpack(footer)
-            computed = masked_crc(data)
-            if stored != computed:
-                self.lose(start, _HEADER_SIZE + length + 4, 1,
-                          f"data CRC mismatch: stored 0x{stored:08x}, expected 0x{computed:08x} "
-                          f"for {length} bytes of data")
-                continue
-            yield self.index, data
+            if read_data:
+                (stored,) = _U32.unpack(footer)
+                computed = masked_crc(data)
+                if stored != computed:
+                    self.lose(start, _HEADER_SIZE + length + 4, 1,
+                              f"data CRC mismatch: stored 0x{stored:08x}, expected 0x{computed:08x} "
+                              f"for {length} bytes of data")
+                    continue
+            yield self.index, start, source.offset, data
             self.index += 1
 
     def resynchronise(self, start: int, header: bytes, message: str) -> None:
@@ -401,15 +432,26 @@ class _Reader:
         self.lose(start, end - start, 1 + passed, message, then)
 
 
-def _iter_indexed(path: str, compression: str | None, skip_corrupt: bool, on_corrupt: OnCorrupt | None,
-                  limit: int | None) -> Iterator[tuple[int, bytes]]:
-    """(record index, payload) pairs; the index counts skipped records too, so it is the position in the file."""
+_Record = tuple[int, int, int, bytes]
+"""(record index, stream offset of its header, offset after its data CRC, payload) as _Reader.walk gives them."""
+_FRAMING = _HEADER_SIZE + 4
+"""Bytes a record's framing adds to its payload: the header and the data CRC."""
+
+
+def _walk(path: str, compression: str | None, skip_corrupt: bool, on_corrupt: OnCorrupt | None,
+          limit: int | None, read_data: bool = True) -> Iterator[_Record]:
+    """Every good record of one file (see _Reader.walk); the index counts skipped records too, so it is the
+    position in the file. Without read_data, an uncompressed file read without skip_corrupt is walked by its
+    headers alone (anything else is read whole: a GZIP stream has no random access, and what skip_corrupt
+    skips must be known where it is counted)."""
     compressed = _resolve_compression(path, compression) == "GZIP"
-    with _open_input(path) as raw:
-        reader = _Reader(path, _Source(raw, compressed), compressed, max_record_bytes() if limit is None else limit,
+    headers_only = not (read_data or compressed or skip_corrupt)
+    with _open_input(path, sequential=not headers_only) as raw:
+        source = _Source(raw, compressed, fs.file_size(path) if headers_only else None)
+        reader = _Reader(path, source, compressed, max_record_bytes() if limit is None else limit,
                          skip_corrupt, on_corrupt)
         try:
-            yield from reader.records()
+            yield from reader.walk(read_data=not headers_only)
         except _GzipCorrupt as exc:
             raise reader.gzip_error(str(exc)) from None
 
@@ -424,8 +466,28 @@ def iter_records(path: str, *, compression: str | None = "auto", skip_corrupt: b
     length CRC is wrong (up to the next record whose CRCs both check out) are skipped and
     reported to on_corrupt with their exact size. A corrupt gzip stream always stops.
     """
-    for _, data in _iter_indexed(path, compression, skip_corrupt, on_corrupt, max_record_bytes):
+    for *_, data in _walk(path, compression, skip_corrupt, on_corrupt, max_record_bytes):
         yield data
+
+
+def _chunked(records: Iterable[_Record], chunk_records: int, chunk_bytes: int | None) -> Iterator[list[_Record]]:
+    """Records in chunks of at most chunk_records records and, unless a chunk is a single record, at most
+    chunk_bytes bytes of payload; a skipped record ends a chunk, so the records of a chunk are consecutive."""
+    if chunk_records < 1:
+        raise UsageError(f"chunk_records must be at least 1, got {chunk_records}")
+    chunk: list[_Record] = []
+    size = 0
+    for record in records:
+        index, start, end, _ = record
+        length = end - start - _FRAMING
+        if chunk and (index != chunk[0][0] + len(chunk) or len(chunk) == chunk_records
+                      or (chunk_bytes is not None and size + length > chunk_bytes)):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(record)
+        size += length
+    if chunk:
+        yield chunk
 
 
 def iter_record_chunks(path: str, chunk_records: int, *, chunk_bytes: int | None = None,
@@ -439,21 +501,56 @@ def iter_record_chunks(path: str, chunk_records: int, *, chunk_bytes: int | None
     Records in a chunk are consecutive in the file: a skipped corrupt record ends the chunk
     early, so first_index + i is always record i's true index.
     """
-    if chunk_records < 1:
-        raise UsageError(f"chunk_records must be at least 1, got {chunk_records}")
-    first = size = 0
-    chunk: list[bytes] = []
-    for index, data in _iter_indexed(path, compression, skip_corrupt, on_corrupt, max_record_bytes):
-        if chunk and (index != first + len(chunk) or len(chunk) == chunk_records
-                      or (chunk_bytes is not None and size + len(data) > chunk_bytes)):
-            yield first, chunk
-            chunk, size = [], 0
-        if not chunk:
-            first = index
-        chunk.append(data)
-        size += len(data)
-    if chunk:
-        yield first, chunk
+    for chunk in _chunked(_walk(path, compression, skip_corrupt, on_corrupt, max_record_bytes),
+                          chunk_records, chunk_bytes):
+        yield chunk[0][0], [data for *_, data in chunk]
+
+
+@dataclass(frozen=True)
+class Span:
+    """Where the records of one chunk are in an uncompressed file: what a read task needs to read them itself."""
+
+    first_record: int
+    records: int
+    start: int
+    """Byte offset of the first record's header."""
+    end: int
+    """Byte offset after the last record's data CRC."""
+
+
+def iter_record_spans(path: str, chunk_records: int, *, chunk_bytes: int | None = None, skip_corrupt: bool = False,
+                      on_corrupt: OnCorrupt | None = None, max_record_bytes: int | None = None) -> Iterator[Span]:
+    """The chunks iter_record_chunks gives of an uncompressed file, as byte ranges, holding no payload.
+
+    The index pass of read tasks that read their records where they run: it reads each record's
+    header (the length and its CRC, the limit, the file's size for a truncated last record) and
+    steps over the payload, whose CRC the task checks. A header that stops the pass is reported
+    after any bad data CRC in the chunk it cuts short (checked here, then), as a reader going
+    through the file in order finds them. With skip_corrupt every record is read and both CRCs
+    checked here (each payload dropped once checked), so what is skipped is counted to on_corrupt
+    in file order and ends its chunk exactly as in iter_record_chunks.
+    """
+    reached = done = (0, 0)  # (offset, record) after the last record walked, and after the last span yielded
+
+    def walked() -> Iterator[_Record]:
+        nonlocal reached
+        for index, start, end, _ in _walk(path, None, skip_corrupt, on_corrupt, max_record_bytes, read_data=False):
+            reached = end, index + 1
+            yield index, start, end, b""
+
+    try:
+        for chunk in _chunked(walked(), chunk_records, chunk_bytes):
+            span = Span(chunk[0][0], len(chunk), chunk[0][1], chunk[-1][2])
+            done = span.end, span.first_record + span.records
+            yield span
+    except BatchtoolError:
+        if reached[0] > done[0] and not skip_corrupt:
+            reader = RangeReader(path, compression=None)
+            try:
+                reader.records(done[0], reached[0], done[1])
+            finally:
+                reader.close()
+        raise
 
 
 class RangeReader:
@@ -475,8 +572,9 @@ class RangeReader:
         self._gzip = gzip.GzipFile(fileobj=self._raw, mode="rb") if self.compressed else None
         self._size = None if self.compressed else fs.file_size(path)
 
-    def records(self, start: int, end: int, first_record: int) -> list[bytes]:
-        """Payloads of the records in [start, end); errors name records counting from first_record."""
+    def records(self, start: int, end: int, first_record: int, what: str = "batch") -> list[bytes]:
+        """Payloads of the records in [start, end); errors name records counting from first_record, and the
+        range as `what` (a file shorter than its index says)."""
         if self._gzip is not None:
             try:
                 self._gzip.seek(start)
@@ -486,12 +584,12 @@ class RangeReader:
                                          f"of the decompressed stream: {exc}") from exc
         else:
             if end > self._size:
-                raise CorruptRecordError(f"{self.path}: {self._size} bytes, but a batch ends at byte {end}")
+                raise CorruptRecordError(f"{self.path}: {self._size} bytes, but a {what} ends at byte {end}")
             self._raw.seek(start)
             data = self._raw.read(end - start)
         if len(data) < end - start:
             raise CorruptRecordError(f"{where(self.path, record=first_record)}: the file ends before byte {end}, "
-                                     "where this batch ends")
+                                     f"where this {what} ends")
         source = _Source(io.BytesIO(data), False)
         source.offset = start
         reader = _Reader(self.path, source, self.compressed, max(end - start, 0), False, None)
@@ -626,9 +724,20 @@ SCAN_BYTES = 4 << 20
 go faster), but keeps a few arrays per feature value of the step."""
 
 
+def _decoded(shard: Shard, first_record: int, payloads: list[bytes], schema: pa.Schema, kind: str) -> Chunk:
+    """Consecutive records of a shard decoded (protobuf) as a chunk of the dataset, with their ids."""
+    from batchtool import rng
+    from batchtool.dataset import Chunk
+    from batchtool.formats import example as example_codec
+
+    batch = example_codec.decode_records(payloads, schema, kind, path=shard.path, first_record=first_record)
+    return Chunk(batch, rng.example_ids(shard.index, first_record, batch.num_rows))
+
+
 @dataclass(frozen=True)
 class _Task:
-    """Records read and CRC-checked by the reader thread, decoded (protobuf) on a worker."""
+    """Records read and CRC-checked by the reader (a GZIP stream, which only reads forward), decoded where the
+    task runs."""
 
     shard: Shard
     first_record: int
@@ -637,13 +746,32 @@ class _Task:
     kind: str
 
     def __call__(self) -> Chunk:
-        from batchtool import rng
-        from batchtool.dataset import Chunk
-        from batchtool.formats import example as example_codec
+        return _decoded(self.shard, self.first_record, self.payloads, self.schema, self.kind)
 
-        batch = example_codec.decode_records(self.payloads, self.schema, self.kind,
-                                             path=self.shard.path, first_record=self.first_record)
-        return Chunk(batch, rng.example_ids(self.shard.index, self.first_record, batch.num_rows))
+
+@dataclass(frozen=True)
+class _SpanTask:
+    """Records of an uncompressed file found by the index pass (iter_record_spans: offsets only), read, framed,
+    CRC-checked and decoded where the task runs: a Ray task is sent a path and two offsets, not the records."""
+
+    shard: Shard
+    span: Span
+    schema: pa.Schema
+    kind: str
+
+    def __call__(self) -> Chunk:
+        span, path = self.span, self.shard.path
+        reader = RangeReader(path, compression=None)
+        try:
+            payloads = reader.records(span.start, span.end, span.first_record, what="chunk of records indexed "
+                                                                                   "when reading began")
+        finally:
+            reader.close()
+        if len(payloads) != span.records:
+            raise CorruptRecordError(f"{where(path, record=span.first_record)}: bytes {span.start}..{span.end} hold "
+                                     f"{len(payloads)} records, not the {span.records} indexed when reading began: "
+                                     "the file changed while it was read")
+        return _decoded(self.shard, span.first_record, payloads, self.schema, self.kind)
 
 
 @dataclass(frozen=True)
@@ -898,9 +1026,19 @@ class TFRecordFormat(Format):
                 previous = ids[-1] if len(ids) else previous
         return rows, batches if batch_schema is not None else None, problem
 
-    def tasks(self, dataset: Dataset, columns: list[str] | None, report: ReadReport) -> Iterator[_Task]:
+    def tasks(self, dataset: Dataset, columns: list[str] | None,
+              report: ReadReport) -> Iterator[_SpanTask | _Task]:
+        """Uncompressed files: tasks of byte ranges from a pass over the record headers (iter_record_spans), which
+        read, frame, CRC-check and decode their records where they run. GZIP files, which can only be read
+        forward: records read and CRC-checked here, decoded in the task."""
         for file in self.file_tasks(dataset, columns):
-            yield from file.tasks(report)
+            if detect_compression(file.shard.path) == "GZIP":
+                yield from file.tasks(report)
+                continue
+            for span in iter_record_spans(file.shard.path, CHUNK_RECORDS, chunk_bytes=CHUNK_BYTES,
+                                          skip_corrupt=file.skip_corrupt, on_corrupt=report.record,
+                                          max_record_bytes=file.max_record_bytes):
+                yield _SpanTask(file.shard, span, file.schema, file.kind)
 
     def file_tasks(self, dataset: Dataset, columns: list[str] | None) -> Iterator[FileTask]:
         """One task per file, which frames its records where it runs (see batchtool.exchange.read_units)."""
