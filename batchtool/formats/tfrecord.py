@@ -39,6 +39,11 @@ _U64 = struct.Struct("<Q")
 _MASK_DELTA = 0xA282EAD8
 _BLOCK = 1 << 16
 """Bytes read ahead at a time: the unit of buffering, inflating and resynchronising."""
+_INDEX_BLOCK = 1 << 12
+"""Bytes the index pass reads at a time from a local file: a few small records' headers, or one large record's
+header and no more of its payload than that."""
+_REMOTE_INDEX_BLOCK = 1 << 20
+"""Bytes the index pass reads at a time from an object store, where every read is a request."""
 
 
 @dataclass(frozen=True)
@@ -140,11 +145,13 @@ def _header_is_valid(header: bytes) -> bool:
     return len(header) == _HEADER_SIZE and masked_crc(header[:8]) == _U32.unpack_from(header, 8)[0]
 
 
-def _open_input(path: str, sequential: bool = True) -> BinaryIO:
-    """The file opened for buffered reading (seekable unless `sequential`); a missing or unreadable file is an
-    InputError."""
+def _open_input(path: str, random_access: bool = False) -> BinaryIO:
+    """The file opened for buffered sequential reading, or (random_access) for reads where seeks skip what is
+    not read: a local file unbuffered; a missing or unreadable file is an InputError."""
     try:
-        return fs.open_input(path, sequential=sequential)
+        if random_access and not fs.is_uri(path):
+            return open(path, "rb", buffering=0)  # noqa: SIM115 (the caller closes it)
+        return fs.open_input(path, sequential=not random_access)
     except OSError as exc:
         raise InputError(f"{path}: cannot read TFRecord file: {exc.strerror or exc}") from None
 
@@ -225,11 +232,12 @@ class _Inflater:
 class _Source:
     """One file's record stream (inflated if GZIP), read in blocks, with push-back for resynchronising."""
 
-    def __init__(self, raw: BinaryIO, compressed: bool, size: int | None = None) -> None:
+    def __init__(self, raw: BinaryIO, compressed: bool, size: int | None = None, block: int = _BLOCK) -> None:
         self._raw = raw
         self._inflater = _Inflater(raw) if compressed else None
         self._size = size
         """The file's size, for skip() (an uncompressed file read from its start only)."""
+        self._block = block
         self._buf = b""
         self._pos = 0
         self.offset = 0
@@ -255,7 +263,7 @@ class _Source:
             self._buf, self._pos = b"", 0
             while have < size:
                 want = size - have
-                block = self._more(max(want, _BLOCK))
+                block = self._more(max(want, self._block))
                 if not block:
                     break
                 if len(block) > want:
@@ -446,8 +454,9 @@ def _walk(path: str, compression: str | None, skip_corrupt: bool, on_corrupt: On
     skips must be known where it is counted)."""
     compressed = _resolve_compression(path, compression) == "GZIP"
     headers_only = not (read_data or compressed or skip_corrupt)
-    with _open_input(path, sequential=not headers_only) as raw:
-        source = _Source(raw, compressed, fs.file_size(path) if headers_only else None)
+    with _open_input(path, random_access=headers_only) as raw:
+        source = (_Source(raw, False, fs.file_size(path), _REMOTE_INDEX_BLOCK if fs.is_uri(path) else _INDEX_BLOCK)
+                  if headers_only else _Source(raw, compressed))
         reader = _Reader(path, source, compressed, max_record_bytes() if limit is None else limit,
                          skip_corrupt, on_corrupt)
         try:
