@@ -24,6 +24,7 @@ from batchtool.formats.base import BATCH_COLUMN, Batches, EncodedBatch, Format, 
 
 if TYPE_CHECKING:
     from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
+    from batchtool.formats.example import FeatureScan
     from batchtool.output import OutputOptions
 
 
@@ -733,54 +734,81 @@ SCAN_BYTES = 4 << 20
 go faster), but keeps a few arrays per feature value of the step."""
 
 
-def _decoded(shard: Shard, first_record: int, payloads: list[bytes], schema: pa.Schema, kind: str) -> Chunk:
-    """Consecutive records of a shard decoded (protobuf) as a chunk of the dataset, with their ids."""
-    from batchtool import rng
-    from batchtool.dataset import Chunk
-    from batchtool.formats import example as example_codec
+@dataclass(frozen=True)
+class _Records:
+    """Consecutive records of one file, as a task gets them: a byte range of an uncompressed file (a Span from
+    the index pass), which the task reads, frames and CRC-checks where it runs, so only a path and offsets
+    travel to it; or, from a GZIP stream, which reads only forward, the payloads the reader read and checked."""
 
-    batch = example_codec.decode_records(payloads, schema, kind, path=shard.path, first_record=first_record)
-    return Chunk(batch, rng.example_ids(shard.index, first_record, batch.num_rows))
+    path: str
+    first_record: int
+    span: Span | None = None
+    held: list[bytes] | None = None
+
+    def payloads(self) -> list[bytes]:
+        if self.span is None:
+            return self.held or []
+        span = self.span
+        reader = RangeReader(self.path, compression=None)
+        try:
+            payloads = reader.records(span.start, span.end, span.first_record,
+                                      what="chunk of records indexed when reading began")
+        finally:
+            reader.close()
+        if len(payloads) != span.records:
+            raise CorruptRecordError(f"{where(self.path, record=span.first_record)}: bytes {span.start}..{span.end} "
+                                     f"hold {len(payloads)} records, not the {span.records} indexed when reading "
+                                     "began: the file changed while it was read")
+        return payloads
+
+
+def _file_records(path: str, chunk_records: int, chunk_bytes: int, skip_corrupt: bool,
+                  on_corrupt: OnCorrupt | None, max_record_bytes: int) -> Iterator[_Records]:
+    """One file's records in chunks for tasks: byte ranges from a pass over the headers (iter_record_spans) of an
+    uncompressed file, payloads read and CRC-checked here from a GZIP one; what is skipped goes to on_corrupt."""
+    if detect_compression(path) == "GZIP":
+        for first, payloads in iter_record_chunks(path, chunk_records, chunk_bytes=chunk_bytes, compression="GZIP",
+                                                  skip_corrupt=skip_corrupt, on_corrupt=on_corrupt,
+                                                  max_record_bytes=max_record_bytes):
+            yield _Records(path, first, held=payloads)
+        return
+    for span in iter_record_spans(path, chunk_records, chunk_bytes=chunk_bytes, skip_corrupt=skip_corrupt,
+                                  on_corrupt=on_corrupt, max_record_bytes=max_record_bytes):
+        yield _Records(path, span.first_record, span=span)
 
 
 @dataclass(frozen=True)
 class _Task:
-    """Records read and CRC-checked by the reader (a GZIP stream, which only reads forward), decoded where the
-    task runs."""
+    """A read task: a chunk's records (see _Records) decoded (protobuf) where the task runs."""
 
     shard: Shard
-    first_record: int
-    payloads: list[bytes]
+    records: _Records
     schema: pa.Schema
     kind: str
 
     def __call__(self) -> Chunk:
-        return _decoded(self.shard, self.first_record, self.payloads, self.schema, self.kind)
+        from batchtool import rng
+        from batchtool.dataset import Chunk
+        from batchtool.formats import example as example_codec
+
+        first = self.records.first_record
+        batch = example_codec.decode_records(self.records.payloads(), self.schema, self.kind, path=self.shard.path,
+                                             first_record=first)
+        return Chunk(batch, rng.example_ids(self.shard.index, first, batch.num_rows))
 
 
 @dataclass(frozen=True)
-class _SpanTask:
-    """Records of an uncompressed file found by the index pass (iter_record_spans: offsets only), read, framed,
-    CRC-checked and decoded where the task runs: a Ray task is sent a path and two offsets, not the records."""
+class _ScanTask:
+    """A step of the schema pass: a chunk's feature names, kinds and counts, found where the task runs."""
 
-    shard: Shard
-    span: Span
-    schema: pa.Schema
+    records: _Records
     kind: str
 
-    def __call__(self) -> Chunk:
-        span, path = self.span, self.shard.path
-        reader = RangeReader(path, compression=None)
-        try:
-            payloads = reader.records(span.start, span.end, span.first_record, what="chunk of records indexed "
-                                                                                   "when reading began")
-        finally:
-            reader.close()
-        if len(payloads) != span.records:
-            raise CorruptRecordError(f"{where(path, record=span.first_record)}: bytes {span.start}..{span.end} hold "
-                                     f"{len(payloads)} records, not the {span.records} indexed when reading began: "
-                                     "the file changed while it was read")
-        return _decoded(self.shard, span.first_record, payloads, self.schema, self.kind)
+    def __call__(self) -> FeatureScan:
+        from batchtool.formats import example as example_codec
+
+        return example_codec.scan_records(self.records.payloads(), self.kind, path=self.records.path,
+                                          first_record=self.records.first_record)
 
 
 @dataclass(frozen=True)
@@ -795,30 +823,36 @@ class FileTask:
     max_record_bytes: int
 
     def tasks(self, report: ReadReport) -> Iterator[_Task]:
-        """The file's decode tasks, in order; what is skipped (skip_corrupt) goes to `report`."""
+        """The file's read tasks for the engine, in order, each reading its own records where it runs (but a GZIP
+        file's: see _file_records); what is skipped (skip_corrupt) goes to `report`."""
+        for records in _file_records(self.shard.path, CHUNK_RECORDS, CHUNK_BYTES, self.skip_corrupt, report.record,
+                                     self.max_record_bytes):
+            yield _Task(self.shard, records, self.schema, self.kind)
+
+    def __call__(self, report: ReadReport) -> Iterator[Chunk]:
+        """The file's chunks, read in one pass in order where this runs (no index pass: it reads every record)."""
         for first, payloads in iter_record_chunks(
                 self.shard.path, CHUNK_RECORDS, chunk_bytes=CHUNK_BYTES, skip_corrupt=self.skip_corrupt,
                 on_corrupt=report.record, max_record_bytes=self.max_record_bytes):
-            yield _Task(self.shard, first, payloads, self.schema, self.kind)
-
-    def __call__(self, report: ReadReport) -> Iterator[Chunk]:
-        for task in self.tasks(report):
-            yield task()
+            yield _Task(self.shard, _Records(self.shard.path, first, held=payloads), self.schema, self.kind)()
 
 
 def _scan_schema(src: str, shards: tuple[Shard, ...], kind: str, skip_corrupt: bool,
                  max_record_bytes: int) -> tuple[pa.Schema, str]:
-    """The schema of every feature of every record: one pass over names, kinds and counts, not values.
+    """The schema of every feature of every record: one pass over names, kinds and counts, not values, in steps
+    that run where the engine runs tasks (the records of uncompressed files are read there), merged here in
+    file order.
 
     Corrupt records skipped here are skipped (and counted) again by the pass that reads the data.
     """
     from batchtool.formats import example as example_codec
+    from batchtool.runner import ordered_map
 
+    steps = (_ScanTask(records, kind) for shard in shards
+             for records in _file_records(shard.path, SCAN_RECORDS, SCAN_BYTES, skip_corrupt, None, max_record_bytes))
     scan = example_codec.FeatureScan()
-    for shard in shards:
-        for first, payloads in iter_record_chunks(shard.path, SCAN_RECORDS, chunk_bytes=SCAN_BYTES,
-                                                  skip_corrupt=skip_corrupt, max_record_bytes=max_record_bytes):
-            scan = scan.merge(example_codec.scan_records(payloads, kind, path=shard.path, first_record=first))
+    for found in ordered_map(lambda step: step(), steps, 1):
+        scan = scan.merge(found)
     if not scan.records:
         raise InputError(f"{src}: empty input: no TFRecord records to infer a schema from")
     return scan.schema(kind, src)
@@ -1035,19 +1069,11 @@ class TFRecordFormat(Format):
                 previous = ids[-1] if len(ids) else previous
         return rows, batches if batch_schema is not None else None, problem
 
-    def tasks(self, dataset: Dataset, columns: list[str] | None,
-              report: ReadReport) -> Iterator[_SpanTask | _Task]:
-        """Uncompressed files: tasks of byte ranges from a pass over the record headers (iter_record_spans), which
-        read, frame, CRC-check and decode their records where they run. GZIP files, which can only be read
-        forward: records read and CRC-checked here, decoded in the task."""
+    def tasks(self, dataset: Dataset, columns: list[str] | None, report: ReadReport) -> Iterator[_Task]:
+        """Tasks that read, frame, CRC-check and decode their records where they run, from byte ranges a pass over
+        the record headers finds here; a GZIP file's records are read and CRC-checked here (see _file_records)."""
         for file in self.file_tasks(dataset, columns):
-            if detect_compression(file.shard.path) == "GZIP":
-                yield from file.tasks(report)
-                continue
-            for span in iter_record_spans(file.shard.path, CHUNK_RECORDS, chunk_bytes=CHUNK_BYTES,
-                                          skip_corrupt=file.skip_corrupt, on_corrupt=report.record,
-                                          max_record_bytes=file.max_record_bytes):
-                yield _SpanTask(file.shard, span, file.schema, file.kind)
+            yield from file.tasks(report)
 
     def file_tasks(self, dataset: Dataset, columns: list[str] | None) -> Iterator[FileTask]:
         """One task per file, which frames its records where it runs (see batchtool.exchange.read_units)."""
