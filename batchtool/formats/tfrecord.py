@@ -746,6 +746,7 @@ class _Records:
     held: list[bytes] | None = None
 
     def payloads(self) -> list[bytes]:
+        """The payloads, both CRCs checked: a span's read and checked now, where the task runs."""
         if self.span is None:
             return self.held or []
         span = self.span
