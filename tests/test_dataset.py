@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 
 import numpy as np
 import pyarrow as pa
@@ -12,6 +13,9 @@ import pytest
 from batchtool import rng
 from batchtool.dataset import open_dataset
 from batchtool.errors import InputError, SchemaError
+from batchtool.formats.example import encode_records
+from batchtool.formats.tfrecord import TFRecordFileWriter
+from batchtool.synthetic import make_table
 from conftest import write_parquet_shards
 
 
@@ -72,3 +76,19 @@ def test_shards_with_different_schemas_are_refused(tmp_path, corpus):
     pq.write_table(corpus.drop_columns(["weight"]), str(d / "part-00001.parquet"))
     with pytest.raises(SchemaError, match="part-00001.parquet: schema differs.*'weight' missing"):
         open_dataset(str(d))
+
+
+def test_tfrecord_read_tasks_carry_offsets_not_records(tmp_path):
+    """What a task needs to read its records where it runs: a path and a byte range, a few hundred bytes pickled
+    (so on a cluster the records never leave the worker that reads them); the chunks and ids are the file's."""
+    table = make_table(2500, seed=2)
+    path = str(tmp_path / "part.tfrecord")
+    with TFRecordFileWriter(path) as writer:
+        writer.write_many(encode_records(table.to_batches()[0]))
+    dataset = open_dataset(path)
+    tasks = list(dataset.tasks())
+    assert len(tasks) == 3  # 1,024 records each
+    assert max(len(pickle.dumps(task)) for task in tasks) < 4096 < os.path.getsize(path) // 100
+    chunks = [task() for task in tasks]
+    assert sum(c.num_rows for c in chunks) == 2500
+    assert np.array_equal(np.concatenate([c.ids for c in chunks]), rng.example_ids(0, 0, 2500))

@@ -341,7 +341,8 @@ def test_pipeline_run(src, tmp_path, run_cli, remote_maps):
 
 @RAY
 def test_tfrecord_input(src, tmp_path, run_cli, ray_cluster):
-    """TFRecord read tasks (records read on the driver, decoded on the workers), also with --skip-corrupt."""
+    """TFRecord read tasks (records found by the driver's index pass, read, CRC-checked and decoded on the workers),
+    also with --skip-corrupt."""
     tfr = str(tmp_path / "tfr")
     assert run_cli("convert", src, tfr, "--to", "tfrecord", "--shard-rows", "100", "-q").exit_code == 0
     path = os.path.join(tfr, "part-00001.tfrecord")
@@ -351,6 +352,31 @@ def test_tfrecord_input(src, tmp_path, run_cli, ray_cluster):
     local, ray = run_both(run_cli, ("bucket", "--boundaries", "12,30", "--batch-size", "16", "--skip-corrupt"),
                           tfr, tmp_path)
     assert local["stats"] == ray["stats"] and ray["stats"]["corrupt_records_skipped"] == 1
+
+
+@RAY
+def test_tfrecord_read_tasks_send_offsets_not_records(tmp_path, run_cli, ray_cluster):
+    """convert over TFRecord input: the workers read, frame, CRC-check and decode the records (and, without a
+    manifest, scan them for the schema), the driver sends each task a path and offsets; a few KB per task whatever
+    the data size, and the local engine's bytes."""
+    per_item = {}
+    for rows, manifest in ((1200, True), (4800, True), (1200, False)):
+        tfr = str(tmp_path / f"tfr{rows}")
+        if not os.path.isdir(tfr):
+            convert(write_parquet_shards(str(tmp_path / f"pq{rows}"), make_table(rows, seed=rows), shards=1), tfr,
+                    OutputOptions(format="tfrecord", shard_rows=rows // 2, cast=("float64=float32",)),
+                    run=RunSettings(quiet=True))
+        src = tfr if manifest else os.path.join(tfr, "*.tfrecord")  # a glob: no manifest, so a schema pass
+        size = sum(os.path.getsize(os.path.join(tfr, name)) for name in os.listdir(tfr) if name.endswith(".tfrecord"))
+        out = tmp_path / f"{rows}-{manifest}"
+        out.mkdir()
+        _, ray = run_both(run_cli, ("convert",), src, out)
+        moved = ray["run"]["ray"]
+        spans = 2 * -(-rows // 2 // 1024)  # 1,024-record read tasks of each file, and a schema step per file
+        assert moved["items"] == spans + (0 if manifest else 2) and moved["local_items"] == 0, moved
+        assert moved["bytes_sent"] < size / 50, (moved, size)
+        per_item[rows, manifest] = moved["bytes_sent"] / moved["items"]
+    assert max(per_item.values()) < 4096 and per_item[4800, True] < 1.1 * per_item[1200, True], per_item
 
 
 @RAY

@@ -11,16 +11,19 @@ import pyarrow as pa
 import pytest
 
 from batchtool.errors import CorruptRecordError, InputError, UsageError
+from batchtool.formats import tfrecord as tfrecord_format
 from batchtool.formats.example import encode_records
 from batchtool.formats.tfrecord import (
     DEFAULT_MAX_RECORD_BYTES,
     Skipped,
+    Span,
     TFRecordFileWriter,
     check_record_limit,
     detect_compression,
     frame_record,
     frame_records,
     iter_record_chunks,
+    iter_record_spans,
     iter_records,
     masked_crc,
     max_record_bytes,
@@ -275,6 +278,69 @@ def test_chunks_are_contiguous(tmp_path: Path) -> None:
     assert chunks == [(0, [PAYLOADS[0]]), (2, [PAYLOADS[2]]), (4, [PAYLOADS[4]])]
     with pytest.raises(UsageError):
         list(iter_record_chunks(str(path), 0))
+
+
+def test_spans_are_the_chunks_as_byte_ranges(tmp_path: Path) -> None:
+    path = write(tmp_path / "c.tfrecord", PAYLOADS)
+    at = [*offsets(PAYLOADS), len(frame_records(PAYLOADS))]
+    assert list(iter_record_spans(str(path), 10, chunk_bytes=300)) == [
+        Span(0, 2, at[0], at[2]), Span(2, 1, at[2], at[3]), Span(3, 2, at[3], at[5])]
+    flip(path, at[1] + 12)
+    flip(path, at[3] + 12)
+    assert list(iter_record_spans(str(path), 2)) == [  # data CRCs are the read task's to check
+        Span(0, 2, at[0], at[2]), Span(2, 2, at[2], at[4]), Span(4, 1, at[4], at[5])]
+    skipped: list[Skipped] = []
+    assert list(iter_record_spans(str(path), 2, skip_corrupt=True, on_corrupt=skipped.append)) == [
+        Span(0, 1, at[0], at[1]), Span(2, 1, at[2], at[3]), Span(4, 1, at[4], at[5])]
+    assert [(s.records, s.bytes) for s in skipped] == [(1, 16), (1, 16 + 256)]
+
+
+class CountingFile(io.RawIOBase):
+    """A file that counts the bytes read from it."""
+
+    def __init__(self, raw: io.RawIOBase, counted: list[int]) -> None:
+        self.raw, self.counted = raw, counted
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.raw.read(size)
+        self.counted.append(len(data))
+        return data
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self.raw.seek(offset, whence)
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
+
+
+def test_the_index_pass_reads_headers_not_payloads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    payloads = [bytes([i]) * 300_000 for i in range(8)]
+    path = write(tmp_path / "big.tfrecord", payloads)
+    counted: list[int] = []
+    opened = tfrecord_format._open_input
+    monkeypatch.setattr(tfrecord_format, "_open_input", lambda *a, **k: CountingFile(opened(*a, **k), counted))
+    spans = list(iter_record_spans(str(path), 1024, chunk_bytes=600_000))
+    assert [(s.first_record, s.records) for s in spans] == [(0, 2), (2, 2), (4, 2), (6, 2)]
+    assert spans[-1].end == path.stat().st_size
+    assert sum(counted) <= 8 * 4096  # one small read per header, of 2.4 MB
+
+
+def test_a_huge_length_stops_the_index_pass_before_anything_is_allocated(tmp_path: Path) -> None:
+    length = (1 << 60).to_bytes(8, "little")
+    path = tmp_path / "huge.tfrecord"
+    path.write_bytes(frame_records([b"ok"]) + length + masked_crc(length).to_bytes(4, "little") + b"x" * 10)
+    with pytest.raises(InputError, match="record 1: the record header at byte offset 18 claims "
+                                         "1,152,921,504,606,846,976 bytes of data, more than the limit"):
+        list(iter_record_spans(str(path), 10))
+
+
+def test_a_cut_short_last_record_is_found_by_the_index_pass(tmp_path: Path) -> None:
+    path = write(tmp_path / "cut.tfrecord", PAYLOADS)
+    path.write_bytes(path.read_bytes()[:-10])
+    with pytest.raises(CorruptRecordError) as spans:
+        list(iter_record_spans(str(path), 10))
+    assert str(spans.value) == read_error(path) and "record 4: truncated" in str(spans.value)
 
 
 def test_gzip_round_trip_and_detection(tmp_path: Path) -> None:

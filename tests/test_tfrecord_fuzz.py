@@ -27,10 +27,11 @@ import pyarrow as pa
 import pytest
 from google.protobuf.message import DecodeError
 
-from batchtool.dataset import open_dataset
-from batchtool.errors import BatchtoolError
-from batchtool.formats.example import SequenceExample, decode_records, encode_records
-from batchtool.formats.tfrecord import frame_records
+from batchtool.dataset import ReadReport, open_dataset
+from batchtool.errors import BatchtoolError, InputError
+from batchtool.formats.example import FeatureScan, SequenceExample, decode_records, encode_records, scan_records
+from batchtool.formats import tfrecord as tfrecord_format
+from batchtool.formats.tfrecord import frame_records, iter_record_chunks
 from batchtool.synthetic import make_table
 from conftest import REPO
 
@@ -265,3 +266,59 @@ def test_claimed_lengths_inside_a_payload_allocate_nothing(tmp_path, payload):
     path.write_bytes(frame_records([payload]))
     with pytest.raises(BatchtoolError, match="record 0"):
         read_all(path, skip_corrupt=True)
+
+
+def _outcome(read: Callable[[], Any]) -> Any:
+    """What read() returns, or the type and message of the BatchtoolError it raises."""
+    try:
+        return read()
+    except BatchtoolError as exc:
+        return type(exc), str(exc)
+
+
+def _chunks(chunks: Callable[[ReadReport], Iterator[Any]]) -> tuple:
+    """Every chunk's rows and ids, and what was skipped."""
+    report = ReadReport()
+    return [(chunk.data.to_pylist(), chunk.ids.tolist()) for chunk in chunks(report)], report.stats()
+
+
+def _scanned_in_order(path: str, skip_corrupt: bool) -> tuple[pa.Schema, str]:
+    """The schema pass as one reader going through the file would make it (the oracle of the pass's steps)."""
+    scan = FeatureScan()
+    for first, payloads in iter_record_chunks(path, tfrecord_format.SCAN_RECORDS,
+                                              chunk_bytes=tfrecord_format.SCAN_BYTES, skip_corrupt=skip_corrupt,
+                                              max_record_bytes=LIMIT):
+        scan = scan.merge(scan_records(payloads, path=path, first_record=first))
+    if not scan.records:
+        raise InputError(f"{path}: empty input: no TFRecord records to infer a schema from")
+    return scan.schema("auto", path)
+
+
+def test_read_tasks_of_offsets_read_what_a_reader_in_file_order_reads(tmp_path, monkeypatch):
+    """The read tasks and schema pass steps that frame their records where they run (offsets from a pass over the
+    headers) give the same chunks, ids, skipped-record accounts, schema and first error as reading each file in
+    order, whatever the damage to the framing or the payloads; chunks are made tiny so the damage falls on their
+    boundaries too."""
+    for name, size in (("CHUNK_RECORDS", 2), ("CHUNK_BYTES", 60), ("SCAN_RECORDS", 2), ("SCAN_BYTES", 60)):
+        monkeypatch.setattr(tfrecord_format, name, size)
+    schemas = {}
+    for kind, originals in base_payloads().items():
+        (tmp_path / f"{kind}.tfrecord").write_bytes(frame_records(originals))
+        schemas[kind] = open_dataset(str(tmp_path / f"{kind}.tfrecord")).schema
+    compared = 0
+    for name, file_name, data, _ in cases(base_payloads()):
+        if file_name.endswith(".gz") or compared == 200:
+            continue
+        compared += 1
+        path = tmp_path / file_name
+        path.write_bytes(data)
+        kind = name.split("(")[1].split(",")[0]
+        for skip in (False, True):
+            dataset = open_dataset(str(path), schema=schemas[kind], skip_corrupt=skip, max_record_bytes=LIMIT,
+                                   tfrecord_kind="example" if kind == "example" else "sequence_example")
+            in_tasks = _outcome(lambda: _chunks(lambda report: (task() for task in dataset.tasks(report=report))))
+            in_order = _outcome(lambda: _chunks(lambda report: (chunk for file in dataset.spec.file_tasks(dataset, None)
+                                                                for chunk in file(report))))
+            assert in_tasks == in_order, f"{name}, skip_corrupt={skip}"
+            assert (_outcome(lambda: open_dataset(str(path), skip_corrupt=skip, max_record_bytes=LIMIT).schema)
+                    == _outcome(lambda: _scanned_in_order(str(path), skip)[0])), f"{name}, schema pass"

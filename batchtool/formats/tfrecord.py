@@ -19,11 +19,12 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool import fs
-from batchtool.errors import CorruptRecordError, InputError, UsageError, where
+from batchtool.errors import BatchtoolError, CorruptRecordError, InputError, UsageError, where
 from batchtool.formats.base import BATCH_COLUMN, Batches, EncodedBatch, Format, cut
 
 if TYPE_CHECKING:
     from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
+    from batchtool.formats.example import FeatureScan
     from batchtool.output import OutputOptions
 
 
@@ -39,6 +40,11 @@ _U64 = struct.Struct("<Q")
 _MASK_DELTA = 0xA282EAD8
 _BLOCK = 1 << 16
 """Bytes read ahead at a time: the unit of buffering, inflating and resynchronising."""
+_INDEX_BLOCK = 1 << 12
+"""Bytes the index pass reads at a time from a local file: a few small records' headers, or one large record's
+header and no more of its payload than that."""
+_REMOTE_INDEX_BLOCK = 1 << 20
+"""Bytes the index pass reads at a time from an object store, where every read is a request."""
 
 
 @dataclass(frozen=True)
@@ -140,10 +146,13 @@ def _header_is_valid(header: bytes) -> bool:
     return len(header) == _HEADER_SIZE and masked_crc(header[:8]) == _U32.unpack_from(header, 8)[0]
 
 
-def _open_input(path: str) -> BinaryIO:
-    """The file opened for buffered reading; a missing or unreadable file is an InputError."""
+def _open_input(path: str, random_access: bool = False) -> BinaryIO:
+    """The file opened for buffered sequential reading, or (random_access) for reads where seeks skip what is
+    not read: a local file unbuffered; a missing or unreadable file is an InputError."""
     try:
-        return fs.open_input(path, sequential=True)
+        if random_access and not fs.is_uri(path):
+            return open(path, "rb", buffering=0)  # noqa: SIM115 (the caller closes it)
+        return fs.open_input(path, sequential=not random_access)
     except OSError as exc:
         raise InputError(f"{path}: cannot read TFRecord file: {exc.strerror or exc}") from None
 
@@ -224,9 +233,12 @@ class _Inflater:
 class _Source:
     """One file's record stream (inflated if GZIP), read in blocks, with push-back for resynchronising."""
 
-    def __init__(self, raw: BinaryIO, compressed: bool) -> None:
+    def __init__(self, raw: BinaryIO, compressed: bool, size: int | None = None, block: int = _BLOCK) -> None:
         self._raw = raw
         self._inflater = _Inflater(raw) if compressed else None
+        self._size = size
+        """The file's size, for skip() (an uncompressed file read from its start only)."""
+        self._block = block
         self._buf = b""
         self._pos = 0
         self.offset = 0
@@ -252,7 +264,7 @@ class _Source:
             self._buf, self._pos = b"", 0
             while have < size:
                 want = size - have
-                block = self._more(max(want, _BLOCK))
+                block = self._more(max(want, self._block))
                 if not block:
                     break
                 if len(block) > want:
@@ -263,6 +275,19 @@ class _Source:
             out = b"".join(pieces)
         self.offset += len(out)
         return out
+
+    def skip(self, size: int) -> int:
+        """Step over size bytes without reading them (a seek past what is buffered); the bytes stepped over,
+        fewer only at the end of the file. Only for an uncompressed file read from its start, given its size."""
+        buffered = len(self._buf) - self._pos
+        if size <= buffered:
+            self._pos += size
+        else:
+            size = max(buffered, min(size, self._size - self.offset))
+            self._buf, self._pos = b"", 0
+            self._raw.seek(self.offset + size)
+        self.offset += size
+        return size
 
     def unread(self, data: bytes) -> None:
         """Put bytes back in front of the stream (they were read past a resynchronisation point)."""
@@ -353,6 +378,16 @@ class _Reader:
 
     def records(self) -> Iterator[tuple[int, bytes]]:
         """(record index, payload) of every good record; the index counts skipped records too."""
+        for index, _, _, data in self.walk(read_data=True):
+            yield index, data
+
+    def walk(self, read_data: bool) -> Iterator[tuple[int, int, int, bytes]]:
+        """(record index, stream offset of its header, offset after its data CRC, payload) of every good record.
+
+        Without read_data (for an uncompressed file, given its size, and never with skip_corrupt) only the
+        headers are read and checked: the payloads are stepped over unread, their CRC unchecked, and b""
+        stands for each. That finds where the records are for read tasks that frame them where they run.
+        """
         source = self.source
         while True:
             start = source.offset
@@ -374,20 +409,25 @@ class _Reader:
                     f"{where(self.path, record=self.index)}: the record header at byte offset {start}"
                     f"{self.offset_note} claims {length:,} bytes of data, more than the limit of "
                     f"{self.limit:,} (--max-record-bytes); raise --max-record-bytes if the record is genuine")
-            data = source.read(length)
-            footer = source.read(4) if len(data) == length else b""
-            if len(footer) < 4:
-                self.lose(start, _HEADER_SIZE + len(data) + len(footer), 1,
-                          self.truncated(f"{length + 4} bytes ({length} data + 4 CRC)", len(data) + len(footer)))
+            if read_data:
+                data = source.read(length)
+                footer = source.read(4) if len(data) == length else b""
+                got = len(data) + len(footer)
+            else:
+                data, footer, got = b"", b"", source.skip(length + 4)
+            if got < length + 4:
+                self.lose(start, _HEADER_SIZE + got, 1,
+                          self.truncated(f"{length + 4} bytes ({length} data + 4 CRC)", got))
                 return
-            (stored,) = _U32.unpack(footer)
-            computed = masked_crc(data)
-            if stored != computed:
-                self.lose(start, _HEADER_SIZE + length + 4, 1,
-                          f"data CRC mismatch: stored 0x{stored:08x}, expected 0x{computed:08x} "
-                          f"for {length} bytes of data")
-                continue
-            yield self.index, data
+            if read_data:
+                (stored,) = _U32.unpack(footer)
+                computed = masked_crc(data)
+                if stored != computed:
+                    self.lose(start, _HEADER_SIZE + length + 4, 1,
+                              f"data CRC mismatch: stored 0x{stored:08x}, expected 0x{computed:08x} "
+                              f"for {length} bytes of data")
+                    continue
+            yield self.index, start, source.offset, data
             self.index += 1
 
     def resynchronise(self, start: int, header: bytes, message: str) -> None:
@@ -401,15 +441,27 @@ class _Reader:
         self.lose(start, end - start, 1 + passed, message, then)
 
 
-def _iter_indexed(path: str, compression: str | None, skip_corrupt: bool, on_corrupt: OnCorrupt | None,
-                  limit: int | None) -> Iterator[tuple[int, bytes]]:
-    """(record index, payload) pairs; the index counts skipped records too, so it is the position in the file."""
+_Record = tuple[int, int, int, bytes]
+"""(record index, stream offset of its header, offset after its data CRC, payload) as _Reader.walk gives them."""
+_FRAMING = _HEADER_SIZE + 4
+"""Bytes a record's framing adds to its payload: the header and the data CRC."""
+
+
+def _walk(path: str, compression: str | None, skip_corrupt: bool, on_corrupt: OnCorrupt | None,
+          limit: int | None, read_data: bool = True) -> Iterator[_Record]:
+    """Every good record of one file (see _Reader.walk); the index counts skipped records too, so it is the
+    position in the file. Without read_data, an uncompressed file read without skip_corrupt is walked by its
+    headers alone (anything else is read whole: a GZIP stream has no random access, and what skip_corrupt
+    skips must be known where it is counted)."""
     compressed = _resolve_compression(path, compression) == "GZIP"
-    with _open_input(path) as raw:
-        reader = _Reader(path, _Source(raw, compressed), compressed, max_record_bytes() if limit is None else limit,
+    headers_only = not (read_data or compressed or skip_corrupt)
+    with _open_input(path, random_access=headers_only) as raw:
+        source = (_Source(raw, False, fs.file_size(path), _REMOTE_INDEX_BLOCK if fs.is_uri(path) else _INDEX_BLOCK)
+                  if headers_only else _Source(raw, compressed))
+        reader = _Reader(path, source, compressed, max_record_bytes() if limit is None else limit,
                          skip_corrupt, on_corrupt)
         try:
-            yield from reader.records()
+            yield from reader.walk(read_data=not headers_only)
         except _GzipCorrupt as exc:
             raise reader.gzip_error(str(exc)) from None
 
@@ -424,8 +476,28 @@ def iter_records(path: str, *, compression: str | None = "auto", skip_corrupt: b
     length CRC is wrong (up to the next record whose CRCs both check out) are skipped and
     reported to on_corrupt with their exact size. A corrupt gzip stream always stops.
     """
-    for _, data in _iter_indexed(path, compression, skip_corrupt, on_corrupt, max_record_bytes):
+    for *_, data in _walk(path, compression, skip_corrupt, on_corrupt, max_record_bytes):
         yield data
+
+
+def _chunked(records: Iterable[_Record], chunk_records: int, chunk_bytes: int | None) -> Iterator[list[_Record]]:
+    """Records in chunks of at most chunk_records records and, unless a chunk is a single record, at most
+    chunk_bytes bytes of payload; a skipped record ends a chunk, so the records of a chunk are consecutive."""
+    if chunk_records < 1:
+        raise UsageError(f"chunk_records must be at least 1, got {chunk_records}")
+    chunk: list[_Record] = []
+    size = 0
+    for record in records:
+        index, start, end, _ = record
+        length = end - start - _FRAMING
+        if chunk and (index != chunk[0][0] + len(chunk) or len(chunk) == chunk_records
+                      or (chunk_bytes is not None and size + length > chunk_bytes)):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(record)
+        size += length
+    if chunk:
+        yield chunk
 
 
 def iter_record_chunks(path: str, chunk_records: int, *, chunk_bytes: int | None = None,
@@ -439,21 +511,56 @@ def iter_record_chunks(path: str, chunk_records: int, *, chunk_bytes: int | None
     Records in a chunk are consecutive in the file: a skipped corrupt record ends the chunk
     early, so first_index + i is always record i's true index.
     """
-    if chunk_records < 1:
-        raise UsageError(f"chunk_records must be at least 1, got {chunk_records}")
-    first = size = 0
-    chunk: list[bytes] = []
-    for index, data in _iter_indexed(path, compression, skip_corrupt, on_corrupt, max_record_bytes):
-        if chunk and (index != first + len(chunk) or len(chunk) == chunk_records
-                      or (chunk_bytes is not None and size + len(data) > chunk_bytes)):
-            yield first, chunk
-            chunk, size = [], 0
-        if not chunk:
-            first = index
-        chunk.append(data)
-        size += len(data)
-    if chunk:
-        yield first, chunk
+    for chunk in _chunked(_walk(path, compression, skip_corrupt, on_corrupt, max_record_bytes),
+                          chunk_records, chunk_bytes):
+        yield chunk[0][0], [data for *_, data in chunk]
+
+
+@dataclass(frozen=True)
+class Span:
+    """Where the records of one chunk are in an uncompressed file: what a read task needs to read them itself."""
+
+    first_record: int
+    records: int
+    start: int
+    """Byte offset of the first record's header."""
+    end: int
+    """Byte offset after the last record's data CRC."""
+
+
+def iter_record_spans(path: str, chunk_records: int, *, chunk_bytes: int | None = None, skip_corrupt: bool = False,
+                      on_corrupt: OnCorrupt | None = None, max_record_bytes: int | None = None) -> Iterator[Span]:
+    """The chunks iter_record_chunks gives of an uncompressed file, as byte ranges, holding no payload.
+
+    The index pass of read tasks that read their records where they run: it reads each record's
+    header (the length and its CRC, the limit, the file's size for a truncated last record) and
+    steps over the payload, whose CRC the task checks. A header that stops the pass is reported
+    after any bad data CRC in the chunk it cuts short (checked here, then), as a reader going
+    through the file in order finds them. With skip_corrupt every record is read and both CRCs
+    checked here (each payload dropped once checked), so what is skipped is counted to on_corrupt
+    in file order and ends its chunk exactly as in iter_record_chunks.
+    """
+    reached = done = (0, 0)  # (offset, record) after the last record walked, and after the last span yielded
+
+    def walked() -> Iterator[_Record]:
+        nonlocal reached
+        for index, start, end, _ in _walk(path, None, skip_corrupt, on_corrupt, max_record_bytes, read_data=False):
+            reached = end, index + 1
+            yield index, start, end, b""
+
+    try:
+        for chunk in _chunked(walked(), chunk_records, chunk_bytes):
+            span = Span(chunk[0][0], len(chunk), chunk[0][1], chunk[-1][2])
+            done = span.end, span.first_record + span.records
+            yield span
+    except BatchtoolError:
+        if reached[0] > done[0] and not skip_corrupt:
+            reader = RangeReader(path, compression=None)
+            try:
+                reader.records(done[0], reached[0], done[1])
+            finally:
+                reader.close()
+        raise
 
 
 class RangeReader:
@@ -475,8 +582,9 @@ class RangeReader:
         self._gzip = gzip.GzipFile(fileobj=self._raw, mode="rb") if self.compressed else None
         self._size = None if self.compressed else fs.file_size(path)
 
-    def records(self, start: int, end: int, first_record: int) -> list[bytes]:
-        """Payloads of the records in [start, end); errors name records counting from first_record."""
+    def records(self, start: int, end: int, first_record: int, what: str = "batch") -> list[bytes]:
+        """Payloads of the records in [start, end); errors name records counting from first_record, and the
+        range as `what` (a file shorter than its index says)."""
         if self._gzip is not None:
             try:
                 self._gzip.seek(start)
@@ -486,12 +594,12 @@ class RangeReader:
                                          f"of the decompressed stream: {exc}") from exc
         else:
             if end > self._size:
-                raise CorruptRecordError(f"{self.path}: {self._size} bytes, but a batch ends at byte {end}")
+                raise CorruptRecordError(f"{self.path}: {self._size} bytes, but a {what} ends at byte {end}")
             self._raw.seek(start)
             data = self._raw.read(end - start)
         if len(data) < end - start:
             raise CorruptRecordError(f"{where(self.path, record=first_record)}: the file ends before byte {end}, "
-                                     "where this batch ends")
+                                     f"where this {what} ends")
         source = _Source(io.BytesIO(data), False)
         source.offset = start
         reader = _Reader(self.path, source, self.compressed, max(end - start, 0), False, None)
@@ -627,12 +735,55 @@ go faster), but keeps a few arrays per feature value of the step."""
 
 
 @dataclass(frozen=True)
+class _Records:
+    """Consecutive records of one file, as a task gets them: a byte range of an uncompressed file (a Span from
+    the index pass), which the task reads, frames and CRC-checks where it runs, so only a path and offsets
+    travel to it; or, from a GZIP stream, which reads only forward, the payloads the reader read and checked."""
+
+    path: str
+    first_record: int
+    span: Span | None = None
+    held: list[bytes] | None = None
+
+    def payloads(self) -> list[bytes]:
+        """The payloads, both CRCs checked: a span's read and checked now, where the task runs."""
+        if self.span is None:
+            return self.held or []
+        span = self.span
+        reader = RangeReader(self.path, compression=None)
+        try:
+            payloads = reader.records(span.start, span.end, span.first_record,
+                                      what="chunk of records indexed when reading began")
+        finally:
+            reader.close()
+        if len(payloads) != span.records:
+            raise CorruptRecordError(f"{where(self.path, record=span.first_record)}: bytes {span.start}..{span.end} "
+                                     f"hold {len(payloads)} records, not the {span.records} indexed when reading "
+                                     "began: the file changed while it was read")
+        return payloads
+
+
+def _file_records(path: str, chunk_records: int, chunk_bytes: int, skip_corrupt: bool,
+                  on_corrupt: OnCorrupt | None, max_record_bytes: int) -> Iterator[_Records]:
+    """One file's records in chunks for tasks: byte ranges from a pass over the headers (iter_record_spans) of an
+    uncompressed file, payloads read and CRC-checked here from a GZIP one; what is skipped goes to on_corrupt."""
+    if detect_compression(path) == "GZIP":
+        for first, payloads in iter_record_chunks(path, chunk_records, chunk_bytes=chunk_bytes, compression="GZIP",
+                                                  skip_corrupt=skip_corrupt, on_corrupt=on_corrupt,
+                                                  max_record_bytes=max_record_bytes):
+            yield _Records(path, first, held=payloads)
+        return
+    for span in iter_record_spans(path, chunk_records, chunk_bytes=chunk_bytes, skip_corrupt=skip_corrupt,
+                                  on_corrupt=on_corrupt, max_record_bytes=max_record_bytes):
+        yield _Records(path, span.first_record, span=span)
+
+
+@dataclass(frozen=True)
 class _Task:
-    """Records read and CRC-checked by the reader thread, decoded (protobuf) on a worker."""
+    """A read task: a chunk's records (see _Records) decoded (protobuf) where the task runs."""
 
     shard: Shard
-    first_record: int
-    payloads: list[bytes]
+    records: _Records
     schema: pa.Schema
     kind: str
 
@@ -641,9 +792,24 @@ class _Task:
         from batchtool.dataset import Chunk
         from batchtool.formats import example as example_codec
 
-        batch = example_codec.decode_records(self.payloads, self.schema, self.kind,
-                                             path=self.shard.path, first_record=self.first_record)
-        return Chunk(batch, rng.example_ids(self.shard.index, self.first_record, batch.num_rows))
+        first = self.records.first_record
+        batch = example_codec.decode_records(self.records.payloads(), self.schema, self.kind, path=self.shard.path,
+                                             first_record=first)
+        return Chunk(batch, rng.example_ids(self.shard.index, first, batch.num_rows))
+
+
+@dataclass(frozen=True)
+class _ScanTask:
+    """A step of the schema pass: a chunk's feature names, kinds and counts, found where the task runs."""
+
+    records: _Records
+    kind: str
+
+    def __call__(self) -> FeatureScan:
+        from batchtool.formats import example as example_codec
+
+        return example_codec.scan_records(self.records.payloads(), self.kind, path=self.records.path,
+                                          first_record=self.records.first_record)
 
 
 @dataclass(frozen=True)
@@ -658,30 +824,36 @@ class FileTask:
     max_record_bytes: int
 
     def tasks(self, report: ReadReport) -> Iterator[_Task]:
-        """The file's decode tasks, in order; what is skipped (skip_corrupt) goes to `report`."""
+        """The file's read tasks for the engine, in order, each reading its own records where it runs (but a GZIP
+        file's: see _file_records); what is skipped (skip_corrupt) goes to `report`."""
+        for records in _file_records(self.shard.path, CHUNK_RECORDS, CHUNK_BYTES, self.skip_corrupt, report.record,
+                                     self.max_record_bytes):
+            yield _Task(self.shard, records, self.schema, self.kind)
+
+    def __call__(self, report: ReadReport) -> Iterator[Chunk]:
+        """The file's chunks, read in one pass in order where this runs (no index pass: it reads every record)."""
         for first, payloads in iter_record_chunks(
                 self.shard.path, CHUNK_RECORDS, chunk_bytes=CHUNK_BYTES, skip_corrupt=self.skip_corrupt,
                 on_corrupt=report.record, max_record_bytes=self.max_record_bytes):
-            yield _Task(self.shard, first, payloads, self.schema, self.kind)
-
-    def __call__(self, report: ReadReport) -> Iterator[Chunk]:
-        for task in self.tasks(report):
-            yield task()
+            yield _Task(self.shard, _Records(self.shard.path, first, held=payloads), self.schema, self.kind)()
 
 
 def _scan_schema(src: str, shards: tuple[Shard, ...], kind: str, skip_corrupt: bool,
                  max_record_bytes: int) -> tuple[pa.Schema, str]:
-    """The schema of every feature of every record: one pass over names, kinds and counts, not values.
+    """The schema of every feature of every record: one pass over names, kinds and counts, not values, in steps
+    that run where the engine runs tasks (the records of uncompressed files are read there), merged here in
+    file order.
 
     Corrupt records skipped here are skipped (and counted) again by the pass that reads the data.
     """
     from batchtool.formats import example as example_codec
+    from batchtool.runner import ordered_map
 
+    steps = (_ScanTask(records, kind) for shard in shards
+             for records in _file_records(shard.path, SCAN_RECORDS, SCAN_BYTES, skip_corrupt, None, max_record_bytes))
     scan = example_codec.FeatureScan()
-    for shard in shards:
-        for first, payloads in iter_record_chunks(shard.path, SCAN_RECORDS, chunk_bytes=SCAN_BYTES,
-                                                  skip_corrupt=skip_corrupt, max_record_bytes=max_record_bytes):
-            scan = scan.merge(example_codec.scan_records(payloads, kind, path=shard.path, first_record=first))
+    for found in ordered_map(lambda step: step(), steps, 1):
+        scan = scan.merge(found)
     if not scan.records:
         raise InputError(f"{src}: empty input: no TFRecord records to infer a schema from")
     return scan.schema(kind, src)
@@ -899,6 +1071,8 @@ class TFRecordFormat(Format):
         return rows, batches if batch_schema is not None else None, problem
 
     def tasks(self, dataset: Dataset, columns: list[str] | None, report: ReadReport) -> Iterator[_Task]:
+        """Tasks that read, frame, CRC-check and decode their records where they run, from byte ranges a pass over
+        the record headers finds here; a GZIP file's records are read and CRC-checked here (see _file_records)."""
         for file in self.file_tasks(dataset, columns):
             yield from file.tasks(report)
 
