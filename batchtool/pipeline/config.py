@@ -31,7 +31,7 @@ from batchtool.ops import DEFINED, OPERATIONS
 from batchtool.ops.base import ColumnList, Kind, OptionError, build, fields, option, required, shown
 from batchtool.ops.base import key as key_of
 from batchtool.output import OutputOptions
-from batchtool.settings import CommonSettings, InputSettings, OutputSettings, Text, op_default_format
+from batchtool.settings import ROW_FORMAT, CommonSettings, InputSettings, OutputSettings, Text, op_default_format
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -244,9 +244,18 @@ def _suggest(key: str, allowed: Sequence[str]) -> str:
 
 def _default_format(last: StageConfig | None) -> str:
     """What the pipeline writes without [output] format: what its last stage's command writes without --to."""
-    if last is not None and last.op in DEFINED:
+    if last is None:  # no stage: an error follows
+        return ROW_FORMAT
+    if last.op in DEFINED:
         return op_default_format(DEFINED[last.op], last.options)
-    return default_format(cli.commands.get(last.op) if last else None, lambda flag: last.keys.get(flag[2:]))
+    return _command_default_format(last)
+
+
+def flags_to_keys(message: str) -> str:
+    """A message that names a flag (--batch-size) as a pipeline file names it (batch-size). For the messages that
+    are not OptionErrors yet: a legacy op's (below), and those pipeline/execute.py attributes to a stage (budget's
+    batch checks, spill's --tmp-dir, stratify's --size and --init-probs, resample's --overall-rate)."""
+    return re.sub(r"--([a-z][a-z0-9-]*)", lambda m: m.group(1), message)
 
 
 # -- ops without a definition yet (BUILDERS): read through their click command's parameters. This section, the
@@ -265,6 +274,10 @@ def _command_options(reader: _Reader, op: str, keys: dict[str, Any], where: str,
         return BUILDERS[op](**values)
     except BatchtoolError as exc:
         raise reader.fail(where, flags_to_keys(str(exc))) from None
+
+
+def _command_default_format(stage: StageConfig) -> str:
+    return default_format(cli.commands[stage.op], lambda flag: stage.keys.get(flag[2:]))
 
 
 class _Params:
@@ -364,12 +377,6 @@ def _is_scalar(value: Any) -> bool:
 def _is_value(default: Any) -> bool:
     """click marks 'no default' with a sentinel object; anything else is a real default."""
     return default is None or isinstance(default, (str, int, float, bool, tuple, list))
-
-
-def flags_to_keys(message: str) -> str:
-    """Messages that name a flag (--batch-size) where a pipeline file says batch-size: a legacy op's, and those
-    pipeline/execute.py attributes to a stage that were not raised as an OptionError."""
-    return re.sub(r"--([a-z][a-z0-9-]*)", lambda m: m.group(1), message)
 
 
 __all__ = ["OPS", "InputConfig", "PipelineConfig", "PipelineError", "StageConfig", "load"]
