@@ -246,8 +246,8 @@ def _default_format(last: StageConfig | None) -> str:
     """What the pipeline writes without [output] format: what its last stage's command writes without --to."""
     if last is None:  # no stage: an error follows
         return ROW_FORMAT
-    if last.op in DEFINED:
-        return op_default_format(DEFINED[last.op], last.options)
+    if last.op in OPERATIONS:
+        return op_default_format(OPERATIONS[last.op], last.options)
     return _command_default_format(last)
 
 
