@@ -144,11 +144,10 @@ def declared(schema: type, name: str, **settings: Any) -> Callable:
     made: dict[str, Any] = {"help": decl.help}
     if decl.value.is_flag:
         made["is_flag"] = True
-    elif f.default is not None:
-        made.update(type=click_type(decl.value), show_default=True,
-                    default=size_text(f.default) if isinstance(decl.value, Size) else f.default)
     else:
         made["type"] = click_type(decl.value)
+        if f.default is not None:  # shown as the user writes it (a size as 1GB)
+            made.update(show_default=True, default=size_text(f.default) if isinstance(decl.value, Size) else f.default)
     made.update(settings)
     dest = made.pop("dest", name)
     return click.option(getattr(schema, "FLAGS", {}).get(name, flag(name)), dest, **made)
