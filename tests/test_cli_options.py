@@ -237,6 +237,13 @@ def test_a_bad_top_level_or_input_key_names_it(tmp_path, top, input, message):
     assert str(caught.value) == f"{path}: {message}"
 
 
+def test_the_output_format_key_is_format_not_the_flags_name(tmp_path):
+    path = settings_pipeline(tmp_path, output='to = "arrow"')
+    with pytest.raises(UsageError) as caught:
+        load(path)
+    assert str(caught.value) == f"{path}: [output]: unknown key 'to' (did you mean 'format'?)"
+
+
 def test_top_level_and_input_keys_take_the_commands_values(tmp_path):
     config = load(settings_pipeline(tmp_path, top='memory = 65536\nthreads = 2\ntmp-dir = "spill"',
                                     input='path = "src"\nformat = "parquet"\nskip-corrupt = true\n'

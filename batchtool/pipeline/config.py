@@ -180,6 +180,10 @@ class _Reader:
         """A table read through an option schema: its keys only, the required ones present, each value parsed by
         its kind and the schema's own checks run; `settings` are fields the file does not set."""
         declared = {key_of(f.name): f for f, _ in fields(schema)}
+        flags = {flag[2:]: key_of(name) for name, flag in getattr(schema, "FLAGS", {}).items()}
+        for given in table if isinstance(table, dict) else ():
+            if given in flags and given not in declared:  # [output] to = ...: the command line's name
+                raise self.fail(where, f"unknown key {given!r} (did you mean {flags[given]!r}?)")
         self.keys(table, list(declared), where)
         for name, f in declared.items():
             if required(f) and name not in table:
