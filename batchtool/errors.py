@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 
 class BatchtoolError(Exception):
     """A failure the user can fix; the CLI prints it as one line and exits 2."""
@@ -11,6 +13,51 @@ class BatchtoolError(Exception):
 
 class UsageError(BatchtoolError):
     """Bad options or option combinations."""
+
+
+class OptionError(UsageError):
+    """An option's value, or the column it names, is unusable. `field` is the options field, `value` (as
+    shown) what it was given; `{field}` in the problem names an option (the problem then stands alone).
+    Each front end renders these in its own words (`rendered`): `--batch-size 0: ...` on the command
+    line, `key 'batch-size' = 0: ...` in a pipeline file. `flags` names the fields whose flag is not
+    their name's (an output's format is `--to`). Here rather than with the option schemas (ops/base.py)
+    so that the output writer and the formats raise it too."""
+
+    def __init__(self, field: str, problem: str, *, value: str | None = None, mentions: Sequence[str] = (),
+                 where: str = "", flags: Mapping[str, str] | None = None) -> None:
+        self.field, self.problem, self.value, self.mentions, self.where = field, problem, value, tuple(mentions), where
+        self.flags = dict(flags or {})
+        super().__init__(self.rendered("cli"))
+
+    def rendered(self, vocabulary: str) -> str:
+        """The message with options named as the command line ("cli") or a pipeline file ("toml") names them."""
+        def name(field: str) -> str:
+            return self.flags.get(field, flag(field)) if vocabulary == "cli" else key(field)
+
+        head = name(self.field) if vocabulary == "cli" else f"key {key(self.field)!r}"
+        if self.value is not None:
+            head += f" {self.value}" if vocabulary == "cli" else f" = {self.value}"
+        problem = self.problem
+        for other in {self.field, *self.mentions}:
+            problem = problem.replace("{" + other + "}", name(other))
+        if "{" + self.field + "}" in self.problem:  # it names the option itself, where it reads best
+            return f"{self.where}{problem}"
+        return f"{self.where}{head}: {problem}"
+
+    def at(self, where: str) -> OptionError:
+        """The same problem, prefixed with the place it was found in (SRC, for a command)."""
+        return type(self)(self.field, self.problem, value=self.value, mentions=self.mentions, where=f"{where}: ",
+                          flags=self.flags)
+
+
+def flag(field: str) -> str:
+    """A field's command-line flag: batch_size -> --batch-size."""
+    return "--" + key(field)
+
+
+def key(field: str) -> str:
+    """A field's pipeline-file key: batch_size -> batch-size."""
+    return field.replace("_", "-")
 
 
 class InputError(BatchtoolError):

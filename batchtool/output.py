@@ -17,7 +17,7 @@ from typing import BinaryIO
 import pyarrow as pa
 
 from batchtool import fs
-from batchtool.errors import DestinationError, DestinationExistsError, SchemaError, UsageError, where
+from batchtool.errors import DestinationError, DestinationExistsError, OptionError, SchemaError, where
 from batchtool.formats import DEFAULT, FORMATS, NAMES
 from batchtool.formats.base import EncodedBatch, Format, ShardSink
 
@@ -46,19 +46,20 @@ class OutputOptions:
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
-            raise UsageError(f"--to {self.format!r}: expected {', '.join(NAMES[:-1])} or {NAMES[-1]}")
+            raise OptionError("format", f"expected {', '.join(NAMES[:-1])} or {NAMES[-1]}", value=repr(self.format),
+                              flags={"format": "--to"})
         self.spec.check_options(self)
         if self.tfrecord_kind not in TFRECORD_KINDS:
-            raise UsageError(f"--tfrecord-kind {self.tfrecord_kind!r}: expected {' or '.join(TFRECORD_KINDS)}")
-        for name, value in (("--shard-rows", self.shard_rows), ("--shard-bytes", self.shard_bytes)):
+            raise OptionError("tfrecord_kind", f"expected {' or '.join(TFRECORD_KINDS)}", value=repr(self.tfrecord_kind))
+        for name, value in (("shard_rows", self.shard_rows), ("shard_bytes", self.shard_bytes)):
             if value is not None and value <= 0:
-                raise UsageError(f"{name} {value}: must be positive")
+                raise OptionError(name, "must be positive", value=str(value))
         for cast in self.cast:
             if cast not in CASTS:
-                raise UsageError(f"--cast {cast!r}: expected {' or '.join(CASTS)}")
+                raise OptionError("cast", f"expected {' or '.join(CASTS)}", value=repr(cast))
             if not self.spec.float32_only:
-                raise UsageError(f"--cast {cast}: only TFRecord output narrows values; "
-                                 f"{self.format} keeps them exactly")
+                raise OptionError("cast", f"only TFRecord output narrows values; {self.format} keeps them exactly",
+                                  value=cast)
 
     def stored_schema(self, schema: pa.Schema) -> pa.Schema:
         """The schema the output files hold exactly: for TFRecord, float64 narrowed to float32 if --cast

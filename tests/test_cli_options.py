@@ -14,6 +14,11 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import REPO, data_bytes, read_dir, write_parquet_shards
 
+from batchtool.cli.common import cli, make_output
+from batchtool.errors import UsageError
+from batchtool.ops.base import fields
+from batchtool.pipeline import load
+from batchtool.settings import OutputSettings, parse_size, size_text
 from batchtool.synthetic import make_table
 
 SEGMENT = ("--key", "key", "--num-unroll", "6", "--batch-size", "4", "-q")
@@ -153,3 +158,105 @@ def test_usage_error_through_the_real_entry_point(tmp_path, parquet_src):
 
 def test_make_table_has_the_columns_these_tests_name():
     assert make_table(2, seed=1).schema.names == ["key", "label", "weight", "tokens", "frames"]
+
+
+# -- the settings every command shares: one schema for the command line and a pipeline file --------------------
+
+OUTPUT_SETTINGS = [  # (flag, its text, the pipeline key, its TOML value)
+    ("--to", "tfrecord", "format", '"tfrecord"'), ("--compression", "gzip", "compression", '"gzip"'),
+    ("--shard-rows", "7", "shard-rows", "7"), ("--shard-bytes", "1MB", "shard-bytes", '"1MB"'),
+    ("--tfrecord-kind", "example", "tfrecord-kind", '"example"'), ("--cast", "float64=float32", "cast",
+                                                                   '"float64=float32"'),
+    ("--overwrite", None, "overwrite", "true"),
+]
+
+
+def settings_pipeline(tmp_path, top: str = "", input: str = 'path = "src"', output: str = "") -> str:
+    path = tmp_path / "p.toml"
+    path.write_text(f'{top}\n[input]\n{input}\n[[stage]]\nop = "select"\ncolumns = "key"\n'
+                    f'[output]\npath = "out"\n{output}\n')
+    return str(path)
+
+
+def test_output_flags_and_output_keys_make_the_same_writer_options(tmp_path):
+    args = [a for flag, text, _, _ in OUTPUT_SETTINGS for a in (flag, text) if a is not None]
+    ctx = cli.commands["convert"].make_context("convert", ["src", "dst", *args])
+    from_flags = make_output(dict(ctx.params))
+    keys = "\n".join(f"{key} = {value}" for _, _, key, value in OUTPUT_SETTINGS)
+    from_keys = load(settings_pipeline(tmp_path, output=keys)).output
+    assert from_flags == from_keys
+    assert (from_keys.format, from_keys.codec, from_keys.shard_rows, from_keys.shard_bytes, from_keys.tfrecord_kind,
+            from_keys.cast, from_keys.overwrite) == ("tfrecord", "gzip", 7, 1 << 20, "example", ("float64=float32",),
+                                                     True)
+
+
+def test_every_output_flag_is_an_output_key_with_the_same_help():
+    params = {opt: p for p in cli.commands["convert"].params for opt in p.opts}
+    for f, decl in fields(OutputSettings):
+        param = params[OutputSettings.FLAGS.get(f.name, "--" + f.name.replace("_", "-"))]
+        assert param.help.startswith(decl.help.rstrip("."))
+
+
+@pytest.mark.parametrize("flags, cli_parts, keys, toml_message", [
+    (["--shard-rows", "0"], ["'--shard-rows'", "0 is not in the range x>=1"], "shard-rows = 0",
+     "[output]: key 'shard-rows': 0 must be at least 1"),
+    (["--shard-bytes", "lots"], ["'--shard-bytes'", "'lots' is not a size (e.g. 256MB, 1GB, 1000000)"],
+     'shard-bytes = "lots"', "[output]: key 'shard-bytes': 'lots' is not a size (e.g. 256MB, 1GB, 1000000)"),
+    (["--shard-bytes", "0"], ["error: --shard-bytes 0: must be positive"], "shard-bytes = 0",
+     "[output]: key 'shard-bytes' = 0: must be positive"),
+    (["--cast", "float64=float32"], ["error: --cast float64=float32: only TFRecord output narrows values"],
+     'cast = "float64=float32"',
+     "[output]: key 'cast' = float64=float32: only TFRecord output narrows values; parquet keeps them exactly"),
+    (["--compression", "lzma"], ["error: --compression 'lzma': Parquet takes zstd"], 'compression = "lzma"',
+     "[output]: compression 'lzma': Parquet takes zstd, snappy, gzip, lz4, brotli, none"),
+    (["--tfrecord-kind", "proto"], ["'--tfrecord-kind'", "'proto' is not one of"], 'tfrecord-kind = "proto"',
+     "[output]: key 'tfrecord-kind' = 'proto': expected one of sequence_example, example"),
+])
+def test_a_bad_output_setting_names_the_flag_or_the_key(tmp_path, parquet_src, run_cli, flags, cli_parts, keys,
+                                                        toml_message):
+    one_error_line(run_cli("convert", parquet_src, tmp_path / "dst", *flags), *cli_parts)
+    assert not (tmp_path / "dst").exists()
+    path = settings_pipeline(tmp_path, output=keys)
+    with pytest.raises(UsageError) as caught:
+        load(path)
+    assert str(caught.value) == f"{path}: {toml_message}"
+
+
+@pytest.mark.parametrize("top, input, message", [
+    ("threads = 0", "", "key 'threads': 0 must be at least 1"),
+    ("memory = 1.5", "", "key 'memory': expected a size (e.g. 256MB, 1GB, 1000000), got number 1.5"),
+    ("", 'path = "src"\nformat = "csv"', "[input]: key 'format' = 'csv': expected one of parquet, tfrecord, arrow"),
+    ("", 'path = "src"\nskip-corrupt = 1', "[input]: key 'skip-corrupt': expected true or false, got integer 1"),
+    ("", "path = 3", "[input]: key 'path': expected a string, got integer 3"),
+    ("", 'format = "parquet"', "[input]: missing key 'path'"),
+])
+def test_a_bad_top_level_or_input_key_names_it(tmp_path, top, input, message):
+    path = settings_pipeline(tmp_path, top=top, **({"input": input} if input else {}))
+    with pytest.raises(UsageError) as caught:
+        load(path)
+    assert str(caught.value) == f"{path}: {message}"
+
+
+def test_the_output_format_key_is_format_not_the_flags_name(tmp_path):
+    path = settings_pipeline(tmp_path, output='to = "arrow"')
+    with pytest.raises(UsageError) as caught:
+        load(path)
+    assert str(caught.value) == f"{path}: [output]: unknown key 'to' (did you mean 'format'?)"
+
+
+def test_top_level_and_input_keys_take_the_commands_values(tmp_path):
+    config = load(settings_pipeline(tmp_path, top='memory = 65536\nthreads = 2\ntmp-dir = "spill"',
+                                    input='path = "src"\nformat = "parquet"\nskip-corrupt = true\n'
+                                          'columns = ["key", "label"]'))
+    assert (config.memory, config.threads, config.tmp_dir) == (65536, 2, str(tmp_path / "spill"))
+    assert (config.input.path, config.input.format, config.input.skip_corrupt, config.input.columns) == (
+        str(tmp_path / "src"), "parquet", True, ("key", "label"))
+
+
+@pytest.mark.parametrize("size, text", [(1 << 30, "1GB"), (256 << 20, "256MB"), (1536, "1536"), (3 << 10, "3KB"),
+                                        (0, "0")])
+def test_sizes_read_as_written_and_show_in_whole_units(size, text):
+    assert size_text(size) == text and parse_size(text) == size == parse_size(size)
+    assert parse_size("1.5GiB") == 3 << 29 and parse_size(" 2 mb ") == 2 << 20
+    with pytest.raises(ValueError, match="'12XB' is not a size"):
+        parse_size("12XB")

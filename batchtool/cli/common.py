@@ -14,14 +14,18 @@ from typing import Any
 import click
 
 import batchtool
+from batchtool import settings as settings_mod
 from batchtool.engines import ENGINES, engine_scope
-from batchtool.errors import BatchtoolError, UsageError
-from batchtool import formats
+from batchtool.errors import BatchtoolError, OptionError
 from batchtool.formats import tfrecord
 from batchtool.job import RunSettings
+from batchtool.ops.base import Choice, Integer, Value, fields, flag
 from batchtool.ops.stratify import discard_warning
-from batchtool.output import CASTS, DEFAULT_SHARD_BYTES, OutputOptions
+from batchtool.output import OutputOptions
 from batchtool.runner import default_threads
+from batchtool.settings import (BATCH_FORMAT, RECORD_LIMIT, ROW_FORMAT, CommonSettings, Directory, InputSettings,
+                                OutputSettings, Positive, Size, Text, size_text)
+from batchtool.settings import parse_size  # noqa: F401  (commands not yet generated from a schema import it here)
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -77,21 +81,6 @@ def cli(debug: bool) -> None:
     """
 
 
-def parse_size(text: str | None) -> int | None:
-    """'256MB', '1GiB', '1000000' -> bytes."""
-    if text is None:
-        return None
-    units = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
-             "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TB": 1 << 40}
-    s = text.strip().upper()
-    digits = s.rstrip("KMGTIB")
-    try:
-        value = float(digits)
-        return int(value * units[s[len(digits):]])
-    except (ValueError, KeyError):
-        raise click.BadParameter(f"{text!r} is not a size (e.g. 256MB, 1GB, 1000000)") from None
-
-
 def column_list(ctx: click.Context | None, param: click.Parameter, values: Any) -> tuple[str, ...]:
     """The columns of a COL[,COL...] option, given repeated, comma-separated or both (`--sequence a,b
     --sequence c`), in order; a name given twice counts once (nothing is lost). The callback of every
@@ -113,35 +102,71 @@ def columns_option(*decls: str, **kwargs: Any) -> Callable:
     return click.option(*decls, multiple=True, callback=column_list, metavar="COL[,COL...]", **kwargs)
 
 
-class Size(click.ParamType):
-    """A SIZE option ('256MB', '1GB', '1000000'), checked when parsed so an error names the option;
-    the value stays text, turned into bytes by parse_size where it is used."""
+class Checked(click.ParamType):
+    """A value kind (settings, ops/base.py) as a click type: checked as click parses the text, so a bad value
+    is a usage error naming the flag; the command gets the parsed value (a size in bytes)."""
 
-    name = "size"
+    def __init__(self, kind: Value) -> None:
+        self.kind = kind
+        self.name = (kind.metavar or "text").lower()
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        field = param.name if param is not None and param.name else "value"
         try:
-            parse_size(value)
-        except click.BadParameter as exc:
-            self.fail(exc.message, param, ctx)
-        return value
+            return self.kind.parse(field, self.kind.from_text(field, value))
+        except OptionError as exc:
+            self.fail(exc.problem if exc.value is None else f"{exc.value}: {exc.problem}", param, ctx)
 
 
-SIZE = Size()
+SIZE = Checked(Size())
+
+
+def click_type(kind: Value) -> click.ParamType:
+    """How click reads a value kind: with its own types where they say the same (choices, ranges, paths), so
+    their usage errors and --help stay click's; anything else checked by the kind itself."""
+    if isinstance(kind, Choice):
+        return click.Choice(list(kind.choices))
+    if isinstance(kind, Positive):
+        return click.IntRange(min=1)
+    if isinstance(kind, Integer):
+        return click.INT
+    if isinstance(kind, Directory):
+        return click.Path(file_okay=False)
+    if isinstance(kind, Text):
+        return click.STRING
+    return Checked(kind)
+
+
+def declared(schema: type, name: str, **settings: Any) -> Callable:
+    """The click option of a settings schema's field: its flag (the schema's FLAGS, else the field's), help, value
+    kind and default, shown in --help; `settings` are a command's own (its --to help, its --threads default)."""
+    f, decl = next((f, decl) for f, decl in fields(schema) if f.name == name)
+    made: dict[str, Any] = {"help": decl.help}
+    if decl.value.is_flag:
+        made["is_flag"] = True
+    else:
+        made["type"] = click_type(decl.value)
+        if f.default is not None:  # shown as the user writes it (a size as 1GB)
+            made.update(show_default=True, default=size_text(f.default) if isinstance(decl.value, Size) else f.default)
+    made.update(settings)
+    dest = made.pop("dest", name)
+    return click.option(getattr(schema, "FLAGS", {}).get(name, flag(name)), dest, **made)
+
+
+def _apply(fn: Callable, options: list[Callable]) -> Callable:
+    """click lists a command's options in the order their decorators are written: the last applied first."""
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
 
 
 def seed_option(fn: Callable) -> Callable:
-    return click.option("--seed", type=int, default=0, show_default=True,
-                        help="Seed of every random decision (same seed, same output bytes).")(fn)
+    return declared(CommonSettings, "seed")(fn)
 
 
 def memory_options(fn: Callable) -> Callable:
-    """--memory and --tmp-dir, for commands that reorder through spill files."""
-    fn = click.option("--tmp-dir", type=click.Path(file_okay=False),
-                      help="Directory for temporary spill files (default: the system's).")(fn)
-    fn = click.option("--memory", type=SIZE, default="1GB", show_default=True, metavar="SIZE",
-                      help="Memory for reordering; more data than this spills to --tmp-dir.")(fn)
-    return fn
+    """--memory (in bytes) and --tmp-dir, for commands that reorder through spill files."""
+    return _apply(fn, [declared(CommonSettings, "memory"), declared(CommonSettings, "tmp_dir")])
 
 
 def input_options(fn: Callable) -> Callable:
@@ -152,30 +177,15 @@ def input_options(fn: Callable) -> Callable:
     """
     @functools.wraps(fn)
     def limited(*args: Any, max_record_bytes: str, **kwargs: Any) -> Any:
-        try:
-            limit = parse_size(max_record_bytes)
-        except click.BadParameter:
-            limit = 0
-        if limit < 1:
-            raise UsageError(f"--max-record-bytes {max_record_bytes!r}: expected a size of at least 1 byte "
-                             "(e.g. 64MB, 1GB)")
-        with tfrecord.record_limit(limit):
+        with tfrecord.record_limit(RECORD_LIMIT.parse("max_record_bytes", max_record_bytes)):
             return fn(*args, **kwargs)
 
-    options = [
-        click.option("--max-record-bytes", default=f"{tfrecord.DEFAULT_MAX_RECORD_BYTES >> 20}MB", metavar="SIZE",
+    return _apply(limited, [
+        declared(InputSettings, "format", dest="input_format"), declared(InputSettings, "skip_corrupt"),
+        click.option("--max-record-bytes", default=size_text(tfrecord.DEFAULT_MAX_RECORD_BYTES), metavar="SIZE",
                      show_default=True, help="Largest TFRecord record to read: a record header claiming more is an "
                                              "error, before anything is read."),
-        click.option("--skip-corrupt", is_flag=True,
-                     help="Skip damaged TFRecord records instead of stopping (a bad CRC; lost framing, up to the "
-                          "next record whose CRCs check out; a cut-short last record), counting the records and "
-                          "bytes skipped in the manifest."),
-        click.option("--format", "input_format", type=click.Choice(formats.NAMES),
-                     help="Input format (default: from the file names)."),
-    ]
-    for option in options:
-        limited = option(limited)
-    return limited
+    ])
 
 
 _ENGINE_META = "batchtool.engine"
@@ -195,27 +205,16 @@ def run_options(fn: Callable) -> Callable:
         with engine_scope(settings):
             return fn(*args, **kwargs)
 
-    options = [
-        click.option("--ray-address", metavar="ADDR",
-                     help="With --engine ray: connect to this running Ray cluster (default: start a local one "
-                          "with --threads CPUs, or use RAY_ADDRESS)."),
+    return _apply(on_engine, [
+        declared(CommonSettings, "threads", default=default_threads, show_default="cores"),
+        click.option("--quiet", "-q", is_flag=True, help="No progress bars or summary."),
         click.option("--engine", type=click.Choice(ENGINES), default="local", show_default=True,
                      help="Where the work runs: local threads, or a Ray cluster (needs batchtool[ray]); "
                           "output is identical."),
-        click.option("--quiet", "-q", is_flag=True, help="No progress bars or summary."),
-        click.option("--threads", type=click.IntRange(min=1), default=default_threads, show_default="cores",
-                     help="Worker threads; output is identical for any value."),
-    ]
-    for option in options:
-        on_engine = option(on_engine)
-    return on_engine
-
-
-BATCH_FORMAT = "arrow"
-"""What a command whose output is batches writes without --to: an uncompressed Arrow IPC file, which
-batchtool.load memory-maps (one epoch about 6x faster than zstd Parquet, for about twice the disk)."""
-ROW_FORMAT = "parquet"
-"""What every other command writes without --to: compact, and read by everything."""
+        click.option("--ray-address", metavar="ADDR",
+                     help="With --engine ray: connect to this running Ray cluster (default: start a local one "
+                          "with --threads CPUs, or use RAY_ADDRESS)."),
+    ])
 
 
 def output_options(fn: Callable | None = None, *, batches: bool | str = False) -> Callable:
@@ -235,28 +234,10 @@ def output_options(fn: Callable | None = None, *, batches: bool | str = False) -
 
     shown = (BATCH_FORMAT if batches is True else f"{BATCH_FORMAT} with {batches}, else {ROW_FORMAT}" if batches
              else ROW_FORMAT)
-    options = [
-        click.option("--overwrite", is_flag=True, help="Replace DST if it exists."),
-        click.option("--cast", type=click.Choice(list(CASTS)), default=None,
-                     help="TFRecord output: round float64 columns to float32 (tf.train.FloatList holds only float32; "
-                          "without this they are refused). The manifest lists the columns cast."),
-        click.option("--tfrecord-kind", type=click.Choice(["sequence_example", "example"]),
-                     default="sequence_example", show_default=True,
-                     help="Payload of TFRecord output."),
-        click.option("--shard-bytes", type=SIZE, default=None, metavar="SIZE",
-                     help=f"Start a new output shard past this size (default {DEFAULT_SHARD_BYTES >> 20}MB)."),
-        click.option("--shard-rows", type=click.IntRange(min=1), default=None,
-                     help="Start a new output shard past this many rows."),
-        click.option("--compression", default=None,
-                     help="Parquet codec (zstd default, snappy, gzip, lz4, brotli, none), TFRecord gzip/none, or "
-                          "Arrow lz4/zstd/none (default none)."),
-        click.option("--to", "output_format", cls=_ToOption, batches=batches, type=click.Choice(formats.NAMES),
-                     default=None, help="Output format" + (f"; batchtool.load memory-maps {BATCH_FORMAT} batches"
-                                                           if batches else "") + f".  [default: {shown}]"),
-    ]
-    for option in options:
-        resolved = option(resolved)
-    return resolved
+    to = declared(OutputSettings, "format", dest="output_format", cls=_ToOption, batches=batches,
+                  help="Output format" + (f"; batchtool.load memory-maps {BATCH_FORMAT} batches" if batches else "")
+                  + f".  [default: {shown}]")
+    return _apply(resolved, [to, *(declared(OutputSettings, f.name) for f, _ in fields(OutputSettings)[1:])])
 
 
 class _ToOption(click.Option):
@@ -268,19 +249,16 @@ class _ToOption(click.Option):
 
 
 def default_format(command: click.Command | None, given: Callable[[str], Any]) -> str:
-    """What `command` writes without --to: BATCH_FORMAT when its output is batches (its output_options
-    declaration; `given(flag)` is the value of a flag of it, e.g. a pipeline stage's key), else ROW_FORMAT."""
+    """What `command` writes without --to (settings.default_format from its output_options declaration;
+    `given(flag)` is the value of a flag of it)."""
     batches = next((p.batches for p in command.params if isinstance(p, _ToOption)), False) if command else False
-    return BATCH_FORMAT if batches is True or (batches and given(batches)) else ROW_FORMAT
+    return settings_mod.default_format(batches, given)
 
 
 def make_output(kwargs: dict[str, Any]) -> OutputOptions:
-    """Pop the output options out of a command's kwargs."""
-    return OutputOptions(format=kwargs.pop("output_format"), compression=kwargs.pop("compression"),
-                         shard_rows=kwargs.pop("shard_rows"),
-                         shard_bytes=parse_size(kwargs.pop("shard_bytes")) or DEFAULT_SHARD_BYTES,
-                         tfrecord_kind=kwargs.pop("tfrecord_kind"), overwrite=kwargs.pop("overwrite"),
-                         cast=(cast,) if (cast := kwargs.pop("cast")) else ())
+    """Pop the output options out of a command's kwargs (output_options has chosen the format)."""
+    given = {f.name: kwargs.pop("output_format" if f.name == "format" else f.name) for f, _ in fields(OutputSettings)}
+    return OutputSettings(**given).options(given["format"])
 
 
 def make_run(kwargs: dict[str, Any]) -> RunSettings:

@@ -7,18 +7,18 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from batchtool.cli.common import command, make_run, render, report, run_options
+from batchtool.cli.common import command, declared, make_run, render, report, run_options
 from batchtool.pipeline import config as pipeline_config
 from batchtool.pipeline import execute
+from batchtool.settings import CommonSettings, OutputSettings
 
 
 @command("run", "batchtool run sample_data/pipeline.toml")
 @click.argument("pipeline", metavar="PIPELINE.toml")
 @click.option("--dry-run", is_flag=True,
               help="Run the first passes only and print what each stage would produce; write nothing.")
-@click.option("--tmp-dir", type=click.Path(file_okay=False),
-              help="Directory for spill files (instead of the file's tmp-dir or the system's).")
-@click.option("--overwrite", is_flag=True, help="Replace the [output] path if it exists (as overwrite = true).")
+@declared(CommonSettings, "tmp_dir", help="Directory for spill files (instead of the file's tmp-dir or the system's).")
+@declared(OutputSettings, "overwrite", help="Replace the [output] path if it exists (as overwrite = true).")
 @run_options
 def run_cmd(pipeline: str, dry_run: bool, tmp_dir: str | None, overwrite: bool, **kwargs: Any) -> None:
     """Run the stages of PIPELINE.toml (stratify, resample, shuffle, bucket, pack, segment, filter,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, BinaryIO, ClassVar, Protocol
 import numpy as np
 import pyarrow as pa
 
-from batchtool.errors import UsageError
+from batchtool.errors import OptionError
 
 if TYPE_CHECKING:
     from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
@@ -131,9 +131,10 @@ class Format(ABC):
         return self.suffixes[0]
 
     def check_options(self, options: OutputOptions) -> None:
-        """UsageError naming the option, the value and what is allowed."""
+        """OptionError naming the option, the value and what is allowed."""
         if options.codec not in self.codecs:
-            raise UsageError(f"--compression {options.compression!r}: {self.label} takes {', '.join(self.codecs)}")
+            raise OptionError("compression", f"{{compression}} {options.compression!r}: {self.label} takes "
+                                             f"{', '.join(self.codecs)}")
 
     def record_kind(self, options: OutputOptions) -> str | None:
         """The message each record holds, which the manifest records for readers (`output.tfrecord_kind`);

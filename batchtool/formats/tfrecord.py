@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool import fs
-from batchtool.errors import BatchtoolError, CorruptRecordError, InputError, UsageError, where
+from batchtool.errors import BatchtoolError, CorruptRecordError, InputError, OptionError, UsageError, where
 from batchtool.formats.base import BATCH_COLUMN, Batches, EncodedBatch, Format, cut
 
 if TYPE_CHECKING:
@@ -981,7 +981,7 @@ class TFRecordFormat(Format):
 
     def check_options(self, options: OutputOptions) -> None:
         if options.codec not in self.codecs:
-            raise UsageError(f"--compression {options.compression!r}: TFRecord takes gzip or none")
+            raise OptionError("compression", f"{{compression}} {options.compression!r}: TFRecord takes gzip or none")
 
     def record_kind(self, options: OutputOptions) -> str:
         return options.tfrecord_kind

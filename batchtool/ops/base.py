@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool.dataset import Chunk, Dataset, ReadReport
-from batchtool.errors import BatchtoolError, SchemaError, UsageError
+from batchtool.errors import BatchtoolError, OptionError, SchemaError, flag, key
 
 if TYPE_CHECKING:
     from batchtool.output import OutputOptions
@@ -49,47 +49,8 @@ class Kind(enum.Enum):
     """Writes batches a later op would regroup: it must come last."""
 
 
-class OptionError(UsageError):
-    """An option's value, or the column it names, is unusable. `field` is the options field, `value` (as
-    shown) what it was given; `{field}` in the problem names an option (the problem then stands alone).
-    Each front end renders these in its own words (`rendered`): `--batch-size 0: ...` on the command
-    line, `key 'batch-size' = 0: ...` in a pipeline file."""
-
-    def __init__(self, field: str, problem: str, *, value: str | None = None, mentions: Sequence[str] = (),
-                 where: str = "") -> None:
-        self.field, self.problem, self.value, self.mentions, self.where = field, problem, value, tuple(mentions), where
-        super().__init__(self.rendered("cli"))
-
-    def rendered(self, vocabulary: str) -> str:
-        """The message with options named as the command line ("cli") or a pipeline file ("toml") names them."""
-        name = flag if vocabulary == "cli" else key
-        head = name(self.field) if vocabulary == "cli" else f"key {key(self.field)!r}"
-        if self.value is not None:
-            head += f" {self.value}" if vocabulary == "cli" else f" = {self.value}"
-        problem = self.problem
-        for other in {self.field, *self.mentions}:
-            problem = problem.replace("{" + other + "}", name(other))
-        if "{" + self.field + "}" in self.problem:  # it names the option itself, where it reads best
-            return f"{self.where}{problem}"
-        return f"{self.where}{head}: {problem}"
-
-    def at(self, where: str) -> OptionError:
-        """The same problem, prefixed with the place it was found in (SRC, for a command)."""
-        return type(self)(self.field, self.problem, value=self.value, mentions=self.mentions, where=f"{where}: ")
-
-
 class ColumnError(OptionError, SchemaError):
     """An option names a column the input lacks, or one whose type it cannot use."""
-
-
-def flag(field: str) -> str:
-    """A field's command-line flag: batch_size -> --batch-size."""
-    return "--" + key(field)
-
-
-def key(field: str) -> str:
-    """A field's pipeline-file key: batch_size -> batch-size."""
-    return field.replace("_", "-")
 
 
 # -- values: how a field's text (command line) or TOML value becomes its Python value ---------------------------

@@ -1,9 +1,10 @@
 """Pipeline files: TOML read into frozen, validated configs; every error names the file, the stage and the key.
 
-A stage's keys are its command's flags without `--` (`batch-size = 32` is `--batch-size 32`). They
-are read by the op's option schema (ops/base.py) when it has a definition, else converted by the click
-command's own parameters and turned into options by the function the command uses, so a pipeline stage
-and a CLI invocation cannot disagree on a name, a default or a check.
+A stage's keys are its command's flags without `--` (`batch-size = 32` is `--batch-size 32`), read by the
+op's option schema (ops/base.py); [input], [output] and the top-level keys are read by the schemas of the
+settings every command shares (batchtool.settings). The command line's options are generated from the same
+schemas, so a pipeline file and a command cannot disagree on a name, a default or a check. (Ops without a
+definition yet are still read through their click command's parameters: see the end of this module.)
 """
 
 from __future__ import annotations
@@ -14,21 +15,21 @@ import os
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import click
 
-from batchtool import formats, fs
+from batchtool import fs
 from batchtool.cli import resampling as resampling_cli
 from batchtool.cli import segment as segment_cli
-from batchtool.cli.common import (cli, default_format, input_options, make_output, output_options, parse_size,
-                                  run_options)
+from batchtool.cli.common import cli, default_format, input_options, output_options, run_options
 from batchtool.errors import BatchtoolError, InputError, UsageError
 from batchtool.ops import OPERATIONS
-from batchtool.ops.base import ColumnList, Kind, Operation, OptionError, build, fields, required, shown
+from batchtool.ops.base import ColumnList, Kind, OptionError, build, fields, option, required, shown
 from batchtool.ops.base import key as key_of
 from batchtool.output import OutputOptions
+from batchtool.settings import ROW_FORMAT, CommonSettings, InputSettings, OutputSettings, Text, op_default_format
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -42,12 +43,17 @@ BUILDERS: dict[str, Callable[..., Any]] = {
 """The function each command builds its options with, from its flags' values."""
 SPILLING = ("shuffle",)
 """Operations whose options carry the pipeline's memory and tmp-dir (segment gets them when it runs)."""
-TOP_KEYS = ("seed", "threads", "memory", "tmp-dir", "input", "stage", "output")
-INPUT_KEYS = ("path", "format", "columns", "skip-corrupt")
-OUTPUT_KEYS = ("path", "format", "compression", "shard-rows", "shard-bytes", "tfrecord-kind", "overwrite", "cast")
-_PIPELINE_WIDE = {"seed": "the top of the file", "threads": "the top of the file", "memory": "the top of the file",
-                  "tmp-dir": "the top of the file", "format": "[input] or [output]", "skip-corrupt": "[input]",
-                  **{k: "[output]" for k in OUTPUT_KEYS if k not in ("path", "format")}, "to": "[output] as 'format'"}
+TABLES = ("input", "stage", "output")
+
+
+def _keys(schema: type) -> list[str]:
+    return [key_of(f.name) for f, _ in fields(schema)]
+
+
+TOP_KEYS = (*_keys(CommonSettings), *TABLES)
+_PIPELINE_WIDE = {**{k: "the top of the file" for k in _keys(CommonSettings)},
+                  **{k: "[input]" for k in _keys(InputSettings)}, **{k: "[output]" for k in _keys(OutputSettings)},
+                  "format": "[input] or [output]", "to": "[output] as 'format'"}
 """Keys a stage may not set, and where they go instead."""
 
 
@@ -74,12 +80,19 @@ class StageConfig:
         return self.op in ("stratify", "shuffle") and self.options.batch_size is not None
 
 
-@dataclass(frozen=True)
-class InputConfig:
-    path: str
-    format: str | None = None
-    columns: tuple[str, ...] | None = None
-    skip_corrupt: bool = False
+@dataclass(frozen=True, kw_only=True)
+class InputConfig(InputSettings):
+    """[input]: what a command's SRC, --columns, --format and --skip-corrupt say (the path resolved)."""
+
+    path: str = option("The input: a file, a directory or a glob.", Text())
+    columns: tuple[str, ...] | None = option("Columns to read, in this order (default: all).", ColumnList(), None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutputConfig(OutputSettings):
+    """[output]: what a command's DST and output options say."""
+
+    path: str = option("The output directory.", Text())
 
 
 @dataclass(frozen=True)
@@ -145,76 +158,56 @@ class _Reader:
 
     def pipeline(self, doc: dict[str, Any], tmp_dir: str | None, overwrite: bool) -> PipelineConfig:
         self.keys(doc, TOP_KEYS, None)
-        seed = self.scalar(doc, "seed", int, None, 0)
-        threads = self.scalar(doc, "threads", int, None, None)
-        if threads is not None and threads < 1:
-            raise self.fail(None, f"key 'threads': {threads} must be at least 1")
-        memory_text = str(self.scalar(doc, "memory", (int, str), None, "1GB"))
-        try:
-            memory = parse_size(memory_text) or 0
-        except click.BadParameter as exc:
-            raise self.fail(None, f"key 'memory': {exc.message}") from None
-        if tmp_dir is None and doc.get("tmp-dir") is not None:
-            tmp_dir = self.resolve(self.scalar(doc, "tmp-dir", str, None, None))
+        common = self.table(CommonSettings, {k: v for k, v in doc.items() if k not in TABLES}, None)
+        if tmp_dir is None and common.tmp_dir is not None:
+            tmp_dir = self.resolve(common.tmp_dir)
         source = self.input(doc.get("input"))
         if "stage" in doc and not isinstance(doc["stage"], list):
             raise self.fail(None, "key 'stage': write each stage as a [[stage]] table")
-        stages = tuple(self.stage(i, table, str(memory), tmp_dir) for i, table in enumerate(doc.get("stage", []), 1))
+        stages = tuple(self.stage(i, table, common.memory, tmp_dir) for i, table in enumerate(doc.get("stage", []), 1))
         self.check_order(stages)
         dst, output = self.output(doc.get("output"), overwrite, stages[-1] if stages else None)
         if not stages:
             raise self.fail(None, "no [[stage]]: a pipeline needs at least one (batchtool convert copies files "
                                   "as they are)")
-        return PipelineConfig(self.path, seed, threads, memory, tmp_dir, source, stages, dst, output)
+        return PipelineConfig(self.path, common.seed, common.threads, common.memory, tmp_dir, source, stages, dst,
+                              output)
 
-    def scalar(self, table: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str | None,
-               default: Any) -> Any:
-        value = table.get(key, default)
-        if value is not default and (not isinstance(value, kind) or isinstance(value, bool) and kind is not bool):
-            raise self.fail(where, f"key {key!r}: expected {_kind_name(kind)}, got {shown(value)}")
-        return value
+    def table(self, schema: type, table: Any, where: str | None, **settings: Any) -> Any:
+        """A table read through an option schema: its keys only, the required ones present, each value parsed by
+        its kind and the schema's own checks run; `settings` are fields the file does not set."""
+        declared = {key_of(f.name): f for f, _ in fields(schema)}
+        flags = {flag[2:]: key_of(name) for name, flag in getattr(schema, "FLAGS", {}).items()}
+        for given in table if isinstance(table, dict) else ():
+            if given in flags and given not in declared:  # [output] to = ...: the command line's name
+                raise self.fail(where, f"unknown key {given!r} (did you mean {flags[given]!r}?)")
+        self.keys(table, list(declared), where)
+        for name, f in declared.items():
+            if required(f) and name not in table:
+                raise self.fail(where, f"missing key {name!r}")
+        try:
+            return build(schema, {declared[k].name: v for k, v in table.items()}, **settings)
+        except OptionError as exc:
+            raise self.fail(where, exc.rendered("toml")) from None
 
     def input(self, table: Any) -> InputConfig:
         if table is None:
             raise self.fail(None, "missing [input] table (with at least path = \"...\")")
-        self.keys(table, INPUT_KEYS, "[input]")
-        if "path" not in table:
-            raise self.fail("[input]", "missing key 'path'")
-        fmt = self.scalar(table, "format", str, "[input]", None)
-        if fmt is not None and fmt not in formats.FORMATS:
-            raise self.fail("[input]", f"key 'format': {fmt!r} is not {', '.join(formats.NAMES)}")
-        columns = table.get("columns")
-        return InputConfig(self.resolve(self.scalar(table, "path", str, "[input]", None)), fmt,
-                           None if columns is None else self.columns(columns),
-                           self.scalar(table, "skip-corrupt", bool, "[input]", False))
+        source = self.table(InputConfig, table, "[input]")
+        return replace(source, path=self.resolve(source.path))
 
     def output(self, table: Any, overwrite: bool, last: StageConfig | None) -> tuple[str, OutputOptions]:
+        """[output]: where, and the writer's options (in the format the last stage's command writes by default)."""
         if table is None:
             raise self.fail(None, "missing [output] table (with at least path = \"...\")")
-        self.keys(table, OUTPUT_KEYS, "[output]")
-        if "path" not in table:
-            raise self.fail("[output]", "missing key 'path'")
-        dst = self.resolve(self.scalar(table, "path", str, "[output]", None))
-        flags = {("--to" if k == "format" else f"--{k}"): v for k, v in table.items() if k != "path"}
-        params = _Params(_output_params(), cli.commands["convert"], self, "[output]")
-        values = params.values(flags, aliases={"--to": "format"})
-        values["overwrite"] = values["overwrite"] or overwrite
-        values["output_format"] = values["output_format"] or default_format(  # the last stage's command's --to
-            cli.commands.get(last.op) if last else None, lambda flag: last.keys.get(flag[2:]))
+        settings = self.table(OutputConfig, table, "[output]")
         try:
-            return dst, make_output(values)
-        except (BatchtoolError, click.BadParameter) as exc:
-            message = exc.message if isinstance(exc, click.BadParameter) else str(exc)
-            raise self.fail("[output]", flags_to_keys(message, {"--to": "format"})) from None
-
-    def columns(self, value: Any) -> tuple[str, ...]:
-        """[input] columns: a list of column names (or one comma-separated string)."""
-        try:
-            return ColumnList().parse("columns", value)
+            output = replace(settings, overwrite=settings.overwrite or overwrite).options(_default_format(last))
         except OptionError as exc:
-            raise self.fail("[input]", exc.rendered("toml")) from None
+            raise self.fail("[output]", exc.rendered("toml")) from None
+        return self.resolve(settings.path), output
 
-    def stage(self, index: int, table: Any, memory: str, tmp_dir: str | None) -> StageConfig:
+    def stage(self, index: int, table: Any, memory: int, tmp_dir: str | None) -> StageConfig:
         where = f"stage {index}"
         if not isinstance(table, dict):
             raise self.fail(where, f"expected a [[stage]] table, got {shown(table)}")
@@ -229,35 +222,10 @@ class _Reader:
         for key in keys:
             if key in _PIPELINE_WIDE:
                 raise self.fail(where, f"key {key!r} is set for the whole pipeline, in {_PIPELINE_WIDE[key]}")
-        options = (self.op_options(OPERATIONS[op], keys, where, memory, tmp_dir) if op in OPERATIONS
-                   else self.command_options(op, keys, where, memory, tmp_dir))
+        settings = {"memory": memory, "tmp_dir": tmp_dir} if op in OPERATIONS and OPERATIONS[op].spills else {}
+        options = (self.table(OPERATIONS[op].options, keys, where, **settings) if op in OPERATIONS
+                   else _command_options(self, op, keys, where, memory, tmp_dir))
         return StageConfig(index, op, options, keys)
-
-    def command_options(self, op: str, keys: dict[str, Any], where: str, memory: str, tmp_dir: str | None) -> Any:
-        command = cli.commands[op]
-        shared = {p.name for p in _shared_params()}
-        params = _Params([p for p in command.params if p.name not in shared], command, self, where)
-        values = params.values({f"--{k}": v for k, v in keys.items()})
-        if op in SPILLING:
-            values.update(memory=memory, tmp_dir=tmp_dir)
-        try:
-            return BUILDERS[op](**values)
-        except BatchtoolError as exc:
-            raise self.fail(where, flags_to_keys(str(exc))) from None
-
-    def op_options(self, op: Operation, keys: dict[str, Any], where: str, memory: str, tmp_dir: str | None) -> Any:
-        """An operation definition's options, from the keys its schema declares (and the pipeline's memory
-        and tmp-dir for an op that spills)."""
-        declared = {key_of(f.name): f for f, _ in fields(op.options)}
-        self.keys(keys, list(declared), where)
-        for name, f in declared.items():
-            if required(f) and name not in keys:
-                raise self.fail(where, f"missing key {name!r}")
-        try:
-            settings = {"memory": parse_size(memory), "tmp_dir": tmp_dir} if op.spills else {}
-            return build(op.options, {declared[k].name: v for k, v in keys.items()}, **settings)
-        except OptionError as exc:
-            raise self.fail(where, exc.rendered("toml")) from None
 
     def check_order(self, stages: Sequence[StageConfig]) -> None:
         """A stage that writes batches must be the last: anything after it would regroup its batches."""
@@ -270,6 +238,49 @@ class _Reader:
                                             "stratify or shuffle with batch-size) must be the last stage")
 
 
+def _suggest(key: str, allowed: Sequence[str]) -> str:
+    close = difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else f" (keys: {', '.join(allowed)})"
+
+
+def _default_format(last: StageConfig | None) -> str:
+    """What the pipeline writes without [output] format: what its last stage's command writes without --to."""
+    if last is None:  # no stage: an error follows
+        return ROW_FORMAT
+    if last.op in OPERATIONS:
+        return op_default_format(OPERATIONS[last.op], last.options)
+    return _command_default_format(last)
+
+
+def flags_to_keys(message: str) -> str:
+    """A message that names a flag (--batch-size) as a pipeline file names it (batch-size). For the messages that
+    are not OptionErrors yet: a legacy op's (below), and those pipeline/execute.py attributes to a stage (budget's
+    batch checks, spill's --tmp-dir, stratify's --size and --init-probs, resample's --overall-rate)."""
+    return re.sub(r"--([a-z][a-z0-9-]*)", lambda m: m.group(1), message)
+
+
+# -- ops without a definition yet (BUILDERS): read through their click command's parameters. This section, the
+# BUILDERS and SPILLING tables and the batchtool.cli imports go once every op has a definition (issue 12).
+
+
+def _command_options(reader: _Reader, op: str, keys: dict[str, Any], where: str, memory: int,
+                     tmp_dir: str | None) -> Any:
+    command = cli.commands[op]
+    shared = {p.name for p in _shared_params()}
+    params = _Params([p for p in command.params if p.name not in shared], command, reader, where)
+    values = params.values({f"--{k}": v for k, v in keys.items()})
+    if op in SPILLING:
+        values.update(memory=memory, tmp_dir=tmp_dir)
+    try:
+        return BUILDERS[op](**values)
+    except BatchtoolError as exc:
+        raise reader.fail(where, flags_to_keys(str(exc))) from None
+
+
+def _command_default_format(stage: StageConfig) -> str:
+    return default_format(cli.commands[stage.op], lambda flag: stage.keys.get(flag[2:]))
+
+
 class _Params:
     """A click command's options, looked up by their long flag and converted with their own types."""
 
@@ -280,13 +291,12 @@ class _Params:
         self.options = {opt: p for p in params if isinstance(p, click.Option)
                         for opt in (*p.opts, *p.secondary_opts) if opt.startswith("--")}
 
-    def values(self, flags: dict[str, Any], aliases: Mapping[str, str] | None = None) -> dict[str, Any]:
+    def values(self, flags: dict[str, Any]) -> dict[str, Any]:
         """{python name: value} for every option of the command: the given ones converted, the rest defaults."""
-        aliases = aliases or {}
-        key_of = {flag: aliases.get(flag, flag[2:]) for flag in self.options}
+        key_of = {flag: flag[2:] for flag in self.options}
         for flag in flags:
             if flag not in self.options:
-                key = aliases.get(flag, flag[2:])
+                key = flag[2:]
                 raise self.reader.fail(self.where, f"unknown key {key!r}{_suggest(key, sorted(key_of.values()))}")
         values: dict[str, Any] = {}
         for param in dict.fromkeys(self.options.values()):
@@ -347,10 +357,6 @@ def _shared_params() -> list[click.Parameter]:
     return [*probe.__click_params__, *pipeline_wide]  # type: ignore[attr-defined]
 
 
-def _output_params() -> list[click.Parameter]:
-    return output_options(lambda **kwargs: None).__click_params__  # type: ignore[attr-defined]
-
-
 def _toml_kind(kind: click.ParamType) -> type | tuple[type, ...]:
     if isinstance(kind, click.types.IntParamType):
         return int
@@ -372,17 +378,6 @@ def _is_scalar(value: Any) -> bool:
 def _is_value(default: Any) -> bool:
     """click marks 'no default' with a sentinel object; anything else is a real default."""
     return default is None or isinstance(default, (str, int, float, bool, tuple, list))
-
-
-def _suggest(key: str, allowed: Sequence[str]) -> str:
-    close = difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else f" (keys: {', '.join(allowed)})"
-
-
-def flags_to_keys(message: str, aliases: Mapping[str, str] | None = None) -> str:
-    """Options report problems by flag (--batch-size); a pipeline file says batch-size."""
-    aliases = aliases or {}
-    return re.sub(r"--([a-z][a-z0-9-]*)", lambda m: aliases.get(m.group(0), m.group(1)), message)
 
 
 __all__ = ["OPS", "InputConfig", "PipelineConfig", "PipelineError", "StageConfig", "load"]
