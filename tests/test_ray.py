@@ -25,7 +25,6 @@ from batchtool.errors import InputError, UsageError
 from batchtool.job import RunSettings
 from batchtool.ops.bucket import bucket
 from batchtool.driver import run_operation
-from batchtool.ops.segment import segment
 from batchtool.ops.shuffle import ShuffleOptions, shuffle
 from batchtool.ops.stratify import LabelError, StratifyOptions
 from batchtool.stratify_writer import stratify
@@ -172,7 +171,7 @@ def test_library_call_runs_on_the_engine_in_run_settings(src, tmp_path, remote_m
     assert ray.manifest["stats"] == local.manifest["stats"]
 
 
-@pytest.mark.parametrize("entry", [convert, stratify, run_operation, shuffle, bucket, segment, check])
+@pytest.mark.parametrize("entry", [convert, stratify, run_operation, shuffle, bucket, check])
 def test_every_entry_point_runs_on_its_run_settings_engine(entry):
     """The Python API honours RunSettings(engine=...) like the CLI (see the stratify run above)."""
     assert entry.__wrapped__ and "run" in inspect.signature(entry).parameters

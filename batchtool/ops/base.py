@@ -101,6 +101,8 @@ class Value:
 
     multiple: ClassVar[bool] = False
     is_flag: ClassVar[bool] = False
+    negatable: ClassVar[bool] = False
+    """A flag with an off form too: `--NAME/--no-NAME` on the command line, `no-NAME = true` in a pipeline file."""
     metavar: ClassVar[str | None] = "TEXT"
 
     def from_text(self, field: str, text: Any) -> Any:
@@ -204,7 +206,7 @@ class Column(Value):
         return value
 
 
-def _texts(field: str, value: Any, what: str) -> list[str]:
+def _texts(field: str, value: Any, what: str, empty: str = "an empty name (give NAME or NAME,NAME,...)") -> list[str]:
     """A list of strings, each possibly comma-separated, as one list of non-empty parts."""
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not items or not all(isinstance(v, str) for v in items):
@@ -213,19 +215,25 @@ def _texts(field: str, value: Any, what: str) -> list[str]:
     for item in items:
         split = [part.strip() for part in item.split(",")]
         if not all(split):
-            raise OptionError(field, f"{item!r} has an empty name (give NAME or NAME,NAME,...)")
+            raise OptionError(field, f"{item!r} has {empty}")
         parts += split
     return parts
 
 
 class ColumnList(Value):
-    """Column names, in order: COL,COL,... (repeatable) or a TOML list; each named once."""
+    """Column names, in order: COL,COL,... (repeatable) or a TOML list; each named once (with `dedupe`, a name
+    given twice counts once instead)."""
 
     multiple = True
     metavar = "COL[,COL...]"
 
+    def __init__(self, dedupe: bool = False) -> None:
+        self.dedupe = dedupe
+
     def parse(self, field: str, value: Any) -> tuple[str, ...]:
-        names = _texts(field, value, "a non-empty list of column names")
+        names = _texts(field, value, "a non-empty list of column names", "an empty column name (give COL or COL,COL,...)")
+        if self.dedupe:
+            return tuple(dict.fromkeys(names))
         if len(set(names)) != len(names):
             raise OptionError(field, f"a column is named twice ({', '.join(names)})")
         return tuple(names)
@@ -436,8 +444,8 @@ class Operation(Generic[O, P]):
     """Takes a --seed (random draws keyed by it and the example ids)."""
     spills: ClassVar[bool] = False
     """Its options carry `memory` and `tmp_dir` (--memory, --tmp-dir; a pipeline's own in a pipeline)."""
-    batches_flag: ClassVar[str | None] = None
-    """The flag with which its output is batches (written as batch shards without --to)."""
+    batches_flag: ClassVar[str | bool | None] = None
+    """The flag with which its output is batches (written as batch shards without --to); True: always batches."""
     expands: ClassVar[bool] = False
     """The kernel's output can outgrow its input chunk: it returns a description of it, cut by `pieces`
     and built by `build` piece by piece, so that no single chunk decides memory."""
@@ -449,6 +457,11 @@ class Operation(Generic[O, P]):
     def output_schema(self, options: O, schema: pa.Schema) -> pa.Schema:
         """The schema it writes given the one it reads; an OptionError for a missing or unusable column."""
         raise NotImplementedError
+
+    def resolved(self, options: O, schema: pa.Schema) -> O:
+        """The options with what defaults to the input's columns filled in (segment's context): a command
+        records these in its manifest."""
+        return options
 
     def recorded(self, options: O, output: OutputOptions) -> dict[str, Any]:
         """What the manifest's `options` records."""
@@ -520,9 +533,19 @@ class Operation(Generic[O, P]):
         """The manifest's statistics from the kernels' merged ones."""
         return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in stats.counts.items()}
 
-    def expected(self, plan: P, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
-        """Dry run: the output rows if the plan fixes them, and what else it can say without writing."""
+    def expected(self, plan: P, rows_in: int | None, stats: Any = None) -> tuple[int | None, dict[str, Any]]:
+        """Dry run: the output rows if the plan fixes them, and what else it can say without writing. `stats`:
+        the dry-run pass's merged statistics, passed only to an op that has one (`dry_run_columns`)."""
         return None, {}
+
+    # -- dry run (optional): a pass only --dry-run makes, for what `expected` says
+    def dry_run_columns(self, options: O) -> list[str]:
+        """The columns of an extra pass a dry run makes for `expected`; [] when it has none."""
+        return []
+
+    def dry_run_pass(self, options: O, chunk: Chunk) -> Any:
+        """One chunk's statistics for the dry run: an object with `merge(later)`, merged in input order."""
+        raise NotImplementedError(f"{self.name} has no dry-run pass")
 
 
 def need_columns(schema: pa.Schema, field: str, names: Sequence[str]) -> None:

@@ -23,7 +23,6 @@ from batchtool import formats, fs
 from batchtool.cli import bucket as bucket_cli
 from batchtool.cli import pack as pack_cli
 from batchtool.cli import resampling as resampling_cli
-from batchtool.cli import segment as segment_cli
 from batchtool.cli.common import (cli, default_format, input_options, make_output, output_options, parse_size,
                                   run_options)
 from batchtool.errors import BatchtoolError, InputError, UsageError
@@ -40,7 +39,7 @@ else:  # pragma: no cover
 OPS = tuple(dict.fromkeys(("stratify", "resample", "shuffle", "bucket", "pack", "segment", *OPERATIONS)))
 BUILDERS: dict[str, Callable[..., Any]] = {
     "shuffle": resampling_cli.shuffle_options, "bucket": bucket_cli.bucket_options,
-    "segment": segment_cli.segment_options, "pack": pack_cli.pack_options,
+    "pack": pack_cli.pack_options,
 }
 """The function each command builds its options with, from its flags' values."""
 SPILLING = ("shuffle", "bucket", "pack")
@@ -252,13 +251,22 @@ class _Reader:
         """An operation definition's options, from the keys its schema declares (and the pipeline's memory
         and tmp-dir for an op that spills)."""
         declared = {key_of(f.name): f for f, _ in fields(op.options)}
-        self.keys(keys, list(declared), where)
+        negated = {f"no-{key_of(f.name)}": f for f, decl in fields(op.options) if decl.value.negatable}
+        self.keys(keys, [*declared, *negated], where)
         for name, f in declared.items():
             if required(f) and name not in keys:
                 raise self.fail(where, f"missing key {name!r}")
+        given = {declared[k].name: v for k, v in keys.items() if k in declared}
+        for name, f in negated.items():  # no-pad = true is pad = false
+            if name in keys:
+                if key_of(f.name) in keys:
+                    raise self.fail(where, f"keys {key_of(f.name)!r} and {name!r} set the same option; give one")
+                if not isinstance(keys[name], bool):
+                    raise self.fail(where, f"key {name!r}: expected true or false, got {shown(keys[name])}")
+                given[f.name] = not keys[name]
         try:
             settings = {"memory": parse_size(memory), "tmp_dir": tmp_dir} if op.spills else {}
-            return build(op.options, {declared[k].name: v for k, v in keys.items()}, **settings)
+            return build(op.options, given, **settings)
         except OptionError as exc:
             raise self.fail(where, exc.rendered("toml")) from None
 
