@@ -188,4 +188,5 @@ def run_operation(op: Operation, options: Any, src: str, dst: str, output: Outpu
     return write_job(output=output, items=items, work=applied.emit, stats=applied.report, report=report, **job)
 
 
-__all__ = ["Applied", "EngineRuntime", "dry_run_stats", "emit_nonempty", "make_plan", "run_operation", "scanner", "write_regrouped"]
+__all__ = ["Applied", "EngineRuntime", "dry_run_stats", "emit_nonempty", "make_plan", "run_operation", "scanner",
+           "write_regrouped"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -23,6 +25,8 @@ from batchtool.ops.segment_batches import FIRST_INSERTION_INDEX
 from batchtool.ops.segment_chunks import key_hashes
 from batchtool.ops.segment_keys import check_unique_keys, key_index
 from batchtool.output import OutputOptions
+from batchtool.pipeline.config import load
+from batchtool.pipeline.execute import run_pipeline
 from batchtool.synthetic import make_table
 
 QUIET = RunSettings(threads=2, quiet=True)
@@ -196,10 +200,58 @@ def test_input_length_longer_than_the_sequence_names_the_row(tmp_path):
     ({"initial_state": ("s:t=label",)}, r"--initial-state 's:t': names may not contain ':'"),
     ({"context": ("length",)}, r"clashes with the metadata column 'length'"),
     ({"initial_state": ("bad",)}, r"expected NAME=COLUMN"),
+    ({"initial_state": ("h=label", "h=weight")}, r"--initial-state 'h=weight': state 'h' is given twice"),
+    ({"sequence": ()}, r"--sequence: give at least one sequence \(list\) column"),
+    ({"pad_value": ("label=3",)}, r"--pad-value 'label=3': 'label' is not a --sequence column \(sequences: tokens\)"),
+    ({"context": ("tokens",)}, r"--context 'tokens': already given as --sequence 'tokens'; each output column"),
 ])
 def test_option_errors(options, message):
     with pytest.raises(UsageError, match=message):
         SegmentOptions(**{"key": "key", "sequence": ("tokens",), "num_unroll": 2, "batch_size": 2, **options})
+
+
+def test_pipeline_keys_are_the_flags(tmp_path):
+    """pad-value and initial-state take a table, a list or a string; pad and no-pad are one switch."""
+    def stage(keys: str) -> SegmentOptions:
+        path = tmp_path / "p.toml"
+        path.write_text(f'[input]\npath = "src"\n[[stage]]\nop = "segment"\nkey = "key"\nsequence = "tokens"\n'
+                        f'num-unroll = 2\nbatch-size = 2\n{keys}\n[output]\npath = "out"\n')
+        return load(str(path)).stages[0].options
+
+    base = SegmentOptions(key="key", sequence=("tokens",), num_unroll=2, batch_size=2)
+    assert stage('pad-value = {tokens = -1}\ninitial-state = "h=label"') == \
+        replace(base, pad_value=("tokens=-1",), initial_state=("h=label",))
+    assert stage('pad-value = ["tokens=1.5"]\nno-pad = false') == replace(base, pad_value=("tokens=1.5",))
+    assert stage("pad = false\nworld-size = 2") == replace(base, pad=False, world_size=2)
+    for keys, message in [("pad = true\nno-pad = true", "keys 'pad' and 'no-pad' set the same option; give one"),
+                          ("no-pad = 1", "key 'no-pad': expected true or false, got integer 1"),
+                          ("pad-value = true", "key 'pad-value': expected COL=VALUE texts, got boolean True"),
+                          ("world-size = 0", "key 'world-size' = 0: must be at least 1")]:
+        with pytest.raises(UsageError, match=re.escape(f"stage 1 (segment): {message}")):
+            stage(keys)
+
+
+def test_bad_key_and_length_values_name_the_row(tmp_path):
+    nulls = table_of([2, 2], keys=["a", None])
+    with pytest.raises(InputError, match=r"row 1: column 'key' is null; every example needs a unique key"):
+        run(tmp_path, nulls, "a", num_unroll=2, batch_size=1)
+    binary = table_of([2, 2]).set_column(0, "key", pa.array([b"a", b"\xff"], pa.binary()))
+    with pytest.raises(InputError, match=r"row 0..*row 1: column 'key' holds a key that is not UTF-8 text"):
+        run(tmp_path, binary, "b", num_unroll=2, batch_size=1)
+    utf8 = table_of([2]).set_column(0, "key", pa.array([b"k"], pa.binary()))
+    assert run(tmp_path, utf8, "c", num_unroll=2, batch_size=1)[0].column("key").to_pylist() == ["00000_of_00001:k"]
+    with pytest.raises(InputError, match=r"row 1: column 'real' is null"):
+        run(tmp_path, table_of([2, 2], real=pa.array([2, None])), "d", num_unroll=2, batch_size=1,
+            input_length="real")
+
+
+def test_a_context_column_named_like_an_output_column_is_refused_by_name(tmp_path):
+    with pytest.raises(UsageError, match=r"input column\(s\) 'length' would be copied as context but clash with "
+                                         r"segment's output columns; .* with --context \(the others"):
+        run(tmp_path, table_of([2], length=pa.array([1])), num_unroll=2, batch_size=1)
+    out, manifest = run(tmp_path, table_of([2], length=pa.array([1])), "b", num_unroll=2, batch_size=1,
+                        context=("label",))
+    assert "label" in out.schema.names and manifest["options"]["context"] == ["label"]
 
 
 def test_schema_errors(tmp_path):
@@ -207,6 +259,9 @@ def test_schema_errors(tmp_path):
         run(tmp_path, table_of([2]), num_unroll=2, batch_size=1, sequence=("label",))
     with pytest.raises(SchemaError, match=r"--key 'label' is int64: expected a string column"):
         run(tmp_path, table_of([2]), "b", key="label", num_unroll=2, batch_size=1, context=())
+    with pytest.raises(SchemaError, match=r"--input-length 'label' is double: expected an integer column"):
+        run(tmp_path, table_of([2]).set_column(1, "label", pa.array([1.0])), "c", num_unroll=2, batch_size=1,
+            input_length="label")
 
 
 def test_empty_input_gives_an_empty_valid_output(tmp_path):
@@ -277,3 +332,24 @@ def test_a_hash_collision_between_different_keys_is_not_an_error(tmp_path):
     index.add(np.array([7], np.uint64), np.array([2], np.uint64))
     with pytest.raises(InputError, match=r"duplicate key 'x': .*row 0 and .*row 2"):
         check_unique_keys(index, dataset, "key", threads=1)
+
+
+def test_many_hash_collisions_are_confirmed_in_batches(tmp_path):
+    src = write_parquet_shards(str(tmp_path / "src"), table_of([1] * 150), shards=1)
+    index = key_index(1 << 20, None)
+    index.add(np.full(150, 7, np.uint64), np.arange(150, dtype=np.uint64))  # 149 collisions, all different keys
+    check_unique_keys(index, open_dataset(src), "key", threads=2)
+
+
+def test_dry_run_of_a_segment_stage_counts_segments_from_the_lengths(tmp_path):
+    src = tmp_path / "src"
+    os.makedirs(src)
+    pq.write_table(table_of([45, 3, 0]), src / "part-0.parquet")
+    path = tmp_path / "p.toml"
+    path.write_text(f'[input]\npath = "{src}"\n[[stage]]\nop = "segment"\nkey = "key"\nsequence = "tokens"\n'
+                    'num-unroll = 20\nbatch-size = 2\nworld-size = 2\n[output]\npath = "out"\n')
+    stages = run_pipeline(load(str(path)), QUIET, dry_run=True).stages
+    # 3 + 1 + 1 segments in lanes of 2 on 2 ranks: 2 batches per rank; 48 real steps in 4 * 2 * 20 slots
+    assert stages == [{"stage": 1, "op": "segment", "rows_in": 3, "rows_out": None, "segments": 5, "batches": 4,
+                       "padding_efficiency": 0.3}]
+    assert not (tmp_path / "out").exists()

@@ -231,7 +231,8 @@ class ColumnList(Value):
         self.dedupe = dedupe
 
     def parse(self, field: str, value: Any) -> tuple[str, ...]:
-        names = _texts(field, value, "a non-empty list of column names", "an empty column name (give COL or COL,COL,...)")
+        names = _texts(field, value, "a non-empty list of column names",
+                       "an empty column name (give COL or COL,COL,...)")
         if self.dedupe:
             return tuple(dict.fromkeys(names))
         if len(set(names)) != len(names):

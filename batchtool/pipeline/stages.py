@@ -4,8 +4,7 @@ A stage reads its input as a Dataset (the source, or a view of what the stages b
 see execute.StageInput), so the operations' own first passes and writers run on it unchanged.
 Row stages (filter, select, rename, stratify, resample, the buffered shuffle) map chunks to
 chunks as they stream; a global shuffle is a barrier (it spills everything before emitting);
-bucket, pack and batching stratify/shuffle only ever run last, through their own writers; an op that
-regroups its whole input (segment) runs last through its definition's regroup (OpStage.write).
+bucket, pack and batching stratify/shuffle only ever run last, through their own writers.
 """
 
 from __future__ import annotations
