@@ -199,7 +199,7 @@ def _plan(options: SegmentOptions, schema: pa.Schema) -> SegmentPlan:
     return make_plan(pa.schema([schema.field(c) for c in o.source_columns]), o)
 
 
-class Segment(Operation[SegmentOptions, SegmentPlan]):
+class SegmentOp(Operation[SegmentOptions, SegmentPlan]):
     """The op: no first pass; one regrouping pass checks keys, plans lanes and builds the batches."""
 
     name = "segment"
@@ -275,6 +275,6 @@ class Segment(Operation[SegmentOptions, SegmentPlan]):
                       "padding_efficiency": round(int((steps * lengths).sum()) / slots, 6) if slots else None}
 
 
-OP = Segment()
+OP = SegmentOp()
 
-__all__ = ["DEFAULT_MEMORY", "OP", "FlagPair", "Ranks", "Segment", "SegmentOptions", "Specs", "check_memory"]
+__all__ = ["DEFAULT_MEMORY", "OP", "FlagPair", "Ranks", "SegmentOp", "SegmentOptions", "Specs", "check_memory"]
