@@ -117,6 +117,22 @@ def stream_errors(op: Operation, plan: Any, dataset: Dataset, threads: int) -> I
         raise better from None
 
 
+def _dry_run_pass(op: Operation, options: Any, task: Callable[[], Chunk]) -> Any:
+    return op.dry_run_pass(options, task())
+
+
+def dry_run_stats(op: Operation, options: Any, dataset: Dataset, threads: int) -> Any:
+    """The op's dry-run pass over its dry_run_columns, merged in input order (None: no chunks)."""
+    stats = None
+    for part in ordered_map(functools.partial(_dry_run_pass, op, options), dataset.tasks(op.dry_run_columns(options)),
+                            threads):
+        if stats is None:
+            stats = part
+        else:
+            stats.merge(part)
+    return stats
+
+
 class Applied:
     """An op's kernel over a dataset's chunks, on the engine: the output in order, and the kernels' statistics
     merged as the results arrive, in input order."""
@@ -189,6 +205,7 @@ def run_operation(op: Operation, options: Any, src: str, dst: str, output: Outpu
     tmp_dir = getattr(options, "tmp_dir", None) if op.spills else None
     dataset = open_source(src, dst, output, tmp_dir=tmp_dir, format=format, skip_corrupt=skip_corrupt)
     try:
+        options = op.resolved(options, dataset.schema)
         schema = op.output_schema(options, dataset.schema)
     except OptionError as exc:
         raise exc.at(dataset.src) from None
@@ -205,5 +222,6 @@ def run_operation(op: Operation, options: Any, src: str, dst: str, output: Outpu
         return write_job(output=output, items=items, work=applied.emit, stats=applied.report, report=report, **job)
 
 
-__all__ = ["Applied", "EngineRuntime", "emit_nonempty", "make_plan", "run_operation", "scanner", "stream_errors",
+__all__ = ["Applied", "EngineRuntime", "dry_run_stats", "emit_nonempty", "make_plan", "run_operation", "scanner",
+           "stream_errors",
            "write_regrouped"]

@@ -9,7 +9,8 @@ from conftest import write_parquet_shards
 from batchtool.job import RunSettings
 from batchtool.driver import run_operation
 from batchtool.ops.bucket import OP, BucketOptions
-from batchtool.ops.segment import SegmentOptions, segment
+from batchtool.ops.segment import OP as SEGMENT
+from batchtool.ops.segment import SegmentOptions
 from batchtool.output import OutputOptions
 from batchtool.synthetic import make_table
 
@@ -45,8 +46,8 @@ def segment_output(root: str, fmt: str = "parquet", world_size: int = 1, compres
                    allow_small_batch: bool = False) -> str:
     dst = os.path.join(root, f"segment-{fmt}-{world_size}-{compression}-{allow_small_batch}")
     if not os.path.exists(dst):
-        options = SegmentOptions(key="key", sequences=("tokens", "frames"), num_unroll=40, batch_size=5,
+        options = SegmentOptions(key="key", sequence=("tokens", "frames"), num_unroll=40, batch_size=5,
                                  context=("label",), world_size=world_size, allow_small_batch=allow_small_batch)
-        segment(source(root), dst, options, OutputOptions(format=fmt, compression=compression, shard_rows=150),
-                run=QUIET)
+        run_operation(SEGMENT, options, source(root), dst,
+                      OutputOptions(format=fmt, compression=compression, shard_rows=150), QUIET)
     return dst

@@ -18,19 +18,21 @@ from batchtool.convert import convert
 from batchtool.errors import InputError, SchemaError
 from batchtool.job import RunSettings
 from batchtool.load import column_to_numpy
-from batchtool.ops.segment import SegmentOptions, segment
+from batchtool.driver import run_operation
+from batchtool.ops.segment import OP as SEGMENT
+from batchtool.ops.segment import SegmentOptions
 from batchtool.output import BatchShardWriter, EncodedBatch, OutputOptions
 from batchtool.synthetic import make_table
 
 QUIET = RunSettings(threads=2, quiet=True)
-OPTIONS = SegmentOptions(key="key", sequences=("tokens", "frames"), num_unroll=5, batch_size=4,
+OPTIONS = SegmentOptions(key="key", sequence=("tokens", "frames"), num_unroll=5, batch_size=4,
                          context=("label", "weight"))
 
 
 @pytest.fixture
 def segmented(tmp_path) -> str:
     src = write_parquet_shards(str(tmp_path / "src"), make_table(80, seed=4))
-    segment(src, str(tmp_path / "seg"), OPTIONS, OutputOptions(shard_rows=60), run=QUIET)
+    run_operation(SEGMENT, OPTIONS, src, str(tmp_path / "seg"), OutputOptions(shard_rows=60), QUIET)
     return str(tmp_path / "seg")
 
 

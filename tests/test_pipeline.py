@@ -62,8 +62,8 @@ def test_lists_tables_and_negated_flags(tmp_path):
         ('op = "segment"\nkey = "key"\nsequence = ["tokens", "frames"]\nnum-unroll = 4\nbatch-size = 2\n'
         'no-pad = true\npad-value = {tokens = -1}'),
     ], output='format = "tfrecord"\nshard-bytes = "1MB"'))
-    assert config.stages[0].options == SegmentOptions(key="key", sequences=("tokens", "frames"), num_unroll=4,
-                                                      batch_size=2, pad=False, pad_values=("tokens=-1",))
+    assert config.stages[0].options == SegmentOptions(key="key", sequence=("tokens", "frames"), num_unroll=4,
+                                                      batch_size=2, pad=False, pad_value=("tokens=-1",))
     assert (config.output.format, config.output.shard_bytes) == ("tfrecord", 1 << 20)
     bucket = load(pipeline(tmp_path, [('op = "bucket"\nboundaries = [8, 16]\nbatch-size = [4, 2, 1]\n'
                                       'sequence = "tokens"')]))

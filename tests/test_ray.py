@@ -24,7 +24,6 @@ from batchtool.convert import convert
 from batchtool.errors import InputError, UsageError
 from batchtool.job import RunSettings
 from batchtool.driver import run_operation
-from batchtool.ops.segment import segment
 from batchtool.ops.shuffle import ShuffleOptions, shuffle
 from batchtool.ops import stratify as stratify_op
 from batchtool.ops.stratify import LabelError, StratifyOptions
@@ -177,7 +176,7 @@ def stratify(src: str, dst: str, options: StratifyOptions, output: OutputOptions
     return run_operation(stratify_op.OP, options, src, dst, output, run, **kwargs)
 
 
-@pytest.mark.parametrize("entry", [convert, run_operation, shuffle, segment, check])
+@pytest.mark.parametrize("entry", [convert, run_operation, shuffle, check])
 def test_every_entry_point_runs_on_its_run_settings_engine(entry):
     """The Python API honours RunSettings(engine=...) like the CLI (see the stratify run above)."""
     assert entry.__wrapped__ and "run" in inspect.signature(entry).parameters

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -14,10 +16,17 @@ import batchtool
 from batchtool.dataset import open_dataset
 from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.job import RunSettings
-from batchtool.ops import segment as seg_mod
-from batchtool.ops.segment import (FIRST_INSERTION_INDEX, KeyIndex, SegmentOptions, check_unique_keys,
-                                   key_hashes, segment)
+from batchtool.check.duplicates import HashIndex
+from batchtool.driver import run_operation
+from batchtool.ops import segment_lanes
+from batchtool.ops.segment import OP as SEGMENT
+from batchtool.ops.segment import SegmentOptions
+from batchtool.ops.segment_batches import FIRST_INSERTION_INDEX
+from batchtool.ops.segment_chunks import key_hashes
+from batchtool.ops.segment_keys import check_unique_keys, key_index
 from batchtool.output import OutputOptions
+from batchtool.pipeline.config import load
+from batchtool.pipeline.execute import run_pipeline
 from batchtool.synthetic import make_table
 
 QUIET = RunSettings(threads=2, quiet=True)
@@ -36,15 +45,15 @@ def run(tmp_path, table: pa.Table, name: str = "dst", **options) -> tuple[pa.Tab
     src = tmp_path / f"{name}-src"
     os.makedirs(src)
     pq.write_table(table, src / "part-0.parquet", row_group_size=7)
-    defaults = {"key": "key", "sequences": ("tokens",)}
-    result = segment(str(src), str(tmp_path / name), SegmentOptions(**{**defaults, **options}), OutputOptions(),
-                     run=QUIET)
+    defaults = {"key": "key", "sequence": ("tokens",)}
+    result = run_operation(SEGMENT, SegmentOptions(**{**defaults, **options}), str(src), str(tmp_path / name),
+                           OutputOptions(), QUIET)
     return read_dir(str(tmp_path / name)), result.manifest
 
 
 def test_length_45_unroll_20_gives_the_seeds_three_segments(tmp_path):
     out, manifest = run(tmp_path, table_of([45], keys=["ex"]), num_unroll=20, batch_size=1,
-                        pad_values=("tokens=-1",))
+                        pad_value=("tokens=-1",))
     rows = out.to_pylist()
     assert [r["key"] for r in rows] == ["00000_of_00003:ex", "00001_of_00003:ex", "00002_of_00003:ex"]
     assert [r["next_key"] for r in rows] == ["00001_of_00003:ex", "00002_of_00003:ex", "STOP:ex"]
@@ -140,7 +149,7 @@ def test_allow_small_batch_drops_empty_rows_only(tmp_path):
 
 def test_initial_state_on_first_segments_zeros_elsewhere(tmp_path):
     init = pa.array([[1.5, 2.5], [3.5, 4.5]], pa.list_(pa.float32()))
-    out, _ = run(tmp_path, table_of([5, 1], init=init), num_unroll=2, batch_size=2, initial_states=("h=init",))
+    out, _ = run(tmp_path, table_of([5, 1], init=init), num_unroll=2, batch_size=2, initial_state=("h=init",))
     for r in out.to_pylist():
         if r["sequence"] == 0 and r["key"]:
             assert r["h"] == ([1.5, 2.5] if r["key"].endswith("ex0") else [3.5, 4.5])
@@ -159,13 +168,13 @@ def test_empty_slot_fraction_under_two_percent_on_a_long_tailed_corpus(tmp_path)
 
 def test_several_sequence_columns_share_the_time_axis(tmp_path):
     corpus = make_table(50, seed=5)
-    out, _ = run(tmp_path, corpus, num_unroll=8, batch_size=4, sequences=("tokens", "frames"))
+    out, _ = run(tmp_path, corpus, num_unroll=8, batch_size=4, sequence=("tokens", "frames"))
     for r in out.to_pylist():
         assert len(r["tokens"]) == len(r["frames"]) == 8
         assert all(f == [0.0, 0.0, 0.0] for f in r["frames"][r["length"]:])
     bad = corpus.set_column(3, "tokens", pa.array([[1]] * 50, pa.list_(pa.int64())))
     with pytest.raises(SchemaError, match=r"row 0: sequence columns disagree in length"):
-        run(tmp_path, bad, "bad", num_unroll=8, batch_size=4, sequences=("tokens", "frames"))
+        run(tmp_path, bad, "bad", num_unroll=8, batch_size=4, sequence=("tokens", "frames"))
 
 
 @pytest.mark.parametrize(("keys", "message"), [
@@ -186,22 +195,73 @@ def test_input_length_longer_than_the_sequence_names_the_row(tmp_path):
 @pytest.mark.parametrize(("options", "message"), [
     ({"num_unroll": 0}, r"--num-unroll 0: must be at least 1"),
     ({"batch_size": 0}, r"--batch-size 0: must be at least 1"),
-    ({"sequences": ("to:kens",)}, r"--sequence 'to:kens': names may not contain ':'"),
+    ({"sequence": ("to:kens",)}, r"--sequence 'to:kens': names may not contain ':'"),
     ({"context": ("a:b",)}, r"--context 'a:b': names may not contain ':'"),
-    ({"initial_states": ("s:t=label",)}, r"--initial-state 's:t': names may not contain ':'"),
+    ({"initial_state": ("s:t=label",)}, r"--initial-state 's:t': names may not contain ':'"),
     ({"context": ("length",)}, r"clashes with the metadata column 'length'"),
-    ({"initial_states": ("bad",)}, r"expected NAME=COLUMN"),
+    ({"initial_state": ("bad",)}, r"expected NAME=COLUMN"),
+    ({"initial_state": ("h=label", "h=weight")}, r"--initial-state 'h=weight': state 'h' is given twice"),
+    ({"sequence": ()}, r"--sequence: give at least one sequence \(list\) column"),
+    ({"pad_value": ("label=3",)}, r"--pad-value 'label=3': 'label' is not a --sequence column \(sequences: tokens\)"),
+    ({"context": ("tokens",)}, r"--context 'tokens': already given as --sequence 'tokens'; each output column"),
 ])
 def test_option_errors(options, message):
     with pytest.raises(UsageError, match=message):
-        SegmentOptions(**{"key": "key", "sequences": ("tokens",), "num_unroll": 2, "batch_size": 2, **options})
+        SegmentOptions(**{"key": "key", "sequence": ("tokens",), "num_unroll": 2, "batch_size": 2, **options})
+
+
+def test_pipeline_keys_are_the_flags(tmp_path):
+    """pad-value and initial-state take a table, a list or a string; pad and no-pad are one switch."""
+    def stage(keys: str) -> SegmentOptions:
+        path = tmp_path / "p.toml"
+        path.write_text(f'[input]\npath = "src"\n[[stage]]\nop = "segment"\nkey = "key"\nsequence = "tokens"\n'
+                        f'num-unroll = 2\nbatch-size = 2\n{keys}\n[output]\npath = "out"\n')
+        return load(str(path)).stages[0].options
+
+    base = SegmentOptions(key="key", sequence=("tokens",), num_unroll=2, batch_size=2)
+    assert stage('pad-value = {tokens = -1}\ninitial-state = "h=label"') == \
+        replace(base, pad_value=("tokens=-1",), initial_state=("h=label",))
+    assert stage('pad-value = ["tokens=1.5"]\nno-pad = false') == replace(base, pad_value=("tokens=1.5",))
+    assert stage("pad = false\nworld-size = 2") == replace(base, pad=False, world_size=2)
+    for keys, message in [("pad = true\nno-pad = true", "keys 'pad' and 'no-pad' set the same option; give one"),
+                          ("no-pad = 1", "key 'no-pad': expected true or false, got integer 1"),
+                          ("pad-value = true", "key 'pad-value': expected COL=VALUE texts, got boolean True"),
+                          ("world-size = 0", "key 'world-size' = 0: must be at least 1")]:
+        with pytest.raises(UsageError, match=re.escape(f"stage 1 (segment): {message}")):
+            stage(keys)
+
+
+def test_bad_key_and_length_values_name_the_row(tmp_path):
+    nulls = table_of([2, 2], keys=["a", None])
+    with pytest.raises(InputError, match=r"row 1: column 'key' is null; every example needs a unique key"):
+        run(tmp_path, nulls, "a", num_unroll=2, batch_size=1)
+    binary = table_of([2, 2]).set_column(0, "key", pa.array([b"a", b"\xff"], pa.binary()))
+    with pytest.raises(InputError, match=r"row 0..*row 1: column 'key' holds a key that is not UTF-8 text"):
+        run(tmp_path, binary, "b", num_unroll=2, batch_size=1)
+    utf8 = table_of([2]).set_column(0, "key", pa.array([b"k"], pa.binary()))
+    assert run(tmp_path, utf8, "c", num_unroll=2, batch_size=1)[0].column("key").to_pylist() == ["00000_of_00001:k"]
+    with pytest.raises(InputError, match=r"row 1: column 'real' is null"):
+        run(tmp_path, table_of([2, 2], real=pa.array([2, None])), "d", num_unroll=2, batch_size=1,
+            input_length="real")
+
+
+def test_a_context_column_named_like_an_output_column_is_refused_by_name(tmp_path):
+    with pytest.raises(UsageError, match=r"input column\(s\) 'length' would be copied as context but clash with "
+                                         r"segment's output columns; .* with --context \(the others"):
+        run(tmp_path, table_of([2], length=pa.array([1])), num_unroll=2, batch_size=1)
+    out, manifest = run(tmp_path, table_of([2], length=pa.array([1])), "b", num_unroll=2, batch_size=1,
+                        context=("label",))
+    assert "label" in out.schema.names and manifest["options"]["context"] == ["label"]
 
 
 def test_schema_errors(tmp_path):
     with pytest.raises(SchemaError, match=r"--sequence 'label' is int64: expected a list column"):
-        run(tmp_path, table_of([2]), num_unroll=2, batch_size=1, sequences=("label",))
+        run(tmp_path, table_of([2]), num_unroll=2, batch_size=1, sequence=("label",))
     with pytest.raises(SchemaError, match=r"--key 'label' is int64: expected a string column"):
         run(tmp_path, table_of([2]), "b", key="label", num_unroll=2, batch_size=1, context=())
+    with pytest.raises(SchemaError, match=r"--input-length 'label' is double: expected an integer column"):
+        run(tmp_path, table_of([2]).set_column(1, "label", pa.array([1.0])), "c", num_unroll=2, batch_size=1,
+            input_length="label")
 
 
 def test_empty_input_gives_an_empty_valid_output(tmp_path):
@@ -215,21 +275,21 @@ def test_empty_input_gives_an_empty_valid_output(tmp_path):
 def test_output_is_the_same_for_any_item_size_and_threads(tmp_path, monkeypatch):
     corpus = make_table(120, seed=9)
     src = write_parquet_shards(str(tmp_path / "src"), corpus, shards=3, row_group_size=11)
-    options = SegmentOptions(key="key", sequences=("tokens", "frames"), num_unroll=5, batch_size=6,
+    options = SegmentOptions(key="key", sequence=("tokens", "frames"), num_unroll=5, batch_size=6,
                              context=("label",))
-    segment(src, str(tmp_path / "a"), options, OutputOptions(), run=RunSettings(threads=1, quiet=True))
-    monkeypatch.setattr(seg_mod, "ITEM_SEGMENTS", 12)
-    segment(src, str(tmp_path / "b"), options, OutputOptions(), run=RunSettings(threads=4, quiet=True))
+    run_operation(SEGMENT, options, src, str(tmp_path / "a"), OutputOptions(), RunSettings(threads=1, quiet=True))
+    monkeypatch.setattr(segment_lanes, "ITEM_SEGMENTS", 12)
+    run_operation(SEGMENT, options, src, str(tmp_path / "b"), OutputOptions(), RunSettings(threads=4, quiet=True))
     assert read_dir(str(tmp_path / "a")).equals(read_dir(str(tmp_path / "b")))
 
 
 def test_tfrecord_output_reads_back_the_same(tmp_path):
     corpus = make_table(60, seed=2)
     src = write_parquet_shards(str(tmp_path / "src"), corpus)
-    options = SegmentOptions(key="key", sequences=("tokens", "frames"), num_unroll=6, batch_size=4,
+    options = SegmentOptions(key="key", sequence=("tokens", "frames"), num_unroll=6, batch_size=4,
                              context=("label", "weight"))
-    segment(src, str(tmp_path / "pq"), options, OutputOptions(), run=QUIET)
-    segment(src, str(tmp_path / "tf"), options, OutputOptions(format="tfrecord", shard_rows=40), run=QUIET)
+    run_operation(SEGMENT, options, src, str(tmp_path / "pq"), OutputOptions(), QUIET)
+    run_operation(SEGMENT, options, src, str(tmp_path / "tf"), OutputOptions(format="tfrecord", shard_rows=40), QUIET)
     a, b = list(batchtool.load(str(tmp_path / "pq"))), list(batchtool.load(str(tmp_path / "tf")))
     assert len(a) == len(b) == len(batchtool.load(str(tmp_path / "tf")))
     for x, y in zip(a, b):
@@ -248,12 +308,12 @@ def test_key_hashes_are_deterministic_and_distinguish_close_keys():
     np.testing.assert_array_equal(key_hashes(keys.cast(pa.large_string())), h)
 
 
-def test_key_index_finds_the_same_collisions_in_memory_and_spilled(tmp_path):
+def test_hash_index_finds_the_same_collisions_in_memory_and_spilled(tmp_path):
     gen = np.random.default_rng(0)
     hashes = gen.integers(0, 2**63, 5000, dtype=np.uint64) * np.uint64(2)
     hashes[[10, 4000, 4500]] = hashes[3]
     ids = np.arange(5000, dtype=np.uint64)
-    in_memory, spilled = KeyIndex(1 << 30), KeyIndex(1024, str(tmp_path))
+    in_memory, spilled = key_index(1 << 30, None), HashIndex(1024, str(tmp_path))
     for start in range(0, 5000, 700):
         in_memory.add(hashes[start:start + 700], ids[start:start + 700])
         spilled.add(hashes[start:start + 700], ids[start:start + 700])
@@ -266,9 +326,30 @@ def test_key_index_finds_the_same_collisions_in_memory_and_spilled(tmp_path):
 def test_a_hash_collision_between_different_keys_is_not_an_error(tmp_path):
     src = write_parquet_shards(str(tmp_path / "src"), table_of([1, 1, 1], keys=["x", "y", "x"]), shards=1)
     dataset = open_dataset(src)
-    index = KeyIndex(1 << 20)
+    index = key_index(1 << 20, None)
     index.add(np.array([7, 7], np.uint64), np.array([0, 1], np.uint64))  # x and y: forced collision
     check_unique_keys(index, dataset, "key", threads=1)
     index.add(np.array([7], np.uint64), np.array([2], np.uint64))
     with pytest.raises(InputError, match=r"duplicate key 'x': .*row 0 and .*row 2"):
         check_unique_keys(index, dataset, "key", threads=1)
+
+
+def test_many_hash_collisions_are_confirmed_in_batches(tmp_path):
+    src = write_parquet_shards(str(tmp_path / "src"), table_of([1] * 150), shards=1)
+    index = key_index(1 << 20, None)
+    index.add(np.full(150, 7, np.uint64), np.arange(150, dtype=np.uint64))  # 149 collisions, all different keys
+    check_unique_keys(index, open_dataset(src), "key", threads=2)
+
+
+def test_dry_run_of_a_segment_stage_counts_segments_from_the_lengths(tmp_path):
+    src = tmp_path / "src"
+    os.makedirs(src)
+    pq.write_table(table_of([45, 3, 0]), src / "part-0.parquet")
+    path = tmp_path / "p.toml"
+    path.write_text(f'[input]\npath = "{src}"\n[[stage]]\nop = "segment"\nkey = "key"\nsequence = "tokens"\n'
+                    'num-unroll = 20\nbatch-size = 2\nworld-size = 2\n[output]\npath = "out"\n')
+    stages = run_pipeline(load(str(path)), QUIET, dry_run=True).stages
+    # 3 + 1 + 1 segments in lanes of 2 on 2 ranks: 2 batches per rank; 48 real steps in 4 * 2 * 20 slots
+    assert stages == [{"stage": 1, "op": "segment", "rows_in": 3, "rows_out": None, "segments": 5, "batches": 4,
+                       "padding_efficiency": 0.3}]
+    assert not (tmp_path / "out").exists()

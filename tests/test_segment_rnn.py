@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 
 import batchtool
 from batchtool.job import RunSettings
-from batchtool.ops.segment import SegmentOptions, segment
+from batchtool.driver import run_operation
+from batchtool.ops.segment import OP as SEGMENT
+from batchtool.ops.segment import SegmentOptions
 from batchtool.output import OutputOptions
 
 D, H = 2, 3
@@ -92,12 +94,13 @@ def test_segment_batches_match_whole_sequences(tmp_path_factory, case: dict) -> 
     })
     os.makedirs(tmp / "src")
     pq.write_table(table, tmp / "src" / "part-0.parquet", row_group_size=5)
-    options = SegmentOptions(key="key", sequences=("x",), num_unroll=case["num_unroll"],
+    options = SegmentOptions(key="key", sequence=("x",), num_unroll=case["num_unroll"],
                              batch_size=case["batch_size"], pad=case["pad"],
                              input_length="real" if case["input_lengths"] else None,
-                             initial_states=("h0=h0",), allow_small_batch=case["allow_small_batch"],
+                             initial_state=("h0=h0",), allow_small_batch=case["allow_small_batch"],
                              world_size=case["world_size"])
-    segment(str(tmp / "src"), str(tmp / "dst"), options, OutputOptions(), run=RunSettings(threads=2, quiet=True))
+    run_operation(SEGMENT, options, str(tmp / "src"), str(tmp / "dst"), OutputOptions(),
+                  RunSettings(threads=2, quiet=True))
 
     final: dict[str, np.ndarray] = {}
     lengths_per_rank = set()

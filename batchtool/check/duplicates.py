@@ -1,4 +1,5 @@
-"""Rows whose key repeats an earlier row's, found in bounded memory from 64-bit hashes.
+"""Rows whose key repeats an earlier row's, found in bounded memory from 64-bit hashes (`check`'s unique
+keys and rows, `segment`'s unique example keys).
 
 (hash, example id) pairs stay in memory up to a budget; past it they are partitioned by the
 hash's top bits into temporary files, so every copy of a key lands in the same partition and
@@ -9,6 +10,7 @@ it reports with the real values (a 64-bit collision is rare, never impossible).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,9 +37,10 @@ class Repeats:
 class HashIndex:
     """Collects (hash, id) pairs of one key in the order given; `repeats()` finds the repeated hashes."""
 
-    def __init__(self, budget_bytes: int, tmp_dir: str | None = None) -> None:
+    def __init__(self, budget_bytes: int, tmp_dir: str | None = None, prefix: str = "batchtool-check-") -> None:
         self.limit_pairs = max(1024, budget_bytes // (PAIR_BYTES * SORT_FACTOR))
         self.tmp_dir = tmp_dir
+        self.prefix = prefix
         self.directory: str | None = None
         self._hashes: list[np.ndarray] = []
         self._ids: list[np.ndarray] = []
@@ -77,7 +80,7 @@ class HashIndex:
     def _spill(self) -> None:
         """Append the buffered pairs to their partition files (interleaved hash, id uint64s)."""
         if self.directory is None:
-            self.directory = make_temporary_dir("batchtool-check-", self.tmp_dir)
+            self.directory = make_temporary_dir(self.prefix, self.tmp_dir)
         hashes, ids = self._take_buffer()
         parts = (hashes >> _SHIFT).astype(np.int64)
         order = np.argsort(parts, kind="stable")
@@ -87,34 +90,47 @@ class HashIndex:
             with temporary_write_errors(self.tmp_dir), open(self._path(int(part)), "ab") as f:
                 pairs[bounds[part]:bounds[part + 1]].tofile(f)
 
-    def repeats(self, limit: int) -> Repeats:
-        """Rows whose hash an earlier row (smaller id) has; the first `limit` by id, with that earlier row."""
+    def partitions(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The (hashes, ids) collected so far, one hash partition at a time, in hash-prefix order (one part
+        when nothing was spilled): every copy of a hash is in the same one."""
         if not self.spilled:
             hashes, ids = self._take_buffer()
             self.add(hashes, ids)  # kept, as one array, for the next call
-            return _repeats(hashes, ids, limit)
+            yield hashes, ids
+            return
         if self._buffered:
             self._spill()
-        found = []
         for part in range(1 << PARTITION_BITS):
             if os.path.exists(self._path(part)):
                 pairs = np.fromfile(self._path(part), dtype=np.uint64).reshape(-1, 2)
-                found.append(_repeats(pairs[:, 0], pairs[:, 1], limit))
-        ids = np.concatenate([r.ids for r in found]) if found else np.zeros(0, np.uint64)
-        first_ids = np.concatenate([r.first_ids for r in found]) if found else np.zeros(0, np.uint64)
+                yield pairs[:, 0], pairs[:, 1]
+
+    def repeats(self, limit: int) -> Repeats:
+        """Rows whose hash an earlier row (smaller id) has; the first `limit` by id, with that earlier row."""
+        found = [_repeats(hashes, ids, limit) for hashes, ids in self.partitions()]
+        ids = np.concatenate([r.ids for r in found])
+        first_ids = np.concatenate([r.first_ids for r in found])
         keep = np.argsort(ids, kind="stable")[:limit]
         return Repeats(sum(r.count for r in found), ids[keep], first_ids[keep])
 
+    def collisions(self) -> Iterator[tuple[int, int]]:
+        """(id of a hash's first row, id of a later row with it) for every repeat, in hash order, then id order."""
+        for hashes, ids in self.partitions():
+            first_ids, repeat_ids = _repeated(hashes, ids)
+            yield from zip(first_ids.tolist(), repeat_ids.tolist())
 
-def _repeats(hashes: np.ndarray, ids: np.ndarray, limit: int) -> Repeats:
+
+def _repeated(hashes: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first id of its hash, id) of every row whose hash a row of smaller id has, in (hash, id) order."""
     order = np.lexsort((ids, hashes))
     h, i = hashes[order], ids[order]
     starts = np.r_[True, h[1:] != h[:-1]] if len(h) else np.zeros(0, bool)
-    repeated = ~starts
-    count = int(repeated.sum())
-    if not count:
-        return Repeats(0, np.zeros(0, np.uint64), np.zeros(0, np.uint64))
     group_first = np.maximum.accumulate(np.where(starts, np.arange(len(h)), 0))
-    rep_ids, rep_first = i[repeated], i[group_first[repeated]]
+    repeated = ~starts
+    return i[group_first[repeated]], i[repeated]
+
+
+def _repeats(hashes: np.ndarray, ids: np.ndarray, limit: int) -> Repeats:
+    rep_first, rep_ids = _repeated(hashes, ids)
     keep = np.argsort(rep_ids, kind="stable")[:limit]
-    return Repeats(count, rep_ids[keep], rep_first[keep])
+    return Repeats(len(rep_ids), rep_ids[keep], rep_first[keep])

@@ -13,7 +13,7 @@ from batchtool.cli.common import (command, input_options, make_output, make_run,
 from batchtool.driver import run_operation
 from batchtool.job import JobResult
 from batchtool.ops import OPERATIONS
-from batchtool.ops.base import Kind, Operation, Option, build, fields, flag, from_texts, required
+from batchtool.ops.base import Kind, Operation, Option, build, fields, flag, from_texts, key, required
 
 Runner = Callable[..., JobResult]
 """How a command runs its op: run_operation(op, options, src, dst, output, run, *, seed, format, skip_corrupt)."""
@@ -48,7 +48,8 @@ def make_command(op: Operation, runner: Runner = run_operation) -> click.Command
     if op.seeded:
         fn = seed_option(fn)
     for f, decl in reversed(fields(op.options)):
-        fn = click.option(flag(f.name), f.name, **_click_settings(f, decl))(fn)
+        decls = f"{flag(f.name)}/--no-{key(f.name)}" if decl.value.negatable else flag(f.name)
+        fn = click.option(decls, f.name, **_click_settings(f, decl))(fn)
     fn = click.argument("dst")(fn)
     fn = click.argument("src")(fn)
     return command(op.name, op.example)(fn)
@@ -57,6 +58,8 @@ def make_command(op: Operation, runner: Runner = run_operation) -> click.Command
 def _click_settings(f: dataclasses.Field, decl: Option) -> dict[str, Any]:
     """How click declares one option: a flag, or a (repeatable) text option; defaults are the dataclass's,
     shown in --help but applied by `build`, so a pipeline file gets the same ones."""
+    if decl.value.negatable:  # given or not, the value is the form it means (--help shows the default's)
+        return {"is_flag": True, "default": f.default, "show_default": True, "help": decl.help}
     if decl.value.is_flag:
         return {"is_flag": True, "default": None, "help": decl.help}
     shown = None if required(f) or f.default in (None, ()) else f.default

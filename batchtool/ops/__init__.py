@@ -7,6 +7,7 @@ from batchtool.ops import filter as filter_op
 from batchtool.ops import pack as pack_op
 from batchtool.ops import rename as rename_op
 from batchtool.ops import resample as resample_op
+from batchtool.ops import segment as segment_op
 from batchtool.ops import select as select_op
 from batchtool.ops import stratify as stratify_op
 from batchtool.ops.base import Operation
@@ -19,6 +20,7 @@ OPERATIONS: dict[str, Operation] = {
     "stratify": stratify_op.OP,
     "pack": pack_op.OP,
     "bucket": bucket_op.OP,
+    "segment": segment_op.OP,
 }
 """Name -> definition: the command, the pipeline stage and the dry run of each are derived from it."""
 

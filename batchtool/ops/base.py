@@ -62,6 +62,8 @@ class Value:
 
     multiple: ClassVar[bool] = False
     is_flag: ClassVar[bool] = False
+    negatable: ClassVar[bool] = False
+    """A flag with an off form too: `--NAME/--no-NAME` on the command line, `no-NAME = true` in a pipeline file."""
     metavar: ClassVar[str | None] = "TEXT"
 
     def __init__(self, *, metavar: str | None = None) -> None:
@@ -174,7 +176,7 @@ class Column(Value):
         return value
 
 
-def _texts(field: str, value: Any, what: str) -> list[str]:
+def _texts(field: str, value: Any, what: str, empty: str = "an empty name (give NAME or NAME,NAME,...)") -> list[str]:
     """A list of strings, each possibly comma-separated, as one list of non-empty parts."""
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not items or not all(isinstance(v, str) for v in items):
@@ -183,25 +185,26 @@ def _texts(field: str, value: Any, what: str) -> list[str]:
     for item in items:
         split = [part.strip() for part in item.split(",")]
         if not all(split):
-            raise OptionError(field, f"{item!r} has an empty name (give NAME or NAME,NAME,...)")
+            raise OptionError(field, f"{item!r} has {empty}")
         parts += split
     return parts
 
 
 class ColumnList(Value):
-    """Column names, in order: COL,COL,... (repeatable) or a TOML list; each named once (`once`: a name given
-    twice counts once, as `--sequence a,b --sequence a`)."""
+    """Column names, in order: COL,COL,... (repeatable) or a TOML list; each named once (with `dedupe`, a name
+    given twice counts once instead)."""
 
     multiple = True
     metavar = "COL[,COL...]"
 
-    def __init__(self, *, once: bool = False, metavar: str | None = None) -> None:
+    def __init__(self, *, dedupe: bool = False, metavar: str | None = None) -> None:
         super().__init__(metavar=metavar)
-        self.once = once
+        self.dedupe = dedupe
 
     def parse(self, field: str, value: Any) -> tuple[str, ...]:
-        names = _texts(field, value, "a non-empty list of column names")
-        if self.once:
+        names = _texts(field, value, "a non-empty list of column names",
+                       "an empty column name (give COL or COL,COL,...)")
+        if self.dedupe:
             return tuple(dict.fromkeys(names))
         if len(set(names)) != len(names):
             raise OptionError(field, f"a column is named twice ({', '.join(names)})")
@@ -436,6 +439,11 @@ class Operation(Generic[O, P]):
         """The schema it writes given the one it reads; an OptionError for a missing or unusable column."""
         raise NotImplementedError
 
+    def resolved(self, options: O, schema: pa.Schema) -> O:
+        """The options with what defaults to the input's columns filled in (segment's context): a command
+        records these in its manifest."""
+        return options
+
     def recorded(self, options: O, output: OutputOptions) -> dict[str, Any]:
         """What the manifest's `options` records."""
         return manifest_options(options, output)
@@ -517,14 +525,24 @@ class Operation(Generic[O, P]):
         """The manifest's statistics from the kernels' merged ones."""
         return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in stats.counts.items()}
 
-    def expected(self, plan: P, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
-        """Dry run: the output rows if the plan fixes them, and what else it can say without writing."""
+    def expected(self, plan: P, rows_in: int | None, stats: Any = None) -> tuple[int | None, dict[str, Any]]:
+        """Dry run: the output rows if the plan fixes them, and what else it can say without writing. `stats`:
+        the dry-run pass's merged statistics, passed only to an op that has one (`dry_run_columns`)."""
         return None, {}
 
     def said(self, stats: dict[str, Any]) -> list[str]:
         """Lines its command prints from the manifest's statistics before the report every command ends with
         (a line starting with "warning: " is printed even with --quiet)."""
         return []
+
+    # -- dry run (optional): a pass only --dry-run makes, for what `expected` says
+    def dry_run_columns(self, options: O) -> list[str]:
+        """The columns of an extra pass a dry run makes for `expected`; [] when it has none."""
+        return []
+
+    def dry_run_pass(self, options: O, chunk: Chunk) -> Any:
+        """One chunk's statistics for the dry run: an object with `merge(later)`, merged in input order."""
+        raise NotImplementedError(f"{self.name} has no dry-run pass")
 
 
 def need_columns(schema: pa.Schema, field: str, names: Sequence[str]) -> None:

@@ -103,7 +103,7 @@ class BucketOptions:
     length: str | None = option("Length to bucket by: an integer column, or a list column's steps "
                                 "(default: the first sequence column).", Column(), None)
     sequence: tuple[str, ...] = option("A sequence (list) column to pad; repeat for several, which must agree in "
-                                       "length (default: every list column).", ColumnList(once=True), ())
+                                       "length (default: every list column).", ColumnList(dedupe=True), ())
     boundaries: tuple[int, ...] | None = option("Bucket edges b0,b1,...: buckets < b0, [b_i, b_i+1), >= b_last.",
                                                 Integers(), None)
     auto_buckets: int | None = option("Choose K buckets from the length distribution to minimise padding.",

@@ -22,7 +22,6 @@ import click
 
 from batchtool import fs
 from batchtool.cli import resampling as resampling_cli
-from batchtool.cli import segment as segment_cli
 from batchtool.cli.common import cli, default_format, input_options, output_options, run_options
 from batchtool.errors import BatchtoolError, InputError, UsageError
 from batchtool.ops import OPERATIONS
@@ -38,7 +37,7 @@ else:  # pragma: no cover
 
 OPS = tuple(dict.fromkeys(("stratify", "resample", "shuffle", "bucket", "pack", "segment", *OPERATIONS)))
 BUILDERS: dict[str, Callable[..., Any]] = {
-    "shuffle": resampling_cli.shuffle_options, "segment": segment_cli.segment_options,
+    "shuffle": resampling_cli.shuffle_options,
 }
 """The function each command builds its options with, from its flags' values."""
 SPILLING = ("shuffle",)
@@ -181,12 +180,21 @@ class _Reader:
         for given in table if isinstance(table, dict) else ():
             if given in flags and given not in declared:  # [output] to = ...: the command line's name
                 raise self.fail(where, f"unknown key {given!r} (did you mean {flags[given]!r}?)")
-        self.keys(table, list(declared), where)
+        negated = {f"no-{key_of(f.name)}": f for f, decl in fields(schema) if decl.value.negatable}
+        self.keys(table, [*declared, *negated], where)
         for name, f in declared.items():
             if required(f) and name not in table:
                 raise self.fail(where, f"missing key {name!r}")
+        given = {declared[k].name: v for k, v in table.items() if k in declared}
+        for name, f in negated.items():  # no-pad = true is pad = false
+            if name in table:
+                if key_of(f.name) in table:
+                    raise self.fail(where, f"keys {key_of(f.name)!r} and {name!r} set the same option; give one")
+                if not isinstance(table[name], bool):
+                    raise self.fail(where, f"key {name!r}: expected true or false, got {shown(table[name])}")
+                given[f.name] = not table[name]
         try:
-            return build(schema, {declared[k].name: v for k, v in table.items()}, **settings)
+            return build(schema, given, **settings)
         except OptionError as exc:
             raise self.fail(where, exc.rendered("toml")) from None
 

@@ -4,7 +4,7 @@ A stage reads its input as a Dataset (the source, or a view of what the stages b
 see execute.StageInput), so the operations' own first passes and writers run on it unchanged.
 Row stages (filter, select, rename, stratify, resample, the buffered shuffle) map chunks to
 chunks as they stream; a global shuffle is a barrier (it spills everything before emitting);
-bucket, pack, segment and batching stratify/shuffle only ever run last, through their own writers.
+bucket, pack and batching stratify/shuffle only ever run last, through their own writers.
 """
 
 from __future__ import annotations
@@ -14,17 +14,15 @@ from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
-from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.job import JobResult, RunSettings
-from batchtool.driver import Applied, EngineRuntime, emit_nonempty, make_plan, stream_errors, write_regrouped
+from batchtool.driver import (Applied, EngineRuntime, dry_run_stats, emit_nonempty, make_plan, stream_errors,
+                              write_regrouped)
 from batchtool.ops import OPERATIONS
-from batchtool.ops import segment as segment_op
 from batchtool.ops import shuffle as shuffle_op
-from batchtool.ops.base import Depends, Kind, Operation, need_columns
+from batchtool.ops.base import Depends, Kind, Operation
 from batchtool.output import OutputOptions
 from batchtool.pipeline import config as config_mod
 
@@ -118,6 +116,8 @@ class OpStage(Stage):
         super().__init__(config, pipeline)
         self.op = op
         self.planned: Any = None
+        self.previewed: Any = None
+        """The dry-run pass's merged statistics (an op with dry_run_columns, as the last stage)."""
 
     @property
     def sensitivity(self) -> int:  # type: ignore[override]
@@ -159,7 +159,15 @@ class OpStage(Stage):
                                    command=self.config.op, options={}, seed=None, dataset=view, dst=dst,
                                    schema=self.output_schema(view.schema), run=run)
 
+    def preview_columns(self, schema: pa.Schema) -> Columns:
+        return self.op.dry_run_columns(self.options)
+
+    def preview(self, view: Dataset, run: RunSettings) -> None:
+        self.previewed = dry_run_stats(self.op, self.options, view, run.threads)
+
     def expected(self, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
+        if self.op.dry_run_columns(self.options):
+            return self.op.expected(self.planned, rows_in, self.previewed)
         return self.op.expected(self.planned, rows_in)
 
 
@@ -202,44 +210,7 @@ class ShuffleStage(Stage):
 
 
 
-class SegmentStage(Stage):
-    """Always last: one pass that checks keys, plans lanes and writes; no first pass of its own."""
-
-    options: segment_op.SegmentOptions
-
-    def output_schema(self, schema: pa.Schema) -> pa.Schema:
-        _need(schema, [self.options.key], "key")
-        _need(schema, self.options.sequences, "sequence")
-        o = self.options.with_context(schema)
-        _need(schema, [*o.context, *o.states.values(), *([o.input_length] if o.input_length else [])], "context")
-        return segment_op.make_plan(pa.schema([schema.field(c) for c in o.source_columns]), o).schema
-
-    def write(self, view: Dataset, dst: str, output: OutputOptions, run: RunSettings, write: Write) -> JobResult:
-        return segment_op.write_segmented(view, self.options, dst, output, run, memory=self.pipeline.memory,
-                                          tmp_dir=self.pipeline.tmp_dir, write=write)
-
-    def preview_columns(self, schema: pa.Schema) -> Columns:
-        return [self.options.sequences[0]]
-
-    def preview(self, view: Dataset, run: RunSettings) -> None:
-        self.lengths = stats_mod.collect(view, length=self.options.sequences[0], threads=run.threads).length_counts
-
-    def expected(self, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
-        o = self.options
-        steps = np.arange(len(self.lengths))
-        count = np.maximum(1, -(-steps // o.num_unroll)) if o.pad else steps // o.num_unroll
-        segments = int((count * self.lengths).sum())
-        batches = -(-segments // (o.batch_size * o.world_size)) * o.world_size
-        slots = batches * o.batch_size * o.num_unroll
-        return None, {"segments": segments, "batches": batches,
-                      "padding_efficiency": round(int((steps * self.lengths).sum()) / slots, 6) if slots else None}
-
-
-def _need(schema: pa.Schema, columns: list[str] | tuple[str, ...], key: str) -> None:
-    need_columns(schema, key, columns)
-
-
-STAGES: dict[str, type[Stage]] = {"shuffle": ShuffleStage, "segment": SegmentStage}
+STAGES: dict[str, type[Stage]] = {"shuffle": ShuffleStage}
 
 
 def make_stage(config: config_mod.StageConfig, pipeline: config_mod.PipelineConfig) -> Stage:

@@ -1,0 +1,142 @@
+"""segment's batch building: a work item of the lane planner as its output batches (cut, padded, keyed), a pure
+function of the item, run on the engine's workers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from batchtool.ops.segment_chunks import Examples, SegmentPlan
+from batchtool.padding import default_pad, list_values, padded_list
+from batchtool.stats import is_sequence_type
+
+FIRST_INSERTION_INDEX = -(1 << 63)
+"""TensorFlow's insertion_index of the first example; each later example (in input order) gets the next value."""
+EMPTY_INSERTION_INDEX = (1 << 63) - 1
+"""insertion_index of an empty padding row: never a real example's."""
+
+
+@dataclass(frozen=True)
+class SegmentItem:
+    """A run of consecutive batches: slot [t, b] (batch first_batch + t, lane b) plays segment seg[t, b] of
+    row row[t, b] of sources[src[t, b]]; src -1 is an empty slot."""
+
+    first_batch: int
+    sources: tuple[Examples, ...]
+    src: np.ndarray
+    row: np.ndarray
+    seg: np.ndarray
+    finished: int
+    """Examples whose last segment is in this item (progress and rows_in)."""
+
+
+def build_batches(plan: SegmentPlan, item: SegmentItem) -> tuple[list[pa.RecordBatch], int]:
+    """The item's batches, one RecordBatch each (B rows; without empty rows under allow_small_batch), and the
+    examples it finishes (the writer's work: Regrouped.work).
+
+    With world_size N each step of the planner's N * B lanes is cut into N batches, rank by rank."""
+    o = plan.options
+    U = o.num_unroll
+    N = o.world_size
+    n, lanes = item.src.shape
+    B = lanes // N
+    empty = (item.src < 0).ravel()
+    # an empty slot reads its batch's first real row, so context and state keep their shape (then zeroed)
+    first = np.argmax(item.src >= 0, axis=1)
+    src = np.where(item.src >= 0, item.src, item.src[np.arange(n), first][:, None]).ravel()
+    row = np.where(item.src >= 0, item.row, item.row[np.arange(n), first][:, None]).ravel()
+    seg = np.where(empty, 0, item.seg.ravel()).astype(np.int64)
+    base = np.cumsum([0] + [s.num_rows for s in item.sources])
+    g = base[src] + row
+
+    def per_example(values: Callable[[Examples], np.ndarray]) -> np.ndarray:
+        return np.concatenate([values(s) for s in item.sources])[g]
+
+    def column(name: str) -> pa.Array:
+        return pa.chunked_array([s.data.column(name) for s in item.sources]).take(pa.array(g)).combine_chunks()
+
+    count = np.where(empty, 0, per_example(lambda s: s.count))
+    total = np.where(empty, 0, per_example(lambda s: s.total_length))
+    value = np.where(empty, 0, per_example(lambda s: s.value_length))
+    ordinal = per_example(lambda s: s.first_ordinal + np.arange(s.num_rows))
+    steps = np.clip(value - seg * U, 0, U)
+    original = pa.chunked_array([s.keys for s in item.sources], type=pa.string()).take(pa.array(g))
+    keys, next_keys = _keys(original.combine_chunks(), seg, count, empty)
+    arrays: dict[str, pa.Array] = {
+        "key": keys, "next_key": next_keys,
+        "sequence": pa.array(seg.astype(np.int32)),
+        "sequence_count": pa.array(count.astype(np.int32)),
+        "length": pa.array(np.clip(total - seg * U, 0, U).astype(np.int32)),
+        "total_length": pa.array(total.astype(np.int32)),
+        "insertion_index": pa.array(np.where(empty, EMPTY_INSERTION_INDEX, FIRST_INSERTION_INDEX + ordinal)),
+        "lane": pa.array(np.tile(np.arange(B, dtype=np.int32), n * N)),
+        "batch": pa.array(np.repeat(np.arange(item.first_batch * N, (item.first_batch + n) * N, dtype=np.int64), B)),
+    }
+    keep = pa.array(~empty)
+    for name in o.context:
+        arrays[name] = _zero_where(column(name), keep)
+    for name in o.sequence:
+        arrays[name] = _segments(item, name, src, row, seg, steps, plan)
+    first_segment = pa.array(~empty & (seg == 0))
+    for name, col in o.states.items():
+        arrays[name] = _zero_where(column(col), first_segment)
+    table = pa.RecordBatch.from_arrays([arrays[f.name] for f in plan.schema], schema=plan.schema)
+    batches = [table.slice(t * B, B) for t in range(n * N)]
+    if o.allow_small_batch:
+        # a batch with no real row keeps its empty rows, so every rank still gets a batch at this step
+        real = ~empty.reshape(n * N, B)
+        batches = [b if real[t].all() or not real[t].any() else b.filter(pa.array(real[t]))
+                   for t, b in enumerate(batches)]
+    return batches, item.finished
+
+
+def _segments(item: SegmentItem, name: str, src: np.ndarray, row: np.ndarray, seg: np.ndarray,
+              steps: np.ndarray, plan: SegmentPlan) -> pa.Array:
+    """Each slot's `steps` real values of its segment, padded to num_unroll steps."""
+    U = plan.options.num_unroll
+    flats, starts = zip(*(list_values(source.data.column(name)) for source in item.sources))
+    begin = np.concatenate([offsets[:-1] for offsets in starts])[
+        np.cumsum([0] + [s.num_rows for s in item.sources])[src] + row] + seg * U
+    return padded_list(flats, src, begin, steps, U, plan.pad_values[name], plan.schema.field(name).type.value_field)
+
+
+def _keys(original: pa.Array, seg: np.ndarray, count: np.ndarray, empty: np.ndarray) -> tuple[pa.Array, pa.Array]:
+    """key = '%05d_of_%05d:%s' % (sequence, sequence_count, key); next_key = the next one, or 'STOP:%s' % key."""
+    def number(values: np.ndarray) -> pa.Array:
+        return pc.utf8_lpad(pc.cast(pa.array(values.astype(np.int64)), pa.string()), 5, "0")
+
+    of_count = number(count)
+    key = pc.binary_join_element_wise(number(seg), "_of_", of_count, ":", original, "")
+    following = pc.binary_join_element_wise(number(seg + 1), "_of_", of_count, ":", original, "")
+    stop = pc.binary_join_element_wise("STOP:", original, "")
+    next_key = pc.if_else(pa.array(seg + 1 >= count), stop, following)
+    real = pa.array(~empty)
+    return pc.if_else(real, key, ""), pc.if_else(real, next_key, "")
+
+
+def _zero_where(arr: pa.Array, keep: pa.Array) -> pa.Array:
+    """arr where keep, else a zero of the same shape (0, False, '' or a list of those of the same length)."""
+    return pc.if_else(keep, arr, _zeros_like(arr))
+
+
+def _zeros_like(arr: pa.Array) -> pa.Array:
+    t = arr.type
+    if is_sequence_type(t):
+        values, offsets = list_values(arr)
+        zeros = _zeros_like(values)
+        if pa.types.is_fixed_size_list(t):
+            return pa.FixedSizeListArray.from_arrays(zeros, type=t)
+        if pa.types.is_large_list(t):
+            return pa.LargeListArray.from_arrays(pa.array(offsets, pa.int64()), zeros, type=t)
+        return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), zeros, type=t)
+    try:
+        return pc.fill_null(pa.nulls(len(arr), t), pa.scalar(default_pad(t), t))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError):
+        return pa.nulls(len(arr), t)  # types with no zero (structs, ...) stay null
+
+
+__all__ = ["EMPTY_INSERTION_INDEX", "FIRST_INSERTION_INDEX", "SegmentItem", "build_batches"]

@@ -1,0 +1,163 @@
+"""segment's per-chunk work before lane planning: the output schema and pad values from the input's types, and
+each chunk's checks (keys, lengths) and segment counts, pure functions that run on the engine's workers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from batchtool import rng
+from batchtool.dataset import Chunk
+from batchtool.errors import InputError
+from batchtool.ops.base import ColumnError
+from batchtool.padding import default_pad, parse_pad_values, sequence_lengths
+from batchtool.stats import is_sequence_type
+
+if TYPE_CHECKING:
+    from batchtool.ops.segment import SegmentOptions
+
+METADATA: tuple[tuple[str, pa.DataType], ...] = (
+    ("key", pa.string()), ("next_key", pa.string()), ("sequence", pa.int32()), ("sequence_count", pa.int32()),
+    ("length", pa.int32()), ("total_length", pa.int32()), ("insertion_index", pa.int64()), ("lane", pa.int32()),
+    ("batch", pa.int64()))
+"""Per-row metadata, with NextQueuedSequenceBatch's names and types, plus the lane and the batch index."""
+_POLY = np.uint64(0x100000001B3)
+
+
+@dataclass(frozen=True)
+class SegmentPlan:
+    """What every batch-building call needs: the options, each sequence column's pad value, the output schema."""
+
+    options: SegmentOptions
+    pad_values: Mapping[str, Any]
+    schema: pa.Schema
+
+
+def make_plan(schema: pa.Schema, options: SegmentOptions) -> SegmentPlan:
+    """Check the input columns' types and fix the output schema (`options` with their context resolved)."""
+    key_type = schema.field(options.key).type
+    if not (pa.types.is_string(key_type) or pa.types.is_large_string(key_type)
+            or pa.types.is_binary(key_type) or pa.types.is_large_binary(key_type)):
+        raise ColumnError("key", f"{{key}} {options.key!r} is {key_type}: expected a string column")
+    for name in options.sequence:
+        if not is_sequence_type(schema.field(name).type):
+            raise ColumnError("sequence", f"{{sequence}} {name!r} is {schema.field(name).type}: expected a list column")
+    if options.input_length and not pa.types.is_integer(schema.field(options.input_length).type):
+        raise ColumnError("input_length", f"{{input_length}} {options.input_length!r} is "
+                          f"{schema.field(options.input_length).type}: expected an integer column")
+    pad_values = parse_pad_values(options.pad_value, schema)
+    pads = {name: pad_values.get(name, default_pad(schema.field(name).type)) for name in options.sequence}
+    assert options.context is not None, "make_plan takes options with their context resolved"
+    fields = [pa.field(name, t) for name, t in METADATA]
+    fields += [schema.field(name) for name in options.context]
+    fields += [pa.field(name, pa.list_(schema.field(name).type.value_field)) for name in options.sequence]
+    fields += [schema.field(column).with_name(name) for name, column in options.states.items()]
+    return SegmentPlan(options, pads, pa.schema(fields))
+
+
+@dataclass(frozen=True)
+class Examples:
+    """One input chunk, checked, with what lane planning needs per example."""
+
+    data: pa.RecordBatch
+    ids: np.ndarray
+    keys: pa.Array
+    """The key column as UTF-8 strings."""
+    value_length: np.ndarray
+    """Steps in the sequence columns."""
+    total_length: np.ndarray
+    """Real steps: --input-length, else the value length."""
+    count: np.ndarray
+    """Segments (`NextQueuedSequenceBatch.sequence_count`)."""
+    key_hash: np.ndarray
+    first_ordinal: int = 0
+    """Position of the first row in the input; set by the planner, which sees chunks in order."""
+
+    @property
+    def num_rows(self) -> int:
+        return self.data.num_rows
+
+
+def prepare_chunk(plan: SegmentPlan, locate: Callable[[int], str], task: Callable[[], Chunk]) -> Examples:
+    """Read one chunk, check its keys and lengths and count its segments; errors name the row."""
+    chunk = task()
+    o = plan.options
+    data = chunk.data
+
+    def row(i: int) -> str:
+        return locate(int(chunk.ids[i]))
+
+    keys = data.column(o.key)
+    if keys.null_count:
+        i = int(np.flatnonzero(keys.is_null().to_numpy(zero_copy_only=False))[0])
+        raise InputError(f"{row(i)}: column {o.key!r} is null; every example needs a unique key")
+    if not (pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type)):
+        try:
+            keys = keys.cast(pa.string())
+        except pa.ArrowInvalid as exc:
+            raise InputError(f"{row(0)}..{row(len(keys) - 1)}: column {o.key!r} holds a key that is not UTF-8 "
+                             f"text ({exc})") from exc
+    colon = pc.match_substring(keys, ":").to_numpy(zero_copy_only=False)
+    if colon.any():
+        i = int(np.flatnonzero(colon)[0])
+        raise InputError(f"{row(i)}: key {keys[i].as_py()!r} contains ':', which segment keys use as their "
+                         "separator (as in batch_sequences_with_states)")
+    value = sequence_lengths(data, o.sequence, row)
+    U = o.num_unroll
+    if not o.pad:
+        bad = np.flatnonzero((value % U != 0) | (value == 0))
+        if len(bad):
+            i = int(bad[0])
+            raise InputError(f"{row(i)}: column {o.sequence[0]!r} has {value[i]} steps, not a positive multiple "
+                             f"of --num-unroll {U} (--no-pad requires it; the default --pad pads)")
+    total = value
+    if o.input_length:
+        given = data.column(o.input_length)
+        if given.null_count:
+            i = int(np.flatnonzero(given.is_null().to_numpy(zero_copy_only=False))[0])
+            raise InputError(f"{row(i)}: column {o.input_length!r} is null")
+        total = given.to_numpy(zero_copy_only=False).astype(np.int64)
+        bad = np.flatnonzero((total < 0) | (total > value))
+        if len(bad):
+            i = int(bad[0])
+            raise InputError(f"{row(i)}: column {o.input_length!r} is {total[i]}, but the sequence has {value[i]} "
+                             "steps (the input length must be between 0 and the sequence length)")
+    count = np.maximum(1, -(-value // U)) if o.pad else value // U
+    return Examples(data, chunk.ids, keys, value, total, count, key_hashes(keys))
+
+
+def key_hashes(keys: pa.Array) -> np.ndarray:
+    """A 64-bit hash of each key's bytes (a polynomial over the bytes, then mixed); vectorised, deterministic.
+
+    Equal hashes are only candidates: the duplicate-key check confirms them with the real keys.
+    """
+    keys = keys.cast(pa.large_binary())
+    _, offsets_buf, data_buf = keys.buffers()
+    offsets = np.frombuffer(offsets_buf, np.int64)[keys.offset: keys.offset + len(keys) + 1]
+    data = np.frombuffer(data_buf, np.uint8)[offsets[0]: offsets[-1]] if data_buf is not None \
+        else np.zeros(0, np.uint8)
+    lengths = np.diff(offsets)
+    position = ranges(np.zeros(len(lengths), np.int64), lengths)
+    powers = np.cumprod(np.full(int(lengths.max(initial=0)) + 1, _POLY, dtype=np.uint64), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        weighted = (data.astype(np.uint64) + np.uint64(1)) * powers[position]
+        sums = np.concatenate([np.zeros(1, np.uint64), np.cumsum(weighted, dtype=np.uint64)])
+        rel = offsets - offsets[0]
+        poly = sums[rel[1:]] - sums[rel[:-1]] + lengths.astype(np.uint64)
+    return rng.keyed_hash(0, "segment/key", poly)
+
+
+def ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Concatenated ranges [start, start + count) as one index array."""
+    counts = np.asarray(counts, dtype=np.int64)
+    total = int(counts.sum())
+    ends = np.cumsum(counts)
+    return np.arange(total, dtype=np.int64) - np.repeat(ends - counts, counts) + np.repeat(starts, counts)
+
+
+__all__ = ["METADATA", "Examples", "SegmentPlan", "key_hashes", "make_plan", "prepare_chunk", "ranges"]
