@@ -307,7 +307,7 @@ def test_pipeline_values_take_the_command_lines_forms():
     names = OutputNames()
     assert names.parse("output_column", {"length": "n"}) == (("length", "n"),)
     assert names.parse("output_column", ["length=n, mask=m"]) == (("length", "n"), ("mask", "m"))
-    assert ColumnList(once=True).parse("sequence", ["tokens,frames", "tokens"]) == ("tokens", "frames")
+    assert ColumnList(dedupe=True).parse("sequence", ["tokens,frames", "tokens"]) == ("tokens", "frames")
 
 
 # --- the plan and the dry run, from a length histogram alone --------------------------------------------------
