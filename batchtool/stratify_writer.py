@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
-from batchtool import budget
+from batchtool import budget, progress
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.engines import with_engine
 from batchtool.job import JobResult, RunSettings, open_source, write_job
@@ -17,8 +17,8 @@ from batchtool.ops.base import manifest_options
 from batchtool.driver import Applied, make_plan, scanner
 from batchtool.ops.labels import LabelError, check_label_type, full_label_error
 from batchtool.ops.quotas import plan_layout
-from batchtool.ops.shuffle import (PART_SHARE, RowReader, bytes_per_row, emit, estimate_memory_bytes, keyed_spill,
-                                   peek, rebatch, spill_streams)
+from batchtool.ops.keyed import PART_SHARE, keyed_spill, spill_streams
+from batchtool.ops.rows import RowReader, bytes_per_row, emit, estimate_memory_bytes, peek, rebatch
 from batchtool.ops.stratify import OP, STAGE, Stratification, StratifyOptions, balanced_batches
 from batchtool.output import OutputOptions
 from batchtool.spill import parts_for
@@ -82,7 +82,8 @@ def _write(applied: Applied, dataset: Dataset, dst: str, output: OutputOptions, 
     part_bytes = max(1, options.memory // (PART_SHARE * int(active.sum())))
     parts = [parts_for(whole * t, part_bytes) for t in strat.target.tolist()]
     with keyed_spill(dataset.schema, parts, strat.seed, STAGE + "/order", options.memory, options.tmp_dir) as spill:
-        spill_streams(selected, spill, strat.labels, f"{who}: select", dataset.progress_rows, run.quiet)
+        with progress.bar(f"{who}: select", dataset.progress_rows, quiet=run.quiet) as bar:
+            spill_streams(selected, spill, strat.labels, bar)
         available = spill.rows.copy()
         layout = plan_layout(available, strat.target, options.batch_size, partial=not options.drop_remainder,
                              oversample=False)

@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from batchtool import spill as spill_mod
 from batchtool.job import RunSettings
 from batchtool.ops.bucket import BucketOptions, bucket
-from batchtool.ops.shuffle import ShuffleOptions, shuffle
+from batchtool.driver import run_operation
+from batchtool.ops.shuffle import OP as SHUFFLE, ShuffleOptions
 from batchtool.output import OutputOptions
 from conftest import SAMPLE, data_bytes
 
@@ -135,7 +136,10 @@ def test_any_corpus_buckets_and_shuffles_the_same_under_any_budget(corpus, seed)
             sums = []
             for i, memory in enumerate((1 << 30, 2 << 10, 300)):
                 dst = os.path.join(tmp, f"{op}-{memory}")
-                fn = bucket if op == "bucket" else shuffle
-                fn(os.path.join(tmp, "src"), dst, make(memory), OutputOptions(), quiet[i % 2], seed=seed)
+                src, options = os.path.join(tmp, "src"), make(memory)
+                if op == "bucket":
+                    bucket(src, dst, options, OutputOptions(), quiet[i % 2], seed=seed)
+                else:
+                    run_operation(SHUFFLE, options, src, dst, OutputOptions(), quiet[i % 2], seed=seed)
                 sums.append(digests(dst))
             assert all(s == sums[0] for s in sums[1:]), op

@@ -18,7 +18,9 @@ from batchtool import rng
 from batchtool.dataset import Chunk
 from batchtool.errors import UsageError
 from batchtool.job import RunSettings
-from batchtool.ops.shuffle import STAGE, ShuffleOptions, buffered_shuffle, rebatch, shuffle
+from batchtool.driver import run_operation
+from batchtool.ops.rows import rebatch
+from batchtool.ops.shuffle import OP, STAGE, ShuffleOptions, buffered_shuffle
 from batchtool.output import OutputOptions
 from batchtool.synthetic import make_table
 from conftest import REPO, read_dir, write_parquet_shards
@@ -27,8 +29,8 @@ SCHEMA = pa.schema([("x", pa.int64())])
 
 
 def run(src, dst, threads: int = 2, seed: int = 0, **options):
-    return shuffle(src, str(dst), ShuffleOptions(**options), OutputOptions(), RunSettings(threads=threads, quiet=True),
-                   seed=seed)
+    return run_operation(OP, ShuffleOptions(**options), src, str(dst), OutputOptions(),
+                         RunSettings(threads=threads, quiet=True), seed=seed)
 
 
 def chunks_of(sizes: list[int]) -> list[Chunk]:
@@ -133,7 +135,8 @@ CHILD = """
 import json, sys
 import pyarrow as pa
 from batchtool.job import RunSettings
-from batchtool.ops.shuffle import ShuffleOptions, shuffle
+from batchtool.driver import run_operation
+from batchtool.ops.shuffle import OP, ShuffleOptions
 from batchtool.output import OutputOptions
 
 def status():
@@ -141,7 +144,8 @@ def status():
             (line.split(":", 1) for line in open("/proc/self/status")) if k in ("VmRSS", "VmHWM")}
 
 def run(src, dst):
-    shuffle(src, dst, ShuffleOptions(memory=int(sys.argv[3])), OutputOptions(), RunSettings(threads=2, quiet=True))
+    run_operation(OP, ShuffleOptions(memory=int(sys.argv[3])), src, dst, OutputOptions(),
+                  RunSettings(threads=2, quiet=True))
 
 run(sys.argv[4], sys.argv[2] + "-warmup")  # lazy imports, thread stacks, reader state: not data
 before = status()["VmRSS"]

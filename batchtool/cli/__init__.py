@@ -9,7 +9,7 @@ from batchtool.cli import io  # noqa: F401  (registers inspect, convert)
 from batchtool.cli import ops  # noqa: F401  (registers the commands of batchtool.ops.OPERATIONS)
 from batchtool.cli import pack  # noqa: F401  (registers pack)
 from batchtool.cli import pipeline  # noqa: F401  (registers run)
-from batchtool.cli import resampling  # noqa: F401  (registers stratify, resample, shuffle)
+from batchtool.cli import resampling  # noqa: F401  (registers stratify)
 from batchtool.cli import segment  # noqa: F401  (registers segment)
 from batchtool.cli.common import cli
 from batchtool.entry import main

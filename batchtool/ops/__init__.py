@@ -6,6 +6,7 @@ from batchtool.ops import filter as filter_op
 from batchtool.ops import rename as rename_op
 from batchtool.ops import resample as resample_op
 from batchtool.ops import select as select_op
+from batchtool.ops import shuffle as shuffle_op
 from batchtool.ops import stratify as stratify_op
 from batchtool.ops.base import Operation
 
@@ -14,6 +15,7 @@ OPERATIONS: dict[str, Operation] = {
     "select": select_op.OP,
     "rename": rename_op.OP,
     "resample": resample_op.OP,
+    "shuffle": shuffle_op.OP,
 }
 """Name -> definition: the command, the pipeline stage and the dry run of each are derived from it."""
 

@@ -30,7 +30,7 @@ from batchtool.ops.boundaries import (
 from batchtool.output import OutputOptions
 from batchtool.padding import mask_column, pad_batch, parse_pad_values, sequence_lengths
 from batchtool.ops.quotas import QuotaLayout, plan_layout
-from batchtool.ops.shuffle import RowReader
+from batchtool.ops.rows import RowReader
 from batchtool.ops.stratify import (
     MAX_CLASSES,
     LabelError,

@@ -21,7 +21,8 @@ from batchtool.ops.base import shown as shown_value
 from batchtool.ops.labels import MAX_CLASSES, Locate, LabelError, bad_label_count, full_label_error, label_codes
 from batchtool.ops.quotas import QuotaLayout
 from batchtool.ops.resample import Copies, Piece, copy_stats, copy_summary
-from batchtool.ops.shuffle import DEFAULT_MEMORY, RowReader
+from batchtool.ops.keyed import DEFAULT_MEMORY
+from batchtool.ops.rows import RowReader
 from batchtool.ops.stratify_plans import (STAGE, Plan, RatePlan, Target, ThresholdPlan, acceptance_probs,
                                           check_zero_classes, exact_target, exact_totals, largest_total,
                                           replacement_rates, target_vector, threshold_plan)

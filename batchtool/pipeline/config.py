@@ -22,7 +22,6 @@ import click
 from batchtool import formats, fs
 from batchtool.cli import bucket as bucket_cli
 from batchtool.cli import pack as pack_cli
-from batchtool.cli import resampling as resampling_cli
 from batchtool.cli import segment as segment_cli
 from batchtool.cli.common import (cli, default_format, input_options, make_output, output_options, parse_size,
                                   run_options)
@@ -39,11 +38,10 @@ else:  # pragma: no cover
 
 OPS = tuple(dict.fromkeys(("stratify", "resample", "shuffle", "bucket", "pack", "segment", *OPERATIONS)))
 BUILDERS: dict[str, Callable[..., Any]] = {
-    "shuffle": resampling_cli.shuffle_options, "bucket": bucket_cli.bucket_options,
-    "segment": segment_cli.segment_options, "pack": pack_cli.pack_options,
+    "bucket": bucket_cli.bucket_options, "segment": segment_cli.segment_options, "pack": pack_cli.pack_options,
 }
 """The function each command builds its options with, from its flags' values."""
-SPILLING = ("shuffle", "bucket", "pack")
+SPILLING = ("bucket", "pack")
 """Operations whose options carry the pipeline's memory and tmp-dir (segment gets them when it runs)."""
 TOP_KEYS = ("seed", "threads", "memory", "tmp-dir", "input", "stage", "output")
 INPUT_KEYS = ("path", "format", "columns", "skip-corrupt")
