@@ -218,24 +218,27 @@ class _Sorted:
     drop_remainder: bool
 
     def __iter__(self) -> Iterator[Chunk]:
-        return rebatch(self.spill.read_group(0), self.batch_rows, self.schema, self.drop_remainder)
+        yield from rebatch(self.spill.read_group(0), self.batch_rows, self.schema, self.drop_remainder)
 
 
 class _Buffered:
-    """The buffered shuffle's output batches, computed as they stream (from the input again, each time): the
-    first chunk sizes them, the rows are counted as they pass."""
+    """The buffered shuffle's output batches, computed as they stream (from the input again if streamed again):
+    the first chunk, read now, sizes them and checks the budget; the rows are counted as they pass."""
 
     def __init__(self, plan: ShufflePlan, data: Dataset, report: ReadReport, threads: int) -> None:
         self.plan, self.data, self.report, self.threads = plan, data, report, threads
-        self.info: dict[str, Any] = {}
+        first, self._chunks = peek(data.chunks(None, threads, report))
+        self.info = layout(data, plan.options, Yardstick.of(first))
         self.rows_in = 0
 
     def __iter__(self) -> Iterator[Chunk]:
         o, schema = self.plan.options, self.data.schema
-        first, chunks = peek(self.data.chunks(None, self.threads, self.report))
-        self.info, self.rows_in = layout(self.data, o, Yardstick.of(first)), 0
+        chunks, self._chunks = self._chunks, None
+        if chunks is None:
+            chunks = self.data.chunks(None, self.threads, self.report)
+        self.rows_in = 0
         shuffled = buffered_shuffle(self._counted(chunks), o.capacity, self.plan.seed, schema)
-        return rebatch(shuffled, self.info["batch_rows"], schema, o.drop_remainder)
+        yield from rebatch(shuffled, self.info["batch_rows"], schema, o.drop_remainder)
 
     def _counted(self, chunks: Iterable[Chunk]) -> Iterator[Chunk]:
         for chunk in chunks:
