@@ -203,6 +203,9 @@ def buffered_shuffle(chunks: Iterable[Chunk], capacity: int, seed: int, schema: 
 
 @dataclass(frozen=True)
 class ShufflePlan:
+    """What a shuffle needs besides its input: its options and the seed of its keyed order. The rest (batch
+    rows, spill parts) is sized from the first chunk when it regroups."""
+
     options: ShuffleOptions
     seed: int
 
@@ -276,7 +279,7 @@ class Shuffle(Operation[ShuffleOptions, ShufflePlan]):
         return ShufflePlan(options, context.seed)
 
     @contextmanager
-    def regroup(self, plan: ShufflePlan, data: Dataset, report: ReadReport,  # type: ignore[override]
+    def regroup(self, plan: ShufflePlan, data: Dataset, report: ReadReport,
                 runtime: Runtime) -> Iterator[Regrouped]:
         """The global shuffle spills every row (in the calling thread) and reads the spill back in keyed order,
         removing its files when the block ends; the buffered one streams."""
