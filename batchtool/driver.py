@@ -12,10 +12,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from batchtool import progress
+from batchtool import fs, progress, runner
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.engines import with_engine
 from batchtool.errors import BatchtoolError
+from batchtool.exchange_writer import write_exchanged
 from batchtool.job import JobResult, RunSettings, open_source, write_job
 from batchtool.ops.base import Bar, Context, Kind, Operation, OptionError, Regrouped, Scan, Tally
 from batchtool.output import OutputOptions
@@ -24,21 +25,19 @@ from batchtool.runner import ordered_map
 
 @dataclass(frozen=True)
 class EngineRuntime:
-    """The ops.base.Runtime of a run: its engine (threads or Ray, whichever is active) and its progress bars."""
+    """The ops.base.Runtime of a run: its engine (threads or Ray, whichever is active) and its progress bars,
+    named by `who` runs the op (`shuffle`, `stage 1 (shuffle)`)."""
 
     threads: int
     quiet: bool = True
-    label: str | None = None
-    """Who its bars name instead of the op (`stage 2 (stratify): select` in a pipeline); None: the op."""
+    who: str | None = None
+    """Who its bars name before the op's own words (`stage 2 (stratify): select` in a pipeline); None: no one."""
 
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
         return ordered_map(fn, items, self.threads)
 
     def bar(self, desc: str, total: int | None) -> AbstractContextManager[Bar]:
-        """`desc` as an op names its passes (`stratify: select`), relabelled with `label` if any."""
-        if self.label is not None:
-            desc = f"{self.label}:{desc.partition(':')[2]}"
-        return progress.bar(desc, total, quiet=self.quiet)
+        return progress.bar(f"{self.who}: {desc}" if self.who else desc, total, quiet=self.quiet)
 
     def apply(self, op: Operation, plan: Any, data: Dataset,
               report: ReadReport) -> tuple[Iterator[tuple[Chunk, int]], Tally]:
@@ -201,7 +200,8 @@ def write_regrouped(write: Callable[..., JobResult], out: Regrouped, output: Out
 def run_operation(op: Operation, options: Any, src: str, dst: str, output: OutputOptions,
                   run: RunSettings = RunSettings(), *, seed: int = 0, format: str | None = None,
                   skip_corrupt: bool = False) -> JobResult:
-    """An op as a command: SRC through its plan and kernel (or its regrouping) into DST, with the manifest."""
+    """An op as a command: SRC through its plan and kernel (or its regrouping) into DST, with the manifest. On a
+    remote engine (--engine ray) with DST a path, a regrouping op's Exchange plan runs on the workers."""
     tmp_dir = getattr(options, "tmp_dir", None) if op.spills else None
     dataset = open_source(src, dst, output, tmp_dir=tmp_dir, format=format, skip_corrupt=skip_corrupt)
     try:
@@ -215,7 +215,11 @@ def run_operation(op: Operation, options: Any, src: str, dst: str, output: Outpu
                dataset=dataset, dst=dst, schema=schema, run=run)
     with stream_errors(op, plan, dataset, run.threads):
         if op.kind_of(options) is not Kind.ROWS:
-            with op.regroup(plan, dataset, report, EngineRuntime(run.threads, run.quiet)) as out:
+            if runner.active_engine() is not None and not fs.is_uri(dst):  # on the workers, if the op can
+                result = write_exchanged(op, plan, output, **job)
+                if result is not None:
+                    return result
+            with op.regroup(plan, dataset, report, EngineRuntime(run.threads, run.quiet, op.name)) as out:
                 return write_regrouped(write_job, out, output, desc=f"{op.name}: write", report=report, **job)
         applied = Applied(op, plan)
         items = applied.items(dataset, op.input_columns(options, None), run.threads, report)

@@ -161,7 +161,7 @@ ERRORS = {
                       "stage 1 (bucket): key 'mask': expected true or false, got integer 1"),
     "bad choice": (['op = "stratify"\ntarget = "uniform"\nmode = "exactly"'],
                    "stage 1 (stratify): key 'mode' = 'exactly': expected one of exact, bernoulli, online"),
-    "invalid value": (['op = "shuffle"\nbatch-size = 0'], "stage 1 (shuffle): batch-size 0: must be at least 1"),
+    "invalid value": (['op = "shuffle"\nbatch-size = 0'], "stage 1 (shuffle): key 'batch-size' = 0: must be at least 1"),
     "missing required": (['op = "stratify"'], "stage 1 (stratify): missing key 'target'"),
     "unknown op": (['op = "bukcet"'], "stage 1: key 'op': unknown operation 'bukcet' (did you mean 'bucket'?)"),
     "missing op": (['target = "uniform"'], "stage 1: missing key 'op'"),

@@ -1,4 +1,4 @@
-"""The distributed global shuffle (batchtool.exchange, shuffle.write_exchanged) run on local threads: the same
+"""The distributed global shuffle (batchtool.exchange, exchange_writer.write_exchanged) run on local threads: the same
 bytes and statistics as the local spill, for Parquet and TFRecord input, several shards and a dropped
 remainder; a failure leaves DST and no temporary files behind. (On Ray: tests/test_ray.py.)"""
 
@@ -9,12 +9,14 @@ import shutil
 
 import pytest
 
+from batchtool import exchange_writer
 from batchtool.convert import convert
+from batchtool.driver import make_plan, run_operation
 from batchtool.errors import DestinationError, InputError
 from batchtool.exchange import MapJob, _map, read_units
+from batchtool.exchange_writer import write_exchanged
 from batchtool.job import RunSettings, open_source
-from batchtool.ops import shuffle as shuffle_module
-from batchtool.ops.shuffle import ShuffleOptions, shuffle, write_exchanged
+from batchtool.ops.shuffle import OP, ShuffleOptions
 from batchtool.output import OutputOptions
 from batchtool.synthetic import make_table
 from conftest import data_bytes, write_parquet_shards
@@ -50,16 +52,26 @@ one task, not in parallel. (Arrow IPC writes the schema with a file's first batc
 are right unless a shard starting inside a measuring task ends within the schema's bytes of the limit.)"""
 
 
-def exchanged(src: str, dst: str, options: ShuffleOptions, output: OutputOptions, seed: int):
-    return write_exchanged(open_source(src, dst, output), options, dst, output, RunSettings(threads=2, quiet=True),
-                           seed=seed)
+def exchanged(src: str, dst: str, options: ShuffleOptions, output: OutputOptions, seed: int,
+              skip_corrupt: bool = False):
+    """The exchange as the driver runs it with --engine ray (here on local threads)."""
+    dataset = open_source(src, dst, output, skip_corrupt=skip_corrupt)
+    plan = make_plan(OP, options, dataset, 2, seed)
+    return write_exchanged(OP, plan, output, command="shuffle", options=OP.recorded(options, output), seed=seed,
+                           dataset=dataset, dst=dst, schema=dataset.schema, run=RunSettings(threads=2, quiet=True))
+
+
+def shuffle(src: str, dst: str, options: ShuffleOptions, output: OutputOptions, run: RunSettings, *, seed: int = 0,
+            skip_corrupt: bool = False):
+    """The local spill, as the command runs it."""
+    return run_operation(OP, options, src, dst, output, run, seed=seed, skip_corrupt=skip_corrupt)
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_same_bytes_and_stats_as_the_local_spill(case, sources, tmp_path, monkeypatch):
     fmt, options, output = CASES[case]
     in_one_task = []
-    monkeypatch.setattr(shuffle_module, "_write_all", lambda job, write=shuffle_module._write_all:
+    monkeypatch.setattr(exchange_writer, "_write_all", lambda job, write=exchange_writer._write_all:
                         in_one_task.append(job) or write(job))
     src = sources[fmt]
     local = shuffle(src, str(tmp_path / "local"), options, output, RunSettings(threads=2, quiet=True), seed=3)
@@ -95,8 +107,7 @@ def test_skipped_corrupt_records_are_counted_as_locally(sources, tmp_path):
     (src / "part-00002.tfrecord").write_bytes(bytes(raw))
     options, output = ShuffleOptions(batch_size=16), OutputOptions()
     local = shuffle(str(src), str(tmp_path / "local"), options, output, RunSettings(quiet=True), skip_corrupt=True)
-    dataset = open_source(str(src), str(tmp_path / "ours"), output, skip_corrupt=True)
-    ours = write_exchanged(dataset, options, str(tmp_path / "ours"), output, RunSettings(threads=2, quiet=True), seed=0)
+    ours = exchanged(str(src), str(tmp_path / "ours"), options, output, seed=0, skip_corrupt=True)
     assert data_bytes(str(tmp_path / "ours")) == data_bytes(str(tmp_path / "local"))
     assert ours.manifest["stats"] == local.manifest["stats"] and local.manifest["stats"]["corrupt_records_skipped"] == 1
 

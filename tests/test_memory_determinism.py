@@ -25,7 +25,8 @@ from batchtool.job import RunSettings
 from batchtool.driver import run_operation
 from batchtool.ops.bucket import OP as BUCKET
 from batchtool.ops.bucket import BucketOptions
-from batchtool.ops.shuffle import ShuffleOptions, shuffle
+from batchtool.ops.shuffle import OP as SHUFFLE
+from batchtool.ops.shuffle import ShuffleOptions
 from batchtool.output import OutputOptions
 from conftest import SAMPLE, data_bytes
 
@@ -137,10 +138,8 @@ def test_any_corpus_buckets_and_shuffles_the_same_under_any_budget(corpus, seed)
             sums = []
             for i, memory in enumerate((1 << 30, 2 << 10, 300)):
                 dst = os.path.join(tmp, f"{op}-{memory}")
-                src = os.path.join(tmp, "src")
-                if op == "bucket":
-                    run_operation(BUCKET, make(memory), src, dst, OutputOptions(), quiet[i % 2], seed=seed)
-                else:
-                    shuffle(src, dst, make(memory), OutputOptions(), quiet[i % 2], seed=seed)
+                src, options = os.path.join(tmp, "src"), make(memory)
+                run_operation(BUCKET if op == "bucket" else SHUFFLE, options, src, dst, OutputOptions(), quiet[i % 2],
+                              seed=seed)
                 sums.append(digests(dst))
             assert all(s == sums[0] for s in sums[1:]), op

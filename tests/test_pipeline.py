@@ -20,7 +20,7 @@ from batchtool.ops.segment import SegmentOptions
 from batchtool.ops.stratify import StratifyOptions
 from batchtool.pipeline import execute, load, run_pipeline
 from batchtool.ops.rename import RenameOptions
-from batchtool.pipeline.stages import ShuffleStage
+from batchtool.pipeline.stages import OpStage
 from batchtool.synthetic import make_table
 
 RUN = RunSettings(threads=2, quiet=True)
@@ -96,13 +96,13 @@ def test_stage_inputs_are_rekeyed_row_numbers_and_read_back_as_from_parquet(tmp_
         seen.update(ids=np.concatenate([c.ids for c in chunks]), first=chunks[0].data, view=view)
         raise InputError("stop here")
 
-    original = ShuffleStage.write
-    ShuffleStage.write = spy
+    original = OpStage.write
+    OpStage.write = spy
     try:
         with pytest.raises(BatchtoolError, match="stage 2 .shuffle.: stop here"):
             run_pipeline(config, RUN)
     finally:
-        ShuffleStage.write = original
+        OpStage.write = original
     ids = seen["ids"]
     assert ids.tolist() == list(range(len(ids)))
     first = seen["first"]  # read back as the next command would: re-reading changes nothing
@@ -114,13 +114,13 @@ def test_stage_inputs_are_rekeyed_row_numbers_and_read_back_as_from_parquet(tmp_
 
 def materializations(monkeypatch) -> list:
     calls = []
-    original = ShuffleStage.materialize
+    original = OpStage.materialize
 
-    def counting(self, view, columns, run, report, batch_rows=None):
-        calls.append(None if columns is None else sorted(columns))
-        return original(self, view, columns, run, report, batch_rows)
+    def counting(self, view, run, report, like=None):
+        calls.append(None if view.scope is None else sorted(view.scope))
+        return original(self, view, run, report, like)
 
-    monkeypatch.setattr(ShuffleStage, "materialize", counting)
+    monkeypatch.setattr(OpStage, "materialize", counting)
     return calls
 
 

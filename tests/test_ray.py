@@ -24,7 +24,8 @@ from batchtool.convert import convert
 from batchtool.errors import InputError, UsageError
 from batchtool.job import RunSettings
 from batchtool.driver import run_operation
-from batchtool.ops.shuffle import ShuffleOptions, shuffle
+from batchtool.ops.shuffle import OP as SHUFFLE
+from batchtool.ops.shuffle import ShuffleOptions
 from batchtool.ops import stratify as stratify_op
 from batchtool.ops.stratify import LabelError, StratifyOptions
 from batchtool.output import OutputOptions
@@ -176,7 +177,7 @@ def stratify(src: str, dst: str, options: StratifyOptions, output: OutputOptions
     return run_operation(stratify_op.OP, options, src, dst, output, run, **kwargs)
 
 
-@pytest.mark.parametrize("entry", [convert, run_operation, shuffle, check])
+@pytest.mark.parametrize("entry", [convert, run_operation, check])
 def test_every_entry_point_runs_on_its_run_settings_engine(entry):
     """The Python API honours RunSettings(engine=...) like the CLI (see the stratify run above)."""
     assert entry.__wrapped__ and "run" in inspect.signature(entry).parameters
@@ -268,8 +269,10 @@ def test_global_shuffle_sends_no_data_through_the_driver(fmt, src, tmp_path, ray
 
         monkeypatch.setattr(ray_engine, name, counted)
     options, output = ShuffleOptions(memory=20_000, batch_size=32), OutputOptions(shard_bytes=20_000)
-    ray = shuffle(src, str(tmp_path / "ray"), options, output, RunSettings(threads=2, quiet=True, engine="ray"), seed=4)
-    local = shuffle(src, str(tmp_path / "local"), options, output, RunSettings(threads=2, quiet=True), seed=4)
+    ray = run_operation(SHUFFLE, options, src, str(tmp_path / "ray"), output,
+                        RunSettings(threads=2, quiet=True, engine="ray"), seed=4)
+    local = run_operation(SHUFFLE, options, src, str(tmp_path / "local"), output, RunSettings(threads=2, quiet=True),
+                          seed=4)
     written = data_bytes(str(tmp_path / "local"))
     assert data_bytes(str(tmp_path / "ray")) == written and len(written) > 1
     assert ray.manifest["stats"] == local.manifest["stats"] and local.manifest["stats"]["parts"] > 1

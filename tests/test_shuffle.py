@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -18,17 +19,22 @@ from batchtool import rng
 from batchtool.dataset import Chunk
 from batchtool.errors import UsageError
 from batchtool.job import RunSettings
-from batchtool.ops.shuffle import STAGE, ShuffleOptions, buffered_shuffle, rebatch, shuffle
+from batchtool.driver import run_operation
+from batchtool.ops.rows import rebatch
+from batchtool.ops.base import Context
+from batchtool.ops.shuffle import BATCH_BYTES, OP, STAGE, ShuffleOptions, buffered_shuffle, output_batch_rows
 from batchtool.output import OutputOptions
+from batchtool.pipeline.config import load
+from batchtool.pipeline.execute import run_pipeline
 from batchtool.synthetic import make_table
-from conftest import REPO, read_dir, write_parquet_shards
+from conftest import REPO, data_bytes, read_dir, write_parquet_shards
 
 SCHEMA = pa.schema([("x", pa.int64())])
 
 
 def run(src, dst, threads: int = 2, seed: int = 0, **options):
-    return shuffle(src, str(dst), ShuffleOptions(**options), OutputOptions(), RunSettings(threads=threads, quiet=True),
-                   seed=seed)
+    return run_operation(OP, ShuffleOptions(**options), src, str(dst), OutputOptions(),
+                         RunSettings(threads=threads, quiet=True), seed=seed)
 
 
 def chunks_of(sizes: list[int]) -> list[Chunk]:
@@ -122,6 +128,7 @@ def test_rebatch_keeps_rows_and_cuts_exact_batches(sizes, size, drop):
     ({"drop_remainder": True}, "--drop-remainder needs --batch-size"),
     ({"buffer": 10, "min_after_dequeue": 10}, "--min-after-dequeue 10 must be smaller than --buffer 10"),
     ({"buffer": 0}, "--buffer 0"),
+    ({"min_after_dequeue": -1}, "--min-after-dequeue -1: must be >= 0"),
     ({"batch_size": 0}, "--batch-size 0"),
 ])
 def test_option_errors(kwargs, message):
@@ -133,7 +140,8 @@ CHILD = """
 import json, sys
 import pyarrow as pa
 from batchtool.job import RunSettings
-from batchtool.ops.shuffle import ShuffleOptions, shuffle
+from batchtool.driver import run_operation
+from batchtool.ops.shuffle import OP, ShuffleOptions
 from batchtool.output import OutputOptions
 
 def status():
@@ -141,7 +149,8 @@ def status():
             (line.split(":", 1) for line in open("/proc/self/status")) if k in ("VmRSS", "VmHWM")}
 
 def run(src, dst):
-    shuffle(src, dst, ShuffleOptions(memory=int(sys.argv[3])), OutputOptions(), RunSettings(threads=2, quiet=True))
+    run_operation(OP, ShuffleOptions(memory=int(sys.argv[3])), src, dst, OutputOptions(),
+                  RunSettings(threads=2, quiet=True))
 
 run(sys.argv[4], sys.argv[2] + "-warmup")  # lazy imports, thread stacks, reader state: not data
 before = status()["VmRSS"]
@@ -172,3 +181,42 @@ def test_peak_memory_stays_bounded_on_data_many_times_the_budget(tmp_path):
     assert growth < 4 * memory, measured
     assert measured["arrow_peak"] < 3 * memory, measured
     assert read_dir(str(tmp_path / "out")).num_rows == 14_000
+
+
+def test_a_buffered_shuffle_in_a_pipeline_writes_the_bytes_of_the_cli_chain(tmp_path, parquet_src, run_cli):
+    """The buffered shuffle regroups as it streams: a stage after it whose passes read it twice (stratify's
+    counts, then its thresholds) gets the same order each time, and the output is the two commands' output."""
+    (tmp_path / "p.toml").write_text(f'seed = 4\n[input]\npath = "{parquet_src}"\n[[stage]]\nop = "shuffle"\n'
+                                     'buffer = 40\n[[stage]]\nop = "stratify"\ntarget = "uniform"\n'
+                                     '[output]\npath = "out"\n')
+    assert run_cli("run", tmp_path / "p.toml", "-q").exit_code == 0
+    assert run_cli("shuffle", parquet_src, tmp_path / "s", "--buffer", "40", "--seed", "4", "-q").exit_code == 0
+    assert run_cli("stratify", tmp_path / "s", tmp_path / "chain", "--target", "uniform", "--seed", "4",
+                   "-q").exit_code == 0
+    assert data_bytes(str(tmp_path / "out")) == data_bytes(str(tmp_path / "chain"))
+    shuffled = json.load(open(tmp_path / "out" / ".batchtool_manifest.json"))["stats"]["stages"][0]
+    assert (shuffled["mode"], shuffled["capacity"], shuffled["rows_in"], shuffled["rows_out"]) == \
+        ("buffered", 40, 300, 300)
+
+
+@pytest.mark.parametrize("drop, rows_out, batches", [(False, 300, 5), (True, 256, 4)])
+def test_dry_run_says_the_batches_a_shuffle_would_write(tmp_path, parquet_src, drop, rows_out, batches):
+    (tmp_path / "p.toml").write_text(f'[input]\npath = "{parquet_src}"\n[[stage]]\nop = "shuffle"\nbuffer = 10\n'
+                                     f'[[stage]]\nop = "shuffle"\nbatch-size = 64\ndrop-remainder = {str(drop).lower()}'
+                                     '\n[output]\npath = "out"\n')
+    first, last = run_pipeline(load(str(tmp_path / "p.toml")), RunSettings(quiet=True), dry_run=True).stages
+    assert (first["rows_in"], first["rows_out"]) == (300, 300)
+    assert (last["rows_in"], last["rows_out"], last["batches"]) == (300, rows_out, batches)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_narrow_regrouping_is_cut_as_the_full_one():
+    """cut_like: the output batches of a shuffle of fewer columns are sized from the full input's first chunk."""
+    plan = OP.plan(ShuffleOptions(), Context(0, SCHEMA, "src", str), None)
+    wide = Chunk(pa.record_batch({"x": np.zeros(1000, dtype=np.int64), "y": np.zeros(1000)}), np.zeros(1000))
+    per_row = pa.ipc.get_record_batch_size(wide.data) / 1000  # about 16 bytes: x and y
+    assert OP.cut_like(plan, wide).options.batch_size == int(BATCH_BYTES / per_row)
+    narrow = Chunk(wide.data.select(["x"]), wide.ids)
+    assert output_batch_rows(narrow, plan.options) > int(BATCH_BYTES / per_row)  # what it would cut alone
+    assert OP.cut_like(replace(plan, options=ShuffleOptions(batch_size=7)), wide).options.batch_size == 7
+    assert OP.exchange(replace(plan, options=ShuffleOptions(buffer=5)), None, None) is None  # buffered: on the driver

@@ -7,7 +7,6 @@ from batchtool.cli import docs  # noqa: F401  (registers docs)
 from batchtool.cli import io  # noqa: F401  (registers inspect, convert)
 from batchtool.cli import ops  # noqa: F401  (registers the commands of batchtool.ops.OPERATIONS)
 from batchtool.cli import pipeline  # noqa: F401  (registers run)
-from batchtool.cli import resampling  # noqa: F401  (registers shuffle)
 from batchtool.cli.common import cli
 from batchtool.entry import main
 

@@ -9,6 +9,7 @@ from batchtool.ops import rename as rename_op
 from batchtool.ops import resample as resample_op
 from batchtool.ops import segment as segment_op
 from batchtool.ops import select as select_op
+from batchtool.ops import shuffle as shuffle_op
 from batchtool.ops import stratify as stratify_op
 from batchtool.ops.base import Operation
 
@@ -21,6 +22,7 @@ OPERATIONS: dict[str, Operation] = {
     "pack": pack_op.OP,
     "bucket": bucket_op.OP,
     "segment": segment_op.OP,
+    "shuffle": shuffle_op.OP,
 }
 """Name -> definition: the command, the pipeline stage and the dry run of each are derived from it."""
 

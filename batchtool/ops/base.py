@@ -377,7 +377,8 @@ class Runtime(Protocol):
         ...
 
     def bar(self, desc: str, total: int | None) -> AbstractContextManager[Bar]:
-        """A progress bar for a pass (shown on a terminal, silent with --quiet)."""
+        """A progress bar for a pass (shown on a terminal, silent with --quiet); `desc` names the pass ("spill"),
+        the runtime says whose it is (`shuffle: spill`, `stage 1 (shuffle): spill`)."""
         ...
 
     def apply(self, op: Operation, plan: Any, data: Dataset,
@@ -401,6 +402,28 @@ class Regrouped:
     """The input rows the items complete (the write's progress total); None: the input's rows."""
     sequence_columns: tuple[str, ...] | None = None
     """Columns to write as feature lists should the output be tf.train.SequenceExample records."""
+
+
+Probe = Callable[[Callable[[Chunk], Any]], Any]
+"""probe(measure): measure(the input's first chunk) computed where the chunk is read (None: no rows)."""
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """A regrouping the driver may run as map-reduce on a remote engine's workers instead of `regroup`, with no
+    row passing through the driver (batchtool.exchange_writer): every row scattered by its keyed order
+    (`stage`, `seed`) into `parts` key ranges through files beside DST, each range sorted on a worker, the
+    rows in that order cut into batches of `batch_rows` (the final partial one dropped if `drop_remainder`)
+    and written as shards on the workers. It must write what `regroup` writes reading the same spill back;
+    `stats(rows)`, given the rows scattered, is the manifest's statistics."""
+
+    stage: str
+    seed: int
+    parts: int
+    flush_bytes: int
+    batch_rows: int
+    drop_remainder: bool
+    stats: Callable[[int], dict[str, Any]]
 
 
 def manifest_options(options: Any, output: OutputOptions) -> dict[str, Any]:
@@ -514,6 +537,18 @@ class Operation(Generic[O, P]):
         streams it on."""
         raise NotImplementedError(f"{self.name} does not regroup")
 
+    def cut_like(self, plan: P, first: Chunk | None) -> P:
+        """The plan for a `regroup` of only some of the input's columns (a pipeline's narrow pass) whose output
+        chunks must be cut as a regroup of all of them would cut them; `first` is the first chunk of all the
+        columns (None: no rows). The default: the plan alone decides the cuts."""
+        return plan
+
+    def exchange(self, plan: P, data: Dataset, probe: Probe) -> Exchange | None:
+        """`regroup` as map-reduce on a remote engine's workers, which the driver runs instead for a command with
+        --engine ray and DST a path; None (the default): regroup on the driver. `probe(measure)` is measure of
+        the first chunk, computed on a worker."""
+        return None
+
     def on_stream_error(self, plan: P, error: BatchtoolError, scan: Scan) -> BatchtoolError | None:
         """An error raised while the input streams through the kernel or `regroup` (found mid-stream, so it
         may only know part of the input): the error to raise instead (`scan` runs passes over the whole
@@ -557,7 +592,7 @@ def row_stats(rows_in: int, rows_out: int) -> Tally:
     return Tally.of(rows_in=rows_in, rows_out=rows_out)
 
 
-__all__ = ["Bar", "Regrouped", "Runtime", "manifest_options", "Choice", "Column", "ColumnError", "ColumnList", "Context", "Depends", "Flag", "Integer", "Kind", "Number",
+__all__ = ["Bar", "Exchange", "Probe", "Regrouped", "Runtime", "manifest_options", "Choice", "Column", "ColumnError", "ColumnList", "Context", "Depends", "Flag", "Integer", "Kind", "Number",
            "NumberOrColumn", "Operation", "Option", "OptionError", "Renames", "Scan", "Tally", "Value", "build",
            "fields",
            "flag", "from_texts", "key", "need_columns", "option", "row_stats", "shown"]

@@ -21,7 +21,7 @@ from batchtool.ops.bucket_plan import Balance, BatchBudget, BucketColumns, Bucke
 from batchtool.ops.bucket_report import BucketCounts
 from batchtool.ops.filter import keep_mask
 from batchtool.ops.labels import label_codes
-from batchtool.ops.shuffle import RowReader
+from batchtool.ops.rows import RowReader
 from batchtool.padding import mask_column, pad_batch, sequence_lengths
 from batchtool.spill import Spill, interleave
 from batchtool.stats import lengths_of
@@ -163,7 +163,7 @@ def scatter(dataset: Dataset, plan: BucketPlan, spill: Spill, lengths: Spill, co
             runtime: Runtime, report: ReadReport) -> None:
     """The second pass: every kept row to its bucket's spill, in input order (so any --threads gives the
     same files); the lengths alone go to a twin spill with the same groups and parts."""
-    with runtime.bar("bucket: scatter", dataset.num_rows) as bar:
+    with runtime.bar("scatter", dataset.num_rows) as bar:
         for a in runtime.map(lambda task: assign(task(), plan, dataset.locate), dataset.tasks(None, report)):
             counts.rows_in += a.rows_in
             counts.dropped["keep"] += a.dropped_keep

@@ -130,7 +130,7 @@ def scatter(data: Dataset, plan: PackPlan, groups: SpillLayout, spill: Spill, ru
     split and spilled (rows_in, dropped, split, items)."""
     slots = Slots(plan)
     tally = Tally.of(rows_in=0, dropped=0, split=0, items=0)
-    with runtime.bar("pack: scatter", data.num_rows) as bar:
+    with runtime.bar("scatter", data.num_rows) as bar:
         for p in runtime.map(functools.partial(_prepare_task, plan, data.locate), data.tasks(None, report)):
             tally.add(rows_in=p.rows_in, dropped=p.dropped, split=p.split, items=len(p.lengths))
             bar.update(p.rows_in)

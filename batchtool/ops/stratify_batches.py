@@ -14,8 +14,8 @@ from batchtool import budget, rng
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.ops.base import Operation, Regrouped, Runtime, Tally
 from batchtool.ops.quotas import QuotaLayout, plan_layout
-from batchtool.ops.shuffle import PART_SHARE, RowReader, bytes_per_row, emit, estimate_memory_bytes, keyed_spill, \
-    peek, rebatch
+from batchtool.ops.keyed import PART_SHARE, keyed_spill, spill_streams
+from batchtool.ops.rows import RowReader, bytes_per_row, emit, estimate_memory_bytes, peek, rebatch
 from batchtool.ops.stratify_plans import STAGE
 from batchtool.spill import parts_for
 
@@ -63,11 +63,8 @@ def batched(op: Operation, plan: Stratification, data: Dataset, report: ReadRepo
     part_bytes = max(1, options.memory // (PART_SHARE * int(active.sum())))
     parts = [parts_for(whole * t, part_bytes) for t in plan.target.tolist()]
     with keyed_spill(data.schema, parts, plan.seed, STAGE + "/order", options.memory, options.tmp_dir) as spill:
-        with runtime.bar(f"{op.name}: select", data.progress_rows) as bar:
-            for chunk in rows:
-                spill.add(chunk, plan.labels(chunk))
-                bar.update(chunk.num_rows)
-        spill.finish()
+        with runtime.bar("select", data.progress_rows) as bar:
+            spill_streams(rows, spill, plan.labels, bar)
         layout = plan_layout(spill.rows.copy(), plan.target, size, partial=not options.drop_remainder,
                              oversample=False)
         streams = [RowReader(spill.read_group(c), data.schema) for c in range(plan.num_classes)]

@@ -11,7 +11,7 @@ from typing import Any
 from batchtool.ops.base import Choice, Column, Flag, Integer, OptionError, Value, flag, option
 from batchtool.ops.base import shown as shown_value
 from batchtool.ops.labels import MAX_CLASSES
-from batchtool.ops.shuffle import DEFAULT_MEMORY
+from batchtool.ops.keyed import DEFAULT_MEMORY
 from batchtool.ops.stratify_plans import Target
 
 MODES = ("exact", "bernoulli", "online")

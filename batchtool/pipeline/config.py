@@ -3,8 +3,7 @@
 A stage's keys are its command's flags without `--` (`batch-size = 32` is `--batch-size 32`), read by the
 op's option schema (ops/base.py); [input], [output] and the top-level keys are read by the schemas of the
 settings every command shares (batchtool.settings). The command line's options are generated from the same
-schemas, so a pipeline file and a command cannot disagree on a name, a default or a check. (Ops without a
-definition yet are still read through their click command's parameters: see the end of this module.)
+schemas, so a pipeline file and a command cannot disagree on a name, a default or a check.
 """
 
 from __future__ import annotations
@@ -14,16 +13,12 @@ import itertools
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import click
-
 from batchtool import fs
-from batchtool.cli import resampling as resampling_cli
-from batchtool.cli.common import cli, default_format, input_options, output_options, run_options
-from batchtool.errors import BatchtoolError, InputError, UsageError
+from batchtool.errors import InputError, UsageError
 from batchtool.ops import OPERATIONS
 from batchtool.ops.base import ColumnList, Kind, OptionError, build, fields, option, required, shown
 from batchtool.ops.base import key as key_of
@@ -35,13 +30,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-OPS = tuple(dict.fromkeys(("stratify", "resample", "shuffle", "bucket", "pack", "segment", *OPERATIONS)))
-BUILDERS: dict[str, Callable[..., Any]] = {
-    "shuffle": resampling_cli.shuffle_options,
-}
-"""The function each command builds its options with, from its flags' values."""
-SPILLING = ("shuffle",)
-"""Operations whose options carry the pipeline's memory and tmp-dir (segment gets them when it runs)."""
+OPS = tuple(OPERATIONS)
 TABLES = ("input", "stage", "output")
 
 
@@ -72,11 +61,7 @@ class StageConfig:
     @property
     def batching(self) -> bool:
         """Does it write batches (row groups a later stage would regroup)? Then it must be last."""
-        if self.op in ("bucket", "pack", "segment"):
-            return True
-        if self.op in OPERATIONS:
-            return OPERATIONS[self.op].kind_of(self.options) is Kind.BATCHES
-        return self.op in ("stratify", "shuffle") and self.options.batch_size is not None
+        return OPERATIONS[self.op].kind_of(self.options) is Kind.BATCHES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -230,16 +215,15 @@ class _Reader:
         for key in keys:
             if key in _PIPELINE_WIDE:
                 raise self.fail(where, f"key {key!r} is set for the whole pipeline, in {_PIPELINE_WIDE[key]}")
-        settings = {"memory": memory, "tmp_dir": tmp_dir} if op in OPERATIONS and OPERATIONS[op].spills else {}
-        options = (self.table(OPERATIONS[op].options, keys, where, **settings) if op in OPERATIONS
-                   else _command_options(self, op, keys, where, memory, tmp_dir))
+        settings = {"memory": memory, "tmp_dir": tmp_dir} if OPERATIONS[op].spills else {}
+        options = self.table(OPERATIONS[op].options, keys, where, **settings)
         return StageConfig(index, op, options, keys)
 
     def check_order(self, stages: Sequence[StageConfig]) -> None:
         """A stage that writes batches must be the last: anything after it would regroup its batches."""
         for earlier, later in itertools.pairwise(stages):
             if earlier.batching:
-                what = ("writes batches" if earlier.op in ("bucket", "pack", "segment")
+                what = ("writes batches" if OPERATIONS[earlier.op].kind is Kind.BATCHES
                         else "writes batches (batch-size)")
                 raise self.fail(later.name, f"key 'op': cannot follow {earlier.name}, which {what} that a later "
                                             "stage would break up; a batching stage (bucket, pack, segment, "
@@ -255,137 +239,14 @@ def _default_format(last: StageConfig | None) -> str:
     """What the pipeline writes without [output] format: what its last stage's command writes without --to."""
     if last is None:  # no stage: an error follows
         return ROW_FORMAT
-    if last.op in OPERATIONS:
-        return op_default_format(OPERATIONS[last.op], last.options)
-    return _command_default_format(last)
+    return op_default_format(OPERATIONS[last.op], last.options)
 
 
 def flags_to_keys(message: str) -> str:
     """A message that names a flag (--batch-size) as a pipeline file names it (batch-size). For the messages that
-    are not OptionErrors yet: a legacy op's (below), and those pipeline/execute.py attributes to a stage (budget's
-    batch checks, spill's --tmp-dir, stratify's --size and --init-probs, resample's --overall-rate)."""
+    are not OptionErrors yet, which pipeline/execute.py attributes to a stage (budget's batch checks, spill's
+    --tmp-dir, stratify's --size and --init-probs, resample's --overall-rate)."""
     return re.sub(r"--([a-z][a-z0-9-]*)", lambda m: m.group(1), message)
-
-
-# -- ops without a definition yet (BUILDERS): read through their click command's parameters. This section, the
-# BUILDERS and SPILLING tables and the batchtool.cli imports go once every op has a definition (issue 12).
-
-
-def _command_options(reader: _Reader, op: str, keys: dict[str, Any], where: str, memory: int,
-                     tmp_dir: str | None) -> Any:
-    command = cli.commands[op]
-    shared = {p.name for p in _shared_params()}
-    params = _Params([p for p in command.params if p.name not in shared], command, reader, where)
-    values = params.values({f"--{k}": v for k, v in keys.items()})
-    if op in SPILLING:
-        values.update(memory=memory, tmp_dir=tmp_dir)
-    try:
-        return BUILDERS[op](**values)
-    except BatchtoolError as exc:
-        raise reader.fail(where, flags_to_keys(str(exc))) from None
-
-
-def _command_default_format(stage: StageConfig) -> str:
-    return default_format(cli.commands[stage.op], lambda flag: stage.keys.get(flag[2:]))
-
-
-class _Params:
-    """A click command's options, looked up by their long flag and converted with their own types."""
-
-    def __init__(self, params: Sequence[click.Parameter], command: click.Command, reader: _Reader,
-                 where: str) -> None:
-        self.reader, self.where = reader, where
-        self.ctx = click.Context(command)
-        self.options = {opt: p for p in params if isinstance(p, click.Option)
-                        for opt in (*p.opts, *p.secondary_opts) if opt.startswith("--")}
-
-    def values(self, flags: dict[str, Any]) -> dict[str, Any]:
-        """{python name: value} for every option of the command: the given ones converted, the rest defaults."""
-        key_of = {flag: flag[2:] for flag in self.options}
-        for flag in flags:
-            if flag not in self.options:
-                key = flag[2:]
-                raise self.reader.fail(self.where, f"unknown key {key!r}{_suggest(key, sorted(key_of.values()))}")
-        values: dict[str, Any] = {}
-        for param in dict.fromkeys(self.options.values()):
-            given = [flag for flag in (*param.opts, *param.secondary_opts) if flag in flags]
-            if len(given) > 1:
-                raise self.reader.fail(self.where, f"keys {' and '.join(repr(key_of[g]) for g in given)} "
-                                                   "set the same option; give one")
-            if given:
-                flag = given[0]
-                values[param.name] = self.convert(param, flags[flag], key_of[flag], flag in param.secondary_opts)
-            elif param.required:
-                raise self.reader.fail(self.where, f"missing key {key_of[param.opts[0]]!r}")
-            else:
-                default = param.get_default(self.ctx)
-                values[param.name] = () if param.multiple else default if _is_value(default) else None
-        return values
-
-    def convert(self, param: click.Option, value: Any, key: str, secondary: bool) -> Any:
-        """A TOML value through the option's own type; flags take true/false."""
-        if param.is_flag:
-            if not isinstance(value, bool):
-                raise self.reader.fail(self.where, f"key {key!r}: expected true or false, got {shown(value)}")
-            return value != secondary
-        if param.multiple:
-            items = [f"{k}={v}" for k, v in value.items()] if isinstance(value, dict) else \
-                value if isinstance(value, list) else [value]
-            converted = tuple(self.scalar(param, item, key) for item in items)
-            if param.callback is None:  # a column list's callback splits and checks as on the command line
-                return converted
-            try:
-                return param.callback(self.ctx, param, converted)
-            except click.BadParameter as exc:
-                raise self.reader.fail(self.where, f"key {key!r}: {exc.message}") from None
-        return self.scalar(param, value, key)
-
-    def scalar(self, param: click.Option, value: Any, key: str) -> Any:
-        kind = param.type
-        if isinstance(kind, click.types.StringParamType | click.Path):
-            if isinstance(value, dict):  # CLASS=PROB or COL=VALUE pairs
-                value = ",".join(f"{k}={v}" for k, v in value.items())
-            elif isinstance(value, list) and all(_is_scalar(v) for v in value):  # comma-separated values
-                value = ",".join(str(v) for v in value)
-            elif _is_scalar(value):
-                value = str(value)
-        expected = _toml_kind(kind)
-        if not isinstance(value, expected) or isinstance(value, bool):
-            raise self.reader.fail(self.where, f"key {key!r}: expected {_kind_name(expected)}, got {shown(value)}")
-        try:
-            return kind.convert(value, param, self.ctx)
-        except click.BadParameter as exc:
-            raise self.reader.fail(self.where, f"key {key!r}: {exc.message}") from None
-
-
-def _shared_params() -> list[click.Parameter]:
-    """The options every command shares (input, output, run): set once for the pipeline, not per stage."""
-    probe = run_options(output_options(input_options(lambda **kwargs: None)))
-    pipeline_wide = [click.Option(["--seed"]), click.Option(["--memory"]), click.Option(["--tmp-dir"])]
-    return [*probe.__click_params__, *pipeline_wide]  # type: ignore[attr-defined]
-
-
-def _toml_kind(kind: click.ParamType) -> type | tuple[type, ...]:
-    if isinstance(kind, click.types.IntParamType):
-        return int
-    if isinstance(kind, click.types.FloatParamType):
-        return (int, float)
-    return str
-
-
-def _kind_name(kind: type | tuple[type, ...]) -> str:
-    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    return names[float] if float in kinds else " or ".join(names[k] for k in kinds)
-
-
-def _is_scalar(value: Any) -> bool:
-    return isinstance(value, (int, float, str)) and not isinstance(value, bool)
-
-
-def _is_value(default: Any) -> bool:
-    """click marks 'no default' with a sentinel object; anything else is a real default."""
-    return default is None or isinstance(default, (str, int, float, bool, tuple, list))
 
 
 __all__ = ["OPS", "InputConfig", "PipelineConfig", "PipelineError", "StageConfig", "load"]

@@ -23,7 +23,7 @@ import io
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -38,8 +38,7 @@ from batchtool.engines import engine_scope
 from batchtool.errors import BatchtoolError, DestinationExistsError
 from batchtool.formats import parquet as parquet_format
 from batchtool.job import RunSettings, read_paths, write_job
-from batchtool.ops.base import OptionError
-from batchtool.ops.shuffle import Shuffled
+from batchtool.ops.base import OptionError, Regrouped
 from batchtool.output import refuse_overlap
 from batchtool.runner import ordered_map
 from batchtool.pipeline import config as config_mod
@@ -145,7 +144,7 @@ class StageInput(Dataset):
 
     def tasks(self, columns: Sequence[str] | None = None,
               report: ReadReport | None = None) -> Iterator[Callable[[], Chunk]]:
-        cols = self.check_columns(columns)
+        cols = self.check_columns(columns if columns is not None else self.scope)  # default: the view's columns
         if self.scope is not None and not set(cols or self.schema.names) <= set(self.scope):
             raise AssertionError(f"columns {cols} outside the scope {self.scope} of this view")
         report = report if report is not None else ReadReport()
@@ -188,7 +187,7 @@ class Prefix:
         """Rows reaching stage k (k = len(stages): the output), once a complete pass has counted them."""
         self.report = ReadReport()
         """Corrupt records skipped while spilling a global shuffle of the main run."""
-        self._barriers: dict[tuple[int, tuple[str, ...] | None, bool], Shuffled] = {}
+        self._barriers: dict[tuple[int, tuple[str, ...] | None, bool], Regrouped] = {}
 
     def view(self, k: int, scope: Columns, needs: int = CHUNKS, desc: str | None = None) -> StageInput:
         """Stage k's input. Global shuffles before it are spilled now, in this thread, so temporary files
@@ -210,13 +209,15 @@ class Prefix:
             if stage.barrier and needs >= ORDER:
                 key = self._barrier_key(j, needed, needs)
                 if key not in self._barriers:
-                    batch_rows = None
-                    if needed is not None and needs >= CHUNKS:  # cut as the full spill will be
-                        batch_rows = stage.batch_rows(next(iter(self.view(j, None).chunks(None, 1)), None))
+                    like = None
+                    if needed is not None and needs >= CHUNKS:  # cut as the full regrouping will be
+                        like = next(iter(self.view(j, None).chunks(None, 1)), None)
                     upstream = self.view(j, needed)
+                    if needed is not None:  # a narrow regrouping reads (and keeps) only these columns
+                        upstream = replace(upstream, schema=upstream.projected_schema(needed))
                     with attributed(self.config.path, stage):
                         self._barriers[key] = self._stack.enter_context(stage.materialize(
-                            upstream, needed, self.run, self.report if needed is None else ReadReport(), batch_rows))
+                            upstream, self.run, self.report if needed is None else ReadReport(), like))
                 return
             needs = max(needs, stage.sensitivity)
             columns = needed
@@ -232,7 +233,7 @@ class Prefix:
         stage = self.stages[k - 1]
         needed = stage.input_columns(scope)
         if stage.barrier and needs >= ORDER:
-            pairs: Stream = self._spilled(stage, self._barriers[self._barrier_key(k - 1, needed, needs)])
+            pairs: Stream = self._regrouped(stage, self._barriers[self._barrier_key(k - 1, needed, needs)])
         elif stage.barrier:  # nothing after it cares about order: skip the shuffle
             pairs = ((c, c.num_rows) for c in self.stream(k - 1, needed, report, ANY))
         else:
@@ -240,11 +241,13 @@ class Prefix:
             pairs = _attributed_stream(stage.stream(view, needed, self.run, report), self.config.path, stage)
         return self._rekey(k, pairs, scope)
 
-    @staticmethod
-    def _spilled(stage: Stage, shuffled: Shuffled) -> Stream:
-        for chunk in shuffled.batches():
-            yield chunk, chunk.num_rows
-        stage.report = shuffled.stats()
+    def _regrouped(self, stage: Stage, out: Regrouped) -> Stream:
+        """A barrier's output chunks: its items through its work, on the engine (ids are re-keyed after)."""
+        for batches, consumed in ordered_map(out.work, out.items, self.run.threads):
+            chunks = [Chunk(b, rng.example_ids(0, 0, b.num_rows)) for b in batches] or [Chunk.concat([], pa.schema([]))]
+            for i, chunk in enumerate(chunks):
+                yield chunk, consumed if i == len(chunks) - 1 else 0
+        stage.report = out.stats()
 
     def _rekey(self, k: int, pairs: Stream, scope: Columns) -> Iterator[Chunk]:
         """Ids = row number in the previous stage's output; empty chunks dropped (no row group is written

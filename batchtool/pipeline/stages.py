@@ -2,16 +2,17 @@
 
 A stage reads its input as a Dataset (the source, or a view of what the stages before it produce,
 see execute.StageInput), so the operations' own first passes and writers run on it unchanged.
-Row stages (filter, select, rename, stratify, resample, the buffered shuffle) map chunks to
-chunks as they stream; a global shuffle is a barrier (it spills everything before emitting);
-bucket, pack and batching stratify/shuffle only ever run last, through their own writers.
+Every stage is an operation definition (batchtool.ops.OPERATIONS) behind one adapter, OpStage. Row ops
+(filter, select, rename, stratify, resample) map chunks to chunks as they stream; an op that reorders
+(Kind.REORDERS: shuffle) is a barrier, regrouped before it emits (the global shuffle spills everything,
+the buffered one streams); ops that make batches (bucket, pack, segment, stratify or shuffle with a batch
+size) only ever run last, through the driver's writer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -21,8 +22,7 @@ from batchtool.job import JobResult, RunSettings
 from batchtool.driver import (Applied, EngineRuntime, dry_run_stats, emit_nonempty, make_plan, stream_errors,
                               write_regrouped)
 from batchtool.ops import OPERATIONS
-from batchtool.ops import shuffle as shuffle_op
-from batchtool.ops.base import Depends, Kind, Operation
+from batchtool.ops.base import Depends, Kind, Operation, Regrouped
 from batchtool.output import OutputOptions
 from batchtool.pipeline import config as config_mod
 
@@ -41,7 +41,7 @@ class Stage:
     """One [[stage]] at run time: its config, the plan its first passes make, and what it reported."""
 
     barrier = False
-    """Spills its whole input before emitting anything (the global shuffle)."""
+    """Regroups its whole input before emitting anything (an op of Kind.REORDERS: shuffle)."""
     sensitivity = ANY
     """What its output depends on besides the rows: ORDER (their ids and order: a shuffle before it matters)
     or CHUNKS (also the chunking)."""
@@ -81,12 +81,10 @@ class Stage:
     def stream(self, view: Dataset, columns: Columns, run: RunSettings, report: ReadReport) -> Stream:
         raise NotImplementedError(f"{self.name} only runs as the last stage")
 
-    def materialize(self, view: Dataset, columns: Columns, run: RunSettings, report: ReadReport,
-                    batch_rows: int | None = None) -> AbstractContextManager[shuffle_op.Shuffled]:
-        raise NotImplementedError(f"{self.name} is not a barrier")
-
-    def batch_rows(self, first: Chunk | None) -> int:
-        """A barrier's output chunk size, given the first chunk of its (full) input."""
+    def materialize(self, view: Dataset, run: RunSettings, report: ReadReport,
+                    like: Chunk | None = None) -> AbstractContextManager[Regrouped]:
+        """A barrier's output, regrouped now: its items through its work are its output chunks. `like`, the
+        first chunk of its full input, makes a regrouping of fewer columns cut its output as the full one."""
         raise NotImplementedError(f"{self.name} is not a barrier")
 
     def write(self, view: Dataset, dst: str, output: OutputOptions, run: RunSettings, write: Write) -> JobResult:
@@ -131,6 +129,10 @@ class OpStage(Stage):
     def first_pass_bar(self) -> bool:  # type: ignore[override]
         return self.op.first_pass_desc is None  # else the op's first pass shows its own
 
+    @property
+    def barrier(self) -> bool:  # type: ignore[override]
+        return self.op.kind_of(self.options) is Kind.REORDERS
+
     def output_schema(self, schema: pa.Schema) -> pa.Schema:
         return self.op.output_schema(self.options, schema)
 
@@ -148,6 +150,11 @@ class OpStage(Stage):
         with stream_errors(self.op, self.planned, view, run.threads):
             yield from applied.stream(view, columns, run.threads, report)
         self.report = applied.report()
+
+    def materialize(self, view: Dataset, run: RunSettings, report: ReadReport,
+                    like: Chunk | None = None) -> AbstractContextManager[Regrouped]:
+        plan = self.planned if like is None else self.op.cut_like(self.planned, like)
+        return self.op.regroup(plan, view, report, EngineRuntime(run.threads, run.quiet, self.name))
 
     def write(self, view: Dataset, dst: str, output: OutputOptions, run: RunSettings, write: Write) -> JobResult:
         if self.op.kind_of(self.options) is Kind.ROWS:
@@ -171,52 +178,10 @@ class OpStage(Stage):
         return self.op.expected(self.planned, rows_in)
 
 
-class ShuffleStage(Stage):
-    """A global shuffle is a barrier (spilled once, read back in keyed order); the buffered one streams."""
-
-    options: shuffle_op.ShuffleOptions
-    sensitivity = ORDER
-
-    @property
-    def barrier(self) -> bool:  # type: ignore[override]
-        return not self.options.buffered
-
-    def materialize(self, view: Dataset, columns: Columns, run: RunSettings, report: ReadReport,
-                    batch_rows: int | None = None) -> AbstractContextManager[shuffle_op.Shuffled]:
-        """Spill; `batch_rows` fixes the output chunks (a narrow spill cut as the full one is)."""
-        options = self.options if batch_rows is None else replace(self.options, batch_size=batch_rows)
-        return shuffle_op.shuffled(view, options, self.seed, run, report, columns, who=self.name)
-
-    def batch_rows(self, first: Chunk | None) -> int:
-        return shuffle_op.output_batch_rows(first, self.options)
-
-    def stream(self, view: Dataset, columns: Columns, run: RunSettings, report: ReadReport) -> Stream:
-        with shuffle_op.shuffled(view, self.options, self.seed, run, report, columns, who=self.name) as out:
-            for chunk in out.batches():
-                yield chunk, chunk.num_rows
-            self.report = out.stats()
-
-    def write(self, view: Dataset, dst: str, output: OutputOptions, run: RunSettings, write: Write) -> JobResult:
-        return shuffle_op.write_shuffled(view, self.options, dst, output, run, seed=self.seed, write=write,
-                                         who=self.name)
-
-    def expected(self, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
-        size = self.options.batch_size
-        if rows_in is None or size is None:
-            return rows_in, {}
-        batches = rows_in // size if self.options.drop_remainder else -(-rows_in // size)
-        return min(rows_in, batches * size), {"batches": batches}
-
-
-
-
-STAGES: dict[str, type[Stage]] = {"shuffle": ShuffleStage}
 
 
 def make_stage(config: config_mod.StageConfig, pipeline: config_mod.PipelineConfig) -> Stage:
-    if config.op in OPERATIONS:
-        return OpStage(config, pipeline, OPERATIONS[config.op])
-    return STAGES[config.op](config, pipeline)
+    return OpStage(config, pipeline, OPERATIONS[config.op])
 
 
 __all__ = ["Stage", "make_stage"]

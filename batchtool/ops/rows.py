@@ -1,0 +1,125 @@
+"""Rows of chunk streams, shared by the ops that regroup them: cutting streams into exact sizes, the first
+chunk as the yardstick of a stream's bytes, and the data's size estimated from it."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from batchtool.dataset import Chunk, Dataset
+
+TFRECORD_EXPANSION = {False: 4.0, True: 16.0}
+"""Assumed Arrow bytes per TFRecord file byte (uncompressed, gzip) when the row count is unknown.
+
+Deliberately high: too many spill parts only costs smaller reads, too few breaks the memory bound."""
+
+
+def slice_chunk(chunk: Chunk, start: int, length: int) -> Chunk:
+    return Chunk(chunk.data.slice(start, length), chunk.ids[start:start + length])
+
+
+class RowReader:
+    """Hands out the rows of a stream of chunks in requested amounts, across chunk boundaries."""
+
+    def __init__(self, chunks: Iterable[Chunk], schema: pa.Schema) -> None:
+        self._chunks = iter(chunks)
+        self._schema = schema
+        self._current: Chunk | None = None
+        self._offset = 0
+
+    def take(self, n: int) -> Chunk:
+        """The next n rows (fewer only when the stream ends)."""
+        pieces: list[Chunk] = []
+        need = n
+        while need > 0:
+            if self._current is None or self._offset == self._current.num_rows:
+                self._current, self._offset = next(self._chunks, None), 0
+                if self._current is None:
+                    break
+                continue
+            count = min(need, self._current.num_rows - self._offset)
+            pieces.append(slice_chunk(self._current, self._offset, count))
+            self._offset += count
+            need -= count
+        return pieces[0] if len(pieces) == 1 else Chunk.concat(pieces, self._schema)
+
+
+def rebatch(chunks: Iterable[Chunk], size: int, schema: pa.Schema, drop_remainder: bool = False) -> Iterator[Chunk]:
+    """Cut a stream of chunks into batches of exactly `size` rows; the last may be smaller unless dropped."""
+    reader = RowReader(chunks, schema)
+    while True:
+        batch = reader.take(size)
+        if batch.num_rows == 0 or (drop_remainder and batch.num_rows < size):
+            return
+        yield batch
+
+
+def peek(chunks: Iterator[Chunk]) -> tuple[Chunk | None, Iterator[Chunk]]:
+    """The first chunk, and the stream with it put back."""
+    first = next(chunks, None)
+    return first, (chunks if first is None else itertools.chain([first], chunks))
+
+
+def emit(chunk: Chunk) -> tuple[list[pa.RecordBatch], int]:
+    """The writer's work for streams that are already output batches: one row group each."""
+    return [chunk.data], chunk.num_rows
+
+
+@dataclass(frozen=True)
+class Yardstick:
+    """The first chunk's Arrow bytes and rows: what a first pass sizes everything from, and all a worker
+    that read the chunk needs to send back (see batchtool.exchange.probe)."""
+
+    bytes: int
+    rows: int
+
+    @staticmethod
+    def of(chunk: Chunk | None) -> Yardstick | None:
+        return None if chunk is None else Yardstick(arrow_bytes(chunk.data), chunk.num_rows)
+
+    @property
+    def per_row(self) -> float:
+        return self.bytes / self.rows if self.rows else 1.0
+
+
+def estimate_memory_bytes(dataset: Dataset, first: Chunk | None, rows: int | None = None) -> float:
+    """Arrow bytes of the whole dataset, from the first chunk's bytes per row (see estimate_bytes)."""
+    return estimate_bytes(dataset, Yardstick.of(first), rows)
+
+
+def estimate_bytes(dataset: Dataset, first: Yardstick | None, rows: int | None = None) -> float:
+    """Arrow bytes of the whole dataset, from the first chunk's bytes per row.
+
+    File sizes underestimate memory (Parquet is compressed and encoded), so the first chunk is the
+    yardstick. With no row count (TFRecord read without a manifest) it assumes a high expansion of
+    the file bytes instead.
+    """
+    if first is None or first.rows == 0:
+        return 0.0
+    rows = rows if rows is not None else dataset.num_rows
+    if rows is None and dataset.manifest:
+        rows = dataset.manifest.get("output", {}).get("rows")
+    if rows is None:
+        gzip = any(s.path.lower().endswith((".gz", ".gzip")) for s in dataset.shards)
+        return max(float(first.bytes), dataset.total_bytes * TFRECORD_EXPANSION[gzip])
+    return first.bytes / first.rows * rows
+
+
+def arrow_bytes(batch: pa.RecordBatch) -> int:
+    """A batch's size as Arrow IPC, which is what a spill writes and reads back. Unlike nbytes it does not
+    depend on how the buffers happen to be laid out (an all-valid bitmap, a slice), so a chunk that
+    crossed to another process (--engine ray) measures the same."""
+    return pa.ipc.get_record_batch_size(batch)
+
+
+def bytes_per_row(first: Chunk | Yardstick | None) -> float:
+    """Arrow bytes per row of a (first) chunk: the yardstick for the whole stream."""
+    first = first if first is None or isinstance(first, Yardstick) else Yardstick.of(first)
+    return first.per_row if first is not None else 1.0
+
+
+__all__ = ["RowReader", "Yardstick", "arrow_bytes", "bytes_per_row", "emit", "estimate_bytes",
+           "estimate_memory_bytes", "peek", "rebatch", "slice_chunk"]
