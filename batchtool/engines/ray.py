@@ -259,6 +259,9 @@ class Timings:
     """Time the functions themselves took on the workers, summed over tasks."""
     tasks_by_node: dict[str, int] = field(default_factory=dict)
     """Tasks run on each node, by node address: where the work went."""
+    tasks_cancelled: int = 0
+    """Tasks sent whose results were no longer wanted (a pass that stops early: a pipeline reading the first chunk
+    of a stage's input), cancelled; tasks = sum(tasks_by_node) + tasks_cancelled."""
 
     def sent(self, packed: _Packed, items: int, started: float) -> float:
         seconds = time.perf_counter() - started
@@ -380,6 +383,7 @@ class RayEngine:
                     raise _rebuild(outcome.error)
         finally:
             for ref, _ in pending:
+                self.timings.tasks_cancelled += 1
                 try:
                     ray.cancel(ref)
                 except Exception:  # noqa: BLE001 (already finished or gone: nothing to stop)

@@ -211,7 +211,8 @@ class Prefix:
                 if key not in self._barriers:
                     like = None
                     if needed is not None and needs >= CHUNKS:  # cut as the full regrouping will be
-                        like = next(iter(self.view(j, None).chunks(None, 1)), None)
+                        first = next(iter(self.view(j, None).tasks(None)), None)  # read here, not on the engine
+                        like = None if first is None else first()
                     upstream = self.view(j, needed)
                     if needed is not None:  # a narrow regrouping reads (and keeps) only these columns
                         upstream = replace(upstream, schema=upstream.projected_schema(needed))
