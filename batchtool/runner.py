@@ -92,8 +92,9 @@ class _SourceError:
 def _feed(items: Iterable[T], out: queue.Queue, stop: threading.Event) -> None:
     """Reader thread: iterate the source (which may do I/O, or write spill files) into a bounded queue,
     until it ends or the consumer stops; then close it, so its own cleanup runs here and now."""
-    source = iter(items)
+    source: Iterable[T] | None = None
     try:
+        source = iter(items)  # may raise too (an __iter__ that reads): the consumer must hear it, not wait
         for item in source:
             if not _put(out, item, stop):
                 return

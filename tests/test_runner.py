@@ -52,6 +52,28 @@ def test_source_error_surfaces_after_the_items_before_it():
     assert out == [1, 2]
 
 
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_source_that_fails_to_start_is_an_error_not_a_hang(threads):
+    """An iterable whose __iter__ raises (it opens a file, say) fails the map at once."""
+    class Unopenable:
+        def __iter__(self):
+            raise OSError("cannot open the input")
+
+    result: list[BaseException] = []
+
+    def consume() -> None:
+        try:
+            list(ordered_map(lambda x: x, Unopenable(), threads))
+        except OSError as exc:
+            result.append(exc)
+
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
+    consumer.join(DEADLINE)
+    assert not consumer.is_alive(), "the map waited for a source that had already failed"
+    assert [str(e) for e in result] == ["cannot open the input"]
+
+
 def test_bounded_in_flight_items():
     """Backpressure: a consumer that waits holds back the source. With `window` items in flight and a
     queue of max(2, threads), the source runs exactly window + queue items ahead of what was consumed
