@@ -100,7 +100,7 @@ def test_docs_lists_topics_and_refuses_an_unknown_one_in_one_line():
     done = subprocess.run([sys.executable, "-m", "batchtool", "docs", "buckets"], capture_output=True, text=True,
                           env=batchtool_env(), timeout=120)
     assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr.startswith("error: docs 'buckets': no such topic; choose from bucket, check, load,")
+    assert done.stderr.startswith("error: docs 'buckets': no such topic; choose from bucket, check, internals, load,")
     assert done.stderr.count("\n") == 1
 
 
