@@ -42,7 +42,7 @@ from batchtool.ops.base import OptionError, Regrouped
 from batchtool.output import refuse_overlap
 from batchtool.runner import ordered_map
 from batchtool.pipeline import config as config_mod
-from batchtool.pipeline.stages import ANY, CHUNKS, ORDER, Columns, Stage, Stream, make_stage
+from batchtool.pipeline.stages import ANY, CHUNKS, ORDER, Columns, Stage, Stream
 
 
 @dataclass
@@ -65,7 +65,7 @@ def run_pipeline(config: config_mod.PipelineConfig, run: RunSettings, *, dry_run
         refuse_overlap(read_paths(source), {f"{config.path}: [output] path": config.output_path,
                                             f"{config.path}: tmp-dir": config.tmp_dir})
         columns = source.check_columns(config.input.columns)
-        stages = [make_stage(c, config) for c in config.stages]
+        stages = [Stage(c, config.seed) for c in config.stages]
         with ExitStack() as stack:
             prefix = Prefix(config, source, columns, stages, run, stack)
             for k, stage in enumerate(stages):
@@ -303,7 +303,7 @@ class Prefix:
             is_last = k == len(self.stages) - 1
             own = last if is_last else stage.report
             rows_in = self.rows.get(k, own.get("rows_in"))
-            stages.append({"stage": k + 1, "op": stage.config.op, **own, "rows_in": rows_in,
+            stages.append({"stage": k + 1, "op": stage.op.name, **own, "rows_in": rows_in,
                            "rows_out": rows_out if is_last else self.rows.get(k + 1)})
         out: dict[str, Any] = {"rows_in": stages[0]["rows_in"], "stages": stages}
         for key in ("batches", "padding_efficiency"):
@@ -315,10 +315,11 @@ class Prefix:
         """Dry run: per stage, the rows in (counted by the first passes, or planned) and what it would make."""
         last = len(self.stages) - 1
         stage, schema = self.stages[last], self.schemas[last]
-        wanted = stage.preview_columns(schema)
-        if wanted:
+        previewed = None
+        if stage.preview_columns:
             with attributed(self.config.path, stage):
-                stage.preview(self.view(last, wanted, needs=ANY, desc=f"{stage.name}: dry run"), self.run)
+                previewed = stage.preview(self.view(last, stage.preview_columns, needs=ANY,
+                                                    desc=f"{stage.name}: dry run"), self.run)
         if last not in self.rows:  # count the rows reaching the last stage (one narrow pass)
             column = next((f.name for f in schema if not pa.types.is_nested(f.type)), schema.names[0])
             stats_mod.collect(self.view(last, [column], needs=ANY, desc=f"{stage.name}: dry-run count"),
@@ -326,9 +327,9 @@ class Prefix:
         out, planned = [], self.rows.get(0)
         for k, stage in enumerate(self.stages):
             rows_in = self.rows.get(k, planned)
-            rows_out, info = stage.expected(rows_in)
+            rows_out, info = stage.expected(rows_in, previewed if k == last else None)
             planned = self.rows.get(k + 1, rows_out)
-            out.append({"stage": k + 1, "op": stage.config.op, "rows_in": rows_in,
+            out.append({"stage": k + 1, "op": stage.op.name, "rows_in": rows_in,
                         "rows_out": planned if k < last else rows_out, **info})
         return out
 
