@@ -210,3 +210,24 @@ def test_a_stage_is_its_op_and_asking_it_changes_nothing(tmp_path, parquet_src):
         stage.output_schema(schema), stage.input_columns(["tokens"]), stage.first_pass_columns(schema)
         stage.preview_columns, stage.sensitivity, stage.first_pass_needs, stage.first_pass_bar
         assert vars(stage) == before
+
+
+def test_the_engine_is_chosen_once_by_the_entry_point(tmp_path, parquet_src, run_cli, monkeypatch):
+    """run_options only makes RunSettings: every command's engine scope is its entry point's (with_engine), one
+    per command, with the settings it was given, `run` and `inspect` too."""
+    from batchtool import engines
+    scopes: list[tuple[str, int]] = []
+    real = engines.engine_scope
+
+    def counting(run):
+        scopes.append((run.engine, run.threads))
+        return real(run)
+
+    monkeypatch.setattr(engines, "engine_scope", counting)
+    path = pipeline(tmp_path, ['op = "shuffle"'], src=parquet_src)
+    for args in (["inspect", parquet_src], ["convert", parquet_src, tmp_path / "c"],
+                 ["shuffle", parquet_src, tmp_path / "s"], ["run", path]):
+        scopes.clear()
+        result = run_cli(*args, "--threads", "3", "-q")
+        assert result.exit_code == 0, result.stderr
+        assert scopes == [("local", 3)], args

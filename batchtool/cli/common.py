@@ -15,7 +15,7 @@ import click
 
 import batchtool
 from batchtool import settings as settings_mod
-from batchtool.engines import ENGINES, engine_scope
+from batchtool.engines import ENGINES
 from batchtool.errors import BatchtoolError, OptionError
 from batchtool.formats import tfrecord
 from batchtool.job import RunSettings
@@ -195,17 +195,17 @@ _STARTED_META = "batchtool.started"
 def run_options(fn: Callable) -> Callable:
     """--threads, --quiet, --engine and --ray-address: how to run, never what to compute.
 
-    The whole command runs on the chosen engine (make_run passes it on in RunSettings), so a
-    command needs nothing more than these options to run on Ray.
+    They only make the RunSettings (make_run) the command passes to its entry point, which runs on
+    that engine (engines.with_engine, the one place an engine is chosen): a command needs nothing
+    more than these options to run on Ray.
     """
     @functools.wraps(fn)
-    def on_engine(*args: Any, engine: str, ray_address: str | None, **kwargs: Any) -> Any:
+    def settled(*args: Any, engine: str, ray_address: str | None, **kwargs: Any) -> Any:
         settings = RunSettings(threads=kwargs["threads"], engine=engine, ray_address=ray_address)
         click.get_current_context().meta.update({_ENGINE_META: settings, _STARTED_META: time.perf_counter()})
-        with engine_scope(settings):
-            return fn(*args, **kwargs)
+        return fn(*args, **kwargs)
 
-    return _apply(on_engine, [
+    return _apply(settled, [
         declared(CommonSettings, "threads", default=default_threads, show_default="cores"),
         click.option("--quiet", "-q", is_flag=True, help="No progress bars or summary."),
         click.option("--engine", type=click.Choice(ENGINES), default="local", show_default=True,

@@ -34,7 +34,7 @@ from batchtool import manifest as manifest_mod
 from batchtool import progress, rng
 from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
-from batchtool.engines import engine_scope
+from batchtool.engines import with_engine
 from batchtool.errors import BatchtoolError, DestinationExistsError
 from batchtool.formats import parquet as parquet_format
 from batchtool.job import RunSettings, read_paths, write_job
@@ -55,32 +55,32 @@ class PipelineResult:
     peak_rss_bytes: int = 0
 
 
+@with_engine
 def run_pipeline(config: config_mod.PipelineConfig, run: RunSettings, *, dry_run: bool = False) -> PipelineResult:
     """Plan every stage (its first passes), then run the pipeline into config.output_path (unless dry_run)."""
     started = time.perf_counter()
-    with engine_scope(run):
-        if not dry_run:
-            _check_destination(config)
-        source = open_dataset(config.input.path, format=config.input.format, skip_corrupt=config.input.skip_corrupt)
-        refuse_overlap(read_paths(source), {f"{config.path}: [output] path": config.output_path,
-                                            f"{config.path}: tmp-dir": config.tmp_dir})
-        columns = source.check_columns(config.input.columns)
-        stages = [Stage(c, config.seed) for c in config.stages]
-        with ExitStack() as stack:
-            prefix = Prefix(config, source, columns, stages, run, stack)
-            for k, stage in enumerate(stages):
-                with attributed(config.path, stage):
-                    wanted = stage.first_pass_columns(prefix.schemas[k])
-                    view = prefix.view(k, wanted, needs=stage.first_pass_needs,
-                                       desc=f"{stage.name}: first pass" if wanted and stage.first_pass_bar else None)
-                    stage.plan(view, run)
-            if dry_run:
-                return PipelineResult(prefix.expected(), wall_seconds=round(time.perf_counter() - started, 3),
-                                      peak_rss_bytes=manifest_mod.peak_rss_bytes())
-            last = stages[-1]
-            with attributed(config.path, last):
-                result = last.write(prefix.view(len(stages) - 1, None), config.output_path, config.output, run,
-                                     prefix.writer(started))
+    if not dry_run:
+        _check_destination(config)
+    source = open_dataset(config.input.path, format=config.input.format, skip_corrupt=config.input.skip_corrupt)
+    refuse_overlap(read_paths(source), {f"{config.path}: [output] path": config.output_path,
+                                        f"{config.path}: tmp-dir": config.tmp_dir})
+    columns = source.check_columns(config.input.columns)
+    stages = [Stage(c, config.seed) for c in config.stages]
+    with ExitStack() as stack:
+        prefix = Prefix(config, source, columns, stages, run, stack)
+        for k, stage in enumerate(stages):
+            with attributed(config.path, stage):
+                wanted = stage.first_pass_columns(prefix.schemas[k])
+                view = prefix.view(k, wanted, needs=stage.first_pass_needs,
+                                   desc=f"{stage.name}: first pass" if wanted and stage.first_pass_bar else None)
+                stage.plan(view, run)
+        if dry_run:
+            return PipelineResult(prefix.expected(), wall_seconds=round(time.perf_counter() - started, 3),
+                                  peak_rss_bytes=manifest_mod.peak_rss_bytes())
+        last = stages[-1]
+        with attributed(config.path, last):
+            result = last.write(prefix.view(len(stages) - 1, None), config.output_path, config.output, run,
+                                 prefix.writer(started))
     run_section = result.manifest["run"]
     return PipelineResult(result.manifest["stats"]["stages"], result.manifest, run_section["wall_seconds"],
                           run_section["peak_rss_bytes"])
