@@ -10,14 +10,17 @@ import pyarrow.compute as pc
 
 from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
+from batchtool.engines import with_engine
+from batchtool.job import RunSettings
 from batchtool.runner import ordered_map
 
 _BAR_WIDTH = 40
 _HIST_BINS = 16
 
 
+@with_engine
 def inspect(src: str, *, label: str | None = None, length: str | None = None, format: str | None = None,
-            threads: int = 1, skip_corrupt: bool = False) -> dict[str, Any]:
+            skip_corrupt: bool = False, run: RunSettings = RunSettings()) -> dict[str, Any]:
     """Read SRC once (only the label and length columns) and describe it.
 
     On batchtool batch output the numbers are the examples', not the padding's: bucket output's
@@ -30,7 +33,7 @@ def inspect(src: str, *, label: str | None = None, length: str | None = None, fo
     op, options = producer(dataset.manifest)
     report = ReadReport()
     if length is None and op == "segment" and {"key", "sequence", "total_length"} <= set(dataset.schema.names):
-        st, segments = segment_stats(dataset, label, threads, report)
+        st, segments = segment_stats(dataset, label, run.threads, report)
         result = describe(dataset, st, label, "total_length", report)
         result["length"]["column"] = "total_length (of the examples)"
         result["segments"] = {**segments, "ranks": options.get("world_size") or 1}
@@ -40,7 +43,7 @@ def inspect(src: str, *, label: str | None = None, length: str | None = None, fo
         length = length if length in dataset.schema.names else None
     length = length or stats_mod.default_length(dataset.schema)
     dataset.check_columns([c for c in (label, length) if c])
-    st = stats_mod.collect(dataset, label=label, length=length, threads=threads, report=report)
+    st = stats_mod.collect(dataset, label=label, length=length, threads=run.threads, report=report)
     return describe(dataset, st, label, length, report)
 
 

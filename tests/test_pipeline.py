@@ -20,7 +20,7 @@ from batchtool.ops.segment import SegmentOptions
 from batchtool.ops.stratify import StratifyOptions
 from batchtool.pipeline import execute, load, run_pipeline
 from batchtool.ops.rename import RenameOptions
-from batchtool.pipeline.stages import OpStage
+from batchtool.pipeline.stages import Stage
 from batchtool.synthetic import make_table
 
 RUN = RunSettings(threads=2, quiet=True)
@@ -96,13 +96,13 @@ def test_stage_inputs_are_rekeyed_row_numbers_and_read_back_as_from_parquet(tmp_
         seen.update(ids=np.concatenate([c.ids for c in chunks]), first=chunks[0].data, view=view)
         raise InputError("stop here")
 
-    original = OpStage.write
-    OpStage.write = spy
+    original = Stage.write
+    Stage.write = spy
     try:
         with pytest.raises(BatchtoolError, match="stage 2 .shuffle.: stop here"):
             run_pipeline(config, RUN)
     finally:
-        OpStage.write = original
+        Stage.write = original
     ids = seen["ids"]
     assert ids.tolist() == list(range(len(ids)))
     first = seen["first"]  # read back as the next command would: re-reading changes nothing
@@ -114,13 +114,13 @@ def test_stage_inputs_are_rekeyed_row_numbers_and_read_back_as_from_parquet(tmp_
 
 def materializations(monkeypatch) -> list:
     calls = []
-    original = OpStage.materialize
+    original = Stage.materialize
 
     def counting(self, view, run, report, like=None):
         calls.append(None if view.scope is None else sorted(view.scope))
         return original(self, view, run, report, like)
 
-    monkeypatch.setattr(OpStage, "materialize", counting)
+    monkeypatch.setattr(Stage, "materialize", counting)
     return calls
 
 
@@ -194,3 +194,40 @@ def test_stats_of_every_stage_in_the_manifest(tmp_path, parquet_src):
     assert resample["rows_out"] == bucket["rows_in"] == bucket["rows_out"]
     assert stats["padding_efficiency"] == bucket["padding_efficiency"] > 0
     assert json.loads(json.dumps(stats)) == stats
+
+
+def test_a_stage_is_its_op_and_asking_it_changes_nothing(tmp_path, parquet_src):
+    """Every stage member is the op's answer for the stage's options; schemas and columns are pure questions."""
+    config = load(pipeline(tmp_path, ['op = "shuffle"', 'op = "resample"\nrate = 2.0',
+                                      'op = "bucket"\nauto-buckets = 2\nbatch-size = 8'], src=parquet_src))
+    stages = [Stage(c, config.seed) for c in config.stages]
+    assert [(s.name, s.op.name, s.barrier) for s in stages] == [
+        ("stage 1 (shuffle)", "shuffle", True), ("stage 2 (resample)", "resample", False),
+        ("stage 3 (bucket)", "bucket", False)]
+    schema = pa.schema([("tokens", pa.list_(pa.int64())), ("label", pa.int64())])
+    for stage in stages:
+        before = dict(vars(stage))
+        stage.output_schema(schema), stage.input_columns(["tokens"]), stage.first_pass_columns(schema)
+        stage.preview_columns, stage.sensitivity, stage.first_pass_needs, stage.first_pass_bar
+        assert vars(stage) == before
+
+
+def test_the_engine_is_chosen_once_by_the_entry_point(tmp_path, parquet_src, run_cli, monkeypatch):
+    """run_options only makes RunSettings: every command's engine scope is its entry point's (with_engine), one
+    per command, with the settings it was given, `run` and `inspect` too."""
+    from batchtool import engines
+    scopes: list[tuple[str, int]] = []
+    real = engines.engine_scope
+
+    def counting(run):
+        scopes.append((run.engine, run.threads))
+        return real(run)
+
+    monkeypatch.setattr(engines, "engine_scope", counting)
+    path = pipeline(tmp_path, ['op = "shuffle"'], src=parquet_src)
+    for args in (["inspect", parquet_src], ["convert", parquet_src, tmp_path / "c"],
+                 ["shuffle", parquet_src, tmp_path / "s"], ["run", path]):
+        scopes.clear()
+        result = run_cli(*args, "--threads", "3", "-q")
+        assert result.exit_code == 0, result.stderr
+        assert scopes == [("local", 3)], args

@@ -93,3 +93,40 @@ def test_a_tfrecord_output_gives_its_bars_a_total_from_the_manifest(tmp_path, pa
     assert run_cli("convert", tmp_path / "tfr", tmp_path / "back", "-q").exit_code == 0
     assert run_cli("check", tmp_path / "tfr", "--no-nulls", "key", "-q").exit_code == 0
     assert bars == [("convert: write", 300), ("check: scan", 300)]
+
+
+RUN_SECTION = {"wall_seconds": 1.0, "peak_rss_bytes": 3 << 20}
+DISCARDING = {"rows_in": 4000, "rows_out": 164, "examples_dropped": 3836, "discarded_fraction": 0.959,
+              "replacement": False}
+AUTO = {"rows_in": 164, "rows_out": 160, "boundaries": [10, 20], "batches": 20,
+        "auto_buckets": {"k": 3, "expected_padding_efficiency": 0.9, "quantile_expected_padding_efficiency": 0.8}}
+
+
+def test_each_op_says_its_own_lines_and_run_only_their_warnings(capsys):
+    """report() asks each step's op what to say (Operation.said, Operation.noted): a command prints all of it,
+    `run` only the warnings, naming the stage, and its table ends each stage's line with the op's own words."""
+    from batchtool.cli.common import report
+    output = {"rows": 164, "batches": 1, "files": ["part-00000.parquet"]}
+    report({"command": "stratify", "stats": DISCARDING, "output": output, "run": RUN_SECTION}, "dst", quiet=True)
+    assert capsys.readouterr().err == ("warning: stratify discarded 95.9% of the examples (3,836 of 4,000 never "
+                                       "appear in DST); --replacement upsamples instead\n")
+    report({"command": "bucket", "stats": AUTO, "output": output, "run": RUN_SECTION}, "dst", quiet=False)
+    assert capsys.readouterr().err.splitlines()[:2] == [
+        "auto-buckets: boundaries 10,20; expected padding efficiency 90.0% (3 quantile buckets: 80.0%)",
+        "bucket: 164 rows in, 164 out; 20 batches, boundaries 10,20"]
+    stages = [{"stage": 1, "op": "shuffle", "mode": "global", "rows_in": 4000, "rows_out": 4000},
+              {"stage": 2, "op": "stratify", **DISCARDING}, {"stage": 3, "op": "bucket", **AUTO}]
+    manifest = {"command": "run", "stats": {"rows_in": 4000, "stages": stages}, "output": output, "run": RUN_SECTION}
+    report(manifest, "dst", quiet=False)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("warning: stage 2 (stratify) discarded 95.9% of the examples")
+    assert lines[2].split() == ["1", "shuffle", "4,000", "4,000", "global", "shuffle"]
+    assert not any(line.startswith("auto-buckets") for line in lines) and len(lines) == 6
+
+
+def test_the_shared_summary_names_no_operation():
+    """What an op says is its own (ops/*.py): the CLI's shared report branches on no op's name."""
+    from batchtool.cli import common
+    from batchtool.ops import OPERATIONS
+    source = open(common.__file__).read()
+    assert [name for name in OPERATIONS if f'"{name}"' in source] == []

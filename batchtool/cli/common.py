@@ -15,12 +15,12 @@ import click
 
 import batchtool
 from batchtool import settings as settings_mod
-from batchtool.engines import ENGINES, engine_scope
+from batchtool.engines import ENGINES
 from batchtool.errors import BatchtoolError, OptionError
 from batchtool.formats import tfrecord
 from batchtool.job import RunSettings
+from batchtool.ops import OPERATIONS
 from batchtool.ops.base import Choice, Integer, Value, fields, flag
-from batchtool.ops.stratify import discard_warning
 from batchtool.output import OutputOptions
 from batchtool.runner import default_threads
 from batchtool.settings import (BATCH_FORMAT, RECORD_LIMIT, ROW_FORMAT, CommonSettings, Directory, InputSettings,
@@ -195,17 +195,17 @@ _STARTED_META = "batchtool.started"
 def run_options(fn: Callable) -> Callable:
     """--threads, --quiet, --engine and --ray-address: how to run, never what to compute.
 
-    The whole command runs on the chosen engine (make_run passes it on in RunSettings), so a
-    command needs nothing more than these options to run on Ray.
+    They only make the RunSettings (make_run) the command passes to its entry point, which runs on
+    that engine (engines.with_engine, the one place an engine is chosen): a command needs nothing
+    more than these options to run on Ray.
     """
     @functools.wraps(fn)
-    def on_engine(*args: Any, engine: str, ray_address: str | None, **kwargs: Any) -> Any:
+    def settled(*args: Any, engine: str, ray_address: str | None, **kwargs: Any) -> Any:
         settings = RunSettings(threads=kwargs["threads"], engine=engine, ray_address=ray_address)
         click.get_current_context().meta.update({_ENGINE_META: settings, _STARTED_META: time.perf_counter()})
-        with engine_scope(settings):
-            return fn(*args, **kwargs)
+        return fn(*args, **kwargs)
 
-    return _apply(on_engine, [
+    return _apply(settled, [
         declared(CommonSettings, "threads", default=default_threads, show_default="cores"),
         click.option("--quiet", "-q", is_flag=True, help="No progress bars or summary."),
         click.option("--engine", type=click.Choice(ENGINES), default="local", show_default=True,
@@ -283,16 +283,19 @@ def manuals() -> dict[str, Traversable]:
 
 
 def report(manifest: dict[str, Any], dst: str, quiet: bool) -> None:
-    """How every writing command ends, `run` included, from DST's manifest: the discard warning of each
-    stratify step (even with --quiet), then what each step did (rows in and out, what it dropped or
-    duplicated, its own numbers) and one line of what was written, the time and the peak memory."""
+    """How every writing command ends, `run` included, from DST's manifest: what each step's operation says of
+    it (Operation.said: its warnings even with --quiet; for `run` only those, naming the stage), then what each
+    step did (rows in and out, what it dropped or duplicated, its own numbers) and one line of what was
+    written, the time and the peak memory."""
     stats, output, run = manifest["stats"], manifest["output"], manifest["run"]
     stages = stats.get("stages") or [{**stats, "op": manifest["command"], "rows_out": output["rows"]}]
     for stage in stages:
-        warning = discard_warning(stage) if stage["op"] == "stratify" else None
-        if warning:
-            click.echo(warning if "stage" not in stage else warning.replace(
-                "stratify", f"stage {stage['stage']} (stratify)", 1), err=True)
+        op = OPERATIONS.get(stage["op"])  # None: convert, which says nothing more
+        for line in op.said(stage) if op is not None else []:
+            if line.startswith("warning: "):
+                click.echo(line, err=True)
+            elif "stages" not in stats:
+                summary(line, quiet)
     if quiet:
         return
     lines = render(stages, expected=False) if "stages" in stats else [
@@ -318,7 +321,8 @@ def render(stages: list[dict[str, Any]], expected: bool) -> list[str]:
 
 
 def notes(stage: dict[str, Any], expected: bool) -> str:
-    """One line of the numbers that matter for the stage's operation."""
+    """One line of the numbers that matter for the stage's operation: those its statistics have of the ones any op
+    may report, then the op's own words (Operation.noted)."""
     parts = []
     per_class = stage.get("class_targets" if expected else "class_counts_after")
     if per_class:
@@ -353,9 +357,8 @@ def notes(stage: dict[str, Any], expected: bool) -> str:
     efficiency = stage.get("padding_efficiency")
     if efficiency is not None:
         parts.append(f"padding efficiency {100 * efficiency:.1f}%" + (" (expected)" if expected else ""))
-    if stage["op"] == "shuffle" and "mode" in stage:
-        parts.append(f"{stage['mode']} shuffle")
-    return ", ".join(parts)
+    op = OPERATIONS.get(stage["op"])
+    return ", ".join(parts + (op.noted(stage) if op is not None else []))
 
 
 def _count(value: int | None) -> str:

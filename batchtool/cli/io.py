@@ -22,14 +22,14 @@ from batchtool.convert import convert as convert_dataset
 @input_options
 @run_options
 def inspect_cmd(src: str, label: str | None, length: str | None, sequence: str | None, as_json: bool,
-                input_format: str | None, skip_corrupt: bool, threads: int, quiet: bool) -> None:
+                input_format: str | None, skip_corrupt: bool, **kwargs) -> None:
     """Show schema, shards, rows and bytes, the label distribution and the length histogram of SRC.
 
     SRC is a Parquet, Arrow IPC or TFRecord file, a directory or a glob. When SRC is a batchtool
     output directory its manifest is summarised too.
     """
     result = inspection.inspect(src, label=label, length=length or sequence, format=input_format,
-                                threads=threads, skip_corrupt=skip_corrupt)
+                                skip_corrupt=skip_corrupt, run=make_run(kwargs))
     click.echo(json.dumps(result, indent=2) if as_json else inspection.render(result))
 
 

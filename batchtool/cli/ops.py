@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from batchtool.cli.common import (command, input_options, make_output, make_run, memory_options, output_options,
-                                  parse_size, report, run_options, seed_option, summary)
+                                  parse_size, report, run_options, seed_option)
 from batchtool.driver import run_operation
 from batchtool.job import JobResult
 from batchtool.ops import OPERATIONS
@@ -32,11 +32,6 @@ def make_command(op: Operation, runner: Runner = run_operation) -> click.Command
         seed = kwargs.pop("seed", 0)
         output, run = make_output(kwargs), make_run(kwargs)
         result = runner(op, options, src, dst, output, run, seed=seed, format=input_format, skip_corrupt=skip_corrupt)
-        for line in op.said(result.manifest["stats"]):
-            if line.startswith("warning: "):
-                click.echo(line, err=True)
-            else:
-                summary(line, run.quiet)
         report(result.manifest, dst, run.quiet)
 
     run_op.__name__ = f"{op.name}_cmd"

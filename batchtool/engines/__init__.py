@@ -1,9 +1,11 @@
 """Execution engines: which one runs the per-item functions of a command, chosen by RunSettings.engine.
 
 "One algorithm, several engines": an engine decides where `fn(item)` runs, never what it computes.
-Every operation reaches its workers through `runner.ordered_map`; `engine_scope(run)` makes the
-run's engine the one behind those calls for the duration of a command. `local` (the default) is
-the thread runner in batchtool.runner; `ray` (the optional extra) is batchtool.engines.ray.
+Every operation reaches its workers through `runner.ordered_map`; the engine is chosen in one place,
+`with_engine` on each entry point that takes a RunSettings (run_operation, convert, check, inspect,
+run_pipeline), whose `engine_scope(run)` makes the run's engine the one behind those calls for the
+duration of the call. `local` (the default) is the thread runner in batchtool.runner; `ray` (the
+optional extra) is batchtool.engines.ray.
 """
 
 from __future__ import annotations
@@ -73,7 +75,8 @@ def engine_summary() -> dict[str, object]:
 
 
 def with_engine(fn: F) -> F:
-    """Decorate an operation's entry point (which takes `run: RunSettings`) to run on run.engine."""
+    """Decorate an entry point (which takes `run: RunSettings`) to run on run.engine: the library and the CLI
+    (whose run_options only make the RunSettings) choose the engine here and nowhere else."""
     signature = inspect.signature(fn)
     default = signature.parameters["run"].default
 

@@ -566,8 +566,14 @@ class Operation(Generic[O, P]):
         return None, {}
 
     def said(self, stats: dict[str, Any]) -> list[str]:
-        """Lines its command prints from the manifest's statistics before the report every command ends with
-        (a line starting with "warning: " is printed even with --quiet)."""
+        """Lines printed from its statistics (the manifest's, or its pipeline stage's) before the report every
+        command ends with; a line starting with "warning: " is printed even with --quiet, and is the only kind
+        `run` prints (its table says the rest). A line naming the op names it as `who(stats, self.name)`."""
+        return []
+
+    def noted(self, stats: dict[str, Any]) -> list[str]:
+        """Its own words at the end of the one-line summary of what it did (a run's or a dry run's stage), after
+        the numbers the summary reads from statistics every op may have."""
         return []
 
     # -- dry run (optional): a pass only --dry-run makes, for what `expected` says
@@ -587,6 +593,12 @@ def need_columns(schema: pa.Schema, field: str, names: Sequence[str]) -> None:
             raise ColumnError(field, f"no column {name!r} in the input (columns: {', '.join(schema.names)})")
 
 
+def who(stats: Mapping[str, Any], name: str) -> str:
+    """How a line of an op's `said` names it: by its command's name, or `stage 2 (stratify)` for a pipeline's
+    stage (whose statistics carry its number)."""
+    return f"stage {stats['stage']} ({name})" if "stage" in stats else name
+
+
 def row_stats(rows_in: int, rows_out: int) -> Tally:
     """What every row op reports per chunk."""
     return Tally.of(rows_in=rows_in, rows_out=rows_out)
@@ -595,4 +607,4 @@ def row_stats(rows_in: int, rows_out: int) -> Tally:
 __all__ = ["Bar", "Exchange", "Probe", "Regrouped", "Runtime", "manifest_options", "Choice", "Column", "ColumnError", "ColumnList", "Context", "Depends", "Flag", "Integer", "Kind", "Number",
            "NumberOrColumn", "Operation", "Option", "OptionError", "Renames", "Scan", "Tally", "Value", "build",
            "fields",
-           "flag", "from_texts", "key", "need_columns", "option", "row_stats", "shown"]
+           "flag", "from_texts", "key", "need_columns", "option", "row_stats", "shown", "who"]

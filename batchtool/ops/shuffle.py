@@ -312,6 +312,9 @@ class Shuffle(Operation[ShuffleOptions, ShufflePlan]):
         return Exchange(STAGE, plan.seed, parts, spill_flush_bytes(o.memory, parts), info["batch_rows"],
                         o.drop_remainder, functools.partial(shuffle_stats, info, options=o))
 
+    def noted(self, stats: dict[str, Any]) -> list[str]:
+        return [f"{stats['mode']} shuffle"] if "mode" in stats else []
+
     def expected(self, plan: ShufflePlan, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
         o = plan.options
         if rows_in is None or o.batch_size is None:

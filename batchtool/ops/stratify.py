@@ -14,7 +14,8 @@ import pyarrow as pa
 from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.errors import BatchtoolError, InputError
-from batchtool.ops.base import Context, Depends, Kind, Operation, Regrouped, Runtime, Scan, Tally, need_columns
+from batchtool.ops.base import (Context, Depends, Kind, Operation, Regrouped, Runtime, Scan, Tally, need_columns,
+                                who)
 from batchtool.ops.labels import (MAX_CLASSES, LabelError, Locate, bad_label_count, check_label_type,
                                   full_label_error, label_codes)
 from batchtool.ops.resample import Copies, Piece, copy_stats, copy_summary
@@ -215,24 +216,22 @@ class Stratify(Operation[StratifyOptions, Stratification]):
         result["discarded_fraction"] = round(lost / max(1, stats.count("rows_in")), 6)
         return result
 
+    def said(self, stats: dict[str, Any]) -> list[str]:
+        """A warning when more than half of the examples never reach DST (`stratified_sample` logs this too)."""
+        fraction = stats.get("discarded_fraction", 0.0)
+        if fraction <= 0.5:
+            return []
+        hint = "a larger --size keeps more" if stats.get("replacement") else "--replacement upsamples instead"
+        return [f"warning: {who(stats, self.name)} discarded {fraction:.1%} of the examples "
+                f"({stats['examples_dropped']:,} of {stats['rows_in']:,} never appear in DST); {hint}"]
+
     def expected(self, plan: Stratification, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
         return plan.expected()
 
 
 OP = Stratify()
 
-
-def discard_warning(stats: dict[str, Any]) -> str | None:
-    """One line for stderr when more than half of the examples never reach DST (`stratified_sample` logs this too)."""
-    fraction = stats.get("discarded_fraction", 0.0)
-    if fraction <= 0.5:
-        return None
-    hint = "a larger --size keeps more" if stats.get("replacement") else "--replacement upsamples instead"
-    return (f"warning: stratify discarded {fraction:.1%} of the examples ({stats['examples_dropped']:,} of "
-            f"{stats['rows_in']:,} never appear in DST); {hint}")
-
-
 __all__ = ["MAX_CLASSES", "MODES", "OP", "ONLINE_PRIOR", "STAGE", "LabelError", "RatePlan", "Stratification",
            "Stratify", "StratifyOptions", "Target", "ThresholdPlan", "acceptance_probs", "balanced_batches",
-           "check_probs", "check_zero_classes", "discard_warning", "exact_target", "exact_totals", "find_thresholds",
+           "check_probs", "check_zero_classes", "exact_target", "exact_totals", "find_thresholds",
            "label_codes", "largest_total", "parse_probs", "parse_target", "target_vector", "threshold_plan"]

@@ -34,7 +34,7 @@ from batchtool import manifest as manifest_mod
 from batchtool import progress, rng
 from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
-from batchtool.engines import engine_scope
+from batchtool.engines import with_engine
 from batchtool.errors import BatchtoolError, DestinationExistsError
 from batchtool.formats import parquet as parquet_format
 from batchtool.job import RunSettings, read_paths, write_job
@@ -42,7 +42,7 @@ from batchtool.ops.base import OptionError, Regrouped
 from batchtool.output import refuse_overlap
 from batchtool.runner import ordered_map
 from batchtool.pipeline import config as config_mod
-from batchtool.pipeline.stages import ANY, CHUNKS, ORDER, Columns, Stage, Stream, make_stage
+from batchtool.pipeline.stages import ANY, CHUNKS, ORDER, Columns, Stage, Stream
 
 
 @dataclass
@@ -55,32 +55,32 @@ class PipelineResult:
     peak_rss_bytes: int = 0
 
 
+@with_engine
 def run_pipeline(config: config_mod.PipelineConfig, run: RunSettings, *, dry_run: bool = False) -> PipelineResult:
     """Plan every stage (its first passes), then run the pipeline into config.output_path (unless dry_run)."""
     started = time.perf_counter()
-    with engine_scope(run):
-        if not dry_run:
-            _check_destination(config)
-        source = open_dataset(config.input.path, format=config.input.format, skip_corrupt=config.input.skip_corrupt)
-        refuse_overlap(read_paths(source), {f"{config.path}: [output] path": config.output_path,
-                                            f"{config.path}: tmp-dir": config.tmp_dir})
-        columns = source.check_columns(config.input.columns)
-        stages = [make_stage(c, config) for c in config.stages]
-        with ExitStack() as stack:
-            prefix = Prefix(config, source, columns, stages, run, stack)
-            for k, stage in enumerate(stages):
-                with attributed(config.path, stage):
-                    wanted = stage.first_pass_columns(prefix.schemas[k])
-                    view = prefix.view(k, wanted, needs=stage.first_pass_needs,
-                                       desc=f"{stage.name}: first pass" if wanted and stage.first_pass_bar else None)
-                    stage.plan(view, run)
-            if dry_run:
-                return PipelineResult(prefix.expected(), wall_seconds=round(time.perf_counter() - started, 3),
-                                      peak_rss_bytes=manifest_mod.peak_rss_bytes())
-            last = stages[-1]
-            with attributed(config.path, last):
-                result = last.write(prefix.view(len(stages) - 1, None), config.output_path, config.output, run,
-                                     prefix.writer(started))
+    if not dry_run:
+        _check_destination(config)
+    source = open_dataset(config.input.path, format=config.input.format, skip_corrupt=config.input.skip_corrupt)
+    refuse_overlap(read_paths(source), {f"{config.path}: [output] path": config.output_path,
+                                        f"{config.path}: tmp-dir": config.tmp_dir})
+    columns = source.check_columns(config.input.columns)
+    stages = [Stage(c, config.seed) for c in config.stages]
+    with ExitStack() as stack:
+        prefix = Prefix(config, source, columns, stages, run, stack)
+        for k, stage in enumerate(stages):
+            with attributed(config.path, stage):
+                wanted = stage.first_pass_columns(prefix.schemas[k])
+                view = prefix.view(k, wanted, needs=stage.first_pass_needs,
+                                   desc=f"{stage.name}: first pass" if wanted and stage.first_pass_bar else None)
+                stage.plan(view, run)
+        if dry_run:
+            return PipelineResult(prefix.expected(), wall_seconds=round(time.perf_counter() - started, 3),
+                                  peak_rss_bytes=manifest_mod.peak_rss_bytes())
+        last = stages[-1]
+        with attributed(config.path, last):
+            result = last.write(prefix.view(len(stages) - 1, None), config.output_path, config.output, run,
+                                 prefix.writer(started))
     run_section = result.manifest["run"]
     return PipelineResult(result.manifest["stats"]["stages"], result.manifest, run_section["wall_seconds"],
                           run_section["peak_rss_bytes"])
@@ -304,7 +304,7 @@ class Prefix:
             is_last = k == len(self.stages) - 1
             own = last if is_last else stage.report
             rows_in = self.rows.get(k, own.get("rows_in"))
-            stages.append({"stage": k + 1, "op": stage.config.op, **own, "rows_in": rows_in,
+            stages.append({"stage": k + 1, "op": stage.op.name, **own, "rows_in": rows_in,
                            "rows_out": rows_out if is_last else self.rows.get(k + 1)})
         out: dict[str, Any] = {"rows_in": stages[0]["rows_in"], "stages": stages}
         for key in ("batches", "padding_efficiency"):
@@ -316,10 +316,11 @@ class Prefix:
         """Dry run: per stage, the rows in (counted by the first passes, or planned) and what it would make."""
         last = len(self.stages) - 1
         stage, schema = self.stages[last], self.schemas[last]
-        wanted = stage.preview_columns(schema)
-        if wanted:
+        previewed = None
+        if stage.preview_columns:
             with attributed(self.config.path, stage):
-                stage.preview(self.view(last, wanted, needs=ANY, desc=f"{stage.name}: dry run"), self.run)
+                previewed = stage.preview(self.view(last, stage.preview_columns, needs=ANY,
+                                                    desc=f"{stage.name}: dry run"), self.run)
         if last not in self.rows:  # count the rows reaching the last stage (one narrow pass)
             column = next((f.name for f in schema if not pa.types.is_nested(f.type)), schema.names[0])
             stats_mod.collect(self.view(last, [column], needs=ANY, desc=f"{stage.name}: dry-run count"),
@@ -327,9 +328,9 @@ class Prefix:
         out, planned = [], self.rows.get(0)
         for k, stage in enumerate(self.stages):
             rows_in = self.rows.get(k, planned)
-            rows_out, info = stage.expected(rows_in)
+            rows_out, info = stage.expected(rows_in, previewed if k == last else None)
             planned = self.rows.get(k + 1, rows_out)
-            out.append({"stage": k + 1, "op": stage.config.op, "rows_in": rows_in,
+            out.append({"stage": k + 1, "op": stage.op.name, "rows_in": rows_in,
                         "rows_out": planned if k < last else rows_out, **info})
         return out
 
