@@ -260,7 +260,7 @@ def test_property_every_example_once_or_counted_and_budgets_hold(tmp_path_factor
      "give exactly one of boundaries, auto-buckets, bucket-column (got boundaries and bucket-column)"),
     ({"boundaries": (10, 5), "batch_size": (4,)},
      "--boundaries 10,5: boundaries must be strictly increasing (10 is followed by 5)",
-     "boundaries 10,5: boundaries must be strictly increasing (10 is followed by 5)"),
+     "key 'boundaries' = 10,5: boundaries must be strictly increasing (10 is followed by 5)"),
     ({"bucket_column": "b", "num_buckets": 0, "batch_size": (4,)},
      "--num-buckets 0: must be at least 1", "key 'num-buckets' = 0: must be at least 1"),
     ({"boundaries": (4,), "batch_size": (4,), "order": "random"},

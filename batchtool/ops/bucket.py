@@ -13,7 +13,6 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool.dataset import Chunk, Dataset, ReadReport
-from batchtool.errors import UsageError
 from batchtool.ops.base import (Choice, Column, ColumnList, Context, Flag, Integer, Kind, Operation, OptionError,
                                 Regrouped, Runtime, Value, option, shown)
 from batchtool.ops.boundaries import check_boundaries, expected_efficiency
@@ -151,10 +150,7 @@ class BucketOptions:
                               "{auto_buckets}, {bucket_column}" + (f" (got {' and '.join('{%s}' % m for m in given)})"
                                                                    if given else ""), mentions=modes)
         if self.boundaries is not None:
-            try:
-                check_boundaries(self.boundaries, "{boundaries}")
-            except UsageError as exc:
-                raise OptionError("boundaries", str(exc)) from None
+            check_boundaries(self.boundaries)
         if self.auto_buckets is not None and self.auto_buckets < 1:
             raise OptionError("auto_buckets", "must be at least 1", value=str(self.auto_buckets))
         if (self.bucket_column is None) != (self.num_buckets is None):
@@ -200,7 +196,7 @@ class BucketOptions:
         if isinstance(self.target, str) and self.target != "uniform":
             raise OptionError("target", "expected 'uniform', P0,P1,... or CLASS=PROB pairs", value=repr(self.target))
         if not isinstance(self.target, str):
-            check_probs(self.target.values() if isinstance(self.target, dict) else self.target, "--target")
+            check_probs(self.target.values() if isinstance(self.target, dict) else self.target, "target")
         if self.order != "shuffle":
             raise OptionError("balance", f"{{balance}} with {{order}} {self.order}: balanced batches are drawn at "
                               "random (use {order} shuffle)", mentions=["order"])

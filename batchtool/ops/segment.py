@@ -179,11 +179,13 @@ def check_memory(options: SegmentOptions, sample: pa.RecordBatch | None) -> floa
     B, U, memory = options.batch_size, options.num_unroll, options.memory
     per_row, per_step = budget.row_bytes(sample, options.sequence)
     batch = B * (U * per_step + per_row + METADATA_BYTES)
-    budget.check(f"--num-unroll {U} with --batch-size {B}: one batch of {B:,} segments padded to {U:,} steps",
-                 batch, memory, "give a smaller --num-unroll or --batch-size, or a larger --memory")
+    budget.check("num_unroll", f"{{num_unroll}} {U} with {{batch_size}} {B}: one batch of {B:,} segments padded to "
+                 f"{U:,} steps", batch, memory, "give a smaller {num_unroll} or {batch_size}, or a larger {memory}",
+                 mentions=("batch_size",))
     example = sample.nbytes / sample.num_rows if sample is not None and sample.num_rows else 0.0
-    budget.check(f"--batch-size {B}: {B:,} lanes, each planning {LANE_WINDOW} examples ahead",
-                 B * (LANE_BYTES + LANE_WINDOW * example), memory, "give a smaller --batch-size or a larger --memory")
+    budget.check("batch_size", f"{B:,} lanes, each planning {LANE_WINDOW} examples ahead",
+                 B * (LANE_BYTES + LANE_WINDOW * example), memory, "give a smaller {batch_size} or a larger {memory}",
+                 value=B)
     return batch
 
 
