@@ -21,7 +21,8 @@ def parse_pad_values(specs: Sequence[str], schema: pa.Schema) -> dict[str, Any]:
         if not sep:
             raise OptionError("pad_value", "expected COLUMN=VALUE", value=repr(spec))
         if name not in schema.names:
-            raise OptionError("pad_value", f"no column {name!r} (available: {', '.join(schema.names)})", value=repr(spec))
+            raise OptionError("pad_value", f"no column {name!r} (available: {', '.join(schema.names)})",
+                              value=repr(spec))
         element = element_type(schema.field(name).type)
         try:
             if pa.types.is_integer(element):

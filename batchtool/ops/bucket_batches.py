@@ -92,7 +92,8 @@ def _check_reused(chunk: Chunk, column: str, computed: np.ndarray, what: str, lo
         role = "length" if what == "its length" else "bucket"
         raise OptionSchemaError("output_column", f"{value} but {what} is {computed[i]}; bucket writes its own "
                                 f"{column!r} column: name it otherwise with {{output_column}} {role}=NEW_NAME (or "
-                                "rename yours, e.g. convert --columns)", where=f"{locate(chunk.ids[i])}, column {column!r}: ")
+                                "rename yours, e.g. convert --columns)",
+                                where=f"{locate(chunk.ids[i])}, column {column!r}: ")
 
 
 def measure(chunk: Chunk, plan: BucketPlan, locate: Callable[[int], str]) -> np.ndarray:

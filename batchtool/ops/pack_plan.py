@@ -84,7 +84,8 @@ def check_long(lengths: np.ndarray, chunk: Chunk, column: str, options: PackOpti
         i = int(long[0])
         raise OptionInputError("max_length", f"{lengths[i]} steps, more than {{max_length}} {options.max_length} (pass "
                                "{split_long} to cut such examples into pieces, or {drop_long} to drop and count them)",
-                               mentions=("split_long", "drop_long"), where=f"{locate(chunk.ids[i])}, column {column!r}: ")
+                               mentions=("split_long", "drop_long"),
+                               where=f"{locate(chunk.ids[i])}, column {column!r}: ")
 
 
 # --- the plan --------------------------------------------------------------------------------------------
