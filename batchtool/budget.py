@@ -10,11 +10,13 @@ the row) instead of a MemoryError, or the machine swapping. Output that is legit
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batchtool.errors import BatchtoolError, UsageError
+from batchtool.errors import NamesOptions, OptionError
 from batchtool.inspection import human_bytes
 
 SHARE = 8
@@ -31,19 +33,22 @@ def allowed(memory: int) -> int:
     return max(memory // SHARE, FLOOR)
 
 
-def check(what: str, need: float, memory: int, fix: str, error: type[BatchtoolError] = UsageError) -> None:
-    """Stop before allocating `need` bytes for `what` (an option and its value, or a row) if the budget
-    does not allow it; `fix` says what to change."""
+def check(field: str, what: str, need: float, memory: int, fix: str, *, value: object = None,
+          mentions: Sequence[str] = (), where: str = "", error: type[NamesOptions] = OptionError) -> None:
+    """Stop before allocating `need` bytes for `what` (an option's use, or a row) if the budget does not
+    allow it; `fix` says what to change. The error names option `field` (given `value`, if any); `{field}`
+    placeholders in `what` and `fix` name options as NamesOptions renders them (--memory always can be)."""
     if need > allowed(memory):
-        raise error(f"{what} takes about {human_bytes(need)} at once, more than --memory {human_bytes(memory)} "
-                    f"allows ({human_bytes(allowed(memory))}); {fix}")
+        raise error(field, f"{what} takes about {human_bytes(need)} at once, more than {{memory}} "
+                           f"{human_bytes(memory)} allows ({human_bytes(allowed(memory))}); {fix}",
+                    value=None if value is None else str(value), mentions=(*mentions, "memory"), where=where)
 
 
-def check_rows(flag: str, value: int, rows: int | None, bytes_per_row: float, memory: int) -> None:
+def check_rows(field: str, value: int, rows: int | None, bytes_per_row: float, memory: int) -> None:
     """One batch of `value` rows (or of all `rows`, when known and fewer) of `bytes_per_row` each."""
     held = value if rows is None else min(value, rows)
-    check(f"{flag} {value}: one batch of {held:,} rows", held * bytes_per_row, memory,
-          f"give a smaller {flag} or a larger --memory")
+    check(field, f"one batch of {held:,} rows", held * bytes_per_row, memory,
+          f"give a smaller {{{field}}} or a larger {{memory}}", value=value)
 
 
 def row_bytes(sample: pa.RecordBatch | None, sequences: tuple[str, ...] | list[str]) -> tuple[float, float]:

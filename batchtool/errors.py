@@ -10,18 +10,24 @@ class BatchtoolError(Exception):
 
     exit_code = 2
 
+    def rendered(self, vocabulary: str) -> str:
+        """The message as a front end ("cli" or "toml") shows it: the same words, unless it names options
+        (NamesOptions)."""
+        return str(self)
+
 
 class UsageError(BatchtoolError):
     """Bad options or option combinations."""
 
 
-class OptionError(UsageError):
-    """An option's value, or the column it names, is unusable. `field` is the options field, `value` (as
-    shown) what it was given; `{field}` in the problem names an option (the problem then stands alone).
-    Each front end renders these in its own words (`rendered`): `--batch-size 0: ...` on the command
-    line, `key 'batch-size' = 0: ...` in a pipeline file. `flags` names the fields whose flag is not
-    their name's (an output's format is `--to`). Here rather than with the option schemas (ops/base.py)
-    so that the output writer and the formats raise it too."""
+class NamesOptions:
+    """A problem that names options by their fields: `field` is the options field, `value` (as shown) what it
+    was given; `{field}` in the problem names an option (without a value, the problem then stands alone),
+    and so does `{other}` for each field in `mentions`. Each front end renders these in its own words (`rendered`):
+    `--batch-size 0: ...` on the command line, `key 'batch-size' = 0: ...` in a pipeline file. `flags`
+    names the fields whose flag is not their name's (an output's format is `--to`); `where` is the place
+    the problem was found in (a file and row, for a data error). A mixin, so that a data error
+    (OptionInputError) or a destination error (OptionDestinationError) can name its option too."""
 
     def __init__(self, field: str, problem: str, *, value: str | None = None, mentions: Sequence[str] = (),
                  where: str = "", flags: Mapping[str, str] | None = None) -> None:
@@ -40,14 +46,19 @@ class OptionError(UsageError):
         problem = self.problem
         for other in {self.field, *self.mentions}:
             problem = problem.replace("{" + other + "}", name(other))
-        if "{" + self.field + "}" in self.problem:  # it names the option itself, where it reads best
+        if self.value is None and "{" + self.field + "}" in self.problem:  # it names the option where it reads best
             return f"{self.where}{problem}"
         return f"{self.where}{head}: {problem}"
 
-    def at(self, where: str) -> OptionError:
+    def at(self, where: str) -> NamesOptions:
         """The same problem, prefixed with the place it was found in (SRC, for a command)."""
         return type(self)(self.field, self.problem, value=self.value, mentions=self.mentions, where=f"{where}: ",
                           flags=self.flags)
+
+
+class OptionError(NamesOptions, UsageError):
+    """An option's value, or the column it names, is unusable. Here rather than with the option schemas
+    (ops/base.py) so that the output writer, the formats and the budget raise it too."""
 
 
 def flag(field: str) -> str:
@@ -64,6 +75,10 @@ class InputError(BatchtoolError):
     """Input that cannot be read as asked: missing, empty, unknown format, wrong column."""
 
 
+class OptionInputError(NamesOptions, InputError):
+    """Input that defeats an option: a value in a file and row that the option's value cannot take."""
+
+
 class CorruptRecordError(InputError):
     """A TFRecord record whose framing or CRC is wrong, or whose payload does not parse."""
 
@@ -72,8 +87,16 @@ class SchemaError(InputError):
     """A column is missing or has a type the operation cannot use."""
 
 
+class OptionSchemaError(NamesOptions, SchemaError):
+    """A column's values (in a file and row) that an option cannot take, or that the option would overwrite."""
+
+
 class DestinationError(BatchtoolError):
     """DST or the tmp dir cannot be written: it overlaps an input, or the OS refuses (no space, no permission)."""
+
+
+class OptionDestinationError(NamesOptions, DestinationError):
+    """A directory an option names (--tmp-dir) that the OS refuses to write."""
 
 
 class DestinationExistsError(DestinationError):

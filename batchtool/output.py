@@ -17,7 +17,8 @@ from typing import BinaryIO
 import pyarrow as pa
 
 from batchtool import fs
-from batchtool.errors import DestinationError, DestinationExistsError, OptionError, SchemaError, where
+from batchtool.errors import (DestinationError, DestinationExistsError, OptionError, OptionSchemaError,
+                              where)
 from batchtool.formats import DEFAULT, FORMATS, NAMES
 from batchtool.formats.base import EncodedBatch, Format, ShardSink
 
@@ -70,9 +71,9 @@ class OutputOptions:
         for field in schema:
             stored = _narrowed(field.type, [CASTS[c] for c in self.cast])
             if _narrowed(stored, [CASTS["float64=float32"]]) != stored:
-                raise SchemaError(f"{where(column=field.name)}: {field.type} cannot be written to TFRecord exactly "
-                                  "(tf.train.FloatList holds float32); pass --cast float64=float32 to round it, "
-                                  "or write Parquet")
+                raise OptionSchemaError("cast", f"{field.type} cannot be written to TFRecord exactly "
+                                        "(tf.train.FloatList holds float32); pass {cast} float64=float32 to round it, "
+                                        "or write Parquet", where=f"{where(column=field.name)}: ")
             fields.append(field.with_type(stored))
         return pa.schema(fields, metadata=schema.metadata)
 

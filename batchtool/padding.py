@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batchtool.errors import SchemaError, UsageError
+from batchtool.errors import OptionError, SchemaError
 from batchtool.stats import is_sequence_type
 
 
@@ -19,9 +19,10 @@ def parse_pad_values(specs: Sequence[str], schema: pa.Schema) -> dict[str, Any]:
     for spec in specs:
         name, sep, text = spec.partition("=")
         if not sep:
-            raise UsageError(f"--pad-value {spec!r}: expected COLUMN=VALUE")
+            raise OptionError("pad_value", "expected COLUMN=VALUE", value=repr(spec))
         if name not in schema.names:
-            raise UsageError(f"--pad-value {spec!r}: no column {name!r} (available: {', '.join(schema.names)})")
+            raise OptionError("pad_value", f"no column {name!r} (available: {', '.join(schema.names)})",
+                              value=repr(spec))
         element = element_type(schema.field(name).type)
         try:
             if pa.types.is_integer(element):
@@ -33,7 +34,7 @@ def parse_pad_values(specs: Sequence[str], schema: pa.Schema) -> dict[str, Any]:
             else:
                 values[name] = text
         except ValueError:
-            raise UsageError(f"--pad-value {spec!r}: {text!r} is not a {element} value") from None
+            raise OptionError("pad_value", f"{text!r} is not a {element} value", value=repr(spec)) from None
     return values
 
 

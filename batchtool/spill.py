@@ -13,6 +13,7 @@ name, so an input column of any name (even `__batchtool_id`) cannot collide with
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import tempfile
@@ -25,6 +26,7 @@ import pyarrow as pa
 
 from batchtool import fs, rng
 from batchtool.dataset import Chunk
+from batchtool.errors import OptionDestinationError
 
 T = TypeVar("T")
 ID_COLUMN = "__batchtool_id"
@@ -173,11 +175,16 @@ def make_temporary_dir(prefix: str, tmp_dir: str | None) -> str:
         return tempfile.mkdtemp(prefix=prefix, dir=tmp_dir)
 
 
-def temporary_write_errors(tmp_dir: str | None) -> AbstractContextManager[None]:
-    """The OS refusing a temporary file (no space, no permission) as one error naming the directory."""
-    where = (f"--tmp-dir {tmp_dir}" if tmp_dir is not None
-             else f"{tempfile.gettempdir()} (the system's temporary directory; --tmp-dir chooses another)")
-    return fs.write_errors(f"{where}: cannot write temporary files")
+@contextlib.contextmanager
+def temporary_write_errors(tmp_dir: str | None) -> Iterator[None]:
+    """The OS refusing a temporary file (no space, no permission) as one error naming the directory (and the
+    option that chooses it, as each front end names it)."""
+    try:
+        yield
+    except OSError as exc:
+        where = (f"{{tmp_dir}} {tmp_dir}" if tmp_dir is not None
+                 else f"{tempfile.gettempdir()} (the system's temporary directory; {{tmp_dir}} chooses another)")
+        raise OptionDestinationError("tmp_dir", f"{where}: cannot write temporary files: {fs.os_reason(exc)}") from exc
 
 
 def _read(path: str) -> pa.Table:

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.job import RunSettings
 from batchtool.driver import run_operation
-from batchtool.ops.base import ColumnList, Context, OptionError
-from batchtool.ops.bucket import OP, BucketOptions, Integers, OutputNames, Pairs
+from batchtool.ops.base import ColumnList, Context, OptionError, fields
+from batchtool.ops.bucket import OP, BucketOptions, Integers
 from batchtool.ops.bucket_plan import BatchBudget, BucketPlan, LengthPass, resolve_columns
 from batchtool.stats import DatasetStats
 from batchtool.output import OutputOptions
@@ -260,7 +260,7 @@ def test_property_every_example_once_or_counted_and_budgets_hold(tmp_path_factor
      "give exactly one of boundaries, auto-buckets, bucket-column (got boundaries and bucket-column)"),
     ({"boundaries": (10, 5), "batch_size": (4,)},
      "--boundaries 10,5: boundaries must be strictly increasing (10 is followed by 5)",
-     "boundaries 10,5: boundaries must be strictly increasing (10 is followed by 5)"),
+     "key 'boundaries' = 10,5: boundaries must be strictly increasing (10 is followed by 5)"),
     ({"bucket_column": "b", "num_buckets": 0, "batch_size": (4,)},
      "--num-buckets 0: must be at least 1", "key 'num-buckets' = 0: must be at least 1"),
     ({"boundaries": (4,), "batch_size": (4,), "order": "random"},
@@ -299,12 +299,13 @@ def test_pipeline_values_take_the_command_lines_forms():
     with pytest.raises(OptionError) as caught:
         Integers().parse("boundaries", "a")
     assert caught.value.rendered("cli") == "--boundaries 'a': expected comma-separated integers, e.g. 64,128,256"
-    pads = Pairs(metavar="COL=V")
+    kinds = {f.name: decl.value for f, decl in fields(BucketOptions)}
+    pads = kinds["pad_value"]
     assert pads.parse("pad_value", {"tokens": -1, "frames": 0.5}) == ("tokens=-1", "frames=0.5")
     assert pads.parse("pad_value", "tokens=-1") == ("tokens=-1",)
     with pytest.raises(OptionError, match=r"expected COL=V pairs, got list \[\['x'\]\]"):
         pads.parse("pad_value", [["x"]])
-    names = OutputNames()
+    names = kinds["output_column"]
     assert names.parse("output_column", {"length": "n"}) == (("length", "n"),)
     assert names.parse("output_column", ["length=n, mask=m"]) == (("length", "n"), ("mask", "m"))
     assert ColumnList(dedupe=True).parse("sequence", ["tokens,frames", "tokens"]) == ("tokens", "frames")

@@ -122,7 +122,7 @@ def test_tfrecord_in_and_out_with_rename_and_weighted_resample(tmp_path, run_cli
                                                                  output=output))
     refused = run_cli("run", pipeline)  # the float64 resample_rate column would be rounded
     assert refused.exit_code == 2 and "column 'resample_rate': double cannot be written to TFRecord exactly" in \
-        refused.stderr and "cast float64=float32" in refused.stderr and not (tmp_path / "out").exists()
+        refused.stderr and "pass cast float64=float32" in refused.stderr and not (tmp_path / "out").exists()
     write_pipeline(tmp_path / "p.toml", pipeline_text(os.path.join(SAMPLE, "tfrecord"), "out", *stages,
                                                       output=output + '\ncast = "float64=float32"'))
     outs = []
@@ -180,6 +180,26 @@ ERRORS = {
                         "stage 1 (filter): key 'column': column 'label' is int64, expected bool"),
     "data error": (['op = "stratify"\ntarget = "uniform"\nnum-classes = 2'],
                    "stage 1 (stratify): column 'label':"),
+    # problems found while a stage runs name its keys as the schema renders them, not by rewriting --flags
+    "budget": (['op = "segment"\nkey = "key"\nsequence = "tokens"\nnum-unroll = 1000000000\nbatch-size = 32'],
+               "stage 1 (segment): num-unroll 1000000000 with batch-size 32: one batch of 32 segments padded to "
+               "1,000,000,000 steps takes about"),
+    "budget's fix": (['op = "segment"\nkey = "key"\nsequence = "tokens"\nnum-unroll = 1000000000\nbatch-size = 32'],
+                     "more than memory 1.0 GB allows (128.0 MB); give a smaller num-unroll or batch-size, or a "
+                     "larger memory"),
+    "oversize row": (['op = "bucket"\nboundaries = [10]\nmax-tokens = 5\nsequence = "tokens"'],
+                     "on its own (pass drop-oversize to drop such examples)"),
+    "zero class": (['op = "stratify"\ntarget = [0.5, 0.5]\ninit-probs = [1.0, 0.0]\nmode = "bernoulli"'],
+                   "stage 1 (stratify): class 1 has initial probability 0 (init-probs) but target gives it 0.5"),
+    "size": (['op = "stratify"\ntarget = "uniform"\nsize = 100000'],
+             "stage 1 (stratify): key 'size' = 100000: without replacement the data allows at most"),
+    "column type": (['op = "bucket"\nauto-buckets = 2\nbatch-size = 4\nkeep = "label"'],
+                    "stage 1 (bucket): key 'keep' = label: column is int64, expected a boolean column"),
+    "pad value": (['op = "bucket"\nauto-buckets = 2\nbatch-size = 4\npad-value = "tokens"'],
+                  "stage 1 (bucket): key 'pad-value' = 'tokens': expected COLUMN=VALUE"),
+    "long example": (['op = "pack"\nmax-length = 2\nsequence = "tokens"\nbatch-size = 4'],
+                     "steps, more than max-length 2 (pass split-long to cut such examples into pieces, or drop-long "
+                     "to drop and count them)"),
 }
 
 
@@ -191,6 +211,17 @@ def test_pipeline_errors_name_file_stage_and_key(tmp_path, run_cli, parquet_src,
     assert result.exit_code == 2
     assert result.stderr.startswith("error: ") and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert expected in result.stderr and str(tmp_path / "p.toml") in result.stderr
+    assert " --" not in result.stderr.split("stage")[-1]  # keys, not flags
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unwritable_tmp_dir_is_named_by_its_key(tmp_path, run_cli, parquet_src):
+    (tmp_path / "afile").write_text("")
+    pipeline = write_pipeline(tmp_path / "p.toml", pipeline_text(
+        parquet_src, "out", 'op = "shuffle"', top=f'memory = "64KB"\ntmp-dir = "{tmp_path / "afile" / "x"}"'))
+    result = run_cli("run", pipeline)
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert f"stage 1 (shuffle): tmp-dir {tmp_path / 'afile' / 'x'}: cannot write temporary files: " in result.stderr
     assert not (tmp_path / "out").exists()
 
 

@@ -20,7 +20,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import memlimit
-from batchtool.errors import UsageError
+from batchtool import budget
+from batchtool.errors import InputError, OptionInputError, UsageError
 from batchtool.ops import shuffle as shuffle_op
 from batchtool.ops.bucket import BucketOptions
 from batchtool.ops.bucket_plan import LengthPass, make_plan, resolve_columns, with_spill_layout
@@ -220,3 +221,21 @@ def test_a_buffer_of_more_rows_than_the_budget_holds_is_refused():
 def test_stratify_refuses_a_class_named_past_the_most_classes():
     with pytest.raises(UsageError, match=r"--target: 100,000,001 classes; at most 65,536"):
         StratifyOptions(target={0: 0.5, 10**8: 0.5}, mode="online")
+
+
+def test_budget_errors_name_their_options_in_each_front_ends_words():
+    """The same budget problem reads `--batch-size 64` on the command line and `key 'batch-size' = 64` in a
+    pipeline file; a row's own value keeps its place and class (a data error naming --memory)."""
+    with pytest.raises(UsageError) as caught:
+        budget.check_rows("batch_size", 64, None, 1 << 30, 1 << 30)
+    assert caught.value.rendered("cli") == str(caught.value) == (
+        "--batch-size 64: one batch of 64 rows takes about 64.0 GB at once, more than --memory 1.0 GB allows "
+        "(128.0 MB); give a smaller --batch-size or a larger --memory")
+    assert caught.value.rendered("toml") == (
+        "key 'batch-size' = 64: one batch of 64 rows takes about 64.0 GB at once, more than memory 1.0 GB allows "
+        "(128.0 MB); give a smaller batch-size or a larger memory")
+    with pytest.raises(InputError) as row:
+        budget.check("memory", "length 9", 1 << 40, 1 << 30, "check the column, or give a larger {memory}",
+                     where="f.parquet, row 3: ", error=OptionInputError)
+    assert row.value.rendered("toml") == ("f.parquet, row 3: length 9 takes about 1.0 TB at once, more than memory "
+                                          "1.0 GB allows (128.0 MB); check the column, or give a larger memory")

@@ -18,7 +18,7 @@ from batchtool import rng
 from batchtool.dataset import Chunk
 from batchtool.manifest import MANIFEST_NAME
 from batchtool.ops import OPERATIONS
-from batchtool.ops.base import (Column, ColumnList, Flag, Integer, Number, NumberOrColumn, OptionError, Renames,
+from batchtool.ops.base import (Column, ColumnList, Flag, Integer, Number, NumberOrColumn, OptionError, Pairs,
                                 build)
 from batchtool.ops.rename import RenameOptions
 from batchtool.ops.select import SelectOptions
@@ -60,7 +60,7 @@ def test_select_and_rename_commands(tmp_path, run_cli, flagged):
     (["select", "--columns", "key,key"], "--columns: a column is named twice (key, key)"),
     (["rename", "--columns", "label=key"], "--columns: renaming gives two columns named 'key'"),
     (["rename", "--columns", "label=a,keep=a"], "--columns: two columns are renamed to the same name (a, a)"),
-    (["rename", "--columns", "label"], "--columns: 'label' is not an OLD=NEW pair"),
+    (["rename", "--columns", "label"], "--columns 'label': expected OLD=NEW, e.g. label=class"),
 ])
 def test_errors_are_one_line_naming_the_option_and_leave_nothing(tmp_path, run_cli, flagged, args, message):
     before = snapshot(tmp_path)
@@ -150,7 +150,7 @@ def test_select_then_rename_keeps_every_row_and_value(batch):
     (NumberOrColumn(), True, "expected a number or a column name, got boolean True"),
     (Column(), ["a"], "expected a column name, got list ['a']"),
     (ColumnList(), {"a": 1}, "expected a non-empty list of column names, got table {'a': 1}"),
-    (Renames(), {"a": 3}, "expected a table of old = \"new\" names, got table {'a': 3}"),
+    (Pairs("OLD=NEW", names=True), {"a": 3}, "expected a table of old = \"new\" names, got table {'a': 3}"),
 ])
 def test_a_pipeline_value_of_the_wrong_kind_is_named_by_its_key(kind, given, message):
     """TOML values are checked, never converted: a string "0.5" is not a number."""
@@ -167,3 +167,25 @@ def test_command_line_text_that_is_not_a_number(kind, text, message):
     with pytest.raises(OptionError, match=message):
         kind.from_text("some_option", text)
     assert NumberOrColumn().from_text("rate", "1e3") == 1000.0
+
+
+def test_one_pairs_kind_serves_every_key_value_option():
+    """Renames, output names, pad values and initial states are one kind: named pairs (split on commas, each
+    side non-empty, duplicates refused as told) or texts kept whole for a check that needs the schema."""
+    renames = Pairs("OLD=NEW", names=True, split=True, twice="renamed twice ({})", same="same name ({})")
+    assert renames.parse("columns", ["a=b, c=d", "e = f"]) == (("a", "b"), ("c", "d"), ("e", "f"))
+    assert renames.parse("columns", {"a": "b"}) == (("a", "b"),)
+    for given, message in [(["a=b,a=c"], "--columns: renamed twice (a, a)"),
+                           ("a=c,b=c", "--columns: same name (c, c)"),
+                           ("a=b,=c", "--columns '=c': expected OLD=NEW"),
+                           ("a=b,", "--columns: 'a=b,' has an empty pair (give OLD=NEW or OLD=NEW,OLD=NEW,...)"),
+                           ({}, "--columns: expected a table of old = \"new\" names, got table {}")]:
+        with pytest.raises(OptionError) as caught:
+            renames.parse("columns", given)
+        assert str(caught.value) == message
+    texts = Pairs("COL=V")
+    assert texts.parse("pad_value", {"tokens": -1, "words": "<pad>"}) == ("tokens=-1", "words=<pad>")
+    assert texts.parse("pad_value", "words=<a,b>") == ("words=<a,b>",)  # a value may hold commas
+    with pytest.raises(OptionError) as caught:
+        texts.parse("pad_value", [1])
+    assert caught.value.rendered("toml") == "key 'pad-value': expected COL=V pairs, got list [1]"

@@ -17,9 +17,9 @@ from batchtool import rng
 from batchtool.errors import InputError, SchemaError
 from batchtool.job import RunSettings
 from batchtool.driver import run_operation
-from batchtool.ops.base import OptionError
+from batchtool.ops.base import OptionError, fields
 from batchtool.ops.pack import OP, PackOptions
-from batchtool.ops.pack_options import PadValues, resolve_columns
+from batchtool.ops.pack_options import resolve_columns
 from batchtool.ops.packing import first_fit, lower_bound, plan_packing
 from batchtool.output import OutputOptions
 from batchtool.synthetic import lognormal_lengths
@@ -313,7 +313,7 @@ def test_option_errors_name_the_option_in_each_vocabulary(given, cli, toml):
 
 
 def test_pad_values_as_pairs_a_list_or_a_table():
-    kind = PadValues()
+    kind = {f.name: decl.value for f, decl in fields(PackOptions)}["pad_value"]
     assert kind.parse("pad_value", "tokens=-1") == ("tokens=-1",)
     assert kind.parse("pad_value", ["tokens=-1", "words=<pad>"]) == ("tokens=-1", "words=<pad>")
     assert kind.parse("pad_value", {"tokens": -1, "words": "<pad>"}) == ("tokens=-1", "words=<pad>")

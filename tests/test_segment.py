@@ -225,7 +225,7 @@ def test_pipeline_keys_are_the_flags(tmp_path):
     assert stage("pad = false\nworld-size = 2") == replace(base, pad=False, world_size=2)
     for keys, message in [("pad = true\nno-pad = true", "keys 'pad' and 'no-pad' set the same option; give one"),
                           ("no-pad = 1", "key 'no-pad': expected true or false, got integer 1"),
-                          ("pad-value = true", "key 'pad-value': expected COL=VALUE texts, got boolean True"),
+                          ("pad-value = true", "key 'pad-value': expected COL=V pairs, got boolean True"),
                           ("world-size = 0", "key 'world-size' = 0: must be at least 1")]:
         with pytest.raises(UsageError, match=re.escape(f"stage 1 (segment): {message}")):
             stage(keys)

@@ -211,29 +211,53 @@ class ColumnList(Value):
         return tuple(names)
 
 
-class Renames(Value):
-    """OLD=NEW pairs: OLD=NEW,... (repeatable), a TOML list of "OLD=NEW" or a table {OLD = "NEW"}."""
+class Pairs(Value):
+    """KEY=VALUE pairs, the one kind for every option of them: repeatable on the command line (with `split`, also
+    comma-separated: OLD=NEW,OLD=NEW; without, a value may hold commas), a TOML string, list of strings or table
+    {KEY = VALUE}. With `names` each pair becomes (key, name), both non-empty (renames, output columns' names);
+    without, each is kept as written (`tokens=-1`), for a check that needs the schema (pad values). `twice` and
+    `same` are the problems of a key, or a name, given twice (`{}`: all of them), when that is one."""
 
     multiple = True
-    metavar = "OLD=NEW[,OLD=NEW...]"
 
-    def parse(self, field: str, value: Any) -> tuple[tuple[str, str], ...]:
+    def __init__(self, pair: str, *, names: bool = False, split: bool = False, example: str | None = None,
+                 twice: str | None = None, same: str | None = None, metavar: str | None = None) -> None:
+        """`pair` says what one is (COL=V: the messages' and, without `metavar`, the help's name for it);
+        `example` one that a message about a malformed pair shows."""
+        super().__init__(metavar=metavar or pair)
+        self.pair, self.names, self.split, self.example = pair, names, split, example
+        self.twice, self.same = twice, same
+
+    def parse(self, field: str, value: Any) -> tuple[str, ...] | tuple[tuple[str, str], ...]:
         if isinstance(value, dict):
-            pairs = [(str(old), new) for old, new in value.items()]
-            if not pairs or not all(isinstance(new, str) and new for _, new in pairs):
-                raise OptionError(field, f'expected a table of old = "new" names, got {shown(value)}')
+            if not self.names:
+                return tuple(f"{k}={v}" for k, v in value.items())
+            if not value or not all(isinstance(v, str) and v for v in value.values()):
+                key_word, name_word = self.pair.lower().split("=")
+                raise OptionError(field, f'expected a table of {key_word} = "{name_word}" names, got {shown(value)}')
+            return self._checked(field, [(str(k), v) for k, v in value.items()])
+        if self.split:
+            texts = _texts(field, value, f"{self.pair} pairs",
+                           f"an empty pair (give {self.pair} or {self.pair},{self.pair},...)")
         else:
-            pairs = []
-            for text in _texts(field, value, "OLD=NEW pairs"):
-                old, sep, new = text.partition("=")
-                if not sep or not old.strip() or not new.strip():
-                    raise OptionError(field, f"{text!r} is not an OLD=NEW pair")
-                pairs.append((old.strip(), new.strip()))
-        old, new = [o for o, _ in pairs], [n for _, n in pairs]
-        if len(set(old)) != len(old):
-            raise OptionError(field, f"a column is renamed twice ({', '.join(old)})")
-        if len(set(new)) != len(new):
-            raise OptionError(field, f"two columns are renamed to the same name ({', '.join(new)})")
+            texts = [value] if isinstance(value, str) else value
+            if not isinstance(texts, list) or not all(isinstance(v, str) for v in texts):
+                raise OptionError(field, f"expected {self.pair} pairs, got {shown(value)}")
+        if not self.names:
+            return tuple(texts)
+        pairs = []
+        for text in texts:
+            k, sep, v = text.partition("=")
+            if not sep or not k.strip() or not v.strip():
+                raise OptionError(field, f"expected {self.pair}" + (f", e.g. {self.example}" if self.example else ""),
+                                  value=repr(text))
+            pairs.append((k.strip(), v.strip()))
+        return self._checked(field, pairs)
+
+    def _checked(self, field: str, pairs: list[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+        for problem, given in ((self.twice, [k for k, _ in pairs]), (self.same, [v for _, v in pairs])):
+            if problem is not None and len(set(given)) != len(given):
+                raise OptionError(field, problem.format(", ".join(given)))
         return tuple(pairs)
 
 
@@ -605,6 +629,6 @@ def row_stats(rows_in: int, rows_out: int) -> Tally:
 
 
 __all__ = ["Bar", "Exchange", "Probe", "Regrouped", "Runtime", "manifest_options", "Choice", "Column", "ColumnError", "ColumnList", "Context", "Depends", "Flag", "Integer", "Kind", "Number",
-           "NumberOrColumn", "Operation", "Option", "OptionError", "Renames", "Scan", "Tally", "Value", "build",
+           "NumberOrColumn", "Operation", "Option", "OptionError", "Pairs", "Scan", "Tally", "Value", "build",
            "fields",
            "flag", "from_texts", "key", "need_columns", "option", "row_stats", "shown", "who"]

@@ -8,26 +8,26 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from batchtool.errors import UsageError
+from batchtool.errors import OptionError
 
 CHOICE_BYTES = 4
 """Memory of `choose_boundaries` per (bucket, distinct length): where each bucket's best start is."""
 
 
-def check_boundaries(boundaries: Sequence[int], flag: str = "--boundaries") -> tuple[int, ...]:
+def check_boundaries(boundaries: Sequence[int], field: str = "boundaries") -> tuple[int, ...]:
     """`bucket_by_sequence_length`'s rule: a non-empty list of strictly increasing non-negative integers."""
     values = tuple(boundaries)
     text = ",".join(str(b) for b in values)
     if not values:
-        raise UsageError(f"{flag} is empty: give at least one length, e.g. {flag} 64,128,256")
+        raise OptionError(field, f"{{{field}}} is empty: give at least one length, e.g. {{{field}}} 64,128,256")
     if any(isinstance(b, bool) or not isinstance(b, (int, np.integer)) for b in values):
-        raise UsageError(f"{flag} {text}: boundaries must be integers")
+        raise OptionError(field, "boundaries must be integers", value=text)
     if min(values) < 0:
-        raise UsageError(f"{flag} {text}: boundaries must be non-negative")
+        raise OptionError(field, "boundaries must be non-negative", value=text)
     bad = next((i for i in range(1, len(values)) if values[i] <= values[i - 1]), None)
     if bad is not None:
-        raise UsageError(f"{flag} {text}: boundaries must be strictly increasing "
-                         f"({values[bad - 1]} is followed by {values[bad]})")
+        raise OptionError(field, f"boundaries must be strictly increasing ({values[bad - 1]} is followed by "
+                          f"{values[bad]})", value=text)
     return tuple(int(b) for b in values)
 
 
@@ -78,7 +78,7 @@ def choose_boundaries(length_counts: np.ndarray, k: int) -> tuple[int, ...]:
     this optimum.
     """
     if k < 1:
-        raise UsageError(f"--auto-buckets {k}: must be at least 1")
+        raise OptionError("auto_buckets", "must be at least 1", value=str(k))
     counts = np.asarray(length_counts, dtype=np.int64)
     values = np.flatnonzero(counts).tolist()
     groups = min(k, len(values))

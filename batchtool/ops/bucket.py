@@ -13,9 +13,8 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool.dataset import Chunk, Dataset, ReadReport
-from batchtool.errors import UsageError
 from batchtool.ops.base import (Choice, Column, ColumnList, Context, Flag, Integer, Kind, Operation, OptionError,
-                                Regrouped, Runtime, Value, option, shown)
+                                Pairs, Regrouped, Runtime, Value, option, shown)
 from batchtool.ops.boundaries import check_boundaries, expected_efficiency
 from batchtool.ops.bucket_batches import (ORDER_STAGE, balanced_stream, batch_sizes, batch_work, batches,
                                           ordered_rows, output_schema, rebalance, scatter, spill_schema, take_sizes)
@@ -57,38 +56,6 @@ class Integers(Value):
             raise OptionError(field, "expected comma-separated integers, e.g. 64,128,256", value=repr(value)) from None
 
 
-class Pairs(Value):
-    """KEY=VALUE texts, repeatable: each given as written (a TOML table's entries become KEY=VALUE)."""
-
-    multiple = True
-
-    def items(self, field: str, value: Any) -> list[str]:
-        if isinstance(value, dict):
-            return [f"{k}={v}" for k, v in value.items()]
-        items = value if isinstance(value, list) else [value]
-        if not all(_is_scalar(v) for v in items):
-            raise OptionError(field, f"expected {self.metavar} pairs, got {shown(value)}")
-        return [str(v) for v in items]
-
-    def parse(self, field: str, value: Any) -> tuple[str, ...]:
-        return tuple(self.items(field, value))
-
-
-class OutputNames(Pairs):
-    """OUT=NAME pairs (repeated, or comma-separated): an output column's role and the name it is written under."""
-
-    metavar = "OUT=NAME"
-
-    def parse(self, field: str, value: Any) -> tuple[tuple[str, str], ...]:  # type: ignore[override]
-        out = []
-        for item in (part.strip() for text in self.items(field, value) for part in text.split(",") if part.strip()):
-            role, sep, name = item.partition("=")
-            if not sep:
-                raise OptionError(field, "expected OUT=NAME, e.g. length=n_steps", value=repr(item))
-            out.append((role.strip(), name.strip()))
-        return tuple(out)
-
-
 def _is_scalar(value: Any) -> bool:
     return isinstance(value, (int, float, str)) and not isinstance(value, bool)
 
@@ -124,11 +91,12 @@ class BucketOptions:
     pad_to_boundary: bool = option("Pad to the longest length the bucket admits (boundary - 1), not the batch's "
                                    "longest.", Flag(), False)
     pad_value: tuple[str, ...] = option("Pad value of a sequence column (default 0, '' for strings); repeatable.",
-                                        Pairs(metavar="COL=V"), ())
+                                        Pairs("COL=V"), ())
     mask: bool = option("Add a 'mask' list<bool> column, true on real steps.", Flag(), False)
     output_column: tuple[tuple[str, str], ...] = option(
         "Name an output column (batch, bucket, length or mask) otherwise, when the input already has a column of "
-        "that name; repeatable.", OutputNames(), ())
+        "that name; repeatable.",
+        Pairs("OUT=NAME", names=True, split=True, example="length=n_steps"), ())
     keep: str | None = option("Boolean column: only rows where it is true are bucketed.", Column(), None)
     drop_remainder: bool = option("Drop (and count) each bucket's last, partial batch.", Flag(), False)
     balance: str | None = option("Every full batch of every bucket holds each class's exact share of the batch "
@@ -151,10 +119,7 @@ class BucketOptions:
                               "{auto_buckets}, {bucket_column}" + (f" (got {' and '.join('{%s}' % m for m in given)})"
                                                                    if given else ""), mentions=modes)
         if self.boundaries is not None:
-            try:
-                check_boundaries(self.boundaries, "{boundaries}")
-            except UsageError as exc:
-                raise OptionError("boundaries", str(exc)) from None
+            check_boundaries(self.boundaries)
         if self.auto_buckets is not None and self.auto_buckets < 1:
             raise OptionError("auto_buckets", "must be at least 1", value=str(self.auto_buckets))
         if (self.bucket_column is None) != (self.num_buckets is None):
@@ -200,7 +165,7 @@ class BucketOptions:
         if isinstance(self.target, str) and self.target != "uniform":
             raise OptionError("target", "expected 'uniform', P0,P1,... or CLASS=PROB pairs", value=repr(self.target))
         if not isinstance(self.target, str):
-            check_probs(self.target.values() if isinstance(self.target, dict) else self.target, "--target")
+            check_probs(self.target.values() if isinstance(self.target, dict) else self.target, "target")
         if self.order != "shuffle":
             raise OptionError("balance", f"{{balance}} with {{order}} {self.order}: balanced batches are drawn at "
                               "random (use {order} shuffle)", mentions=["order"])

@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 
 from batchtool import rng
 from batchtool.dataset import Chunk, Dataset, ReadReport
-from batchtool.errors import InputError, SchemaError
+from batchtool.errors import OptionInputError, OptionSchemaError, SchemaError
 from batchtool.ops.base import Runtime
 from batchtool.ops.boundaries import assign_buckets
 from batchtool.ops.bucket_plan import Balance, BatchBudget, BucketColumns, BucketPlan, make_balance
@@ -62,10 +62,11 @@ def assign(chunk: Chunk, plan: BucketPlan, locate: Callable[[int], str]) -> Assi
             i = int(np.flatnonzero(oversize)[0])
             padded = plan.padded_length(int(buckets[i]), lengths[i:i + 1])
             limit = plan.budgets[0]
-            cost = f" (--cost {limit.cost}: {limit.row_cost(padded):,})" if limit.cost != "linear" else ""
-            raise InputError(f"{locate(chunk.ids[i])}: an example of length {lengths[i]} padded to {padded} steps "
-                             f"exceeds --max-tokens {limit.max_tokens}{cost} on its own (pass --drop-oversize "
-                             "to drop such examples)")
+            cost = f" ({{cost}} {limit.cost}: {limit.row_cost(padded):,})" if limit.cost != "linear" else ""
+            raise OptionInputError("max_tokens", f"an example of length {lengths[i]} padded to {padded} steps exceeds "
+                                   f"{{max_tokens}} {limit.max_tokens}{cost} on its own (pass {{drop_oversize}} to "
+                                   "drop such examples)", mentions=("cost", "drop_oversize"),
+                                   where=f"{locate(chunk.ids[i])}: ")
         keep = ~oversize
         chunk, lengths, buckets = chunk.filter(keep), lengths[keep], buckets[keep]
     classes = None
@@ -89,9 +90,10 @@ def _check_reused(chunk: Chunk, column: str, computed: np.ndarray, what: str, lo
         i = int(bad[0])
         value = chunk.data.column(column)[i].as_py()
         role = "length" if what == "its length" else "bucket"
-        raise SchemaError(f"{locate(chunk.ids[i])}, column {column!r}: {value} but {what} is {computed[i]}; "
-                          f"bucket writes its own {column!r} column: name it otherwise with "
-                          f"--output-column {role}=NEW_NAME (or rename yours, e.g. convert --columns)")
+        raise OptionSchemaError("output_column", f"{value} but {what} is {computed[i]}; bucket writes its own "
+                                f"{column!r} column: name it otherwise with {{output_column}} {role}=NEW_NAME (or "
+                                "rename yours, e.g. convert --columns)",
+                                where=f"{locate(chunk.ids[i])}, column {column!r}: ")
 
 
 def measure(chunk: Chunk, plan: BucketPlan, locate: Callable[[int], str]) -> np.ndarray:
@@ -106,8 +108,9 @@ def measure(chunk: Chunk, plan: BucketPlan, locate: Callable[[int], str]) -> np.
         try:
             seq = sequence_lengths(chunk.data, cols.sequences, at)
         except SchemaError as exc:
-            hint = "; pass --sequence to choose the columns to pad" if not plan.options.sequence else ""
-            raise SchemaError(f"{exc}{hint}") from exc
+            if plan.options.sequence:
+                raise
+            raise OptionSchemaError("sequence", f"{exc}; pass {{sequence}} to choose the columns to pad") from exc
     lengths = lengths_of(chunk.data, cols.length) if cols.length not in cols.sequences else seq
     if seq is not None and cols.length not in cols.sequences:
         bad = np.flatnonzero(lengths != seq)
@@ -128,8 +131,8 @@ def _bucket_column(chunk: Chunk, column: str, num_buckets: int, locate: Callable
     if len(bad):
         i = int(bad[0])
         shown = "null" if arr[i].as_py() is None else values[i]
-        raise InputError(f"{locate(chunk.ids[i])}, column {column!r}: bucket {shown} is outside "
-                         f"[0, {num_buckets}) (--num-buckets {num_buckets})")
+        raise OptionInputError("num_buckets", f"bucket {shown} is outside [0, {num_buckets}) ({{num_buckets}} "
+                               f"{num_buckets})", where=f"{locate(chunk.ids[i])}, column {column!r}: ")
     return values.astype(np.int32)
 
 

@@ -14,7 +14,8 @@ import pyarrow.compute as pc
 
 from batchtool import budget
 from batchtool.dataset import Chunk
-from batchtool.errors import InputError, SchemaError, UsageError
+from batchtool.errors import OptionError, OptionInputError, SchemaError
+from batchtool.ops.base import ColumnError
 from batchtool.ops.boundaries import CHOICE_BYTES, assign_buckets, choose_boundaries, real_elements
 from batchtool.ops.filter import keep_mask
 from batchtool.ops.labels import MAX_CLASSES, LabelError, label_codes
@@ -135,27 +136,27 @@ def resolve_columns(options: BucketOptions, schema: pa.Schema) -> BucketColumns:
     """Check every named column exists with a usable type; default the sequences to all list columns."""
     names = schema.names
 
-    def need(name: str, flag: str, ok: Callable[[pa.DataType], bool], what: str) -> None:
+    def need(name: str, field: str, ok: Callable[[pa.DataType], bool], what: str) -> None:
         if name not in names:
-            raise SchemaError(f"{flag} {name}: no such column (available: {', '.join(names)})")
+            raise ColumnError(field, f"no such column (available: {', '.join(names)})", value=name)
         if not ok(schema.field(name).type):
-            raise SchemaError(f"{flag} {name}: column is {schema.field(name).type}, expected {what}")
+            raise ColumnError(field, f"column is {schema.field(name).type}, expected {what}", value=name)
 
     for name in options.sequence:
-        need(name, "--sequence", is_sequence_type, "a list (sequence) column")
+        need(name, "sequence", is_sequence_type, "a list (sequence) column")
     sequences = options.sequence or tuple(f.name for f in schema if is_sequence_type(f.type))
     length = options.length or (sequences[0] if sequences else None)
     if options.length:
-        need(options.length, "--length", lambda t: is_sequence_type(t) or pa.types.is_integer(t),
+        need(options.length, "length", lambda t: is_sequence_type(t) or pa.types.is_integer(t),
              "an integer or list column")
     elif length is None:
-        raise SchemaError("no list column to measure: pass --length with an integer length column")
+        raise ColumnError("length", "no list column to measure: pass {length} with an integer length column")
     if options.bucket_column:
-        need(options.bucket_column, "--bucket-column", pa.types.is_integer, "an integer column")
+        need(options.bucket_column, "bucket_column", pa.types.is_integer, "an integer column")
     if options.keep:
-        need(options.keep, "--keep", pa.types.is_boolean, "a boolean column")
+        need(options.keep, "keep", pa.types.is_boolean, "a boolean column")
     if options.balance:
-        need(options.balance, "--balance", lambda t: pa.types.is_integer(t) or pa.types.is_floating(t),
+        need(options.balance, "balance", lambda t: pa.types.is_integer(t) or pa.types.is_floating(t),
              "integer class labels in [0, num_classes)")
     out = options.output_names
     replaced = tuple(out[c] for c, role in (("length", length), ("bucket", options.bucket_column))
@@ -167,10 +168,12 @@ def resolve_columns(options: BucketOptions, schema: pa.Schema) -> BucketColumns:
     clash = [c for c in roles if out[c] in names and out[c] not in replaced and c not in reused]
     if clash:
         c = clash[0]
-        fix = (f"name bucket's column otherwise with --output-column {c}=NEW_NAME (or rename yours, e.g. convert "
-               "--columns)" if c in RENAMABLE else "rename yours first (e.g. convert --columns): batchtool.load "
-               "and check find the batches by it")
-        raise SchemaError(f"column {out[c]!r} is also an output column of bucket; {fix}")
+        clash = f"column {out[c]!r} is also an output column of bucket"
+        if c in RENAMABLE:
+            raise ColumnError("output_column", f"{clash}; name bucket's column otherwise with {{output_column}} "
+                              f"{c}=NEW_NAME (or rename yours, e.g. convert --columns)")
+        raise SchemaError(f"{clash}; rename yours first (e.g. convert --columns): batchtool.load and check find the "
+                          "batches by it")
     return BucketColumns(length, tuple(sequences), options.bucket_column, options.keep,
                          replaced + tuple(out[c] for c in reused), options.balance, out, reused)
 
@@ -211,9 +214,9 @@ def joint_counts(chunk: Chunk, columns: BucketColumns, num_classes: int | None, 
     try:
         codes = label_codes(chunk, columns.label, num_classes or MAX_CLASSES, locate)
     except LabelError as exc:
-        hint = f" (--target gives {num_classes} classes)" if num_classes else ""
-        raise InputError(f"--balance {columns.label}: labels must be integers in [0, {num_classes or MAX_CLASSES})"
-                         f"{hint}; first bad label: {exc.first}") from None
+        hint = f" ({{target}} gives {num_classes} classes)" if num_classes else ""
+        raise OptionInputError("balance", f"labels must be integers in [0, {num_classes or MAX_CLASSES}){hint}; "
+                               f"first bad label: {exc.first}", value=columns.label, mentions=("target",)) from None
     if columns.bucket is not None:
         values = pc.fill_null(chunk.data.column(columns.bucket), -1).to_numpy(zero_copy_only=False).astype(np.int64)
         codes, values = codes[values >= 0], values[values >= 0]
@@ -222,8 +225,8 @@ def joint_counts(chunk: Chunk, columns: BucketColumns, num_classes: int | None, 
     if not len(values):
         return np.zeros((0, 0), dtype=np.int64)
     k, width = int(codes.max()) + 1, int(values.max()) + 1
-    budget.check(f"--balance {columns.label}: counting {k:,} classes x {width:,} lengths", k * width * 8, memory,
-                 "check the label column, or give a larger --memory", error=InputError)
+    budget.check("balance", f"counting {k:,} classes x {width:,} lengths", k * width * 8, memory,
+                 "check the label column, or give a larger {memory}", value=columns.label, error=OptionInputError)
     return np.bincount(codes * width + values, minlength=k * width).reshape(k, width)
 
 
@@ -241,9 +244,9 @@ def check_longest(chunk: Chunk, length: str, memory: int, locate: Callable[[int]
     lengths = lengths_of(chunk.data, length)
     if len(lengths):
         i = int(np.argmax(lengths))
-        budget.check(f"{locate(chunk.ids[i])}, column {length!r}: length {lengths[i]:,} (its length histogram)",
-                     (int(lengths[i]) + 1) * HISTOGRAM_BYTES, memory,
-                     "check the column, or give a larger --memory", error=InputError)
+        budget.check("memory", f"length {lengths[i]:,} (its length histogram)", (int(lengths[i]) + 1) * HISTOGRAM_BYTES,
+                     memory, "check the column, or give a larger {memory}",
+                     where=f"{locate(chunk.ids[i])}, column {length!r}: ", error=OptionInputError)
 
 
 # -- the plan ---------------------------------------------------------------------------------------------------
@@ -354,16 +357,17 @@ def make_plan(options: BucketOptions, columns: BucketColumns, first: LengthPass,
     elif options.auto_buckets is not None:
         distinct = int(np.count_nonzero(counts))
         k = min(options.auto_buckets, distinct)
-        budget.check(f"--auto-buckets {options.auto_buckets}: choosing {k:,} buckets among {distinct:,} distinct "
-                     "lengths", max(0, k - 1) * (distinct + 1) * CHOICE_BYTES, options.memory,
-                     "give a smaller --auto-buckets (or fixed --boundaries)")
+        budget.check("auto_buckets", f"choosing {k:,} buckets among {distinct:,} distinct lengths",
+                     max(0, k - 1) * (distinct + 1) * CHOICE_BYTES, options.memory,
+                     "give a smaller {auto_buckets} (or fixed {boundaries})", value=options.auto_buckets,
+                     mentions=("boundaries",))
         boundaries = choose_boundaries(counts, options.auto_buckets)
     else:
         boundaries = None
     n = len(boundaries) + 1 if boundaries is not None else options.num_buckets
-    flag = f"--num-buckets {n}" if boundaries is None else f"--boundaries ({n - 1:,} values)"
-    budget.check(f"{flag}: the bookkeeping of {n:,} buckets", n * BUCKET_BYTES, options.memory,
-                 "give fewer buckets")
+    field, value = ("num_buckets", f"{n}") if boundaries is None else ("boundaries", f"({n - 1:,} values)")
+    budget.check(field, f"the bookkeeping of {n:,} buckets", n * BUCKET_BYTES, options.memory, "give fewer buckets",
+                 value=value)
     sizes = options.batch_size or (None,)
     budgets = tuple(BatchBudget(batch_size=sizes[b % len(sizes)], max_tokens=options.max_tokens,
                                 max_rows=options.max_rows, cost=options.cost) for b in range(n))
@@ -373,8 +377,8 @@ def make_plan(options: BucketOptions, columns: BucketColumns, first: LengthPass,
     pad_values = parse_pad_values(options.pad_value, schema)
     unpadded = sorted(set(pad_values) - set(columns.sequences))
     if unpadded:
-        raise UsageError(f"--pad-value {unpadded[0]}=...: column {unpadded[0]!r} is not padded "
-                         f"(sequence columns: {', '.join(columns.sequences) or 'none'})")
+        raise OptionError("pad_value", f"column {unpadded[0]!r} is not padded "
+                          f"(sequence columns: {', '.join(columns.sequences) or 'none'})", value=f"{unpadded[0]}=...")
     balance = None
     if first.classes is not None:
         fixed = np.array([-1 if p is None else p for p in pad_to])
@@ -419,17 +423,18 @@ def check_largest_batch(plan: BucketPlan, row_bytes: tuple[float, float]) -> Non
         if limit.batch_size is not None:
             batch_rows = min(int(rows[b]), limit.batch_size)
             elements = batch_rows * padded
-            flag = f"--batch-size {limit.batch_size}"
+            field, value = "batch_size", limit.batch_size
         else:
             batch_rows = min(int(rows[b]), limit.max_rows or limit.max_tokens, limit.max_tokens)
             elements = min(batch_rows * padded, limit.max_tokens)
-            flag = f"--max-tokens {limit.max_tokens}"
+            field, value = "max_tokens", limit.max_tokens
         fixed = plan.pad_to[b] is not None
-        padding = (f"padded to {padded:,} steps (--pad-to-boundary, boundary {padded + 1})" if fixed
+        padding = (f"padded to {padded:,} steps ({{pad_to_boundary}}, boundary {padded + 1})" if fixed
                    else f"padded to up to {padded:,} steps")
-        fix = f"give a smaller {flag.split()[0]}{', drop --pad-to-boundary' if fixed else ''} or a larger --memory"
-        budget.check(f"{flag}: one batch of bucket {b}, {batch_rows:,} rows {padding},",
-                     batch_rows * per_row + elements * per_step, plan.options.memory, fix)
+        fix = f"give a smaller {{{field}}}{', drop {pad_to_boundary}' if fixed else ''} or a larger {{memory}}"
+        budget.check(field, f"one batch of bucket {b}, {batch_rows:,} rows {padding},",
+                     batch_rows * per_row + elements * per_step, plan.options.memory, fix, value=value,
+                     mentions=("pad_to_boundary",))
 
 
 def bucket_longest(stats: DatasetStats, options: BucketOptions, boundaries: tuple[int, ...] | None,

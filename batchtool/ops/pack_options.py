@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow as pa
 
 from batchtool.errors import SchemaError
-from batchtool.ops.base import ColumnError, ColumnList, Flag, Integer, OptionError, Value, option, shown
+from batchtool.ops.base import ColumnError, ColumnList, Flag, Integer, OptionError, Pairs, option
 from batchtool.ops.bucket_plan import BatchBudget
 from batchtool.padding import parse_pad_values
 from batchtool.stats import is_sequence_type
@@ -21,22 +21,6 @@ SOURCE_OFFSET = "source_offset"
 MAX_LENGTH_LIMIT = 1 << 22
 """--max-length at most this (4M steps): planning holds counts per length up to max_length, 8 bytes each."""
 MAX_PADDED_STEPS = (1 << 31) - 1
-
-
-class PadValues(Value):
-    """COL=V pairs, one a value: repeatable on the command line; a pipeline file's string, list of strings or
-    table {COL = V}. Checked against the schema (padding.parse_pad_values), where the column's type is known."""
-
-    multiple = True
-    metavar = "COL=V"
-
-    def parse(self, field: str, value: Any) -> tuple[str, ...]:
-        if isinstance(value, dict):
-            return tuple(f"{name}={v}" for name, v in value.items())
-        items = [value] if isinstance(value, str) else value
-        if not isinstance(items, list) or not all(isinstance(item, str) for item in items):
-            raise OptionError(field, f"expected COL=V pairs, got {shown(value)}")
-        return tuple(items)
 
 
 @dataclass(frozen=True)
@@ -58,7 +42,7 @@ class PackOptions:
     pad_to_max_length: bool = option("Pad every batch to L steps (default: to the batch's longest row).", Flag(),
                                      False)
     pad_value: tuple[str, ...] | None = option("Pad value of a sequence column (default 0, '' for strings); "
-                                               "repeatable.", PadValues(), None)
+                                               "repeatable.", Pairs("COL=V"), None)
     memory: int = 1 << 30
     tmp_dir: str | None = None
 
@@ -174,4 +158,4 @@ def feature_lists(schema: pa.Schema, columns: PackColumns) -> tuple[str, ...]:
 
 
 __all__ = ["MAX_LENGTH_LIMIT", "MAX_PADDED_STEPS", "PER_ROW", "PER_STEP", "SOURCE_OFFSET", "PackColumns",
-           "PackOptions", "PadValues", "feature_lists", "output_schema", "resolve_columns"]
+           "PackOptions", "feature_lists", "output_schema", "resolve_columns"]

@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from batchtool import rng
 from batchtool.dataset import Chunk
-from batchtool.errors import InputError
+from batchtool.errors import OptionInputError
 from batchtool.ops.pack_options import PackColumns, PackOptions, output_schema
 from batchtool.ops.packing import Packing, plan_packing
 from batchtool.padding import default_pad, parse_pad_values
@@ -82,9 +82,10 @@ def check_long(lengths: np.ndarray, chunk: Chunk, column: str, options: PackOpti
     long = np.flatnonzero(lengths > options.max_length)
     if len(long):
         i = int(long[0])
-        raise InputError(f"{locate(chunk.ids[i])}, column {column!r}: {lengths[i]} steps, more than --max-length "
-                         f"{options.max_length} (pass --split-long to cut such examples into pieces, or "
-                         "--drop-long to drop and count them)")
+        raise OptionInputError("max_length", f"{lengths[i]} steps, more than {{max_length}} {options.max_length} (pass "
+                               "{split_long} to cut such examples into pieces, or {drop_long} to drop and count them)",
+                               mentions=("split_long", "drop_long"),
+                               where=f"{locate(chunk.ids[i])}, column {column!r}: ")
 
 
 # --- the plan --------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from batchtool import rng
 from batchtool.dataset import Chunk, Dataset, ReadReport
-from batchtool.errors import InputError, SchemaError
+from batchtool.errors import InputError, OptionSchemaError, SchemaError
 from batchtool.ops.base import Regrouped, Runtime, Tally
 from batchtool.ops.bucket_batches import take_sizes
 from batchtool.ops.bucket_plan import flush_bytes, row_bytes
@@ -55,8 +55,9 @@ def prepare(chunk: Chunk, plan: PackPlan, locate: Callable[[int], str]) -> Prepa
     try:
         lengths = sequence_lengths(chunk.data, cols.sequences, at)
     except SchemaError as exc:
-        hint = "; pass --sequence to choose the columns to pack" if cols.defaulted else ""
-        raise SchemaError(f"{exc}{hint}") from exc
+        if not cols.defaulted:
+            raise
+        raise OptionSchemaError("sequence", f"{exc}; pass {{sequence}} to choose the columns to pack") from exc
     check_long(lengths, chunk, cols.length, o, locate)
     rows_in, dropped = chunk.num_rows, 0
     long = lengths > o.max_length

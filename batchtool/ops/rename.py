@@ -7,12 +7,15 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from batchtool.dataset import Chunk
-from batchtool.ops.base import ColumnError, Columns, Operation, Renames, Tally, need_columns, option, row_stats
+from batchtool.ops.base import ColumnError, Columns, Operation, Pairs, Tally, need_columns, option, row_stats
 
 
 @dataclass(frozen=True)
 class RenameOptions:
-    columns: tuple[tuple[str, str], ...] = option("Columns to rename, as OLD=NEW pairs.", Renames())
+    columns: tuple[tuple[str, str], ...] = option(
+        "Columns to rename, as OLD=NEW pairs.",
+        Pairs("OLD=NEW", names=True, split=True, example="label=class", twice="a column is renamed twice ({})",
+              same="two columns are renamed to the same name ({})", metavar="OLD=NEW[,OLD=NEW...]"))
 
 
 class Rename(Operation[RenameOptions, RenameOptions]):

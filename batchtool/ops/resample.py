@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 from batchtool import rng
 from batchtool.budget import row_nbytes
 from batchtool.dataset import Chunk
-from batchtool.errors import InputError, SchemaError
+from batchtool.errors import InputError, OptionInputError, SchemaError
 from batchtool.ops.base import (Column, ColumnError, Context, Depends, Flag, Integer, Number, NumberOrColumn, Operation,
                                 OptionError, Tally, need_columns, option)
 
@@ -227,9 +227,10 @@ def example_rates(chunk: Chunk, options: ResampleOptions, mean_weight: float | N
     bad = np.flatnonzero(~(rates <= MAX_RATE))
     if len(bad):
         i = int(bad[0])
-        raise InputError(f"{locate(chunk.ids[i])}, column {options.weight!r}: weight {weights[i]:g} gives rate "
-                         f"{rates[i]:g} (--overall-rate {options.overall_rate:g} x weight / mean weight "
-                         f"{mean_weight or 0.0:g}), more than {MAX_RATE:.10g} copies of one example")
+        raise OptionInputError("overall_rate", f"weight {weights[i]:g} gives rate {rates[i]:g} ({{overall_rate}} "
+                               f"{options.overall_rate:g} x weight / mean weight {mean_weight or 0.0:g}), more than "
+                               f"{MAX_RATE:.10g} copies of one example",
+                               where=f"{locate(chunk.ids[i])}, column {options.weight!r}: ")
     return rates
 
 

@@ -21,8 +21,8 @@ import pyarrow as pa
 
 from batchtool import budget
 from batchtool.dataset import Chunk, Dataset, ReadReport
-from batchtool.ops.base import (Column, ColumnList, Context, Flag, Integer, Kind, Operation, OptionError, Regrouped,
-                                Runtime, Value, need_columns, option, shown)
+from batchtool.ops.base import (Column, ColumnList, Context, Flag, Integer, Kind, Operation, OptionError, Pairs,
+                                Regrouped, Runtime, need_columns, option)
 from batchtool.ops.segment_batches import build_batches
 from batchtool.ops.segment_chunks import METADATA, Examples, SegmentPlan, make_plan, prepare_chunk
 from batchtool.ops.segment_keys import check_unique_keys, key_index
@@ -44,24 +44,6 @@ class FlagPair(Flag):
     pipeline file."""
 
     negatable = True
-
-
-class Specs(Value):
-    """NAME=VALUE texts, each kept whole (repeatable; a TOML string, list of strings or table {NAME = VALUE})."""
-
-    multiple = True
-
-    def __init__(self, metavar: str) -> None:
-        self.metavar = metavar  # type: ignore[misc]
-
-    def parse(self, field: str, value: Any) -> tuple[str, ...]:
-        if isinstance(value, dict):
-            value = [f"{name}={v}" for name, v in value.items()]
-        items = [value] if isinstance(value, str) else value
-        if not isinstance(items, list) or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool)
-                                                  for v in items):
-            raise OptionError(field, f"expected {self.metavar} texts, got {shown(value)}")
-        return tuple(str(v) for v in items)
 
 
 class Ranks(Integer):
@@ -86,9 +68,9 @@ class SegmentOptions:
                                       "sequence length).", Column(), None)
     pad: bool = option("Pad each sequence to a multiple of --num-unroll, or require one (pad).", FlagPair(), True)
     pad_value: tuple[str, ...] = option("Pad value of a sequence column (default 0, False or ''); repeatable.",
-                                        Specs("COL=VALUE"), ())
+                                        Pairs("COL=V"), ())
     initial_state: tuple[str, ...] = option("Write COL's value as column NAME on each example's first segment, zeros "
-                                            "on the others (initial_states); repeatable.", Specs("NAME=COL"), ())
+                                            "on the others (initial_states); repeatable.", Pairs("NAME=COL"), ())
     allow_small_batch: bool = option("Drop the empty rows of the final batches instead of writing padding rows "
                                      "(allow_small_batch).", Flag(), False)
     world_size: int = option("Write N lane-stable streams with equal batch counts, one per training rank (read "
@@ -179,11 +161,13 @@ def check_memory(options: SegmentOptions, sample: pa.RecordBatch | None) -> floa
     B, U, memory = options.batch_size, options.num_unroll, options.memory
     per_row, per_step = budget.row_bytes(sample, options.sequence)
     batch = B * (U * per_step + per_row + METADATA_BYTES)
-    budget.check(f"--num-unroll {U} with --batch-size {B}: one batch of {B:,} segments padded to {U:,} steps",
-                 batch, memory, "give a smaller --num-unroll or --batch-size, or a larger --memory")
+    budget.check("num_unroll", f"{{num_unroll}} {U} with {{batch_size}} {B}: one batch of {B:,} segments padded to "
+                 f"{U:,} steps", batch, memory, "give a smaller {num_unroll} or {batch_size}, or a larger {memory}",
+                 mentions=("batch_size",))
     example = sample.nbytes / sample.num_rows if sample is not None and sample.num_rows else 0.0
-    budget.check(f"--batch-size {B}: {B:,} lanes, each planning {LANE_WINDOW} examples ahead",
-                 B * (LANE_BYTES + LANE_WINDOW * example), memory, "give a smaller --batch-size or a larger --memory")
+    budget.check("batch_size", f"{B:,} lanes, each planning {LANE_WINDOW} examples ahead",
+                 B * (LANE_BYTES + LANE_WINDOW * example), memory, "give a smaller {batch_size} or a larger {memory}",
+                 value=B)
     return batch
 
 
@@ -277,4 +261,4 @@ class SegmentOp(Operation[SegmentOptions, SegmentPlan]):
 
 OP = SegmentOp()
 
-__all__ = ["DEFAULT_MEMORY", "OP", "FlagPair", "Ranks", "SegmentOp", "SegmentOptions", "Specs", "check_memory"]
+__all__ = ["DEFAULT_MEMORY", "OP", "FlagPair", "Ranks", "SegmentOp", "SegmentOptions", "check_memory"]

@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 
 from batchtool import rng
 from batchtool.dataset import Chunk
-from batchtool.errors import InputError
+from batchtool.errors import InputError, OptionInputError
 from batchtool.ops.base import ColumnError
 from batchtool.padding import default_pad, parse_pad_values, sequence_lengths
 from batchtool.stats import is_sequence_type
@@ -113,8 +113,9 @@ def prepare_chunk(plan: SegmentPlan, locate: Callable[[int], str], task: Callabl
         bad = np.flatnonzero((value % U != 0) | (value == 0))
         if len(bad):
             i = int(bad[0])
-            raise InputError(f"{row(i)}: column {o.sequence[0]!r} has {value[i]} steps, not a positive multiple "
-                             f"of --num-unroll {U} (--no-pad requires it; the default --pad pads)")
+            raise OptionInputError("num_unroll", f"column {o.sequence[0]!r} has {value[i]} steps, not a positive "
+                                   f"multiple of {{num_unroll}} {U} ({{no_pad}} requires it; the default {{pad}} pads)",
+                                   mentions=("no_pad", "pad"), where=f"{row(i)}: ")
     total = value
     if o.input_length:
         given = data.column(o.input_length)

@@ -87,13 +87,13 @@ def check_memory(options: ShuffleOptions, first: Chunk | Yardstick | None, rows:
     """Stop before shuffling if one --batch-size batch, or the --buffer, would not fit the budget."""
     per_row = bytes_per_row(first)
     if options.batch_size is not None:
-        budget.check_rows("--batch-size", options.batch_size, rows, per_row, options.memory)
+        budget.check_rows("batch_size", options.batch_size, rows, per_row, options.memory)
     if options.buffered:
-        flag, value = ("--buffer", options.buffer) if options.buffer is not None else \
-            ("--min-after-dequeue", options.min_after_dequeue)
+        field, value = ("buffer", options.buffer) if options.buffer is not None else \
+            ("min_after_dequeue", options.min_after_dequeue)
         held = options.capacity if rows is None else min(options.capacity, rows)
-        budget.check(f"{flag} {value}: a buffer of {held:,} rows", held * (BUFFER_COPIES * per_row + SLOT_BYTES),
-                     options.memory, f"give a smaller {flag} or a larger --memory")
+        budget.check(field, f"a buffer of {held:,} rows", held * (BUFFER_COPIES * per_row + SLOT_BYTES),
+                     options.memory, f"give a smaller {{{field}}} or a larger {{memory}}", value=value)
 
 
 def layout(dataset: Dataset, options: ShuffleOptions, first: Yardstick | None) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset, ReadReport
-from batchtool.errors import BatchtoolError, InputError
+from batchtool.errors import BatchtoolError, OptionInputError
 from batchtool.ops.base import (Context, Depends, Kind, Operation, Regrouped, Runtime, Scan, Tally, need_columns,
                                 who)
 from batchtool.ops.labels import (MAX_CLASSES, LabelError, Locate, bad_label_count, check_label_type,
@@ -35,8 +35,9 @@ def classes_from_data(counted: stats_mod.DatasetStats, options: StratifyOptions)
     seen = [int(v) for v in counted.label_counts if isinstance(v, (int, float)) and float(v).is_integer() and v >= 0]
     largest = max(seen + ([max(options.target)] if isinstance(options.target, dict) else []), default=0)
     if largest >= MAX_CLASSES:
-        raise InputError(f"column {options.label!r}: labels go up to {largest}; pass --num-classes or a "
-                         "--target list if there really are that many classes")
+        raise OptionInputError("num_classes", f"labels go up to {largest}; pass {{num_classes}} or a {{target}} list "
+                               "if there really are that many classes", mentions=("target",),
+                               where=f"column {options.label!r}: ")
     return largest + 1
 
 
@@ -73,7 +74,7 @@ def _plan(context: Context, options: StratifyOptions, counted: stats_mod.Dataset
     """The plan of the exact and Bernoulli modes, and the expected output rows (None if unknown)."""
     if counted is None:
         init = np.asarray(options.init_probs, dtype=np.float64)
-        check_zero_classes(init, target, "--init-probs")
+        check_zero_classes(init, target)
         accept = acceptance_probs(init, target)
         info.update(input_probs=init.tolist(), acceptance_probs=accept.tolist())
         return RatePlan(tuple(accept.tolist())), None

@@ -44,7 +44,7 @@ def batched(op: Operation, plan: Stratification, data: Dataset, report: ReadRepo
     first, rows = peek(c for c, _ in chunks if c.num_rows)
     expected = None if plan.expected_rows is None else int(plan.expected_rows)
     most_rows = expected if options.mode == "exact" else None if options.replacement else data.num_rows
-    budget.check_rows("--batch-size", size, most_rows, bytes_per_row(first), options.memory)
+    budget.check_rows("batch_size", size, most_rows, bytes_per_row(first), options.memory)
     written = Tally()
     """The classes of the batches written (`class_out`) and their layout, counted in order on this side."""
 

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from batchtool.ops.base import Choice, Column, Flag, Integer, OptionError, Value, flag, option
+from batchtool.ops.base import Choice, Column, Flag, Integer, OptionError, Value, option
 from batchtool.ops.base import shown as shown_value
 from batchtool.ops.labels import MAX_CLASSES
 from batchtool.ops.keyed import DEFAULT_MEMORY
@@ -19,17 +19,12 @@ PROB_TOLERANCE = 1e-6
 """How far from 1 a list of probabilities may sum (`tf.contrib.training.stratified_sample`'s tolerance)."""
 
 
-def field_of(flag: str) -> str:
-    """--init-probs -> init_probs (the callers outside the schema name a flag)."""
-    return flag.lstrip("-").replace("-", "_")
-
-
-def parse_probs(text: str, flag: str) -> tuple[float, ...]:
+def parse_probs(text: str, field: str) -> tuple[float, ...]:
     """'0.5,0.3,0.2' -> (0.5, 0.3, 0.2)."""
     try:
         return tuple(float(p) for p in text.split(",") if p.strip())
     except ValueError:
-        raise OptionError(field_of(flag), "expected comma-separated probabilities, e.g. 0.5,0.3,0.2",
+        raise OptionError(field, "expected comma-separated probabilities, e.g. 0.5,0.3,0.2",
                           value=repr(text)) from None
 
 
@@ -39,7 +34,7 @@ def parse_target(text: str) -> Target:
     if text.lower() == "uniform":
         return "uniform"
     if "=" not in text:
-        return parse_probs(text, "--target")
+        return parse_probs(text, "target")
     pairs: dict[int, float] = {}
     for item in (p.strip() for p in text.split(",") if p.strip()):
         name, sep, value = item.partition("=")
@@ -54,9 +49,9 @@ def parse_target(text: str) -> Target:
     return pairs
 
 
-def check_probs(values: Iterable[float], flag: str) -> None:
-    """`stratified_sample`'s checks: probabilities >= 0 that sum to one within PROB_TOLERANCE."""
-    values, name = list(values), field_of(flag)
+def check_probs(values: Iterable[float], name: str) -> None:
+    """`stratified_sample`'s checks: probabilities >= 0 that sum to one within PROB_TOLERANCE (field `name`)."""
+    values = list(values)
     shown = ",".join(f"{v:g}" for v in values)
     if not values:
         raise OptionError(name, "no probabilities given")
@@ -96,7 +91,7 @@ class Probs(Value):
     metavar = "P0,P1,..."
 
     def parse(self, field: str, value: Any) -> tuple[float, ...]:
-        return parse_probs(_probs_text(field, value), flag(field))
+        return parse_probs(_probs_text(field, value), field)
 
 
 @dataclass(frozen=True)
@@ -129,13 +124,13 @@ class StratifyOptions:
         if isinstance(self.target, str) and self.target != "uniform":
             raise OptionError("target", "expected 'uniform', P0,P1,... or CLASS=PROB pairs", value=repr(self.target))
         if not isinstance(self.target, str):
-            check_probs(self.target.values() if isinstance(self.target, dict) else self.target, "--target")
+            check_probs(self.target.values() if isinstance(self.target, dict) else self.target, "target")
         if self.init_probs is not None:
             if self.mode != "bernoulli":
                 raise OptionError("init_probs", f"{{init_probs}} applies to {{mode}} bernoulli ({{mode}} {self.mode} "
                                   + ("counts the classes first)" if self.mode == "exact" else "estimates them)"),
                                   mentions=["mode"])
-            check_probs(self.init_probs, "--init-probs")
+            check_probs(self.init_probs, "init_probs")
         if self.num_classes is not None and self.num_classes < 1:
             raise OptionError("num_classes", "must be at least 1", value=str(self.num_classes))
         self._check_class_counts()
@@ -196,5 +191,5 @@ class StratifyOptions:
         return self.mode == "exact" or (self.mode == "bernoulli" and self.init_probs is None)
 
 
-__all__ = ["MODES", "PROB_TOLERANCE", "Probs", "StratifyOptions", "TargetSpec", "check_probs", "field_of",
+__all__ = ["MODES", "PROB_TOLERANCE", "Probs", "StratifyOptions", "TargetSpec", "check_probs",
            "parse_probs", "parse_target"]

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Union
 import numpy as np
 
 from batchtool import rng
-from batchtool.errors import InputError, UsageError
+from batchtool.errors import OptionError, OptionInputError
 from batchtool.ops.resample import MAX_RATE
 
 if TYPE_CHECKING:
@@ -76,12 +76,13 @@ def acceptance_probs(init_probs: np.ndarray, target: np.ndarray) -> np.ndarray:
     return ratio / ratio.max()
 
 
-def check_zero_classes(init_probs: np.ndarray, target: np.ndarray, source: str) -> None:
-    """`stratified_sample`'s error: a class with zero initial probability cannot reach a non-zero target."""
+def check_zero_classes(init_probs: np.ndarray, target: np.ndarray, counted: str | None = None) -> None:
+    """`stratified_sample`'s error: a class with zero initial probability cannot reach a non-zero target.
+    `counted` says where the probabilities were counted (None: --init-probs gives them)."""
     for i in np.flatnonzero((init_probs <= 0) & (target > 0)):
-        raise (UsageError if source == "--init-probs" else InputError)(
-            f"class {i} has initial probability 0 ({source}) but --target gives it {target[i]:g}: "
-            "a class with no examples cannot be sampled")
+        raise (OptionError if counted is None else OptionInputError)(
+            "target", f"class {i} has initial probability 0 ({counted or '{init_probs}'}) but {{target}} gives it "
+            f"{target[i]:g}: a class with no examples cannot be sampled", mentions=("init_probs",))
 
 
 def exact_target(target: Target, num_classes: int) -> list[Fraction]:
@@ -109,10 +110,10 @@ def check_copies(total: int, counts: np.ndarray, target: np.ndarray, options: St
     copies = np.divide(float(total) * target, counts, out=np.zeros_like(target), where=counts > 0)
     i = int(np.argmax(copies))
     if copies[i] > MAX_RATE:
-        given = f"--size {options.size:,}" if options.size else f"the input size {total:,}"
-        raise UsageError(f"{given} with --replacement: each of the {int(counts[i]):,} examples of class {i} would be "
-                         f"written about {copies[i]:.4g} times, more than {MAX_RATE:.10g} copies of one example; "
-                         "give a smaller --size")
+        given = f"{{size}} {options.size:,}" if options.size else f"the input size {total:,}"
+        raise OptionError("size", f"{given} with {{replacement}}: each of the {int(counts[i]):,} examples of class {i} "
+                          f"would be written about {copies[i]:.4g} times, more than {MAX_RATE:.10g} copies of one "
+                          "example; give a smaller {size}", mentions=("replacement",))
 
 
 def exact_totals(counts: np.ndarray, target: np.ndarray, options: StratifyOptions) -> tuple[np.ndarray, Fraction]:
@@ -126,8 +127,9 @@ def exact_totals(counts: np.ndarray, target: np.ndarray, options: StratifyOption
         m = largest_total(counts, exact)
         if options.size is not None:
             if options.size > m:
-                raise UsageError(f"--size {options.size}: without --replacement the data allows at most "
-                                 f"{math.floor(m):,} examples at these proportions (class counts {counts.tolist()})")
+                raise OptionError("size", f"without {{replacement}} the data allows at most {math.floor(m):,} examples "
+                                  f"at these proportions (class counts {counts.tolist()})", value=str(options.size),
+                                  mentions=("replacement",))
             m = Fraction(options.size)
     return np.array([math.floor(m * t) for t in exact], dtype=np.int64), m
 

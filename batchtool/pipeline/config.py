@@ -11,7 +11,6 @@ from __future__ import annotations
 import difflib
 import itertools
 import os
-import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -240,13 +239,6 @@ def _default_format(last: StageConfig | None) -> str:
     if last is None:  # no stage: an error follows
         return ROW_FORMAT
     return op_default_format(OPERATIONS[last.op], last.options)
-
-
-def flags_to_keys(message: str) -> str:
-    """A message that names a flag (--batch-size) as a pipeline file names it (batch-size). For the messages that
-    are not OptionErrors yet, which pipeline/execute.py attributes to a stage (budget's batch checks, spill's
-    --tmp-dir, stratify's --size and --init-probs, resample's --overall-rate)."""
-    return re.sub(r"--([a-z][a-z0-9-]*)", lambda m: m.group(1), message)
 
 
 __all__ = ["OPS", "InputConfig", "PipelineConfig", "PipelineError", "StageConfig", "load"]

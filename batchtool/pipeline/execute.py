@@ -38,7 +38,7 @@ from batchtool.engines import with_engine
 from batchtool.errors import BatchtoolError, DestinationExistsError
 from batchtool.formats import parquet as parquet_format
 from batchtool.job import RunSettings, read_paths, write_job
-from batchtool.ops.base import OptionError, Regrouped
+from batchtool.ops.base import Regrouped
 from batchtool.output import refuse_overlap
 from batchtool.runner import ordered_map
 from batchtool.pipeline import config as config_mod
@@ -103,8 +103,7 @@ def attributed(path: str, stage: Stage) -> Iterator[None]:
 
 def _attribute(exc: BatchtoolError, prefix: str) -> BatchtoolError:
     if not getattr(exc, "pipeline_stage", False):
-        message = exc.rendered("toml") if isinstance(exc, OptionError) else config_mod.flags_to_keys(str(exc))
-        exc.args = (prefix + message, *exc.args[1:])
+        exc.args = (prefix + exc.rendered("toml"), *exc.args[1:])
         exc.pipeline_stage = True  # type: ignore[attr-defined]
     return exc
 
