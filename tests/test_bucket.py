@@ -16,7 +16,8 @@ from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.job import RunSettings
 from batchtool.driver import run_operation
 from batchtool.ops.base import ColumnList, Context, OptionError, fields
-from batchtool.ops.bucket import OP, BucketOptions, Integers
+from batchtool.ops.bucket import OP, BucketOptions
+from batchtool.ops.bucket_options import Integers
 from batchtool.ops.bucket_plan import BatchBudget, BucketPlan, LengthPass, resolve_columns
 from batchtool.stats import DatasetStats
 from batchtool.output import OutputOptions

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -25,11 +25,8 @@ from batchtool.padding import parse_pad_values
 from batchtool.spill import parts_for
 from batchtool.stats import DatasetStats, chunk_stats, is_sequence_type, lengths_of
 
-if TYPE_CHECKING:
-    from batchtool.ops.bucket import BucketOptions
+from batchtool.ops.bucket_options import OUTPUT_COLUMNS, RENAMABLE, BucketOptions
 
-OUTPUT_COLUMNS = ("batch", "bucket", "length", "mask")
-RENAMABLE = ("bucket", "length", "mask")
 """Output columns --output-column may name otherwise (`batch` marks the batches for load and check)."""
 _MIN_FLUSH_BYTES, _MAX_FLUSH_BYTES = 64 << 10, 4 << 20
 _SPILL_ROW_BYTES = 12

@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -21,138 +20,21 @@ import pyarrow as pa
 
 from batchtool import budget
 from batchtool.dataset import Chunk, Dataset, ReadReport
-from batchtool.ops.base import (Column, ColumnList, Context, Flag, Integer, Kind, Operation, OptionError, Pairs,
-                                Regrouped, Runtime, need_columns, option)
+from batchtool.ops.base import (Context, Kind, Operation, Regrouped, Runtime, need_columns)
 from batchtool.ops.segment_batches import build_batches
-from batchtool.ops.segment_chunks import METADATA, Examples, SegmentPlan, make_plan, prepare_chunk
+from batchtool.ops.segment_chunks import Examples, SegmentPlan, make_plan, prepare_chunk
 from batchtool.ops.segment_keys import check_unique_keys, key_index
 from batchtool.ops.segment_lanes import LANE_WINDOW, LanePlanner
 from batchtool.stats import DatasetStats, chunk_stats
 
 if TYPE_CHECKING:
     from batchtool.output import OutputOptions
+from batchtool.ops.segment_options import SegmentOptions
 
-DEFAULT_MEMORY = 1 << 30
 LANE_BYTES = 1 << 10
 """Planner bookkeeping per lane (its queue, load and heap entry)."""
 METADATA_BYTES = 64
 """Metadata per output row (keys, counters), beyond the example's own columns."""
-
-
-class FlagPair(Flag):
-    """On or off, in both forms: `--pad/--no-pad` on the command line, `pad = false` or `no-pad = true` in a
-    pipeline file."""
-
-    negatable = True
-
-
-class Ranks(Integer):
-    """A number of training ranks."""
-
-    metavar = "N"
-
-
-@dataclass(frozen=True)
-class SegmentOptions:
-    """What to segment and how to batch it (the flags of `batchtool segment`, the keys of a segment stage)."""
-
-    key: str = option("Unique string key of each example (input_key).", Column())
-    sequence: tuple[str, ...] = option("Sequence (list) columns sharing one time axis, split into segments "
-                                       "(input_sequences).", ColumnList(dedupe=True))
-    num_unroll: int = option("Steps per segment (num_unroll).", Integer())
-    batch_size: int = option("Rows (lanes) per batch (batch_size).", Integer())
-    context: tuple[str, ...] | None = option("Per-example columns copied to every segment (input_context).",
-                                             ColumnList(dedupe=True), None)
-    """None: every input column the other options do not use (see with_context)."""
-    input_length: str | None = option("Integer column of real steps before padding (input_length; default: the "
-                                      "sequence length).", Column(), None)
-    pad: bool = option("Pad each sequence to a multiple of --num-unroll, or require one (pad).", FlagPair(), True)
-    pad_value: tuple[str, ...] = option("Pad value of a sequence column (default 0, False or ''); repeatable.",
-                                        Pairs("COL=V"), ())
-    initial_state: tuple[str, ...] = option("Write COL's value as column NAME on each example's first segment, zeros "
-                                            "on the others (initial_states); repeatable.", Pairs("NAME=COL"), ())
-    allow_small_batch: bool = option("Drop the empty rows of the final batches instead of writing padding rows "
-                                     "(allow_small_batch).", Flag(), False)
-    world_size: int = option("Write N lane-stable streams with equal batch counts, one per training rank (read "
-                             "with batchtool.load(DST, rank=r, world_size=N)).", Ranks(), 1)
-    """Lane streams written: batch t of rank r is output batch t * world_size + r."""
-    memory: int = DEFAULT_MEMORY
-    """Bounds the duplicate-key check (a quarter of it before spilling), one padded batch and the lanes' planning."""
-    tmp_dir: str | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("num_unroll", "batch_size", "world_size"):
-            if getattr(self, name) < 1:
-                raise OptionError(name, "must be at least 1", value=str(getattr(self, name)))
-        if not self.sequence:
-            raise OptionError("sequence", "give at least one sequence (list) column")
-        named = (("sequence", self.sequence), ("context", self.context or ()), ("initial_state", tuple(self.states)))
-        for field, names in named:
-            for name in names:
-                if ":" in name:
-                    raise OptionError(field, "names may not contain ':' (as in batch_sequences_with_states)",
-                                      value=repr(name))
-        reserved = [name for name, _ in METADATA]
-        seen: dict[str, str] = {}
-        for field, names in named:
-            for name in names:
-                if name in reserved:
-                    raise OptionError(field, f"clashes with the metadata column {name!r} (reserved: "
-                                      f"{', '.join(reserved)})", value=repr(name))
-                if name in seen:
-                    raise OptionError(field, f"already given as {{{seen[name]}}} {name!r}; each output column must "
-                                      "be named once", value=repr(name), mentions=[seen[name]])
-                seen[name] = field
-        for spec in self.pad_value:
-            name = spec.partition("=")[0]
-            if name not in self.sequence:
-                raise OptionError("pad_value", f"{name!r} is not a {{sequence}} column (sequences: "
-                                  f"{', '.join(self.sequence)})", value=repr(spec), mentions=["sequence"])
-
-    @property
-    def states(self) -> dict[str, str]:
-        """--initial-state specs as {output name: source column}."""
-        out: dict[str, str] = {}
-        for spec in self.initial_state:
-            name, sep, column = spec.partition("=")
-            if not sep or not name or not column:
-                raise OptionError("initial_state", "expected NAME=COLUMN", value=repr(spec))
-            if name in out:
-                raise OptionError("initial_state", f"state {name!r} is given twice", value=repr(spec))
-            out[name] = column
-        return out
-
-    def with_context(self, schema: pa.Schema) -> SegmentOptions:
-        """Without --context, every input column not used otherwise (key, sequences, --input-length,
-        --initial-state sources) is context, so no column is dropped unasked; one that would clash
-        with an output column is refused by name."""
-        if self.context is not None:
-            return self
-        used = {self.key, *self.sequence, *self.states.values(), self.input_length}
-        rest = tuple(name for name in schema.names if name not in used)
-        taken = {name for name, _ in METADATA} | set(self.states)
-        clashes = [name for name in rest if name in taken]
-        if clashes:
-            raise OptionError("context", f"input column(s) {', '.join(map(repr, clashes))} would be copied as context "
-                              "but clash with segment's output columns; rename them, or name the columns to keep "
-                              f"with {{context}} (the others are then not written: {', '.join(rest)})")
-        return replace(self, context=rest)
-
-    @property
-    def source_columns(self) -> list[str]:
-        """The input columns to read, each once (the options with their context resolved)."""
-        assert self.context is not None, "source_columns of options with their context resolved"
-        cols = [self.key, *self.context, *self.sequence, *self.states.values()]
-        if self.input_length:
-            cols.append(self.input_length)
-        return list(dict.fromkeys(cols))
-
-    def manifest_options(self) -> dict[str, Any]:
-        """The manifest's options (named as they always were: sequences, pad_values, initial_states)."""
-        return {"key": self.key, "sequences": list(self.sequence), "num_unroll": self.num_unroll,
-                "batch_size": self.batch_size, "context": list(self.context or ()), "input_length": self.input_length,
-                "pad": self.pad, "pad_values": list(self.pad_value), "initial_states": self.states,
-                "allow_small_batch": self.allow_small_batch, "world_size": self.world_size}
 
 
 def check_memory(options: SegmentOptions, sample: pa.RecordBatch | None) -> float:
@@ -261,4 +143,4 @@ class SegmentOp(Operation[SegmentOptions, SegmentPlan]):
 
 OP = SegmentOp()
 
-__all__ = ["DEFAULT_MEMORY", "OP", "FlagPair", "Ranks", "SegmentOp", "SegmentOptions", "check_memory"]
+__all__ = ["OP", "SegmentOp", "SegmentOptions", "check_memory"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -18,13 +18,8 @@ from batchtool.ops.base import ColumnError
 from batchtool.padding import default_pad, parse_pad_values, sequence_lengths
 from batchtool.stats import is_sequence_type
 
-if TYPE_CHECKING:
-    from batchtool.ops.segment import SegmentOptions
+from batchtool.ops.segment_options import METADATA, SegmentOptions
 
-METADATA: tuple[tuple[str, pa.DataType], ...] = (
-    ("key", pa.string()), ("next_key", pa.string()), ("sequence", pa.int32()), ("sequence_count", pa.int32()),
-    ("length", pa.int32()), ("total_length", pa.int32()), ("insertion_index", pa.int64()), ("lane", pa.int32()),
-    ("batch", pa.int64()))
 """Per-row metadata, with NextQueuedSequenceBatch's names and types, plus the lane and the batch index."""
 _POLY = np.uint64(0x100000001B3)
 

@@ -1,0 +1,198 @@
+"""What `bucket` is asked to do: its options, declared once for the command line and pipeline files, with the
+checks that need no data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from batchtool.ops.base import (Choice, Column, ColumnList, Flag, Integer, OptionError, Pairs, Value, option,
+                                shown)
+from batchtool.ops.boundaries import check_boundaries
+from batchtool.ops.stratify_options import TargetSpec, check_probs
+from batchtool.ops.stratify_plans import Target
+
+ORDERS = ("shuffle", "sorted")
+COSTS = ("linear", "quadratic")
+DEFAULT_MEMORY = 1 << 30
+OUTPUT_COLUMNS = ("batch", "bucket", "length", "mask")
+RENAMABLE = ("bucket", "length", "mask")
+
+
+# -- option values ---------------------------------------------------------------------------------------------
+
+
+class Integers(Value):
+    """Integers, comma-separated: `64,128,256` (a TOML integer, a list of integers, or that string)."""
+
+    metavar = "N[,N...]"
+
+    def parse(self, field: str, value: Any) -> tuple[int, ...]:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return (value,)
+        if isinstance(value, list) and all(_is_scalar(v) for v in value):
+            value = ",".join(str(v) for v in value)
+        if not isinstance(value, str):
+            raise OptionError(field, f"expected comma-separated integers, got {shown(value)}")
+        try:
+            return tuple(int(part) for part in value.split(",") if part.strip())
+        except ValueError:
+            raise OptionError(field, "expected comma-separated integers, e.g. 64,128,256", value=repr(value)) from None
+
+
+def _is_scalar(value: Any) -> bool:
+    return isinstance(value, (int, float, str)) and not isinstance(value, bool)
+
+
+# -- options ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BucketOptions:
+    """What `bucket` computes; validated on construction (problems name the option's field)."""
+
+    length: str | None = option("Length to bucket by: an integer column, or a list column's steps "
+                                "(default: the first sequence column).", Column(), None)
+    sequence: tuple[str, ...] = option("A sequence (list) column to pad; repeat for several, which must agree in "
+                                       "length (default: every list column).", ColumnList(dedupe=True), ())
+    boundaries: tuple[int, ...] | None = option("Bucket edges b0,b1,...: buckets < b0, [b_i, b_i+1), >= b_last.",
+                                                Integers(), None)
+    auto_buckets: int | None = option("Choose K buckets from the length distribution to minimise padding.",
+                                      Integer(metavar="K"), None)
+    bucket_column: str | None = option("Integer column giving each example's bucket (with --num-buckets).",
+                                       Column(), None)
+    num_buckets: int | None = option("Buckets of --bucket-column: values in [0, N).", Integer(), None)
+    batch_size: tuple[int, ...] | None = option("Rows per batch, or one size per bucket.",
+                                                Integers(metavar="B[,B...]"), None)
+    max_tokens: int | None = option("Instead of --batch-size: at most T padded elements (rows x padded length) "
+                                    "per batch.", Integer(metavar="T"), None)
+    max_rows: int | None = option("With --max-tokens: also at most this many rows per batch.", Integer(), None)
+    cost: str = option("With --max-tokens, what a batch costs: rows x padded length (linear), or rows x padded "
+                       "length squared (quadratic, as attention costs), so short buckets get more rows.",
+                       Choice(COSTS), "linear")
+    drop_oversize: bool = option("Drop (and count) examples that exceed --max-tokens alone, instead of stopping.",
+                                 Flag(), False)
+    pad_to_boundary: bool = option("Pad to the longest length the bucket admits (boundary - 1), not the batch's "
+                                   "longest.", Flag(), False)
+    pad_value: tuple[str, ...] = option("Pad value of a sequence column (default 0, '' for strings); repeatable.",
+                                        Pairs("COL=V"), ())
+    mask: bool = option("Add a 'mask' list<bool> column, true on real steps.", Flag(), False)
+    output_column: tuple[tuple[str, str], ...] = option(
+        "Name an output column (batch, bucket, length or mask) otherwise, when the input already has a column of "
+        "that name; repeatable.",
+        Pairs("OUT=NAME", names=True, split=True, example="length=n_steps"), ())
+    keep: str | None = option("Boolean column: only rows where it is true are bucketed.", Column(), None)
+    drop_remainder: bool = option("Drop (and count) each bucket's last, partial batch.", Flag(), False)
+    balance: str | None = option("Every full batch of every bucket holds each class's exact share of the batch "
+                                 "(as tf.contrib.training.stratified_sample, but exact per batch); rows no balanced "
+                                 "batch can take are dropped and counted.", Column(metavar="LABEL_COL"), None)
+    target: Target = option("With --balance: class proportions P0,P1,..., CLASS=PROB pairs, or uniform.",
+                            TargetSpec(), "uniform")
+    oversample: bool = option("With --balance: repeat rarer classes (keyed, deterministic) instead of dropping rows "
+                              "of the common ones.", Flag(), False)
+    order: str = option("shuffle: seeded random order within buckets and across batches; sorted: ascending length, "
+                        "buckets in order (for inference).", Choice(ORDERS), "shuffle")
+    memory: int = DEFAULT_MEMORY
+    tmp_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        modes = ("boundaries", "auto_buckets", "bucket_column")
+        given = [name for name in modes if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise OptionError(given[-1] if given else "boundaries", "give exactly one of {boundaries}, "
+                              "{auto_buckets}, {bucket_column}" + (f" (got {' and '.join('{%s}' % m for m in given)})"
+                                                                   if given else ""), mentions=modes)
+        if self.boundaries is not None:
+            check_boundaries(self.boundaries)
+        if self.auto_buckets is not None and self.auto_buckets < 1:
+            raise OptionError("auto_buckets", "must be at least 1", value=str(self.auto_buckets))
+        if (self.bucket_column is None) != (self.num_buckets is None):
+            raise OptionError("bucket_column" if self.bucket_column is None else "num_buckets",
+                              "{bucket_column} and {num_buckets} go together", mentions=["bucket_column", "num_buckets"])
+        if self.num_buckets is not None and self.num_buckets < 1:
+            raise OptionError("num_buckets", "must be at least 1", value=str(self.num_buckets))
+        self._check_batching()
+        if self.pad_to_boundary and self.bucket_column is not None:
+            raise OptionError("pad_to_boundary", "{pad_to_boundary} needs length buckets ({boundaries} or "
+                              "{auto_buckets}), not {bucket_column}", mentions=modes)
+        if self.order not in ORDERS:
+            raise OptionError("order", f"expected {' or '.join(ORDERS)}", value=repr(self.order))
+        if self.memory <= 0:
+            raise OptionError("memory", "must be positive", value=str(self.memory))
+        self._check_balance()
+        self._check_output_columns()
+
+    def _check_output_columns(self) -> None:
+        for role, name in self.output_column:
+            if role not in RENAMABLE or not name:
+                raise OptionError("output_column", f"expected OUT=NAME with OUT one of {', '.join(RENAMABLE)} and a "
+                                  "non-empty NAME", value=f"{role}={name}")
+        roles = [role for role, _ in self.output_column]
+        if len(set(roles)) < len(roles):
+            raise OptionError("output_column", f"{roles[0]} named twice")
+        names = list(self.output_names.values())
+        if len(set(names)) < len(names):
+            raise OptionError("output_column", "two output columns would be named "
+                              f"{next(n for n in names if names.count(n) > 1)!r}")
+
+    @property
+    def output_names(self) -> dict[str, str]:
+        """Each output column's name: its own, or the one --output-column gives."""
+        return {**{c: c for c in OUTPUT_COLUMNS}, **dict(self.output_column)}
+
+    def _check_balance(self) -> None:
+        if self.balance is None:
+            for name, given in (("target", self.target != "uniform"), ("oversample", self.oversample)):
+                if given:
+                    raise OptionError(name, f"{{{name}}} goes with {{balance}} LABEL_COLUMN", mentions=["balance"])
+            return
+        if isinstance(self.target, str) and self.target != "uniform":
+            raise OptionError("target", "expected 'uniform', P0,P1,... or CLASS=PROB pairs", value=repr(self.target))
+        if not isinstance(self.target, str):
+            check_probs(self.target.values() if isinstance(self.target, dict) else self.target, "target")
+        if self.order != "shuffle":
+            raise OptionError("balance", f"{{balance}} with {{order}} {self.order}: balanced batches are drawn at "
+                              "random (use {order} shuffle)", mentions=["order"])
+
+    @property
+    def known_classes(self) -> int | None:
+        """--balance: the number of classes a --target list fixes (else the labels seen decide)."""
+        return len(self.target) if isinstance(self.target, tuple) else None
+
+    def _check_batching(self) -> None:
+        if (self.batch_size is None) == (self.max_tokens is None):
+            raise OptionError("batch_size", "give exactly one of {batch_size} and {max_tokens}",
+                              mentions=["max_tokens"])
+        for name, value in (("max_tokens", self.max_tokens), ("max_rows", self.max_rows)):
+            if value is not None and value < 1:
+                raise OptionError(name, "must be positive", value=str(value))
+        if self.max_tokens is None and (self.max_rows is not None or self.drop_oversize):
+            name = "max_rows" if self.max_rows is not None else "drop_oversize"
+            raise OptionError(name, f"{{{name}}} goes with {{max_tokens}}", mentions=["max_tokens"])
+        if self.cost not in COSTS:
+            raise OptionError("cost", f"expected {' or '.join(COSTS)}", value=repr(self.cost))
+        if self.cost != "linear" and self.max_tokens is None:
+            raise OptionError("cost", f"{{cost}} {self.cost} goes with {{max_tokens}}", mentions=["max_tokens"])
+        if self.batch_size is None:
+            return
+        text = ",".join(str(b) for b in self.batch_size)
+        if not self.batch_size or min(self.batch_size) < 1:
+            raise OptionError("batch_size", "batch sizes must be positive", value=text)
+        if len(self.batch_size) > 1:
+            if self.auto_buckets is not None:
+                raise OptionError("batch_size", "one size per bucket needs fixed buckets ({boundaries} or "
+                                  "{bucket_column}); {auto_buckets} takes one size", value=text,
+                                  mentions=["boundaries", "bucket_column", "auto_buckets"])
+            if len(self.batch_size) != self.bucket_count:
+                raise OptionError("batch_size", f"{len(self.batch_size)} sizes for {self.bucket_count} buckets (give "
+                                  "one size, or one per bucket)", value=text)
+
+    @property
+    def bucket_count(self) -> int | None:
+        """Buckets fixed by the options (None for --auto-buckets, which may find fewer distinct lengths)."""
+        if self.boundaries is not None:
+            return len(self.boundaries) + 1
+        return self.num_buckets
+
+
+__all__ = ["COSTS", "DEFAULT_MEMORY", "ORDERS", "OUTPUT_COLUMNS", "RENAMABLE", "BucketOptions", "Integers"]
