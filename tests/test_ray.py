@@ -7,6 +7,7 @@ started before the cluster, so its endpoint is in the environment the Ray worker
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import logging
@@ -19,11 +20,12 @@ import pyarrow.fs as pafs
 import pytest
 
 import batchtool.engines.ray as ray_engine
+from batchtool import runner
 from batchtool.check.evaluate import check
 from batchtool.convert import convert
 from batchtool.errors import InputError, UsageError
 from batchtool.job import RunSettings
-from batchtool.driver import run_operation
+from batchtool.driver import _kernel, run_operation
 from batchtool.ops.shuffle import OP as SHUFFLE
 from batchtool.ops.shuffle import ShuffleOptions
 from batchtool.ops import stratify as stratify_op
@@ -339,6 +341,39 @@ def test_pipeline_run(src, tmp_path, run_cli, remote_maps):
     assert remote_maps
     assert data_bytes(str(tmp_path / "ray")) == data_bytes(str(tmp_path / "local"))
     assert manifests["ray"]["stats"] == manifests["local"]["stats"]
+
+
+AFTER_SHUFFLE = PIPELINE.replace("""[[stage]]
+op = "bucket"
+""", """[[stage]]
+op = "resample"
+rate = 2.5
+
+[[stage]]
+op = "bucket"
+""")
+
+
+@RAY
+def test_pipeline_stages_after_a_shuffle_run_as_tasks(src, tmp_path, run_cli, remote_maps, monkeypatch):
+    """A global shuffle in the middle: the stages after it run their kernels and the last one its batches as Ray
+    tasks, none on the driver's threads (a fallback fails the run here), and write the local engine's bytes."""
+    manifests = {}
+    for engine in ("local", "ray"):
+        if engine == "ray":
+            def fell_back(fn, *args):
+                raise AssertionError(f"{getattr(fn, '__qualname__', fn)} ran on the driver's threads")
+            monkeypatch.setattr(runner, "threaded_map", fell_back)
+        pipeline = tmp_path / f"{engine}.toml"
+        pipeline.write_text(AFTER_SHUFFLE.format(src=src, dst=tmp_path / engine))
+        result = run_cli("run", pipeline, "--threads", "2", "-q", "--engine", engine)
+        assert result.exit_code == 0 and "warning: --engine ray" not in result.stderr, result.stderr
+        manifests[engine] = json.loads((tmp_path / engine / ".batchtool_manifest.json").read_text())
+    assert data_bytes(str(tmp_path / "ray")) == data_bytes(str(tmp_path / "local"))
+    assert manifests["ray"]["stats"] == manifests["local"]["stats"]
+    kernels = {fn.args[0].name for fn in remote_maps if isinstance(fn, functools.partial) and fn.func is _kernel}
+    assert {"stratify", "resample"} <= kernels, kernels
+    assert manifests["ray"]["run"]["ray"]["local_items"] == 0
 
 
 @RAY

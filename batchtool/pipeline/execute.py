@@ -158,6 +158,14 @@ class StageInput(Dataset):
             chunks = prefix.counted(chunks, self.desc, self.num_rows)
         return map(_Ready, chunks)
 
+    def chunks(self, columns: Sequence[str] | None = None, threads: int = 1,
+               report: ReadReport | None = None) -> Iterator[Chunk]:
+        """Past the source, the chunks the stages before made on the engine, as they come: not sent to a worker
+        and back for nothing (what reading them as tasks would do)."""
+        if self.stage == 0 and self.desc is None:
+            return super().chunks(columns, threads, report)
+        return (task() for task in self.tasks(columns, report))
+
     def locate(self, example_id: int) -> str:
         if self.source is not None:
             return self.source.locate(example_id)
