@@ -17,6 +17,7 @@ from conftest import data_bytes, write_parquet_shards
 
 from batchtool import runner
 from batchtool.driver import _kernel
+from batchtool.exchange_writer import _read_cut
 from batchtool.ops.bucket_batches import batch_work
 
 ray_engine = pytest.importorskip("batchtool.engines.ray")
@@ -179,14 +180,17 @@ path = "{dst}"
 
 
 def test_stages_after_a_pipeline_shuffle_run_on_the_engine(src, tmp_path, run_cli, monkeypatch):
-    """A global shuffle in the middle: the kernels of the row stages after it and the last stage's batch work
-    still go through the engine, pickled, and nothing falls back to local threads; the same bytes."""
+    """A global shuffle in the middle: scattered and sorted through files beside DST, its batches read from them
+    on the engine, the kernels of the row stages after it and the last stage's batch work too, pickled, and
+    nothing falls back to local threads; the same bytes, and no temporary files left beside DST."""
     def args(dst: str) -> list[str]:
         path = tmp_path / f"{os.path.basename(dst)}.toml"
         path.write_text(AFTER_SHUFFLE.format(src=src, dst=dst))
         return ["run", str(path)]
 
     engine = run_both(run_cli, tmp_path, args, monkeypatch)
+    assert sorted(os.listdir(tmp_path)) == ["local", "local.toml", "pickled", "pickled.toml"]
     kernels = [fn.args[0].name for fn in engine.functions if isinstance(fn, functools.partial) and fn.func is _kernel]
     assert {"stratify", "resample", "rename"} <= set(kernels), kernels
-    assert any(isinstance(fn, functools.partial) and fn.func is batch_work for fn in engine.functions)
+    partials = [fn.func for fn in engine.functions if isinstance(fn, functools.partial)]
+    assert batch_work in partials and _read_cut in partials  # the shuffle's batches read from its sorted files

@@ -26,6 +26,7 @@ from batchtool.convert import convert
 from batchtool.errors import InputError, UsageError
 from batchtool.job import RunSettings
 from batchtool.driver import _kernel, run_operation
+from batchtool.exchange_writer import _read_cut
 from batchtool.ops.shuffle import OP as SHUFFLE
 from batchtool.ops.shuffle import ShuffleOptions
 from batchtool.ops import stratify as stratify_op
@@ -356,8 +357,9 @@ op = "bucket"
 
 @RAY
 def test_pipeline_stages_after_a_shuffle_run_as_tasks(src, tmp_path, run_cli, remote_maps, monkeypatch):
-    """A global shuffle in the middle: the stages after it run their kernels and the last one its batches as Ray
-    tasks, none on the driver's threads (a fallback fails the run here), and write the local engine's bytes."""
+    """A global shuffle in the middle: scattered and sorted on the workers beside DST, its batches read there, the
+    stages after it run their kernels and the last one its batches as Ray tasks, none on the driver's threads (a
+    fallback fails the run here); the local engine's bytes, and nothing left beside DST."""
     manifests = {}
     for engine in ("local", "ray"):
         if engine == "ray":
@@ -373,7 +375,9 @@ def test_pipeline_stages_after_a_shuffle_run_as_tasks(src, tmp_path, run_cli, re
     assert manifests["ray"]["stats"] == manifests["local"]["stats"]
     kernels = {fn.args[0].name for fn in remote_maps if isinstance(fn, functools.partial) and fn.func is _kernel}
     assert {"stratify", "resample"} <= kernels, kernels
+    assert any(isinstance(fn, functools.partial) and fn.func is _read_cut for fn in remote_maps)
     assert manifests["ray"]["run"]["ray"]["local_items"] == 0
+    assert sorted(os.listdir(tmp_path)) == ["local", "local.toml", "ray", "ray.toml"]
 
 
 @RAY

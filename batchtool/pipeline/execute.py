@@ -29,13 +29,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchtool import fs
+from batchtool import exchange, fs, runner
 from batchtool import manifest as manifest_mod
 from batchtool import progress, rng
 from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
 from batchtool.engines import engine_scope
 from batchtool.errors import BatchtoolError, DestinationExistsError
+from batchtool.exchange_writer import regrouped_exchanged
 from batchtool.formats import parquet as parquet_format
 from batchtool.job import RunSettings, read_paths, write_job
 from batchtool.ops.base import OptionError, Regrouped
@@ -224,11 +225,28 @@ class Prefix:
                     if needed is not None:  # a narrow regrouping reads (and keeps) only these columns
                         upstream = replace(upstream, schema=upstream.projected_schema(needed))
                     with attributed(self.config.path, stage):
-                        self._barriers[key] = self._stack.enter_context(stage.materialize(
-                            upstream, self.run, self.report if needed is None else ReadReport(), like))
+                        self._barriers[key] = self._regroup(j, stage, upstream, like)
                 return
             needs = max(needs, stage.sensitivity)
             columns = needed
+
+    def _regroup(self, j: int, stage: Stage, upstream: StageInput, like: Chunk | None) -> Regrouped:
+        """Barrier j's output, open until the run ends. On a remote engine with the output a path, the main run's
+        (all columns) is scattered and sorted on the workers in files beside the output, and its batches are read
+        there (batchtool.exchange_writer); else, and for the narrow passes, it spills here."""
+        if upstream.scope is None:
+            report = self.report
+            if runner.active_engine() is not None and not fs.is_uri(self.config.output_path):
+                units = (exchange.read_units(self.source, self.columns) if j == 0
+                         else exchange.task_units(upstream.tasks(None, report)))
+                out = self._stack.enter_context(regrouped_exchanged(
+                    stage.op, stage.planned, upstream, units, self.config.output_path, self.run, report,
+                    f"{stage.name}: spill"))
+                if out is not None:
+                    return out
+        else:
+            report = ReadReport()
+        return self._stack.enter_context(stage.materialize(upstream, self.run, report, like))
 
     @staticmethod
     def _barrier_key(j: int, columns: Columns, needs: int) -> tuple[int, tuple[str, ...] | None, bool]:
