@@ -35,7 +35,7 @@ MEASURES_PER_WORKER = 2
 
 
 @dataclass(frozen=True)
-class _Cut:
+class SortedCut:
     """The output batches of a sorted stream (SortedGroup) as the op's regroup cuts them: batch k holds rows
     [k * batch_rows, (k + 1) * batch_rows) of the first `rows` (the remainder already dropped if asked)."""
 
@@ -59,7 +59,7 @@ class _Cut:
 
 
 @dataclass(frozen=True)
-class _Batches(_Cut):
+class _Batches(SortedCut):
     """The sorted stream's batches as write_job would write them."""
 
     output: OutputOptions
@@ -229,7 +229,15 @@ def _scatter_sorted(reorder: Exchange, units: Iterable[exchange.ReadUnit], direc
     return group, int(part_rows.sum())
 
 
-def _read_cut(cut: _Cut, span: tuple[int, int]) -> tuple[list[pa.RecordBatch], int]:
+@dataclass
+class SortedRegrouped(Regrouped):
+    """A regrouping whose batches are in sorted files every worker reads (`cut`): a reader after it may read
+    them itself, where it runs, instead of through the items."""
+
+    cut: SortedCut | None = None
+
+
+def _read_cut(cut: SortedCut, span: tuple[int, int]) -> tuple[list[pa.RecordBatch], int]:
     """A regrouped item on a worker: batches [start, end) read from the sorted files, and the rows they hold."""
     batches = list(cut.cut(*span))
     return batches, sum(b.num_rows for b in batches)
@@ -256,10 +264,11 @@ def regrouped_exchanged(op: Operation, plan: Any, dataset: Dataset, units: Itera
         with exchange.workspace(tmp, dst) as directory:
             group, rows = _scatter_sorted(reorder, units, directory, dataset, dst, run, report, desc)
             kept = rows - (rows % reorder.batch_rows if reorder.drop_remainder else 0)
-            cut = _Cut(group, dataset.schema, reorder.batch_rows, kept)
+            cut = SortedCut(group, dataset.schema, reorder.batch_rows, kept)
             step = max(1, -(-kept // max(1, reorder.parts) // reorder.batch_rows))  # about a key range per item
             spans = [(k, min(k + step, cut.count)) for k in range(0, cut.count, step)]
-            yield Regrouped(spans, functools.partial(_read_cut, cut), lambda: reorder.stats(rows), total_rows=rows)
+            yield SortedRegrouped(spans, functools.partial(_read_cut, cut), lambda: reorder.stats(rows),
+                                  total_rows=rows, cut=cut)
     finally:
         fs.remove_tree(tmp)
 
@@ -296,4 +305,4 @@ def write_exchanged(op: Operation, plan: Any, output: OutputOptions, *, command:
     return JobResult(manifest, kept, kept)
 
 
-__all__ = ["regrouped_exchanged", "write_exchanged", "write_sorted"]
+__all__ = ["SortedCut", "SortedRegrouped", "regrouped_exchanged", "write_exchanged", "write_sorted"]

@@ -17,7 +17,7 @@ from conftest import data_bytes, write_parquet_shards
 
 from batchtool import runner
 from batchtool.driver import _kernel
-from batchtool.exchange_writer import _read_cut
+from batchtool.pipeline import execute
 from batchtool.ops.bucket_batches import batch_work
 
 ray_engine = pytest.importorskip("batchtool.engines.ray")
@@ -180,17 +180,21 @@ path = "{dst}"
 
 
 def test_stages_after_a_pipeline_shuffle_run_on_the_engine(src, tmp_path, run_cli, monkeypatch):
-    """A global shuffle in the middle: scattered and sorted through files beside DST, its batches read from them
-    on the engine, the kernels of the row stages after it and the last stage's batch work too, pickled, and
-    nothing falls back to local threads; the same bytes, and no temporary files left beside DST."""
+    """A global shuffle in the middle: scattered and sorted through files beside DST; the stage after it reads its
+    batches from them in its own tasks; the kernels of the row stages after it and the last stage's batch work
+    go through the engine, pickled, and nothing falls back to local threads; the same bytes, and no temporary
+    files left beside DST."""
     def args(dst: str) -> list[str]:
         path = tmp_path / f"{os.path.basename(dst)}.toml"
         path.write_text(AFTER_SHUFFLE.format(src=src, dst=dst))
         return ["run", str(path)]
 
+    read = []
+    original = execute._SortedBatch.__call__
+    monkeypatch.setattr(execute._SortedBatch, "__call__", lambda task: read.append(task.index) or original(task))
     engine = run_both(run_cli, tmp_path, args, monkeypatch)
+    assert read and set(read) == set(range(max(read) + 1)), "the stage after the shuffle did not read its sorted files"
     assert sorted(os.listdir(tmp_path)) == ["local", "local.toml", "pickled", "pickled.toml"]
     kernels = [fn.args[0].name for fn in engine.functions if isinstance(fn, functools.partial) and fn.func is _kernel]
     assert {"stratify", "resample", "rename"} <= set(kernels), kernels
-    partials = [fn.func for fn in engine.functions if isinstance(fn, functools.partial)]
-    assert batch_work in partials and _read_cut in partials  # the shuffle's batches read from its sorted files
+    assert any(isinstance(fn, functools.partial) and fn.func is batch_work for fn in engine.functions)

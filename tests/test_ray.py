@@ -26,7 +26,7 @@ from batchtool.convert import convert
 from batchtool.errors import InputError, UsageError
 from batchtool.job import RunSettings
 from batchtool.driver import _kernel, run_operation
-from batchtool.exchange_writer import _read_cut
+from batchtool import exchange
 from batchtool.ops.shuffle import OP as SHUFFLE
 from batchtool.ops.shuffle import ShuffleOptions
 from batchtool.ops import stratify as stratify_op
@@ -357,15 +357,20 @@ op = "bucket"
 
 @RAY
 def test_pipeline_stages_after_a_shuffle_run_as_tasks(src, tmp_path, run_cli, remote_maps, monkeypatch):
-    """A global shuffle in the middle: scattered and sorted on the workers beside DST, its batches read there, the
-    stages after it run their kernels and the last one its batches as Ray tasks, none on the driver's threads (a
-    fallback fails the run here); the local engine's bytes, and nothing left beside DST."""
+    """A global shuffle in the middle: scattered and sorted on the workers beside DST, its batches read there by
+    the stage after it (not by the driver), the stages after it run their kernels and the last one its batches
+    as Ray tasks, none on the driver's threads (a fallback fails the run here); the local engine's bytes, and
+    nothing left beside DST."""
     manifests = {}
     for engine in ("local", "ray"):
         if engine == "ray":
             def fell_back(fn, *args):
                 raise AssertionError(f"{getattr(fn, '__qualname__', fn)} ran on the driver's threads")
             monkeypatch.setattr(runner, "threaded_map", fell_back)
+
+            def on_the_driver(group, start=0):
+                raise AssertionError("the driver read the shuffle's sorted files")
+            monkeypatch.setattr(exchange.SortedGroup, "chunks", on_the_driver)  # the workers' own is untouched
         pipeline = tmp_path / f"{engine}.toml"
         pipeline.write_text(AFTER_SHUFFLE.format(src=src, dst=tmp_path / engine))
         result = run_cli("run", pipeline, "--threads", "2", "-q", "--engine", engine)
@@ -375,7 +380,6 @@ def test_pipeline_stages_after_a_shuffle_run_as_tasks(src, tmp_path, run_cli, re
     assert manifests["ray"]["stats"] == manifests["local"]["stats"]
     kernels = {fn.args[0].name for fn in remote_maps if isinstance(fn, functools.partial) and fn.func is _kernel}
     assert {"stratify", "resample"} <= kernels, kernels
-    assert any(isinstance(fn, functools.partial) and fn.func is _read_cut for fn in remote_maps)
     assert manifests["ray"]["run"]["ray"]["local_items"] == 0
     assert sorted(os.listdir(tmp_path)) == ["local", "local.toml", "ray", "ray.toml"]
 

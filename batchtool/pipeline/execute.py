@@ -36,7 +36,7 @@ from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
 from batchtool.engines import engine_scope
 from batchtool.errors import BatchtoolError, DestinationExistsError
-from batchtool.exchange_writer import regrouped_exchanged
+from batchtool.exchange_writer import SortedCut, SortedRegrouped, regrouped_exchanged
 from batchtool.formats import parquet as parquet_format
 from batchtool.job import RunSettings, read_paths, write_job
 from batchtool.ops.base import OptionError, Regrouped
@@ -152,7 +152,11 @@ class StageInput(Dataset):
         prefix = self._prefix
         if self.stage == 0 and self.desc is None:
             return prefix.source.tasks(cols if cols is not None else prefix.columns, report)
-        chunks = prefix.stream(self.stage, None if self.scope is None else list(self.scope), report, self.needs)
+        scope = None if self.scope is None else list(self.scope)
+        cut = prefix.sorted_before(self.stage, scope, self.needs) if self.desc is None else None
+        if cut is not None:
+            return (_SortedBatch(cut, b, self.scope, None if cols is None else tuple(cols)) for b in range(cut.count))
+        chunks = prefix.stream(self.stage, scope, report, self.needs)
         if cols is not None and tuple(cols) != self.scope:
             chunks = (Chunk(c.data.select(cols), c.ids) for c in chunks)
         if self.desc:
@@ -162,8 +166,10 @@ class StageInput(Dataset):
     def chunks(self, columns: Sequence[str] | None = None, threads: int = 1,
                report: ReadReport | None = None) -> Iterator[Chunk]:
         """Past the source, the chunks the stages before made on the engine, as they come: not sent to a worker
-        and back for nothing (what reading them as tasks would do)."""
-        if self.stage == 0 and self.desc is None:
+        and back for nothing (what reading them as tasks would do); read tasks (the source's, or batches of a
+        reorder sorted on the workers) run on the engine."""
+        if self.desc is None and (self.stage == 0 or self._prefix.sorted_before(
+                self.stage, None if self.scope is None else list(self.scope), self.needs) is not None):
             return super().chunks(columns, threads, report)
         return (task() for task in self.tasks(columns, report))
 
@@ -179,6 +185,28 @@ class StageInput(Dataset):
     def _prefix(self) -> Prefix:
         assert self.prefix is not None, "a StageInput is made by Prefix.view"
         return self.prefix
+
+
+@dataclass(frozen=True)
+class _SortedBatch:
+    """A read task of the stage after a reorder sorted on the workers: batch `index` read from the sorted files
+    where the task runs, as Prefix.stream would hand it over (its `scope` columns, re-keyed, the first one
+    round-tripped through Parquet), then only the `columns` asked for."""
+
+    cut: SortedCut
+    index: int
+    scope: tuple[str, ...] | None
+    columns: tuple[str, ...] | None
+
+    def __call__(self) -> Chunk:
+        data = next(iter(self.cut.cut(self.index, self.index + 1)))
+        if self.scope is not None:
+            data = data.select(list(self.scope))
+        if self.index == 0:
+            data = reread(data)
+        if self.columns is not None and self.columns != self.scope:
+            data = data.select(list(self.columns))
+        return Chunk(data, rng.example_ids(0, self.index * self.cut.batch_rows, data.num_rows))
 
 
 class Prefix:
@@ -251,6 +279,22 @@ class Prefix:
     @staticmethod
     def _barrier_key(j: int, columns: Columns, needs: int) -> tuple[int, tuple[str, ...] | None, bool]:
         return j, _key(columns), columns is not None and needs >= CHUNKS
+
+    def sorted_before(self, k: int, scope: Columns, needs: int) -> SortedCut | None:
+        """The batches reaching stage k, if a reorder sorted on the workers makes them (the stage before it is
+        one): its reader then reads them itself, where it runs, instead of through the driver."""
+        if k == 0:
+            return None
+        stage = self.stages[k - 1]
+        needed = stage.input_columns(scope)
+        if not (stage.barrier and needs >= ORDER):
+            return None
+        out = self._barriers[self._barrier_key(k - 1, needed, needs)]
+        if not isinstance(out, SortedRegrouped) or out.cut is None:
+            return None
+        stage.report = out.stats()
+        self.rows[k - 1] = self.rows[k] = out.cut.rows
+        return out.cut
 
     def stream(self, k: int, scope: Columns, report: ReadReport, needs: int) -> Iterator[Chunk]:
         """Chunks reaching stage k (only the `scope` columns), re-keyed; barriers must be spilled already."""
