@@ -15,14 +15,17 @@ import pyarrow as pa
 import pytest
 from conftest import data_bytes, write_parquet_shards
 
-from batchtool import runner
+from batchtool import exchange, runner
 from batchtool.driver import _kernel
 from batchtool.pipeline import execute
 from batchtool.ops.bucket_batches import batch_work
 
 ray_engine = pytest.importorskip("batchtool.engines.ray")
 pytest.importorskip("cloudpickle")
+from batchtool.convert import convert
+from batchtool.job import RunSettings
 from batchtool.manifest import MANIFEST_NAME
+from batchtool.output import OutputOptions
 from batchtool.synthetic import make_table
 
 THREADS = runner.threaded_map
@@ -198,3 +201,42 @@ def test_stages_after_a_pipeline_shuffle_run_on_the_engine(src, tmp_path, run_cl
     kernels = [fn.args[0].name for fn in engine.functions if isinstance(fn, functools.partial) and fn.func is _kernel]
     assert {"stratify", "resample", "rename"} <= set(kernels), kernels
     assert any(isinstance(fn, functools.partial) and fn.func is batch_work for fn in engine.functions)
+
+
+FIRST_SHUFFLE = """seed = 5
+memory = "64KB"
+[input]
+path = "{src}"
+[[stage]]
+op = "shuffle"
+[[stage]]
+op = "resample"
+rate = 2.5
+[output]
+path = "{dst}"
+"""
+
+
+def test_a_pipeline_shuffle_failing_in_a_map_task_leaves_nothing(src, tmp_path, run_cli):
+    """A corrupt record met while the shuffle's rows are scattered beside the output: the local engine's one
+    error line, exit 2, and nothing left beside the output."""
+    tfr = tmp_path / "tfr"
+    convert(src, str(tfr), OutputOptions(format="tfrecord", shard_rows=100, cast=("float64=float32",)),
+            run=RunSettings(quiet=True))
+    raw = bytearray((tfr / "part-00001.tfrecord").read_bytes())
+    raw[200] ^= 0xFF
+    (tfr / "part-00001.tfrecord").write_bytes(bytes(raw))
+    out = tmp_path / "out"
+    out.mkdir()
+    errors = {}
+    engine_used = PicklingEngine()
+    for engine in ("local", "pickled"):
+        pipeline = tmp_path / f"{engine}.toml"
+        pipeline.write_text(FIRST_SHUFFLE.format(src=tfr, dst=out / engine))
+        with runner.use_engine(engine_used if engine == "pickled" else None):
+            result = run_cli("run", pipeline, "-q", *(["--engine", "ray"] if engine == "pickled" else []))
+        assert result.exit_code == 2 and result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+        errors[engine] = result.stderr.replace(str(tmp_path / "pickled.toml"), str(tmp_path / "local.toml"))
+    assert errors["pickled"] == errors["local"] and "part-00001.tfrecord" in errors["local"]
+    assert os.listdir(out) == []
+    assert any(isinstance(fn, functools.partial) and fn.func is exchange._map for fn in engine_used.functions)
