@@ -79,6 +79,7 @@ def run_pipeline(config: config_mod.PipelineConfig, run: RunSettings, *, dry_run
                 return PipelineResult(prefix.expected(), wall_seconds=round(time.perf_counter() - started, 3),
                                       peak_rss_bytes=manifest_mod.peak_rss_bytes())
             last = stages[-1]
+            prefix.main_run = True
             with attributed(config.path, last):
                 result = last.write(prefix.view(len(stages) - 1, None), config.output_path, config.output, run,
                                      prefix.writer(started))
@@ -225,6 +226,9 @@ class Prefix:
         self.report = ReadReport()
         """Corrupt records skipped while spilling a global shuffle of the main run."""
         self._barriers: dict[tuple[int, tuple[str, ...] | None, bool], Regrouped] = {}
+        self.main_run = False
+        """The main run has begun: a global shuffle may now be sorted on the workers beside the output (never
+        in a first pass or a dry run)."""
 
     def view(self, k: int, scope: Columns, needs: int = CHUNKS, desc: str | None = None) -> StageInput:
         """Stage k's input. Global shuffles before it are spilled now, in this thread, so temporary files
@@ -260,11 +264,11 @@ class Prefix:
 
     def _regroup(self, j: int, stage: Stage, upstream: StageInput, like: Chunk | None) -> Regrouped:
         """Barrier j's output, open until the run ends. On a remote engine with the output a path, the main run's
-        (all columns) is scattered and sorted on the workers in files beside the output, and its batches are read
-        there (batchtool.exchange_writer); else, and for the narrow passes, it spills here."""
+        (all columns) is scattered and sorted on the workers in files beside the output, and its batches are
+        read there (batchtool.exchange_writer); else, and for first passes and dry runs, it spills here."""
         if upstream.scope is None:
             report = self.report
-            if runner.active_engine() is not None and not fs.is_uri(self.config.output_path):
+            if self.main_run and runner.active_engine() is not None and not fs.is_uri(self.config.output_path):
                 units = (exchange.read_units(self.source, self.columns) if j == 0
                          else exchange.task_units(upstream.tasks(None, report)))
                 out = self._stack.enter_context(regrouped_exchanged(
@@ -282,7 +286,8 @@ class Prefix:
 
     def sorted_before(self, k: int, scope: Columns, needs: int) -> SortedCut | None:
         """The batches reaching stage k, if a reorder sorted on the workers makes them (the stage before it is
-        one): its reader then reads them itself, where it runs, instead of through the driver."""
+        one): its reader then reads them itself, where it runs, instead of through the driver. The reorder's
+        statistics and rows are known once sorted, so they are recorded here."""
         if k == 0:
             return None
         stage = self.stages[k - 1]
