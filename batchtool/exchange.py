@@ -87,7 +87,13 @@ def read_units(dataset: Dataset, columns: Sequence[str] | None = None) -> Iterat
     if file_tasks is not None:
         yield from file_tasks(dataset, cols)
         return
-    for task in dataset.tasks(cols):
+    yield from task_units(dataset.tasks(cols))
+
+
+def task_units(tasks: Iterable[Callable[[], Chunk]]) -> Iterator[ReadUnit]:
+    """Read tasks that are already worker-sized (a Parquet row group, an Arrow record batch, a chunk the stages
+    before a pipeline's reorder made) as units."""
+    for task in tasks:
         yield _OneChunk(task)
 
 
@@ -248,4 +254,4 @@ def sort_group(directory: str, seed: int, stage: str, group: int, part_rows: Seq
 
 
 __all__ = ["MapJob", "MapOutput", "ReadUnit", "SortedGroup", "map_directory", "probe", "read_range", "read_units",
-           "scatter", "sort_group"]
+           "scatter", "sort_group", "task_units"]

@@ -5,22 +5,23 @@ the manifest. The same bytes and statistics as the op's own regroup on the drive
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
-from batchtool import exchange, progress, runner
+from batchtool import exchange, fs, progress, runner
 from batchtool.dataset import Dataset, ReadReport
 from batchtool.exchange import SortedGroup
 from batchtool.formats.base import EncodedBatch
 from batchtool.job import JobResult, RunSettings, read_paths, write_manifest
-from batchtool.ops.base import Operation
+from batchtool.ops.base import Exchange, Operation, Regrouped
 from batchtool.ops.rows import RowReader
 from batchtool.output import BatchShardWriter, OutputOptions, encode_batch, output_directory
 from batchtool.runner import ordered_map
@@ -34,30 +35,40 @@ MEASURES_PER_WORKER = 2
 
 
 @dataclass(frozen=True)
-class _Batches:
-    """The output batches of a sorted stream (SortedGroup) as write_job would write them: batch k holds rows
+class SortedCut:
+    """The output batches of a sorted stream (SortedGroup) as the op's regroup cuts them: batch k holds rows
     [k * batch_rows, (k + 1) * batch_rows) of the first `rows` (the remainder already dropped if asked)."""
 
     rows_in: SortedGroup
     schema: pa.Schema
     batch_rows: int
     rows: int
-    output: OutputOptions
-    stored: pa.Schema
 
     @property
     def count(self) -> int:
         return -(-self.rows // self.batch_rows)
 
-    def encoded(self, start: int, end: int) -> Iterator[EncodedBatch]:
-        """Batches [start, end), encoded; cut from the same chunks at the same offsets as a local run, so
-        laid out the same."""
+    def cut(self, start: int, end: int) -> Iterator[pa.RecordBatch]:
+        """Batches [start, end), cut from the same chunks at the same offsets as a local run, so laid out the
+        same."""
         first = start * self.batch_rows
         reader = RowReader(self.rows_in.chunks(first), self.schema)
         reader.take(first - self.rows_in.first_row(first))
         for k in range(start, end):
-            batch = reader.take(min(self.batch_rows, self.rows - k * self.batch_rows))
-            yield encode_batch(batch.data, self.output)
+            yield reader.take(min(self.batch_rows, self.rows - k * self.batch_rows)).data
+
+
+@dataclass(frozen=True)
+class _Batches(SortedCut):
+    """The sorted stream's batches as write_job would write them."""
+
+    output: OutputOptions
+    stored: pa.Schema
+
+    def encoded(self, start: int, end: int) -> Iterator[EncodedBatch]:
+        """Batches [start, end), encoded."""
+        for batch in self.cut(start, end):
+            yield encode_batch(batch, self.output)
 
 
 class _CountingFile:
@@ -196,6 +207,72 @@ def write_sorted(batches: _Batches, directory: str, scratch: str, name: str, seg
     return next(iter(ordered_map(_write_all, [(batches, directory, os.path.join(scratch, "all"), name)], threads)))
 
 
+def _planned(op: Operation, plan: Any, units: Iterator[exchange.ReadUnit], dataset: Dataset,
+             threads: int) -> tuple[Exchange | None, Iterator[exchange.ReadUnit]]:
+    """The op's Exchange plan (its probe's first chunk read on a worker), and the units with the probed put back."""
+    def probe(measure: Any) -> Any:
+        nonlocal units
+        found, units = exchange.probe(units, measure, threads)
+        return found
+
+    return op.exchange(plan, dataset, probe), units
+
+
+def _scatter_sorted(reorder: Exchange, units: Iterable[exchange.ReadUnit], directory: str, dataset: Dataset,
+                    dst: str, run: RunSettings, report: ReadReport, desc: str) -> tuple[SortedGroup, int]:
+    """The map and reduce tasks: every row to its key range under `directory`, each range sorted; the sorted
+    rows and how many there are."""
+    job = exchange.MapJob(directory, dataset.schema, (reorder.parts,), reorder.seed, reorder.stage,
+                          reorder.flush_bytes, dst)
+    part_rows = exchange.scatter(units, job, run.threads, report, desc, dataset.progress_rows, run.quiet)[0]
+    group = exchange.sort_group(directory, reorder.seed, reorder.stage, 0, part_rows, run.threads)
+    return group, int(part_rows.sum())
+
+
+@dataclass
+class SortedRegrouped(Regrouped):
+    """A regrouping whose batches are in sorted files every worker reads (`cut`): a reader after it may read
+    them itself, where it runs, instead of through the items."""
+
+    cut: SortedCut | None = None
+
+
+def _read_cut(cut: SortedCut, span: tuple[int, int]) -> tuple[list[pa.RecordBatch], int]:
+    """A regrouped item on a worker: batches [start, end) read from the sorted files, and the rows they hold."""
+    batches = list(cut.cut(*span))
+    return batches, sum(b.num_rows for b in batches)
+
+
+@contextmanager
+def regrouped_exchanged(op: Operation, plan: Any, dataset: Dataset, units: Iterator[exchange.ReadUnit], dst: str,
+                        run: RunSettings, report: ReadReport, desc: str) -> Iterator[Regrouped | None]:
+    """The op's regrouping as `regroup` gives it (a pipeline streams it on to the stages after it), but with the
+    rows scattered and sorted on the workers, through files in a directory beside DST, and every item's
+    batches read from the sorted files on a worker; None if the op has no Exchange plan. The same batches as
+    `regroup` (the same keys, key ranges and cuts); the files are removed when the block ends. None too when
+    DST's parent does not exist yet (the output's writer makes it, and removes it on failure)."""
+    dst = os.path.abspath(dst)
+    reorder = None
+    if os.path.isdir(os.path.dirname(dst)):
+        reorder, units = _planned(op, plan, units, dataset, run.threads)
+    if reorder is None:
+        yield None
+        return
+    with fs.write_errors(f"{dst}: cannot write beside the output"):
+        tmp = fs.make_unique_dir(os.path.dirname(dst), f".{os.path.basename(dst)}.tmp-")
+    try:
+        with exchange.workspace(tmp, dst) as directory:
+            group, rows = _scatter_sorted(reorder, units, directory, dataset, dst, run, report, desc)
+            kept = rows - (rows % reorder.batch_rows if reorder.drop_remainder else 0)
+            cut = SortedCut(group, dataset.schema, reorder.batch_rows, kept)
+            step = max(1, -(-kept // max(1, reorder.parts) // reorder.batch_rows))  # about a key range per item
+            spans = [(k, min(k + step, cut.count)) for k in range(0, cut.count, step)]
+            yield SortedRegrouped(spans, functools.partial(_read_cut, cut), lambda: reorder.stats(rows),
+                                  total_rows=rows, cut=cut)
+    finally:
+        fs.remove_tree(tmp)
+
+
 def write_exchanged(op: Operation, plan: Any, output: OutputOptions, *, command: str, options: dict[str, Any],
                     seed: int | None, dataset: Dataset, dst: str, schema: pa.Schema,
                     run: RunSettings) -> JobResult | None:
@@ -207,14 +284,7 @@ def write_exchanged(op: Operation, plan: Any, output: OutputOptions, *, command:
     writer and shard boundaries."""
     started = time.perf_counter()
     report = ReadReport()
-    units: Iterator[exchange.ReadUnit] = exchange.read_units(dataset)
-
-    def probe(measure: Any) -> Any:
-        nonlocal units
-        found, units = exchange.probe(units, measure, run.threads)
-        return found
-
-    reorder = op.exchange(plan, dataset, probe)
+    reorder, units = _planned(op, plan, exchange.read_units(dataset), dataset, run.threads)
     if reorder is None:
         return None
     casts = output.casts(schema)
@@ -222,13 +292,8 @@ def write_exchanged(op: Operation, plan: Any, output: OutputOptions, *, command:
     workers = max(1, getattr(runner.active_engine(), "cpus", run.threads))
     with output_directory(dst, output.overwrite, read_paths(dataset)) as tmp:
         with exchange.workspace(tmp, dst) as directory:
-            job = exchange.MapJob(directory, dataset.schema, (reorder.parts,), reorder.seed, reorder.stage,
-                                  reorder.flush_bytes, dst)
-            part_rows = exchange.scatter(units, job, run.threads, report, f"{command}: spill", dataset.progress_rows,
-                                         run.quiet)[0]
-            rows = int(part_rows.sum())
+            group, rows = _scatter_sorted(reorder, units, directory, dataset, dst, run, report, f"{command}: spill")
             with progress.bar(f"{command}: write", rows, quiet=run.quiet) as bar:
-                group = exchange.sort_group(directory, reorder.seed, reorder.stage, 0, part_rows, run.threads)
                 kept = rows - (rows % reorder.batch_rows if reorder.drop_remainder else 0)
                 batches = _Batches(group, dataset.schema, reorder.batch_rows, kept, output, stored)
                 files = write_sorted(batches, tmp, directory, dst, MEASURES_PER_WORKER * workers, run.threads)
@@ -240,4 +305,4 @@ def write_exchanged(op: Operation, plan: Any, output: OutputOptions, *, command:
     return JobResult(manifest, kept, kept)
 
 
-__all__ = ["write_exchanged", "write_sorted"]
+__all__ = ["SortedCut", "SortedRegrouped", "regrouped_exchanged", "write_exchanged", "write_sorted"]

@@ -12,6 +12,7 @@ is raised in the consumer; Ctrl-C does the same.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import queue
 import threading
@@ -72,7 +73,8 @@ def ordered_map(fn: Callable[[T], U], items: Iterable[T], threads: int,
     consumed), which bounds memory. With threads=1 everything runs in the calling thread, one
     item at a time: the baseline that --threads N is measured against, and the easiest to debug.
     The engine is looked up now, not when iteration starts, so a stream handed to another thread
-    keeps the engine it was made under.
+    keeps the engine it was made under; and the local engine reads `items` in the caller's context,
+    so a stream that makes its own maps only once read (a pipeline stage's) makes them on that engine.
     """
     engine = active_engine()
     if engine is not None:
@@ -127,7 +129,10 @@ def threaded_map(fn: Callable[[T], U], items: Iterable[T], threads: int, window:
     window = window or threads + 1
     stop = threading.Event()
     source: queue.Queue = queue.Queue(maxsize=max(2, threads))
-    reader = threading.Thread(target=_feed, args=(items, source, stop), name="batchtool-reader", daemon=True)
+    # the reader runs in the caller's context: a stream whose maps start only when it is first read (a pipeline
+    # stage's) then finds the caller's engine there, instead of falling back to local threads
+    reader = threading.Thread(target=contextvars.copy_context().run, args=(_feed, items, source, stop),
+                              name="batchtool-reader", daemon=True)
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="batchtool-worker")
     pending: deque[Future] = deque()
     reader.start()

@@ -4,6 +4,7 @@ shared state, or returned its statistics by a side channel, would lose them here
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -14,12 +15,21 @@ import pyarrow as pa
 import pytest
 from conftest import data_bytes, write_parquet_shards
 
-from batchtool import runner
+from batchtool import exchange, runner
+from batchtool.driver import _kernel
+from batchtool.pipeline import execute
+from batchtool.ops.bucket_batches import batch_work
 
 ray_engine = pytest.importorskip("batchtool.engines.ray")
 pytest.importorskip("cloudpickle")
+from batchtool.convert import convert
+from batchtool.job import RunSettings
 from batchtool.manifest import MANIFEST_NAME
+from batchtool.output import OutputOptions
 from batchtool.synthetic import make_table
+
+THREADS = runner.threaded_map
+"""The local threads the fake engine runs on (a test may forbid everything else to use them)."""
 
 
 class PicklingEngine:
@@ -32,8 +42,11 @@ class PicklingEngine:
     def __init__(self) -> None:
         self.items = 0
         """Items sent through pickle (to show the work really went this way)."""
+        self.functions: list[Callable[[Any], Any]] = []
+        """Every function mapped, in call order (to show which work went this way)."""
 
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any], threads: int, window: int | None) -> Iterator[Any]:
+        self.functions.append(fn)
         shipped = ray_engine._pack(fn)
 
         def remote(item: Any) -> Any:
@@ -44,7 +57,7 @@ class PicklingEngine:
                 self.items += 1
                 yield ray_engine._pack(item)
 
-        for result in runner.threaded_map(remote, sent(items), threads, window):
+        for result in THREADS(remote, sent(items), threads, window):
             yield ray_engine._unpack(result)
 
 
@@ -107,10 +120,13 @@ def manifest(dst: str) -> dict:
         return json.load(f)
 
 
-def run_both(run_cli, tmp_path, args: Callable[[str], list[str]]) -> PicklingEngine:
-    """Run on the local engine and on the pickling one; the data files, output and statistics must agree."""
+def run_both(run_cli, tmp_path, args: Callable[[str], list[str]], monkeypatch=None) -> PicklingEngine:
+    """Run on the local engine and on the pickling one; the data files, output and statistics must agree. With
+    `monkeypatch`, the pickled run may use no local threads but the fake engine's (no work falls back to them)."""
     assert run_cli(*args(str(tmp_path / "local")), "--threads", "2", "-q").exit_code == 0
     engine = PicklingEngine()
+    if monkeypatch is not None:
+        monkeypatch.setattr(runner, "threaded_map", fell_back)
     with runner.use_engine(engine):
         result = run_cli(*args(str(tmp_path / "pickled")), "--threads", "2", "-q", "--engine", "ray")
     assert result.exit_code == 0, result.stderr
@@ -118,6 +134,10 @@ def run_both(run_cli, tmp_path, args: Callable[[str], list[str]]) -> PicklingEng
     local, pickled = manifest(str(tmp_path / "local")), manifest(str(tmp_path / "pickled"))
     assert local["stats"] == pickled["stats"] and local["output"] == pickled["output"]
     return engine
+
+
+def fell_back(fn: Callable[[Any], Any], *args: Any) -> Iterator[Any]:
+    raise AssertionError(f"{getattr(fn, '__qualname__', fn)} ran on local threads instead of the engine")
 
 
 @pytest.mark.parametrize("name", COMMANDS)
@@ -134,3 +154,89 @@ def test_a_pipeline_writes_the_same_through_pickles(src, tmp_path, run_cli):
         return ["run", str(path)]
 
     assert run_both(run_cli, tmp_path, args).items
+
+
+AFTER_SHUFFLE = """seed = 5
+memory = "64KB"
+[input]
+path = "{src}"
+[[stage]]
+op = "stratify"
+target = "uniform"
+replacement = true
+[[stage]]
+op = "shuffle"
+[[stage]]
+op = "resample"
+rate = 2.5
+[[stage]]
+op = "rename"
+columns = {{ tokens = "ids" }}
+[[stage]]
+op = "bucket"
+length = "ids"
+boundaries = "12,30"
+batch-size = 16
+[output]
+path = "{dst}"
+"""
+
+
+def test_stages_after_a_pipeline_shuffle_run_on_the_engine(src, tmp_path, run_cli, monkeypatch):
+    """A global shuffle in the middle: scattered and sorted through files beside DST; the stage after it reads its
+    batches from them in its own tasks; the kernels of the row stages after it and the last stage's batch work
+    go through the engine, pickled, and nothing falls back to local threads; the same bytes, and no temporary
+    files left beside DST."""
+    def args(dst: str) -> list[str]:
+        path = tmp_path / f"{os.path.basename(dst)}.toml"
+        path.write_text(AFTER_SHUFFLE.format(src=src, dst=dst))
+        return ["run", str(path)]
+
+    read = []
+    original = execute._SortedBatch.__call__
+    monkeypatch.setattr(execute._SortedBatch, "__call__", lambda task: read.append(task.index) or original(task))
+    engine = run_both(run_cli, tmp_path, args, monkeypatch)
+    assert read and set(read) == set(range(max(read) + 1)), "the stage after the shuffle did not read its sorted files"
+    assert sorted(os.listdir(tmp_path)) == ["local", "local.toml", "pickled", "pickled.toml"]
+    kernels = [fn.args[0].name for fn in engine.functions if isinstance(fn, functools.partial) and fn.func is _kernel]
+    assert {"stratify", "resample", "rename"} <= set(kernels), kernels
+    assert any(isinstance(fn, functools.partial) and fn.func is batch_work for fn in engine.functions)
+
+
+FIRST_SHUFFLE = """seed = 5
+memory = "64KB"
+[input]
+path = "{src}"
+[[stage]]
+op = "shuffle"
+[[stage]]
+op = "resample"
+rate = 2.5
+[output]
+path = "{dst}"
+"""
+
+
+def test_a_pipeline_shuffle_failing_in_a_map_task_leaves_nothing(src, tmp_path, run_cli):
+    """A corrupt record met while the shuffle's rows are scattered beside the output: the local engine's one
+    error line, exit 2, and nothing left beside the output."""
+    tfr = tmp_path / "tfr"
+    convert(src, str(tfr), OutputOptions(format="tfrecord", shard_rows=100, cast=("float64=float32",)),
+            run=RunSettings(quiet=True))
+    raw = bytearray((tfr / "part-00001.tfrecord").read_bytes())
+    raw[200] ^= 0xFF
+    (tfr / "part-00001.tfrecord").write_bytes(bytes(raw))
+    out = tmp_path / "out"
+    out.mkdir()
+    errors = {}
+    engine_used = PicklingEngine()
+    for engine in ("local", "pickled"):
+        pipeline = tmp_path / f"{engine}.toml"
+        pipeline.write_text(FIRST_SHUFFLE.format(src=tfr, dst=out / engine))
+        with runner.use_engine(engine_used if engine == "pickled" else None):
+            result = run_cli("run", pipeline, "-q", *(["--engine", "ray"] if engine == "pickled" else []))
+        assert result.exit_code == 2 and result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
+        errors[engine] = result.stderr.replace(str(tmp_path / "pickled.toml"), str(tmp_path / "local.toml"))
+    assert errors["pickled"] == errors["local"] and "part-00001.tfrecord" in errors["local"]
+    assert os.listdir(out) == []
+    assert any(isinstance(fn, functools.partial) and fn.func is exchange._map for fn in engine_used.functions)

@@ -7,6 +7,7 @@ started before the cluster, so its endpoint is in the environment the Ray worker
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import logging
@@ -19,11 +20,13 @@ import pyarrow.fs as pafs
 import pytest
 
 import batchtool.engines.ray as ray_engine
+from batchtool import runner
 from batchtool.check.evaluate import check
 from batchtool.convert import convert
 from batchtool.errors import InputError, UsageError
 from batchtool.job import RunSettings
-from batchtool.driver import run_operation
+from batchtool.driver import _kernel, run_operation
+from batchtool import exchange
 from batchtool.ops.shuffle import OP as SHUFFLE
 from batchtool.ops.shuffle import ShuffleOptions
 from batchtool.ops import stratify as stratify_op
@@ -339,6 +342,51 @@ def test_pipeline_run(src, tmp_path, run_cli, remote_maps):
     assert remote_maps
     assert data_bytes(str(tmp_path / "ray")) == data_bytes(str(tmp_path / "local"))
     assert manifests["ray"]["stats"] == manifests["local"]["stats"]
+
+
+AFTER_SHUFFLE = PIPELINE.replace("""[[stage]]
+op = "bucket"
+""", """[[stage]]
+op = "resample"
+rate = 2.5
+
+[[stage]]
+op = "bucket"
+""")
+
+
+@RAY
+def test_pipeline_stages_after_a_shuffle_run_as_tasks(src, tmp_path, run_cli, remote_maps, monkeypatch):
+    """A global shuffle in the middle: scattered and sorted on the workers beside DST, its batches read there by
+    the stage after it (not by the driver), the stages after it run their kernels and the last one its batches
+    as Ray tasks, none falling back to the driver's threads (which fails the run here); the local engine's bytes,
+    and nothing left beside DST."""
+    manifests = {}
+    for engine in ("local", "ray"):
+        if engine == "ray":
+            threads = runner.threaded_map
+
+            def fell_back(fn, *args):
+                # the engine's own choice to finish a function too cheap to ship on the driver is fine; a map that
+                # did not find the engine (or a function that could not be sent, see the warning below) is not
+                if runner.active_engine() is None:
+                    raise AssertionError(f"{getattr(fn, '__qualname__', fn)} ran on the driver's threads")
+                return threads(fn, *args)
+            monkeypatch.setattr(runner, "threaded_map", fell_back)
+
+            def on_the_driver(group, start=0):
+                raise AssertionError("the driver read the shuffle's sorted files")
+            monkeypatch.setattr(exchange.SortedGroup, "chunks", on_the_driver)  # the workers' own is untouched
+        pipeline = tmp_path / f"{engine}.toml"
+        pipeline.write_text(AFTER_SHUFFLE.format(src=src, dst=tmp_path / engine))
+        result = run_cli("run", pipeline, "--threads", "2", "-q", "--engine", engine)
+        assert result.exit_code == 0 and "warning: --engine ray" not in result.stderr, result.stderr
+        manifests[engine] = json.loads((tmp_path / engine / ".batchtool_manifest.json").read_text())
+    assert data_bytes(str(tmp_path / "ray")) == data_bytes(str(tmp_path / "local"))
+    assert manifests["ray"]["stats"] == manifests["local"]["stats"]
+    kernels = {fn.args[0].name for fn in remote_maps if isinstance(fn, functools.partial) and fn.func is _kernel}
+    assert {"stratify", "resample"} <= kernels, kernels
+    assert sorted(os.listdir(tmp_path)) == ["local", "local.toml", "ray", "ray.toml"]
 
 
 @RAY

@@ -29,13 +29,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchtool import fs
+from batchtool import exchange, fs, runner
 from batchtool import manifest as manifest_mod
 from batchtool import progress, rng
 from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
 from batchtool.engines import with_engine
 from batchtool.errors import BatchtoolError, DestinationExistsError
+from batchtool.exchange_writer import SortedCut, SortedRegrouped, regrouped_exchanged
 from batchtool.formats import parquet as parquet_format
 from batchtool.job import RunSettings, read_paths, write_job
 from batchtool.ops.base import Regrouped
@@ -78,6 +79,7 @@ def run_pipeline(config: config_mod.PipelineConfig, run: RunSettings, *, dry_run
             return PipelineResult(prefix.expected(), wall_seconds=round(time.perf_counter() - started, 3),
                                   peak_rss_bytes=manifest_mod.peak_rss_bytes())
         last = stages[-1]
+        prefix.main_run = True
         with attributed(config.path, last):
             result = last.write(prefix.view(len(stages) - 1, None), config.output_path, config.output, run,
                                  prefix.writer(started))
@@ -150,12 +152,26 @@ class StageInput(Dataset):
         prefix = self._prefix
         if self.stage == 0 and self.desc is None:
             return prefix.source.tasks(cols if cols is not None else prefix.columns, report)
-        chunks = prefix.stream(self.stage, None if self.scope is None else list(self.scope), report, self.needs)
+        scope = None if self.scope is None else list(self.scope)
+        cut = prefix.sorted_before(self.stage, scope, self.needs) if self.desc is None else None
+        if cut is not None:
+            return (_SortedBatch(cut, b, self.scope, None if cols is None else tuple(cols)) for b in range(cut.count))
+        chunks = prefix.stream(self.stage, scope, report, self.needs)
         if cols is not None and tuple(cols) != self.scope:
             chunks = (Chunk(c.data.select(cols), c.ids) for c in chunks)
         if self.desc:
             chunks = prefix.counted(chunks, self.desc, self.num_rows)
         return map(_Ready, chunks)
+
+    def chunks(self, columns: Sequence[str] | None = None, threads: int = 1,
+               report: ReadReport | None = None) -> Iterator[Chunk]:
+        """Past the source, the chunks the stages before made on the engine, as they come: not sent to a worker
+        and back for nothing (what reading them as tasks would do); read tasks (the source's, or batches of a
+        reorder sorted on the workers) run on the engine."""
+        if self.desc is None and (self.stage == 0 or self._prefix.sorted_before(
+                self.stage, None if self.scope is None else list(self.scope), self.needs) is not None):
+            return super().chunks(columns, threads, report)
+        return (task() for task in self.tasks(columns, report))
 
     def locate(self, example_id: int) -> str:
         if self.source is not None:
@@ -169,6 +185,28 @@ class StageInput(Dataset):
     def _prefix(self) -> Prefix:
         assert self.prefix is not None, "a StageInput is made by Prefix.view"
         return self.prefix
+
+
+@dataclass(frozen=True)
+class _SortedBatch:
+    """A read task of the stage after a reorder sorted on the workers: batch `index` read from the sorted files
+    where the task runs, as Prefix.stream would hand it over (its `scope` columns, re-keyed, the first one
+    round-tripped through Parquet), then only the `columns` asked for."""
+
+    cut: SortedCut
+    index: int
+    scope: tuple[str, ...] | None
+    columns: tuple[str, ...] | None
+
+    def __call__(self) -> Chunk:
+        data = next(iter(self.cut.cut(self.index, self.index + 1)))
+        if self.scope is not None:
+            data = data.select(list(self.scope))
+        if self.index == 0:
+            data = reread(data)
+        if self.columns is not None and self.columns != self.scope:
+            data = data.select(list(self.columns))
+        return Chunk(data, rng.example_ids(0, self.index * self.cut.batch_rows, data.num_rows))
 
 
 class Prefix:
@@ -187,6 +225,9 @@ class Prefix:
         self.report = ReadReport()
         """Corrupt records skipped while spilling a global shuffle of the main run."""
         self._barriers: dict[tuple[int, tuple[str, ...] | None, bool], Regrouped] = {}
+        self.main_run = False
+        """The main run has begun: a global shuffle may now be sorted on the workers beside the output (never
+        in a first pass or a dry run)."""
 
     def view(self, k: int, scope: Columns, needs: int = CHUNKS, desc: str | None = None) -> StageInput:
         """Stage k's input. Global shuffles before it are spilled now, in this thread, so temporary files
@@ -216,15 +257,49 @@ class Prefix:
                     if needed is not None:  # a narrow regrouping reads (and keeps) only these columns
                         upstream = replace(upstream, schema=upstream.projected_schema(needed))
                     with attributed(self.config.path, stage):
-                        self._barriers[key] = self._stack.enter_context(stage.materialize(
-                            upstream, self.run, self.report if needed is None else ReadReport(), like))
+                        self._barriers[key] = self._regroup(j, stage, upstream, like)
                 return
             needs = max(needs, stage.sensitivity)
             columns = needed
 
+    def _regroup(self, j: int, stage: Stage, upstream: StageInput, like: Chunk | None) -> Regrouped:
+        """Barrier j's output, open until the run ends. On a remote engine with the output a path, the main run's
+        (all columns) is scattered and sorted on the workers in files beside the output, and its batches are
+        read there (batchtool.exchange_writer); else, and for first passes and dry runs, it spills here."""
+        if upstream.scope is None:
+            report = self.report
+            if self.main_run and runner.active_engine() is not None and not fs.is_uri(self.config.output_path):
+                units = (exchange.read_units(self.source, self.columns) if j == 0
+                         else exchange.task_units(upstream.tasks(None, report)))
+                out = self._stack.enter_context(regrouped_exchanged(
+                    stage.op, stage.planned, upstream, units, self.config.output_path, self.run, report,
+                    f"{stage.name}: spill"))
+                if out is not None:
+                    return out
+        else:
+            report = ReadReport()
+        return self._stack.enter_context(stage.materialize(upstream, self.run, report, like))
+
     @staticmethod
     def _barrier_key(j: int, columns: Columns, needs: int) -> tuple[int, tuple[str, ...] | None, bool]:
         return j, _key(columns), columns is not None and needs >= CHUNKS
+
+    def sorted_before(self, k: int, scope: Columns, needs: int) -> SortedCut | None:
+        """The batches reaching stage k, if a reorder sorted on the workers makes them (the stage before it is
+        one): its reader then reads them itself, where it runs, instead of through the driver. The reorder's
+        statistics and rows are known once sorted, so they are recorded here."""
+        if k == 0:
+            return None
+        stage = self.stages[k - 1]
+        needed = stage.input_columns(scope)
+        if not (stage.barrier and needs >= ORDER):
+            return None
+        out = self._barriers[self._barrier_key(k - 1, needed, needs)]
+        if not isinstance(out, SortedRegrouped) or out.cut is None:
+            return None
+        stage.report = out.stats()
+        self.rows[k - 1] = self.rows[k] = out.cut.rows
+        return out.cut
 
     def stream(self, k: int, scope: Columns, report: ReadReport, needs: int) -> Iterator[Chunk]:
         """Chunks reaching stage k (only the `scope` columns), re-keyed; barriers must be spilled already."""

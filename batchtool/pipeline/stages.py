@@ -88,6 +88,11 @@ class Stage:
         """Run the first passes over `view` and keep the plan."""
         self._plan = make_plan(self.op, self._options, view, run.threads, self._seed, run.quiet)
 
+    @property
+    def planned(self) -> Any:
+        """The op's plan, once `plan` has made it (what a regrouping on the workers needs)."""
+        return self._plan
+
     def stream(self, view: Dataset, columns: Columns, run: RunSettings, report: ReadReport) -> Stream:
         """A row stage's output chunks (only `columns`), as its kernel makes them on the engine."""
         applied = Applied(self.op, self._plan)
