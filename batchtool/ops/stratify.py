@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -16,12 +16,12 @@ from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.errors import BatchtoolError, OptionInputError
 from batchtool.ops.base import (Context, Depends, Kind, Operation, Regrouped, Runtime, Scan, Tally, need_columns,
                                 who)
-from batchtool.ops.labels import (MAX_CLASSES, LabelError, Locate, bad_label_count, check_label_type,
-                                  full_label_error, label_codes)
+from batchtool.ops.labels import (MAX_CLASSES, LabelError, bad_label_count, check_label_type, full_label_error,
+                                  label_codes)
 from batchtool.ops.resample import Copies, Piece, copy_stats, copy_summary
 from batchtool.ops.stratify_batches import balanced_batches, batched
 from batchtool.ops.stratify_options import MODES, StratifyOptions, check_probs, parse_probs, parse_target
-from batchtool.ops.stratify_plans import (STAGE, Plan, RatePlan, Target, ThresholdPlan, acceptance_probs,
+from batchtool.ops.stratify_plans import (STAGE, Plan, RatePlan, Stratification, Target, ThresholdPlan, acceptance_probs,
                                           check_zero_classes, exact_target, exact_totals, largest_total,
                                           replacement_rates, target_vector, threshold_plan)
 from batchtool.ops.thresholds import find_thresholds
@@ -39,34 +39,6 @@ def classes_from_data(counted: stats_mod.DatasetStats, options: StratifyOptions)
                                "if there really are that many classes", mentions=("target",),
                                where=f"column {options.label!r}: ")
     return largest + 1
-
-
-@dataclass(frozen=True)
-class Stratification:
-    """What the first passes decide: the classes, the target and the plan (None for --mode online, which
-    plans chunk by chunk as it streams). `info` is what the manifest records about them."""
-
-    options: StratifyOptions
-    num_classes: int
-    target: np.ndarray
-    plan: Plan | None
-    expected_rows: float | None
-    info: dict[str, Any]
-    seed: int
-    locate: Locate
-    seen: np.ndarray | None = None
-    """--mode online: the class counts (plus ONLINE_PRIOR) up to and including this chunk."""
-
-    def labels(self, chunk: Chunk) -> np.ndarray:
-        return label_codes(chunk, self.options.label, self.num_classes, self.locate)
-
-    def expected(self) -> tuple[int | None, dict[str, Any]]:
-        """Dry run: the output rows (exact mode fixes them) and the plan's numbers."""
-        shown = {k: self.info[k] for k in ("num_classes", "input_probs", "class_targets", "acceptance_probs",
-                                           "rates") if k in self.info}
-        exact = self.options.mode == "exact"
-        rows = None if self.expected_rows is None else round(self.expected_rows)
-        return (rows if exact else None), {**shown, **({} if exact or rows is None else {"expected_rows": rows})}
 
 
 def _plan(context: Context, options: StratifyOptions, counted: stats_mod.DatasetStats | None, num_classes: int,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -19,8 +19,7 @@ from batchtool.ops.rows import RowReader, bytes_per_row, emit, estimate_memory_b
 from batchtool.ops.stratify_plans import STAGE
 from batchtool.spill import parts_for
 
-if TYPE_CHECKING:
-    from batchtool.ops.stratify import Stratification
+from batchtool.ops.stratify_plans import Stratification
 
 
 def balanced_batches(streams: list[RowReader], layout: QuotaLayout, seed: int, schema: pa.Schema) -> Iterator[Chunk]:

@@ -6,17 +6,19 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Union
 
 from batchtool.ops.base import Choice, Column, Flag, Integer, OptionError, Value, option
 from batchtool.ops.base import shown as shown_value
 from batchtool.ops.labels import MAX_CLASSES
 from batchtool.ops.keyed import DEFAULT_MEMORY
-from batchtool.ops.stratify_plans import Target
 
 MODES = ("exact", "bernoulli", "online")
 PROB_TOLERANCE = 1e-6
 """How far from 1 a list of probabilities may sum (`tf.contrib.training.stratified_sample`'s tolerance)."""
+
+Target = Union[str, tuple[float, ...], dict[int, float]]
+"""Target class proportions: uniform, one per class, or CLASS=PROB pairs (others 0)."""
 
 
 def parse_probs(text: str, field: str) -> tuple[float, ...]:

@@ -7,19 +7,19 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING, Union
+from typing import Any, Union
 
 import numpy as np
 
 from batchtool import rng
+from batchtool.dataset import Chunk
 from batchtool.errors import OptionError, OptionInputError
 from batchtool.ops.resample import MAX_RATE
 
-if TYPE_CHECKING:
-    from batchtool.ops.stratify import StratifyOptions
+from batchtool.ops.labels import Locate, label_codes
+from batchtool.ops.stratify_options import StratifyOptions, Target
 
 STAGE = "stratify"
-Target = Union[str, tuple[float, ...], dict[int, float]]
 
 
 def target_vector(target: Target, num_classes: int) -> np.ndarray:
@@ -149,6 +149,34 @@ def threshold_plan(totals: np.ndarray, counts: np.ndarray, find: Callable[[dict[
     extra = totals - base * counts
     found = find({i: int(k) for i, k in enumerate(extra.tolist()) if k > 0})
     return ThresholdPlan(tuple(base.tolist()), tuple(found.get(i) for i in range(len(totals))))
+
+
+@dataclass(frozen=True)
+class Stratification:
+    """What the first passes decide: the classes, the target and the plan (None for --mode online, which
+    plans chunk by chunk as it streams). `info` is what the manifest records about them."""
+
+    options: StratifyOptions
+    num_classes: int
+    target: np.ndarray
+    plan: Plan | None
+    expected_rows: float | None
+    info: dict[str, Any]
+    seed: int
+    locate: Locate
+    seen: np.ndarray | None = None
+    """--mode online: the class counts (plus ONLINE_PRIOR) up to and including this chunk."""
+
+    def labels(self, chunk: Chunk) -> np.ndarray:
+        return label_codes(chunk, self.options.label, self.num_classes, self.locate)
+
+    def expected(self) -> tuple[int | None, dict[str, Any]]:
+        """Dry run: the output rows (exact mode fixes them) and the plan's numbers."""
+        shown = {k: self.info[k] for k in ("num_classes", "input_probs", "class_targets", "acceptance_probs",
+                                           "rates") if k in self.info}
+        exact = self.options.mode == "exact"
+        rows = None if self.expected_rows is None else round(self.expected_rows)
+        return (rows if exact else None), {**shown, **({} if exact or rows is None else {"expected_rows": rows})}
 
 
 __all__ = ["Plan", "RatePlan", "STAGE", "Target", "ThresholdPlan", "acceptance_probs", "check_copies",
