@@ -3,6 +3,7 @@ hashing and duplicate finding in bounded memory, rules files, one pass over only
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -18,6 +19,7 @@ from batchtool.check import CheckOptions, check, load_rules, scan
 from batchtool.check.duplicates import HashIndex
 from batchtool.check.hashing import canonical, row_hashes
 from batchtool.check.report import ERROR, FAIL, PASS
+from batchtool.check.rules import KINDS, WORDS
 from batchtool.check.rules import (BatchRows, Checksums, ClassProportions, Crc, DriftNulls, DriftProportions,
                                    LabelRange, Length, ManifestRows, MinClassRows, NoDuplicateRows, NoNan, NoNulls,
                                    PaddingEfficiency, RankBatches, RowCount, RuleSet, SameLength, Schema, Unique)
@@ -25,6 +27,7 @@ from batchtool.convert import convert
 from batchtool.dataset import Dataset, open_dataset
 from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.job import RunSettings
+from batchtool.ops.base import OptionError, TableError, Typed, fields, read_table
 from batchtool.output import OutputOptions
 from batchtool.stats import collect
 from conftest import write_parquet_shards
@@ -529,3 +532,54 @@ def test_sample_rules_pass_on_sample_data():
     assert result.passed, [r for r in result.rules if r.status != PASS]
     assert result.rows == 4000 and len(result.rules) == 11
     assert not math.isnan(result.seconds)
+
+
+def test_every_rule_key_is_declared_in_its_option_schema():
+    for cls in (*KINDS.values(), RuleSet):
+        declared = [f.name for f, _ in fields(cls)]
+        assert declared == [f.name for f in dataclasses.fields(cls) if f.name != "rules"], cls
+
+
+def test_rules_and_pipelines_share_one_table_reader():
+    def keep(name):
+        return name
+
+    assert read_table(RowCount, {"name": "r", "min": 1}, name=keep) == RowCount("r", min=1)
+    with pytest.raises(TableError) as unknown:
+        read_table(RowCount, {"name": "r", "mni": 1}, name=keep)
+    assert unknown.value.unknown and unknown.value.allowed == ("name", "min", "max")
+    assert str(unknown.value) == "unknown key 'mni' (did you mean 'min'?)"
+    with pytest.raises(TableError) as missing:
+        read_table(LabelRange, {"name": "r"}, name=keep)
+    assert missing.value.missing and missing.value.key == "num_classes"
+    with pytest.raises(OptionError) as bad:
+        read_table(LabelRange, {"name": "r", "num_classes": 2.5}, name=keep)
+    assert (bad.value.field, bad.value.problem) == ("num_classes", "must be an integer, got float 2.5")
+
+
+def test_typed_values_say_wrong_types_in_the_words_given():
+    with pytest.raises(OptionError, match="expected a list of 2 integers, got list"):
+        Typed(int, count=2).parse("p50", [1])
+    with pytest.raises(OptionError, match=r"must be a list of numbers, got array \[True\]"):
+        Typed(float, array=True, wording=WORDS).parse("target", [True])
+    assert Typed(float, array=True).parse("target", (1, 0.5)) == (1.0, 0.5)
+
+
+@pytest.mark.parametrize("text, message", [
+    ('key = 1\n[[rules]]\nkind = "crc"', ": top-level key 'key' must be a string, got integer 1"),
+    ('max_offenders = -1\n[[rules]]\nkind = "crc"', ": top-level key 'max_offenders' must be >= 0, got -1"),
+    ('rules = 3', ": top-level key 'rules' must be an array, got integer 3"),
+    ('thresholds = 1\n[[rules]]\nkind = "crc"',
+     ": unknown top-level key 'thresholds' (expected: rules, key, max_offenders, baseline)"),
+    ('[[rules]]\nkind = "row_count"\nmin = 1.5', ": rule 'row_count' (row_count), key 'min': must be an integer, got "
+                                                  "float 1.5"),
+    ('[[rules]]\nkind = "schema"\ncolumns = ["a"]',
+     ": rule 'schema' (schema), key 'columns': must be a table of column = \"type\", got array ['a']"),
+    ('[[rules]]\nkind = "unique"\ncolumns = ["k"]\nmin = 1',
+     ": rule 'unique' (unique), key 'min': unknown key (expected: kind, name, columns)"),
+])
+def test_rules_file_top_level_and_type_errors_are_worded_as_before(tmp_path, text, message):
+    path = rules_file(tmp_path, text)
+    with pytest.raises(UsageError) as err:
+        load_rules(path)
+    assert str(err.value) == path + message

@@ -2,42 +2,41 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import sys
-import types
-import typing
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, TypeVar
 
-from batchtool.errors import InputError, UsageError
+from batchtool.errors import InputError, OptionError, UsageError
+from batchtool.ops.base import TableError, TextTable, Typed, Wording, option, read_table
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-
-class RuleError(UsageError):
-    """A rule option with a bad value; `key` names the option so the caller can say where it came from."""
-
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(f"{key}: {message}")
-        self.key = key
-        self.message = message
+WORDS = Wording("must be", {str: "string", bool: "boolean", int: "integer", float: "float", list: "array",
+                            dict: "table"})
+"""How a rules file says a value has the wrong type: `must be an integer, got string 'long'`, in TOML's names."""
+TEXT, INTEGER, NUMBER, BOOLEAN = (Typed(t, wording=WORDS) for t in (str, int, float, bool))
+COLUMNS = Typed(str, array=True, wording=WORDS)
+BOUNDS = Typed(int, count=2, wording=WORDS)
 
 
 @dataclass(frozen=True)
 class Rule:
-    """Base of every rule: a unique name (shown in the report) and the kind that says what is checked."""
+    """Base of every rule: a unique name (shown in the report) and the kind that says what is checked.
 
-    name: str
+    Its keys are option fields (ops/base.option) read by the schema reader every batchtool file goes through;
+    a bad value is an OptionError naming the key."""
+
+    name: str = option("The rule's name in the report (default: its kind); unique.", TEXT)
     kind: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
-            raise RuleError("name", "must be a non-empty string")
+            raise OptionError("name", "must be a non-empty string")
 
     def reads(self) -> tuple[str, ...]:
         """Data columns the streaming pass must read for this rule (none: metadata or manifest only)."""
@@ -46,7 +45,7 @@ class Rule:
 
 def _require(ok: bool, key: str, message: str) -> None:
     if not ok:
-        raise RuleError(key, message)
+        raise OptionError(key, message)
 
 
 def _check_min_max(low: int | None, high: int | None) -> None:
@@ -61,8 +60,9 @@ class Schema(Rule):
     """Required columns and their Arrow types (e.g. int64, string, list<int64>); `exact` forbids others."""
 
     kind: ClassVar[str] = "schema"
-    columns: tuple[tuple[str, str], ...]
-    exact: bool = False
+    columns: tuple[tuple[str, str], ...] = option("Required columns and their Arrow types.",
+                                                  TextTable('column = "type"', wording=WORDS))
+    exact: bool = option("Forbid other columns.", BOOLEAN, False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -73,7 +73,7 @@ class Schema(Rule):
 class ColumnsRule(Rule):
     """A rule over a list of columns (at least `min_columns` of them), which is what it reads."""
 
-    columns: tuple[str, ...]
+    columns: tuple[str, ...] = option("The columns checked.", COLUMNS)
     min_columns: ClassVar[int] = 1
 
     def __post_init__(self) -> None:
@@ -103,8 +103,8 @@ class LabelRange(Rule):
     """Every label in [0, num_classes) (a null label is out of range), as stratify requires."""
 
     kind: ClassVar[str] = "label_range"
-    num_classes: int
-    column: str = "label"
+    num_classes: int = option("Labels are in [0, num_classes).", INTEGER)
+    column: str = option("The label column.", TEXT, "label")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -120,10 +120,10 @@ class ClassProportions(Rule):
     difference, or with `relative` a fraction of the target."""
 
     kind: ClassVar[str] = "class_proportions"
-    target: tuple[float, ...]
-    tolerance: float = 0.01
-    relative: bool = False
-    column: str = "label"
+    target: tuple[float, ...] = option("Each class's share, in class order.", Typed(float, array=True, wording=WORDS))
+    tolerance: float = option("How far a share may be from its target.", NUMBER, 0.01)
+    relative: bool = option("The tolerance is a fraction of the target.", BOOLEAN, False)
+    column: str = option("The label column.", TEXT, "label")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -143,9 +143,9 @@ class MinClassRows(Rule):
     """At least `min_rows` rows in every class: each of [0, num_classes) if given, else each class seen."""
 
     kind: ClassVar[str] = "min_class_rows"
-    min_rows: int
-    num_classes: int | None = None
-    column: str = "label"
+    min_rows: int = option("Rows every class needs.", INTEGER)
+    num_classes: int | None = option("The classes are [0, num_classes) (default: those seen).", INTEGER, None)
+    column: str = option("The label column.", TEXT, "label")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -165,12 +165,12 @@ class Length(Rule):
     """
 
     kind: ClassVar[str] = "length"
-    column: str | None = None
-    min: int | None = None
-    max: int | None = None
-    p50: tuple[int, int] | None = None
-    p90: tuple[int, int] | None = None
-    p99: tuple[int, int] | None = None
+    column: str | None = option("The length or sequence column (default: the first list column).", TEXT, None)
+    min: int | None = option("Shortest length allowed.", INTEGER, None)
+    max: int | None = option("Longest length allowed.", INTEGER, None)
+    p50: tuple[int, int] | None = option("[low, high] of the median length.", BOUNDS, None)
+    p90: tuple[int, int] | None = option("[low, high] of the 90th percentile length.", BOUNDS, None)
+    p99: tuple[int, int] | None = option("[low, high] of the 99th percentile length.", BOUNDS, None)
 
     QUANTILES: ClassVar[tuple[tuple[str, float], ...]] = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
 
@@ -208,7 +208,7 @@ class NoDuplicateRows(Rule):
     """No row equal to an earlier one in `columns` (default: every column)."""
 
     kind: ClassVar[str] = "no_duplicate_rows"
-    columns: tuple[str, ...] | None = None
+    columns: tuple[str, ...] | None = option("The columns compared (default: every column).", COLUMNS, None)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -221,8 +221,8 @@ class NoDuplicateRows(Rule):
 @dataclass(frozen=True)
 class RowCount(Rule):
     kind: ClassVar[str] = "row_count"
-    min: int | None = None
-    max: int | None = None
+    min: int | None = option("Fewest allowed.", INTEGER, None)
+    max: int | None = option("Most allowed.", INTEGER, None)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -239,8 +239,8 @@ class PaddingEfficiency(Rule):
     stat: ClassVar[str] = "padding_efficiency"
     """The manifest statistic the rule bounds, and the commands that record it."""
     written_by: ClassVar[str] = "bucket and segment"
-    min: float
-    per_bucket: bool = False
+    min: float = option("The lowest efficiency allowed, in (0, 1].", NUMBER)
+    per_bucket: bool = option("In every bucket of a bucket output.", BOOLEAN, False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -300,8 +300,8 @@ class BatchRows(Rule):
     """Rows of every batch (as batchtool.load yields them) within [min, max]."""
 
     kind: ClassVar[str] = "batch_rows"
-    min: int | None = None
-    max: int | None = None
+    min: int | None = option("Fewest allowed.", INTEGER, None)
+    max: int | None = option("Most allowed.", INTEGER, None)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -321,7 +321,7 @@ class RankBatches(Rule):
     """Every training rank of a rank-sharded output gets the same number of batches (skipped without ranks)."""
 
     kind: ClassVar[str] = "rank_batches"
-    column: str = "rank"
+    column: str = option("The rank column.", TEXT, "rank")
 
 
 @dataclass(frozen=True)
@@ -331,7 +331,7 @@ class Drift(Rule):
     `--tolerance KEY=X` sets `tolerance` of the drift rule `drift_KEY` that --baseline adds.
     """
 
-    tolerance: float = 0.0
+    tolerance: float = option("How far from the baseline's the statistic may be.", NUMBER, 0.0)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -348,7 +348,7 @@ class DriftRows(Drift):
     """Row count within `tolerance` of the baseline's, as a ratio: |rows / baseline rows - 1| <= tolerance."""
 
     kind: ClassVar[str] = "drift_rows"
-    tolerance: float = 0.1
+    tolerance: float = option("|rows / baseline rows - 1| at most.", NUMBER, 0.1)
 
 
 @dataclass(frozen=True)
@@ -359,8 +359,8 @@ class DriftProportions(Drift):
     """
 
     kind: ClassVar[str] = "drift_proportions"
-    tolerance: float = 0.02
-    column: str | None = None
+    tolerance: float = option("|share - baseline share| at most, per class.", NUMBER, 0.02)
+    column: str | None = option("The label column (default: label).", TEXT, None)
 
     def reads(self) -> tuple[str, ...]:
         return (self.column,) if self.column else ()
@@ -374,8 +374,8 @@ class DriftLengths(Drift):
     """
 
     kind: ClassVar[str] = "drift_lengths"
-    tolerance: float = 0.1
-    column: str | None = None
+    tolerance: float = option("Each quantile's distance from the baseline's, relative to it.", NUMBER, 0.1)
+    column: str | None = option("The length or sequence column (default: the first list column).", TEXT, None)
 
     def reads(self) -> tuple[str, ...]:
         return (self.column,) if self.column else ()
@@ -389,8 +389,8 @@ class DriftNulls(Drift):
     """
 
     kind: ClassVar[str] = "drift_nulls"
-    tolerance: float = 0.01
-    columns: tuple[str, ...] | None = None
+    tolerance: float = option("|null share - baseline null share| at most, per column.", NUMBER, 0.01)
+    columns: tuple[str, ...] | None = option("The columns compared (default: those both share).", COLUMNS, None)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -411,15 +411,17 @@ KINDS: dict[str, type[Rule]] = {cls.kind: cls for cls in (
 
 @dataclass(frozen=True)
 class RuleSet:
-    """A rules file: the rules in order, plus report settings the flags may override."""
+    """A rules file: the rules in order, plus report settings the flags may override (its top-level keys)."""
 
     rules: tuple[Rule, ...] = ()
-    key: str | None = None
-    max_offenders: int | None = None
-    baseline: str | None = None
-    """The dataset, batchtool output or manifest the drift rules compare SRC with."""
+    key: str | None = option("The key column offenders are named by.", TEXT, None)
+    max_offenders: int | None = option("Offenders listed per rule.", INTEGER, None)
+    baseline: str | None = option("The dataset, batchtool output or manifest the drift rules compare SRC with.",
+                                  TEXT, None)
 
     def __post_init__(self) -> None:
+        _require(self.max_offenders is None or self.max_offenders >= 0, "max_offenders",
+                 f"must be >= 0, got {self.max_offenders}")
         seen: set[str] = set()
         for rule in self.rules:
             if rule.name in seen:
@@ -437,7 +439,9 @@ class RuleSet:
         return tuple(r for r in self.rules if isinstance(r, Drift))
 
 
-_TOP_LEVEL = {"rules": list, "key": str, "max_offenders": int, "baseline": str}
+def _field(name: str) -> str:
+    """A rules file's keys are the fields' names as they are (`num_classes`)."""
+    return name
 
 
 def load_rules(path: str) -> RuleSet:
@@ -449,26 +453,23 @@ def load_rules(path: str) -> RuleSet:
         raise InputError(f"{path}: cannot read the rules file ({exc.strerror or exc})") from exc
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path}: not valid TOML ({exc})") from exc
-    for key, value in doc.items():
-        if key not in _TOP_LEVEL:
-            raise UsageError(f"{path}: unknown top-level key {key!r} (expected: {', '.join(_TOP_LEVEL)})")
-        if not _is_type(value, _TOP_LEVEL[key]):
-            raise UsageError(f"{path}: top-level key {key!r} must be {_describe(_TOP_LEVEL[key])}, "
-                             f"got {_show(value)}")
+    top = _build(RuleSet, {k: v for k, v in doc.items() if k != "rules"},
+                 lambda key: f"{path}: top-level key {key!r}", unknown=lambda key, allowed: (
+                     f"{path}: unknown top-level key {key!r} (expected: {', '.join(['rules', *allowed])})"),
+                 sep=" ")
     tables = doc.get("rules", [])
+    if not isinstance(tables, list):
+        raise UsageError(f"{path}: top-level key 'rules' must be an array, got {WORDS.shown(tables)}")
     if not all(isinstance(t, dict) for t in tables):
         raise UsageError(f"{path}: 'rules' must be an array of tables ([[rules]] sections)")
     if not tables:
         raise UsageError(f"{path}: no rules (add [[rules]] sections)")
-    max_offenders = doc.get("max_offenders")
-    if max_offenders is not None and max_offenders < 0:
-        raise UsageError(f"{path}: top-level key 'max_offenders' must be >= 0, got {max_offenders}")
     rules = tuple(_rule_from_table(path, i, table) for i, table in enumerate(tables))
     if "baseline" in doc and not any(isinstance(r, Drift) for r in rules):
         raise UsageError(f"{path}: top-level key 'baseline' is set but no rule compares with it (add drift_* rules: "
                          f"{', '.join(cls.kind for cls in DRIFT_RULES)})")
     try:
-        return RuleSet(rules, doc.get("key"), max_offenders, doc.get("baseline"))
+        return replace(top, rules=rules)
     except UsageError as exc:
         raise UsageError(f"{path}: {exc}") from None
 
@@ -478,88 +479,35 @@ def _rule_from_table(path: str, index: int, table: dict[str, Any]) -> Rule:
     name = table.get("name", kind)
     label = f"rule {name!r}" if isinstance(name, str) else f"rule #{index + 1}"
     if not isinstance(kind, str) or kind not in KINDS:
-        raise UsageError(f"{path}: {label}: key 'kind' must be one of {', '.join(KINDS)}, got {_show(kind)}")
+        given = "nothing" if kind is None else WORDS.shown(kind)
+        raise UsageError(f"{path}: {label}: key 'kind' must be one of {', '.join(KINDS)}, got {given}")
     cls = KINDS[kind]
     values = {k: v for k, v in table.items() if k != "kind"}
     values.setdefault("name", kind)
-    return make_rule(cls, values, lambda key: f"{path}: {label} ({kind}), key {key!r}")
+    return _build(cls, values, lambda key: f"{path}: {label} ({kind}), key {key!r}")
 
 
-def make_rule(cls: type[Rule], values: Mapping[str, Any], where: typing.Callable[[str], str]) -> Rule:
-    """Build a rule from plain values (TOML or flags), checking each key exists and has the right type.
+R = TypeVar("R")
 
-    `where(key)` says where a key came from, for error messages.
+
+def _build(cls: type[R], values: Mapping[str, Any], where: Callable[[str], str], *,
+           unknown: Callable[[str, Sequence[str]], str] | None = None, sep: str = ": ") -> R:
+    """A rule (or a rules file's top level) from plain values (TOML or flags), read by the reader pipeline files
+    go through (ops/base.read_table), its errors in a rules file's words.
+
+    `where(key)` says where a key came from, `sep` what comes between that and the problem, and
+    `unknown(key, allowed)` words an unknown key (default: `where(key): unknown key (expected: kind, ...)`).
     """
-    hints = typing.get_type_hints(cls)
-    fields = [f.name for f in dataclasses.fields(cls)]
-    kwargs = {}
-    for key, value in values.items():
-        if key not in fields:
-            raise UsageError(f"{where(key)}: unknown key (expected: {', '.join(['kind', *fields])})")
-        try:
-            kwargs[key] = _convert(value, hints[key])
-        except TypeError:
-            raise UsageError(f"{where(key)}: must be {_describe(hints[key])}, got {_show(value)}") from None
-    for f in dataclasses.fields(cls):
-        if f.name not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise UsageError(f"{where(f.name)}: required")
     try:
-        return cls(**kwargs)
-    except RuleError as exc:
-        raise UsageError(f"{where(exc.key)}: {exc.message}") from None
-
-
-def _convert(value: Any, hint: Any) -> Any:
-    """TOML value -> the field's type (lists become tuples, a table becomes (key, value) pairs); TypeError if wrong."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        return _convert(value, next(a for a in args if a is not type(None)))
-    if origin is tuple:
-        if isinstance(value, dict) and args and typing.get_origin(args[0]) is tuple:
-            return tuple((_convert(k, args[0].__args__[0]), _convert(v, args[0].__args__[1]))
-                         for k, v in value.items())
-        if not isinstance(value, (list, tuple)):
-            raise TypeError
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_convert(v, args[0]) for v in value)
-        if len(value) != len(args):
-            raise TypeError
-        return tuple(_convert(v, a) for v, a in zip(value, args))
-    if not _is_type(value, hint):
-        raise TypeError
-    return float(value) if hint is float else value
-
-
-def _is_type(value: Any, hint: type) -> bool:
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, hint)
-
-
-_NAMES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array"}
-
-
-def _describe(hint: Any) -> str:
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        return _describe(next(a for a in args if a is not type(None)))
-    if origin is tuple:
-        if args and typing.get_origin(args[0]) is tuple:
-            return 'a table of column = "type"'
-        if len(args) == 2 and args[1] is Ellipsis:
-            return f"a list of {_NAMES[args[0]]}s"
-        return f"a list of {len(args)} {_NAMES[args[0]]}s"
-    name = _NAMES.get(hint, getattr(hint, "__name__", str(hint)))
-    return f"an {name}" if name[0] in "aeiou" else f"a {name}"
-
-
-def _show(value: Any) -> str:
-    kind = {str: "string", bool: "boolean", int: "integer", float: "float", list: "array", dict: "table"}
-    return f"{kind.get(type(value), type(value).__name__)} {value!r}" if value is not None else "nothing"
+        return read_table(cls, values, name=_field)
+    except TableError as exc:
+        if exc.missing:
+            raise UsageError(f"{where(exc.key)}: required") from None
+        if unknown is not None:
+            raise UsageError(unknown(exc.key, exc.allowed)) from None
+        raise UsageError(f"{where(exc.key)}: unknown key (expected: {', '.join(['kind', *exc.allowed])})") from None
+    except OptionError as exc:
+        raise UsageError(f"{where(exc.field)}{sep}{exc.problem}") from None
 
 
 def rules_from_flags(*, label: str | None = None, num_classes: int | None = None,
@@ -590,7 +538,7 @@ def rules_from_flags(*, label: str | None = None, num_classes: int | None = None
             flag, value = flags[key]
             return flag + ("" if flag.endswith("=") else " ") + _flag_value(value)
 
-        rules.append(make_rule(cls, {"name": name, **values}, where))
+        rules.append(_build(cls, {"name": name, **values}, where))
 
     label_flag = ("--label", label)
     drifting = baseline is not None and drift_rules

@@ -12,6 +12,7 @@ command line, `key 'batch-size'` in a pipeline file).
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -23,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool.dataset import Chunk, Dataset, ReadReport
-from batchtool.errors import BatchtoolError, OptionError, SchemaError, flag, key
+from batchtool.errors import BatchtoolError, OptionError, SchemaError, UsageError, flag, key
 
 if TYPE_CHECKING:
     from batchtool.output import OutputOptions
@@ -261,6 +262,68 @@ class Pairs(Value):
         return tuple(pairs)
 
 
+class Wording:
+    """How a kind says a value has the wrong type: `expected an integer, got string 'x'` as flags and pipeline
+    files say it, or in a file's own words (`verb`, and `names` for the types of the values it shows)."""
+
+    def __init__(self, verb: str = "expected", names: Mapping[type, str] | None = None) -> None:
+        self.verb, self.names = verb, names
+
+    def shown(self, value: Any) -> str:
+        """A value as a message shows it: its type's name and repr."""
+        return shown(value) if self.names is None else f"{self.names.get(type(value), type(value).__name__)} {value!r}"
+
+    def wrong(self, field: str, what: str, value: Any) -> OptionError:
+        return OptionError(field, f"{self.verb} {what}, got {self.shown(value)}")
+
+
+class Typed(Value):
+    """A TOML value of one type (str, int, float, bool; an int is a float too), or an array of them (`array`),
+    exactly `count` of them if given; arrays are read as tuples. For a file that speaks in TOML's types."""
+
+    NAMES: ClassVar[dict[type, str]] = {str: "string", int: "integer", float: "number", bool: "boolean"}
+
+    def __init__(self, type_: type, *, array: bool = False, count: int | None = None,
+                 wording: Wording | None = None) -> None:
+        super().__init__(metavar=self.NAMES[type_].upper())
+        self.type, self.array, self.count, self.wording = type_, array or count is not None, count, wording or Wording()
+
+    def what(self) -> str:
+        name = self.NAMES[self.type]
+        if self.array:
+            return f"a list of {'' if self.count is None else f'{self.count} '}{name}s"
+        return f"an {name}" if name[0] in "aeiou" else f"a {name}"
+
+    def parse(self, field: str, value: Any) -> Any:
+        if not self.array:
+            if not self._is(value):
+                raise self.wording.wrong(field, self.what(), value)
+            return float(value) if self.type is float else value
+        if (not isinstance(value, (list, tuple)) or not all(self._is(v) for v in value)
+                or self.count is not None and len(value) != self.count):
+            raise self.wording.wrong(field, self.what(), value)
+        return tuple(float(v) if self.type is float else v for v in value)
+
+    def _is(self, value: Any) -> bool:
+        if self.type in (int, float) and isinstance(value, bool):
+            return False
+        return isinstance(value, (int, float) if self.type is float else self.type)
+
+
+class TextTable(Value):
+    """A TOML table of strings {KEY = "VALUE"}, read as (key, value) pairs in order; `what` says what a pair is
+    (`column = "type"`)."""
+
+    def __init__(self, what: str, *, wording: Wording | None = None) -> None:
+        super().__init__(metavar="TABLE")
+        self.what, self.wording = what, wording or Wording()
+
+    def parse(self, field: str, value: Any) -> tuple[tuple[str, str], ...]:
+        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+            raise self.wording.wrong(field, f"a table of {self.what}", value)
+        return tuple((str(k), v) for k, v in value.items())
+
+
 @dataclasses.dataclass(frozen=True)
 class Option:
     """A field's declaration: its help text and value kind (the flag and key come from the field's name)."""
@@ -303,6 +366,52 @@ def build(options: type[O], given: Mapping[str, Any], **settings: Any) -> O:
         elif required(f):
             raise OptionError(f.name, "missing (required)")
     return options(**values)
+
+
+class TableError(UsageError):
+    """A key of a table that its schema does not take (`unknown`, with the keys it does: `allowed`) or a required
+    one it lacks (`missing`); the message is in a pipeline file's words, and a file with its own re-words it."""
+
+    def __init__(self, key: str, message: str, *, unknown: bool = False, missing: bool = False,
+                 allowed: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.key, self.unknown, self.missing, self.allowed = key, unknown, missing, tuple(allowed)
+
+
+def suggest(key: str, allowed: Sequence[str]) -> str:
+    """The allowed key closest to a mistyped one, or all of them."""
+    close = difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else f" (keys: {', '.join(allowed)})"
+
+
+def read_table(options: type[O], table: Mapping[str, Any], *, name: Callable[[str], str] = key,
+               **settings: Any) -> O:
+    """A TOML table read through an option schema, the one reader of every file batchtool reads (pipelines, check
+    rules): its keys only (`name(field)` is a field's key; `no-KEY = true` turns a negatable flag off), the required
+    ones present (TableError), then `build` (OptionError naming the field). `settings` go to `build`."""
+    declared = {name(f.name): f for f, _ in fields(options)}
+    flags = {text[2:]: name(field) for field, text in getattr(options, "FLAGS", {}).items()}
+    for given in table:
+        if given in flags and given not in declared:  # [output] to = ...: the command line's name
+            raise TableError(given, f"unknown key {given!r} (did you mean {flags[given]!r}?)", unknown=True,
+                             allowed=[flags[given]])
+    negated = {f"no-{name(f.name)}": f for f, decl in fields(options) if decl.value.negatable}
+    allowed = [*declared, *negated]
+    for given in table:
+        if given not in allowed:
+            raise TableError(given, f"unknown key {given!r}{suggest(given, allowed)}", unknown=True, allowed=allowed)
+    for given, f in declared.items():
+        if required(f) and given not in table:
+            raise TableError(given, f"missing key {given!r}", missing=True)
+    values = {declared[k].name: v for k, v in table.items() if k in declared}
+    for given, f in negated.items():  # no-pad = true is pad = false
+        if given in table:
+            if name(f.name) in table:
+                raise TableError(given, f"keys {name(f.name)!r} and {given!r} set the same option; give one")
+            if not isinstance(table[given], bool):
+                raise TableError(given, f"key {given!r}: expected true or false, got {shown(table[given])}")
+            values[f.name] = not table[given]
+    return build(options, values, **settings)
 
 
 # -- statistics ----------------------------------------------------------------------------------------------
@@ -629,6 +738,6 @@ def row_stats(rows_in: int, rows_out: int) -> Tally:
 
 
 __all__ = ["Bar", "Exchange", "Probe", "Regrouped", "Runtime", "manifest_options", "Choice", "Column", "ColumnError", "ColumnList", "Context", "Depends", "Flag", "Integer", "Kind", "Number",
-           "NumberOrColumn", "Operation", "Option", "OptionError", "Pairs", "Scan", "Tally", "Value", "build",
+           "NumberOrColumn", "Operation", "Option", "OptionError", "Pairs", "Scan", "TableError", "Tally", "TextTable", "Typed", "Value", "Wording", "build",
            "fields",
-           "flag", "from_texts", "key", "need_columns", "option", "row_stats", "shown", "who"]
+           "flag", "from_texts", "key", "need_columns", "option", "read_table", "row_stats", "shown", "suggest", "who"]

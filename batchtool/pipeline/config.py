@@ -8,7 +8,6 @@ schemas, so a pipeline file and a command cannot disagree on a name, a default o
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import os
 import sys
@@ -19,7 +18,7 @@ from typing import Any
 from batchtool import fs
 from batchtool.errors import InputError, UsageError
 from batchtool.ops import OPERATIONS
-from batchtool.ops.base import ColumnList, Kind, OptionError, build, fields, option, required, shown
+from batchtool.ops.base import ColumnList, Kind, OptionError, TableError, fields, option, read_table, shown, suggest
 from batchtool.ops.base import key as key_of
 from batchtool.output import OutputOptions
 from batchtool.settings import ROW_FORMAT, CommonSettings, InputSettings, OutputSettings, Text, op_default_format
@@ -136,7 +135,7 @@ class _Reader:
             raise self.fail(where, f"expected a {what}, got {shown(table)}")
         for key in table:
             if key not in allowed:
-                raise self.fail(where, f"unknown key {key!r}{_suggest(key, allowed)}")
+                raise self.fail(where, f"unknown key {key!r}{suggest(key, allowed)}")
         return table
 
     def pipeline(self, doc: dict[str, Any], tmp_dir: str | None, overwrite: bool) -> PipelineConfig:
@@ -157,28 +156,13 @@ class _Reader:
                               output)
 
     def table(self, schema: type, table: Any, where: str | None, **settings: Any) -> Any:
-        """A table read through an option schema: its keys only, the required ones present, each value parsed by
-        its kind and the schema's own checks run; `settings` are fields the file does not set."""
-        declared = {key_of(f.name): f for f, _ in fields(schema)}
-        flags = {flag[2:]: key_of(name) for name, flag in getattr(schema, "FLAGS", {}).items()}
-        for given in table if isinstance(table, dict) else ():
-            if given in flags and given not in declared:  # [output] to = ...: the command line's name
-                raise self.fail(where, f"unknown key {given!r} (did you mean {flags[given]!r}?)")
-        negated = {f"no-{key_of(f.name)}": f for f, decl in fields(schema) if decl.value.negatable}
-        self.keys(table, [*declared, *negated], where)
-        for name, f in declared.items():
-            if required(f) and name not in table:
-                raise self.fail(where, f"missing key {name!r}")
-        given = {declared[k].name: v for k, v in table.items() if k in declared}
-        for name, f in negated.items():  # no-pad = true is pad = false
-            if name in table:
-                if key_of(f.name) in table:
-                    raise self.fail(where, f"keys {key_of(f.name)!r} and {name!r} set the same option; give one")
-                if not isinstance(table[name], bool):
-                    raise self.fail(where, f"key {name!r}: expected true or false, got {shown(table[name])}")
-                given[f.name] = not table[name]
+        """A table read through an option schema (ops/base.read_table); `settings` are fields the file does not set."""
+        if not isinstance(table, dict):
+            raise self.fail(where, f"expected a table, got {shown(table)}")
         try:
-            return build(schema, given, **settings)
+            return read_table(schema, table, **settings)
+        except TableError as exc:
+            raise self.fail(where, str(exc)) from None
         except OptionError as exc:
             raise self.fail(where, exc.rendered("toml")) from None
 
@@ -207,7 +191,7 @@ class _Reader:
         if op is None:
             raise self.fail(where, f"missing key 'op' (one of: {', '.join(OPS)})")
         if op not in OPS:
-            raise self.fail(where, f"key 'op': unknown operation {op!r}{_suggest(str(op), OPS)} "
+            raise self.fail(where, f"key 'op': unknown operation {op!r}{suggest(str(op), OPS)} "
                                    f"(operations: {', '.join(OPS)})")
         where = f"stage {index} ({op})"
         keys = {k: v for k, v in table.items() if k != "op"}
@@ -227,11 +211,6 @@ class _Reader:
                 raise self.fail(later.name, f"key 'op': cannot follow {earlier.name}, which {what} that a later "
                                             "stage would break up; a batching stage (bucket, pack, segment, "
                                             "stratify or shuffle with batch-size) must be the last stage")
-
-
-def _suggest(key: str, allowed: Sequence[str]) -> str:
-    close = difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else f" (keys: {', '.join(allowed)})"
 
 
 def _default_format(last: StageConfig | None) -> str:
