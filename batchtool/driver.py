@@ -86,14 +86,20 @@ def make_plan(op: Operation, options: Any, dataset: Dataset, threads: int, seed:
     columns = op.first_pass_input(options, dataset.schema)
     stats: Any = None
     if columns:
-        stats = op.new_stats(options)
         desc = f"{op.name}: {op.first_pass_desc}" if op.first_pass_desc else None
         with progress.bar(desc, dataset.num_rows, quiet=quiet) if desc else contextlib.nullcontext(_Unshown()) as bar:
-            for part, rows in ordered_map(functools.partial(_first_pass, op, options, context),
-                                          dataset.tasks(columns), threads):
-                stats.merge(part)
-                bar.update(rows)
+            stats = _merged(op.new_stats(options), functools.partial(_first_pass, op, options, context),
+                            dataset.tasks(columns), threads, bar)
     return op.plan(options, replace(context, scan=scanner(dataset, threads)), stats)
+
+
+def _merged(stats: Any, part: Callable[[Callable[[], Chunk]], tuple[Any, int]], tasks: Iterable[Callable[[], Chunk]],
+            threads: int, bar: Bar) -> Any:
+    """A pass's per-chunk statistics (`part` of each read task, on the engine) merged into `stats` in input order."""
+    for chunk_stats, rows in ordered_map(part, tasks, threads):
+        stats.merge(chunk_stats)
+        bar.update(rows)
+    return stats
 
 
 class _Unshown:
@@ -116,20 +122,15 @@ def stream_errors(op: Operation, plan: Any, dataset: Dataset, threads: int) -> I
         raise better from None
 
 
-def _dry_run_pass(op: Operation, options: Any, task: Callable[[], Chunk]) -> Any:
-    return op.dry_run_pass(options, task())
+def _dry_run_pass(op: Operation, options: Any, task: Callable[[], Chunk]) -> tuple[Any, int]:
+    chunk = task()
+    return op.dry_run_pass(options, chunk), chunk.num_rows
 
 
 def dry_run_stats(op: Operation, options: Any, dataset: Dataset, threads: int) -> Any:
-    """The op's dry-run pass over its dry_run_columns, merged in input order (None: no chunks)."""
-    stats = None
-    for part in ordered_map(functools.partial(_dry_run_pass, op, options), dataset.tasks(op.dry_run_columns(options)),
-                            threads):
-        if stats is None:
-            stats = part
-        else:
-            stats.merge(part)
-    return stats
+    """The op's dry-run pass over its dry_run_columns, merged in input order (its progress is the pipeline's)."""
+    return _merged(op.new_stats(options), functools.partial(_dry_run_pass, op, options),
+                   dataset.tasks(op.dry_run_columns(options)), threads, _Unshown())
 
 
 class Applied:

@@ -633,7 +633,7 @@ class Operation(Generic[O, P]):
         raise NotImplementedError(f"{self.name} has no first pass")
 
     def new_stats(self, options: O) -> Any:
-        """The first pass's statistics of no rows (what the chunks' are merged into)."""
+        """The statistics of no rows that the first pass's (or the dry-run pass's) chunks are merged into."""
         return Tally()
 
     def first_pass_depends(self, options: O) -> Depends:
@@ -695,7 +695,7 @@ class Operation(Generic[O, P]):
 
     def expected(self, plan: P, rows_in: int | None, stats: Any = None) -> tuple[int | None, dict[str, Any]]:
         """Dry run: the output rows if the plan fixes them, and what else it can say without writing. `stats`:
-        the dry-run pass's merged statistics, passed only to an op that has one (`dry_run_columns`)."""
+        the dry-run pass's merged statistics (`dry_run_columns`), None for an op without one."""
         return None, {}
 
     def said(self, stats: dict[str, Any]) -> list[str]:

@@ -90,7 +90,7 @@ class Bucket(Operation[BucketOptions, BucketPlan]):
             yield Regrouped(batches(streams, per_bucket, plan, counts), functools.partial(batch_work, plan),
                             functools.partial(bucket_stats, plan, counts), total_rows=total)
 
-    def expected(self, plan: BucketPlan, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
+    def expected(self, plan: BucketPlan, rows_in: int | None, stats: Any = None) -> tuple[int | None, dict[str, Any]]:
         """The buckets' rows from the first pass, and from the plan the batches and rows written (with --max-tokens
         and no --drop-remainder all rows; the batches depend on the order) and the expected padding efficiency."""
         options = plan.options

@@ -74,7 +74,7 @@ class Pack(Operation[PackOptions, PackPlan]):
                 runtime: Runtime) -> AbstractContextManager[Regrouped]:
         return regrouped(plan, data, report, runtime)
 
-    def expected(self, plan: PackPlan, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
+    def expected(self, plan: PackPlan, rows_in: int | None, stats: Any = None) -> tuple[int | None, dict[str, Any]]:
         info = planned(plan, batch_layout(plan))
         return info["rows"], info
 

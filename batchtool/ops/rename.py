@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -43,7 +45,7 @@ class Rename(Operation[RenameOptions, RenameOptions]):
         out = Chunk(chunk.data.rename_columns([mapping.get(n, n) for n in chunk.data.schema.names]), chunk.ids)
         return out, row_stats(chunk.num_rows, chunk.num_rows)
 
-    def expected(self, plan: RenameOptions, rows_in: int | None) -> tuple[int | None, dict]:
+    def expected(self, plan: RenameOptions, rows_in: int | None, stats: Any = None) -> tuple[int | None, dict]:
         return rows_in, {}
 
 

@@ -384,7 +384,7 @@ class Resample(Operation[ResampleOptions, ResamplePlan]):
                           mean_weight_source="running estimate (final)" if o.running_mean else "first pass")
         return result
 
-    def expected(self, plan: ResamplePlan, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
+    def expected(self, plan: ResamplePlan, rows_in: int | None, stats: Any = None) -> tuple[int | None, dict[str, Any]]:
         o = plan.options
         rate = o.rate if isinstance(o.rate, float) else o.overall_rate
         if rate is None or rows_in is None:

@@ -124,6 +124,9 @@ class SegmentOp(Operation[SegmentOptions, SegmentPlan]):
     def dry_run_columns(self, options: SegmentOptions) -> list[str]:
         return [options.sequence[0]]
 
+    def new_stats(self, options: SegmentOptions) -> DatasetStats:
+        return DatasetStats()
+
     def dry_run_pass(self, options: SegmentOptions, chunk: Chunk) -> DatasetStats:
         return chunk_stats(chunk, None, options.sequence[0])
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -33,7 +35,7 @@ class Select(Operation[SelectOptions, SelectOptions]):
         out = Chunk(chunk.data.select([c for c in plan.columns if c in names]), chunk.ids)
         return out, row_stats(chunk.num_rows, chunk.num_rows)
 
-    def expected(self, plan: SelectOptions, rows_in: int | None) -> tuple[int | None, dict]:
+    def expected(self, plan: SelectOptions, rows_in: int | None, stats: Any = None) -> tuple[int | None, dict]:
         return rows_in, {}
 
 

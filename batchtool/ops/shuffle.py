@@ -315,7 +315,7 @@ class Shuffle(Operation[ShuffleOptions, ShufflePlan]):
     def noted(self, stats: dict[str, Any]) -> list[str]:
         return [f"{stats['mode']} shuffle"] if "mode" in stats else []
 
-    def expected(self, plan: ShufflePlan, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
+    def expected(self, plan: ShufflePlan, rows_in: int | None, stats: Any = None) -> tuple[int | None, dict[str, Any]]:
         o = plan.options
         if rows_in is None or o.batch_size is None:
             return rows_in, {}

@@ -198,7 +198,7 @@ class Stratify(Operation[StratifyOptions, Stratification]):
         return [f"warning: {who(stats, self.name)} discarded {fraction:.1%} of the examples "
                 f"({stats['examples_dropped']:,} of {stats['rows_in']:,} never appear in DST); {hint}"]
 
-    def expected(self, plan: Stratification, rows_in: int | None) -> tuple[int | None, dict[str, Any]]:
+    def expected(self, plan: Stratification, rows_in: int | None, stats: Any = None) -> tuple[int | None, dict[str, Any]]:
         return plan.expected()
 
 

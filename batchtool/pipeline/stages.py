@@ -132,9 +132,7 @@ class Stage:
     def expected(self, rows_in: int | None, previewed: Any = None) -> tuple[int | None, dict[str, Any]]:
         """Dry run: the output rows if the plan fixes them, and what else it can say without writing (with
         `previewed`, what `preview` returned, for an op with preview_columns)."""
-        if self.preview_columns:
-            return self.op.expected(self._plan, rows_in, previewed)
-        return self.op.expected(self._plan, rows_in)
+        return self.op.expected(self._plan, rows_in, previewed)
 
 
 __all__ = ["ANY", "CHUNKS", "ORDER", "Columns", "Stage", "Stream"]
