@@ -113,10 +113,6 @@ class Integer(Value):
 
     metavar = "INTEGER"
 
-    def __init__(self, metavar: str | None = None) -> None:
-        if metavar is not None:
-            self.metavar = metavar  # type: ignore[misc]
-
     def from_text(self, field: str, text: Any) -> Any:
         try:
             return int(text)

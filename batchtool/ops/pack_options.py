@@ -28,17 +28,17 @@ class PackOptions:
     """What `pack` computes; validated on construction. `memory` and `tmp_dir` are the command's (or the
     pipeline's) spill settings."""
 
-    max_length: int = option("Steps per packed row, at most.", Integer("L"))
+    max_length: int = option("Steps per packed row, at most.", Integer(metavar="L"))
     sequence: tuple[str, ...] | None = option(
         "A sequence (list) column to pack; repeat for several, which must agree in length (default: every list "
         "column).", ColumnList(), None)
-    max_examples_per_row: int | None = option("At most K examples in a row.", Integer("K"), None)
+    max_examples_per_row: int | None = option("At most K examples in a row.", Integer(metavar="K"), None)
     split_long: bool = option("Cut examples longer than L into pieces of at most L steps (marked in source_offset).",
                               Flag(), False)
     drop_long: bool = option("Drop (and count) examples longer than L.", Flag(), False)
-    batch_size: int | None = option("Packed rows per batch.", Integer("B"), None)
+    batch_size: int | None = option("Packed rows per batch.", Integer(metavar="B"), None)
     max_tokens: int | None = option("Instead of --batch-size: at most T padded steps (rows x padded length) per "
-                                    "batch.", Integer("T"), None)
+                                    "batch.", Integer(metavar="T"), None)
     pad_to_max_length: bool = option("Pad every batch to L steps (default: to the batch's longest row).", Flag(),
                                      False)
     pad_value: tuple[str, ...] | None = option("Pad value of a sequence column (default 0, '' for strings); "

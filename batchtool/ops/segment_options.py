@@ -25,12 +25,6 @@ class FlagPair(Flag):
     negatable = True
 
 
-class Ranks(Integer):
-    """A number of training ranks."""
-
-    metavar = "N"
-
-
 @dataclass(frozen=True)
 class SegmentOptions:
     """What to segment and how to batch it (the flags of `batchtool segment`, the keys of a segment stage)."""
@@ -53,7 +47,7 @@ class SegmentOptions:
     allow_small_batch: bool = option("Drop the empty rows of the final batches instead of writing padding rows "
                                      "(allow_small_batch).", Flag(), False)
     world_size: int = option("Write N lane-stable streams with equal batch counts, one per training rank (read "
-                             "with batchtool.load(DST, rank=r, world_size=N)).", Ranks(), 1)
+                             "with batchtool.load(DST, rank=r, world_size=N)).", Integer(metavar="N"), 1)
     """Lane streams written: batch t of rank r is output batch t * world_size + r."""
     memory: int = DEFAULT_MEMORY
     """Bounds the duplicate-key check (a quarter of it before spilling), one padded batch and the lanes' planning."""
@@ -134,4 +128,4 @@ class SegmentOptions:
                 "allow_small_batch": self.allow_small_batch, "world_size": self.world_size}
 
 
-__all__ = ["DEFAULT_MEMORY", "METADATA", "FlagPair", "Ranks", "SegmentOptions"]
+__all__ = ["DEFAULT_MEMORY", "METADATA", "FlagPair", "SegmentOptions"]
