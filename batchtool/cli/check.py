@@ -9,10 +9,11 @@ import click
 from batchtool.check import (CheckOptions, RuleSet, check, junit_xml, load_rules, render_text, rules_from_flags,
                              to_json)
 from batchtool.check.report import write
-from batchtool.cli.common import (SIZE, column_list, columns_option, command, input_options, make_run, parse_size,
+from batchtool.cli.common import (SIZE, column_list, columns_option, command, input_options, make_run,
                                   run_options)
 from batchtool import fs
 from batchtool.errors import UsageError
+from batchtool.settings import parse_size
 from batchtool.output import refuse_overlap
 
 

@@ -25,7 +25,6 @@ from batchtool.output import OutputOptions
 from batchtool.runner import default_threads
 from batchtool.settings import (BATCH_FORMAT, RECORD_LIMIT, ROW_FORMAT, CommonSettings, Directory, InputSettings,
                                 OutputSettings, Positive, Size, Text, size_text)
-from batchtool.settings import parse_size  # noqa: F401  (commands not yet generated from a schema import it here)
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 

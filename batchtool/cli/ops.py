@@ -9,11 +9,12 @@ from typing import Any
 import click
 
 from batchtool.cli.common import (command, input_options, make_output, make_run, memory_options, output_options,
-                                  parse_size, report, run_options, seed_option)
+                                  report, run_options, seed_option)
 from batchtool.driver import run_operation
 from batchtool.job import JobResult
 from batchtool.ops import OPERATIONS
 from batchtool.ops.base import Kind, Operation, Option, build, fields, flag, from_texts, key, required
+from batchtool.settings import parse_size
 
 Runner = Callable[..., JobResult]
 """How a command runs its op: run_operation(op, options, src, dst, output, run, *, seed, format, skip_corrupt)."""
