@@ -216,11 +216,12 @@ def run_operation(op: Operation, options: Any, src: str, dst: str, output: Outpu
                dataset=dataset, dst=dst, schema=schema, run=run)
     with stream_errors(op, plan, dataset, run.threads):
         if op.kind_of(options) is not Kind.ROWS:
+            runtime = EngineRuntime(run.threads, run.quiet, op.name)
             if runner.active_engine() is not None and not fs.is_uri(dst):  # on the workers, if the op can
-                result = write_exchanged(op, plan, output, **job)
+                result = write_exchanged(op, plan, output, runtime, **job)
                 if result is not None:
                     return result
-            with op.regroup(plan, dataset, report, EngineRuntime(run.threads, run.quiet, op.name)) as out:
+            with op.regroup(plan, dataset, report, runtime) as out:
                 return write_regrouped(write_job, out, output, desc=f"{op.name}: write", report=report, **job)
         applied = Applied(op, plan)
         items = applied.items(dataset, op.input_columns(options, None), run.threads, report)

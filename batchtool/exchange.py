@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -29,6 +29,7 @@ import pyarrow as pa
 from batchtool import fs, progress
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.errors import DestinationError
+from batchtool.ops.base import Scatter
 from batchtool.runner import ordered_map
 from batchtool.spill import ID_COLUMN, Spill, read_part
 
@@ -119,25 +120,20 @@ class MapJob:
     """What every map task of one exchange shares."""
 
     directory: str
-    schema: pa.Schema
-    parts: tuple[int, ...]
-    """Parts (key ranges) of each group."""
-    seed: int
-    stage: str
-    flush_bytes: int
+    scatter: Scatter
     name: str
     """DST, for errors."""
-    groups_of: Callable[[Chunk], np.ndarray] | None = None
-    """Each row's group (a bucket, a class); None: one group."""
 
 
 @dataclass
 class MapOutput:
-    """What a map task returns to the driver: counts, never rows."""
+    """What a map task returns to the driver: counts and the op's statistics, never rows."""
 
     rows: tuple[tuple[int, ...], ...]
     """Rows per part of each group (plain ints: nothing of a map's result travels as an out-of-band buffer)."""
     report: ReadReport = field(default_factory=ReadReport)
+    stats: list[Any] = field(default_factory=list)
+    """Scatter.prepare's statistics, one per chunk read."""
 
 
 def _map(job: MapJob, item: tuple[int, ReadUnit]) -> MapOutput:
@@ -151,12 +147,18 @@ def _map(job: MapJob, item: tuple[int, ReadUnit]) -> MapOutput:
                                "files beside DST, so DST must be on storage every node shares")
     writing = os.path.join(job.directory, f".m{index:09d}-{uuid.uuid4().hex}")
     os.mkdir(writing)
-    report = ReadReport()
-    spill = Spill(job.schema, job.parts, job.seed, job.stage, flush_bytes=job.flush_bytes, directory=writing)
+    out = MapOutput(())
+    plan = job.scatter
+    spill = Spill(plan.schema, plan.parts, plan.seed, plan.stage, flush_bytes=plan.flush_bytes, directory=writing)
     try:
-        for chunk in unit(report):
-            groups = np.zeros(chunk.num_rows, dtype=np.int64) if job.groups_of is None else job.groups_of(chunk)
-            spill.add(chunk, groups)
+        for chunk in unit(out.report):
+            if plan.prepare is None:
+                groups = np.zeros(chunk.num_rows, dtype=np.int64)
+            else:
+                chunk, groups, stats = plan.prepare(chunk)
+                out.stats.append(stats)
+            if chunk.num_rows:
+                spill.add(chunk, groups)
         spill.finish()
         own = map_directory(job.directory, index)
         fs.remove_tree(own)
@@ -164,8 +166,8 @@ def _map(job: MapJob, item: tuple[int, ReadUnit]) -> MapOutput:
     except BaseException:
         spill.close()
         raise
-    return MapOutput(tuple(tuple(spill.part_rows.get((g, p), 0) for p in range(parts))
-                           for g, parts in enumerate(job.parts)), report)
+    out.rows = tuple(tuple(spill.part_rows.get((g, p), 0) for p in range(parts)) for g, parts in enumerate(plan.parts))
+    return out
 
 
 def map_directory(directory: str, index: int) -> str:
@@ -173,23 +175,29 @@ def map_directory(directory: str, index: int) -> str:
 
 
 def scatter(units: Iterable[ReadUnit], job: MapJob, threads: int, report: ReadReport, desc: str,
-            total: int | None, quiet: bool) -> list[np.ndarray]:
-    """Run the map tasks on the engine; the rows in each part of each group (what they skipped goes to
-    `report`, in input order)."""
-    rows = [np.zeros(parts, dtype=np.int64) for parts in job.parts]
+            total: int | None, quiet: bool) -> tuple[list[np.ndarray], list[Any]]:
+    """Run the map tasks on the engine; the rows in each part of each group, and Scatter.prepare's statistics
+    in input order (what the tasks skipped goes to `report`, in input order)."""
+    rows = [np.zeros(parts, dtype=np.int64) for parts in job.scatter.parts]
+    stats: list[Any] = []
     with progress.bar(desc, total, quiet=quiet) as bar:
         for out in ordered_map(functools.partial(_map, job), enumerate(units), threads):
             for group, counts in zip(rows, out.rows):
                 group += np.asarray(counts, dtype=np.int64)
             report.merge(out.report)
+            stats.extend(out.stats)
             bar.update(sum(map(sum, out.rows)))
-    return rows
+    return rows, stats
 
 
-def read_range(directory: str, seed: int, stage: str, group: int, part: int) -> Chunk | None:
-    """The reduce side: one (group, part) of every map, sorted by the order key (None if empty)."""
+def read_range(directory: str, plan: Scatter, group: int, part: int) -> Chunk | None:
+    """The reduce side: one (group, part) of every map, sorted by the order key, or stably by the plan's
+    `sort_by` column (None if empty)."""
     paths = sorted(glob.glob(os.path.join(glob.escape(directory), "m*", f"g{group:06d}-p{part:06d}-f*.arrow")))
-    return read_part(paths, seed, stage)
+    chunk = read_part(paths, plan.seed, plan.stage, ordered=plan.sort_by is None)
+    if chunk is None or plan.sort_by is None:
+        return chunk
+    return chunk.take(np.argsort(chunk.data.column(plan.sort_by).to_numpy(), kind="stable"))
 
 
 @dataclass(frozen=True)
@@ -231,10 +239,10 @@ class SortedGroup:
         return first
 
 
-def _sort_part(job: tuple[str, int, str, int, int, str]) -> None:
+def _sort_part(job: tuple[str, Scatter, int, int, str]) -> None:
     """The reduce task of one key range: read it from every map, sort it, write it for SortedGroup."""
-    directory, seed, stage, group, part, path = job
-    chunk = read_range(directory, seed, stage, group, part)
+    directory, plan, group, part, path = job
+    chunk = read_range(directory, plan, group, part)
     if chunk is None:
         return
     data = chunk.data.append_column(ID_COLUMN, pa.array(chunk.ids, pa.uint64()))
@@ -242,16 +250,16 @@ def _sort_part(job: tuple[str, int, str, int, int, str]) -> None:
         writer.write_batch(data)
 
 
-def sort_group(directory: str, seed: int, stage: str, group: int, part_rows: Sequence[int],
-               threads: int) -> SortedGroup:
-    """Sort every key range of a group on the engine's workers, one task per range."""
-    out = SortedGroup(directory, group, tuple(int(n) for n in part_rows))
-    os.makedirs(os.path.dirname(out.path(0)), exist_ok=True)
-    jobs = [(directory, seed, stage, group, part, out.path(part)) for part in range(len(out.part_rows))]
+def sort_groups(directory: str, plan: Scatter, rows: Sequence[np.ndarray], threads: int) -> list[SortedGroup]:
+    """Sort every key range of every group on the engine's workers, one task per range that holds rows."""
+    groups = [SortedGroup(directory, g, tuple(int(n) for n in part_rows)) for g, part_rows in enumerate(rows)]
+    os.makedirs(os.path.join(directory, "sorted"), exist_ok=True)
+    jobs = [(directory, plan, g.group, part, g.path(part)) for g in groups
+            for part, n in enumerate(g.part_rows) if n]
     for _ in ordered_map(_sort_part, jobs, threads):
         pass
-    return out
+    return groups
 
 
 __all__ = ["MapJob", "MapOutput", "ReadUnit", "SortedGroup", "map_directory", "probe", "read_range", "read_units",
-           "scatter", "sort_group", "task_units"]
+           "scatter", "sort_groups", "task_units"]

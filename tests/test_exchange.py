@@ -11,11 +11,12 @@ import pytest
 
 from batchtool import exchange_writer
 from batchtool.convert import convert
-from batchtool.driver import make_plan, run_operation
+from batchtool.driver import EngineRuntime, make_plan, run_operation
 from batchtool.errors import DestinationError, InputError
 from batchtool.exchange import MapJob, _map, read_units
 from batchtool.exchange_writer import write_exchanged
 from batchtool.job import RunSettings, open_source
+from batchtool.ops.base import Scatter
 from batchtool.ops.shuffle import OP, ShuffleOptions
 from batchtool.output import OutputOptions
 from batchtool.synthetic import make_table
@@ -57,7 +58,8 @@ def exchanged(src: str, dst: str, options: ShuffleOptions, output: OutputOptions
     """The exchange as the driver runs it with --engine ray (here on local threads)."""
     dataset = open_source(src, dst, output, skip_corrupt=skip_corrupt)
     plan = make_plan(OP, options, dataset, 2, seed)
-    return write_exchanged(OP, plan, output, command="shuffle", options=OP.recorded(options, output), seed=seed,
+    return write_exchanged(OP, plan, output, EngineRuntime(2), command="shuffle", options=OP.recorded(options, output),
+                           seed=seed,
                            dataset=dataset, dst=dst, schema=dataset.schema, run=RunSettings(threads=2, quiet=True))
 
 
@@ -116,7 +118,7 @@ def test_a_worker_that_cannot_see_the_exchange_directory_says_so(sources, tmp_pa
     """On a cluster whose nodes do not share DST's filesystem, the first map task stops the command."""
     dataset = open_source(sources["parquet"], str(tmp_path / "dst"), OutputOptions())
     unit = next(read_units(dataset))
-    job = MapJob(str(tmp_path / "elsewhere"), dataset.schema, (1,), 0, "shuffle", 1 << 16, "out/")
+    job = MapJob(str(tmp_path / "elsewhere"), Scatter(dataset.schema, (1,), 0, "shuffle", 1 << 16), "out/")
     with pytest.raises(DestinationError, match=r"^out/: the exchange directory .*elsewhere is not visible on .*: "
                                                r"with --engine ray a global reorder writes its temporary files "
                                                r"beside DST, so DST must be on storage every node shares$"):

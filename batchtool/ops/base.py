@@ -538,21 +538,91 @@ Probe = Callable[[Callable[[Chunk], Any]], Any]
 
 
 @dataclass(frozen=True)
+class Scatter:
+    """The map side of an Exchange, as a Spill would scatter the rows locally (same groups, keys and key
+    ranges): every row of `schema` to (group, part), part = the range of its keyed order key (`stage`, `seed`)
+    among the group's `parts`. Each part is then sorted on a worker, by the key (or, with `sort_by`, stably by
+    that column: the rows in input order within ties)."""
+
+    schema: pa.Schema
+    parts: tuple[int, ...]
+    """Key ranges of each group."""
+    seed: int
+    stage: str
+    flush_bytes: int
+    prepare: Callable[[Chunk], tuple[Chunk, np.ndarray, Any]] | None = None
+    """Run on the map worker per input chunk: the rows to scatter, each one's group, and statistics that go
+    back to the driver (Scattered.stats, in input order); None: every row as read, all in group 0."""
+    sort_by: str | None = None
+
+
+class SortedStream(Protocol):
+    """One group's rows after the reduce, in order, in files every worker reads (batchtool.exchange.SortedGroup):
+    one chunk per part, laid out as a local Spill.read_group yields them."""
+
+    part_rows: tuple[int, ...]
+
+    def chunks(self, start: int = 0) -> Iterator[Chunk]:
+        """The chunks from the one holding row `start` on (which begins at first_row(start))."""
+        ...
+
+    def first_row(self, start: int) -> int: ...
+
+    def nbytes(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Scattered:
+    """What the map and reduce tasks made: every group's sorted rows, rows per group, and the statistics of
+    Scatter.prepare, one per input chunk in input order."""
+
+    schema: pa.Schema
+    groups: list[SortedStream]
+    rows: np.ndarray
+    stats: list[Any]
+
+
+class Batches(Protocol):
+    """An exchange's output batches, cut from sorted streams where they are read: the driver plans shards from
+    their sizes, and workers read any run of them through `reader`."""
+
+    count: int
+    rows: int
+
+    def batch_rows(self, k: int) -> int: ...
+
+    def first_row(self, k: int) -> int:
+        """The output row number of batch k's first row."""
+        ...
+
+    def reader(self, start: int, end: int) -> Callable[[], Iterator[pa.RecordBatch]]:
+        """Batches [start, end) as a task a worker runs (small to send: it carries only what those batches
+        need), laid out exactly as `regroup` gives them."""
+        ...
+
+    def nbytes(self) -> int:
+        """The sorted data's bytes, before any output encoding."""
+        ...
+
+
+@dataclass(frozen=True)
+class Cut:
+    """An exchange's output: its batches, and the manifest's statistics once they are written."""
+
+    batches: Batches
+    stats: Callable[[], dict[str, Any]]
+
+
+@dataclass(frozen=True)
 class Exchange:
     """A regrouping the driver may run as map-reduce on a remote engine's workers instead of `regroup`, with no
-    row passing through the driver (batchtool.exchange_writer): every row scattered by its keyed order
-    (`stage`, `seed`) into `parts` key ranges through files beside DST, each range sorted on a worker, the
-    rows in that order cut into batches of `batch_rows` (the final partial one dropped if `drop_remainder`)
-    and written as shards on the workers. It must write what `regroup` writes reading the same spill back;
-    `stats(rows)`, given the rows scattered, is the manifest's statistics."""
+    row passing through the driver (batchtool.exchange_writer): the rows scattered (`scatter`) through files
+    beside DST, each key range sorted on a worker, then `cut(scattered, runtime)` plans the output batches
+    (on the driver, from counts; any pass over the sorted rows as tasks on the runtime) and workers write
+    them. It must write what `regroup` writes reading the same spill back."""
 
-    stage: str
-    seed: int
-    parts: int
-    flush_bytes: int
-    batch_rows: int
-    drop_remainder: bool
-    stats: Callable[[int], dict[str, Any]]
+    scatter: Scatter
+    cut: Callable[[Scattered, Runtime], Cut]
 
 
 def manifest_options(options: Any, output: OutputOptions) -> dict[str, Any]:
@@ -733,7 +803,7 @@ def row_stats(rows_in: int, rows_out: int) -> Tally:
     return Tally.of(rows_in=rows_in, rows_out=rows_out)
 
 
-__all__ = ["Bar", "Exchange", "Probe", "Regrouped", "Runtime", "manifest_options", "Choice", "Column", "ColumnError", "ColumnList", "Context", "Depends", "Flag", "Integer", "Kind", "Number",
+__all__ = ["Bar", "Batches", "Cut", "Exchange", "Probe", "Scatter", "Scattered", "SortedStream", "Regrouped", "Runtime", "manifest_options", "Choice", "Column", "ColumnError", "ColumnList", "Context", "Depends", "Flag", "Integer", "Kind", "Number",
            "NumberOrColumn", "Operation", "Option", "OptionError", "Pairs", "Scan", "TableError", "Tally", "TextTable", "Typed", "Value", "Wording", "build",
            "fields",
            "flag", "from_texts", "key", "need_columns", "option", "read_table", "row_stats", "shown", "suggest", "who"]

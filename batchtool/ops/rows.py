@@ -6,10 +6,14 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from batchtool.dataset import Chunk, Dataset
+
+if TYPE_CHECKING:
+    from batchtool.ops.base import SortedStream
 
 TFRECORD_EXPANSION = {False: 4.0, True: 16.0}
 """Assumed Arrow bytes per TFRecord file byte (uncompressed, gzip) when the row count is unknown.
@@ -121,5 +125,48 @@ def bytes_per_row(first: Chunk | Yardstick | None) -> float:
     return first.per_row if first is not None else 1.0
 
 
-__all__ = ["RowReader", "Yardstick", "arrow_bytes", "bytes_per_row", "emit", "estimate_bytes",
+@dataclass(frozen=True)
+class FixedBatches:
+    """A sorted stream's rows cut into batches of `batch_rows` (ops.base.Batches): batch k holds rows
+    [k * batch_rows, (k + 1) * batch_rows) of the first `rows` (a dropped remainder already left out), cut from
+    the same chunks at the same offsets as `rebatch` over the stream, so laid out the same."""
+
+    stream: SortedStream
+    schema: pa.Schema
+    batch_size: int
+    rows: int
+
+    @property
+    def count(self) -> int:
+        return -(-self.rows // self.batch_size)
+
+    def batch_rows(self, k: int) -> int:
+        return min(self.batch_size, self.rows - k * self.batch_size)
+
+    def first_row(self, k: int) -> int:
+        return k * self.batch_size
+
+    def reader(self, start: int, end: int) -> _FixedReader:
+        return _FixedReader(self, start, end)
+
+    def nbytes(self) -> int:
+        return self.stream.nbytes()
+
+
+@dataclass(frozen=True)
+class _FixedReader:
+    batches: FixedBatches
+    start: int
+    end: int
+
+    def __call__(self) -> Iterator[pa.RecordBatch]:
+        b = self.batches
+        first = b.first_row(self.start)
+        reader = RowReader(b.stream.chunks(first), b.schema)
+        reader.take(first - b.stream.first_row(first))
+        for k in range(self.start, self.end):
+            yield reader.take(b.batch_rows(k)).data
+
+
+__all__ = ["FixedBatches", "RowReader", "Yardstick", "arrow_bytes", "bytes_per_row", "emit", "estimate_bytes",
            "estimate_memory_bytes", "peek", "rebatch", "slice_chunk"]

@@ -13,10 +13,10 @@ import pyarrow as pa
 
 from batchtool import budget, rng
 from batchtool.dataset import Chunk, Dataset, ReadReport
-from batchtool.ops.base import (Context, Exchange, Flag, Integer, Kind, Operation, OptionError, Probe, Regrouped,
-                                Runtime, option)
+from batchtool.ops.base import (Context, Cut, Exchange, Flag, Integer, Kind, Operation, OptionError, Probe, Regrouped,
+                                Runtime, Scatter, Scattered, option)
 from batchtool.ops.keyed import DEFAULT_MEMORY, PART_SHARE, keyed_spill, spill_flush_bytes, spill_streams
-from batchtool.ops.rows import Yardstick, bytes_per_row, emit, estimate_bytes, peek, rebatch
+from batchtool.ops.rows import FixedBatches, Yardstick, bytes_per_row, emit, estimate_bytes, peek, rebatch
 from batchtool.spill import Spill, parts_for
 
 STAGE = "shuffle"
@@ -109,6 +109,15 @@ def layout(dataset: Dataset, options: ShuffleOptions, first: Yardstick | None) -
     else:
         info["parts"] = parts_for(estimate, options.memory // PART_SHARE)
     return info
+
+
+def _exchange_cut(info: dict[str, Any], options: ShuffleOptions, scattered: Scattered, runtime: Runtime) -> Cut:
+    """The global shuffle's batches from its one sorted stream, as the local spill's rebatch cuts them."""
+    rows = int(scattered.rows.sum())
+    size = info["batch_rows"]
+    kept = rows - (rows % size if options.drop_remainder else 0)
+    return Cut(FixedBatches(scattered.groups[0], scattered.schema, size, kept),
+               functools.partial(shuffle_stats, info, rows, options=options))
 
 
 def shuffle_stats(info: dict[str, Any], rows_in: int, options: ShuffleOptions) -> dict[str, Any]:
@@ -309,8 +318,8 @@ class Shuffle(Operation[ShuffleOptions, ShufflePlan]):
         info = layout(data, o, probe(Yardstick.of))
         parts = info["parts"]  # more ranges would sort the same, but cut batches across more chunks: Arrow IPC
         # output records how a batch's buffers are laid out, so its bytes would change
-        return Exchange(STAGE, plan.seed, parts, spill_flush_bytes(o.memory, parts), info["batch_rows"],
-                        o.drop_remainder, functools.partial(shuffle_stats, info, options=o))
+        scatter = Scatter(data.schema, (parts,), plan.seed, STAGE, spill_flush_bytes(o.memory, parts))
+        return Exchange(scatter, functools.partial(_exchange_cut, info, o))
 
     def noted(self, stats: dict[str, Any]) -> list[str]:
         return [f"{stats['mode']} shuffle"] if "mode" in stats else []

@@ -36,10 +36,11 @@ from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
 from batchtool.engines import with_engine
 from batchtool.errors import BatchtoolError, DestinationExistsError
-from batchtool.exchange_writer import SortedCut, SortedRegrouped, regrouped_exchanged
+from batchtool.exchange_writer import SortedRegrouped, regrouped_exchanged
 from batchtool.formats import parquet as parquet_format
 from batchtool.job import RunSettings, read_paths, write_job
-from batchtool.ops.base import Regrouped
+from batchtool.driver import EngineRuntime
+from batchtool.ops.base import Batches, Regrouped
 from batchtool.output import refuse_overlap
 from batchtool.runner import ordered_map
 from batchtool.pipeline import config as config_mod
@@ -155,7 +156,8 @@ class StageInput(Dataset):
         scope = None if self.scope is None else list(self.scope)
         cut = prefix.sorted_before(self.stage, scope, self.needs) if self.desc is None else None
         if cut is not None:
-            return (_SortedBatch(cut, b, self.scope, None if cols is None else tuple(cols)) for b in range(cut.count))
+            return (_SortedBatch(cut.reader(b, b + 1), b, cut.first_row(b), self.scope, None if cols is None else tuple(cols))
+                    for b in range(cut.count))
         chunks = prefix.stream(self.stage, scope, report, self.needs)
         if cols is not None and tuple(cols) != self.scope:
             chunks = (Chunk(c.data.select(cols), c.ids) for c in chunks)
@@ -193,20 +195,21 @@ class _SortedBatch:
     where the task runs, as Prefix.stream would hand it over (its `scope` columns, re-keyed, the first one
     round-tripped through Parquet), then only the `columns` asked for."""
 
-    cut: SortedCut
+    read: Callable[[], Iterator[pa.RecordBatch]]
     index: int
+    first_row: int
     scope: tuple[str, ...] | None
     columns: tuple[str, ...] | None
 
     def __call__(self) -> Chunk:
-        data = next(iter(self.cut.cut(self.index, self.index + 1)))
+        data = next(iter(self.read()))
         if self.scope is not None:
             data = data.select(list(self.scope))
         if self.index == 0:
             data = reread(data)
         if self.columns is not None and self.columns != self.scope:
             data = data.select(list(self.columns))
-        return Chunk(data, rng.example_ids(0, self.index * self.cut.batch_rows, data.num_rows))
+        return Chunk(data, rng.example_ids(0, self.first_row, data.num_rows))
 
 
 class Prefix:
@@ -273,7 +276,7 @@ class Prefix:
                          else exchange.task_units(upstream.tasks(None, report)))
                 out = self._stack.enter_context(regrouped_exchanged(
                     stage.op, stage.planned, upstream, units, self.config.output_path, self.run, report,
-                    f"{stage.name}: spill"))
+                    f"{stage.name}: spill", EngineRuntime(self.run.threads, self.run.quiet, stage.name)))
                 if out is not None:
                     return out
         else:
@@ -284,7 +287,7 @@ class Prefix:
     def _barrier_key(j: int, columns: Columns, needs: int) -> tuple[int, tuple[str, ...] | None, bool]:
         return j, _key(columns), columns is not None and needs >= CHUNKS
 
-    def sorted_before(self, k: int, scope: Columns, needs: int) -> SortedCut | None:
+    def sorted_before(self, k: int, scope: Columns, needs: int) -> Batches | None:
         """The batches reaching stage k, if a reorder sorted on the workers makes them (the stage before it is
         one): its reader then reads them itself, where it runs, instead of through the driver. The reorder's
         statistics and rows are known once sorted, so they are recorded here."""
@@ -295,11 +298,11 @@ class Prefix:
         if not (stage.barrier and needs >= ORDER):
             return None
         out = self._barriers[self._barrier_key(k - 1, needed, needs)]
-        if not isinstance(out, SortedRegrouped) or out.cut is None:
+        if not isinstance(out, SortedRegrouped) or out.batches is None:
             return None
         stage.report = out.stats()
-        self.rows[k - 1] = self.rows[k] = out.cut.rows
-        return out.cut
+        self.rows[k - 1] = self.rows[k] = out.batches.rows
+        return out.batches
 
     def stream(self, k: int, scope: Columns, report: ReadReport, needs: int) -> Iterator[Chunk]:
         """Chunks reaching stage k (only the `scope` columns), re-keyed; barriers must be spilled already."""
