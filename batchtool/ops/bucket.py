@@ -13,7 +13,8 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool.dataset import Chunk, Dataset, ReadReport
-from batchtool.ops.base import (Context, Kind, Operation, Regrouped, Runtime)
+from batchtool.ops import bucket_exchange
+from batchtool.ops.base import Context, Exchange, Kind, Operation, Probe, Regrouped, Runtime
 from batchtool.ops.boundaries import expected_efficiency
 from batchtool.ops.bucket_batches import (ORDER_STAGE, balanced_stream, batch_sizes, batch_work, batches,
                                           ordered_rows, output_schema, rebalance, scatter, spill_schema, take_sizes)
@@ -84,11 +85,14 @@ class Bucket(Operation[BucketOptions, BucketPlan]):
                 streams = [take_sizes(ordered_rows(spill, plan, b), sizes[b], schema) for b in range(n)]
                 per_bucket, total = [len(s) for s in sizes], int(sum(int(s.sum()) for s in sizes))
             else:
-                plan = replace(plan, balance=rebalance(plan, spill, counts))
+                plan = replace(plan, balance=rebalance(plan, spill.rows, counts))
                 streams = [balanced_stream(spill, schema, plan.balance, b, plan.seed) for b in range(n)]
                 per_bucket, total = plan.balance.batches, int(plan.balance.written.sum())
             yield Regrouped(batches(streams, per_bucket, plan, counts), functools.partial(batch_work, plan),
                             functools.partial(bucket_stats, plan, counts), total_rows=total)
+
+    def exchange(self, plan: BucketPlan, data: Dataset, probe: Probe) -> Exchange:
+        return bucket_exchange.exchange(plan, data, probe)
 
     def expected(self, plan: BucketPlan, rows_in: int | None, stats: Any = None) -> tuple[int | None, dict[str, Any]]:
         """The buckets' rows from the first pass, and from the plan the batches and rows written (with --max-tokens

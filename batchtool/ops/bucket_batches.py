@@ -230,12 +230,12 @@ def _slice(chunk: Chunk, start: int, stop: int) -> Chunk:
     return Chunk(chunk.data.slice(start, stop - start), chunk.ids[start:stop])
 
 
-def rebalance(plan: BucketPlan, spill: Spill, counts: BucketCounts) -> Balance:
-    """The layouts again from the spill's exact rows per (bucket, class) (the first pass's counts do not know
-    which rows --drop-oversize drops); what no batch takes is counted as dropped."""
+def rebalance(plan: BucketPlan, spilled: np.ndarray, counts: BucketCounts) -> Balance:
+    """The layouts again from the exact rows spilled per (bucket, class) group (the first pass's counts do not
+    know which rows --drop-oversize drops); what no batch takes is counted as dropped."""
     assert plan.balance is not None
     k = plan.balance.num_classes
-    available = spill.rows.reshape(plan.num_buckets, k)
+    available = spilled.reshape(plan.num_buckets, k)
     rows = [BatchBudget(batch_size=layout.batch_size) for layout in plan.balance.layouts]
     balance = make_balance(plan.options, available, rows, np.zeros(len(rows), dtype=np.int64))
     counts.dropped["unbalanced"] = int(np.maximum(available - balance.written, 0).sum())

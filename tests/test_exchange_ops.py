@@ -1,0 +1,108 @@
+"""bucket's and stratify --balanced-batches' map-reduce (Operation.exchange) without Ray: the command run with
+--engine ray on the pickling stand-in engine (tests/test_pickling_engine.py) scatters, sorts and writes on its
+"workers" and must write the local engine's bytes and statistics; errors found in a map task read as the local
+ones and leave nothing behind. (On a real Ray cluster: tests/test_ray.py.)"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from batchtool import runner
+from batchtool.convert import convert
+from batchtool.job import RunSettings
+from batchtool.output import OutputOptions
+from batchtool.synthetic import make_table
+from conftest import write_parquet_shards
+from test_pickling_engine import PicklingEngine, run_both
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> dict[str, str]:
+    """600 rows in 3 Parquet shards of 50-row row groups (with a boolean `keep`), and the same as TFRecord."""
+    root = tmp_path_factory.mktemp("sources")
+    table = make_table(600, seed=11)
+    table = table.append_column("keep", pa.array(np.arange(600) % 7 != 0))
+    parquet = write_parquet_shards(str(root / "parquet"), table, shards=3)
+    convert(parquet, str(root / "tfrecord"), OutputOptions(format="tfrecord", shard_rows=200),
+            run=RunSettings(quiet=True))
+    return {"parquet": parquet, "tfrecord": str(root / "tfrecord")}
+
+
+def exchanged(engine: PicklingEngine) -> list[str]:
+    """The names of the map-reduce tasks the engine ran (empty: the op regrouped on the driver)."""
+    names = [getattr(getattr(fn, "func", fn), "__name__", "") for fn in engine.functions]
+    return [name for name in names if name in ("_map", "_sort_part", "_write_shard", "_write_all")]
+
+
+BUCKET = {
+    "by-count-several-parts-and-shards": ("parquet", ("--length", "tokens", "--auto-buckets", "4", "--batch-size",
+                                                      "16", "--memory", "200KB", "--to", "arrow", "--shard-bytes",
+                                                      "150KB")),
+    "keep-drop-remainder-tfrecord-in": ("tfrecord", ("--length", "tokens", "--boundaries", "8,20,40", "--batch-size",
+                                                     "8,8,4,4", "--keep", "keep", "--drop-remainder", "--shard-rows",
+                                                     "120")),
+    "max-tokens-sorted": ("parquet", ("--length", "tokens", "--auto-buckets", "3", "--max-tokens", "600",
+                                      "--order", "sorted", "--memory", "200KB", "--to", "arrow")),
+    "quadratic-drop-oversize-tfrecord-out": ("parquet", ("--length", "tokens", "--auto-buckets", "3", "--max-tokens",
+                                                         "4000", "--cost", "quadratic", "--drop-oversize",
+                                                         "--drop-remainder", "--to", "tfrecord", "--shard-rows",
+                                                         "100")),
+    "pad-to-boundary-mask": ("parquet", ("--length", "tokens", "--boundaries", "10,30", "--batch-size", "8",
+                                         "--pad-to-boundary", "--mask", "--pad-value", "tokens=-1")),
+    "balance": ("parquet", ("--length", "tokens", "--auto-buckets", "2", "--batch-size", "8", "--balance", "label",
+                            "--target", "uniform", "--to", "arrow")),
+    "balance-oversample-drop-remainder": ("tfrecord", ("--length", "tokens", "--auto-buckets", "3", "--batch-size",
+                                                       "6", "--balance", "label", "--target", "0.4,0.3,0.2,0.1",
+                                                       "--oversample", "--drop-remainder", "--memory", "200KB")),
+}
+
+
+@pytest.mark.parametrize("case", BUCKET)
+def test_bucket_on_the_workers_writes_the_local_bytes(case, sources, run_cli, tmp_path):
+    fmt, flags = BUCKET[case]
+    engine = run_both(run_cli, tmp_path, lambda dst: ["bucket", sources[fmt], dst, "--seed", "4", *flags])
+    assert {"_map", "_sort_part"} <= set(exchanged(engine))
+    assert sorted(os.listdir(tmp_path)) == ["local", "pickled"]  # no exchange directory left beside DST
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.integers(0, 120), buckets=st.integers(1, 4), batch=st.integers(1, 9), seed=st.integers(0, 99),
+       sorted_order=st.booleans(), drop=st.booleans(), memory=st.sampled_from(["20KB", "64MB"]))
+def test_bucket_exchange_property(rows, buckets, batch, seed, sorted_order, drop, memory, run_cli, tmp_path_factory):
+    """Any small input and options: the same bytes and statistics on the workers as on the driver."""
+    root = tmp_path_factory.mktemp("prop")
+    src = write_parquet_shards(str(root / "src"), make_table(rows, seed=seed), row_group_size=17)
+    flags = ["--length", "tokens", "--auto-buckets", str(buckets), "--batch-size", str(batch), "--memory", memory,
+             "--seed", str(seed), "--to", "arrow", "--shard-rows", "40"]
+    flags += ["--order", "sorted"] if sorted_order else []
+    flags += ["--drop-remainder"] if drop else []
+    run_both(run_cli, root, lambda dst: ["bucket", src, dst, *flags])
+
+
+def _fails_alike(run_cli, tmp_path, args: list[str]) -> Any:
+    local = run_cli(*args, str(tmp_path / "local"), "-q")
+    engine = PicklingEngine()
+    with runner.use_engine(engine):
+        ours = run_cli(*args, str(tmp_path / "ours"), "-q", "--engine", "ray")
+    assert (ours.exit_code, ours.stderr.replace("/ours", "/local")) == (local.exit_code, local.stderr)
+    assert ours.exit_code == 2 and len(ours.stderr.strip().splitlines()) == 1
+    return engine, ours.stderr
+
+
+def test_an_error_in_a_map_task_reads_as_the_local_one_and_leaves_nothing(sources, run_cli, tmp_path):
+    """An example too long for --max-tokens alone, found while a map task scatters: the local error, and no
+    DST or exchange directory left."""
+    src = str(tmp_path / "src")
+    shutil.copytree(sources["parquet"], src)
+    engine, stderr = _fails_alike(run_cli, tmp_path, ["bucket", src, "--length", "tokens", "--boundaries", "10",
+                                                      "--max-tokens", "30"])
+    assert "_map" in exchanged(engine) and "exceeds --max-tokens 30" in stderr
+    assert sorted(os.listdir(tmp_path)) == ["src"]
