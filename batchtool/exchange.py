@@ -98,14 +98,14 @@ def task_units(tasks: Iterable[Callable[[], Chunk]]) -> Iterator[ReadUnit]:
         yield _OneChunk(task)
 
 
-def _measure_first(measure: Callable[[Chunk], T], unit: ReadUnit) -> T | None:
-    return next((measure(chunk) for chunk in unit(ReadReport())), None)
+def _measure_first(measure: Callable[[Chunk], T | None], unit: ReadUnit) -> T | None:
+    return next((found for found in map(measure, unit(ReadReport())) if found is not None), None)
 
 
-def probe(units: Iterator[ReadUnit], measure: Callable[[Chunk], T],
+def probe(units: Iterator[ReadUnit], measure: Callable[[Chunk], T | None],
           threads: int) -> tuple[T | None, Iterator[ReadUnit]]:
-    """`measure` of the first chunk (the yardstick of the first pass), computed on a worker, and the units
-    with the ones probed put back."""
+    """`measure` of the first chunk it is not None for (the yardstick of the first pass: the first chunk, or
+    an op's first non-empty output), computed on a worker, and the units with the ones probed put back."""
     probed: list[ReadUnit] = []
     for unit in units:
         probed.append(unit)

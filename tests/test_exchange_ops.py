@@ -87,6 +87,33 @@ def test_bucket_exchange_property(rows, buckets, batch, seed, sorted_order, drop
     run_both(run_cli, root, lambda dst: ["bucket", src, dst, *flags])
 
 
+STRATIFY = {
+    "uniform-several-parts": ("parquet", ("--target", "uniform", "--memory", "100KB", "--to", "arrow")),
+    "skewed-drop-remainder-tfrecord": ("tfrecord", ("--target", "0.4,0.3,0.2,0.1", "--drop-remainder",
+                                                    "--shard-rows", "64")),
+    "replacement": ("parquet", ("--target", "uniform", "--replacement", "--size", "1500", "--memory", "100KB",
+                                "--to", "arrow", "--shard-bytes", "100KB")),
+    "bernoulli-tfrecord-out": ("parquet", ("--target", "uniform", "--mode", "bernoulli", "--to", "tfrecord")),
+}
+
+
+@pytest.mark.parametrize("case", STRATIFY)
+def test_balanced_batches_on_the_workers_write_the_local_bytes(case, sources, run_cli, tmp_path):
+    fmt, flags = STRATIFY[case]
+    engine = run_both(run_cli, tmp_path, lambda dst: ["stratify", sources[fmt], dst, "--label", "label", "--seed", "2",
+                                                      "--batch-size", "12", "--balanced-batches", *flags])
+    assert {"_map", "_sort_part"} <= set(exchanged(engine))
+    assert sorted(os.listdir(tmp_path)) == ["local", "pickled"]
+
+
+def test_online_balanced_batches_stay_on_the_driver(sources, run_cli, tmp_path):
+    """--mode online plans each chunk from the ones before it: no map-reduce, and still the local bytes."""
+    engine = run_both(run_cli, tmp_path, lambda dst: ["stratify", sources["parquet"], dst, "--label", "label",
+                                                      "--target", "uniform", "--mode", "online", "--num-classes", "4",
+                                                      "--batch-size", "12", "--balanced-batches"])
+    assert exchanged(engine) == []
+
+
 def _fails_alike(run_cli, tmp_path, args: list[str]) -> Any:
     local = run_cli(*args, str(tmp_path / "local"), "-q")
     engine = PicklingEngine()
@@ -105,4 +132,19 @@ def test_an_error_in_a_map_task_reads_as_the_local_one_and_leaves_nothing(source
     engine, stderr = _fails_alike(run_cli, tmp_path, ["bucket", src, "--length", "tokens", "--boundaries", "10",
                                                       "--max-tokens", "30"])
     assert "_map" in exchanged(engine) and "exceeds --max-tokens 30" in stderr
+    assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
+def test_a_bad_label_in_a_map_task_is_counted_over_the_whole_input(tmp_path, run_cli):
+    """A label outside the classes found by a map task: the local error, every bad label counted."""
+    table = make_table(300, seed=3)
+    labels = table.column("label").to_numpy().copy()
+    labels[[170, 260, 290]] = 9  # past the first row group, which the probe reads
+    table = table.set_column(table.schema.get_field_index("label"), "label", pa.array(labels))
+    src = write_parquet_shards(str(tmp_path / "src"), table)
+    engine, stderr = _fails_alike(run_cli, tmp_path, ["stratify", src, "--label", "label", "--target", "uniform",
+                                                      "--num-classes", "4", "--mode", "bernoulli", "--init-probs",
+                                                      "0.25,0.25,0.25,0.25", "--batch-size", "8",
+                                                      "--balanced-batches"])
+    assert "_map" in exchanged(engine) and "3 " in stderr, stderr
     assert sorted(os.listdir(tmp_path)) == ["src"]

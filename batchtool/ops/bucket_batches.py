@@ -12,7 +12,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batchtool import rng
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.errors import OptionInputError, OptionSchemaError, SchemaError
 from batchtool.ops.base import Runtime
@@ -21,6 +20,7 @@ from batchtool.ops.bucket_plan import Balance, BatchBudget, BucketColumns, Bucke
 from batchtool.ops.bucket_report import BucketCounts
 from batchtool.ops.filter import keep_mask
 from batchtool.ops.labels import label_codes
+from batchtool.ops.quotas import quota_batches
 from batchtool.ops.rows import RowReader
 from batchtool.padding import mask_column, pad_batch, sequence_lengths
 from batchtool.spill import Spill, interleave
@@ -255,9 +255,7 @@ def balanced_stream(spill: Spill, schema: pa.Schema, balance: Balance, bucket: i
             yield from spill.read_group(group)
 
     readers = [RowReader(rows(c), schema) for c in range(k)]
-    for quotas in balance.layouts[bucket].sequence():
-        batch = Chunk.concat([readers[c].take(int(q)) for c, q in enumerate(quotas) if q], schema)
-        yield batch.take(np.argsort(rng.permutation_keys(seed, BALANCE_STAGE, batch.ids), kind="stable"))
+    yield from quota_batches(readers, balance.layouts[bucket].sequence(), seed, BALANCE_STAGE, schema)
 
 
 @dataclass(frozen=True)

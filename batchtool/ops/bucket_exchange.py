@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from batchtool import rng
 from batchtool.dataset import Chunk
 from batchtool.ops.labels import Locate
 from batchtool.ops.base import Cut, Exchange, Probe, Runtime, Scatter, Scattered, SortedStream
@@ -23,7 +22,8 @@ from batchtool.ops.bucket_batches import (BALANCE_STAGE, INTERLEAVE_STAGE, ORDER
                                           spill_groups, spill_schema, take_sizes)
 from batchtool.ops.bucket_plan import BucketColumns, BucketPlan, flush_bytes, row_bytes, with_spill_layout
 from batchtool.ops.bucket_report import BucketCounts, bucket_stats
-from batchtool.ops.rows import RowReader, slice_chunk
+from batchtool.ops.quotas import class_readers, quota_batches
+from batchtool.ops.rows import sorted_rows
 from batchtool.spill import interleave
 
 
@@ -50,37 +50,11 @@ def _assigned(plan: BucketPlan, locate: Locate, chunk: Chunk) -> tuple[Chunk, np
     return a.chunk, spill_groups(a.buckets, lengths, plan, a.classes), (a.rows_in, a.dropped_keep, a.dropped_oversize)
 
 
-# -- the streams of sorted rows ----------------------------------------------------------------------------------
-
-
-def _chunks_from(streams: Sequence[SortedStream], start: int) -> Iterator[Chunk]:
-    """The rows of streams read one after another, from row `start` on, in the chunks a local spill reads back
-    (the first one sliced)."""
-    for stream in streams:
-        rows = sum(stream.part_rows)
-        if start >= rows:
-            start -= rows
-            continue
-        skip = start - stream.first_row(start)
-        for chunk in stream.chunks(start):
-            yield slice_chunk(chunk, skip, chunk.num_rows - skip) if skip else chunk
-            skip = 0
-        start = 0
-
-
-def _cycled(stream: SortedStream, start: int, again: bool) -> Iterator[Chunk]:
-    """A class's rows from row `start` on, then (with --oversample) from its first row again, without end."""
-    rows = sum(stream.part_rows)
-    yield from _chunks_from([stream], start % rows if rows else 0)
-    while again and rows:
-        yield from stream.chunks()
+# -- each bucket's batches, cut on a worker from its lengths ------------------------------------------------------
 
 
 def _lengths(chunks: Iterator[Chunk], column: str) -> np.ndarray:
     return np.concatenate([np.zeros(0, np.int32), *(c.data.column(column).to_numpy() for c in chunks)])
-
-
-# -- each bucket's batches, cut on a worker from its lengths ------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -107,7 +81,7 @@ def _summed(plan: BucketPlan, bucket: int, sizes: np.ndarray, lengths: np.ndarra
 def _bucket_cut(plan: BucketPlan, item: tuple[int, list[SortedStream]]) -> BucketCut:
     """A bucket's batch sizes from its lengths in output order, as batch_sizes cuts them from the local spill."""
     bucket, streams = item
-    lengths = _lengths(_chunks_from(streams, 0), plan.columns.names["length"])
+    lengths = _lengths(sorted_rows(streams, 0), plan.columns.names["length"])
     budget = plan.budgets[bucket]
     sizes = budget.cut([lengths], plan.pad_to[bucket])
     dropped = 0
@@ -271,19 +245,18 @@ class BucketReader:
     def _cut(self) -> Iterator[Chunk]:
         """Each batch's rows, cut from its bucket's stream as take_sizes cuts them locally."""
         sizes = {b: [n for _, c, n, _, _ in self.batches if c == b] for b in self.streams}
-        cuts = {b: take_sizes(_chunks_from(self.streams[b], self.begins[b][0]), sizes[b], self.schema)
+        cuts = {b: take_sizes(sorted_rows(self.streams[b], self.begins[b][0]), sizes[b], self.schema)
                 for b in self.streams}
         for _, b, _, _, _ in self.batches:
             yield next(cuts[b])
 
     def _balanced(self) -> Iterator[Chunk]:
         """Each batch's quotas taken from its classes' streams and shuffled, as balanced_stream makes them."""
-        readers = {b: [RowReader(_cycled(s, begin, bool(self.oversample)), self.schema)
-                       for s, begin in zip(self.streams[b], self.begins[b])] for b in self.streams}
-        for _, b, _, _, quotas in self.batches:
-            assert quotas is not None
-            batch = Chunk.concat([readers[b][c].take(q) for c, q in enumerate(quotas) if q], self.schema)
-            yield batch.take(np.argsort(rng.permutation_keys(self.seed, BALANCE_STAGE, batch.ids), kind="stable"))
+        batches = {b: quota_batches(class_readers(self.streams[b], self.begins[b], bool(self.oversample), self.schema),
+                                    [q for _, c, _, _, q in self.batches if c == b], self.seed, BALANCE_STAGE,
+                                    self.schema) for b in self.streams}
+        for _, b, _, _, _ in self.batches:
+            yield next(batches[b])
 
 
 __all__ = ["BucketBatches", "BucketCut", "BucketReader", "exchange"]

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
+
+from batchtool import rng
+from batchtool.dataset import Chunk
+from batchtool.ops.base import SortedStream
+from batchtool.ops.rows import RowReader, cycled_rows
 
 
 def shares(size: int, target: np.ndarray, behind: np.ndarray) -> np.ndarray:
@@ -83,4 +89,68 @@ def plan_layout(available: np.ndarray, target: np.ndarray, batch_size: int, *, p
     return QuotaLayout(layout.target, batch_size, batches, last)
 
 
-__all__ = ["QuotaLayout", "plan_layout", "shares"]
+def quota_batches(readers: Sequence[RowReader], quotas: Iterable[np.ndarray], seed: int, stage: str,
+                  schema: pa.Schema) -> Iterator[Chunk]:
+    """Balanced batches: each takes its quota of every class from that class's rows, in their order, and is
+    shuffled by the rows' keyed order (`stage`), so no position in a batch favours a class."""
+    for row in quotas:
+        batch = Chunk.concat([readers[c].take(int(q)) for c, q in enumerate(row) if q], schema)
+        yield batch.take(np.argsort(rng.permutation_keys(seed, stage, batch.ids), kind="stable"))
+
+
+def class_readers(streams: Sequence[SortedStream], begins: Sequence[int], oversample: bool,
+                  schema: pa.Schema) -> list[RowReader]:
+    """Readers of the classes' sorted streams (an exchange's), from the row of each where a run of balanced
+    batches begins (cycling through a class again with `oversample`)."""
+    return [RowReader(cycled_rows(s, begin, oversample), schema) for s, begin in zip(streams, begins)]
+
+
+@dataclass(frozen=True)
+class QuotaBatches:
+    """Balanced batches cut from the classes' sorted streams (ops.base.Batches): batch k takes quotas[k]."""
+
+    streams: list[SortedStream]
+    quotas: np.ndarray
+    """Rows per class of each batch."""
+    seed: int
+    stage: str
+    schema: pa.Schema
+
+    @property
+    def count(self) -> int:
+        return len(self.quotas)
+
+    @property
+    def rows(self) -> int:
+        return int(self.quotas.sum())
+
+    def batch_rows(self, k: int) -> int:
+        return int(self.quotas[k].sum())
+
+    def first_row(self, k: int) -> int:
+        return int(self.quotas[:k].sum())
+
+    def nbytes(self) -> int:
+        return sum(s.nbytes() for s in self.streams)
+
+    def reader(self, start: int, end: int) -> _QuotaReader:
+        begins = tuple(int(n) for n in self.quotas[:start].sum(axis=0))
+        return _QuotaReader(self.streams, begins, self.quotas[start:end], self.seed, self.stage, self.schema)
+
+
+@dataclass(frozen=True)
+class _QuotaReader:
+    streams: list[SortedStream]
+    begins: tuple[int, ...]
+    quotas: np.ndarray
+    seed: int
+    stage: str
+    schema: pa.Schema
+
+    def __call__(self) -> Iterator[pa.RecordBatch]:
+        readers = class_readers(self.streams, self.begins, False, self.schema)
+        for batch in quota_batches(readers, self.quotas, self.seed, self.stage, self.schema):
+            yield batch.data
+
+
+__all__ = ["QuotaBatches", "QuotaLayout", "class_readers", "plan_layout", "quota_batches", "shares"]

@@ -168,5 +168,29 @@ class _FixedReader:
             yield reader.take(b.batch_rows(k)).data
 
 
-__all__ = ["FixedBatches", "RowReader", "Yardstick", "arrow_bytes", "bytes_per_row", "emit", "estimate_bytes",
+def sorted_rows(streams: Iterable[SortedStream], start: int = 0) -> Iterator[Chunk]:
+    """The rows of sorted streams read one after another, from row `start` on, in the chunks a local spill
+    reads back (the first one sliced): any run of rows cut from them is laid out as a local run cuts it."""
+    for stream in streams:
+        rows = sum(stream.part_rows)
+        if start >= rows:
+            start -= rows
+            continue
+        skip = start - stream.first_row(start)
+        for chunk in stream.chunks(start):
+            yield slice_chunk(chunk, skip, chunk.num_rows - skip) if skip else chunk
+            skip = 0
+        start = 0
+
+
+def cycled_rows(stream: SortedStream, start: int, again: bool) -> Iterator[Chunk]:
+    """A sorted stream from row `start` (modulo its rows) on, then, if `again`, from its first row again
+    without end (balanced batches that oversample a class)."""
+    rows = sum(stream.part_rows)
+    yield from sorted_rows([stream], start % rows if rows else 0)
+    while again and rows:
+        yield from stream.chunks()
+
+
+__all__ = ["FixedBatches", "RowReader", "cycled_rows", "sorted_rows", "Yardstick", "arrow_bytes", "bytes_per_row", "emit", "estimate_bytes",
            "estimate_memory_bytes", "peek", "rebatch", "slice_chunk"]

@@ -14,12 +14,12 @@ import pyarrow as pa
 from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.errors import BatchtoolError, OptionInputError
-from batchtool.ops.base import (Context, Depends, Kind, Operation, Regrouped, Runtime, Scan, Tally, need_columns,
-                                who)
+from batchtool.ops.base import (Context, Depends, Exchange, Kind, Operation, Probe, Regrouped, Runtime, Scan, Tally,
+                                need_columns, who)
 from batchtool.ops.labels import (MAX_CLASSES, LabelError, bad_label_count, check_label_type, full_label_error,
                                   label_codes)
 from batchtool.ops.resample import Copies, Piece, copy_stats, copy_summary
-from batchtool.ops.stratify_batches import balanced_batches, batched
+from batchtool.ops.stratify_batches import balanced_batches, batched, exchange
 from batchtool.ops.stratify_options import MODES, StratifyOptions, check_probs, parse_probs, parse_target
 from batchtool.ops.stratify_plans import (STAGE, Plan, RatePlan, Stratification, Target, ThresholdPlan, acceptance_probs,
                                           check_zero_classes, exact_target, exact_totals, largest_total,
@@ -160,6 +160,9 @@ class Stratify(Operation[StratifyOptions, Stratification]):
     def regroup(self, plan: Stratification, data: Dataset, report: ReadReport,
                 runtime: Runtime) -> AbstractContextManager[Regrouped]:
         return batched(self, plan, data, report, runtime)
+
+    def exchange(self, plan: Stratification, data: Dataset, probe: Probe) -> Exchange | None:
+        return exchange(self, plan, data, probe)
 
     def on_stream_error(self, plan: Stratification, error: BatchtoolError, scan: Scan) -> BatchtoolError | None:
         """A bad label found while streaming (no counting pass: --init-probs, --mode online) becomes the error

@@ -4,31 +4,31 @@ batches (each batch its exact share of every class); stratify's regrouping (Oper
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from batchtool import budget, rng
+from batchtool import budget
 from batchtool.dataset import Chunk, Dataset, ReadReport
-from batchtool.ops.base import Operation, Regrouped, Runtime, Tally
-from batchtool.ops.quotas import QuotaLayout, plan_layout
-from batchtool.ops.keyed import PART_SHARE, keyed_spill, spill_streams
-from batchtool.ops.rows import RowReader, bytes_per_row, emit, estimate_memory_bytes, peek, rebatch
-from batchtool.ops.stratify_plans import STAGE
+from batchtool.ops.base import Cut, Exchange, Operation, Probe, Regrouped, Runtime, Scatter, Scattered, Tally
+from batchtool.ops.keyed import PART_SHARE, keyed_spill, spill_flush_bytes, spill_streams
+from batchtool.ops.quotas import QuotaBatches, QuotaLayout, plan_layout, quota_batches
+from batchtool.ops.rows import RowReader, Yardstick, bytes_per_row, emit, estimate_bytes, peek, rebatch
+from batchtool.ops.stratify_plans import STAGE, Stratification
 from batchtool.spill import parts_for
 
-from batchtool.ops.stratify_plans import Stratification
+ORDER_STAGE, BATCH_STAGE = STAGE + "/order", STAGE + "/batch"
+"""The keyed orders of each class's rows, and of the rows within a balanced batch."""
 
 
 def balanced_batches(streams: list[RowReader], layout: QuotaLayout, seed: int, schema: pa.Schema) -> Iterator[Chunk]:
     """Each batch takes its quota from every class's keyed random stream and is shuffled by keyed order.
 
     The class streams are uniformly random, so consecutive batches are already in random order."""
-    for quotas in layout.sequence():
-        batch = Chunk.concat([streams[c].take(int(q)) for c, q in enumerate(quotas) if q], schema)
-        yield batch.take(np.argsort(rng.permutation_keys(seed, STAGE + "/batch", batch.ids), kind="stable"))
+    return quota_batches(streams, layout.sequence(), seed, BATCH_STAGE, schema)
 
 
 @contextlib.contextmanager
@@ -41,36 +41,110 @@ def batched(op: Operation, plan: Stratification, data: Dataset, report: ReadRepo
     assert size is not None, "stratify regroups only with --batch-size"
     chunks, selected = runtime.apply(op, plan, data, report)
     first, rows = peek(c for c, _ in chunks if c.num_rows)
-    expected = None if plan.expected_rows is None else int(plan.expected_rows)
-    most_rows = expected if options.mode == "exact" else None if options.replacement else data.num_rows
-    budget.check_rows("batch_size", size, most_rows, bytes_per_row(first), options.memory)
+    expected = _check_memory(plan, data, Yardstick.of(first))
     written = Tally()
     """The classes of the batches written (`class_out`) and their layout, counted in order on this side."""
-
-    def stats() -> dict[str, Any]:
-        total = Tally()
-        total.merge(selected)
-        total.merge(written)
-        return op.report(plan, total)
+    stats = functools.partial(_stats, op, plan, selected, written)
 
     if not options.balanced_batches:
         batches = rebatch(rows, size, data.schema, options.drop_remainder)
         yield Regrouped(_counted(plan, batches, written), emit, stats, expected)
         return
-    active = plan.target > 0
-    whole = estimate_memory_bytes(data, first, rows=expected)
-    part_bytes = max(1, options.memory // (PART_SHARE * int(active.sum())))
-    parts = [parts_for(whole * t, part_bytes) for t in plan.target.tolist()]
-    with keyed_spill(data.schema, parts, plan.seed, STAGE + "/order", options.memory, options.tmp_dir) as spill:
+    parts = _class_parts(plan, data, Yardstick.of(first), expected)
+    with keyed_spill(data.schema, parts, plan.seed, ORDER_STAGE, options.memory, options.tmp_dir) as spill:
         with runtime.bar("select", data.progress_rows) as bar:
             spill_streams(rows, spill, plan.labels, bar)
-        layout = plan_layout(spill.rows.copy(), plan.target, size, partial=not options.drop_remainder,
-                             oversample=False)
+        layout = _layout(plan, spill.rows)
         streams = [RowReader(spill.read_group(c), data.schema) for c in range(plan.num_classes)]
-        written.latest["batches"] = {"batch_size": size, "balanced_batches": layout.batches + bool(sum(layout.partial)),
-                                     "final_batch_quotas": list(layout.partial)}
+        _record_layout(layout, written)
         batches = balanced_batches(streams, layout, plan.seed, data.schema)
         yield Regrouped(_counted(plan, batches, written), emit, stats, int(layout.per_class.sum()))
+
+
+def _stats(op: Operation, plan: Stratification, selected: Tally, written: Tally) -> dict[str, Any]:
+    """The manifest's statistics: the selection's and the written batches' counts."""
+    total = Tally()
+    total.merge(selected)
+    total.merge(written)
+    return op.report(plan, total)
+
+
+def _check_memory(plan: Stratification, data: Dataset, first: Yardstick | None) -> int | None:
+    """Stop before spilling if one batch would not fit --memory (rows sized from the selection's first non-empty
+    chunk); the rows the plan expects, if it fixes them."""
+    options = plan.options
+    assert options.batch_size is not None
+    expected = None if plan.expected_rows is None else int(plan.expected_rows)
+    most_rows = expected if options.mode == "exact" else None if options.replacement else data.num_rows
+    budget.check_rows("batch_size", options.batch_size, most_rows, bytes_per_row(first), options.memory)
+    return expected
+
+
+def _class_parts(plan: Stratification, data: Dataset, first: Yardstick | None, expected: int | None) -> list[int]:
+    """Spill parts of each class's stream, from the selection's size (its first non-empty chunk's bytes per row)."""
+    options = plan.options
+    active = plan.target > 0
+    whole = estimate_bytes(data, first, rows=expected)
+    part_bytes = max(1, options.memory // (PART_SHARE * int(active.sum())))
+    return [parts_for(whole * t, part_bytes) for t in plan.target.tolist()]
+
+
+def _layout(plan: Stratification, spilled: np.ndarray) -> QuotaLayout:
+    """The balanced batches the rows spilled per class make."""
+    return plan_layout(spilled.copy(), plan.target, plan.options.batch_size, partial=not plan.options.drop_remainder,
+                       oversample=False)
+
+
+def _record_layout(layout: QuotaLayout, written: Tally) -> None:
+    written.latest["batches"] = {"batch_size": layout.batch_size,
+                                 "balanced_batches": layout.batches + bool(sum(layout.partial)),
+                                 "final_batch_quotas": list(layout.partial)}
+
+
+# -- --balanced-batches as map-reduce on a remote engine's workers (Operation.exchange) ---------------------------
+
+
+def exchange(op: Operation, plan: Stratification, data: Dataset, probe: Probe) -> Exchange | None:
+    """The balanced batches as map-reduce: map tasks select their rows (the kernel) and scatter them to their
+    class's key ranges, reduce tasks sort each range, and the batches are cut where they are written, from
+    the classes' counts alone; the same bytes and statistics as `batched`. None without --balanced-batches,
+    or with --mode online (whose chunk plans depend on the chunks before)."""
+    options = plan.options
+    if not options.balanced_batches or op.per_chunk(plan) is not None:
+        return None
+    first = probe(functools.partial(_selected_size, op, plan))
+    expected = _check_memory(plan, data, first)
+    parts = _class_parts(plan, data, first, expected)
+    scatter = Scatter(data.schema, tuple(parts), plan.seed, ORDER_STAGE, spill_flush_bytes(options.memory, sum(parts)),
+                      functools.partial(_selected, op, plan))
+    return Exchange(scatter, functools.partial(_exchange_cut, op, plan))
+
+
+def _selected(op: Operation, plan: Stratification, chunk: Chunk) -> tuple[Chunk, np.ndarray, Tally]:
+    """A map task's chunk: the rows the kernel selects (copies built), their classes, the kernel's counts."""
+    copies, tally = op.kernel(plan, chunk)
+    rows = Chunk.concat([op.build(plan, piece)[0] for piece in op.pieces(copies)], chunk.data.schema)
+    return rows, plan.labels(rows), tally
+
+
+def _selected_size(op: Operation, plan: Stratification, chunk: Chunk) -> Yardstick | None:
+    rows = _selected(op, plan, chunk)[0]
+    return Yardstick.of(rows) if rows.num_rows else None
+
+
+def _exchange_cut(op: Operation, plan: Stratification, scattered: Scattered, runtime: Runtime) -> Cut:
+    """The layout from the rows each class got, and the batches' classes from their quotas (a balanced batch
+    takes exactly its quota from each class), counted as `batched` counts them."""
+    selected, written = Tally(), Tally()
+    for tally in scattered.stats:
+        selected.merge(tally)
+    layout = _layout(plan, scattered.rows)
+    quotas = np.array(list(layout.sequence()), dtype=np.int64).reshape(-1, plan.num_classes)
+    if len(quotas):
+        written.add(class_out=quotas.sum(axis=0))
+    _record_layout(layout, written)
+    batches = QuotaBatches(scattered.groups, quotas, plan.seed, BATCH_STAGE, scattered.schema)
+    return Cut(batches, functools.partial(_stats, op, plan, selected, written))
 
 
 def _counted(plan: Stratification, batches: Iterable[Chunk], written: Tally) -> Iterator[Chunk]:
