@@ -250,32 +250,41 @@ def regrouped_exchanged(op: Operation, plan: Any, dataset: Dataset, units: Itera
 
 def write_exchanged(op: Operation, plan: Any, output: OutputOptions, runtime: Runtime, *, command: str,
                     options: dict[str, Any], seed: int | None, dataset: Dataset, dst: str, schema: pa.Schema,
-                    run: RunSettings) -> JobResult | None:
+                    run: RunSettings, units: Iterator[exchange.ReadUnit] | None = None, source: Dataset | None = None,
+                    report: ReadReport | None = None, started: float | None = None, who: str | None = None,
+                    manifest_stats: Callable[[dict[str, Any], int], dict[str, Any]] | None = None) -> JobResult | None:
     """The op's regrouping with no row passing through the driver, if it has an Exchange plan (else None): map
     tasks on the workers read the input and scatter it to key ranges under DST's temporary directory
     (batchtool.exchange), reduce tasks sort each range, and the shards are measured and written there in
     parallel (write_sorted); the driver plans, counts and writes the manifest. The same bytes and statistics
     as the local spill: the same keys, key ranges and order, batches cut from the same chunks, the same
-    writer and shard boundaries."""
-    started = time.perf_counter()
-    report = ReadReport()
-    reorder, units = _planned(op, plan, exchange.read_units(dataset), dataset, run.threads)
+    writer and shard boundaries.
+
+    A pipeline's last stage passes its input `units` (the stages before it), the `source` the manifest
+    describes, its `report` of skipped records, when it `started`, `who` its bars name, and
+    `manifest_stats(op statistics, rows written)`, the pipeline's statistics."""
+    started = time.perf_counter() if started is None else started
+    report = ReadReport() if report is None else report
+    source = dataset if source is None else source
+    who = command if who is None else who
+    reorder, units = _planned(op, plan, exchange.read_units(dataset) if units is None else units, dataset, run.threads)
     if reorder is None:
         return None
     casts = output.casts(schema)
     stored = output.stored_schema(schema)
     workers = max(1, getattr(runner.active_engine(), "cpus", run.threads))
-    with output_directory(dst, output.overwrite, read_paths(dataset)) as tmp:
+    with output_directory(dst, output.overwrite, read_paths(source)) as tmp:
         with exchange.workspace(tmp, dst) as directory:
-            cut = _exchanged(reorder, units, directory, dataset, dst, run, report, f"{command}: spill", runtime)
+            cut = _exchanged(reorder, units, directory, dataset, dst, run, report, f"{who}: spill", runtime)
             rows = cut.batches.rows
-            with progress.bar(f"{command}: write", rows, quiet=run.quiet) as bar:
+            with progress.bar(f"{who}: write", rows, quiet=run.quiet) as bar:
                 files = write_sorted(cut.batches, output, stored, tmp, directory, dst, MEASURES_PER_WORKER * workers,
                                      run.threads)
                 bar.update(rows)
-        manifest = write_manifest(tmp, command=command, options=options, seed=seed, dataset=dataset, dst=dst,
+        stats = cut.stats if manifest_stats is None else lambda: manifest_stats(cut.stats(), rows)
+        manifest = write_manifest(tmp, command=command, options=options, seed=seed, dataset=source, dst=dst,
                                   output=output, schema=stored, casts=casts, files=files, rows_in=rows,
-                                  rows_out=rows, stats=cut.stats, run=run, report=report, started=started)
+                                  rows_out=rows, stats=stats, run=run, report=report, started=started)
     return JobResult(manifest, rows, rows)
 
 

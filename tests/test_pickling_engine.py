@@ -18,7 +18,6 @@ from conftest import data_bytes, write_parquet_shards
 from batchtool import exchange, runner
 from batchtool.driver import _kernel
 from batchtool.pipeline import execute
-from batchtool.ops.bucket_batches import batch_work
 
 ray_engine = pytest.importorskip("batchtool.engines.ray")
 pytest.importorskip("cloudpickle")
@@ -184,9 +183,9 @@ path = "{dst}"
 
 def test_stages_after_a_pipeline_shuffle_run_on_the_engine(src, tmp_path, run_cli, monkeypatch):
     """A global shuffle in the middle: scattered and sorted through files beside DST; the stage after it reads its
-    batches from them in its own tasks; the kernels of the row stages after it and the last stage's batch work
-    go through the engine, pickled, and nothing falls back to local threads; the same bytes, and no temporary
-    files left beside DST."""
+    batches from them in its own tasks; the kernels of the row stages after it go through the engine, pickled,
+    and the last stage (bucket) scatters, sorts and writes its batches there too; nothing falls back to local
+    threads; the same bytes, and no temporary files left beside DST."""
     def args(dst: str) -> list[str]:
         path = tmp_path / f"{os.path.basename(dst)}.toml"
         path.write_text(AFTER_SHUFFLE.format(src=src, dst=dst))
@@ -200,7 +199,8 @@ def test_stages_after_a_pipeline_shuffle_run_on_the_engine(src, tmp_path, run_cl
     assert sorted(os.listdir(tmp_path)) == ["local", "local.toml", "pickled", "pickled.toml"]
     kernels = [fn.args[0].name for fn in engine.functions if isinstance(fn, functools.partial) and fn.func is _kernel]
     assert {"stratify", "resample", "rename"} <= set(kernels), kernels
-    assert any(isinstance(fn, functools.partial) and fn.func is batch_work for fn in engine.functions)
+    last = {getattr(fn, "func", fn).__name__ for fn in engine.functions}  # bucket scattered and written there
+    assert {"_map", "_sort_part", "_bucket_cut"} <= last and last & {"_write_shard", "_write_all"}, last
 
 
 FIRST_SHUFFLE = """seed = 5

@@ -36,10 +36,10 @@ from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
 from batchtool.engines import with_engine
 from batchtool.errors import BatchtoolError, DestinationExistsError
-from batchtool.exchange_writer import SortedRegrouped, regrouped_exchanged
+from batchtool.exchange_writer import SortedRegrouped, regrouped_exchanged, write_exchanged
 from batchtool.formats import parquet as parquet_format
-from batchtool.job import RunSettings, read_paths, write_job
-from batchtool.driver import EngineRuntime
+from batchtool.job import JobResult, RunSettings, read_paths, write_job
+from batchtool.driver import EngineRuntime, stream_errors
 from batchtool.ops.base import Batches, Regrouped
 from batchtool.output import refuse_overlap
 from batchtool.runner import ordered_map
@@ -82,8 +82,10 @@ def run_pipeline(config: config_mod.PipelineConfig, run: RunSettings, *, dry_run
         last = stages[-1]
         prefix.main_run = True
         with attributed(config.path, last):
-            result = last.write(prefix.view(len(stages) - 1, None), config.output_path, config.output, run,
-                                 prefix.writer(started))
+            result = prefix.write_exchanged(started)
+            if result is None:
+                result = last.write(prefix.view(len(stages) - 1, None), config.output_path, config.output, run,
+                                     prefix.writer(started))
     run_section = result.manifest["run"]
     return PipelineResult(result.manifest["stats"]["stages"], result.manifest, run_section["wall_seconds"],
                           run_section["peak_rss_bytes"])
@@ -373,6 +375,26 @@ class Prefix:
                        desc=f"{self.stages[-1].name}: write")
             return write_job(**job)
         return write
+
+    def write_exchanged(self, started: float) -> JobResult | None:
+        """The last stage as map-reduce on the workers, as its command runs (exchange_writer.write_exchanged): on a
+        remote engine, with the output a path and a last stage that regroups with an Exchange plan. Its map tasks
+        read the source, or the batches a reorder before it sorted on the workers, or the rows the stages before
+        it make; none of its output passes through the driver. None: the stage writes as usual."""
+        k = len(self.stages) - 1
+        stage, dst = self.stages[k], self.config.output_path
+        if runner.active_engine() is None or fs.is_uri(dst) or not stage.regroups:
+            return None
+        view = self.view(k, None)
+        units = (exchange.read_units(self.source, self.columns) if k == 0
+                 else exchange.task_units(view.tasks(None, self.report)))
+        with stream_errors(stage.op, stage.planned, view, self.run.threads):
+            return write_exchanged(stage.op, stage.planned, self.config.output,
+                                   EngineRuntime(self.run.threads, self.run.quiet, stage.name), command="run",
+                                   options=self.config.manifest_options(), seed=self.config.seed, dataset=view,
+                                   dst=dst, schema=stage.output_schema(view.schema), run=self.run, units=units,
+                                   source=self.source, report=self.report, started=started, who=stage.name,
+                                   manifest_stats=self.stats)
 
     def stats(self, last: dict[str, Any], rows_out: int) -> dict[str, Any]:
         """manifest["stats"]: rows in and out of every stage with its own statistics, plus the totals."""

@@ -57,6 +57,12 @@ class Stage:
         return self.op.kind_of(self._options) is Kind.REORDERS
 
     @property
+    def regroups(self) -> bool:
+        """Regroups its whole input (a reorder, or an op writing batches: Operation.regroup) rather than mapping
+        each chunk."""
+        return self.op.kind_of(self._options) is not Kind.ROWS
+
+    @property
     def sensitivity(self) -> int:
         """What its output depends on besides the rows: ORDER (their ids and order: a shuffle before it matters)
         or CHUNKS (also the chunking)."""
@@ -113,7 +119,7 @@ class Stage:
         report = ReadReport()
         job = dict(command=self.op.name, options={}, seed=None, dataset=view, dst=dst,
                    schema=self.output_schema(view.schema), run=run)
-        if self.op.kind_of(self._options) is Kind.ROWS:
+        if not self.regroups:
             return write(output=output, items=self.stream(view, None, run, report), work=emit_nonempty,
                          stats=lambda: self.report, report=report, **job)
         with stream_errors(self.op, self._plan, view, run.threads), \
