@@ -301,3 +301,33 @@ def test_shared_keys_find_the_hash_index_collisions_in_its_order(tmp_path, monke
     shared = segment_keys.SharedKeys(str(tmp_path), lambda fn, items: engine.map(fn, items, 2, None))
     expected = list(index.collisions())
     assert len(expected) == 6 and list(shared.collisions()) == expected
+
+
+SEGMENT_LAST = """seed = 5
+[input]
+path = "{src}"
+[[stage]]
+op = "filter"
+column = "keep"
+[[stage]]
+op = "segment"
+key = "key"
+sequence = "tokens"
+num-unroll = 4
+batch-size = 8
+[output]
+path = "{dst}"
+"""
+
+
+def test_a_pipeline_ending_in_segment_checks_its_keys_beside_the_output(src, tmp_path, run_cli):
+    """A pipeline's last stage: its key hashes written and reduced beside the output too; the same bytes."""
+    def args(dst: str) -> list[str]:
+        path = tmp_path / f"{os.path.basename(dst)}.toml"
+        path.write_text(SEGMENT_LAST.format(src=src, dst=dst))
+        return ["run", str(path)]
+
+    engine = run_both(run_cli, tmp_path, args)
+    used = {fn.func if isinstance(fn, functools.partial) else fn for fn in engine.functions}
+    assert {segment_keys.prepare_shared, segment_keys.partition_collisions} <= used
+    assert sorted(os.listdir(tmp_path)) == ["local", "local.toml", "pickled", "pickled.toml"]
