@@ -24,6 +24,7 @@ PAIR_BYTES = 16
 SORT_FACTOR = 4
 """Finding repeats needs about this many times the pairs' bytes (sort order, sorted copies, masks)."""
 PARTITION_BITS = 8
+PARTITIONS = 1 << PARTITION_BITS
 _SHIFT = np.uint64(64 - PARTITION_BITS)
 
 
@@ -115,9 +116,6 @@ class HashIndex:
         for hashes, ids in self.partitions():
             first_ids, repeat_ids = repeated(hashes, ids)
             yield from zip(first_ids.tolist(), repeat_ids.tolist())
-
-
-PARTITIONS = 1 << PARTITION_BITS
 
 
 def partitioned(hashes: np.ndarray, ids: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
