@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
@@ -12,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from batchtool import fs, progress, runner
+from batchtool import exchange, fs, progress, runner
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.engines import with_engine
 from batchtool.errors import BatchtoolError
@@ -32,6 +33,9 @@ class EngineRuntime:
     quiet: bool = True
     who: str | None = None
     """Who its bars name before the op's own words (`stage 2 (stratify): select` in a pipeline); None: no one."""
+    dst: str | None = None
+    """The output the op writes (a command's DST, a pipeline's output when it is the last stage), beside which
+    `scratch` is; None: the op's output streams on, so no scratch."""
 
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
         return ordered_map(fn, items, self.threads)
@@ -43,6 +47,17 @@ class EngineRuntime:
               report: ReadReport) -> tuple[Iterator[tuple[Chunk, int]], Tally]:
         applied = Applied(op, plan)
         return applied.stream(data, None, self.threads, report), applied.stats
+
+    @contextlib.contextmanager
+    def scratch(self) -> Iterator[str | None]:
+        """On a remote engine with DST a path whose parent exists: an exchange workspace in a new `.DST.tmp-*`
+        directory beside DST (as exchange_writer.regrouped_exchanged makes it), removed when the block ends."""
+        if runner.active_engine() is None or self.dst is None or fs.is_uri(self.dst) \
+                or not os.path.isdir(os.path.dirname(os.path.abspath(self.dst))):
+            yield None
+            return
+        with exchange.beside(self.dst) as directory:
+            yield directory
 
 
 @dataclass(frozen=True)
@@ -216,7 +231,7 @@ def run_operation(op: Operation, options: Any, src: str, dst: str, output: Outpu
                dataset=dataset, dst=dst, schema=schema, run=run)
     with stream_errors(op, plan, dataset, run.threads):
         if op.kind_of(options) is not Kind.ROWS:
-            runtime = EngineRuntime(run.threads, run.quiet, op.name)
+            runtime = EngineRuntime(run.threads, run.quiet, op.name, dst)
             if runner.active_engine() is not None and not fs.is_uri(dst):  # on the workers, if the op can
                 result = write_exchanged(op, plan, output, runtime, **job)
                 if result is not None:

@@ -63,6 +63,21 @@ def workspace(tmp: str, dst: str) -> Iterator[str]:
         fs.remove_tree(directory)
 
 
+@contextmanager
+def beside(dst: str) -> Iterator[str]:
+    """A workspace in a new `.DST.tmp-*` directory beside DST (on the storage the workers write DST to, before
+    DST's own temporary directory exists: a pipeline's reorder, segment's key check), removed when the block
+    ends."""
+    dst = os.path.abspath(dst)
+    with fs.write_errors(f"{dst}: cannot write beside the output"):
+        tmp = fs.make_unique_dir(os.path.dirname(dst), f".{os.path.basename(dst)}.tmp-")
+    try:
+        with workspace(tmp, dst) as directory:
+            yield directory
+    finally:
+        fs.remove_tree(tmp)
+
+
 class ReadUnit(Protocol):
     """Input a worker reads whole: its chunks, in order; what it skips (--skip-corrupt) goes to `report`."""
 
@@ -261,5 +276,5 @@ def sort_groups(directory: str, plan: Scatter, rows: Sequence[np.ndarray], threa
     return groups
 
 
-__all__ = ["MapJob", "MapOutput", "ReadUnit", "SortedGroup", "map_directory", "probe", "read_range", "read_units",
+__all__ = ["MapJob", "beside", "MapOutput", "ReadUnit", "SortedGroup", "map_directory", "probe", "read_range", "read_units",
            "scatter", "sort_groups", "task_units"]

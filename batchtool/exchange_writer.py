@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from batchtool import exchange, fs, progress, runner
+from batchtool import exchange, progress, runner
 from batchtool.dataset import Dataset, ReadReport
 from batchtool.formats.base import EncodedBatch
 from batchtool.job import JobResult, RunSettings, read_paths, write_manifest
@@ -235,17 +235,12 @@ def regrouped_exchanged(op: Operation, plan: Any, dataset: Dataset, units: Itera
     if reorder is None:
         yield None
         return
-    with fs.write_errors(f"{dst}: cannot write beside the output"):
-        tmp = fs.make_unique_dir(os.path.dirname(dst), f".{os.path.basename(dst)}.tmp-")
-    try:
-        with exchange.workspace(tmp, dst) as directory:
-            cut = _exchanged(reorder, units, directory, dataset, dst, run, report, desc, runtime)
-            batches = cut.batches
-            step = max(1, -(-batches.count // sum(reorder.scatter.parts)))  # about a key range per item
-            items = [batches.reader(k, min(k + step, batches.count)) for k in range(0, batches.count, step)]
-            yield SortedRegrouped(items, _read_batches, cut.stats, total_rows=batches.rows, batches=batches)
-    finally:
-        fs.remove_tree(tmp)
+    with exchange.beside(dst) as directory:
+        cut = _exchanged(reorder, units, directory, dataset, dst, run, report, desc, runtime)
+        batches = cut.batches
+        step = max(1, -(-batches.count // sum(reorder.scatter.parts)))  # about a key range per item
+        items = [batches.reader(k, min(k + step, batches.count)) for k in range(0, batches.count, step)]
+        yield SortedRegrouped(items, _read_batches, cut.stats, total_rows=batches.rows, batches=batches)
 
 
 def write_exchanged(op: Operation, plan: Any, output: OutputOptions, runtime: Runtime, *, command: str,

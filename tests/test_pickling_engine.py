@@ -18,6 +18,8 @@ from conftest import data_bytes, write_parquet_shards
 from batchtool import exchange, runner
 from batchtool.driver import _kernel
 from batchtool.pipeline import execute
+from batchtool.ops import segment_keys
+from batchtool.check.duplicates import HashIndex
 
 ray_engine = pytest.importorskip("batchtool.engines.ray")
 pytest.importorskip("cloudpickle")
@@ -240,3 +242,98 @@ def test_a_pipeline_shuffle_failing_in_a_map_task_leaves_nothing(src, tmp_path, 
     assert errors["pickled"] == errors["local"] and "part-00001.tfrecord" in errors["local"]
     assert os.listdir(out) == []
     assert any(isinstance(fn, functools.partial) and fn.func is exchange._map for fn in engine_used.functions)
+
+
+def test_segment_keys_stay_beside_the_output(src, tmp_path, run_cli):
+    """segment through pickles: each chunk's task writes its key hashes beside DST and one task per partition
+    finds the repeats; no hash comes back with the examples; the same bytes, and nothing left beside DST."""
+    engine = run_both(run_cli, tmp_path, lambda dst: ["segment", src, dst, *SEGMENT])
+    used = {fn.func if isinstance(fn, functools.partial) else fn for fn in engine.functions}
+    assert {segment_keys.prepare_shared, segment_keys.partition_collisions} <= used
+    assert segment_keys.prepare_chunk not in used
+    assert sorted(os.listdir(tmp_path)) == ["local", "pickled"]
+
+
+def repeated_keys_src(directory: str) -> str:
+    """300 rows in 2 shards whose keys repeat across chunks and shards, the first repeat by id not the first
+    in hash order (tests/test_ray.py uses it too)."""
+    table = make_table(300, seed=7)
+    keys = table.column("key").to_pylist()
+    for later, first in ((250, 10), (120, 60), (299, 0), (200, 199)):
+        keys[later] = keys[first]
+    return write_parquet_shards(directory, table.set_column(0, "key", pa.array(keys)))
+
+
+def test_a_duplicate_segment_key_fails_as_on_the_local_engine(tmp_path, run_cli):
+    """Keys repeated across chunks and shards: the local engine's one error line (the first duplicate in hash
+    order, confirmed), exit 2, DST untouched and no temporary directory left beside it."""
+    src = repeated_keys_src(str(tmp_path / "src"))
+    out = tmp_path / "out"
+    out.mkdir()
+    errors = {}
+    for name, engine in (("local", None), ("pickled", PicklingEngine())):
+        dst = out / name
+        dst.mkdir()
+        (dst / "kept").write_text("mine")
+        with runner.use_engine(engine):
+            result = run_cli("segment", src, dst, *SEGMENT, "--overwrite", "-q",
+                             *(["--engine", "ray"] if engine else []))
+        assert result.exit_code == 2 and result.stderr.startswith("error: duplicate key ")
+        assert result.stderr.count("\n") == 1
+        assert os.listdir(dst) == ["kept"] and (dst / "kept").read_text() == "mine"
+        errors[name] = result.stderr
+    assert errors["pickled"] == errors["local"]
+    assert sorted(os.listdir(out)) == ["local", "pickled"]
+    assert any(isinstance(fn, functools.partial) and fn.func is segment_keys.prepare_shared
+               for fn in engine.functions)
+
+
+def test_shared_keys_find_the_hash_index_collisions_in_its_order(tmp_path, monkeypatch):
+    """Written chunk by chunk (one chunk twice, as a retried task writes it) and reduced partition by partition,
+    a few collisions per task: the same (first, later) id pairs in the same order as HashIndex, pickled."""
+    monkeypatch.setattr(segment_keys, "CONFIRM_PAIRS", 2)
+    gen = np.random.default_rng(3)
+    hashes = gen.integers(0, 2**64, 900, dtype=np.uint64)
+    hashes[[5, 400, 401, 899]] = hashes[2]  # several in one partition: more than a task returns at once
+    hashes[[700, 30]] = hashes[600]
+    ids = np.arange(900, dtype=np.uint64)
+    index = HashIndex(1 << 20)
+    for k, start in enumerate(range(0, 900, 250)):
+        end = start + 250
+        index.add(hashes[start:end], ids[start:end])
+        segment_keys.write_pairs(str(tmp_path), k, hashes[start:end], ids[start:end])
+    segment_keys.write_pairs(str(tmp_path), 1, hashes[250:500], ids[250:500])
+    engine = PicklingEngine()
+    shared = segment_keys.SharedKeys(str(tmp_path), lambda fn, items: engine.map(fn, items, 2, None))
+    expected = list(index.collisions())
+    assert len(expected) == 6 and list(shared.collisions()) == expected
+
+
+SEGMENT_LAST = """seed = 5
+[input]
+path = "{src}"
+[[stage]]
+op = "filter"
+column = "keep"
+[[stage]]
+op = "segment"
+key = "key"
+sequence = "tokens"
+num-unroll = 4
+batch-size = 8
+[output]
+path = "{dst}"
+"""
+
+
+def test_a_pipeline_ending_in_segment_checks_its_keys_beside_the_output(src, tmp_path, run_cli):
+    """A pipeline's last stage: its key hashes written and reduced beside the output too; the same bytes."""
+    def args(dst: str) -> list[str]:
+        path = tmp_path / f"{os.path.basename(dst)}.toml"
+        path.write_text(SEGMENT_LAST.format(src=src, dst=dst))
+        return ["run", str(path)]
+
+    engine = run_both(run_cli, tmp_path, args)
+    used = {fn.func if isinstance(fn, functools.partial) else fn for fn in engine.functions}
+    assert {segment_keys.prepare_shared, segment_keys.partition_collisions} <= used
+    assert sorted(os.listdir(tmp_path)) == ["local", "local.toml", "pickled", "pickled.toml"]

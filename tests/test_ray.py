@@ -483,3 +483,75 @@ def test_unreachable_ray_address_fails_fast():
     with pytest.raises(UsageError, match=r"^--ray-address 127.0.0.1:1: cannot connect to a Ray cluster"):
         ray_engine._check_reachable("127.0.0.1:1", "--ray-address 127.0.0.1:1")
     ray_engine._check_reachable("auto", "--ray-address auto")  # resolved by Ray itself
+
+
+# -- segment's key check on the workers -------------------------------------------------------------------------
+
+
+@RAY
+def test_segment_key_hashes_stay_on_the_workers(tmp_path, run_cli, ray_cluster, monkeypatch):
+    """Each chunk's task writes its key hashes beside DST and tasks find the repeats there: no examples come back
+    with their hashes, the run receives at least 8 bytes per example less than with the hashes sent to the
+    driver (the manifest's run.ray.bytes_received), the same bytes and statistics, nothing left beside DST."""
+    from contextlib import contextmanager
+
+    from batchtool.driver import EngineRuntime
+    from batchtool.ops.segment_chunks import Examples
+
+    rows = 20_000
+    src = write_parquet_shards(str(tmp_path / "src"), make_table(rows, seed=5, median_length=2, max_length=4),
+                               row_group_size=2_000)
+    args = ("--key", "key", "--sequence", "tokens", "--num-unroll", "2", "--batch-size", "64", "--threads", "2",
+            "-q", "--engine", "ray")
+    seen: list[Examples] = []
+    original = ray_engine._unpack
+
+    def unpacked(packed):
+        result = original(packed)
+        seen.extend(r for r in getattr(result, "results", []) if isinstance(r, Examples))
+        return result
+
+    monkeypatch.setattr(ray_engine, "_unpack", unpacked)
+    (tmp_path / "out").mkdir()  # DST's parent exists (else the hashes come to the driver: see EngineRuntime.scratch)
+    assert run_cli("segment", src, tmp_path / "out" / "workers", *args).exit_code == 0
+    assert seen and all(examples.key_hash is None for examples in seen)
+
+    @contextmanager
+    def no_scratch(self):
+        yield None
+
+    monkeypatch.setattr(EngineRuntime, "scratch", no_scratch)
+    assert run_cli("segment", src, tmp_path / "out" / "driver", *args).exit_code == 0
+    assert data_bytes(str(tmp_path / "out" / "workers")) == data_bytes(str(tmp_path / "out" / "driver"))
+    manifests = {}
+    for name in ("workers", "driver"):
+        with open(tmp_path / "out" / name / ".batchtool_manifest.json") as f:
+            manifests[name] = json.load(f)
+    assert manifests["workers"]["stats"] == manifests["driver"]["stats"]
+    received = {name: m["run"]["ray"]["bytes_received"] for name, m in manifests.items()}
+    assert received["driver"] - received["workers"] > 8 * rows * 0.9, received
+    assert sorted(os.listdir(tmp_path / "out")) == ["driver", "workers"]
+
+
+@RAY
+def test_a_duplicate_segment_key_on_ray_fails_as_on_the_local_engine(tmp_path, run_cli, remote_maps):
+    """Keys repeated across chunks and shards: the local engine's one error line (the first duplicate in hash order,
+    confirmed), exit 2, DST untouched and no temporary directory left beside it."""
+    from batchtool.ops.segment_keys import partition_collisions
+    from test_pickling_engine import repeated_keys_src
+
+    dup = repeated_keys_src(str(tmp_path / "src"))
+    out = tmp_path / "out"
+    errors = {}
+    for engine in ("local", "ray"):
+        dst = out / engine
+        dst.mkdir(parents=True)
+        (dst / "kept").write_text("mine")
+        result = run_cli("segment", dup, dst, *SEGMENT, "--overwrite", "-q", "--engine", engine)
+        assert result.exit_code == 2 and result.stderr.startswith("error: duplicate key ")
+        assert result.stderr.count("\n") == 1
+        assert os.listdir(dst) == ["kept"] and (dst / "kept").read_text() == "mine"
+        errors[engine] = result.stderr
+    assert errors["ray"] == errors["local"]
+    assert sorted(os.listdir(out)) == ["local", "ray"]
+    assert partition_collisions in remote_maps

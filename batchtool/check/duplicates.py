@@ -4,13 +4,15 @@ keys and rows, `segment`'s unique example keys).
 (hash, example id) pairs stay in memory up to a budget; past it they are partitioned by the
 hash's top bits into temporary files, so every copy of a key lands in the same partition and
 each partition is sorted on its own. Hash groups are candidates: the caller confirms the ones
-it reports with the real values (a 64-bit collision is rare, never impossible).
+it reports with the real values (a 64-bit collision is rare, never impossible). The partition files'
+layout (`partitioned`, `partition_name`, `read_pairs`) is shared with segment's key check on remote
+workers (ops/segment_keys.py), which writes them there, so both find the same collisions in the same order.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +24,7 @@ PAIR_BYTES = 16
 SORT_FACTOR = 4
 """Finding repeats needs about this many times the pairs' bytes (sort order, sorted copies, masks)."""
 PARTITION_BITS = 8
+PARTITIONS = 1 << PARTITION_BITS
 _SHIFT = np.uint64(64 - PARTITION_BITS)
 
 
@@ -75,20 +78,16 @@ class HashIndex:
         return hashes, ids
 
     def _path(self, part: int) -> str:
-        return os.path.join(self.directory, f"part-{part:03d}.u64")
+        assert self.directory is not None
+        return os.path.join(self.directory, partition_name(part))
 
     def _spill(self) -> None:
-        """Append the buffered pairs to their partition files (interleaved hash, id uint64s)."""
+        """Append the buffered pairs to their partition files."""
         if self.directory is None:
             self.directory = make_temporary_dir(self.prefix, self.tmp_dir)
-        hashes, ids = self._take_buffer()
-        parts = (hashes >> _SHIFT).astype(np.int64)
-        order = np.argsort(parts, kind="stable")
-        pairs = np.stack([hashes[order], ids[order]], axis=1)
-        bounds = np.searchsorted(parts[order], np.arange((1 << PARTITION_BITS) + 1))
-        for part in np.flatnonzero(np.diff(bounds)):
-            with temporary_write_errors(self.tmp_dir), open(self._path(int(part)), "ab") as f:
-                pairs[bounds[part]:bounds[part + 1]].tofile(f)
+        for part, pairs in partitioned(*self._take_buffer()):
+            with temporary_write_errors(self.tmp_dir), open(self._path(part), "ab") as f:
+                pairs.tofile(f)
 
     def partitions(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """The (hashes, ids) collected so far, one hash partition at a time, in hash-prefix order (one part
@@ -100,10 +99,9 @@ class HashIndex:
             return
         if self._buffered:
             self._spill()
-        for part in range(1 << PARTITION_BITS):
+        for part in range(PARTITIONS):
             if os.path.exists(self._path(part)):
-                pairs = np.fromfile(self._path(part), dtype=np.uint64).reshape(-1, 2)
-                yield pairs[:, 0], pairs[:, 1]
+                yield read_pairs([self._path(part)])
 
     def repeats(self, limit: int) -> Repeats:
         """Rows whose hash an earlier row (smaller id) has; the first `limit` by id, with that earlier row."""
@@ -116,21 +114,44 @@ class HashIndex:
     def collisions(self) -> Iterator[tuple[int, int]]:
         """(id of a hash's first row, id of a later row with it) for every repeat, in hash order, then id order."""
         for hashes, ids in self.partitions():
-            first_ids, repeat_ids = _repeated(hashes, ids)
+            first_ids, repeat_ids = repeated(hashes, ids)
             yield from zip(first_ids.tolist(), repeat_ids.tolist())
 
 
-def _repeated(hashes: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def partitioned(hashes: np.ndarray, ids: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+    """The pairs by partition (the hash's top PARTITION_BITS bits), in partition order: each non-empty one as
+    interleaved (hash, id) uint64s, as its file holds them, in the order given."""
+    parts = (hashes >> _SHIFT).astype(np.int64)
+    order = np.argsort(parts, kind="stable")
+    pairs = np.stack([hashes[order], ids[order]], axis=1)
+    bounds = np.searchsorted(parts[order], np.arange(PARTITIONS + 1))
+    for part in np.flatnonzero(np.diff(bounds)):
+        yield int(part), pairs[bounds[part]:bounds[part + 1]]
+
+
+def partition_name(part: int) -> str:
+    """The file name of a partition's pairs."""
+    return f"part-{part:03d}.u64"
+
+
+def read_pairs(paths: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The (hashes, ids) of partition files, concatenated in the order given."""
+    pairs = [np.fromfile(path, dtype=np.uint64).reshape(-1, 2) for path in paths]
+    both = np.concatenate(pairs) if pairs else np.zeros((0, 2), np.uint64)
+    return both[:, 0], both[:, 1]
+
+
+def repeated(hashes: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(first id of its hash, id) of every row whose hash a row of smaller id has, in (hash, id) order."""
     order = np.lexsort((ids, hashes))
     h, i = hashes[order], ids[order]
     starts = np.r_[True, h[1:] != h[:-1]] if len(h) else np.zeros(0, bool)
     group_first = np.maximum.accumulate(np.where(starts, np.arange(len(h)), 0))
-    repeated = ~starts
-    return i[group_first[repeated]], i[repeated]
+    later = ~starts
+    return i[group_first[later]], i[later]
 
 
 def _repeats(hashes: np.ndarray, ids: np.ndarray, limit: int) -> Repeats:
-    rep_first, rep_ids = _repeated(hashes, ids)
+    rep_first, rep_ids = repeated(hashes, ids)
     keep = np.argsort(rep_ids, kind="stable")[:limit]
     return Repeats(len(rep_ids), rep_ids[keep], rep_first[keep])

@@ -517,6 +517,12 @@ class Runtime(Protocol):
         statistics, merged into that Tally in input order as the chunks are read."""
         ...
 
+    def scratch(self) -> AbstractContextManager[str | None]:
+        """A directory every worker can write and read, beside DST, removed when the block ends: where map tasks
+        leave what reduce tasks read, instead of sending it to the driver. None when the engine is local, or
+        DST is not a path (or its parent does not exist yet): then keep the work where it was."""
+        ...
+
 
 @dataclass
 class Regrouped:

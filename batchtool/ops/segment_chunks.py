@@ -69,7 +69,8 @@ class Examples:
     """Real steps: --input-length, else the value length."""
     count: np.ndarray
     """Segments (`NextQueuedSequenceBatch.sequence_count`)."""
-    key_hash: np.ndarray
+    key_hash: np.ndarray | None
+    """Each key's 64-bit hash (key_hashes); None once written where the check reads it (segment_keys.prepare_shared)."""
     first_ordinal: int = 0
     """Position of the first row in the input; set by the planner, which sees chunks in order."""
 

@@ -1,18 +1,39 @@
 """segment's duplicate-key check: every example key must be unique, checked in bounded memory from the keys'
 64-bit hashes (check.duplicates.HashIndex, which `check` uses for its unique keys too), a hash match confirmed
-by re-reading the two keys."""
+by re-reading the two keys. On a remote engine the (hash, id) pairs never reach the driver: each chunk's task
+writes them, partitioned as HashIndex partitions them, beside the output, and one task per partition finds its
+repeated hashes there (SharedKeys); the driver confirms the candidates in the same order either way."""
 
 from __future__ import annotations
+
+import glob
+import os
+import socket
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
 
-from batchtool.check.duplicates import HashIndex
-from batchtool.dataset import Dataset
-from batchtool.errors import InputError
+from batchtool import fs
+from batchtool.check.duplicates import PARTITIONS, HashIndex, partition_name, partitioned, read_pairs, repeated
+from batchtool.dataset import Chunk, Dataset
+from batchtool.errors import DestinationError, InputError
+from batchtool.ops.segment_chunks import Examples, SegmentPlan, prepare_chunk
 
 CONFIRM_PAIRS = 64
-"""Hash matches confirmed per pass over the key column (a pass only happens on a match)."""
+"""Hash matches confirmed per pass over the key column (a pass only happens on a match); on a remote engine, also
+the most each partition's task returns at a time."""
+
+
+class KeyIndex(Protocol):
+    """Where the (key hash, example id) pairs are: HashIndex on the driver, or SharedKeys beside the output."""
+
+    def collisions(self) -> Iterator[tuple[int, int]]:
+        """(id of a hash's first row, id of a later row with it) for every repeat, in hash order, then id order."""
+        ...
 
 
 def key_index(memory: int, tmp_dir: str | None) -> HashIndex:
@@ -21,7 +42,65 @@ def key_index(memory: int, tmp_dir: str | None) -> HashIndex:
     return HashIndex(max(4 << 20, memory), tmp_dir, prefix="batchtool-keys-")
 
 
-def check_unique_keys(index: HashIndex, dataset: Dataset, key: str, threads: int) -> None:
+def prepare_shared(plan: SegmentPlan, locate: Callable[[int], str], directory: str,
+                   item: tuple[int, Callable[[], Chunk]]) -> Examples:
+    """prepare_chunk for chunk number `index`, its key hashes written under `directory` (for SharedKeys) instead
+    of sent back with the examples."""
+    index, task = item
+    examples = prepare_chunk(plan, locate, task)
+    assert examples.key_hash is not None
+    write_pairs(directory, index, examples.key_hash, examples.ids)
+    return replace(examples, key_hash=None)
+
+
+def write_pairs(directory: str, index: int, hashes: np.ndarray, ids: np.ndarray) -> None:
+    """Chunk number `index`'s pairs as partition files in a directory of its own, published as c<index> once
+    complete (replacing what a failed earlier attempt of the task left, so a retry never counts twice). Made
+    with mkdir, never makedirs: a task still running after a failed command's cleanup must not recreate the tree."""
+    if not os.path.isdir(directory):
+        raise DestinationError(f"{directory} is not visible on {socket.gethostname()}: with --engine ray segment "
+                               "checks its keys in temporary files beside DST, so DST must be on storage every "
+                               "node shares")
+    writing = os.path.join(directory, f".c{index:09d}-{uuid.uuid4().hex}")
+    with fs.write_errors(f"{directory}: cannot write the keys' hashes"):
+        os.mkdir(writing)
+        for part, pairs in partitioned(hashes, ids):
+            pairs.tofile(os.path.join(writing, partition_name(part)))
+        own = os.path.join(directory, f"c{index:09d}")
+        fs.remove_tree(own)
+        os.rename(writing, own)
+
+
+def partition_collisions(job: tuple[str, int, int]) -> tuple[list[tuple[int, int]], int]:
+    """The reduce task of one partition: its collisions from every chunk's file, the `CONFIRM_PAIRS` from
+    number `skip` on, and how many it has in all."""
+    directory, part, skip = job
+    paths = sorted(glob.glob(os.path.join(glob.escape(directory), "c*", partition_name(part))))
+    first, later = repeated(*read_pairs(paths))
+    end = skip + CONFIRM_PAIRS
+    return list(zip(first[skip:end].tolist(), later[skip:end].tolist())), len(later)
+
+
+@dataclass(frozen=True)
+class SharedKeys:
+    """The pairs prepare_shared wrote under `directory`, their collisions found by one task per partition run by
+    `run` (the Runtime's map): in HashIndex's order, since the partitions are HashIndex's."""
+
+    directory: str
+    run: Callable[[Callable[[Any], Any], Iterable[Any]], Iterator[Any]]
+
+    def collisions(self) -> Iterator[tuple[int, int]]:
+        jobs = [(self.directory, part, 0) for part in range(PARTITIONS)]
+        for part, (pairs, total) in enumerate(self.run(partition_collisions, jobs)):
+            yield from pairs
+            done = len(pairs)
+            while done < total:  # more than a task returns at once: only with that many 64-bit hash collisions
+                more, _ = next(iter(self.run(partition_collisions, [(self.directory, part, done)])))
+                yield from more
+                done += len(more)
+
+
+def check_unique_keys(index: KeyIndex, dataset: Dataset, key: str, threads: int) -> None:
     """Raise InputError naming the first duplicate key (in hash order) and both rows, after confirming it."""
     batch: list[tuple[int, int]] = []
     for pair in index.collisions():
@@ -48,4 +127,5 @@ def _confirm(pairs: list[tuple[int, int]], dataset: Dataset, key: str, threads: 
                              "(segment keys must be unique)")
 
 
-__all__ = ["check_unique_keys", "key_index"]
+__all__ = ["CONFIRM_PAIRS", "KeyIndex", "SharedKeys", "check_unique_keys", "key_index", "partition_collisions",
+           "prepare_shared", "write_pairs"]

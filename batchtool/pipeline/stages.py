@@ -123,7 +123,7 @@ class Stage:
             return write(output=output, items=self.stream(view, None, run, report), work=emit_nonempty,
                          stats=lambda: self.report, report=report, **job)
         with stream_errors(self.op, self._plan, view, run.threads), \
-                self.op.regroup(self._plan, view, report, EngineRuntime(run.threads, run.quiet, self.name)) as out:
+                self.op.regroup(self._plan, view, report, EngineRuntime(run.threads, run.quiet, self.name, dst)) as out:
             return write_regrouped(write, out, output, desc=f"{self.name}: write", report=report, **job)
 
     @property
