@@ -555,3 +555,34 @@ def test_a_duplicate_segment_key_on_ray_fails_as_on_the_local_engine(tmp_path, r
     assert errors["ray"] == errors["local"]
     assert sorted(os.listdir(out)) == ["local", "ray"]
     assert partition_collisions in remote_maps
+
+
+EXCHANGED = {
+    "bucket": ("bucket", "--auto-buckets", "3", "--batch-size", "8", "--memory", "64KB", "--shard-rows", "100"),
+    "bucket-balanced": ("bucket", "--auto-buckets", "2", "--batch-size", "8", "--balance", "label", "--oversample"),
+    "stratify-balanced": ("stratify", "--target", "uniform", "--batch-size", "8", "--balanced-batches",
+                          "--shard-rows", "64"),
+}
+
+
+@RAY
+@pytest.mark.parametrize("name", EXCHANGED)
+def test_bucket_and_balanced_batches_send_no_data_through_the_driver(name, src, tmp_path, run_cli, ray_cluster,
+                                                                     monkeypatch):
+    """Scattered, sorted, cut and written on the workers: the local bytes and statistics, while what the driver
+    sends and receives (plans, paths, counts, every batch's size) is a small fraction of what the same command
+    moves when it regroups on the driver (the rows out to be read, back, out to be padded, back encoded)."""
+    import shutil
+
+    from batchtool.ops import OPERATIONS
+    local, ray = run_both(run_cli, EXCHANGED[name], src, tmp_path)
+    assert local["stats"] == ray["stats"] and local["output"] == ray["output"]
+    moved = ray["run"]["ray"]
+    assert moved["local_items"] == 0 and moved["tasks"] > 3, moved
+    op = OPERATIONS[EXCHANGED[name][0]]
+    monkeypatch.setattr(type(op), "exchange", lambda self, plan, data, probe: None)
+    for engine in ("local", "ray"):
+        shutil.rmtree(tmp_path / engine)
+    driver = run_both(run_cli, EXCHANGED[name], src, tmp_path)[1]["run"]["ray"]
+    through, before = (m["bytes_sent"] + m["bytes_received"] for m in (moved, driver))
+    assert through * 4 < before, (moved, driver)
