@@ -8,7 +8,7 @@ command runs on the local engine (--threads 2) and on a two-node cluster (tests/
 127.0.0.2, worker 127.0.0.3, one CPU each, started once for the whole run and stopped by PID), each run in its
 own process. Recorded: wall time, the driver's peak RSS (its own VmHWM, tests/memlimit.py), the peak RSS of
 the Ray worker processes of each node (VmHWM read from /proc while the command runs: the largest process
-and the sum of the processes' peaks, which need not be simultaneous), the manifest's `run.ray`, and whether
+and, when a node ran several, the sum of their peaks, which need not be simultaneous), the manifest's `run.ray`, and whether
 both engines wrote the same data files (sha256 of each). Each output is deleted once hashed.
 Exit status 1 if a command failed or the engines' bytes differ.
 """
@@ -179,28 +179,34 @@ def megabytes(value: int) -> str:
     return f"{value / 1e6:,.1f} MB" if value >= 1e5 else f"{value / 1e3:,.0f} KB"
 
 
+def worker_peak(node: dict[str, float]) -> str:
+    """The largest worker process's peak, and the sum of all of them when the node ran several."""
+    if node["processes"] == 1:
+        return mib(node["max"])
+    return f"{mib(node['max'])} ({node['processes']} processes, {mib(node['sum'])} summed)"
+
+
 def table(runs: list[Run], nodes: list[str]) -> str:
     """One markdown row per run; `same bytes` on each Ray row, against the local run of its command."""
-    lines = ["| command | engine | wall time | driver peak RSS | workers' peak RSS, largest process "
-             f"({' / '.join(nodes)}) | workers' summed peaks | tasks ({' / '.join(nodes)}) | to workers / to driver "
-             "| same bytes |", "| --- | --- | ---: | ---: | ---: | ---: | --- | --- | --- |"]
+    lines = [f"| command | engine | wall time | driver peak RSS | workers' peak RSS ({' / '.join(nodes)}) "
+             f"| tasks ({' / '.join(nodes)}) | to workers / to driver | same bytes |",
+             "| --- | --- | ---: | ---: | ---: | --- | --- | --- |"]
     local = {r.command: r for r in runs if r.engine == "local"}
     for r in runs:
         if r.error:
-            lines.append(f"| {r.command} | {r.engine} | failed after {r.seconds} s: {r.error} | | | | | | |")
+            lines.append(f"| {r.command} | {r.engine} | failed after {r.seconds} s: {r.error} | | | | | |")
             continue
-        workers = summed = tasks = moved = same = "-"
+        workers = tasks = moved = same = "-"
         if r.engine == "ray":
             peaks = r.workers_peak_mib or {}
-            workers = " / ".join(mib(peaks[n]["max"]) if n in peaks else "-" for n in nodes)
-            summed = " / ".join(mib(peaks[n]["sum"]) if n in peaks else "-" for n in nodes)
+            workers = " / ".join(worker_peak(peaks[n]) if n in peaks else "-" for n in nodes)
             by_node = (r.ray or {}).get("tasks_by_node", {})
             tasks = " / ".join(str(by_node.get(n, 0)) for n in nodes)
             moved = f"{megabytes(r.ray['bytes_sent'])} / {megabytes(r.ray['bytes_received'])}" if r.ray else "-"
             twin = local.get(r.command)
             same = "-" if twin is None or twin.error else "yes" if twin.files == r.files else "**NO**"
         lines.append(f"| {r.command} | {r.engine} | {r.seconds:,.1f} s | {mib(r.driver_peak_mib)} | {workers} | "
-                     f"{summed} | {tasks} | {moved} | {same} |")
+                     f"{tasks} | {moved} | {same} |")
     return "\n".join(lines)
 
 
