@@ -8,8 +8,9 @@ command runs on the local engine (--threads 2) and on a two-node cluster (tests/
 127.0.0.2, worker 127.0.0.3, one CPU each, started once for the whole run and stopped by PID), each run in its
 own process. Recorded: wall time, the driver's peak RSS (its own VmHWM, tests/memlimit.py), the peak RSS of
 the Ray worker processes of each node (VmHWM read from /proc while the command runs: the largest process
-and, when a node ran several, the sum of their peaks, which need not be simultaneous), the manifest's `run.ray`, and whether
-both engines wrote the same data files (sha256 of each). Each output is deleted once hashed.
+and, when a node ran several, the sum of their peaks, which need not be simultaneous), the manifest's
+`run.ray`, and whether both engines wrote the same data files (sha256 of each). Each output is deleted once
+hashed.
 Exit status 1 if a command failed or the engines' bytes differ.
 """
 
@@ -127,6 +128,7 @@ class WorkerPeaks:
 
 
 def sha256_file(path: str) -> str:
+    """Hashed here, not taken from the manifest: the comparison must not trust the writer being measured."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(HASH_BLOCK):
@@ -163,6 +165,7 @@ def run_command(name: str, src: str, dst: str, tmp: str, engine: str, cluster: C
 
 
 def corpus_line(size: str, parquet: str, rows: int) -> str:
+    """What was measured, above each table: examples, bytes, files, row groups (one read task each)."""
     import pyarrow.parquet as pq
 
     files = sorted(os.listdir(parquet))
@@ -179,6 +182,14 @@ def megabytes(value: int) -> str:
     return f"{value / 1e6:,.1f} MB" if value >= 1e5 else f"{value / 1e3:,.0f} KB"
 
 
+def same_bytes(run: Run, runs: list[Run]) -> bool | None:
+    """Whether a Ray run wrote the data files its command's local run wrote; None when there is nothing to compare."""
+    local = next((r for r in runs if r.command == run.command and r.engine == "local"), None)
+    if run.engine != "ray" or run.error or local is None or local.error:
+        return None
+    return local.files == run.files
+
+
 def worker_peak(node: dict[str, float]) -> str:
     """The largest worker process's peak, and the sum of all of them when the node ran several."""
     if node["processes"] == 1:
@@ -191,7 +202,6 @@ def table(runs: list[Run], nodes: list[str]) -> str:
     lines = [f"| command | engine | wall time | driver peak RSS | workers' peak RSS ({' / '.join(nodes)}) "
              f"| tasks ({' / '.join(nodes)}) | to workers / to driver | same bytes |",
              "| --- | --- | ---: | ---: | ---: | --- | --- | --- |"]
-    local = {r.command: r for r in runs if r.engine == "local"}
     for r in runs:
         if r.error:
             lines.append(f"| {r.command} | {r.engine} | failed after {r.seconds} s: {r.error} | | | | | |")
@@ -203,8 +213,7 @@ def table(runs: list[Run], nodes: list[str]) -> str:
             by_node = (r.ray or {}).get("tasks_by_node", {})
             tasks = " / ".join(str(by_node.get(n, 0)) for n in nodes)
             moved = f"{megabytes(r.ray['bytes_sent'])} / {megabytes(r.ray['bytes_received'])}" if r.ray else "-"
-            twin = local.get(r.command)
-            same = "-" if twin is None or twin.error else "yes" if twin.files == r.files else "**NO**"
+            same = {None: "-", True: "yes", False: "**NO**"}[same_bytes(r, runs)]
         lines.append(f"| {r.command} | {r.engine} | {r.seconds:,.1f} s | {mib(r.driver_peak_mib)} | {workers} | "
                      f"{tasks} | {moved} | {same} |")
     return "\n".join(lines)
@@ -217,7 +226,26 @@ def cluster_env() -> dict[str, str]:
             "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
 
 
+def measure(commands: list[str], src: str, work: str, cluster: Cluster) -> list[Run]:
+    """Every command on both engines, local first; DST and --tmp-dir under work/out, removed after each run."""
+    runs = []
+    out = os.path.join(work, "out")
+    for name in commands:
+        for engine in ("local", "ray"):
+            shutil.rmtree(out, ignore_errors=True)
+            os.makedirs(os.path.join(out, "tmp"))
+            try:
+                run = run_command(name, src, os.path.join(out, "dst"), os.path.join(out, "tmp"), engine,
+                                  cluster if engine == "ray" else None)
+            finally:
+                shutil.rmtree(out, ignore_errors=True)
+            print(f"  {name} {engine}: {run.error or f'{run.seconds} s'}", file=sys.stderr)
+            runs.append(run)
+    return runs
+
+
 def main() -> None:
+    """Make the corpora, start the cluster once, measure every size; one table per size, JSON after each."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="200,1000", help="corpus sizes in MB, comma-separated (default 200,1000)")
     parser.add_argument("--commands", default=",".join(COMMANDS),
@@ -232,38 +260,29 @@ def main() -> None:
     sizes = [s.strip() for s in args.sizes.split(",")]
     if not all(s.isdigit() and int(s) > 0 for s in sizes):
         parser.error(f"--sizes {args.sizes}: whole numbers of MB, comma-separated")
-    sizes = [f"{s}MB" for s in sizes]
     os.makedirs(args.work, exist_ok=True)
+    corpora = {f"{s}MB": generate(f"{s}MB", args.work, tfrecord=False) for s in sizes}
     report: dict = {"machine": machine_line(), "sizes": {}}
     failed = False
     with tempfile.TemporaryDirectory(prefix="rc") as temp:  # short: Ray's socket paths must fit 107 bytes
-        cluster = start_cluster(temp, cluster_env())
+        try:
+            cluster = start_cluster(temp, cluster_env())
+        except RuntimeError as exc:
+            sys.exit(f"error: no two-node Ray cluster: {exc}")
         nodes = [node.ip for node in cluster.nodes]
         try:
-            for size in sizes:
-                ctx = generate(size, args.work, tfrecord=False)
+            for size, ctx in corpora.items():
                 corpus = corpus_line(size, ctx.parquet, ctx.rows)
                 print(corpus, file=sys.stderr)
-                runs = []
-                for name in commands:
-                    for engine in ("local", "ray"):
-                        out = os.path.join(args.work, "out")
-                        shutil.rmtree(out, ignore_errors=True)
-                        os.makedirs(os.path.join(out, "tmp"))
-                        run = run_command(name, ctx.parquet, os.path.join(out, "dst"), os.path.join(out, "tmp"),
-                                          engine, cluster if engine == "ray" else None)
-                        shutil.rmtree(out, ignore_errors=True)
-                        print(f"  {name} {engine}: {run.error or f'{run.seconds} s'}", file=sys.stderr)
-                        runs.append(run)
-                rendered = table(runs, nodes)
-                print(f"\n{corpus}\n\n{rendered}\n", flush=True)
+                runs = measure(commands, ctx.parquet, args.work, cluster)
+                print(f"\n{corpus}\n\n{table(runs, nodes)}\n", flush=True)
+                failed |= any(r.error or same_bytes(r, runs) is False for r in runs)
                 report["sizes"][size] = {"corpus": corpus, "runs": [asdict(r) for r in runs]}
-                failed |= any(r.error for r in runs) or "**NO**" in rendered
+                if args.json:
+                    with open(args.json, "w") as f:
+                        json.dump(report, f, indent=1)
         finally:
             cluster.stop()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report, f, indent=1)
     sys.exit(1 if failed else 0)
 
 
