@@ -37,6 +37,10 @@ class EngineRuntime:
     """The output the op writes (a command's DST, a pipeline's output when it is the last stage), beside which
     `scratch` is; None: the op's output streams on, so no scratch."""
 
+    @property
+    def remote(self) -> bool:
+        return runner.active_engine() is not None
+
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
         return ordered_map(fn, items, self.threads)
 

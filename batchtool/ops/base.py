@@ -501,6 +501,12 @@ class Runtime(Protocol):
 
     threads: int
 
+    @property
+    def remote(self) -> bool:
+        """The engine runs `map` in other processes, so what an item references is copied to ship it (an op
+        then sends only the rows an item needs, where threads would share them for free)."""
+        ...
+
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
         """fn over items on the engine, results in input order (`fn` must pickle: it may run remotely)."""
         ...

@@ -106,7 +106,7 @@ class SegmentOp(Operation[SegmentOptions, SegmentPlan]):
         o = plan.options
         columns = o.source_columns
         sample = next(iter(data.tasks(columns)), None)
-        planner = LanePlanner(plan, check_memory(o, sample().data if sample else None))
+        planner = LanePlanner(plan, check_memory(o, sample().data if sample else None), compact=runtime.remote)
         with runtime.scratch() as shared, key_index(o.memory, o.tmp_dir) as local:
             index: KeyIndex = local if shared is None else SharedKeys(shared, runtime.map)
 

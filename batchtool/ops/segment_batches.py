@@ -62,7 +62,7 @@ def build_batches(plan: SegmentPlan, item: SegmentItem) -> tuple[list[pa.RecordB
     count = np.where(empty, 0, per_example(lambda s: s.count))
     total = np.where(empty, 0, per_example(lambda s: s.total_length))
     value = np.where(empty, 0, per_example(lambda s: s.value_length))
-    ordinal = per_example(lambda s: s.first_ordinal + np.arange(s.num_rows))
+    ordinal = per_example(lambda s: s.ordinals)
     steps = np.clip(value - seg * U, 0, U)
     original = pa.chunked_array([s.keys for s in item.sources], type=pa.string()).take(pa.array(g))
     keys, next_keys = _keys(original.combine_chunks(), seg, count, empty)

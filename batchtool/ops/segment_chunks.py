@@ -71,12 +71,23 @@ class Examples:
     """Segments (`NextQueuedSequenceBatch.sequence_count`)."""
     key_hash: np.ndarray | None
     """Each key's 64-bit hash (key_hashes); None once written where the check reads it (segment_keys.prepare_shared)."""
-    first_ordinal: int = 0
-    """Position of the first row in the input; set by the planner, which sees chunks in order."""
+    ordinals: np.ndarray | None = None
+    """Each row's position in the input; set by the planner, which sees chunks in order."""
 
     @property
     def num_rows(self) -> int:
         return self.data.num_rows
+
+    def take(self, rows: np.ndarray) -> Examples:
+        """Only these rows: what a work item bound for another process carries of a chunk (the examples it
+        plays, not the whole chunk)."""
+        index = pa.array(rows)
+
+        def some(values: np.ndarray | None) -> np.ndarray | None:
+            return None if values is None else values[rows]
+
+        return Examples(self.data.take(index), self.ids[rows], self.keys.take(index), self.value_length[rows],
+                        self.total_length[rows], self.count[rows], some(self.key_hash), some(self.ordinals))
 
 
 def prepare_chunk(plan: SegmentPlan, locate: Callable[[int], str], task: Callable[[], Chunk]) -> Examples:

@@ -63,8 +63,11 @@ class LanePlanner:
     world_size N there are N * B lanes: rank r's are lanes r * B .. r * B + B - 1.
     """
 
-    def __init__(self, plan: SegmentPlan, batch_bytes: float = 0.0) -> None:
+    def __init__(self, plan: SegmentPlan, batch_bytes: float = 0.0, compact: bool = False) -> None:
+        """`compact`: items carry only the rows they play of each chunk (for an engine that copies them to
+        another process), not references to the whole chunks."""
         self.plan = plan
+        self.compact = compact
         B = plan.options.batch_size * plan.options.world_size
         self.lanes: list[deque[list]] = [deque() for _ in range(B)]
         self.load = np.zeros(B, dtype=np.int64)
@@ -75,7 +78,7 @@ class LanePlanner:
     def items(self, examples: Iterable[Examples]) -> Iterator[SegmentItem]:
         windows = self._windows(examples)
         exhausted = False
-        builder = _ItemBuilder(self.item_batches, len(self.lanes), 0)
+        builder = _ItemBuilder(self.item_batches, len(self.lanes), 0, self.compact)
         while True:
             while not exhausted and not self.load.all():
                 window = next(windows, None)
@@ -90,7 +93,8 @@ class LanePlanner:
             self._emit(builder, k)
             if not builder.room:
                 yield builder.finish()
-                builder = _ItemBuilder(self.item_batches, len(self.lanes), builder.first_batch + builder.filled)
+                builder = _ItemBuilder(self.item_batches, len(self.lanes), builder.first_batch + builder.filled,
+                                       self.compact)
         if builder.filled:
             yield builder.finish()
 
@@ -100,7 +104,7 @@ class LanePlanner:
         window: list[tuple[Examples, np.ndarray]] = []
         size = 0
         for ex in examples:
-            ex = replace(ex, first_ordinal=ordinal)
+            ex = replace(ex, ordinals=ordinal + np.arange(ex.num_rows))
             ordinal += ex.num_rows
             self.stats.examples += ex.num_rows
             self.stats.real_steps += int(ex.total_length.sum())
@@ -160,8 +164,9 @@ class _ItemBuilder:
     """Slot arrays of one SegmentItem being filled by the planner: it records runs (a lane's m consecutive
     slots playing consecutive segments of one example), expanded into the arrays at once by finish()."""
 
-    def __init__(self, batches: int, lanes: int, first_batch: int) -> None:
+    def __init__(self, batches: int, lanes: int, first_batch: int, compact: bool = False) -> None:
         self.first_batch = first_batch
+        self.compact = compact
         self.batches = batches
         self.lanes = lanes
         self.filled = 0
@@ -187,13 +192,26 @@ class _ItemBuilder:
         src = np.full((n, self.lanes), -1, dtype=np.int32)
         row = np.zeros((n, self.lanes), dtype=np.int64)
         seg = np.zeros((n, self.lanes), dtype=np.int32)
+        sources = tuple(self.source_list)
         if self.runs:
             first, lane, source, rows, segs, m = np.array(self.runs, dtype=np.int64).T
+            if self.compact:
+                sources, rows = self._compacted(source, rows)
             slots = (ranges(first, m), np.repeat(lane, m))
             src[slots] = np.repeat(source, m)
             row[slots] = np.repeat(rows, m)
             seg[slots] = ranges(segs, m)
-        return SegmentItem(self.first_batch, tuple(self.source_list), src, row, seg, self.finished)
+        return SegmentItem(self.first_batch, sources, src, row, seg, self.finished)
+
+    def _compacted(self, source: np.ndarray, rows: np.ndarray) -> tuple[tuple[Examples, ...], np.ndarray]:
+        """Each source cut to the rows the runs play, and the runs' rows renumbered in it."""
+        renumbered = rows.copy()
+        sources = []
+        for i, examples in enumerate(self.source_list):
+            mine = source == i
+            used, renumbered[mine] = np.unique(rows[mine], return_inverse=True)
+            sources.append(examples.take(used))
+        return tuple(sources), renumbered
 
 
 __all__ = ["ITEM_BYTES", "ITEM_SEGMENTS", "LANE_WINDOW", "LanePlanner", "SegmentStats"]
