@@ -94,16 +94,22 @@ class _OneChunk:
         yield self.task()
 
 
-def read_units(dataset: Dataset, columns: Sequence[str] | None = None) -> Iterator[ReadUnit]:
-    """The dataset's input as units for workers, in order: a format that frames its records sequentially
-    (TFRecord: `file_tasks`) gives one unit per file, so the framing runs on a worker too; other formats'
-    read tasks are units as they are."""
+def read_units(dataset: Dataset, report: ReadReport, columns: Sequence[str] | None = None) -> Iterator[ReadUnit]:
+    """The dataset's input as units for workers, in order: its read tasks (a Parquet row group, an Arrow record
+    batch, a byte range of about 1,024 TFRecord records, which the worker frames and checks), but a GZIP
+    TFRecord file whole, so that its framing too runs on a worker (a gzip stream is read from its start), and
+    with --skip-corrupt every TFRecord file whole, so that what each skips comes back with its map output, in
+    file order (`report` gets what the driver's own passes skip)."""
     cols = dataset.check_columns(columns)
     file_tasks = getattr(dataset.spec, "file_tasks", None)
-    if file_tasks is not None:
-        yield from file_tasks(dataset, cols)
+    if file_tasks is None:
+        yield from task_units(dataset.tasks(cols, report))
         return
-    yield from task_units(dataset.tasks(cols))
+    for file in file_tasks(dataset, cols):
+        if file.compressed or dataset.skip_corrupt:
+            yield file
+        else:
+            yield from task_units(file.tasks(report))
 
 
 def task_units(tasks: Iterable[Callable[[], Chunk]]) -> Iterator[ReadUnit]:

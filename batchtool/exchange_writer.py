@@ -262,7 +262,8 @@ def write_exchanged(op: Operation, plan: Any, output: OutputOptions, runtime: Ru
     report = ReadReport() if report is None else report
     source = dataset if source is None else source
     who = command if who is None else who
-    reorder, units = _planned(op, plan, exchange.read_units(dataset) if units is None else units, dataset, run.threads)
+    units = exchange.read_units(dataset, report) if units is None else units
+    reorder, units = _planned(op, plan, units, dataset, run.threads)
     if reorder is None:
         return None
     casts = output.casts(schema)

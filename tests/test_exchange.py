@@ -15,6 +15,7 @@ from batchtool.driver import EngineRuntime, make_plan, run_operation
 from batchtool.errors import DestinationError, InputError
 from batchtool.exchange import MapJob, _map, read_units
 from batchtool.exchange_writer import write_exchanged
+from batchtool.dataset import ReadReport
 from batchtool.job import RunSettings, open_source
 from batchtool.ops.base import Scatter
 from batchtool.ops.shuffle import OP, ShuffleOptions
@@ -117,10 +118,25 @@ def test_skipped_corrupt_records_are_counted_as_locally(sources, tmp_path):
 def test_a_worker_that_cannot_see_the_exchange_directory_says_so(sources, tmp_path):
     """On a cluster whose nodes do not share DST's filesystem, the first map task stops the command."""
     dataset = open_source(sources["parquet"], str(tmp_path / "dst"), OutputOptions())
-    unit = next(read_units(dataset))
+    unit = next(read_units(dataset, ReadReport()))
     job = MapJob(str(tmp_path / "elsewhere"), Scatter(dataset.schema, (1,), 0, "shuffle", 1 << 16), "out/")
     with pytest.raises(DestinationError, match=r"^out/: the exchange directory .*elsewhere is not visible on .*: "
                                                r"with --engine ray a global reorder writes its temporary files "
                                                r"beside DST, so DST must be on storage every node shares$"):
         _map(job, (0, unit))
     assert not os.path.exists(tmp_path / "elsewhere")
+
+
+def test_one_tfrecord_file_is_scattered_by_several_map_tasks(sources, tmp_path, monkeypatch):
+    """An uncompressed TFRecord file is read in byte ranges of about 1,024 records, a map task each (the worker
+    frames and checks its range), not in one task per file: one big file still spreads over the workers."""
+    src = str(tmp_path / "one")
+    convert(sources["parquet"], src, OutputOptions(format="tfrecord"), run=RunSettings(quiet=True))
+    monkeypatch.setattr("batchtool.formats.tfrecord.CHUNK_RECORDS", 64)
+    units = list(read_units(open_source(src, str(tmp_path / "dst"), OutputOptions()), ReadReport()))
+    assert len(os.listdir(src)) == 2 and len(units) == -(-400 // 64)  # one data file (and its manifest)
+    local = shuffle(src, str(tmp_path / "local"), ShuffleOptions(batch_size=16), OutputOptions(),
+                    RunSettings(threads=2, quiet=True), seed=1)
+    ours = exchanged(src, str(tmp_path / "ours"), ShuffleOptions(batch_size=16), OutputOptions(), seed=1)
+    assert data_bytes(str(tmp_path / "ours")) == data_bytes(str(tmp_path / "local"))
+    assert ours.manifest["stats"] == local.manifest["stats"]

@@ -823,6 +823,11 @@ class FileTask:
     skip_corrupt: bool
     max_record_bytes: int
 
+    @property
+    def compressed(self) -> bool:
+        """A GZIP stream: its records can only be framed in one pass from its start."""
+        return detect_compression(self.shard.path) == "GZIP"
+
     def tasks(self, report: ReadReport) -> Iterator[_Task]:
         """The file's read tasks for the engine, in order, each reading its own records where it runs (but a GZIP
         file's: see _file_records); what is skipped (skip_corrupt) goes to `report`."""

@@ -274,7 +274,7 @@ class Prefix:
         if upstream.scope is None:
             report = self.report
             if self.main_run and runner.active_engine() is not None and not fs.is_uri(self.config.output_path):
-                units = (exchange.read_units(self.source, self.columns) if j == 0
+                units = (exchange.read_units(self.source, report, self.columns) if j == 0
                          else exchange.task_units(upstream.tasks(None, report)))
                 out = self._stack.enter_context(regrouped_exchanged(
                     stage.op, stage.planned, upstream, units, self.config.output_path, self.run, report,
@@ -386,7 +386,7 @@ class Prefix:
         if runner.active_engine() is None or fs.is_uri(dst) or not stage.regroups:
             return None
         view = self.view(k, None)
-        units = (exchange.read_units(self.source, self.columns) if k == 0
+        units = (exchange.read_units(self.source, self.report, self.columns) if k == 0
                  else exchange.task_units(view.tasks(None, self.report)))
         with stream_errors(stage.op, stage.planned, view, self.run.threads):
             return write_exchanged(stage.op, stage.planned, self.config.output,
