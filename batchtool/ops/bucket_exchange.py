@@ -71,11 +71,18 @@ class BucketCut:
 
 def _summed(plan: BucketPlan, bucket: int, sizes: np.ndarray, lengths: np.ndarray, dropped: int = 0,
             quotas: np.ndarray | None = None) -> BucketCut:
-    """Real elements and padded length of each batch, from its rows' lengths (`lengths` laid end to end)."""
+    """Real elements and padded length of each batch (as plan.padded_length pads it), from its rows' lengths
+    (`lengths` laid end to end; every batch has a row)."""
+    sizes = np.asarray(sizes, dtype=np.int64)
     edges = np.cumsum(sizes) - sizes
-    real = np.array([int(lengths[s:s + n].sum()) for s, n in zip(edges, sizes)], dtype=np.int64)
-    pad = np.array([plan.padded_length(bucket, lengths[s:s + n]) for s, n in zip(edges, sizes)], dtype=np.int64)
-    return BucketCut(np.asarray(sizes, dtype=np.int64), real, pad, dropped, quotas)
+    lengths = lengths[:int(sizes.sum())].astype(np.int64)
+    real = np.add.reduceat(lengths, edges) if len(sizes) else np.zeros(0, np.int64)
+    fixed = plan.pad_to[bucket]
+    if fixed is not None:
+        pad = np.full(len(sizes), fixed, dtype=np.int64)
+    else:
+        pad = np.maximum.reduceat(lengths, edges) if len(sizes) else np.zeros(0, np.int64)
+    return BucketCut(sizes, real, pad, dropped, quotas)
 
 
 def _bucket_cut(plan: BucketPlan, item: tuple[int, list[SortedStream]]) -> BucketCut:
@@ -178,7 +185,9 @@ class BucketBatches:
         for b in range(len(cuts)):
             at = np.flatnonzero(bucket == b)
             index[at] = np.arange(len(at))
-        sizes = np.array([cuts[b].sizes[j] for b, j in zip(bucket.tolist(), index.tolist())], dtype=np.int64)
+        per_bucket = np.array([len(c.sizes) for c in cuts], dtype=np.int64)
+        sizes = np.concatenate([np.zeros(0, np.int64), *(c.sizes for c in cuts)])[
+            (np.cumsum(per_bucket) - per_bucket)[bucket] + index]
         return cls(plan, schema, streams, cuts, bucket, index, np.concatenate([[0], np.cumsum(sizes)]))
 
     @property
