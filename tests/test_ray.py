@@ -555,3 +555,22 @@ def test_a_duplicate_segment_key_on_ray_fails_as_on_the_local_engine(tmp_path, r
     assert errors["ray"] == errors["local"]
     assert sorted(os.listdir(out)) == ["local", "ray"]
     assert partition_collisions in remote_maps
+
+
+@RAY
+@pytest.mark.parametrize("args", [("convert", "--shard-rows", "6000"),
+                                  ("stratify", "--target", "uniform", "--replacement", "--size", "20000", "--seed", "2",
+                                   "--shard-rows", "6000")], ids=["convert", "stratify"])
+def test_row_commands_spool_their_output_on_the_workers(args, tmp_path, run_cli, ray_cluster):
+    """convert and a row op on Ray: each read unit's output spooled and the shards written on the workers
+    (batchtool.spool), the local bytes and statistics, and what crossed to and from the driver far below the data."""
+    table = make_table(20_000, seed=5)
+    src = write_parquet_shards(str(tmp_path / "src"), table, row_group_size=2_000)
+    local, ray = run_both(run_cli, args, src, tmp_path)
+    assert local["stats"] == ray["stats"] and local["output"] == ray["output"]
+    assert len(data_bytes(str(tmp_path / "ray"))) > 1
+    moved = ray["run"]["ray"]
+    assert moved["local_items"] == 0
+    assert moved["bytes_received"] < table.nbytes / 20 and moved["bytes_sent"] < table.nbytes / 20, \
+        (moved, table.nbytes)
+    assert sorted(os.listdir(tmp_path)) == ["local", "ray", "src"]
