@@ -183,24 +183,32 @@ def spool(units: Iterable[exchange.ReadUnit], job: SpoolJob, run: RunSettings, r
 def write_spooled(units: Iterable[exchange.ReadUnit], emitted: Emitted, merge: Callable[[Tally], None], *,
                   command: str, options: dict[str, Any], seed: int | None, dataset: Dataset, dst: str,
                   output: OutputOptions, schema: pa.Schema, stats: Callable[[], dict[str, Any]], run: RunSettings,
-                  report: ReadReport, started: float | None = None) -> JobResult:
+                  report: ReadReport, started: float | None = None, source: Dataset | None = None,
+                  desc: str | None = None,
+                  manifest_stats: Callable[[dict[str, Any], int], dict[str, Any]] | None = None) -> JobResult:
     """write_job's output and manifest, with no row passing through the driver: spool tasks make every unit's
     batches beside DST (in DST's temporary directory), then write_sorted writes them as shards on the workers,
-    cut where write_job's writer cuts them; `merge` takes each task's statistics in input order."""
+    cut where write_job's writer cuts them; `merge` takes each task's statistics in input order.
+
+    A pipeline's last stage passes the `source` the manifest describes (`dataset` is its input, whose rows the
+    bar counts), its bar's `desc`, and `manifest_stats(op statistics, rows written)`, the pipeline's statistics."""
     started = time.perf_counter() if started is None else started
+    source = dataset if source is None else source
     casts = output.casts(schema)
     stored = output.stored_schema(schema)
     workers = max(1, getattr(runner.active_engine(), "cpus", run.threads))
-    with output_directory(dst, output.overwrite, read_paths(dataset)) as tmp:
+    with output_directory(dst, output.overwrite, read_paths(source)) as tmp:
         with exchange.workspace(tmp, dst) as directory:
-            with progress.bar(f"{command}: write", dataset.progress_rows, quiet=run.quiet) as bar:
+            with progress.bar(desc or f"{command}: write", dataset.progress_rows, quiet=run.quiet) as bar:
                 batches, rows_in = spool(units, SpoolJob(directory, emitted, dst), run, report, merge, bar)
                 files = write_sorted(batches, output, stored, tmp, directory, dst, MEASURES_PER_WORKER * workers,
                                      run.threads)
-        manifest = write_manifest(tmp, command=command, options=options, seed=seed, dataset=dataset, dst=dst,
+        rows_out = batches.rows
+        manifest = write_manifest(tmp, command=command, options=options, seed=seed, dataset=source, dst=dst,
                                   output=output, schema=stored, casts=casts, files=files, rows_in=rows_in,
-                                  rows_out=batches.rows, stats=stats, run=run, report=report, started=started)
-    return JobResult(manifest, rows_in, batches.rows)
+                                  rows_out=rows_out, run=run, report=report, started=started,
+                                  stats=stats if manifest_stats is None else lambda: manifest_stats(stats(), rows_out))
+    return JobResult(manifest, rows_in, rows_out)
 
 
 __all__ = ["SpoolReader", "Spooled", "SpooledBatches", "applies", "as_is", "spool", "write_spooled"]

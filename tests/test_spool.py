@@ -180,3 +180,60 @@ def test_a_spool_task_run_twice_spools_once(sources, tmp_path):
     batches = spool.SpooledBatches(str(tmp_path), (0,), (1,), first.rows)
     assert [b.num_rows for b in batches.reader(0, 1)()] == [50]
     assert functools.reduce(lambda n, b: n + b.num_rows, batches.reader(1, 1)(), 0) == 0
+
+
+PIPELINES = {
+    "row-stages": """seed = 5
+[input]
+path = "{src}"
+[[stage]]
+op = "filter"
+column = "keep"
+[[stage]]
+op = "stratify"
+target = "0.7,0.1,0.1,0.1"
+replacement = true
+[[stage]]
+op = "rename"
+columns = {{ tokens = "ids" }}
+[output]
+path = "{dst}"
+shard-rows = 150
+""",
+    "one-stage": """seed = 5
+[input]
+path = "{src}"
+[[stage]]
+op = "resample"
+rate = 2.5
+[output]
+path = "{dst}"
+format = "arrow"
+shard-bytes = "50KB"
+""",
+    "after-a-shuffle": """seed = 5
+memory = "64KB"
+[input]
+path = "{src}"
+[[stage]]
+op = "shuffle"
+[[stage]]
+op = "select"
+columns = "tokens,label"
+[output]
+path = "{dst}"
+""",
+}
+
+
+@pytest.mark.parametrize("case", PIPELINES)
+def test_a_pipeline_ending_in_a_row_stage_spools_on_the_workers(case, sources, tmp_path, run_cli):
+    """The last row stage's output spooled and written on the workers: the local bytes and manifest."""
+    def args(dst: str) -> list[str]:
+        path = tmp_path / f"{os.path.basename(dst)}.toml"
+        path.write_text(PIPELINES[case].format(src=sources["parquet"], dst=dst))
+        return ["run", str(path)]
+
+    engine = run_both(run_cli, tmp_path, args)
+    assert "_spool" in spooled(engine) and spooled(engine) & {"_write_shard", "_write_all"}
+    assert sorted(os.listdir(tmp_path)) == ["local", "local.toml", "pickled", "pickled.toml"]
