@@ -6,9 +6,11 @@ from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 
+from batchtool import exchange, spool
 from batchtool.dataset import Chunk, ReadReport
 from batchtool.engines import with_engine
 from batchtool.job import JobResult, RunSettings, open_source, write_job
+from batchtool.ops.base import Tally
 from batchtool.output import OutputOptions
 
 
@@ -20,14 +22,15 @@ def convert(src: str, dst: str, output: OutputOptions, *, columns: Sequence[str]
     cols = dataset.check_columns(columns)
     schema = dataset.projected_schema(cols)
     report = ReadReport()
+    job = dict(command="convert", options={"columns": cols, "to": output.format, "compression": output.codec,
+                                           "shard_rows": output.shard_rows, "shard_bytes": output.shard_bytes},
+               seed=None, dataset=dataset, dst=dst, output=output, schema=schema, stats=dict, run=run, report=report)
+    if spool.applies(dst):  # on the workers: no row through the driver
+        return spool.write_spooled(exchange.read_units(dataset, report, cols), spool.as_is, Tally().merge, **job)
 
     def work(task: Callable[[], Chunk]) -> tuple[list[pa.RecordBatch], int]:
         chunk: Chunk = task()
         return [chunk.data], chunk.num_rows
 
-    return write_job(command="convert", options={"columns": cols, "to": output.format,
-                                                 "compression": output.codec, "shard_rows": output.shard_rows,
-                                                 "shard_bytes": output.shard_bytes},
-                     seed=None, dataset=dataset, dst=dst, output=output, schema=schema,
-                     items=dataset.tasks(cols, report), work=work, stats=dict, run=run, report=report)
+    return write_job(items=dataset.tasks(cols, report), work=work, **job)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from batchtool import exchange, fs, progress, runner
+from batchtool import exchange, fs, progress, runner, spool
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.engines import with_engine
 from batchtool.errors import BatchtoolError
@@ -184,6 +184,11 @@ class Applied:
         return ordered_map(functools.partial(_work, self.op, self.plan), items, threads)
 
     @property
+    def emitted(self) -> Callable[[Chunk], tuple[Iterator[tuple[list[pa.RecordBatch], int]], Tally]]:
+        """The spool tasks' row work (batchtool.spool): a chunk's kernel, then `emit` of each item it makes."""
+        return functools.partial(_emitted, self.op, self.plan)
+
+    @property
     def emit(self) -> Callable[[Any], tuple[list[pa.RecordBatch], int]]:
         """write_job's work for `items`: one row group per non-empty output chunk, as `convert` writes."""
         return functools.partial(_emit, self.op, self.plan)
@@ -199,6 +204,12 @@ def _work(op: Operation, plan: Any, item: Any) -> tuple[Chunk, int]:
 
 def _emit(op: Operation, plan: Any, item: Any) -> tuple[list[pa.RecordBatch], int]:
     return emit_nonempty(_work(op, plan, item))
+
+
+def _emitted(op: Operation, plan: Any, chunk: Chunk) -> tuple[Iterator[tuple[list[pa.RecordBatch], int]], Tally]:
+    out, stats = op.kernel(plan, chunk)
+    items = op.pieces(out) if op.expands else [(out, chunk.num_rows)]
+    return map(functools.partial(_emit, op, plan), items), stats
 
 
 def emit_nonempty(item: tuple[Chunk, int]) -> tuple[list[pa.RecordBatch], int]:
@@ -221,7 +232,8 @@ def run_operation(op: Operation, options: Any, src: str, dst: str, output: Outpu
                   run: RunSettings = RunSettings(), *, seed: int = 0, format: str | None = None,
                   skip_corrupt: bool = False) -> JobResult:
     """An op as a command: SRC through its plan and kernel (or its regrouping) into DST, with the manifest. On a
-    remote engine (--engine ray) with DST a path, a regrouping op's Exchange plan runs on the workers."""
+    remote engine (--engine ray) with DST a path, a regrouping op's Exchange plan runs on the workers, and a row op
+    (unless it plans chunk by chunk) is spooled and written there (batchtool.spool)."""
     tmp_dir = getattr(options, "tmp_dir", None) if op.spills else None
     dataset = open_source(src, dst, output, tmp_dir=tmp_dir, format=format, skip_corrupt=skip_corrupt)
     try:
@@ -242,8 +254,12 @@ def run_operation(op: Operation, options: Any, src: str, dst: str, output: Outpu
                     return result
             with op.regroup(plan, dataset, report, runtime) as out:
                 return write_regrouped(write_job, out, output, desc=f"{op.name}: write", report=report, **job)
-        applied = Applied(op, plan)
-        items = applied.items(dataset, op.input_columns(options, None), run.threads, report)
+        applied, columns = Applied(op, plan), op.input_columns(options, None)
+        if spool.applies(dst) and op.per_chunk(plan) is None:  # no row through the driver
+            units = exchange.read_units(dataset, report, columns)
+            return spool.write_spooled(units, applied.emitted, applied.stats.merge, output, stats=applied.report,
+                                       report=report, **job)
+        items = applied.items(dataset, columns, run.threads, report)
         return write_job(output=output, items=items, work=applied.emit, stats=applied.report, report=report, **job)
 
 

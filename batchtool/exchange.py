@@ -16,7 +16,6 @@ import functools
 import glob
 import itertools
 import os
-import socket
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -28,7 +27,6 @@ import pyarrow as pa
 
 from batchtool import fs, progress
 from batchtool.dataset import Chunk, Dataset, ReadReport
-from batchtool.errors import DestinationError
 from batchtool.ops.base import Scatter
 from batchtool.runner import ordered_map
 from batchtool.spill import ID_COLUMN, Spill, read_part
@@ -162,10 +160,7 @@ def _map(job: MapJob, item: tuple[int, ReadUnit]) -> MapOutput:
     complete (replacing what a failed earlier attempt of the task left). Directories are made with mkdir,
     never makedirs: a task still running after a failed command's cleanup must not recreate its tree."""
     index, unit = item
-    if not os.path.isdir(job.directory):
-        raise DestinationError(f"{job.name}: the exchange directory {job.directory} is not visible on "
-                               f"{socket.gethostname()}: with --engine ray a global reorder writes its temporary "
-                               "files beside DST, so DST must be on storage every node shares")
+    fs.check_shared(job.directory, job.name)
     writing = os.path.join(job.directory, f".m{index:09d}-{uuid.uuid4().hex}")
     os.mkdir(writing)
     out = MapOutput(())

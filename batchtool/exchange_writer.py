@@ -243,45 +243,65 @@ def regrouped_exchanged(op: Operation, plan: Any, dataset: Dataset, units: Itera
         yield SortedRegrouped(items, _read_batches, cut.stats, total_rows=batches.rows, batches=batches)
 
 
-def write_exchanged(op: Operation, plan: Any, output: OutputOptions, runtime: Runtime, *, command: str,
-                    options: dict[str, Any], seed: int | None, dataset: Dataset, dst: str, schema: pa.Schema,
-                    run: RunSettings, units: Iterator[exchange.ReadUnit] | None = None, source: Dataset | None = None,
-                    report: ReadReport | None = None, started: float | None = None, who: str | None = None,
-                    manifest_stats: Callable[[dict[str, Any], int], dict[str, Any]] | None = None) -> JobResult | None:
-    """The op's regrouping with no row passing through the driver, if it has an Exchange plan (else None): map
-    tasks on the workers read the input and scatter it to key ranges under DST's temporary directory
-    (batchtool.exchange), reduce tasks sort each range, and the shards are measured and written there in
-    parallel (write_sorted); the driver plans, counts and writes the manifest. The same bytes and statistics
-    as the local spill: the same keys, key ranges and order, batches cut from the same chunks, the same
-    writer and shard boundaries.
+Produce = Callable[[str], tuple[Batches, int, Callable[[], dict[str, Any]]]]
+"""produce(workspace): the output batches, made on the workers in files under the workspace, the input rows they
+complete, and the manifest's statistics once they are written."""
 
-    A pipeline's last stage passes its input `units` (the stages before it), the `source` the manifest
-    describes, its `report` of skipped records, when it `started`, `who` its bars name, and
-    `manifest_stats(op statistics, rows written)`, the pipeline's statistics."""
+
+def write_beside(produce: Produce, output: OutputOptions, *, command: str, options: dict[str, Any],
+                 seed: int | None, dataset: Dataset, dst: str, schema: pa.Schema, run: RunSettings,
+                 source: Dataset | None = None, report: ReadReport | None = None, started: float | None = None,
+                 who: str | None = None,
+                 manifest_stats: Callable[[dict[str, Any], int], dict[str, Any]] | None = None) -> JobResult:
+    """An output written on the engine's workers, as write_job writes it: `produce` makes the batches in a workspace
+    in DST's temporary directory (beside DST, on storage every worker shares), write_sorted writes them as shards
+    there, and the driver writes the manifest and commits.
+
+    A pipeline's last stage passes the `source` the manifest describes (`dataset` is its own input), its `report`
+    of skipped records, when it `started`, `who` its bars name, and `manifest_stats(op statistics, rows
+    written)`, the pipeline's statistics."""
     started = time.perf_counter() if started is None else started
     report = ReadReport() if report is None else report
     source = dataset if source is None else source
-    who = command if who is None else who
-    units = exchange.read_units(dataset, report) if units is None else units
-    reorder, units = _planned(op, plan, units, dataset, run.threads)
-    if reorder is None:
-        return None
     casts = output.casts(schema)
     stored = output.stored_schema(schema)
     workers = max(1, getattr(runner.active_engine(), "cpus", run.threads))
     with output_directory(dst, output.overwrite, read_paths(source)) as tmp:
         with exchange.workspace(tmp, dst) as directory:
-            cut = _exchanged(reorder, units, directory, dataset, dst, run, report, f"{who}: spill", runtime)
-            rows = cut.batches.rows
-            with progress.bar(f"{who}: write", rows, quiet=run.quiet) as bar:
-                files = write_sorted(cut.batches, output, stored, tmp, directory, dst, MEASURES_PER_WORKER * workers,
+            batches, rows_in, stats = produce(directory)
+            rows = batches.rows
+            with progress.bar(f"{who or command}: write", rows, quiet=run.quiet) as bar:
+                files = write_sorted(batches, output, stored, tmp, directory, dst, MEASURES_PER_WORKER * workers,
                                      run.threads)
                 bar.update(rows)
-        stats = cut.stats if manifest_stats is None else lambda: manifest_stats(cut.stats(), rows)
         manifest = write_manifest(tmp, command=command, options=options, seed=seed, dataset=source, dst=dst,
-                                  output=output, schema=stored, casts=casts, files=files, rows_in=rows,
-                                  rows_out=rows, stats=stats, run=run, report=report, started=started)
-    return JobResult(manifest, rows, rows)
+                                  output=output, schema=stored, casts=casts, files=files, rows_in=rows_in,
+                                  rows_out=rows, run=run, report=report, started=started,
+                                  stats=stats if manifest_stats is None else lambda: manifest_stats(stats(), rows))
+    return JobResult(manifest, rows_in, rows)
 
 
-__all__ = ["SortedRegrouped", "regrouped_exchanged", "write_exchanged", "write_sorted"]
+def write_exchanged(op: Operation, plan: Any, output: OutputOptions, runtime: Runtime, *,
+                    units: Iterator[exchange.ReadUnit] | None = None, **job: Any) -> JobResult | None:
+    """The op's regrouping with no row passing through the driver, if it has an Exchange plan (else None): map
+    tasks on the workers read the input (`units`, default the dataset's) and scatter it to key ranges beside
+    DST (batchtool.exchange), reduce tasks sort each range, the op cuts the sorted rows into batches and the
+    shards are measured and written there in parallel (write_beside); the driver plans, counts and writes the
+    manifest. The same bytes and statistics as the op's own regroup: the same keys, key ranges and order,
+    batches cut from the same chunks, the same writer and shard boundaries. `job`: write_beside's arguments."""
+    dataset, run = job["dataset"], job["run"]
+    report = job.setdefault("report", ReadReport())
+    units = exchange.read_units(dataset, report) if units is None else units
+    reorder, units = _planned(op, plan, units, dataset, run.threads)
+    if reorder is None:
+        return None
+
+    def produce(directory: str) -> tuple[Batches, int, Callable[[], dict[str, Any]]]:
+        who = job.get("who") or job["command"]
+        cut = _exchanged(reorder, units, directory, dataset, job["dst"], run, report, f"{who}: spill", runtime)
+        return cut.batches, cut.batches.rows, cut.stats
+
+    return write_beside(produce, output, **job)
+
+
+__all__ = ["Produce", "SortedRegrouped", "regrouped_exchanged", "write_beside", "write_exchanged", "write_sorted"]

@@ -14,6 +14,7 @@ import os
 import posixpath
 import secrets
 import shutil
+import socket
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import BinaryIO
@@ -151,6 +152,15 @@ def upload_directory(local: str, dst: str, overwrite: bool) -> None:
 
 
 # -- where a command may write --------------------------------------------------------------------------
+
+
+def check_shared(directory: str, dst: str | None = None) -> None:
+    """In a task on a worker: stop if the directory the driver made beside DST for the workers is not here (a
+    node that does not mount DST's filesystem), naming DST and the node."""
+    if not os.path.isdir(directory):
+        raise DestinationError(f"{dst + ': ' if dst else ''}the exchange directory {directory} is not visible on "
+                               f"{socket.gethostname()}: with --engine ray the workers write temporary files beside "
+                               "DST, so DST must be on storage every node shares")
 
 
 def overlap(path: str, others: Iterable[str]) -> tuple[str, str] | None:

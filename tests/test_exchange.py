@@ -121,8 +121,8 @@ def test_a_worker_that_cannot_see_the_exchange_directory_says_so(sources, tmp_pa
     unit = next(read_units(dataset, ReadReport()))
     job = MapJob(str(tmp_path / "elsewhere"), Scatter(dataset.schema, (1,), 0, "shuffle", 1 << 16), "out/")
     with pytest.raises(DestinationError, match=r"^out/: the exchange directory .*elsewhere is not visible on .*: "
-                                               r"with --engine ray a global reorder writes its temporary files "
-                                               r"beside DST, so DST must be on storage every node shares$"):
+                                               r"with --engine ray the workers write temporary files beside DST, "
+                                               r"so DST must be on storage every node shares$"):
         _map(job, (0, unit))
     assert not os.path.exists(tmp_path / "elsewhere")
 

@@ -407,7 +407,7 @@ def test_tfrecord_input(src, tmp_path, run_cli, ray_cluster):
 @RAY
 def test_tfrecord_read_tasks_send_offsets_not_records(tmp_path, run_cli, ray_cluster):
     """convert over TFRecord input: the workers read, frame, CRC-check and decode the records (and, without a
-    manifest, scan them for the schema), the driver sends each task a path and offsets; a few KB per task whatever
+    manifest, scan them for the schema), the driver sends each task a path (and offsets); a few KB per task whatever
     the data size, and the local engine's bytes."""
     per_item = {}
     for rows, manifest in ((1200, True), (4800, True), (1200, False)):
@@ -422,8 +422,9 @@ def test_tfrecord_read_tasks_send_offsets_not_records(tmp_path, run_cli, ray_clu
         out.mkdir()
         _, ray = run_both(run_cli, ("convert",), src, out)
         moved = ray["run"]["ray"]
-        spans = 2 * -(-rows // 2 // 1024)  # 1,024-record read tasks of each file, and a schema step per file
-        assert moved["items"] == spans + (0 if manifest else 2) and moved["local_items"] == 0, moved
+        ranges = 2 * -(-(rows // 2) // 1024)  # a spool task per 1,024-record range of each file (batchtool.spool)
+        tasks = ranges + 1  # and one shard to write, and without a manifest a schema step per file
+        assert moved["items"] == tasks + (0 if manifest else 2) and moved["local_items"] == 0, moved
         assert moved["bytes_sent"] < size / 50, (moved, size)
         per_item[rows, manifest] = moved["bytes_sent"] / moved["items"]
     assert max(per_item.values()) < 4096 and per_item[4800, True] < 1.1 * per_item[1200, True], per_item
@@ -586,3 +587,22 @@ def test_bucket_and_balanced_batches_send_no_data_through_the_driver(name, src, 
     driver = run_both(run_cli, EXCHANGED[name], src, tmp_path)[1]["run"]["ray"]
     through, before = (m["bytes_sent"] + m["bytes_received"] for m in (moved, driver))
     assert through * 4 < before, (moved, driver)
+
+
+@RAY
+@pytest.mark.parametrize("args", [("convert", "--shard-rows", "6000"),
+                                  ("stratify", "--target", "uniform", "--replacement", "--size", "20000", "--seed", "2",
+                                   "--shard-rows", "6000")], ids=["convert", "stratify"])
+def test_row_commands_spool_their_output_on_the_workers(args, tmp_path, run_cli, ray_cluster):
+    """convert and a row op on Ray: each read unit's output spooled and the shards written on the workers
+    (batchtool.spool), the local bytes and statistics, and what crossed to and from the driver far below the data."""
+    table = make_table(20_000, seed=5)
+    src = write_parquet_shards(str(tmp_path / "src"), table, row_group_size=2_000)
+    local, ray = run_both(run_cli, args, src, tmp_path)
+    assert local["stats"] == ray["stats"] and local["output"] == ray["output"]
+    assert len(data_bytes(str(tmp_path / "ray"))) > 1
+    moved = ray["run"]["ray"]
+    assert moved["local_items"] == 0
+    assert moved["bytes_received"] < table.nbytes / 20 and moved["bytes_sent"] < table.nbytes / 20, \
+        (moved, table.nbytes)
+    assert sorted(os.listdir(tmp_path)) == ["local", "ray", "src"]

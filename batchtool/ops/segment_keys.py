@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import glob
 import os
-import socket
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
@@ -20,7 +19,7 @@ import pyarrow as pa
 from batchtool import fs
 from batchtool.check.duplicates import PARTITIONS, HashIndex, partition_name, partitioned, read_pairs, repeated
 from batchtool.dataset import Chunk, Dataset
-from batchtool.errors import DestinationError, InputError
+from batchtool.errors import InputError
 from batchtool.ops.segment_chunks import Examples, SegmentPlan, prepare_chunk
 
 CONFIRM_PAIRS = 64
@@ -57,10 +56,7 @@ def write_pairs(directory: str, index: int, hashes: np.ndarray, ids: np.ndarray)
     """Chunk number `index`'s pairs as partition files in a directory of its own, published as c<index> once
     complete (replacing what a failed earlier attempt of the task left, so a retry never counts twice). Made
     with mkdir, never makedirs: a task still running after a failed command's cleanup must not recreate the tree."""
-    if not os.path.isdir(directory):
-        raise DestinationError(f"{directory} is not visible on {socket.gethostname()}: with --engine ray segment "
-                               "checks its keys in temporary files beside DST, so DST must be on storage every "
-                               "node shares")
+    fs.check_shared(directory)
     writing = os.path.join(directory, f".c{index:09d}-{uuid.uuid4().hex}")
     with fs.write_errors(f"{directory}: cannot write the keys' hashes"):
         os.mkdir(writing)

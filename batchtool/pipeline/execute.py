@@ -29,7 +29,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchtool import exchange, fs, runner
+from batchtool import exchange, fs, runner, spool
 from batchtool import manifest as manifest_mod
 from batchtool import progress, rng
 from batchtool import stats as stats_mod
@@ -39,7 +39,7 @@ from batchtool.errors import BatchtoolError, DestinationExistsError
 from batchtool.exchange_writer import SortedRegrouped, regrouped_exchanged, write_exchanged
 from batchtool.formats import parquet as parquet_format
 from batchtool.job import JobResult, RunSettings, read_paths, write_job
-from batchtool.driver import EngineRuntime, stream_errors
+from batchtool.driver import Applied, EngineRuntime, stream_errors
 from batchtool.ops.base import Batches, Regrouped
 from batchtool.output import refuse_overlap
 from batchtool.runner import ordered_map
@@ -377,24 +377,29 @@ class Prefix:
         return write
 
     def write_exchanged(self, started: float) -> JobResult | None:
-        """The last stage as map-reduce on the workers, as its command runs (exchange_writer.write_exchanged): on a
-        remote engine, with the output a path and a last stage that regroups with an Exchange plan. Its map tasks
-        read the source, or the batches a reorder before it sorted on the workers, or the rows the stages before
-        it make; none of its output passes through the driver. None: the stage writes as usual."""
+        """The last stage on the workers, as its command runs on a remote engine with the output a path: a stage that
+        regroups with an Exchange plan as map-reduce (exchange_writer.write_exchanged), a row stage (unless it plans
+        chunk by chunk) spooled there (batchtool.spool). Its tasks read the source, or the batches a reorder before
+        it sorted on the workers, or the rows the stages before it make; none of its output passes through the
+        driver. None: the stage writes as usual."""
         k = len(self.stages) - 1
         stage, dst = self.stages[k], self.config.output_path
-        if runner.active_engine() is None or fs.is_uri(dst) or not stage.regroups:
+        if not spool.applies(dst) or not (stage.regroups or stage.op.per_chunk(stage.planned) is None):
             return None
         view = self.view(k, None)
         units = (exchange.read_units(self.source, self.report, self.columns) if k == 0
                  else exchange.task_units(view.tasks(None, self.report)))
+        job = dict(command="run", options=self.config.manifest_options(), seed=self.config.seed, dataset=view,
+                   dst=dst, schema=stage.output_schema(view.schema), run=self.run, source=self.source,
+                   report=self.report, started=started, manifest_stats=self.stats)
         with stream_errors(stage.op, stage.planned, view, self.run.threads):
+            if not stage.regroups:
+                applied = Applied(stage.op, stage.planned)
+                return spool.write_spooled(units, applied.emitted, applied.stats.merge, self.config.output,
+                                           stats=applied.report, who=stage.name, **job)
             return write_exchanged(stage.op, stage.planned, self.config.output,
-                                   EngineRuntime(self.run.threads, self.run.quiet, stage.name), command="run",
-                                   options=self.config.manifest_options(), seed=self.config.seed, dataset=view,
-                                   dst=dst, schema=stage.output_schema(view.schema), run=self.run, units=units,
-                                   source=self.source, report=self.report, started=started, who=stage.name,
-                                   manifest_stats=self.stats)
+                                   EngineRuntime(self.run.threads, self.run.quiet, stage.name), units=units,
+                                   who=stage.name, **job)
 
     def stats(self, last: dict[str, Any], rows_out: int) -> dict[str, Any]:
         """manifest["stats"]: rows in and out of every stage with its own statistics, plus the totals."""
