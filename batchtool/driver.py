@@ -20,6 +20,7 @@ from batchtool.errors import BatchtoolError
 from batchtool.exchange_writer import write_exchanged
 from batchtool.job import JobResult, RunSettings, open_source, write_job
 from batchtool.ops.base import Bar, Context, Kind, Operation, OptionError, Regrouped, Scan, Tally
+from batchtool.ops.rows import emit
 from batchtool.output import OutputOptions
 from batchtool.runner import ordered_map
 
@@ -253,6 +254,8 @@ def run_operation(op: Operation, options: Any, src: str, dst: str, output: Outpu
                 if result is not None:
                     return result
             with op.regroup(plan, dataset, report, runtime) as out:
+                if spool.applies(dst) and out.work is not emit:  # built batches written where they are built
+                    return spool.write_regrouped_spooled(out, output, report=report, **job)
                 return write_regrouped(write_job, out, output, desc=f"{op.name}: write", report=report, **job)
         applied, columns = Applied(op, plan), op.input_columns(options, None)
         if spool.applies(dst) and op.per_chunk(plan) is None:  # no row through the driver

@@ -16,7 +16,7 @@ import os
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
@@ -25,7 +25,7 @@ from batchtool import exchange, fs, progress, runner
 from batchtool.dataset import Chunk, ReadReport
 from batchtool.exchange_writer import write_beside
 from batchtool.job import JobResult, RunSettings
-from batchtool.ops.base import Bar, Tally
+from batchtool.ops.base import Bar, Regrouped, Tally
 from batchtool.output import OutputOptions
 from batchtool.runner import ordered_map
 
@@ -175,18 +175,48 @@ def spool(units: Iterable[exchange.ReadUnit], job: SpoolJob, run: RunSettings, r
 
 
 def write_spooled(units: Iterable[exchange.ReadUnit], emitted: Emitted, merge: Callable[[Tally], None],
-                  output: OutputOptions, *, stats: Callable[[], dict[str, Any]], **job: Any) -> JobResult:
+                  output: OutputOptions, *, stats: Callable[[], dict[str, Any]], total: int | None = None,
+                  **job: Any) -> JobResult:
     """write_job's output and manifest, with no row passing through the driver: spool tasks make every unit's
     batches beside DST (in DST's temporary directory), then write_beside writes them as shards on the workers,
-    cut where write_job's writer cuts them; `merge` takes each task's statistics in input order. `job`:
-    write_beside's arguments."""
+    cut where write_job's writer cuts them; `merge` takes each task's statistics in input order. `total`: the
+    input rows the bar counts (default the dataset's). `job`: write_beside's arguments."""
     report = job.setdefault("report", ReadReport())
 
     def produce(directory: str) -> tuple[SpooledBatches, int, Callable[[], dict[str, Any]]]:
         run = job["run"]
-        with progress.bar(f"{job.get('who') or job['command']}: spool", job["dataset"].progress_rows,
-                          quiet=run.quiet) as bar:
+        rows = job["dataset"].progress_rows if total is None else total
+        with progress.bar(f"{job.get('who') or job['command']}: spool", rows, quiet=run.quiet) as bar:
             batches, rows_in = spool(units, SpoolJob(directory, emitted, job["dst"]), run, report, merge, bar)
         return batches, rows_in, stats
 
     return write_beside(produce, output, **job)
+
+
+@dataclass(frozen=True)
+class _Item:
+    """A regrouping's item as a spool unit: the one thing its task works on."""
+
+    item: Any
+
+    def __call__(self, report: ReadReport) -> Iterator[Any]:
+        yield self.item
+
+
+def _worked(work: Callable[[Any], tuple[list[pa.RecordBatch], int]],
+            item: Any) -> tuple[Iterable[tuple[list[pa.RecordBatch], int]], Tally]:
+    return [work(item)], Tally()
+
+
+def write_regrouped_spooled(out: Regrouped, output: OutputOptions, **job: Any) -> JobResult:
+    """A regrouping op's output (segment's lane items, pack's rows) written on the workers: each item's work
+    (building, padding its batches) spools them where it runs, and the shards are written there, so its output
+    never comes back to the driver, only the items go out. `job`: write_beside's arguments."""
+    if out.sequence_columns is not None:
+        output = replace(output, sequence_columns=out.sequence_columns)
+    return write_spooled(map(_Item, out.items), functools.partial(_worked, out.work), Tally().merge, output,
+                         stats=out.stats, total=out.total_rows, **job)
+
+
+__all__ = ["SpoolJob", "Spooled", "SpoolReader", "SpooledBatches", "applies", "as_is", "spool", "spool_path",
+           "write_regrouped_spooled", "write_spooled"]

@@ -99,6 +99,26 @@ def test_row_commands_spool_on_the_workers_and_write_the_local_bytes(case, sourc
     assert sorted(os.listdir(tmp_path)) == ["local", "pickled"]  # nothing left beside DST
 
 
+BUILT = {
+    "segment": ("parquet", ("segment", "--key", "key", "--sequence", "tokens,frames", "--context", "label",
+                            "--num-unroll", "4", "--batch-size", "8", "--shard-rows", "200")),
+    "segment-tfrecord-out": ("tfrecord", ("segment", "--key", "key", "--sequence", "tokens,frames", "--num-unroll", "8",
+                                          "--batch-size", "4", "--to", "tfrecord", "--allow-small-batch")),
+    "pack": ("parquet", ("pack", "--max-length", "512", "--sequence", "tokens", "--batch-size", "4", "--to", "arrow",
+                         "--shard-bytes", "40KB")),
+}
+
+
+@pytest.mark.parametrize("case", BUILT)
+def test_built_batches_are_written_where_they_are_built(case, sources, run_cli, tmp_path):
+    """segment's and pack's batches, built from items the driver plans, are spooled by the task that builds them
+    and written as shards on the workers: the local bytes, and none of them comes back to the driver."""
+    fmt, args = BUILT[case]
+    engine = run_both(run_cli, tmp_path, lambda dst: [args[0], sources[fmt], dst, *args[1:]])
+    assert "_spool" in spooled(engine) and spooled(engine) & {"_write_shard", "_write_all"}, spooled(engine)
+    assert sorted(os.listdir(tmp_path)) == ["local", "pickled"]
+
+
 def test_per_chunk_plans_stay_on_the_driver(sources, run_cli, tmp_path):
     """--running-mean plans each chunk from the ones before it: today's path, still the local bytes."""
     engine = run_both(run_cli, tmp_path, lambda dst: ["resample", sources["parquet"], dst, "--weight", "weight",
