@@ -4,7 +4,7 @@ function of the item, run on the engine's workers."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
@@ -42,6 +42,7 @@ def build_batches(plan: SegmentPlan, item: SegmentItem) -> tuple[list[pa.RecordB
     o = plan.options
     U = o.num_unroll
     N = o.world_size
+    item = replace(item, sources=tuple(source.loaded() for source in item.sources))
     n, lanes = item.src.shape
     B = lanes // N
     empty = (item.src < 0).ravel()

@@ -4,7 +4,7 @@ each chunk's checks (keys, lengths) and segment counts, pure functions that run 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -57,12 +57,15 @@ def make_plan(schema: pa.Schema, options: SegmentOptions) -> SegmentPlan:
 
 @dataclass(frozen=True)
 class Examples:
-    """One input chunk, checked, with what lane planning needs per example."""
+    """One input chunk, checked, with what lane planning needs per example. On a remote engine with DST a path
+    its rows stay beside DST (`stored`), where the task that builds a batch reads them: the planner and the
+    work items it sends carry only the numbers."""
 
-    data: pa.RecordBatch
+    data: pa.RecordBatch | None
+    """The rows (None while they are `stored`)."""
     ids: np.ndarray
-    keys: pa.Array
-    """The key column as UTF-8 strings."""
+    keys: pa.Array | None
+    """The key column as UTF-8 strings (None while `stored`)."""
     value_length: np.ndarray
     """Steps in the sequence columns."""
     total_length: np.ndarray
@@ -73,21 +76,51 @@ class Examples:
     """Each key's 64-bit hash (key_hashes); None once written where the check reads it (segment_keys.prepare_shared)."""
     ordinals: np.ndarray | None = None
     """Each row's position in the input; set by the planner, which sees chunks in order."""
+    stored: str | None = None
+    """An Arrow IPC file holding `data` with `keys` as its last column (segment_keys.prepare_shared)."""
+    stored_rows: np.ndarray | None = None
+    """The row of each example in `stored` (None: the same rows, in order)."""
 
     @property
     def num_rows(self) -> int:
-        return self.data.num_rows
+        return len(self.ids)
 
     def take(self, rows: np.ndarray) -> Examples:
         """Only these rows: what a work item bound for another process carries of a chunk (the examples it
-        plays, not the whole chunk)."""
-        index = pa.array(rows)
-
+        plays, not the whole chunk; of a stored chunk, their numbers and where they are)."""
         def some(values: np.ndarray | None) -> np.ndarray | None:
             return None if values is None else values[rows]
 
-        return Examples(self.data.take(index), self.ids[rows], self.keys.take(index), self.value_length[rows],
-                        self.total_length[rows], self.count[rows], some(self.key_hash), some(self.ordinals))
+        index = pa.array(rows)
+        return Examples(None if self.data is None else self.data.take(index), self.ids[rows],
+                        None if self.keys is None else self.keys.take(index), self.value_length[rows],
+                        self.total_length[rows], self.count[rows], some(self.key_hash), some(self.ordinals),
+                        self.stored, rows if self.stored is not None and self.stored_rows is None
+                        else some(self.stored_rows))
+
+    def kept_at(self, path: str) -> Examples:
+        """These examples with their rows left in `path` (written by `with_keys`) instead of carried."""
+        return replace(self, data=None, keys=None, stored=path, stored_rows=None)
+
+    def with_keys(self) -> pa.RecordBatch:
+        """The rows and their keys as one batch, the keys last, as `stored` holds them."""
+        assert self.data is not None and self.keys is not None
+        return self.data.append_column(KEYS_COLUMN, self.keys)
+
+    def loaded(self) -> Examples:
+        """These examples with their rows, read (memory-mapped) from `stored` where the task runs."""
+        if self.stored is None:
+            return self
+        with pa.memory_map(self.stored) as source:
+            table = pa.ipc.open_file(source).get_batch(0)
+        if self.stored_rows is not None:
+            table = table.take(pa.array(self.stored_rows))
+        last = table.num_columns - 1  # by position: a user column may share its name
+        return replace(self, data=table.remove_column(last), keys=table.column(last), stored=None, stored_rows=None)
+
+
+KEYS_COLUMN = "__batchtool_key__"
+"""The keys' column in a stored chunk (read back by position)."""
 
 
 def prepare_chunk(plan: SegmentPlan, locate: Callable[[int], str], task: Callable[[], Chunk]) -> Examples:

@@ -48,23 +48,34 @@ def prepare_shared(plan: SegmentPlan, locate: Callable[[int], str], directory: s
     index, task = item
     examples = prepare_chunk(plan, locate, task)
     assert examples.key_hash is not None
-    write_pairs(directory, index, examples.key_hash, examples.ids)
-    return replace(examples, key_hash=None)
+    own = write_pairs(directory, index, examples.key_hash, examples.ids, examples.with_keys())
+    return replace(examples.kept_at(os.path.join(own, EXAMPLES_FILE)), key_hash=None)
 
 
-def write_pairs(directory: str, index: int, hashes: np.ndarray, ids: np.ndarray) -> None:
-    """Chunk number `index`'s pairs as partition files in a directory of its own, published as c<index> once
-    complete (replacing what a failed earlier attempt of the task left, so a retry never counts twice). Made
-    with mkdir, never makedirs: a task still running after a failed command's cleanup must not recreate the tree."""
+EXAMPLES_FILE = "examples.arrow"
+"""A chunk's rows and keys in its directory (Examples.stored), read where its batches are built."""
+
+
+def write_pairs(directory: str, index: int, hashes: np.ndarray, ids: np.ndarray,
+                rows: pa.RecordBatch | None = None) -> str:
+    """Chunk number `index`'s pairs as partition files (and its `rows`, for the tasks that build batches) in a
+    directory of its own, published as c<index> once complete (replacing what a failed earlier attempt of the
+    task left, so a retry never counts twice); returns it. Made with mkdir, never makedirs: a task still
+    running after a failed command's cleanup must not recreate the tree."""
     fs.check_shared(directory)
     writing = os.path.join(directory, f".c{index:09d}-{uuid.uuid4().hex}")
+    own = os.path.join(directory, f"c{index:09d}")
     with fs.write_errors(f"{directory}: cannot write the keys' hashes"):
         os.mkdir(writing)
         for part, pairs in partitioned(hashes, ids):
             pairs.tofile(os.path.join(writing, partition_name(part)))
-        own = os.path.join(directory, f"c{index:09d}")
+        if rows is not None:
+            with pa.OSFile(os.path.join(writing, EXAMPLES_FILE), "wb") as sink, \
+                    pa.ipc.new_file(sink, rows.schema) as writer:
+                writer.write_batch(rows)
         fs.remove_tree(own)
         os.rename(writing, own)
+    return own
 
 
 def partition_collisions(job: tuple[str, int, int]) -> tuple[list[tuple[int, int]], int]:
