@@ -121,3 +121,28 @@ def test_tasks_ran_on_both_nodes():
     if not TASKS_BY_NODE:
         pytest.skip("needs the runs above")
     assert set(TASKS_BY_NODE) == {HEAD_IP, WORKER_IP} and min(TASKS_BY_NODE.values()) >= 5, TASKS_BY_NODE
+
+
+KEEPS_HANDLERS = """
+import os, signal, sys
+from batchtool.engines.ray import RayEngine
+got = []
+signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+RayEngine(address=sys.argv[1]).cpus  # connects: ray.init
+os.kill(os.getpid(), signal.SIGTERM)
+while not got:  # the handler runs in the main thread between bytecodes; Ray's own would have ended the process
+    pass
+print("kept")
+"""
+
+
+def test_connecting_keeps_the_programs_signal_handlers(cluster):
+    """ray.init installs Ray's SIGTERM handler in the driver (a stack dump, then an exit that leaves every
+    temporary file behind); the engine puts the program's back, so batchtool's own clean exit (one line, 143,
+    nothing left) still answers SIGTERM on Ray."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", KEEPS_HANDLERS, cluster.address], env=cluster.env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "kept", (done.returncode, done.stdout, done.stderr[-2000:])

@@ -20,11 +20,14 @@ import itertools
 import logging
 import os
 import pickle
+import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections import deque
+from contextlib import contextmanager
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
@@ -291,6 +294,23 @@ class Timings:
         return summary
 
 
+@contextmanager
+def _signal_handlers_kept() -> Iterator[None]:
+    """ray.init installs Ray's own handler for SIGTERM in the driver, which prints a stack dump and exits at once,
+    leaving the temporary files behind; the program's handlers (batchtool's: a clean exit, one line) are put
+    back, so a signal ends the command the way the program chose. Only the main thread may set them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in kept.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+
 class RayEngine:
     """A connection to a Ray cluster (an existing one at `address`, or a local one started here)."""
 
@@ -317,8 +337,9 @@ class RayEngine:
                 _check_reachable(self.address or env, named)
             started = time.perf_counter()
             try:
-                ray.init(address=self.address, num_cpus=None if named else self.local_cpus, include_dashboard=False,
-                         logging_level=logging.ERROR, log_to_driver=False)
+                with _signal_handlers_kept():
+                    ray.init(address=self.address, num_cpus=None if named else self.local_cpus,
+                             include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
             except (ConnectionError, ValueError, RuntimeError) as exc:
                 what = f"{named}: cannot connect to a Ray cluster" if named else "cannot start a local Ray cluster"
                 raise UsageError(f"{what} ({exc})") from exc
