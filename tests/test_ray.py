@@ -613,8 +613,8 @@ def test_segment_keeps_its_examples_beside_the_output(tmp_path, run_cli, ray_clu
     """segment on Ray with DST a path: each chunk's rows stay beside DST where the task that prepared them wrote
     them, the lane planner and its work items carry only numbers and paths, and the batches are written where
     they are built; the local bytes, and a fraction of the data through the driver either way."""
-    table = make_table(20_000, seed=6)
-    src = write_parquet_shards(str(tmp_path / "src"), table, row_group_size=2_000)
+    table = make_table(8_000, seed=6)
+    src = write_parquet_shards(str(tmp_path / "src"), table, row_group_size=1_000)
     args = ("segment", "--key", "key", "--sequence", "tokens,frames", "--num-unroll", "16", "--batch-size", "16")
     local, ray = run_both(run_cli, args, src, tmp_path)
     assert local["stats"] == ray["stats"] and local["output"] == ray["output"]

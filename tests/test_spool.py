@@ -102,8 +102,6 @@ def test_row_commands_spool_on_the_workers_and_write_the_local_bytes(case, sourc
 BUILT = {
     "segment": ("parquet", ("segment", "--key", "key", "--sequence", "tokens,frames", "--context", "label",
                             "--num-unroll", "4", "--batch-size", "8", "--shard-rows", "200")),
-    "segment-tfrecord-out": ("tfrecord", ("segment", "--key", "key", "--sequence", "tokens,frames", "--num-unroll", "8",
-                                          "--batch-size", "4", "--to", "tfrecord", "--allow-small-batch")),
     "pack": ("parquet", ("pack", "--max-length", "512", "--sequence", "tokens", "--batch-size", "4", "--to", "arrow",
                          "--shard-bytes", "40KB")),
 }
