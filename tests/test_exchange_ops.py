@@ -73,7 +73,7 @@ def test_bucket_on_the_workers_writes_the_local_bytes(case, sources, run_cli, tm
     assert sorted(os.listdir(tmp_path)) == ["local", "pickled"]  # no exchange directory left beside DST
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=st.integers(0, 120), buckets=st.integers(1, 4), batch=st.integers(1, 9), seed=st.integers(0, 99),
        sorted_order=st.booleans(), drop=st.booleans(), memory=st.sampled_from(["20KB", "64MB"]))
 def test_bucket_exchange_property(rows, buckets, batch, seed, sorted_order, drop, memory, run_cli, tmp_path_factory):

@@ -249,7 +249,7 @@ def test_segment_keys_stay_beside_the_output(src, tmp_path, run_cli):
     finds the repeats; no hash comes back with the examples; the same bytes, and nothing left beside DST."""
     engine = run_both(run_cli, tmp_path, lambda dst: ["segment", src, dst, *SEGMENT])
     used = {fn.func if isinstance(fn, functools.partial) else fn for fn in engine.functions}
-    assert {segment_keys.prepare_shared, segment_keys.partition_collisions} <= used
+    assert {segment_keys.prepare_shared, segment_keys.partitions_collisions} <= used
     assert segment_keys.prepare_chunk not in used
     assert sorted(os.listdir(tmp_path)) == ["local", "pickled"]
 
@@ -335,5 +335,5 @@ def test_a_pipeline_ending_in_segment_checks_its_keys_beside_the_output(src, tmp
 
     engine = run_both(run_cli, tmp_path, args)
     used = {fn.func if isinstance(fn, functools.partial) else fn for fn in engine.functions}
-    assert {segment_keys.prepare_shared, segment_keys.partition_collisions} <= used
+    assert {segment_keys.prepare_shared, segment_keys.partitions_collisions} <= used
     assert sorted(os.listdir(tmp_path)) == ["local", "local.toml", "pickled", "pickled.toml"]

@@ -499,9 +499,9 @@ def test_segment_key_hashes_stay_on_the_workers(tmp_path, run_cli, ray_cluster, 
     from batchtool.driver import EngineRuntime
     from batchtool.ops.segment_chunks import Examples
 
-    rows = 20_000
+    rows = 8_000
     src = write_parquet_shards(str(tmp_path / "src"), make_table(rows, seed=5, median_length=2, max_length=4),
-                               row_group_size=2_000)
+                               row_group_size=1_000)
     args = ("--key", "key", "--sequence", "tokens", "--num-unroll", "2", "--batch-size", "64", "--threads", "2",
             "-q", "--engine", "ray")
     seen: list[Examples] = []
@@ -538,7 +538,7 @@ def test_segment_key_hashes_stay_on_the_workers(tmp_path, run_cli, ray_cluster, 
 def test_a_duplicate_segment_key_on_ray_fails_as_on_the_local_engine(tmp_path, run_cli, remote_maps):
     """Keys repeated across chunks and shards: the local engine's one error line (the first duplicate in hash order,
     confirmed), exit 2, DST untouched and no temporary directory left beside it."""
-    from batchtool.ops.segment_keys import partition_collisions
+    from batchtool.ops.segment_keys import partitions_collisions
     from test_pickling_engine import repeated_keys_src
 
     dup = repeated_keys_src(str(tmp_path / "src"))
@@ -555,15 +555,13 @@ def test_a_duplicate_segment_key_on_ray_fails_as_on_the_local_engine(tmp_path, r
         errors[engine] = result.stderr
     assert errors["ray"] == errors["local"]
     assert sorted(os.listdir(out)) == ["local", "ray"]
-    assert partition_collisions in remote_maps
+    assert partitions_collisions in remote_maps
 
 
 EXCHANGED = {
     "bucket": ("bucket", "--auto-buckets", "3", "--batch-size", "8", "--memory", "64KB", "--shard-rows", "100"),
-    "bucket-balanced": ("bucket", "--auto-buckets", "2", "--batch-size", "8", "--balance", "label", "--oversample"),
-    "stratify-balanced": ("stratify", "--target", "uniform", "--batch-size", "8", "--balanced-batches",
-                          "--shard-rows", "64"),
 }
+"""(bucket --balance and balanced stratify run the same tasks: tests/test_exchange_ops.py, and COMMANDS here)"""
 
 
 @RAY
@@ -590,12 +588,11 @@ def test_bucket_and_balanced_batches_send_no_data_through_the_driver(name, src, 
 
 
 @RAY
-@pytest.mark.parametrize("args", [("convert", "--shard-rows", "6000"),
-                                  ("stratify", "--target", "uniform", "--replacement", "--size", "20000", "--seed", "2",
-                                   "--shard-rows", "6000")], ids=["convert", "stratify"])
-def test_row_commands_spool_their_output_on_the_workers(args, tmp_path, run_cli, ray_cluster):
-    """convert and a row op on Ray: each read unit's output spooled and the shards written on the workers
-    (batchtool.spool), the local bytes and statistics, and what crossed to and from the driver far below the data."""
+def test_convert_spools_its_output_on_the_workers(tmp_path, run_cli, ray_cluster):
+    """convert on Ray: each read unit's output spooled and the shards written on the workers (batchtool.spool; the
+    row ops do the same: tests/test_spool.py), the local bytes and statistics, and what crossed to and from the
+    driver far below the data."""
+    args = ("convert", "--shard-rows", "6000")
     table = make_table(20_000, seed=5)
     src = write_parquet_shards(str(tmp_path / "src"), table, row_group_size=2_000)
     local, ray = run_both(run_cli, args, src, tmp_path)

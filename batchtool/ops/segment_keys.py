@@ -88,6 +88,16 @@ def partition_collisions(job: tuple[str, int, int]) -> tuple[list[tuple[int, int
     return list(zip(first[skip:end].tolist(), later[skip:end].tolist())), len(later)
 
 
+PARTITIONS_PER_TASK = 16
+"""Hash partitions one reduce task reads (each is small: 16 bytes an example over 256 partitions)."""
+
+
+def partitions_collisions(job: tuple[str, int, int]) -> list[tuple[list[tuple[int, int]], int]]:
+    """partition_collisions of partitions [first, last), in order, in one task."""
+    directory, first, last = job
+    return [partition_collisions((directory, part, 0)) for part in range(first, last)]
+
+
 @dataclass(frozen=True)
 class SharedKeys:
     """The pairs prepare_shared wrote under `directory`, their collisions found by one task per partition run by
@@ -97,8 +107,10 @@ class SharedKeys:
     run: Callable[[Callable[[Any], Any], Iterable[Any]], Iterator[Any]]
 
     def collisions(self) -> Iterator[tuple[int, int]]:
-        jobs = [(self.directory, part, 0) for part in range(PARTITIONS)]
-        for part, (pairs, total) in enumerate(self.run(partition_collisions, jobs)):
+        jobs = [(self.directory, first, first + PARTITIONS_PER_TASK)
+                for first in range(0, PARTITIONS, PARTITIONS_PER_TASK)]
+        found = (result for results in self.run(partitions_collisions, jobs) for result in results)
+        for part, (pairs, total) in enumerate(found):
             yield from pairs
             done = len(pairs)
             while done < total:  # more than a task returns at once: only with that many 64-bit hash collisions
