@@ -88,6 +88,7 @@ COMMANDS = {
     "bucket-balance": ("bucket", "--auto-buckets", "2", "--batch-size", "8", "--balance", "label"),
     "pack": ("pack", "--max-length", "512", "--sequence", "tokens", "--batch-size", "4"),
     "segment": ("segment", *SEGMENT),
+    "segment-tfrecord-out": ("segment", *SEGMENT, "--to", "tfrecord", "--allow-small-batch"),
 }
 
 PIPELINE = """seed = 5

@@ -206,24 +206,20 @@ def test_data_errors_keep_their_message(tmp_path, ray_cluster):
 
 SEGMENT = ("--key", "key", "--sequence", "tokens,frames", "--context", "label", "--num-unroll", "4",
            "--batch-size", "8")
-COMMANDS = {
+COMMANDS = {  # every engine path once; variants of an op run on the pickling stand-in (test_pickling_engine.py,
+    # test_exchange_ops.py, test_spool.py), which ships every task as Ray does
     "convert": ("convert",),
-    "convert-tfrecord-out": ("convert", "--to", "tfrecord", "--shard-rows", "120"),
     "stratify-exact": ("stratify", "--target", "uniform", "--seed", "3"),
     "stratify-bernoulli": ("stratify", "--target", "0.4,0.3,0.2,0.1", "--mode", "bernoulli"),
-    "stratify-replacement-batches": ("stratify", "--target", "uniform", "--replacement", "--batch-size", "16"),
     "stratify-balanced": ("stratify", "--target", "uniform", "--batch-size", "8", "--balanced-batches"),
     "stratify-online": ("stratify", "--target", "uniform", "--mode", "online", "--num-classes", "4"),
     "resample-rate": ("resample", "--rate", "2.5", "--seed", "1"),
-    "resample-weighted": ("resample", "--weight", "weight", "--overall-rate", "1.5"),
     "resample-running-mean": ("resample", "--weight", "weight", "--overall-rate", "1", "--running-mean"),
     "shuffle": ("shuffle", "--memory", "20KB", "--batch-size", "32"),
     "shuffle-buffered": ("shuffle", "--buffer", "64", "--min-after-dequeue", "16"),
     "bucket-boundaries": ("bucket", "--boundaries", "10,20,40", "--batch-size", "8", "--keep", "keep"),
     "bucket-auto-tokens": ("bucket", "--auto-buckets", "3", "--max-tokens", "200", "--mask", "--memory", "64KB"),
-    "bucket-sorted": ("bucket", "--boundaries", "16", "--batch-size", "8", "--order", "sorted"),
     "segment": ("segment", *SEGMENT),
-    "segment-tfrecord-out": ("segment", *SEGMENT, "--to", "tfrecord", "--allow-small-batch"),
 }
 
 
