@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -15,13 +14,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batchtool import runner
 from batchtool.convert import convert
 from batchtool.job import RunSettings
 from batchtool.output import OutputOptions
 from batchtool.synthetic import make_table
 from conftest import write_parquet_shards
-from test_pickling_engine import PicklingEngine, run_both
+from test_pickling_engine import PicklingEngine, fails_alike, run_both
 
 
 @pytest.fixture(scope="module")
@@ -114,25 +112,15 @@ def test_online_balanced_batches_stay_on_the_driver(sources, run_cli, tmp_path):
     assert exchanged(engine) == []
 
 
-def _fails_alike(run_cli, tmp_path, args: list[str]) -> Any:
-    local = run_cli(*args, str(tmp_path / "local"), "-q")
-    engine = PicklingEngine()
-    with runner.use_engine(engine):
-        ours = run_cli(*args, str(tmp_path / "ours"), "-q", "--engine", "ray")
-    assert (ours.exit_code, ours.stderr.replace("/ours", "/local")) == (local.exit_code, local.stderr)
-    assert ours.exit_code == 2 and len(ours.stderr.strip().splitlines()) == 1
-    return engine, ours.stderr
-
-
 def test_an_error_in_a_map_task_reads_as_the_local_one_and_leaves_nothing(sources, run_cli, tmp_path):
     """An example too long for --max-tokens alone, found while a map task scatters: the local error, and no
     DST or exchange directory left."""
     src = str(tmp_path / "src")
     shutil.copytree(sources["parquet"], src)
-    engine, stderr = _fails_alike(run_cli, tmp_path, ["bucket", src, "--length", "tokens", "--boundaries", "10",
+    engine, stderr = fails_alike(run_cli, tmp_path, ["bucket", src, "--length", "tokens", "--boundaries", "10",
                                                       "--max-tokens", "30"])
     assert "_map" in exchanged(engine) and "exceeds --max-tokens 30" in stderr
-    assert sorted(os.listdir(tmp_path)) == ["src"]
+    assert sorted(os.listdir(tmp_path)) == ["out", "src"]
 
 
 def test_a_bad_label_in_a_map_task_is_counted_over_the_whole_input(tmp_path, run_cli):
@@ -142,9 +130,9 @@ def test_a_bad_label_in_a_map_task_is_counted_over_the_whole_input(tmp_path, run
     labels[[170, 260, 290]] = 9  # past the first row group, which the probe reads
     table = table.set_column(table.schema.get_field_index("label"), "label", pa.array(labels))
     src = write_parquet_shards(str(tmp_path / "src"), table)
-    engine, stderr = _fails_alike(run_cli, tmp_path, ["stratify", src, "--label", "label", "--target", "uniform",
+    engine, stderr = fails_alike(run_cli, tmp_path, ["stratify", src, "--label", "label", "--target", "uniform",
                                                       "--num-classes", "4", "--mode", "bernoulli", "--init-probs",
                                                       "0.25,0.25,0.25,0.25", "--batch-size", "8",
                                                       "--balanced-batches"])
     assert "_map" in exchanged(engine) and "3 " in stderr, stderr
-    assert sorted(os.listdir(tmp_path)) == ["src"]
+    assert sorted(os.listdir(tmp_path)) == ["out", "src"]

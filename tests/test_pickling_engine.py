@@ -138,6 +138,34 @@ def run_both(run_cli, tmp_path, args: Callable[[str], list[str]], monkeypatch=No
     return engine
 
 
+def fails_alike(run_cli, tmp_path, args: list[str]) -> tuple[PicklingEngine, str]:
+    """The command fails on the pickling engine as on the local one: exit 2, the same one line, an existing DST
+    (replaced with --overwrite) untouched, nothing left beside it. The engine and the line."""
+    results, engine = {}, PicklingEngine()
+    for name, used in (("local", None), ("ours", engine)):
+        dst = tmp_path / "out" / name
+        dst.mkdir(parents=True)
+        (dst / "kept").write_text("mine")
+        with runner.use_engine(used):
+            results[name] = run_cli(*args, dst, "--overwrite", "-q", *(["--engine", "ray"] if used else []))
+        assert os.listdir(dst) == ["kept"] and (dst / "kept").read_text() == "mine"
+    local, ours = results["local"], results["ours"]
+    assert (ours.exit_code, ours.stderr.replace("/ours", "/local")) == (local.exit_code, local.stderr)
+    assert ours.exit_code == 2 and ours.stderr.startswith("error: ") and ours.stderr.count("\n") == 1
+    assert sorted(os.listdir(tmp_path / "out")) == ["local", "ours"]  # no .DST.tmp-* left
+    return engine, ours.stderr
+
+
+def pipeline(tmp_path, text: str, **values: str) -> Callable[[str], list[str]]:
+    """run_both's args for a pipeline: its file written beside DST (as local.toml, pickled.toml), `text` filled
+    with `values` and the output path."""
+    def args(dst: str) -> list[str]:
+        path = tmp_path / f"{os.path.basename(dst)}.toml"
+        path.write_text(text.format(dst=dst, **values))
+        return ["run", str(path)]
+    return args
+
+
 def fell_back(fn: Callable[[Any], Any], *args: Any) -> Iterator[Any]:
     raise AssertionError(f"{getattr(fn, '__qualname__', fn)} ran on local threads instead of the engine")
 
@@ -150,11 +178,7 @@ def test_every_op_writes_the_same_through_pickles(name, src, tmp_path, run_cli):
 
 
 def test_a_pipeline_writes_the_same_through_pickles(src, tmp_path, run_cli):
-    def args(dst: str) -> list[str]:
-        path = tmp_path / f"{os.path.basename(dst)}.toml"
-        path.write_text(PIPELINE.format(src=src, dst=dst))
-        return ["run", str(path)]
-
+    args = pipeline(tmp_path, PIPELINE, src=src)
     assert run_both(run_cli, tmp_path, args).items
 
 
@@ -189,11 +213,7 @@ def test_stages_after_a_pipeline_shuffle_run_on_the_engine(src, tmp_path, run_cl
     batches from them in its own tasks; the kernels of the row stages after it go through the engine, pickled,
     and the last stage (bucket) scatters, sorts and writes its batches there too; nothing falls back to local
     threads; the same bytes, and no temporary files left beside DST."""
-    def args(dst: str) -> list[str]:
-        path = tmp_path / f"{os.path.basename(dst)}.toml"
-        path.write_text(AFTER_SHUFFLE.format(src=src, dst=dst))
-        return ["run", str(path)]
-
+    args = pipeline(tmp_path, AFTER_SHUFFLE, src=src)
     read = []
     original = execute._SortedBatch.__call__
     monkeypatch.setattr(execute._SortedBatch, "__call__", lambda task: read.append(task.index) or original(task))
@@ -329,11 +349,7 @@ path = "{dst}"
 
 def test_a_pipeline_ending_in_segment_checks_its_keys_beside_the_output(src, tmp_path, run_cli):
     """A pipeline's last stage: its key hashes written and reduced beside the output too; the same bytes."""
-    def args(dst: str) -> list[str]:
-        path = tmp_path / f"{os.path.basename(dst)}.toml"
-        path.write_text(SEGMENT_LAST.format(src=src, dst=dst))
-        return ["run", str(path)]
-
+    args = pipeline(tmp_path, SEGMENT_LAST, src=src)
     engine = run_both(run_cli, tmp_path, args)
     used = {fn.func if isinstance(fn, functools.partial) else fn for fn in engine.functions}
     assert {segment_keys.prepare_shared, segment_keys.partitions_collisions} <= used

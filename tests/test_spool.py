@@ -17,14 +17,14 @@ import pyarrow as pa
 import pytest
 
 import test_pickling_engine
-from batchtool import runner, spool
+from batchtool import spool
 from batchtool.convert import convert
 from batchtool.dataset import ReadReport
 from batchtool.job import RunSettings
 from batchtool.output import OutputOptions
 from batchtool.synthetic import make_table
 from conftest import write_parquet_shards
-from test_pickling_engine import PicklingEngine, run_both
+from test_pickling_engine import PicklingEngine, fails_alike, pipeline, run_both
 
 ROWS = 600
 
@@ -130,24 +130,6 @@ def test_an_empty_output_writes_the_one_empty_shard(sources, run_cli, tmp_path):
     assert {"_spool", "_write_all"} <= spooled(engine)
 
 
-def _fails_alike(run_cli, tmp_path, args: list[str]) -> tuple[PicklingEngine, str]:
-    """The command fails on the pickling engine as on the local one: exit 2, the same one line, DST untouched."""
-    results, engine = {}, PicklingEngine()
-    for name, used in (("local", None), ("ours", engine)):
-        dst = tmp_path / "out" / name
-        dst.mkdir(parents=True)
-        (dst / "kept").write_text("mine")
-        with runner.use_engine(used):
-            results[name] = run_cli(*args, dst, "--overwrite", "-q", *(["--engine", "ray"] if used else []))
-        assert os.listdir(dst) == ["kept"] and (dst / "kept").read_text() == "mine"
-    local, ours = results["local"], results["ours"]
-    assert (ours.exit_code, ours.stderr.replace("/ours", "/local")) == (local.exit_code, local.stderr)
-    assert ours.exit_code == 2 and ours.stderr.startswith("error: ") and ours.stderr.count("\n") == 1
-    assert sorted(os.listdir(tmp_path / "out")) == ["local", "ours"]  # no .DST.tmp-* left
-    assert "_spool" in spooled(engine)
-    return engine, ours.stderr
-
-
 def test_a_bad_label_mid_stream_fails_as_locally(tmp_path, run_cli):
     """A label outside --num-classes past the first chunk: the local error, every bad label counted."""
     table = make_table(300, seed=3)
@@ -155,10 +137,10 @@ def test_a_bad_label_mid_stream_fails_as_locally(tmp_path, run_cli):
     labels[[170, 260, 290]] = 9
     table = table.set_column(table.schema.get_field_index("label"), "label", pa.array(labels))
     src = write_parquet_shards(str(tmp_path / "src"), table)
-    _, stderr = _fails_alike(run_cli, tmp_path, ["stratify", src, "--label", "label", "--target", "uniform",
-                                                 "--num-classes", "4", "--mode", "bernoulli", "--init-probs",
-                                                 "0.25,0.25,0.25,0.25"])
-    assert "3 " in stderr, stderr
+    engine, stderr = fails_alike(run_cli, tmp_path, ["stratify", src, "--label", "label", "--target", "uniform",
+                                                     "--num-classes", "4", "--mode", "bernoulli", "--init-probs",
+                                                     "0.25,0.25,0.25,0.25"])
+    assert "3 " in stderr and "_spool" in spooled(engine), stderr
 
 
 @pytest.fixture
@@ -174,8 +156,8 @@ def corrupt(sources, tmp_path) -> str:
 
 
 def test_a_corrupt_record_fails_as_locally(corrupt, tmp_path, run_cli):
-    _, stderr = _fails_alike(run_cli, tmp_path, ["convert", corrupt])
-    assert "part-00001.tfrecord" in stderr
+    engine, stderr = fails_alike(run_cli, tmp_path, ["convert", corrupt])
+    assert "part-00001.tfrecord" in stderr and "_spool" in spooled(engine)
 
 
 def test_skipped_corrupt_records_are_counted_alike(corrupt, tmp_path, run_cli):
@@ -248,11 +230,6 @@ path = "{dst}"
 @pytest.mark.parametrize("case", PIPELINES)
 def test_a_pipeline_ending_in_a_row_stage_spools_on_the_workers(case, sources, tmp_path, run_cli):
     """The last row stage's output spooled and written on the workers: the local bytes and manifest."""
-    def args(dst: str) -> list[str]:
-        path = tmp_path / f"{os.path.basename(dst)}.toml"
-        path.write_text(PIPELINES[case].format(src=sources["parquet"], dst=dst))
-        return ["run", str(path)]
-
-    engine = run_both(run_cli, tmp_path, args)
+    engine = run_both(run_cli, tmp_path, pipeline(tmp_path, PIPELINES[case], src=sources["parquet"]))
     assert "_spool" in spooled(engine) and spooled(engine) & {"_write_shard", "_write_all"}
     assert sorted(os.listdir(tmp_path)) == ["local", "local.toml", "pickled", "pickled.toml"]
