@@ -5,7 +5,6 @@ the manifest. The same bytes and statistics as the op's own regroup on the drive
 
 from __future__ import annotations
 
-import itertools
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -21,13 +20,9 @@ from batchtool.dataset import Dataset, ReadReport
 from batchtool.formats.base import EncodedBatch
 from batchtool.job import JobResult, RunSettings, read_paths, write_manifest
 from batchtool.ops.base import Batches, Cut, Exchange, Operation, Regrouped, Runtime, Scattered
-from batchtool.output import BatchShardWriter, OutputOptions, encode_batch, output_directory
+from batchtool.output import BatchShardWriter, OutputOptions, encode_batch, output_directory, shard_ends
 from batchtool.runner import ordered_map
 
-ONE_SHARD_MARGIN = 1
-"""Sorted data (Arrow) this many times smaller than --shard-bytes is planned as one shard without measuring
-its encoded size: encoding rarely makes data larger, and the shard task stops at once if the writer cuts
-it earlier (see _write_shard), which then costs one shard's encoding."""
 MEASURES_PER_WORKER = 2
 """A distributed reorder measures its batches in this many tasks per worker CPU, so every worker encodes."""
 
@@ -70,39 +65,28 @@ class _CountingFile:
         return True
 
 
-def _measure(batches: _Encoded) -> tuple[int, list[int]]:
-    """A map task over a run of batches: the bytes a shard holds once opened, and the bytes each batch adds to
-    it (one sink for the whole run, whose file only counts)."""
+def _measure(batches: _Encoded) -> tuple[int | None, list[int]]:
+    """A task over a run of batches: the size of each as output.ShardCutter counts it, and the file's header
+    bytes (None: no batch showed them). A sink that only counts is fed every batch; the first is fed twice,
+    since a format may write its header with the first batch (Arrow IPC does), never with the second."""
     file = _CountingFile()
     sink = batches.output.spec.open_sink(file, batches.stored, batches.output)
-    opened, added = file.bytes, []
+    opened, header, sizes = file.bytes, None, []
     for encoded in batches():
+        if encoded.framed is not None:
+            header = 0
+            sizes.append(len(encoded.framed))
+            continue
         before = file.bytes
         sink.write(encoded)
-        added.append(file.bytes - before)
+        size = file.bytes - before
+        if header is None:
+            sink.write(encoded)
+            header = opened + 2 * size - (file.bytes - before)
+            size -= header - opened
+        sizes.append(size)
     sink.abandon()
-    return opened, added
-
-
-def _shard_ends(sizes: Iterable[tuple[int, Iterable[int]]], batches: Batches, o: OutputOptions) -> list[int]:
-    """Where BatchShardWriter would close each shard, from the measured sizes: after the batch that reaches
-    --shard-rows, --shard-bytes or the format's batches per shard (OutputOptions.shard_full), and at the end."""
-    ends: list[int] = []
-    rows = size = count = k = 0
-    for opened, added in sizes:
-        for batch_bytes in added:
-            if count == 0:
-                rows, size = 0, opened
-            rows += batches.batch_rows(k)
-            size += batch_bytes
-            count += 1
-            k += 1
-            if o.shard_full(rows, size, count):
-                ends.append(k)
-                count = 0
-    if not ends or ends[-1] != batches.count:
-        ends.append(batches.count)
-    return ends
+    return header, sizes
 
 
 @dataclass(frozen=True)
@@ -111,75 +95,45 @@ class _Shard:
 
     batches: _Encoded
     index: int
-    count: int
-    last: bool
     directory: str
     scratch: str
     name: str
 
 
-def _write_shard(shard: _Shard) -> dict | None:
-    """Write one shard with the local writer; its manifest entry, or None if the writer did not close it
-    exactly where planned (a format whose shard size is not the sum of its batches' sizes): then the
-    driver writes every shard in one task instead."""
+def _write_shard(shard: _Shard) -> dict:
+    """Write one shard with the local writer, rollover off (shard_ends placed it), in a scratch directory of its
+    own, then moved beside the others; its manifest entry."""
     with suppress(FileExistsError):  # (a retried task) not makedirs: see exchange._map
         os.mkdir(shard.scratch)
-    writer = BatchShardWriter(shard.scratch, shard.batches.stored, shard.batches.output, name=shard.name)
-    for written, encoded in enumerate(shard.batches(), 1):
+    writer = BatchShardWriter(shard.scratch, shard.batches.stored, shard.batches.output, name=shard.name,
+                              first=shard.index, rollover=False)
+    for encoded in shard.batches():
         writer.write(encoded)
-        if "sha256" in writer.files[0] and written < shard.count:  # cut before the planned end
-            return None
-    closed_by_writer = "sha256" in writer.files[0]
-    files = writer.close()
-    if not (closed_by_writer or shard.last):
-        return None
-    entry = dict(files[0], path=f"part-{shard.index:05d}{shard.batches.output.suffix}")
-    os.replace(os.path.join(shard.scratch, files[0]["path"]), os.path.join(shard.directory, entry["path"]))
+    entry = writer.close()[0]
+    os.replace(os.path.join(shard.scratch, entry["path"]), os.path.join(shard.directory, entry["path"]))
     return entry
-
-
-def _write_all(job: tuple[_Encoded, str, str, str]) -> list[dict]:
-    """Every shard in one task, in order: the writer run exactly as write_job runs it (in the scratch
-    directory, then moved, so nothing is written in DST's temporary directory once the exchange is gone)."""
-    batches, directory, scratch, name = job
-    os.mkdir(scratch)
-    writer = BatchShardWriter(scratch, batches.stored, batches.output, name=name)
-    for encoded in batches():
-        writer.write(encoded)
-    files = writer.close()
-    for entry in files:
-        os.replace(os.path.join(scratch, entry["path"]), os.path.join(directory, entry["path"]))
-    return files
 
 
 def write_sorted(batches: Batches, output: OutputOptions, stored: pa.Schema, directory: str, scratch: str,
                  name: str, segments: int, threads: int) -> list[dict]:
     """Write an exchange's batches as the local writer would, on the engine's workers: measure every batch's
-    encoded size (`segments` tasks; not when no --shard-bytes applies, or the data is far smaller), place the
-    shard boundaries as the writer would, write the shards in parallel. Falls back to one task writing them
-    all when a shard task finds the writer would have cut elsewhere."""
+    size (`segments` tasks; not when only --shard-rows and the format's batches per shard apply, which need no
+    size), place the shard boundaries with output.shard_ends, and write the shards in parallel."""
     def encoded(start: int, end: int) -> _Encoded:
         return _Encoded(batches.reader(start, end), output, stored)
 
-    if batches.count:
-        if output.shard_bytes is None or batches.nbytes() * ONE_SHARD_MARGIN <= output.shard_bytes:
-            sizes: Iterable[tuple[int, Iterable[int]]] = [(0, itertools.repeat(0, batches.count))]
-        else:
-            step = -(-batches.count // max(1, segments))
-            sizes = ordered_map(_measure, [encoded(k, min(k + step, batches.count))
-                                           for k in range(0, batches.count, step)], threads)
-        ends = _shard_ends(sizes, batches, output)
-        shards = [_Shard(encoded(start, end), i, end - start, i == len(ends) - 1, directory,
-                         os.path.join(scratch, f"w{i:06d}"), name)
-                  for i, (start, end) in enumerate(zip([0, *ends[:-1]], ends))]
-        files = list(ordered_map(_write_shard, shards, threads))
-        if all(entry is not None for entry in files):
-            return files
-        for entry in files:
-            if entry is not None:
-                os.remove(os.path.join(directory, entry["path"]))
-    job = (encoded(0, batches.count), directory, os.path.join(scratch, "all"), name)
-    return next(iter(ordered_map(_write_all, [job], threads)))
+    rows = [batches.batch_rows(k) for k in range(batches.count)]
+    header, sizes = 0, [0] * batches.count
+    if output.shard_bytes is not None and batches.count:
+        step = -(-batches.count // max(1, segments))
+        measured = list(ordered_map(_measure, [encoded(k, min(k + step, batches.count))
+                                               for k in range(0, batches.count, step)], threads))
+        header = next((h for h, _ in measured if h is not None), 0)
+        sizes = [size for _, run in measured for size in run]
+    ends = shard_ends(output, header, rows, sizes)
+    shards = [_Shard(encoded(start, end), i, directory, os.path.join(scratch, f"w{i:06d}"), name)
+              for i, (start, end) in enumerate(zip([0, *ends[:-1]], ends))]
+    return list(ordered_map(_write_shard, shards, threads))
 
 
 def _planned(op: Operation, plan: Any, units: Iterator[exchange.ReadUnit], dataset: Dataset,

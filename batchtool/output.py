@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -79,7 +79,7 @@ class OutputOptions:
 
     def shard_full(self, rows: int, size: int, batches: int) -> bool:
         """The rollover rule: a shard ends after the batch that reaches --shard-rows, --shard-bytes or the
-        format's batches per shard (the writer follows it, and so do shuffle's shards planned ahead)."""
+        format's batches per shard (ShardCutter applies it to a shard's batches as they come)."""
         return ((self.shard_rows is not None and rows >= self.shard_rows)
                 or (self.shard_bytes is not None and size >= self.shard_bytes)
                 or (self.spec.max_shard_batches is not None and batches >= self.spec.max_shard_batches))
@@ -116,6 +116,40 @@ def _narrowed(t: pa.DataType, casts: list[tuple[pa.DataType, pa.DataType]]) -> p
 def encode_batch(batch: pa.RecordBatch, options: OutputOptions) -> EncodedBatch:
     """Pure and thread-safe: run it on workers so the writer thread only appends bytes."""
     return options.spec.encode(batch, options)
+
+
+class ShardCutter:
+    """Where shards end: fed each batch's rows and size in output order, it says after which batch a shard is
+    full (OutputOptions.shard_full). A batch's size is the bytes it adds to its shard before any stream
+    compression (a gzip TFRecord stream counts its framed records): a function of the batch alone, the first
+    batch of a shard also carrying the file's header. So whoever writes (the writer here as batches arrive,
+    or workers writing shards planned from measured sizes: shard_ends) cuts in the same places."""
+
+    def __init__(self, options: OutputOptions) -> None:
+        self.options = options
+        self.rows = self.bytes = self.batches = 0
+
+    def add(self, rows: int, size: int) -> bool:
+        """Count one more batch of the shard; True if the shard ends after it (the count starts over)."""
+        self.rows += rows
+        self.bytes += size
+        self.batches += 1
+        if not self.options.shard_full(self.rows, self.bytes, self.batches):
+            return False
+        self.rows = self.bytes = self.batches = 0
+        return True
+
+
+def shard_ends(options: OutputOptions, header: int, rows: Iterable[int], sizes: Iterable[int]) -> list[int]:
+    """The batch after which each shard ends (the last always ends at the last batch), from every batch's rows
+    and size and the file's header bytes: where BatchShardWriter, fed the same batches, rolls over."""
+    cutter, ends, count = ShardCutter(options), [], 0
+    for count, (batch_rows, size) in enumerate(zip(rows, sizes), 1):
+        if cutter.add(batch_rows, size + (header if cutter.batches == 0 else 0)):
+            ends.append(count)
+    if not ends or ends[-1] != count:
+        ends.append(count)
+    return ends
 
 
 class _HashingFile:
@@ -164,13 +198,18 @@ class BatchShardWriter:
     TFRecord records.
     """
 
-    def __init__(self, directory: str, schema: pa.Schema, options: OutputOptions, name: str | None = None) -> None:
+    def __init__(self, directory: str, schema: pa.Schema, options: OutputOptions, name: str | None = None,
+                 first: int = 0, rollover: bool = True) -> None:
+        """`first`: the number of the first shard it writes (part-<first>); without `rollover`, everything it is
+        given goes into that one shard (a worker writing a shard whose batches shard_ends planned)."""
         self.directory = directory
         self.name = name or directory
         """What errors name: DST, when `directory` is its temporary twin."""
         self.schema = schema
         self.options = options
         self.files: list[dict] = []
+        self._first = first
+        self._cutter = ShardCutter(options) if rollover else None
         self._sink: _HashingFile | None = None
         self._stream: pa.BufferedOutputStream | None = None
         self._encoder: ShardSink | None = None
@@ -181,16 +220,18 @@ class BatchShardWriter:
         with self._errors():
             if self._sink is None:
                 self._open()
+            before = self._stream.tell() if self._batches else 0  # a shard's first batch carries its header
             self._encoder.write(encoded)
             self._rows += encoded.data.num_rows
             self._batches += 1
-            if self._full():
+            size = len(encoded.framed) if encoded.framed is not None else self._stream.tell() - before
+            if self._cutter is not None and self._cutter.add(encoded.data.num_rows, size):
                 self._close_shard()
 
     @contextmanager
     def _errors(self) -> Iterator[None]:
         """A failed write is one DestinationError, and leaves no open shard whose finalizer writes again."""
-        shard = self.files[-1]["path"] if self._sink is not None else f"part-{len(self.files):05d}{self.options.suffix}"
+        shard = self.files[-1]["path"] if self._sink is not None else self._shard_name()
         try:
             with fs.write_errors(f"{self.name}: cannot write the output ({shard})"):
                 yield
@@ -208,11 +249,11 @@ class BatchShardWriter:
                 self._stream.close()
         self._encoder = self._sink = self._stream = None
 
-    def _full(self) -> bool:
-        return self.options.shard_full(self._rows, self._stream.tell(), self._batches)
+    def _shard_name(self) -> str:
+        return f"part-{self._first + len(self.files):05d}{self.options.suffix}"
 
     def _open(self) -> None:
-        name = f"part-{len(self.files):05d}{self.options.suffix}"
+        name = self._shard_name()
         self._sink = _HashingFile(os.path.join(self.directory, name))
         self._rows = self._batches = 0
         self.files.append({"path": name})

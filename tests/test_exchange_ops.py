@@ -37,7 +37,7 @@ def sources(tmp_path_factory) -> dict[str, str]:
 def exchanged(engine: PicklingEngine) -> list[str]:
     """The names of the map-reduce tasks the engine ran (empty: the op regrouped on the driver)."""
     names = [getattr(getattr(fn, "func", fn), "__name__", "") for fn in engine.functions]
-    return [name for name in names if name in ("_map", "_sort_part", "_write_shard", "_write_all")]
+    return [name for name in names if name in ("_map", "_sort_part", "_write_shard")]
 
 
 BUCKET = {

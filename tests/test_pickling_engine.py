@@ -223,7 +223,7 @@ def test_stages_after_a_pipeline_shuffle_run_on_the_engine(src, tmp_path, run_cl
     kernels = [fn.args[0].name for fn in engine.functions if isinstance(fn, functools.partial) and fn.func is _kernel]
     assert {"stratify", "resample", "rename"} <= set(kernels), kernels
     last = {getattr(fn, "func", fn).__name__ for fn in engine.functions}  # bucket scattered and written there
-    assert {"_map", "_sort_part", "_bucket_cut"} <= last and last & {"_write_shard", "_write_all"}, last
+    assert {"_map", "_sort_part", "_bucket_cut"} <= last and last & {"_write_shard"}, last
 
 
 FIRST_SHUFFLE = """seed = 5

@@ -62,7 +62,7 @@ def sources(tmp_path_factory) -> dict[str, str]:
 
 def spooled(engine: PicklingEngine) -> set[str]:
     """The names of the spool and shard-writing tasks the engine ran."""
-    return {task_name(fn) for fn in engine.functions} & {"_spool", "_kernel", "_write_shard", "_write_all"}
+    return {task_name(fn) for fn in engine.functions} & {"_spool", "_kernel", "_write_shard"}
 
 
 CASES = {
@@ -93,8 +93,8 @@ def test_row_commands_spool_on_the_workers_and_write_the_local_bytes(case, sourc
     monkeypatch.setattr(test_pickling_engine, "PicklingEngine", MeasuringEngine)
     engine = run_both(run_cli, tmp_path, lambda dst: [command, sources[fmt], dst, *flags])
     ran = spooled(engine)
-    assert "_spool" in ran and ran & {"_write_shard", "_write_all"} and "_kernel" not in ran, ran
-    written = sum(engine.received.get(name, 0) for name in ("_spool", "_measure", "_write_shard", "_write_all"))
+    assert "_spool" in ran and ran & {"_write_shard"} and "_kernel" not in ran, ran
+    written = sum(engine.received.get(name, 0) for name in ("_spool", "_measure", "_write_shard"))
     assert written < 12_000, f"output data came back to the driver: {engine.received}"  # the input: about 300KB
     assert sorted(os.listdir(tmp_path)) == ["local", "pickled"]  # nothing left beside DST
 
@@ -113,7 +113,7 @@ def test_built_batches_are_written_where_they_are_built(case, sources, run_cli, 
     and written as shards on the workers: the local bytes, and none of them comes back to the driver."""
     fmt, args = BUILT[case]
     engine = run_both(run_cli, tmp_path, lambda dst: [args[0], sources[fmt], dst, *args[1:]])
-    assert "_spool" in spooled(engine) and spooled(engine) & {"_write_shard", "_write_all"}, spooled(engine)
+    assert "_spool" in spooled(engine) and spooled(engine) & {"_write_shard"}, spooled(engine)
     assert sorted(os.listdir(tmp_path)) == ["local", "pickled"]
 
 
@@ -127,7 +127,7 @@ def test_per_chunk_plans_stay_on_the_driver(sources, run_cli, tmp_path):
 def test_an_empty_output_writes_the_one_empty_shard(sources, run_cli, tmp_path):
     """Every row filtered out: no batch spooled, and the one empty shard write_job writes."""
     engine = run_both(run_cli, tmp_path, lambda dst: ["filter", sources["parquet"], dst, "--column", "never"])
-    assert {"_spool", "_write_all"} <= spooled(engine)
+    assert {"_spool", "_write_shard"} <= spooled(engine)
 
 
 def test_a_bad_label_mid_stream_fails_as_locally(tmp_path, run_cli):
@@ -231,5 +231,5 @@ path = "{dst}"
 def test_a_pipeline_ending_in_a_row_stage_spools_on_the_workers(case, sources, tmp_path, run_cli):
     """The last row stage's output spooled and written on the workers: the local bytes and manifest."""
     engine = run_both(run_cli, tmp_path, pipeline(tmp_path, PIPELINES[case], src=sources["parquet"]))
-    assert "_spool" in spooled(engine) and spooled(engine) & {"_write_shard", "_write_all"}
+    assert "_spool" in spooled(engine) and spooled(engine) & {"_write_shard"}
     assert sorted(os.listdir(tmp_path)) == ["local", "local.toml", "pickled", "pickled.toml"]
