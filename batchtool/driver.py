@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
@@ -13,7 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from batchtool import exchange, fs, progress, runner, spool
+from batchtool import exchange, progress, runner, spool
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.engines import with_engine
 from batchtool.errors import BatchtoolError
@@ -55,14 +54,13 @@ class EngineRuntime:
 
     @contextlib.contextmanager
     def scratch(self) -> Iterator[str | None]:
-        """On a remote engine with DST a path whose parent exists: an exchange workspace in a new `.DST.tmp-*`
-        directory beside DST (as exchange_writer.regrouped_exchanged makes it), removed when the block ends."""
-        if runner.active_engine() is None or self.dst is None or fs.is_uri(self.dst) \
-                or not os.path.isdir(os.path.dirname(os.path.abspath(self.dst))):
+        """On a remote engine with DST a path whose parent exists: an exchange workspace beside DST, removed when
+        the block ends; None otherwise."""
+        if self.dst is None:
             yield None
             return
-        with exchange.beside(self.dst) as directory:
-            yield directory
+        with exchange.workspace(self.dst) as space:
+            yield space.directory if space.shared else None
 
 
 @dataclass(frozen=True)
@@ -249,10 +247,9 @@ def run_operation(op: Operation, options: Any, src: str, dst: str, output: Outpu
     with stream_errors(op, plan, dataset, run.threads):
         if op.kind_of(options) is not Kind.ROWS:
             runtime = EngineRuntime(run.threads, run.quiet, op.name, dst)
-            if runner.active_engine() is not None and not fs.is_uri(dst):  # on the workers, if the op can
-                result = write_exchanged(op, plan, output, runtime, **job)
-                if result is not None:
-                    return result
+            result = write_exchanged(op, plan, output, runtime, tmp_dir=tmp_dir, **job)
+            if result is not None:
+                return result
             with op.regroup(plan, dataset, report, runtime) as out:
                 if spool.applies(dst) and out.work is not emit:  # built batches written where they are built
                     return spool.write_regrouped_spooled(out, output, report=report, **job)

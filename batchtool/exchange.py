@@ -18,18 +18,18 @@ import itertools
 import os
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
 
-from batchtool import fs, progress
+from batchtool import fs, progress, runner
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.ops.base import Scatter
 from batchtool.runner import ordered_map
-from batchtool.spill import ID_COLUMN, Spill, read_part
+from batchtool.spill import ID_COLUMN, Spill, make_temporary_dir, read_part, temporary_write_errors
 
 T = TypeVar("T")
 
@@ -39,41 +39,62 @@ WORKSPACE = ".exchange"
 output to, and never left behind (see workspace)."""
 
 
-@contextmanager
-def workspace(tmp: str, dst: str) -> Iterator[str]:
-    """The exchange directory, made in DST's temporary directory `tmp` and removed when the block ends.
+@dataclass(frozen=True)
+class Workspace:
+    """Where an exchange's tasks write (map outputs, sorted ranges, spooled batches), and what a refused write
+    there names."""
 
-    It is renamed before it is removed: every task creates its files and directories by paths under the
-    old name (and with mkdir, never makedirs), so a task still running after a failure (the local engine
-    does not wait for its threads; a Ray task runs until its job ends) can no longer add anything while
-    the tree is being removed.
+    directory: str
+    name: str
+    """DST (or a pipeline's output), for errors."""
+    tmp_dir: str | None = None
+    """--tmp-dir, when the workspace is there."""
+    shared: bool = False
+    """Beside DST, on the storage a remote engine's workers write DST to; False: the driver's own disk, which only
+    the driver's threads may write."""
+
+    def errors(self) -> AbstractContextManager[None]:
+        """A refused write in the workspace as one error naming where it is (--tmp-dir, DST, or the system's
+        temporary directory)."""
+        if self.shared:
+            return fs.write_errors(f"{self.name}: cannot write the output")
+        return temporary_write_errors(self.tmp_dir)
+
+
+@contextmanager
+def workspace(dst: str, tmp_dir: str | None = None, inside: str | None = None) -> Iterator[Workspace]:
+    """The workspace of an exchange writing `dst`, removed when the block ends: beside DST (in DST's temporary
+    directory `inside` if it exists yet, else in a `.DST.tmp-*` of its own) when a remote engine runs the tasks
+    and DST is a path whose parent exists, so every worker shares it; else in --tmp-dir `tmp_dir`, or the
+    system's temporary directory.
+
+    Its directory is renamed before it is removed: every task creates its files and directories by paths under
+    the old name (and with mkdir, never makedirs), so a task still running after a failure (the local engine
+    does not wait for its threads; a Ray task runs until its job ends) can no longer add anything while the
+    tree is being removed.
     """
-    directory = os.path.join(tmp, WORKSPACE)
-    with fs.write_errors(f"{dst}: cannot write the output"):
-        os.mkdir(directory)
+    dst_path = None if fs.is_uri(dst) else os.path.abspath(dst)
+    shared = (runner.active_engine() is not None and dst_path is not None
+              and (inside is not None or os.path.isdir(os.path.dirname(dst_path))))
+    own = None
+    if not shared:
+        own = make_temporary_dir("batchtool-exchange-", tmp_dir)
+    elif inside is None:
+        with fs.write_errors(f"{dst_path}: cannot write beside the output"):
+            own = fs.make_unique_dir(os.path.dirname(dst_path), f".{os.path.basename(dst_path)}.tmp-")
+    space = Workspace(os.path.join(own or inside, WORKSPACE), dst, None if shared else tmp_dir, shared)
     try:
-        yield directory
+        with space.errors():
+            os.mkdir(space.directory)
+        yield space
     finally:
-        removed = directory + "-removed"
+        removed = space.directory + "-removed"
         with suppress(OSError):
-            os.rename(directory, removed)
+            os.rename(space.directory, removed)
         fs.remove_tree(removed)
-        fs.remove_tree(directory)
-
-
-@contextmanager
-def beside(dst: str) -> Iterator[str]:
-    """A workspace in a new `.DST.tmp-*` directory beside DST (on the storage the workers write DST to, before
-    DST's own temporary directory exists: a pipeline's reorder, segment's key check), removed when the block
-    ends."""
-    dst = os.path.abspath(dst)
-    with fs.write_errors(f"{dst}: cannot write beside the output"):
-        tmp = fs.make_unique_dir(os.path.dirname(dst), f".{os.path.basename(dst)}.tmp-")
-    try:
-        with workspace(tmp, dst) as directory:
-            yield directory
-    finally:
-        fs.remove_tree(tmp)
+        fs.remove_tree(space.directory)
+        if own is not None:
+            fs.remove_tree(own)
 
 
 class ReadUnit(Protocol):
@@ -138,10 +159,15 @@ def probe(units: Iterator[ReadUnit], measure: Callable[[Chunk], T | None],
 class MapJob:
     """What every map task of one exchange shares."""
 
-    directory: str
+    space: Workspace
     scatter: Scatter
-    name: str
-    """DST, for errors."""
+
+    @property
+    def directory(self) -> str:
+        return self.space.directory
+
+    def errors(self) -> AbstractContextManager[None]:
+        return self.space.errors()
 
 
 @dataclass
@@ -160,12 +186,14 @@ def _map(job: MapJob, item: tuple[int, ReadUnit]) -> MapOutput:
     complete (replacing what a failed earlier attempt of the task left). Directories are made with mkdir,
     never makedirs: a task still running after a failed command's cleanup must not recreate its tree."""
     index, unit = item
-    fs.check_shared(job.directory, job.name)
+    fs.check_shared(job.directory, job.space.name)
     writing = os.path.join(job.directory, f".m{index:09d}-{uuid.uuid4().hex}")
-    os.mkdir(writing)
+    with job.errors():
+        os.mkdir(writing)
     out = MapOutput(())
     plan = job.scatter
-    spill = Spill(plan.schema, plan.parts, plan.seed, plan.stage, flush_bytes=plan.flush_bytes, directory=writing)
+    spill = Spill(plan.schema, plan.parts, plan.seed, plan.stage, flush_bytes=plan.flush_bytes, directory=writing,
+                  errors=job.errors)
     try:
         for chunk in unit(out.report):
             if plan.prepare is None:
@@ -178,7 +206,8 @@ def _map(job: MapJob, item: tuple[int, ReadUnit]) -> MapOutput:
         spill.finish()
         own = map_directory(job.directory, index)
         fs.remove_tree(own)
-        os.rename(writing, own)
+        with job.errors():
+            os.rename(writing, own)
     except BaseException:
         spill.close()
         raise
@@ -255,27 +284,27 @@ class SortedGroup:
         return first
 
 
-def _sort_part(job: tuple[str, Scatter, int, int, str]) -> None:
+def _sort_part(job: MapJob, cell: tuple[int, int, str]) -> None:
     """The reduce task of one key range: read it from every map, sort it, write it for SortedGroup."""
-    directory, plan, group, part, path = job
-    chunk = read_range(directory, plan, group, part)
+    group, part, path = cell
+    chunk = read_range(job.directory, job.scatter, group, part)
     if chunk is None:
         return
     data = chunk.data.append_column(ID_COLUMN, pa.array(chunk.ids, pa.uint64()))
-    with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, data.schema) as writer:
+    with job.errors(), pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, data.schema) as writer:
         writer.write_batch(data)
 
 
-def sort_groups(directory: str, plan: Scatter, rows: Sequence[np.ndarray], threads: int) -> list[SortedGroup]:
+def sort_groups(job: MapJob, rows: Sequence[np.ndarray], threads: int) -> list[SortedGroup]:
     """Sort every key range of every group on the engine's workers, one task per range that holds rows."""
-    groups = [SortedGroup(directory, g, tuple(int(n) for n in part_rows)) for g, part_rows in enumerate(rows)]
-    os.makedirs(os.path.join(directory, "sorted"), exist_ok=True)
-    jobs = [(directory, plan, g.group, part, g.path(part)) for g in groups
-            for part, n in enumerate(g.part_rows) if n]
-    for _ in ordered_map(_sort_part, jobs, threads):
+    groups = [SortedGroup(job.directory, g, tuple(int(n) for n in part_rows)) for g, part_rows in enumerate(rows)]
+    with job.errors():
+        os.makedirs(os.path.join(job.directory, "sorted"), exist_ok=True)
+    cells = [(g.group, part, g.path(part)) for g in groups for part, n in enumerate(g.part_rows) if n]
+    for _ in ordered_map(functools.partial(_sort_part, job), cells, threads):
         pass
     return groups
 
 
-__all__ = ["MapJob", "beside", "MapOutput", "ReadUnit", "SortedGroup", "map_directory", "probe", "read_range", "read_units",
+__all__ = ["MapJob", "MapOutput", "Workspace", "workspace", "ReadUnit", "SortedGroup", "map_directory", "probe", "read_range", "read_units",
            "scatter", "sort_groups", "task_units"]

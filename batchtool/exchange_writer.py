@@ -16,10 +16,10 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool import exchange, progress, runner
-from batchtool.dataset import Dataset, ReadReport
+from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.formats.base import EncodedBatch
 from batchtool.job import JobResult, RunSettings, read_paths, write_manifest
-from batchtool.ops.base import Batches, Cut, Exchange, Operation, Regrouped, Runtime, Scattered
+from batchtool.ops.base import Bar, Batches, Cut, Exchange, Operation, Regrouped, Runtime, Scattered
 from batchtool.output import BatchShardWriter, OutputOptions, encode_batch, output_directory, shard_ends
 from batchtool.runner import ordered_map
 
@@ -114,6 +114,30 @@ def _write_shard(shard: _Shard) -> dict:
     return entry
 
 
+RUN_BYTES = 1 << 20
+"""About the sorted bytes one task of the local writer reads and encodes (at least one batch): a few such runs wait
+for the writer at a time (the local engine's window), so this stays a small part of any budget."""
+
+
+def _encoded_run(batches: _Encoded) -> list[EncodedBatch]:
+    return list(batches())
+
+
+def write_in_order(batches: Batches, output: OutputOptions, stored: pa.Schema, directory: str, name: str,
+                   threads: int, bar: Bar) -> list[dict]:
+    """Write an exchange's batches with one writer, in order, while the engine's workers read and encode runs of
+    them: the local engine's way, where the writer's shards roll over as the batches come (output.ShardCutter)."""
+    writer = BatchShardWriter(directory, stored, output, name=name)
+    step = max(1, int(RUN_BYTES * batches.count / max(1, batches.nbytes())))
+    runs = [_Encoded(batches.reader(k, min(k + step, batches.count)), output, stored)
+            for k in range(0, batches.count, step)]
+    for encoded in ordered_map(_encoded_run, runs, threads):
+        for batch in encoded:
+            writer.write(batch)
+            bar.update(batch.data.num_rows)
+    return writer.close()
+
+
 def write_sorted(batches: Batches, output: OutputOptions, stored: pa.Schema, directory: str, scratch: str,
                  name: str, segments: int, threads: int) -> list[dict]:
     """Write an exchange's batches as the local writer would, on the engine's workers: measure every batch's
@@ -136,25 +160,37 @@ def write_sorted(batches: Batches, output: OutputOptions, stored: pa.Schema, dir
     return list(ordered_map(_write_shard, shards, threads))
 
 
-def _planned(op: Operation, plan: Any, units: Iterator[exchange.ReadUnit], dataset: Dataset,
-             threads: int) -> tuple[Exchange | None, Iterator[exchange.ReadUnit]]:
-    """The op's Exchange plan (its probe's first chunk read on a worker), and the units with the probed put back."""
+@contextmanager
+def on_engine_of(space: exchange.Workspace) -> Iterator[Any]:
+    """Within the block, the engine that may write the workspace: the active one if the workspace is shared with
+    its workers, else the driver's threads (None)."""
+    engine = runner.active_engine() if space.shared else None
+    with runner.use_engine(engine):
+        yield engine
+
+
+def _planned(op: Operation, plan: Any, units: Iterator[exchange.ReadUnit], dataset: Dataset, threads: int,
+             like: Chunk | None = None) -> tuple[Exchange | None, Iterator[exchange.ReadUnit]]:
+    """The op's Exchange plan, and the units with the probed put back. Its probe measures the input's first chunk
+    (read on a worker), or `like` when given (a pipeline's narrow pass, cut as the full input is)."""
     def probe(measure: Any) -> Any:
         nonlocal units
+        if like is not None:
+            return measure(like)
         found, units = exchange.probe(units, measure, threads)
         return found
 
     return op.exchange(plan, dataset, probe), units
 
 
-def _exchanged(reorder: Exchange, units: Iterable[exchange.ReadUnit], directory: str, dataset: Dataset,
-               dst: str, run: RunSettings, report: ReadReport, desc: str, runtime: Runtime) -> Cut:
-    """The map and reduce tasks (every row to its key range under `directory`, each range sorted), then the
+def _exchanged(reorder: Exchange, units: Iterable[exchange.ReadUnit], space: exchange.Workspace, dataset: Dataset,
+               run: RunSettings, report: ReadReport, desc: str, runtime: Runtime) -> Cut:
+    """The map and reduce tasks (every row to its key range in the workspace, each range sorted), then the
     op's cut of the sorted rows into batches."""
     plan = reorder.scatter
-    job = exchange.MapJob(directory, plan, dst)
+    job = exchange.MapJob(space, plan)
     rows, stats = exchange.scatter(units, job, run.threads, report, desc, dataset.progress_rows, run.quiet)
-    groups = exchange.sort_groups(directory, plan, rows, run.threads)
+    groups = exchange.sort_groups(job, rows, run.threads)
     scattered = Scattered(plan.schema, list(groups), np.array([int(r.sum()) for r in rows], dtype=np.int64), stats)
     return reorder.cut(scattered, runtime)
 
@@ -175,29 +211,26 @@ def _read_batches(read: Callable[[], Iterator[pa.RecordBatch]]) -> tuple[list[pa
 
 @contextmanager
 def regrouped_exchanged(op: Operation, plan: Any, dataset: Dataset, units: Iterator[exchange.ReadUnit], dst: str,
-                        run: RunSettings, report: ReadReport, desc: str,
-                        runtime: Runtime) -> Iterator[Regrouped | None]:
+                        run: RunSettings, report: ReadReport, desc: str, runtime: Runtime, *,
+                        tmp_dir: str | None = None, like: Chunk | None = None) -> Iterator[Regrouped | None]:
     """The op's regrouping as `regroup` gives it (a pipeline streams it on to the stages after it), but with the
     rows scattered and sorted on the workers, through files in a directory beside DST, and every item's
     batches read from the sorted files on a worker; None if the op has no Exchange plan. The same batches as
     `regroup` (the same keys, key ranges and cuts); the files are removed when the block ends. None too when
     DST's parent does not exist yet (the output's writer makes it, and removes it on failure)."""
-    dst = os.path.abspath(dst)
-    reorder = None
-    if os.path.isdir(os.path.dirname(dst)):
-        reorder, units = _planned(op, plan, units, dataset, run.threads)
+    reorder, units = _planned(op, plan, units, dataset, run.threads, like)
     if reorder is None:
         yield None
         return
-    with exchange.beside(dst) as directory:
-        cut = _exchanged(reorder, units, directory, dataset, dst, run, report, desc, runtime)
+    with exchange.workspace(dst, tmp_dir) as space, on_engine_of(space):
+        cut = _exchanged(reorder, units, space, dataset, run, report, desc, runtime)
         batches = cut.batches
         step = max(1, -(-batches.count // sum(reorder.scatter.parts)))  # about a key range per item
         items = [batches.reader(k, min(k + step, batches.count)) for k in range(0, batches.count, step)]
         yield SortedRegrouped(items, _read_batches, cut.stats, total_rows=batches.rows, batches=batches)
 
 
-Produce = Callable[[str], tuple[Batches, int, Callable[[], dict[str, Any]]]]
+Produce = Callable[[exchange.Workspace], tuple[Batches, int, Callable[[], dict[str, Any]]]]
 """produce(workspace): the output batches, made on the workers in files under the workspace, the input rows they
 complete, and the manifest's statistics once they are written."""
 
@@ -205,7 +238,7 @@ complete, and the manifest's statistics once they are written."""
 def write_beside(produce: Produce, output: OutputOptions, *, command: str, options: dict[str, Any],
                  seed: int | None, dataset: Dataset, dst: str, schema: pa.Schema, run: RunSettings,
                  source: Dataset | None = None, report: ReadReport | None = None, started: float | None = None,
-                 who: str | None = None,
+                 who: str | None = None, tmp_dir: str | None = None,
                  manifest_stats: Callable[[dict[str, Any], int], dict[str, Any]] | None = None) -> JobResult:
     """An output written on the engine's workers, as write_job writes it: `produce` makes the batches in a workspace
     in DST's temporary directory (beside DST, on storage every worker shares), write_sorted writes them as shards
@@ -219,14 +252,16 @@ def write_beside(produce: Produce, output: OutputOptions, *, command: str, optio
     source = dataset if source is None else source
     casts = output.casts(schema)
     stored = output.stored_schema(schema)
-    workers = max(1, getattr(runner.active_engine(), "cpus", run.threads))
-    with output_directory(dst, output.overwrite, read_paths(source)) as tmp:
-        with exchange.workspace(tmp, dst) as directory:
-            batches, rows_in, stats = produce(directory)
-            rows = batches.rows
-            with progress.bar(f"{who or command}: write", rows, quiet=run.quiet) as bar:
-                files = write_sorted(batches, output, stored, tmp, directory, dst, MEASURES_PER_WORKER * workers,
-                                     run.threads)
+    with output_directory(dst, output.overwrite, read_paths(source)) as tmp, \
+            exchange.workspace(dst, tmp_dir, inside=tmp) as space, on_engine_of(space) as engine:
+        batches, rows_in, stats = produce(space)
+        rows = batches.rows
+        with progress.bar(f"{who or command}: write", rows, quiet=run.quiet) as bar:
+            if engine is None:
+                files = write_in_order(batches, output, stored, tmp, dst, run.threads, bar)
+            else:
+                files = write_sorted(batches, output, stored, tmp, space.directory, dst,
+                                     MEASURES_PER_WORKER * max(1, getattr(engine, "cpus", run.threads)), run.threads)
                 bar.update(rows)
         manifest = write_manifest(tmp, command=command, options=options, seed=seed, dataset=source, dst=dst,
                                   output=output, schema=stored, casts=casts, files=files, rows_in=rows_in,
@@ -250,9 +285,9 @@ def write_exchanged(op: Operation, plan: Any, output: OutputOptions, runtime: Ru
     if reorder is None:
         return None
 
-    def produce(directory: str) -> tuple[Batches, int, Callable[[], dict[str, Any]]]:
+    def produce(space: exchange.Workspace) -> tuple[Batches, int, Callable[[], dict[str, Any]]]:
         who = job.get("who") or job["command"]
-        cut = _exchanged(reorder, units, directory, dataset, job["dst"], run, report, f"{who}: spill", runtime)
+        cut = _exchanged(reorder, units, space, dataset, run, report, f"{who}: spill", runtime)
         return cut.batches, cut.batches.rows, cut.stats
 
     return write_beside(produce, output, **job)

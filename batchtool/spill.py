@@ -17,7 +17,7 @@ import contextlib
 import math
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, suppress
 from typing import TypeVar
 
@@ -45,14 +45,16 @@ class Spill:
     """Temporary (group, part) IPC files under `tmp_dir`, removed on close even after a failure."""
 
     def __init__(self, schema: pa.Schema, parts_per_group: Sequence[int], seed: int, stage: str,
-                 tmp_dir: str | None = None, flush_bytes: int = _FLUSH_BYTES, directory: str | None = None) -> None:
+                 tmp_dir: str | None = None, flush_bytes: int = _FLUSH_BYTES, directory: str | None = None,
+                 errors: Callable[[], AbstractContextManager[None]] | None = None) -> None:
         """`directory`: an existing empty directory to write in (and remove on close) instead of a new one
-        in tmp_dir."""
+        in tmp_dir; `errors`: what a refused write raises there (default: the tmp dir's error)."""
         self.schema = schema.append(pa.field(ID_COLUMN, pa.uint64()))
         self.flush_bytes = flush_bytes  # bytes one (group, part) buffers before writing; cells x this bounds memory
         self.parts = list(parts_per_group)
         self.seed, self.stage = seed, stage
         self.tmp_dir = tmp_dir
+        self._write_errors = errors
         self.directory = directory or make_temporary_dir("batchtool-spill-", tmp_dir)
         self._writers: dict[tuple[int, int], pa.ipc.RecordBatchStreamWriter] = {}
         self._buffers: dict[tuple[int, int], list[pa.RecordBatch]] = {}
@@ -79,7 +81,7 @@ class Spill:
             fs.remove_tree(self.directory)
 
     def _errors(self) -> AbstractContextManager[None]:
-        return temporary_write_errors(self.tmp_dir)
+        return self._write_errors() if self._write_errors is not None else temporary_write_errors(self.tmp_dir)
 
     def _path(self, group: int, part: int, file: int) -> str:
         return os.path.join(self.directory, f"g{group:06d}-p{part:06d}-f{file:06d}.arrow")

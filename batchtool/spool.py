@@ -183,11 +183,11 @@ def write_spooled(units: Iterable[exchange.ReadUnit], emitted: Emitted, merge: C
     input rows the bar counts (default the dataset's). `job`: write_beside's arguments."""
     report = job.setdefault("report", ReadReport())
 
-    def produce(directory: str) -> tuple[SpooledBatches, int, Callable[[], dict[str, Any]]]:
+    def produce(space: exchange.Workspace) -> tuple[SpooledBatches, int, Callable[[], dict[str, Any]]]:
         run = job["run"]
         rows = job["dataset"].progress_rows if total is None else total
         with progress.bar(f"{job.get('who') or job['command']}: spool", rows, quiet=run.quiet) as bar:
-            batches, rows_in = spool(units, SpoolJob(directory, emitted, job["dst"]), run, report, merge, bar)
+            batches, rows_in = spool(units, SpoolJob(space.directory, emitted, job["dst"]), run, report, merge, bar)
         return batches, rows_in, stats
 
     return write_beside(produce, output, **job)

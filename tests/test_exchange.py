@@ -12,7 +12,7 @@ import pytest
 from batchtool.convert import convert
 from batchtool.driver import EngineRuntime, make_plan, run_operation
 from batchtool.errors import DestinationError, InputError
-from batchtool.exchange import MapJob, _map, read_units
+from batchtool.exchange import MapJob, Workspace, _map, read_units
 from batchtool.exchange_writer import write_exchanged
 from batchtool.dataset import ReadReport
 from batchtool.job import RunSettings, open_source
@@ -110,7 +110,7 @@ def test_a_worker_that_cannot_see_the_exchange_directory_says_so(sources, tmp_pa
     """On a cluster whose nodes do not share DST's filesystem, the first map task stops the command."""
     dataset = open_source(sources["parquet"], str(tmp_path / "dst"), OutputOptions())
     unit = next(read_units(dataset, ReadReport()))
-    job = MapJob(str(tmp_path / "elsewhere"), Scatter(dataset.schema, (1,), 0, "shuffle", 1 << 16), "out/")
+    job = MapJob(Workspace(str(tmp_path / "elsewhere"), "out/"), Scatter(dataset.schema, (1,), 0, "shuffle", 1 << 16))
     with pytest.raises(DestinationError, match=r"^out/: the exchange directory .*elsewhere is not visible on .*: "
                                                r"with --engine ray the workers write temporary files beside DST, "
                                                r"so DST must be on storage every node shares$"):

@@ -191,8 +191,8 @@ CONVERT = ("convert", "src", "dst", "--overwrite", "--shard-rows", "50", "--thre
     pytest.param("import:pyarrow", CONVERT, signal.SIGINT, [], id="start-up-SIGINT"),
     pytest.param("import:pyarrow", CONVERT, signal.SIGTERM, [], id="start-up-SIGTERM"),
     pytest.param("pass:bucket: lengths", BUCKET, signal.SIGTERM, [], id="first-pass"),
-    pytest.param("pass:bucket: scatter", BUCKET, signal.SIGINT, ["spill"], id="bucket-spill"),
-    pytest.param("pass:shuffle: spill", SHUFFLE, signal.SIGTERM, ["spill"], id="shuffle-spill"),
+    pytest.param("pass:bucket: spill", BUCKET, signal.SIGINT, ["spill", "output"], id="bucket-spill"),
+    pytest.param("pass:shuffle: spill", SHUFFLE, signal.SIGTERM, ["spill", "output"], id="shuffle-spill"),
     pytest.param("pass:bucket: write", BUCKET, signal.SIGTERM, ["spill", "output"], id="writing-from-spills"),
     pytest.param("pass:convert: write", CONVERT, signal.SIGINT, ["output"], id="writing"),
 ])

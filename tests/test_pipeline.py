@@ -113,14 +113,15 @@ def test_stage_inputs_are_rekeyed_row_numbers_and_read_back_as_from_parquet(tmp_
 
 
 def materializations(monkeypatch) -> list:
+    """The columns of every regrouping of a barrier (None: all of them), as the run makes them."""
     calls = []
-    original = Stage.materialize
+    original = execute.Prefix._regroup
 
-    def counting(self, view, run, report, like=None):
-        calls.append(None if view.scope is None else sorted(view.scope))
-        return original(self, view, run, report, like)
+    def counting(self, j, stage, upstream, like):
+        calls.append(None if upstream.scope is None else sorted(upstream.scope))
+        return original(self, j, stage, upstream, like)
 
-    monkeypatch.setattr(Stage, "materialize", counting)
+    monkeypatch.setattr(execute.Prefix, "_regroup", counting)
     return calls
 
 

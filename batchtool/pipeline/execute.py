@@ -29,7 +29,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchtool import exchange, fs, runner, spool
+from batchtool import exchange, fs, spool
 from batchtool import manifest as manifest_mod
 from batchtool import progress, rng
 from batchtool import stats as stats_mod
@@ -268,22 +268,21 @@ class Prefix:
             columns = needed
 
     def _regroup(self, j: int, stage: Stage, upstream: StageInput, like: Chunk | None) -> Regrouped:
-        """Barrier j's output, open until the run ends. On a remote engine with the output a path, the main run's
-        (all columns) is scattered and sorted on the workers in files beside the output, and its batches are
-        read there (batchtool.exchange_writer); else, and for first passes and dry runs, it spills here."""
-        if upstream.scope is None:
-            report = self.report
-            if self.main_run and runner.active_engine() is not None and not fs.is_uri(self.config.output_path):
-                units = (exchange.read_units(self.source, report, self.columns) if j == 0
-                         else exchange.task_units(upstream.tasks(None, report)))
-                out = self._stack.enter_context(regrouped_exchanged(
-                    stage.op, stage.planned, upstream, units, self.config.output_path, self.run, report,
-                    f"{stage.name}: spill", EngineRuntime(self.run.threads, self.run.quiet, stage.name)))
-                if out is not None:
-                    return out
-        else:
-            report = ReadReport()
-        return self._stack.enter_context(stage.materialize(upstream, self.run, report, like))
+        """Barrier j's output, open until the run ends: its rows scattered and sorted by the exchange's tasks in a
+        workspace (beside the output on a remote engine, where the stage after it reads its batches), the first
+        chunk measured on `like` when the pass is narrow (batchtool.exchange_writer); a barrier with no Exchange
+        plan (the buffered shuffle) regroups as it streams."""
+        report = self.report if upstream.scope is None else ReadReport()
+        columns = self.columns if upstream.scope is None else list(upstream.scope)
+        units = (exchange.read_units(self.source, report, columns) if j == 0
+                 else exchange.task_units(upstream.tasks(None, report)))
+        out = self._stack.enter_context(regrouped_exchanged(
+            stage.op, stage.planned, upstream, units, self.config.output_path, self.run, report,
+            f"{stage.name}: spill", EngineRuntime(self.run.threads, self.run.quiet, stage.name),
+            tmp_dir=self.config.tmp_dir, like=like))
+        if out is not None:
+            return out
+        return self._stack.enter_context(stage.materialize(upstream, self.run, report))
 
     @staticmethod
     def _barrier_key(j: int, columns: Columns, needs: int) -> tuple[int, tuple[str, ...] | None, bool]:
