@@ -88,7 +88,8 @@ def test_manifest_records_the_pipeline(tmp_path, parquet_src):
 
 
 def test_stage_inputs_are_rekeyed_row_numbers_and_read_back_as_from_parquet(tmp_path, parquet_src):
-    config = load(pipeline(tmp_path, ['op = "resample"\nrate = 1.5', 'op = "shuffle"'], src=parquet_src))
+    config = load(pipeline(tmp_path, ['op = "resample"\nrate = 1.5', 'op = "rename"\ncolumns = ["label=class"]'],
+                           src=parquet_src))
     seen: dict[str, object] = {}
 
     def spy(self, view, dst, output, run, write):
@@ -99,7 +100,7 @@ def test_stage_inputs_are_rekeyed_row_numbers_and_read_back_as_from_parquet(tmp_
     original = Stage.write
     Stage.write = spy
     try:
-        with pytest.raises(BatchtoolError, match="stage 2 .shuffle.: stop here"):
+        with pytest.raises(BatchtoolError, match="stage 2 .rename.: stop here"):
             run_pipeline(config, RUN)
     finally:
         Stage.write = original
@@ -107,7 +108,7 @@ def test_stage_inputs_are_rekeyed_row_numbers_and_read_back_as_from_parquet(tmp_
     assert ids.tolist() == list(range(len(ids)))
     first = seen["first"]  # read back as the next command would: re-reading changes nothing
     assert first.nbytes == execute.reread(first).nbytes and first.equals(execute.reread(first))
-    assert seen["view"].locate(5) == f"{config.path}: stage 2 (shuffle) input, row 5"
+    assert seen["view"].locate(5) == f"{config.path}: stage 2 (rename) input, row 5"
     remote = pickle.loads(pickle.dumps(seen["view"]))  # what a remote engine's worker gets: no run state
     assert remote.prefix is None and remote.locate(5) == seen["view"].locate(5)
 

@@ -376,14 +376,14 @@ class Prefix:
         return write
 
     def write_exchanged(self, started: float) -> JobResult | None:
-        """The last stage on the workers, as its command runs on a remote engine with the output a path: a stage that
-        regroups with an Exchange plan as map-reduce (exchange_writer.write_exchanged), a row stage (unless it plans
-        chunk by chunk) spooled there (batchtool.spool). Its tasks read the source, or the batches a reorder before
-        it sorted on the workers, or the rows the stages before it make; none of its output passes through the
-        driver. None: the stage writes as usual."""
+        """The last stage as its command runs: a stage that regroups with an Exchange plan as its map, sort and cut
+        tasks (exchange_writer.write_exchanged), and on a remote engine with the output a path a row stage (unless
+        it plans chunk by chunk) spooled on the workers (batchtool.spool). Its tasks read the source, or the
+        batches a reorder before it sorted, or the rows the stages before it make. None: the stage writes as
+        usual."""
         k = len(self.stages) - 1
         stage, dst = self.stages[k], self.config.output_path
-        if not spool.applies(dst) or not (stage.regroups or stage.op.per_chunk(stage.planned) is None):
+        if not stage.regroups and not (spool.applies(dst) and stage.op.per_chunk(stage.planned) is None):
             return None
         view = self.view(k, None)
         units = (exchange.read_units(self.source, self.report, self.columns) if k == 0
@@ -398,7 +398,7 @@ class Prefix:
                                            stats=applied.report, who=stage.name, **job)
             return write_exchanged(stage.op, stage.planned, self.config.output,
                                    EngineRuntime(self.run.threads, self.run.quiet, stage.name), units=units,
-                                   who=stage.name, **job)
+                                   who=stage.name, tmp_dir=self.config.tmp_dir, **job)
 
     def stats(self, last: dict[str, Any], rows_out: int) -> dict[str, Any]:
         """manifest["stats"]: rows in and out of every stage with its own statistics, plus the totals."""
