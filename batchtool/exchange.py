@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from batchtool import fs, progress, runner
 from batchtool.dataset import Chunk, Dataset, ReadReport
-from batchtool.ops.base import Scatter
+from batchtool.ops.base import Bar, Scatter
 from batchtool.runner import ordered_map
 from batchtool.spill import ID_COLUMN, Spill, make_temporary_dir, read_part, temporary_write_errors
 
@@ -182,25 +182,38 @@ class MapOutput:
 
 
 def _map(job: MapJob, item: tuple[int, ReadUnit]) -> MapOutput:
-    """The map task: unit number `index` scattered to a directory of its own, published as m<index> once
-    complete (replacing what a failed earlier attempt of the task left). Directories are made with mkdir,
-    never makedirs: a task still running after a failed command's cleanup must not recreate its tree."""
+    """The map task: unit number `index` read, prepared (Scatter.prepare) and scattered (_scatter_into)."""
     index, unit = item
+    out = MapOutput(())
+    prepare = job.scatter.prepare
+
+    def prepared() -> Iterator[tuple[Chunk, np.ndarray]]:
+        for chunk in unit(out.report):
+            if prepare is None:
+                yield chunk, np.zeros(chunk.num_rows, dtype=np.int64)
+                continue
+            rows, groups, stats = prepare(chunk)
+            out.stats.append(stats)
+            yield rows, groups
+
+    out.rows = _scatter_into(job, index, prepared())
+    return out
+
+
+def _scatter_into(job: MapJob, index: int, prepared: Iterable[tuple[Chunk, np.ndarray]]) -> tuple[tuple[int, ...], ...]:
+    """Rows with their groups scattered to a directory of map `index`'s own, published as m<index> once complete
+    (replacing what a failed earlier attempt of the task left); the rows in each part of each group (plain
+    ints: nothing of a map's result travels as an out-of-band buffer). Directories are made with mkdir, never
+    makedirs: a task still running after a failed command's cleanup must not recreate its tree."""
     fs.check_shared(job.directory, job.space.name)
     writing = os.path.join(job.directory, f".m{index:09d}-{uuid.uuid4().hex}")
     with job.errors():
         os.mkdir(writing)
-    out = MapOutput(())
     plan = job.scatter
     spill = Spill(plan.schema, plan.parts, plan.seed, plan.stage, flush_bytes=plan.flush_bytes, directory=writing,
                   errors=job.errors)
     try:
-        for chunk in unit(out.report):
-            if plan.prepare is None:
-                groups = np.zeros(chunk.num_rows, dtype=np.int64)
-            else:
-                chunk, groups, stats = plan.prepare(chunk)
-                out.stats.append(stats)
+        for chunk, groups in prepared:
             if chunk.num_rows:
                 spill.add(chunk, groups)
         spill.finish()
@@ -211,12 +224,28 @@ def _map(job: MapJob, item: tuple[int, ReadUnit]) -> MapOutput:
     except BaseException:
         spill.close()
         raise
-    out.rows = tuple(tuple(spill.part_rows.get((g, p), 0) for p in range(parts)) for g, parts in enumerate(plan.parts))
-    return out
+    return tuple(tuple(spill.part_rows.get((g, p), 0) for p in range(parts)) for g, parts in enumerate(plan.parts))
 
 
 def map_directory(directory: str, index: int) -> str:
     return os.path.join(directory, f"m{index:09d}")
+
+
+def scatter_here(prepared: Iterable[tuple[Chunk, np.ndarray, Any]], job: MapJob, desc: str, total: int | None,
+                 quiet: bool) -> tuple[list[np.ndarray], list[Any]]:
+    """The map side of an exchange whose groups depend on the rows before (Exchange.rows): its rows, groups and
+    statistics made in input order are scattered here, as one map task would scatter them."""
+    stats: list[Any] = []
+
+    def counted(bar: Bar) -> Iterator[tuple[Chunk, np.ndarray]]:
+        for chunk, groups, chunk_stats in prepared:
+            stats.append(chunk_stats)
+            bar.update(chunk.num_rows)
+            yield chunk, groups
+
+    with progress.bar(desc, total, quiet=quiet) as bar:
+        rows = _scatter_into(job, 0, counted(bar))
+    return [np.asarray(counts, dtype=np.int64) for counts in rows], stats
 
 
 def scatter(units: Iterable[ReadUnit], job: MapJob, threads: int, report: ReadReport, desc: str,

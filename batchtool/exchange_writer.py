@@ -189,7 +189,10 @@ def _exchanged(reorder: Exchange, units: Iterable[exchange.ReadUnit], space: exc
     op's cut of the sorted rows into batches."""
     plan = reorder.scatter
     job = exchange.MapJob(space, plan)
-    rows, stats = exchange.scatter(units, job, run.threads, report, desc, dataset.progress_rows, run.quiet)
+    if reorder.rows is not None:
+        rows, stats = exchange.scatter_here(reorder.rows(runtime, report), job, desc, None, run.quiet)
+    else:
+        rows, stats = exchange.scatter(units, job, run.threads, report, desc, dataset.progress_rows, run.quiet)
     groups = exchange.sort_groups(job, rows, run.threads)
     scattered = Scattered(plan.schema, list(groups), np.array([int(r.sum()) for r in rows], dtype=np.int64), stats)
     return reorder.cut(scattered, runtime)

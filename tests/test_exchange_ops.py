@@ -104,12 +104,13 @@ def test_balanced_batches_on_the_workers_write_the_local_bytes(case, sources, ru
     assert sorted(os.listdir(tmp_path)) == ["local", "pickled"]
 
 
-def test_online_balanced_batches_stay_on_the_driver(sources, run_cli, tmp_path):
-    """--mode online plans each chunk from the ones before it: no map-reduce, and still the local bytes."""
+def test_online_balanced_batches_are_selected_in_input_order(sources, run_cli, tmp_path):
+    """--mode online plans each chunk from the ones before it: the selection is scattered in input order on the
+    driver (no map task), then sorted and written by the same tasks, with the local bytes."""
     engine = run_both(run_cli, tmp_path, lambda dst: ["stratify", sources["parquet"], dst, "--label", "label",
                                                       "--target", "uniform", "--mode", "online", "--num-classes", "4",
                                                       "--batch-size", "12", "--balanced-batches"])
-    assert exchanged(engine) == []
+    assert "_map" not in exchanged(engine) and "_sort_part" in exchanged(engine)
 
 
 def test_an_error_in_a_map_task_reads_as_the_local_one_and_leaves_nothing(sources, run_cli, tmp_path):

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -21,8 +20,7 @@ from batchtool.errors import UsageError
 from batchtool.job import RunSettings
 from batchtool.driver import run_operation
 from batchtool.ops.rows import rebatch
-from batchtool.ops.base import Context
-from batchtool.ops.shuffle import BATCH_BYTES, OP, STAGE, ShuffleOptions, buffered_shuffle, output_batch_rows
+from batchtool.ops.shuffle import OP, STAGE, ShuffleOptions, buffered_shuffle
 from batchtool.output import OutputOptions
 from batchtool.pipeline.config import load
 from batchtool.pipeline.execute import run_pipeline
@@ -210,13 +208,3 @@ def test_dry_run_says_the_batches_a_shuffle_would_write(tmp_path, parquet_src, d
     assert not (tmp_path / "out").exists()
 
 
-def test_a_narrow_regrouping_is_cut_as_the_full_one():
-    """cut_like: the output batches of a shuffle of fewer columns are sized from the full input's first chunk."""
-    plan = OP.plan(ShuffleOptions(), Context(0, SCHEMA, "src", str), None)
-    wide = Chunk(pa.record_batch({"x": np.zeros(1000, dtype=np.int64), "y": np.zeros(1000)}), np.zeros(1000))
-    per_row = pa.ipc.get_record_batch_size(wide.data) / 1000  # about 16 bytes: x and y
-    assert OP.cut_like(plan, wide).options.batch_size == int(BATCH_BYTES / per_row)
-    narrow = Chunk(wide.data.select(["x"]), wide.ids)
-    assert output_batch_rows(narrow, plan.options) > int(BATCH_BYTES / per_row)  # what it would cut alone
-    assert OP.cut_like(replace(plan, options=ShuffleOptions(batch_size=7)), wide).options.batch_size == 7
-    assert OP.exchange(replace(plan, options=ShuffleOptions(buffer=5)), None, None) is None  # buffered: on the driver

@@ -635,6 +635,10 @@ class Exchange:
 
     scatter: Scatter
     cut: Callable[[Scattered, Runtime], Cut]
+    rows: Callable[[Runtime, ReadReport], Iterator[tuple[Chunk, np.ndarray, Any]]] | None = None
+    """For an op whose groups depend on the rows before (pack's slots, online stratify's running estimate): its rows
+    to scatter, their groups and statistics, made in input order on the driver (its per-chunk work may still run
+    on the runtime's workers), scattered there as one map task; None: map tasks over the input run `prepare`."""
 
 
 def manifest_options(options: Any, output: OutputOptions) -> dict[str, Any]:
@@ -747,12 +751,6 @@ class Operation(Generic[O, P]):
         and grouping; the spill lives until the context closes. The driver writes the output, or a pipeline
         streams it on."""
         raise NotImplementedError(f"{self.name} does not regroup")
-
-    def cut_like(self, plan: P, first: Chunk | None) -> P:
-        """The plan for a `regroup` of only some of the input's columns (a pipeline's narrow pass) whose output
-        chunks must be cut as a regroup of all of them would cut them; `first` is the first chunk of all the
-        columns (None: no rows). The default: the plan alone decides the cuts."""
-        return plan
 
     def exchange(self, plan: P, data: Dataset, probe: Probe) -> Exchange | None:
         """`regroup` as map-reduce on a remote engine's workers, which the driver runs instead for a command with

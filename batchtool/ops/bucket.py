@@ -3,25 +3,19 @@ and its definition (the plan is in bucket_plan, the batches in bucket_batches, w
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
-from batchtool.dataset import Chunk, Dataset, ReadReport
+from batchtool.dataset import Chunk, Dataset
 from batchtool.ops import bucket_exchange
-from batchtool.ops.base import Context, Exchange, Kind, Operation, Probe, Regrouped, Runtime
+from batchtool.ops.base import Context, Exchange, Kind, Operation, Probe
 from batchtool.ops.boundaries import expected_efficiency
-from batchtool.ops.bucket_batches import (ORDER_STAGE, balanced_stream, batch_sizes, batch_work, batches,
-                                          ordered_rows, output_schema, rebalance, scatter, spill_schema, take_sizes)
-from batchtool.ops.bucket_plan import (BucketPlan, LengthPass, batchable_counts, flush_bytes, length_pass,
-                                       make_plan, resolve_columns, row_bytes, with_spill_layout)
-from batchtool.ops.bucket_report import BucketCounts, bucket_stats, summary_lines
-from batchtool.spill import Spill
+from batchtool.ops.bucket_batches import output_schema
+from batchtool.ops.bucket_plan import BucketPlan, LengthPass, batchable_counts, length_pass, make_plan, resolve_columns
+from batchtool.ops.bucket_report import summary_lines
 from batchtool.stats import DatasetStats
 
 if TYPE_CHECKING:
@@ -65,31 +59,6 @@ class Bucket(Operation[BucketOptions, BucketPlan]):
     def plan(self, options: BucketOptions, context: Context, stats: LengthPass | None) -> BucketPlan:
         assert stats is not None
         return make_plan(options, resolve_columns(options, context.schema), stats, context.schema, context.seed)
-
-    @contextmanager
-    def regroup(self, plan: BucketPlan, data: Dataset, report: ReadReport,
-                runtime: Runtime) -> Iterator[Regrouped]:
-        """Scatter every kept row to its bucket's spill (spill parts sized from the first chunk's rows), then each
-        bucket's batches (balanced with --balance), merged in a seeded order."""
-        sample = next(iter(data.tasks()), None)
-        plan = with_spill_layout(plan, row_bytes(sample().data if sample else None, plan.columns))
-        n, options = plan.num_buckets, plan.options
-        counts = BucketCounts.zeros(n)
-        schema = spill_schema(data.schema, plan.columns)
-        flush, lengths_schema = flush_bytes(plan, options.memory), pa.schema([schema.field(plan.columns.names["length"])])
-        with Spill(schema, plan.parts, plan.seed, ORDER_STAGE, options.tmp_dir, flush) as spill, \
-                Spill(lengths_schema, plan.parts, plan.seed, ORDER_STAGE, options.tmp_dir, flush) as lengths:
-            scatter(data, plan, spill, lengths, counts, runtime, report)
-            if plan.balance is None:
-                sizes = [batch_sizes(lengths, plan, b, counts) for b in range(n)]
-                streams = [take_sizes(ordered_rows(spill, plan, b), sizes[b], schema) for b in range(n)]
-                per_bucket, total = [len(s) for s in sizes], int(sum(int(s.sum()) for s in sizes))
-            else:
-                plan = replace(plan, balance=rebalance(plan, spill.rows, counts))
-                streams = [balanced_stream(spill, schema, plan.balance, b, plan.seed) for b in range(n)]
-                per_bucket, total = plan.balance.batches, int(plan.balance.written.sum())
-            yield Regrouped(batches(streams, per_bucket, plan, counts), functools.partial(batch_work, plan),
-                            functools.partial(bucket_stats, plan, counts), total_rows=total)
 
     def exchange(self, plan: BucketPlan, data: Dataset, probe: Probe) -> Exchange:
         return bucket_exchange.exchange(plan, data, probe)

@@ -3,7 +3,6 @@ per-bucket spills, each bucket's rows in output order cut into batches, and one 
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -12,18 +11,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batchtool.dataset import Chunk, Dataset, ReadReport
+from batchtool.dataset import Chunk
 from batchtool.errors import OptionInputError, OptionSchemaError, SchemaError
-from batchtool.ops.base import Runtime
 from batchtool.ops.boundaries import assign_buckets
 from batchtool.ops.bucket_plan import Balance, BatchBudget, BucketColumns, BucketPlan, make_balance
 from batchtool.ops.bucket_report import BucketCounts
 from batchtool.ops.filter import keep_mask
 from batchtool.ops.labels import label_codes
-from batchtool.ops.quotas import quota_batches
-from batchtool.ops.rows import RowReader
 from batchtool.padding import mask_column, pad_batch, sequence_lengths
-from batchtool.spill import Spill, interleave
 from batchtool.stats import lengths_of
 
 ORDER_STAGE, INTERLEAVE_STAGE, BALANCE_STAGE = "bucket/order", "bucket/interleave", "bucket/balance"
@@ -162,51 +157,7 @@ def spill_groups(buckets: np.ndarray, lengths: np.ndarray, plan: BucketPlan,
     return buckets.astype(np.int64) * plan.groups_per_bucket + assign_buckets(lengths, plan.length_ranges)
 
 
-def scatter(dataset: Dataset, plan: BucketPlan, spill: Spill, lengths: Spill, counts: BucketCounts,
-            runtime: Runtime, report: ReadReport) -> None:
-    """The second pass: every kept row to its bucket's spill, in input order (so any --threads gives the
-    same files); the lengths alone go to a twin spill with the same groups and parts."""
-    with runtime.bar("scatter", dataset.num_rows) as bar:
-        for a in runtime.map(lambda task: assign(task(), plan, dataset.locate), dataset.tasks(None, report)):
-            counts.rows_in += a.rows_in
-            counts.dropped["keep"] += a.dropped_keep
-            counts.dropped["oversize"] += a.dropped_oversize
-            bar.update(a.rows_in)
-            if a.chunk.num_rows:
-                row_lengths = a.chunk.data.column(plan.columns.names["length"])
-                groups = spill_groups(a.buckets, row_lengths.to_numpy(), plan, a.classes)
-                spill.add(a.chunk, groups)
-                if plan.balance is None:  # balanced batches take their sizes from the layouts
-                    lengths.add(Chunk(pa.record_batch([row_lengths], names=[plan.columns.names["length"]]),
-                                      a.chunk.ids), groups)
-    spill.finish()
-    lengths.finish()
-
-
 # -- batches: each bucket's rows in output order, cut into batches ---------------------------------------------
-
-
-def ordered_rows(spill: Spill, plan: BucketPlan, bucket: int) -> Iterator[Chunk]:
-    """A bucket's rows in output order: keyed random, or ascending length (ties in input order)."""
-    if plan.order == "shuffle":
-        yield from spill.read_group(bucket)
-        return
-    first = bucket * plan.groups_per_bucket
-    for group in range(first, first + plan.groups_per_bucket):
-        for chunk in spill.read_group(group, ordered=False):
-            yield chunk.take(np.argsort(chunk.data.column(plan.columns.names["length"]).to_numpy(), kind="stable"))
-
-
-def batch_sizes(lengths: Spill, plan: BucketPlan, bucket: int, counts: BucketCounts) -> np.ndarray:
-    """A bucket's batch sizes, from its lengths in output order (the twin spill orders rows exactly as
-    the data spill does); with --drop-remainder the last, partial batch is dropped and counted."""
-    budget = plan.budgets[bucket]
-    sizes = budget.cut((c.data.column(0).to_numpy() for c in ordered_rows(lengths, plan, bucket)),
-                       plan.pad_to[bucket])
-    if plan.options.drop_remainder and len(sizes) and budget.is_partial(int(sizes[-1])):
-        counts.dropped["remainder"] += int(sizes[-1])
-        sizes = sizes[:-1]
-    return sizes
 
 
 def take_sizes(chunks: Iterator[Chunk], sizes: Sequence[int], schema: pa.Schema) -> Iterator[Chunk]:
@@ -243,48 +194,6 @@ def rebalance(plan: BucketPlan, spilled: np.ndarray, counts: BucketCounts) -> Ba
     return balance
 
 
-def balanced_stream(spill: Spill, schema: pa.Schema, balance: Balance, bucket: int, seed: int) -> Iterator[Chunk]:
-    """A bucket's balanced batches: each takes its quota of every class from the class's rows in keyed order
-    (cycling through them again with --oversample), shuffled within the batch by keyed order."""
-    k = balance.num_classes
-
-    def rows(c: int) -> Iterator[Chunk]:
-        group = bucket * k + c
-        yield from spill.read_group(group)
-        while balance.oversample and spill.rows[group]:
-            yield from spill.read_group(group)
-
-    readers = [RowReader(rows(c), schema) for c in range(k)]
-    yield from quota_batches(readers, balance.layouts[bucket].sequence(), seed, BALANCE_STAGE, schema)
-
-
-@dataclass(frozen=True)
-class BatchItem:
-    """One batch on its way to a worker: its output index, bucket, unpadded rows and padded length."""
-
-    index: int
-    bucket: int
-    rows: Chunk
-    pad_length: int
-
-
-def batches(streams: Sequence[Iterator[Chunk]], sizes: Sequence[int], plan: BucketPlan,
-            counts: BucketCounts) -> Iterator[BatchItem]:
-    """Batches in output order: the buckets' batch streams (`sizes[b]` batches each) merged in a seeded
-    uniformly random interleaving, or one bucket after another with --order sorted."""
-    if plan.order == "shuffle":
-        merged: Iterator[tuple[int, Chunk]] = interleave(streams, sizes, plan.seed, INTERLEAVE_STAGE)
-    else:
-        merged = itertools.chain.from_iterable(((b, c) for c in s) for b, s in enumerate(streams))
-    for index, (b, rows) in enumerate(merged):
-        lengths = rows.data.column(plan.columns.names["length"]).to_numpy()
-        pad_length = plan.padded_length(b, lengths)
-        counts.add_batch(b, lengths, pad_length)
-        if plan.balance is not None and rows.num_rows == plan.balance.layouts[b].batch_size:
-            counts.add_classes(rows.data.column(plan.balance.label), plan.balance.num_classes)
-        yield BatchItem(index, b, rows, pad_length)
-
-
 # -- one output batch ------------------------------------------------------------------------------------------
 
 
@@ -303,13 +212,6 @@ def make_batch(data: pa.RecordBatch, index: int, bucket: int, pad_length: int, c
         arrays.append(mask_column(data.column(out["length"]).to_numpy(), pad_length))
         names.append(out["mask"])
     return pa.RecordBatch.from_arrays(arrays, names=names)
-
-
-def batch_work(plan: BucketPlan, item: BatchItem) -> tuple[list[pa.RecordBatch], int]:
-    """The writer's work for one batch (on the engine's workers): the padded batch, and the input rows it holds."""
-    batch = make_batch(item.rows.data, item.index, item.bucket, item.pad_length, plan.columns, plan.pad_values,
-                       plan.options.mask)
-    return [batch], item.rows.num_rows
 
 
 def output_schema(schema: pa.Schema, columns: BucketColumns, mask: bool) -> pa.Schema:

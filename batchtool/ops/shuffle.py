@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -15,9 +15,9 @@ from batchtool import budget, rng
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.ops.base import (Context, Cut, Exchange, Flag, Integer, Kind, Operation, OptionError, Probe, Regrouped,
                                 Runtime, Scatter, Scattered, option)
-from batchtool.ops.keyed import DEFAULT_MEMORY, PART_SHARE, keyed_spill, spill_flush_bytes, spill_streams
+from batchtool.ops.keyed import DEFAULT_MEMORY, PART_SHARE, spill_flush_bytes
 from batchtool.ops.rows import FixedBatches, Yardstick, bytes_per_row, emit, estimate_bytes, peek, rebatch
-from batchtool.spill import Spill, parts_for
+from batchtool.spill import parts_for
 
 STAGE = "shuffle"
 MAX_BATCH_ROWS = 65536
@@ -219,20 +219,6 @@ class ShufflePlan:
     seed: int
 
 
-@dataclass(frozen=True)
-class _Sorted:
-    """The global shuffle's output batches: the spill read back in keyed order (again, each time), cut into
-    batches."""
-
-    spill: Spill
-    batch_rows: int
-    schema: pa.Schema
-    drop_remainder: bool
-
-    def __iter__(self) -> Iterator[Chunk]:
-        yield from rebatch(self.spill.read_group(0), self.batch_rows, self.schema, self.drop_remainder)
-
-
 class _Buffered:
     """The buffered shuffle's output batches, computed as they stream (from the input again if streamed again):
     the first chunk, read now, sizes them and checks the budget; the rows are counted as they pass."""
@@ -261,10 +247,6 @@ class _Buffered:
         return shuffle_stats(self.info, self.rows_in, self.plan.options)
 
 
-def _one_stream(chunk: Chunk) -> np.ndarray:
-    return np.zeros(chunk.num_rows, dtype=np.int64)
-
-
 class Shuffle(Operation[ShuffleOptions, ShufflePlan]):
     """The global shuffle reorders (a pipeline spills it before anything after it runs); the buffered one
     computes its order as it streams; with --batch-size either writes batches (it must come last)."""
@@ -290,25 +272,9 @@ class Shuffle(Operation[ShuffleOptions, ShufflePlan]):
     @contextmanager
     def regroup(self, plan: ShufflePlan, data: Dataset, report: ReadReport,
                 runtime: Runtime) -> Iterator[Regrouped]:
-        """The global shuffle spills every row (in the calling thread) and reads the spill back in keyed order,
-        removing its files when the block ends; the buffered one streams."""
-        o = plan.options
-        if o.buffered:
-            buffered = _Buffered(plan, data, report, runtime.threads)
-            yield Regrouped(buffered, emit, buffered.stats)
-            return
-        first, chunks = peek(data.chunks(None, runtime.threads, report))
-        info = layout(data, o, Yardstick.of(first))
-        with keyed_spill(data.schema, [info["parts"]], plan.seed, STAGE, o.memory, o.tmp_dir) as spill:
-            with runtime.bar("spill", data.progress_rows) as bar:
-                spill_streams(chunks, spill, _one_stream, bar)
-            rows = int(spill.rows[0])
-            yield Regrouped(_Sorted(spill, info["batch_rows"], data.schema, o.drop_remainder), emit,
-                            functools.partial(shuffle_stats, info, rows, o), total_rows=rows)
-
-    def cut_like(self, plan: ShufflePlan, first: Chunk | None) -> ShufflePlan:
-        """Output batches sized from the full input's first chunk, whatever columns are read."""
-        return replace(plan, options=replace(plan.options, batch_size=output_batch_rows(first, plan.options)))
+        """The buffered shuffle, as it streams (the global one runs as its exchange)."""
+        buffered = _Buffered(plan, data, report, runtime.threads)
+        yield Regrouped(buffered, emit, buffered.stats)
 
     def exchange(self, plan: ShufflePlan, data: Dataset, probe: Probe) -> Exchange | None:
         """The global shuffle as map-reduce: the same keys, key ranges and batches as the local spill."""

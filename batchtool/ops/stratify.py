@@ -19,7 +19,7 @@ from batchtool.ops.base import (Context, Depends, Exchange, Kind, Operation, Pro
 from batchtool.ops.labels import (MAX_CLASSES, LabelError, bad_label_count, check_label_type, full_label_error,
                                   label_codes)
 from batchtool.ops.resample import Copies, Piece, copy_stats, copy_summary
-from batchtool.ops.stratify_batches import balanced_batches, batched, exchange
+from batchtool.ops.stratify_batches import batched, exchange
 from batchtool.ops.stratify_options import MODES, StratifyOptions, check_probs, parse_probs, parse_target
 from batchtool.ops.stratify_plans import (STAGE, Plan, RatePlan, Stratification, Target, ThresholdPlan, acceptance_probs,
                                           check_zero_classes, exact_target, exact_totals, largest_total,
@@ -208,6 +208,6 @@ class Stratify(Operation[StratifyOptions, Stratification]):
 OP = Stratify()
 
 __all__ = ["MAX_CLASSES", "MODES", "OP", "ONLINE_PRIOR", "STAGE", "LabelError", "RatePlan", "Stratification",
-           "Stratify", "StratifyOptions", "Target", "ThresholdPlan", "acceptance_probs", "balanced_batches",
+           "Stratify", "StratifyOptions", "Target", "ThresholdPlan", "acceptance_probs",
            "check_probs", "check_zero_classes", "exact_target", "exact_totals", "find_thresholds",
            "label_codes", "largest_total", "parse_probs", "parse_target", "target_vector", "threshold_plan"]

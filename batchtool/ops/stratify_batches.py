@@ -9,14 +9,13 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from batchtool import budget
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.ops.base import Cut, Exchange, Operation, Probe, Regrouped, Runtime, Scatter, Scattered, Tally
-from batchtool.ops.keyed import PART_SHARE, keyed_spill, spill_flush_bytes, spill_streams
-from batchtool.ops.quotas import QuotaBatches, QuotaLayout, plan_layout, quota_batches
-from batchtool.ops.rows import RowReader, Yardstick, bytes_per_row, emit, estimate_bytes, peek, rebatch
+from batchtool.ops.keyed import PART_SHARE, spill_flush_bytes
+from batchtool.ops.quotas import QuotaBatches, QuotaLayout, plan_layout
+from batchtool.ops.rows import Yardstick, bytes_per_row, emit, estimate_bytes, peek, rebatch
 from batchtool.ops.stratify_plans import STAGE, Stratification
 from batchtool.spill import parts_for
 
@@ -24,41 +23,22 @@ ORDER_STAGE, BATCH_STAGE = STAGE + "/order", STAGE + "/batch"
 """The keyed orders of each class's rows, and of the rows within a balanced batch."""
 
 
-def balanced_batches(streams: list[RowReader], layout: QuotaLayout, seed: int, schema: pa.Schema) -> Iterator[Chunk]:
-    """Each batch takes its quota from every class's keyed random stream and is shuffled by keyed order.
-
-    The class streams are uniformly random, so consecutive batches are already in random order."""
-    return quota_batches(streams, layout.sequence(), seed, BATCH_STAGE, schema)
-
-
 @contextlib.contextmanager
 def batched(op: Operation, plan: Stratification, data: Dataset, report: ReadReport,
             runtime: Runtime) -> Iterator[Regrouped]:
-    """The selection (op's kernel over `data`) in batches of --batch-size, or in balanced batches through a spill
-    of one keyed random stream per class (removed when the context closes)."""
+    """The selection (op's kernel over `data`) in batches of --batch-size, as it streams (balanced batches run as
+    the exchange below)."""
     options = plan.options
     size = options.batch_size
-    assert size is not None, "stratify regroups only with --batch-size"
+    assert size is not None and not options.balanced_batches, "stratify streams plain batches only"
     chunks, selected = runtime.apply(op, plan, data, report)
     first, rows = peek(c for c, _ in chunks if c.num_rows)
     expected = _check_memory(plan, data, Yardstick.of(first))
     written = Tally()
-    """The classes of the batches written (`class_out`) and their layout, counted in order on this side."""
-    stats = functools.partial(_stats, op, plan, selected, written)
-
-    if not options.balanced_batches:
-        batches = rebatch(rows, size, data.schema, options.drop_remainder)
-        yield Regrouped(_counted(plan, batches, written), emit, stats, expected)
-        return
-    parts = _class_parts(plan, data, Yardstick.of(first), expected)
-    with keyed_spill(data.schema, parts, plan.seed, ORDER_STAGE, options.memory, options.tmp_dir) as spill:
-        with runtime.bar("select", data.progress_rows) as bar:
-            spill_streams(rows, spill, plan.labels, bar)
-        layout = _layout(plan, spill.rows)
-        streams = [RowReader(spill.read_group(c), data.schema) for c in range(plan.num_classes)]
-        _record_layout(layout, written)
-        batches = balanced_batches(streams, layout, plan.seed, data.schema)
-        yield Regrouped(_counted(plan, batches, written), emit, stats, int(layout.per_class.sum()))
+    """The classes of the batches written (`class_out`), counted in order on this side."""
+    batches = rebatch(rows, size, data.schema, options.drop_remainder)
+    yield Regrouped(_counted(plan, batches, written), emit, functools.partial(_stats, op, plan, selected, written),
+                    expected)
 
 
 def _stats(op: Operation, plan: Stratification, selected: Tally, written: Tally) -> dict[str, Any]:
@@ -106,18 +86,50 @@ def _record_layout(layout: QuotaLayout, written: Tally) -> None:
 
 def exchange(op: Operation, plan: Stratification, data: Dataset, probe: Probe) -> Exchange | None:
     """The balanced batches as map-reduce: map tasks select their rows (the kernel) and scatter them to their
-    class's key ranges, reduce tasks sort each range, and the batches are cut where they are written, from
-    the classes' counts alone; the same bytes and statistics as `batched`. None without --balanced-batches,
-    or with --mode online (whose chunk plans depend on the chunks before)."""
+    class's key ranges, reduce tasks sort each range, and the batches are cut where they are written, from the
+    classes' counts alone. With --mode online, whose chunk plans depend on the chunks before, the selection runs
+    in input order on the driver (its kernels on the runtime) and is scattered there. None without
+    --balanced-batches."""
     options = plan.options
-    if not options.balanced_batches or op.per_chunk(plan) is not None:
+    if not options.balanced_batches:
         return None
-    first = probe(functools.partial(_selected_size, op, plan))
+    online = op.per_chunk(plan) is not None
+    first = _first_online(op, plan, data) if online else probe(functools.partial(_selected_size, op, plan))
     expected = _check_memory(plan, data, first)
     parts = _class_parts(plan, data, first, expected)
     scatter = Scatter(data.schema, tuple(parts), plan.seed, ORDER_STAGE, spill_flush_bytes(options.memory, sum(parts)),
-                      functools.partial(_selected, op, plan))
-    return Exchange(scatter, functools.partial(_exchange_cut, op, plan))
+                      None if online else functools.partial(_selected, op, plan))
+    rows = functools.partial(_online_rows, op, plan, data) if online else None
+    return Exchange(scatter, functools.partial(_exchange_cut, op, plan), rows)
+
+
+def _in_order(op: Operation, plan: Stratification, data: Dataset, threads: int,
+              report: ReadReport) -> Iterator[tuple[Chunk, Stratification]]:
+    """--mode online: every chunk with its plan, made in input order."""
+    per_chunk = op.per_chunk(plan)
+    assert per_chunk is not None
+    for chunk in data.chunks(None, threads, report):
+        yield chunk, per_chunk(chunk)
+
+
+def _first_online(op: Operation, plan: Stratification, data: Dataset) -> Yardstick | None:
+    """The yardstick of the first chunk the online selection keeps rows of."""
+    for chunk, chunk_plan in _in_order(op, plan, data, 1, ReadReport()):
+        rows = _selected(op, chunk_plan, chunk)[0]
+        if rows.num_rows:
+            return Yardstick.of(rows)
+    return None
+
+
+def _selected_planned(op: Operation, planned: tuple[Chunk, Stratification]) -> tuple[Chunk, np.ndarray, Tally]:
+    chunk, chunk_plan = planned
+    return _selected(op, chunk_plan, chunk)
+
+
+def _online_rows(op: Operation, plan: Stratification, data: Dataset, runtime: Runtime,
+                 report: ReadReport) -> Iterator[tuple[Chunk, np.ndarray, Tally]]:
+    """--mode online: each chunk's selection with its plan made in input order (the kernels on the runtime)."""
+    yield from runtime.map(functools.partial(_selected_planned, op), _in_order(op, plan, data, runtime.threads, report))
 
 
 def _selected(op: Operation, plan: Stratification, chunk: Chunk) -> tuple[Chunk, np.ndarray, Tally]:
@@ -154,4 +166,4 @@ def _counted(plan: Stratification, batches: Iterable[Chunk], written: Tally) -> 
         yield chunk
 
 
-__all__ = ["balanced_batches", "batched"]
+__all__ = ["batched", "exchange"]

@@ -106,12 +106,10 @@ class Stage:
             yield from applied.stream(view, columns, run.threads, report)
         self.report = applied.report()
 
-    def materialize(self, view: Dataset, run: RunSettings, report: ReadReport,
-                    like: Chunk | None = None) -> AbstractContextManager[Regrouped]:
-        """A barrier's output, regrouped now: its items through its work are its output chunks. `like`, the
-        first chunk of its full input, makes a regrouping of fewer columns cut its output as the full one."""
-        plan = self._plan if like is None else self.op.cut_like(self._plan, like)
-        return self.op.regroup(plan, view, report, EngineRuntime(run.threads, run.quiet, self.name))
+    def materialize(self, view: Dataset, run: RunSettings, report: ReadReport) -> AbstractContextManager[Regrouped]:
+        """A barrier's output as it streams (one with no Exchange plan: the buffered shuffle): its items through
+        its work are its output chunks."""
+        return self.op.regroup(self._plan, view, report, EngineRuntime(run.threads, run.quiet, self.name))
 
     def write(self, view: Dataset, dst: str, output: OutputOptions, run: RunSettings, write: Write) -> JobResult:
         """As the last stage: a row stage writes one row group per non-empty output chunk, as `convert` writes;
