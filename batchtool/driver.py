@@ -12,16 +12,17 @@ from typing import Any
 
 import pyarrow as pa
 
-from batchtool import exchange, progress, runner, spool
+from batchtool import exchange, progress, spool
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.engines import with_engine
 from batchtool.errors import BatchtoolError
-from batchtool.exchange_writer import write_exchanged
+from batchtool.exchange_writer import on_engine_of, write_exchanged
 from batchtool.job import JobResult, RunSettings, open_source, write_job
 from batchtool.ops.base import Bar, Context, Kind, Operation, OptionError, Regrouped, Scan, Tally
 from batchtool.ops.rows import emit
 from batchtool.output import OutputOptions
 from batchtool.runner import ordered_map
+from batchtool.workspace import Workspace, workspace
 
 
 @dataclass(frozen=True)
@@ -35,11 +36,9 @@ class EngineRuntime:
     """Who its bars name before the op's own words (`stage 2 (stratify): select` in a pipeline); None: no one."""
     dst: str | None = None
     """The output the op writes (a command's DST, a pipeline's output when it is the last stage), beside which
-    `scratch` is; None: the op's output streams on, so no scratch."""
-
-    @property
-    def remote(self) -> bool:
-        return runner.active_engine() is not None
+    `scratch` is on a remote engine; None: the op's output streams on."""
+    tmp_dir: str | None = None
+    """--tmp-dir: where `scratch` is otherwise (None: the system's temporary directory)."""
 
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
         return ordered_map(fn, items, self.threads)
@@ -53,14 +52,12 @@ class EngineRuntime:
         return applied.stream(data, None, self.threads, report), applied.stats
 
     @contextlib.contextmanager
-    def scratch(self) -> Iterator[str | None]:
-        """On a remote engine with DST a path whose parent exists: an exchange workspace beside DST, removed when
-        the block ends; None otherwise."""
-        if self.dst is None:
-            yield None
-            return
-        with exchange.workspace(self.dst) as space:
-            yield space.directory if space.shared else None
+    def scratch(self) -> Iterator[Workspace]:
+        """The run's workspace (batchtool.workspace.workspace), removed when the block ends; within the block the
+        engine is the one that may write it."""
+        with workspace(self.dst or self.tmp_dir or "the temporary directory", self.tmp_dir) as space, \
+                on_engine_of(space):
+            yield space
 
 
 @dataclass(frozen=True)
@@ -246,7 +243,7 @@ def run_operation(op: Operation, options: Any, src: str, dst: str, output: Outpu
                dataset=dataset, dst=dst, schema=schema, run=run)
     with stream_errors(op, plan, dataset, run.threads):
         if op.kind_of(options) is not Kind.ROWS:
-            runtime = EngineRuntime(run.threads, run.quiet, op.name, dst)
+            runtime = EngineRuntime(run.threads, run.quiet, op.name, dst, tmp_dir)
             result = write_exchanged(op, plan, output, runtime, tmp_dir=tmp_dir, **job)
             if result is not None:
                 return result

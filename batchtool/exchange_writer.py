@@ -22,6 +22,7 @@ from batchtool.job import JobResult, RunSettings, read_paths, write_manifest
 from batchtool.ops.base import Bar, Batches, Cut, Exchange, Operation, Regrouped, Runtime, Scattered
 from batchtool.output import BatchShardWriter, OutputOptions, encode_batch, output_directory, shard_ends
 from batchtool.runner import ordered_map
+from batchtool.workspace import Workspace, workspace
 
 MEASURES_PER_WORKER = 2
 """A distributed reorder measures its batches in this many tasks per worker CPU, so every worker encodes."""
@@ -161,7 +162,7 @@ def write_sorted(batches: Batches, output: OutputOptions, stored: pa.Schema, dir
 
 
 @contextmanager
-def on_engine_of(space: exchange.Workspace) -> Iterator[Any]:
+def on_engine_of(space: Workspace) -> Iterator[Any]:
     """Within the block, the engine that may write the workspace: the active one if the workspace is shared with
     its workers, else the driver's threads (None)."""
     engine = runner.active_engine() if space.shared else None
@@ -183,7 +184,7 @@ def _planned(op: Operation, plan: Any, units: Iterator[exchange.ReadUnit], datas
     return op.exchange(plan, dataset, probe), units
 
 
-def _exchanged(reorder: Exchange, units: Iterable[exchange.ReadUnit], space: exchange.Workspace, dataset: Dataset,
+def _exchanged(reorder: Exchange, units: Iterable[exchange.ReadUnit], space: Workspace, dataset: Dataset,
                run: RunSettings, report: ReadReport, desc: str, runtime: Runtime) -> Cut:
     """The map and reduce tasks (every row to its key range in the workspace, each range sorted), then the
     op's cut of the sorted rows into batches."""
@@ -225,7 +226,7 @@ def regrouped_exchanged(op: Operation, plan: Any, dataset: Dataset, units: Itera
     if reorder is None:
         yield None
         return
-    with exchange.workspace(dst, tmp_dir) as space, on_engine_of(space):
+    with workspace(dst, tmp_dir) as space, on_engine_of(space):
         cut = _exchanged(reorder, units, space, dataset, run, report, desc, runtime)
         batches = cut.batches
         step = max(1, -(-batches.count // sum(reorder.scatter.parts)))  # about a key range per item
@@ -233,7 +234,7 @@ def regrouped_exchanged(op: Operation, plan: Any, dataset: Dataset, units: Itera
         yield SortedRegrouped(items, _read_batches, cut.stats, total_rows=batches.rows, batches=batches)
 
 
-Produce = Callable[[exchange.Workspace], tuple[Batches, int, Callable[[], dict[str, Any]]]]
+Produce = Callable[[Workspace], tuple[Batches, int, Callable[[], dict[str, Any]]]]
 """produce(workspace): the output batches, made on the workers in files under the workspace, the input rows they
 complete, and the manifest's statistics once they are written."""
 
@@ -256,7 +257,7 @@ def write_beside(produce: Produce, output: OutputOptions, *, command: str, optio
     casts = output.casts(schema)
     stored = output.stored_schema(schema)
     with output_directory(dst, output.overwrite, read_paths(source)) as tmp, \
-            exchange.workspace(dst, tmp_dir, inside=tmp) as space, on_engine_of(space) as engine:
+            workspace(dst, tmp_dir, inside=tmp) as space, on_engine_of(space) as engine:
         batches, rows_in, stats = produce(space)
         rows = batches.rows
         with progress.bar(f"{who or command}: write", rows, quiet=run.quiet) as bar:
@@ -288,7 +289,7 @@ def write_exchanged(op: Operation, plan: Any, output: OutputOptions, runtime: Ru
     if reorder is None:
         return None
 
-    def produce(space: exchange.Workspace) -> tuple[Batches, int, Callable[[], dict[str, Any]]]:
+    def produce(space: Workspace) -> tuple[Batches, int, Callable[[], dict[str, Any]]]:
         who = job.get("who") or job["command"]
         cut = _exchanged(reorder, units, space, dataset, run, report, f"{who}: spill", runtime)
         return cut.batches, cut.batches.rows, cut.stats

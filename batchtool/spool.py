@@ -28,6 +28,7 @@ from batchtool.job import JobResult, RunSettings
 from batchtool.ops.base import Bar, Regrouped, Tally
 from batchtool.output import OutputOptions
 from batchtool.runner import ordered_map
+from batchtool.workspace import Workspace
 
 Emitted = Callable[[Chunk], tuple[Iterable[tuple[list[pa.RecordBatch], int]], Tally]]
 """A chunk's row work, where it is read: what write_job's work gives for it, item by item (output batches and the
@@ -183,7 +184,7 @@ def write_spooled(units: Iterable[exchange.ReadUnit], emitted: Emitted, merge: C
     input rows the bar counts (default the dataset's). `job`: write_beside's arguments."""
     report = job.setdefault("report", ReadReport())
 
-    def produce(space: exchange.Workspace) -> tuple[SpooledBatches, int, Callable[[], dict[str, Any]]]:
+    def produce(space: Workspace) -> tuple[SpooledBatches, int, Callable[[], dict[str, Any]]]:
         run = job["run"]
         rows = job["dataset"].progress_rows if total is None else total
         with progress.bar(f"{job.get('who') or job['command']}: spool", rows, quiet=run.quiet) as bar:

@@ -20,6 +20,7 @@ from batchtool.driver import _kernel
 from batchtool.pipeline import execute
 from batchtool.ops import segment_keys
 from batchtool.check.duplicates import HashIndex
+from batchtool.workspace import Workspace
 
 ray_engine = pytest.importorskip("batchtool.engines.ray")
 pytest.importorskip("cloudpickle")
@@ -322,10 +323,10 @@ def test_shared_keys_find_the_hash_index_collisions_in_its_order(tmp_path, monke
     for k, start in enumerate(range(0, 900, 250)):
         end = start + 250
         index.add(hashes[start:end], ids[start:end])
-        segment_keys.write_pairs(str(tmp_path), k, hashes[start:end], ids[start:end])
-    segment_keys.write_pairs(str(tmp_path), 1, hashes[250:500], ids[250:500])
+        segment_keys.write_pairs(Workspace(str(tmp_path), "out"), k, hashes[start:end], ids[start:end])
+    segment_keys.write_pairs(Workspace(str(tmp_path), "out"), 1, hashes[250:500], ids[250:500])
     engine = PicklingEngine()
-    shared = segment_keys.SharedKeys(str(tmp_path), lambda fn, items: engine.map(fn, items, 2, None))
+    shared = segment_keys.SharedKeys(Workspace(str(tmp_path), "out"), lambda fn, items: engine.map(fn, items, 2, None))
     expected = list(index.collisions())
     assert len(expected) == 6 and list(shared.collisions()) == expected
 

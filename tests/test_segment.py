@@ -23,7 +23,8 @@ from batchtool.ops.segment import OP as SEGMENT
 from batchtool.ops.segment import SegmentOptions
 from batchtool.ops.segment_batches import FIRST_INSERTION_INDEX
 from batchtool.ops.segment_chunks import key_hashes
-from batchtool.ops.segment_keys import check_unique_keys, key_index
+from batchtool.ops.segment_keys import SharedKeys, check_unique_keys, write_pairs
+from batchtool.workspace import Workspace
 from batchtool.output import OutputOptions
 from batchtool.pipeline.config import load
 from batchtool.pipeline.execute import run_pipeline
@@ -313,7 +314,7 @@ def test_hash_index_finds_the_same_collisions_in_memory_and_spilled(tmp_path):
     hashes = gen.integers(0, 2**63, 5000, dtype=np.uint64) * np.uint64(2)
     hashes[[10, 4000, 4500]] = hashes[3]
     ids = np.arange(5000, dtype=np.uint64)
-    in_memory, spilled = key_index(1 << 30, None), HashIndex(1024, str(tmp_path))
+    in_memory, spilled = HashIndex(1 << 30), HashIndex(1024, str(tmp_path))
     for start in range(0, 5000, 700):
         in_memory.add(hashes[start:start + 700], ids[start:start + 700])
         spilled.add(hashes[start:start + 700], ids[start:start + 700])
@@ -323,22 +324,27 @@ def test_hash_index_finds_the_same_collisions_in_memory_and_spilled(tmp_path):
     assert not os.listdir(tmp_path)
 
 
+def key_pairs(directory: str, hashes: list[int] | np.ndarray, ids: list[int] | np.ndarray) -> SharedKeys:
+    """(key hash, example id) pairs written to a workspace as segment's chunk tasks write them."""
+    space = Workspace(directory, "out")
+    os.makedirs(directory, exist_ok=True)
+    write_pairs(space, len(os.listdir(directory)), np.asarray(hashes, np.uint64), np.asarray(ids, np.uint64))
+    return SharedKeys(space, map)
+
+
 def test_a_hash_collision_between_different_keys_is_not_an_error(tmp_path):
     src = write_parquet_shards(str(tmp_path / "src"), table_of([1, 1, 1], keys=["x", "y", "x"]), shards=1)
     dataset = open_dataset(src)
-    index = key_index(1 << 20, None)
-    index.add(np.array([7, 7], np.uint64), np.array([0, 1], np.uint64))  # x and y: forced collision
-    check_unique_keys(index, dataset, "key", threads=1)
-    index.add(np.array([7], np.uint64), np.array([2], np.uint64))
+    keys = str(tmp_path / "keys")
+    check_unique_keys(key_pairs(keys, [7, 7], [0, 1]), dataset, "key", threads=1)  # x and y: forced collision
     with pytest.raises(InputError, match=r"duplicate key 'x': .*row 0 and .*row 2"):
-        check_unique_keys(index, dataset, "key", threads=1)
+        check_unique_keys(key_pairs(keys, [7], [2]), dataset, "key", threads=1)
 
 
 def test_many_hash_collisions_are_confirmed_in_batches(tmp_path):
     src = write_parquet_shards(str(tmp_path / "src"), table_of([1] * 150), shards=1)
-    index = key_index(1 << 20, None)
-    index.add(np.full(150, 7, np.uint64), np.arange(150, dtype=np.uint64))  # 149 collisions, all different keys
-    check_unique_keys(index, open_dataset(src), "key", threads=2)
+    keys = key_pairs(str(tmp_path / "keys"), np.full(150, 7), np.arange(150))  # 149 collisions, all different keys
+    check_unique_keys(keys, open_dataset(src), "key", threads=2)
 
 
 def test_dry_run_of_a_segment_stage_counts_segments_from_the_lengths(tmp_path):

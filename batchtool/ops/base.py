@@ -501,12 +501,6 @@ class Runtime(Protocol):
 
     threads: int
 
-    @property
-    def remote(self) -> bool:
-        """The engine runs `map` in other processes, so what an item references is copied to ship it (an op
-        then sends only the rows an item needs, where threads would share them for free)."""
-        ...
-
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
         """fn over items on the engine, results in input order (`fn` must pickle: it may run remotely)."""
         ...
@@ -523,10 +517,9 @@ class Runtime(Protocol):
         statistics, merged into that Tally in input order as the chunks are read."""
         ...
 
-    def scratch(self) -> AbstractContextManager[str | None]:
-        """A directory every worker can write and read, beside DST, removed when the block ends: where map tasks
-        leave what reduce tasks read, instead of sending it to the driver. None when the engine is local, or
-        DST is not a path (or its parent does not exist yet): then keep the work where it was."""
+    def scratch(self) -> AbstractContextManager[Any]:
+        """A workspace (batchtool.workspace.Workspace) the engine's workers write and read, removed when the block
+        ends: where map tasks leave what later tasks read, instead of sending it to the driver."""
         ...
 
 

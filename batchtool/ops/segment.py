@@ -22,8 +22,8 @@ from batchtool import budget
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.ops.base import (Context, Kind, Operation, Regrouped, Runtime, need_columns)
 from batchtool.ops.segment_batches import build_batches
-from batchtool.ops.segment_chunks import Examples, SegmentPlan, make_plan, prepare_chunk
-from batchtool.ops.segment_keys import KeyIndex, SharedKeys, check_unique_keys, key_index, prepare_shared
+from batchtool.ops.segment_chunks import Examples, SegmentPlan, make_plan
+from batchtool.ops.segment_keys import SharedKeys, check_unique_keys, prepare_shared
 from batchtool.ops.segment_lanes import LANE_WINDOW, LanePlanner
 from batchtool.stats import DatasetStats, chunk_stats
 
@@ -99,29 +99,19 @@ class SegmentOp(Operation[SegmentOptions, SegmentPlan]):
     @contextmanager
     def regroup(self, plan: SegmentPlan, data: Dataset, report: ReadReport,
                 runtime: Runtime) -> Iterator[Regrouped]:
-        """The one pass: check every chunk (on the engine), index its keys, plan lanes as chunks arrive (here),
-        and hand the planner's items to the writer, whose workers build their batches; the keys are checked
-        unique once the last chunk is read, before the writer finishes. Where the runtime lends a directory the
-        workers share, the key hashes are indexed there (segment_keys.SharedKeys), never here."""
+        """The one pass: each chunk checked and its rows and key hashes written to the workspace (on the engine),
+        lanes planned from the examples' segment counts as chunks arrive (here), and the planner's items handed
+        to the writer, whose workers read the rows they play and build their batches; the keys are checked
+        unique, one task per hash partition, once the last chunk is read, before the writer finishes."""
         o = plan.options
         columns = o.source_columns
         sample = next(iter(data.tasks(columns)), None)
-        planner = LanePlanner(plan, check_memory(o, sample().data if sample else None), compact=runtime.remote)
-        with runtime.scratch() as shared, key_index(o.memory, o.tmp_dir) as local:
-            index: KeyIndex = local if shared is None else SharedKeys(shared, runtime.map)
-
+        planner = LanePlanner(plan, check_memory(o, sample().data if sample else None))
+        with runtime.scratch() as space:
             def checked() -> Iterator[Examples]:
-                if shared is None:  # the pairs come back here, into the local index
-                    prepared = runtime.map(functools.partial(prepare_chunk, plan, data.locate),
-                                           data.tasks(columns, report))
-                else:  # the pairs stay beside the output, where the workers write them
-                    prepared = runtime.map(functools.partial(prepare_shared, plan, data.locate, shared),
-                                           enumerate(data.tasks(columns, report)))
-                for examples in prepared:
-                    if examples.key_hash is not None:
-                        local.add(examples.key_hash, examples.ids)
-                    yield examples
-                check_unique_keys(index, data, o.key, runtime.threads)
+                yield from runtime.map(functools.partial(prepare_shared, plan, data.locate, space),
+                                       enumerate(data.tasks(columns, report)))
+                check_unique_keys(SharedKeys(space, runtime.map), data, o.key, runtime.threads)
 
             yield Regrouped(planner.items(checked()), functools.partial(build_batches, plan),
                             lambda: planner.stats.as_dict(plan), sequence_columns=tuple(o.sequence))

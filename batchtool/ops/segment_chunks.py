@@ -57,9 +57,9 @@ def make_plan(schema: pa.Schema, options: SegmentOptions) -> SegmentPlan:
 
 @dataclass(frozen=True)
 class Examples:
-    """One input chunk, checked, with what lane planning needs per example. On a remote engine with DST a path
-    its rows stay beside DST (`stored`), where the task that builds a batch reads them: the planner and the
-    work items it sends carry only the numbers."""
+    """One input chunk, checked, with what lane planning needs per example. Its rows stay in the workspace
+    (`stored`), where the task that builds a batch reads them: the planner and the work items it sends carry only
+    the numbers."""
 
     data: pa.RecordBatch | None
     """The rows (None while they are `stored`)."""

@@ -1,8 +1,7 @@
 """segment's duplicate-key check: every example key must be unique, checked in bounded memory from the keys'
-64-bit hashes (check.duplicates.HashIndex, which `check` uses for its unique keys too), a hash match confirmed
-by re-reading the two keys. On a remote engine the (hash, id) pairs never reach the driver: each chunk's task
-writes them, partitioned as HashIndex partitions them, beside the output, and one task per partition finds its
-repeated hashes there (SharedKeys); the driver confirms the candidates in the same order either way."""
+64-bit hashes, a hash match confirmed by re-reading the two keys. The (hash, id) pairs never reach the driver: each
+chunk's task writes them to the workspace, partitioned as check.duplicates.HashIndex partitions them (`check`'s
+unique keys), and one task per partition finds its repeated hashes there (SharedKeys)."""
 
 from __future__ import annotations
 
@@ -11,14 +10,15 @@ import os
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from batchtool import fs
-from batchtool.check.duplicates import PARTITIONS, HashIndex, partition_name, partitioned, read_pairs, repeated
+from batchtool.check.duplicates import PARTITIONS, partition_name, partitioned, read_pairs, repeated
 from batchtool.dataset import Chunk, Dataset
+from batchtool.workspace import Workspace
 from batchtool.errors import InputError
 from batchtool.ops.segment_chunks import Examples, SegmentPlan, prepare_chunk
 
@@ -27,28 +27,14 @@ CONFIRM_PAIRS = 64
 the most each partition's task returns at a time."""
 
 
-class KeyIndex(Protocol):
-    """Where the (key hash, example id) pairs are: HashIndex on the driver, or SharedKeys beside the output."""
-
-    def collisions(self) -> Iterator[tuple[int, int]]:
-        """(id of a hash's first row, id of a later row with it) for every repeat, in hash order, then id order."""
-        ...
-
-
-def key_index(memory: int, tmp_dir: str | None) -> HashIndex:
-    """An index of (key hash, example id) holding a quarter of `memory` (at least 1 MiB) of pairs before it
-    spills them to hash partitions under `tmp_dir`."""
-    return HashIndex(max(4 << 20, memory), tmp_dir, prefix="batchtool-keys-")
-
-
-def prepare_shared(plan: SegmentPlan, locate: Callable[[int], str], directory: str,
+def prepare_shared(plan: SegmentPlan, locate: Callable[[int], str], space: Workspace,
                    item: tuple[int, Callable[[], Chunk]]) -> Examples:
-    """prepare_chunk for chunk number `index`, its key hashes written under `directory` (for SharedKeys) instead
-    of sent back with the examples."""
+    """prepare_chunk for chunk number `index`, its rows and key hashes written to the workspace (the rows for the
+    tasks that build batches, the hashes for SharedKeys): the examples come back with their numbers only."""
     index, task = item
     examples = prepare_chunk(plan, locate, task)
     assert examples.key_hash is not None
-    own = write_pairs(directory, index, examples.key_hash, examples.ids, examples.with_keys())
+    own = write_pairs(space, index, examples.key_hash, examples.ids, examples.with_keys())
     return replace(examples.kept_at(os.path.join(own, EXAMPLES_FILE)), key_hash=None)
 
 
@@ -56,16 +42,16 @@ EXAMPLES_FILE = "examples.arrow"
 """A chunk's rows and keys in its directory (Examples.stored), read where its batches are built."""
 
 
-def write_pairs(directory: str, index: int, hashes: np.ndarray, ids: np.ndarray,
+def write_pairs(space: Workspace, index: int, hashes: np.ndarray, ids: np.ndarray,
                 rows: pa.RecordBatch | None = None) -> str:
     """Chunk number `index`'s pairs as partition files (and its `rows`, for the tasks that build batches) in a
     directory of its own, published as c<index> once complete (replacing what a failed earlier attempt of the
     task left, so a retry never counts twice); returns it. Made with mkdir, never makedirs: a task still
     running after a failed command's cleanup must not recreate the tree."""
-    fs.check_shared(directory)
-    writing = os.path.join(directory, f".c{index:09d}-{uuid.uuid4().hex}")
-    own = os.path.join(directory, f"c{index:09d}")
-    with fs.write_errors(f"{directory}: cannot write the keys' hashes"):
+    fs.check_shared(space.directory, space.name)
+    writing = os.path.join(space.directory, f".c{index:09d}-{uuid.uuid4().hex}")
+    own = os.path.join(space.directory, f"c{index:09d}")
+    with space.errors():
         os.mkdir(writing)
         for part, pairs in partitioned(hashes, ids):
             pairs.tofile(os.path.join(writing, partition_name(part)))
@@ -100,26 +86,26 @@ def partitions_collisions(job: tuple[str, int, int]) -> list[tuple[list[tuple[in
 
 @dataclass(frozen=True)
 class SharedKeys:
-    """The pairs prepare_shared wrote under `directory`, their collisions found by one task per partition run by
+    """The pairs prepare_shared wrote in the workspace, their collisions found by one task per partition run by
     `run` (the Runtime's map): in HashIndex's order, since the partitions are HashIndex's."""
 
-    directory: str
+    space: Workspace
     run: Callable[[Callable[[Any], Any], Iterable[Any]], Iterator[Any]]
 
     def collisions(self) -> Iterator[tuple[int, int]]:
-        jobs = [(self.directory, first, first + PARTITIONS_PER_TASK)
+        jobs = [(self.space.directory, first, first + PARTITIONS_PER_TASK)
                 for first in range(0, PARTITIONS, PARTITIONS_PER_TASK)]
         found = (result for results in self.run(partitions_collisions, jobs) for result in results)
         for part, (pairs, total) in enumerate(found):
             yield from pairs
             done = len(pairs)
             while done < total:  # more than a task returns at once: only with that many 64-bit hash collisions
-                more, _ = next(iter(self.run(partition_collisions, [(self.directory, part, done)])))
+                more, _ = next(iter(self.run(partition_collisions, [(self.space.directory, part, done)])))
                 yield from more
                 done += len(more)
 
 
-def check_unique_keys(index: KeyIndex, dataset: Dataset, key: str, threads: int) -> None:
+def check_unique_keys(index: SharedKeys, dataset: Dataset, key: str, threads: int) -> None:
     """Raise InputError naming the first duplicate key (in hash order) and both rows, after confirming it."""
     batch: list[tuple[int, int]] = []
     for pair in index.collisions():
@@ -146,5 +132,5 @@ def _confirm(pairs: list[tuple[int, int]], dataset: Dataset, key: str, threads: 
                              "(segment keys must be unique)")
 
 
-__all__ = ["CONFIRM_PAIRS", "KeyIndex", "SharedKeys", "check_unique_keys", "key_index", "partition_collisions",
+__all__ = ["CONFIRM_PAIRS", "SharedKeys", "check_unique_keys", "partition_collisions",
            "prepare_shared", "write_pairs"]

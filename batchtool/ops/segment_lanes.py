@@ -63,11 +63,8 @@ class LanePlanner:
     world_size N there are N * B lanes: rank r's are lanes r * B .. r * B + B - 1.
     """
 
-    def __init__(self, plan: SegmentPlan, batch_bytes: float = 0.0, compact: bool = False) -> None:
-        """`compact`: items carry only the rows they play of each chunk (for an engine that copies them to
-        another process), not references to the whole chunks."""
+    def __init__(self, plan: SegmentPlan, batch_bytes: float = 0.0) -> None:
         self.plan = plan
-        self.compact = compact
         B = plan.options.batch_size * plan.options.world_size
         self.lanes: list[deque[list]] = [deque() for _ in range(B)]
         self.load = np.zeros(B, dtype=np.int64)
@@ -78,7 +75,7 @@ class LanePlanner:
     def items(self, examples: Iterable[Examples]) -> Iterator[SegmentItem]:
         windows = self._windows(examples)
         exhausted = False
-        builder = _ItemBuilder(self.item_batches, len(self.lanes), 0, self.compact)
+        builder = _ItemBuilder(self.item_batches, len(self.lanes), 0)
         while True:
             while not exhausted and not self.load.all():
                 window = next(windows, None)
@@ -93,8 +90,7 @@ class LanePlanner:
             self._emit(builder, k)
             if not builder.room:
                 yield builder.finish()
-                builder = _ItemBuilder(self.item_batches, len(self.lanes), builder.first_batch + builder.filled,
-                                       self.compact)
+                builder = _ItemBuilder(self.item_batches, len(self.lanes), builder.first_batch + builder.filled)
         if builder.filled:
             yield builder.finish()
 
@@ -164,9 +160,8 @@ class _ItemBuilder:
     """Slot arrays of one SegmentItem being filled by the planner: it records runs (a lane's m consecutive
     slots playing consecutive segments of one example), expanded into the arrays at once by finish()."""
 
-    def __init__(self, batches: int, lanes: int, first_batch: int, compact: bool = False) -> None:
+    def __init__(self, batches: int, lanes: int, first_batch: int) -> None:
         self.first_batch = first_batch
-        self.compact = compact
         self.batches = batches
         self.lanes = lanes
         self.filled = 0
@@ -195,8 +190,7 @@ class _ItemBuilder:
         sources = tuple(self.source_list)
         if self.runs:
             first, lane, source, rows, segs, m = np.array(self.runs, dtype=np.int64).T
-            if self.compact:
-                sources, rows = self._compacted(source, rows)
+            sources, rows = self._compacted(source, rows)
             slots = (ranges(first, m), np.repeat(lane, m))
             src[slots] = np.repeat(source, m)
             row[slots] = np.repeat(rows, m)
@@ -204,7 +198,8 @@ class _ItemBuilder:
         return SegmentItem(self.first_batch, sources, src, row, seg, self.finished)
 
     def _compacted(self, source: np.ndarray, rows: np.ndarray) -> tuple[tuple[Examples, ...], np.ndarray]:
-        """Each source cut to the rows the runs play, and the runs' rows renumbered in it."""
+        """Each source cut to the rows the runs play (an item carries those only: their numbers, and where the rows
+        are), and the runs' rows renumbered in it."""
         renumbered = rows.copy()
         sources = []
         for i, examples in enumerate(self.source_list):

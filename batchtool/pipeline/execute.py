@@ -85,7 +85,7 @@ def run_pipeline(config: config_mod.PipelineConfig, run: RunSettings, *, dry_run
             result = prefix.write_exchanged(started)
             if result is None:
                 result = last.write(prefix.view(len(stages) - 1, None), config.output_path, config.output, run,
-                                     prefix.writer(started))
+                                    prefix.writer(started), config.tmp_dir)
     run_section = result.manifest["run"]
     return PipelineResult(result.manifest["stats"]["stages"], result.manifest, run_section["wall_seconds"],
                           run_section["peak_rss_bytes"])

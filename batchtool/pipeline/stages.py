@@ -111,7 +111,8 @@ class Stage:
         its work are its output chunks."""
         return self.op.regroup(self._plan, view, report, EngineRuntime(run.threads, run.quiet, self.name))
 
-    def write(self, view: Dataset, dst: str, output: OutputOptions, run: RunSettings, write: Write) -> JobResult:
+    def write(self, view: Dataset, dst: str, output: OutputOptions, run: RunSettings, write: Write,
+              tmp_dir: str | None = None) -> JobResult:
         """As the last stage: a row stage writes one row group per non-empty output chunk, as `convert` writes;
         any other its regrouping's output."""
         report = ReadReport()
@@ -121,7 +122,7 @@ class Stage:
             return write(output=output, items=self.stream(view, None, run, report), work=emit_nonempty,
                          stats=lambda: self.report, report=report, **job)
         with stream_errors(self.op, self._plan, view, run.threads), \
-                self.op.regroup(self._plan, view, report, EngineRuntime(run.threads, run.quiet, self.name, dst)) as out:
+                self.op.regroup(self._plan, view, report, EngineRuntime(run.threads, run.quiet, self.name, dst, tmp_dir)) as out:
             return write_regrouped(write, out, output, desc=f"{self.name}: write", report=report, **job)
 
     @property
