@@ -102,7 +102,7 @@ def main(dst: str, name: str, kind: str, seed: int, count: int) -> None:
                 old = f.read(1)[0]
                 f.seek(at)
                 f.write(bytes([old ^ (1 << random.Random(seed + at).randrange(8))]))
-            print(json.dumps({"at": at, "plain": read_all(copy, False)}), flush=True)
+            print(json.dumps({"at": at, "plain": read_all(copy, False), "verified": read_all(copy, True)}), flush=True)
 
 
 if __name__ == "__main__":

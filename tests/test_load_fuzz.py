@@ -19,7 +19,7 @@ from memlimit import run_capped
 
 import batchtool
 from batchtool.driver import run_operation
-from batchtool.errors import InputError
+from batchtool.errors import InputError, UsageError
 from batchtool.ops.bucket import OP, BucketOptions
 from batchtool.output import OutputOptions
 from batchtool.synthetic import make_table
@@ -73,10 +73,14 @@ def test_a_flipped_bit_anywhere_is_read_right_or_named(outputs, kind, byte_class
     assert len(results) == MUTATIONS
     right = clean_digest(dst)
     for result in results:
-        for mode in ("plain",):
+        for mode in ("plain", "verified"):
             got = result[mode]
             if "error" in got:
                 assert got["batchtool"] and name in got["error"], (result["at"], mode, got)
+            elif mode == "verified":
+                assert got["digest"] == right, (result["at"], got)  # plain reads cannot tell a changed value
+    if byte_class == "values":  # only the checksum tells a changed value
+        assert all("error" in r["verified"] for r in results)
 
 
 def test_the_byte_classes_cover_the_file(outputs):
@@ -164,3 +168,36 @@ def test_a_shard_truncated_before_the_epoch_is_an_error(outputs, tmp_path):
     os.truncate(path, os.path.getsize(path) - 100)
     with pytest.raises(InputError, match=r"part-00000.arrow: [\d,]+ bytes, but .* \(truncated since it was written\)"):
         batchtool.load(copy)
+
+
+def test_the_cli_check_names_a_batch_whose_checksum_differs(outputs, tmp_path):
+    copy = str(tmp_path / "copy")
+    shutil.copytree(outputs["bucket"], copy)
+    from ipc_mutations import byte_classes
+
+    path = os.path.join(copy, "part-00000.arrow")
+    at = byte_classes(path)["values"][5]
+    with open(path, "r+b") as f:
+        f.seek(at)
+        old = f.read(1)[0]
+        f.seek(at)
+        f.write(bytes([old ^ 1]))
+    with pytest.raises(InputError, match=r"part-00000.arrow, record batch 0: corrupt \(CRC32C [0-9a-f]{8}, the writer "
+                                         r"recorded [0-9a-f]{8}"):
+        list(batchtool.load(copy, shuffle=False, verify=True))
+    done = subprocess.run([sys.executable, "-m", "batchtool", "check", copy], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": REPO}, timeout=120)
+    assert done.returncode == 1 and "record batch 0: corrupt (CRC32C" in done.stdout + done.stderr, done.stdout
+
+
+def test_outputs_written_before_batch_checksums_still_load_and_say_why_they_cannot_verify(outputs, tmp_path):
+    def older(manifest: dict) -> None:
+        for entry in manifest["output"]["files"]:
+            del entry["batch_checksums"]
+
+    copy = with_manifest(tmp_path, outputs["bucket"], older)
+    assert clean_digest(copy) == clean_digest(outputs["bucket"])
+    assert len(list(batchtool.load(outputs["bucket"], verify=True))) == len(batchtool.load(copy))
+    with pytest.raises(UsageError, match=r"verify=True: .* has no batch checksums to verify: .*part-00000.arrow: "
+                                         r"written by a batchtool that recorded no batch checksums"):
+        batchtool.load(copy, verify=True)
