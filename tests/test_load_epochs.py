@@ -270,6 +270,52 @@ def test_resume_of_gzip_tfrecord(root, kind):
             batchtool.load(dst, shuffle=True)
 
 
+@pytest.mark.parametrize(("saved", "resumed"), [(2, 3), (3, 2), (4, 1), (1, 4)])
+@pytest.mark.parametrize("drop_uneven", [True, False])
+def test_a_state_saved_on_n_ranks_resumes_on_m(root, saved, resumed, drop_uneven):
+    """Together the M ranks read exactly the rest of the epoch's order after what the N ranks consumed: equal
+    counts, no batch twice, none lost but the uneven tail (dropped, or filled from the epoch's start)."""
+    dst = bucket_output(root, "arrow")
+    whole = batchtool.load(dst, seed=5)
+    whole.set_epoch(2)
+    epoch = ids(whole)
+    for step in (0, 3):
+        before = [batchtool.load(dst, seed=5, rank=r, world_size=saved, drop_uneven=drop_uneven)
+                  for r in range(saved)]
+        for loader in before:
+            loader.set_epoch(2)
+        heads = [[int(next(it)["batch"][0]) for _ in range(step)] for it in map(iter, before)]
+        consumed = [b for taken in zip(*heads) for b in taken]
+        assert consumed == epoch[:len(consumed)]  # a prefix of the epoch's order
+        state = json.loads(json.dumps(before[0].state_dict()))
+        after = [batchtool.load(dst, seed=5, rank=r, world_size=resumed, drop_uneven=drop_uneven)
+                 for r in range(resumed)]
+        for loader in after:
+            loader.load_state_dict(state)
+            loader.set_epoch(2)
+        parts = [ids(loader) for loader in after]
+        assert {len(p) for p in parts} == {len(after[0])}
+        rest = [b for taken in zip(*parts) for b in taken]
+        remaining = epoch[len(consumed):]
+        if drop_uneven:
+            assert rest == remaining[:len(remaining) - len(remaining) % resumed]
+        else:
+            assert rest == remaining + epoch[:-len(remaining) % resumed]
+        for loader in after:
+            loader.set_epoch(3)  # the next epoch is whole again on the M ranks
+        per = len(epoch) // resumed if drop_uneven else -(-len(epoch) // resumed)
+        assert [len(ids(loader)) for loader in after] == [per] * resumed
+
+
+def test_segment_output_refuses_another_world_size_saying_what_to_do(root):
+    dst = segment_output(root, world_size=2)
+    state = batchtool.load(dst, rank=0, world_size=2).state_dict()
+    with pytest.raises(UsageError, match=r"saved on 2 ranks, this loader has world_size=1: segment output's lanes "
+                                         r"carry state .* write it again with `segment --world-size 1`"):
+        batchtool.load(segment_output(root), world_size=1).load_state_dict({**state, "batches": batchtool.load(
+            segment_output(root)).num_batches})
+
+
 def test_the_default_call_reads_gzip_tfrecord_in_order_with_one_warning(root):
     dst = bucket_output(root, "tfrecord", "gzip")
     with pytest.warns(UserWarning, match=r"GZIP-compressed TFRecord, which can only be read forward.*: reading its "
