@@ -46,14 +46,50 @@ def column_to_numpy(arr: pa.Array, writable: bool = False) -> np.ndarray:
 
 
 def _leaf(arr: pa.Array, writable: bool) -> np.ndarray:
-    values = arr.to_numpy(zero_copy_only=False)
-    if not writable or values.flags.writeable:
-        return values
-    data = arr.buffers()[1] if len(arr.buffers()) > 1 else None
-    if (data is not None and data.is_mutable and not arr.null_count
-            and (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type))):
-        return np.frombuffer(data, dtype=values.dtype, count=len(arr), offset=arr.offset * values.itemsize)
-    return values.copy()
+    """Numbers without nulls: a view of Arrow's values buffer, read-only unless `writable` (then writable where
+    that buffer is, freshly decoded memory, and copied where it is not, a read-only map)."""
+    values = _without_pandas(arr)
+    if values is None:
+        values = arr.to_numpy(zero_copy_only=False)
+    if writable:
+        return values if values.flags.writeable else values.copy()
+    if values.base is not None and values.flags.writeable:  # a view of Arrow's memory: hand it out read-only
+        values = values.view()
+        values.flags.writeable = False
+    return values
+
+
+def _without_pandas(arr: pa.Array) -> np.ndarray | None:
+    """Numbers, strings, bytes and booleans as pyarrow's to_numpy gives them (numbers with nulls as floats with
+    NaN, the others with nulls as object arrays), without it: every to_numpy call goes through pyarrow's pandas
+    glue, whose first use imports pandas when installed (0.3 s of a first epoch, in every DataLoader worker).
+    None for other types (dates, decimals), which to_numpy converts."""
+    kind = arr.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind) \
+            or pa.types.is_large_binary(kind):
+        out = np.empty(len(arr), dtype=object)
+        out[:] = arr.to_pylist()
+        return out
+    if pa.types.is_boolean(kind):
+        if arr.null_count:
+            out = np.empty(len(arr), dtype=object)
+            out[:] = arr.to_pylist()
+            return out
+        return _bits(arr.buffers()[1], arr.offset, len(arr))
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        values = np.frombuffer(arr.buffers()[1], dtype=kind.to_pandas_dtype(), count=arr.offset + len(arr))
+        values = values[arr.offset:]
+        if not arr.null_count:
+            return values
+        out = values.astype(np.float64 if pa.types.is_integer(kind) else values.dtype)
+        out[~_bits(arr.buffers()[0], arr.offset, len(arr))] = np.nan
+        return out
+    return None
+
+
+def _bits(buffer: pa.Buffer, offset: int, length: int) -> np.ndarray:
+    """A bitmap's bits [offset, offset + length) as booleans."""
+    return np.unpackbits(np.frombuffer(buffer, dtype=np.uint8), bitorder="little")[offset:offset + length].astype(bool)
 
 
 def _dense(arr: pa.Array, writable: bool) -> np.ndarray | None:
@@ -64,7 +100,7 @@ def _dense(arr: pa.Array, writable: bool) -> np.ndarray | None:
         steps = arr.type.list_size
         values = arr.values.slice(arr.offset * steps, len(arr) * steps)
     else:
-        offsets = arr.offsets.to_numpy()
+        offsets = _without_pandas(arr.offsets)
         lengths = np.diff(offsets)
         if len(lengths) and (lengths != lengths[0]).any():
             return None
