@@ -21,9 +21,11 @@ if TYPE_CHECKING:
     from batchtool.dataset import Dataset, open_dataset
     from batchtool.errors import BatchtoolError
     from batchtool.load import Loader, load
+    from batchtool.source import Source, source
 
 _EXPORTS = {"BatchtoolError": "batchtool.errors", "Dataset": "batchtool.dataset",
-            "open_dataset": "batchtool.dataset", "Loader": "batchtool.load", "load": "batchtool.load"}
+            "open_dataset": "batchtool.dataset", "Loader": "batchtool.load", "load": "batchtool.load",
+            "Source": "batchtool.source", "source": "batchtool.source"}
 
 
 def __getattr__(name: str) -> object:
@@ -54,4 +56,4 @@ class _Package(types.ModuleType):
 
 sys.modules[__name__].__class__ = _Package
 
-__all__ = ["BatchtoolError", "Dataset", "Loader", "load", "open_dataset", "__version__"]
+__all__ = ["BatchtoolError", "Dataset", "Loader", "Source", "load", "open_dataset", "source", "__version__"]

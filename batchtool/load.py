@@ -4,62 +4,31 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from batchtool import fs, rng
+from batchtool import fs
+from batchtool.arrays import column_to_numpy, to_numpy
 from batchtool.dataset import Dataset, Shard, open_dataset
 from batchtool.errors import InputError, UsageError
-from batchtool.formats.base import Batches
-from batchtool.manifest import manifest_path, output_files, read_manifest, schema_from_json
+from batchtool.formats.base import Batches, ReadTask, size_problem
+from batchtool.load_order import Resume, epoch_order, rank_count, rank_positions, resume
+from batchtool.manifest import MANIFEST_NAME, manifest_path, output_files, read_manifest, schema_from_json
 from batchtool.runner import default_threads, ordered_map
-from batchtool.stats import is_sequence_type
+
+__all__ = ["Loader", "column_to_numpy", "epoch_order", "load", "rank_positions", "to_numpy"]
 
 READ_BATCHES = 32
 """Batches decoded per read call when consecutive batches of the stream are in one file: amortises the
 per-call cost of small row groups. An iteration starts with runs of 1, 2, 4, ... so the first batch
 (after a resume, say) costs one batch's read."""
-SHUFFLE_BLOCK_BATCHES = 8192
-"""A shuffled epoch permutes the files, then the batches within blocks of consecutive files (those starting
-in each stretch of this many batches), so a reader holds the footers of one block, never the whole output's."""
 LANE_COMMANDS = ("segment",)
 """Operations whose batches continue each other (lanes carry state): read in order, never shuffled."""
-STATE_KEYS = ("seed", "shuffle", "world_size", "drop_uneven", "batches")
-"""What a state must share with the loader it resumes: they fix the order."""
-
-
-# --- the order of an epoch: pure functions of (seed, epoch, the output's layout) ------------------------------
-
-def epoch_order(file_batches: Sequence[int], seed: int, epoch: int, shuffle: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(batch numbers in the order epoch `epoch` visits them, the block of each), where batches are numbered
-    in file order. Shuffled: a keyed permutation of the files, cut into blocks of about
-    SHUFFLE_BLOCK_BATCHES batches, each block's batches permuted. No process state is involved, so the
-    order is the same on any machine, for any rank, worker or thread count."""
-    counts = np.asarray(file_batches, dtype=np.int64)
-    file_of = np.repeat(np.arange(len(counts)), counts)
-    if not shuffle:
-        return np.arange(len(file_of), dtype=np.int64), file_of
-    files = np.argsort(rng.permutation_keys(seed, f"load/files/{epoch}", np.arange(len(counts), dtype=np.uint64)))
-    before = np.cumsum(counts[files]) - counts[files]
-    block = np.empty(len(counts), dtype=np.int64)
-    block[files] = before // SHUFFLE_BLOCK_BATCHES
-    keys = rng.permutation_keys(seed, f"load/epoch/{epoch}", np.arange(len(file_of), dtype=np.uint64))
-    order = np.lexsort((keys, block[file_of]))
-    return order.astype(np.int64), block[file_of][order]
-
-
-def rank_positions(batches: int, rank: int, world_size: int, drop_uneven: bool) -> np.ndarray:
-    """Positions in the epoch order that rank `rank` reads: contiguous equal parts, so each rank reads few
-    files. drop_uneven drops the last `batches % world_size` batches of the order; otherwise the order is
-    extended cyclically from its start, so some batches are read twice (by different ranks)."""
-    if batches == 0:
-        return np.zeros(0, dtype=np.int64)
-    per = batches // world_size if drop_uneven else -(-batches // world_size)
-    return np.arange(rank * per, (rank + 1) * per, dtype=np.int64) % batches
 
 
 # --- where batches live -----------------------------------------------------------------------------------
@@ -106,6 +75,11 @@ class _Layout:
     def total(self) -> int:
         return int(self.counts.sum())
 
+    def where(self, batch: int) -> str:
+        """'FILE, batch N' of global batch `batch`, for errors."""
+        file, local = self.locate(np.array([batch], dtype=np.int64))
+        return f"{self.paths[int(file[0])]}, batch {int(local[0])}"
+
     def locate(self, batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(file, batch within the file) of global batch numbers (an empty file shares its start with the
         next file, and side='right' picks the last file starting at or before the batch: never an empty one)."""
@@ -121,12 +95,13 @@ class Loader:
 
     Also a PyTorch IterableDataset (registered when torch is imported before `load`), so
     `DataLoader(loader, batch_size=None, num_workers=K)` splits the batches among its workers and
-    yields them in the same order as the loader itself. See `batchtool docs load`.
+    yields them in the same order as the loader itself, and torchdata's `StatefulDataLoader` saves and
+    restores each worker's copy exactly. See `batchtool docs load`.
     """
 
     def __init__(self, dataset: Dataset, layout: _Layout, writer: _Writer, columns: list[str] | None, *,
                  shuffle: bool, seed: int, rank: int, world_size: int, drop_uneven: bool, threads: int,
-                 writable: bool, tensors: bool) -> None:
+                 writable: bool, tensors: bool, verify: bool) -> None:
         self.dataset = dataset
         self._layout = layout
         self._writer = writer
@@ -141,10 +116,15 @@ class Loader:
         self.threads = threads
         self.writable = writable
         self.tensors = tensors
+        self.verify = verify
         self.epoch = 0
         self.position = 0
-        """Batches of this epoch yielded so far (or where the next iteration resumes, after load_state_dict)."""
-        self._resume = 0
+        """Batches of this epoch yielded so far (or where the next iteration resumes, after load_state_dict); in a
+        DataLoader worker, where that worker's next batch is among this rank's."""
+        self._start = 0
+        """Batches of the epoch's order that ranks consumed before this run's (a resume on another world size)."""
+        self._resume: Resume | None = None
+        self._iterating = False
         _register_with_torch()
 
     # metadata ---------------------------------------------------------------------------------------------
@@ -202,44 +182,54 @@ class Loader:
     # epochs, ranks, resume ---------------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        """Batches this rank reads in one epoch."""
-        return len(self._rank_positions())
+        """Batches this rank reads in this epoch (fewer in an epoch resumed on another world size)."""
+        return rank_count(self.num_batches, self.world_size, self.drop_uneven, self._start)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch (its order), as DistributedSampler.set_epoch; call it on every rank before each
         epoch. Setting the epoch a state was loaded for keeps the resume position."""
         if epoch != self.epoch:
             self.epoch = int(epoch)
-            self.position = self._resume = 0
+            self.position = self._start = 0
+            self._resume = None
+            self._iterating = False
 
     def state_dict(self, position: int | None = None) -> dict[str, Any]:
-        """Where this rank is: a few JSON-serialisable numbers. With DataLoader workers, this object does not
-        see what they read: pass `position`, the batches of this epoch the training loop has consumed."""
-        position = self.position if position is None else int(position)
-        self._check_position(position)
-        return {"epoch": self.epoch, "position": position, "seed": self.seed, "shuffle": self.shuffle,
-                "world_size": self.world_size, "drop_uneven": self.drop_uneven, "batches": self.num_batches}
+        """Where this rank is: a few JSON-serialisable numbers. Under a plain DataLoader with workers this object
+        does not see what they read: pass `position`, the batches of this epoch the training loop has consumed.
+        (torchdata's StatefulDataLoader asks each worker's copy, which answers for itself.)"""
+        worker, workers = _worker_split()
+        state = {"epoch": self.epoch, "position": 0, "seed": self.seed, "shuffle": self.shuffle,
+                 "world_size": self.world_size, "drop_uneven": self.drop_uneven, "batches": self.num_batches,
+                 "start": self._start}
+        if position is not None:
+            state["position"] = int(position)
+        elif workers == 1:
+            state["position"] = self.position
+        else:  # a DataLoader worker's copy: its next batch, which only this worker resumes
+            state["position"] = min(self.position if self._iterating else self._first(worker, workers), len(self))
+            state.update(worker=worker, workers=workers)
+        self._check_position(state["position"])
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue where `state` was taken: the next iteration starts with the next batch, in O(1) (the order
         is recomputed, no batch before it is read). Every rank is at the same position, so one rank's state
-        resumes all of them."""
-        missing = [k for k in ("epoch", "position", *STATE_KEYS) if k not in state]
-        if missing:
-            raise UsageError(f"load_state_dict: the state has no {', '.join(missing)}; pass what state_dict() "
-                             "returned")
-        mine = self.state_dict()
-        for key in STATE_KEYS:
-            if state[key] != mine[key]:
-                raise UsageError(f"load_state_dict: the state was saved with {key}={state[key]!r}, this loader has "
-                                 f"{key}={mine[key]!r}; resuming would not continue the same order")
-        self._check_position(int(state["position"]))
-        self.epoch = int(state["epoch"])
-        self.position = self._resume = int(state["position"])
+        resumes all of them; for independent batches, also on another number of ranks (which then share the
+        rest of the epoch)."""
+        found = resume(state, self.state_dict(position=0), self._writer.op if self._writer.lanes else None)
+        if found.worker is not None and found.worker != _worker_split():
+            raise UsageError(f"load_state_dict: the state is DataLoader worker {found.worker[0]} of "
+                             f"{found.worker[1]}'s; load it through the StatefulDataLoader that saved it")
+        self.epoch, self._start = found.epoch, found.start
+        self._check_position(found.position)
+        self.position = found.position
+        self._resume = found
+        self._iterating = False
 
     def _check_position(self, position: int) -> None:
         if not 0 <= position <= len(self):
-            raise UsageError(f"position {position}: this rank has {len(self)} batches per epoch")
+            raise UsageError(f"position {position}: this rank has {len(self)} batches in this epoch")
 
     def epoch_batches(self) -> np.ndarray:
         """The batch numbers this rank reads in the current epoch, in order (no data is read)."""
@@ -247,41 +237,52 @@ class Loader:
         return order[self._rank_positions()]
 
     def _epoch(self) -> tuple[np.ndarray, np.ndarray]:
-        if self.streams > 1:
-            file, _ = self._layout.locate(np.arange(self.num_batches))
-            return np.arange(self.num_batches, dtype=np.int64), file
         return epoch_order(self._layout.counts, self.seed, self.epoch, self.shuffle)
 
     def _rank_positions(self) -> np.ndarray:
-        if self.streams > 1:
-            return np.arange(self.rank, self.num_batches, self.streams, dtype=np.int64)
-        return rank_positions(self.num_batches, self.rank, self.world_size, self.drop_uneven)
+        return rank_positions(self.num_batches, self.rank, self.world_size, self.drop_uneven, self._start)
+
+    def _first(self, worker: int, workers: int) -> int:
+        """Where this iterator starts among the rank's positions: worker w of K at the resume position + w (it
+        reads every K-th from there), unless the state loaded was this worker's own."""
+        if self._resume is None:
+            return worker
+        return self._resume.position + (0 if self._resume.worker is not None else worker)
 
     # reading -----------------------------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        for batch in self.record_batches():
-            yield to_numpy(batch, writable=self.writable or self.tensors, tensors=self.tensors)
+        for batch, batch_id in self._batches():
+            yield to_numpy(batch, writable=self.writable or self.tensors, tensors=self.tensors,
+                           where=lambda: self._layout.where(batch_id))
 
     def __getitem__(self, index: object) -> Any:
-        raise TypeError("a batchtool Loader is iterable, not indexable; PyTorch's DataLoader treats it as an "
-                        "IterableDataset when torch is imported before batchtool.load() is called")
+        raise TypeError("a batchtool Loader is iterable, not indexable (batchtool.source(DST) is the map-style "
+                        "view); PyTorch's DataLoader treats it as an IterableDataset when torch is imported before "
+                        "batchtool.load() is called")
 
     def record_batches(self) -> Iterator[pa.RecordBatch]:
         """The same batches as Arrow RecordBatches (for Arrow-native consumers)."""
-        start, self._resume = self._resume, 0
-        order, blocks = self._epoch()
-        positions = self._rank_positions()
-        worker, workers = _worker_split()
-        picked = positions[start + worker::workers]
-        self.position = start
-        reads = self._reads(order[picked], blocks[picked])
-        for batches in ordered_map(lambda read: read(), reads, self.threads):
-            for batch in batches:
-                self.position += 1
-                yield batch
+        for batch, _ in self._batches():
+            yield batch
 
-    def _reads(self, ids: np.ndarray, blocks: np.ndarray) -> Iterator[Callable[[], list[pa.RecordBatch]]]:
+    def _batches(self) -> Iterator[tuple[pa.RecordBatch, int]]:
+        """(batch, its number in the output) in this iterator's order, counting self.position."""
+        worker, workers = _worker_split()
+        first = self._first(worker, workers)
+        self._resume = None
+        order, blocks = self._epoch()
+        picked = self._rank_positions()[first::workers]
+        self.position, self._iterating = first, True
+        reads = self._reads(order[picked], blocks[picked])
+        ids = iter(order[picked].tolist())
+        for read, batches in ordered_map(lambda read: (read, read()), reads, self.threads):
+            for batch in batches:
+                read.check()
+                self.position += workers
+                yield batch, next(ids)
+
+    def _reads(self, ids: np.ndarray, blocks: np.ndarray) -> Iterator[ReadTask]:
         """Read tasks in stream order: runs of up to READ_BATCHES consecutive batches of one file. Footers
         (and TFRecord files) stay open for one block; I/O of TFRecord ranges happens here, in order."""
         if not len(ids):
@@ -305,7 +306,7 @@ class Loader:
                     chunk = local[s:min(b, s + run)]
                     s += run
                     run = min(2 * run, READ_BATCHES)
-                    yield where.read(f, chunk, self.columns, self.schema, cache)
+                    yield where.read(f, chunk, self.columns, self.schema, cache, self.verify)
         finally:
             where.release(cache)
 
@@ -324,96 +325,56 @@ def _register_with_torch() -> None:
         data.IterableDataset.register(Loader)
 
 
-# --- arrays -----------------------------------------------------------------------------------------------
-
-def to_numpy(batch: pa.RecordBatch, writable: bool = False, tensors: bool = False) -> dict[str, Any]:
-    """{column: array}: equal-length list columns -> [B, T, ...] (zero-copy for numbers without nulls),
-    scalars -> [B], strings -> object arrays, ragged lists -> object arrays of per-row arrays.
-    writable: numbers are writable views of the decoded buffers (a copy only if Arrow's buffer is
-    immutable). tensors: numbers as torch tensors sharing that memory (torch.from_numpy)."""
-    out = {name: column_to_numpy(batch.column(i), writable) for i, name in enumerate(batch.schema.names)}
-    if tensors:
-        import torch
-
-        out = {name: torch.from_numpy(a) if a.dtype != object else a for name, a in out.items()}
-    return out
-
-
-def column_to_numpy(arr: pa.Array, writable: bool = False) -> np.ndarray:
-    if not is_sequence_type(arr.type):
-        return _leaf(arr, writable)
-    dense = _dense(arr, writable)
-    if dense is not None:
-        return dense
-    out = np.empty(len(arr), dtype=object)
-    for i in range(len(arr)):
-        out[i] = None if not arr[i].is_valid else column_to_numpy(arr[i].values, writable)
-    return out
-
-
-def _leaf(arr: pa.Array, writable: bool) -> np.ndarray:
-    values = arr.to_numpy(zero_copy_only=False)
-    if not writable or values.flags.writeable:
-        return values
-    data = arr.buffers()[1] if len(arr.buffers()) > 1 else None
-    if (data is not None and data.is_mutable and not arr.null_count
-            and (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type))):
-        return np.frombuffer(data, dtype=values.dtype, count=len(arr), offset=arr.offset * values.itemsize)
-    return values.copy()
-
-
-def _dense(arr: pa.Array, writable: bool) -> np.ndarray | None:
-    """[N, T, ...] view of a list column whose rows all have T steps and no nulls, else None."""
-    if arr.null_count:
-        return None
-    if pa.types.is_fixed_size_list(arr.type):
-        steps = arr.type.list_size
-        values = arr.values.slice(arr.offset * steps, len(arr) * steps)
-    else:
-        offsets = arr.offsets.to_numpy()
-        lengths = np.diff(offsets)
-        if len(lengths) and (lengths != lengths[0]).any():
-            return None
-        steps = int(lengths[0]) if len(lengths) else 0
-        values = arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
-    inner = column_to_numpy(values, writable)
-    if inner.dtype == object and is_sequence_type(values.type):
-        return None
-    return inner.reshape(len(arr), steps, *inner.shape[1:])
-
-
 # --- opening ----------------------------------------------------------------------------------------------
 
 def load(dst: str, *, columns: Sequence[str] | None = None, shuffle: bool | None = None, seed: int = 0,
          rank: int = 0, world_size: int = 1, drop_uneven: bool = True, threads: int | None = None,
-         writable: bool = True, tensors: bool = False) -> Loader:
+         writable: bool = True, tensors: bool = False, verify: bool = False) -> Loader:
     """Open a batch-shard output (bucket, segment, balanced stratify, ...) for training; see `batchtool docs load`.
 
-    shuffle (default: True where batches are independent, False for segment output and `bucket
-    --order sorted`) permutes the batches per epoch (`set_epoch`); rank/world_size give each rank an
-    equal, disjoint part of every epoch (drop_uneven: drop the remainder, else repeat batches to fill).
-    `threads` decode ahead of the training loop (default: min(4, cores)); the batches are the same.
+    shuffle (default: True where batches are independent and can be read in any order, False for segment
+    output, `bucket --order sorted` and GZIP TFRecord) permutes the batches per epoch (`set_epoch`);
+    rank/world_size give each rank an equal, disjoint part of every epoch (drop_uneven: drop the remainder,
+    else repeat batches to fill). `threads` decode ahead of the training loop (default: min(4, cores)); the
+    batches are the same. verify: check every batch's checksum as it is read (Arrow IPC's CRC32C).
     """
     dst = os.fspath(dst)
+    dataset, layout, writer, cols = open_output(dst, columns, verify)
+    _check_ranks(dst, rank, world_size, writer)
+    shuffle = _shuffle(dst, shuffle, writer, layout.batches)
+    return Loader(dataset, layout, writer, cols, shuffle=shuffle, seed=int(seed), rank=rank,
+                  world_size=world_size, drop_uneven=drop_uneven, threads=threads or min(4, default_threads()),
+                  writable=writable, tensors=tensors, verify=verify)
+
+
+def open_output(dst: str, columns: Sequence[str] | None, verify: bool) -> tuple[Dataset, _Layout, _Writer,
+                                                                                list[str] | None]:
+    """The output's dataset, where its batches are, what wrote them and the columns asked: what load and source
+    share. Reads the manifest and stats the files; parses no footer."""
     manifest = read_manifest(dst) if fs.is_dir(dst) else None
     dataset = _from_manifest(dst, manifest) if manifest and manifest.get("schema") else open_dataset(dst)
     cols = dataset.check_columns(columns)
     layout = _layout(dst, dataset)
-    writer = _Writer.of(dataset.manifest)
-    _check_ranks(dst, rank, world_size, writer)
+    unverifiable = layout.batches.unverifiable() if verify else None
+    if unverifiable:
+        raise UsageError(f"verify=True: {dst} has no batch checksums to verify: {unverifiable}")
+    return dataset, layout, _Writer.of(dataset.manifest), cols
+
+
+def _shuffle(dst: str, shuffle: bool | None, writer: _Writer, batches: Batches) -> bool:
+    """Whether to shuffle: as asked where the output allows it; by default wherever it can."""
     if writer.lanes:
         if shuffle:
             raise UsageError(f"shuffle=True: {dst} is {writer.op} output, whose batches continue each other's lanes "
                              "(state is carried from batch to batch), so their order cannot change")
-        shuffle = False
-    elif shuffle is None:
-        shuffle = writer.options.get("order") != "sorted"
-    unshuffled = layout.batches.unshuffled()
+        return False
+    unshuffled = batches.unshuffled()
     if shuffle and unshuffled:
-        raise UsageError(f"shuffle=True: {dst} is {unshuffled}")
-    return Loader(dataset, layout, writer, cols, shuffle=bool(shuffle), seed=int(seed), rank=rank,
-                  world_size=world_size, drop_uneven=drop_uneven, threads=threads or min(4, default_threads()),
-                  writable=writable, tensors=tensors)
+        raise UsageError(f"shuffle=True: {dst} is {unshuffled}; pass shuffle=False to read it in file order")
+    if shuffle is None and unshuffled:
+        warnings.warn(f"{dst} is {unshuffled}: reading its batches in file order", stacklevel=3)
+        return False
+    return bool(shuffle) if shuffle is not None else writer.options.get("order") != "sorted"
 
 
 def _check_ranks(dst: str, rank: int, world_size: int, writer: _Writer) -> None:
@@ -431,13 +392,26 @@ def _check_ranks(dst: str, rank: int, world_size: int, writer: _Writer) -> None:
 
 
 def _from_manifest(dst: str, manifest: dict) -> Dataset:
-    """The output's files and schema as its manifest lists them: no footer is parsed until iteration."""
+    """The output's files and schema as its manifest lists them, each file's size (one stat) checked against the
+    manifest's and its batch count against what that size can hold, so no count the manifest gives sizes
+    anything unchecked: no footer is parsed until iteration."""
+    from batchtool.formats import FORMATS
+
     out = manifest["output"]
-    shards = tuple(Shard(i, f.path, f.bytes) for i, f in enumerate(output_files(dst, manifest)))
-    missing = [s.path for s in shards if not fs.is_file(s.path)]
-    if missing:
-        raise InputError(f"{missing[0]}: listed in {manifest_path(dst)} but missing")
-    return Dataset(dst, out["format"], shards, schema_from_json(manifest["schema"]),
+    spec = FORMATS[out["format"]]
+    shards = []
+    for i, f in enumerate(output_files(dst, manifest)):
+        if not fs.is_file(f.path):
+            raise InputError(f"{f.path}: listed in {manifest_path(dst)} but missing")
+        size = fs.file_size(f.path)
+        problem = size_problem(f.path, size, f.bytes)
+        if problem:
+            raise InputError(problem)
+        if f.batches > size / spec.min_batch_bytes:
+            raise InputError(f"{f.path}: {MANIFEST_NAME} lists {f.batches:,} batches, more than a {spec.label} file "
+                             f"of {size:,} bytes can hold")
+        shards.append(Shard(i, f.path, size))
+    return Dataset(dst, out["format"], tuple(shards), schema_from_json(manifest["schema"]),
                    tfrecord_kind=out.get("tfrecord_kind"), manifest=manifest)
 
 

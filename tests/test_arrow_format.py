@@ -182,7 +182,7 @@ def test_a_batch_whose_offsets_are_damaged_is_one_error_naming_the_batch(run_cli
     open(path, "wb").write(data[:at + 8] + np.int32(1 << 30).tobytes() + data[at + 12:])
     result = run_cli("convert", src, tmp_path / "out", "--quiet")
     assert result.exit_code == 2 and not (tmp_path / "out").exists()
-    assert result.stderr.startswith(f"error: {path}, record batch 0: corrupt") and \
+    assert result.stderr.startswith(f"error: {path}, record batch 0, column 'key': corrupt") and \
         len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 

@@ -19,7 +19,7 @@ import batchtool
 from batchtool.errors import UsageError
 from batchtool.load import epoch_order, rank_positions
 
-load_mod = importlib.import_module("batchtool.load")  # the module; `batchtool.load` is the function
+order_mod = importlib.import_module("batchtool.load_order")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -62,7 +62,7 @@ def test_epoch_order_is_a_seeded_permutation_per_epoch():
 def test_shuffled_epochs_visit_files_block_by_block(monkeypatch):
     """A block of consecutive files (in a permuted file order) is finished before the next starts, so a
     reader needs the footers of one block at a time; within a block the batches are mixed."""
-    monkeypatch.setattr(load_mod, "SHUFFLE_BLOCK_BATCHES", 12)
+    monkeypatch.setattr(order_mod, "SHUFFLE_BLOCK_BATCHES", 12)
     counts = [6, 6, 6, 6, 6, 6]
     file_of = np.repeat(np.arange(6), 6)
     for epoch in range(5):
@@ -79,13 +79,11 @@ def test_shuffled_epochs_visit_files_block_by_block(monkeypatch):
 def test_rank_parts_are_equal_disjoint_and_cover_the_epoch(batches, world_size, drop_uneven):
     parts = [rank_positions(batches, r, world_size, drop_uneven) for r in range(world_size)]
     assert len({len(p) for p in parts}) == 1
-    seen = np.concatenate(parts)
+    seen = np.stack(parts, axis=1).ravel()  # step by step, rank by rank
     if drop_uneven:
-        assert len(seen) == len(set(seen.tolist())) == batches - batches % world_size
-        assert set(seen.tolist()) == set(range(len(seen)))  # only the end of the order is dropped
+        assert seen.tolist() == list(range(batches - batches % world_size))  # a prefix: only the end is dropped
     else:
-        assert set(seen.tolist()) == set(range(batches))
-        assert len(seen) == -(-batches // world_size) * world_size  # the shortfall repeats the order's start
+        assert seen.tolist() == [p % batches for p in range(-(-batches // world_size) * world_size)]  # then its start
 
 
 # --- epochs ----------------------------------------------------------------------------------------------------
@@ -144,7 +142,7 @@ def test_ranks_get_equal_disjoint_parts_of_the_epoch(root, fmt, world_size, drop
         loader.set_epoch(1)
     parts = [ids(loader) for loader in loaders]
     assert {len(p) for p in parts} == {len(loaders[0])}
-    seen = [b for p in parts for b in p]
+    seen = [b for step in zip(*parts) for b in step]  # what the ranks read together, step by step
     whole = batchtool.load(dst, seed=2)
     whole.set_epoch(1)
     epoch = ids(whole)
@@ -262,14 +260,68 @@ def test_resume_in_a_fresh_process_reads_no_skipped_batch(root, monkeypatch):
 @pytest.mark.parametrize("kind", ["bucket", "segment"])
 def test_resume_of_gzip_tfrecord(root, kind):
     dst = output_of(root, kind, "tfrecord", {}, compression="gzip")
-    full = ids(batchtool.load(dst, shuffle=False) if kind == "bucket" else batchtool.load(dst))
+    full = ids(batchtool.load(dst, shuffle=False))
     loader = batchtool.load(dst, shuffle=False)
     loader.load_state_dict({**loader.state_dict(), "position": 5})
     assert ids(loader) == full[5:]
     if kind == "bucket":
         with pytest.raises(UsageError, match=r"shuffle=True: .* GZIP-compressed TFRecord, which can only be read "
-                                             r"forward"):
-            batchtool.load(dst)
+                                             r"forward .*; pass shuffle=False"):
+            batchtool.load(dst, shuffle=True)
+
+
+@pytest.mark.parametrize(("saved", "resumed"), [(2, 3), (3, 2), (4, 1), (1, 4)])
+@pytest.mark.parametrize("drop_uneven", [True, False])
+def test_a_state_saved_on_n_ranks_resumes_on_m(root, saved, resumed, drop_uneven):
+    """Together the M ranks read exactly the rest of the epoch's order after what the N ranks consumed: equal
+    counts, no batch twice, none lost but the uneven tail (dropped, or filled from the epoch's start)."""
+    dst = bucket_output(root, "arrow")
+    whole = batchtool.load(dst, seed=5)
+    whole.set_epoch(2)
+    epoch = ids(whole)
+    for step in (0, 3):
+        before = [batchtool.load(dst, seed=5, rank=r, world_size=saved, drop_uneven=drop_uneven)
+                  for r in range(saved)]
+        for loader in before:
+            loader.set_epoch(2)
+        heads = [[int(next(it)["batch"][0]) for _ in range(step)] for it in map(iter, before)]
+        consumed = [b for taken in zip(*heads) for b in taken]
+        assert consumed == epoch[:len(consumed)]  # a prefix of the epoch's order
+        state = json.loads(json.dumps(before[0].state_dict()))
+        after = [batchtool.load(dst, seed=5, rank=r, world_size=resumed, drop_uneven=drop_uneven)
+                 for r in range(resumed)]
+        for loader in after:
+            loader.load_state_dict(state)
+            loader.set_epoch(2)
+        parts = [ids(loader) for loader in after]
+        assert {len(p) for p in parts} == {len(after[0])}
+        rest = [b for taken in zip(*parts) for b in taken]
+        remaining = epoch[len(consumed):]
+        if drop_uneven:
+            assert rest == remaining[:len(remaining) - len(remaining) % resumed]
+        else:
+            assert rest == remaining + epoch[:-len(remaining) % resumed]
+        for loader in after:
+            loader.set_epoch(3)  # the next epoch is whole again on the M ranks
+        per = len(epoch) // resumed if drop_uneven else -(-len(epoch) // resumed)
+        assert [len(ids(loader)) for loader in after] == [per] * resumed
+
+
+def test_segment_output_refuses_another_world_size_saying_what_to_do(root):
+    dst = segment_output(root, world_size=2)
+    state = batchtool.load(dst, rank=0, world_size=2).state_dict()
+    with pytest.raises(UsageError, match=r"saved on 2 ranks, this loader has world_size=1: segment output's lanes "
+                                         r"carry state .* write it again with `segment --world-size 1`"):
+        batchtool.load(segment_output(root), world_size=1).load_state_dict({**state, "batches": batchtool.load(
+            segment_output(root)).num_batches})
+
+
+def test_the_default_call_reads_gzip_tfrecord_in_order_with_one_warning(root):
+    dst = bucket_output(root, "tfrecord", "gzip")
+    with pytest.warns(UserWarning, match=r"GZIP-compressed TFRecord, which can only be read forward.*: reading its "
+                                         r"batches in file order"):
+        loader = batchtool.load(dst)
+    assert ids(loader) == list(range(BUCKET_BATCHES))
 
 
 def test_a_new_iteration_restarts_the_epoch_unless_a_state_was_loaded(root):
@@ -292,9 +344,9 @@ def test_a_new_iteration_restarts_the_epoch_unless_a_state_was_loaded(root):
 
 @pytest.mark.parametrize(("change", "message"), [
     ({"seed": 4}, r"saved with seed=4, this loader has seed=3"),
-    ({"world_size": 2}, r"saved with world_size=2, this loader has world_size=1"),
+    ({"drop_uneven": False}, r"saved with drop_uneven=False, this loader has drop_uneven=True"),
     ({"batches": 99}, r"saved with batches=99, this loader has batches=23"),
-    ({"position": 24}, r"position 24: this rank has 23 batches per epoch"),
+    ({"position": 24}, r"position 24: this rank has 23 batches in this epoch"),
 ])
 def test_a_state_from_another_setup_is_refused(root, change, message):
     loader = batchtool.load(bucket_output(root), seed=3)

@@ -43,6 +43,17 @@ def schema_problem(found: pa.Schema, expected: pa.Schema) -> str | None:
     return None if found.equals(expected.remove_metadata()) else _schema_diff(expected, found)
 
 
+def size_problem(path: str, size: int, listed: int) -> str | None:
+    """Why a file of `size` bytes cannot be the one its manifest lists at `listed` bytes (it is shorter: reading
+    what the manifest promises would run past its end); None when it may be. A file changed otherwise is the
+    `checksums` rule's to tell (`batchtool check`)."""
+    if size >= listed:
+        return None
+    from batchtool.manifest import MANIFEST_NAME
+
+    return f"{path}: {size:,} bytes, but {MANIFEST_NAME} says {listed:,} (truncated since it was written)"
+
+
 class ShardSink(Protocol):
     """One output file being written: append batches, then close (returning the manifest entry's extra fields)."""
 
@@ -53,6 +64,18 @@ class ShardSink(Protocol):
 
     def abandon(self) -> None:
         """Close any encoder into the already abandoned file (cannot fail)."""
+
+
+class ReadTask(ABC):
+    """A read of some batches of one file (Batches.read), run on any thread."""
+
+    @abstractmethod
+    def __call__(self) -> list[pa.RecordBatch]: ...
+
+    def check(self) -> None:
+        """Run on the consuming thread before each batch this task read is handed out: an InputError if they can
+        no longer be touched safely (Arrow IPC: the memory-mapped file has shrunk since, where a read would be
+        SIGBUS). Nothing to check for batches decoded into memory."""
 
 
 class Batches(ABC):
@@ -69,8 +92,9 @@ class Batches(ABC):
 
     @abstractmethod
     def read(self, f: int, local: np.ndarray, columns: list[str] | None, schema: pa.Schema,
-             cache: dict) -> Callable[[], list[pa.RecordBatch]]:
-        """The task (any thread may run it) reading file f's batches `local`: `columns`, as `schema`."""
+             cache: dict, verify: bool = False) -> ReadTask:
+        """The task (any thread may run it) reading file f's batches `local`: `columns`, as `schema`; `verify`:
+        also each batch's checksum where the format only checks it when asked (Arrow IPC's CRC32C)."""
 
     def buckets(self, f: int, local: np.ndarray) -> np.ndarray:
         """The `bucket` of each batch from the files' metadata, -1 where they give no single value (everywhere
@@ -80,6 +104,11 @@ class Batches(ABC):
     def unshuffled(self) -> str | None:
         """Why the batches can only be read in file order, as load's error goes on after 'DST is'; None: any
         order."""
+        return None
+
+    def unverifiable(self) -> str | None:
+        """Why `verify=True` cannot check these files' batches, as load's error goes on after 'verify=True:';
+        None: it can (Parquet pages and TFRecord records carry checksums every read verifies)."""
         return None
 
     def release(self, cache: dict) -> None:
@@ -116,6 +145,9 @@ class Format(ABC):
     """The bytes a file of this format starts with, to recognise a file whose name says nothing."""
     record_checksums: ClassVar[bool] = False
     """Each record carries its own checksum, which the `crc` rule of `check` verifies."""
+    min_batch_bytes: ClassVar[float] = 1.0
+    """Bytes of a file one batch takes at least: a manifest listing more batches than its file's size allows is
+    refused before its count sizes anything."""
     self_indexing: ClassVar[bool] = True
     """A file's batches can be found from the file alone (row groups, record batches); False: only from the
     batch index in the manifest batchtool writes beside the files."""

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 
 from batchtool import fs
 from batchtool.errors import InputError, where
-from batchtool.formats.base import Batches, EncodedBatch, Format, cut, first_line, schema_problem
+from batchtool.formats.base import Batches, EncodedBatch, Format, ReadTask, cut, first_line, schema_problem
 
 if TYPE_CHECKING:
     from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
@@ -193,12 +193,12 @@ class _Batches(Batches):
         return out
 
     def read(self, f: int, local: np.ndarray, columns: list[str] | None, schema: pa.Schema,
-             cache: dict) -> _Read:
+             cache: dict, verify: bool = False) -> _Read:
         return _Read(self.paths[f], self.footer(f, cache), tuple(int(g) for g in self.groups(f, local)), columns)
 
 
 @dataclass(frozen=True)
-class _Read:
+class _Read(ReadTask):
     """Row groups of one file, decoded in one call (cheaper per batch) and cut back into one batch each."""
 
     path: str
@@ -225,6 +225,8 @@ class ParquetFormat(Format):
     default_codec = "zstd"
     max_shard_batches = MAX_SHARD_BATCHES
     magic = b"PAR1"
+    min_batch_bytes = 8
+    """A row group's entry in the footer: its column chunks, byte size and rows."""
 
     def open_sink(self, file: BinaryIO, schema: pa.Schema, options: OutputOptions) -> _Sink:
         return _Sink(file, schema, options.codec)

@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from batchtool import fs
 from batchtool.errors import BatchtoolError, CorruptRecordError, InputError, OptionError, UsageError, where
-from batchtool.formats.base import BATCH_COLUMN, Batches, EncodedBatch, Format, cut
+from batchtool.formats.base import BATCH_COLUMN, Batches, EncodedBatch, Format, ReadTask, cut
 
 if TYPE_CHECKING:
     from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
@@ -919,7 +919,7 @@ class _Batches(Batches):
         return np.diff(self.ranges[f][:, 1])[local]
 
     def read(self, f: int, local: np.ndarray, columns: list[str] | None, schema: pa.Schema,
-             cache: dict) -> _Decode:
+             cache: dict, verify: bool = False) -> _Decode:
         from batchtool.manifest import MANIFEST_NAME
 
         path = self.paths[f]
@@ -940,8 +940,8 @@ class _Batches(Batches):
         return _Decode(path, payloads, rows, int(ranges[local[0]][1]), schema, self.kind)
 
     def unshuffled(self) -> str | None:
-        return ("GZIP-compressed TFRecord, which can only be read forward; pass shuffle=False, or write Parquet "
-                "or uncompressed TFRecord for shuffled reads") if self.gzip else None
+        return ("GZIP-compressed TFRecord, which can only be read forward (write Arrow IPC, Parquet or "
+                "uncompressed TFRecord for shuffled reads)") if self.gzip else None
 
     def release(self, cache: dict) -> None:
         for reader in cache.values():
@@ -950,7 +950,7 @@ class _Batches(Batches):
 
 
 @dataclass(frozen=True)
-class _Decode:
+class _Decode(ReadTask):
     """Several batches' records (read in order by the reader), decoded in one call, cut back into batches."""
 
     path: str
@@ -979,6 +979,8 @@ class TFRecordFormat(Format):
     unit = "record"
     float32_only = True  # tf.train.FloatList
     record_checksums = True
+    min_batch_bytes = 16 / 1032
+    """A batch holds a record, 16 bytes of framing at least, which gzip shrinks 1032-fold at most."""
     self_indexing = False
 
     def suffix(self, codec: str) -> str:

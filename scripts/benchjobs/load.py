@@ -11,6 +11,7 @@ by its function only:
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -136,3 +137,51 @@ def resume(dst: str, repeats: int = 5) -> None:
         next(iter(loader))
         best = min(best, time.perf_counter() - start)
     print(f"batches {len(loader)} resume_at {state['position']} seconds {best:.4f}")
+
+
+def costs(dst: str, repeats: int = 3) -> None:
+    """On one output, writable=False unless said, in CPU seconds of this process (its reader threads included;
+    steadier than wall time on a shared machine): a fresh loader's first epoch vs its second; an epoch with
+    the batch checks (the default) vs without (private switch) vs verify=True (CRC32C) vs writable=True; the
+    checks alone over the epoch's batches; the floor (the same arrays already in memory, touched); and
+    source[i] per batch in random order. Each epoch figure is the best of `repeats`, every batch touched."""
+    import random
+
+    import batchtool
+    from batchtool.batch_check import check_batch, unchecked
+
+    def timed(loader) -> float:
+        start = time.process_time()
+        for batch in loader:
+            touch(batch)
+        return time.process_time() - start
+
+    def best(make) -> float:
+        return min(timed(make()) for _ in range(repeats))
+
+    fresh = batchtool.load(dst, writable=False)
+    first, second = timed(fresh), timed(fresh)
+    checked = best(lambda: batchtool.load(dst, writable=False))
+    with unchecked():
+        unchecked_s = best(lambda: batchtool.load(dst, writable=False))
+        batches = list(batchtool.load(dst, shuffle=False).record_batches())
+    start = time.process_time()
+    for i, batch in enumerate(batches):
+        check_batch(batch, dst, i)
+    checks = time.process_time() - start
+    verified = best(lambda: batchtool.load(dst, writable=False, verify=True))
+    copied = best(lambda: batchtool.load(dst))
+    held = list(batchtool.load(dst, shuffle=False, writable=False))
+    floor = min(timed(held) for _ in range(repeats))
+    source = batchtool.source(dst, writable=False)
+    picks = random.Random(0).sample(range(len(source)), min(len(source), 2000))
+    start = time.perf_counter()
+    for i in picks:
+        touch(source[i])
+    per_item = (time.perf_counter() - start) / len(picks)
+    print(json.dumps({"batches": len(fresh), "first_epoch_s": round(first, 3), "second_epoch_s": round(second, 3),
+                      "checked_s": round(checked, 3), "unchecked_s": round(unchecked_s, 3),
+                      "checks_alone_s": round(checks, 3), "verify_s": round(verified, 3),
+                      "writable_s": round(copied, 3), "floor_s": round(floor, 3),
+                      "checks_share_of_unchecked_epoch": round(checks / unchecked_s, 3),
+                      "verify_cost": round(verified / checked - 1, 3), "source_item_ms": round(per_item * 1000, 3)}))

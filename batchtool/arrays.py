@@ -1,0 +1,112 @@
+"""Record batches as NumPy arrays shaped [batch, time, ...]: zero-copy where Arrow's buffers allow."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from batchtool.errors import InputError
+from batchtool.formats.base import first_line
+from batchtool.stats import is_sequence_type
+
+
+def to_numpy(batch: pa.RecordBatch, writable: bool = False, tensors: bool = False,
+             where: Callable[[], str] = lambda: "a batch") -> dict[str, Any]:
+    """{column: array}: equal-length list columns -> [B, T, ...] (zero-copy for numbers without nulls),
+    scalars -> [B], strings -> object arrays, ragged lists -> object arrays of per-row arrays.
+    writable: numbers are writable views of the decoded buffers (a copy only if Arrow's buffer is
+    immutable). tensors: numbers as torch tensors sharing that memory (torch.from_numpy).
+    A value that does not convert (a string that is not UTF-8) is an InputError starting with `where()`."""
+    out = {}
+    for i, name in enumerate(batch.schema.names):
+        try:
+            out[name] = column_to_numpy(batch.column(i), writable)
+        except (pa.ArrowException, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+            raise InputError(f"{where()}, column {name!r}: corrupt ({first_line(exc)})") from exc
+    if tensors:
+        import torch
+
+        out = {name: torch.from_numpy(a) if a.dtype != object else a for name, a in out.items()}
+    return out
+
+
+def column_to_numpy(arr: pa.Array, writable: bool = False) -> np.ndarray:
+    if not is_sequence_type(arr.type):
+        return _leaf(arr, writable)
+    dense = _dense(arr, writable)
+    if dense is not None:
+        return dense
+    out = np.empty(len(arr), dtype=object)
+    for i in range(len(arr)):
+        out[i] = None if not arr[i].is_valid else column_to_numpy(arr[i].values, writable)
+    return out
+
+
+def _leaf(arr: pa.Array, writable: bool) -> np.ndarray:
+    """Numbers without nulls: a view of Arrow's values buffer, read-only unless `writable` (then writable where
+    that buffer is, freshly decoded memory, and copied where it is not, a read-only map)."""
+    values = _without_pandas(arr)
+    if values is None:
+        values = arr.to_numpy(zero_copy_only=False)
+    if writable:
+        return values if values.flags.writeable else values.copy()
+    if values.base is not None and values.flags.writeable:  # a view of Arrow's memory: hand it out read-only
+        values = values.view()
+        values.flags.writeable = False
+    return values
+
+
+def _without_pandas(arr: pa.Array) -> np.ndarray | None:
+    """Numbers, strings, bytes and booleans as pyarrow's to_numpy gives them (numbers with nulls as floats with
+    NaN, the others with nulls as object arrays), without it: every to_numpy call goes through pyarrow's pandas
+    glue, whose first use imports pandas when installed (0.3 s of a first epoch, in every DataLoader worker).
+    None for other types (dates, decimals), which to_numpy converts."""
+    kind = arr.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind) \
+            or pa.types.is_large_binary(kind):
+        out = np.empty(len(arr), dtype=object)
+        out[:] = arr.to_pylist()
+        return out
+    if pa.types.is_boolean(kind):
+        if arr.null_count:
+            out = np.empty(len(arr), dtype=object)
+            out[:] = arr.to_pylist()
+            return out
+        return _bits(arr.buffers()[1], arr.offset, len(arr))
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        values = np.frombuffer(arr.buffers()[1], dtype=kind.to_pandas_dtype(), count=arr.offset + len(arr))
+        values = values[arr.offset:]
+        if not arr.null_count:
+            return values
+        out = values.astype(np.float64 if pa.types.is_integer(kind) else values.dtype)
+        out[~_bits(arr.buffers()[0], arr.offset, len(arr))] = np.nan
+        return out
+    return None
+
+
+def _bits(buffer: pa.Buffer, offset: int, length: int) -> np.ndarray:
+    """A bitmap's bits [offset, offset + length) as booleans."""
+    return np.unpackbits(np.frombuffer(buffer, dtype=np.uint8), bitorder="little")[offset:offset + length].astype(bool)
+
+
+def _dense(arr: pa.Array, writable: bool) -> np.ndarray | None:
+    """[N, T, ...] view of a list column whose rows all have T steps and no nulls, else None."""
+    if arr.null_count:
+        return None
+    if pa.types.is_fixed_size_list(arr.type):
+        steps = arr.type.list_size
+        values = arr.values.slice(arr.offset * steps, len(arr) * steps)
+    else:
+        offsets = _without_pandas(arr.offsets)
+        lengths = np.diff(offsets)
+        if len(lengths) and (lengths != lengths[0]).any():
+            return None
+        steps = int(lengths[0]) if len(lengths) else 0
+        values = arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+    inner = column_to_numpy(values, writable)
+    if inner.dtype == object and is_sequence_type(values.type):
+        return None
+    return inner.reshape(len(arr), steps, *inner.shape[1:])
