@@ -204,13 +204,12 @@ def scatter(units: Iterable[ReadUnit], job: MapJob, threads: int, report: ReadRe
 
 
 def read_range(directory: str, plan: Scatter, group: int, part: int) -> Chunk | None:
-    """The reduce side: one (group, part) of every map, sorted by the order key, or stably by the plan's
-    `sort_by` column (None if empty)."""
+    """The reduce side: one (group, part) of every map, in map order, sorted as the plan says (None if empty)."""
     paths = sorted(glob.glob(os.path.join(glob.escape(directory), "m*", f"g{group:06d}-p{part:06d}-f*.arrow")))
-    chunk = read_part(paths, plan.seed, plan.stage, ordered=plan.sort_by is None)
-    if chunk is None or plan.sort_by is None:
+    chunk = read_part(paths, plan.seed, plan.stage, ordered=plan.keyed)
+    if chunk is None or plan.order is None:
         return chunk
-    return chunk.take(np.argsort(chunk.data.column(plan.sort_by).to_numpy(), kind="stable"))
+    return chunk.take(plan.order(chunk.data))
 
 
 @dataclass(frozen=True)

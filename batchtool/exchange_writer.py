@@ -9,7 +9,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -234,9 +234,9 @@ def regrouped_exchanged(op: Operation, plan: Any, dataset: Dataset, units: Itera
         yield SortedRegrouped(items, _read_batches, cut.stats, total_rows=batches.rows, batches=batches)
 
 
-Produce = Callable[[Workspace], tuple[Batches, int, Callable[[], dict[str, Any]]]]
-"""produce(workspace): the output batches, made on the workers in files under the workspace, the input rows they
-complete, and the manifest's statistics once they are written."""
+Produce = Callable[[Workspace], tuple[Cut, int]]
+"""produce(workspace): the output batches, made on the workers in files in the workspace, with the manifest's
+statistics once they are written, and the input rows they complete."""
 
 
 def write_beside(produce: Produce, output: OutputOptions, *, command: str, options: dict[str, Any],
@@ -258,7 +258,10 @@ def write_beside(produce: Produce, output: OutputOptions, *, command: str, optio
     stored = output.stored_schema(schema)
     with output_directory(dst, output.overwrite, read_paths(source)) as tmp, \
             workspace(dst, tmp_dir, inside=tmp) as space, on_engine_of(space) as engine:
-        batches, rows_in, stats = produce(space)
+        cut, rows_in = produce(space)
+        batches, stats = cut.batches, cut.stats
+        if cut.sequence_columns is not None:
+            output = replace(output, sequence_columns=cut.sequence_columns)
         rows = batches.rows
         with progress.bar(f"{who or command}: write", rows, quiet=run.quiet) as bar:
             if engine is None:
@@ -289,10 +292,10 @@ def write_exchanged(op: Operation, plan: Any, output: OutputOptions, runtime: Ru
     if reorder is None:
         return None
 
-    def produce(space: Workspace) -> tuple[Batches, int, Callable[[], dict[str, Any]]]:
+    def produce(space: Workspace) -> tuple[Cut, int]:
         who = job.get("who") or job["command"]
         cut = _exchanged(reorder, units, space, dataset, run, report, f"{who}: spill", runtime)
-        return cut.batches, cut.batches.rows, cut.stats
+        return cut, cut.batches.rows
 
     return write_beside(produce, output, **job)
 

@@ -25,7 +25,7 @@ from batchtool import exchange, fs, progress, runner
 from batchtool.dataset import Chunk, ReadReport
 from batchtool.exchange_writer import write_beside
 from batchtool.job import JobResult, RunSettings
-from batchtool.ops.base import Bar, Regrouped, Tally
+from batchtool.ops.base import Bar, Cut, Regrouped, Tally
 from batchtool.output import OutputOptions
 from batchtool.runner import ordered_map
 from batchtool.workspace import Workspace
@@ -184,12 +184,12 @@ def write_spooled(units: Iterable[exchange.ReadUnit], emitted: Emitted, merge: C
     input rows the bar counts (default the dataset's). `job`: write_beside's arguments."""
     report = job.setdefault("report", ReadReport())
 
-    def produce(space: Workspace) -> tuple[SpooledBatches, int, Callable[[], dict[str, Any]]]:
+    def produce(space: Workspace) -> tuple[Cut, int]:
         run = job["run"]
         rows = job["dataset"].progress_rows if total is None else total
         with progress.bar(f"{job.get('who') or job['command']}: spool", rows, quiet=run.quiet) as bar:
             batches, rows_in = spool(units, SpoolJob(space.directory, emitted, job["dst"]), run, report, merge, bar)
-        return batches, rows_in, stats
+        return Cut(batches, stats), rows_in
 
     return write_beside(produce, output, **job)
 

@@ -544,10 +544,9 @@ Probe = Callable[[Callable[[Chunk], Any]], Any]
 
 @dataclass(frozen=True)
 class Scatter:
-    """The map side of an Exchange, as a Spill would scatter the rows locally (same groups, keys and key
-    ranges): every row of `schema` to (group, part), part = the range of its keyed order key (`stage`, `seed`)
-    among the group's `parts`. Each part is then sorted on a worker, by the key (or, with `sort_by`, stably by
-    that column: the rows in input order within ties)."""
+    """The map side of an Exchange: every row of `schema` to (group, part), part = the range of its keyed order
+    key (`stage`, `seed`) among the group's `parts` (batchtool.spill). Each part is then sorted on a worker: by
+    the key (unless not `keyed`: input order), then stably by `order` if given."""
 
     schema: pa.Schema
     parts: tuple[int, ...]
@@ -558,7 +557,10 @@ class Scatter:
     prepare: Callable[[Chunk], tuple[Chunk, np.ndarray, Any]] | None = None
     """Run on the map worker per input chunk: the rows to scatter, each one's group, and statistics that go
     back to the driver (Scattered.stats, in input order); None: every row as read, all in group 0."""
-    sort_by: str | None = None
+    keyed: bool = True
+    order: Callable[[pa.RecordBatch], np.ndarray] | None = None
+    """The positions that put a sorted part in its final order (a stable sort: bucket's --order sorted by length,
+    pack's rows by output position); None: the key's order."""
 
 
 class SortedStream(Protocol):
@@ -616,6 +618,8 @@ class Cut:
 
     batches: Batches
     stats: Callable[[], dict[str, Any]]
+    sequence_columns: tuple[str, ...] | None = None
+    """Columns to write as feature lists should the output be tf.train.SequenceExample records (None: every list)."""
 
 
 @dataclass(frozen=True)

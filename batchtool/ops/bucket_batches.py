@@ -3,7 +3,7 @@ per-bucket spills, each bucket's rows in output order cut into batches, and one 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,27 +158,6 @@ def spill_groups(buckets: np.ndarray, lengths: np.ndarray, plan: BucketPlan,
 
 
 # -- batches: each bucket's rows in output order, cut into batches ---------------------------------------------
-
-
-def take_sizes(chunks: Iterator[Chunk], sizes: Sequence[int], schema: pa.Schema) -> Iterator[Chunk]:
-    """Cut a stream of chunks into consecutive pieces of exactly these sizes (copying only across chunk edges)."""
-    pending: list[Chunk] = []
-    held = 0
-    for size in sizes:
-        while held < size:
-            chunk = next(chunks)
-            pending.append(chunk)
-            held += chunk.num_rows
-        last = pending[-1]
-        need = size - (held - last.num_rows)
-        head = [*pending[:-1], _slice(last, 0, need)]
-        yield head[0] if len(head) == 1 else Chunk.concat(head, schema)
-        rest = _slice(last, need, last.num_rows)
-        pending, held = ([rest], rest.num_rows) if rest.num_rows else ([], 0)
-
-
-def _slice(chunk: Chunk, start: int, stop: int) -> Chunk:
-    return Chunk(chunk.data.slice(start, stop - start), chunk.ids[start:stop])
 
 
 def rebalance(plan: BucketPlan, spilled: np.ndarray, counts: BucketCounts) -> Balance:

@@ -19,11 +19,11 @@ from batchtool.dataset import Chunk
 from batchtool.ops.labels import Locate
 from batchtool.ops.base import Cut, Exchange, Probe, Runtime, Scatter, Scattered, SortedStream
 from batchtool.ops.bucket_batches import (BALANCE_STAGE, INTERLEAVE_STAGE, ORDER_STAGE, assign, make_batch, rebalance,
-                                          spill_groups, spill_schema, take_sizes)
+                                          spill_groups, spill_schema)
 from batchtool.ops.bucket_plan import BucketColumns, BucketPlan, flush_bytes, row_bytes, with_spill_layout
 from batchtool.ops.bucket_report import BucketCounts, bucket_stats
 from batchtool.ops.quotas import class_readers, quota_batches
-from batchtool.ops.rows import sorted_rows
+from batchtool.ops.rows import sorted_rows, take_sizes
 from batchtool.spill import interleave
 
 
@@ -35,8 +35,14 @@ def exchange(plan: BucketPlan, data: Any, probe: Probe) -> Exchange:
     by_length = plan.balance is None and plan.order != "shuffle"  # --order sorted: each part by length
     scatter = Scatter(spill_schema(data.schema, plan.columns), tuple(plan.parts), plan.seed, ORDER_STAGE,
                       flush_bytes(plan, plan.options.memory), functools.partial(_assigned, plan, data.locate),
-                      plan.columns.names["length"] if by_length else None)
+                      keyed=not by_length,
+                      order=functools.partial(_by_length, plan.columns.names["length"]) if by_length else None)
     return Exchange(scatter, functools.partial(_cut, plan))
+
+
+def _by_length(column: str, rows: pa.RecordBatch) -> np.ndarray:
+    """--order sorted: a part's rows by ascending length, ties in input order."""
+    return np.argsort(rows.column(column).to_numpy(), kind="stable")
 
 
 def _row_bytes(columns: BucketColumns, chunk: Chunk) -> tuple[float, float]:

@@ -5,26 +5,25 @@ Passes: (1) the lengths alone, into a histogram of the pieces to pack; the plan 
 row) is made from it by batchtool.ops.packing (ops/pack_plan.py). (2) Every example is given a slot of its
 length: its arrival rank among examples of that length, through a keyed permutation, so which examples share
 a row is random among examples of the same length; the slot's row goes through a second keyed permutation to
-its output position, and the example is spilled to the group of output positions it belongs to. (3) Groups
-are read back in order, sorted by position (and a keyed order within the row), cut into batches and assembled
-into packed rows on the engine's workers (ops/pack_rows.py). Every decision is a pure function of --seed, the
+its output position, and the example is scattered to the group of output positions it belongs to. (3) Each
+group is sorted by position (and a keyed order within the row) on a worker, and the planned batches are
+assembled into packed rows where they are written (ops/pack_rows.py). Every decision is a pure function of --seed, the
 histogram and the input order, so output bytes do not depend on --threads, --memory or the engine.
 """
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
-from batchtool.dataset import Chunk, Dataset, ReadReport
-from batchtool.ops.base import Context, Kind, Operation, Regrouped, Runtime
+from batchtool.dataset import Chunk, Dataset
+from batchtool.ops.base import Context, Exchange, Kind, Operation, Probe
 from batchtool.ops.pack_options import PackColumns, PackOptions, output_schema, resolve_columns
 from batchtool.ops.pack_plan import (LengthCounts, PackPlan, batch_layout, check_long, count_lengths, make_plan,
                                      planned)
-from batchtool.ops.pack_rows import assemble, regrouped
+from batchtool.ops.pack_rows import assemble, exchange
 from batchtool.padding import row_lengths
 
 if TYPE_CHECKING:
@@ -70,9 +69,8 @@ class Pack(Operation[PackOptions, PackPlan]):
         assert stats is not None  # pack always has its first pass
         return make_plan(options, resolve_columns(options, context.schema), stats, context.schema, context.seed)
 
-    def regroup(self, plan: PackPlan, data: Dataset, report: ReadReport,
-                runtime: Runtime) -> AbstractContextManager[Regrouped]:
-        return regrouped(plan, data, report, runtime)
+    def exchange(self, plan: PackPlan, data: Dataset, probe: Probe) -> Exchange:
+        return exchange(plan, data, probe)
 
     def expected(self, plan: PackPlan, rows_in: int | None, stats: Any = None) -> tuple[int | None, dict[str, Any]]:
         info = planned(plan, batch_layout(plan))

@@ -1,12 +1,11 @@
-"""pack's regrouping: every example to the spill group of its output position (its slot among examples of its
-length, then its row, through keyed permutations), read back in output order and assembled into packed rows
-on the engine's workers. The plan decides everything; these functions only move rows where it says."""
+"""pack's exchange: every example to the spill group of its output position (its slot among examples of its
+length, then its row, through keyed permutations), each group sorted into output order and assembled into packed
+rows on the engine's workers. The plan decides everything; these functions only move rows where it says."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,19 +15,16 @@ import pyarrow as pa
 from batchtool import rng
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.errors import InputError, OptionSchemaError, SchemaError
-from batchtool.ops.base import Regrouped, Runtime, Tally
-from batchtool.ops.bucket_batches import take_sizes
+from batchtool.ops.base import Cut, Exchange, Probe, Runtime, Scatter, Scattered, SortedStream, Tally
 from batchtool.ops.bucket_plan import flush_bytes, row_bytes
-from batchtool.ops.pack_options import SOURCE_OFFSET, feature_lists
-from batchtool.ops.pack_plan import (ROW_STAGE, BatchLayout, PackPlan, SpillLayout, batch_layout, check_long, planned,
+from batchtool.ops.pack_options import SOURCE_OFFSET, PackColumns, feature_lists
+from batchtool.ops.rows import sorted_rows, take_sizes
+from batchtool.ops.pack_plan import (ROW_STAGE, BatchLayout, PackPlan, batch_layout, check_long, planned,
                                      spill_layout)
 from batchtool.padding import pad_list_column, row_lengths, sequence_lengths
-from batchtool.spill import Spill
 
 SLOT_STAGE, ORDER_STAGE, SPILL_STAGE = "pack/slot", "pack/order", "pack/spill"
 _POS, _ORDER = "__batchtool_pos", "__batchtool_order"
-_TAKE = 4096
-"""Examples taken at a time from a sorted spill group (so the group is never copied whole)."""
 
 
 # --- second pass: pieces, slots, positions, spill ---------------------------------------------------------
@@ -124,37 +120,28 @@ def spill_schema(schema: pa.Schema, plan: PackPlan) -> pa.Schema:
     return pa.schema(fields)
 
 
-def scatter(data: Dataset, plan: PackPlan, groups: SpillLayout, spill: Spill, runtime: Runtime,
-            report: ReadReport) -> Tally:
-    """The second pass: every item to the spill group of its output position, in input order (so the
-    ranks, and everything after them, are the same for any --threads). Returns what it read, dropped,
-    split and spilled (rows_in, dropped, split, items)."""
+def placed(plan: PackPlan, data: Dataset, rows_per_group: int, runtime: Runtime,
+           report: ReadReport) -> Iterator[tuple[Chunk, np.ndarray, Tally]]:
+    """The second pass (Exchange.rows): every chunk prepared on the runtime's workers, then, in input order (so
+    the ranks, and everything after them, are the same for any --threads), each item given its output position
+    and its order within the row; with the spill group of its position and what the chunk read, dropped, split
+    and spilled."""
     slots = Slots(plan)
-    tally = Tally.of(rows_in=0, dropped=0, split=0, items=0)
-    with runtime.bar("scatter", data.num_rows) as bar:
-        for p in runtime.map(functools.partial(_prepare_task, plan, data.locate), data.tasks(None, report)):
-            tally.add(rows_in=p.rows_in, dropped=p.dropped, split=p.split, items=len(p.lengths))
-            bar.update(p.rows_in)
-            if not len(p.lengths):
-                continue
-            row_ids = slots.rows(p.lengths, data.locate, p.items.ids)
-            position = rng.index_shuffle(plan.seed, ROW_STAGE, row_ids.astype(np.uint64), plan.rows).astype(np.int64)
-            order = rng.keyed_hash(plan.seed, ORDER_STAGE, p.items.ids)
-            batch = p.items.data.append_column(_POS, pa.array(position)).append_column(_ORDER, pa.array(order))
-            spill.add(Chunk(batch, p.items.ids), position // groups.rows_per_group)
-    spill.finish()
-    return tally
+    for p in runtime.map(functools.partial(_prepare_task, plan, data.locate), data.tasks(None, report)):
+        tally = Tally.of(rows_in=p.rows_in, dropped=p.dropped, split=p.split, items=len(p.lengths))
+        if not len(p.lengths):
+            yield Chunk.concat([], spill_schema(data.schema, plan)), np.zeros(0, np.int64), tally
+            continue
+        row_ids = slots.rows(p.lengths, data.locate, p.items.ids)
+        position = rng.index_shuffle(plan.seed, ROW_STAGE, row_ids.astype(np.uint64), plan.rows).astype(np.int64)
+        order = rng.keyed_hash(plan.seed, ORDER_STAGE, p.items.ids)
+        batch = p.items.data.append_column(_POS, pa.array(position)).append_column(_ORDER, pa.array(order))
+        yield Chunk(batch, p.items.ids), position // rows_per_group, tally
 
 
-def sorted_items(spill: Spill, groups: SpillLayout) -> Iterator[Chunk]:
-    """All items in output order: group by group, sorted by (position, keyed order within the row),
-    taken a slice at a time so a group is never copied whole."""
-    for group in range(groups.groups):
-        for chunk in spill.read_group(group):
-            order = np.lexsort((chunk.data.column(_ORDER).to_numpy(), chunk.data.column(_POS).to_numpy()))
-            for start in range(0, len(order), _TAKE):
-                yield chunk.take(order[start:start + _TAKE])
-            del chunk  # before the next group is read
+def in_row_order(rows: pa.RecordBatch) -> np.ndarray:
+    """A sorted spill group's items in output order: by position, then by their keyed order within the row."""
+    return np.lexsort((rows.column(_ORDER).to_numpy(), rows.column(_POS).to_numpy()))
 
 
 # --- assembling packed rows (pure, on the engine's workers) ------------------------------------------------
@@ -217,14 +204,6 @@ def assemble(items: pa.RecordBatch, rows: np.ndarray, batch: int, pad_length: in
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def batches(spill: Spill, plan: PackPlan, groups: SpillLayout, layout: BatchLayout,
-            schema: pa.Schema) -> Iterator[BatchItem]:
-    """The spilled items cut into the planned batches, in output order."""
-    items = take_sizes(sorted_items(spill, groups), layout.examples.tolist(), schema)
-    for index, chunk in enumerate(items):
-        yield BatchItem(index, chunk, plan.pad_length(int(layout.widest[index])))
-
-
 def consumed(items: Chunk, plan: PackPlan) -> int:
     """Input examples a batch finishes: every item, or with --split-long only first pieces."""
     if plan.options.long != "split":
@@ -249,23 +228,88 @@ def pack_stats(plan: PackPlan, layout: BatchLayout, tally: Tally) -> dict[str, A
     return {**out, **planned(plan, layout)}
 
 
-@contextmanager
-def regrouped(plan: PackPlan, data: Dataset, report: ReadReport, runtime: Runtime) -> Iterator[Regrouped]:
-    """Scatter `data` to the spill (sized on its first chunk's bytes), then give the planned batches back in
-    output order; the spill lives until the context closes."""
-    sample = next(iter(data.tasks()), None)
-    groups = spill_layout(plan, row_bytes(sample().data if sample else None, plan.columns))  # type: ignore[arg-type]
+def exchange(plan: PackPlan, data: Dataset, probe: Probe) -> Exchange:
+    """pack's exchange: items placed in input order on the driver (Exchange.rows: their slots depend on the items
+    before), scattered to the spill group of their output position (groups sized on the first chunk's bytes),
+    each group sorted into output order on a worker, and the planned batches assembled where they are written."""
+    measured = probe(functools.partial(_row_bytes, plan.columns))
+    groups = spill_layout(plan, measured if measured is not None else row_bytes(None, plan.columns))  # type: ignore[arg-type]
+    scatter = Scatter(spill_schema(data.schema, plan), groups.parts, plan.seed, SPILL_STAGE,
+                      flush_bytes(groups, plan.options.memory), order=in_row_order)  # type: ignore[arg-type]
+    return Exchange(scatter, functools.partial(_cut, plan),
+                    functools.partial(placed, plan, data, groups.rows_per_group))
+
+
+def _row_bytes(columns: PackColumns, chunk: Chunk) -> tuple[float, float]:
+    return row_bytes(chunk.data, columns)  # type: ignore[arg-type]
+
+
+def _cut(plan: PackPlan, scattered: Scattered, runtime: Runtime) -> Cut:
+    """The planned batches over the sorted groups; the statistics of what the placing read, dropped and split."""
+    tally = Tally()
+    for chunk_tally in scattered.stats:
+        tally.merge(chunk_tally)
     layout = batch_layout(plan)
-    schema = spill_schema(data.schema, plan)
-    o, lengths = plan.options, plan.lengths
-    with Spill(schema, groups.parts, plan.seed, SPILL_STAGE, o.tmp_dir,
-               flush_bytes(groups, o.memory)) as spill:  # type: ignore[arg-type]
-        tally = scatter(data, plan, groups, spill, runtime, report)
-        yield Regrouped(items=batches(spill, plan, groups, layout, schema), work=functools.partial(build, plan),
-                        stats=lambda: pack_stats(plan, layout, tally),
-                        total_rows=lengths.examples - (lengths.long if o.long == "drop" else 0),
-                        sequence_columns=feature_lists(plan.schema, plan.columns))
+    batches = PackBatches(plan, scattered.schema, scattered.groups, layout.examples,
+                          np.concatenate([[0], np.cumsum(layout.examples)]).astype(np.int64),
+                          np.concatenate([[0], np.cumsum(layout.rows)]).astype(np.int64), layout.widest)
+    return Cut(batches, lambda: pack_stats(plan, layout, tally), feature_lists(plan.schema, plan.columns))
 
 
-__all__ = ["BatchItem", "Prepared", "Slots", "assemble", "batches", "build", "consumed", "pack_stats", "prepare",
-           "regrouped", "scatter", "sorted_items", "spill_schema"]
+@dataclass(frozen=True)
+class PackBatches:
+    """pack's output batches (ops.base.Batches): batch k packs items [first_item[k], first_item[k + 1]) of the
+    sorted groups into layout rows."""
+
+    plan: PackPlan
+    schema: pa.Schema
+    streams: list[SortedStream]
+    items: np.ndarray
+    first_item: np.ndarray
+    first: np.ndarray
+    """Each batch's first output row (and the total rows last)."""
+    widest: np.ndarray
+
+    @property
+    def count(self) -> int:
+        return len(self.items)
+
+    @property
+    def rows(self) -> int:
+        return int(self.first[-1])
+
+    def batch_rows(self, k: int) -> int:
+        return int(self.first[k + 1] - self.first[k])
+
+    def first_row(self, k: int) -> int:
+        return int(self.first[k])
+
+    def nbytes(self) -> int:
+        return sum(s.nbytes() for s in self.streams)
+
+    def reader(self, start: int, end: int) -> _PackReader:
+        pads = tuple(self.plan.pad_length(int(w)) for w in self.widest[start:end])
+        return _PackReader(self.plan, self.schema, self.streams, int(self.first_item[start]),
+                           tuple(int(n) for n in self.items[start:end]), start, pads)
+
+
+@dataclass(frozen=True)
+class _PackReader:
+    """A run of pack's batches assembled on a worker from the sorted groups (Batches.reader)."""
+
+    plan: PackPlan
+    schema: pa.Schema
+    streams: list[SortedStream]
+    first_item: int
+    items: tuple[int, ...]
+    first_batch: int
+    pads: tuple[int, ...]
+
+    def __call__(self) -> Iterator[pa.RecordBatch]:
+        chunks = take_sizes(sorted_rows(self.streams, self.first_item), self.items, self.schema)
+        for k, (chunk, pad) in enumerate(zip(chunks, self.pads)):
+            yield build(self.plan, BatchItem(self.first_batch + k, chunk, pad))[0][0]
+
+
+__all__ = ["BatchItem", "PackBatches", "Prepared", "Slots", "assemble", "build", "consumed", "exchange", "in_row_order",
+           "pack_stats", "placed", "prepare", "spill_schema"]

@@ -4,7 +4,7 @@ chunk as the yardstick of a stream's bytes, and the data's size estimated from i
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -59,6 +59,23 @@ def rebatch(chunks: Iterable[Chunk], size: int, schema: pa.Schema, drop_remainde
         if batch.num_rows == 0 or (drop_remainder and batch.num_rows < size):
             return
         yield batch
+
+
+def take_sizes(chunks: Iterator[Chunk], sizes: Sequence[int], schema: pa.Schema) -> Iterator[Chunk]:
+    """Cut a stream of chunks into consecutive pieces of exactly these sizes (copying only across chunk edges)."""
+    pending: list[Chunk] = []
+    held = 0
+    for size in sizes:
+        while held < size:
+            chunk = next(chunks)
+            pending.append(chunk)
+            held += chunk.num_rows
+        last = pending[-1]
+        need = size - (held - last.num_rows)
+        head = [*pending[:-1], slice_chunk(last, 0, need)]
+        yield head[0] if len(head) == 1 else Chunk.concat(head, schema)
+        rest = slice_chunk(last, need, last.num_rows - need)
+        pending, held = ([rest], rest.num_rows) if rest.num_rows else ([], 0)
 
 
 def peek(chunks: Iterator[Chunk]) -> tuple[Chunk | None, Iterator[Chunk]]:
@@ -192,5 +209,5 @@ def cycled_rows(stream: SortedStream, start: int, again: bool) -> Iterator[Chunk
         yield from stream.chunks()
 
 
-__all__ = ["FixedBatches", "RowReader", "cycled_rows", "sorted_rows", "Yardstick", "arrow_bytes", "bytes_per_row", "emit", "estimate_bytes",
+__all__ = ["FixedBatches", "RowReader", "take_sizes", "cycled_rows", "sorted_rows", "Yardstick", "arrow_bytes", "bytes_per_row", "emit", "estimate_bytes",
            "estimate_memory_bytes", "peek", "rebatch", "slice_chunk"]
