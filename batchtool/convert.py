@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import functools
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 
 import pyarrow as pa
 
-from batchtool import exchange, spool
+from batchtool import exchange
 from batchtool.dataset import Chunk, ReadReport
 from batchtool.engines import with_engine
-from batchtool.job import JobResult, RunSettings, open_source, write_job
+from batchtool.job import JobResult, RunSettings, open_source
 from batchtool.ops.base import Tally
 from batchtool.output import OutputOptions
+from batchtool.workspace import Workspace
+from batchtool.write import Job, Piece, Streamed, write
 
 
 @with_engine
@@ -20,17 +25,20 @@ def convert(src: str, dst: str, output: OutputOptions, *, columns: Sequence[str]
     """Read SRC's shards in order and write them to DST, with the manifest."""
     dataset = open_source(src, dst, output, format=format, skip_corrupt=skip_corrupt)
     cols = dataset.check_columns(columns)
-    schema = dataset.projected_schema(cols)
-    report = ReadReport()
-    job = dict(command="convert", options={"columns": cols, "to": output.format, "compression": output.codec,
-                                           "shard_rows": output.shard_rows, "shard_bytes": output.shard_bytes},
-               seed=None, dataset=dataset, dst=dst, output=output, schema=schema, stats=dict, run=run, report=report)
-    if spool.applies(dst):  # on the workers: no row through the driver
-        return spool.write_spooled(exchange.read_units(dataset, report, cols), spool.as_is, Tally().merge, **job)
+    job = Job("convert", {"columns": cols, "to": output.format, "compression": output.codec,
+                          "shard_rows": output.shard_rows, "shard_bytes": output.shard_bytes},
+              None, dataset, dst, output, dataset.projected_schema(cols), run)
 
-    def work(task: Callable[[], Chunk]) -> tuple[list[pa.RecordBatch], int]:
-        chunk: Chunk = task()
-        return [chunk.data], chunk.num_rows
+    def produce(space: Workspace, report: ReadReport) -> AbstractContextManager[Streamed]:
+        return contextlib.nullcontext(Streamed(exchange.units(dataset, report, cols), _as_is, dict))
 
-    return write_job(items=dataset.tasks(cols, report), work=work, **job)
+    return write(job, produce)
 
+
+def _as_is(chunk: Chunk) -> tuple[list[Piece], Tally]:
+    """convert's work: the chunk, one row group (even empty)."""
+    return [functools.partial(_whole, chunk)], Tally()
+
+
+def _whole(chunk: Chunk) -> tuple[list[pa.RecordBatch], int]:
+    return [chunk.data], chunk.num_rows

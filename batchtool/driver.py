@@ -12,33 +12,30 @@ from typing import Any
 
 import pyarrow as pa
 
-from batchtool import exchange, progress, spool
+from batchtool import exchange, progress
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.engines import with_engine
 from batchtool.errors import BatchtoolError
-from batchtool.exchange_writer import on_engine_of, write_exchanged
-from batchtool.job import JobResult, RunSettings, open_source, write_job
-from batchtool.ops.base import Bar, Context, Kind, Operation, OptionError, Regrouped, Scan, Tally
-from batchtool.ops.rows import emit
+from batchtool.exchange import ReadUnit, exchanged
+from batchtool.job import JobResult, RunSettings, open_source
+from batchtool.write import Emitted, Item, Job, Piece, Produced, Streamed, write
+from batchtool.ops.base import Bar, Context, Kind, Operation, OptionError, Scan, Tally
 from batchtool.output import OutputOptions
 from batchtool.runner import ordered_map
-from batchtool.workspace import Workspace, workspace
+from batchtool.workspace import Workspace
 
 
 @dataclass(frozen=True)
 class EngineRuntime:
-    """The ops.base.Runtime of a run: its engine (threads or Ray, whichever is active) and its progress bars,
-    named by `who` runs the op (`shuffle`, `stage 1 (shuffle)`)."""
+    """The ops.base.Runtime of a run: its engine (threads or Ray, whichever is active), its workspace and its
+    progress bars, named by `who` runs the op (`shuffle`, `stage 1 (shuffle)`)."""
 
     threads: int
     quiet: bool = True
     who: str | None = None
     """Who its bars name before the op's own words (`stage 2 (stratify): select` in a pipeline); None: no one."""
-    dst: str | None = None
-    """The output the op writes (a command's DST, a pipeline's output when it is the last stage), beside which
-    `scratch` is on a remote engine; None: the op's output streams on."""
-    tmp_dir: str | None = None
-    """--tmp-dir: where `scratch` is otherwise (None: the system's temporary directory)."""
+    space: Workspace | None = None
+    """The run's workspace (None: a pass that regroups nothing, a first pass)."""
 
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
         return ordered_map(fn, items, self.threads)
@@ -50,14 +47,6 @@ class EngineRuntime:
               report: ReadReport) -> tuple[Iterator[tuple[Chunk, int]], Tally]:
         applied = Applied(op, plan)
         return applied.stream(data, None, self.threads, report), applied.stats
-
-    @contextlib.contextmanager
-    def scratch(self) -> Iterator[Workspace]:
-        """The run's workspace (batchtool.workspace.workspace), removed when the block ends; within the block the
-        engine is the one that may write it."""
-        with workspace(self.dst or self.tmp_dir or "the temporary directory", self.tmp_dir) as space, \
-                on_engine_of(space):
-            yield space
 
 
 @dataclass(frozen=True)
@@ -180,14 +169,19 @@ class Applied:
         return ordered_map(functools.partial(_work, self.op, self.plan), items, threads)
 
     @property
-    def emitted(self) -> Callable[[Chunk], tuple[Iterator[tuple[list[pa.RecordBatch], int]], Tally]]:
-        """The spool tasks' row work (batchtool.spool): a chunk's kernel, then `emit` of each item it makes."""
+    def emitted(self) -> Emitted:
+        """The writer's work on a chunk (or, planning chunk by chunk, a chunk and its plan): its kernel, then each
+        item it makes as a piece (an expanding op's built where the writer wants it)."""
         return functools.partial(_emitted, self.op, self.plan)
 
-    @property
-    def emit(self) -> Callable[[Any], tuple[list[pa.RecordBatch], int]]:
-        """write_job's work for `items`: one row group per non-empty output chunk, as `convert` writes."""
-        return functools.partial(_emit, self.op, self.plan)
+    def units(self, dataset: Dataset, columns: Sequence[str] | None, threads: int,
+              report: ReadReport) -> Iterator[ReadUnit]:
+        """What the writer's tasks read: the input's units, or, when the plan changes chunk by chunk in input
+        order, each chunk read here with its plan."""
+        per_chunk = self.op.per_chunk(self.plan)
+        if per_chunk is None:
+            return exchange.units(dataset, report, columns)
+        return (Item((chunk, per_chunk(chunk))) for chunk in dataset.chunks(columns, threads, report))
 
     def report(self) -> dict[str, Any]:
         return self.op.report(self.plan, self.stats)
@@ -198,14 +192,16 @@ def _work(op: Operation, plan: Any, item: Any) -> tuple[Chunk, int]:
     return op.build(plan, item) if op.expands else item
 
 
-def _emit(op: Operation, plan: Any, item: Any) -> tuple[list[pa.RecordBatch], int]:
-    return emit_nonempty(_work(op, plan, item))
+def _emitted(op: Operation, plan: Any, read: Chunk | tuple[Chunk, Any]) -> tuple[list[Piece], Tally]:
+    chunk, chunk_plan = read if isinstance(read, tuple) else (read, plan)
+    out, stats = op.kernel(chunk_plan, chunk)
+    if op.expands:
+        return [functools.partial(_built, op, chunk_plan, piece) for piece in op.pieces(out)], stats
+    return [functools.partial(emit_nonempty, (out, chunk.num_rows))], stats
 
 
-def _emitted(op: Operation, plan: Any, chunk: Chunk) -> tuple[Iterator[tuple[list[pa.RecordBatch], int]], Tally]:
-    out, stats = op.kernel(plan, chunk)
-    items = op.pieces(out) if op.expands else [(out, chunk.num_rows)]
-    return map(functools.partial(_emit, op, plan), items), stats
+def _built(op: Operation, plan: Any, piece: Any) -> tuple[list[pa.RecordBatch], int]:
+    return emit_nonempty(op.build(plan, piece))
 
 
 def emit_nonempty(item: tuple[Chunk, int]) -> tuple[list[pa.RecordBatch], int]:
@@ -214,22 +210,38 @@ def emit_nonempty(item: tuple[Chunk, int]) -> tuple[list[pa.RecordBatch], int]:
     return ([chunk.data] if chunk.num_rows else []), rows
 
 
-def write_regrouped(write: Callable[..., JobResult], out: Regrouped, output: OutputOptions, *, desc: str,
-                    report: ReadReport, **job: Any) -> JobResult:
-    """A regrouping op's output through `write` (write_job, or a pipeline's wrapper of it)."""
-    if out.sequence_columns is not None:
-        output = replace(output, sequence_columns=out.sequence_columns)
-    return write(output=output, items=out.items, work=out.work, stats=out.stats, total_rows=out.total_rows,
-                 desc=desc, report=report, **job)
+def _item_work(work: Callable[[Any], tuple[list[pa.RecordBatch], int]], item: Any) -> tuple[list[Piece], Tally]:
+    return [functools.partial(work, item)], Tally()
+
+
+@contextlib.contextmanager
+def produced(op: Operation, plan: Any, regroups: bool, data: Dataset, runtime: EngineRuntime, report: ReadReport,
+             units: Iterable[ReadUnit] | None = None, columns: Sequence[str] | None = None) -> Iterator[Produced]:
+    """What the op makes of `data` for the writer (batchtool.write), open while it writes: a regrouping's exchange
+    (its sorted batches, made in the runtime's workspace), else its regrouping's stream of items, or its kernel
+    over every chunk. `units`: what its tasks read (default: the input's units; an op planning chunk by chunk
+    reads its chunks here)."""
+    if regroups:
+        cut = exchanged(op, plan, data, exchange.read_units(data, report) if units is None else units, runtime,
+                        report)
+        if cut is not None:
+            yield cut
+            return
+        with op.regroup(plan, data, report, runtime) as out:
+            yield Streamed(map(Item, out.items), functools.partial(_item_work, out.work), out.stats,
+                           total_rows=out.total_rows, sequence_columns=out.sequence_columns)
+        return
+    applied = Applied(op, plan)
+    if units is None or op.per_chunk(plan) is not None:
+        units = applied.units(data, columns, runtime.threads, report)
+    yield Streamed(units, applied.emitted, applied.report, applied.stats.merge, total_rows=data.progress_rows)
 
 
 @with_engine
 def run_operation(op: Operation, options: Any, src: str, dst: str, output: OutputOptions,
                   run: RunSettings = RunSettings(), *, seed: int = 0, format: str | None = None,
                   skip_corrupt: bool = False) -> JobResult:
-    """An op as a command: SRC through its plan and kernel (or its regrouping) into DST, with the manifest. On a
-    remote engine (--engine ray) with DST a path, a regrouping op's Exchange plan runs on the workers, and a row op
-    (unless it plans chunk by chunk) is spooled and written there (batchtool.spool)."""
+    """An op as a command: SRC through its plan and kernel (or its regrouping) into DST, with the manifest."""
     tmp_dir = getattr(options, "tmp_dir", None) if op.spills else None
     dataset = open_source(src, dst, output, tmp_dir=tmp_dir, format=format, skip_corrupt=skip_corrupt)
     try:
@@ -238,28 +250,18 @@ def run_operation(op: Operation, options: Any, src: str, dst: str, output: Outpu
     except OptionError as exc:
         raise exc.at(dataset.src) from None
     plan = make_plan(op, options, dataset, run.threads, seed, run.quiet)
-    report = ReadReport()
-    job = dict(command=op.name, options=op.recorded(options, output), seed=seed if op.seeded else None,
-               dataset=dataset, dst=dst, schema=schema, run=run)
+    job = Job(op.name, op.recorded(options, output), seed if op.seeded else None, dataset, dst, output, schema, run,
+              tmp_dir)
+    regroups = op.kind_of(options) is not Kind.ROWS
+
+    def produce(space: Workspace, report: ReadReport) -> AbstractContextManager[Produced]:
+        runtime = EngineRuntime(run.threads, run.quiet, op.name, space)
+        return produced(op, plan, regroups, dataset, runtime, report, columns=op.input_columns(options, None))
+
     with stream_errors(op, plan, dataset, run.threads):
-        if op.kind_of(options) is not Kind.ROWS:
-            runtime = EngineRuntime(run.threads, run.quiet, op.name, dst, tmp_dir)
-            result = write_exchanged(op, plan, output, runtime, tmp_dir=tmp_dir, **job)
-            if result is not None:
-                return result
-            with op.regroup(plan, dataset, report, runtime) as out:
-                if spool.applies(dst) and out.work is not emit:  # built batches written where they are built
-                    return spool.write_regrouped_spooled(out, output, report=report, **job)
-                return write_regrouped(write_job, out, output, desc=f"{op.name}: write", report=report, **job)
-        applied, columns = Applied(op, plan), op.input_columns(options, None)
-        if spool.applies(dst) and op.per_chunk(plan) is None:  # no row through the driver
-            units = exchange.read_units(dataset, report, columns)
-            return spool.write_spooled(units, applied.emitted, applied.stats.merge, output, stats=applied.report,
-                                       report=report, **job)
-        items = applied.items(dataset, columns, run.threads, report)
-        return write_job(output=output, items=items, work=applied.emit, stats=applied.report, report=report, **job)
+        return write(job, produce)
 
 
 __all__ = ["Applied", "EngineRuntime", "dry_run_stats", "emit_nonempty", "make_plan", "run_operation", "scanner",
            "stream_errors",
-           "write_regrouped"]
+           "produced"]

@@ -25,9 +25,9 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from batchtool import fs, progress
+from batchtool import fs, runner
 from batchtool.dataset import Chunk, Dataset, ReadReport
-from batchtool.ops.base import Bar, Scatter
+from batchtool.ops.base import Bar, Cut, Operation, Runtime, Scatter, Scattered
 from batchtool.runner import ordered_map
 from batchtool.spill import ID_COLUMN, Spill, read_part
 from batchtool.workspace import Workspace
@@ -70,6 +70,15 @@ def read_units(dataset: Dataset, report: ReadReport, columns: Sequence[str] | No
             yield from task_units(file.tasks(report))
 
 
+def units(dataset: Dataset, report: ReadReport, columns: Sequence[str] | None = None) -> Iterator[ReadUnit]:
+    """What the writer's tasks read of the input: on the local engine a unit per read task (its one writer waits for
+    each task's output in turn, so a task must be a chunk, never a whole file), on a remote engine its read units,
+    whose output each task spools where it reads them."""
+    if runner.active_engine() is None:
+        return task_units(dataset.tasks(dataset.check_columns(columns), report))
+    return read_units(dataset, report, columns)
+
+
 def task_units(tasks: Iterable[Callable[[], Chunk]]) -> Iterator[ReadUnit]:
     """Read tasks that are already worker-sized (a Parquet row group, an Arrow record batch, a chunk the stages
     before a pipeline's reorder made) as units."""
@@ -81,7 +90,7 @@ def _measure_first(measure: Callable[[Chunk], T | None], unit: ReadUnit) -> T | 
     return next((found for found in map(measure, unit(ReadReport())) if found is not None), None)
 
 
-def probe(units: Iterator[ReadUnit], measure: Callable[[Chunk], T | None],
+def first_measured(units: Iterator[ReadUnit], measure: Callable[[Chunk], T | None],
           threads: int) -> tuple[T | None, Iterator[ReadUnit]]:
     """`measure` of the first chunk it is not None for (the yardstick of the first pass: the first chunk, or
     an op's first non-empty output), computed on a worker, and the units with the ones probed put back."""
@@ -170,36 +179,34 @@ def map_directory(directory: str, index: int) -> str:
     return os.path.join(directory, f"m{index:09d}")
 
 
-def scatter_here(prepared: Iterable[tuple[Chunk, np.ndarray, Any]], job: MapJob, desc: str, total: int | None,
-                 quiet: bool) -> tuple[list[np.ndarray], list[Any]]:
+def scatter_here(prepared: Iterable[tuple[Chunk, np.ndarray, Any]], job: MapJob,
+                 bar: Bar) -> tuple[list[np.ndarray], list[Any]]:
     """The map side of an exchange whose groups depend on the rows before (Exchange.rows): its rows, groups and
     statistics made in input order are scattered here, as one map task would scatter them."""
     stats: list[Any] = []
 
-    def counted(bar: Bar) -> Iterator[tuple[Chunk, np.ndarray]]:
+    def counted() -> Iterator[tuple[Chunk, np.ndarray]]:
         for chunk, groups, chunk_stats in prepared:
             stats.append(chunk_stats)
             bar.update(chunk.num_rows)
             yield chunk, groups
 
-    with progress.bar(desc, total, quiet=quiet) as bar:
-        rows = _scatter_into(job, 0, counted(bar))
+    rows = _scatter_into(job, 0, counted())
     return [np.asarray(counts, dtype=np.int64) for counts in rows], stats
 
 
-def scatter(units: Iterable[ReadUnit], job: MapJob, threads: int, report: ReadReport, desc: str,
-            total: int | None, quiet: bool) -> tuple[list[np.ndarray], list[Any]]:
+def scatter(units: Iterable[ReadUnit], job: MapJob, threads: int, report: ReadReport,
+            bar: Bar) -> tuple[list[np.ndarray], list[Any]]:
     """Run the map tasks on the engine; the rows in each part of each group, and Scatter.prepare's statistics
     in input order (what the tasks skipped goes to `report`, in input order)."""
     rows = [np.zeros(parts, dtype=np.int64) for parts in job.scatter.parts]
     stats: list[Any] = []
-    with progress.bar(desc, total, quiet=quiet) as bar:
-        for out in ordered_map(functools.partial(_map, job), enumerate(units), threads):
-            for group, counts in zip(rows, out.rows):
-                group += np.asarray(counts, dtype=np.int64)
-            report.merge(out.report)
-            stats.extend(out.stats)
-            bar.update(sum(map(sum, out.rows)))
+    for out in ordered_map(functools.partial(_map, job), enumerate(units), threads):
+        for group, counts in zip(rows, out.rows):
+            group += np.asarray(counts, dtype=np.int64)
+        report.merge(out.report)
+        stats.extend(out.stats)
+        bar.update(sum(map(sum, out.rows)))
     return rows, stats
 
 
@@ -273,5 +280,32 @@ def sort_groups(job: MapJob, rows: Sequence[np.ndarray], threads: int) -> list[S
     return groups
 
 
-__all__ = ["MapJob", "MapOutput", "ReadUnit", "SortedGroup", "map_directory", "probe", "read_range", "read_units",
+def exchanged(op: Operation, plan: Any, data: Dataset, units: Iterator[ReadUnit], runtime: Runtime,
+              report: ReadReport, like: Chunk | None = None) -> Cut | None:
+    """The op's regrouping as its exchange (None if it has none): map tasks scatter every row to its key range in
+    the runtime's workspace (or, for an op whose groups depend on the rows before, the driver does, Exchange.rows),
+    a task sorts each range, and the op cuts the sorted rows into batches. The op's probe measures the input's first
+    chunk (read on a worker), or `like` when given (a pipeline's narrow pass, cut as the full input is)."""
+    def probe(measure: Callable[[Chunk], Any]) -> Any:
+        nonlocal units
+        if like is not None:
+            return measure(like)
+        found, units = first_measured(units, measure, runtime.threads)
+        return found
+
+    reorder = op.exchange(plan, data, probe)
+    if reorder is None:
+        return None
+    job = MapJob(runtime.space, reorder.scatter)
+    with runtime.bar("spill", None if reorder.rows is not None else data.progress_rows) as bar:
+        if reorder.rows is not None:
+            rows, stats = scatter_here(reorder.rows(runtime, report), job, bar)
+        else:
+            rows, stats = scatter(units, job, runtime.threads, report, bar)
+    groups = sort_groups(job, rows, runtime.threads)
+    totals = np.array([int(r.sum()) for r in rows], dtype=np.int64)
+    return reorder.cut(Scattered(reorder.scatter.schema, list(groups), totals, stats), runtime)
+
+
+__all__ = ["MapJob", "MapOutput", "exchanged", "first_measured", "units", "ReadUnit", "SortedGroup", "map_directory", "read_range", "read_units",
            "scatter", "sort_groups", "task_units"]

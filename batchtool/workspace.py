@@ -75,4 +75,10 @@ def workspace(dst: str, tmp_dir: str | None = None, inside: str | None = None) -
             fs.remove_tree(own)
 
 
-__all__ = ["WORKSPACE", "Workspace", "workspace"]
+def on_engine_of(space: Workspace) -> AbstractContextManager[None]:
+    """Within the block, the engine that may write the workspace: the active one if the workspace is shared with
+    its workers, else the driver's threads."""
+    return runner.use_engine(runner.active_engine() if space.shared else None)
+
+
+__all__ = ["WORKSPACE", "Workspace", "on_engine_of", "workspace"]

@@ -145,7 +145,7 @@ def test_sample_pipeline_overwrite_is_safe(tmp_path, run_cli):
 
 
 def test_output_directory_itself_refuses_an_overlap(tmp_path):
-    """write_job's own check, for any writer that did not open its input through job.open_source."""
+    """The output directory's own check, for any writer that did not open its input through job.open_source."""
     src = tmp_path / "src"
     src.mkdir()
     (src / "a.parquet").write_bytes(b"data")

@@ -1,6 +1,6 @@
-"""The distributed global shuffle (batchtool.exchange, exchange_writer.write_exchanged) run on local threads: the same
-bytes and statistics as the local spill, for Parquet and TFRecord input, several shards and a dropped
-remainder; a failure leaves DST and no temporary files behind. (On Ray: tests/test_ray.py.)"""
+"""The global shuffle's exchange (batchtool.exchange) as a remote engine runs it, on the pickling stand-in: the same
+bytes and statistics as the local engine's, for Parquet and TFRecord input, several shards (measured and written by
+tasks) and a dropped remainder; a failure leaves DST and no temporary files behind. (On Ray: tests/test_ray.py.)"""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import shutil
 import pytest
 
 from batchtool.convert import convert
-from batchtool.driver import EngineRuntime, make_plan, run_operation
+from batchtool import runner
+from batchtool.driver import run_operation
 from batchtool.errors import DestinationError, InputError
 from batchtool.exchange import MapJob, Workspace, _map, read_units
-from batchtool.exchange_writer import write_exchanged
 from batchtool.dataset import ReadReport
 from batchtool.job import RunSettings, open_source
 from batchtool.ops.base import Scatter
@@ -21,6 +21,7 @@ from batchtool.ops.shuffle import OP, ShuffleOptions
 from batchtool.output import OutputOptions
 from batchtool.synthetic import make_table
 from conftest import data_bytes, write_parquet_shards
+from test_pickling_engine import PicklingEngine
 
 
 @pytest.fixture(scope="module")
@@ -51,12 +52,11 @@ CASES = {
 
 def exchanged(src: str, dst: str, options: ShuffleOptions, output: OutputOptions, seed: int,
               skip_corrupt: bool = False):
-    """The exchange as the driver runs it with --engine ray (here on local threads)."""
-    dataset = open_source(src, dst, output, skip_corrupt=skip_corrupt)
-    plan = make_plan(OP, options, dataset, 2, seed)
-    return write_exchanged(OP, plan, output, EngineRuntime(2), command="shuffle", options=OP.recorded(options, output),
-                           seed=seed,
-                           dataset=dataset, dst=dst, schema=dataset.schema, run=RunSettings(threads=2, quiet=True))
+    """The command as a remote engine runs it (the pickling stand-in): its workspace beside DST, its shards measured
+    and written by tasks."""
+    with runner.use_engine(PicklingEngine()):
+        return run_operation(OP, options, src, dst, output, RunSettings(threads=2, quiet=True, engine="ray"),
+                             seed=seed, skip_corrupt=skip_corrupt)
 
 
 def shuffle(src: str, dst: str, options: ShuffleOptions, output: OutputOptions, run: RunSettings, *, seed: int = 0,

@@ -87,23 +87,19 @@ def test_manifest_records_the_pipeline(tmp_path, parquet_src):
     assert stage["mode"] == "rate" and stage["rate"]["mean"] == 2.0
 
 
-def test_stage_inputs_are_rekeyed_row_numbers_and_read_back_as_from_parquet(tmp_path, parquet_src):
+def test_stage_inputs_are_rekeyed_row_numbers_and_read_back_as_from_parquet(tmp_path, parquet_src, monkeypatch):
     config = load(pipeline(tmp_path, ['op = "resample"\nrate = 1.5', 'op = "rename"\ncolumns = ["label=class"]'],
                            src=parquet_src))
     seen: dict[str, object] = {}
 
-    def spy(self, view, dst, output, run, write):
+    def spy(op, plan, regroups, view, *args):
         chunks = list(view.chunks(threads=2))
         seen.update(ids=np.concatenate([c.ids for c in chunks]), first=chunks[0].data, view=view)
         raise InputError("stop here")
 
-    original = Stage.write
-    Stage.write = spy
-    try:
-        with pytest.raises(BatchtoolError, match="stage 2 .rename.: stop here"):
-            run_pipeline(config, RUN)
-    finally:
-        Stage.write = original
+    monkeypatch.setattr(execute, "produced", spy)
+    with pytest.raises(BatchtoolError, match="stage 2 .rename.: stop here"):
+        run_pipeline(config, RUN)
     ids = seen["ids"]
     assert ids.tolist() == list(range(len(ids)))
     first = seen["first"]  # read back as the next command would: re-reading changes nothing

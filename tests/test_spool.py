@@ -1,4 +1,4 @@
-"""convert and the row ops (batchtool.spool) without Ray: run with --engine ray on the pickling stand-in engine
+"""convert and the row ops on a remote engine (batchtool.write) without Ray: run with --engine ray on the pickling stand-in engine
 (tests/test_pickling_engine.py), each read unit's output is spooled and the shards written on its "workers", and
 only counts come back; the local engine's bytes and manifest, and its errors with nothing left behind. (On a real
 Ray cluster: tests/test_ray.py.)"""
@@ -17,8 +17,8 @@ import pyarrow as pa
 import pytest
 
 import test_pickling_engine
-from batchtool import spool
-from batchtool.convert import convert
+from batchtool import write
+from batchtool.convert import _as_is, convert
 from batchtool.dataset import ReadReport
 from batchtool.job import RunSettings
 from batchtool.output import OutputOptions
@@ -118,15 +118,16 @@ def test_built_batches_are_written_where_they_are_built(case, sources, run_cli, 
     assert sorted(os.listdir(tmp_path)) == ["local", "pickled"]
 
 
-def test_per_chunk_plans_stay_on_the_driver(sources, run_cli, tmp_path):
-    """--running-mean plans each chunk from the ones before it: today's path, still the local bytes."""
+def test_per_chunk_plans_are_made_on_the_driver_and_worked_on_the_workers(sources, run_cli, tmp_path):
+    """--running-mean plans each chunk from the ones before it: the driver reads the chunks in order for their plans,
+    each chunk's kernel and its output's writing run on the workers; the local bytes."""
     engine = run_both(run_cli, tmp_path, lambda dst: ["resample", sources["parquet"], dst, "--weight", "weight",
                                                       "--overall-rate", "1", "--running-mean"])
-    assert "_spool" not in spooled(engine)
+    assert {"_spool", "_write_shard"} <= spooled(engine)
 
 
 def test_an_empty_output_writes_the_one_empty_shard(sources, run_cli, tmp_path):
-    """Every row filtered out: no batch spooled, and the one empty shard write_job writes."""
+    """Every row filtered out: no batch spooled, and the one empty shard the local writer writes."""
     engine = run_both(run_cli, tmp_path, lambda dst: ["filter", sources["parquet"], dst, "--column", "never"])
     assert {"_spool", "_write_shard"} <= spooled(engine)
 
@@ -175,11 +176,11 @@ def test_a_spool_task_run_twice_spools_once(sources, tmp_path):
 
     dataset = open_dataset(sources["parquet"])
     unit = next(exchange.read_units(dataset, ReadReport()))
-    job = spool.SpoolJob(str(tmp_path), spool.as_is, "dst")
-    first, again = spool._spool(job, (0, unit)), spool._spool(job, (0, unit))
+    job = write._SpoolJob(str(tmp_path), _as_is, "dst")
+    first, again = write._spool(job, (0, unit)), write._spool(job, (0, unit))
     assert first.rows == again.rows == (50,) and first.consumed == 50
     assert os.listdir(tmp_path) == ["s000000000.arrow"]
-    batches = spool.SpooledBatches(str(tmp_path), (0,), (1,), first.rows)
+    batches = write.SpooledBatches(str(tmp_path), (0,), (1,), first.rows)
     assert [b.num_rows for b in batches.reader(0, 1)()] == [50]
     assert functools.reduce(lambda n, b: n + b.num_rows, batches.reader(1, 1)(), 0) == 0
 

@@ -28,6 +28,7 @@ from batchtool.errors import BatchtoolError, OptionError, SchemaError, UsageErro
 
 if TYPE_CHECKING:
     from batchtool.output import OutputOptions
+    from batchtool.workspace import Workspace
 
 O = TypeVar("O")
 """An op's options (its frozen dataclass)."""
@@ -500,6 +501,9 @@ class Runtime(Protocol):
     run on threads or Ray workers) and progress bars, so that ops neither choose nor import them."""
 
     threads: int
+    space: Workspace
+    """The run's workspace (batchtool.workspace), which the engine's workers write and read: where a task leaves what
+    later tasks read, instead of sending it to the driver."""
 
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
         """fn over items on the engine, results in input order (`fn` must pickle: it may run remotely)."""
@@ -516,12 +520,6 @@ class Runtime(Protocol):
         output: the output chunks in input order, each with the input rows it completes, and the kernels'
         statistics, merged into that Tally in input order as the chunks are read."""
         ...
-
-    def scratch(self) -> AbstractContextManager[Any]:
-        """A workspace (batchtool.workspace.Workspace) the engine's workers write and read, removed when the block
-        ends: where map tasks leave what later tasks read, instead of sending it to the driver."""
-        ...
-
 
 @dataclass
 class Regrouped:
@@ -624,11 +622,10 @@ class Cut:
 
 @dataclass(frozen=True)
 class Exchange:
-    """A regrouping the driver may run as map-reduce on a remote engine's workers instead of `regroup`, with no
-    row passing through the driver (batchtool.exchange_writer): the rows scattered (`scatter`) through files
-    beside DST, each key range sorted on a worker, then `cut(scattered, runtime)` plans the output batches
-    (on the driver, from counts; any pass over the sorted rows as tasks on the runtime) and workers write
-    them. It must write what `regroup` writes reading the same spill back."""
+    """A regrouping as one physical plan (batchtool.exchange), run the same way on every engine: the rows scattered
+    (`scatter`) to key ranges in the run's workspace by map tasks, each range sorted by a task, then
+    `cut(scattered, runtime)` plans the output batches (on the driver, from counts; any pass over the sorted rows
+    as tasks on the runtime), which the writer's tasks read, build and write."""
 
     scatter: Scatter
     cut: Callable[[Scattered, Runtime], Cut]

@@ -107,14 +107,14 @@ class SegmentOp(Operation[SegmentOptions, SegmentPlan]):
         columns = o.source_columns
         sample = next(iter(data.tasks(columns)), None)
         planner = LanePlanner(plan, check_memory(o, sample().data if sample else None))
-        with runtime.scratch() as space:
-            def checked() -> Iterator[Examples]:
-                yield from runtime.map(functools.partial(prepare_shared, plan, data.locate, space),
-                                       enumerate(data.tasks(columns, report)))
-                check_unique_keys(SharedKeys(space, runtime.map), data, o.key, runtime.threads)
 
-            yield Regrouped(planner.items(checked()), functools.partial(build_batches, plan),
-                            lambda: planner.stats.as_dict(plan), sequence_columns=tuple(o.sequence))
+        def checked() -> Iterator[Examples]:
+            yield from runtime.map(functools.partial(prepare_shared, plan, data.locate, runtime.space),
+                                   enumerate(data.tasks(columns, report)))
+            check_unique_keys(SharedKeys(runtime.space, runtime.map), data, o.key, runtime.threads)
+
+        yield Regrouped(planner.items(checked()), functools.partial(build_batches, plan),
+                        lambda: planner.stats.as_dict(plan), sequence_columns=tuple(o.sequence))
 
     def dry_run_columns(self, options: SegmentOptions) -> list[str]:
         return [options.sequence[0]]

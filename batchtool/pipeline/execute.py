@@ -22,24 +22,26 @@ from __future__ import annotations
 import io
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchtool import exchange, fs, spool
+from batchtool import exchange, fs
 from batchtool import manifest as manifest_mod
 from batchtool import progress, rng
 from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
 from batchtool.engines import with_engine
 from batchtool.errors import BatchtoolError, DestinationExistsError
-from batchtool.exchange_writer import SortedRegrouped, regrouped_exchanged, write_exchanged
 from batchtool.formats import parquet as parquet_format
-from batchtool.job import JobResult, RunSettings, read_paths, write_job
-from batchtool.driver import Applied, EngineRuntime, stream_errors
+from batchtool.exchange import exchanged
+from batchtool.job import JobResult, RunSettings, read_paths
+from batchtool.workspace import Workspace, on_engine_of, workspace
+from batchtool.write import RUN_BYTES, Job, Produced, write
+from batchtool.driver import EngineRuntime, produced, stream_errors
 from batchtool.ops.base import Batches, Regrouped
 from batchtool.output import refuse_overlap
 from batchtool.runner import ordered_map
@@ -82,10 +84,7 @@ def run_pipeline(config: config_mod.PipelineConfig, run: RunSettings, *, dry_run
         last = stages[-1]
         prefix.main_run = True
         with attributed(config.path, last):
-            result = prefix.write_exchanged(started)
-            if result is None:
-                result = last.write(prefix.view(len(stages) - 1, None), config.output_path, config.output, run,
-                                    prefix.writer(started), config.tmp_dir)
+            result = prefix.write(started)
     run_section = result.manifest["run"]
     return PipelineResult(result.manifest["stats"]["stages"], result.manifest, run_section["wall_seconds"],
                           run_section["peak_rss_bytes"])
@@ -268,21 +267,23 @@ class Prefix:
             columns = needed
 
     def _regroup(self, j: int, stage: Stage, upstream: StageInput, like: Chunk | None) -> Regrouped:
-        """Barrier j's output, open until the run ends: its rows scattered and sorted by the exchange's tasks in a
-        workspace (beside the output on a remote engine, where the stage after it reads its batches), the first
-        chunk measured on `like` when the pass is narrow (batchtool.exchange_writer); a barrier with no Exchange
-        plan (the buffered shuffle) regroups as it streams."""
+        """Barrier j's output, open until the run ends: its exchange in a workspace of its own (beside the output on a
+        remote engine, where the stage after it reads its batches), the first chunk measured on `like` when the pass
+        is narrow; a barrier with no exchange (the buffered shuffle) regroups as it streams."""
         report = self.report if upstream.scope is None else ReadReport()
         columns = self.columns if upstream.scope is None else list(upstream.scope)
         units = (exchange.read_units(self.source, report, columns) if j == 0
                  else exchange.task_units(upstream.tasks(None, report)))
-        out = self._stack.enter_context(regrouped_exchanged(
-            stage.op, stage.planned, upstream, units, self.config.output_path, self.run, report,
-            f"{stage.name}: spill", EngineRuntime(self.run.threads, self.run.quiet, stage.name),
-            tmp_dir=self.config.tmp_dir, like=like))
-        if out is not None:
-            return out
-        return self._stack.enter_context(stage.materialize(upstream, self.run, report))
+        space = self._stack.enter_context(workspace(self.config.output_path, self.config.tmp_dir))
+        self._stack.enter_context(on_engine_of(space))
+        runtime = EngineRuntime(self.run.threads, self.run.quiet, stage.name, space)
+        cut = exchanged(stage.op, stage.planned, upstream, units, runtime, report, like)
+        if cut is None:
+            return self._stack.enter_context(stage.materialize(upstream, self.run, report))
+        batches = cut.batches
+        step = max(1, int(RUN_BYTES * batches.count / max(1, batches.nbytes())))
+        items = [batches.reader(k, min(k + step, batches.count)) for k in range(0, batches.count, step)]
+        return SortedRegrouped(items, _read_batches, cut.stats, total_rows=batches.rows, batches=batches)
 
     @staticmethod
     def _barrier_key(j: int, columns: Columns, needs: int) -> tuple[int, tuple[str, ...] | None, bool]:
@@ -350,55 +351,25 @@ class Prefix:
                 bar.update(chunk.num_rows)
                 yield chunk
 
-    def writer(self, started: float) -> Callable[..., Any]:
-        """write_job as the last stage's writer calls it, but recording the pipeline in the manifest.
-
-        The stage's work runs here, through ordered_map on the engine, so that its output rows are counted
-        on this side, in order, for the stage's statistics; write_job then only encodes and writes."""
-        def write(**job: Any) -> Any:
-            work, op_stats, items = job["work"], job["stats"], job["items"]
-            rows_out = [0]
-
-            def worked() -> Iterator[tuple[list[pa.RecordBatch], int]]:
-                for batches, consumed in ordered_map(work, items, self.run.threads):
-                    rows_out[0] += sum(b.num_rows for b in batches)
-                    yield batches, consumed
-
-            report: ReadReport = job["report"] or ReadReport()
-            report.merge(self.report)
-            total = job.get("total_rows")
-            job.update(command="run", options=self.config.manifest_options(), seed=self.config.seed,
-                       dataset=self.source, items=worked(), work=_done, report=report, started=started,
-                       stats=lambda: self.stats(op_stats(), rows_out[0]),
-                       total_rows=total if total is not None else job["dataset"].num_rows,
-                       desc=f"{self.stages[-1].name}: write")
-            return write_job(**job)
-        return write
-
-    def write_exchanged(self, started: float) -> JobResult | None:
-        """The last stage as its command runs: a stage that regroups with an Exchange plan as its map, sort and cut
-        tasks (exchange_writer.write_exchanged), and on a remote engine with the output a path a row stage (unless
-        it plans chunk by chunk) spooled on the workers (batchtool.spool). Its tasks read the source, or the
-        batches a reorder before it sorted, or the rows the stages before it make. None: the stage writes as
-        usual."""
+    def write(self, started: float) -> JobResult:
+        """The last stage as its command runs (driver.produced, batchtool.write): its tasks read the source, or the
+        batches a reorder before it sorted, or the rows the stages before it make; the manifest records the
+        pipeline."""
         k = len(self.stages) - 1
-        stage, dst = self.stages[k], self.config.output_path
-        if not stage.regroups and not (spool.applies(dst) and stage.op.per_chunk(stage.planned) is None):
-            return None
+        stage = self.stages[k]
         view = self.view(k, None)
-        units = (exchange.read_units(self.source, self.report, self.columns) if k == 0
+        units = (exchange.units(self.source, self.report, self.columns) if k == 0
                  else exchange.task_units(view.tasks(None, self.report)))
-        job = dict(command="run", options=self.config.manifest_options(), seed=self.config.seed, dataset=view,
-                   dst=dst, schema=stage.output_schema(view.schema), run=self.run, source=self.source,
-                   report=self.report, started=started, manifest_stats=self.stats)
+        job = Job("run", self.config.manifest_options(), self.config.seed, self.source, self.config.output_path,
+                  self.config.output, stage.output_schema(view.schema), self.run, self.config.tmp_dir, stage.name,
+                  started, self.stats)
+
+        def produce(space: Workspace, report: ReadReport) -> AbstractContextManager[Produced]:
+            runtime = EngineRuntime(self.run.threads, self.run.quiet, stage.name, space)
+            return produced(stage.op, stage.planned, stage.regroups, view, runtime, report, units)
+
         with stream_errors(stage.op, stage.planned, view, self.run.threads):
-            if not stage.regroups:
-                applied = Applied(stage.op, stage.planned)
-                return spool.write_spooled(units, applied.emitted, applied.stats.merge, self.config.output,
-                                           stats=applied.report, who=stage.name, **job)
-            return write_exchanged(stage.op, stage.planned, self.config.output,
-                                   EngineRuntime(self.run.threads, self.run.quiet, stage.name), units=units,
-                                   who=stage.name, tmp_dir=self.config.tmp_dir, **job)
+            return write(job, produce, self.report)
 
     def stats(self, last: dict[str, Any], rows_out: int) -> dict[str, Any]:
         """manifest["stats"]: rows in and out of every stage with its own statistics, plus the totals."""
@@ -438,9 +409,18 @@ class Prefix:
         return out
 
 
-def _done(result: tuple[list[pa.RecordBatch], int]) -> tuple[list[pa.RecordBatch], int]:
-    """write_job's work for results the last stage's work already made."""
-    return result
+@dataclass
+class SortedRegrouped(Regrouped):
+    """A barrier's batches in sorted files every worker reads (`batches`): the stage after it reads them itself,
+    where its tasks run, instead of through the items."""
+
+    batches: Batches | None = None
+
+
+def _read_batches(read: Callable[[], Iterator[pa.RecordBatch]]) -> tuple[list[pa.RecordBatch], int]:
+    """A barrier's item on a worker: its batches read from the sorted files, and the rows they hold."""
+    batches = list(read())
+    return batches, sum(b.num_rows for b in batches)
 
 
 def _key(columns: Columns) -> tuple[str, ...] | None:

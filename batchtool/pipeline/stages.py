@@ -11,26 +11,23 @@ size) only ever run last, through the driver's writer.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
 import pyarrow as pa
 
 from batchtool.dataset import Chunk, Dataset, ReadReport
-from batchtool.job import JobResult, RunSettings
-from batchtool.driver import (Applied, EngineRuntime, dry_run_stats, emit_nonempty, make_plan, stream_errors,
-                              write_regrouped)
+from batchtool.job import RunSettings
+from batchtool.driver import (Applied, EngineRuntime, dry_run_stats, make_plan, stream_errors)
 from batchtool.ops import OPERATIONS
 from batchtool.ops.base import Depends, Kind, Operation, Regrouped
-from batchtool.output import OutputOptions
 from batchtool.pipeline import config as config_mod
 
 Columns = list[str] | None
 """Column names, or None for all of them."""
 Stream = Iterator[tuple[Chunk, int]]
 """A stage's output chunks in order (possibly empty), each with the input rows it consumed."""
-Write = Callable[..., JobResult]
 
 ANY, ORDER, CHUNKS = Depends.ROWS, Depends.ORDER, Depends.CHUNKS
 """What a consumer of a stage's input depends on: nothing but the rows (counts, histograms), their ids and
@@ -110,20 +107,6 @@ class Stage:
         """A barrier's output as it streams (one with no Exchange plan: the buffered shuffle): its items through
         its work are its output chunks."""
         return self.op.regroup(self._plan, view, report, EngineRuntime(run.threads, run.quiet, self.name))
-
-    def write(self, view: Dataset, dst: str, output: OutputOptions, run: RunSettings, write: Write,
-              tmp_dir: str | None = None) -> JobResult:
-        """As the last stage: a row stage writes one row group per non-empty output chunk, as `convert` writes;
-        any other its regrouping's output."""
-        report = ReadReport()
-        job = dict(command=self.op.name, options={}, seed=None, dataset=view, dst=dst,
-                   schema=self.output_schema(view.schema), run=run)
-        if not self.regroups:
-            return write(output=output, items=self.stream(view, None, run, report), work=emit_nonempty,
-                         stats=lambda: self.report, report=report, **job)
-        with stream_errors(self.op, self._plan, view, run.threads), \
-                self.op.regroup(self._plan, view, report, EngineRuntime(run.threads, run.quiet, self.name, dst, tmp_dir)) as out:
-            return write_regrouped(write, out, output, desc=f"{self.name}: write", report=report, **job)
 
     @property
     def preview_columns(self) -> list[str]:
