@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -22,10 +23,12 @@ import pytest
 import memlimit
 from batchtool import budget
 from batchtool.errors import InputError, OptionInputError, UsageError
+from batchtool.ops import segment as segment_op
 from batchtool.ops import shuffle as shuffle_op
 from batchtool.ops.bucket import BucketOptions
 from batchtool.ops.bucket_plan import LengthPass, make_plan, resolve_columns, with_spill_layout
 from batchtool.ops.quotas import plan_layout
+from batchtool.ops.segment_options import SegmentOptions
 from batchtool.ops.stratify import StratifyOptions
 from batchtool.stats import DatasetStats
 from conftest import REPO, SAMPLE, read_dir
@@ -45,6 +48,23 @@ STOPS = {
                                   "--batch-size", "32"], "--num-unroll 1000000000 with --batch-size 32: one batch"),
     "segment --batch-size 1e8": (["segment", PARQUET, "{out}", *SEGMENT, "--num-unroll", "10",
                                   "--batch-size", "100000000"], "--num-unroll 10 with --batch-size 100000000"),
+    "segment --world-size 1e8": (["segment", PARQUET, "{out}", *SEGMENT, "--num-unroll", "10", "--batch-size", "4",
+                                  "--world-size", "100000000"],
+                                 "--num-unroll 10 with --batch-size 4 and --world-size 100000000: one batch of 4 "
+                                 "segments for each rank (400,000,000 in all) padded to 10 steps"),
+    "pack --pad-to-max-length, L 4M, batch 64": (
+        ["pack", PARQUET, "{out}", "--max-length", "4194304", "--pad-to-max-length", "--max-examples-per-row", "1",
+         "--batch-size", "64"], "--batch-size 64: one batch of 64 rows padded to --max-length 4,194,304 steps "
+                                "(--pad-to-max-length) takes about"),
+    "pack --pad-to-max-length, L 4M, batch 8": (
+        ["pack", PARQUET, "{out}", "--max-length", "4194304", "--pad-to-max-length", "--max-examples-per-row", "1",
+         "--batch-size", "8"], "--batch-size 8: one batch of 8 rows padded to --max-length 4,194,304 steps"),
+    "pack --pad-to-max-length, L 1e6, --memory 64MB": (
+        ["pack", PARQUET, "{out}", "--max-length", "1000000", "--pad-to-max-length", "--max-examples-per-row", "1",
+         "--batch-size", "4", "--memory", "64MB"],
+        "one batch of 4 rows padded to --max-length 1,000,000 steps (--pad-to-max-length) takes about 231.5 MB at "
+        "once, more than --memory 64.0 MB allows (64.0 MB); give a smaller --batch-size or --max-length, drop "
+        "--pad-to-max-length, or a larger --memory"),
     "bucket --pad-to-boundary, boundary 1e8": (
         ["bucket", PARQUET, "{out}", "--length", "tokens", "--boundaries", "100000000", "--pad-to-boundary",
          "--batch-size", "4"], "(--pad-to-boundary, boundary 100000000)"),
@@ -216,6 +236,17 @@ def test_a_buffer_of_more_rows_than_the_budget_holds_is_refused():
     with pytest.raises(UsageError, match=r"--buffer 100000000: a buffer of 100,000,000 rows takes about"):
         shuffle_op.check_memory(options, first, rows=10**9)
     shuffle_op.check_memory(options, first, rows=1000)  # a dataset smaller than the buffer: held whole
+
+
+def test_segment_plans_world_size_x_batch_size_lanes():
+    """The lanes' planning counts one lane per rank and row: N x B, not B."""
+    options = SegmentOptions(key="key", sequence=("tokens",), num_unroll=1, batch_size=4, world_size=100_000)
+    with pytest.raises(UsageError, match=r"--batch-size 4: 400,000 lanes \(100,000 ranks x 4\), each planning 4 "
+                                         r"examples ahead takes about 390\.6 MB at once, more than --memory 1\.0 GB "
+                                         r"allows \(128\.0 MB\); give a smaller --batch-size or --world-size, or a "
+                                         r"larger --memory"):
+        segment_op.check_memory(options, None)
+    assert segment_op.check_memory(replace(options, world_size=10), None) == 10 * 4 * segment_op.METADATA_BYTES
 
 
 def test_stratify_refuses_a_class_named_past_the_most_classes():

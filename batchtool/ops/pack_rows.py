@@ -20,8 +20,8 @@ from batchtool.ops.base import Regrouped, Runtime, Tally
 from batchtool.ops.bucket_batches import take_sizes
 from batchtool.ops.bucket_plan import flush_bytes, row_bytes
 from batchtool.ops.pack_options import SOURCE_OFFSET, feature_lists
-from batchtool.ops.pack_plan import (ROW_STAGE, BatchLayout, PackPlan, SpillLayout, batch_layout, check_long, planned,
-                                     spill_layout)
+from batchtool.ops.pack_plan import (ROW_STAGE, BatchLayout, PackPlan, SpillLayout, batch_layout, check_batches,
+                                     check_long, planned, spill_layout)
 from batchtool.padding import pad_list_column, row_lengths, sequence_lengths
 from batchtool.spill import Spill
 
@@ -251,11 +251,13 @@ def pack_stats(plan: PackPlan, layout: BatchLayout, tally: Tally) -> dict[str, A
 
 @contextmanager
 def regrouped(plan: PackPlan, data: Dataset, report: ReadReport, runtime: Runtime) -> Iterator[Regrouped]:
-    """Scatter `data` to the spill (sized on its first chunk's bytes), then give the planned batches back in
-    output order; the spill lives until the context closes."""
+    """Scatter `data` to the spill (sized on its first chunk's bytes, as is the largest batch, checked against
+    --memory first), then give the planned batches back in output order; the spill lives until the context closes."""
     sample = next(iter(data.tasks()), None)
-    groups = spill_layout(plan, row_bytes(sample().data if sample else None, plan.columns))  # type: ignore[arg-type]
+    sizes = row_bytes(sample().data if sample else None, plan.columns)  # type: ignore[arg-type]
+    groups = spill_layout(plan, sizes)
     layout = batch_layout(plan)
+    check_batches(plan, layout, sizes)
     schema = spill_schema(data.schema, plan)
     o, lengths = plan.options, plan.lengths
     with Spill(schema, groups.parts, plan.seed, SPILL_STAGE, o.tmp_dir,

@@ -50,7 +50,8 @@ class SegmentOptions:
                              "with batchtool.load(DST, rank=r, world_size=N)).", Integer(metavar="N"), 1)
     """Lane streams written: batch t of rank r is output batch t * world_size + r."""
     memory: int = DEFAULT_MEMORY
-    """Bounds the duplicate-key check (a quarter of it before spilling), one padded batch and the lanes' planning."""
+    """Bounds the duplicate-key check (a quarter of it before spilling), one step of padded batches (one per rank) and
+    the lanes' planning."""
     tmp_dir: str | None = None
 
     def __post_init__(self) -> None:
