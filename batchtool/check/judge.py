@@ -17,7 +17,7 @@ from batchtool.check.report import Offender, RuleResult, every, plural, verdict
 from batchtool.check.rules import (ClassProportions, Crc, Drift, LabelRange, Length, MinClassRows, NoDuplicateRows,
                                    NoNan, NoNulls, PaddingEfficiency, RowCount, Rule, SameLength, Schema, Unique)
 from batchtool.check.scan import Measures
-from batchtool.check.verify import output_stats
+from batchtool.check.recorded import Recorded
 from batchtool.dataset import Dataset
 from batchtool.errors import InputError, UsageError
 from batchtool.job import RunSettings
@@ -94,8 +94,8 @@ def judge_padding(rule: PaddingEfficiency, dataset: Dataset) -> RuleResult:
         raise InputError(f"rule {rule.name!r}: {dataset.src} has no batchtool manifest ({MANIFEST_NAME}) to read "
                          f"the {rule.stat.replace('_', ' ')} from (check the output directory of "
                          f"{rule.written_by.replace(' and ', ' or ')})")
-    value = output_stats(manifest).get(rule.stat)
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
+    value = Recorded.of(manifest, manifest_path(dataset.src)).share(rule.stat)
+    if value is None:
         raise InputError(f"rule {rule.name!r}: {manifest_path(dataset.src)} records no "
                          f"stats.{rule.stat} (written by {manifest.get('command')!r}; {rule.written_by} "
                          "output records it)")

@@ -47,16 +47,6 @@ class Layout:
     count_batches: bool = True
 
 
-def output_stats(manifest: dict) -> dict:
-    """The stats that describe the output: the command's, or for `run` those of its last stage (whose batches,
-    buckets and classes are what DST holds)."""
-    stats = manifest.get("stats") if isinstance(manifest.get("stats"), dict) else {}
-    stages = stats.get("stages")
-    if manifest.get("command") == "run" and isinstance(stages, list) and stages and isinstance(stages[-1], dict):
-        return {**stats, **stages[-1]}
-    return stats
-
-
 def verify(rules: Sequence[Rule], src: str, manifest: dict, limit: int, threads: int) -> dict[str, RuleResult]:
     """Results of the manifest_rows, manifest_batches and manifest_schema rules, from one read of each file."""
     if not rules:
