@@ -103,9 +103,10 @@ def test_segment_keeps_every_other_column_as_context_by_default(tmp_path, parque
 
 
 def test_segment_refuses_a_default_context_column_named_like_an_output_column(tmp_path, corpus, run_cli):
-    src = write_parquet_shards(str(tmp_path / "src"), corpus.append_column("length", pa.array([1] * len(corpus))))
+    src = write_parquet_shards(str(tmp_path / "src"), corpus.append_column("length", pa.array([1.5] * len(corpus))))
     result = run_cli("segment", src, tmp_path / "dst", "--sequence", "tokens", *SEGMENT)
-    one_error_line(result, "'length'", "--context", "frames")
+    one_error_line(result, "column 'length' is also an output column of segment", "--output-column length=NEW_NAME",
+                   "--input-length", "--context")
     assert not (tmp_path / "dst").exists()
 
 

@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 
 from batchtool import budget
 from batchtool.dataset import Chunk
-from batchtool.errors import OptionError, OptionInputError, SchemaError
+from batchtool.errors import OptionError, OptionInputError
 from batchtool.ops.base import ColumnError
 from batchtool.ops.boundaries import CHOICE_BYTES, assign_buckets, choose_boundaries, real_elements
 from batchtool.ops.filter import keep_mask
@@ -25,9 +25,9 @@ from batchtool.padding import parse_pad_values
 from batchtool.spill import parts_for
 from batchtool.stats import DatasetStats, chunk_stats, is_sequence_type, lengths_of
 
-from batchtool.ops.bucket_options import OUTPUT_COLUMNS, RENAMABLE, BucketOptions
+from batchtool.ops import names as own
+from batchtool.ops.bucket_options import OUTPUT_COLUMNS, BucketOptions
 
-"""Output columns --output-column may name otherwise (`batch` marks the batches for load and check)."""
 _MIN_FLUSH_BYTES, _MAX_FLUSH_BYTES = 64 << 10, 4 << 20
 _SPILL_ROW_BYTES = 12
 """Per spilled row on top of the data: the uint64 example id and the int32 length."""
@@ -158,19 +158,10 @@ def resolve_columns(options: BucketOptions, schema: pa.Schema) -> BucketColumns:
     out = options.output_names
     replaced = tuple(out[c] for c, role in (("length", length), ("bucket", options.bucket_column))
                      if role == out[c] and role not in sequences)
-    roles = [c for c in OUTPUT_COLUMNS if c != "mask" or options.mask]
-    reused = tuple(c for c in ("length", "bucket") if out[c] in names and out[c] not in replaced
-                   and pa.types.is_integer(schema.field(out[c]).type) and out[c] not in sequences
-                   and out[c] not in (options.keep, options.balance))
-    clash = [c for c in roles if out[c] in names and out[c] not in replaced and c not in reused]
-    if clash:
-        c = clash[0]
-        clash = f"column {out[c]!r} is also an output column of bucket"
-        if c in RENAMABLE:
-            raise ColumnError("output_column", f"{clash}; name bucket's column otherwise with {{output_column}} "
-                              f"{c}=NEW_NAME (or rename yours, e.g. convert --columns)")
-        raise SchemaError(f"{clash}; rename yours first (e.g. convert --columns): batchtool.load and check find the "
-                          "batches by it")
+    reused = tuple(role for role, column in own.adopted(schema, out, ("length", "bucket")).items()
+                   if column not in replaced and column not in sequences and column not in (options.keep, options.balance))
+    written = [c for c in names if c not in replaced and c not in (out[r] for r in reused)]
+    own.refuse_clashes("bucket", {c: out[c] for c in OUTPUT_COLUMNS if c != "mask" or options.mask}, written)
     return BucketColumns(length, tuple(sequences), options.bucket_column, options.keep,
                          replaced + tuple(out[c] for c in reused), options.balance, out, reused)
 
