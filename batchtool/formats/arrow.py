@@ -175,7 +175,7 @@ class ArrowFormat(Format):
         return counts, _Batches(paths)
 
     def inspect_shard(self, path: str, schema: pa.Schema, output: dict,
-                      count_batches: bool) -> tuple[int, int, str | None]:
+                      batch_column: str | None) -> tuple[int, int, str | None]:
         """From the batch headers: every non-empty record batch is a batch."""
         rows = batch_rows(path)
         return sum(rows), sum(1 for r in rows if r), schema_problem(open_file(path).schema, schema)

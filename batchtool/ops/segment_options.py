@@ -123,7 +123,8 @@ class SegmentOptions:
         adopted = {role: column for role, column in own.adopted(schema, self.names, ADOPTED).items()
                    if column not in used}
         rest = tuple(name for name in schema.names if name not in used and name not in adopted.values())
-        own.refuse_clashes("segment", self.names, rest, steps=STEPS, also=", or name the columns to copy with {context}")
+        own.refuse_clashes("segment", self.names, rest, steps=STEPS,
+                           also=", or name the columns to copy with {context}")
         states = [name for name in rest if name in self.states]
         if states:
             raise OptionError("initial_state", f"input column {states[0]!r} would be copied as context but is also "
