@@ -73,6 +73,9 @@ STOPS = {
                                  "--num-buckets 1000000000: the bookkeeping of 1,000,000,000 buckets"),
     "bucket --length, a length of 1e12": (["bucket", "{outlier}", "{out}", "--length", "n", "--boundaries", "10",
                                            "--batch-size", "4"], "outlier/part-0.parquet, row 7, column 'n': length"),
+    "check --length, a length of 1e12": (["check", "{outlier}", "--length", "n", "--max-length", "5"],
+                                         "outlier/part-0.parquet, row 7, column 'n': length 1,000,000,000,000 (its "
+                                         "length histogram) takes about 36.4 TB at once, more than --memory 1.0 GB"),
     "stratify --replacement --size 1e30": (["stratify", PARQUET, "{out}", "--target", "uniform", "--replacement",
                                             "--size", str(10 ** 30)],
                                            f"--size {10 ** 30:,} with --replacement: each of the 41 examples of "

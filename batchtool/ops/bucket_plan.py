@@ -33,8 +33,6 @@ _SPILL_ROW_BYTES = 12
 """Per spilled row on top of the data: the uint64 example id and the int32 length."""
 BUCKET_BYTES = 1 << 10
 """Bookkeeping per bucket, empty or not: counters, its spill layout and batch stream."""
-HISTOGRAM_BYTES = 40
-"""Per length up to the longest: the length histogram and the arrays planning derives from it."""
 
 
 @dataclass(frozen=True)
@@ -188,7 +186,7 @@ def length_pass(options: BucketOptions, columns: BucketColumns, chunk: Chunk,
     """One chunk's length histogram (and bucket-column counts) of the kept rows; with --balance its class counts."""
     if columns.keep is not None:
         chunk = chunk.filter(keep_mask(chunk, columns.keep))
-    check_longest(chunk, columns.length, options.memory, locate)
+    budget.check_longest(chunk, columns.length, options.memory, locate)
     joint = None
     if columns.label is not None:
         joint = joint_counts(chunk, columns, options.known_classes, options.memory, locate)
@@ -224,17 +222,6 @@ def _add_counts(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     out[: a.shape[0], : a.shape[1]] += a
     out[: b.shape[0], : b.shape[1]] += b
     return out
-
-
-def check_longest(chunk: Chunk, length: str, memory: int, locate: Callable[[int], str]) -> None:
-    """A length (an integer column's value) sizes the length histogram: stop on one too long for the budget,
-    naming its row, before the histogram is allocated."""
-    lengths = lengths_of(chunk.data, length)
-    if len(lengths):
-        i = int(np.argmax(lengths))
-        budget.check("memory", f"length {lengths[i]:,} (its length histogram)", (int(lengths[i]) + 1) * HISTOGRAM_BYTES,
-                     memory, "check the column, or give a larger {memory}",
-                     where=f"{locate(chunk.ids[i])}, column {length!r}: ", error=OptionInputError)
 
 
 # -- the plan ---------------------------------------------------------------------------------------------------
