@@ -30,15 +30,16 @@ class Integers(Value):
 
     def parse(self, field: str, value: Any) -> tuple[int, ...]:
         if isinstance(value, int) and not isinstance(value, bool):
-            return (value,)
+            return (Integer().parse(field, value),)
         if isinstance(value, list) and all(_is_scalar(v) for v in value):
             value = ",".join(str(v) for v in value)
         if not isinstance(value, str):
             raise OptionError(field, f"expected comma-separated integers, got {shown(value)}")
         try:
-            return tuple(int(part) for part in value.split(",") if part.strip())
+            parts = [int(part) for part in value.split(",") if part.strip()]
         except ValueError:
             raise OptionError(field, "expected comma-separated integers, e.g. 64,128,256", value=repr(value)) from None
+        return tuple(Integer().parse(field, part) for part in parts)
 
 
 def _is_scalar(value: Any) -> bool:
