@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batchtool.dataset import Chunk
-from batchtool.errors import NamesOptions, OptionError, OptionInputError
+from batchtool.errors import NamesOptions, OptionError, OptionInputError, SchemaError
 from batchtool.inspection import human_bytes
 from batchtool.stats import lengths_of
 
@@ -56,15 +56,19 @@ def check_rows(field: str, value: int, rows: int | None, bytes_per_row: float, m
           f"give a smaller {{{field}}} or a larger {{memory}}", value=value)
 
 
-def check_longest(chunk: Chunk, column: str, memory: int, locate: Callable[[int], str]) -> None:
-    """A length (an integer column's value) sizes a length histogram (bucket's first pass, check's length rules):
-    stop on one too long for the budget, naming its row, before the histogram is allocated."""
+def check_lengths(chunk: Chunk, column: str, memory: int, locate: Callable[[int], str]) -> None:
+    """Lengths (an integer column's values, or a list column's steps) size a length histogram (bucket's first pass,
+    check's length rules): before it is allocated, a negative one, or one too long for the budget, is an error
+    naming its file, row and column."""
     lengths = lengths_of(chunk.data, column)
-    if len(lengths):
-        i = int(np.argmax(lengths))
-        check("memory", f"length {lengths[i]:,} (its length histogram)", (int(lengths[i]) + 1) * HISTOGRAM_BYTES,
-              memory, "check the column, or give a larger {memory}",
-              where=f"{locate(int(chunk.ids[i]))}, column {column!r}: ", error=OptionInputError)
+    if not len(lengths):
+        return
+    low, high = int(np.argmin(lengths)), int(np.argmax(lengths))
+    if lengths[low] < 0:
+        raise SchemaError(f"{locate(int(chunk.ids[low]))}, column {column!r}: negative length {lengths[low]}")
+    check("memory", f"length {lengths[high]:,} (its length histogram)", (int(lengths[high]) + 1) * HISTOGRAM_BYTES,
+          memory, "check the column, or give a larger {memory}",
+          where=f"{locate(int(chunk.ids[high]))}, column {column!r}: ", error=OptionInputError)
 
 
 def row_bytes(sample: pa.RecordBatch | None, sequences: tuple[str, ...] | list[str]) -> tuple[float, float]:

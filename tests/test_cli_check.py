@@ -10,7 +10,9 @@ import sys
 import xml.etree.ElementTree as ET
 
 import click
+import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
@@ -233,3 +235,19 @@ def test_reports_never_overwrite_what_check_reads(tmp_path, run_cli, target, glo
     assert after == before
     assert sorted(os.listdir(src)) == ["part-00000.parquet", "part-00001.parquet"]
     assert not os.path.exists(tmp_path / "r.out")
+
+
+@pytest.mark.parametrize("args", [("check", "--length", "n", "--max-length", "4"),
+                                  ("bucket", "DST", "--length", "n", "--boundaries", "5", "--batch-size", "2")])
+def test_a_negative_length_names_its_file_row_and_column(tmp_path, run_cli, args):
+    """A length column's values size the length histogram: a negative one is refused where it is, not as a bare
+    `column 'n' has a negative length`."""
+    n = np.arange(20)
+    n[7] = -3
+    src = tmp_path / "src"
+    src.mkdir()
+    pq.write_table(pa.table({"n": n, "tokens": pa.array([[1, 2, 3]] * 20)}), src / "part-0.parquet")
+    result = run_cli(args[0], src, *[tmp_path / "dst" if a == "DST" else a for a in args[1:]])
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {src}/part-0.parquet, row 7, column 'n': negative length -3\n"
+    assert sorted(os.listdir(tmp_path)) == ["src"]
