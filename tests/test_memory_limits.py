@@ -76,10 +76,10 @@ STOPS = {
     "check --length, a length of 1e12": (["check", "{outlier}", "--length", "n", "--max-length", "5"],
                                          "outlier/part-0.parquet, row 7, column 'n': length 1,000,000,000,000 (its "
                                          "length histogram) takes about 36.4 TB at once, more than --memory 1.0 GB"),
-    "stratify --replacement --size 1e30": (["stratify", PARQUET, "{out}", "--target", "uniform", "--replacement",
-                                            "--size", str(10 ** 30)],
-                                           f"--size {10 ** 30:,} with --replacement: each of the 41 examples of "
-                                           "class 3 would be written about 6.098e+27 times"),
+    "stratify --replacement --size 1e18": (["stratify", PARQUET, "{out}", "--target", "uniform", "--replacement",
+                                            "--size", str(10 ** 18)],
+                                           f"--size {10 ** 18:,} with --replacement: each of the 41 examples of "
+                                           "class 3 would be written about 6.098e+15 times"),
     "stratify --num-classes 1e9": (["stratify", PARQUET, "{out}", "--target", "uniform", "--num-classes",
                                     "1000000000"], "--num-classes: 1,000,000,000 classes; at most 65,536"),
     "stratify --batch-size 1e9": (["stratify", PARQUET, "{out}", "--target", "uniform", "--mode", "bernoulli",
