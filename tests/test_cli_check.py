@@ -128,6 +128,9 @@ def test_tfrecord_crc(tmp_path, run_cli):
     (("check", PARQUET, "--checksums"), "not a batchtool output directory"),
     (("check", PARQUET, "--rules", "/nonexistent/rules.toml"), "cannot read the rules file"),
     (("check", PARQUET, "--min-rows", "1", "--json", "/nonexistent/dir/out.json"), "--json /nonexistent/dir"),
+    (("check", PARQUET, "--unique", "label", "--max-offenders", "1000000000"),
+     "--max-offenders 1000000000: listing up to 1,000,000,000 offending rows for each of 1 rule takes about 476.8 GB "
+     "at once, more than --memory 1.0 GB allows (128.0 MB); give a smaller --max-offenders or a larger --memory"),
 ])
 def test_usage_and_input_errors_exit_2_with_one_line(run_cli, args, message):
     result = run_cli(*args)
