@@ -273,3 +273,21 @@ def test_budget_errors_name_their_options_in_each_front_ends_words():
                      where="f.parquet, row 3: ", error=OptionInputError)
     assert row.value.rendered("toml") == ("f.parquet, row 3: length 9 takes about 1.0 TB at once, more than memory "
                                           "1.0 GB allows (128.0 MB); check the column, or give a larger memory")
+
+
+def test_balance_refuses_more_bucket_and_class_groups_than_the_budget_holds(tmp_path, run_cli):
+    """--balance keeps a spill group, counts and quotas per (bucket, class): 501 buckets x 2,000 classes is refused
+    under the default --memory before any of it is allocated (it took 180 MB more than one class)."""
+    lengths = np.arange(2000) % 499 + 1
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    table = pa.table({"label": np.arange(2000), "tokens": pa.ListArray.from_arrays(
+        pa.array(offsets), pa.array(np.ones(offsets[-1], np.int32)))})
+    os.makedirs(tmp_path / "src")
+    pq.write_table(table, tmp_path / "src" / "part-0.parquet")
+    boundaries = ",".join(map(str, range(1, 501)))
+    result = run_cli("bucket", tmp_path / "src", tmp_path / "dst", "--boundaries", boundaries, "--batch-size", "4",
+                     "--balance", "label")
+    assert result.exit_code == 2 and result.stderr == (
+        "error: --balance label: balancing 2,000 classes in each of 501 buckets takes about 183.5 MB at once, more "
+        "than --memory 1.0 GB allows (128.0 MB); give fewer buckets (or classes), or a larger --memory\n")
+    assert sorted(os.listdir(tmp_path)) == ["src"]
