@@ -280,3 +280,11 @@ def test_an_integer_beyond_64_bits_is_one_line_on_the_command_line_and_in_a_pipe
     for extra in ([], ["--dry-run"]):
         one_error_line(run_cli("run", pipeline, *extra), f"key '{key}' = 9999999999999999999: must fit in 64 bits")
     assert sorted(os.listdir(tmp_path)) == ["p.toml", "src"]
+
+
+@pytest.mark.parametrize("command, args", [("shuffle", ["DST", "--memory", "1e400GB"]),
+                                           ("check", ["--unique", "key", "--memory", "1e400GB"])])
+def test_a_size_too_large_for_a_number_is_one_line(tmp_path, parquet_src, run_cli, command, args):
+    result = run_cli(command, parquet_src, *[tmp_path / "dst" if a == "DST" else a for a in args])
+    one_error_line(result, "'1e400GB' is not a size")
+    assert sorted(os.listdir(tmp_path)) == ["src"]
