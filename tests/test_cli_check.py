@@ -254,3 +254,15 @@ def test_a_negative_length_names_its_file_row_and_column(tmp_path, run_cli, args
     assert result.exit_code == 2
     assert result.stderr == f"error: {src}/part-0.parquet, row 7, column 'n': negative length -3\n"
     assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
+@pytest.mark.parametrize("args", [("--num-classes", "4"), ("--baseline", "SRC")])
+def test_a_label_column_of_more_values_than_classes_is_refused_not_counted_whole(tmp_path, run_cli, args):
+    """Label counts are per class: a column of 100,000 distinct values (an id, say) would grow them with the data."""
+    src = tmp_path / "src"
+    src.mkdir()
+    pq.write_table(pa.table({"label": np.arange(100_000)}), src / "part-0.parquet", row_group_size=10_000)
+    result = run_cli("check", src, *[src if a == "SRC" else a for a in args])
+    assert result.exit_code == 2 and result.stderr == (
+        f"error: {src}: column 'label' holds more than 65,536 distinct labels; the label rules count rows per class "
+        "(check the label column)\n")

@@ -28,6 +28,8 @@ from batchtool.check.rules import (ClassProportions, DriftLengths, DriftNulls, D
                                    MinClassRows, NoDuplicateRows, NoNan, NoNulls, Rule, SameLength, Unique)
 from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
 from batchtool.job import RunSettings
+from batchtool.errors import SchemaError
+from batchtool.ops.labels import MAX_CLASSES
 from batchtool.runner import ordered_map
 from batchtool.stats import DatasetStats, chunk_stats, is_sequence_type, lengths_of
 
@@ -180,8 +182,11 @@ def measure(dataset: Dataset, plan: Plan, run: RunSettings, needs_rows: bool, tm
         with progress.bar("check: scan", dataset.progress_rows, quiet=run.quiet) as bar:
             for scan in ordered_map(lambda task: scan_chunk(task(), plan, dataset.locate),
                                     dataset.tasks(plan.columns, report), run.threads):
-                for total, part in zip(stats, scan.stats):
+                for (label, _), total, part in zip(plan.pairs, stats, scan.stats):
                     total.merge(part)
+                    if len(total.label_counts) > MAX_CLASSES:
+                        raise SchemaError(f"{dataset.src}: column {label!r} holds more than {MAX_CLASSES:,} distinct "
+                                          "labels; the label rules count rows per class (check the label column)")
                 for name, part in scan.offenses.items():
                     offenses.setdefault(name, Offenses()).merge(part, plan.limit)
                 for index, hashes in zip(indexes, scan.hashes):
