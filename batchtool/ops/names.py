@@ -128,9 +128,10 @@ def producer(manifest: Mapping[str, Any] | None) -> tuple[str | None, Mapping[st
         return None, {}, "options"
     options = manifest.get("options") or {}
     if manifest.get("command") == "run":
-        stages = options.get("stages") or [{}]
-        last = stages[-1] if isinstance(stages, list) and isinstance(stages[-1], Mapping) else {}
-        return last.get("op"), last, f"options.stages[{len(stages) - 1}]"
+        stages = options.get("stages")
+        if not isinstance(stages, list) or not stages or not isinstance(stages[-1], Mapping):
+            return None, {}, "options.stages"
+        return stages[-1].get("op"), stages[-1], f"options.stages[{len(stages) - 1}]"
     return manifest.get("command"), options, "options"
 
 
@@ -138,7 +139,7 @@ def written_names(manifest: Mapping[str, Any] | None, path: str) -> dict[str, st
     """{own column: its name} of a batchtool output's writer (bucket's `length`, segment's `sequence`, ...): the
     defaults, with the renames its manifest (file `path`) records; {} for another writer or no manifest. A malformed
     record is an InputError naming the file and the key."""
-    from batchtool.ops import OPERATIONS
+    from batchtool.ops import OPERATIONS  # here: the ops' own modules import this one while the registry is built
 
     op, options, at = producer(manifest)
     operation = OPERATIONS.get(op) if isinstance(op, str) else None
@@ -150,9 +151,9 @@ def written_names(manifest: Mapping[str, Any] | None, path: str) -> dict[str, st
     given = options.get(key)
     if given is None or given == []:
         return named(kind.roles, ())
-    if not pipeline and isinstance(given, list):  # bucket's [[OUT, NAME], ...]
-        given = {pair[0]: pair[1] for pair in given if isinstance(pair, list) and len(pair) == 2} \
-            if all(isinstance(pair, list) and len(pair) == 2 for pair in given) else given
+    if not pipeline and isinstance(given, list) and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str)
+                                                        for p in given):
+        given = dict(map(tuple, given))  # bucket's [[OUT, NAME], ...]
     try:
         return named(kind.roles, kind.parse(FIELD, given))
     except OptionError as exc:
@@ -160,5 +161,4 @@ def written_names(manifest: Mapping[str, Any] | None, path: str) -> dict[str, st
 
 
 __all__ = ["FIELD", "RECORDED", "OutputColumns", "adopted", "check_adopted", "check_names", "clash", "named",
-           "output_column",
-           "producer", "recorded", "refuse_clashes", "written_names"]
+           "output_column", "producer", "recorded", "refuse_clashes", "written_names"]
