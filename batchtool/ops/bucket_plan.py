@@ -160,7 +160,8 @@ def resolve_columns(options: BucketOptions, schema: pa.Schema) -> BucketColumns:
     replaced = tuple(out[c] for c, role in (("length", length), ("bucket", options.bucket_column))
                      if role == out[c] and role not in sequences)
     busy = {*replaced, *sequences, options.keep, options.balance}
-    reused = tuple(role for role, column in own.adopted(schema, out, ("length", "bucket")).items() if column not in busy)
+    reused = tuple(role for role, column in own.adopted(schema, out, ("length", "bucket")).items()
+                   if column not in busy)
     written = [c for c in names if c not in replaced and c not in (out[r] for r in reused)]
     own.refuse_clashes("bucket", {c: out[c] for c in OUTPUT_COLUMNS if c != "mask" or options.mask}, written)
     return BucketColumns(length, tuple(sequences), options.bucket_column, options.keep,
