@@ -114,9 +114,9 @@ class SegmentOptions:
         return own.named(OUTPUT_COLUMNS, self.output_column)
 
     def with_context(self, schema: pa.Schema) -> SegmentOptions:
-        """Without --context, every input column not used otherwise (key, sequences, --input-length,
-        --initial-state sources) or adopted is context, so no column is dropped unasked; one that would clash
-        with an output column is refused by name."""
+        """Without --context, every input column neither used otherwise (key, sequences, --input-length,
+        --initial-state sources) nor adopted (`adopted`) is context, so no column is dropped unasked; one that
+        would clash with an output column is refused by name."""
         if self.context is not None:
             return self
         used = {self.key, *self.sequence, *self.states.values(), self.input_length}
