@@ -182,5 +182,4 @@ def feature_lists(schema: pa.Schema, columns: PackColumns) -> tuple[str, ...]:
 
 
 __all__ = ["ADOPTED", "MAX_LENGTH_LIMIT", "MAX_PADDED_STEPS", "OUTPUT_COLUMNS", "PER_ROW", "PER_STEP", "SOURCE_OFFSET",
-           "PackColumns",
-           "PackOptions", "feature_lists", "output_schema", "resolve_columns"]
+           "PackColumns", "PackOptions", "feature_lists", "output_schema", "resolve_columns"]

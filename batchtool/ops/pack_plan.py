@@ -238,5 +238,4 @@ def planned(plan: PackPlan, layout: BatchLayout) -> dict[str, Any]:
 
 
 __all__ = ["BatchLayout", "LengthCounts", "PACKED_STEP_BYTES", "PackPlan", "ROW_STAGE", "SpillLayout", "batch_layout",
-           "check_batches", "check_long",
-           "count_lengths", "make_plan", "planned", "row_blocks", "spill_layout"]
+           "check_batches", "check_long", "count_lengths", "make_plan", "planned", "row_blocks", "spill_layout"]
