@@ -35,6 +35,11 @@ def parse_pad_values(specs: Sequence[str], schema: pa.Schema) -> dict[str, Any]:
                 values[name] = text
         except ValueError:
             raise OptionError("pad_value", f"{text!r} is not a {element} value", value=repr(spec)) from None
+        if pa.types.is_integer(element):
+            try:
+                pa.scalar(values[name], element)
+            except (OverflowError, pa.ArrowInvalid):
+                raise OptionError("pad_value", f"{text!r} is out of the range of {element}", value=repr(spec)) from None
     return values
 
 

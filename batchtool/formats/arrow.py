@@ -256,7 +256,7 @@ class ArrowFormat(Format):
         return np.array([e.batches for e in listed], dtype=np.int64), _Batches(paths, dataset.schema, listed)
 
     def inspect_shard(self, path: str, schema: pa.Schema, output: dict,
-                      count_batches: bool) -> tuple[int, int, str | None]:
+                      batch_column: str | None) -> tuple[int, int, str | None]:
         """From the batch headers: every non-empty record batch is a batch; where the output's batches carry
         CRC32Cs, every batch is read whole and verified."""
         files = output.get("files") or []

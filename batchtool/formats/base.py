@@ -96,9 +96,9 @@ class Batches(ABC):
         """The task (any thread may run it) reading file f's batches `local`: `columns`, as `schema`; `verify`:
         also each batch's checksum where the format only checks it when asked (Arrow IPC's CRC32C)."""
 
-    def buckets(self, f: int, local: np.ndarray) -> np.ndarray:
-        """The `bucket` of each batch from the files' metadata, -1 where they give no single value (everywhere
-        unless records_buckets)."""
+    def buckets(self, f: int, local: np.ndarray, column: str = "bucket") -> np.ndarray:
+        """The bucket of each batch (in `column`, bucket's `bucket`) from the files' metadata, -1 where they give
+        no single value (everywhere unless records_buckets)."""
         return np.full(len(local), -1, dtype=np.int64)
 
     def unshuffled(self) -> str | None:
@@ -201,9 +201,11 @@ class Format(ABC):
 
     @abstractmethod
     def inspect_shard(self, path: str, schema: pa.Schema, output: dict,
-                      count_batches: bool) -> tuple[int, int | None, str | None]:
+                      batch_column: str | None) -> tuple[int, int | None, str | None]:
         """What `check DST` verifies of one file against the manifest (`schema`, its `output` section): (rows,
-        batches or None when the file marks none, how its schema differs or None), reading only what that takes."""
+        batches or None when the file marks none, how its schema differs or None), reading only what that takes;
+        `batch_column` names the column whose runs mark the batches where they must be decoded to be counted
+        (TFRecord; None: do not count them)."""
 
     @abstractmethod
     def tasks(self, dataset: Dataset, columns: list[str] | None,

@@ -181,13 +181,13 @@ class _Batches(Batches):
         meta = self.footer(f, {})
         return np.array([meta.row_group(int(g)).num_rows for g in self.groups(f, local)], dtype=np.int64)
 
-    def buckets(self, f: int, local: np.ndarray) -> np.ndarray:
-        """From the footer statistics of the `bucket` column."""
+    def buckets(self, f: int, local: np.ndarray, column: str = "bucket") -> np.ndarray:
+        """From the footer statistics of the bucket column."""
         meta = self.footer(f, {})
-        column = meta.schema.names.index("bucket")
+        index = meta.schema.names.index(column)
         out = np.full(len(local), -1, dtype=np.int64)
         for i, g in enumerate(self.groups(f, local)):
-            stats = meta.row_group(int(g)).column(column).statistics
+            stats = meta.row_group(int(g)).column(index).statistics
             if stats is not None and stats.has_min_max and stats.min == stats.max:
                 out[i] = stats.min
         return out
@@ -256,7 +256,7 @@ class ParquetFormat(Format):
         return counts, _Batches(paths, counts, tuple(groups))
 
     def inspect_shard(self, path: str, schema: pa.Schema, output: dict,
-                      count_batches: bool) -> tuple[int, int, str | None]:
+                      batch_column: str | None) -> tuple[int, int, str | None]:
         """From the footer: every non-empty row group is a batch."""
         pf = open_file(path)
         meta = pf.metadata

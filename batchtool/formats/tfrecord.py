@@ -1054,14 +1054,14 @@ class TFRecordFormat(Format):
                                 output.get("compression") == "gzip")
 
     def inspect_shard(self, path: str, schema: pa.Schema, output: dict,
-                      count_batches: bool) -> tuple[int, int | None, str | None]:
+                      batch_column: str | None) -> tuple[int, int | None, str | None]:
         """Records counted, batches as runs of the batch column (decoding it); the first chunk must decode to
         `schema` and hold no feature it lacks (a TFRecord file records no schema of its own)."""
         from batchtool.formats import example as example_codec
 
         kind = output.get("tfrecord_kind") or "sequence_example"
-        batch_schema = (pa.schema([schema.field(BATCH_COLUMN)])
-                        if count_batches and BATCH_COLUMN in schema.names else None)
+        batch_schema = (pa.schema([schema.field(batch_column)])
+                        if batch_column is not None and batch_column in schema.names else None)
         rows = batches = 0
         previous = None
         problem = None

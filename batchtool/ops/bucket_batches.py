@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.errors import OptionInputError, OptionSchemaError, SchemaError
+from batchtool.ops import names as own
 from batchtool.ops.base import Runtime
 from batchtool.ops.boundaries import assign_buckets
 from batchtool.ops.bucket_plan import Balance, BatchBudget, BucketColumns, BucketPlan, make_balance
@@ -74,26 +75,11 @@ def assign(chunk: Chunk, plan: BucketPlan, locate: Callable[[int], str]) -> Assi
         classes = label_codes(chunk, cols.label, plan.balance.num_classes, locate)
     data = chunk.data.drop_columns(list(cols.replaced)) if cols.replaced else chunk.data
     names = cols.names
-    if "length" in cols.reused:
-        _check_reused(chunk, names["length"], lengths, "its length", locate)
-    if "bucket" in cols.reused:
-        _check_reused(chunk, names["bucket"], buckets, "its bucket", locate)
+    for role, computed in (("length", lengths), ("bucket", buckets)):
+        if role in cols.reused:
+            own.check_adopted(chunk, names[role], computed, locate, "bucket", role, f"its {role} is {{}}")
     data = data.append_column(names["length"], pa.array(lengths.astype(np.int32)))
     return Assigned(Chunk(data, chunk.ids), buckets, rows_in, rows_in - kept, int(oversize.sum()), classes)
-
-
-def _check_reused(chunk: Chunk, column: str, computed: np.ndarray, what: str, locate: Callable[[int], str]) -> None:
-    """An input column named like an output column is written once only if it holds what bucket computes."""
-    given = pc.fill_null(chunk.data.column(column), -1).to_numpy(zero_copy_only=False)
-    bad = np.flatnonzero(given != computed)
-    if len(bad):
-        i = int(bad[0])
-        value = chunk.data.column(column)[i].as_py()
-        role = "length" if what == "its length" else "bucket"
-        raise OptionSchemaError("output_column", f"{value} but {what} is {computed[i]}; bucket writes its own "
-                                f"{column!r} column: name it otherwise with {{output_column}} {role}=NEW_NAME (or "
-                                "rename yours, e.g. convert --columns)",
-                                where=f"{locate(chunk.ids[i])}, column {column!r}: ")
 
 
 def measure(chunk: Chunk, plan: BucketPlan, locate: Callable[[int], str]) -> np.ndarray:

@@ -20,8 +20,8 @@ from batchtool.ops.base import Regrouped, Runtime, Tally
 from batchtool.ops.bucket_batches import take_sizes
 from batchtool.ops.bucket_plan import flush_bytes, row_bytes
 from batchtool.ops.pack_options import SOURCE_OFFSET, feature_lists
-from batchtool.ops.pack_plan import (ROW_STAGE, BatchLayout, PackPlan, SpillLayout, batch_layout, check_long, planned,
-                                     spill_layout)
+from batchtool.ops.pack_plan import (ROW_STAGE, BatchLayout, PackPlan, SpillLayout, batch_layout, check_batches,
+                                     check_long, planned, spill_layout)
 from batchtool.padding import pad_list_column, row_lengths, sequence_lengths
 from batchtool.spill import Spill
 
@@ -59,6 +59,8 @@ def prepare(chunk: Chunk, plan: PackPlan, locate: Callable[[int], str]) -> Prepa
             raise
         raise OptionSchemaError("sequence", f"{exc}; pass {{sequence}} to choose the columns to pack") from exc
     check_long(lengths, chunk, cols.length, o, locate)
+    if cols.dropped:
+        chunk = Chunk(chunk.data.drop_columns(list(cols.dropped)), chunk.ids)
     rows_in, dropped = chunk.num_rows, 0
     long = lengths > o.max_length
     if o.long == "drop" and long.any():
@@ -79,7 +81,7 @@ def prepare(chunk: Chunk, plan: PackPlan, locate: Callable[[int], str]) -> Prepa
     names = list(chunk.data.schema.names)
     if o.long == "split":
         arrays.append(pa.array(offsets.astype(np.int32)))
-        names.append(SOURCE_OFFSET)
+        names.append(cols.names[SOURCE_OFFSET])
     items = Chunk(pa.RecordBatch.from_arrays(arrays, names=names), chunk.ids[source])
     return Prepared(items, pieces.astype(np.int64), rows_in, dropped, int(long.sum()) if o.long == "split" else 0)
 
@@ -117,9 +119,9 @@ def spill_schema(schema: pa.Schema, plan: PackPlan) -> pa.Schema:
     """What is spilled per item: the input columns (sequences as plain lists), the piece's offset with
     --split-long, its output position and its order within the row."""
     fields = [pa.field(f.name, pa.list_(f.type.value_field)) if f.name in plan.columns.sequences else f
-              for f in schema]
+              for f in schema if f.name not in plan.columns.dropped]
     if plan.options.long == "split":
-        fields.append(pa.field(SOURCE_OFFSET, pa.int32()))
+        fields.append(pa.field(plan.columns.names[SOURCE_OFFSET], pa.int32()))
     fields += [pa.field(_POS, pa.int64()), pa.field(_ORDER, pa.uint64())]
     return pa.schema(fields)
 
@@ -169,10 +171,11 @@ class BatchItem:
 
 
 def assemble(items: pa.RecordBatch, rows: np.ndarray, batch: int, pad_length: int, schema: pa.Schema,
-             sequences: Sequence[str], pad_values: Mapping[str, Any]) -> pa.RecordBatch:
+             sequences: Sequence[str], pad_values: Mapping[str, Any], names: Mapping[str, str]) -> pa.RecordBatch:
     """Packed rows of `schema` from items in row order (`rows`: each item's row, non-decreasing): the
     sequence columns concatenated and padded to `pad_length`, segment_ids and positions per step,
-    cu_seqlens, num_examples and length per row, every other column as a list per row."""
+    cu_seqlens, num_examples and length per row (each own column under its name in `names`), every other
+    column as a list per row."""
     lengths = row_lengths(items.column(sequences[0]))
     n = len(lengths)
     starts = np.flatnonzero(np.concatenate([[True], rows[1:] != rows[:-1]])) if n else np.zeros(0, np.int64)
@@ -194,7 +197,7 @@ def assemble(items: pa.RecordBatch, rows: np.ndarray, batch: int, pad_length: in
 
     cu = np.zeros(n + count, dtype=np.int32)
     cu[np.arange(n) + row + 1] = offset + lengths
-    computed = {
+    computed = {names[role]: make for role, make in {
         "segment_ids": lambda: per_step((np.arange(n) - starts[row] + 1)[step_item]),
         "positions": lambda: per_step(step),
         "cu_seqlens": lambda: pa.ListArray.from_arrays(
@@ -202,7 +205,7 @@ def assemble(items: pa.RecordBatch, rows: np.ndarray, batch: int, pad_length: in
         "num_examples": lambda: pa.array(per_row.astype(np.int32)),
         "length": lambda: pa.array(row_steps.astype(np.int32)),
         "batch": lambda: pa.array(np.full(count, batch, dtype=np.int64)),
-    }
+    }.items()}
     example_bounds = pa.array(np.concatenate([starts, [n]]).astype(np.int32))
     row_bounds = pa.array(np.concatenate([[0], np.cumsum(row_steps)]).astype(np.int32))
     arrays = []
@@ -229,14 +232,14 @@ def consumed(items: Chunk, plan: PackPlan) -> int:
     """Input examples a batch finishes: every item, or with --split-long only first pieces."""
     if plan.options.long != "split":
         return items.num_rows
-    return int((items.data.column(SOURCE_OFFSET).to_numpy() == 0).sum())
+    return int((items.data.column(plan.columns.names[SOURCE_OFFSET]).to_numpy() == 0).sum())
 
 
 def build(plan: PackPlan, item: BatchItem) -> tuple[list[pa.RecordBatch], int]:
     """One batch's packed rows, and the input examples it completes (the writer's work, on a worker)."""
     data = item.items.data
     return ([assemble(data, data.column(_POS).to_numpy(), item.index, item.pad_length, plan.schema,
-                      plan.columns.sequences, plan.pad_values)], consumed(item.items, plan))
+                      plan.columns.sequences, plan.pad_values, plan.columns.names)], consumed(item.items, plan))
 
 
 # --- the whole regrouping ----------------------------------------------------------------------------------
@@ -251,11 +254,13 @@ def pack_stats(plan: PackPlan, layout: BatchLayout, tally: Tally) -> dict[str, A
 
 @contextmanager
 def regrouped(plan: PackPlan, data: Dataset, report: ReadReport, runtime: Runtime) -> Iterator[Regrouped]:
-    """Scatter `data` to the spill (sized on its first chunk's bytes), then give the planned batches back in
-    output order; the spill lives until the context closes."""
+    """Scatter `data` to the spill (sized on its first chunk's bytes, as is the largest batch, checked against
+    --memory first), then give the planned batches back in output order; the spill lives until the context closes."""
     sample = next(iter(data.tasks()), None)
-    groups = spill_layout(plan, row_bytes(sample().data if sample else None, plan.columns))  # type: ignore[arg-type]
+    sizes = row_bytes(sample().data if sample else None, plan.columns)  # type: ignore[arg-type]
+    groups = spill_layout(plan, sizes)
     layout = batch_layout(plan)
+    check_batches(plan, layout, sizes)
     schema = spill_schema(data.schema, plan)
     o, lengths = plan.options, plan.lengths
     with Spill(schema, groups.parts, plan.seed, SPILL_STAGE, o.tmp_dir,
