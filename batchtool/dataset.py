@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,27 @@ from batchtool.errors import InputError, SchemaError, where
 from batchtool.formats import tfrecord as tfrecord_format
 from batchtool.manifest import read_manifest
 from batchtool.runner import ordered_map
+
+
+_memory: int | None = None
+
+
+def reading_memory() -> int | None:
+    """The --memory of the command running (None: a command without one), which decompressed input obeys."""
+    return _memory
+
+
+@contextmanager
+def memory_limit(memory: int) -> Iterator[None]:
+    """Make `memory` the budget every dataset opened in the block decompresses its input under (see
+    formats.base.check_inflated): the CLI sets it from --memory around a command that has one, as it sets
+    --max-record-bytes (formats.tfrecord.record_limit)."""
+    global _memory
+    previous, _memory = _memory, memory
+    try:
+        yield
+    finally:
+        _memory = previous
 
 
 @dataclass(frozen=True)
@@ -108,6 +130,8 @@ class Dataset:
     skip_corrupt: bool = False
     manifest: dict | None = None
     max_record_bytes: int = field(default_factory=tfrecord_format.max_record_bytes)
+    memory: int | None = field(default_factory=reading_memory)
+    """The command's --memory, which bounds what one unit of input decompresses to (None: --max-record-bytes does)."""
 
     @property
     def progress_rows(self) -> int | None:
@@ -213,12 +237,14 @@ def detect_format(path: str, sniff: bool = False) -> str | None:
 
 def open_dataset(src: str, format: str | None = None, schema: pa.Schema | None = None,
                  tfrecord_kind: str = "auto", skip_corrupt: bool = False,
-                 max_record_bytes: int | None = None) -> Dataset:
+                 max_record_bytes: int | None = None, memory: int | None = None) -> Dataset:
     """Resolve SRC, check it is one readable format, and fix the schema every chunk will have.
 
     A TFRecord SRC without a batchtool manifest gets its schema from a pass over every record
-    (feature names and kinds only). max_record_bytes: the largest TFRecord record read
-    (default: tfrecord.max_record_bytes(), what --max-record-bytes sets).
+    (feature names and kinds only). max_record_bytes: the largest TFRecord record read, and what one record
+    batch of a compressed Arrow IPC file may decompress to when there is no `memory` (default:
+    tfrecord.max_record_bytes(), what --max-record-bytes sets); memory: the budget that decompressed input
+    obeys instead (default: the command's --memory, see memory_limit).
     """
     src = os.fspath(src)
     paths = resolve_paths(src)
@@ -237,14 +263,16 @@ def open_dataset(src: str, format: str | None = None, schema: pa.Schema | None =
         raise InputError(f"{src}: unknown format {format!r} (expected one of: {', '.join(formats.NAMES)})")
     shards = tuple(Shard(i, p, fs.file_size(p)) for i, p in enumerate(paths))
     manifest = read_manifest(src) if fs.is_dir(src) else None
-    reading = {"tfrecord_kind": tfrecord_kind, "skip_corrupt": skip_corrupt, "max_record_bytes": max_record_bytes}
+    reading = {"tfrecord_kind": tfrecord_kind, "skip_corrupt": skip_corrupt, "max_record_bytes": max_record_bytes,
+               "memory": reading_memory() if memory is None else memory}
     return formats.FORMATS[format].open_dataset(src, shards, schema, manifest, reading)
 
 
 def open_self_describing(src: str, format: formats.Format, shards: tuple[Shard, ...], schema: pa.Schema | None,
-                         manifest: dict | None, footer: Callable[[str], tuple[pa.Schema, int]]) -> Dataset:
+                         manifest: dict | None, footer: Callable[[str], tuple[pa.Schema, int]],
+                         reading: dict | None = None) -> Dataset:
     """A Dataset of shards that each record their schema and rows (Parquet, Arrow IPC; `footer` reads them):
-    every shard must have the first one's schema."""
+    every shard must have the first one's schema. `reading`: open_dataset's reader settings (the limits)."""
     rows = 0
     first_schema = None
     for shard in shards:
@@ -257,7 +285,8 @@ def open_self_describing(src: str, format: formats.Format, shards: tuple[Shard, 
         elif not _compatible(first_schema, file_schema):
             raise SchemaError(f"{shard.path}: schema differs from {shards[0].path}: "
                               f"{_schema_diff(first_schema, file_schema)}")
-    return Dataset(src, format.name, shards, schema or first_schema, num_rows=rows, manifest=manifest)
+    limits = {k: v for k, v in (reading or {}).items() if k in ("max_record_bytes", "memory") and v is not None}
+    return Dataset(src, format.name, shards, schema or first_schema, num_rows=rows, manifest=manifest, **limits)
 
 
 def _compatible(a: pa.Schema, b: pa.Schema) -> bool:

@@ -43,8 +43,16 @@ def inspect(src: str, *, label: str | None = None, length: str | None = None, fo
         length = length if length in dataset.schema.names else None
     length = length or stats_mod.default_length(dataset.schema)
     dataset.check_columns([c for c in (label, length) if c])
-    st = stats_mod.collect(dataset, label=label, length=length, threads=run.threads, report=report)
+    st = stats_mod.collect(dataset, label=label, length=length, threads=run.threads, report=report) \
+        if label or length else counted(dataset, report)
     return describe(dataset, st, label, length, report)
+
+
+def counted(dataset: Dataset, report: ReadReport) -> stats_mod.DatasetStats:
+    """Rows per shard as the format counts them without reading data (footers, IPC metadata; TFRecord: every
+    record framed and CRC-checked), when inspect has no column to read."""
+    rows = {shard.index: dataset.spec.count_rows(dataset, shard, report) for shard in dataset.shards}
+    return stats_mod.DatasetStats(rows=sum(rows.values()), shard_rows=rows)
 
 
 def producer(manifest: dict | None) -> tuple[str | None, dict[str, Any]]:

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool.errors import CorruptRecordError, InputError, where
+from batchtool.formats.base import rows_only
 from batchtool.formats.example.columns import INT64_MAX, INT64_MIN, Shape, check_kind, column_shape
 from batchtool.formats.example.messages import KIND_FIELD, ONEOF_KINDS, BadFeature, parse_feature, parse_records
 from batchtool.formats.example.ragged import SLICE, exclusive_cumsum, ragged_positions, segment_sums
@@ -314,4 +315,4 @@ def decode_records(payloads: Sequence[bytes], schema: pa.Schema, kind: str, *, p
         if kind == "sequence_example" else None
     arrays = [_decode_column(field, shape, contexts, feature_lists, _Where(path, first_record, field.name))
               for field, shape in zip(schema, shapes)]
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+    return pa.RecordBatch.from_arrays(arrays, schema=schema) if arrays else rows_only(len(payloads))
