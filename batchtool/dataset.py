@@ -206,7 +206,8 @@ def _conform(batch: pa.RecordBatch, schema: pa.Schema, path: str) -> pa.RecordBa
 
 
 def resolve_paths(src: str) -> list[str]:
-    """Files of SRC in a stable order: a file, a directory (recursively) or a glob; local or a URI."""
+    """Files of SRC in a stable order: a file, a directory (recursively, or as a format's own metadata lists
+    them: a Hugging Face save_to_disk directory) or a glob; local or a URI."""
     if fs.is_glob(src):
         paths = fs.glob_files(src)
         if not paths:
@@ -215,6 +216,9 @@ def resolve_paths(src: str) -> list[str]:
     if fs.is_file(src):
         return [src]
     if fs.is_dir(src):
+        listed = next((files for f in formats.FORMATS.values() if (files := f.directory_files(src)) is not None), None)
+        if listed is not None:
+            return listed
         found = [p for p in fs.walk_files(src) if detect_format(p)]  # the manifest is neither hidden nor data
         if not found:
             raise InputError(f"{src}: empty input: no Parquet, TFRecord or Arrow IPC files in this directory")

@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from batchtool import fs
 from batchtool.errors import InputError, where
-from batchtool.formats import ipc_meta
+from batchtool.formats import hf, ipc_meta
 from batchtool.formats.base import (Batches, EncodedBatch, Format, check_batch_memory, first_line, rows_only,
                                     schema_problem)
 
@@ -239,6 +239,10 @@ class ArrowFormat(Format):
     def detect(self, path: str, head: bytes | None = None) -> bool:
         """By name, or by the file format's magic or a stream's first message (its continuation marker)."""
         return super().detect(path, head) or (head is not None and head.startswith(ipc_meta.CONTINUATION))
+
+    def directory_files(self, src: str) -> list[str] | None:
+        """A Hugging Face `datasets` save_to_disk directory's stream files, in its state.json's order."""
+        return hf.split_files(src)
 
     def open_sink(self, file: BinaryIO, schema: pa.Schema, options: OutputOptions) -> _Sink:
         return _Sink(file, schema, options.codec)

@@ -182,6 +182,11 @@ class Format(ABC):
 
     # reading ---------------------------------------------------------------------------------------------
 
+    def directory_files(self, src: str) -> list[str] | None:
+        """The data files of directory `src` in their order, when it is a dataset this format's own metadata
+        describes (a Hugging Face save_to_disk directory); None otherwise, and SRC's files are found by name."""
+        return None
+
     @abstractmethod
     def open_dataset(self, src: str, shards: tuple[Shard, ...], schema: pa.Schema | None, manifest: dict | None,
                      reading: dict) -> Dataset:
