@@ -17,7 +17,8 @@ import pyarrow as pa
 from batchtool.errors import CorruptRecordError, InputError, where
 from batchtool.formats.base import rows_only
 from batchtool.formats.example.columns import INT64_MAX, INT64_MIN, Shape, check_kind, column_shape
-from batchtool.formats.example.messages import KIND_FIELD, ONEOF_KINDS, BadFeature, parse_feature, parse_records
+from batchtool.formats.example.messages import (KIND_FIELD, ONEOF_KINDS, BadFeature, check_records, check_steps,
+                                                parse_feature, parse_records)
 from batchtool.formats.example.ragged import SLICE, exclusive_cumsum, ragged_positions, segment_sums
 from batchtool.formats.wire import PAD, read_varints
 
@@ -140,11 +141,19 @@ def _decode_features(raws: list[bytes], kind: str) -> tuple[np.ndarray, pa.Array
 
 @dataclass(frozen=True)
 class _Where:
-    """Names the file, record and column of a problem found while decoding one column."""
+    """Names the file, record and column of a problem found while decoding one column (of `payloads`, records of
+    `kind`)."""
 
     path: str | None
     first_record: int
     column: str
+    payloads: Sequence[bytes]
+    kind: str
+
+    def steps(self, record: int, steps: Any) -> Any:
+        """A feature list of local record `record`, once protobuf is known to have set none of it aside."""
+        check_steps(steps, self.payloads[record], self.kind, self.path, self.first_record + record)
+        return steps
 
     def fail(self, record: int, message: str, error: type[InputError] = InputError) -> NoReturn:
         """Raise error for local record index `record`."""
@@ -182,7 +191,7 @@ def _gather(name: str, depth: int, contexts: Sequence[Mapping[str, bytes]],
         if steps is not None:
             if depth == 0:
                 loc.fail(i, "is a feature list, but the schema has a scalar column (a context feature)")
-            steps = steps.feature
+            steps = loc.steps(i, steps).feature
             raws.extend(steps)
             per_record.append(len(steps))
             stepwise.append(True)
@@ -310,9 +319,11 @@ def decode_records(payloads: Sequence[bytes], schema: pa.Schema, kind: str, *, p
     check_kind(kind)
     shapes = [column_shape(field, kind) for field in schema]
     parsed = parse_records(payloads, path, first_record)
+    check_records(parsed, payloads, kind, path, first_record)
     contexts = [message.context.feature for message in parsed]
     feature_lists = [message.feature_lists.feature_list for message in parsed] \
         if kind == "sequence_example" else None
-    arrays = [_decode_column(field, shape, contexts, feature_lists, _Where(path, first_record, field.name))
+    arrays = [_decode_column(field, shape, contexts, feature_lists,
+                             _Where(path, first_record, field.name, payloads, kind))
               for field, shape in zip(schema, shapes)]
     return pa.RecordBatch.from_arrays(arrays, schema=schema) if arrays else rows_only(len(payloads))
