@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from batchtool import formats, fs, rng
 from batchtool.errors import InputError, SchemaError, where
+from batchtool.formats import column_types
 from batchtool.formats import tfrecord as tfrecord_format
 from batchtool.manifest import read_manifest
 from batchtool.runner import ordered_map
@@ -182,6 +183,11 @@ class Dataset:
         reads only forward). So on a cluster only paths and offsets travel to the workers.
         """
         cols = self.check_columns(columns)
+        for f in self.projected_schema(cols):
+            why = column_types.unsupported(f.type)
+            if why is not None:
+                raise SchemaError(f"{self.src}: column {f.name!r} is {column_types.shown_type(f)}: {why}; leave it out "
+                                  "(convert --columns, select --columns)")
         yield from self.spec.tasks(self, cols, report or ReadReport())
 
     def chunks(self, columns: Sequence[str] | None = None, threads: int = 1,
@@ -191,16 +197,20 @@ class Dataset:
 
 
 def shard_chunk(batch: pa.RecordBatch, schema: pa.Schema, shard: Shard, first_row: int) -> Chunk:
-    """A batch read from a shard as a chunk of the dataset: in the dataset's schema, with its rows' ids."""
-    if not batch.schema.equals(schema):
+    """A batch read from a shard as a chunk of the dataset: in the dataset's schema (its field metadata included:
+    what marks an extension type's storage), with its rows' ids."""
+    if not batch.schema.equals(schema, check_metadata=True):
         batch = _conform(batch, schema, shard.path)
     return Chunk(batch, rng.example_ids(shard.index, first_row, batch.num_rows))
 
 
 def _conform(batch: pa.RecordBatch, schema: pa.Schema, path: str) -> pa.RecordBatch:
-    """Cast a shard whose schema differs only in representation (e.g. large_string) to the dataset's."""
+    """Cast a shard whose schema differs only in representation (e.g. large_string, an extension type's storage)
+    to the dataset's."""
+    if batch.schema.equals(schema):
+        return pa.RecordBatch.from_arrays(batch.columns, schema=schema)  # the metadata only
     try:
-        return batch.cast(schema)
+        return column_types.conform_read(batch, schema)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
         raise SchemaError(f"{where(path)}: schema differs from the first shard's ({exc})") from exc
 
@@ -269,7 +279,9 @@ def open_dataset(src: str, format: str | None = None, schema: pa.Schema | None =
     manifest = read_manifest(src) if fs.is_dir(src) else None
     reading = {"tfrecord_kind": tfrecord_kind, "skip_corrupt": skip_corrupt, "max_record_bytes": max_record_bytes,
                "memory": reading_memory() if memory is None else memory}
-    return formats.FORMATS[format].open_dataset(src, shards, schema, manifest, reading)
+    dataset = formats.FORMATS[format].open_dataset(src, shards, schema, manifest, reading)
+    unwrapped = column_types.reading_schema(dataset.schema)  # operations never see an extension type
+    return dataset if unwrapped is dataset.schema else replace(dataset, schema=unwrapped)
 
 
 def open_self_describing(src: str, format: formats.Format, shards: tuple[Shard, ...], schema: pa.Schema | None,

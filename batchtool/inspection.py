@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
 from batchtool.engines import with_engine
+from batchtool.formats import column_types
 from batchtool.job import RunSettings
 from batchtool.runner import ordered_map
 
@@ -98,7 +99,7 @@ def describe(dataset: Dataset, st: stats_mod.DatasetStats, label: str | None, le
         "tfrecord_kind": dataset.tfrecord_kind,
         "rows": st.rows,
         "bytes": dataset.total_bytes,
-        "schema": [{"name": f.name, "type": str(f.type)} for f in dataset.schema],
+        "schema": [{"name": f.name, "type": column_types.shown_type(f)} for f in dataset.schema],
         "shards": [{"path": s.path, "bytes": s.size, "rows": st.shard_rows.get(s.index, 0)}
                    for s in dataset.shards],
     }

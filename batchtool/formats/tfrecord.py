@@ -994,7 +994,7 @@ class TFRecordFormat(Format):
     def encode(self, batch: pa.RecordBatch, options: OutputOptions) -> EncodedBatch:
         from batchtool.formats import example as example_codec
 
-        stored = options.stored_schema(batch.schema)
+        stored = options.narrowed_schema(batch.schema)  # the values; an extension type's are its storage's
         if stored != batch.schema:
             batch = batch.cast(stored)
         # an op's feature lists matter to SequenceExample records only: tf.train.Example has none

@@ -141,8 +141,8 @@ def resolve_columns(options: PackOptions, schema: pa.Schema) -> PackColumns:
 def output_schema(schema: pa.Schema, columns: PackColumns, options: PackOptions) -> pa.Schema:
     """Input columns in their order (sequences packed, the others as per-example lists), then the
     packing columns."""
-    fields = [pa.field(f.name, pa.list_(f.type.value_field)) if f.name in columns.sequences
-              else pa.field(f.name, pa.list_(f.type)) for f in schema]
+    fields = [pa.field(f.name, pa.list_(f.type.value_field) if f.name in columns.sequences else pa.list_(f.type),
+                       metadata=f.metadata) for f in schema]
     if options.long == "split":
         fields.append(pa.field(SOURCE_OFFSET, pa.list_(pa.int32())))
     fields += [pa.field(name, pa.list_(pa.int32())) for name in (*PER_STEP, "cu_seqlens")]

@@ -50,7 +50,8 @@ def make_plan(schema: pa.Schema, options: SegmentOptions) -> SegmentPlan:
     assert options.context is not None, "make_plan takes options with their context resolved"
     fields = [pa.field(name, t) for name, t in METADATA]
     fields += [schema.field(name) for name in options.context]
-    fields += [pa.field(name, pa.list_(schema.field(name).type.value_field)) for name in options.sequence]
+    fields += [pa.field(name, pa.list_(schema.field(name).type.value_field), metadata=schema.field(name).metadata)
+               for name in options.sequence]
     fields += [schema.field(column).with_name(name) for name, column in options.states.items()]
     return SegmentPlan(options, pads, pa.schema(fields))
 

@@ -13,8 +13,10 @@ from typing import Any, NoReturn
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from batchtool.errors import CorruptRecordError, InputError, where
+from batchtool.formats import column_types
 from batchtool.formats.base import rows_only
 from batchtool.formats.example.columns import INT64_MAX, INT64_MIN, Shape, check_kind, column_shape
 from batchtool.formats.example.messages import (KIND_FIELD, ONEOF_KINDS, BadFeature, check_records, check_steps,
@@ -231,6 +233,12 @@ def _convert_leaf(values: pa.Array, target: pa.DataType, fail: Callable[[int, st
         return pa.array(ints.astype(target.to_pandas_dtype()), type=target)
     if pa.types.is_floating(target):
         return pa.array(values.to_numpy().astype(target.to_pandas_dtype()), type=target)
+    if pa.types.is_fixed_size_binary(target):
+        sizes = pc.binary_length(values).to_numpy(zero_copy_only=False)
+        bad = sizes != target.byte_width
+        if bad.any():
+            fail(_first(bad), f"value of {sizes[_first(bad)]} bytes; the schema type {target} holds "
+                              f"{target.byte_width}")
     try:
         return values.cast(target)
     except pa.ArrowInvalid:
@@ -311,12 +319,16 @@ def decode_records(payloads: Sequence[bytes], schema: pa.Schema, kind: str, *, p
     projection. A scalar column is a context feature with one value; a list
     column is a feature list with one value per step if the record has one,
     else a context feature's values; a list-of-lists column is a feature list.
-    Values are cast to the schema's types (integers only when they fit). A
+    Values are cast to the schema's types (integers only when they fit; an extension type's column is
+    decoded as its storage, then wrapped). A
     missing feature is null. Records that contradict the schema raise
     InputError, malformed ones CorruptRecordError, naming the file, the record
     (first_record + position) and the column.
     """
     check_kind(kind)
+    stored = column_types.reading_schema(schema)  # a record holds an extension type's storage (see encode_records)
+    if stored is not schema:
+        return column_types.conform_written(decode_records(payloads, stored, kind, path=path, first_record=first_record), schema)
     shapes = [column_shape(field, kind) for field in schema]
     parsed = parse_records(payloads, path, first_record)
     check_records(parsed, payloads, kind, path, first_record)
