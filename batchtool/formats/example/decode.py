@@ -319,8 +319,8 @@ def decode_records(payloads: Sequence[bytes], schema: pa.Schema, kind: str, *, p
     projection. A scalar column is a context feature with one value; a list
     column is a feature list with one value per step if the record has one,
     else a context feature's values; a list-of-lists column is a feature list.
-    Values are cast to the schema's types (integers only when they fit; an extension type's column is
-    decoded as its storage, then wrapped). A
+    Values are cast to the schema's types (integers only when they fit; a
+    column of an extension type is decoded as its storage, then wrapped). A
     missing feature is null. Records that contradict the schema raise
     InputError, malformed ones CorruptRecordError, naming the file, the record
     (first_record + position) and the column.
