@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -12,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool import formats, fs, rng
-from batchtool.errors import InputError, SchemaError, where
+from batchtool.errors import InputError, RowError, SchemaError, where
 from batchtool.formats import column_types
 from batchtool.formats import tfrecord as tfrecord_format
 from batchtool.manifest import read_manifest
@@ -50,11 +51,25 @@ class Shard:
 
 
 @dataclass(frozen=True)
+class Origin:
+    """Where a chunk's rows come from: the file of each shard index its example ids hold, and what a file calls
+    one of its rows (`row`, a TFRecord `record`)."""
+
+    paths: Mapping[int, str]
+    unit: str = "row"
+
+    def merge(self, other: Origin | None) -> Origin:
+        return self if other is None else Origin({**self.paths, **other.paths}, self.unit)
+
+
+@dataclass(frozen=True)
 class Chunk:
-    """A slice of rows and their stable example ids (see rng.example_ids)."""
+    """A slice of rows and their stable example ids (see rng.example_ids), and (when read from files) where they
+    come from, so that a problem found at a row names the file and the row in it (`where`, `located`)."""
 
     data: pa.RecordBatch
     ids: np.ndarray
+    origin: Origin | None = None
 
     @property
     def num_rows(self) -> int:
@@ -63,11 +78,11 @@ class Chunk:
     def take(self, indices: np.ndarray) -> Chunk:
         """Rows by position (repeats allowed), ids included."""
         indices = np.asarray(indices, dtype=np.int64)
-        return Chunk(self.data.take(pa.array(indices)), self.ids[indices])
+        return Chunk(self.data.take(pa.array(indices)), self.ids[indices], self.origin)
 
     def filter(self, mask: np.ndarray) -> Chunk:
         mask = np.asarray(mask, dtype=bool)
-        return Chunk(self.data.filter(pa.array(mask)), self.ids[mask])
+        return Chunk(self.data.filter(pa.array(mask)), self.ids[mask], self.origin)
 
     @staticmethod
     def concat(chunks: Sequence[Chunk], schema: pa.Schema) -> Chunk:
@@ -75,7 +90,24 @@ class Chunk:
         batches = pa.Table.from_batches([c.data for c in chunks], schema).combine_chunks().to_batches()
         data = batches[0] if batches else pa.RecordBatch.from_pylist([], schema=schema)
         ids = np.concatenate([c.ids for c in chunks]) if chunks else np.zeros(0, dtype=np.uint64)
-        return Chunk(data, ids)
+        origins = [c.origin for c in chunks if c.origin is not None]
+        return Chunk(data, ids, functools.reduce(Origin.merge, origins[1:], origins[0]) if origins else None)
+
+    def where(self, row: int) -> str:
+        """'file, row N' of a row of this chunk; 'row N of a batch' when the chunk does not know its file."""
+        example = int(self.ids[row])
+        path = self.origin.paths.get(example >> rng.SHARD_BITS) if self.origin is not None else None
+        if path is None:
+            return f"row {row} of a batch"
+        return f"{path}, {self.origin.unit} {example & ((1 << rng.SHARD_BITS) - 1)}"
+
+    @contextmanager
+    def located(self) -> Iterator[None]:
+        """Around work on this chunk: a RowError (a row of its data) names the file and the row in it instead."""
+        try:
+            yield
+        except RowError as exc:
+            raise exc.at(self.where(exc.row)) from None
 
 
 @dataclass
@@ -196,12 +228,25 @@ class Dataset:
         return ordered_map(lambda task: task(), self.tasks(columns, report), threads)
 
 
-def shard_chunk(batch: pa.RecordBatch, schema: pa.Schema, shard: Shard, first_row: int) -> Chunk:
+def first_in_input(error: RowError, dataset: Dataset, threads: int = 1) -> InputError | None:
+    """For a RowError in a batch an operation made (its rows' ids are gone): the same problem at the first row of
+    the input whose column holds it (error.refind), naming the file and the row; None when the input has no such
+    column (an operation's own) or row. One pass over that column only."""
+    if error.refind is None or error.column not in dataset.schema.names:
+        return None
+    for chunk in dataset.chunks([error.column], threads):
+        row = error.refind(chunk.data.column(0))
+        if row is not None:
+            return error.at(dataset.locate(int(chunk.ids[row])), " (the first such row of the input)")
+    return None
+
+
+def shard_chunk(batch: pa.RecordBatch, schema: pa.Schema, shard: Shard, first_row: int, unit: str = "row") -> Chunk:
     """A batch read from a shard as a chunk of the dataset: in the dataset's schema (its field metadata included:
-    what marks an extension type's storage), with its rows' ids."""
+    what marks an extension type's storage), with its rows' ids and their file."""
     if not batch.schema.equals(schema, check_metadata=True):
         batch = _conform(batch, schema, shard.path)
-    return Chunk(batch, rng.example_ids(shard.index, first_row, batch.num_rows))
+    return Chunk(batch, rng.example_ids(shard.index, first_row, batch.num_rows), Origin({shard.index: shard.path}, unit))
 
 
 def _conform(batch: pa.RecordBatch, schema: pa.Schema, path: str) -> pa.RecordBatch:

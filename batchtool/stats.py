@@ -123,7 +123,8 @@ def chunk_stats(chunk: Chunk, label: str | None, length: str | None, nulls: Sequ
     if length is not None:
         lens = lengths_of(chunk.data, length)
         if len(lens) and lens.min() < 0:
-            raise SchemaError(f"column {length!r} has a negative length ({int(lens.min())})")
+            row = int(np.argmax(lens < 0))
+            raise SchemaError(f"{chunk.where(row)}, column {length!r}: a negative length ({int(lens[row])})")
         stats.length_counts = np.bincount(lens) if len(lens) else np.zeros(0, dtype=np.int64)
     stats.null_counts = {c: chunk.data.column(c).null_count for c in nulls}
     stats.nan_counts = {c: nan_count(chunk.data.column(c), c) for c in nans}

@@ -176,6 +176,10 @@ class Format(ABC):
         """Pure and thread-safe (workers run it): by default the writer encodes the Arrow data itself."""
         return EncodedBatch(batch)
 
+    def check_values(self, batch: pa.RecordBatch, options: OutputOptions) -> None:
+        """What encode would refuse in the batch's values (RowError naming the row in the batch), checked where
+        the batch's rows are known to come from (dataset.Chunk.located); by default the format holds any value."""
+
     @abstractmethod
     def open_sink(self, file: BinaryIO, schema: pa.Schema, options: OutputOptions) -> ShardSink:
         """A sink writing one shard into `file` (which hashes and counts what it is given)."""

@@ -788,14 +788,13 @@ class _Task:
     kind: str
 
     def __call__(self) -> Chunk:
-        from batchtool import rng
-        from batchtool.dataset import Chunk
+        from batchtool.dataset import shard_chunk
         from batchtool.formats import example as example_codec
 
         first = self.records.first_record
         batch = example_codec.decode_records(self.records.payloads(), self.schema, self.kind, path=self.shard.path,
                                              first_record=first)
-        return Chunk(batch, rng.example_ids(self.shard.index, first, batch.num_rows))
+        return shard_chunk(batch, self.schema, self.shard, first, "record")
 
 
 @dataclass(frozen=True)
@@ -968,6 +967,17 @@ class _Decode:
         return cut(decoded, self.rows)
 
 
+def _narrowed(batch: pa.RecordBatch, options: OutputOptions) -> pa.RecordBatch:
+    """The values written: --cast's narrowing (an extension type's values are its storage's)."""
+    stored = options.narrowed_schema(batch.schema)
+    return batch if stored == batch.schema else batch.cast(stored)
+
+
+def _lists(options: OutputOptions) -> tuple[str, ...] | None:
+    """An op's feature lists: they matter to SequenceExample records only (tf.train.Example has none)."""
+    return options.sequence_columns if options.tfrecord_kind == "sequence_example" else None
+
+
 class TFRecordFormat(Format):
     """TFRecord shards of tf.train.SequenceExample (or Example) records, directly batchable by tf.data."""
 
@@ -994,13 +1004,15 @@ class TFRecordFormat(Format):
     def encode(self, batch: pa.RecordBatch, options: OutputOptions) -> EncodedBatch:
         from batchtool.formats import example as example_codec
 
-        stored = options.narrowed_schema(batch.schema)  # the values; an extension type's are its storage's
-        if stored != batch.schema:
-            batch = batch.cast(stored)
-        # an op's feature lists matter to SequenceExample records only: tf.train.Example has none
-        lists = options.sequence_columns if options.tfrecord_kind == "sequence_example" else None
-        payloads = example_codec.encode_records(batch, options.tfrecord_kind, sequence_columns=lists)
+        batch = _narrowed(batch, options)
+        payloads = example_codec.encode_records(batch, options.tfrecord_kind, sequence_columns=_lists(options))
         return EncodedBatch(batch, b"".join(frame_record(p) for p in payloads))
+
+    def check_values(self, batch: pa.RecordBatch, options: OutputOptions) -> None:
+        from batchtool.formats import example as example_codec
+
+        example_codec.check_values(_narrowed(batch, options), options.tfrecord_kind,
+                                   sequence_columns=_lists(options))
 
     def open_sink(self, file: BinaryIO, schema: pa.Schema, options: OutputOptions) -> _Sink:
         return _Sink(file, options.codec)
