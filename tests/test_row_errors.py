@@ -68,3 +68,13 @@ def test_a_negative_length_names_the_file_and_its_row(run_cli, src, tmp_path):
     assert one_line(run_cli("bucket", src, tmp_path / "dst", "--length", "steps", "--boundaries", "3",
                             "--batch-size", "4")) == \
         f"error: {src}/b.parquet, row 242, column 'steps': a negative length (-5)"
+
+
+def test_a_huge_length_is_refused_before_its_histogram_is_made(run_cli, tmp_path):
+    """inspect counts lengths in a histogram up to the longest: a length in a file must not size it unchecked."""
+    os.makedirs(tmp_path / "src")
+    pq.write_table(pa.table({"n": [1, 2, 10**12]}), tmp_path / "src" / "a.parquet")
+    assert one_line(run_cli("inspect", tmp_path / "src", "--length", "n")) == (
+        f"error: {tmp_path}/src/a.parquet, row 2, column 'n': a length of 1,000,000,000,000: counting lengths up "
+        "to it takes 8,000,000,000,008 bytes, more than the 16,777,216 --max-record-bytes allows; raise "
+        "--max-record-bytes if the length is genuine")
