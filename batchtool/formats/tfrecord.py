@@ -38,6 +38,8 @@ _HEADER_SIZE = 12
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _MASK_DELTA = 0xA282EAD8
+_MAX_GZIP_RATIO = 1032
+"""The most bytes deflate makes of one: what a GZIP file's size says of its records at most."""
 _BLOCK = 1 << 16
 """Bytes read ahead at a time: the unit of buffering, inflating and resynchronising."""
 _INDEX_BLOCK = 1 << 12
@@ -1055,9 +1057,14 @@ class TFRecordFormat(Format):
             if "batch_index" not in entry:  # written by batchtool 0.1: index it from its `batch` column, once
                 ranges.append(_scan_batch_index(shard.path, dataset.schema, kind, int(entry["batches"])))
                 continue
+            batches = int(entry["batches"])
+            stream = shard.size * (_MAX_GZIP_RATIO if output.get("compression") == "gzip" else 1)
+            if batches > stream // (_HEADER_SIZE + 4):  # a batch is a record at least: a header and a data CRC
+                raise InputError(f"{shard.path}: {MANIFEST_NAME} lists {batches:,} batches, more than its "
+                                 f"{shard.size:,} bytes can hold; the manifest is not this file's")
             try:
-                ranges.append(decode_batch_index(entry["batch_index"], int(entry["batches"])))
-            except (ValueError, zlib.error) as exc:
+                ranges.append(decode_batch_index(entry["batch_index"], batches))
+            except (ValueError, TypeError, zlib.error) as exc:
                 raise InputError(f"{shard.path}: unreadable batch index in {MANIFEST_NAME} ({exc})") from exc
         counts = np.array([e["batches"] for e in output["files"]], dtype=np.int64)
         return counts, _Batches(tuple(s.path for s in dataset.shards), tuple(ranges), kind,

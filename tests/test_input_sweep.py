@@ -1,0 +1,68 @@
+"""Sizes and values read from files batchtool reads (manifests, batch indexes) are checked before they are used."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import sys
+import zlib
+
+import pytest
+
+import memlimit
+from batchtool.errors import InputError
+from batchtool.load import load
+from batchtool.manifest import MANIFEST_NAME
+from batchtool.synthetic import make_table
+from conftest import REPO, write_parquet_shards
+
+_CAP = 200 << 20
+
+
+@pytest.fixture(scope="module")
+def tfrecord_output(tmp_path_factory) -> str:
+    """A small bucket output in TFRecord, whose manifest holds each file's batch index."""
+    from click.testing import CliRunner
+
+    from batchtool.cli import cli
+
+    root = tmp_path_factory.mktemp("tfr")
+    src = write_parquet_shards(str(root / "src"), make_table(60, seed=1), shards=1)
+    result = CliRunner().invoke(cli, ["bucket", src, str(root / "out"), "--boundaries", "50", "--batch-size", "8",
+                                      "--to", "tfrecord", "-q"])
+    assert result.exit_code == 0, result.stderr
+    return str(root / "out")
+
+
+def _edit(dst: str, **entry: object) -> str:
+    path = os.path.join(dst, MANIFEST_NAME)
+    manifest = json.load(open(path))
+    manifest["output"]["files"][0].update(entry)
+    json.dump(manifest, open(path, "w"))
+    return manifest["output"]["files"][0]["path"]
+
+
+def test_a_batch_index_that_inflates_beyond_its_file_is_refused_before_inflating(tfrecord_output, tmp_path):
+    """A manifest's zlib batch index of 256 MB of zeros (256 KB in the manifest), for as many batches as that
+    holds: more batches than the file's bytes can frame, so it is refused before it is decompressed."""
+    dst = tmp_path / "out"
+    shutil.copytree(tfrecord_output, dst)
+    squeeze = zlib.compressobj()
+    bomb = b"".join([squeeze.compress(bytes(1 << 20)) for _ in range(256)] + [squeeze.flush()])
+    name = _edit(str(dst), batch_index=base64.b64encode(bomb).decode(), batches=(256 << 20) // 16 - 1)
+    run = memlimit.run_capped([sys.executable, "-c", f"import batchtool; batchtool.load({str(dst)!r})"], _CAP,
+                              env={**os.environ, "PYTHONPATH": REPO})
+    assert run.returncode == 1 and run.peak_bytes < _CAP, run.stderr
+    assert run.stderr.strip().splitlines()[-1] == (
+        f"batchtool.errors.InputError: {dst}/{name}: {MANIFEST_NAME} lists 16,777,215 batches, more than its "
+        f"{os.path.getsize(dst / name):,} bytes can hold; the manifest is not this file's")
+
+
+def test_a_batch_index_that_is_not_text_is_an_input_error(tfrecord_output, tmp_path):
+    dst = tmp_path / "out"
+    shutil.copytree(tfrecord_output, dst)
+    _edit(str(dst), batch_index=12345)
+    with pytest.raises(InputError, match="unreadable batch index"):
+        load(str(dst))
