@@ -37,7 +37,8 @@ def inspect(src: str, *, label: str | None = None, length: str | None = None, fo
         st, segments = segment_stats(dataset, label, run.threads, report)
         result = describe(dataset, st, label, "total_length", report)
         result["length"]["column"] = "total_length (of the examples)"
-        result["segments"] = {**segments, "ranks": options.get("world_size") or 1}
+        ranks = options.get("world_size")  # the manifest's options are free-form: shown only when they make sense
+        result["segments"] = {**segments, "ranks": ranks if isinstance(ranks, int) and ranks >= 1 else 1}
         return result
     if length is None and op == "bucket":
         length = options.get("length_column") or options.get("length-column") or "length"
@@ -62,8 +63,9 @@ def producer(manifest: dict | None) -> tuple[str | None, dict[str, Any]]:
         return None, {}
     options = manifest.get("options") or {}
     if manifest.get("command") == "run":
-        stages = options.get("stages") or [{}]
-        return stages[-1].get("op"), stages[-1]
+        stages = options.get("stages")
+        last = stages[-1] if isinstance(stages, list) and stages and isinstance(stages[-1], dict) else {}
+        return last.get("op"), last
     return manifest.get("command"), options
 
 

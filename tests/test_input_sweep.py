@@ -66,3 +66,27 @@ def test_a_batch_index_that_is_not_text_is_an_input_error(tfrecord_output, tmp_p
     _edit(str(dst), batch_index=12345)
     with pytest.raises(InputError, match="unreadable batch index"):
         load(str(dst))
+
+
+@pytest.mark.parametrize("command, options", [
+    (["segment", "--key", "key", "--sequence", "tokens", "--num-unroll", "10", "--batch-size", "4"],
+     {"world_size": "x"}),
+    (["segment", "--key", "key", "--sequence", "tokens", "--num-unroll", "10", "--batch-size", "4"],
+     {"world_size": [2]}),
+    (["bucket", "--boundaries", "20", "--batch-size", "4"], {"stages": "abc"}),
+    (["bucket", "--boundaries", "20", "--batch-size", "4"], {"stages": [1, 2]}),
+])
+def test_inspect_shows_an_output_whose_manifest_options_are_odd(run_cli, tmp_path, command, options):
+    """A manifest's options are free-form (only its counts, paths and schema are validated): what inspect takes
+    from them for its summary is used only when it makes sense, never a traceback."""
+    src = write_parquet_shards(str(tmp_path / "src"), make_table(40, seed=2), shards=1)
+    assert run_cli(command[0], src, tmp_path / "out", *command[1:], "-q").exit_code == 0
+    path = tmp_path / "out" / MANIFEST_NAME
+    manifest = json.loads(path.read_text())
+    if "stages" in options:
+        manifest["command"] = "run"
+    manifest["options"].update(options)
+    path.write_text(json.dumps(manifest))
+    result = run_cli("inspect", tmp_path / "out")
+    assert result.exit_code == 0, result.stderr
+    assert "written by batchtool" in result.stdout
