@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import base64
+import io
 import json
 import os
 import shutil
 import sys
 import zlib
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import memlimit
-from batchtool.errors import InputError
+from batchtool.dataset import open_dataset
+from batchtool.errors import BatchtoolError, InputError
 from batchtool.load import load
 from batchtool.manifest import MANIFEST_NAME
 from batchtool.synthetic import make_table
@@ -90,3 +96,31 @@ def test_inspect_shows_an_output_whose_manifest_options_are_odd(run_cli, tmp_pat
     result = run_cli("inspect", tmp_path / "out")
     assert result.exit_code == 0, result.stderr
     assert "written by batchtool" in result.stdout
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(codec=st.sampled_from(["zstd", "snappy", "none"]), data=st.data())
+def test_a_damaged_parquet_file_is_one_error_or_a_read(tmp_path_factory, codec, data):
+    """Any few bytes changed (a footer's column name that is no longer UTF-8 was a UnicodeDecodeError traceback):
+    reading either works or raises one BatchtoolError."""
+    sink = io.BytesIO()
+    pq.write_table(make_table(40, seed=1), sink, compression=codec, row_group_size=20)
+    raw = bytearray(sink.getvalue())
+    for _ in range(data.draw(st.integers(1, 4))):
+        raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    path = tmp_path_factory.mktemp("damaged") / "d.parquet"
+    path.write_bytes(bytes(raw))
+    try:
+        for _ in open_dataset(str(path)).chunks():
+            pass
+    except BatchtoolError:
+        pass
+
+
+def test_a_column_name_that_is_not_utf8_is_one_error(tmp_path, run_cli):
+    sink = io.BytesIO()
+    pq.write_table(pa.table({"abcdef": [1, 2]}), sink, store_schema=False)
+    (tmp_path / "bad.parquet").write_bytes(sink.getvalue().replace(b"abcdef", b"ab\xe4def"))
+    result = run_cli("convert", tmp_path / "bad.parquet", tmp_path / "out")
+    assert result.exit_code == 2 and result.stderr.startswith(f"error: {tmp_path}/bad.parquet: not a readable "
+                                                              "Parquet file"), result.stderr

@@ -15,8 +15,8 @@ import pyarrow as pa
 from batchtool import fs
 from batchtool.errors import InputError, where
 from batchtool.formats import hf, ipc_meta
-from batchtool.formats.base import (Batches, EncodedBatch, Format, check_batch_memory, first_line, rows_only,
-                                    schema_problem)
+from batchtool.formats.base import (DAMAGED, Batches, EncodedBatch, Format, check_batch_memory, first_line,
+                                    rows_only, schema_problem)
 
 if TYPE_CHECKING:
     from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
@@ -43,7 +43,7 @@ def open_file(path: str) -> pa.ipc.RecordBatchFileReader:
     """Open one shard of the IPC file format, memory-mapped when local, as one-line errors."""
     try:
         return pa.ipc.open_file(_source(path))
-    except (pa.ArrowInvalid, OSError) as exc:
+    except DAMAGED as exc:
         raise _unreadable(path, exc) from exc
 
 
@@ -60,7 +60,7 @@ def read_batch(reader: pa.ipc.RecordBatchFileReader, path: str, index: int,
         if columns is not None:
             batch = batch.select(columns)
         batch.validate()
-    except (pa.ArrowInvalid, OSError, KeyError) as exc:
+    except DAMAGED as exc:
         raise InputError(f"{where(path)}, record batch {index}: corrupt ({first_line(exc)})") from exc
     return batch
 
@@ -83,7 +83,7 @@ class IpcFile:
             size = source.size()
             stream = source.read_at(len(MAGIC), 0) != MAGIC
             schema = (pa.ipc.open_stream(source) if stream else pa.ipc.open_file(source)).schema
-        except (pa.ArrowInvalid, OSError) as exc:
+        except DAMAGED as exc:
             raise _unreadable(path, exc) from exc
         try:
             layout = (ipc_meta.stream_layout if stream else ipc_meta.file_layout)(_reader_of(source), size)
@@ -124,7 +124,7 @@ class IpcFile:
                 self.source.seek(0)
                 return pa.ipc.open_stream(self.source, options=options)
             return pa.ipc.open_file(self.source, options=options)
-        except (pa.ArrowInvalid, OSError) as exc:
+        except DAMAGED as exc:
             raise _unreadable(self.path, exc) from exc
 
     def _read(self, reader: pa.ipc.RecordBatchFileReader | pa.ipc.RecordBatchStreamReader,
@@ -133,7 +133,7 @@ class IpcFile:
         try:
             batch = reader.read_next_batch() if self.stream else reader.get_batch(index)
             batch.validate()
-        except (pa.ArrowInvalid, OSError, StopIteration) as exc:
+        except (*DAMAGED, StopIteration) as exc:
             raise InputError(f"{where(self.path)}, record batch {index}: corrupt ({first_line(exc)})") from exc
         return batch
 
@@ -178,7 +178,7 @@ class _Task:
         batch = self.batch
         try:
             batch.validate(full=True)
-        except pa.ArrowInvalid as exc:
+        except DAMAGED as exc:
             raise InputError(f"{where(self.shard.path)}, record batch {self.index}: corrupt ({first_line(exc)})") \
                 from exc
         return shard_chunk(batch, self.schema, self.shard, self.first_row)

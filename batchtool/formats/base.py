@@ -17,6 +17,11 @@ if TYPE_CHECKING:
     from batchtool.output import OutputOptions
 
 
+DAMAGED = (ValueError, OSError, pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowIndexError, pa.ArrowKeyError,
+           pa.ArrowSerializationError)
+"""What pyarrow raises reading a damaged or unexpected file (pa.ArrowInvalid is a ValueError; so is a column name
+that is not UTF-8; an unknown codec is not implemented): the readers turn it into one line naming the file."""
+
 BATCH_COLUMN = "batch"
 """The column bucket, segment and pack write: each row's batch number (in TFRecord output, what cuts the
 records into batches for tf.data and for outputs of batchtool 0.1, which had no batch index)."""

@@ -14,6 +14,7 @@ is written as it is.
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -34,18 +35,28 @@ def _list_of(t: pa.DataType, value: pa.Field) -> pa.DataType:
             else pa.large_list(value) if pa.types.is_large_list(t) else pa.list_(value))
 
 
+def _rebuilt(t: pa.DataType, change: Callable[[pa.DataType], pa.DataType]) -> pa.DataType:
+    """t with `change` applied to its children (lists, structs, maps): t itself when none changes (a type is only
+    ever rebuilt to change it, so one pyarrow would not build again, as a file can hold, stays as it is)."""
+    children = [t.field(i) for i in range(t.num_fields)]
+    changed = [f.with_type(change(f.type)) for f in children]
+    if all(a.type == b.type for a, b in zip(children, changed)):
+        return t
+    if _lists(t):
+        return _list_of(t, changed[0])
+    if pa.types.is_struct(t):
+        return pa.struct(changed)
+    if pa.types.is_map(t):
+        entries = changed[0].type
+        return pa.map_(entries.field(0), entries.field(1), keys_sorted=t.keys_sorted)
+    return t
+
+
 def _storage(t: pa.DataType) -> pa.DataType:
     """t with every extension type in it (at any depth) replaced by its storage type."""
     if isinstance(t, pa.BaseExtensionType):
         return _storage(t.storage_type)
-    if _lists(t):
-        return _list_of(t, t.value_field.with_type(_storage(t.value_type)))
-    if pa.types.is_struct(t):
-        return pa.struct([t.field(i).with_type(_storage(t.field(i).type)) for i in range(t.num_fields)])
-    if pa.types.is_map(t):
-        return pa.map_(t.key_field.with_type(_storage(t.key_type)), t.item_field.with_type(_storage(t.item_type)),
-                       keys_sorted=t.keys_sorted)
-    return t
+    return _rebuilt(t, _storage)
 
 
 _VIEWS = {"string_view": pa.string(), "binary_view": pa.binary()}
@@ -56,11 +67,7 @@ def _plain(t: pa.DataType) -> pa.DataType:
     take (a run-end encoded column is decoded by reading_schema, at the top only)."""
     if str(t) in _VIEWS:
         return _VIEWS[str(t)]
-    if _lists(t):
-        return _list_of(t, t.value_field.with_type(_plain(t.value_type)))
-    if pa.types.is_struct(t):
-        return pa.struct([t.field(i).with_type(_plain(t.field(i).type)) for i in range(t.num_fields)])
-    return t
+    return _rebuilt(t, _plain) if not pa.types.is_map(t) else t
 
 
 def unsupported(t: pa.DataType) -> str | None:
