@@ -192,7 +192,8 @@ def input_options(fn: Callable) -> Callable:
         declared(InputSettings, "format", dest="input_format"), declared(InputSettings, "skip_corrupt"),
         click.option("--max-record-bytes", default=size_text(tfrecord.DEFAULT_MAX_RECORD_BYTES), metavar="SIZE",
                      show_default=True, help="Largest TFRecord record to read: a record header claiming more is an "
-                                             "error, before anything is read."),
+                                             "error, before anything is read. Without --memory, also the most one "
+                                             "Arrow IPC record batch may take once decompressed."),
     ])
 
 
