@@ -30,8 +30,8 @@ def reading_memory() -> int | None:
 
 @contextmanager
 def memory_limit(memory: int) -> Iterator[None]:
-    """Make `memory` the budget every dataset opened in the block decompresses its input under (see
-    formats.base.check_inflated): the CLI sets it from --memory around a command that has one, as it sets
+    """Make `memory` the budget every dataset opened in the block reads its input under (see
+    formats.base.check_batch_memory): the CLI sets it from --memory around a command that has one, as it sets
     --max-record-bytes (formats.tfrecord.record_limit)."""
     global _memory
     previous, _memory = _memory, memory
@@ -97,9 +97,7 @@ class Chunk:
         """'file, row N' of a row of this chunk; 'row N of a batch' when the chunk does not know its file."""
         example = int(self.ids[row])
         path = self.origin.paths.get(example >> rng.SHARD_BITS) if self.origin is not None else None
-        if path is None:
-            return f"row {row} of a batch"
-        return f"{path}, {self.origin.unit} {example & ((1 << rng.SHARD_BITS) - 1)}"
+        return f"row {row} of a batch" if path is None else _place(path, self.origin.unit, example)
 
     @contextmanager
     def located(self) -> Iterator[None]:
@@ -108,6 +106,11 @@ class Chunk:
             yield
         except RowError as exc:
             raise exc.at(self.where(exc.row)) from None
+
+
+def _place(path: str, unit: str, example_id: int) -> str:
+    """'file, row N' of an example id whose shard is that file."""
+    return f"{path}, {unit} {example_id & ((1 << rng.SHARD_BITS) - 1)}"
 
 
 @dataclass
@@ -184,8 +187,7 @@ class Dataset:
 
     def locate(self, example_id: int) -> str:
         """'file, row N' of an example id, for error messages."""
-        row = int(example_id) & ((1 << rng.SHARD_BITS) - 1)
-        return f"{self.shard_of(example_id).path}, {self.spec.unit} {row}"
+        return _place(self.shard_of(example_id).path, self.spec.unit, int(example_id))
 
     @property
     def spec(self) -> formats.Format:

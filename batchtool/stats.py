@@ -145,11 +145,11 @@ def chunk_stats(chunk: Chunk, label: str | None, length: str | None, nulls: Sequ
 
 def collect(dataset: Dataset, label: str | None = None, length: str | None = None, threads: int = 1,
             report: ReadReport | None = None, nulls: Sequence[str] = (), nans: Sequence[str] = ()) -> DatasetStats:
-    """One pass over only the label, length, null and NaN columns (or none, which counts rows: an Arrow IPC file's
-    from its metadata, a Parquet file's from its footer, without reading data)."""
+    """One pass over only the label, length, null and NaN columns (or the narrowest column, to count rows)."""
     from batchtool import budget  # (budget reads inspection, which reads this module)
 
-    columns = list(dict.fromkeys(c for c in (label, length, *nulls, *nans) if c is not None))
+    columns = list(dict.fromkeys(c for c in (label, length, *nulls, *nans) if c is not None)) \
+        or [_narrowest_column(dataset.schema)]
     histogram = (("memory", budget.allowed(dataset.memory)) if dataset.memory is not None
                  else ("max_record_bytes", dataset.max_record_bytes))
     total = DatasetStats()
@@ -157,6 +157,14 @@ def collect(dataset: Dataset, label: str | None = None, length: str | None = Non
                             dataset.tasks(columns, report), threads):
         total.merge(part)
     return total
+
+
+def _narrowest_column(schema: pa.Schema) -> str:
+    """A cheap column to read when only row counts are needed."""
+    for f in schema:
+        if not is_sequence_type(f.type) and not pa.types.is_struct(f.type):
+            return f.name
+    return schema.names[0]
 
 
 def default_label(schema: pa.Schema) -> str | None:
