@@ -248,7 +248,8 @@ def shard_chunk(batch: pa.RecordBatch, schema: pa.Schema, shard: Shard, first_ro
     what marks an extension type's storage), with its rows' ids and their file."""
     if not batch.schema.equals(schema, check_metadata=True):
         batch = _conform(batch, schema, shard.path)
-    return Chunk(batch, rng.example_ids(shard.index, first_row, batch.num_rows), Origin({shard.index: shard.path}, unit))
+    ids = rng.example_ids(shard.index, first_row, batch.num_rows)
+    return Chunk(batch, ids, Origin({shard.index: shard.path}, unit))
 
 
 def _conform(batch: pa.RecordBatch, schema: pa.Schema, path: str) -> pa.RecordBatch:

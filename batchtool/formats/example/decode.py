@@ -328,7 +328,8 @@ def decode_records(payloads: Sequence[bytes], schema: pa.Schema, kind: str, *, p
     check_kind(kind)
     stored = column_types.reading_schema(schema)  # a record holds an extension type's storage (see encode_records)
     if stored is not schema:
-        return column_types.conform_written(decode_records(payloads, stored, kind, path=path, first_record=first_record), schema)
+        decoded = decode_records(payloads, stored, kind, path=path, first_record=first_record)
+        return column_types.conform_written(decoded, schema)
     shapes = [column_shape(field, kind) for field in schema]
     parsed = parse_records(payloads, path, first_record)
     check_records(parsed, payloads, kind, path, first_record)
