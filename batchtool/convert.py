@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import pyarrow as pa
 
@@ -25,12 +27,26 @@ def convert(src: str, dst: str, output: OutputOptions, *, columns: Sequence[str]
     job = dict(command="convert", options={"columns": cols, "to": output.format, "compression": output.codec,
                                            "shard_rows": output.shard_rows, "shard_bytes": output.shard_bytes},
                seed=None, dataset=dataset, dst=dst, output=output, schema=schema, stats=dict, run=run, report=report)
+    checked = functools.partial(_checked, output)
     if spool.applies(dst):  # on the workers: no row through the driver
-        return spool.write_spooled(exchange.read_units(dataset, report, cols), spool.as_is, Tally().merge, **job)
+        emitted = functools.partial(_spooled, checked)
+        return spool.write_spooled(exchange.read_units(dataset, report, cols), emitted, Tally().merge, **job)
 
     def work(task: Callable[[], Chunk]) -> tuple[list[pa.RecordBatch], int]:
-        chunk: Chunk = task()
+        chunk = checked(task())
         return [chunk.data], chunk.num_rows
 
     return write_job(items=dataset.tasks(cols, report), work=work, **job)
 
+
+
+def _checked(output: OutputOptions, chunk: Chunk) -> Chunk:
+    """The chunk, once its values are known to be writable in the output format: a value the format cannot hold
+    is an error naming the file and the row in it, found here where the rows are known (Chunk.located)."""
+    with chunk.located():
+        output.spec.check_values(chunk.data, output)
+    return chunk
+
+
+def _spooled(checked: Callable[[Chunk], Chunk], chunk: Chunk) -> tuple[Any, Tally]:
+    return spool.as_is(checked(chunk))

@@ -14,9 +14,9 @@ from typing import Any
 import pyarrow as pa
 
 from batchtool import exchange, fs, progress, runner, spool
-from batchtool.dataset import Chunk, Dataset, ReadReport
+from batchtool.dataset import Chunk, Dataset, ReadReport, first_in_input
 from batchtool.engines import with_engine
-from batchtool.errors import BatchtoolError
+from batchtool.errors import BatchtoolError, RowError
 from batchtool.exchange_writer import write_exchanged
 from batchtool.job import JobResult, RunSettings, open_source, write_job
 from batchtool.ops.base import Bar, Context, Kind, Operation, OptionError, Regrouped, Scan, Tally
@@ -137,6 +137,8 @@ def stream_errors(op: Operation, plan: Any, dataset: Dataset, threads: int) -> I
         yield
     except BatchtoolError as exc:
         better = op.on_stream_error(plan, exc, scanner(dataset, threads))
+        if better is None and isinstance(exc, RowError):  # a row of an output batch: find it in the input
+            better = first_in_input(exc, dataset, threads)
         if better is None:
             raise
         raise better from None

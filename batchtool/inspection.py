@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
 from batchtool.engines import with_engine
+from batchtool.formats import column_types
 from batchtool.job import RunSettings
 from batchtool.manifest import manifest_path
 from batchtool.runner import ordered_map
@@ -42,14 +43,23 @@ def inspect(src: str, *, label: str | None = None, length: str | None = None, fo
         st, segments = segment_stats(dataset, label, own, run.threads, report)
         result = describe(dataset, st, label, own["total_length"], report)
         result["length"]["column"] = f"{own['total_length']} (of the examples)"
-        result["segments"] = {**segments, "ranks": options.get("world_size") or 1}
+        ranks = options.get("world_size")  # the manifest's options are free-form: shown only when they make sense
+        result["segments"] = {**segments, "ranks": ranks if isinstance(ranks, int) and ranks >= 1 else 1}
         return result
     if length is None and op == "bucket":
         length = own["length"] if own["length"] in dataset.schema.names else None
     length = length or stats_mod.default_length(dataset.schema)
     dataset.check_columns([c for c in (label, length) if c])
-    st = stats_mod.collect(dataset, label=label, length=length, threads=run.threads, report=report)
+    st = stats_mod.collect(dataset, label=label, length=length, threads=run.threads, report=report) \
+        if label or length else counted(dataset, report)
     return describe(dataset, st, label, length, report)
+
+
+def counted(dataset: Dataset, report: ReadReport) -> stats_mod.DatasetStats:
+    """Rows per shard as the format counts them without reading data (footers, IPC metadata; TFRecord: every
+    record framed and CRC-checked), when inspect has no column to read."""
+    rows = {shard.index: dataset.spec.count_rows(dataset, shard, report) for shard in dataset.shards}
+    return stats_mod.DatasetStats(rows=sum(rows.values()), shard_rows=rows)
 
 
 def segment_stats(dataset: Dataset, label: str | None, own: Mapping[str, str], threads: int,
@@ -86,7 +96,7 @@ def describe(dataset: Dataset, st: stats_mod.DatasetStats, label: str | None, le
         "tfrecord_kind": dataset.tfrecord_kind,
         "rows": st.rows,
         "bytes": dataset.total_bytes,
-        "schema": [{"name": f.name, "type": str(f.type)} for f in dataset.schema],
+        "schema": [{"name": f.name, "type": column_types.shown_type(f)} for f in dataset.schema],
         "shards": [{"path": s.path, "bytes": s.size, "rows": st.shard_rows.get(s.index, 0)}
                    for s in dataset.shards],
     }

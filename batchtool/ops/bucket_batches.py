@@ -288,7 +288,9 @@ def make_batch(data: pa.RecordBatch, index: int, bucket: int, pad_length: int, c
     if mask:
         arrays.append(mask_column(data.column(out["length"]).to_numpy(), pad_length))
         names.append(out["mask"])
-    return pa.RecordBatch.from_arrays(arrays, names=names)
+    kept = {f.name: f.metadata for f in padded.schema}  # the metadata that marks an extension type's storage
+    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema([pa.field(n, a.type, metadata=kept.get(n))
+                                                                for n, a in zip(names, arrays)]))
 
 
 def batch_work(plan: BucketPlan, item: BatchItem) -> tuple[list[pa.RecordBatch], int]:

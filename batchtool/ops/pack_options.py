@@ -164,8 +164,8 @@ def output_schema(schema: pa.Schema, columns: PackColumns, options: PackOptions)
     """Input columns in their order (sequences packed, the others as per-example lists), then the
     packing columns."""
     out = columns.names
-    fields = [pa.field(f.name, pa.list_(f.type.value_field)) if f.name in columns.sequences
-              else pa.field(f.name, pa.list_(f.type)) for f in schema if f.name not in columns.dropped]
+    fields = [pa.field(f.name, pa.list_(f.type.value_field) if f.name in columns.sequences else pa.list_(f.type),
+                       metadata=f.metadata) for f in schema if f.name not in columns.dropped]
     if options.long == "split":
         fields.append(pa.field(out[SOURCE_OFFSET], pa.list_(pa.int32())))
     fields += [pa.field(out[name], pa.list_(pa.int32())) for name in (*PER_STEP, "cu_seqlens")]

@@ -52,7 +52,8 @@ def make_plan(schema: pa.Schema, options: SegmentOptions) -> SegmentPlan:
     names = options.names
     fields = [pa.field(names[name], t) for name, t in METADATA]
     fields += [schema.field(name) for name in options.context]
-    fields += [pa.field(name, pa.list_(schema.field(name).type.value_field)) for name in options.sequence]
+    fields += [pa.field(name, pa.list_(schema.field(name).type.value_field), metadata=schema.field(name).metadata)
+               for name in options.sequence]
     fields += [schema.field(column).with_name(name) for name, column in options.states.items()]
     return SegmentPlan(options, pads, pa.schema(fields))
 
