@@ -130,12 +130,13 @@ class IpcFile:
 
     def _read(self, reader: pa.ipc.RecordBatchFileReader | pa.ipc.RecordBatchStreamReader,
               index: int) -> pa.RecordBatch:
-        """The next batch of a stream, or batch `index` of a file, its structure checked."""
+        """The next batch of a stream, or batch `index` of a file, checked before anything slices it
+        (batch_check.check_batch, naming the column)."""
         try:
             batch = reader.read_next_batch() if self.stream else reader.get_batch(index)
-            batch.validate()
         except (*DAMAGED, StopIteration) as exc:
             raise InputError(f"{where(self.path)}, record batch {index}: corrupt ({first_line(exc)})") from exc
+        batch_check.check_batch(batch, self.path, index)
         return batch
 
 
