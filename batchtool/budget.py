@@ -10,14 +10,16 @@ the row) instead of a MemoryError, or the machine swapping. Output that is legit
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batchtool.errors import NamesOptions, OptionError
+from batchtool.dataset import Chunk
+from batchtool.errors import NamesOptions, OptionError, OptionInputError, SchemaError
 from batchtool.inspection import human_bytes
+from batchtool.stats import lengths_of
 
 SHARE = 8
 """One option-sized allocation may take an eighth of --memory: a worker thread holds about two (a padded
@@ -26,6 +28,9 @@ is about the budget (measured: segment holds ~6.5 padded batches at its peak).""
 FLOOR = 64 << 20
 """Allocations up to this size always pass: the process needs more than this to run at all, so a --memory
 below it only sizes the spill parts."""
+HISTOGRAM_BYTES = 40
+"""Per length up to the longest: a length histogram (8 bytes a length, in each chunk's statistics and their merge)
+and the arrays planning derives from it."""
 
 
 def allowed(memory: int) -> int:
@@ -49,6 +54,21 @@ def check_rows(field: str, value: int, rows: int | None, bytes_per_row: float, m
     held = value if rows is None else min(value, rows)
     check(field, f"one batch of {held:,} rows", held * bytes_per_row, memory,
           f"give a smaller {{{field}}} or a larger {{memory}}", value=value)
+
+
+def check_lengths(chunk: Chunk, column: str, memory: int, locate: Callable[[int], str]) -> None:
+    """Lengths (an integer column's values, or a list column's steps) size a length histogram (bucket's first pass,
+    check's length rules): before it is allocated, a negative one, or one too long for the budget, is an error
+    naming its file, row and column."""
+    lengths = lengths_of(chunk.data, column)
+    if not len(lengths):
+        return
+    low, high = int(np.argmin(lengths)), int(np.argmax(lengths))
+    if lengths[low] < 0:
+        raise SchemaError(f"{locate(int(chunk.ids[low]))}, column {column!r}: negative length {lengths[low]}")
+    check("memory", f"length {lengths[high]:,} (its length histogram)", (int(lengths[high]) + 1) * HISTOGRAM_BYTES,
+          memory, "check the column, or give a larger {memory}",
+          where=f"{locate(int(chunk.ids[high]))}, column {column!r}: ", error=OptionInputError)
 
 
 def row_bytes(sample: pa.RecordBatch | None, sequences: tuple[str, ...] | list[str]) -> tuple[float, float]:

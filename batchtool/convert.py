@@ -30,13 +30,17 @@ def convert(src: str, dst: str, output: OutputOptions, *, columns: Sequence[str]
               None, dataset, dst, output, dataset.projected_schema(cols), run)
 
     def produce(space: Workspace, report: ReadReport) -> AbstractContextManager[Streamed]:
-        return contextlib.nullcontext(Streamed(exchange.units(dataset, report, cols), _as_is, dict))
+        return contextlib.nullcontext(Streamed(exchange.units(dataset, report, cols), functools.partial(_as_is, output), dict))
 
     return write(job, produce)
 
 
-def _as_is(chunk: Chunk) -> tuple[list[Piece], Tally]:
-    """convert's work: the chunk, one row group (even empty)."""
+def _as_is(output: OutputOptions, chunk: Chunk) -> tuple[list[Piece], Tally]:
+    """convert's work: the chunk, one row group (even empty), once its values are known to be writable in the
+    output format: a value the format cannot hold is an error naming the file and the row in it, found here where
+    the rows are known (Chunk.located)."""
+    with chunk.located():
+        output.spec.check_values(chunk.data, output)
     return [functools.partial(_whole, chunk)], Tally()
 
 

@@ -2,19 +2,43 @@
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from batchtool import formats, fs, rng
-from batchtool.errors import InputError, SchemaError, where
+from batchtool.errors import InputError, RowError, SchemaError, where
+from batchtool.formats import column_types
 from batchtool.formats import tfrecord as tfrecord_format
 from batchtool.manifest import read_manifest
 from batchtool.runner import ordered_map
+
+
+_memory: int | None = None
+
+
+def reading_memory() -> int | None:
+    """The --memory of the command running (None: a command without one), which decompressed input obeys."""
+    return _memory
+
+
+@contextmanager
+def memory_limit(memory: int) -> Iterator[None]:
+    """Make `memory` the budget every dataset opened in the block reads its input under (see
+    formats.base.check_batch_memory): the CLI sets it from --memory around a command that has one, as it sets
+    --max-record-bytes (formats.tfrecord.record_limit)."""
+    global _memory
+    previous, _memory = _memory, memory
+    try:
+        yield
+    finally:
+        _memory = previous
 
 
 @dataclass(frozen=True)
@@ -27,11 +51,25 @@ class Shard:
 
 
 @dataclass(frozen=True)
+class Origin:
+    """Where a chunk's rows come from: the file of each shard index its example ids hold, and what a file calls
+    one of its rows (`row`, a TFRecord `record`)."""
+
+    paths: Mapping[int, str]
+    unit: str = "row"
+
+    def merge(self, other: Origin | None) -> Origin:
+        return self if other is None else Origin({**self.paths, **other.paths}, self.unit)
+
+
+@dataclass(frozen=True)
 class Chunk:
-    """A slice of rows and their stable example ids (see rng.example_ids)."""
+    """A slice of rows and their stable example ids (see rng.example_ids), and (when read from files) where they
+    come from, so that a problem found at a row names the file and the row in it (`where`, `located`)."""
 
     data: pa.RecordBatch
     ids: np.ndarray
+    origin: Origin | None = None
 
     @property
     def num_rows(self) -> int:
@@ -40,11 +78,11 @@ class Chunk:
     def take(self, indices: np.ndarray) -> Chunk:
         """Rows by position (repeats allowed), ids included."""
         indices = np.asarray(indices, dtype=np.int64)
-        return Chunk(self.data.take(pa.array(indices)), self.ids[indices])
+        return Chunk(self.data.take(pa.array(indices)), self.ids[indices], self.origin)
 
     def filter(self, mask: np.ndarray) -> Chunk:
         mask = np.asarray(mask, dtype=bool)
-        return Chunk(self.data.filter(pa.array(mask)), self.ids[mask])
+        return Chunk(self.data.filter(pa.array(mask)), self.ids[mask], self.origin)
 
     @staticmethod
     def concat(chunks: Sequence[Chunk], schema: pa.Schema) -> Chunk:
@@ -52,7 +90,27 @@ class Chunk:
         batches = pa.Table.from_batches([c.data for c in chunks], schema).combine_chunks().to_batches()
         data = batches[0] if batches else pa.RecordBatch.from_pylist([], schema=schema)
         ids = np.concatenate([c.ids for c in chunks]) if chunks else np.zeros(0, dtype=np.uint64)
-        return Chunk(data, ids)
+        origins = [c.origin for c in chunks if c.origin is not None]
+        return Chunk(data, ids, functools.reduce(Origin.merge, origins[1:], origins[0]) if origins else None)
+
+    def where(self, row: int) -> str:
+        """'file, row N' of a row of this chunk; 'row N of a batch' when the chunk does not know its file."""
+        example = int(self.ids[row])
+        path = self.origin.paths.get(example >> rng.SHARD_BITS) if self.origin is not None else None
+        return f"row {row} of a batch" if path is None else _place(path, self.origin.unit, example)
+
+    @contextmanager
+    def located(self) -> Iterator[None]:
+        """Around work on this chunk: a RowError (a row of its data) names the file and the row in it instead."""
+        try:
+            yield
+        except RowError as exc:
+            raise exc.at(self.where(exc.row)) from None
+
+
+def _place(path: str, unit: str, example_id: int) -> str:
+    """'file, row N' of an example id whose shard is that file."""
+    return f"{path}, {unit} {example_id & ((1 << rng.SHARD_BITS) - 1)}"
 
 
 @dataclass
@@ -108,6 +166,8 @@ class Dataset:
     skip_corrupt: bool = False
     manifest: dict | None = None
     max_record_bytes: int = field(default_factory=tfrecord_format.max_record_bytes)
+    memory: int | None = field(default_factory=reading_memory)
+    """The command's --memory, which bounds what one unit of input decompresses to (None: --max-record-bytes does)."""
 
     @property
     def progress_rows(self) -> int | None:
@@ -127,8 +187,7 @@ class Dataset:
 
     def locate(self, example_id: int) -> str:
         """'file, row N' of an example id, for error messages."""
-        row = int(example_id) & ((1 << rng.SHARD_BITS) - 1)
-        return f"{self.shard_of(example_id).path}, {self.spec.unit} {row}"
+        return _place(self.shard_of(example_id).path, self.spec.unit, int(example_id))
 
     @property
     def spec(self) -> formats.Format:
@@ -158,6 +217,11 @@ class Dataset:
         reads only forward). So on a cluster only paths and offsets travel to the workers.
         """
         cols = self.check_columns(columns)
+        for f in self.projected_schema(cols):
+            why = column_types.unsupported(f.type)
+            if why is not None:
+                raise SchemaError(f"{self.src}: column {f.name!r} is {column_types.shown_type(f)}: {why}; leave it out "
+                                  "(convert --columns, select --columns)")
         yield from self.spec.tasks(self, cols, report or ReadReport())
 
     def chunks(self, columns: Sequence[str] | None = None, threads: int = 1,
@@ -166,23 +230,42 @@ class Dataset:
         return ordered_map(lambda task: task(), self.tasks(columns, report), threads)
 
 
-def shard_chunk(batch: pa.RecordBatch, schema: pa.Schema, shard: Shard, first_row: int) -> Chunk:
-    """A batch read from a shard as a chunk of the dataset: in the dataset's schema, with its rows' ids."""
-    if not batch.schema.equals(schema):
+def first_in_input(error: RowError, dataset: Dataset, threads: int = 1) -> InputError | None:
+    """For a RowError in a batch an operation made (its rows' ids are gone): the same problem at the first row of
+    the input whose column holds it (error.refind), naming the file and the row; None when the input has no such
+    column (an operation's own) or row. One pass over that column only."""
+    if error.refind is None or error.column not in dataset.schema.names:
+        return None
+    for chunk in dataset.chunks([error.column], threads):
+        row = error.refind(chunk.data.column(0))
+        if row is not None:
+            return error.at(dataset.locate(int(chunk.ids[row])), " (the first such row of the input)")
+    return None
+
+
+def shard_chunk(batch: pa.RecordBatch, schema: pa.Schema, shard: Shard, first_row: int, unit: str = "row") -> Chunk:
+    """A batch read from a shard as a chunk of the dataset: in the dataset's schema (its field metadata included:
+    what marks an extension type's storage), with its rows' ids and their file."""
+    if not batch.schema.equals(schema, check_metadata=True):
         batch = _conform(batch, schema, shard.path)
-    return Chunk(batch, rng.example_ids(shard.index, first_row, batch.num_rows))
+    ids = rng.example_ids(shard.index, first_row, batch.num_rows)
+    return Chunk(batch, ids, Origin({shard.index: shard.path}, unit))
 
 
 def _conform(batch: pa.RecordBatch, schema: pa.Schema, path: str) -> pa.RecordBatch:
-    """Cast a shard whose schema differs only in representation (e.g. large_string) to the dataset's."""
+    """Cast a shard whose schema differs only in representation (e.g. large_string, an extension type's storage)
+    to the dataset's."""
+    if batch.schema.equals(schema):
+        return pa.RecordBatch.from_arrays(batch.columns, schema=schema)  # the metadata only
     try:
-        return batch.cast(schema)
+        return column_types.conform_read(batch, schema)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
         raise SchemaError(f"{where(path)}: schema differs from the first shard's ({exc})") from exc
 
 
 def resolve_paths(src: str) -> list[str]:
-    """Files of SRC in a stable order: a file, a directory (recursively) or a glob; local or a URI."""
+    """Files of SRC in a stable order: a file, a directory (recursively, or as a format's own metadata lists
+    them: a Hugging Face save_to_disk directory) or a glob; local or a URI."""
     if fs.is_glob(src):
         paths = fs.glob_files(src)
         if not paths:
@@ -191,6 +274,9 @@ def resolve_paths(src: str) -> list[str]:
     if fs.is_file(src):
         return [src]
     if fs.is_dir(src):
+        listed = next((files for f in formats.FORMATS.values() if (files := f.directory_files(src)) is not None), None)
+        if listed is not None:
+            return listed
         found = [p for p in fs.walk_files(src) if detect_format(p)]  # the manifest is neither hidden nor data
         if not found:
             raise InputError(f"{src}: empty input: no Parquet, TFRecord or Arrow IPC files in this directory")
@@ -213,12 +299,14 @@ def detect_format(path: str, sniff: bool = False) -> str | None:
 
 def open_dataset(src: str, format: str | None = None, schema: pa.Schema | None = None,
                  tfrecord_kind: str = "auto", skip_corrupt: bool = False,
-                 max_record_bytes: int | None = None) -> Dataset:
+                 max_record_bytes: int | None = None, memory: int | None = None) -> Dataset:
     """Resolve SRC, check it is one readable format, and fix the schema every chunk will have.
 
     A TFRecord SRC without a batchtool manifest gets its schema from a pass over every record
-    (feature names and kinds only). max_record_bytes: the largest TFRecord record read
-    (default: tfrecord.max_record_bytes(), what --max-record-bytes sets).
+    (feature names and kinds only). max_record_bytes: the largest TFRecord record read, and what one record
+    batch of a compressed Arrow IPC file may decompress to when there is no `memory` (default:
+    tfrecord.max_record_bytes(), what --max-record-bytes sets); memory: the budget that decompressed input
+    obeys instead (default: the command's --memory, see memory_limit).
     """
     src = os.fspath(src)
     paths = resolve_paths(src)
@@ -237,14 +325,18 @@ def open_dataset(src: str, format: str | None = None, schema: pa.Schema | None =
         raise InputError(f"{src}: unknown format {format!r} (expected one of: {', '.join(formats.NAMES)})")
     shards = tuple(Shard(i, p, fs.file_size(p)) for i, p in enumerate(paths))
     manifest = read_manifest(src) if fs.is_dir(src) else None
-    reading = {"tfrecord_kind": tfrecord_kind, "skip_corrupt": skip_corrupt, "max_record_bytes": max_record_bytes}
-    return formats.FORMATS[format].open_dataset(src, shards, schema, manifest, reading)
+    reading = {"tfrecord_kind": tfrecord_kind, "skip_corrupt": skip_corrupt, "max_record_bytes": max_record_bytes,
+               "memory": reading_memory() if memory is None else memory}
+    dataset = formats.FORMATS[format].open_dataset(src, shards, schema, manifest, reading)
+    unwrapped = column_types.reading_schema(dataset.schema)  # operations never see an extension type
+    return dataset if unwrapped is dataset.schema else replace(dataset, schema=unwrapped)
 
 
 def open_self_describing(src: str, format: formats.Format, shards: tuple[Shard, ...], schema: pa.Schema | None,
-                         manifest: dict | None, footer: Callable[[str], tuple[pa.Schema, int]]) -> Dataset:
+                         manifest: dict | None, footer: Callable[[str], tuple[pa.Schema, int]],
+                         reading: dict | None = None) -> Dataset:
     """A Dataset of shards that each record their schema and rows (Parquet, Arrow IPC; `footer` reads them):
-    every shard must have the first one's schema."""
+    every shard must have the first one's schema. `reading`: open_dataset's reader settings (the limits)."""
     rows = 0
     first_schema = None
     for shard in shards:
@@ -257,7 +349,8 @@ def open_self_describing(src: str, format: formats.Format, shards: tuple[Shard, 
         elif not _compatible(first_schema, file_schema):
             raise SchemaError(f"{shard.path}: schema differs from {shards[0].path}: "
                               f"{_schema_diff(first_schema, file_schema)}")
-    return Dataset(src, format.name, shards, schema or first_schema, num_rows=rows, manifest=manifest)
+    limits = {k: v for k, v in (reading or {}).items() if k in ("max_record_bytes", "memory") and v is not None}
+    return Dataset(src, format.name, shards, schema or first_schema, num_rows=rows, manifest=manifest, **limits)
 
 
 def _compatible(a: pa.Schema, b: pa.Schema) -> bool:

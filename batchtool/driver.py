@@ -13,9 +13,9 @@ from typing import Any
 import pyarrow as pa
 
 from batchtool import exchange, progress
-from batchtool.dataset import Chunk, Dataset, ReadReport
+from batchtool.dataset import Chunk, Dataset, ReadReport, first_in_input
 from batchtool.engines import with_engine
-from batchtool.errors import BatchtoolError
+from batchtool.errors import BatchtoolError, RowError
 from batchtool.exchange import ReadUnit, exchanged
 from batchtool.job import JobResult, RunSettings, open_source
 from batchtool.write import Emitted, Item, Job, Piece, Produced, Streamed, write
@@ -121,6 +121,8 @@ def stream_errors(op: Operation, plan: Any, dataset: Dataset, threads: int) -> I
         yield
     except BatchtoolError as exc:
         better = op.on_stream_error(plan, exc, scanner(dataset, threads))
+        if better is None and isinstance(exc, RowError):  # a row of an output batch: find it in the input
+            better = first_in_input(exc, dataset, threads)
         if better is None:
             raise
         raise better from None

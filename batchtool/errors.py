@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 
 class BatchtoolError(Exception):
@@ -77,6 +78,24 @@ class InputError(BatchtoolError):
 
 class OptionInputError(NamesOptions, InputError):
     """Input that defeats an option: a value in a file and row that the option's value cannot take."""
+
+
+class RowError(InputError):
+    """A value at a row of a batch that cannot be processed, raised by code that knows only the row's place in the
+    batch (an encoder): whoever knows where the batch's rows come from names the file and the row in it instead
+    (`at`, dataset.Chunk.located), or, for a batch an operation made, the first such row of the input (`refind`:
+    the row of another array of the column where the same problem is, or None; dataset.first_in_input).
+    Unlocated, it says `row N of a batch`."""
+
+    def __init__(self, row: int, column: str | None, problem: str,
+                 refind: Callable[[Any], int | None] | None = None) -> None:
+        self.row, self.column, self.problem, self.refind = row, column, problem, refind
+        super().__init__(f"row {row} of a batch{'' if column is None else f', column {column!r}'}: {problem}")
+
+    def at(self, place: str, note: str = "") -> InputError:
+        """The same problem at `place` ('file, row N'), `note` after it."""
+        return InputError(f"{place}{'' if self.column is None else f', column {self.column!r}'}: {self.problem}"
+                          f"{note}")
 
 
 class CorruptRecordError(InputError):

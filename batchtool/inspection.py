@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -11,7 +12,9 @@ import pyarrow.compute as pc
 from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
 from batchtool.engines import with_engine
+from batchtool.formats import column_types
 from batchtool.job import RunSettings
+from batchtool.manifest import manifest_path
 from batchtool.runner import ordered_map
 
 _BAR_WIDTH = 40
@@ -30,56 +33,59 @@ def inspect(src: str, *, label: str | None = None, length: str | None = None, fo
     """
     dataset = open_dataset(src, format=format, skip_corrupt=skip_corrupt)
     label = label or stats_mod.default_label(dataset.schema)
-    op, options = producer(dataset.manifest)
+    from batchtool.ops.names import producer, written_names  # here: the ops import budget, which imports this module
+
+    op, options, _ = producer(dataset.manifest)
+    own = written_names(dataset.manifest, manifest_path(src))
     report = ReadReport()
-    if length is None and op == "segment" and {"key", "sequence", "total_length"} <= set(dataset.schema.names):
-        st, segments = segment_stats(dataset, label, run.threads, report)
-        result = describe(dataset, st, label, "total_length", report)
-        result["length"]["column"] = "total_length (of the examples)"
-        result["segments"] = {**segments, "ranks": options.get("world_size") or 1}
+    segment_columns = {own.get("key"), own.get("sequence"), own.get("total_length")}
+    if length is None and op == "segment" and segment_columns <= set(dataset.schema.names):
+        st, segments = segment_stats(dataset, label, own, run.threads, report)
+        result = describe(dataset, st, label, own["total_length"], report)
+        result["length"]["column"] = f"{own['total_length']} (of the examples)"
+        ranks = options.get("world_size")  # the manifest's options are free-form: shown only when they make sense
+        result["segments"] = {**segments, "ranks": ranks if isinstance(ranks, int) and ranks >= 1 else 1}
         return result
     if length is None and op == "bucket":
-        length = options.get("length_column") or options.get("length-column") or "length"
-        length = length if length in dataset.schema.names else None
+        length = own["length"] if own["length"] in dataset.schema.names else None
     length = length or stats_mod.default_length(dataset.schema)
     dataset.check_columns([c for c in (label, length) if c])
-    st = stats_mod.collect(dataset, label=label, length=length, threads=run.threads, report=report)
+    st = stats_mod.collect(dataset, label=label, length=length, threads=run.threads, report=report) \
+        if label or length else counted(dataset, report)
     return describe(dataset, st, label, length, report)
 
 
-def producer(manifest: dict | None) -> tuple[str | None, dict[str, Any]]:
-    """The operation that wrote a batchtool output and its options: the command, or `run`'s last stage."""
-    if not manifest:
-        return None, {}
-    options = manifest.get("options") or {}
-    if manifest.get("command") == "run":
-        stages = options.get("stages") or [{}]
-        return stages[-1].get("op"), stages[-1]
-    return manifest.get("command"), options
+def counted(dataset: Dataset, report: ReadReport) -> stats_mod.DatasetStats:
+    """Rows per shard as the format counts them without reading data (footers, IPC metadata; TFRecord: every
+    record framed and CRC-checked), when inspect has no column to read."""
+    rows = {shard.index: dataset.spec.count_rows(dataset, shard, report) for shard in dataset.shards}
+    return stats_mod.DatasetStats(rows=sum(rows.values()), shard_rows=rows)
 
 
-def segment_stats(dataset: Dataset, label: str | None, threads: int,
+def segment_stats(dataset: Dataset, label: str | None, own: Mapping[str, str], threads: int,
                   report: ReadReport) -> tuple[stats_mod.DatasetStats, dict[str, int]]:
     """Segment output in one pass: rows and shards of all rows, labels and lengths of the examples
-    (first segments), and the counts of segments, examples, lanes and empty slots."""
-    columns = list(dict.fromkeys(["key", "sequence", "total_length", "lane", *([label] if label else [])]))
+    (first segments), and the counts of segments, examples, lanes and empty slots. `own`: the names of
+    segment's columns (key, sequence, total_length, lane) in this output."""
+    key, sequence, total, lane = own["key"], own["sequence"], own["total_length"], own["lane"]
+    columns = list(dict.fromkeys([key, sequence, total, lane, *([label] if label else [])]))
     columns = [c for c in columns if c in dataset.schema.names]
     dataset.check_columns(columns)
 
     def one(chunk: Chunk) -> tuple[stats_mod.DatasetStats, dict[str, int]]:
-        real = pc.not_equal(chunk.data.column("key"), "").to_numpy(zero_copy_only=False)
-        first = real & (chunk.data.column("sequence").to_numpy(zero_copy_only=False) == 0)
-        st = stats_mod.chunk_stats(chunk.filter(first), label, "total_length")
+        real = pc.not_equal(chunk.data.column(key), "").to_numpy(zero_copy_only=False)
+        first = real & (chunk.data.column(sequence).to_numpy(zero_copy_only=False) == 0)
+        st = stats_mod.chunk_stats(chunk.filter(first), label, total)
         st.rows, st.shard_rows = chunk.num_rows, stats_mod.chunk_stats(chunk, None, None).shard_rows
-        lanes = chunk.data.column("lane").to_numpy(zero_copy_only=False) if "lane" in columns else np.zeros(0)
+        lanes = chunk.data.column(lane).to_numpy(zero_copy_only=False) if lane in columns else np.zeros(0)
         return st, {"segments": int(real.sum()), "examples": int(first.sum()), "empty_slots": int((~real).sum()),
                     "lanes": int(lanes.max()) + 1 if len(lanes) else 0}
 
-    total, counts = stats_mod.DatasetStats(), {"segments": 0, "examples": 0, "empty_slots": 0, "lanes": 0}
+    total_stats, counts = stats_mod.DatasetStats(), {"segments": 0, "examples": 0, "empty_slots": 0, "lanes": 0}
     for st, part in ordered_map(lambda task: one(task()), dataset.tasks(columns, report), threads):
-        total.merge(st)
+        total_stats.merge(st)
         counts = {k: max(v, part[k]) if k == "lanes" else v + part[k] for k, v in counts.items()}
-    return total, counts
+    return total_stats, counts
 
 
 def describe(dataset: Dataset, st: stats_mod.DatasetStats, label: str | None, length: str | None,
@@ -90,7 +96,7 @@ def describe(dataset: Dataset, st: stats_mod.DatasetStats, label: str | None, le
         "tfrecord_kind": dataset.tfrecord_kind,
         "rows": st.rows,
         "bytes": dataset.total_bytes,
-        "schema": [{"name": f.name, "type": str(f.type)} for f in dataset.schema],
+        "schema": [{"name": f.name, "type": column_types.shown_type(f)} for f in dataset.schema],
         "shards": [{"path": s.path, "bytes": s.size, "rows": st.shard_rows.get(s.index, 0)}
                    for s in dataset.shards],
     }

@@ -167,13 +167,16 @@ class Loader:
         file, local = self._layout.locate(ids)
         rows = np.zeros(len(ids), dtype=np.int64)
         bucket = np.full(len(ids), -1, dtype=np.int64)
+        from batchtool.ops.names import written_names  # here: the ops import check, which imports load
+
         where = self._layout.batches
-        has_bucket = "bucket" in self.dataset.schema.names and where.records_buckets
+        column = written_names(self.manifest, manifest_path(self.dataset.src)).get("bucket", "bucket")
+        has_bucket = column in self.dataset.schema.names and where.records_buckets
         for f in np.unique(file):
             at = np.flatnonzero(file == f)
             rows[at] = where.rows(int(f), local[at])
             if has_bucket:
-                bucket[at] = where.buckets(int(f), local[at])
+                bucket[at] = where.buckets(int(f), local[at], column)
         out = {"batch": ids, "file": file, "rows": rows}
         if has_bucket:
             out["bucket"] = bucket

@@ -11,7 +11,7 @@ import os
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import BinaryIO
 
 import pyarrow as pa
@@ -19,7 +19,7 @@ import pyarrow as pa
 from batchtool import fs
 from batchtool.errors import (DestinationError, DestinationExistsError, OptionError, OptionSchemaError,
                               where)
-from batchtool.formats import DEFAULT, FORMATS, NAMES
+from batchtool.formats import DEFAULT, FORMATS, NAMES, column_types
 from batchtool.formats.base import EncodedBatch, Format, ShardSink
 
 CASTS = {"float64=float32": (pa.float64(), pa.float32())}
@@ -63,8 +63,13 @@ class OutputOptions:
                                   value=cast)
 
     def stored_schema(self, schema: pa.Schema) -> pa.Schema:
-        """The schema the output files hold exactly: for TFRecord, float64 narrowed to float32 if --cast
-        asks for it, else SchemaError naming the column (tf.train.FloatList holds only float32)."""
+        """The schema the output files hold exactly: narrowed_schema, with the extension types the input's
+        columns had put back (formats.column_types)."""
+        return column_types.written_schema(self.narrowed_schema(schema))
+
+    def narrowed_schema(self, schema: pa.Schema) -> pa.Schema:
+        """The schema of the values written: for TFRecord, float64 narrowed to float32 if --cast asks for it,
+        else SchemaError naming the column (tf.train.FloatList holds only float32)."""
         if not self.spec.float32_only:
             return schema
         fields = []
@@ -86,7 +91,7 @@ class OutputOptions:
 
     def casts(self, schema: pa.Schema) -> dict[str, str]:
         """The columns --cast changes, as {name: "old -> new"}, for the manifest."""
-        stored = self.stored_schema(schema)
+        stored = self.narrowed_schema(schema)
         return {f.name: f"{f.type} -> {s.type}" for f, s in zip(schema, stored) if f.type != s.type}
 
     @property
@@ -206,6 +211,8 @@ class BatchShardWriter:
         self.name = name or directory
         """What errors name: DST, when `directory` is its temporary twin."""
         self.schema = schema
+        self._extensions = any(column_types.holds_extension(f.type) for f in schema)
+        """Batches come in the storage of these (formats.column_types): the writer wraps them."""
         self.options = options
         self.files: list[dict] = []
         self._first = first
@@ -217,6 +224,8 @@ class BatchShardWriter:
         self._batches = 0
 
     def write(self, encoded: EncodedBatch) -> None:
+        if self._extensions:
+            encoded = replace(encoded, data=column_types.conform_written(encoded.data, self.schema))
         with self._errors():
             if self._sink is None:
                 self._open()

@@ -31,10 +31,21 @@ def parse_pad_values(specs: Sequence[str], schema: pa.Schema) -> dict[str, Any]:
                 values[name] = float(text)
             elif pa.types.is_boolean(element):
                 values[name] = text.lower() in ("1", "true", "yes")
+            elif pa.types.is_fixed_size_binary(element):
+                values[name] = text.encode()
+                if len(values[name]) != element.byte_width:
+                    raise ValueError
+            elif pa.types.is_binary(element) or pa.types.is_large_binary(element):
+                values[name] = text.encode()
             else:
                 values[name] = text
         except ValueError:
             raise OptionError("pad_value", f"{text!r} is not a {element} value", value=repr(spec)) from None
+        if pa.types.is_integer(element):
+            try:
+                pa.scalar(values[name], element)
+            except (OverflowError, pa.ArrowInvalid):
+                raise OptionError("pad_value", f"{text!r} is out of the range of {element}", value=repr(spec)) from None
     return values
 
 
@@ -46,10 +57,13 @@ def element_type(t: pa.DataType) -> pa.DataType:
 
 
 def default_pad(t: pa.DataType) -> Any:
-    """0 for numbers, False for booleans, the empty string for strings (TensorFlow's PaddingFIFOQueue)."""
+    """0 for numbers, False for booleans, the empty string for strings (TensorFlow's PaddingFIFOQueue), zero
+    bytes for fixed-size binary (a uuid's storage)."""
     e = element_type(t)
     if pa.types.is_string(e) or pa.types.is_large_string(e):
         return ""
+    if pa.types.is_fixed_size_binary(e):
+        return bytes(e.byte_width)
     if pa.types.is_binary(e) or pa.types.is_large_binary(e):
         return b""
     if pa.types.is_boolean(e):
@@ -200,7 +214,8 @@ def pad_batch(batch: pa.RecordBatch, columns: Sequence[str], length: int,
     arrays = [pad_list_column(batch.column(f.name), length, pad_values.get(f.name, default_pad(f.type)))
               if f.name in columns else batch.column(f.name) for f in batch.schema]
     return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(
-        [pa.field(f.name, pa.list_(f.type.value_field)) if f.name in columns else f for f in batch.schema]))
+        [pa.field(f.name, pa.list_(f.type.value_field), metadata=f.metadata) if f.name in columns else f
+         for f in batch.schema]))
 
 
 def mask_column(lengths: np.ndarray, length: int) -> pa.Array:

@@ -34,7 +34,7 @@ def parse_size(text: str | int | None) -> int | None:
     digits = s.rstrip("KMGTIB")
     try:
         return int(float(digits) * _UNITS[s[len(digits):]])
-    except (ValueError, KeyError):
+    except (ValueError, KeyError, OverflowError):  # OverflowError: 1e400GB
         raise ValueError(f"{text!r} is not a size") from None
 
 

@@ -16,8 +16,12 @@ import pyarrow.compute as pc
 
 from batchtool import rng
 from batchtool.dataset import Chunk, Dataset, ReadReport
-from batchtool.errors import SchemaError
+from batchtool.errors import OptionInputError, SchemaError
 from batchtool.runner import ordered_map
+
+
+HISTOGRAM_ITEM = 8
+"""Bytes of the length histogram per length up to the longest (an int64 count)."""
 
 
 def is_sequence_type(t: pa.DataType) -> bool:
@@ -110,8 +114,9 @@ def nan_count(arr: pa.Array, column: str) -> int:
 
 
 def chunk_stats(chunk: Chunk, label: str | None, length: str | None, nulls: Sequence[str] = (),
-                nans: Sequence[str] = ()) -> DatasetStats:
-    """Statistics of one chunk; a pure function so it can run on any worker thread."""
+                nans: Sequence[str] = (), histogram: tuple[str, int] | None = None) -> DatasetStats:
+    """Statistics of one chunk; a pure function so it can run on any worker thread. `histogram`: (the option,
+    bytes) that bound the length histogram, a count per length up to the longest (a value in a file sizes it)."""
     stats = DatasetStats(rows=chunk.num_rows)
     shards, counts = np.unique(chunk.ids >> np.uint64(rng.SHARD_BITS), return_counts=True)
     stats.shard_rows = {int(s): int(c) for s, c in zip(shards, counts)}
@@ -123,7 +128,15 @@ def chunk_stats(chunk: Chunk, label: str | None, length: str | None, nulls: Sequ
     if length is not None:
         lens = lengths_of(chunk.data, length)
         if len(lens) and lens.min() < 0:
-            raise SchemaError(f"column {length!r} has a negative length ({int(lens.min())})")
+            row = int(np.argmax(lens < 0))
+            raise SchemaError(f"{chunk.where(row)}, column {length!r}: a negative length ({int(lens[row])})")
+        if histogram is not None and len(lens) and HISTOGRAM_ITEM * (int(lens.max()) + 1) > histogram[1]:
+            row = int(np.argmax(lens))
+            field, limit = histogram
+            raise OptionInputError(field, f"a length of {int(lens[row]):,}: counting lengths up to it takes "
+                                          f"{HISTOGRAM_ITEM * (int(lens[row]) + 1):,} bytes, more than the {limit:,} "
+                                          f"{{{field}}} allows; raise {{{field}}} if the length is genuine",
+                                   where=f"{chunk.where(row)}, column {length!r}: ")
         stats.length_counts = np.bincount(lens) if len(lens) else np.zeros(0, dtype=np.int64)
     stats.null_counts = {c: chunk.data.column(c).null_count for c in nulls}
     stats.nan_counts = {c: nan_count(chunk.data.column(c), c) for c in nans}
@@ -133,10 +146,14 @@ def chunk_stats(chunk: Chunk, label: str | None, length: str | None, nulls: Sequ
 def collect(dataset: Dataset, label: str | None = None, length: str | None = None, threads: int = 1,
             report: ReadReport | None = None, nulls: Sequence[str] = (), nans: Sequence[str] = ()) -> DatasetStats:
     """One pass over only the label, length, null and NaN columns (or the narrowest column, to count rows)."""
+    from batchtool import budget  # (budget reads inspection, which reads this module)
+
     columns = list(dict.fromkeys(c for c in (label, length, *nulls, *nans) if c is not None)) \
         or [_narrowest_column(dataset.schema)]
+    histogram = (("memory", budget.allowed(dataset.memory)) if dataset.memory is not None
+                 else ("max_record_bytes", dataset.max_record_bytes))
     total = DatasetStats()
-    for part in ordered_map(lambda task: chunk_stats(task(), label, length, nulls, nans),
+    for part in ordered_map(lambda task: chunk_stats(task(), label, length, nulls, nans, histogram),
                             dataset.tasks(columns, report), threads):
         total.merge(part)
     return total

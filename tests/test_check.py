@@ -128,6 +128,18 @@ def test_min_class_rows_with_and_without_num_classes(tmp_path):
     assert one(src, MinClassRows("m", 13)).offenders[0].detail == "class 1: 12 rows"
 
 
+def test_min_class_rows_with_a_huge_num_classes_holds_only_the_offenders_it_lists(tmp_path):
+    """num_classes from a rules file sizes nothing: 10**12 classes are counted, not listed."""
+    src = src_of(tmp_path, {"label": [0] * 30 + [1] * 12 + [3] * 11})
+    result = one(src, MinClassRows("m", 12, num_classes=10 ** 12))
+    assert result.status == FAIL and result.offending == 10 ** 12 - 2 and result.value == 0
+    assert result.measured == "smallest class 2: 0 rows"
+    assert [o.detail for o in result.offenders] == ["class 2: 0 rows", "class 3: 11 rows", "class 4: 0 rows",
+                                                    "class 5: 0 rows", "class 6: 0 rows"]
+    full = one(src, MinClassRows("m", 11, num_classes=4))
+    assert full.offending == 1 and [o.detail for o in full.offenders] == ["class 2: 0 rows"]
+
+
 def test_length_bounds_and_quantiles(tmp_path):
     lengths = [5, 1, 7, 10, 3, 12, 6, 4, 8, 9]
     src = src_of(tmp_path, {"tokens": tokens(lengths), "n": lengths})
@@ -282,11 +294,11 @@ def test_tfrecord_rows_are_counted_without_decoding(tmp_path, monkeypatch):
 def test_plan_reads_only_the_columns_rules_need():
     schema = pa.schema([("key", pa.string()), ("label", pa.int64()), ("tokens", pa.list_(pa.int64())),
                         ("weight", pa.float32())])
-    assert scan.make_plan([LabelRange("r", 4)], schema, key=None, limit=5).columns == ("label",)
+    assert scan.make_plan([LabelRange("r", 4)], schema, key=None, limit=5, memory=1 << 30).columns == ("label",)
     plan = scan.make_plan([LabelRange("r", 4), Length("l", column="tokens", p50=(1, 2)), Unique("u", ("key",))],
-                              schema, key="key", limit=5)
+                          schema, key="key", limit=5, memory=1 << 30)
     assert plan.columns == ("label", "tokens", "key") and plan.pairs == (("label", "tokens"),)
-    assert scan.make_plan([RowCount("r", min=1)], schema, key="key", limit=5).columns == ()
+    assert scan.make_plan([RowCount("r", min=1)], schema, key="key", limit=5, memory=1 << 30).columns == ()
 
 
 def test_stats_collect_counts_nulls_and_nans_like_check(tmp_path):

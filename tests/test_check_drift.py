@@ -220,3 +220,16 @@ def test_drift_rules_in_a_file_need_a_baseline(tmp_path, drifted, run_cli):
     rules.write_text('baseline = "x"\n[[rules]]\nkind = "row_count"\nmin = 1\n')
     result = run_cli("check", drifted, "--rules", rules)
     assert result.exit_code == 2 and "top-level key 'baseline' is set but no rule compares with it" in result.stderr
+
+
+def test_a_baseline_length_that_would_size_a_huge_histogram_is_refused_naming_its_row(tmp_path, base, run_cli):
+    """A length is checked against --memory before the baseline's length histogram is allocated, as SRC's is."""
+    table = corpus([0, 1] * 5, [10] * 10).append_column("n", pa.array([10] * 7 + [10 ** 12] + [10] * 2, pa.int64()))
+    huge = write_parquet_shards(str(tmp_path / "huge"), table, shards=1)
+    ok = table.set_column(table.schema.get_field_index("n"), "n", pa.array([10] * 10, pa.int64()))
+    src = write_parquet_shards(str(tmp_path / "ok"), ok, shards=1)
+    result = run_cli("check", src, "--baseline", huge, "--length", "n")
+    assert result.exit_code == 2 and result.stderr == (
+        f"error: {huge}/part-00000.parquet, row 7, column 'n': length 1,000,000,000,000 (its length histogram) takes "
+        "about 36.4 TB at once, more than --memory 1.0 GB allows (128.0 MB); check the column, or give a larger "
+        "--memory\n")

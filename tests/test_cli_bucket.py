@@ -128,7 +128,8 @@ def test_a_different_length_column_names_the_row_and_output_column_renames_ours(
     result = run_cli("bucket", src, tmp_path / "a", "--auto-buckets", "3", "--batch-size", "8")
     assert result.exit_code == 2 and result.stderr.count("\n") == 1 and not (tmp_path / "a").exists()
     assert re.search(r"part-00000.parquet, row 7, column 'length': \d+ but its length is \d+; bucket writes its own "
-                     r"'length' column: name it otherwise with --output-column length=NEW_NAME", result.stderr)
+                     r"'length' column and takes yours only when it holds that on every row: name bucket's otherwise "
+                     r"with --output-column length=NEW_NAME", result.stderr)
     ok = run_cli("bucket", src, tmp_path / "b", "--auto-buckets", "3", "--batch-size", "8", "--mask",
                  "--output-column", "length=steps,mask=real", "-q")
     assert ok.exit_code == 0, ok.stderr
@@ -141,9 +142,11 @@ def test_a_different_length_column_names_the_row_and_output_column_renames_ours(
 
 
 @pytest.mark.parametrize("column, args, message", [
-    ("batch", [], "column 'batch' is also an output column of bucket; rename yours first"),
+    ("batch", [], "column 'batch' is also an output column of bucket; name bucket's otherwise with --output-column "
+                  "batch=NEW_NAME"),
     ("bucket", ["--output-column", "bucket=bucket"], "--output-column bucket=NEW_NAME"),
-    ("x", ["--output-column", "batch=b"], "--output-column batch=b: expected OUT=NAME with OUT one of bucket, length"),
+    ("x", ["--output-column", "lane=b"], "--output-column lane=b: expected OUT=NAME with OUT one of batch, bucket, "
+                                         "length, mask"),
     ("x", ["--output-column", "length=bucket"], "two output columns would be named 'bucket'"),
     ("x", ["--output-column", "length"], "--output-column 'length': expected OUT=NAME"),
 ])

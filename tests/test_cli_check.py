@@ -10,7 +10,9 @@ import sys
 import xml.etree.ElementTree as ET
 
 import click
+import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
@@ -126,6 +128,9 @@ def test_tfrecord_crc(tmp_path, run_cli):
     (("check", PARQUET, "--checksums"), "not a batchtool output directory"),
     (("check", PARQUET, "--rules", "/nonexistent/rules.toml"), "cannot read the rules file"),
     (("check", PARQUET, "--min-rows", "1", "--json", "/nonexistent/dir/out.json"), "--json /nonexistent/dir"),
+    (("check", PARQUET, "--unique", "label", "--max-offenders", "1000000000"),
+     "--max-offenders 1000000000: listing up to 1,000,000,000 offending rows for each of 1 rule takes about 476.8 GB "
+     "at once, more than --memory 1.0 GB allows (128.0 MB); give a smaller --max-offenders or a larger --memory"),
 ])
 def test_usage_and_input_errors_exit_2_with_one_line(run_cli, args, message):
     result = run_cli(*args)
@@ -233,3 +238,31 @@ def test_reports_never_overwrite_what_check_reads(tmp_path, run_cli, target, glo
     assert after == before
     assert sorted(os.listdir(src)) == ["part-00000.parquet", "part-00001.parquet"]
     assert not os.path.exists(tmp_path / "r.out")
+
+
+@pytest.mark.parametrize("args", [("check", "--length", "n", "--max-length", "4"),
+                                  ("bucket", "DST", "--length", "n", "--boundaries", "5", "--batch-size", "2")])
+def test_a_negative_length_names_its_file_row_and_column(tmp_path, run_cli, args):
+    """A length column's values size the length histogram: a negative one is refused where it is, not as a bare
+    `column 'n' has a negative length`."""
+    n = np.arange(20)
+    n[7] = -3
+    src = tmp_path / "src"
+    src.mkdir()
+    pq.write_table(pa.table({"n": n, "tokens": pa.array([[1, 2, 3]] * 20)}), src / "part-0.parquet")
+    result = run_cli(args[0], src, *[tmp_path / "dst" if a == "DST" else a for a in args[1:]])
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {src}/part-0.parquet, row 7, column 'n': negative length -3\n"
+    assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
+@pytest.mark.parametrize("args", [("--num-classes", "4"), ("--baseline", "SRC")])
+def test_a_label_column_of_more_values_than_classes_is_refused_not_counted_whole(tmp_path, run_cli, args):
+    """Label counts are per class: a column of 100,000 distinct values (an id, say) would grow them with the data."""
+    src = tmp_path / "src"
+    src.mkdir()
+    pq.write_table(pa.table({"label": np.arange(100_000)}), src / "part-0.parquet", row_group_size=10_000)
+    result = run_cli("check", src, *[src if a == "SRC" else a for a in args])
+    assert result.exit_code == 2 and result.stderr == (
+        f"error: {src}: column 'label' holds more than 65,536 distinct labels; the label rules count rows per class "
+        "(check the label column)\n")

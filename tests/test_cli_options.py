@@ -103,9 +103,10 @@ def test_segment_keeps_every_other_column_as_context_by_default(tmp_path, parque
 
 
 def test_segment_refuses_a_default_context_column_named_like_an_output_column(tmp_path, corpus, run_cli):
-    src = write_parquet_shards(str(tmp_path / "src"), corpus.append_column("length", pa.array([1] * len(corpus))))
+    src = write_parquet_shards(str(tmp_path / "src"), corpus.append_column("length", pa.array([1.5] * len(corpus))))
     result = run_cli("segment", src, tmp_path / "dst", "--sequence", "tokens", *SEGMENT)
-    one_error_line(result, "'length'", "--context", "frames")
+    one_error_line(result, "column 'length' is also an output column of segment", "--output-column length=NEW_NAME",
+                   "--input-length", "--context")
     assert not (tmp_path / "dst").exists()
 
 
@@ -260,3 +261,30 @@ def test_sizes_read_as_written_and_show_in_whole_units(size, text):
     assert parse_size("1.5GiB") == 3 << 29 and parse_size(" 2 mb ") == 2 << 20
     with pytest.raises(ValueError, match="'12XB' is not a size"):
         parse_size("12XB")
+
+
+@pytest.mark.parametrize("command, args, key", [
+    ("bucket", ["--boundaries", "9999999999999999999", "--batch-size", "4"], "boundaries"),
+    ("segment", ["--key", "key", "--sequence", "tokens", "--num-unroll", "9999999999999999999", "--batch-size", "4"],
+     "num-unroll"),
+])
+def test_an_integer_beyond_64_bits_is_one_line_on_the_command_line_and_in_a_pipeline(tmp_path, parquet_src, run_cli,
+                                                                                      command, args, key):
+    result = run_cli(command, parquet_src, tmp_path / "dst", *args)
+    one_error_line(result, f"--{key} 9999999999999999999: must fit in 64 bits (at most 9223372036854775807)")
+    pipeline = tmp_path / "p.toml"
+    keys = dict(zip(args[::2], args[1::2]))
+    body = "\n".join(f"{k[2:]} = {v if v.lstrip('-').isdigit() else repr(v)}" for k, v in keys.items())
+    pipeline.write_text(f'[input]\npath = "{parquet_src}"\n[[stage]]\nop = "{command}"\n{body}\n'
+                        f'[output]\npath = "{tmp_path / "dst"}"\n')
+    for extra in ([], ["--dry-run"]):
+        one_error_line(run_cli("run", pipeline, *extra), f"key '{key}' = 9999999999999999999: must fit in 64 bits")
+    assert sorted(os.listdir(tmp_path)) == ["p.toml", "src"]
+
+
+@pytest.mark.parametrize("command, args", [("shuffle", ["DST", "--memory", "1e400GB"]),
+                                           ("check", ["--unique", "key", "--memory", "1e400GB"])])
+def test_a_size_too_large_for_a_number_is_one_line(tmp_path, parquet_src, run_cli, command, args):
+    result = run_cli(command, parquet_src, *[tmp_path / "dst" if a == "DST" else a for a in args])
+    one_error_line(result, "'1e400GB' is not a size")
+    assert sorted(os.listdir(tmp_path)) == ["src"]

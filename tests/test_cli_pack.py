@@ -87,6 +87,13 @@ def test_pipeline_stage_equals_the_commands_and_its_dry_run_the_result(tmp_path,
      "--sequence label: column is int64, expected a list (sequence) column"),
     (["--max-length", "512", "--batch-size", "4", "--pad-value", "key=x", "--sequence", "tokens"],
      "--pad-value key=...: column 'key' is not packed"),
+    (["--max-length", "4194304", "--pad-to-max-length", "--batch-size", "8", "--max-examples-per-row", "1"],
+     "--batch-size 8: one batch of 8 rows padded to --max-length 4,194,304 steps (--pad-to-max-length) takes about "
+     "1.9 GB at once, more than --memory 1.0 GB allows (128.0 MB); give a smaller --batch-size or --max-length, "
+     "drop --pad-to-max-length, or a larger --memory"),
+    (["--max-length", "1000000", "--max-tokens", "2000000000", "--pad-to-max-length", "--max-examples-per-row", "1"],
+     "--max-tokens 2000000000: one batch of 300 rows padded to --max-length 1,000,000 steps (--pad-to-max-length) "
+     "takes about 17.0 GB"),
 ])
 def test_errors_exit_2_with_one_line_and_leave_dst_untouched(tmp_path, parquet_src, run_cli, args, message):
     fresh, kept = tmp_path / "fresh", tmp_path / "kept"

@@ -83,6 +83,12 @@ def _bad_corpus(tmp_path, case: str) -> str:
     ("ok", ("--sequence", "tokens", "--num-unroll", "0"), r"--num-unroll 0: must be at least 1"),
     ("ok", ("--sequence", "nope"), r"no column 'nope'"),
     ("ok", ("--sequence", "tokens", "--pad-value", "label=3"), r"'label' is not a --sequence column"),
+    ("ok", ("--sequence", "tokens", "--world-size", "100000000"),
+     r"--num-unroll 6 with --batch-size 4 and --world-size 100000000: one batch of 4 segments for each rank "
+     r"\(400,000,000 in all\) padded to 6 steps takes about .* at once, more than --memory 1\.0 GB allows "
+     r"\(128\.0 MB\); give a smaller --num-unroll, --batch-size or --world-size, or a larger --memory"),
+    ("ok", ("--sequence", "tokens", "--output-column", "lane=key"), r"--output-column: two output columns would be "
+                                                                    r"named 'key'"),
 ])
 def test_errors_exit_2_with_one_line_and_leave_dst_untouched(tmp_path, run_cli, case, args, message):
     src = _bad_corpus(tmp_path, case)

@@ -415,11 +415,11 @@ def test_encoding_errors() -> None:
             encode_records(pa.record_batch({"c": column}))
     with pytest.raises(SchemaError, match="column 'c'"):
         encode_records(pa.record_batch({"c": pa.array([[[1]]])}), "example")
-    with pytest.raises(InputError, match="row 1, column 'c': a value inside a list is null"):
+    with pytest.raises(InputError, match="row 1 of a batch, column 'c': a value inside a list is null"):
         encode_records(pa.record_batch({"c": pa.array([[1], [2, None]])}))
-    with pytest.raises(InputError, match="row 0, column 'c': a feature-list step is null"):
+    with pytest.raises(InputError, match="row 0 of a batch, column 'c': a feature-list step is null"):
         encode_records(pa.record_batch({"c": pa.array([[[1], None]])}))
-    with pytest.raises(InputError, match="row 1, column 'c': a value exceeds the int64 range"):
+    with pytest.raises(InputError, match="row 1 of a batch, column 'c': a value exceeds the int64 range"):
         encode_records(pa.record_batch({"c": pa.array([1, 1 << 63], pa.uint64())}))
     batch = pa.record_batch({"s": pa.array([1]), "n": pa.array([[[1]]])})
     with pytest.raises(SchemaError, match="not columns of the batch"):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -22,10 +23,12 @@ import pytest
 import memlimit
 from batchtool import budget
 from batchtool.errors import InputError, OptionInputError, UsageError
+from batchtool.ops import segment as segment_op
 from batchtool.ops import shuffle as shuffle_op
 from batchtool.ops.bucket import BucketOptions
 from batchtool.ops.bucket_plan import LengthPass, make_plan, resolve_columns, with_spill_layout
 from batchtool.ops.quotas import plan_layout
+from batchtool.ops.segment_options import SegmentOptions
 from batchtool.ops.stratify import StratifyOptions
 from batchtool.stats import DatasetStats
 from conftest import REPO, SAMPLE, read_dir
@@ -45,6 +48,23 @@ STOPS = {
                                   "--batch-size", "32"], "--num-unroll 1000000000 with --batch-size 32: one batch"),
     "segment --batch-size 1e8": (["segment", PARQUET, "{out}", *SEGMENT, "--num-unroll", "10",
                                   "--batch-size", "100000000"], "--num-unroll 10 with --batch-size 100000000"),
+    "segment --world-size 1e8": (["segment", PARQUET, "{out}", *SEGMENT, "--num-unroll", "10", "--batch-size", "4",
+                                  "--world-size", "100000000"],
+                                 "--num-unroll 10 with --batch-size 4 and --world-size 100000000: one batch of 4 "
+                                 "segments for each rank (400,000,000 in all) padded to 10 steps"),
+    "pack --pad-to-max-length, L 4M, batch 64": (
+        ["pack", PARQUET, "{out}", "--max-length", "4194304", "--pad-to-max-length", "--max-examples-per-row", "1",
+         "--batch-size", "64"], "--batch-size 64: one batch of 64 rows padded to --max-length 4,194,304 steps "
+                                "(--pad-to-max-length) takes about"),
+    "pack --pad-to-max-length, L 4M, batch 8": (
+        ["pack", PARQUET, "{out}", "--max-length", "4194304", "--pad-to-max-length", "--max-examples-per-row", "1",
+         "--batch-size", "8"], "--batch-size 8: one batch of 8 rows padded to --max-length 4,194,304 steps"),
+    "pack --pad-to-max-length, L 1e6, --memory 64MB": (
+        ["pack", PARQUET, "{out}", "--max-length", "1000000", "--pad-to-max-length", "--max-examples-per-row", "1",
+         "--batch-size", "4", "--memory", "64MB"],
+        "one batch of 4 rows padded to --max-length 1,000,000 steps (--pad-to-max-length) takes about 231.5 MB at "
+        "once, more than --memory 64.0 MB allows (64.0 MB); give a smaller --batch-size or --max-length, drop "
+        "--pad-to-max-length, or a larger --memory"),
     "bucket --pad-to-boundary, boundary 1e8": (
         ["bucket", PARQUET, "{out}", "--length", "tokens", "--boundaries", "100000000", "--pad-to-boundary",
          "--batch-size", "4"], "(--pad-to-boundary, boundary 100000000)"),
@@ -53,10 +73,13 @@ STOPS = {
                                  "--num-buckets 1000000000: the bookkeeping of 1,000,000,000 buckets"),
     "bucket --length, a length of 1e12": (["bucket", "{outlier}", "{out}", "--length", "n", "--boundaries", "10",
                                            "--batch-size", "4"], "outlier/part-0.parquet, row 7, column 'n': length"),
-    "stratify --replacement --size 1e30": (["stratify", PARQUET, "{out}", "--target", "uniform", "--replacement",
-                                            "--size", str(10 ** 30)],
-                                           f"--size {10 ** 30:,} with --replacement: each of the 41 examples of "
-                                           "class 3 would be written about 6.098e+27 times"),
+    "check --length, a length of 1e12": (["check", "{outlier}", "--length", "n", "--max-length", "5"],
+                                         "outlier/part-0.parquet, row 7, column 'n': length 1,000,000,000,000 (its "
+                                         "length histogram) takes about 36.4 TB at once, more than --memory 1.0 GB"),
+    "stratify --replacement --size 1e18": (["stratify", PARQUET, "{out}", "--target", "uniform", "--replacement",
+                                            "--size", str(10 ** 18)],
+                                           f"--size {10 ** 18:,} with --replacement: each of the 41 examples of "
+                                           "class 3 would be written about 6.098e+15 times"),
     "stratify --num-classes 1e9": (["stratify", PARQUET, "{out}", "--target", "uniform", "--num-classes",
                                     "1000000000"], "--num-classes: 1,000,000,000 classes; at most 65,536"),
     "stratify --batch-size 1e9": (["stratify", PARQUET, "{out}", "--target", "uniform", "--mode", "bernoulli",
@@ -218,6 +241,17 @@ def test_a_buffer_of_more_rows_than_the_budget_holds_is_refused():
     shuffle_op.check_memory(options, first, rows=1000)  # a dataset smaller than the buffer: held whole
 
 
+def test_segment_plans_world_size_x_batch_size_lanes():
+    """The lanes' planning counts one lane per rank and row: N x B, not B."""
+    options = SegmentOptions(key="key", sequence=("tokens",), num_unroll=1, batch_size=4, world_size=100_000)
+    with pytest.raises(UsageError, match=r"--batch-size 4: 400,000 lanes \(100,000 ranks x 4\), each planning 4 "
+                                         r"examples ahead takes about 390\.6 MB at once, more than --memory 1\.0 GB "
+                                         r"allows \(128\.0 MB\); give a smaller --batch-size or --world-size, or a "
+                                         r"larger --memory"):
+        segment_op.check_memory(options, None)
+    assert segment_op.check_memory(replace(options, world_size=10), None) == 10 * 4 * segment_op.METADATA_BYTES
+
+
 def test_stratify_refuses_a_class_named_past_the_most_classes():
     with pytest.raises(UsageError, match=r"--target: 100,000,001 classes; at most 65,536"):
         StratifyOptions(target={0: 0.5, 10**8: 0.5}, mode="online")
@@ -239,3 +273,21 @@ def test_budget_errors_name_their_options_in_each_front_ends_words():
                      where="f.parquet, row 3: ", error=OptionInputError)
     assert row.value.rendered("toml") == ("f.parquet, row 3: length 9 takes about 1.0 TB at once, more than memory "
                                           "1.0 GB allows (128.0 MB); check the column, or give a larger memory")
+
+
+def test_balance_refuses_more_bucket_and_class_groups_than_the_budget_holds(tmp_path, run_cli):
+    """--balance keeps a spill group, counts and quotas per (bucket, class): 501 buckets x 2,000 classes is refused
+    under the default --memory before any of it is allocated (it took 180 MB more than one class)."""
+    lengths = np.arange(2000) % 499 + 1
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    table = pa.table({"label": np.arange(2000), "tokens": pa.ListArray.from_arrays(
+        pa.array(offsets), pa.array(np.ones(offsets[-1], np.int32)))})
+    os.makedirs(tmp_path / "src")
+    pq.write_table(table, tmp_path / "src" / "part-0.parquet")
+    boundaries = ",".join(map(str, range(1, 501)))
+    result = run_cli("bucket", tmp_path / "src", tmp_path / "dst", "--boundaries", boundaries, "--batch-size", "4",
+                     "--balance", "label")
+    assert result.exit_code == 2 and result.stderr == (
+        "error: --balance label: balancing 2,000 classes in each of 501 buckets takes about 183.5 MB at once, more "
+        "than --memory 1.0 GB allows (128.0 MB); give fewer buckets (or classes), or a larger --memory\n")
+    assert sorted(os.listdir(tmp_path)) == ["src"]

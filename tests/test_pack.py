@@ -326,13 +326,18 @@ def test_the_manifest_records_the_options_as_one_long_word():
     assert options.recorded() == {"max_length": 8, "sequences": ("tokens",), "max_examples_per_row": None,
                                   "long": "drop", "batch_size": None, "max_tokens": 64, "pad_to_max_length": False,
                                   "pad_values": ("tokens=1",), "memory": 1 << 30}
+    renamed = PackOptions(max_length=8, batch_size=2, output_column=(("length", "steps"),))
+    assert renamed.recorded()["output_columns"] == {"length": "steps"}
 
 
 @pytest.mark.parametrize("schema, sequence, message", [
     (pa.schema([("key", pa.string())]), None, "no list column to pack: pass --sequence COL"),
     (pa.schema([("tokens", pa.list_(pa.int64()))]), ("words",), "--sequence words: no such column (available: tokens)"),
-    (pa.schema([("tokens", pa.list_(pa.int64())), ("length", pa.int64())]), None,
-     "column 'length' is also an output column of pack"),
+    (pa.schema([("tokens", pa.list_(pa.int64())), ("length", pa.float64())]), None,
+     "column 'length' is also an output column of pack; name pack's otherwise with --output-column length=NEW_NAME"),
+    (pa.schema([("positions", pa.list_(pa.int64()))]), None,
+     "column 'positions' is also an output column of pack; name pack's otherwise with --output-column "
+     "positions=NEW_NAME"),
 ])
 def test_columns_are_checked_against_the_schema(schema, sequence, message):
     with pytest.raises(SchemaError) as caught:

@@ -49,6 +49,18 @@ def test_pad_values_are_parsed_per_column_type():
         parse_pad_values(["q=1"], schema)
 
 
+@pytest.mark.parametrize("spec, message", [("b=300", "--pad-value 'b=300': '300' is out of the range of int8"),
+                                           ("t=99999999999999999999", "'99999999999999999999' is out of the range of "
+                                                                      "int64")])
+def test_a_pad_value_out_of_its_column_s_range_is_an_option_error(spec, message):
+    """Not an OverflowError when the batch is padded: refused where the option is read."""
+    schema = pa.schema([("t", pa.list_(pa.int64())), ("b", pa.list_(pa.int8()))])
+    with pytest.raises(UsageError) as caught:
+        parse_pad_values([spec], schema)
+    assert message in str(caught.value)
+    assert parse_pad_values(["b=-128"], schema) == {"b": -128}
+
+
 def test_disagreeing_sequence_columns_name_the_row():
     batch = pa.record_batch({"a": pa.array([[1], [1, 2]]), "b": pa.array([[1], [1]])})
     with pytest.raises(SchemaError, match=r"row 1: sequence columns disagree in length: 'a' has 2 steps, 'b' has 1"):

@@ -355,3 +355,16 @@ def test_a_pipeline_ending_in_segment_checks_its_keys_beside_the_output(src, tmp
     used = {fn.func if isinstance(fn, functools.partial) else fn for fn in engine.functions}
     assert {segment_keys.prepare_shared, segment_keys.partitions_collisions} <= used
     assert sorted(os.listdir(tmp_path)) == ["local", "local.toml", "pickled", "pickled.toml"]
+
+
+def test_a_value_tfrecord_cannot_hold_names_its_file_and_row_from_the_workers_too(run_cli, tmp_path):
+    """convert checks each chunk where it is read (a spool task); shuffle finds the row in the input after its
+    exchange's writer refused it: either way the line names the input file and row, as on the local engine."""
+    tokens = [[i] for i in range(300)]
+    tokens[242] = [1, None]
+    write_parquet_shards(str(tmp_path / "src"), pa.table({"tokens": tokens}), shards=1, row_group_size=100)
+    src = str(tmp_path / "src")
+    for command in ("convert", "shuffle"):
+        _, line = fails_alike(run_cli, tmp_path / command, [command, src, "--to", "tfrecord"])
+        assert line.startswith(f"error: {src}/part-00000.parquet, row 242, column 'tokens': a value inside a list "
+                               "is null"), line

@@ -101,10 +101,26 @@ def test_weighted_errors(tmp_path):
     src = dataset(tmp_path / "src", 10, weight=np.zeros(10))
     with pytest.raises(InputError, match="every weight is 0"):
         run(src, tmp_path / "out", weight="weight", overall_rate=1.0)
-    with pytest.raises(UsageError, match="--rate-column 'weight': the input already has this column"):
+    with pytest.raises(UsageError, match="column 'weight' is also an output column of resample; name resample's "
+                                         "otherwise with --output-column resample_rate=NEW_NAME"):
         run(src, tmp_path / "out", weight="key", overall_rate=1.0, rate_column="weight")
+    with pytest.raises(UsageError, match="--rate-column and --output-column name the same column; give one"):
+        run(src, tmp_path / "out", weight="key", overall_rate=1.0, rate_column="r",
+            output_column=(("resample_rate", "s"),))
     with pytest.raises(SchemaError, match="no column 'nope'"):
         run(src, tmp_path / "out", weight="nope", overall_rate=1.0)
+
+
+def test_output_column_names_the_rate_column_when_the_input_has_one(tmp_path):
+    src = dataset(tmp_path / "src", 4, weight=np.array([1.0, 1.0, 3.0, 3.0]), resample_rate=np.ones(4))
+    with pytest.raises(UsageError, match="column 'resample_rate' is also an output column of resample"):
+        run(src, tmp_path / "out", weight="weight", overall_rate=1.0)
+    result = run(src, tmp_path / "out", weight="weight", overall_rate=1.0, output_column=(("resample_rate", "rate"),))
+    out = read_dir(str(tmp_path / "out"))
+    assert out.schema.names == ["key", "weight", "resample_rate", "rate"]
+    assert out.column("resample_rate").to_pylist() == [1.0] * out.num_rows
+    assert result.manifest["options"]["rate_column"] == "rate"
+    assert result.manifest["options"]["output_columns"] == {"resample_rate": "rate"}
 
 
 def test_running_mean_reproduces_the_seeds_estimate():

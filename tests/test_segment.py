@@ -199,7 +199,13 @@ def test_input_length_longer_than_the_sequence_names_the_row(tmp_path):
     ({"sequence": ("to:kens",)}, r"--sequence 'to:kens': names may not contain ':'"),
     ({"context": ("a:b",)}, r"--context 'a:b': names may not contain ':'"),
     ({"initial_state": ("s:t=label",)}, r"--initial-state 's:t': names may not contain ':'"),
-    ({"context": ("length",)}, r"clashes with the metadata column 'length'"),
+    ({"context": ("length",)}, r"column 'length' is also an output column of segment; name segment's otherwise with "
+                               r"--output-column length=NEW_NAME, or give yours as --input-length if it counts real "
+                               r"steps"),
+    ({"sequence": ("lane",)}, r"column 'lane' is also an output column of segment; name segment's otherwise with "
+                              r"--output-column lane=NEW_NAME \(or rename"),
+    ({"context": ("length",), "output_column": (("length", "steps"),)}, None),
+    ({"output_column": (("lane", "key"),)}, r"--output-column: two output columns would be named 'key'"),
     ({"initial_state": ("bad",)}, r"expected NAME=COLUMN"),
     ({"initial_state": ("h=label", "h=weight")}, r"--initial-state 'h=weight': state 'h' is given twice"),
     ({"sequence": ()}, r"--sequence: give at least one sequence \(list\) column"),
@@ -207,8 +213,12 @@ def test_input_length_longer_than_the_sequence_names_the_row(tmp_path):
     ({"context": ("tokens",)}, r"--context 'tokens': already given as --sequence 'tokens'; each output column"),
 ])
 def test_option_errors(options, message):
+    given = {"key": "key", "sequence": ("tokens",), "num_unroll": 2, "batch_size": 2, **options}
+    if message is None:
+        assert SegmentOptions(**given).names["length"] == "steps"
+        return
     with pytest.raises(UsageError, match=message):
-        SegmentOptions(**{"key": "key", "sequence": ("tokens",), "num_unroll": 2, "batch_size": 2, **options})
+        SegmentOptions(**given)
 
 
 def test_pipeline_keys_are_the_flags(tmp_path):
@@ -247,12 +257,36 @@ def test_bad_key_and_length_values_name_the_row(tmp_path):
 
 
 def test_a_context_column_named_like_an_output_column_is_refused_by_name(tmp_path):
-    with pytest.raises(UsageError, match=r"input column\(s\) 'length' would be copied as context but clash with "
-                                         r"segment's output columns; .* with --context \(the others"):
-        run(tmp_path, table_of([2], length=pa.array([1])), num_unroll=2, batch_size=1)
-    out, manifest = run(tmp_path, table_of([2], length=pa.array([1])), "b", num_unroll=2, batch_size=1,
+    with pytest.raises(UsageError, match=r"column 'length' is also an output column of segment; name segment's "
+                                         r"otherwise with --output-column length=NEW_NAME, or give yours as "
+                                         r"--input-length if it counts real steps, or name the columns to copy with "
+                                         r"--context \(or rename yours"):
+        run(tmp_path, table_of([2], length=pa.array([1.5])), num_unroll=2, batch_size=1)
+    out, manifest = run(tmp_path, table_of([2], length=pa.array([1.5])), "b", num_unroll=2, batch_size=1,
                         context=("label",))
     assert "label" in out.schema.names and manifest["options"]["context"] == ["label"]
+
+
+def test_an_integer_length_column_is_taken_for_segment_s_only_when_it_holds_the_steps(tmp_path):
+    plain, _ = run(tmp_path, table_of([3, 5, 2]), "plain", num_unroll=2, batch_size=2)
+    same, manifest = run(tmp_path, table_of([3, 5, 2], length=pa.array([3, 5, 2])), "same", num_unroll=2,
+                         batch_size=2)
+    assert same.equals(plain) and manifest["options"]["context"] == ["label"]
+    with pytest.raises(InputError, match=r"row 1, column 'length': 50 but the sequence has 5 steps; segment writes "
+                                         r"its own 'length' column and takes yours only when it holds that on every "
+                                         r"row: name segment's otherwise with --output-column length=NEW_NAME, or "
+                                         r"give yours as --input-length if it counts real steps"):
+        run(tmp_path, table_of([3, 5, 2], length=pa.array([3, 50, 2])), "off", num_unroll=2, batch_size=2)
+    assert not (tmp_path / "off").exists()
+    renamed, manifest = run(tmp_path, table_of([3, 5, 2], length=pa.array([3, 50, 2])), "renamed", num_unroll=2,
+                            batch_size=2, output_column=(("length", "steps"),))
+    assert renamed.column("steps").equals(plain.column("length"))
+    assert renamed.schema.names == ["key", "next_key", "sequence", "sequence_count", "steps", "total_length",
+                                    "insertion_index", "lane", "batch", "label", "length", "tokens"]
+    firsts = [r for r in renamed.to_pylist() if r["sequence"] == 0 and r["key"]]
+    assert {r["key"]: r["length"] for r in firsts} == {"00000_of_00002:ex0": 3, "00000_of_00003:ex1": 50,
+                                                       "00000_of_00001:ex2": 2}
+    assert manifest["options"]["output_columns"] == {"length": "steps"}
 
 
 def test_schema_errors(tmp_path):

@@ -15,10 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchtool import rng
-from batchtool.dataset import open_dataset
+from batchtool.dataset import Chunk, open_dataset
 from batchtool.driver import run_operation, scanner
 from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.job import RunSettings
+from batchtool.ops.base import Context
+from batchtool.ops.labels import MAX_CLASSES
 from batchtool.ops.quotas import plan_layout
 from batchtool.ops.stratify import (OP, ONLINE_PRIOR, STAGE, StratifyOptions, acceptance_probs, exact_target,
                                     exact_totals, find_thresholds, largest_total, parse_target,
@@ -334,6 +336,21 @@ def test_bad_labels_found_while_streaming_are_counted_over_the_whole_input(tmp_p
     with pytest.raises(InputError, match=f"{toml}: stage 1 \\(stratify\\): {message}"):
         run_pipeline(load(str(toml)), QUIET)
     assert not (tmp_path / "out").exists() and not (tmp_path / "piped").exists() and not os.listdir(spill)
+
+
+def test_the_counting_pass_holds_one_count_per_class_however_many_values_the_labels_take(tmp_path):
+    """200,000 distinct labels, most past the most classes: the first pass keeps at most one count per class and one
+    for all the others, and the error names the largest label as before."""
+    labels = np.arange(200_000, dtype=np.int64) * 7
+    chunk = Chunk(pa.record_batch({"label": labels}), rng.example_ids(0, 0, len(labels)))
+    context = Context(0, pa.schema([("label", pa.int64())]), "src", str)
+    tally = OP.first_pass(StratifyOptions(target="uniform"), context, chunk)
+    counts = tally.counts["label_counts"]
+    assert len(counts) <= MAX_CLASSES // 7 + 2 and sum(counts.values()) == 200_000
+    assert tally.high["label"] == 7 * 199_999
+    src = labelled(tmp_path / "src", labels.tolist())
+    with pytest.raises(InputError, match=r"labels go up to 1399993; pass --num-classes or a --target list"):
+        run(src, tmp_path / "out", target="uniform")
 
 
 def test_float_labels_that_are_integers_are_accepted(tmp_path):

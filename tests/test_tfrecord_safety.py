@@ -303,3 +303,66 @@ def test_a_uint64_beyond_int64_is_refused(tmp_path, run_cli):
     pq.write_table(pa.table({"u": pa.array([1, 1 << 63], pa.uint64())}), tmp_path / "src" / "part-0.parquet")
     line = one_error_line(run_cli("convert", tmp_path / "src", tmp_path / "tfr", "--to", "tfrecord"))
     assert "row 1, column 'u': a value exceeds the int64 range of tf.train.Int64List (uint64)" in line
+
+
+# --- a field of the wrong wire type: protobuf sets it aside, batchtool refuses it -----------------------------
+
+def _tagged(number: int, wire_type: int, body: bytes) -> bytes:
+    """A field of any wire type: a length-delimited one's body gets its length, the others are raw."""
+    return _varint(number << 3 | wire_type) + (_varint(len(body)) + body if wire_type == 2 else body)
+
+
+_ID = _entry(b"id", _field(0x1A, _field(0x0A, b"\x07")))
+WRONG_WIRE_TYPE = {  # record 1050's `label` (or what holds it) with a wire type protobuf sets aside as unknown
+    "Feature.int64_list": (_field(0x0A, _entry(b"label", _tagged(3, 0, b"\x05")) + _ID),
+                           ", column 'label': Feature.int64_list (field 3) has wire type 0 (varint), expected "
+                           "length-delimited"),
+    "Int64List.value": (_field(0x0A, _entry(b"label", _field(0x1A, _tagged(1, 5, b"\x05\0\0\0"))) + _ID),
+                        ", column 'label': Int64List.value (field 1) has wire type 5 (32-bit), expected "
+                        "length-delimited or varint"),
+    "FeatureEntry.value": (_field(0x0A, _field(0x0A, _field(0x0A, b"label") + _tagged(2, 0, b"\x05")) + _ID),
+                           ", column 'label': FeatureEntry.value (field 2) has wire type 0 (varint), expected "
+                           "length-delimited"),
+    "FeatureEntry.key": (_field(0x0A, _field(0x0A, _tagged(1, 0, b"\x05") + _field(0x12, b"")) + _ID),
+                         ": FeatureEntry.key (field 1) has wire type 0 (varint), expected length-delimited"),
+    "Example.features": (_tagged(1, 0, b"\x05"),
+                         ": Example.features (field 1) has wire type 0 (varint), expected length-delimited"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WRONG_WIRE_TYPE))
+def test_a_field_of_the_wrong_wire_type_after_record_1024_is_an_error(tmp_path, run_cli, case):
+    payloads = [example({"label": ("int64_list", [i % 3]), "id": ("int64_list", [i])}) for i in range(1100)]
+    payloads[1050], problem = WRONG_WIRE_TYPE[case]
+    path = write_records(tmp_path / "w.tfrecord", payloads)
+    assert one_error_line(run_cli("convert", path, tmp_path / "dst")) == f"error: {path}, record 1050{problem}"
+    assert not (tmp_path / "dst").exists()
+
+
+def _sequence(i: int, steps: bytes | None = None) -> bytes:
+    """A SequenceExample with context `id` and feature list `frames` of two one-value steps (or `steps` raw)."""
+    message = SequenceExample()
+    message.context.feature["id"].int64_list.value.append(i)
+    for step in range(2):
+        message.feature_lists.feature_list["frames"].feature.add().float_list.value.append(float(step))
+    if steps is None:
+        return message.SerializeToString()
+    context = message.context.SerializeToString()
+    return _field(0x0A, context) + _field(0x12, _field(0x0A, _field(0x0A, b"frames") + _field(0x12, steps)))
+
+
+@pytest.mark.parametrize("steps, problem", [
+    (_field(0x0A, _field(0x12, _tagged(1, 0, b"\x05"))) * 2,
+     "feature list step 0: FloatList.value (field 1) has wire type 0 (varint), expected length-delimited or 32-bit"),
+    (_field(0x0A, _field(0x12, _field(0x0A, b"\0\0\0\0"))) + _tagged(1, 5, b"\0\0\0\0"),
+     "FeatureList.feature (field 1) has wire type 5 (32-bit), expected length-delimited"),
+])
+def test_a_feature_list_of_the_wrong_wire_type_is_an_error_with_a_schema_from_the_manifest(tmp_path, run_cli, steps,
+                                                                                          problem):
+    """With a manifest's schema no scan runs first: the decoder itself refuses what protobuf set aside."""
+    write_records(tmp_path / "good.tfrecord", [_sequence(i) for i in range(1100)])
+    assert run_cli("convert", tmp_path / "good.tfrecord", tmp_path / "tfr", "--to", "tfrecord", "-q").exit_code == 0
+    part = tmp_path / "tfr" / "part-00000.tfrecord"
+    write_records(part, [_sequence(i, steps if i == 1050 else None) for i in range(1100)])
+    line = one_error_line(run_cli("convert", tmp_path / "tfr", tmp_path / "dst"))
+    assert line == f"error: {part}, record 1050, column 'frames': {problem}"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -16,10 +15,11 @@ import pyarrow.compute as pc
 
 from batchtool.check.report import Offender, RuleResult, plural, skipped, verdict
 from batchtool.check.rules import BatchQuotas, BatchRows, PaddingEfficiency, RankBatches, Rule
-from batchtool.check.verify import output_stats
+from batchtool.check.recorded import Recorded
 from batchtool.dataset import Dataset
 from batchtool.errors import InputError, UsageError
 from batchtool.load import load
+from batchtool.manifest import manifest_path
 from batchtool.ops.quotas import QuotaLayout
 
 BATCH_RULES = (BatchRows, BatchQuotas, RankBatches)
@@ -47,38 +47,36 @@ def _batches(rule: Rule, dataset: Dataset, columns: list[str], threads: int) -> 
     return load(dataset.src, columns=columns, shuffle=False, threads=threads).record_batches()
 
 
-def _stats(rule: Rule, dataset: Dataset, key: str, writer: str) -> Any:
-    """A manifest stats entry a rule needs; a usage error naming what writes it when SRC is other output."""
+def _recorded(rule: Rule, dataset: Dataset, key: str, writer: str) -> Recorded:
+    """SRC's manifest stats, which must record `key`; a usage error naming what writes it when SRC is other output."""
     manifest = dataset.manifest
     if manifest is None:
         raise UsageError(f"rule {rule.name!r}: {dataset.src} has no batchtool manifest to read {key} from "
                          f"(check the output directory of {writer})")
-    value = output_stats(manifest).get(key)
-    if value is None:
+    recorded = Recorded.of(manifest, manifest_path(dataset.src))
+    if not recorded.has(key):
         raise UsageError(f"rule {rule.name!r}: {dataset.src}'s manifest records no stats.{key} (written by "
                          f"{manifest.get('command')!r}; {writer} output records it)")
-    return value
+    return recorded
 
 
 def judge_bucket_padding(rule: PaddingEfficiency, dataset: Dataset, limit: int) -> RuleResult:
     """Each bucket's real / padded elements, as bucket recorded them; empty buckets have none."""
-    buckets = [b for b in _stats(rule, dataset, "buckets", "bucket")
-               if isinstance(b, dict) and isinstance(b.get("padding_efficiency"), (int, float))]
+    def described(b: Recorded) -> tuple[str, float | None, int]:
+        edges = b.range("lengths")
+        span = f" (lengths {edges[0]}-{'' if edges[1] is None else edges[1] - 1})" if edges else ""
+        return f"bucket {b.count('bucket')}{span}", b.share("padding_efficiency"), b.count("batches") or 0
+
+    recorded = _recorded(rule, dataset, "buckets", "bucket").objects("buckets") or []
+    buckets = [b for b in map(described, recorded) if b[1] is not None]
     bound = f">= {rule.min:g} in every bucket"
     if not buckets:
         return verdict(rule, False, "no bucket holds examples", bound)
-
-    def name(b: dict) -> str:
-        low, high = (b.get("lengths") or [None, None])[:2]
-        edges = f" (lengths {low}-{high - 1 if high is not None else ''})" if low is not None else ""
-        return f"bucket {b.get('bucket')}{edges}"
-
-    worst = min(buckets, key=lambda b: b["padding_efficiency"])
-    low = [b for b in buckets if b["padding_efficiency"] < rule.min]
-    offenders = [Offender(f"{name(b)}: {b['padding_efficiency']:.4f} "
-                          f"({plural(b.get('batches', 0), 'batch', 'batches')})") for b in low[:limit]]
-    return verdict(rule, not low, f"worst {name(worst)}: {worst['padding_efficiency']:.4f}", bound,
-                   worst["padding_efficiency"], len(low), offenders)
+    worst = min(buckets, key=lambda b: b[1])
+    low = [b for b in buckets if b[1] < rule.min]
+    offenders = [Offender(f"{name}: {efficiency:.4f} ({plural(batches, 'batch', 'batches')})")
+                 for name, efficiency, batches in low[:limit]]
+    return verdict(rule, not low, f"worst {worst[0]}: {worst[1]:.4f}", bound, worst[1], len(low), offenders)
 
 
 def judge_batch_rows(rule: BatchRows, dataset: Dataset, limit: int, threads: int) -> RuleResult:
@@ -104,17 +102,18 @@ def judge_batch_rows(rule: BatchRows, dataset: Dataset, limit: int, threads: int
 def judge_batch_quotas(rule: BatchQuotas, dataset: Dataset, limit: int, threads: int) -> RuleResult:
     """Batch i must hold exactly the quotas stratify gave batch i (QuotaLayout, rebuilt from the manifest and
     unrolled along with the batches, so no manifest value decides how much is held in memory)."""
-    _stats(rule, dataset, "balanced_batches", "stratify --balanced-batches")
-    stats = output_stats(dataset.manifest)
-    try:
-        expected = int(stats["balanced_batches"])
-        partial = tuple(int(q) for q in stats["final_batch_quotas"])
-        layout = QuotaLayout(tuple(float(t) for t in stats["target"]), int(stats["batch_size"]),
-                             expected - bool(sum(partial)), partial)
-        label = str(stats["label"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise InputError(f"rule {rule.name!r}: {dataset.src}'s manifest lacks the balanced-batch layout "
-                         f"(stats.{exc} is missing or malformed)") from None
+    stats = _recorded(rule, dataset, "balanced_batches", "stratify --balanced-batches")
+    expected, partial = stats.count("balanced_batches"), stats.counts("final_batch_quotas")
+    target, size, label = stats.shares("target"), stats.count("batch_size"), stats.text("label")
+    missing = [k for k, v in (("final_batch_quotas", partial), ("target", target), ("batch_size", size),
+                              ("label", label)) if v is None]
+    if missing:
+        raise InputError(f"rule {rule.name!r}: {stats.path} lacks the balanced-batch layout (no stats.{missing[0]})")
+    if partial and len(partial) != len(target) or not size or expected < bool(sum(partial)):
+        raise InputError(f"rule {rule.name!r}: {stats.path}: the balanced-batch layout does not add up "
+                         f"({len(target)} classes, final batch quotas {partial}, batch size {size}, "
+                         f"{expected} batches)")
+    layout = QuotaLayout(tuple(target), size, expected - bool(sum(partial)), tuple(partial))
     quotas = layout.sequence()
     classes = len(layout.target)
     bad = seen = 0
@@ -143,13 +142,16 @@ def judge_batch_quotas(rule: BatchQuotas, dataset: Dataset, limit: int, threads:
 
 def judge_rank_batches(rule: RankBatches, dataset: Dataset, limit: int, threads: int) -> RuleResult:
     """Batches per rank from the manifest's per-rank files, else from a rank column; skipped without either."""
-    files = (dataset.manifest or {}).get("output", {}).get("files") or []
+    manifest = dataset.manifest
+    files = Recorded(manifest_path(dataset.src), manifest["output"], "output").objects("files") or [] \
+        if manifest else []
+    ranks = [f.count("rank") for f in files]
     counts: Counter[int] = Counter()
     mixed = 0
     problems = []
-    if files and all(isinstance(f, dict) and isinstance(f.get("rank"), int) for f in files):
-        for f in files:
-            counts[f["rank"]] += int(f.get("batches", 0))
+    if files and all(r is not None for r in ranks):
+        for f, r in zip(files, ranks):
+            counts[r] += f.count("batches") or 0
         source = "manifest"
     elif rule.column in dataset.schema.names:
         for i, batch in enumerate(_batches(rule, dataset, [rule.column], threads)):

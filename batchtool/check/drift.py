@@ -21,10 +21,10 @@ from batchtool.check.columns import LABEL, LENGTH, need
 from batchtool.check.report import Offender, RuleResult, plural, skipped, verdict
 from batchtool.check.rules import Drift, DriftLengths, DriftNulls, DriftProportions, DriftRows, Length, Rule
 from batchtool.check.scan import Measures, make_plan, measure
-from batchtool.check.verify import output_stats
+from batchtool.check.recorded import Recorded
 from batchtool.dataset import open_dataset
 from batchtool.job import RunSettings
-from batchtool.manifest import output_files, read_manifest, read_manifest_file, schema_from_json
+from batchtool.manifest import manifest_path, output_files, read_manifest, read_manifest_file, schema_from_json
 from batchtool.stats import default_label, default_length
 
 
@@ -60,39 +60,48 @@ class Baseline:
     manifest: dict | None
     data: str | None
     """Where the baseline's data files are (None: a manifest alone)."""
+    memory: int
+    """check's --memory, which its pass over the data keeps to as SRC's does."""
     skip_corrupt: bool = False
+    manifest_file: str | None = None
+    """The manifest's own path, which an error about one of its values names."""
+
+    def recorded(self) -> Profile | None:
+        """What the manifest's stats say, if there is a manifest."""
+        if self.manifest is None:
+            return None
+        return manifest_profile(self.manifest, self.src, self.manifest_file or manifest_path(self.src))
 
     def profile(self, rules: Sequence[Drift], run: RunSettings) -> Profile:
         """From the manifest's stats when they answer every rule, else from one pass over the data."""
-        recorded = manifest_profile(self.manifest, self.src) if self.manifest else None
+        recorded = self.recorded()
         if self.data is None or (recorded is not None and all(_answers(recorded, r) for r in rules)):
             return recorded
         dataset = open_dataset(self.data, skip_corrupt=self.skip_corrupt)
-        plan = make_plan(rules, dataset.schema, None, 0)
+        plan = make_plan(rules, dataset.schema, None, 0, self.memory)
         return profile_of(measure(dataset, plan, run, needs_rows=True), rules)
 
 
-def open_baseline(spec: str, skip_corrupt: bool = False) -> Baseline:
+def open_baseline(spec: str, memory: int, skip_corrupt: bool = False) -> Baseline:
     """A dataset (file, directory, glob), a batchtool output directory, or a manifest file (its data optional)."""
     if fs.is_file(spec) and spec.endswith(".json"):
         manifest = read_manifest_file(spec)
         directory = os.path.dirname(spec) or "."
         beside = all(fs.is_file(f.path) for f in output_files(directory, manifest))
-        return Baseline(spec, schema_from_json(manifest["schema"]), manifest, directory if beside else None,
-                        skip_corrupt)
+        return Baseline(spec, schema_from_json(manifest["schema"]), manifest, directory if beside else None, memory,
+                        skip_corrupt, spec)
     manifest = read_manifest(spec) if fs.is_dir(spec) else None
     if manifest is not None and isinstance(manifest.get("schema"), str):
-        return Baseline(spec, schema_from_json(manifest["schema"]), manifest, spec, skip_corrupt)
-    return Baseline(spec, open_dataset(spec, skip_corrupt=skip_corrupt).schema, None, spec, skip_corrupt)
+        return Baseline(spec, schema_from_json(manifest["schema"]), manifest, spec, memory, skip_corrupt)
+    return Baseline(spec, open_dataset(spec, skip_corrupt=skip_corrupt).schema, None, spec, memory, skip_corrupt)
 
 
-def manifest_profile(manifest: dict, src: str) -> Profile:
-    """Rows, and the class counts stratify records (the counts it wrote, per class of its label column)."""
-    stats = output_stats(manifest)
-    classes = {}
-    counts, label = stats.get("class_counts_after"), stats.get("label")
-    if isinstance(counts, dict) and isinstance(label, str):
-        classes[label] = {int(k): int(v) for k, v in counts.items()}
+def manifest_profile(manifest: dict, src: str, path: str) -> Profile:
+    """Rows, and the class counts stratify records (the counts it wrote, per class of its label column), each
+    value validated (an error names `path`, the manifest file, and the key)."""
+    stats = Recorded.of(manifest, path)
+    counts, label = stats.class_counts("class_counts_after"), stats.text("label")
+    classes = {label: counts} if counts is not None and label is not None else {}
     return Profile(src, int(manifest["output"]["rows"]), classes)
 
 
@@ -114,7 +123,7 @@ def resolve_drift(rule: Drift, schema: pa.Schema, baseline: Baseline) -> Drift |
     """
     resolved = _resolve(rule, schema, baseline)
     if baseline.data is None and isinstance(resolved, Drift) \
-            and not _answers(manifest_profile(baseline.manifest, baseline.src), resolved):
+            and not _answers(baseline.recorded(), resolved):
         what = {DriftProportions: "class counts", DriftLengths: "lengths", DriftNulls: "null counts"}[type(rule)]
         return skipped(rule, f"the baseline manifest {baseline.src} records no {what} and has no data beside it "
                              "to count them")

@@ -61,7 +61,7 @@ def check(src: str, rules: RuleSet, options: CheckOptions = CheckOptions(),
     started = time.perf_counter()
     manifest = read_manifest(src) if fs.is_dir(src) else None
     rules = rules_to_check(rules, manifest)
-    limit = offender_limit(options.max_offenders, rules)
+    limit = offender_limit(options.max_offenders, rules, options.memory)
     results = _judge_files(src, rules, manifest, limit, run.threads)
     dataset = None
     rows = None
@@ -100,7 +100,7 @@ def _judge_data(dataset: Dataset, rules: RuleSet, options: CheckOptions, run: Ru
     """
     for result in judge_metadata(rules.rules, dataset, limit, run.threads):
         results[result.name] = result
-    baseline = open_baseline(rules.baseline, options.skip_corrupt) if rules.drift else None
+    baseline = open_baseline(rules.baseline, options.memory, options.skip_corrupt) if rules.drift else None
     runnable: list[Rule] = []
     for outcome in data_rules(rules, dataset, baseline, results):
         if isinstance(outcome, RuleResult):
@@ -117,6 +117,6 @@ def _measure(dataset: Dataset, runnable: list[Rule], rules: RuleSet, options: Ch
              limit: int) -> Measures:
     """The one pass over the columns the runnable rules read; offending rows show the --key column's value."""
     key = options.key or rules.key or ("key" if "key" in dataset.schema.names else None)
-    plan = make_plan(runnable, dataset.schema, key, limit)
+    plan = make_plan(runnable, dataset.schema, key, limit, options.memory)
     return measure(dataset, plan, run, needs_rows=any(isinstance(r, NEEDS_ROWS) for r in runnable),
-                   memory=options.memory, tmp_dir=options.tmp_dir)
+                   tmp_dir=options.tmp_dir)

@@ -3,6 +3,7 @@ the manifest's padding stats, the batches) for the rules that need no pass."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Iterator, Sequence
@@ -17,7 +18,7 @@ from batchtool.check.report import Offender, RuleResult, every, plural, verdict
 from batchtool.check.rules import (ClassProportions, Crc, Drift, LabelRange, Length, MinClassRows, NoDuplicateRows,
                                    NoNan, NoNulls, PaddingEfficiency, RowCount, Rule, SameLength, Schema, Unique)
 from batchtool.check.scan import Measures
-from batchtool.check.verify import output_stats
+from batchtool.check.recorded import Recorded
 from batchtool.dataset import Dataset
 from batchtool.errors import InputError, UsageError
 from batchtool.job import RunSettings
@@ -94,8 +95,8 @@ def judge_padding(rule: PaddingEfficiency, dataset: Dataset) -> RuleResult:
         raise InputError(f"rule {rule.name!r}: {dataset.src} has no batchtool manifest ({MANIFEST_NAME}) to read "
                          f"the {rule.stat.replace('_', ' ')} from (check the output directory of "
                          f"{rule.written_by.replace(' and ', ' or ')})")
-    value = output_stats(manifest).get(rule.stat)
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
+    value = Recorded.of(manifest, manifest_path(dataset.src)).share(rule.stat)
+    if value is None:
         raise InputError(f"rule {rule.name!r}: {manifest_path(dataset.src)} records no "
                          f"stats.{rule.stat} (written by {manifest.get('command')!r}; {rule.written_by} "
                          "output records it)")
@@ -169,17 +170,33 @@ def _deviation(p: float, t: float, relative: bool) -> float:
 
 @judge.register
 def _(rule: MinClassRows, m: Measures) -> RuleResult:
+    """In time and memory of the classes seen and the offenders listed, whatever num_classes a rules file gives."""
     counts = m.label_stats(rule.column).label_counts
-    classes = range(rule.num_classes) if rule.num_classes is not None else sorted(counts)
-    bound = f">= {plural(rule.min_rows, 'row')} per class" + (f" (classes 0..{rule.num_classes - 1})"
-                                                      if rule.num_classes is not None else "")
-    if not classes:
+    n = rule.num_classes
+    bound = f">= {plural(rule.min_rows, 'row')} per class" + (f" (classes 0..{n - 1})" if n is not None else "")
+    seen = sorted(counts) if n is None else sorted(k for k in counts if 0 <= k < n)
+    if not seen and not n:
         return verdict(rule, False, "no labels", bound, 0)
-    smallest = min(classes, key=lambda k: (counts.get(k, 0), k))
-    low = [k for k in classes if counts.get(k, 0) < rule.min_rows]
-    return verdict(rule, not low, f"smallest class {smallest}: {plural(counts.get(smallest, 0), 'row')}", bound,
-                   counts.get(smallest, 0), len(low),
-                   [Offender(f"class {k}: {plural(counts.get(k, 0), 'row')}") for k in low])
+    classes = iter(seen) if n is None else _first_classes(seen, n)
+    low = (k for k in classes if counts.get(k, 0) < rule.min_rows)
+    listed = list(itertools.islice(low, m.plan.limit))
+    enough = sum(1 for k in seen if counts[k] >= rule.min_rows)
+    total_low = (len(seen) if n is None else n) - enough
+    unseen = None if n is None or len(seen) == n else next(_first_classes(seen, n, unseen_only=True))
+    smallest = unseen if unseen is not None else min(seen, key=lambda k: (counts[k], k))
+    return verdict(rule, not total_low, f"smallest class {smallest}: {plural(counts.get(smallest, 0), 'row')}", bound,
+                   counts.get(smallest, 0), total_low, [Offender(f"class {k}: {plural(counts.get(k, 0), 'row')}")
+                                                        for k in listed])
+
+
+def _first_classes(seen: list[int], n: int, unseen_only: bool = False) -> Iterator[int]:
+    """Classes 0, 1, ... below n in order (only those not `seen`, sorted, with `unseen_only`), without holding them."""
+    k = 0
+    for s in [*seen, n]:
+        yield from range(k, s)
+        if s < n and not unseen_only:
+            yield s
+        k = s + 1
 
 
 @judge.register

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping
 
 import pyarrow as pa
 
+from batchtool import budget
 from batchtool.check.drift import Baseline, resolve_drift
 from batchtool.check.report import ERROR, FAIL, RuleResult
 from batchtool.check.rules import (MANIFEST_RULES, Crc, DriftRows, Length, NoDuplicateRows, RowCount, Rule, RuleSet,
@@ -22,6 +23,9 @@ from batchtool.errors import SchemaError, UsageError
 from batchtool.stats import default_length
 
 DEFAULT_MAX_OFFENDERS = 5
+OFFENDER_BYTES = 512
+"""What one listed offender holds: its file, row, key and description (and, for a repeat, the row fetched to
+confirm it)."""
 NEEDS_ROWS = (RowCount, Crc, DriftRows)
 """Rules answered by the row count: the pass counts the records even when no rule reads a column."""
 
@@ -40,9 +44,15 @@ def rules_to_check(rules: RuleSet, manifest: dict | None) -> RuleSet:
     return rules
 
 
-def offender_limit(flag: int | None, rules: RuleSet) -> int:
-    """Offenders listed per rule: --max-offenders, else the rules file's max_offenders, else the default."""
-    return next(v for v in (flag, rules.max_offenders, DEFAULT_MAX_OFFENDERS) if v is not None)
+def offender_limit(flag: int | None, rules: RuleSet, memory: int) -> int:
+    """Offenders listed per rule: --max-offenders, else the rules file's max_offenders, else the default; every
+    rule may list that many, which must fit --memory's share."""
+    limit = next(v for v in (flag, rules.max_offenders, DEFAULT_MAX_OFFENDERS) if v is not None)
+    n = len(rules.rules)
+    budget.check("max_offenders", f"listing up to {limit:,} offending rows for each of {n} rule{'s' if n != 1 else ''}",
+                 limit * max(n, 1) * OFFENDER_BYTES, memory, "give a smaller {max_offenders} or a larger {memory}",
+                 value=limit)
+    return limit
 
 
 def data_rules(rules: RuleSet, dataset: Dataset, baseline: Baseline | None,

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batchtool import progress, rng
+from batchtool import budget, progress, rng
 from batchtool.check.columns import FLOATS, LABEL, LENGTH, SEQUENCE, need
 from batchtool.check.duplicates import HashIndex
 from batchtool.check.hashing import canonical, row_hashes
@@ -28,6 +28,8 @@ from batchtool.check.rules import (ClassProportions, DriftLengths, DriftNulls, D
                                    MinClassRows, NoDuplicateRows, NoNan, NoNulls, Rule, SameLength, Unique)
 from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
 from batchtool.job import RunSettings
+from batchtool.errors import SchemaError
+from batchtool.ops.labels import MAX_CLASSES
 from batchtool.runner import ordered_map
 from batchtool.stats import DatasetStats, chunk_stats, is_sequence_type, lengths_of
 
@@ -49,13 +51,16 @@ class Plan:
     """Distinct column sets the unique and duplicate-row rules hash."""
     key: str | None
     limit: int
+    memory: int
+    """check's --memory: bounds the unique-key and duplicate-row hashes before they spill, and what a length in
+    the data may make a length histogram take."""
 
     def stats_index(self, label: str | None = None, length: str | None = None) -> int:
         return next(i for i, (a, b) in enumerate(self.pairs) if (label is None or a == label)
                     and (length is None or b == length))
 
 
-def make_plan(rules: Sequence[Rule], schema: pa.Schema, key: str | None, limit: int) -> Plan:
+def make_plan(rules: Sequence[Rule], schema: pa.Schema, key: str | None, limit: int, memory: int) -> Plan:
     """Check column types once, then list what each chunk must yield."""
     labels, lengths, nulls, nans, keys = [], [], [], [], []
     for rule in rules:
@@ -83,7 +88,7 @@ def make_plan(rules: Sequence[Rule], schema: pa.Schema, key: str | None, limit: 
     labels, lengths = list(dict.fromkeys(labels)), list(dict.fromkeys(lengths))
     pairs = tuple(itertools.zip_longest(labels, lengths)) or ((None, None),)
     return Plan(tuple(dict.fromkeys(reads)), pairs, tuple(dict.fromkeys(nulls)), tuple(dict.fromkeys(nans)),
-                row_rules, tuple(dict.fromkeys(keys)), key if (row_rules or keys) else None, limit)
+                row_rules, tuple(dict.fromkeys(keys)), key if (row_rules or keys) else None, limit, memory)
 
 
 @dataclass
@@ -108,8 +113,11 @@ class Scan:
     ids: np.ndarray
 
 
-def scan_chunk(chunk: Chunk, plan: Plan) -> Scan:
-    """A pure function of the chunk and the plan."""
+def scan_chunk(chunk: Chunk, plan: Plan, locate: Callable[[int], str]) -> Scan:
+    """A pure function of the chunk and the plan (`locate` names a row in an error)."""
+    for _, length in plan.pairs:
+        if length is not None:
+            budget.check_lengths(chunk, length, plan.memory, locate)
     stats = [chunk_stats(chunk, label, length, plan.nulls if i == 0 else (), plan.nans if i == 0 else ())
              for i, (label, length) in enumerate(plan.pairs)]
     offenses = {}
@@ -155,11 +163,10 @@ class Measures:
         return o.count, tuple(self.offender(*f) for f in o.found)
 
 
-def measure(dataset: Dataset, plan: Plan, run: RunSettings, needs_rows: bool, memory: int = 1 << 30,
-            tmp_dir: str | None = None) -> Measures:
+def measure(dataset: Dataset, plan: Plan, run: RunSettings, needs_rows: bool, tmp_dir: str | None = None) -> Measures:
     """The one streaming pass (or, when no rule reads data, a record count or nothing).
 
-    `memory` bounds the unique-key and duplicate-row hashes before they spill to `tmp_dir`.
+    The plan's memory bounds the unique-key and duplicate-row hashes before they spill to `tmp_dir`.
     """
     report = ReadReport()
     stats = [DatasetStats() for _ in plan.pairs]
@@ -169,14 +176,17 @@ def measure(dataset: Dataset, plan: Plan, run: RunSettings, needs_rows: bool, me
         rows = count_records(dataset, report, run.threads) if needs_rows and dataset.num_rows is None \
             else dataset.num_rows
         return Measures(dataset, plan, rows, stats, offenses, repeats, report)
-    budget = memory // max(1, len(plan.keys))
-    indexes = [HashIndex(budget, tmp_dir) for _ in plan.keys]
+    share = plan.memory // max(1, len(plan.keys))
+    indexes = [HashIndex(share, tmp_dir) for _ in plan.keys]
     try:
         with progress.bar("check: scan", dataset.progress_rows, quiet=run.quiet) as bar:
-            for scan in ordered_map(lambda task: scan_chunk(task(), plan), dataset.tasks(plan.columns, report),
-                                    run.threads):
-                for total, part in zip(stats, scan.stats):
+            for scan in ordered_map(lambda task: scan_chunk(task(), plan, dataset.locate),
+                                    dataset.tasks(plan.columns, report), run.threads):
+                for (label, _), total, part in zip(plan.pairs, stats, scan.stats):
                     total.merge(part)
+                    if len(total.label_counts) > MAX_CLASSES:
+                        raise SchemaError(f"{dataset.src}: column {label!r} holds more than {MAX_CLASSES:,} distinct "
+                                          "labels; the label rules count rows per class (check the label column)")
                 for name, part in scan.offenses.items():
                     offenses.setdefault(name, Offenses()).merge(part, plan.limit)
                 for index, hashes in zip(indexes, scan.hashes):

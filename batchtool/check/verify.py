@@ -19,7 +19,8 @@ from batchtool.check.rules import ManifestBatches, ManifestRows, ManifestSchema,
 from batchtool.dataset import detect_format
 from batchtool.errors import BatchtoolError
 from batchtool.formats.base import BATCH_COLUMN
-from batchtool.manifest import OutputFile, output_files, schema_from_json
+from batchtool.manifest import OutputFile, manifest_path, output_files, schema_from_json
+from batchtool.ops.names import written_names
 from batchtool.runner import ordered_map
 
 VERIFY_RULES = (ManifestRows, ManifestBatches, ManifestSchema)
@@ -38,23 +39,13 @@ class Found:
 
 @dataclass(frozen=True)
 class Layout:
-    """How to read the files: their format, the manifest's schema and output section, and whether to count
-    batches where that means decoding every record (TFRecord's batch column)."""
+    """How to read the files: their format, the manifest's schema and output section, and the column whose runs mark
+    the batches where counting them means decoding every record (TFRecord; None: batches are not counted)."""
 
     format: str
     schema: pa.Schema
     output: dict
-    count_batches: bool = True
-
-
-def output_stats(manifest: dict) -> dict:
-    """The stats that describe the output: the command's, or for `run` those of its last stage (whose batches,
-    buckets and classes are what DST holds)."""
-    stats = manifest.get("stats") if isinstance(manifest.get("stats"), dict) else {}
-    stages = stats.get("stages")
-    if manifest.get("command") == "run" and isinstance(stages, list) and stages and isinstance(stages[-1], dict):
-        return {**stats, **stages[-1]}
-    return stats
+    batch_column: str | None
 
 
 def verify(rules: Sequence[Rule], src: str, manifest: dict, limit: int, threads: int) -> dict[str, RuleResult]:
@@ -64,8 +55,9 @@ def verify(rules: Sequence[Rule], src: str, manifest: dict, limit: int, threads:
     files = output_files(src, manifest)
     output = manifest["output"]
     schema = schema_from_json(manifest["schema"])
+    batch_column = written_names(manifest, manifest_path(src)).get("batch", BATCH_COLUMN)
     layout = Layout(output.get("format") or (detect_format(files[0].name) if files else None) or formats.DEFAULT,
-                    schema, output, any(isinstance(r, ManifestBatches) for r in rules))
+                    schema, output, batch_column if any(isinstance(r, ManifestBatches) for r in rules) else None)
     found = list(ordered_map(lambda f: inspect_file(f.path, layout), files, threads))
     results = {}
     for rule in rules:
@@ -74,7 +66,7 @@ def verify(rules: Sequence[Rule], src: str, manifest: dict, limit: int, threads:
         elif isinstance(rule, ManifestBatches):
             if all(f.batches is None and f.error is None for f in found):
                 spec = formats.get(layout.format)
-                results[rule.name] = skipped(rule, f"{spec.label} {spec.unit}s without a {BATCH_COLUMN!r} column "
+                results[rule.name] = skipped(rule, f"{spec.label} {spec.unit}s without a {batch_column!r} column "
                                                    "mark no batches")
             else:
                 results[rule.name] = _counts(rule, files, found, "batches", "batch", output.get("batches"), limit)
@@ -89,7 +81,7 @@ def inspect_file(path: str, layout: Layout) -> Found:
         return Found(error="missing")
     try:
         return Found(*formats.get(layout.format).inspect_shard(path, layout.schema, layout.output,
-                                                                layout.count_batches))
+                                                                layout.batch_column))
     except (BatchtoolError, OSError, pa.ArrowException) as exc:
         return Found(error=f"unreadable: {exc}")
 

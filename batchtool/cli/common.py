@@ -15,6 +15,7 @@ import click
 
 import batchtool
 from batchtool import settings as settings_mod
+from batchtool.dataset import memory_limit
 from batchtool.engines import ENGINES
 from batchtool.errors import BatchtoolError, OptionError
 from batchtool.formats import tfrecord
@@ -164,8 +165,16 @@ def seed_option(fn: Callable) -> Callable:
 
 
 def memory_options(fn: Callable) -> Callable:
-    """--memory (in bytes) and --tmp-dir, for commands that reorder through spill files."""
-    return _apply(fn, [declared(CommonSettings, "memory"), declared(CommonSettings, "tmp_dir")])
+    """--memory (in bytes) and --tmp-dir, for commands that reorder through spill files.
+
+    --memory also bounds what the command's input decompresses to (dataset.memory_limit, applied around the
+    whole command, as --max-record-bytes is)."""
+    @functools.wraps(fn)
+    def budgeted(*args: Any, **kwargs: Any) -> Any:
+        with memory_limit(settings_mod.parse_size(kwargs["memory"])):
+            return fn(*args, **kwargs)
+
+    return _apply(budgeted, [declared(CommonSettings, "memory"), declared(CommonSettings, "tmp_dir")])
 
 
 def input_options(fn: Callable) -> Callable:
@@ -183,7 +192,8 @@ def input_options(fn: Callable) -> Callable:
         declared(InputSettings, "format", dest="input_format"), declared(InputSettings, "skip_corrupt"),
         click.option("--max-record-bytes", default=size_text(tfrecord.DEFAULT_MAX_RECORD_BYTES), metavar="SIZE",
                      show_default=True, help="Largest TFRecord record to read: a record header claiming more is an "
-                                             "error, before anything is read."),
+                                             "error, before anything is read. Without --memory, also the most one "
+                                             "Arrow IPC record batch may take once decompressed."),
     ])
 
 

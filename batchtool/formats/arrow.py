@@ -1,4 +1,6 @@
-"""Arrow IPC file shards: one record batch per batch, read by memory map, so an epoch of `load` only touches pages."""
+"""Arrow IPC shards: file format written (one record batch per batch, read by memory map, so an epoch of `load` only
+touches pages); file and stream format read (a stream: what Hugging Face `datasets` writes), every batch's
+decompressed size checked against the command's budget before it is decompressed (ipc_meta)."""
 
 from __future__ import annotations
 
@@ -13,23 +15,37 @@ import pyarrow as pa
 
 from batchtool import batch_check, fs
 from batchtool.errors import InputError, where
-from batchtool.formats.base import (Batches, EncodedBatch, Format, ReadTask, first_line, schema_problem,
-                                    size_problem)
+from batchtool.formats import hf, ipc_meta
+from batchtool.formats.base import (DAMAGED, Batches, EncodedBatch, Format, ReadTask, check_batch_memory,
+                                    first_line, rows_only, schema_problem, size_problem)
 
 if TYPE_CHECKING:
     from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
     from batchtool.output import OutputOptions
 
-MAGIC = b"ARROW1"
+MAGIC = ipc_meta.FILE_MAGIC
+
+
+def _source(path: str) -> pa.NativeFile:
+    """The file, memory-mapped when local (batches are then views of the page cache)."""
+    return fs.open_input(path) if fs.is_uri(path) else pa.memory_map(path, "r")
+
+
+def _reader_of(source: pa.NativeFile) -> ipc_meta.ReadAt:
+    """ipc_meta's view of a file: (offset, length) -> bytes."""
+    return lambda at, length: source.read_at(length, at)
+
+
+def _unreadable(path: str, exc: BaseException) -> InputError:
+    return InputError(f"{where(path)}: not a readable Arrow IPC file ({first_line(exc)})")
 
 
 def open_file(path: str) -> pa.ipc.RecordBatchFileReader:
-    """Open one shard, memory-mapped when local (batches are then views of the page cache), as one-line errors."""
+    """Open one shard of the IPC file format, memory-mapped when local, as one-line errors."""
     try:
-        source = fs.open_input(path) if fs.is_uri(path) else pa.memory_map(path, "r")
-        return pa.ipc.open_file(source)
-    except (pa.ArrowException, OSError, ValueError) as exc:
-        raise InputError(f"{where(path)}: not a readable Arrow IPC file ({first_line(exc)})") from exc
+        return pa.ipc.open_file(_source(path))
+    except DAMAGED as exc:
+        raise _unreadable(path, exc) from exc
 
 
 def read_batch(reader: pa.ipc.RecordBatchFileReader, path: str, index: int, columns: list[str] | None,
@@ -42,7 +58,7 @@ def read_batch(reader: pa.ipc.RecordBatchFileReader, path: str, index: int, colu
             batch, metadata = reader.get_batch_with_custom_metadata(index)
         else:
             batch, metadata = reader.get_batch(index), None
-    except (pa.ArrowException, OSError, ValueError, IndexError) as exc:
+    except (*DAMAGED, IndexError) as exc:
         raise InputError(f"{where(path)}, record batch {index}: corrupt ({first_line(exc)})") from exc
     batch_check.check_batch(batch, path, index)
     if verify:
@@ -50,12 +66,87 @@ def read_batch(reader: pa.ipc.RecordBatchFileReader, path: str, index: int, colu
     return batch if columns is None else batch.select(columns)
 
 
+@dataclass(frozen=True)
+class IpcFile:
+    """One Arrow IPC file, file or stream format, opened for reading: its schema and where its batches are (read
+    from the metadata alone: nothing is decompressed to learn a batch's rows or what it inflates to)."""
+
+    path: str
+    source: pa.NativeFile
+    stream: bool
+    schema: pa.Schema
+    layout: ipc_meta.Layout
+
+    @staticmethod
+    def open(path: str) -> IpcFile:
+        try:
+            source = _source(path)
+            size = source.size()
+            stream = source.read_at(len(MAGIC), 0) != MAGIC
+            schema = (pa.ipc.open_stream(source) if stream else pa.ipc.open_file(source)).schema
+        except DAMAGED as exc:
+            raise _unreadable(path, exc) from exc
+        try:
+            layout = (ipc_meta.stream_layout if stream else ipc_meta.file_layout)(_reader_of(source), size)
+        except ipc_meta.Malformed as exc:
+            raise InputError(f"{where(path)}: corrupt Arrow IPC {'stream' if stream else 'file'} ({exc})") from exc
+        return IpcFile(path, source, stream, schema, layout)
+
+    def batches(self, dataset: Dataset, columns: list[str] | None) -> Iterator[tuple[ipc_meta.Message,
+                                                                                     pa.RecordBatch | None]]:
+        """Each record batch's metadata and the batch (only `columns`; None when it has no rows), each checked
+        against the command's budget (check_batch_memory) before it is decompressed; the dictionaries (which the
+        reader keeps for the whole file) first. No data is read when `columns` is empty: the batches are their row
+        counts."""
+        read_at = _reader_of(self.source)
+        if columns == []:
+            for message in self.layout.batches:
+                check_batch_memory(dataset, 0, message.rows, f"{where(self.path)}, record batch {message.index}")
+                yield message, rows_only(message.rows) if message.rows else None
+            return
+        try:
+            check_batch_memory(dataset, sum(ipc_meta.inflated(read_at, m) for m in self.layout.dictionaries), 0,
+                               f"{where(self.path)}, its dictionaries")
+            names = self.schema.names if columns is None else columns
+            included = [self.schema.get_field_index(c) for c in names]
+            reader = self._reader(pa.ipc.IpcReadOptions(included_fields=sorted(included)))
+            for message in self.layout.batches:
+                kept = ipc_meta.field_buffers(self.schema, message, names)
+                check_batch_memory(dataset, ipc_meta.inflated(read_at, message, kept), message.rows,
+                                   f"{where(self.path)}, record batch {message.index}")
+                batch = self._read(reader, message.index)
+                yield message, (batch.select(names) if message.rows else None)
+        except ipc_meta.Malformed as exc:
+            raise InputError(f"{where(self.path)}: corrupt Arrow IPC file ({exc})") from exc
+
+    def _reader(self, options: pa.ipc.IpcReadOptions) -> pa.ipc.RecordBatchFileReader | pa.ipc.RecordBatchStreamReader:
+        try:
+            if self.stream:
+                self.source.seek(0)
+                return pa.ipc.open_stream(self.source, options=options)
+            return pa.ipc.open_file(self.source, options=options)
+        except DAMAGED as exc:
+            raise _unreadable(self.path, exc) from exc
+
+    def _read(self, reader: pa.ipc.RecordBatchFileReader | pa.ipc.RecordBatchStreamReader,
+              index: int) -> pa.RecordBatch:
+        """The next batch of a stream, or batch `index` of a file, checked before anything slices it
+        (batch_check.check_batch, naming the column)."""
+        try:
+            batch = reader.read_next_batch() if self.stream else reader.get_batch(index)
+        except (*DAMAGED, StopIteration) as exc:
+            raise InputError(f"{where(self.path)}, record batch {index}: corrupt ({first_line(exc)})") from exc
+        batch_check.check_batch(batch, self.path, index)
+        return batch
+
+
 def batch_rows(path: str, verify: bool = False) -> list[int]:
-    """Rows of each batch of a file (compressed files decompress each batch to learn it; `verify` reads every
-    batch whole, for its CRC32C)."""
+    """Rows of each batch of a file, from its metadata (nothing is decompressed), or with `verify`, each batch read
+    whole and its CRC32C checked."""
+    if not verify:
+        return [m.rows for m in IpcFile.open(path).layout.batches]
     reader = open_file(path)
-    return [read_batch(reader, path, i, None if verify else [], verify).num_rows
-            for i in range(reader.num_record_batches)]
+    return [read_batch(reader, path, i, None, True).num_rows for i in range(reader.num_record_batches)]
 
 
 class _Sink:
@@ -94,7 +185,7 @@ class _Task:
         batch = self.batch
         try:
             batch.validate(full=True)
-        except pa.ArrowInvalid as exc:
+        except DAMAGED as exc:
             raise InputError(f"{where(self.shard.path)}, record batch {self.index}: corrupt ({first_line(exc)})") \
                 from exc
         return shard_chunk(batch, self.schema, self.shard, self.first_row)
@@ -212,16 +303,25 @@ class _Read(ReadTask):
 
 
 class ArrowFormat(Format):
-    """Arrow IPC file format (`.arrow`): what pyarrow, polars, DuckDB and HuggingFace datasets map directly."""
+    """Arrow IPC (`.arrow`): the file format written, which pyarrow, polars, DuckDB and Hugging Face datasets map
+    directly; the file and the stream format read."""
 
     name = "arrow"
     label = "Arrow IPC"
-    suffixes = (".arrow", ".ipc")
+    suffixes = (".arrow", ".ipc", ".arrows")
+    min_batch_bytes = 24
+    """The footer's entry of one record batch (offset, metadata and body lengths): bounds a manifest's count."""
     codecs = ("none", "lz4", "zstd")
     default_codec = "none"
     magic = MAGIC
-    min_batch_bytes = 24
-    """The footer's entry of one record batch (offset, metadata and body lengths): bounds a manifest's count."""
+
+    def detect(self, path: str, head: bytes | None = None) -> bool:
+        """By name, or by the file format's magic or a stream's first message (its continuation marker)."""
+        return super().detect(path, head) or (head is not None and head.startswith(ipc_meta.CONTINUATION))
+
+    def directory_files(self, src: str) -> list[str] | None:
+        """A Hugging Face `datasets` save_to_disk directory's stream files, in its state.json's order."""
+        return hf.split_files(src)
 
     def open_sink(self, file: BinaryIO, schema: pa.Schema, options: OutputOptions) -> _Sink:
         return _Sink(file, schema, options.codec)
@@ -235,10 +335,14 @@ class ArrowFormat(Format):
 
     def open_dataset(self, src: str, shards: tuple[Shard, ...], schema: pa.Schema | None, manifest: dict | None,
                      reading: dict) -> Dataset:
+        """Each file's schema and rows from its metadata: nothing is decompressed."""
         from batchtool.dataset import open_self_describing
 
-        return open_self_describing(src, self, shards, schema, manifest,
-                                    lambda path: (open_file(path).schema, sum(batch_rows(path))))
+        def footer(path: str) -> tuple[pa.Schema, int]:
+            opened = IpcFile.open(path)
+            return opened.schema, opened.layout.rows
+
+        return open_self_describing(src, self, shards, schema, manifest, footer, reading)
 
     def count_rows(self, dataset: Dataset, shard: Shard, report: ReadReport) -> int:
         return sum(batch_rows(shard.path))
@@ -256,21 +360,20 @@ class ArrowFormat(Format):
         return np.array([e.batches for e in listed], dtype=np.int64), _Batches(paths, dataset.schema, listed)
 
     def inspect_shard(self, path: str, schema: pa.Schema, output: dict,
-                      count_batches: bool) -> tuple[int, int, str | None]:
-        """From the batch headers: every non-empty record batch is a batch; where the output's batches carry
-        CRC32Cs, every batch is read whole and verified."""
+                      batch_column: str | None) -> tuple[int, int, str | None]:
+        """From the metadata: every non-empty record batch is a batch; where the output's batches carry CRC32Cs,
+        every batch is read whole and verified."""
         files = output.get("files") or []
         verify = bool(files) and all(e.get("batch_checksums") == batch_check.CHECKSUMS for e in files)
-        rows = batch_rows(path, verify)
-        return sum(rows), sum(1 for r in rows if r), schema_problem(open_file(path).schema, schema)
+        opened = IpcFile.open(path)
+        rows = batch_rows(path, True) if verify else [m.rows for m in opened.layout.batches]
+        return sum(rows), sum(1 for r in rows if r), schema_problem(opened.schema, schema)
 
     def tasks(self, dataset: Dataset, columns: list[str] | None, report: ReadReport) -> Iterator[_Task]:
         schema = dataset.projected_schema(columns)
         for shard in dataset.shards:
-            reader = open_file(shard.path)
             first = 0
-            for index in range(reader.num_record_batches):
-                batch = read_batch(reader, shard.path, index, columns)
-                if batch.num_rows:
-                    yield _Task(shard, index, first, batch, schema)
-                first += batch.num_rows
+            for message, batch in IpcFile.open(shard.path).batches(dataset, columns):
+                if batch is not None:
+                    yield _Task(shard, message.index, first, batch, schema)
+                first += message.rows

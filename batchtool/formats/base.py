@@ -10,12 +10,17 @@ from typing import TYPE_CHECKING, BinaryIO, ClassVar, Protocol
 import numpy as np
 import pyarrow as pa
 
-from batchtool.errors import OptionError
+from batchtool.errors import OptionError, OptionInputError
 
 if TYPE_CHECKING:
     from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
     from batchtool.output import OutputOptions
 
+
+DAMAGED = (ValueError, OSError, pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowIndexError, pa.ArrowKeyError,
+           pa.ArrowSerializationError)
+"""What pyarrow raises reading a damaged or unexpected file (pa.ArrowInvalid is a ValueError; so is a column name
+that is not UTF-8; an unknown codec is not implemented): the readers turn it into one line naming the file."""
 
 BATCH_COLUMN = "batch"
 """The column bucket, segment and pack write: each row's batch number (in TFRecord output, what cuts the
@@ -33,6 +38,37 @@ class EncodedBatch:
 def first_line(exc: BaseException) -> str:
     """An exception's message cut to one line, for a one-line error naming the file."""
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def rows_only(rows: int) -> pa.RecordBatch:
+    """A batch of `rows` rows and no columns: what a read of no columns gives (only rows are counted)."""
+    return pa.RecordBatch.from_arrays([pa.nulls(rows)], names=["_"]).select([])
+
+
+ROW_ID_BYTES = 8
+"""What reading a row costs besides its data: its example id (rng.example_ids), however narrow the row."""
+
+
+def check_batch_memory(dataset: Dataset, inflated: int, rows: int, where: str) -> None:
+    """Stop before reading one unit of a file (a record batch, named by `where`) whose declared sizes the command's
+    budget does not allow: `inflated` bytes its buffers decompress to, and a row id for each of its `rows`.
+    Checked against --memory's share for one allocation (batchtool.budget) where the command has --memory, else
+    --max-record-bytes, which every reading command has. A few bytes of a file can claim gigabytes (a
+    compressed buffer's length, a row count): the claim is checked, not the file's size."""
+    need = inflated + ROW_ID_BYTES * rows
+    what = "its buffers decompressed" if inflated else "no decompression"
+    if dataset.memory is not None:
+        from batchtool import budget
+
+        budget.check("memory", f"reading it ({what}, {rows:,} row ids)", need, dataset.memory,
+                     "give a larger {memory}, or write the file in smaller record batches", where=f"{where}: ",
+                     error=OptionInputError)
+    elif need > dataset.max_record_bytes:
+        raise OptionInputError("max_record_bytes", f"reading it ({what}, {rows:,} row ids) takes {need:,} bytes, "
+                                                   f"more than the limit of {dataset.max_record_bytes:,} "
+                                                   "({max_record_bytes}); raise {max_record_bytes} if the data is "
+                                                   "genuine, or write the file in smaller record batches",
+                               where=f"{where}: ")
 
 
 def schema_problem(found: pa.Schema, expected: pa.Schema) -> str | None:
@@ -96,9 +132,9 @@ class Batches(ABC):
         """The task (any thread may run it) reading file f's batches `local`: `columns`, as `schema`; `verify`:
         also each batch's checksum where the format only checks it when asked (Arrow IPC's CRC32C)."""
 
-    def buckets(self, f: int, local: np.ndarray) -> np.ndarray:
-        """The `bucket` of each batch from the files' metadata, -1 where they give no single value (everywhere
-        unless records_buckets)."""
+    def buckets(self, f: int, local: np.ndarray, column: str = "bucket") -> np.ndarray:
+        """The bucket of each batch (in `column`, bucket's `bucket`) from the files' metadata, -1 where they give
+        no single value (everywhere unless records_buckets)."""
         return np.full(len(local), -1, dtype=np.int64)
 
     def unshuffled(self) -> str | None:
@@ -177,11 +213,20 @@ class Format(ABC):
         """Pure and thread-safe (workers run it): by default the writer encodes the Arrow data itself."""
         return EncodedBatch(batch)
 
+    def check_values(self, batch: pa.RecordBatch, options: OutputOptions) -> None:
+        """What encode would refuse in the batch's values (RowError naming the row in the batch), checked where
+        the batch's rows are known to come from (dataset.Chunk.located); by default the format holds any value."""
+
     @abstractmethod
     def open_sink(self, file: BinaryIO, schema: pa.Schema, options: OutputOptions) -> ShardSink:
         """A sink writing one shard into `file` (which hashes and counts what it is given)."""
 
     # reading ---------------------------------------------------------------------------------------------
+
+    def directory_files(self, src: str) -> list[str] | None:
+        """The data files of directory `src` in their order, when it is a dataset this format's own metadata
+        describes (a Hugging Face save_to_disk directory); None otherwise, and SRC's files are found by name."""
+        return None
 
     @abstractmethod
     def open_dataset(self, src: str, shards: tuple[Shard, ...], schema: pa.Schema | None, manifest: dict | None,
@@ -201,9 +246,11 @@ class Format(ABC):
 
     @abstractmethod
     def inspect_shard(self, path: str, schema: pa.Schema, output: dict,
-                      count_batches: bool) -> tuple[int, int | None, str | None]:
+                      batch_column: str | None) -> tuple[int, int | None, str | None]:
         """What `check DST` verifies of one file against the manifest (`schema`, its `output` section): (rows,
-        batches or None when the file marks none, how its schema differs or None), reading only what that takes."""
+        batches or None when the file marks none, how its schema differs or None), reading only what that takes;
+        `batch_column` names the column whose runs mark the batches where they must be decoded to be counted
+        (TFRecord; None: do not count them)."""
 
     @abstractmethod
     def tasks(self, dataset: Dataset, columns: list[str] | None,

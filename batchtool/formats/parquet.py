@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 
 from batchtool import fs
 from batchtool.errors import InputError, where
-from batchtool.formats.base import Batches, EncodedBatch, Format, ReadTask, cut, first_line, schema_problem
+from batchtool.formats.base import DAMAGED, Batches, EncodedBatch, Format, ReadTask, cut, first_line, schema_problem
 
 if TYPE_CHECKING:
     from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
@@ -37,7 +37,7 @@ def open_file(path: str, metadata: pq.FileMetaData | None = None) -> pq.ParquetF
     try:
         return pq.ParquetFile(fs.open_input(path) if fs.is_uri(path) else path, metadata=metadata,
                               memory_map=False, page_checksum_verification=True)
-    except (pa.ArrowInvalid, OSError) as exc:
+    except DAMAGED as exc:
         raise InputError(f"{where(path)}: not a readable Parquet file ({first_line(exc)})") from exc
 
 
@@ -46,7 +46,7 @@ def read_row_group(path: str, row_group: int, columns: list[str] | None) -> pa.R
     pf = open_file(path)
     try:
         return decode_row_group(pf, row_group, columns)
-    except (pa.ArrowInvalid, OSError) as exc:
+    except DAMAGED as exc:
         raise unreadable(pf, path, [row_group], columns, exc) from exc
 
 
@@ -57,7 +57,7 @@ def unreadable(pf: pq.ParquetFile, path: str, row_groups: list[int], columns: li
         for column in columns if columns is not None else pf.schema_arrow.names:
             try:
                 pf.read_row_group(rg, columns=[column], use_threads=False)
-            except (pa.ArrowInvalid, OSError) as column_exc:
+            except DAMAGED as column_exc:
                 problem = ("a page checksum does not match: the file changed after it was written"
                            if _CHECKSUM_FAILED in str(column_exc) else first_line(column_exc))
                 return InputError(f"{where(path)}, row group {rg}, column {column!r}: corrupt ({problem})")
@@ -181,13 +181,13 @@ class _Batches(Batches):
         meta = self.footer(f, {})
         return np.array([meta.row_group(int(g)).num_rows for g in self.groups(f, local)], dtype=np.int64)
 
-    def buckets(self, f: int, local: np.ndarray) -> np.ndarray:
-        """From the footer statistics of the `bucket` column."""
+    def buckets(self, f: int, local: np.ndarray, column: str = "bucket") -> np.ndarray:
+        """From the footer statistics of the bucket column."""
         meta = self.footer(f, {})
-        column = meta.schema.names.index("bucket")
+        index = meta.schema.names.index(column)
         out = np.full(len(local), -1, dtype=np.int64)
         for i, g in enumerate(self.groups(f, local)):
-            stats = meta.row_group(int(g)).column(column).statistics
+            stats = meta.row_group(int(g)).column(index).statistics
             if stats is not None and stats.has_min_max and stats.min == stats.max:
                 out[i] = stats.min
         return out
@@ -210,7 +210,7 @@ class _Read(ReadTask):
         pf = open_file(self.path, self.metadata)  # the parsed footer is shared, not re-read
         try:
             table = pf.read_row_groups(list(self.row_groups), columns=self.columns, use_threads=False)
-        except (pa.ArrowInvalid, OSError) as exc:
+        except DAMAGED as exc:
             raise unreadable(pf, self.path, list(self.row_groups), self.columns, exc) from exc
         return cut(_one_batch(table), [self.metadata.row_group(rg).num_rows for rg in self.row_groups])
 
@@ -256,7 +256,7 @@ class ParquetFormat(Format):
         return counts, _Batches(paths, counts, tuple(groups))
 
     def inspect_shard(self, path: str, schema: pa.Schema, output: dict,
-                      count_batches: bool) -> tuple[int, int, str | None]:
+                      batch_column: str | None) -> tuple[int, int, str | None]:
         """From the footer: every non-empty row group is a batch."""
         pf = open_file(path)
         meta = pf.metadata

@@ -38,6 +38,8 @@ _HEADER_SIZE = 12
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _MASK_DELTA = 0xA282EAD8
+_MAX_GZIP_RATIO = 1032
+"""The most bytes deflate makes of one: what a GZIP file's size says of its records at most."""
 _BLOCK = 1 << 16
 """Bytes read ahead at a time: the unit of buffering, inflating and resynchronising."""
 _INDEX_BLOCK = 1 << 12
@@ -788,14 +790,13 @@ class _Task:
     kind: str
 
     def __call__(self) -> Chunk:
-        from batchtool import rng
-        from batchtool.dataset import Chunk
+        from batchtool.dataset import shard_chunk
         from batchtool.formats import example as example_codec
 
         first = self.records.first_record
         batch = example_codec.decode_records(self.records.payloads(), self.schema, self.kind, path=self.shard.path,
                                              first_record=first)
-        return Chunk(batch, rng.example_ids(self.shard.index, first, batch.num_rows))
+        return shard_chunk(batch, self.schema, self.shard, first, "record")
 
 
 @dataclass(frozen=True)
@@ -968,6 +969,17 @@ class _Decode(ReadTask):
         return cut(decoded, self.rows)
 
 
+def _narrowed(batch: pa.RecordBatch, options: OutputOptions) -> pa.RecordBatch:
+    """The values written: --cast's narrowing (an extension type's values are its storage's)."""
+    stored = options.narrowed_schema(batch.schema)
+    return batch if stored == batch.schema else batch.cast(stored)
+
+
+def _lists(options: OutputOptions) -> tuple[str, ...] | None:
+    """An op's feature lists: they matter to SequenceExample records only (tf.train.Example has none)."""
+    return options.sequence_columns if options.tfrecord_kind == "sequence_example" else None
+
+
 class TFRecordFormat(Format):
     """TFRecord shards of tf.train.SequenceExample (or Example) records, directly batchable by tf.data."""
 
@@ -996,13 +1008,15 @@ class TFRecordFormat(Format):
     def encode(self, batch: pa.RecordBatch, options: OutputOptions) -> EncodedBatch:
         from batchtool.formats import example as example_codec
 
-        stored = options.stored_schema(batch.schema)
-        if stored != batch.schema:
-            batch = batch.cast(stored)
-        # an op's feature lists matter to SequenceExample records only: tf.train.Example has none
-        lists = options.sequence_columns if options.tfrecord_kind == "sequence_example" else None
-        payloads = example_codec.encode_records(batch, options.tfrecord_kind, sequence_columns=lists)
+        batch = _narrowed(batch, options)
+        payloads = example_codec.encode_records(batch, options.tfrecord_kind, sequence_columns=_lists(options))
         return EncodedBatch(batch, b"".join(frame_record(p) for p in payloads))
+
+    def check_values(self, batch: pa.RecordBatch, options: OutputOptions) -> None:
+        from batchtool.formats import example as example_codec
+
+        example_codec.check_values(_narrowed(batch, options), options.tfrecord_kind,
+                                   sequence_columns=_lists(options))
 
     def open_sink(self, file: BinaryIO, schema: pa.Schema, options: OutputOptions) -> _Sink:
         return _Sink(file, options.codec)
@@ -1045,23 +1059,28 @@ class TFRecordFormat(Format):
             if "batch_index" not in entry:  # written by batchtool 0.1: index it from its `batch` column, once
                 ranges.append(_scan_batch_index(shard.path, dataset.schema, kind, int(entry["batches"])))
                 continue
+            batches = int(entry["batches"])
+            stream = shard.size * (_MAX_GZIP_RATIO if output.get("compression") == "gzip" else 1)
+            if batches > stream // (_HEADER_SIZE + 4):  # a batch is a record at least: a header and a data CRC
+                raise InputError(f"{shard.path}: {MANIFEST_NAME} lists {batches:,} batches, more than its "
+                                 f"{shard.size:,} bytes can hold; the manifest is not this file's")
             try:
-                ranges.append(decode_batch_index(entry["batch_index"], int(entry["batches"])))
-            except (ValueError, zlib.error) as exc:
+                ranges.append(decode_batch_index(entry["batch_index"], batches))
+            except (ValueError, TypeError, zlib.error) as exc:
                 raise InputError(f"{shard.path}: unreadable batch index in {MANIFEST_NAME} ({exc})") from exc
         counts = np.array([e["batches"] for e in output["files"]], dtype=np.int64)
         return counts, _Batches(tuple(s.path for s in dataset.shards), tuple(ranges), kind,
                                 output.get("compression") == "gzip")
 
     def inspect_shard(self, path: str, schema: pa.Schema, output: dict,
-                      count_batches: bool) -> tuple[int, int | None, str | None]:
+                      batch_column: str | None) -> tuple[int, int | None, str | None]:
         """Records counted, batches as runs of the batch column (decoding it); the first chunk must decode to
         `schema` and hold no feature it lacks (a TFRecord file records no schema of its own)."""
         from batchtool.formats import example as example_codec
 
         kind = output.get("tfrecord_kind") or "sequence_example"
-        batch_schema = (pa.schema([schema.field(BATCH_COLUMN)])
-                        if count_batches and BATCH_COLUMN in schema.names else None)
+        batch_schema = (pa.schema([schema.field(batch_column)])
+                        if batch_column is not None and batch_column in schema.names else None)
         rows = batches = 0
         previous = None
         problem = None

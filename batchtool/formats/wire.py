@@ -3,11 +3,13 @@
 Only what protobuf writers emit for tf.train.Example is handled: length-delimited fields with
 one-byte tags. Anything else raises Unusual, and the caller parses those messages with
 protobuf instead; so the walk never decides whether odd input is valid, it only goes fast on
-ordinary input.
+ordinary input. `walk` reads one message field by field in plain Python, for saying exactly what is
+wrong with one that protobuf parsed only by setting fields aside.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -173,3 +175,47 @@ def items(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.nda
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     owner, first, last = (np.concatenate(parts).astype(np.int64, copy=False) for parts in zip(*found))
     return owner, first, last
+
+
+WIRE_TYPES = {0: "varint", 1: "64-bit", 2: "length-delimited", 5: "32-bit"}
+"""Protobuf wire types by number (3 and 4, groups, are not used by any message batchtool reads)."""
+
+
+class Malformed(Exception):
+    """A message whose fields cannot be walked (cut short, or a group)."""
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    """The varint at `at` and where it ends."""
+    value = 0
+    for shift in range(0, 70, 7):
+        if at >= len(data):
+            raise Malformed("cut short inside a varint")
+        byte = data[at]
+        value |= (byte & 0x7F) << shift
+        at += 1
+        if byte < 0x80:
+            return value, at
+    raise Malformed("a varint longer than 10 bytes")
+
+
+def walk(data: bytes) -> Iterator[tuple[int, int, bytes]]:
+    """Every field of one message: (field number, wire type, its payload: a length-delimited field's bytes, else
+    the raw value bytes), in order; Malformed where the message cannot be walked."""
+    at = 0
+    while at < len(data):
+        tag, at = _varint(data, at)
+        number, wire_type = tag >> 3, tag & 7
+        if wire_type == 0:
+            _, end = _varint(data, at)
+        elif wire_type == 2:
+            length, at = _varint(data, at)
+            end = at + length
+        elif wire_type in (1, 5):
+            end = at + (8 if wire_type == 1 else 4)
+        else:
+            raise Malformed(f"field {number} has wire type {wire_type}, a group")
+        if end > len(data):
+            raise Malformed(f"field {number} runs past the end of its message")
+        yield number, wire_type, data[at:end]
+        at = end

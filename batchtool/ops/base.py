@@ -123,6 +123,8 @@ class Integer(Value):
     def parse(self, field: str, value: Any) -> int:
         if not isinstance(value, int) or isinstance(value, bool):
             raise OptionError(field, f"expected an integer, got {shown(value)}")
+        if not -(1 << 63) <= value < 1 << 63:  # every count and size batchtool holds is a 64-bit integer
+            raise OptionError(field, "must fit in 64 bits (at most 9223372036854775807)", value=str(value))
         return value
 
 

@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 
 from batchtool.dataset import Chunk
 from batchtool.errors import OptionInputError, OptionSchemaError, SchemaError
+from batchtool.ops import names as own
 from batchtool.ops.boundaries import assign_buckets
 from batchtool.ops.bucket_plan import Balance, BatchBudget, BucketColumns, BucketPlan, make_balance
 from batchtool.ops.bucket_report import BucketCounts
@@ -69,26 +70,11 @@ def assign(chunk: Chunk, plan: BucketPlan, locate: Callable[[int], str]) -> Assi
         classes = label_codes(chunk, cols.label, plan.balance.num_classes, locate)
     data = chunk.data.drop_columns(list(cols.replaced)) if cols.replaced else chunk.data
     names = cols.names
-    if "length" in cols.reused:
-        _check_reused(chunk, names["length"], lengths, "its length", locate)
-    if "bucket" in cols.reused:
-        _check_reused(chunk, names["bucket"], buckets, "its bucket", locate)
+    for role, computed in (("length", lengths), ("bucket", buckets)):
+        if role in cols.reused:
+            own.check_adopted(chunk, names[role], computed, locate, "bucket", role, f"its {role} is {{}}")
     data = data.append_column(names["length"], pa.array(lengths.astype(np.int32)))
     return Assigned(Chunk(data, chunk.ids), buckets, rows_in, rows_in - kept, int(oversize.sum()), classes)
-
-
-def _check_reused(chunk: Chunk, column: str, computed: np.ndarray, what: str, locate: Callable[[int], str]) -> None:
-    """An input column named like an output column is written once only if it holds what bucket computes."""
-    given = pc.fill_null(chunk.data.column(column), -1).to_numpy(zero_copy_only=False)
-    bad = np.flatnonzero(given != computed)
-    if len(bad):
-        i = int(bad[0])
-        value = chunk.data.column(column)[i].as_py()
-        role = "length" if what == "its length" else "bucket"
-        raise OptionSchemaError("output_column", f"{value} but {what} is {computed[i]}; bucket writes its own "
-                                f"{column!r} column: name it otherwise with {{output_column}} {role}=NEW_NAME (or "
-                                "rename yours, e.g. convert --columns)",
-                                where=f"{locate(chunk.ids[i])}, column {column!r}: ")
 
 
 def measure(chunk: Chunk, plan: BucketPlan, locate: Callable[[int], str]) -> np.ndarray:
@@ -190,7 +176,9 @@ def make_batch(data: pa.RecordBatch, index: int, bucket: int, pad_length: int, c
     if mask:
         arrays.append(mask_column(data.column(out["length"]).to_numpy(), pad_length))
         names.append(out["mask"])
-    return pa.RecordBatch.from_arrays(arrays, names=names)
+    kept = {f.name: f.metadata for f in padded.schema}  # the metadata that marks an extension type's storage
+    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema([pa.field(n, a.type, metadata=kept.get(n))
+                                                                for n, a in zip(names, arrays)]))
 
 
 def output_schema(schema: pa.Schema, columns: BucketColumns, mask: bool) -> pa.Schema:

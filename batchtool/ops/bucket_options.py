@@ -8,6 +8,7 @@ from typing import Any
 
 from batchtool.ops.base import (Choice, Column, ColumnList, Flag, Integer, OptionError, Pairs, Value, option,
                                 shown)
+from batchtool.ops import names
 from batchtool.ops.boundaries import check_boundaries
 from batchtool.ops.stratify_options import TargetSpec, check_probs
 from batchtool.ops.stratify_plans import Target
@@ -16,7 +17,7 @@ ORDERS = ("shuffle", "sorted")
 COSTS = ("linear", "quadratic")
 DEFAULT_MEMORY = 1 << 30
 OUTPUT_COLUMNS = ("batch", "bucket", "length", "mask")
-RENAMABLE = ("bucket", "length", "mask")
+"""bucket's own columns (`batch` marks the batches for load and check; the manifest records its name)."""
 
 
 # -- option values ---------------------------------------------------------------------------------------------
@@ -29,15 +30,16 @@ class Integers(Value):
 
     def parse(self, field: str, value: Any) -> tuple[int, ...]:
         if isinstance(value, int) and not isinstance(value, bool):
-            return (value,)
+            return (Integer().parse(field, value),)
         if isinstance(value, list) and all(_is_scalar(v) for v in value):
             value = ",".join(str(v) for v in value)
         if not isinstance(value, str):
             raise OptionError(field, f"expected comma-separated integers, got {shown(value)}")
         try:
-            return tuple(int(part) for part in value.split(",") if part.strip())
+            parts = [int(part) for part in value.split(",") if part.strip()]
         except ValueError:
             raise OptionError(field, "expected comma-separated integers, e.g. 64,128,256", value=repr(value)) from None
+        return tuple(Integer().parse(field, part) for part in parts)
 
 
 def _is_scalar(value: Any) -> bool:
@@ -77,10 +79,7 @@ class BucketOptions:
     pad_value: tuple[str, ...] = option("Pad value of a sequence column (default 0, '' for strings); repeatable.",
                                         Pairs("COL=V"), ())
     mask: bool = option("Add a 'mask' list<bool> column, true on real steps.", Flag(), False)
-    output_column: tuple[tuple[str, str], ...] = option(
-        "Name an output column (batch, bucket, length or mask) otherwise, when the input already has a column of "
-        "that name; repeatable.",
-        Pairs("OUT=NAME", names=True, split=True, example="length=n_steps"), ())
+    output_column: tuple[tuple[str, str], ...] = names.output_column(OUTPUT_COLUMNS)
     keep: str | None = option("Boolean column: only rows where it is true are bucketed.", Column(), None)
     drop_remainder: bool = option("Drop (and count) each bucket's last, partial batch.", Flag(), False)
     balance: str | None = option("Every full batch of every bucket holds each class's exact share of the batch "
@@ -120,25 +119,12 @@ class BucketOptions:
         if self.memory <= 0:
             raise OptionError("memory", "must be positive", value=str(self.memory))
         self._check_balance()
-        self._check_output_columns()
-
-    def _check_output_columns(self) -> None:
-        for role, name in self.output_column:
-            if role not in RENAMABLE or not name:
-                raise OptionError("output_column", f"expected OUT=NAME with OUT one of {', '.join(RENAMABLE)} and a "
-                                  "non-empty NAME", value=f"{role}={name}")
-        roles = [role for role, _ in self.output_column]
-        if len(set(roles)) < len(roles):
-            raise OptionError("output_column", f"{roles[0]} named twice")
-        names = list(self.output_names.values())
-        if len(set(names)) < len(names):
-            raise OptionError("output_column", "two output columns would be named "
-                              f"{next(n for n in names if names.count(n) > 1)!r}")
+        names.check_names(OUTPUT_COLUMNS, self.output_column)
 
     @property
     def output_names(self) -> dict[str, str]:
         """Each output column's name: its own, or the one --output-column gives."""
-        return {**{c: c for c in OUTPUT_COLUMNS}, **dict(self.output_column)}
+        return names.named(OUTPUT_COLUMNS, self.output_column)
 
     def _check_balance(self) -> None:
         if self.balance is None:
@@ -195,4 +181,4 @@ class BucketOptions:
         return self.num_buckets
 
 
-__all__ = ["COSTS", "DEFAULT_MEMORY", "ORDERS", "OUTPUT_COLUMNS", "RENAMABLE", "BucketOptions", "Integers"]
+__all__ = ["COSTS", "DEFAULT_MEMORY", "ORDERS", "OUTPUT_COLUMNS", "BucketOptions", "Integers"]

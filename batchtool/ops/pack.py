@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool.dataset import Chunk, Dataset
+from batchtool.ops import names as own
 from batchtool.ops.base import Context, Exchange, Kind, Operation, Probe
 from batchtool.ops.pack_options import PackColumns, PackOptions, output_schema, resolve_columns
 from batchtool.ops.pack_plan import (LengthCounts, PackPlan, batch_layout, check_long, count_lengths, make_plan,
@@ -37,7 +38,9 @@ class Pack(Operation[PackOptions, PackPlan]):
     Which lengths share a row is planned once over the whole length histogram (near the optimum,
     which the summary states); which examples fill those rows, and the order of the rows, are seeded
     random. DST gets the packed sequence columns with segment_ids and positions per step, cu_seqlens,
-    num_examples and length per row, and every other column as a list of one value per example."""
+    num_examples and length per row (--output-column names them otherwise), and every other column as a list of
+    one value per example (an integer column named like pack's `length` is taken for it if it holds each
+    example's steps)."""
     example = "batchtool pack sample_data/parquet /tmp/packed --max-length 512 --sequence tokens --batch-size 8"
     options = PackOptions
     kind = Kind.BATCHES
@@ -53,13 +56,16 @@ class Pack(Operation[PackOptions, PackPlan]):
         return options.recorded()
 
     def first_pass_input(self, options: PackOptions, schema: pa.Schema) -> list[str]:
-        """The lengths alone: the first sequence column."""
-        return [resolve_columns(options, schema).length]
+        """The lengths alone: the first sequence column (and an input column pack adopts, checked against them)."""
+        columns = resolve_columns(options, schema)
+        return [columns.length, *columns.dropped]
 
     def first_pass(self, options: PackOptions, context: Context, chunk: Chunk) -> LengthCounts:
-        column = resolve_columns(options, context.schema).length
-        lengths = row_lengths(chunk.data.column(column))
-        check_long(lengths, chunk, column, options, context.locate)
+        columns = resolve_columns(options, context.schema)
+        lengths = row_lengths(chunk.data.column(columns.length))
+        for role, column in columns.adopted.items():
+            own.check_adopted(chunk, column, lengths, context.locate, "pack", role, "the example has {} steps")
+        check_long(lengths, chunk, columns.length, options, context.locate)
         return count_lengths(lengths, options)
 
     def new_stats(self, options: PackOptions) -> LengthCounts:

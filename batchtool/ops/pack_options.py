@@ -3,12 +3,13 @@ input columns play which part, and the schema it writes."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
-from batchtool.errors import SchemaError
+from batchtool.ops import names as own
 from batchtool.ops.base import ColumnError, ColumnList, Flag, Integer, OptionError, Pairs, option
 from batchtool.ops.bucket_plan import BatchBudget
 from batchtool.padding import parse_pad_values
@@ -18,6 +19,11 @@ PER_STEP = ("segment_ids", "positions")
 PER_ROW = ("cu_seqlens", "num_examples", "length", "batch")
 SOURCE_OFFSET = "source_offset"
 """With --split-long: per packed example, the step of its source example where the piece starts."""
+OUTPUT_COLUMNS = (*PER_STEP, *PER_ROW, SOURCE_OFFSET)
+"""pack's own columns, each renamable with --output-column."""
+ADOPTED = ("length",)
+"""Own columns an integer input column of the same name may already hold (each example's steps): taken, not
+written twice."""
 MAX_LENGTH_LIMIT = 1 << 22
 """--max-length at most this (4M steps): planning holds counts per length up to max_length, 8 bytes each."""
 MAX_PADDED_STEPS = (1 << 31) - 1
@@ -43,6 +49,7 @@ class PackOptions:
                                      False)
     pad_value: tuple[str, ...] | None = option("Pad value of a sequence column (default 0, '' for strings); "
                                                "repeatable.", Pairs("COL=V"), None)
+    output_column: tuple[tuple[str, str], ...] = own.output_column(OUTPUT_COLUMNS)
     memory: int = 1 << 30
     tmp_dir: str | None = None
 
@@ -70,6 +77,12 @@ class PackOptions:
                               f"{MAX_PADDED_STEPS:,}", value=str(self.max_tokens), mentions=["max_length"])
         if self.memory <= 0:
             raise OptionError("memory", "must be positive", value=str(self.memory))
+        own.check_names(OUTPUT_COLUMNS, self.output_column)
+
+    @property
+    def names(self) -> dict[str, str]:
+        """Each own column's name (--output-column)."""
+        return own.named(OUTPUT_COLUMNS, self.output_column)
 
     @property
     def long(self) -> str:
@@ -94,7 +107,7 @@ class PackOptions:
         return {"max_length": self.max_length, "sequences": self.sequences,
                 "max_examples_per_row": self.max_examples_per_row, "long": self.long, "batch_size": self.batch_size,
                 "max_tokens": self.max_tokens, "pad_to_max_length": self.pad_to_max_length,
-                "pad_values": self.pad_values, "memory": self.memory}
+                "pad_values": self.pad_values, "memory": self.memory, **own.recorded(self.output_column)}
 
 
 @dataclass(frozen=True)
@@ -106,15 +119,25 @@ class PackColumns:
     others: tuple[str, ...]
     """Every other column, written as a list of one value per packed example."""
     defaulted: bool = False
+    names: Mapping[str, str] = field(default_factory=lambda: own.named(OUTPUT_COLUMNS, ()))
+    """Each own column's name."""
+    adopted: Mapping[str, str] = field(default_factory=dict)
+    """{own column: input column} an integer input column holds already (its name): checked in the first pass to
+    hold each example's steps, then not written twice."""
 
     @property
     def length(self) -> str:
         return self.sequences[0]
 
+    @property
+    def dropped(self) -> tuple[str, ...]:
+        """Input columns not written (adopted ones: pack writes its own)."""
+        return tuple(self.adopted.values())
+
 
 def resolve_columns(options: PackOptions, schema: pa.Schema) -> PackColumns:
-    """Check the named sequence columns (default: every list column) and that no input column is named
-    like an output column."""
+    """Check the named sequence columns (default: every list column), and that no input column it writes is named
+    like one of its own columns (one that holds each example's steps is adopted instead, see PackColumns)."""
     names = schema.names
     for name in options.sequences:
         if name not in names:
@@ -125,28 +148,29 @@ def resolve_columns(options: PackOptions, schema: pa.Schema) -> PackColumns:
     sequences = options.sequences or tuple(f.name for f in schema if is_sequence_type(f.type))
     if not sequences:
         raise ColumnError("sequence", "no list column to pack: pass {sequence} COL")
-    added = [*PER_STEP, *PER_ROW, *([SOURCE_OFFSET] if options.long == "split" else [])]
-    clash = [c for c in added if c in names]
-    if clash:
-        raise SchemaError(f"column {clash[0]!r} is also an output column of pack ({', '.join(added)}); "
-                          "rename it first (e.g. a rename stage of `batchtool run`)")
+    out = options.names
+    written = {role: out[role] for role in OUTPUT_COLUMNS if role != SOURCE_OFFSET or options.long == "split"}
+    adopted = {role: column for role, column in own.adopted(schema, out, ADOPTED).items() if column not in sequences}
+    own.refuse_clashes("pack", written, [n for n in names if n not in adopted.values()])
     unpadded = sorted(set(parse_pad_values(options.pad_values, schema)) - set(sequences))
     if unpadded:
         raise ColumnError("pad_value", f"{{pad_value}} {unpadded[0]}=...: column {unpadded[0]!r} is not packed "
                           f"(sequence columns: {', '.join(sequences)})")
-    return PackColumns(tuple(sequences), tuple(n for n in names if n not in sequences),
-                       defaulted=not options.sequences)
+    others = tuple(n for n in names if n not in sequences and n not in adopted.values())
+    return PackColumns(tuple(sequences), others, defaulted=not options.sequences, names=out, adopted=adopted)
 
 
 def output_schema(schema: pa.Schema, columns: PackColumns, options: PackOptions) -> pa.Schema:
     """Input columns in their order (sequences packed, the others as per-example lists), then the
     packing columns."""
-    fields = [pa.field(f.name, pa.list_(f.type.value_field)) if f.name in columns.sequences
-              else pa.field(f.name, pa.list_(f.type)) for f in schema]
+    out = columns.names
+    fields = [pa.field(f.name, pa.list_(f.type.value_field) if f.name in columns.sequences else pa.list_(f.type),
+                       metadata=f.metadata) for f in schema if f.name not in columns.dropped]
     if options.long == "split":
-        fields.append(pa.field(SOURCE_OFFSET, pa.list_(pa.int32())))
-    fields += [pa.field(name, pa.list_(pa.int32())) for name in (*PER_STEP, "cu_seqlens")]
-    fields += [pa.field("num_examples", pa.int32()), pa.field("length", pa.int32()), pa.field("batch", pa.int64())]
+        fields.append(pa.field(out[SOURCE_OFFSET], pa.list_(pa.int32())))
+    fields += [pa.field(out[name], pa.list_(pa.int32())) for name in (*PER_STEP, "cu_seqlens")]
+    fields += [pa.field(out["num_examples"], pa.int32()), pa.field(out["length"], pa.int32()),
+               pa.field(out["batch"], pa.int64())]
     return pa.schema(fields)
 
 
@@ -154,8 +178,8 @@ def feature_lists(schema: pa.Schema, columns: PackColumns) -> tuple[str, ...]:
     """Columns written as SequenceExample feature lists: the per-step ones, and per-example lists of lists
     (which a context feature cannot hold); the other per-example and per-row lists are context features."""
     nested = tuple(f.name for f in schema if f.name in columns.others and is_sequence_type(f.type.value_type))
-    return (*columns.sequences, *PER_STEP, *nested)
+    return (*columns.sequences, *(columns.names[c] for c in PER_STEP), *nested)
 
 
-__all__ = ["MAX_LENGTH_LIMIT", "MAX_PADDED_STEPS", "PER_ROW", "PER_STEP", "SOURCE_OFFSET", "PackColumns",
-           "PackOptions", "feature_lists", "output_schema", "resolve_columns"]
+__all__ = ["ADOPTED", "MAX_LENGTH_LIMIT", "MAX_PADDED_STEPS", "OUTPUT_COLUMNS", "PER_ROW", "PER_STEP", "SOURCE_OFFSET",
+           "PackColumns", "PackOptions", "feature_lists", "output_schema", "resolve_columns"]

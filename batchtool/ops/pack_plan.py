@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from batchtool import rng
+from batchtool import budget, rng
 from batchtool.dataset import Chunk
 from batchtool.errors import OptionInputError
 from batchtool.ops.pack_options import PackColumns, PackOptions, output_schema
@@ -23,6 +23,9 @@ ROW_STAGE = "pack/row"
 """Keys the permutation from row ids to output positions."""
 _BLOCK = 1 << 16
 """Output positions handled per step when laying out batches (keeps that O(batches), not O(rows))."""
+PACKED_STEP_BYTES = 40
+"""What one padded step of a batch costs beyond its sequence values: segment_ids and positions (4 bytes each)
+and the index arrays assembling it (measured: a batch of 1,000,000 padded steps of int64 tokens took 43 MB)."""
 
 
 # --- first pass: the lengths ----------------------------------------------------------------------------
@@ -191,6 +194,26 @@ def batch_layout(plan: PackPlan) -> BatchLayout:
     return BatchLayout(sizes, examples, widest)
 
 
+def check_batches(plan: PackPlan, layout: BatchLayout, sizes: tuple[float, float]) -> None:
+    """Stop before the scatter if the largest planned batch would not fit its share of --memory: its rows padded
+    to its longest row, or to L with --pad-to-max-length; `sizes` = (bytes per example, bytes per step)."""
+    o = plan.options
+    if not len(layout.rows):
+        return
+    per_example, per_step = sizes
+    pad = np.full(len(layout.rows), o.max_length) if o.pad_to_max_length else layout.widest
+    need = layout.rows * pad * (per_step + PACKED_STEP_BYTES) + layout.examples * per_example
+    b = int(np.argmax(need))
+    field, value = ("batch_size", o.batch_size) if o.batch_size is not None else ("max_tokens", o.max_tokens)
+    padding = (f"padded to {{max_length}} {o.max_length:,} steps ({{pad_to_max_length}})" if o.pad_to_max_length
+               else f"padded to {int(pad[b]):,} steps")
+    fix = f"give a smaller {{{field}}} or {{max_length}}" + (", drop {pad_to_max_length}," if o.pad_to_max_length
+                                                            else "") + " or a larger {memory}"
+    rows = int(layout.rows[b])
+    budget.check(field, f"one batch of {rows:,} row{'s' if rows != 1 else ''} {padding}", float(need[b]), o.memory, fix,
+                 value=value, mentions=("max_length", "pad_to_max_length"))
+
+
 def planned(plan: PackPlan, layout: BatchLayout) -> dict[str, Any]:
     """What the plan fixes before any row is written: rows, efficiency against the bound, batches."""
     packing = plan.packing
@@ -214,5 +237,5 @@ def planned(plan: PackPlan, layout: BatchLayout) -> dict[str, Any]:
     }
 
 
-__all__ = ["BatchLayout", "LengthCounts", "PackPlan", "ROW_STAGE", "SpillLayout", "batch_layout", "check_long",
-           "count_lengths", "make_plan", "planned", "row_blocks", "spill_layout"]
+__all__ = ["BatchLayout", "LengthCounts", "PACKED_STEP_BYTES", "PackPlan", "ROW_STAGE", "SpillLayout", "batch_layout",
+           "check_batches", "check_long", "count_lengths", "make_plan", "planned", "row_blocks", "spill_layout"]

@@ -18,9 +18,9 @@ from batchtool.errors import InputError, OptionSchemaError, SchemaError
 from batchtool.ops.base import Cut, Exchange, Probe, Runtime, Scatter, Scattered, SortedStream, Tally
 from batchtool.ops.bucket_plan import flush_bytes, row_bytes
 from batchtool.ops.pack_options import SOURCE_OFFSET, PackColumns, feature_lists
+from batchtool.ops.pack_plan import (ROW_STAGE, BatchLayout, PackPlan, batch_layout, check_batches, check_long,
+                                     planned, spill_layout)
 from batchtool.ops.rows import sorted_rows, take_sizes
-from batchtool.ops.pack_plan import (ROW_STAGE, BatchLayout, PackPlan, batch_layout, check_long, planned,
-                                     spill_layout)
 from batchtool.padding import pad_list_column, row_lengths, sequence_lengths
 
 SLOT_STAGE, ORDER_STAGE, SPILL_STAGE = "pack/slot", "pack/order", "pack/spill"
@@ -55,6 +55,8 @@ def prepare(chunk: Chunk, plan: PackPlan, locate: Callable[[int], str]) -> Prepa
             raise
         raise OptionSchemaError("sequence", f"{exc}; pass {{sequence}} to choose the columns to pack") from exc
     check_long(lengths, chunk, cols.length, o, locate)
+    if cols.dropped:
+        chunk = Chunk(chunk.data.drop_columns(list(cols.dropped)), chunk.ids)
     rows_in, dropped = chunk.num_rows, 0
     long = lengths > o.max_length
     if o.long == "drop" and long.any():
@@ -75,7 +77,7 @@ def prepare(chunk: Chunk, plan: PackPlan, locate: Callable[[int], str]) -> Prepa
     names = list(chunk.data.schema.names)
     if o.long == "split":
         arrays.append(pa.array(offsets.astype(np.int32)))
-        names.append(SOURCE_OFFSET)
+        names.append(cols.names[SOURCE_OFFSET])
     items = Chunk(pa.RecordBatch.from_arrays(arrays, names=names), chunk.ids[source])
     return Prepared(items, pieces.astype(np.int64), rows_in, dropped, int(long.sum()) if o.long == "split" else 0)
 
@@ -113,9 +115,9 @@ def spill_schema(schema: pa.Schema, plan: PackPlan) -> pa.Schema:
     """What is spilled per item: the input columns (sequences as plain lists), the piece's offset with
     --split-long, its output position and its order within the row."""
     fields = [pa.field(f.name, pa.list_(f.type.value_field)) if f.name in plan.columns.sequences else f
-              for f in schema]
+              for f in schema if f.name not in plan.columns.dropped]
     if plan.options.long == "split":
-        fields.append(pa.field(SOURCE_OFFSET, pa.int32()))
+        fields.append(pa.field(plan.columns.names[SOURCE_OFFSET], pa.int32()))
     fields += [pa.field(_POS, pa.int64()), pa.field(_ORDER, pa.uint64())]
     return pa.schema(fields)
 
@@ -156,10 +158,11 @@ class BatchItem:
 
 
 def assemble(items: pa.RecordBatch, rows: np.ndarray, batch: int, pad_length: int, schema: pa.Schema,
-             sequences: Sequence[str], pad_values: Mapping[str, Any]) -> pa.RecordBatch:
+             sequences: Sequence[str], pad_values: Mapping[str, Any], names: Mapping[str, str]) -> pa.RecordBatch:
     """Packed rows of `schema` from items in row order (`rows`: each item's row, non-decreasing): the
     sequence columns concatenated and padded to `pad_length`, segment_ids and positions per step,
-    cu_seqlens, num_examples and length per row, every other column as a list per row."""
+    cu_seqlens, num_examples and length per row (each own column under its name in `names`), every other
+    column as a list per row."""
     lengths = row_lengths(items.column(sequences[0]))
     n = len(lengths)
     starts = np.flatnonzero(np.concatenate([[True], rows[1:] != rows[:-1]])) if n else np.zeros(0, np.int64)
@@ -181,7 +184,7 @@ def assemble(items: pa.RecordBatch, rows: np.ndarray, batch: int, pad_length: in
 
     cu = np.zeros(n + count, dtype=np.int32)
     cu[np.arange(n) + row + 1] = offset + lengths
-    computed = {
+    computed = {names[role]: make for role, make in {
         "segment_ids": lambda: per_step((np.arange(n) - starts[row] + 1)[step_item]),
         "positions": lambda: per_step(step),
         "cu_seqlens": lambda: pa.ListArray.from_arrays(
@@ -189,7 +192,7 @@ def assemble(items: pa.RecordBatch, rows: np.ndarray, batch: int, pad_length: in
         "num_examples": lambda: pa.array(per_row.astype(np.int32)),
         "length": lambda: pa.array(row_steps.astype(np.int32)),
         "batch": lambda: pa.array(np.full(count, batch, dtype=np.int64)),
-    }
+    }.items()}
     example_bounds = pa.array(np.concatenate([starts, [n]]).astype(np.int32))
     row_bounds = pa.array(np.concatenate([[0], np.cumsum(row_steps)]).astype(np.int32))
     arrays = []
@@ -208,14 +211,14 @@ def consumed(items: Chunk, plan: PackPlan) -> int:
     """Input examples a batch finishes: every item, or with --split-long only first pieces."""
     if plan.options.long != "split":
         return items.num_rows
-    return int((items.data.column(SOURCE_OFFSET).to_numpy() == 0).sum())
+    return int((items.data.column(plan.columns.names[SOURCE_OFFSET]).to_numpy() == 0).sum())
 
 
 def build(plan: PackPlan, item: BatchItem) -> tuple[list[pa.RecordBatch], int]:
     """One batch's packed rows, and the input examples it completes (the writer's work, on a worker)."""
     data = item.items.data
     return ([assemble(data, data.column(_POS).to_numpy(), item.index, item.pad_length, plan.schema,
-                      plan.columns.sequences, plan.pad_values)], consumed(item.items, plan))
+                      plan.columns.sequences, plan.pad_values, plan.columns.names)], consumed(item.items, plan))
 
 
 # --- the whole regrouping ----------------------------------------------------------------------------------
@@ -230,13 +233,17 @@ def pack_stats(plan: PackPlan, layout: BatchLayout, tally: Tally) -> dict[str, A
 
 def exchange(plan: PackPlan, data: Dataset, probe: Probe) -> Exchange:
     """pack's exchange: items placed in input order on the driver (Exchange.rows: their slots depend on the items
-    before), scattered to the spill group of their output position (groups sized on the first chunk's bytes),
-    each group sorted into output order on a worker, and the planned batches assembled where they are written."""
+    before), scattered to the spill group of their output position (groups sized on the first chunk's bytes, as is
+    the largest batch, checked against --memory first), each group sorted into output order on a worker, and the
+    planned batches assembled where they are written."""
     measured = probe(functools.partial(_row_bytes, plan.columns))
-    groups = spill_layout(plan, measured if measured is not None else row_bytes(None, plan.columns))  # type: ignore[arg-type]
+    sizes = measured if measured is not None else row_bytes(None, plan.columns)  # type: ignore[arg-type]
+    groups = spill_layout(plan, sizes)
+    layout = batch_layout(plan)
+    check_batches(plan, layout, sizes)
     scatter = Scatter(spill_schema(data.schema, plan), groups.parts, plan.seed, SPILL_STAGE,
                       flush_bytes(groups, plan.options.memory), order=in_row_order)  # type: ignore[arg-type]
-    return Exchange(scatter, functools.partial(_cut, plan),
+    return Exchange(scatter, functools.partial(_cut, plan, layout),
                     functools.partial(placed, plan, data, groups.rows_per_group))
 
 
@@ -244,12 +251,11 @@ def _row_bytes(columns: PackColumns, chunk: Chunk) -> tuple[float, float]:
     return row_bytes(chunk.data, columns)  # type: ignore[arg-type]
 
 
-def _cut(plan: PackPlan, scattered: Scattered, runtime: Runtime) -> Cut:
+def _cut(plan: PackPlan, layout: BatchLayout, scattered: Scattered, runtime: Runtime) -> Cut:
     """The planned batches over the sorted groups; the statistics of what the placing read, dropped and split."""
     tally = Tally()
     for chunk_tally in scattered.stats:
         tally.merge(chunk_tally)
-    layout = batch_layout(plan)
     batches = PackBatches(plan, scattered.schema, scattered.groups, layout.examples,
                           np.concatenate([[0], np.cumsum(layout.examples)]).astype(np.int64),
                           np.concatenate([[0], np.cumsum(layout.rows)]).astype(np.int64), layout.widest)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -15,11 +15,14 @@ from batchtool import rng
 from batchtool.budget import row_nbytes
 from batchtool.dataset import Chunk
 from batchtool.errors import InputError, OptionInputError, SchemaError
-from batchtool.ops.base import (Column, ColumnError, Context, Depends, Flag, Integer, Number, NumberOrColumn, Operation,
-                                OptionError, Tally, need_columns, option)
+from batchtool.ops import names as own
+from batchtool.ops.base import (Column, Context, Depends, Flag, Integer, Number, NumberOrColumn, Operation, OptionError,
+                                Tally, manifest_options, need_columns, option)
 
 STAGE = "resample"
 DEFAULT_RATE_COLUMN = "resample_rate"
+OUTPUT_COLUMNS = (DEFAULT_RATE_COLUMN,)
+"""resample's own column (with --weight): each output row's effective rate."""
 MAX_RATE = float(1 << 32)
 """The largest rate (expected copies of one example): about 4.3 billion copies of a row is surely a mistake,
 and Poisson counts stay exact integers far below 2**53."""
@@ -27,6 +30,9 @@ PIECE_BYTES = 16 << 20
 """Output Arrow bytes one work item builds: an input chunk whose copies come to more (than this and than the
 chunk itself) is written as several row groups of about this size, so a rate never decides memory."""
 Locate = Callable[[int], str]
+
+if TYPE_CHECKING:
+    from batchtool.output import OutputOptions
 
 
 @dataclass(frozen=True)
@@ -41,9 +47,10 @@ class ResampleOptions:
                                 "tf.contrib.training.weighted_resample) instead of a first pass.", Flag(), False)
     mean_decay: float = option("Decay of --running-mean.", Number(), 0.999)
     warmup: int = option("Chunks during which --running-mean is the plain mean.", Integer(), 10)
-    rate_column: str = option("Column receiving each output row's effective rate (--weight).", Column(),
-                              DEFAULT_RATE_COLUMN)
+    rate_column: str = option("With --weight: the column of each output row's effective rate (the same as "
+                              f"--output-column {DEFAULT_RATE_COLUMN}=NAME).", Column(), DEFAULT_RATE_COLUMN)
     accept_prob: str | None = option("Rejection sampling: keep each example with this probability.", Column(), None)
+    output_column: tuple[tuple[str, str], ...] = own.output_column(OUTPUT_COLUMNS)
 
     def __post_init__(self) -> None:
         modes = ("rate", "weight", "accept_prob")
@@ -74,6 +81,16 @@ class ResampleOptions:
             raise OptionError("warmup", "must be at least 1", value=str(self.warmup))
         if not self.rate_column:
             raise OptionError("rate_column", "must be a non-empty column name")
+        own.check_names(OUTPUT_COLUMNS, self.output_column)
+        if self.output_column and self.rate_column != DEFAULT_RATE_COLUMN:
+            raise OptionError("rate_column", "{rate_column} and {output_column} name the same column; give one",
+                              mentions=["output_column"])
+
+    @property
+    def rate_name(self) -> str:
+        """The name of the rate column (--output-column, or --rate-column)."""
+        return own.named(OUTPUT_COLUMNS, self.output_column or ((DEFAULT_RATE_COLUMN, self.rate_column),))[
+            DEFAULT_RATE_COLUMN]
 
     @property
     def mode(self) -> str:
@@ -312,6 +329,13 @@ class Resample(Operation[ResampleOptions, ResamplePlan]):
     def needs(self, options: ResampleOptions) -> list[str]:
         return [options.column] if options.column else []
 
+    def recorded(self, options: ResampleOptions, output: OutputOptions) -> dict[str, Any]:
+        """The manifest's options: every field, the rate column's name as `rate_column` (and its --output-column
+        as every op records one)."""
+        out = manifest_options(options, output)
+        del out[own.FIELD]
+        return {**out, "rate_column": options.rate_name, **own.recorded(options.output_column)}
+
     def depends(self, options: ResampleOptions) -> Depends:
         return Depends.CHUNKS if options.running_mean else Depends.ORDER
 
@@ -321,15 +345,13 @@ class Resample(Operation[ResampleOptions, ResamplePlan]):
                          [options.column])
         if options.mode != "weighted":
             return schema
-        if options.rate_column in schema.names:
-            raise ColumnError("rate_column", "the input already has this column; choose another name",
-                              value=repr(options.rate_column))
-        return schema.append(pa.field(options.rate_column, pa.float64()))
+        own.refuse_clashes("resample", {DEFAULT_RATE_COLUMN: options.rate_name}, schema.names)
+        return schema.append(pa.field(options.rate_name, pa.float64()))
 
     def input_columns(self, options: ResampleOptions, columns: list[str] | None) -> list[str] | None:
         if columns is None:
             return None
-        kept = [c for c in columns if not (options.mode == "weighted" and c == options.rate_column)]
+        kept = [c for c in columns if not (options.mode == "weighted" and c == options.rate_name)]
         return list(dict.fromkeys([*kept, *self.needs(options)]))
 
     def first_pass_columns(self, options: ResampleOptions) -> list[str]:
@@ -371,7 +393,7 @@ class Resample(Operation[ResampleOptions, ResamplePlan]):
         return output.pieces()
 
     def build(self, plan: ResamplePlan, piece: Piece) -> tuple[Chunk, int]:
-        rate_column = plan.options.rate_column if plan.options.mode == "weighted" else None
+        rate_column = plan.options.rate_name if plan.options.mode == "weighted" else None
         return piece.build(plan.seed, STAGE, rate_column), piece.rows
 
     def report(self, plan: ResamplePlan, stats: Tally) -> dict[str, Any]:
@@ -379,7 +401,7 @@ class Resample(Operation[ResampleOptions, ResamplePlan]):
         result = {"mode": o.mode, **copy_summary(stats),
                   ("accept_prob" if o.mode == "accept" else "rate"): stats.summary("rate", rows_in)}
         if o.mode == "weighted":
-            result.update(overall_rate=o.overall_rate, rate_column=o.rate_column,
+            result.update(overall_rate=o.overall_rate, rate_column=o.rate_name,
                           mean_weight=stats.latest.get("mean_weight", 0.0) if o.running_mean else plan.mean,
                           mean_weight_source="running estimate (final)" if o.running_mean else "first pass")
         return result

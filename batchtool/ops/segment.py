@@ -38,19 +38,25 @@ METADATA_BYTES = 64
 
 
 def check_memory(options: SegmentOptions, sample: pa.RecordBatch | None) -> float:
-    """Stop before planning if one padded batch, or the lanes with their window of examples, would not fit
-    the budget (sized from a sample chunk); returns the bytes of one padded batch."""
-    B, U, memory = options.batch_size, options.num_unroll, options.memory
+    """Stop before planning if one step of the plan (a padded batch of B rows for each of the --world-size N ranks,
+    which one worker builds together), or the N x B lanes with their window of examples, would not fit the
+    budget (sized from a sample chunk); returns the bytes of one step."""
+    B, U, N, memory = options.batch_size, options.num_unroll, options.world_size, options.memory
     per_row, per_step = budget.row_bytes(sample, options.sequence)
-    batch = B * (U * per_step + per_row + METADATA_BYTES)
-    budget.check("num_unroll", f"{{num_unroll}} {U} with {{batch_size}} {B}: one batch of {B:,} segments padded to "
-                 f"{U:,} steps", batch, memory, "give a smaller {num_unroll} or {batch_size}, or a larger {memory}",
-                 mentions=("batch_size",))
+    ranks = "" if N == 1 else f" and {{world_size}} {N}"
+    rows = f"{B:,} segments" if N == 1 else f"{B:,} segments for each rank ({N * B:,} in all)"
+    smaller = "{num_unroll} or {batch_size}" if N == 1 else "{num_unroll}, {batch_size} or {world_size}"
+    step = N * B * (U * per_step + per_row + METADATA_BYTES)
+    budget.check("num_unroll", f"{{num_unroll}} {U} with {{batch_size}} {B}{ranks}: one batch of {rows} padded to "
+                 f"{U:,} steps", step, memory, f"give a smaller {smaller}, or a larger {{memory}}",
+                 mentions=("batch_size", "world_size"))
     example = sample.nbytes / sample.num_rows if sample is not None and sample.num_rows else 0.0
-    budget.check("batch_size", f"{B:,} lanes, each planning {LANE_WINDOW} examples ahead",
-                 B * (LANE_BYTES + LANE_WINDOW * example), memory, "give a smaller {batch_size} or a larger {memory}",
-                 value=B)
-    return batch
+    lanes = f"{B:,} lanes" if N == 1 else f"{N * B:,} lanes ({N:,} ranks x {B:,})"
+    budget.check("batch_size", f"{lanes}, each planning {LANE_WINDOW} examples ahead",
+                 N * B * (LANE_BYTES + LANE_WINDOW * example), memory,
+                 "give a smaller {batch_size}" + (" or {world_size}," if N > 1 else "") + " or a larger {memory}",
+                 value=B, mentions=("world_size",))
+    return step
 
 
 def _plan(options: SegmentOptions, schema: pa.Schema) -> SegmentPlan:

@@ -67,7 +67,8 @@ def build_batches(plan: SegmentPlan, item: SegmentItem) -> tuple[list[pa.RecordB
     steps = np.clip(value - seg * U, 0, U)
     original = pa.chunked_array([s.keys for s in item.sources], type=pa.string()).take(pa.array(g))
     keys, next_keys = _keys(original.combine_chunks(), seg, count, empty)
-    arrays: dict[str, pa.Array] = {
+    own = o.names
+    arrays: dict[str, pa.Array] = {own[role]: values for role, values in {
         "key": keys, "next_key": next_keys,
         "sequence": pa.array(seg.astype(np.int32)),
         "sequence_count": pa.array(count.astype(np.int32)),
@@ -76,7 +77,7 @@ def build_batches(plan: SegmentPlan, item: SegmentItem) -> tuple[list[pa.RecordB
         "insertion_index": pa.array(np.where(empty, EMPTY_INSERTION_INDEX, FIRST_INSERTION_INDEX + ordinal)),
         "lane": pa.array(np.tile(np.arange(B, dtype=np.int32), n * N)),
         "batch": pa.array(np.repeat(np.arange(item.first_batch * N, (item.first_batch + n) * N, dtype=np.int64), B)),
-    }
+    }.items()}
     keep = pa.array(~empty)
     for name in o.context:
         arrays[name] = _zero_where(column(name), keep)

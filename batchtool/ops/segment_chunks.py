@@ -14,11 +14,12 @@ import pyarrow.compute as pc
 from batchtool import rng
 from batchtool.dataset import Chunk
 from batchtool.errors import InputError, OptionInputError
+from batchtool.ops import names as own
 from batchtool.ops.base import ColumnError
 from batchtool.padding import default_pad, parse_pad_values, sequence_lengths
 from batchtool.stats import is_sequence_type
 
-from batchtool.ops.segment_options import METADATA, SegmentOptions
+from batchtool.ops.segment_options import METADATA, STEPS, SegmentOptions
 
 """Per-row metadata, with NextQueuedSequenceBatch's names and types, plus the lane and the batch index."""
 _POLY = np.uint64(0x100000001B3)
@@ -48,9 +49,11 @@ def make_plan(schema: pa.Schema, options: SegmentOptions) -> SegmentPlan:
     pad_values = parse_pad_values(options.pad_value, schema)
     pads = {name: pad_values.get(name, default_pad(schema.field(name).type)) for name in options.sequence}
     assert options.context is not None, "make_plan takes options with their context resolved"
-    fields = [pa.field(name, t) for name, t in METADATA]
+    names = options.names
+    fields = [pa.field(names[name], t) for name, t in METADATA]
     fields += [schema.field(name) for name in options.context]
-    fields += [pa.field(name, pa.list_(schema.field(name).type.value_field)) for name in options.sequence]
+    fields += [pa.field(name, pa.list_(schema.field(name).type.value_field), metadata=schema.field(name).metadata)
+               for name in options.sequence]
     fields += [schema.field(column).with_name(name) for name, column in options.states.items()]
     return SegmentPlan(options, pads, pa.schema(fields))
 
@@ -148,6 +151,10 @@ def prepare_chunk(plan: SegmentPlan, locate: Callable[[int], str], task: Callabl
         raise InputError(f"{row(i)}: key {keys[i].as_py()!r} contains ':', which segment keys use as their "
                          "separator (as in batch_sequences_with_states)")
     value = sequence_lengths(data, o.sequence, row)
+    for role, column in o.adopted:
+        own.check_adopted(chunk, column, value, locate, "segment", role, "the sequence has {} steps", steps=STEPS)
+    if o.adopted:
+        data = data.drop_columns([column for _, column in o.adopted])
     U = o.num_unroll
     if not o.pad:
         bad = np.flatnonzero((value % U != 0) | (value == 0))

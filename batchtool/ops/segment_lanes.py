@@ -22,8 +22,8 @@ LANE_WINDOW = 4
 ITEM_SEGMENTS = 2048
 """Segments per work item handed to a worker (rounded to whole batches)..."""
 ITEM_BYTES = 16 << 20
-"""...and at most this many bytes of padded segments per item (but at least one batch), so a long
---num-unroll does not multiply what a worker holds."""
+"""...and at most this many bytes of padded segments per item (but at least one step: a batch per rank), so a
+long --num-unroll or a large --world-size does not multiply what a worker holds."""
 
 
 @dataclass
@@ -63,14 +63,15 @@ class LanePlanner:
     world_size N there are N * B lanes: rank r's are lanes r * B .. r * B + B - 1.
     """
 
-    def __init__(self, plan: SegmentPlan, batch_bytes: float = 0.0) -> None:
+    def __init__(self, plan: SegmentPlan, step_bytes: float = 0.0) -> None:
+        """`step_bytes`: one step of the plan padded (a batch for each rank: N x B segments)."""
         self.plan = plan
         B = plan.options.batch_size * plan.options.world_size
         self.lanes: list[deque[list]] = [deque() for _ in range(B)]
         self.load = np.zeros(B, dtype=np.int64)
         self.stats = SegmentStats()
         self.window = LANE_WINDOW * B
-        self.item_batches = max(1, min(ITEM_SEGMENTS // B, int(ITEM_BYTES // max(batch_bytes, 1.0))))
+        self.item_batches = max(1, min(ITEM_SEGMENTS // B, int(ITEM_BYTES // max(step_bytes, 1.0))))
 
     def items(self, examples: Iterable[Examples]) -> Iterator[SegmentItem]:
         windows = self._windows(examples)

@@ -8,6 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from batchtool.ops import names as own
 from batchtool.ops.base import Column, ColumnList, Flag, Integer, OptionError, Pairs, option
 
 DEFAULT_MEMORY = 1 << 30
@@ -15,7 +16,14 @@ METADATA: tuple[tuple[str, pa.DataType], ...] = (
     ("key", pa.string()), ("next_key", pa.string()), ("sequence", pa.int32()), ("sequence_count", pa.int32()),
     ("length", pa.int32()), ("total_length", pa.int32()), ("insertion_index", pa.int64()), ("lane", pa.int32()),
     ("batch", pa.int64()))
-"""The columns segment adds to every output row (tf.contrib.training.batch_sequences_with_states' metadata)."""
+"""The columns segment adds to every output row (tf.contrib.training.batch_sequences_with_states' metadata), by
+their default names (--output-column names them otherwise)."""
+OUTPUT_COLUMNS = tuple(name for name, _ in METADATA)
+STEPS = ("length", "total_length")
+"""Own columns that count steps: a clash with one offers --input-length."""
+ADOPTED = ("length",)
+"""Own columns an integer input column of the same name may already hold (each example's steps): taken, not copied
+as context."""
 
 
 class FlagPair(Flag):
@@ -49,9 +57,14 @@ class SegmentOptions:
     world_size: int = option("Write N lane-stable streams with equal batch counts, one per training rank (read "
                              "with batchtool.load(DST, rank=r, world_size=N)).", Integer(metavar="N"), 1)
     """Lane streams written: batch t of rank r is output batch t * world_size + r."""
+    output_column: tuple[tuple[str, str], ...] = own.output_column(OUTPUT_COLUMNS)
     memory: int = DEFAULT_MEMORY
-    """Bounds the duplicate-key check (a quarter of it before spilling), one padded batch and the lanes' planning."""
+    """Bounds the duplicate-key check (a quarter of it before spilling), one step of padded batches (one per rank) and
+    the lanes' planning."""
     tmp_dir: str | None = None
+    adopted: tuple[tuple[str, str], ...] = ()
+    """(own column, input column) pairs segment takes for its own instead of copying them as context: what
+    `with_context` finds (an integer `length` holding each example's steps, checked as the chunks are read)."""
 
     def __post_init__(self) -> None:
         for name in ("num_unroll", "batch_size", "world_size"):
@@ -65,13 +78,13 @@ class SegmentOptions:
                 if ":" in name:
                     raise OptionError(field, "names may not contain ':' (as in batch_sequences_with_states)",
                                       value=repr(name))
-        reserved = [name for name, _ in METADATA]
+        own.check_names(OUTPUT_COLUMNS, self.output_column)
+        reserved = {name: role for role, name in self.names.items()}
         seen: dict[str, str] = {}
         for field, names in named:
             for name in names:
                 if name in reserved:
-                    raise OptionError(field, f"clashes with the metadata column {name!r} (reserved: "
-                                      f"{', '.join(reserved)})", value=repr(name))
+                    raise own.clash("segment", reserved[name], name, steps=STEPS if field == "context" else ())
                 if name in seen:
                     raise OptionError(field, f"already given as {{{seen[name]}}} {name!r}; each output column must "
                                       "be named once", value=repr(name), mentions=[seen[name]])
@@ -95,27 +108,35 @@ class SegmentOptions:
             out[name] = column
         return out
 
+    @property
+    def names(self) -> dict[str, str]:
+        """Each own column's name (--output-column)."""
+        return own.named(OUTPUT_COLUMNS, self.output_column)
+
     def with_context(self, schema: pa.Schema) -> SegmentOptions:
-        """Without --context, every input column not used otherwise (key, sequences, --input-length,
-        --initial-state sources) is context, so no column is dropped unasked; one that would clash
-        with an output column is refused by name."""
+        """Without --context, every input column neither used otherwise (key, sequences, --input-length,
+        --initial-state sources) nor adopted (`adopted`) is context, so no column is dropped unasked; one that
+        would clash with an output column is refused by name."""
         if self.context is not None:
             return self
         used = {self.key, *self.sequence, *self.states.values(), self.input_length}
-        rest = tuple(name for name in schema.names if name not in used)
-        taken = {name for name, _ in METADATA} | set(self.states)
-        clashes = [name for name in rest if name in taken]
-        if clashes:
-            raise OptionError("context", f"input column(s) {', '.join(map(repr, clashes))} would be copied as context "
-                              "but clash with segment's output columns; rename them, or name the columns to keep "
-                              f"with {{context}} (the others are then not written: {', '.join(rest)})")
-        return replace(self, context=rest)
+        adopted = {role: column for role, column in own.adopted(schema, self.names, ADOPTED).items()
+                   if column not in used}
+        rest = tuple(name for name in schema.names if name not in used and name not in adopted.values())
+        own.refuse_clashes("segment", self.names, rest, steps=STEPS,
+                           also=", or name the columns to copy with {context}")
+        states = [name for name in rest if name in self.states]
+        if states:
+            raise OptionError("initial_state", f"input column {states[0]!r} would be copied as context but is also "
+                              "the name of a state; name the state otherwise, or name the columns to copy with "
+                              "{context}", mentions=["context"])
+        return replace(self, context=rest, adopted=tuple(adopted.items()))
 
     @property
     def source_columns(self) -> list[str]:
-        """The input columns to read, each once (the options with their context resolved)."""
+        """The input columns to read, each once (the options with their context resolved, and the adopted ones)."""
         assert self.context is not None, "source_columns of options with their context resolved"
-        cols = [self.key, *self.context, *self.sequence, *self.states.values()]
+        cols = [self.key, *self.context, *self.sequence, *self.states.values(), *(c for _, c in self.adopted)]
         if self.input_length:
             cols.append(self.input_length)
         return list(dict.fromkeys(cols))
@@ -125,7 +146,8 @@ class SegmentOptions:
         return {"key": self.key, "sequences": list(self.sequence), "num_unroll": self.num_unroll,
                 "batch_size": self.batch_size, "context": list(self.context or ()), "input_length": self.input_length,
                 "pad": self.pad, "pad_values": list(self.pad_value), "initial_states": self.states,
-                "allow_small_batch": self.allow_small_batch, "world_size": self.world_size}
+                "allow_small_batch": self.allow_small_batch, "world_size": self.world_size,
+                **own.recorded(self.output_column)}
 
 
-__all__ = ["DEFAULT_MEMORY", "METADATA", "FlagPair", "SegmentOptions"]
+__all__ = ["ADOPTED", "DEFAULT_MEMORY", "METADATA", "OUTPUT_COLUMNS", "STEPS", "FlagPair", "SegmentOptions"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -17,7 +18,7 @@ from batchtool.errors import BatchtoolError, OptionInputError
 from batchtool.ops.base import (Context, Depends, Exchange, Kind, Operation, Probe, Regrouped, Runtime, Scan, Tally,
                                 need_columns, who)
 from batchtool.ops.labels import (MAX_CLASSES, LabelError, bad_label_count, check_label_type, full_label_error,
-                                  label_codes)
+                                  is_class, label_codes)
 from batchtool.ops.resample import Copies, Piece, copy_stats, copy_summary
 from batchtool.ops.stratify_batches import batched, exchange
 from batchtool.ops.stratify_options import MODES, StratifyOptions, check_probs, parse_probs, parse_target
@@ -30,9 +31,15 @@ ONLINE_PRIOR = 10
 """Pseudo-count of every class before any label is seen (`stratified_sample_unknown_dist`'s smoothing constant)."""
 
 
-def classes_from_data(counted: stats_mod.DatasetStats, options: StratifyOptions) -> int:
+NOT_A_CLASS = -1
+"""The key under which the first pass counts every label that is no class (null aside): so the counts hold at most
+one entry per class, however many distinct values a label column holds."""
+
+
+def classes_from_data(counted: stats_mod.DatasetStats, options: StratifyOptions, largest_seen: float) -> int:
     """Uniform and class=prob targets without --num-classes: classes 0..(largest label seen)."""
-    seen = [int(v) for v in counted.label_counts if isinstance(v, (int, float)) and float(v).is_integer() and v >= 0]
+    seen = [int(v) for v in counted.label_counts if v != NOT_A_CLASS] + (
+        [int(largest_seen)] if largest_seen >= MAX_CLASSES else [])
     largest = max(seen + ([max(options.target)] if isinstance(options.target, dict) else []), default=0)
     if largest >= MAX_CLASSES:
         raise OptionInputError("num_classes", f"labels go up to {largest}; pass {{num_classes}} or a {{target}} list "
@@ -106,9 +113,19 @@ class Stratify(Operation[StratifyOptions, Stratification]):
         return [options.label] if options.needs_counts else []
 
     def first_pass(self, options: StratifyOptions, context: Context, chunk: Chunk) -> Tally:
+        """The chunk's rows per class; labels that can be no class (fractional, negative, past --num-classes or
+        the most classes) are counted together, with the largest of them, so the counts never outgrow the
+        classes."""
         check_label_type(context, options.label)  # before a first chunk's labels are counted
         part = stats_mod.chunk_stats(chunk, options.label, None)
-        return Tally.of(label_counts=Counter(part.label_counts), label_nulls=part.label_nulls)
+        classes = options.known_classes() or MAX_CLASSES
+        counts: Counter[int] = Counter()
+        for value, n in part.label_counts.items():
+            counts[int(value) if is_class(value, classes) else NOT_A_CLASS] += n
+        tally = Tally.of(label_counts=counts, label_nulls=part.label_nulls)
+        finite = [v for v in part.label_counts if math.isfinite(v)]
+        tally.add_values("label", np.array([max(finite, default=0)], dtype=np.float64))
+        return tally
 
     def plan(self, options: StratifyOptions, context: Context, stats: Tally | None) -> Stratification:
         """The classes, the target and, unless --mode online (which plans chunk by chunk), the plan: in exact
@@ -119,7 +136,7 @@ class Stratify(Operation[StratifyOptions, Stratification]):
         if stats is not None:
             counted = stats_mod.DatasetStats(label_counts=dict(stats.counts.get("label_counts", {})),
                                              label_nulls=stats.count("label_nulls"))
-            num_classes = num_classes or classes_from_data(counted, options)
+            num_classes = num_classes or classes_from_data(counted, options, stats.high.get("label", 0.0))
             if bad_label_count(counted, num_classes):
                 raise full_label_error(context.scan, options.label, num_classes, context.locate, counted)
         target = target_vector(options.target, num_classes)

@@ -63,7 +63,7 @@ def pyarrow_floor(src: str, dst: str, first_fit: bool) -> None:
             b = starts[first + BATCH] if first + BATCH < len(starts) else len(rows)
             widest = int(np.bincount(rows[a:b] - rows[a], lengths[a:b]).max())
             writer.write_batch(assemble(items.slice(a, b - a), rows[a:b], totals["batch"], widest, out_schema,
-                                        SEQUENCES, pads))
+                                        SEQUENCES, pads, columns.names))
             totals["batch"] += 1
         totals["rows"] += len(starts)
         totals["steps"] += int(lengths.sum())

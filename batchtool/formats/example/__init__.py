@@ -7,11 +7,11 @@ batch -> records), ragged (NumPy helpers the decoder and encoder share).
 
 from batchtool.formats.example.columns import KINDS
 from batchtool.formats.example.decode import decode_records
-from batchtool.formats.example.encode import encode_records
+from batchtool.formats.example.encode import check_values, encode_records
 from batchtool.formats.example.messages import (BytesList, Example, Feature, FeatureList, FeatureLists, Features,
                                                 FloatList, Int64List, SequenceExample)
 from batchtool.formats.example.scan import MAX_FEATURES, FeatureScan, infer_schema, scan_records
 
 __all__ = ["KINDS", "MAX_FEATURES", "BytesList", "Example", "Feature", "FeatureList", "FeatureLists", "FeatureScan",
-           "Features", "FloatList", "Int64List", "SequenceExample", "decode_records", "encode_records",
+           "Features", "FloatList", "Int64List", "SequenceExample", "check_values", "decode_records", "encode_records",
            "infer_schema", "scan_records"]

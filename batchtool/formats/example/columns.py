@@ -26,7 +26,7 @@ def _leaf_kind(t: pa.DataType) -> str | None:
         return "int64"
     if pa.types.is_floating(t):
         return "float"
-    if t in (pa.string(), pa.large_string(), pa.binary(), pa.large_binary()):
+    if t in (pa.string(), pa.large_string(), pa.binary(), pa.large_binary()) or pa.types.is_fixed_size_binary(t):
         return "bytes"
     return None
 
@@ -51,7 +51,8 @@ def column_shape(field: pa.Field, kind: str) -> Shape:
     if leaf_kind is None or len(lists) > max_depth:
         allowed = "a scalar, a list, or (SequenceExample only) a list of lists"
         raise SchemaError(f"{where(column=field.name)}: type {field.type} cannot be stored in a "
-                          f"{kind}; expected {allowed} of integers, bools, floats, strings or binary")
+                          f"{kind}; expected {allowed} of integers, bools, floats, strings or binary "
+                          "(fixed-size included)")
     return Shape(tuple(lists), t, leaf_kind)
 
 

@@ -13,10 +13,14 @@ from typing import Any, NoReturn
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from batchtool.errors import CorruptRecordError, InputError, where
+from batchtool.formats import column_types
+from batchtool.formats.base import rows_only
 from batchtool.formats.example.columns import INT64_MAX, INT64_MIN, Shape, check_kind, column_shape
-from batchtool.formats.example.messages import KIND_FIELD, ONEOF_KINDS, BadFeature, parse_feature, parse_records
+from batchtool.formats.example.messages import (KIND_FIELD, ONEOF_KINDS, BadFeature, check_records, check_steps,
+                                                parse_feature, parse_records)
 from batchtool.formats.example.ragged import SLICE, exclusive_cumsum, ragged_positions, segment_sums
 from batchtool.formats.wire import PAD, read_varints
 
@@ -139,11 +143,19 @@ def _decode_features(raws: list[bytes], kind: str) -> tuple[np.ndarray, pa.Array
 
 @dataclass(frozen=True)
 class _Where:
-    """Names the file, record and column of a problem found while decoding one column."""
+    """Names the file, record and column of a problem found while decoding one column (of `payloads`, records of
+    `kind`)."""
 
     path: str | None
     first_record: int
     column: str
+    payloads: Sequence[bytes]
+    kind: str
+
+    def steps(self, record: int, steps: Any) -> Any:
+        """A feature list of local record `record`, once protobuf is known to have set none of it aside."""
+        check_steps(steps, self.payloads[record], self.kind, self.path, self.first_record + record)
+        return steps
 
     def fail(self, record: int, message: str, error: type[InputError] = InputError) -> NoReturn:
         """Raise error for local record index `record`."""
@@ -181,7 +193,7 @@ def _gather(name: str, depth: int, contexts: Sequence[Mapping[str, bytes]],
         if steps is not None:
             if depth == 0:
                 loc.fail(i, "is a feature list, but the schema has a scalar column (a context feature)")
-            steps = steps.feature
+            steps = loc.steps(i, steps).feature
             raws.extend(steps)
             per_record.append(len(steps))
             stepwise.append(True)
@@ -221,6 +233,12 @@ def _convert_leaf(values: pa.Array, target: pa.DataType, fail: Callable[[int, st
         return pa.array(ints.astype(target.to_pandas_dtype()), type=target)
     if pa.types.is_floating(target):
         return pa.array(values.to_numpy().astype(target.to_pandas_dtype()), type=target)
+    if pa.types.is_fixed_size_binary(target):
+        sizes = pc.binary_length(values).to_numpy(zero_copy_only=False)
+        bad = sizes != target.byte_width
+        if bad.any():
+            fail(_first(bad), f"value of {sizes[_first(bad)]} bytes; the schema type {target} holds "
+                              f"{target.byte_width}")
     try:
         return values.cast(target)
     except pa.ArrowInvalid:
@@ -301,17 +319,24 @@ def decode_records(payloads: Sequence[bytes], schema: pa.Schema, kind: str, *, p
     projection. A scalar column is a context feature with one value; a list
     column is a feature list with one value per step if the record has one,
     else a context feature's values; a list-of-lists column is a feature list.
-    Values are cast to the schema's types (integers only when they fit). A
+    Values are cast to the schema's types (integers only when they fit; a
+    column of an extension type is decoded as its storage, then wrapped). A
     missing feature is null. Records that contradict the schema raise
     InputError, malformed ones CorruptRecordError, naming the file, the record
     (first_record + position) and the column.
     """
     check_kind(kind)
+    stored = column_types.reading_schema(schema)  # a record holds an extension type's storage (see encode_records)
+    if stored is not schema:
+        decoded = decode_records(payloads, stored, kind, path=path, first_record=first_record)
+        return column_types.conform_written(decoded, schema)
     shapes = [column_shape(field, kind) for field in schema]
     parsed = parse_records(payloads, path, first_record)
+    check_records(parsed, payloads, kind, path, first_record)
     contexts = [message.context.feature for message in parsed]
     feature_lists = [message.feature_lists.feature_list for message in parsed] \
         if kind == "sequence_example" else None
-    arrays = [_decode_column(field, shape, contexts, feature_lists, _Where(path, first_record, field.name))
+    arrays = [_decode_column(field, shape, contexts, feature_lists,
+                             _Where(path, first_record, field.name, payloads, kind))
               for field, shape in zip(schema, shapes)]
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+    return pa.RecordBatch.from_arrays(arrays, schema=schema) if arrays else rows_only(len(payloads))

@@ -3,15 +3,16 @@ deterministic output would write, built column by column with NumPy."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Collection, Sequence
 from itertools import pairwise
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batchtool.errors import InputError, SchemaError, UsageError, where
+from batchtool.errors import RowError, SchemaError, UsageError, where
 from batchtool.formats.example.columns import INT64_MAX, Shape, check_kind, column_shape
 from batchtool.formats.example.ragged import exclusive_cumsum, ragged_positions, segment_sums
 
@@ -79,23 +80,45 @@ def _wrap(flat: np.ndarray, lengths: np.ndarray,
     return out, lengths
 
 
-def _first_row(column: pa.Array, depth: int, predicate: Callable[[Any], bool]) -> int:
-    """The first row holding a leaf (or inner list) for which predicate is true; for error messages."""
-    def leaves(value: Any, level: int) -> list[Any]:
-        if level == 0 or value is None:
-            return [value]
-        return [leaf for item in value for leaf in leaves(item, level - 1)]
-    return next(row for row, value in enumerate(column.to_pylist())
-                if value is not None and any(map(predicate, leaves(value, depth))))
+Fail = Callable[..., NoReturn]
+"""fail(test, message[, depth]): RowError at the first row holding a value (at that list depth) for which test is
+true; it carries how to find such a row in another column (RowError.refind: the input's, where the column came
+from)."""
 
 
-def _int_payload(leaf: pa.Array, fail: Callable[[Callable[[Any], bool], str], NoReturn]) -> np.ndarray:
+def first_row(column: pa.Array, depth: int, test: Callable[[pa.Array], np.ndarray]) -> int | None:
+    """The first row of `column` holding a value `depth` lists down (or as deep as it nests: an input column an
+    operation put in lists, as pack does) for which `test` (of those values, vectorised) is true; None if none."""
+    values, rows = column, np.arange(len(column))
+    for _ in range(depth):
+        if not (pa.types.is_list(values.type) or pa.types.is_large_list(values.type)
+                or pa.types.is_fixed_size_list(values.type)):
+            break
+        rows = rows[pc.list_parent_indices(values).to_numpy(zero_copy_only=False)]
+        values = pc.list_flatten(values)
+    hits = np.flatnonzero(test(values))
+    return int(rows[hits[0]]) if hits.size else None
+
+
+def null(values: pa.Array) -> np.ndarray:
+    """Which values are null (a tf.train.Feature holds none)."""
+    return values.is_null().to_numpy(zero_copy_only=False)
+
+
+def beyond_int64(values: pa.Array) -> np.ndarray:
+    """Which values an Int64List cannot hold: unsigned ones above the int64 range."""
+    if values.type != pa.uint64():
+        return np.zeros(len(values), dtype=bool)
+    return pc.fill_null(pc.greater(values, pa.scalar(INT64_MAX, pa.uint64())), False).to_numpy(zero_copy_only=False)
+
+
+def _int_payload(leaf: pa.Array, fail: Fail) -> np.ndarray:
     """Integer/bool values as the uint64 bit patterns of their int64 Feature values."""
     if pa.types.is_boolean(leaf.type):
         return leaf.to_numpy(zero_copy_only=False).astype(np.uint64)
     ints = leaf.to_numpy()
     if ints.dtype == np.uint64 and (ints > INT64_MAX).any():
-        fail(lambda v: v > INT64_MAX, f"a value exceeds the int64 range of tf.train.Int64List ({leaf.type})")
+        fail(beyond_int64, f"a value exceeds the int64 range of tf.train.Int64List ({leaf.type})")
     return ints.astype(np.int64).view(np.uint64)
 
 
@@ -109,7 +132,7 @@ def _bytes_payload(leaf: pa.Array) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _encode_features(leaf: pa.Array, counts: np.ndarray, kind: str, outer: Sequence[tuple[bytes, bool]],
-                     fail: Callable[[Callable[[Any], bool], str], NoReturn]) -> tuple[np.ndarray, np.ndarray]:
+                     fail: Fail) -> tuple[np.ndarray, np.ndarray]:
     """Serialized Features (then wrapped in `outer` layers), one per count, over the flat leaf values."""
     if kind == "int64":
         payload, sizes = _encode_varints(_int_payload(leaf, fail))
@@ -140,25 +163,36 @@ def _split(flat: np.ndarray, lengths: np.ndarray, valid: np.ndarray) -> list[byt
     return out
 
 
-def _encode_column(name: str, column: pa.Array, shape: Shape, as_feature_list: bool) -> list[bytes]:
-    """Each row's serialized map entry (key, Feature or FeatureList) for one column; b"" where null."""
+def _failing(name: str, column: pa.Array, depth: int) -> Fail:
+    def fail(test: Callable[[pa.Array], np.ndarray], message: str, level: int = depth) -> NoReturn:
+        refind = functools.partial(first_row, depth=level, test=test)
+        raise RowError(refind(column) or 0, name, message, refind=refind)
+    return fail
+
+
+def _leaf(column: pa.Array, shape: Shape, as_feature_list: bool, fail: Fail) -> tuple[pa.Array, np.ndarray]:
+    """A column's values (every non-null one, through its lists) and the values per Feature; RowError where a value
+    or a feature-list step is null, which a tf.train.Feature cannot hold."""
     depth = len(shape.lists)
-
-    def fail(predicate: Callable[[Any], bool], message: str, level: int = depth) -> NoReturn:
-        raise InputError(f"{where(row=_first_row(column, level, predicate), column=name)}: {message}")
-
-    key = name.encode("utf-8")
-    entry = [(b"\x0a" + _varint(len(key)) + key + b"\x12", False), (b"\x0a", False)]
-    valid = column.is_valid().to_numpy(zero_copy_only=False)
-    leaf = column.filter(valid) if depth == 0 else pc.list_flatten(column)
+    leaf = column.drop_null() if depth == 0 else pc.list_flatten(column)
     if depth == 2:
         if leaf.null_count:
-            fail(lambda v: v is None, "a feature-list step is null; steps must be lists (empty for no values)", 1)
+            fail(null, "a feature-list step is null; steps must be lists (empty for no values)", 1)
         counts, leaf = _lengths(leaf), pc.list_flatten(leaf)
     else:
         counts = _lengths(column) if depth == 1 and not as_feature_list else np.ones(len(leaf), dtype=np.int64)
     if leaf.null_count:
-        fail(lambda v: v is None, "a value inside a list is null; tf.train.Feature cannot hold nulls")
+        fail(null, "a value inside a list is null; tf.train.Feature cannot hold nulls")
+    return leaf, counts
+
+
+def _encode_column(name: str, column: pa.Array, shape: Shape, as_feature_list: bool) -> list[bytes]:
+    """Each row's serialized map entry (key, Feature or FeatureList) for one column; b"" where null."""
+    fail = _failing(name, column, len(shape.lists))
+    key = name.encode("utf-8")
+    entry = [(b"\x0a" + _varint(len(key)) + key + b"\x12", False), (b"\x0a", False)]
+    valid = column.is_valid().to_numpy(zero_copy_only=False)
+    leaf, counts = _leaf(column, shape, as_feature_list, fail)
     if not as_feature_list:
         flat, lengths = _encode_features(leaf, counts, shape.kind, entry, fail)
     else:
@@ -190,6 +224,43 @@ def _message(field_tag: bytes, body: bytes) -> bytes:
     return field_tag + _varint(len(body)) + body if body else b""
 
 
+def _columns(batch: pa.RecordBatch, kind: str,
+             sequence_columns: Collection[str] | None) -> list[tuple[pa.Field, pa.Array, Shape, bool]]:
+    """Each column with its shape and whether it becomes a feature list, sorted by name (the order records hold
+    them); SchemaError for a batch no record can hold (a column of a type a Feature cannot hold, float64)."""
+    check_kind(kind)
+    names = batch.schema.names
+    if len(set(names)) != len(names):
+        raise SchemaError(f"duplicate column names {sorted(n for n in set(names) if names.count(n) > 1)}; "
+                          "feature names must be unique")
+    if sequence_columns is not None:
+        if kind == "example":
+            raise UsageError("sequence_columns applies to sequence_example records only")
+        unknown = sorted(set(sequence_columns) - set(names))
+        if unknown:
+            raise SchemaError(f"sequence columns {unknown} are not columns of the batch (columns: {names})")
+    out = []
+    for field, column in sorted(zip(batch.schema, batch.columns), key=lambda pair: pair[0].name.encode("utf-8")):
+        shape, as_feature_list = _plan(field, kind, sequence_columns)
+        if pa.types.is_float64(shape.leaf):
+            raise SchemaError(f"{where(column=field.name)}: {field.type} cannot be stored exactly in a "
+                              "tf.train.FloatList, which holds float32; cast the column to float32 first")
+        out.append((field, column, shape, as_feature_list))
+    return out
+
+
+def check_values(batch: pa.RecordBatch, kind: str = "sequence_example", *,
+                 sequence_columns: Collection[str] | None = None) -> None:
+    """What encode_records would refuse in this batch, without encoding it: RowError at the first row (a null in a
+    list, an integer beyond int64), SchemaError for a column no record can hold. For a caller that knows where the
+    batch's rows come from (dataset.located), so that the error names the file and row."""
+    for field, column, shape, as_feature_list in _columns(batch, kind, sequence_columns):
+        fail = _failing(field.name, column, len(shape.lists))
+        leaf, _ = _leaf(column, shape, as_feature_list, fail)
+        if shape.kind == "int64":
+            _int_payload(leaf, fail)
+
+
 def encode_records(batch: pa.RecordBatch, kind: str = "sequence_example", *,
                    sequence_columns: Collection[str] | None = None) -> list[bytes]:
     """Serialize each row as a tf.train.SequenceExample (or Example), the inverse of decode_records.
@@ -205,24 +276,9 @@ def encode_records(batch: pa.RecordBatch, kind: str = "sequence_example", *,
     feature lists are written sorted by name (the bytes of C++ protobuf's
     deterministic output).
     """
-    check_kind(kind)
-    names = batch.schema.names
-    if len(set(names)) != len(names):
-        raise SchemaError(f"duplicate column names {sorted(n for n in set(names) if names.count(n) > 1)}; "
-                          "feature names must be unique")
-    if sequence_columns is not None:
-        if kind == "example":
-            raise UsageError("sequence_columns applies to sequence_example records only")
-        unknown = sorted(set(sequence_columns) - set(names))
-        if unknown:
-            raise SchemaError(f"sequence columns {unknown} are not columns of the batch (columns: {names})")
     context: list[list[bytes]] = []
     lists: list[list[bytes]] = []
-    for field, column in sorted(zip(batch.schema, batch.columns), key=lambda pair: pair[0].name.encode("utf-8")):
-        shape, as_feature_list = _plan(field, kind, sequence_columns)
-        if pa.types.is_float64(shape.leaf):
-            raise SchemaError(f"{where(column=field.name)}: {field.type} cannot be stored exactly in a "
-                              "tf.train.FloatList, which holds float32; cast the column to float32 first")
+    for field, column, shape, as_feature_list in _columns(batch, kind, sequence_columns):
         (lists if as_feature_list else context).append(_encode_column(field.name, column, shape, as_feature_list))
     rows = batch.num_rows
     context_rows = [b"".join(parts) for parts in zip(*context)] if context else [b""] * rows

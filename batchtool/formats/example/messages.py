@@ -3,13 +3,15 @@ and parsing them with errors that name the record or Feature."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
+from google.protobuf.unknown_fields import UnknownFieldSet
 
 from batchtool.errors import CorruptRecordError, where
+from batchtool.formats import wire
 
 _F = descriptor_pb2.FieldDescriptorProto
 
@@ -125,12 +127,103 @@ class BadFeature(Exception):
         self.corrupt = corrupt
 
 
-def parse_feature(raw: bytes, index: int) -> Any:
-    """One Feature message; a parse failure names its position."""
+_FIELDS: dict[str, dict[int, tuple[str, tuple[int, ...], str | None]]] = {
+    "Example": {1: ("features", (2,), "Features")},
+    "SequenceExample": {1: ("context", (2,), "Features"), 2: ("feature_lists", (2,), "FeatureLists")},
+    "Features": {1: ("feature", (2,), "FeatureEntry")},
+    "FeatureEntry": {1: ("key", (2,), None), 2: ("value", (2,), "Feature")},
+    "FeatureLists": {1: ("feature_list", (2,), "FeatureListEntry")},
+    "FeatureListEntry": {1: ("key", (2,), None), 2: ("value", (2,), "FeatureList")},
+    "FeatureList": {1: ("feature", (2,), "Feature")},
+    "Feature": {1: ("bytes_list", (2,), "BytesList"), 2: ("float_list", (2,), "FloatList"),
+                3: ("int64_list", (2,), "Int64List")},
+    "BytesList": {1: ("value", (2,), None)},
+    "FloatList": {1: ("value", (2, 5), None)},
+    "Int64List": {1: ("value", (2, 0), None)},
+}
+"""Each tf.train message's fields: number -> (name, the wire types protobuf parses it from, its message type). A
+field of a declared number in another wire type is set aside by protobuf as unknown, as if absent."""
+
+
+def _set_aside(message: Any, numbers: Collection[int]) -> bool:
+    """Protobuf kept a field of one of these declared numbers aside as unknown: its wire type is not the declared
+    one (or, in a map, its entry does not parse), so reading on would take it for absent."""
+    unknown = UnknownFieldSet(message)
+    return len(unknown) > 0 and any(field.field_number in numbers for field in unknown)
+
+
+def misparsed(data: bytes, message: str, feature: str | None = None) -> tuple[str | None, str]:
+    """(the feature, what is wrong) for a `message` in which protobuf set a declared field aside: the first field,
+    walked down from it, whose wire type is not its declared one. Walked in plain Python: only for an error."""
+    return _first_wrong(data, message, feature) or (feature, f"a field of the {message} that does not parse as "
+                                                              "declared")
+
+
+def _first_wrong(data: bytes, message: str, feature: str | None) -> tuple[str | None, str] | None:
+    fields = _FIELDS[message]
     try:
-        return Feature.FromString(raw)
+        walked = list(wire.walk(data)) if message.endswith("Entry") else wire.walk(data)
+        if message.endswith("Entry"):  # name the feature, wherever the key is in the entry
+            feature = next((p.decode("utf-8", "replace") for n, w, p in walked if n == 1 and w == 2), feature)
+        step = 0
+        for number, wire_type, payload in walked:
+            if number not in fields:
+                continue
+            name, expected, child = fields[number]
+            if wire_type not in expected:
+                return feature, (f"{message}.{name} (field {number}) has wire type {wire_type} "
+                                 f"({wire.WIRE_TYPES.get(wire_type, 'a group')}), expected "
+                                 f"{' or '.join(wire.WIRE_TYPES[w] for w in expected)}")
+            found = _first_wrong(payload, child, feature) if child and wire_type == 2 else None
+            if found is not None:
+                return (found[0], f"feature list step {step}: {found[1]}") if message == "FeatureList" else found
+            step += 1
+    except wire.Malformed as exc:
+        return feature, f"a malformed {message} ({exc})"
+    return None
+
+
+def parse_feature(raw: bytes, index: int) -> Any:
+    """One Feature message; a parse failure, or a field protobuf set aside (a wrong wire type), names its
+    position."""
+    try:
+        feature = Feature.FromString(raw)
     except DecodeError as exc:
         raise BadFeature(index, f"malformed Feature protobuf ({exc})", corrupt=True) from None
+    kind = feature.WhichOneof("kind")
+    if _set_aside(feature, _FIELDS["Feature"]) or (kind is not None and _set_aside(getattr(feature, kind), (1,))):
+        raise BadFeature(index, misparsed(raw, "Feature")[1], corrupt=True)
+    return feature
+
+
+def check_records(parsed: Sequence[Any], payloads: Sequence[bytes], kind: str, path: str | None,
+                  first_record: int) -> None:
+    """CorruptRecordError naming the record (and feature) of the first view in which protobuf set a declared
+    field of the record, its features or its feature lists aside (a wrong wire type): read on, the field would be
+    taken for absent. Each feature list read is checked where it is read (check_steps), each Feature where it is
+    parsed (parse_feature)."""
+    example = kind == "example"
+    top = (1,) if example else (1, 2)  # an Example has no field 2: what is there is unknown, not misparsed
+    for i, view in enumerate(parsed):
+        if _set_aside(view, top) or _set_aside(view.context, (1,)) or (
+                not example and _set_aside(view.feature_lists, (1,))):
+            raise_misparsed(payloads[i], kind, path, first_record + i)
+
+
+def check_steps(steps: Any, payload: bytes, kind: str, path: str | None, record: int) -> None:
+    """check_records for one feature list of a record (a FeatureListView), as it is read."""
+    if _set_aside(steps, (1,)):
+        raise_misparsed(payload, kind, path, record)
+
+
+def raise_misparsed(payload: bytes, kind: str, path: str | None, record: int) -> None:
+    """The CorruptRecordError for a record protobuf set a declared field of aside, saying which (misparsed)."""
+    # a record of unknown kind is told as an Example where both say the same (field 1)
+    names = ("Example",) if kind == "example" else ("SequenceExample",) if kind == "sequence_example" \
+        else ("Example", "SequenceExample")
+    feature, problem = next((found for name in names if (found := _first_wrong(payload, name, None))),
+                            misparsed(payload, names[-1]))
+    raise CorruptRecordError(f"{where(path, record=record, column=feature)}: {problem}")
 
 
 def parse_records(payloads: Sequence[bytes], path: str | None, first_record: int,

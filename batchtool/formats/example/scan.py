@@ -18,7 +18,7 @@ from batchtool.errors import CorruptRecordError, InputError, SchemaError, where
 from batchtool.formats import wire
 from batchtool.formats.example.columns import check_kind
 from batchtool.formats.example.messages import (KIND_FIELD, ONEOF_KINDS, BadFeature, Example, SequenceExample,
-                                                parse_feature, parse_records)
+                                                check_records, check_steps, parse_feature, parse_records)
 from batchtool.formats.example.ragged import SLICE
 from batchtool.formats.wire import PAD
 
@@ -200,12 +200,15 @@ def _occurrences_parsed(payloads: Sequence[bytes], kind: str, path: str | None, 
     features: list[tuple[int, int, bool, bytes]] = []
     lists: list[tuple[int, int]] = []
     sequence = False
-    for i, message in enumerate(parse_records(payloads, path, first_record)):
+    views = parse_records(payloads, path, first_record)
+    check_records(views, payloads, kind, path, first_record)
+    for i, message in enumerate(views):
         features += [(i, index.setdefault(name, len(index)), False, raw)
                      for name, raw in message.context.feature.items()]
         if kind != "example" and message.HasField("feature_lists"):
             sequence = True
             for name, steps in message.feature_lists.feature_list.items():
+                check_steps(steps, payloads[i], kind, path, first_record + i)
                 lists.append((i, index.setdefault(name, len(index))))
                 features += [(i, lists[-1][1], True, raw) for raw in steps.feature]
     names = list(index)

@@ -1,0 +1,133 @@
+"""Arrow IPC input, file and stream format: sizes a file declares (a compressed buffer's length, a row count) are
+read from its metadata and checked before anything is decompressed or allocated."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import memlimit
+from batchtool.dataset import open_dataset
+from batchtool.errors import BatchtoolError
+from batchtool.formats import ipc_meta
+from conftest import read_dir
+from dirstate import listing, snapshot
+from ipc_bombs import write_bomb
+
+_CAP = 350 << 20
+"""A child reading a 2 GiB bomb must stay far below it (it starts at about 90 MiB)."""
+BOMB_ROWS = 2**28
+
+
+def one_line(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module", params=["file", "stream"])
+def bomb(request, tmp_path_factory) -> str:
+    """65 KB of Arrow IPC whose one record batch inflates to 2 GiB of int64 zeros."""
+    path = tmp_path_factory.mktemp("bomb") / "bomb.arrow"
+    return str(write_bomb(path, 8 * BOMB_ROWS, stream=request.param == "stream"))
+
+
+def test_inspect_counts_a_bomb_from_its_metadata_without_inflating_it(bomb):
+    assert os.path.getsize(bomb) < 70_000
+    run = memlimit.batchtool("inspect", bomb, "--json", limit_bytes=_CAP)
+    assert run.returncode == 0, run.stderr
+    assert f'"rows": {BOMB_ROWS}' in run.stdout and run.peak_bytes < _CAP
+
+
+@pytest.mark.parametrize("command, limit", [
+    (["convert"], "more than the limit of 16,777,216 \\(--max-record-bytes\\); raise --max-record-bytes"),
+    (["shuffle"], "takes about 4.0 GB at once, more than --memory 1.0 GB allows \\(128.0 MB\\); give a larger "
+                  "--memory"),
+])
+def test_a_command_refuses_a_bomb_before_inflating_it(bomb, tmp_path, command, limit):
+    dst = tmp_path / "out" / "dst"
+    (tmp_path / "out").mkdir()
+    before = snapshot(tmp_path / "out"), listing(tmp_path / "out")
+    run = memlimit.batchtool(*command, bomb, str(dst), limit_bytes=_CAP)
+    assert run.returncode == 2 and run.peak_bytes < _CAP, run.stderr
+    line = one_line(run.stderr)
+    assert line.startswith(f"error: {bomb}, record batch 0: reading it (its buffers decompressed, "
+                           f"{BOMB_ROWS:,} row ids) takes ")
+    assert re.search(limit, line), line
+    assert (snapshot(tmp_path / "out"), listing(tmp_path / "out")) == before
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_batch_within_the_limit_is_read_and_one_beyond_it_is_named(tmp_path, run_cli, stream):
+    src = str(write_bomb(tmp_path / "zeros.arrow", 8 * 300_000, stream=stream))  # 2.4 MB + 2.4 MB of row ids
+    assert run_cli("convert", src, tmp_path / "ok", "-q").exit_code == 0
+    assert read_dir(str(tmp_path / "ok")).column("x").to_pylist() == [0] * 300_000
+    result = run_cli("convert", src, tmp_path / "bad", "--max-record-bytes", "4MB")
+    assert one_line(result.stderr) == (
+        f"error: {src}, record batch 0: reading it (its buffers decompressed, 300,000 row ids) takes 4,800,000 "
+        "bytes, more than the limit of 4,194,304 (--max-record-bytes); raise --max-record-bytes if the data is "
+        "genuine, or write the file in smaller record batches")
+    assert result.exit_code == 2 and not (tmp_path / "bad").exists()
+
+
+def test_a_row_count_no_buffer_backs_is_refused_before_its_row_ids_are_made(tmp_path, run_cli):
+    """A column of the null type has no buffers: only its declared length says how many rows there are."""
+    sink = io.BytesIO()
+    with pa.ipc.new_file(sink, pa.schema([("n", pa.null())])) as writer:
+        writer.write_batch(pa.record_batch([pa.nulls(3)], names=["n"]))
+    data = sink.getvalue().replace((3).to_bytes(8, "little"), (1 << 40).to_bytes(8, "little"))
+    (tmp_path / "nulls.arrow").write_bytes(data)
+    result = run_cli("convert", tmp_path / "nulls.arrow", tmp_path / "out")
+    assert "record batch 0: reading it (no decompression, 1,099,511,627,776 row ids) takes" in one_line(result.stderr)
+    assert not (tmp_path / "out").exists()
+
+
+def _ipc(stream: bool, codec: str | None) -> bytes:
+    batch = pa.record_batch({"a": pa.array(range(50)), "s": pa.array([f"v{i}" for i in range(50)]),
+                             "l": pa.array([[i, None] for i in range(50)]),
+                             "d": pa.array(["x", "y"] * 25).dictionary_encode()})
+    sink = io.BytesIO()
+    options = pa.ipc.IpcWriteOptions(compression=codec)
+    with (pa.ipc.new_stream if stream else pa.ipc.new_file)(sink, batch.schema, options=options) as writer:
+        writer.write_batch(batch)
+        writer.write_batch(batch.slice(10, 5))
+    return sink.getvalue()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("codec", [None, "zstd", "lz4"])
+def test_the_metadata_reader_finds_what_pyarrow_reads(stream, codec):
+    data = _ipc(stream, codec)
+    layout = (ipc_meta.stream_layout if stream else ipc_meta.file_layout)(lambda at, n: data[at:at + n], len(data))
+    assert [m.rows for m in layout.batches] == [50, 5] and len(layout.dictionaries) == 1
+    reader = (pa.ipc.open_stream if stream else pa.ipc.open_file)(pa.py_buffer(data))
+    schema = reader.schema
+    for message in layout.batches:
+        assert len(ipc_meta.field_buffers(schema, message, schema.names)) == len(message.buffers)
+    inflated = [ipc_meta.inflated(lambda at, n: data[at:at + n], m) for m in layout.batches]
+    assert (inflated[0] > 0) == (codec is not None)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stream=st.booleans(), codec=st.sampled_from([None, "zstd"]), data=st.data())
+def test_damaged_metadata_is_one_error_or_a_read(tmp_path_factory, stream, codec, data):
+    """Any byte of the file changed (a length, an offset, a vtable): reading it either works or raises one
+    BatchtoolError; never another exception, a read out of bounds or an allocation the file did not justify."""
+    raw = bytearray(_ipc(stream, codec))
+    for _ in range(data.draw(st.integers(1, 3))):
+        at = data.draw(st.integers(0, len(raw) - 1))
+        raw[at] = data.draw(st.integers(0, 255))
+    path = tmp_path_factory.mktemp("damaged") / "d.arrow"
+    path.write_bytes(bytes(raw))
+    try:
+        dataset = open_dataset(str(path))
+        for _ in dataset.chunks():
+            pass
+    except BatchtoolError:
+        pass
