@@ -17,8 +17,9 @@ from batchtool.job import RunSettings
 from batchtool.driver import run_operation
 from batchtool.ops.base import ColumnList, Context, OptionError, fields
 from batchtool.ops.bucket import OP, BucketOptions
-from batchtool.ops.bucket_options import Integers
-from batchtool.ops.bucket_plan import BatchBudget, BucketPlan, LengthPass, resolve_columns
+from batchtool.ops.bucket.options import Integers
+from batchtool.ops.bucket.plan import BucketPlan, LengthPass, resolve_columns
+from batchtool.ops.batching import BatchBudget
 from batchtool.stats import DatasetStats
 from batchtool.output import OutputOptions
 from batchtool.synthetic import make_table

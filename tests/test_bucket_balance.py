@@ -16,7 +16,7 @@ from batchtool.job import RunSettings
 from batchtool.ops.boundaries import assign_buckets
 from batchtool.driver import run_operation
 from batchtool.ops.bucket import OP, BucketOptions
-from batchtool.ops.bucket_plan import BatchBudget
+from batchtool.ops.batching import BatchBudget
 from batchtool.ops.quotas import QuotaLayout
 from batchtool.output import OutputOptions
 from conftest import SAMPLE, data_bytes, read_dir, write_parquet_shards

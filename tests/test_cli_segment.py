@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 from conftest import SAMPLE, data_bytes, read_dir, write_parquet_shards
 
-from batchtool.ops import segment_lanes
+from batchtool.ops.segment import lanes
 from batchtool.synthetic import make_table
 
 BASE = ("--key", "key", "--num-unroll", "6", "--batch-size", "4", "-q")
@@ -40,7 +40,7 @@ def test_sample_data_summary_line(tmp_path, run_cli):
 @pytest.mark.parametrize("to", ["parquet", "tfrecord"])
 def test_threads_1_and_4_give_identical_bytes(tmp_path, run_cli, monkeypatch, to):
     src = write_parquet_shards(str(tmp_path / "src"), make_table(200, seed=8), shards=3, row_group_size=13)
-    monkeypatch.setattr(segment_lanes, "ITEM_SEGMENTS", 16)  # many work items, so threads really interleave
+    monkeypatch.setattr(lanes, "ITEM_SEGMENTS", 16)  # many work items, so threads really interleave
     for threads in (1, 4):
         result = run_cli("segment", src, tmp_path / f"t{threads}", "--sequence", "tokens,frames",
                          "--context", "label,weight", "--to", to, "--threads", threads, *BASE)

@@ -26,9 +26,9 @@ from batchtool.errors import InputError, OptionInputError, UsageError
 from batchtool.ops import segment as segment_op
 from batchtool.ops import shuffle as shuffle_op
 from batchtool.ops.bucket import BucketOptions
-from batchtool.ops.bucket_plan import LengthPass, make_plan, resolve_columns, with_spill_layout
+from batchtool.ops.bucket.plan import LengthPass, make_plan, resolve_columns, with_spill_layout
 from batchtool.ops.quotas import plan_layout
-from batchtool.ops.segment_options import SegmentOptions
+from batchtool.ops.segment.options import SegmentOptions
 from batchtool.ops.stratify import StratifyOptions
 from batchtool.stats import DatasetStats
 from conftest import REPO, SAMPLE, read_dir

@@ -19,8 +19,8 @@ from batchtool.job import RunSettings
 from batchtool.driver import run_operation
 from batchtool.ops.base import OptionError, fields
 from batchtool.ops.pack import OP, PackOptions
-from batchtool.ops.pack_options import resolve_columns
-from batchtool.ops.packing import first_fit, lower_bound, plan_packing
+from batchtool.ops.pack.options import resolve_columns
+from batchtool.ops.pack.packing import first_fit, lower_bound, plan_packing
 from batchtool.output import OutputOptions
 from batchtool.synthetic import lognormal_lengths
 from conftest import REPO, data_bytes, read_dir, write_parquet_shards

@@ -18,7 +18,7 @@ from conftest import data_bytes, write_parquet_shards
 from batchtool import exchange, runner
 from batchtool.driver import _kernel
 from batchtool.pipeline import execute
-from batchtool.ops import segment_keys
+from batchtool.ops.segment import chunks as segment_chunks
 from batchtool.check.duplicates import HashIndex
 from batchtool.workspace import Workspace
 
@@ -271,8 +271,8 @@ def test_segment_keys_stay_beside_the_output(src, tmp_path, run_cli):
     finds the repeats; no hash comes back with the examples; the same bytes, and nothing left beside DST."""
     engine = run_both(run_cli, tmp_path, lambda dst: ["segment", src, dst, *SEGMENT])
     used = {fn.func if isinstance(fn, functools.partial) else fn for fn in engine.functions}
-    assert {segment_keys.prepare_shared, segment_keys.partitions_collisions} <= used
-    assert segment_keys.prepare_chunk not in used
+    assert {segment_chunks.prepare_shared, segment_chunks.partitions_collisions} <= used
+    assert segment_chunks.prepare_chunk not in used
     assert sorted(os.listdir(tmp_path)) == ["local", "pickled"]
 
 
@@ -306,14 +306,14 @@ def test_a_duplicate_segment_key_fails_as_on_the_local_engine(tmp_path, run_cli)
         errors[name] = result.stderr
     assert errors["pickled"] == errors["local"]
     assert sorted(os.listdir(out)) == ["local", "pickled"]
-    assert any(isinstance(fn, functools.partial) and fn.func is segment_keys.prepare_shared
+    assert any(isinstance(fn, functools.partial) and fn.func is segment_chunks.prepare_shared
                for fn in engine.functions)
 
 
 def test_shared_keys_find_the_hash_index_collisions_in_its_order(tmp_path, monkeypatch):
     """Written chunk by chunk (one chunk twice, as a retried task writes it) and reduced partition by partition,
     a few collisions per task: the same (first, later) id pairs in the same order as HashIndex, pickled."""
-    monkeypatch.setattr(segment_keys, "CONFIRM_PAIRS", 2)
+    monkeypatch.setattr(segment_chunks, "CONFIRM_PAIRS", 2)
     gen = np.random.default_rng(3)
     hashes = gen.integers(0, 2**64, 900, dtype=np.uint64)
     hashes[[5, 400, 401, 899]] = hashes[2]  # several in one partition: more than a task returns at once
@@ -323,10 +323,10 @@ def test_shared_keys_find_the_hash_index_collisions_in_its_order(tmp_path, monke
     for k, start in enumerate(range(0, 900, 250)):
         end = start + 250
         index.add(hashes[start:end], ids[start:end])
-        segment_keys.write_pairs(Workspace(str(tmp_path), "out"), k, hashes[start:end], ids[start:end])
-    segment_keys.write_pairs(Workspace(str(tmp_path), "out"), 1, hashes[250:500], ids[250:500])
+        segment_chunks.write_pairs(Workspace(str(tmp_path), "out"), k, hashes[start:end], ids[start:end])
+    segment_chunks.write_pairs(Workspace(str(tmp_path), "out"), 1, hashes[250:500], ids[250:500])
     engine = PicklingEngine()
-    shared = segment_keys.SharedKeys(Workspace(str(tmp_path), "out"), lambda fn, items: engine.map(fn, items, 2, None))
+    shared = segment_chunks.SharedKeys(Workspace(str(tmp_path), "out"), lambda fn, items: engine.map(fn, items, 2, None))
     expected = list(index.collisions())
     assert len(expected) == 6 and list(shared.collisions()) == expected
 
@@ -353,7 +353,7 @@ def test_a_pipeline_ending_in_segment_checks_its_keys_beside_the_output(src, tmp
     args = pipeline(tmp_path, SEGMENT_LAST, src=src)
     engine = run_both(run_cli, tmp_path, args)
     used = {fn.func if isinstance(fn, functools.partial) else fn for fn in engine.functions}
-    assert {segment_keys.prepare_shared, segment_keys.partitions_collisions} <= used
+    assert {segment_chunks.prepare_shared, segment_chunks.partitions_collisions} <= used
     assert sorted(os.listdir(tmp_path)) == ["local", "local.toml", "pickled", "pickled.toml"]
 
 

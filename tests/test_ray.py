@@ -493,7 +493,7 @@ def test_segment_key_hashes_stay_on_the_workers(tmp_path, run_cli, ray_cluster, 
     from contextlib import contextmanager
 
     from batchtool.driver import EngineRuntime
-    from batchtool.ops.segment_chunks import Examples
+    from batchtool.ops.segment.chunks import Examples
 
     rows = 8_000
     src = write_parquet_shards(str(tmp_path / "src"), make_table(rows, seed=5, median_length=2, max_length=4),
@@ -534,7 +534,7 @@ def test_segment_key_hashes_stay_on_the_workers(tmp_path, run_cli, ray_cluster, 
 def test_a_duplicate_segment_key_on_ray_fails_as_on_the_local_engine(tmp_path, run_cli, remote_maps):
     """Keys repeated across chunks and shards: the local engine's one error line (the first duplicate in hash order,
     confirmed), exit 2, DST untouched and no temporary directory left beside it."""
-    from batchtool.ops.segment_keys import partitions_collisions
+    from batchtool.ops.segment.chunks import partitions_collisions
     from test_pickling_engine import repeated_keys_src
 
     dup = repeated_keys_src(str(tmp_path / "src"))

@@ -13,10 +13,11 @@ from batchtool import rng
 from batchtool.dataset import Chunk
 from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.job import RunSettings
-from batchtool.ops import resample as resample_op
+from batchtool.ops import copies
 from batchtool.ops.base import NumberOrColumn
 from batchtool.driver import run_operation
-from batchtool.ops.resample import OP, ResampleOptions, RunningMean, piece_bounds, repeat_rows
+from batchtool.ops.resample import OP, ResampleOptions, RunningMean
+from batchtool.ops.copies import piece_bounds, repeat_rows
 from batchtool.output import OutputOptions
 from conftest import read_dir, write_parquet_shards
 
@@ -215,7 +216,7 @@ def test_piece_bounds_cover_the_output_in_order_within_the_limit(copies, sizes, 
 
 def test_an_outlier_rate_is_written_in_pieces_with_every_copy(tmp_path, monkeypatch):
     """One row with a huge rate: its copies are cut into row groups of about PIECE_BYTES, none lost."""
-    monkeypatch.setattr(resample_op, "PIECE_BYTES", 20_000)
+    monkeypatch.setattr(copies, "PIECE_BYTES", 20_000)
     rates = np.zeros(50)
     rates[17] = 3000.0
     src = dataset(tmp_path / "src", 50, rate=rates)
@@ -229,7 +230,7 @@ def test_an_outlier_rate_is_written_in_pieces_with_every_copy(tmp_path, monkeypa
 
 
 def test_weighted_pieces_carry_the_rate_of_their_row(tmp_path, monkeypatch):
-    monkeypatch.setattr(resample_op, "PIECE_BYTES", 20_000)
+    monkeypatch.setattr(copies, "PIECE_BYTES", 20_000)
     weights = np.full(50, 0.001)
     weights[3] = 40.0
     src = dataset(tmp_path / "src", 50, w=weights)

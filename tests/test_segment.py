@@ -18,12 +18,12 @@ from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.job import RunSettings
 from batchtool.check.duplicates import HashIndex
 from batchtool.driver import run_operation
-from batchtool.ops import segment_lanes
+from batchtool.ops.segment import lanes
 from batchtool.ops.segment import OP as SEGMENT
 from batchtool.ops.segment import SegmentOptions
-from batchtool.ops.segment_batches import FIRST_INSERTION_INDEX
-from batchtool.ops.segment_chunks import key_hashes
-from batchtool.ops.segment_keys import SharedKeys, check_unique_keys, write_pairs
+from batchtool.ops.segment.batches import FIRST_INSERTION_INDEX
+from batchtool.ops.segment.chunks import key_hashes
+from batchtool.ops.segment.chunks import SharedKeys, check_unique_keys, write_pairs
 from batchtool.workspace import Workspace
 from batchtool.output import OutputOptions
 from batchtool.pipeline.config import load
@@ -313,7 +313,7 @@ def test_output_is_the_same_for_any_item_size_and_threads(tmp_path, monkeypatch)
     options = SegmentOptions(key="key", sequence=("tokens", "frames"), num_unroll=5, batch_size=6,
                              context=("label",))
     run_operation(SEGMENT, options, src, str(tmp_path / "a"), OutputOptions(), RunSettings(threads=1, quiet=True))
-    monkeypatch.setattr(segment_lanes, "ITEM_SEGMENTS", 12)
+    monkeypatch.setattr(lanes, "ITEM_SEGMENTS", 12)
     run_operation(SEGMENT, options, src, str(tmp_path / "b"), OutputOptions(), RunSettings(threads=4, quiet=True))
     assert read_dir(str(tmp_path / "a")).equals(read_dir(str(tmp_path / "b")))
 

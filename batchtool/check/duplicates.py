@@ -6,7 +6,7 @@ hash's top bits into temporary files, so every copy of a key lands in the same p
 each partition is sorted on its own. Hash groups are candidates: the caller confirms the ones
 it reports with the real values (a 64-bit collision is rare, never impossible). The partition files'
 layout (`partitioned`, `partition_name`, `read_pairs`) is shared with segment's key check on remote
-workers (ops/segment_keys.py), which writes them there, so both find the same collisions in the same order.
+workers (ops/segment/chunks.py), which writes them there, so both find the same collisions in the same order.
 """
 
 from __future__ import annotations

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from batchtool.dataset import Chunk
 from batchtool.ops.base import Column, ColumnError, Operation, Tally, need_columns, option, row_stats
+from batchtool.ops.rows import keep_mask
 
 
 @dataclass(frozen=True)
@@ -37,12 +36,6 @@ class Filter(Operation[FilterOptions, FilterOptions]):
         mask = keep_mask(chunk, plan.column)
         out = chunk if mask.all() else chunk.filter(mask)
         return out, row_stats(chunk.num_rows, out.num_rows)
-
-
-def keep_mask(chunk: Chunk, column: str) -> np.ndarray:
-    """The rows to keep: where the boolean column is true, null counting as false (`tf.contrib.training.bucket`'s
-    keep_input; bucket's --keep is this filter)."""
-    return pc.fill_null(chunk.data.column(column), False).to_numpy(zero_copy_only=False)
 
 
 OP = Filter()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -12,23 +12,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batchtool import rng
-from batchtool.budget import row_nbytes
 from batchtool.dataset import Chunk
 from batchtool.errors import InputError, OptionInputError, SchemaError
 from batchtool.ops import names as own
 from batchtool.ops.base import (Column, Context, Depends, Flag, Integer, Number, NumberOrColumn, Operation, OptionError,
                                 Tally, manifest_options, need_columns, option)
+from batchtool.ops.copies import MAX_RATE, Copies, Piece, copy_stats, copy_summary
 
 STAGE = "resample"
 DEFAULT_RATE_COLUMN = "resample_rate"
 OUTPUT_COLUMNS = (DEFAULT_RATE_COLUMN,)
 """resample's own column (with --weight): each output row's effective rate."""
-MAX_RATE = float(1 << 32)
-"""The largest rate (expected copies of one example): about 4.3 billion copies of a row is surely a mistake,
-and Poisson counts stay exact integers far below 2**53."""
-PIECE_BYTES = 16 << 20
-"""Output Arrow bytes one work item builds: an input chunk whose copies come to more (than this and than the
-chunk itself) is written as several row groups of about this size, so a rate never decides memory."""
 Locate = Callable[[int], str]
 
 if TYPE_CHECKING:
@@ -125,110 +119,6 @@ def checked_values(chunk: Chunk, column: str, locate: Locate, what: str, high: f
     return values
 
 
-def copy_runs(copies: np.ndarray, start: int, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Output rows [start, stop) of "row i written copies[i] times, copies consecutive", as runs: the input
-    rows, how many of each one's copies fall in the range, and the copy number of each run's first."""
-    ends = np.cumsum(copies)
-    if stop <= start:
-        return (np.zeros(0, dtype=np.int64),) * 3
-    rows = np.arange(np.searchsorted(ends, start, side="right"), np.searchsorted(ends, stop - 1, side="right") + 1)
-    begins = ends[rows] - copies[rows]
-    low = np.maximum(begins, start)
-    counts = np.minimum(ends[rows], stop) - low
-    keep = counts > 0
-    return rows[keep], counts[keep], (low - begins)[keep]
-
-
-def repeat_rows(chunk: Chunk, copies: np.ndarray, seed: int, stage: str, start: int = 0,
-                stop: int | None = None) -> Chunk:
-    """Output rows [start, stop) (default: all) of each row copies[i] times, copies consecutive.
-
-    Copy 0 keeps the example id; copy j >= 1 gets a derived id (keyed hash of id and j), so that a
-    later reorder (balanced batches, a pipeline's shuffle) keys each copy's draws separately.
-    """
-    copies = np.asarray(copies, dtype=np.int64)
-    stop = int(copies.sum()) if stop is None else stop
-    if start == 0 and stop == len(copies) and len(copies) and copies.min() == 1 and copies.max() == 1:
-        return chunk
-    rows, counts, first = copy_runs(copies, start, stop)
-    out = chunk.take(np.repeat(rows, counts))
-    copy_no = np.arange(out.num_rows) - np.repeat(np.cumsum(counts) - counts - first, counts)
-    extra = copy_no > 0
-    if extra.any():
-        ids = out.ids.copy()
-        ids[extra] = rng.keyed_hash(seed, stage + "/copy", ids[extra], draw=copy_no[extra].astype(np.uint64))
-        out = Chunk(out.data, ids)
-    return out
-
-
-def piece_bounds(copies: np.ndarray, row_bytes: np.ndarray, limit: float) -> list[tuple[int, int]]:
-    """Cut the output rows (row i written copies[i] times) into consecutive ranges of at most `limit`
-    bytes each (at least one row), given each input row's bytes."""
-    pieces, start, position, held = [], 0, 0, 0.0
-    for n, size in zip(copies.tolist(), np.maximum(row_bytes, 1.0).tolist()):
-        while n:
-            if held and held + size > limit:
-                pieces.append((start, position))
-                start, held = position, 0.0
-            take = min(n, max(1, int((limit - held) // size)))
-            position, held, n = position + take, held + take * size, n - take
-    return [*pieces, (start, position)]
-
-
-@dataclass(frozen=True)
-class Copies:
-    """One input chunk and how many times each of its rows is written; cheap until its pieces are built."""
-
-    chunk: Chunk
-    copies: np.ndarray
-    rates: np.ndarray | None = None
-    """Per input row, the effective rate written with each of its copies (--weight), else None."""
-
-    def pieces(self) -> Iterator[Piece]:
-        """The output in pieces of at most PIECE_BYTES (or the input chunk's bytes, if more): one piece
-        unless the copies multiply the chunk past that. The last piece carries the chunk's input rows."""
-        total = int(self.copies.sum())
-        limit = max(PIECE_BYTES, self.chunk.data.nbytes)
-        bounds = [(0, total)]
-        if total and int(self.copies.max()) * self.chunk.data.nbytes > limit:
-            bounds = piece_bounds(self.copies, row_nbytes(self.chunk.data), limit)
-        for i, (start, stop) in enumerate(bounds):
-            yield Piece(self, start, stop, self.chunk.num_rows if i == len(bounds) - 1 else 0)
-
-
-@dataclass(frozen=True)
-class Piece:
-    """Output rows [start, stop) of one chunk's copies, and the input rows they complete (for progress)."""
-
-    source: Copies
-    start: int
-    stop: int
-    rows: int
-
-    def build(self, seed: int, stage: str, rate_column: str | None = None) -> Chunk:
-        """The piece's rows, with each one's effective rate appended as `rate_column` if given."""
-        src = self.source
-        out = repeat_rows(src.chunk, src.copies, seed, stage, self.start, self.stop)
-        if rate_column is not None:
-            rows, counts, _ = copy_runs(src.copies, self.start, self.stop)
-            out = Chunk(out.data.append_column(rate_column, pa.array(np.repeat(src.rates[rows], counts),
-                                                                     pa.float64())), out.ids)
-        return out
-
-
-def merged(results: Iterable[tuple[Copies, Tally]], tally: Tally) -> Iterator[Copies]:
-    """The copies of each chunk in order, merging each one's statistics into `tally` as it passes."""
-    for copies, stats in results:
-        tally.merge(stats)
-        yield copies
-
-
-def pieces(copies: Iterable[Copies]) -> Iterator[Piece]:
-    """Every chunk's output pieces, in order."""
-    for c in copies:
-        yield from c.pieces()
-
-
 def example_rates(chunk: Chunk, options: ResampleOptions, mean_weight: float | None, locate: Locate) -> np.ndarray:
     """Expected copies of each row: the rate (constant or column), overall_rate * weight / mean weight,
     or the acceptance probability. A rate above MAX_RATE is an error naming its row."""
@@ -262,22 +152,6 @@ def resample_copies(chunk: Chunk, rates: np.ndarray, options: ResampleOptions, s
 
 
 # -- statistics -------------------------------------------------------------------------------------------
-
-
-def copy_stats(copies: np.ndarray) -> Tally:
-    """The counts every resampling command reports: rows in and out, examples dropped and duplicated."""
-    tally = Tally()
-    tally.add(rows_in=len(copies), rows_out=int(copies.sum()), examples_dropped=int((copies == 0).sum()),
-              examples_duplicated=int((copies >= 2).sum()))
-    tally.add_values("copies", copies)
-    return tally
-
-
-def copy_summary(tally: Tally) -> dict[str, Any]:
-    rows_in = tally.count("rows_in")
-    return {"rows_in": rows_in, "examples_dropped": tally.count("examples_dropped"),
-            "examples_duplicated": tally.count("examples_duplicated"),
-            "copies_per_example": tally.summary("copies", rows_in)}
 
 
 # -- the mean weight: first pass or weighted_resample's running estimate ------------------------------------
@@ -417,5 +291,4 @@ class Resample(Operation[ResampleOptions, ResamplePlan]):
 OP = Resample()
 
 
-__all__ = ["Copies", "MAX_RATE", "OP", "Piece", "ResampleOptions", "RunningMean", "example_rates", "merged",
-           "pieces", "repeat_rows", "resample_copies"]
+__all__ = ["OP", "ResampleOptions", "RunningMean", "example_rates", "resample_copies"]

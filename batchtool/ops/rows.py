@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from batchtool.dataset import Chunk, Dataset
+import numpy as np
+import pyarrow.compute as pc
 
 if TYPE_CHECKING:
     from batchtool.ops.base import SortedStream
@@ -207,6 +209,12 @@ def cycled_rows(stream: SortedStream, start: int, again: bool) -> Iterator[Chunk
     yield from sorted_rows([stream], start % rows if rows else 0)
     while again and rows:
         yield from stream.chunks()
+
+
+def keep_mask(chunk: Chunk, column: str) -> np.ndarray:
+    """The rows to keep: where the boolean column is true, null counting as false (`tf.contrib.training.bucket`'s
+    keep_input; bucket's --keep is this filter)."""
+    return pc.fill_null(chunk.data.column(column), False).to_numpy(zero_copy_only=False)
 
 
 __all__ = ["FixedBatches", "RowReader", "take_sizes", "cycled_rows", "sorted_rows", "Yardstick", "arrow_bytes", "bytes_per_row", "emit", "estimate_bytes",

@@ -10,7 +10,7 @@ from batchtool import rng
 from batchtool.dataset import Chunk
 from batchtool.ops.base import Scan
 from batchtool.ops.labels import Locate, label_codes
-from batchtool.ops.stratify_plans import STAGE
+from batchtool.ops.stratify.plans import STAGE
 
 SELECT_BUDGET = 1 << 22
 """Keyed hashes held at once while finding the exact per-class thresholds (32 MiB)."""

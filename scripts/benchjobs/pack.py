@@ -1,7 +1,7 @@
 """Sequence packing: `pack --max-length 2048` vs a pyarrow floor (read, cut consecutive examples into rows,
 build the same packed columns, write) and vs greedy first-fit in arrival order over the whole corpus
 held in memory (what online packers do; TRL and torchtune are not installed here, so the peer is
-batchtool.ops.packing.first_fit, a max-tree first-fit in Python, feeding the same row builder).
+batchtool.ops.pack.packing.first_fit, a max-tree first-fit in Python, feeding the same row builder).
 
 Each measured function prints its packing efficiency (real steps / (rows x L)); the pack output is kept
 in bench_data/<size>/pack-2048 so its manifest can be read next to bucket's (bucket-auto8-parquet-zstd).
@@ -27,7 +27,7 @@ def jobs(ctx: Context) -> list[Job]:
                                     "--overwrite", "-q")),
             floor=Command(call="pack:pyarrow_floor", args={"src": ctx.parquet, "dst": out, "first_fit": False}),
             peer=Command(call="pack:pyarrow_floor", args={"src": ctx.parquet, "dst": out, "first_fit": True}),
-            peer_name="greedy first-fit in arrival order (batchtool.ops.packing.first_fit), all rows in memory",
+            peer_name="greedy first-fit in arrival order (batchtool.ops.pack.packing.first_fit), all rows in memory",
             note="zstd Parquet in and out, one row group per 8 packed rows; floor = pyarrow read, consecutive "
                  "examples cut into rows as they arrive (next-fit), the same row builder and zstd write"),
     ]
@@ -41,7 +41,7 @@ def pyarrow_floor(src: str, dst: str, first_fit: bool) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from batchtool.ops import packing
+    from batchtool.ops.pack import packing
     from batchtool.ops.pack import PackColumns, PackOptions, assemble, output_schema
     from batchtool.padding import row_lengths
 

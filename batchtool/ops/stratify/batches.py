@@ -16,7 +16,7 @@ from batchtool.ops.base import Cut, Exchange, Operation, Probe, Regrouped, Runti
 from batchtool.ops.keyed import PART_SHARE, spill_flush_bytes
 from batchtool.ops.quotas import QuotaBatches, QuotaLayout, plan_layout
 from batchtool.ops.rows import Yardstick, bytes_per_row, emit, estimate_bytes, peek, rebatch
-from batchtool.ops.stratify_plans import STAGE, Stratification
+from batchtool.ops.stratify.plans import STAGE, Stratification
 from batchtool.spill import parts_for
 
 ORDER_STAGE, BATCH_STAGE = STAGE + "/order", STAGE + "/batch"

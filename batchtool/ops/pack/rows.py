@@ -16,9 +16,9 @@ from batchtool import rng
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.errors import InputError, OptionSchemaError, SchemaError
 from batchtool.ops.base import Cut, Exchange, Probe, Runtime, Scatter, Scattered, SortedStream, Tally
-from batchtool.ops.bucket_plan import flush_bytes, row_bytes
-from batchtool.ops.pack_options import SOURCE_OFFSET, PackColumns, feature_lists
-from batchtool.ops.pack_plan import (ROW_STAGE, BatchLayout, PackPlan, batch_layout, check_batches, check_long,
+from batchtool.ops.keyed import flush_bytes, row_bytes
+from batchtool.ops.pack.options import SOURCE_OFFSET, PackColumns, feature_lists
+from batchtool.ops.pack.plan import (ROW_STAGE, BatchLayout, PackPlan, batch_layout, check_batches, check_long,
                                      planned, spill_layout)
 from batchtool.ops.rows import sorted_rows, take_sizes
 from batchtool.padding import pad_list_column, row_lengths, sequence_lengths

@@ -4,7 +4,7 @@ boundaries, batch budgets, padding, balanced layouts and spill layout made from 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -17,89 +17,23 @@ from batchtool.dataset import Chunk
 from batchtool.errors import OptionError, OptionInputError
 from batchtool.ops.base import ColumnError
 from batchtool.ops.boundaries import CHOICE_BYTES, assign_buckets, choose_boundaries, real_elements
-from batchtool.ops.filter import keep_mask
+from batchtool.ops.rows import keep_mask
 from batchtool.ops.labels import MAX_CLASSES, LabelError, label_codes
 from batchtool.ops.quotas import QuotaLayout, plan_layout
-from batchtool.ops.stratify_plans import check_zero_classes, target_vector
+from batchtool.ops.targets import check_zero_classes, target_vector
 from batchtool.padding import parse_pad_values
 from batchtool.spill import parts_for
 from batchtool.stats import DatasetStats, chunk_stats, is_sequence_type, lengths_of
 
 from batchtool.ops import names as own
-from batchtool.ops.bucket_options import OUTPUT_COLUMNS, BucketOptions
+from batchtool.ops.bucket.options import OUTPUT_COLUMNS, BucketOptions
+from batchtool.ops.batching import BatchBudget
 
-_MIN_FLUSH_BYTES, _MAX_FLUSH_BYTES = 64 << 10, 4 << 20
-_SPILL_ROW_BYTES = 12
-"""Per spilled row on top of the data: the uint64 example id and the int32 length."""
 BUCKET_BYTES = 1 << 10
 """Bookkeeping per bucket, empty or not: counters, its spill layout and batch stream."""
 BALANCE_GROUP_BYTES = 192
 """--balance: bookkeeping per (bucket, class), each a spill group with its counts, shares and quota layout
 (measured: 501 buckets x 2,000 classes took 180 MB more than one class)."""
-
-
-@dataclass(frozen=True)
-class BatchBudget:
-    """When a batch is full: `batch_size` rows, or a cost of at most `max_tokens` with at most `max_rows`
-    rows. The cost is rows x padded length (`linear`, padded elements) or rows x padded length squared
-    (`quadratic`, as attention costs); a zero length counts as one. Knows nothing about buckets."""
-
-    batch_size: int | None = None
-    max_tokens: int | None = None
-    max_rows: int | None = None
-    cost: str = "linear"
-
-    def row_cost(self, padded_length: int) -> int:
-        """What one row padded to this length costs against --max-tokens."""
-        width = max(padded_length, 1)
-        return width * width if self.cost == "quadratic" else width
-
-    def fits(self, rows: int, padded_length: int) -> bool:
-        if self.batch_size is not None:
-            return rows <= self.batch_size
-        return (rows * self.row_cost(padded_length) <= self.max_tokens
-                and (self.max_rows is None or rows <= self.max_rows))
-
-    def rows_at(self, padded_length: int) -> int:
-        """The most rows a batch padded to this length may hold."""
-        if self.batch_size is not None:
-            return self.batch_size
-        rows = self.max_tokens // self.row_cost(padded_length)
-        return rows if self.max_rows is None else min(rows, self.max_rows)
-
-    def cut(self, lengths: Iterable[np.ndarray], pad_to: int | None = None) -> np.ndarray:
-        """Sizes of the batches, in order, for rows of these lengths arriving in this order.
-
-        Greedy: a batch closes when the next row would not fit (padded to the batch's longest row,
-        or to `pad_to`). The last batch holds what is left. Every single row must fit.
-        """
-        if self.batch_size is not None:
-            full, rest = divmod(sum(len(a) for a in lengths), self.batch_size)
-            return np.array([self.batch_size] * full + ([rest] if rest else []), dtype=np.int64)
-        sizes: list[int] = []
-        rows = widest = 0
-        for block in lengths:
-            for length in block.tolist():
-                width = pad_to if pad_to is not None else max(widest, length)
-                if rows and not self.fits(rows + 1, width):
-                    sizes.append(rows)
-                    rows, width = 0, pad_to if pad_to is not None else length
-                rows, widest = rows + 1, width
-        if rows:
-            sizes.append(rows)
-        return np.array(sizes, dtype=np.int64)
-
-    def fits_alone(self, padded_lengths: np.ndarray) -> np.ndarray:
-        """Per row: does a batch of just this row, padded to this length, fit?"""
-        if self.batch_size is not None:
-            return np.ones(len(padded_lengths), dtype=bool)
-        width = np.maximum(np.asarray(padded_lengths, dtype=np.int64), 1)
-        return (width * width if self.cost == "quadratic" else width) <= self.max_tokens
-
-    def is_partial(self, size: int) -> bool:
-        """Is a bucket's last batch a remainder? By count: when short; by tokens: always, since the
-        bucket ran out before the budget did."""
-        return self.batch_size is None or size < self.batch_size
 
 
 # -- which columns play which part ------------------------------------------------------------------------------
@@ -474,12 +408,3 @@ def _length_ranges(length_counts: np.ndarray, row_bytes: tuple[float, float], bu
     return tuple(edges)
 
 
-def row_bytes(sample: pa.RecordBatch | None, columns: BucketColumns) -> tuple[float, float]:
-    """(bytes per row, bytes per step) of the spilled rows, measured on a sample chunk."""
-    per_row, per_step = budget.row_bytes(sample, columns.sequences)
-    return per_row + _SPILL_ROW_BYTES, per_step
-
-
-def flush_bytes(plan: Any, memory: int) -> int:
-    """Spill write buffers (one per group and part of `plan.parts`) take at most a quarter of --memory together."""
-    return max(_MIN_FLUSH_BYTES, min(_MAX_FLUSH_BYTES, memory // (4 * sum(plan.parts))))

@@ -2,12 +2,12 @@
 histogram, assembled through a spill in bounded memory, with the segment ids varlen attention needs.
 
 Passes: (1) the lengths alone, into a histogram of the pieces to pack; the plan (which lengths share a
-row) is made from it by batchtool.ops.packing (ops/pack_plan.py). (2) Every example is given a slot of its
+row) is made from it by batchtool.ops.pack.packing (ops/pack/plan.py). (2) Every example is given a slot of its
 length: its arrival rank among examples of that length, through a keyed permutation, so which examples share
 a row is random among examples of the same length; the slot's row goes through a second keyed permutation to
 its output position, and the example is scattered to the group of output positions it belongs to. (3) Each
 group is sorted by position (and a keyed order within the row) on a worker, and the planned batches are
-assembled into packed rows where they are written (ops/pack_rows.py). Every decision is a pure function of --seed, the
+assembled into packed rows where they are written (ops/pack/rows.py). Every decision is a pure function of --seed, the
 histogram and the input order, so output bytes do not depend on --threads, --memory or the engine.
 """
 
@@ -21,10 +21,10 @@ import pyarrow as pa
 from batchtool.dataset import Chunk, Dataset
 from batchtool.ops import names as own
 from batchtool.ops.base import Context, Exchange, Kind, Operation, Probe
-from batchtool.ops.pack_options import PackColumns, PackOptions, output_schema, resolve_columns
-from batchtool.ops.pack_plan import (LengthCounts, PackPlan, batch_layout, check_long, count_lengths, make_plan,
+from batchtool.ops.pack.options import PackColumns, PackOptions, output_schema, resolve_columns
+from batchtool.ops.pack.plan import (LengthCounts, PackPlan, batch_layout, check_long, count_lengths, make_plan,
                                      planned)
-from batchtool.ops.pack_rows import assemble, exchange
+from batchtool.ops.pack.rows import assemble, exchange
 from batchtool.padding import row_lengths
 
 if TYPE_CHECKING:

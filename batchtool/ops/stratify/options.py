@@ -3,97 +3,14 @@ probabilities and of the number of classes that `tf.contrib.training.stratified_
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Union
 
-from batchtool.ops.base import Choice, Column, Flag, Integer, OptionError, Value, option
-from batchtool.ops.base import shown as shown_value
+from batchtool.ops.base import Choice, Column, Flag, Integer, OptionError, option
 from batchtool.ops.labels import MAX_CLASSES
 from batchtool.ops.keyed import DEFAULT_MEMORY
+from batchtool.ops.targets import Probs, Target, TargetSpec, check_probs
 
 MODES = ("exact", "bernoulli", "online")
-PROB_TOLERANCE = 1e-6
-"""How far from 1 a list of probabilities may sum (`tf.contrib.training.stratified_sample`'s tolerance)."""
-
-Target = Union[str, tuple[float, ...], dict[int, float]]
-"""Target class proportions: uniform, one per class, or CLASS=PROB pairs (others 0)."""
-
-
-def parse_probs(text: str, field: str) -> tuple[float, ...]:
-    """'0.5,0.3,0.2' -> (0.5, 0.3, 0.2)."""
-    try:
-        return tuple(float(p) for p in text.split(",") if p.strip())
-    except ValueError:
-        raise OptionError(field, "expected comma-separated probabilities, e.g. 0.5,0.3,0.2",
-                          value=repr(text)) from None
-
-
-def parse_target(text: str) -> Target:
-    """--target: 'uniform', 'P0,P1,...' or 'class=prob' pairs such as '0=0.5,3=0.5' (unnamed classes get 0)."""
-    text = text.strip()
-    if text.lower() == "uniform":
-        return "uniform"
-    if "=" not in text:
-        return parse_probs(text, "target")
-    pairs: dict[int, float] = {}
-    for item in (p.strip() for p in text.split(",") if p.strip()):
-        name, sep, value = item.partition("=")
-        try:
-            cls, prob = int(name), float(value)
-        except ValueError:
-            cls = prob = None
-        if not sep or cls is None or cls < 0 or cls in pairs:
-            raise OptionError("target", f"{item!r} is not a new CLASS=PROB pair with CLASS an integer >= 0",
-                              value=repr(text))
-        pairs[cls] = prob
-    return pairs
-
-
-def check_probs(values: Iterable[float], name: str) -> None:
-    """`stratified_sample`'s checks: probabilities >= 0 that sum to one within PROB_TOLERANCE (field `name`)."""
-    values = list(values)
-    shown = ",".join(f"{v:g}" for v in values)
-    if not values:
-        raise OptionError(name, "no probabilities given")
-    for i, v in enumerate(values):
-        if not (math.isfinite(v) and v >= 0):
-            raise OptionError(name, f"probabilities must be >= 0 (value {i} is {v:g})", value=shown)
-    total = math.fsum(values)
-    if abs(total - 1.0) > PROB_TOLERANCE:
-        raise OptionError(name, f"probabilities sum to {total:.9g}, expected 1 (tolerance {PROB_TOLERANCE:g})",
-                          value=shown)
-
-
-def _probs_text(field: str, value: Any) -> str:
-    """A pipeline file's probabilities as the command line's text: a list of numbers, or a string."""
-    if isinstance(value, list) and value and all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                 for v in value):
-        return ",".join(str(v) for v in value)
-    if not isinstance(value, str):
-        raise OptionError(field, f"expected a list of probabilities or a string, got {shown_value(value)}")
-    return value
-
-
-class TargetSpec(Value):
-    """--target: 'uniform', P0,P1,... or CLASS=PROB pairs; in a pipeline file also a list or a table."""
-
-    metavar = "SPEC"
-
-    def parse(self, field: str, value: Any) -> Target:
-        if isinstance(value, dict):
-            value = ",".join(f"{k}={v}" for k, v in value.items())
-        return parse_target(_probs_text(field, value))
-
-
-class Probs(Value):
-    """P0,P1,...: class proportions (a list of numbers in a pipeline file)."""
-
-    metavar = "P0,P1,..."
-
-    def parse(self, field: str, value: Any) -> tuple[float, ...]:
-        return parse_probs(_probs_text(field, value), field)
 
 
 @dataclass(frozen=True)
@@ -193,5 +110,4 @@ class StratifyOptions:
         return self.mode == "exact" or (self.mode == "bernoulli" and self.init_probs is None)
 
 
-__all__ = ["MODES", "PROB_TOLERANCE", "Probs", "StratifyOptions", "TargetSpec", "check_probs",
-           "parse_probs", "parse_target"]
+__all__ = ["MODES", "StratifyOptions"]

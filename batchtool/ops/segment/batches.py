@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batchtool.ops.segment_chunks import Examples, SegmentPlan
+from batchtool.ops.segment.chunks import Examples, SegmentPlan
 from batchtool.padding import default_pad, list_values, padded_list
 from batchtool.stats import is_sequence_type
 

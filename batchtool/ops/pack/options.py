@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from batchtool.ops import names as own
 from batchtool.ops.base import ColumnError, ColumnList, Flag, Integer, OptionError, Pairs, option
-from batchtool.ops.bucket_plan import BatchBudget
+from batchtool.ops.batching import BatchBudget
 from batchtool.padding import parse_pad_values
 from batchtool.stats import is_sequence_type
 

@@ -10,8 +10,8 @@ from batchtool.ops.base import (Choice, Column, ColumnList, Flag, Integer, Optio
                                 shown)
 from batchtool.ops import names
 from batchtool.ops.boundaries import check_boundaries
-from batchtool.ops.stratify_options import TargetSpec, check_probs
-from batchtool.ops.stratify_plans import Target
+from batchtool.ops.targets import TargetSpec, check_probs
+from batchtool.ops.stratify.plans import Target
 
 ORDERS = ("shuffle", "sorted")
 COSTS = ("linear", "quadratic")

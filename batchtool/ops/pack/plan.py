@@ -1,4 +1,4 @@
-"""pack's first pass and plan: the length histogram, then which lengths share a row (batchtool.ops.packing),
+"""pack's first pass and plan: the length histogram, then which lengths share a row (batchtool.ops.pack.packing),
 the order of the rows and how they are cut into batches. All of it from counts and the seed, never rows, so
 the dry run states exactly what the run writes."""
 
@@ -14,8 +14,8 @@ import pyarrow as pa
 from batchtool import budget, rng
 from batchtool.dataset import Chunk
 from batchtool.errors import OptionInputError
-from batchtool.ops.pack_options import PackColumns, PackOptions, output_schema
-from batchtool.ops.packing import Packing, plan_packing
+from batchtool.ops.pack.options import PackColumns, PackOptions, output_schema
+from batchtool.ops.pack.packing import Packing, plan_packing
 from batchtool.padding import default_pad, parse_pad_values
 from batchtool.stats import add_counts
 

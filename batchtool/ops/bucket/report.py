@@ -12,10 +12,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batchtool.ops.boundaries import efficiency, expected_efficiency, quantile_boundaries
-from batchtool.ops.bucket_plan import batchable_counts
+from batchtool.ops.bucket.plan import batchable_counts
 
 if TYPE_CHECKING:
-    from batchtool.ops.bucket_plan import Balance, BucketPlan
+    from batchtool.ops.bucket.plan import Balance, BucketPlan
 
 
 @dataclass

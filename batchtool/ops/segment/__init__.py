@@ -21,15 +21,15 @@ import pyarrow as pa
 from batchtool import budget
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.ops.base import (Context, Kind, Operation, Regrouped, Runtime, need_columns)
-from batchtool.ops.segment_batches import build_batches
-from batchtool.ops.segment_chunks import Examples, SegmentPlan, make_plan
-from batchtool.ops.segment_keys import SharedKeys, check_unique_keys, prepare_shared
-from batchtool.ops.segment_lanes import LANE_WINDOW, LanePlanner
+from batchtool.ops.segment.batches import build_batches
+from batchtool.ops.segment.chunks import Examples, SegmentPlan, make_plan
+from batchtool.ops.segment.chunks import SharedKeys, check_unique_keys, prepare_shared
+from batchtool.ops.segment.lanes import LANE_WINDOW, LanePlanner
 from batchtool.stats import DatasetStats, chunk_stats
 
 if TYPE_CHECKING:
     from batchtool.output import OutputOptions
-from batchtool.ops.segment_options import SegmentOptions
+from batchtool.ops.segment.options import SegmentOptions
 
 LANE_BYTES = 1 << 10
 """Planner bookkeeping per lane (its queue, load and heap entry)."""

@@ -19,12 +19,12 @@ from batchtool.ops.base import (Context, Depends, Exchange, Kind, Operation, Pro
                                 need_columns, who)
 from batchtool.ops.labels import (MAX_CLASSES, LabelError, bad_label_count, check_label_type, full_label_error,
                                   is_class, label_codes)
-from batchtool.ops.resample import Copies, Piece, copy_stats, copy_summary
-from batchtool.ops.stratify_batches import batched, exchange
-from batchtool.ops.stratify_options import MODES, StratifyOptions, check_probs, parse_probs, parse_target
-from batchtool.ops.stratify_plans import (STAGE, Plan, RatePlan, Stratification, Target, ThresholdPlan, acceptance_probs,
-                                          check_zero_classes, exact_target, exact_totals, largest_total,
-                                          replacement_rates, target_vector, threshold_plan)
+from batchtool.ops.copies import Copies, Piece, copy_stats, copy_summary
+from batchtool.ops.stratify.batches import batched, exchange
+from batchtool.ops.stratify.options import MODES, StratifyOptions
+from batchtool.ops.targets import check_probs, parse_probs, parse_target
+from batchtool.ops.stratify.plans import STAGE, Plan, RatePlan, Stratification, Target, ThresholdPlan, acceptance_probs, exact_target, exact_totals, largest_total, replacement_rates, threshold_plan
+from batchtool.ops.targets import check_zero_classes, target_vector
 from batchtool.ops.thresholds import find_thresholds
 
 ONLINE_PRIOR = 10
@@ -79,7 +79,7 @@ def _by_class(counts: np.ndarray) -> dict[str, int]:
 
 class Stratify(Operation[StratifyOptions, Stratification]):
     """stratify's definition: options, first pass, plan, kernel, report and dry run; with --batch-size it
-    regroups its selection into batches (ops/stratify_batches.py)."""
+    regroups its selection into batches (ops/stratify/batches.py)."""
 
     name = "stratify"
     summary = "Resample SRC to target class proportions (tf.contrib.training.stratified_sample) and write DST."

@@ -13,27 +13,14 @@ import numpy as np
 
 from batchtool import rng
 from batchtool.dataset import Chunk
-from batchtool.errors import OptionError, OptionInputError
-from batchtool.ops.resample import MAX_RATE
+from batchtool.errors import OptionError
+from batchtool.ops.copies import MAX_RATE
 
 from batchtool.ops.labels import Locate, label_codes
-from batchtool.ops.stratify_options import StratifyOptions, Target
+from batchtool.ops.stratify.options import StratifyOptions
+from batchtool.ops.targets import Target
 
 STAGE = "stratify"
-
-
-def target_vector(target: Target, num_classes: int) -> np.ndarray:
-    """Target proportions per class, normalised to sum to exactly 1 (after the tolerance check)."""
-    if isinstance(target, str):
-        t = np.full(num_classes, 1.0 / num_classes)
-    elif isinstance(target, dict):
-        t = np.zeros(num_classes)
-        for cls, prob in target.items():
-            t[cls] = prob
-    else:
-        t = np.asarray(target, dtype=np.float64)
-    return t / t.sum()
-
 
 
 # -- plans: pure functions from a chunk's labels and ids to copies per example -----------------------------------
@@ -74,15 +61,6 @@ def acceptance_probs(init_probs: np.ndarray, target: np.ndarray) -> np.ndarray:
     """`stratified_sample`'s a_i = (t_i / p_i) / max_j (t_j / p_j); a class with p_i = 0 (and so t_i = 0) gets 0."""
     ratio = np.divide(target, init_probs, out=np.zeros_like(target), where=init_probs > 0)
     return ratio / ratio.max()
-
-
-def check_zero_classes(init_probs: np.ndarray, target: np.ndarray, counted: str | None = None) -> None:
-    """`stratified_sample`'s error: a class with zero initial probability cannot reach a non-zero target.
-    `counted` says where the probabilities were counted (None: --init-probs gives them)."""
-    for i in np.flatnonzero((init_probs <= 0) & (target > 0)):
-        raise (OptionError if counted is None else OptionInputError)(
-            "target", f"class {i} has initial probability 0 ({counted or '{init_probs}'}) but {{target}} gives it "
-            f"{target[i]:g}: a class with no examples cannot be sampled", mentions=("init_probs",))
 
 
 def exact_target(target: Target, num_classes: int) -> list[Fraction]:
@@ -141,7 +119,6 @@ def replacement_rates(counts: np.ndarray, target: np.ndarray, options: StratifyO
     return np.divide(float(total) * target, counts, out=np.zeros_like(target), where=counts > 0)
 
 
-
 def threshold_plan(totals: np.ndarray, counts: np.ndarray, find: Callable[[dict[int, int]], dict[int, int]]
                    ) -> ThresholdPlan:
     """base_i = T_i // n_i copies for all, one more for the T_i % n_i examples with the smallest hashes."""
@@ -179,6 +156,4 @@ class Stratification:
         return (rows if exact else None), {**shown, **({} if exact or rows is None else {"expected_rows": rows})}
 
 
-__all__ = ["Plan", "RatePlan", "STAGE", "Target", "ThresholdPlan", "acceptance_probs", "check_copies",
-           "check_zero_classes", "exact_target", "exact_totals", "largest_total", "replacement_rates",
-           "target_vector", "threshold_plan"]
+__all__ = ["Plan", "RatePlan", "STAGE", "Target", "ThresholdPlan", "acceptance_probs", "check_copies", "exact_target", "exact_totals", "largest_total", "replacement_rates", "threshold_plan"]

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from batchtool.ops.segment_batches import SegmentItem
-from batchtool.ops.segment_chunks import Examples, SegmentPlan, ranges
+from batchtool.ops.segment.batches import SegmentItem
+from batchtool.ops.segment.chunks import Examples, SegmentPlan, ranges
 
 LANE_WINDOW = 4
 """Examples taken per lane each time a lane runs dry (a fixed window of 4 * B examples)."""

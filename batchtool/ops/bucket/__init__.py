@@ -10,17 +10,17 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool.dataset import Chunk, Dataset
-from batchtool.ops import bucket_exchange
 from batchtool.ops.base import Context, Exchange, Kind, Operation, Probe
 from batchtool.ops.boundaries import expected_efficiency
-from batchtool.ops.bucket_batches import output_schema
-from batchtool.ops.bucket_plan import BucketPlan, LengthPass, batchable_counts, length_pass, make_plan, resolve_columns
-from batchtool.ops.bucket_report import summary_lines
+from batchtool.ops.bucket import batches
+from batchtool.ops.bucket.batches import output_schema
+from batchtool.ops.bucket.plan import BucketPlan, LengthPass, batchable_counts, length_pass, make_plan, resolve_columns
+from batchtool.ops.bucket.report import summary_lines
 from batchtool.stats import DatasetStats
 
 if TYPE_CHECKING:
     from batchtool.output import OutputOptions
-from batchtool.ops.bucket_options import BucketOptions
+from batchtool.ops.bucket.options import BucketOptions
 
 
 class Bucket(Operation[BucketOptions, BucketPlan]):
@@ -61,7 +61,7 @@ class Bucket(Operation[BucketOptions, BucketPlan]):
         return make_plan(options, resolve_columns(options, context.schema), stats, context.schema, context.seed)
 
     def exchange(self, plan: BucketPlan, data: Dataset, probe: Probe) -> Exchange:
-        return bucket_exchange.exchange(plan, data, probe)
+        return batches.exchange(plan, data, probe)
 
     def expected(self, plan: BucketPlan, rows_in: int | None, stats: Any = None) -> tuple[int | None, dict[str, Any]]:
         """The buckets' rows from the first pass, and from the plan the batches and rows written (with --max-tokens
