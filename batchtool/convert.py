@@ -13,7 +13,7 @@ from batchtool import exchange
 from batchtool.dataset import Chunk, ReadReport
 from batchtool.engines import with_engine
 from batchtool.job import JobResult, RunSettings, open_source
-from batchtool.ops.base import Tally
+from batchtool.tally import Tally
 from batchtool.output import OutputOptions
 from batchtool.workspace import Workspace
 from batchtool.write import Job, Piece, Streamed, write

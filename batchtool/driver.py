@@ -19,7 +19,9 @@ from batchtool.errors import BatchtoolError, RowError
 from batchtool.exchange import ReadUnit, exchanged
 from batchtool.job import JobResult, RunSettings, open_source
 from batchtool.write import Emitted, Item, Job, Piece, Produced, Streamed, write
-from batchtool.ops.base import Bar, Context, Kind, Operation, OptionError, Scan, Tally
+from batchtool.ops.base import Context, Kind, Operation, OptionError, Scan
+from batchtool.ops.regroup import Bar
+from batchtool.tally import Tally
 from batchtool.output import OutputOptions
 from batchtool.runner import ordered_map
 from batchtool.workspace import Workspace

@@ -27,7 +27,8 @@ import pyarrow as pa
 
 from batchtool import fs, runner
 from batchtool.dataset import Chunk, Dataset, ReadReport
-from batchtool.ops.base import Bar, Cut, Operation, Runtime, Scatter, Scattered
+from batchtool.ops.base import Operation
+from batchtool.ops.regroup import Bar, Cut, Runtime, Scatter, Scattered
 from batchtool.runner import ordered_map
 from batchtool.spill import ID_COLUMN, Spill, read_part
 from batchtool.workspace import Workspace

@@ -11,7 +11,8 @@ from typing import Any
 
 from batchtool import formats
 from batchtool.errors import OptionError
-from batchtool.ops.base import Choice, Flag, Integer, Kind, Operation, Value, option, shown
+from batchtool.ops.base import Kind, Operation
+from batchtool.options import Choice, Flag, Integer, Value, option, shown
 from batchtool.output import CASTS, DEFAULT_SHARD_BYTES, TFRECORD_KINDS, OutputOptions
 
 BATCH_FORMAT = "arrow"

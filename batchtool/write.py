@@ -30,7 +30,8 @@ from batchtool.exchange import ReadUnit
 from batchtool.engines import engine_summary
 from batchtool.formats.base import EncodedBatch
 from batchtool.job import JobResult, RunSettings, read_paths
-from batchtool.ops.base import Batches, Cut, Tally
+from batchtool.ops.regroup import Batches, Cut
+from batchtool.tally import Tally
 from batchtool.output import BatchShardWriter, OutputOptions, encode_batch, output_directory, shard_ends
 from batchtool.runner import ordered_map
 from batchtool.workspace import Workspace, on_engine_of, workspace

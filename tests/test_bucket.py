@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.job import RunSettings
 from batchtool.driver import run_operation
-from batchtool.ops.base import ColumnList, Context, OptionError, fields
+from batchtool.ops.base import Context, OptionError
+from batchtool.options import ColumnList, fields
 from batchtool.ops.bucket import OP, BucketOptions
 from batchtool.ops.bucket.options import Integers
 from batchtool.ops.bucket.plan import BucketPlan, LengthPass, resolve_columns

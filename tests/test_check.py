@@ -27,7 +27,8 @@ from batchtool.convert import convert
 from batchtool.dataset import Dataset, open_dataset
 from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.job import RunSettings
-from batchtool.ops.base import OptionError, TableError, Typed, fields, read_table
+from batchtool.ops.base import OptionError
+from batchtool.options import TableError, Typed, fields, read_table
 from batchtool.output import OutputOptions
 from batchtool.stats import collect
 from conftest import write_parquet_shards

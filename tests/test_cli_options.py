@@ -16,7 +16,7 @@ from conftest import REPO, data_bytes, read_dir, write_parquet_shards
 
 from batchtool.cli.common import cli, make_output
 from batchtool.errors import UsageError
-from batchtool.ops.base import fields
+from batchtool.options import fields
 from batchtool.pipeline import load
 from batchtool.settings import OutputSettings, parse_size, size_text
 from batchtool.synthetic import make_table

@@ -16,7 +16,7 @@ from batchtool.errors import DestinationError, InputError
 from batchtool.exchange import MapJob, Workspace, _map, read_units
 from batchtool.dataset import ReadReport
 from batchtool.job import RunSettings, open_source
-from batchtool.ops.base import Scatter
+from batchtool.ops.regroup import Scatter
 from batchtool.ops.shuffle import OP, ShuffleOptions
 from batchtool.output import OutputOptions
 from batchtool.synthetic import make_table

@@ -18,8 +18,8 @@ from batchtool import rng
 from batchtool.dataset import Chunk
 from batchtool.manifest import MANIFEST_NAME
 from batchtool.ops import OPERATIONS
-from batchtool.ops.base import (Column, ColumnList, Flag, Integer, Number, NumberOrColumn, OptionError, Pairs,
-                                build)
+from batchtool.ops.base import OptionError
+from batchtool.options import Column, ColumnList, Flag, Integer, Number, NumberOrColumn, Pairs, build
 from batchtool.ops.rename import RenameOptions
 from batchtool.ops.select import SelectOptions
 

@@ -17,7 +17,8 @@ from batchtool import rng
 from batchtool.errors import InputError, SchemaError
 from batchtool.job import RunSettings
 from batchtool.driver import run_operation
-from batchtool.ops.base import OptionError, fields
+from batchtool.ops.base import OptionError
+from batchtool.options import fields
 from batchtool.ops.pack import OP, PackOptions
 from batchtool.ops.pack.options import resolve_columns
 from batchtool.ops.pack.packing import first_fit, lower_bound, plan_packing

@@ -14,7 +14,7 @@ from batchtool.dataset import Chunk
 from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.job import RunSettings
 from batchtool.ops import copies
-from batchtool.ops.base import NumberOrColumn
+from batchtool.options import NumberOrColumn
 from batchtool.driver import run_operation
 from batchtool.ops.resample import OP, ResampleOptions, RunningMean
 from batchtool.ops.copies import piece_bounds, repeat_rows

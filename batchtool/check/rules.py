@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar, TypeVar
 
 from batchtool.errors import InputError, OptionError, UsageError
-from batchtool.ops.base import TableError, TextTable, Typed, Wording, option, read_table
+from batchtool.options import TableError, TextTable, Typed, Wording, option, read_table
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -28,7 +28,7 @@ BOUNDS = Typed(int, count=2, wording=WORDS)
 class Rule:
     """Base of every rule: a unique name (shown in the report) and the kind that says what is checked.
 
-    Its keys are option fields (ops/base.option) read by the schema reader every batchtool file goes through;
+    Its keys are option fields (batchtool.options.option) read by the schema reader every batchtool file goes through;
     a bad value is an OptionError naming the key."""
 
     name: str = option("The rule's name in the report (default: its kind); unique.", TEXT)
@@ -493,7 +493,7 @@ R = TypeVar("R")
 def _build(cls: type[R], values: Mapping[str, Any], where: Callable[[str], str], *,
            unknown: Callable[[str, Sequence[str]], str] | None = None, sep: str = ": ") -> R:
     """A rule (or a rules file's top level) from plain values (TOML or flags), read by the reader pipeline files
-    go through (ops/base.read_table), its errors in a rules file's words.
+    go through (batchtool.options.read_table), its errors in a rules file's words.
 
     `where(key)` says where a key came from, `sep` what comes between that and the problem, and
     `unknown(key, allowed)` words an unknown key (default: `where(key): unknown key (expected: kind, ...)`).

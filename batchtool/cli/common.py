@@ -21,7 +21,8 @@ from batchtool.errors import BatchtoolError, OptionError
 from batchtool.formats import tfrecord
 from batchtool.job import RunSettings
 from batchtool.ops import OPERATIONS
-from batchtool.ops.base import Choice, Integer, Value, fields, flag
+from batchtool.errors import flag
+from batchtool.options import Choice, Integer, Value, fields
 from batchtool.output import OutputOptions
 from batchtool.runner import default_threads
 from batchtool.settings import (BATCH_FORMAT, RECORD_LIMIT, ROW_FORMAT, CommonSettings, Directory, InputSettings,

@@ -13,7 +13,9 @@ from batchtool.cli.common import (command, input_options, make_output, make_run,
 from batchtool.driver import run_operation
 from batchtool.job import JobResult
 from batchtool.ops import OPERATIONS
-from batchtool.ops.base import Kind, Operation, Option, build, fields, flag, from_texts, key, required
+from batchtool.ops.base import Kind, Operation
+from batchtool.errors import flag, key
+from batchtool.options import Option, build, fields, from_texts, required
 from batchtool.settings import parse_size
 
 Runner = Callable[..., JobResult]

@@ -13,7 +13,7 @@ import pyarrow as pa
 from batchtool import rng
 from batchtool.budget import row_nbytes
 from batchtool.dataset import Chunk
-from batchtool.ops.base import Tally
+from batchtool.tally import Tally
 
 MAX_RATE = float(1 << 32)
 """The largest rate (expected copies of one example): about 4.3 billion copies of a row is surely a mistake,

@@ -7,7 +7,9 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from batchtool.dataset import Chunk
-from batchtool.ops.base import Column, ColumnError, Operation, Tally, need_columns, option, row_stats
+from batchtool.ops.base import ColumnError, Operation, need_columns, row_stats
+from batchtool.tally import Tally
+from batchtool.options import Column, option
 from batchtool.ops.rows import keep_mask
 
 

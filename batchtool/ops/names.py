@@ -19,7 +19,8 @@ import pyarrow.compute as pc
 
 from batchtool.dataset import Chunk
 from batchtool.errors import InputError, OptionError, OptionSchemaError
-from batchtool.ops.base import ColumnError, Pairs, fields, option
+from batchtool.ops.base import ColumnError
+from batchtool.options import Pairs, fields, option
 
 FIELD = "output_column"
 """The options field (and so `--output-column`, `output-column`) of every op that writes columns of its own."""

@@ -11,7 +11,7 @@ import pyarrow as pa
 
 from batchtool import rng
 from batchtool.dataset import Chunk
-from batchtool.ops.base import SortedStream
+from batchtool.ops.regroup import SortedStream
 from batchtool.ops.rows import RowReader, cycled_rows
 
 

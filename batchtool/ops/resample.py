@@ -15,8 +15,9 @@ from batchtool import rng
 from batchtool.dataset import Chunk
 from batchtool.errors import InputError, OptionInputError, SchemaError
 from batchtool.ops import names as own
-from batchtool.ops.base import (Column, Context, Depends, Flag, Integer, Number, NumberOrColumn, Operation, OptionError,
-                                Tally, manifest_options, need_columns, option)
+from batchtool.ops.base import Context, Depends, Operation, OptionError, manifest_options, need_columns
+from batchtool.tally import Tally
+from batchtool.options import Column, Flag, Integer, Number, NumberOrColumn, option
 from batchtool.ops.copies import MAX_RATE, Copies, Piece, copy_stats, copy_summary
 
 STAGE = "resample"

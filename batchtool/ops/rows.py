@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 if TYPE_CHECKING:
-    from batchtool.ops.base import SortedStream
+    from batchtool.ops.regroup import SortedStream
 
 TFRECORD_EXPANSION = {False: 4.0, True: 16.0}
 """Assumed Arrow bytes per TFRecord file byte (uncompressed, gzip) when the row count is unknown.

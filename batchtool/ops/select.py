@@ -9,7 +9,9 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from batchtool.dataset import Chunk
-from batchtool.ops.base import ColumnList, Columns, Operation, Tally, need_columns, option, row_stats
+from batchtool.ops.base import Columns, Operation, need_columns, row_stats
+from batchtool.tally import Tally
+from batchtool.options import ColumnList, option
 
 
 @dataclass(frozen=True)

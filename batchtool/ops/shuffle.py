@@ -13,8 +13,9 @@ import pyarrow as pa
 
 from batchtool import budget, rng
 from batchtool.dataset import Chunk, Dataset, ReadReport
-from batchtool.ops.base import (Context, Cut, Exchange, Flag, Integer, Kind, Operation, OptionError, Probe, Regrouped,
-                                Runtime, Scatter, Scattered, option)
+from batchtool.ops.base import Context, Kind, Operation, OptionError
+from batchtool.ops.regroup import Cut, Exchange, Probe, Regrouped, Runtime, Scatter, Scattered
+from batchtool.options import Flag, Integer, option
 from batchtool.ops.keyed import DEFAULT_MEMORY, PART_SHARE, spill_flush_bytes
 from batchtool.ops.rows import FixedBatches, Yardstick, bytes_per_row, emit, estimate_bytes, peek, rebatch
 from batchtool.spill import parts_for

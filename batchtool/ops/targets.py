@@ -10,8 +10,8 @@ from typing import Any, Union
 import numpy as np
 
 from batchtool.errors import OptionError, OptionInputError
-from batchtool.ops.base import Value
-from batchtool.ops.base import shown as shown_value
+from batchtool.options import Value
+from batchtool.options import shown as shown_value
 
 PROB_TOLERANCE = 1e-6
 """How far from 1 a list of probabilities may sum (`tf.contrib.training.stratified_sample`'s tolerance)."""

@@ -18,8 +18,9 @@ from typing import Any
 from batchtool import fs
 from batchtool.errors import InputError, UsageError
 from batchtool.ops import OPERATIONS
-from batchtool.ops.base import ColumnList, Kind, OptionError, TableError, fields, option, read_table, shown, suggest
-from batchtool.ops.base import key as key_of
+from batchtool.ops.base import Kind, OptionError
+from batchtool.options import ColumnList, TableError, fields, option, read_table, shown, suggest
+from batchtool.errors import key as key_of
 from batchtool.output import OutputOptions
 from batchtool.settings import ROW_FORMAT, CommonSettings, InputSettings, OutputSettings, Text, op_default_format
 
@@ -156,7 +157,7 @@ class _Reader:
                               output)
 
     def table(self, schema: type, table: Any, where: str | None, **settings: Any) -> Any:
-        """A table read through an option schema (ops/base.read_table); `settings` are fields the file does not set."""
+        """A table read through an option schema (batchtool.options.read_table); `settings` are fields the file does not set."""
         if not isinstance(table, dict):
             raise self.fail(where, f"expected a table, got {shown(table)}")
         try:

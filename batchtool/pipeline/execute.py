@@ -42,7 +42,7 @@ from batchtool.job import JobResult, RunSettings, read_paths
 from batchtool.workspace import Workspace, on_engine_of, workspace
 from batchtool.write import RUN_BYTES, Job, Produced, write
 from batchtool.driver import EngineRuntime, produced, stream_errors
-from batchtool.ops.base import Batches, Regrouped
+from batchtool.ops.regroup import Batches, Regrouped
 from batchtool.output import refuse_overlap
 from batchtool.runner import ordered_map
 from batchtool.pipeline import config as config_mod

@@ -21,7 +21,8 @@ from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.job import RunSettings
 from batchtool.driver import (Applied, EngineRuntime, dry_run_stats, make_plan, stream_errors)
 from batchtool.ops import OPERATIONS
-from batchtool.ops.base import Depends, Kind, Operation, Regrouped
+from batchtool.ops.base import Depends, Kind, Operation
+from batchtool.ops.regroup import Regrouped
 from batchtool.pipeline import config as config_mod
 
 Columns = list[str] | None

@@ -10,7 +10,8 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool.dataset import Chunk, Dataset
-from batchtool.ops.base import Context, Exchange, Kind, Operation, Probe
+from batchtool.ops.base import Context, Kind, Operation
+from batchtool.ops.regroup import Exchange, Probe
 from batchtool.ops.boundaries import expected_efficiency
 from batchtool.ops.bucket import batches
 from batchtool.ops.bucket.batches import output_schema

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from batchtool.dataset import Chunk
 from batchtool.errors import OptionInputError, OptionSchemaError, SchemaError
 from batchtool.ops import names as own
-from batchtool.ops.base import Cut, Exchange, Probe, Runtime, Scatter, Scattered, SortedStream
+from batchtool.ops.regroup import Cut, Exchange, Probe, Runtime, Scatter, Scattered, SortedStream
 from batchtool.ops.boundaries import assign_buckets
 from batchtool.ops.bucket.plan import Balance, BucketColumns, BucketPlan, make_balance, with_spill_layout
 from batchtool.ops.keyed import flush_bytes, row_bytes

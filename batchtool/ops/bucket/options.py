@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from batchtool.ops.base import (Choice, Column, ColumnList, Flag, Integer, OptionError, Pairs, Value, option,
-                                shown)
+from batchtool.ops.base import OptionError
+
+from batchtool.options import Choice, Column, ColumnList, Flag, Integer, Pairs, Value, option, shown
 from batchtool.ops import names
 from batchtool.ops.boundaries import check_boundaries
 from batchtool.ops.targets import TargetSpec, check_probs

@@ -20,7 +20,8 @@ import pyarrow as pa
 
 from batchtool.dataset import Chunk, Dataset
 from batchtool.ops import names as own
-from batchtool.ops.base import Context, Exchange, Kind, Operation, Probe
+from batchtool.ops.base import Context, Kind, Operation
+from batchtool.ops.regroup import Exchange, Probe
 from batchtool.ops.pack.options import PackColumns, PackOptions, output_schema, resolve_columns
 from batchtool.ops.pack.plan import (LengthCounts, PackPlan, batch_layout, check_long, count_lengths, make_plan,
                                      planned)

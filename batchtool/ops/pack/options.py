@@ -10,7 +10,8 @@ from typing import Any
 import pyarrow as pa
 
 from batchtool.ops import names as own
-from batchtool.ops.base import ColumnError, ColumnList, Flag, Integer, OptionError, Pairs, option
+from batchtool.ops.base import ColumnError, OptionError
+from batchtool.options import ColumnList, Flag, Integer, Pairs, option
 from batchtool.ops.batching import BatchBudget
 from batchtool.padding import parse_pad_values
 from batchtool.stats import is_sequence_type

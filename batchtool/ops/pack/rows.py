@@ -15,7 +15,8 @@ import pyarrow as pa
 from batchtool import rng
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.errors import InputError, OptionSchemaError, SchemaError
-from batchtool.ops.base import Cut, Exchange, Probe, Runtime, Scatter, Scattered, SortedStream, Tally
+from batchtool.ops.regroup import Cut, Exchange, Probe, Runtime, Scatter, Scattered, SortedStream
+from batchtool.tally import Tally
 from batchtool.ops.keyed import flush_bytes, row_bytes
 from batchtool.ops.pack.options import SOURCE_OFFSET, PackColumns, feature_lists
 from batchtool.ops.pack.plan import (ROW_STAGE, BatchLayout, PackPlan, batch_layout, check_batches, check_long,

@@ -20,7 +20,8 @@ import pyarrow as pa
 
 from batchtool import budget
 from batchtool.dataset import Chunk, Dataset, ReadReport
-from batchtool.ops.base import (Context, Kind, Operation, Regrouped, Runtime, need_columns)
+from batchtool.ops.base import Context, Kind, Operation, need_columns
+from batchtool.ops.regroup import Regrouped, Runtime
 from batchtool.ops.segment.batches import build_batches
 from batchtool.ops.segment.chunks import Examples, SegmentPlan, make_plan
 from batchtool.ops.segment.chunks import SharedKeys, check_unique_keys, prepare_shared

@@ -9,7 +9,8 @@ from typing import Any
 import pyarrow as pa
 
 from batchtool.ops import names as own
-from batchtool.ops.base import Column, ColumnList, Flag, Integer, OptionError, Pairs, option
+from batchtool.ops.base import OptionError
+from batchtool.options import Column, ColumnList, Flag, Integer, Pairs, option
 
 DEFAULT_MEMORY = 1 << 30
 METADATA: tuple[tuple[str, pa.DataType], ...] = (

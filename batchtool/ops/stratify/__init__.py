@@ -15,8 +15,9 @@ import pyarrow as pa
 from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.errors import BatchtoolError, OptionInputError
-from batchtool.ops.base import (Context, Depends, Exchange, Kind, Operation, Probe, Regrouped, Runtime, Scan, Tally,
-                                need_columns, who)
+from batchtool.ops.base import Context, Depends, Kind, Operation, Scan, need_columns, who
+from batchtool.ops.regroup import Exchange, Probe, Regrouped, Runtime
+from batchtool.tally import Tally
 from batchtool.ops.labels import (MAX_CLASSES, LabelError, bad_label_count, check_label_type, full_label_error,
                                   is_class, label_codes)
 from batchtool.ops.copies import Copies, Piece, copy_stats, copy_summary

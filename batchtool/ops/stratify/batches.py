@@ -12,7 +12,9 @@ import numpy as np
 
 from batchtool import budget
 from batchtool.dataset import Chunk, Dataset, ReadReport
-from batchtool.ops.base import Cut, Exchange, Operation, Probe, Regrouped, Runtime, Scatter, Scattered, Tally
+from batchtool.ops.base import Operation
+from batchtool.ops.regroup import Cut, Exchange, Probe, Regrouped, Runtime, Scatter, Scattered
+from batchtool.tally import Tally
 from batchtool.ops.keyed import PART_SHARE, spill_flush_bytes
 from batchtool.ops.quotas import QuotaBatches, QuotaLayout, plan_layout
 from batchtool.ops.rows import Yardstick, bytes_per_row, emit, estimate_bytes, peek, rebatch

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from batchtool.ops.base import Choice, Column, Flag, Integer, OptionError, option
+from batchtool.ops.base import OptionError
+
+from batchtool.options import Choice, Column, Flag, Integer, option
 from batchtool.ops.labels import MAX_CLASSES
 from batchtool.ops.keyed import DEFAULT_MEMORY
 from batchtool.ops.targets import Probs, Target, TargetSpec, check_probs

@@ -1,0 +1,165 @@
+"""What an op that regroups its whole input declares (batchtool.exchange runs it the same way on every engine): its
+exchange (rows scattered to key ranges, each range sorted, the sorted rows cut into batches) or its stream of items,
+and what the driver lends it to run them (Runtime)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+
+from batchtool.dataset import Chunk, Dataset, ReadReport
+from batchtool.tally import Tally
+
+if TYPE_CHECKING:
+    from batchtool.ops.base import Operation
+    from batchtool.workspace import Workspace
+
+class Bar(Protocol):
+    def update(self, n: int) -> Any: ...
+
+
+class Runtime(Protocol):
+    """What the driver lends an op that regroups its whole input: the engine (an ordered map over items,
+    run on threads or Ray workers) and progress bars, so that ops neither choose nor import them."""
+
+    threads: int
+    space: Workspace
+    """The run's workspace (batchtool.workspace), which the engine's workers write and read: where a task leaves what
+    later tasks read, instead of sending it to the driver."""
+
+    def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
+        """fn over items on the engine, results in input order (`fn` must pickle: it may run remotely)."""
+        ...
+
+    def bar(self, desc: str, total: int | None) -> AbstractContextManager[Bar]:
+        """A progress bar for a pass (shown on a terminal, silent with --quiet); `desc` names the pass ("spill"),
+        the runtime says whose it is (`shuffle: spill`, `stage 1 (shuffle): spill`)."""
+        ...
+
+    def apply(self, op: Operation, plan: Any, data: Dataset,
+              report: ReadReport) -> tuple[Iterator[tuple[Chunk, int]], Tally]:
+        """`op`'s kernel over every chunk of `data` on the engine, for an op that regroups its own kernel's
+        output: the output chunks in input order, each with the input rows it completes, and the kernels'
+        statistics, merged into that Tally in input order as the chunks are read."""
+        ...
+
+
+@dataclass
+class Regrouped:
+    """The output of an op that regroups its whole input (Kind.REORDERS, Kind.BATCHES), valid while its
+    `regroup` context is open: the items, the work that turns one item into output batches (on the
+    engine's workers) with the input rows it completes, and the statistics once every item is written."""
+
+    items: Iterable[Any]
+    work: Callable[[Any], tuple[list[pa.RecordBatch], int]]
+    stats: Callable[[], dict[str, Any]]
+    total_rows: int | None = None
+    """The input rows the items complete (the write's progress total); None: the input's rows."""
+    sequence_columns: tuple[str, ...] | None = None
+    """Columns to write as feature lists should the output be tf.train.SequenceExample records."""
+
+
+Probe = Callable[[Callable[[Chunk], Any]], Any]
+"""probe(measure): measure(the input's first chunk) computed where the chunk is read (None: no rows)."""
+
+
+@dataclass(frozen=True)
+class Scatter:
+    """The map side of an Exchange: every row of `schema` to (group, part), part = the range of its keyed order
+    key (`stage`, `seed`) among the group's `parts` (batchtool.spill). Each part is then sorted on a worker: by
+    the key (unless not `keyed`: input order), then stably by `order` if given."""
+
+    schema: pa.Schema
+    parts: tuple[int, ...]
+    """Key ranges of each group."""
+    seed: int
+    stage: str
+    flush_bytes: int
+    prepare: Callable[[Chunk], tuple[Chunk, np.ndarray, Any]] | None = None
+    """Run on the map worker per input chunk: the rows to scatter, each one's group, and statistics that go
+    back to the driver (Scattered.stats, in input order); None: every row as read, all in group 0."""
+    keyed: bool = True
+    order: Callable[[pa.RecordBatch], np.ndarray] | None = None
+    """The positions that put a sorted part in its final order (a stable sort: bucket's --order sorted by length,
+    pack's rows by output position); None: the key's order."""
+
+
+class SortedStream(Protocol):
+    """One group's rows after the reduce, in order, in files every worker reads (batchtool.exchange.SortedGroup):
+    one chunk per part, laid out as a local Spill.read_group yields them."""
+
+    part_rows: tuple[int, ...]
+
+    def chunks(self, start: int = 0) -> Iterator[Chunk]:
+        """The chunks from the one holding row `start` on (which begins at first_row(start))."""
+        ...
+
+    def first_row(self, start: int) -> int: ...
+
+    def nbytes(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Scattered:
+    """What the map and reduce tasks made: every group's sorted rows, rows per group, and the statistics of
+    Scatter.prepare, one per input chunk in input order."""
+
+    schema: pa.Schema
+    groups: list[SortedStream]
+    rows: np.ndarray
+    stats: list[Any]
+
+
+class Batches(Protocol):
+    """An exchange's output batches, cut from sorted streams where they are read: the driver plans shards from
+    their sizes, and workers read any run of them through `reader`."""
+
+    count: int
+    rows: int
+
+    def batch_rows(self, k: int) -> int: ...
+
+    def first_row(self, k: int) -> int:
+        """The output row number of batch k's first row."""
+        ...
+
+    def reader(self, start: int, end: int) -> Callable[[], Iterator[pa.RecordBatch]]:
+        """Batches [start, end) as a task a worker runs (small to send: it carries only what those batches
+        need), laid out exactly as `regroup` gives them."""
+        ...
+
+    def nbytes(self) -> int:
+        """The sorted data's bytes, before any output encoding."""
+        ...
+
+
+@dataclass(frozen=True)
+class Cut:
+    """An exchange's output: its batches, and the manifest's statistics once they are written."""
+
+    batches: Batches
+    stats: Callable[[], dict[str, Any]]
+    sequence_columns: tuple[str, ...] | None = None
+    """Columns to write as feature lists should the output be tf.train.SequenceExample records (None: every list)."""
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """A regrouping as one physical plan (batchtool.exchange), run the same way on every engine: the rows scattered
+    (`scatter`) to key ranges in the run's workspace by map tasks, each range sorted by a task, then
+    `cut(scattered, runtime)` plans the output batches (on the driver, from counts; any pass over the sorted rows
+    as tasks on the runtime), which the writer's tasks read, build and write."""
+
+    scatter: Scatter
+    cut: Callable[[Scattered, Runtime], Cut]
+    rows: Callable[[Runtime, ReadReport], Iterator[tuple[Chunk, np.ndarray, Any]]] | None = None
+    """For an op whose groups depend on the rows before (pack's slots, online stratify's running estimate): its rows
+    to scatter, their groups and statistics, made in input order on the driver (its per-chunk work may still run
+    on the runtime's workers), scattered there as one map task; None: map tasks over the input run `prepare`."""
+
+
