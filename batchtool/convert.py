@@ -16,7 +16,7 @@ from batchtool.job import JobResult, RunSettings, open_source
 from batchtool.tally import Tally
 from batchtool.output import OutputOptions
 from batchtool.workspace import Workspace
-from batchtool.write import Job, Piece, Streamed, write
+from batchtool.write import Deferred, Job, Streamed, write
 
 
 @with_engine
@@ -35,7 +35,7 @@ def convert(src: str, dst: str, output: OutputOptions, *, columns: Sequence[str]
     return write(job, produce)
 
 
-def _as_is(output: OutputOptions, chunk: Chunk) -> tuple[list[Piece], Tally]:
+def _as_is(output: OutputOptions, chunk: Chunk) -> tuple[list[Deferred], Tally]:
     """convert's work: the chunk, one row group (even empty), once its values are known to be writable in the
     output format: a value the format cannot hold is an error naming the file and the row in it, found here where
     the rows are known (Chunk.located)."""

@@ -16,11 +16,11 @@ from batchtool import exchange, progress
 from batchtool.dataset import Chunk, Dataset, ReadReport, first_in_input
 from batchtool.engines import with_engine
 from batchtool.errors import BatchtoolError, RowError
-from batchtool.exchange import ReadUnit, exchanged
+from batchtool.exchange import ReadUnit
 from batchtool.job import JobResult, RunSettings, open_source
-from batchtool.write import Emitted, Item, Job, Piece, Produced, Streamed, write
-from batchtool.ops.base import Context, Kind, Operation, OptionError, Scan
-from batchtool.ops.regroup import Bar
+from batchtool.write import Deferred, Emitted, Item, Job, Produced, Streamed, write
+from batchtool.ops.base import Expanding, Piece, Context, Kind, Operation, OptionError, Scan
+from batchtool.ops.regroup import Bar, Exchange
 from batchtool.tally import Tally
 from batchtool.output import OutputOptions
 from batchtool.runner import ordered_map
@@ -61,9 +61,9 @@ class _Ready:
         return self.chunk
 
 
-def _first_pass(op: Operation, options: Any, context: Context, task: Callable[[], Chunk]) -> tuple[Any, int]:
+def _pass_of(of: Callable[[Context, Chunk], Any], context: Context, task: Callable[[], Chunk]) -> tuple[Any, int]:
     chunk = task()
-    return op.first_pass(options, context, chunk), chunk.num_rows
+    return of(context, chunk), chunk.num_rows
 
 
 def _kernel(op: Operation, item: tuple[Callable[[], Chunk], Any]) -> tuple[Any, Tally, int]:
@@ -86,16 +86,16 @@ def scanner(dataset: Dataset, threads: int) -> Scan:
 
 def make_plan(op: Operation, options: Any, dataset: Dataset, threads: int, seed: int = 0,
               quiet: bool = True) -> Any:
-    """The op's plan: its first pass over the columns it names (if any), merged in input order."""
+    """The op's plan: its first pass (if any) over the columns it names, merged in input order."""
     context = Context(seed, dataset.schema, dataset.src, dataset.locate,
                       first_file=dataset.shards[0].path if dataset.shards else None)
-    columns = op.first_pass_input(options, dataset.schema)
+    first = op.first_pass(options, dataset.schema)
     stats: Any = None
-    if columns:
-        desc = f"{op.name}: {op.first_pass_desc}" if op.first_pass_desc else None
+    if first is not None:
+        desc = f"{op.name}: {first.desc}" if first.desc else None
         with progress.bar(desc, dataset.num_rows, quiet=quiet) if desc else contextlib.nullcontext(_Unshown()) as bar:
-            stats = _merged(op.new_stats(options), functools.partial(_first_pass, op, options, context),
-                            dataset.tasks(columns), threads, bar)
+            stats = _merged(first.new(), functools.partial(_pass_of, first.of, context), dataset.tasks(first.columns),
+                            threads, bar)
     return op.plan(options, replace(context, scan=scanner(dataset, threads)), stats)
 
 
@@ -130,17 +130,6 @@ def stream_errors(op: Operation, plan: Any, dataset: Dataset, threads: int) -> I
         raise better from None
 
 
-def _dry_run_pass(op: Operation, options: Any, task: Callable[[], Chunk]) -> tuple[Any, int]:
-    chunk = task()
-    return op.dry_run_pass(options, chunk), chunk.num_rows
-
-
-def dry_run_stats(op: Operation, options: Any, dataset: Dataset, threads: int) -> Any:
-    """The op's dry-run pass over its dry_run_columns, merged in input order (its progress is the pipeline's)."""
-    return _merged(op.new_stats(options), functools.partial(_dry_run_pass, op, options),
-                   dataset.tasks(op.dry_run_columns(options)), threads, _Unshown())
-
-
 class Applied:
     """An op's kernel over a dataset's chunks, on the engine: the output in order, and the kernels' statistics
     merged as the results arrive, in input order."""
@@ -159,18 +148,15 @@ class Applied:
             work = ((_Ready(chunk), per_chunk(chunk)) for chunk in dataset.chunks(columns, threads, report))
         for out, stats, rows in ordered_map(functools.partial(_kernel, self.op), work, threads):
             self.stats.merge(stats)
-            if self.op.expands:
-                yield from self.op.pieces(out)
+            if isinstance(out, Expanding):
+                yield from out.pieces()
             else:
                 yield out, rows
 
     def stream(self, dataset: Dataset, columns: Sequence[str] | None, threads: int,
                report: ReadReport) -> Iterator[tuple[Chunk, int]]:
         """The output chunks in order, each with the input rows it completes."""
-        items = self.items(dataset, columns, threads, report)
-        if not self.op.expands:
-            return items
-        return ordered_map(functools.partial(_work, self.op, self.plan), items, threads)
+        return ordered_map(_work, self.items(dataset, columns, threads, report), threads)
 
     @property
     def emitted(self) -> Emitted:
@@ -191,21 +177,22 @@ class Applied:
         return self.op.report(self.plan, self.stats)
 
 
-def _work(op: Operation, plan: Any, item: Any) -> tuple[Chunk, int]:
-    """An item as an output chunk and the input rows it completes (on the engine's workers)."""
-    return op.build(plan, item) if op.expands else item
+def _work(item: tuple[Chunk, int] | Piece) -> tuple[Chunk, int]:
+    """An item as an output chunk and the input rows it completes: a chunk as it is, a piece built (on the engine's
+    workers)."""
+    return item if isinstance(item, tuple) else (item.build(), item.rows)
 
 
-def _emitted(op: Operation, plan: Any, read: Chunk | tuple[Chunk, Any]) -> tuple[list[Piece], Tally]:
+def _emitted(op: Operation, plan: Any, read: Chunk | tuple[Chunk, Any]) -> tuple[list[Deferred], Tally]:
     chunk, chunk_plan = read if isinstance(read, tuple) else (read, plan)
     out, stats = op.kernel(chunk_plan, chunk)
-    if op.expands:
-        return [functools.partial(_built, op, chunk_plan, piece) for piece in op.pieces(out)], stats
+    if isinstance(out, Expanding):
+        return [functools.partial(_built, piece) for piece in out.pieces()], stats
     return [functools.partial(emit_nonempty, (out, chunk.num_rows))], stats
 
 
-def _built(op: Operation, plan: Any, piece: Any) -> tuple[list[pa.RecordBatch], int]:
-    return emit_nonempty(op.build(plan, piece))
+def _built(piece: Piece) -> tuple[list[pa.RecordBatch], int]:
+    return emit_nonempty((piece.build(), piece.rows))
 
 
 def emit_nonempty(item: tuple[Chunk, int]) -> tuple[list[pa.RecordBatch], int]:
@@ -214,7 +201,7 @@ def emit_nonempty(item: tuple[Chunk, int]) -> tuple[list[pa.RecordBatch], int]:
     return ([chunk.data] if chunk.num_rows else []), rows
 
 
-def _item_work(work: Callable[[Any], tuple[list[pa.RecordBatch], int]], item: Any) -> tuple[list[Piece], Tally]:
+def _item_work(work: Callable[[Any], tuple[list[pa.RecordBatch], int]], item: Any) -> tuple[list[Deferred], Tally]:
     return [functools.partial(work, item)], Tally()
 
 
@@ -226,12 +213,12 @@ def produced(op: Operation, plan: Any, regroups: bool, data: Dataset, runtime: E
     over every chunk. `units`: what its tasks read (default: the input's units; an op planning chunk by chunk
     reads its chunks here)."""
     if regroups:
-        cut = exchanged(op, plan, data, exchange.read_units(data, report) if units is None else units, runtime,
-                        report)
-        if cut is not None:
-            yield cut
+        units = exchange.read_units(data, report) if units is None else units
+        regrouped, units = exchange.regrouping(op, plan, data, units, runtime.threads)
+        if isinstance(regrouped, Exchange):
+            yield exchange.exchanged(regrouped, units, data, runtime, report)
             return
-        with op.regroup(plan, data, report, runtime) as out:
+        with regrouped.open(runtime, report) as out:
             yield Streamed(map(Item, out.items), functools.partial(_item_work, out.work), out.stats,
                            total_rows=out.total_rows, sequence_columns=out.sequence_columns)
         return
@@ -249,13 +236,12 @@ def run_operation(op: Operation, options: Any, src: str, dst: str, output: Outpu
     tmp_dir = getattr(options, "tmp_dir", None) if op.spills else None
     dataset = open_source(src, dst, output, tmp_dir=tmp_dir, format=format, skip_corrupt=skip_corrupt)
     try:
-        options = op.resolved(options, dataset.schema)
         schema = op.output_schema(options, dataset.schema)
+        recorded = op.recorded(options, dataset.schema, output)
     except OptionError as exc:
         raise exc.at(dataset.src) from None
     plan = make_plan(op, options, dataset, run.threads, seed, run.quiet)
-    job = Job(op.name, op.recorded(options, output), seed if op.seeded else None, dataset, dst, output, schema, run,
-              tmp_dir)
+    job = Job(op.name, recorded, seed if op.seeded else None, dataset, dst, output, schema, run, tmp_dir)
     regroups = op.kind_of(options) is not Kind.ROWS
 
     def produce(space: Workspace, report: ReadReport) -> AbstractContextManager[Produced]:
@@ -266,6 +252,6 @@ def run_operation(op: Operation, options: Any, src: str, dst: str, output: Outpu
         return write(job, produce)
 
 
-__all__ = ["Applied", "EngineRuntime", "dry_run_stats", "emit_nonempty", "make_plan", "run_operation", "scanner",
+__all__ = ["Applied", "EngineRuntime", "emit_nonempty", "make_plan", "run_operation", "scanner",
            "stream_errors",
            "produced"]

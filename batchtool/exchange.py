@@ -28,7 +28,7 @@ import pyarrow as pa
 from batchtool import fs, runner
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.ops.base import Operation
-from batchtool.ops.regroup import Bar, Cut, Runtime, Scatter, Scattered
+from batchtool.ops.regroup import Exchange, Stream, Bar, Cut, Runtime, Scatter, Scattered
 from batchtool.runner import ordered_map
 from batchtool.spill import ID_COLUMN, Spill, read_part
 from batchtool.workspace import Workspace
@@ -281,22 +281,26 @@ def sort_groups(job: MapJob, rows: Sequence[np.ndarray], threads: int) -> list[S
     return groups
 
 
-def exchanged(op: Operation, plan: Any, data: Dataset, units: Iterator[ReadUnit], runtime: Runtime,
-              report: ReadReport, like: Chunk | None = None) -> Cut | None:
-    """The op's regrouping as its exchange (None if it has none): map tasks scatter every row to its key range in
-    the runtime's workspace (or, for an op whose groups depend on the rows before, the driver does, Exchange.rows),
-    a task sorts each range, and the op cuts the sorted rows into batches. The op's probe measures the input's first
-    chunk (read on a worker), or `like` when given (a pipeline's narrow pass, cut as the full input is)."""
+def regrouping(op: Operation, plan: Any, data: Dataset, units: Iterator[ReadUnit], threads: int,
+               like: Chunk | None = None) -> tuple[Exchange | Stream, Iterator[ReadUnit]]:
+    """The op's regrouping (Operation.regroup), and the units with any it probed put back. Its probe measures the
+    input's first chunk, read on a worker, or `like` when given (a pipeline's narrow pass, cut as the full input
+    is)."""
     def probe(measure: Callable[[Chunk], Any]) -> Any:
         nonlocal units
         if like is not None:
             return measure(like)
-        found, units = first_measured(units, measure, runtime.threads)
+        found, units = first_measured(units, measure, threads)
         return found
 
-    reorder = op.exchange(plan, data, probe)
-    if reorder is None:
-        return None
+    return op.regroup(plan, data, probe), units
+
+
+def exchanged(reorder: Exchange, units: Iterable[ReadUnit], data: Dataset, runtime: Runtime,
+              report: ReadReport) -> Cut:
+    """An exchange run on the runtime's engine: map tasks scatter every row to its key range in the runtime's
+    workspace (or, for an op whose groups depend on the rows before, the driver does, Exchange.rows), a task sorts
+    each range, and the op cuts the sorted rows into batches."""
     job = MapJob(runtime.space, reorder.scatter)
     with runtime.bar("spill", None if reorder.rows is not None else data.progress_rows) as bar:
         if reorder.rows is not None:
@@ -308,5 +312,5 @@ def exchanged(op: Operation, plan: Any, data: Dataset, units: Iterator[ReadUnit]
     return reorder.cut(Scattered(reorder.scatter.schema, list(groups), totals, stats), runtime)
 
 
-__all__ = ["MapJob", "MapOutput", "exchanged", "first_measured", "units", "ReadUnit", "SortedGroup", "map_directory", "read_range", "read_units",
+__all__ = ["MapJob", "MapOutput", "exchanged", "regrouping", "first_measured", "units", "ReadUnit", "SortedGroup", "map_directory", "read_range", "read_units",
            "scatter", "sort_groups", "task_units"]

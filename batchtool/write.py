@@ -42,9 +42,9 @@ RUN_BYTES = 1 << 20
 """About the sorted bytes one task of the local writer reads and encodes (at least one batch): a few such runs wait
 for the writer at a time (the local engine's window), so this stays a small part of any budget."""
 
-Piece = Callable[[], tuple[list[pa.RecordBatch], int]]
+Deferred = Callable[[], tuple[list[pa.RecordBatch], int]]
 """Output batches not made yet, and the input rows they complete once made."""
-Emitted = Callable[[Any], tuple[Iterable[Piece], Tally]]
+Emitted = Callable[[Any], tuple[Iterable[Deferred], Tally]]
 """A unit's work on one thing it yields (a chunk it read, or an item the driver made): the pieces of output it
 makes, in order, and its statistics. A piece is made where its batches are wanted, one at a time (so an op whose
 output outgrows its input, in bounded pieces, never holds more than one)."""
@@ -167,10 +167,10 @@ def write_manifest(tmp: str, job: Job, casts: dict[str, str], stored: pa.Schema,
 # -- the local engine: one writer, in order ---------------------------------------------------------------------
 
 
-def _pieces(emitted: Emitted, unit: ReadUnit) -> tuple[list[Piece], Tally, ReadReport]:
+def _pieces(emitted: Emitted, unit: ReadUnit) -> tuple[list[Deferred], Tally, ReadReport]:
     """A unit's first task on a local thread: what it reads, worked into pieces not made yet, its statistics and
     what its reading skipped."""
-    pieces: list[Piece] = []
+    pieces: list[Deferred] = []
     stats, report = Tally(), ReadReport()
     for thing in unit(report):
         made, thing_stats = emitted(thing)
@@ -179,7 +179,7 @@ def _pieces(emitted: Emitted, unit: ReadUnit) -> tuple[list[Piece], Tally, ReadR
     return pieces, stats, report
 
 
-def _made(output: OutputOptions, piece: Piece) -> tuple[list[EncodedBatch], int]:
+def _made(output: OutputOptions, piece: Deferred) -> tuple[list[EncodedBatch], int]:
     """A piece's second task on a local thread: its batches made and encoded, and the input rows they complete."""
     batches, consumed = piece()
     return [encode_batch(b, output) for b in batches], consumed
@@ -193,7 +193,7 @@ def _write_streamed(job: Job, out: Streamed, output: OutputOptions, stored: pa.S
     rows_in = rows_out = 0
     total = out.total_rows if out.total_rows is not None else job.source.progress_rows
 
-    def pieces() -> Iterator[Piece]:  # on the second map's reader thread, in input order
+    def pieces() -> Iterator[Deferred]:  # on the second map's reader thread, in input order
         for made, stats, skipped in ordered_map(functools.partial(_pieces, out.emitted), out.units, job.run.threads):
             if out.merge is not None:
                 out.merge(stats)
@@ -489,5 +489,5 @@ def _write_sorted_on(engine: Any, job: Job, batches: Batches, output: OutputOpti
     return files
 
 
-__all__ = ["Emitted", "Item", "Job", "Piece", "Produce", "Produced", "SpoolReader", "SpooledBatches", "Streamed",
+__all__ = ["Emitted", "Item", "Job", "Deferred", "Produce", "Produced", "SpoolReader", "SpooledBatches", "Streamed",
            "on_engine_of", "spool_path", "write", "write_manifest", "write_sorted"]

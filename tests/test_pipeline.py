@@ -205,8 +205,7 @@ def test_a_stage_is_its_op_and_asking_it_changes_nothing(tmp_path, parquet_src):
     schema = pa.schema([("tokens", pa.list_(pa.int64())), ("label", pa.int64())])
     for stage in stages:
         before = dict(vars(stage))
-        stage.output_schema(schema), stage.input_columns(["tokens"]), stage.first_pass_columns(schema)
-        stage.preview_columns, stage.sensitivity, stage.first_pass_needs, stage.first_pass_bar
+        stage.output_schema(schema), stage.input_columns(["tokens"]), stage.first_pass(schema), stage.sensitivity
         assert vars(stage) == before
 
 

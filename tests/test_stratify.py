@@ -344,7 +344,7 @@ def test_the_counting_pass_holds_one_count_per_class_however_many_values_the_lab
     labels = np.arange(200_000, dtype=np.int64) * 7
     chunk = Chunk(pa.record_batch({"label": labels}), rng.example_ids(0, 0, len(labels)))
     context = Context(0, pa.schema([("label", pa.int64())]), "src", str)
-    tally = OP.first_pass(StratifyOptions(target="uniform"), context, chunk)
+    tally = OP.first_pass(StratifyOptions(target="uniform"), context.schema).of(context, chunk)
     counts = tally.counts["label_counts"]
     assert len(counts) <= MAX_CLASSES // 7 + 2 and sum(counts.values()) == 200_000
     assert tally.high["label"] == 7 * 199_999

@@ -13,17 +13,17 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
 
-from batchtool.dataset import Chunk, Dataset, ReadReport
+from batchtool.dataset import Chunk, Dataset
 from batchtool.errors import BatchtoolError, OptionError, SchemaError
-from batchtool.ops.regroup import Exchange, Probe, Regrouped, Runtime
+from batchtool.ops.regroup import Exchange, Probe, Stream
 from batchtool.tally import Tally
 
 if TYPE_CHECKING:
@@ -52,12 +52,6 @@ class Kind(enum.Enum):
 
 class ColumnError(OptionError, SchemaError):
     """An option names a column the input lacks, or one whose type it cannot use."""
-
-
-# -- values: how a field's text (command line) or TOML value becomes its Python value ---------------------------
-
-
-# -- statistics ----------------------------------------------------------------------------------------------
 
 
 # -- the interface -----------------------------------------------------------------------------------------------
@@ -95,10 +89,47 @@ def manifest_options(options: Any, output: OutputOptions) -> dict[str, Any]:
             "shard_rows": output.shard_rows, "shard_bytes": output.shard_bytes}
 
 
+S = TypeVar("S")
+"""A pass's statistics: any object with `merge(later)`."""
+
+
+@dataclass(frozen=True)
+class Pass(Generic[S]):
+    """A pass an op makes over some columns of its input before its work (its first pass, which its plan is made
+    from; its dry run's preview): each chunk's statistics, computed on the engine and merged in input order into
+    what `new` makes."""
+
+    columns: list[str]
+    new: Callable[[], S]
+    """The statistics of no rows."""
+    of: Callable[[Context, Chunk], S]
+    """One chunk's statistics (pure: it runs on any worker)."""
+    desc: str | None = None
+    """Names its progress bar (`bucket: lengths`); None shows none."""
+    depends: Depends = Depends.ROWS
+    """What it depends on besides the rows (ORDER: a shuffle before it in a pipeline must really run)."""
+
+
+class Expanding(ABC):
+    """A kernel's output that may outgrow its input chunk (copies of its rows): the writer builds its pieces, each
+    of bounded bytes, one at a time where it wants them, so that no chunk decides memory."""
+
+    @abstractmethod
+    def pieces(self) -> Iterator[Piece]: ...
+
+
+class Piece(Protocol):
+    """Part of an Expanding output: its rows once built, and the input rows it completes."""
+
+    rows: int
+
+    def build(self) -> Chunk: ...
+
+
 class Operation(Generic[O, P]):
     """One operation. A new op sets `name`, `summary`, `example` and `options` (and `kind`, `seeded` if they
-    differ), and writes `output_schema` and `kernel`. The other methods have defaults for an op with no
-    first pass, one plan for every chunk, and output no larger than its input."""
+    differ), and writes `output_schema` and `kernel` (or `regroup`). Every other hook has a default for an op
+    with no first pass, one plan for every chunk, and output no larger than its input."""
 
     name: ClassVar[str]
     summary: ClassVar[str]
@@ -113,64 +144,34 @@ class Operation(Generic[O, P]):
     """Its options carry `memory` and `tmp_dir` (--memory, --tmp-dir; a pipeline's own in a pipeline)."""
     batches_flag: ClassVar[str | bool | None] = None
     """The flag with which its output is batches (written as batch shards without --to); True: always batches."""
-    expands: ClassVar[bool] = False
-    """The kernel's output can outgrow its input chunk: it returns a description of it, cut by `pieces`
-    and built by `build` piece by piece, so that no single chunk decides memory."""
 
-    def needs(self, options: O) -> list[str]:
-        """Input columns it reads to make its decisions, besides the ones it outputs."""
-        return []
-
+    # -- what it reads and writes
     def output_schema(self, options: O, schema: pa.Schema) -> pa.Schema:
         """The schema it writes given the one it reads; an OptionError for a missing or unusable column."""
         raise NotImplementedError
 
-    def resolved(self, options: O, schema: pa.Schema) -> O:
-        """The options with what defaults to the input's columns filled in (segment's context): a command
-        records these in its manifest."""
-        return options
-
-    def recorded(self, options: O, output: OutputOptions) -> dict[str, Any]:
-        """What the manifest's `options` records."""
-        return manifest_options(options, output)
-
     def input_columns(self, options: O, columns: Columns) -> Columns:
-        """The input columns needed for these output columns (None: all)."""
-        return None if columns is None else list(dict.fromkeys([*columns, *self.needs(options)]))
+        """The input columns needed for these output columns and its decisions (None: all)."""
+        return columns
+
+    def recorded(self, options: O, schema: pa.Schema, output: OutputOptions) -> dict[str, Any]:
+        """What the manifest's `options` records of a run on an input of this schema."""
+        return manifest_options(options, output)
 
     def kind_of(self, options: O) -> Kind:
         """Its kind with these options (stratify makes batches only with --batch-size)."""
         return self.kind
 
     def depends(self, options: O) -> Depends:
+        """What its output depends on besides the rows (a pipeline keeps it intact)."""
         return Depends.ORDER if self.seeded else Depends.ROWS
 
-    # -- first pass (optional): per-chunk statistics, merged in input order, make the plan
-    def first_pass_columns(self, options: O) -> list[str]:
-        """The columns its first pass reads; [] when it has none."""
-        return []
+    # -- what it learns first, and its plan
+    def first_pass(self, options: O, schema: pa.Schema) -> Pass | None:
+        """The pass its plan is made from over an input of this schema; None: it has none."""
+        return None
 
-    def first_pass_input(self, options: O, schema: pa.Schema) -> list[str]:
-        """The columns its first pass reads from an input of this schema: `first_pass_columns`, unless the input
-        decides them (bucket and pack measure the input's first list column when none is named)."""
-        return self.first_pass_columns(options)
-
-    first_pass_desc: ClassVar[str | None] = None
-    """Names the first pass's progress bar ("lengths": `bucket: lengths`); None shows none."""
-
-    def first_pass(self, options: O, context: Context, chunk: Chunk) -> Any:
-        """One chunk's statistics: a Tally, or any object with `merge(later)` that `new_stats` makes."""
-        raise NotImplementedError(f"{self.name} has no first pass")
-
-    def new_stats(self, options: O) -> Any:
-        """The statistics of no rows that the first pass's (or the dry-run pass's) chunks are merged into."""
-        return Tally()
-
-    def first_pass_depends(self, options: O) -> Depends:
-        """What the first pass depends on besides the rows (ORDER: a shuffle before it in a pipeline must run)."""
-        return Depends.ROWS
-
-    def plan(self, options: O, context: Context, stats: Tally | None) -> P:
+    def plan(self, options: O, context: Context, stats: Any) -> P:
         """What the kernel needs, from the options and the first pass's merged statistics (None: no pass)."""
         return options  # type: ignore[return-value]
 
@@ -180,36 +181,22 @@ class Operation(Generic[O, P]):
         return None
 
     # -- the work
-    def kernel(self, plan: P, chunk: Chunk) -> tuple[Any, Tally]:
-        """One chunk's output (a Chunk, or what `pieces` cuts if `expands`) and statistics; pure: it runs on
-        any worker, in any order, and changes nothing it did not make."""
+    def kernel(self, plan: P, chunk: Chunk) -> tuple[Chunk | Expanding, Tally]:
+        """One chunk's output and statistics, for an op of Kind.ROWS; pure: it runs on any worker, in any order,
+        and changes nothing it did not make."""
         raise NotImplementedError
 
-    def pieces(self, output: Any) -> Iterable[Any]:
-        raise NotImplementedError(f"{self.name} does not expand")
-
-    def build(self, plan: P, piece: Any) -> tuple[Chunk, int]:
-        """A piece's rows, and the input rows it completes."""
-        raise NotImplementedError(f"{self.name} does not expand")
-
-    def regroup(self, plan: P, data: Dataset, report: ReadReport,
-                runtime: Runtime) -> AbstractContextManager[Regrouped]:
-        """Kind.REORDERS and Kind.BATCHES instead of `kernel`: read all of `data` (counting skipped records in
-        `report`), spill it (under the options' memory and tmp_dir) and give the output back in its new order
-        and grouping; the spill lives until the context closes. The driver writes the output, or a pipeline
-        streams it on."""
+    def regroup(self, plan: P, data: Dataset, probe: Probe) -> Exchange | Stream:
+        """For an op that regroups its whole input (Kind.REORDERS, Kind.BATCHES) instead of `kernel`: its exchange
+        (batchtool.exchange runs it on the engine's workers), or, when its order depends on every row before
+        (the buffered shuffle, lanes), the stream of items it makes as the input streams through the driver.
+        `probe(measure)` is measure of the input's first chunk, computed where it is read."""
         raise NotImplementedError(f"{self.name} does not regroup")
 
-    def exchange(self, plan: P, data: Dataset, probe: Probe) -> Exchange | None:
-        """`regroup` as map-reduce on a remote engine's workers, which the driver runs instead for a command with
-        --engine ray and DST a path; None (the default): regroup on the driver. `probe(measure)` is measure of
-        the first chunk, computed on a worker."""
-        return None
-
     def on_stream_error(self, plan: P, error: BatchtoolError, scan: Scan) -> BatchtoolError | None:
-        """An error raised while the input streams through the kernel or `regroup` (found mid-stream, so it
-        may only know part of the input): the error to raise instead (`scan` runs passes over the whole
-        input), or None to raise it as it is. The driver and the pipeline stage call it for every stream."""
+        """An error raised while the input streams through the kernel or the regrouping (found mid-stream, so it
+        may only know part of the input): the error to raise instead (`scan` runs passes over the whole input),
+        or None to raise it as it is. The driver and the pipeline stage call it for every stream."""
         return None
 
     # -- what it says
@@ -217,9 +204,9 @@ class Operation(Generic[O, P]):
         """The manifest's statistics from the kernels' merged ones."""
         return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in stats.counts.items()}
 
-    def expected(self, plan: P, rows_in: int | None, stats: Any = None) -> tuple[int | None, dict[str, Any]]:
-        """Dry run: the output rows if the plan fixes them, and what else it can say without writing. `stats`:
-        the dry-run pass's merged statistics (`dry_run_columns`), None for an op without one."""
+    def expected(self, plan: P, rows_in: int | None, scan: Scan) -> tuple[int | None, dict[str, Any]]:
+        """Dry run: the output rows if the plan fixes them, and what else it can say without writing (`scan` runs
+        a pass over some columns of the input, for what the plan does not know)."""
         return None, {}
 
     def said(self, stats: dict[str, Any]) -> list[str]:
@@ -232,15 +219,6 @@ class Operation(Generic[O, P]):
         """Its own words at the end of the one-line summary of what it did (a run's or a dry run's stage), after
         the numbers the summary reads from statistics every op may have."""
         return []
-
-    # -- dry run (optional): a pass only --dry-run makes, for what `expected` says
-    def dry_run_columns(self, options: O) -> list[str]:
-        """The columns of an extra pass a dry run makes for `expected`; [] when it has none."""
-        return []
-
-    def dry_run_pass(self, options: O, chunk: Chunk) -> Any:
-        """One chunk's statistics for the dry run: an object with `merge(later)`, merged in input order."""
-        raise NotImplementedError(f"{self.name} has no dry-run pass")
 
 
 def need_columns(schema: pa.Schema, field: str, names: Sequence[str]) -> None:
@@ -261,4 +239,4 @@ def row_stats(rows_in: int, rows_out: int) -> Tally:
     return Tally.of(rows_in=rows_in, rows_out=rows_out)
 
 
-__all__ = ["ColumnError", "Context", "Depends", "Kind", "Operation", "OptionError", "Scan", "manifest_options", "need_columns", "row_stats", "who"]
+__all__ = ["Expanding", "Pass", "Piece", "ColumnError", "Context", "Depends", "Kind", "Operation", "OptionError", "Scan", "manifest_options", "need_columns", "row_stats", "who"]

@@ -3,7 +3,7 @@ of each row, built into output rows in pieces of bounded bytes, and what they co
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +13,7 @@ import pyarrow as pa
 from batchtool import rng
 from batchtool.budget import row_nbytes
 from batchtool.dataset import Chunk
+from batchtool.ops.base import Expanding
 from batchtool.tally import Tally
 
 MAX_RATE = float(1 << 32)
@@ -76,13 +77,17 @@ def piece_bounds(copies: np.ndarray, row_bytes: np.ndarray, limit: float) -> lis
 
 
 @dataclass(frozen=True)
-class Copies:
-    """One input chunk and how many times each of its rows is written; cheap until its pieces are built."""
+class Copies(Expanding):
+    """One input chunk and how many times each of its rows is written, in a keyed order (`seed`, `stage`); cheap
+    until its pieces are built."""
 
     chunk: Chunk
     copies: np.ndarray
+    seed: int
+    stage: str
     rates: np.ndarray | None = None
-    """Per input row, the effective rate written with each of its copies (--weight), else None."""
+    """Per input row, the effective rate written with each of its copies as `rate_column` (--weight), else None."""
+    rate_column: str | None = None
 
     def pieces(self) -> Iterator[Piece]:
         """The output in pieces of at most PIECE_BYTES (or the input chunk's bytes, if more): one piece
@@ -95,6 +100,10 @@ class Copies:
         for i, (start, stop) in enumerate(bounds):
             yield Piece(self, start, stop, self.chunk.num_rows if i == len(bounds) - 1 else 0)
 
+    def rows(self) -> Chunk:
+        """Every piece built, as one chunk."""
+        return Chunk.concat([piece.build() for piece in self.pieces()], self.chunk.data.schema)
+
 
 @dataclass(frozen=True)
 class Piece:
@@ -105,28 +114,15 @@ class Piece:
     stop: int
     rows: int
 
-    def build(self, seed: int, stage: str, rate_column: str | None = None) -> Chunk:
-        """The piece's rows, with each one's effective rate appended as `rate_column` if given."""
+    def build(self) -> Chunk:
+        """The piece's rows, with each one's effective rate appended as the copies' `rate_column` if any."""
         src = self.source
-        out = repeat_rows(src.chunk, src.copies, seed, stage, self.start, self.stop)
-        if rate_column is not None:
+        out = repeat_rows(src.chunk, src.copies, src.seed, src.stage, self.start, self.stop)
+        if src.rate_column is not None:
             rows, counts, _ = copy_runs(src.copies, self.start, self.stop)
-            out = Chunk(out.data.append_column(rate_column, pa.array(np.repeat(src.rates[rows], counts),
-                                                                     pa.float64())), out.ids)
+            out = Chunk(out.data.append_column(src.rate_column, pa.array(np.repeat(src.rates[rows], counts),
+                                                                         pa.float64())), out.ids)
         return out
-
-
-def merged(results: Iterable[tuple[Copies, Tally]], tally: Tally) -> Iterator[Copies]:
-    """The copies of each chunk in order, merging each one's statistics into `tally` as it passes."""
-    for copies, stats in results:
-        tally.merge(stats)
-        yield copies
-
-
-def pieces(copies: Iterable[Copies]) -> Iterator[Piece]:
-    """Every chunk's output pieces, in order."""
-    for c in copies:
-        yield from c.pieces()
 
 
 def copy_stats(copies: np.ndarray) -> Tally:

@@ -24,8 +24,8 @@ class Filter(Operation[FilterOptions, FilterOptions]):
     example = "batchtool filter sample_data/flagged.parquet /tmp/kept --column keep"
     options = FilterOptions
 
-    def needs(self, options: FilterOptions) -> list[str]:
-        return [options.column]
+    def input_columns(self, options: FilterOptions, columns: list[str] | None) -> list[str] | None:
+        return None if columns is None else list(dict.fromkeys([*columns, options.column]))
 
     def output_schema(self, options: FilterOptions, schema: pa.Schema) -> pa.Schema:
         need_columns(schema, "column", [options.column])

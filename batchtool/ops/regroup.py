@@ -64,6 +64,15 @@ class Regrouped:
     """Columns to write as feature lists should the output be tf.train.SequenceExample records."""
 
 
+@dataclass(frozen=True)
+class Stream:
+    """A regrouping whose order depends on every row before it (the buffered shuffle, plain batches of a selection,
+    segment's lanes), made as the input streams through the driver: `open(runtime, report)` gives its items,
+    valid while the block is open; the writer's tasks turn each into output batches."""
+
+    open: Callable[[Runtime, ReadReport], AbstractContextManager[Regrouped]]
+
+
 Probe = Callable[[Callable[[Chunk], Any]], Any]
 """probe(measure): measure(the input's first chunk) computed where the chunk is read (None: no rows)."""
 

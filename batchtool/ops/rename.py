@@ -47,7 +47,7 @@ class Rename(Operation[RenameOptions, RenameOptions]):
         out = Chunk(chunk.data.rename_columns([mapping.get(n, n) for n in chunk.data.schema.names]), chunk.ids)
         return out, row_stats(chunk.num_rows, chunk.num_rows)
 
-    def expected(self, plan: RenameOptions, rows_in: int | None, stats: Any = None) -> tuple[int | None, dict]:
+    def expected(self, plan: RenameOptions, rows_in: int | None, scan: Any = None) -> tuple[int | None, dict]:
         return rows_in, {}
 
 

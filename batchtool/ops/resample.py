@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -15,10 +16,10 @@ from batchtool import rng
 from batchtool.dataset import Chunk
 from batchtool.errors import InputError, OptionInputError, SchemaError
 from batchtool.ops import names as own
-from batchtool.ops.base import Context, Depends, Operation, OptionError, manifest_options, need_columns
+from batchtool.ops.base import Pass, Context, Depends, Operation, OptionError, manifest_options, need_columns
 from batchtool.tally import Tally
 from batchtool.options import Column, Flag, Integer, Number, NumberOrColumn, option
-from batchtool.ops.copies import MAX_RATE, Copies, Piece, copy_stats, copy_summary
+from batchtool.ops.copies import MAX_RATE, Copies, copy_stats, copy_summary
 
 STAGE = "resample"
 DEFAULT_RATE_COLUMN = "resample_rate"
@@ -149,7 +150,9 @@ def resample_copies(chunk: Chunk, rates: np.ndarray, options: ResampleOptions, s
         copies = (rng.uniform(seed, STAGE, chunk.ids) < rates).astype(np.int64)
     else:
         copies = rng.poisson(seed, STAGE, chunk.ids, rates)
-    return Copies(chunk, copies, rates if options.mode == "weighted" else None)
+    if options.mode != "weighted":
+        return Copies(chunk, copies, seed, STAGE)
+    return Copies(chunk, copies, seed, STAGE, rates, options.rate_name)
 
 
 # -- statistics -------------------------------------------------------------------------------------------
@@ -191,6 +194,13 @@ class ResamplePlan:
     locate: Locate
 
 
+def _weights(column: str, context: Context, chunk: Chunk) -> Tally:
+    """The first pass's statistics of a chunk: its rows and weights."""
+    tally = Tally.of(rows=chunk.num_rows)
+    tally.add_values("weight", checked_values(chunk, column, context.locate, "weight"))
+    return tally
+
+
 class Resample(Operation[ResampleOptions, ResamplePlan]):
     name = "resample"
     summary = """Resample SRC by Poisson rate, relative weight or acceptance probability and write DST.
@@ -199,12 +209,8 @@ class Resample(Operation[ResampleOptions, ResamplePlan]):
     example = "batchtool resample sample_data/parquet /tmp/weighted --weight weight --overall-rate 1.0"
     options = ResampleOptions
     seeded = True
-    expands = True
 
-    def needs(self, options: ResampleOptions) -> list[str]:
-        return [options.column] if options.column else []
-
-    def recorded(self, options: ResampleOptions, output: OutputOptions) -> dict[str, Any]:
+    def recorded(self, options: ResampleOptions, schema: pa.Schema, output: OutputOptions) -> dict[str, Any]:
         """The manifest's options: every field, the rate column's name as `rate_column` (and its --output-column
         as every op records one)."""
         out = manifest_options(options, output)
@@ -227,16 +233,13 @@ class Resample(Operation[ResampleOptions, ResamplePlan]):
         if columns is None:
             return None
         kept = [c for c in columns if not (options.mode == "weighted" and c == options.rate_name)]
-        return list(dict.fromkeys([*kept, *self.needs(options)]))
+        return list(dict.fromkeys([*kept, *([options.column] if options.column else [])]))
 
-    def first_pass_columns(self, options: ResampleOptions) -> list[str]:
+    def first_pass(self, options: ResampleOptions, schema: pa.Schema) -> Pass | None:
         """--weight without --running-mean: the mean weight, in a pass over that column only."""
-        return [options.weight] if options.weight is not None and not options.running_mean else []
-
-    def first_pass(self, options: ResampleOptions, context: Context, chunk: Chunk) -> Tally:
-        tally = Tally.of(rows=chunk.num_rows)
-        tally.add_values("weight", checked_values(chunk, options.weight, context.locate, "weight"))
-        return tally
+        if options.weight is None or options.running_mean:
+            return None
+        return Pass([options.weight], Tally, functools.partial(_weights, options.weight))
 
     def plan(self, options: ResampleOptions, context: Context, stats: Tally | None) -> ResamplePlan:
         mean = None
@@ -263,13 +266,6 @@ class Resample(Operation[ResampleOptions, ResamplePlan]):
         if plan.options.running_mean:
             tally.latest["mean_weight"] = plan.mean
         return copies, tally
-
-    def pieces(self, output: Copies) -> Iterator[Piece]:
-        return output.pieces()
-
-    def build(self, plan: ResamplePlan, piece: Piece) -> tuple[Chunk, int]:
-        rate_column = plan.options.rate_name if plan.options.mode == "weighted" else None
-        return piece.build(plan.seed, STAGE, rate_column), piece.rows
 
     def report(self, plan: ResamplePlan, stats: Tally) -> dict[str, Any]:
         o, rows_in = plan.options, stats.count("rows_in")

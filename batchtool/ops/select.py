@@ -37,7 +37,7 @@ class Select(Operation[SelectOptions, SelectOptions]):
         out = Chunk(chunk.data.select([c for c in plan.columns if c in names]), chunk.ids)
         return out, row_stats(chunk.num_rows, chunk.num_rows)
 
-    def expected(self, plan: SelectOptions, rows_in: int | None, stats: Any = None) -> tuple[int | None, dict]:
+    def expected(self, plan: SelectOptions, rows_in: int | None, scan: Any = None) -> tuple[int | None, dict]:
         return rows_in, {}
 
 

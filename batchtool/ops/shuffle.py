@@ -14,7 +14,7 @@ import pyarrow as pa
 from batchtool import budget, rng
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.ops.base import Context, Kind, Operation, OptionError
-from batchtool.ops.regroup import Cut, Exchange, Probe, Regrouped, Runtime, Scatter, Scattered
+from batchtool.ops.regroup import Stream, Cut, Exchange, Probe, Regrouped, Runtime, Scatter, Scattered
 from batchtool.options import Flag, Integer, option
 from batchtool.ops.keyed import DEFAULT_MEMORY, PART_SHARE, spill_flush_bytes
 from batchtool.ops.rows import FixedBatches, Yardstick, bytes_per_row, emit, estimate_bytes, peek, rebatch
@@ -248,6 +248,12 @@ class _Buffered:
         return shuffle_stats(self.info, self.rows_in, self.plan.options)
 
 
+@contextmanager
+def _buffered(plan: ShufflePlan, data: Dataset, runtime: Runtime, report: ReadReport) -> Iterator[Regrouped]:
+    buffered = _Buffered(plan, data, report, runtime.threads)
+    yield Regrouped(buffered, emit, buffered.stats)
+
+
 class Shuffle(Operation[ShuffleOptions, ShufflePlan]):
     """The global shuffle reorders (a pipeline spills it before anything after it runs); the buffered one
     computes its order as it streams; with --batch-size either writes batches (it must come last)."""
@@ -270,18 +276,12 @@ class Shuffle(Operation[ShuffleOptions, ShufflePlan]):
     def plan(self, options: ShuffleOptions, context: Context, stats: Any) -> ShufflePlan:
         return ShufflePlan(options, context.seed)
 
-    @contextmanager
-    def regroup(self, plan: ShufflePlan, data: Dataset, report: ReadReport,
-                runtime: Runtime) -> Iterator[Regrouped]:
-        """The buffered shuffle, as it streams (the global one runs as its exchange)."""
-        buffered = _Buffered(plan, data, report, runtime.threads)
-        yield Regrouped(buffered, emit, buffered.stats)
-
-    def exchange(self, plan: ShufflePlan, data: Dataset, probe: Probe) -> Exchange | None:
-        """The global shuffle as map-reduce: the same keys, key ranges and batches as the local spill."""
+    def regroup(self, plan: ShufflePlan, data: Dataset, probe: Probe) -> Exchange | Stream:
+        """The global shuffle as its exchange (its batches cut from the one sorted stream); the buffered one as it
+        streams."""
         o = plan.options
         if o.buffered:
-            return None
+            return Stream(functools.partial(_buffered, plan, data))
         info = layout(data, o, probe(Yardstick.of))
         parts = info["parts"]  # more ranges would sort the same, but cut batches across more chunks: Arrow IPC
         # output records how a batch's buffers are laid out, so its bytes would change
@@ -291,7 +291,7 @@ class Shuffle(Operation[ShuffleOptions, ShufflePlan]):
     def noted(self, stats: dict[str, Any]) -> list[str]:
         return [f"{stats['mode']} shuffle"] if "mode" in stats else []
 
-    def expected(self, plan: ShufflePlan, rows_in: int | None, stats: Any = None) -> tuple[int | None, dict[str, Any]]:
+    def expected(self, plan: ShufflePlan, rows_in: int | None, scan: Any = None) -> tuple[int | None, dict[str, Any]]:
         o = plan.options
         if rows_in is None or o.batch_size is None:
             return rows_in, {}

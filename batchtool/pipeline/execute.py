@@ -9,7 +9,7 @@ groups). Chunks also match: a stage's input chunks are the row groups the previo
 would have written (its non-empty output chunks), and the first one is round-tripped through
 Parquet, because operations size their memory from its Arrow bytes.
 
-Passes: stage k's first passes read only the columns it needs (`first_pass_columns`), through
+Passes: stage k's first passes read only the columns it needs (Operation.first_pass), through
 the stages before it, whose plans are known by then. Stages without statistics add no pass of
 their own; a global shuffle before stage k is spilled (narrowly) only if a stage between them,
 or stage k's statistics, depend on ids or order, else it is skipped (it does not change counts
@@ -37,12 +37,11 @@ from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
 from batchtool.engines import with_engine
 from batchtool.errors import BatchtoolError, DestinationExistsError
 from batchtool.formats import parquet as parquet_format
-from batchtool.exchange import exchanged
 from batchtool.job import JobResult, RunSettings, read_paths
 from batchtool.workspace import Workspace, on_engine_of, workspace
 from batchtool.write import RUN_BYTES, Job, Produced, write
-from batchtool.driver import EngineRuntime, produced, stream_errors
-from batchtool.ops.regroup import Batches, Regrouped
+from batchtool.driver import EngineRuntime, produced, scanner, stream_errors
+from batchtool.ops.regroup import Batches, Exchange, Regrouped
 from batchtool.output import refuse_overlap
 from batchtool.runner import ordered_map
 from batchtool.pipeline import config as config_mod
@@ -74,9 +73,11 @@ def run_pipeline(config: config_mod.PipelineConfig, run: RunSettings, *, dry_run
         prefix = Prefix(config, source, columns, stages, run, stack)
         for k, stage in enumerate(stages):
             with attributed(config.path, stage):
-                wanted = stage.first_pass_columns(prefix.schemas[k])
-                view = prefix.view(k, wanted, needs=stage.first_pass_needs,
-                                   desc=f"{stage.name}: first pass" if wanted and stage.first_pass_bar else None)
+                first = stage.first_pass(prefix.schemas[k])
+                wanted = first.columns if first is not None else []
+                view = prefix.view(k, wanted, needs=first.depends if first is not None else ANY,
+                                   desc=f"{stage.name}: first pass" if first is not None and first.desc is None
+                                   else None)
                 stage.plan(view, run)
         if dry_run:
             return PipelineResult(prefix.expected(), wall_seconds=round(time.perf_counter() - started, 3),
@@ -277,9 +278,10 @@ class Prefix:
         space = self._stack.enter_context(workspace(self.config.output_path, self.config.tmp_dir))
         self._stack.enter_context(on_engine_of(space))
         runtime = EngineRuntime(self.run.threads, self.run.quiet, stage.name, space)
-        cut = exchanged(stage.op, stage.planned, upstream, units, runtime, report, like)
-        if cut is None:
-            return self._stack.enter_context(stage.materialize(upstream, self.run, report))
+        regrouped, units = exchange.regrouping(stage.op, stage.planned, upstream, units, self.run.threads, like)
+        if not isinstance(regrouped, Exchange):
+            return self._stack.enter_context(regrouped.open(runtime, report))
+        cut = exchange.exchanged(regrouped, units, upstream, runtime, report)
         batches = cut.batches
         step = max(1, int(RUN_BYTES * batches.count / max(1, batches.nbytes())))
         items = [batches.reader(k, min(k + step, batches.count)) for k in range(0, batches.count, step)]
@@ -387,22 +389,30 @@ class Prefix:
         return out
 
     def expected(self) -> list[dict[str, Any]]:
-        """Dry run: per stage, the rows in (counted by the first passes, or planned) and what it would make."""
+        """Dry run: per stage, the rows in (counted by the first passes, or planned) and what it would make (the
+        last stage may scan its input for it, which counts its rows too)."""
         last = len(self.stages) - 1
         stage, schema = self.stages[last], self.schemas[last]
-        previewed = None
-        if stage.preview_columns:
+        scanned: list[Columns] = []
+
+        def scan(columns: list[str], fn: Callable[[Chunk], Any]) -> Iterator[Any]:
+            scanned.append(columns)
             with attributed(self.config.path, stage):
-                previewed = stage.preview(self.view(last, stage.preview_columns, needs=ANY,
-                                                    desc=f"{stage.name}: dry run"), self.run)
+                view = self.view(last, columns, needs=ANY, desc=f"{stage.name}: dry run")
+                return scanner(view, self.run.threads)(columns, fn)
+
+        with attributed(self.config.path, stage):
+            last_expected = stage.expected(self.rows.get(last), scan)
         if last not in self.rows:  # count the rows reaching the last stage (one narrow pass)
             column = next((f.name for f in schema if not pa.types.is_nested(f.type)), schema.names[0])
             stats_mod.collect(self.view(last, [column], needs=ANY, desc=f"{stage.name}: dry-run count"),
                               threads=self.run.threads)
+            if not scanned:
+                last_expected = stage.expected(self.rows.get(last), scan)
         out, planned = [], self.rows.get(0)
         for k, stage in enumerate(self.stages):
             rows_in = self.rows.get(k, planned)
-            rows_out, info = stage.expected(rows_in, previewed if k == last else None)
+            rows_out, info = last_expected if k == last else stage.expected(rows_in, scan)
             planned = self.rows.get(k + 1, rows_out)
             out.append({"stage": k + 1, "op": stage.op.name, "rows_in": rows_in,
                         "rows_out": planned if k < last else rows_out, **info})

@@ -12,17 +12,15 @@ size) only ever run last, through the driver's writer.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import AbstractContextManager
 from typing import Any
 
 import pyarrow as pa
 
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.job import RunSettings
-from batchtool.driver import (Applied, EngineRuntime, dry_run_stats, make_plan, stream_errors)
+from batchtool.driver import Applied, make_plan, stream_errors
 from batchtool.ops import OPERATIONS
-from batchtool.ops.base import Depends, Kind, Operation
-from batchtool.ops.regroup import Regrouped
+from batchtool.ops.base import Pass, Scan, Depends, Kind, Operation
 from batchtool.pipeline import config as config_mod
 
 Columns = list[str] | None
@@ -66,16 +64,6 @@ class Stage:
         or CHUNKS (also the chunking)."""
         return int(self.op.depends(self._options))
 
-    @property
-    def first_pass_needs(self) -> int:
-        """What its first passes depend on besides the rows (ORDER: a shuffle before it must really run)."""
-        return int(self.op.first_pass_depends(self._options))
-
-    @property
-    def first_pass_bar(self) -> bool:
-        """Show a progress bar for the first passes (False when the op's own first pass shows one)."""
-        return self.op.first_pass_desc is None
-
     def output_schema(self, schema: pa.Schema) -> pa.Schema:
         """The schema this stage writes, given the one it reads; fails on a missing or unusable column."""
         return self.op.output_schema(self._options, schema)
@@ -84,9 +72,9 @@ class Stage:
         """The input columns needed to produce these output columns (and to make the stage's decisions)."""
         return self.op.input_columns(self._options, columns)
 
-    def first_pass_columns(self, schema: pa.Schema) -> Columns:
-        """The input columns its first passes read; [] when it needs none."""
-        return self.op.first_pass_input(self._options, schema)
+    def first_pass(self, schema: pa.Schema) -> Pass | None:
+        """Its first pass over an input of this schema (None: it has none)."""
+        return self.op.first_pass(self._options, schema)
 
     def plan(self, view: Dataset, run: RunSettings) -> None:
         """Run the first passes over `view` and keep the plan."""
@@ -104,24 +92,10 @@ class Stage:
             yield from applied.stream(view, columns, run.threads, report)
         self.report = applied.report()
 
-    def materialize(self, view: Dataset, run: RunSettings, report: ReadReport) -> AbstractContextManager[Regrouped]:
-        """A barrier's output as it streams (one with no Exchange plan: the buffered shuffle): its items through
-        its work are its output chunks."""
-        return self.op.regroup(self._plan, view, report, EngineRuntime(run.threads, run.quiet, self.name))
-
-    @property
-    def preview_columns(self) -> list[str]:
-        """Dry run, last stage: the columns of an extra pass `preview` makes for `expected` ([]: none)."""
-        return self.op.dry_run_columns(self._options)
-
-    def preview(self, view: Dataset, run: RunSettings) -> Any:
-        """Dry run, last stage: the extra statistics pass over `preview_columns`, for `expected`."""
-        return dry_run_stats(self.op, self._options, view, run.threads)
-
-    def expected(self, rows_in: int | None, previewed: Any = None) -> tuple[int | None, dict[str, Any]]:
-        """Dry run: the output rows if the plan fixes them, and what else it can say without writing (with
-        `previewed`, what `preview` returned, for an op with preview_columns)."""
-        return self.op.expected(self._plan, rows_in, previewed)
+    def expected(self, rows_in: int | None, scan: Scan) -> tuple[int | None, dict[str, Any]]:
+        """Dry run: the output rows if the plan fixes them, and what else it can say without writing (`scan`: a
+        pass over some columns of its input)."""
+        return self.op.expected(self._plan, rows_in, scan)
 
 
 __all__ = ["ANY", "CHUNKS", "ORDER", "Columns", "Stage", "Stream"]

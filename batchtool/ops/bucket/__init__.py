@@ -3,6 +3,7 @@ and its definition (the plan is in bucket_plan, the batches in bucket_batches, w
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -10,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool.dataset import Chunk, Dataset
-from batchtool.ops.base import Context, Kind, Operation
+from batchtool.ops.base import Pass, Context, Kind, Operation
 from batchtool.ops.regroup import Exchange, Probe
 from batchtool.ops.boundaries import expected_efficiency
 from batchtool.ops.bucket import batches
@@ -22,6 +23,14 @@ from batchtool.stats import DatasetStats
 if TYPE_CHECKING:
     from batchtool.output import OutputOptions
 from batchtool.ops.bucket.options import BucketOptions
+
+
+def _no_lengths(options: BucketOptions) -> LengthPass:
+    return LengthPass(DatasetStats(), np.zeros((0, 0), dtype=np.int64) if options.balance else None)
+
+
+def _lengths(options: BucketOptions, context: Context, chunk: Chunk) -> LengthPass:
+    return length_pass(options, resolve_columns(options, context.schema), chunk, context.locate)
 
 
 class Bucket(Operation[BucketOptions, BucketPlan]):
@@ -38,33 +47,27 @@ class Bucket(Operation[BucketOptions, BucketPlan]):
     kind = Kind.BATCHES
     seeded = True
     spills = True
-    first_pass_desc = "lengths"
 
     def output_schema(self, options: BucketOptions, schema: pa.Schema) -> pa.Schema:
         return output_schema(schema, resolve_columns(options, schema), options.mask)
 
-    def recorded(self, options: BucketOptions, output: OutputOptions) -> dict[str, Any]:
+    def recorded(self, options: BucketOptions, schema: pa.Schema, output: OutputOptions) -> dict[str, Any]:
         return _manifest_options(options)
 
-    def first_pass_input(self, options: BucketOptions, schema: pa.Schema) -> list[str]:
-        """The length column (the input's first list column unless --length names one), --keep, --bucket-column
-        and --balance's labels."""
-        return resolve_columns(options, schema).first_pass
-
-    def new_stats(self, options: BucketOptions) -> LengthPass:
-        return LengthPass(DatasetStats(), np.zeros((0, 0), dtype=np.int64) if options.balance else None)
-
-    def first_pass(self, options: BucketOptions, context: Context, chunk: Chunk) -> LengthPass:
-        return length_pass(options, resolve_columns(options, context.schema), chunk, context.locate)
+    def first_pass(self, options: BucketOptions, schema: pa.Schema) -> Pass:
+        """The length histogram of the length column (the input's first list column unless --length names one),
+        with --keep, --bucket-column and --balance's labels."""
+        return Pass(resolve_columns(options, schema).first_pass, functools.partial(_no_lengths, options),
+                    functools.partial(_lengths, options), desc="lengths")
 
     def plan(self, options: BucketOptions, context: Context, stats: LengthPass | None) -> BucketPlan:
         assert stats is not None
         return make_plan(options, resolve_columns(options, context.schema), stats, context.schema, context.seed)
 
-    def exchange(self, plan: BucketPlan, data: Dataset, probe: Probe) -> Exchange:
+    def regroup(self, plan: BucketPlan, data: Dataset, probe: Probe) -> Exchange:
         return batches.exchange(plan, data, probe)
 
-    def expected(self, plan: BucketPlan, rows_in: int | None, stats: Any = None) -> tuple[int | None, dict[str, Any]]:
+    def expected(self, plan: BucketPlan, rows_in: int | None, scan: Any = None) -> tuple[int | None, dict[str, Any]]:
         """The buckets' rows from the first pass, and from the plan the batches and rows written (with --max-tokens
         and no --drop-remainder all rows; the batches depend on the order) and the expected padding efficiency."""
         options = plan.options

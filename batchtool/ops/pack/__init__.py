@@ -13,6 +13,7 @@ histogram and the input order, so output bytes do not depend on --threads, --mem
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,7 +21,7 @@ import pyarrow as pa
 
 from batchtool.dataset import Chunk, Dataset
 from batchtool.ops import names as own
-from batchtool.ops.base import Context, Kind, Operation
+from batchtool.ops.base import Pass, Context, Kind, Operation
 from batchtool.ops.regroup import Exchange, Probe
 from batchtool.ops.pack.options import PackColumns, PackOptions, output_schema, resolve_columns
 from batchtool.ops.pack.plan import (LengthCounts, PackPlan, batch_layout, check_long, count_lengths, make_plan,
@@ -30,6 +31,19 @@ from batchtool.padding import row_lengths
 
 if TYPE_CHECKING:
     from batchtool.output import OutputOptions
+
+
+def _no_lengths() -> LengthCounts:
+    return LengthCounts(np.zeros(0, dtype=np.int64))
+
+
+def _lengths(options: PackOptions, context: Context, chunk: Chunk) -> LengthCounts:
+    columns = resolve_columns(options, context.schema)
+    lengths = row_lengths(chunk.data.column(columns.length))
+    for role, column in columns.adopted.items():
+        own.check_adopted(chunk, column, lengths, context.locate, "pack", role, "the example has {} steps")
+    check_long(lengths, chunk, columns.length, options, context.locate)
+    return count_lengths(lengths, options)
 
 
 class Pack(Operation[PackOptions, PackPlan]):
@@ -48,38 +62,27 @@ class Pack(Operation[PackOptions, PackPlan]):
     seeded = True
     spills = True
     batches_flag = True
-    first_pass_desc = "lengths"
 
     def output_schema(self, options: PackOptions, schema: pa.Schema) -> pa.Schema:
         return output_schema(schema, resolve_columns(options, schema), options)
 
-    def recorded(self, options: PackOptions, output: OutputOptions) -> dict[str, Any]:
+    def recorded(self, options: PackOptions, schema: pa.Schema, output: OutputOptions) -> dict[str, Any]:
         return options.recorded()
 
-    def first_pass_input(self, options: PackOptions, schema: pa.Schema) -> list[str]:
+    def first_pass(self, options: PackOptions, schema: pa.Schema) -> Pass:
         """The lengths alone: the first sequence column (and an input column pack adopts, checked against them)."""
         columns = resolve_columns(options, schema)
-        return [columns.length, *columns.dropped]
-
-    def first_pass(self, options: PackOptions, context: Context, chunk: Chunk) -> LengthCounts:
-        columns = resolve_columns(options, context.schema)
-        lengths = row_lengths(chunk.data.column(columns.length))
-        for role, column in columns.adopted.items():
-            own.check_adopted(chunk, column, lengths, context.locate, "pack", role, "the example has {} steps")
-        check_long(lengths, chunk, columns.length, options, context.locate)
-        return count_lengths(lengths, options)
-
-    def new_stats(self, options: PackOptions) -> LengthCounts:
-        return LengthCounts(np.zeros(0, dtype=np.int64))
+        return Pass([columns.length, *columns.dropped], _no_lengths, functools.partial(_lengths, options),
+                    desc="lengths")
 
     def plan(self, options: PackOptions, context: Context, stats: LengthCounts | None) -> PackPlan:
         assert stats is not None  # pack always has its first pass
         return make_plan(options, resolve_columns(options, context.schema), stats, context.schema, context.seed)
 
-    def exchange(self, plan: PackPlan, data: Dataset, probe: Probe) -> Exchange:
+    def regroup(self, plan: PackPlan, data: Dataset, probe: Probe) -> Exchange:
         return exchange(plan, data, probe)
 
-    def expected(self, plan: PackPlan, rows_in: int | None, stats: Any = None) -> tuple[int | None, dict[str, Any]]:
+    def expected(self, plan: PackPlan, rows_in: int | None, scan: Any = None) -> tuple[int | None, dict[str, Any]]:
         info = planned(plan, batch_layout(plan))
         return info["rows"], info
 

@@ -19,9 +19,9 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool import budget
-from batchtool.dataset import Chunk, Dataset, ReadReport
-from batchtool.ops.base import Context, Kind, Operation, need_columns
-from batchtool.ops.regroup import Regrouped, Runtime
+from batchtool.dataset import Dataset, ReadReport
+from batchtool.ops.base import Scan, Context, Kind, Operation, need_columns
+from batchtool.ops.regroup import Probe, Stream, Regrouped, Runtime
 from batchtool.ops.segment.batches import build_batches
 from batchtool.ops.segment.chunks import Examples, SegmentPlan, make_plan
 from batchtool.ops.segment.chunks import SharedKeys, check_unique_keys, prepare_shared
@@ -72,6 +72,26 @@ def _plan(options: SegmentOptions, schema: pa.Schema) -> SegmentPlan:
     return make_plan(pa.schema([schema.field(c) for c in o.source_columns]), o)
 
 
+@contextmanager
+def _lanes(plan: SegmentPlan, data: Dataset, runtime: Runtime, report: ReadReport) -> Iterator[Regrouped]:
+    """The one pass: each chunk checked and its rows and key hashes written to the workspace (on the engine), lanes
+    planned from the examples' segment counts as chunks arrive (here), and the planner's items handed to the
+    writer, whose workers read the rows they play and build their batches; the keys are checked unique, one task
+    per hash partition, once the last chunk is read, before the writer finishes."""
+    o = plan.options
+    columns = o.source_columns
+    sample = next(iter(data.tasks(columns)), None)
+    planner = LanePlanner(plan, check_memory(o, sample().data if sample else None))
+
+    def checked() -> Iterator[Examples]:
+        yield from runtime.map(functools.partial(prepare_shared, plan, data.locate, runtime.space),
+                               enumerate(data.tasks(columns, report)))
+        check_unique_keys(SharedKeys(runtime.space, runtime.map), data, o.key, runtime.threads)
+
+    yield Regrouped(planner.items(checked()), functools.partial(build_batches, plan),
+                    lambda: planner.stats.as_dict(plan), sequence_columns=tuple(o.sequence))
+
+
 class SegmentOp(Operation[SegmentOptions, SegmentPlan]):
     """The op: no first pass; one regrouping pass checks keys, plans lanes and builds the batches."""
 
@@ -91,52 +111,29 @@ class SegmentOp(Operation[SegmentOptions, SegmentPlan]):
     spills = True
     batches_flag = True
 
-    def resolved(self, options: SegmentOptions, schema: pa.Schema) -> SegmentOptions:
-        return options.with_context(schema)
-
     def output_schema(self, options: SegmentOptions, schema: pa.Schema) -> pa.Schema:
         return _plan(options, schema).schema
 
-    def recorded(self, options: SegmentOptions, output: OutputOptions) -> dict[str, Any]:
-        return {**options.manifest_options(), "memory": options.memory}
+    def recorded(self, options: SegmentOptions, schema: pa.Schema, output: OutputOptions) -> dict[str, Any]:
+        """The options with the context the input decides (every column but the key and sequences by default)."""
+        resolved = options.with_context(schema)
+        return {**resolved.manifest_options(), "memory": resolved.memory}
 
     def plan(self, options: SegmentOptions, context: Context, stats: Any) -> SegmentPlan:
         return _plan(options, context.schema)
 
-    @contextmanager
-    def regroup(self, plan: SegmentPlan, data: Dataset, report: ReadReport,
-                runtime: Runtime) -> Iterator[Regrouped]:
-        """The one pass: each chunk checked and its rows and key hashes written to the workspace (on the engine),
-        lanes planned from the examples' segment counts as chunks arrive (here), and the planner's items handed
-        to the writer, whose workers read the rows they play and build their batches; the keys are checked
-        unique, one task per hash partition, once the last chunk is read, before the writer finishes."""
+    def regroup(self, plan: SegmentPlan, data: Dataset, probe: Probe) -> Stream:
+        """Lanes, planned in input order as the examples stream (_lanes)."""
+        return Stream(functools.partial(_lanes, plan, data))
+
+    def expected(self, plan: SegmentPlan, rows_in: int | None, scan: Scan) -> tuple[int | None, dict[str, Any]]:
+        """Segments, batches and padding efficiency from the first sequence column's length histogram (a pass over
+        that column)."""
         o = plan.options
-        columns = o.source_columns
-        sample = next(iter(data.tasks(columns)), None)
-        planner = LanePlanner(plan, check_memory(o, sample().data if sample else None))
-
-        def checked() -> Iterator[Examples]:
-            yield from runtime.map(functools.partial(prepare_shared, plan, data.locate, runtime.space),
-                                   enumerate(data.tasks(columns, report)))
-            check_unique_keys(SharedKeys(runtime.space, runtime.map), data, o.key, runtime.threads)
-
-        yield Regrouped(planner.items(checked()), functools.partial(build_batches, plan),
-                        lambda: planner.stats.as_dict(plan), sequence_columns=tuple(o.sequence))
-
-    def dry_run_columns(self, options: SegmentOptions) -> list[str]:
-        return [options.sequence[0]]
-
-    def new_stats(self, options: SegmentOptions) -> DatasetStats:
-        return DatasetStats()
-
-    def dry_run_pass(self, options: SegmentOptions, chunk: Chunk) -> DatasetStats:
-        return chunk_stats(chunk, None, options.sequence[0])
-
-    def expected(self, plan: SegmentPlan, rows_in: int | None,
-                 stats: DatasetStats | None = None) -> tuple[int | None, dict[str, Any]]:
-        """Segments, batches and padding efficiency from the first sequence column's length histogram."""
-        o = plan.options
-        lengths = stats.length_counts if stats is not None else np.zeros(0, np.int64)
+        stats = DatasetStats()
+        for part in scan([o.sequence[0]], functools.partial(chunk_stats, label=None, length=o.sequence[0])):
+            stats.merge(part)
+        lengths = stats.length_counts
         steps = np.arange(len(lengths))
         count = np.maximum(1, -(-steps // o.num_unroll)) if o.pad else steps // o.num_unroll
         segments = int((count * lengths).sum())

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -13,14 +13,14 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool import stats as stats_mod
-from batchtool.dataset import Chunk, Dataset, ReadReport
+from batchtool.dataset import Chunk, Dataset
 from batchtool.errors import BatchtoolError, OptionInputError
-from batchtool.ops.base import Context, Depends, Kind, Operation, Scan, need_columns, who
-from batchtool.ops.regroup import Exchange, Probe, Regrouped, Runtime
+from batchtool.ops.base import Pass, Context, Depends, Kind, Operation, Scan, need_columns, who
+from batchtool.ops.regroup import Stream, Exchange, Probe
 from batchtool.tally import Tally
 from batchtool.ops.labels import (MAX_CLASSES, LabelError, bad_label_count, check_label_type, full_label_error,
                                   is_class, label_codes)
-from batchtool.ops.copies import Copies, Piece, copy_stats, copy_summary
+from batchtool.ops.copies import Copies, copy_stats, copy_summary
 from batchtool.ops.stratify.batches import batched, exchange
 from batchtool.ops.stratify.options import MODES, StratifyOptions
 from batchtool.ops.targets import check_probs, parse_probs, parse_target
@@ -78,6 +78,22 @@ def _by_class(counts: np.ndarray) -> dict[str, int]:
     return {str(i): int(n) for i, n in enumerate(np.asarray(counts).tolist())}
 
 
+def _class_counts(options: StratifyOptions, context: Context, chunk: Chunk) -> Tally:
+    """The first pass's statistics of a chunk: its rows per class; labels that can be no class (fractional,
+    negative, past --num-classes or the most classes) are counted together, with the largest of them, so the
+    counts never outgrow the classes."""
+    check_label_type(context, options.label)  # before a first chunk's labels are counted
+    part = stats_mod.chunk_stats(chunk, options.label, None)
+    classes = options.known_classes() or MAX_CLASSES
+    counts: Counter[int] = Counter()
+    for value, n in part.label_counts.items():
+        counts[int(value) if is_class(value, classes) else NOT_A_CLASS] += n
+    tally = Tally.of(label_counts=counts, label_nulls=part.label_nulls)
+    finite = [v for v in part.label_counts if math.isfinite(v)]
+    tally.add_values("label", np.array([max(finite, default=0)], dtype=np.float64))
+    return tally
+
+
 class Stratify(Operation[StratifyOptions, Stratification]):
     """stratify's definition: options, first pass, plan, kernel, report and dry run; with --batch-size it
     regroups its selection into batches (ops/stratify/batches.py)."""
@@ -88,11 +104,10 @@ class Stratify(Operation[StratifyOptions, Stratification]):
     options = StratifyOptions
     seeded = True
     spills = True
-    expands = True
     batches_flag = "--balanced-batches"
 
-    def needs(self, options: StratifyOptions) -> list[str]:
-        return [options.label]
+    def input_columns(self, options: StratifyOptions, columns: list[str] | None) -> list[str] | None:
+        return None if columns is None else list(dict.fromkeys([*columns, options.label]))
 
     def kind_of(self, options: StratifyOptions) -> Kind:
         """Rows as they stream, or batches with --batch-size (and --balanced-batches)."""
@@ -101,32 +116,17 @@ class Stratify(Operation[StratifyOptions, Stratification]):
     def depends(self, options: StratifyOptions) -> Depends:
         return Depends.CHUNKS if options.mode == "online" else Depends.ORDER
 
-    def first_pass_depends(self, options: StratifyOptions) -> Depends:
-        """Exact mode: the thresholds are keyed hashes of the ids."""
-        return Depends.ORDER if options.mode == "exact" else Depends.ROWS
-
     def output_schema(self, options: StratifyOptions, schema: pa.Schema) -> pa.Schema:
         need_columns(schema, "label", [options.label])
         return schema
 
-    def first_pass_columns(self, options: StratifyOptions) -> list[str]:
-        """The class counts (unless --init-probs or --mode online make them unnecessary)."""
-        return [options.label] if options.needs_counts else []
-
-    def first_pass(self, options: StratifyOptions, context: Context, chunk: Chunk) -> Tally:
-        """The chunk's rows per class; labels that can be no class (fractional, negative, past --num-classes or
-        the most classes) are counted together, with the largest of them, so the counts never outgrow the
-        classes."""
-        check_label_type(context, options.label)  # before a first chunk's labels are counted
-        part = stats_mod.chunk_stats(chunk, options.label, None)
-        classes = options.known_classes() or MAX_CLASSES
-        counts: Counter[int] = Counter()
-        for value, n in part.label_counts.items():
-            counts[int(value) if is_class(value, classes) else NOT_A_CLASS] += n
-        tally = Tally.of(label_counts=counts, label_nulls=part.label_nulls)
-        finite = [v for v in part.label_counts if math.isfinite(v)]
-        tally.add_values("label", np.array([max(finite, default=0)], dtype=np.float64))
-        return tally
+    def first_pass(self, options: StratifyOptions, schema: pa.Schema) -> Pass | None:
+        """The class counts (unless --init-probs or --mode online make them unnecessary); in exact mode its
+        thresholds are keyed hashes of the ids, so a shuffle before it must really run."""
+        if not options.needs_counts:
+            return None
+        return Pass([options.label], Tally, functools.partial(_class_counts, options),
+                    depends=Depends.ORDER if options.mode == "exact" else Depends.ROWS)
 
     def plan(self, options: StratifyOptions, context: Context, stats: Tally | None) -> Stratification:
         """The classes, the target and, unless --mode online (which plans chunk by chunk), the plan: in exact
@@ -173,14 +173,13 @@ class Stratify(Operation[StratifyOptions, Stratification]):
                   class_selected=np.bincount(labels, weights=copies, minlength=k).astype(np.int64))
         if plan.seen is not None:
             tally.latest["online_final_probs"] = (plan.seen / plan.seen.sum()).tolist()
-        return Copies(chunk, copies), tally
+        return Copies(chunk, copies, plan.seed, STAGE), tally
 
-    def regroup(self, plan: Stratification, data: Dataset, report: ReadReport,
-                runtime: Runtime) -> AbstractContextManager[Regrouped]:
-        return batched(self, plan, data, report, runtime)
-
-    def exchange(self, plan: Stratification, data: Dataset, probe: Probe) -> Exchange | None:
-        return exchange(self, plan, data, probe)
+    def regroup(self, plan: Stratification, data: Dataset, probe: Probe) -> Exchange | Stream:
+        """--balanced-batches: the exchange of its selection; plain batches of it as it streams."""
+        if plan.options.balanced_batches:
+            return exchange(self, plan, data, probe)
+        return Stream(functools.partial(batched, self, plan, data))
 
     def on_stream_error(self, plan: Stratification, error: BatchtoolError, scan: Scan) -> BatchtoolError | None:
         """A bad label found while streaming (no counting pass: --init-probs, --mode online) becomes the error
@@ -188,13 +187,6 @@ class Stratify(Operation[StratifyOptions, Stratification]):
         if isinstance(error, LabelError):
             return full_label_error(scan, plan.options.label, plan.num_classes, plan.locate)
         return None
-
-    def pieces(self, output: Copies) -> Iterator[Piece]:
-        return output.pieces()
-
-    def build(self, plan: Stratification, piece: Piece) -> tuple[Chunk, int]:
-        """One piece's output rows (copies consecutive) and the input rows it completes."""
-        return piece.build(plan.seed, STAGE), piece.rows
 
     def report(self, plan: Stratification, stats: Tally) -> dict[str, Any]:
         """manifest["stats"]: the plan, class counts before and after, copies and what was discarded (the

@@ -26,8 +26,8 @@ ORDER_STAGE, BATCH_STAGE = STAGE + "/order", STAGE + "/batch"
 
 
 @contextlib.contextmanager
-def batched(op: Operation, plan: Stratification, data: Dataset, report: ReadReport,
-            runtime: Runtime) -> Iterator[Regrouped]:
+def batched(op: Operation, plan: Stratification, data: Dataset, runtime: Runtime,
+            report: ReadReport) -> Iterator[Regrouped]:
     """The selection (op's kernel over `data`) in batches of --batch-size, as it streams (balanced batches run as
     the exchange below)."""
     options = plan.options
@@ -137,7 +137,7 @@ def _online_rows(op: Operation, plan: Stratification, data: Dataset, runtime: Ru
 def _selected(op: Operation, plan: Stratification, chunk: Chunk) -> tuple[Chunk, np.ndarray, Tally]:
     """A map task's chunk: the rows the kernel selects (copies built), their classes, the kernel's counts."""
     copies, tally = op.kernel(plan, chunk)
-    rows = Chunk.concat([op.build(plan, piece)[0] for piece in op.pieces(copies)], chunk.data.schema)
+    rows = copies.rows()
     return rows, plan.labels(rows), tally
 
 
