@@ -176,7 +176,7 @@ def test_a_spool_task_run_twice_spools_once(sources, tmp_path):
 
     dataset = open_dataset(sources["parquet"])
     unit = next(exchange.read_units(dataset, ReadReport()))
-    job = write._SpoolJob(str(tmp_path), _as_is, "dst")
+    job = write._SpoolJob(str(tmp_path), functools.partial(_as_is, OutputOptions()), "dst")
     first, again = write._spool(job, (0, unit)), write._spool(job, (0, unit))
     assert first.rows == again.rows == (50,) and first.consumed == 50
     assert os.listdir(tmp_path) == ["s000000000.arrow"]
