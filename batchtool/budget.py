@@ -18,9 +18,10 @@ import pyarrow.compute as pc
 
 from batchtool.dataset import Chunk
 from batchtool.errors import NamesOptions, OptionError
-from batchtool.inspection import human_bytes
 from batchtool.stats import checked_lengths
 
+DEFAULT_MEMORY = 1 << 30
+"""--memory's default: the budget of a run (spills, batches, what its input decompresses to)."""
 SHARE = 8
 """One option-sized allocation may take an eighth of --memory: a worker thread holds about two (a padded
 batch and its encoding) and the writer one, so with the default two threads and the spill parts that
@@ -31,6 +32,15 @@ below it only sizes the spill parts."""
 HISTOGRAM_BYTES = 40
 """Per length up to the longest: a length histogram (8 bytes a length, in each chunk's statistics and their merge)
 and the arrays planning derives from it."""
+
+
+def human_bytes(n: float) -> str:
+    """Bytes as a person reads them: 1.5 GB."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
 
 
 def allowed(memory: int) -> int:

@@ -23,7 +23,7 @@ from batchtool.write import Deferred, Job, Streamed, write
 def convert(src: str, dst: str, output: OutputOptions, *, columns: Sequence[str] | None = None,
             format: str | None = None, skip_corrupt: bool = False, run: RunSettings = RunSettings()) -> JobResult:
     """Read SRC's shards in order and write them to DST, with the manifest."""
-    dataset = open_source(src, dst, output, format=format, skip_corrupt=skip_corrupt)
+    dataset = open_source(src, dst, output, run, format=format, skip_corrupt=skip_corrupt)
     cols = dataset.check_columns(columns)
     job = Job("convert", {"columns": cols, "to": output.format, "compression": output.codec,
                           "shard_rows": output.shard_rows, "shard_bytes": output.shard_bytes},

@@ -20,27 +20,6 @@ from batchtool.manifest import read_manifest
 from batchtool.runner import ordered_map
 
 
-_memory: int | None = None
-
-
-def reading_memory() -> int | None:
-    """The --memory of the command running (None: a command without one), which decompressed input obeys."""
-    return _memory
-
-
-@contextmanager
-def memory_limit(memory: int) -> Iterator[None]:
-    """Make `memory` the budget every dataset opened in the block reads its input under (see
-    formats.base.check_batch_memory): the CLI sets it from --memory around a command that has one, as it sets
-    --max-record-bytes (formats.tfrecord.record_limit)."""
-    global _memory
-    previous, _memory = _memory, memory
-    try:
-        yield
-    finally:
-        _memory = previous
-
-
 @dataclass(frozen=True)
 class Shard:
     """One input file; `index` is its position in SRC's sorted file list and part of every example id."""
@@ -165,8 +144,8 @@ class Dataset:
     num_rows: int | None = None
     skip_corrupt: bool = False
     manifest: dict | None = None
-    max_record_bytes: int = field(default_factory=tfrecord_format.max_record_bytes)
-    memory: int | None = field(default_factory=reading_memory)
+    max_record_bytes: int = tfrecord_format.DEFAULT_MAX_RECORD_BYTES
+    memory: int | None = None
     """The command's --memory, which bounds what one unit of input decompresses to (None: --max-record-bytes does)."""
 
     @property
@@ -305,8 +284,8 @@ def open_dataset(src: str, format: str | None = None, schema: pa.Schema | None =
     A TFRecord SRC without a batchtool manifest gets its schema from a pass over every record
     (feature names and kinds only). max_record_bytes: the largest TFRecord record read, and what one record
     batch of a compressed Arrow IPC file may decompress to when there is no `memory` (default:
-    tfrecord.max_record_bytes(), what --max-record-bytes sets); memory: the budget that decompressed input
-    obeys instead (default: the command's --memory, see memory_limit).
+    DEFAULT_MAX_RECORD_BYTES; the CLI passes --max-record-bytes); memory: the budget that decompressed input
+    obeys instead (the CLI passes the command's --memory).
     """
     src = os.fspath(src)
     paths = resolve_paths(src)
@@ -326,7 +305,7 @@ def open_dataset(src: str, format: str | None = None, schema: pa.Schema | None =
     shards = tuple(Shard(i, p, fs.file_size(p)) for i, p in enumerate(paths))
     manifest = read_manifest(src) if fs.is_dir(src) else None
     reading = {"tfrecord_kind": tfrecord_kind, "skip_corrupt": skip_corrupt, "max_record_bytes": max_record_bytes,
-               "memory": reading_memory() if memory is None else memory}
+               "memory": memory}
     dataset = formats.FORMATS[format].open_dataset(src, shards, schema, manifest, reading)
     unwrapped = column_types.reading_schema(dataset.schema)  # operations never see an extension type
     return dataset if unwrapped is dataset.schema else replace(dataset, schema=unwrapped)

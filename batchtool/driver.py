@@ -84,11 +84,12 @@ def scanner(dataset: Dataset, threads: int) -> Scan:
     return scan
 
 
-def make_plan(op: Operation, options: Any, dataset: Dataset, threads: int, seed: int = 0,
-              quiet: bool = True) -> Any:
-    """The op's plan: its first pass (if any) over the columns it names, merged in input order."""
+def make_plan(op: Operation, options: Any, dataset: Dataset, run: RunSettings, seed: int = 0) -> Any:
+    """The op's plan under the run's memory: its first pass (if any) over the columns it names, merged in input
+    order."""
+    threads, quiet = run.threads, run.quiet
     context = Context(seed, dataset.schema, dataset.src, dataset.locate,
-                      first_file=dataset.shards[0].path if dataset.shards else None)
+                      first_file=dataset.shards[0].path if dataset.shards else None, memory=run.budget)
     first = op.first_pass(options, dataset.schema)
     stats: Any = None
     if first is not None:
@@ -233,15 +234,14 @@ def run_operation(op: Operation, options: Any, src: str, dst: str, output: Outpu
                   run: RunSettings = RunSettings(), *, seed: int = 0, format: str | None = None,
                   skip_corrupt: bool = False) -> JobResult:
     """An op as a command: SRC through its plan and kernel (or its regrouping) into DST, with the manifest."""
-    tmp_dir = getattr(options, "tmp_dir", None) if op.spills else None
-    dataset = open_source(src, dst, output, tmp_dir=tmp_dir, format=format, skip_corrupt=skip_corrupt)
+    dataset = open_source(src, dst, output, run, format=format, skip_corrupt=skip_corrupt)
     try:
         schema = op.output_schema(options, dataset.schema)
-        recorded = op.recorded(options, dataset.schema, output)
+        recorded = {**op.recorded(options, dataset.schema, output), **run.recorded(op.spills)}
     except OptionError as exc:
         raise exc.at(dataset.src) from None
-    plan = make_plan(op, options, dataset, run.threads, seed, run.quiet)
-    job = Job(op.name, recorded, seed if op.seeded else None, dataset, dst, output, schema, run, tmp_dir)
+    plan = make_plan(op, options, dataset, run, seed)
+    job = Job(op.name, recorded, seed if op.seeded else None, dataset, dst, output, schema, run)
     regroups = op.kind_of(options) is not Kind.ROWS
 
     def produce(space: Workspace, report: ReadReport) -> AbstractContextManager[Produced]:

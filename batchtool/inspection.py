@@ -13,6 +13,7 @@ from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
 from batchtool.engines import with_engine
 from batchtool.formats import column_types
+from batchtool.budget import human_bytes
 from batchtool.job import RunSettings
 from batchtool.manifest import manifest_path
 from batchtool.runner import ordered_map
@@ -31,7 +32,8 @@ def inspect(src: str, *, label: str | None = None, length: str | None = None, fo
     those of the original examples (first segments' `total_length`), with its segments, lanes and
     empty slots counted apart.
     """
-    dataset = open_dataset(src, format=format, skip_corrupt=skip_corrupt)
+    dataset = open_dataset(src, format=format, skip_corrupt=skip_corrupt, max_record_bytes=run.max_record_bytes,
+                           memory=run.memory)
     label = label or stats_mod.default_label(dataset.schema)
     from batchtool.ops.names import producer, written_names  # here: the ops import budget, which imports this module
 
@@ -292,11 +294,3 @@ def bar(value: float, peak: float) -> str:
         return ""
     eighths = int(round(_BAR_WIDTH * 8 * value / peak))
     return "█" * (eighths // 8) + ("", "▏", "▎", "▍", "▌", "▋", "▊", "▉")[eighths % 8]
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1024 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TB"

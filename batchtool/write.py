@@ -64,8 +64,6 @@ class Job:
     output: OutputOptions
     schema: pa.Schema
     run: RunSettings
-    tmp_dir: str | None = None
-    """--tmp-dir: where the local engine's workspace is (None: the system's temporary directory)."""
     who: str | None = None
     """What its progress bars name (a pipeline's stage; None: the command)."""
     started: float = field(default_factory=time.perf_counter)
@@ -116,7 +114,7 @@ def write(job: Job, produce: Produce, report: ReadReport | None = None) -> JobRe
     casts = job.output.casts(job.schema)
     stored = job.output.stored_schema(job.schema)
     with output_directory(job.dst, job.output.overwrite, read_paths(job.source)) as tmp, \
-            workspace(job.dst, job.tmp_dir, inside=tmp) as space, on_engine_of(space), \
+            workspace(job.dst, job.run.tmp_dir, inside=tmp) as space, on_engine_of(space), \
             produce(space, report) as produced:
         engine = runner.active_engine()
         output = job.output if produced.sequence_columns is None else \

@@ -8,9 +8,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
+from hypothesis import settings
 
 from batchtool.cli import cli
 from batchtool.synthetic import make_table
+
+# On CI every property test draws the same examples each run (a failure there is the code's, never the draw's);
+# elsewhere each run draws afresh, so running the suite keeps exploring.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = os.path.join(REPO, "sample_data")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -30,11 +31,12 @@ QUIET = RunSettings(threads=2, quiet=True)
 
 
 def run(tmp_path, table: pa.Table, name: str = "out", run: RunSettings = QUIET, seed: int = 0,
-        **options) -> tuple[pa.Table, dict]:
+        memory: int | None = None, **options) -> tuple[pa.Table, dict]:
     src = str(tmp_path / "src")
     if not os.path.exists(src):
         write_parquet_shards(src, table, shards=3, row_group_size=40)
-    result = run_operation(OP, BucketOptions(**options), src, str(tmp_path / name), OutputOptions(), run, seed=seed)
+    result = run_operation(OP, BucketOptions(**options), src, str(tmp_path / name), OutputOptions(),
+                           replace(run, memory=memory), seed=seed)
     return read_dir(str(tmp_path / name)), result.manifest
 
 
@@ -268,8 +270,6 @@ def test_property_every_example_once_or_counted_and_budgets_hold(tmp_path_factor
      "--num-buckets 0: must be at least 1", "key 'num-buckets' = 0: must be at least 1"),
     ({"boundaries": (4,), "batch_size": (4,), "order": "random"},
      "--order 'random': expected shuffle or sorted", "key 'order' = 'random': expected shuffle or sorted"),
-    ({"boundaries": (4,), "batch_size": (4,), "memory": 0},
-     "--memory 0: must be positive", "key 'memory' = 0: must be positive"),
     ({"boundaries": (4,), "batch_size": (4,), "output_column": (("length", "n"), ("length", "m"))},
      "--output-column: length named twice", "key 'output-column': length named twice"),
     ({"boundaries": (4,), "batch_size": (4,), "balance": "label", "target": "even"},

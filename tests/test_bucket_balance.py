@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -38,12 +39,13 @@ def labelled(counts: list[int], seed: int, max_length: int = 60) -> pa.Table:
 
 
 def run(directory: str, table: pa.Table, name: str = "out", settings: RunSettings = QUIET,
-        **options) -> tuple[pa.Table, dict]:
+        memory: int | None = None, **options) -> tuple[pa.Table, dict]:
     src = os.path.join(directory, "src")
     if not os.path.exists(src):
         write_parquet_shards(src, table, shards=2, row_group_size=30)
     dst = os.path.join(directory, name)
-    result = run_operation(OP, BucketOptions(**options), src, dst, OutputOptions(), settings, seed=3)
+    result = run_operation(OP, BucketOptions(**options), src, dst, OutputOptions(), replace(settings, memory=memory),
+                           seed=3)
     return read_dir(dst), result.manifest["stats"]
 
 

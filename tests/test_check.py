@@ -8,6 +8,7 @@ import json
 import math
 import os
 from pathlib import Path
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -41,8 +42,8 @@ def src_of(tmp_path, columns: dict, shards: int = 2, row_group_size: int = 3) ->
     return write_parquet_shards(str(tmp_path / "src"), pa.table(columns), shards, row_group_size)
 
 
-def run(src: str, *rules, **options):
-    return check(src, RuleSet(tuple(rules)), CheckOptions(**options), QUIET)
+def run(src: str, *rules, memory: int | None = None, tmp_dir: str | None = None, **options):
+    return check(src, RuleSet(tuple(rules)), CheckOptions(**options), replace(QUIET, memory=memory, tmp_dir=tmp_dir))
 
 
 def one(src: str, rule, **options):

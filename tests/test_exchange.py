@@ -35,27 +35,27 @@ def sources(tmp_path_factory) -> dict[str, str]:
 
 
 CASES = {
-    "parquet-several-parts-and-shards": ("parquet", ShuffleOptions(memory=20_000, batch_size=32),
-                                         OutputOptions(shard_bytes=30_000)),
-    "tfrecord-default-batches": ("tfrecord", ShuffleOptions(memory=1 << 20), OutputOptions(shard_rows=150)),
-    "tfrecord-out-drop-remainder": ("parquet", ShuffleOptions(memory=50_000, batch_size=7, drop_remainder=True),
-                                    OutputOptions(format="tfrecord", shard_rows=100, cast=("float64=float32",))),
+    "parquet-several-parts-and-shards": ("parquet", ShuffleOptions(batch_size=32),
+                                         OutputOptions(shard_bytes=30_000), 20_000),
+    "tfrecord-default-batches": ("tfrecord", ShuffleOptions(), OutputOptions(shard_rows=150), 1 << 20),
+    "tfrecord-out-drop-remainder": ("parquet", ShuffleOptions(batch_size=7, drop_remainder=True),
+                                    OutputOptions(format="tfrecord", shard_rows=100, cast=("float64=float32",)), 50_000),
     "tfrecord-out-by-bytes": ("parquet", ShuffleOptions(batch_size=16),
-                              OutputOptions(format="tfrecord", shard_bytes=40_000, cast=("float64=float32",))),
+                              OutputOptions(format="tfrecord", shard_bytes=40_000, cast=("float64=float32",)), None),
     "gzip-tfrecord-out": ("tfrecord", ShuffleOptions(batch_size=16),
-                          OutputOptions(format="tfrecord", compression="gzip", shard_bytes=20_000)),
-    "arrow-out": ("parquet", ShuffleOptions(batch_size=16), OutputOptions(format="arrow", shard_bytes=60_000)),
-    "arrow-out-several-parts": ("parquet", ShuffleOptions(memory=20_000, batch_size=16),
-                                OutputOptions(format="arrow", shard_bytes=60_000)),
+                          OutputOptions(format="tfrecord", compression="gzip", shard_bytes=20_000), None),
+    "arrow-out": ("parquet", ShuffleOptions(batch_size=16), OutputOptions(format="arrow", shard_bytes=60_000), None),
+    "arrow-out-several-parts": ("parquet", ShuffleOptions(batch_size=16),
+                                OutputOptions(format="arrow", shard_bytes=60_000), 20_000),
 }
 
 
 def exchanged(src: str, dst: str, options: ShuffleOptions, output: OutputOptions, seed: int,
-              skip_corrupt: bool = False):
+              skip_corrupt: bool = False, memory: int | None = None):
     """The command as a remote engine runs it (the pickling stand-in): its workspace beside DST, its shards measured
     and written by tasks."""
     with runner.use_engine(PicklingEngine()):
-        return run_operation(OP, options, src, dst, output, RunSettings(threads=2, quiet=True, engine="ray"),
+        return run_operation(OP, options, src, dst, output, RunSettings(threads=2, quiet=True, engine="ray", memory=memory),
                              seed=seed, skip_corrupt=skip_corrupt)
 
 
@@ -67,10 +67,11 @@ def shuffle(src: str, dst: str, options: ShuffleOptions, output: OutputOptions, 
 
 @pytest.mark.parametrize("case", CASES)
 def test_same_bytes_and_stats_as_the_local_spill(case, sources, tmp_path, monkeypatch):
-    fmt, options, output = CASES[case]
+    fmt, options, output, memory = CASES[case]
     src = sources[fmt]
-    local = shuffle(src, str(tmp_path / "local"), options, output, RunSettings(threads=2, quiet=True), seed=3)
-    ours = exchanged(src, str(tmp_path / "exchanged"), options, output, seed=3)
+    local = shuffle(src, str(tmp_path / "local"), options, output, RunSettings(threads=2, quiet=True, memory=memory),
+                    seed=3)
+    ours = exchanged(src, str(tmp_path / "exchanged"), options, output, seed=3, memory=memory)
     assert data_bytes(str(tmp_path / "exchanged")) == data_bytes(str(tmp_path / "local"))
     assert len(data_bytes(str(tmp_path / "local"))) > 1 or options.batch_size is None  # (400 rows: one batch)
     assert ours.manifest["stats"] == local.manifest["stats"] and ours.manifest["output"] == local.manifest["output"]
@@ -108,7 +109,7 @@ def test_skipped_corrupt_records_are_counted_as_locally(sources, tmp_path):
 
 def test_a_worker_that_cannot_see_the_exchange_directory_says_so(sources, tmp_path):
     """On a cluster whose nodes do not share DST's filesystem, the first map task stops the command."""
-    dataset = open_source(sources["parquet"], str(tmp_path / "dst"), OutputOptions())
+    dataset = open_source(sources["parquet"], str(tmp_path / "dst"), OutputOptions(), RunSettings())
     unit = next(read_units(dataset, ReadReport()))
     job = MapJob(Workspace(str(tmp_path / "elsewhere"), "out/"), Scatter(dataset.schema, (1,), 0, "shuffle", 1 << 16))
     with pytest.raises(DestinationError, match=r"^out/: the exchange directory .*elsewhere is not visible on .*: "
@@ -124,7 +125,7 @@ def test_one_tfrecord_file_is_scattered_by_several_map_tasks(sources, tmp_path, 
     src = str(tmp_path / "one")
     convert(sources["parquet"], src, OutputOptions(format="tfrecord"), run=RunSettings(quiet=True))
     monkeypatch.setattr("batchtool.formats.tfrecord.CHUNK_RECORDS", 64)
-    units = list(read_units(open_source(src, str(tmp_path / "dst"), OutputOptions()), ReadReport()))
+    units = list(read_units(open_source(src, str(tmp_path / "dst"), OutputOptions(), RunSettings()), ReadReport()))
     assert len(os.listdir(src)) == 2 and len(units) == -(-400 // 64)  # one data file (and its manifest)
     local = shuffle(src, str(tmp_path / "local"), ShuffleOptions(batch_size=16), OutputOptions(),
                     RunSettings(threads=2, quiet=True), seed=1)

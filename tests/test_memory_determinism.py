@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -133,13 +134,13 @@ def test_any_corpus_buckets_and_shuffles_the_same_under_any_budget(corpus, seed)
     with tempfile.TemporaryDirectory() as tmp:
         os.makedirs(os.path.join(tmp, "src"))
         pq.write_table(table, os.path.join(tmp, "src", "part-0.parquet"), row_group_size=row_group)
-        for op, make in (("bucket", lambda m: BucketOptions(boundaries=(5, 20), batch_size=(4,), memory=m)),
-                         ("shuffle", lambda m: ShuffleOptions(memory=m, batch_size=7))):
+        for op, options in (("bucket", BucketOptions(boundaries=(5, 20), batch_size=(4,))),
+                            ("shuffle", ShuffleOptions(batch_size=7))):
             sums = []
             for i, memory in enumerate((1 << 30, 2 << 10, 300)):
                 dst = os.path.join(tmp, f"{op}-{memory}")
-                src, options = os.path.join(tmp, "src"), make(memory)
-                run_operation(BUCKET if op == "bucket" else SHUFFLE, options, src, dst, OutputOptions(), quiet[i % 2],
-                              seed=seed)
+                src = os.path.join(tmp, "src")
+                run_operation(BUCKET if op == "bucket" else SHUFFLE, options, src, dst, OutputOptions(),
+                              replace(quiet[i % 2], memory=memory), seed=seed)
                 sums.append(digests(dst))
             assert all(s == sums[0] for s in sums[1:]), op

@@ -22,6 +22,7 @@ import pytest
 
 import memlimit
 from batchtool import budget
+from batchtool.budget import DEFAULT_MEMORY
 from batchtool.errors import InputError, OptionInputError, UsageError
 from batchtool.ops import segment as segment_op
 from batchtool.ops import shuffle as shuffle_op
@@ -188,11 +189,13 @@ def test_a_balanced_batch_size_larger_than_the_data_finishes_at_once(tmp_path, r
 
 
 def bucket_plan(length_counts: np.ndarray, **options):
-    """bucket's plan for a length histogram alone (8 bytes per step, 12 per row): no data needed."""
+    """bucket's plan for a length histogram alone (8 bytes per step, 12 per row), under the default --memory: no
+    data needed."""
     schema = pa.schema([("tokens", pa.list_(pa.int64()))])
     bucket_options = BucketOptions(**options)
     stats = DatasetStats(rows=int(length_counts.sum()), length_counts=length_counts)
-    plan = make_plan(bucket_options, resolve_columns(bucket_options, schema), LengthPass(stats), schema, 0)
+    plan = make_plan(bucket_options, resolve_columns(bucket_options, schema), LengthPass(stats), schema, 0,
+                     DEFAULT_MEMORY)
     return with_spill_layout(plan, (12.0, 8.0))
 
 
@@ -235,10 +238,10 @@ def test_auto_buckets_refuses_a_choice_too_large_for_the_budget():
 
 def test_a_buffer_of_more_rows_than_the_budget_holds_is_refused():
     first = shuffle_op.Chunk(pa.record_batch({"x": np.zeros(100, dtype=np.int64)}), np.arange(100, dtype=np.uint64))
-    options = shuffle_op.ShuffleOptions(buffer=10**8, memory=1 << 20)
+    options = shuffle_op.ShuffleOptions(buffer=10**8)
     with pytest.raises(UsageError, match=r"--buffer 100000000: a buffer of 100,000,000 rows takes about"):
-        shuffle_op.check_memory(options, first, rows=10**9)
-    shuffle_op.check_memory(options, first, rows=1000)  # a dataset smaller than the buffer: held whole
+        shuffle_op.check_memory(options, 1 << 20, first, rows=10**9)
+    shuffle_op.check_memory(options, 1 << 20, first, rows=1000)  # a dataset smaller than the buffer: held whole
 
 
 def test_segment_plans_world_size_x_batch_size_lanes():
@@ -248,8 +251,8 @@ def test_segment_plans_world_size_x_batch_size_lanes():
                                          r"examples ahead takes about 390\.6 MB at once, more than --memory 1\.0 GB "
                                          r"allows \(128\.0 MB\); give a smaller --batch-size or --world-size, or a "
                                          r"larger --memory"):
-        segment_op.check_memory(options, None)
-    assert segment_op.check_memory(replace(options, world_size=10), None) == 10 * 4 * segment_op.METADATA_BYTES
+        segment_op.check_memory(options, 1 << 30, None)
+    assert segment_op.check_memory(replace(options, world_size=10), 1 << 30, None) == 10 * 4 * segment_op.METADATA_BYTES
 
 
 def test_stratify_refuses_a_class_named_past_the_most_classes():

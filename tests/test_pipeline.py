@@ -38,9 +38,9 @@ def test_keys_are_the_commands_flags_with_their_types_and_defaults(tmp_path):
         'op = "stratify"\ntarget = {0 = 0.5, 3 = 0.5}\nbatch-size = 8',
     ], top='seed = 7\nthreads = 3\nmemory = "2MB"\ntmp-dir = "spills"'))
     options = config.stages[0].options
-    assert options == StratifyOptions(target={0: 0.5, 3: 0.5}, batch_size=8, memory=2 << 20,
-                                      tmp_dir=str(tmp_path / "spills"))
+    assert options == StratifyOptions(target={0: 0.5, 3: 0.5}, batch_size=8)
     assert (config.seed, config.threads, config.input.path) == (7, 3, str(tmp_path / "src"))
+    assert (config.memory, config.tmp_dir) == (2 << 20, str(tmp_path / "spills"))
     assert config.output_path == str(tmp_path / "out") and config.output.codec == "zstd"
 
 
@@ -67,8 +67,7 @@ def test_lists_tables_and_negated_flags(tmp_path):
     assert (config.output.format, config.output.shard_bytes) == ("tfrecord", 1 << 20)
     bucket = load(pipeline(tmp_path, [('op = "bucket"\nboundaries = [8, 16]\nbatch-size = [4, 2, 1]\n'
                                       'sequence = "tokens"')]))
-    assert bucket.stages[0].options == BucketOptions(boundaries=(8, 16), batch_size=(4, 2, 1), sequence=("tokens",),
-                                                     tmp_dir=None)
+    assert bucket.stages[0].options == BucketOptions(boundaries=(8, 16), batch_size=(4, 2, 1), sequence=("tokens",))
     rename = load(pipeline(tmp_path, ['op = "rename"\ncolumns = ["label=class", "key = id"]']))
     assert rename.stages[0].options == RenameOptions((("label", "class"), ("key", "id")))
 

@@ -267,11 +267,11 @@ def test_global_shuffle_sends_no_data_through_the_driver(fmt, src, tmp_path, ray
             return result
 
         monkeypatch.setattr(ray_engine, name, counted)
-    options, output = ShuffleOptions(memory=20_000, batch_size=32), OutputOptions(shard_bytes=20_000)
+    options, output = ShuffleOptions(batch_size=32), OutputOptions(shard_bytes=20_000)
     ray = run_operation(SHUFFLE, options, src, str(tmp_path / "ray"), output,
-                        RunSettings(threads=2, quiet=True, engine="ray"), seed=4)
-    local = run_operation(SHUFFLE, options, src, str(tmp_path / "local"), output, RunSettings(threads=2, quiet=True),
-                          seed=4)
+                        RunSettings(threads=2, quiet=True, engine="ray", memory=20_000), seed=4)
+    local = run_operation(SHUFFLE, options, src, str(tmp_path / "local"), output,
+                          RunSettings(threads=2, quiet=True, memory=20_000), seed=4)
     written = data_bytes(str(tmp_path / "local"))
     assert data_bytes(str(tmp_path / "ray")) == written and len(written) > 1
     assert ray.manifest["stats"] == local.manifest["stats"] and local.manifest["stats"]["parts"] > 1

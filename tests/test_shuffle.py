@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from batchtool import rng
 from batchtool.dataset import Chunk
-from batchtool.errors import UsageError
+from batchtool.errors import OptionError, UsageError
 from batchtool.job import RunSettings
 from batchtool.driver import run_operation
 from batchtool.ops.rows import rebatch
@@ -30,9 +30,9 @@ from conftest import REPO, data_bytes, read_dir, write_parquet_shards
 SCHEMA = pa.schema([("x", pa.int64())])
 
 
-def run(src, dst, threads: int = 2, seed: int = 0, **options):
+def run(src, dst, threads: int = 2, seed: int = 0, memory: int | None = None, **options):
     return run_operation(OP, ShuffleOptions(**options), src, str(dst), OutputOptions(),
-                         RunSettings(threads=threads, quiet=True), seed=seed)
+                         RunSettings(threads=threads, quiet=True, memory=memory), seed=seed)
 
 
 def chunks_of(sizes: list[int]) -> list[Chunk]:
@@ -122,7 +122,6 @@ def test_rebatch_keeps_rows_and_cuts_exact_batches(sizes, size, drop):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"memory": 0}, "--memory 0"),
     ({"drop_remainder": True}, "--drop-remainder needs --batch-size"),
     ({"buffer": 10, "min_after_dequeue": 10}, "--min-after-dequeue 10 must be smaller than --buffer 10"),
     ({"buffer": 0}, "--buffer 0"),
@@ -132,6 +131,13 @@ def test_rebatch_keeps_rows_and_cuts_exact_batches(sizes, size, drop):
 def test_option_errors(kwargs, message):
     with pytest.raises(UsageError, match=message):
         ShuffleOptions(**kwargs)
+
+
+def test_memory_is_a_run_setting_named_in_each_vocabulary():
+    with pytest.raises(OptionError) as caught:
+        RunSettings(memory=0)
+    assert caught.value.rendered("cli").startswith("--memory 0: must be a positive size")
+    assert caught.value.rendered("toml").startswith("key 'memory' = 0: must be a positive size")
 
 
 CHILD = """
@@ -147,8 +153,8 @@ def status():
             (line.split(":", 1) for line in open("/proc/self/status")) if k in ("VmRSS", "VmHWM")}
 
 def run(src, dst):
-    run_operation(OP, ShuffleOptions(memory=int(sys.argv[3])), src, dst, OutputOptions(),
-                  RunSettings(threads=2, quiet=True))
+    run_operation(OP, ShuffleOptions(), src, dst, OutputOptions(),
+                  RunSettings(threads=2, quiet=True, memory=int(sys.argv[3])))
 
 run(sys.argv[4], sys.argv[2] + "-warmup")  # lazy imports, thread stacks, reader state: not data
 before = status()["VmRSS"]

@@ -33,9 +33,10 @@ from conftest import read_dir, write_parquet_shards
 QUIET = RunSettings(threads=2, quiet=True)
 
 
-def run(src, dst, threads: int = 2, seed: int = 0, **options):
+def run(src, dst, threads: int = 2, seed: int = 0, memory: int | None = None, tmp_dir: str | None = None,
+        **options):
     return run_operation(OP, StratifyOptions(**options), src, str(dst), OutputOptions(),
-                         RunSettings(threads=threads, quiet=True), seed=seed)
+                         RunSettings(threads=threads, quiet=True, memory=memory, tmp_dir=tmp_dir), seed=seed)
 
 
 def labelled(path, labels, row_group_size: int = 50, **columns) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import struct
 import zlib
 from pathlib import Path
 
@@ -26,8 +27,6 @@ from batchtool.formats.tfrecord import (
     iter_record_spans,
     iter_records,
     masked_crc,
-    max_record_bytes,
-    record_limit,
 )
 
 # b"hello" framed by tf.io.TFRecordWriter (see tests/data/tf_hello.tfrecord).
@@ -206,7 +205,6 @@ def test_truncated_last_record_is_counted_in_bytes(tmp_path: Path) -> None:
     assert records == PAYLOADS[:4]
     assert [(s.records, s.bytes) for s in seen] == [(1, 16 + len(PAYLOADS[4]) - 1)]
     assert "record 4" in str(seen[0].error) and "truncated" in str(seen[0].error)
-
     path.write_bytes(path.read_bytes()[:offsets(PAYLOADS)[4] + 5])
     records, seen = skipping(path)
     assert records == PAYLOADS[:4] and [(s.records, s.bytes) for s in seen] == [(1, 5)]
@@ -245,6 +243,10 @@ def test_a_corrupt_gzip_stream_stops_even_when_skipping(tmp_path: Path) -> None:
 
 def test_a_record_over_the_limit_is_refused_before_reading(tmp_path: Path) -> None:
     path = write(tmp_path / "big.tfrecord", [b"x" * 100, b"y" * 5000, b"z"])
+    huge = write(tmp_path / "huge.tfrecord", [b"x"])
+    with open(huge, "r+b") as f:  # the header claims one byte more than the default limit
+        f.write(struct.pack("<Q", DEFAULT_MAX_RECORD_BYTES + 1))
+        f.write(struct.pack("<I", masked_crc(struct.pack("<Q", DEFAULT_MAX_RECORD_BYTES + 1))))
     with pytest.raises(InputError) as info:
         list(iter_records(str(path), max_record_bytes=1000))
     assert str(info.value) == (
@@ -253,11 +255,8 @@ def test_a_record_over_the_limit_is_refused_before_reading(tmp_path: Path) -> No
     with pytest.raises(InputError, match="more than the limit"):  # a limit, not corruption: never skipped
         skipping(path, max_record_bytes=1000)
     assert len(list(iter_records(str(path), max_record_bytes=5000))) == 3
-    with record_limit(1000):
-        assert max_record_bytes() == 1000
-        with pytest.raises(InputError, match="limit of 1,000"):
-            list(iter_records(str(path)))
-    assert max_record_bytes() == DEFAULT_MAX_RECORD_BYTES
+    with pytest.raises(InputError, match=f"limit of {DEFAULT_MAX_RECORD_BYTES:,}"):
+        list(iter_records(str(tmp_path / "huge.tfrecord")))
     with pytest.raises(UsageError, match="--max-record-bytes 0"):
         check_record_limit(0)
 
@@ -297,18 +296,14 @@ def test_spans_are_the_chunks_as_byte_ranges(tmp_path: Path) -> None:
 
 class CountingFile(io.RawIOBase):
     """A file that counts the bytes read from it."""
-
     def __init__(self, raw: io.RawIOBase, counted: list[int]) -> None:
         self.raw, self.counted = raw, counted
-
     def read(self, size: int = -1) -> bytes:
         data = self.raw.read(size)
         self.counted.append(len(data))
         return data
-
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         return self.raw.seek(offset, whence)
-
     def close(self) -> None:
         self.raw.close()
         super().close()
@@ -359,7 +354,6 @@ def test_corrupt_gzip_stream(tmp_path: Path) -> None:
     message = read_error(path)
     assert "corrupt gzip stream" in message or "truncated" in message
     assert "of the decompressed stream" in message
-
     path = write(tmp_path / "g2.tfrecord.gz", PAYLOADS, "GZIP")
     flip(path, 40)
     assert "record" in read_error(path)
@@ -377,7 +371,6 @@ def test_gzip_magic_in_an_uncompressed_length_is_not_gzip(tmp_path: Path) -> Non
 def test_one_writer_for_record_files_and_output_shards(tmp_path: Path, compression: str | None) -> None:
     """TFRecordFileWriter (tests, scripts) and the output shards write the same records as the same bytes."""
     from batchtool.output import OutputOptions
-
     batch = pa.RecordBatch.from_pydict({"tokens": [[1, 2, 3], [4]], "label": [0, 1]})
     options = OutputOptions(format="tfrecord", compression=compression)
     shard = io.BytesIO()

@@ -22,7 +22,7 @@ from batchtool.check.report import Offender, RuleResult, plural, skipped, verdic
 from batchtool.check.rules import Drift, DriftLengths, DriftNulls, DriftProportions, DriftRows, Length, Rule
 from batchtool.check.scan import Measures, make_plan, measure
 from batchtool.check.recorded import Recorded
-from batchtool.dataset import open_dataset
+from batchtool.dataset import Dataset, open_dataset
 from batchtool.job import RunSettings
 from batchtool.manifest import manifest_path, output_files, read_manifest, read_manifest_file, schema_from_json
 from batchtool.stats import default_label, default_length
@@ -60,8 +60,6 @@ class Baseline:
     manifest: dict | None
     data: str | None
     """Where the baseline's data files are (None: a manifest alone)."""
-    memory: int
-    """check's --memory, which its pass over the data keeps to as SRC's does."""
     skip_corrupt: bool = False
     manifest_file: str | None = None
     """The manifest's own path, which an error about one of its values names."""
@@ -77,23 +75,27 @@ class Baseline:
         recorded = self.recorded()
         if self.data is None or (recorded is not None and all(_answers(recorded, r) for r in rules)):
             return recorded
-        dataset = open_dataset(self.data, skip_corrupt=self.skip_corrupt)
-        plan = make_plan(rules, dataset.schema, None, 0, self.memory)
+        dataset = _open(self.data, run, self.skip_corrupt)  # under check's limits, as SRC is
+        plan = make_plan(rules, dataset.schema, None, 0, run.budget)
         return profile_of(measure(dataset, plan, run, needs_rows=True), rules)
 
 
-def open_baseline(spec: str, memory: int, skip_corrupt: bool = False) -> Baseline:
+def _open(src: str, run: RunSettings, skip_corrupt: bool) -> Dataset:
+    return open_dataset(src, skip_corrupt=skip_corrupt, max_record_bytes=run.max_record_bytes, memory=run.budget)
+
+
+def open_baseline(spec: str, run: RunSettings, skip_corrupt: bool = False) -> Baseline:
     """A dataset (file, directory, glob), a batchtool output directory, or a manifest file (its data optional)."""
     if fs.is_file(spec) and spec.endswith(".json"):
         manifest = read_manifest_file(spec)
         directory = os.path.dirname(spec) or "."
         beside = all(fs.is_file(f.path) for f in output_files(directory, manifest))
-        return Baseline(spec, schema_from_json(manifest["schema"]), manifest, directory if beside else None, memory,
+        return Baseline(spec, schema_from_json(manifest["schema"]), manifest, directory if beside else None,
                         skip_corrupt, spec)
     manifest = read_manifest(spec) if fs.is_dir(spec) else None
     if manifest is not None and isinstance(manifest.get("schema"), str):
-        return Baseline(spec, schema_from_json(manifest["schema"]), manifest, spec, memory, skip_corrupt)
-    return Baseline(spec, open_dataset(spec, skip_corrupt=skip_corrupt).schema, None, spec, memory, skip_corrupt)
+        return Baseline(spec, schema_from_json(manifest["schema"]), manifest, spec, skip_corrupt)
+    return Baseline(spec, _open(spec, run, skip_corrupt).schema, None, spec, skip_corrupt)
 
 
 def manifest_profile(manifest: dict, src: str, path: str) -> Profile:

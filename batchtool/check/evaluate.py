@@ -36,17 +36,12 @@ class CheckOptions:
     key: str | None = None
     """Column whose value is shown with each offending row (default: 'key' if the data has one)."""
     max_offenders: int | None = None
-    memory: int = 1 << 30
-    """Bytes the unique-key and duplicate-row hashes may hold before they spill to --tmp-dir."""
-    tmp_dir: str | None = None
     format: str | None = None
     skip_corrupt: bool = False
 
     def __post_init__(self) -> None:
         if self.max_offenders is not None and self.max_offenders < 0:
             raise UsageError(f"--max-offenders {self.max_offenders}: must be >= 0")
-        if self.memory <= 0:
-            raise UsageError(f"--memory {self.memory}: must be positive")
 
 
 @with_engine
@@ -54,20 +49,22 @@ def check(src: str, rules: RuleSet, options: CheckOptions = CheckOptions(),
           run: RunSettings = RunSettings()) -> CheckResult:
     """Evaluate every rule on SRC. A failing rule is a result (exit 1); bad usage or unreadable input raises.
 
-    With no rule, a batchtool output directory is verified against its manifest (MANIFEST_RULES).
+    run.budget bounds the unique-key and duplicate-row hashes before they spill to run.tmp_dir, and what one unit
+    of input decompresses to. With no rule, a batchtool output directory is verified against its manifest (MANIFEST_RULES).
     When the checksum or schema rule fails, rules that then cannot run (a shard is unreadable, a
     column is missing) are reported as not evaluated instead of stopping the check.
     """
     started = time.perf_counter()
     manifest = read_manifest(src) if fs.is_dir(src) else None
     rules = rules_to_check(rules, manifest)
-    limit = offender_limit(options.max_offenders, rules, options.memory)
+    limit = offender_limit(options.max_offenders, rules, run.budget)
     results = _judge_files(src, rules, manifest, limit, run.threads)
     dataset = None
     rows = None
     try:
         dataset = open_dataset(src, format=options.format,
-                               skip_corrupt=options.skip_corrupt or any(isinstance(r, Crc) for r in rules.rules))
+                               skip_corrupt=options.skip_corrupt or any(isinstance(r, Crc) for r in rules.rules),
+                               max_record_bytes=run.max_record_bytes, memory=run.budget)
         rows = _judge_data(dataset, rules, options, run, limit, results)
     except InputError as exc:  # unreadable data; usage errors always stop the check
         if not any(r.status == FAIL for r in results.values()):
@@ -100,7 +97,7 @@ def _judge_data(dataset: Dataset, rules: RuleSet, options: CheckOptions, run: Ru
     """
     for result in judge_metadata(rules.rules, dataset, limit, run.threads):
         results[result.name] = result
-    baseline = open_baseline(rules.baseline, options.memory, options.skip_corrupt) if rules.drift else None
+    baseline = open_baseline(rules.baseline, run, options.skip_corrupt) if rules.drift else None
     runnable: list[Rule] = []
     for outcome in data_rules(rules, dataset, baseline, results):
         if isinstance(outcome, RuleResult):
@@ -117,6 +114,5 @@ def _measure(dataset: Dataset, runnable: list[Rule], rules: RuleSet, options: Ch
              limit: int) -> Measures:
     """The one pass over the columns the runnable rules read; offending rows show the --key column's value."""
     key = options.key or rules.key or ("key" if "key" in dataset.schema.names else None)
-    plan = make_plan(runnable, dataset.schema, key, limit, options.memory)
-    return measure(dataset, plan, run, needs_rows=any(isinstance(r, NEEDS_ROWS) for r in runnable),
-                   tmp_dir=options.tmp_dir)
+    plan = make_plan(runnable, dataset.schema, key, limit, run.budget)
+    return measure(dataset, plan, run, needs_rows=any(isinstance(r, NEEDS_ROWS) for r in runnable))

@@ -163,10 +163,10 @@ class Measures:
         return o.count, tuple(self.offender(*f) for f in o.found)
 
 
-def measure(dataset: Dataset, plan: Plan, run: RunSettings, needs_rows: bool, tmp_dir: str | None = None) -> Measures:
+def measure(dataset: Dataset, plan: Plan, run: RunSettings, needs_rows: bool) -> Measures:
     """The one streaming pass (or, when no rule reads data, a record count or nothing).
 
-    The plan's memory bounds the unique-key and duplicate-row hashes before they spill to `tmp_dir`.
+    The plan's memory bounds the unique-key and duplicate-row hashes before they spill to run.tmp_dir.
     """
     report = ReadReport()
     stats = [DatasetStats() for _ in plan.pairs]
@@ -177,7 +177,7 @@ def measure(dataset: Dataset, plan: Plan, run: RunSettings, needs_rows: bool, tm
             else dataset.num_rows
         return Measures(dataset, plan, rows, stats, offenses, repeats, report)
     share = plan.memory // max(1, len(plan.keys))
-    indexes = [HashIndex(share, tmp_dir) for _ in plan.keys]
+    indexes = [HashIndex(share, run.tmp_dir) for _ in plan.keys]
     try:
         with progress.bar("check: scan", dataset.progress_rows, quiet=run.quiet) as bar:
             for scan in ordered_map(lambda task: scan_chunk(task(), plan, dataset.locate),

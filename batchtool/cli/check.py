@@ -13,7 +13,6 @@ from batchtool.cli.common import (SIZE, column_list, columns_option, command, in
                                   run_options)
 from batchtool import fs
 from batchtool.errors import UsageError
-from batchtool.settings import parse_size
 from batchtool.output import refuse_overlap
 
 
@@ -122,8 +121,8 @@ def check_cmd(src: str, rules_file: str | None, label: str | None, num_classes: 
               min_padding_efficiency: float | None, min_bucket_padding_efficiency: float | None,
               min_batch_rows: int | None, max_batch_rows: int | None,
               batch_quotas: bool, rank_batches: bool, baseline: str | None, key: str | None,
-              max_offenders: int | None, json_file: str | None, junit_file: str | None, memory: str,
-              tmp_dir: str | None, input_format: str | None, skip_corrupt: bool, **kwargs) -> None:
+              max_offenders: int | None, json_file: str | None, junit_file: str | None,
+              input_format: str | None, skip_corrupt: bool, **kwargs) -> None:
     """Check SRC against rules and print a table of them: PASS/FAIL, the measured value and the bound.
 
     Rules come from --rules RULES.toml and from the flags below (schema, nulls, NaN, label range,
@@ -135,7 +134,7 @@ def check_cmd(src: str, rules_file: str | None, label: str | None, num_classes: 
     """
     run = make_run(kwargs)
     _refuse_writing_inputs(src, [rules_file, baseline], {"--json": None if json_file == "-" else json_file,
-                                                         "--junit": junit_file, "--tmp-dir": tmp_dir})
+                                                         "--junit": junit_file, "--tmp-dir": run.tmp_dir})
     from_file = load_rules(rules_file) if rules_file else RuleSet()
     target_tolerance, drift_tolerances = tolerance
     flags = rules_from_flags(label=label, num_classes=num_classes, target=target, tolerance=target_tolerance,
@@ -147,7 +146,7 @@ def check_cmd(src: str, rules_file: str | None, label: str | None, num_classes: 
                              min_batch_rows=min_batch_rows, max_batch_rows=max_batch_rows,
                              batch_quotas=batch_quotas, rank_batches=rank_batches, baseline=baseline,
                              drift_tolerances=drift_tolerances, drift_rules=not from_file.drift)
-    options = CheckOptions(key=key, max_offenders=max_offenders, memory=parse_size(memory), tmp_dir=tmp_dir,
+    options = CheckOptions(key=key, max_offenders=max_offenders,
                            format=input_format, skip_corrupt=skip_corrupt)
     result = check(src, from_file + flags, options, run)
     if json_file == "-":

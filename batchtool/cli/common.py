@@ -15,7 +15,6 @@ import click
 
 import batchtool
 from batchtool import settings as settings_mod
-from batchtool.dataset import memory_limit
 from batchtool.engines import ENGINES
 from batchtool.errors import BatchtoolError, OptionError
 from batchtool.formats import tfrecord
@@ -166,30 +165,14 @@ def seed_option(fn: Callable) -> Callable:
 
 
 def memory_options(fn: Callable) -> Callable:
-    """--memory (in bytes) and --tmp-dir, for commands that reorder through spill files.
-
-    --memory also bounds what the command's input decompresses to (dataset.memory_limit, applied around the
-    whole command, as --max-record-bytes is)."""
-    @functools.wraps(fn)
-    def budgeted(*args: Any, **kwargs: Any) -> Any:
-        with memory_limit(settings_mod.parse_size(kwargs["memory"])):
-            return fn(*args, **kwargs)
-
-    return _apply(budgeted, [declared(CommonSettings, "memory"), declared(CommonSettings, "tmp_dir")])
+    """--memory (in bytes) and --tmp-dir, for commands that reorder through spill files (run settings: make_run;
+    --memory also bounds what the command's input decompresses to)."""
+    return _apply(fn, [declared(CommonSettings, "memory"), declared(CommonSettings, "tmp_dir")])
 
 
 def input_options(fn: Callable) -> Callable:
-    """--format, --skip-corrupt and --max-record-bytes, for every command that reads SRC.
-
-    --max-record-bytes is applied around the whole command (tfrecord.record_limit), so every
-    reader the command opens obeys it without each command passing it on.
-    """
-    @functools.wraps(fn)
-    def limited(*args: Any, max_record_bytes: str, **kwargs: Any) -> Any:
-        with tfrecord.record_limit(RECORD_LIMIT.parse("max_record_bytes", max_record_bytes)):
-            return fn(*args, **kwargs)
-
-    return _apply(limited, [
+    """--format, --skip-corrupt and --max-record-bytes (a run setting: make_run), for every command that reads SRC."""
+    return _apply(fn, [
         declared(InputSettings, "format", dest="input_format"), declared(InputSettings, "skip_corrupt"),
         click.option("--max-record-bytes", default=size_text(tfrecord.DEFAULT_MAX_RECORD_BYTES), metavar="SIZE",
                      show_default=True, help="Largest TFRecord record to read: a record header claiming more is an "
@@ -272,11 +255,23 @@ def make_output(kwargs: dict[str, Any]) -> OutputOptions:
 
 
 def make_run(kwargs: dict[str, Any]) -> RunSettings:
-    """Pop --threads and --quiet; the engine comes from run_options."""
+    """Pop --threads and --quiet, and (where the command has them) --memory, --tmp-dir and --max-record-bytes; the
+    engine comes from run_options."""
     ctx = click.get_current_context(silent=True)
     chosen = ctx.meta.get(_ENGINE_META, RunSettings()) if ctx is not None else RunSettings()
+    memory = kwargs.pop("memory", None)
+    limit = kwargs.pop("max_record_bytes", None)
     return RunSettings(threads=kwargs.pop("threads"), quiet=kwargs.pop("quiet"), engine=chosen.engine,
-                       ray_address=chosen.ray_address)
+                       ray_address=chosen.ray_address, memory=None if memory is None else parse_memory(memory),
+                       tmp_dir=kwargs.pop("tmp_dir", None),
+                       max_record_bytes=tfrecord.DEFAULT_MAX_RECORD_BYTES if limit is None
+                       else RECORD_LIMIT.parse("max_record_bytes", limit))
+
+
+def parse_memory(text: str) -> int:
+    """--memory's text as bytes, read by its declaration's kind of value (settings.Size)."""
+    declared_kind = next(decl.value for f, decl in fields(CommonSettings) if f.name == "memory")
+    return declared_kind.parse("memory", text)
 
 
 def summary(result_line: str, quiet: bool) -> None:

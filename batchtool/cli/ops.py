@@ -16,7 +16,6 @@ from batchtool.ops import OPERATIONS
 from batchtool.ops.base import Kind, Operation
 from batchtool.errors import flag, key
 from batchtool.options import Option, build, fields, from_texts, required
-from batchtool.settings import parse_size
 
 Runner = Callable[..., JobResult]
 """How a command runs its op: run_operation(op, options, src, dst, output, run, *, seed, format, skip_corrupt)."""
@@ -30,8 +29,7 @@ def make_command(op: Operation, runner: Runner = run_operation) -> click.Command
 
     def run_op(src: str, dst: str, input_format: str | None, skip_corrupt: bool, **kwargs: Any) -> None:
         given = {name: value for name in names if (value := kwargs.pop(name)) not in (None, ())}
-        settings = {"memory": parse_size(kwargs.pop("memory")), "tmp_dir": kwargs.pop("tmp_dir")} if op.spills else {}
-        options = build(op.options, from_texts(op.options, given), **settings)
+        options = build(op.options, from_texts(op.options, given))
         seed = kwargs.pop("seed", 0)
         output, run = make_output(kwargs), make_run(kwargs)
         result = runner(op, options, src, dst, output, run, seed=seed, format=input_format, skip_corrupt=skip_corrupt)

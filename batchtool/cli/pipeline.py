@@ -8,7 +8,6 @@ import click
 from click.core import ParameterSource
 
 from batchtool.cli.common import command, declared, make_run, render, report, run_options
-from batchtool.dataset import memory_limit
 from batchtool.pipeline import config as pipeline_config
 from batchtool.pipeline import execute
 from batchtool.settings import CommonSettings, OutputSettings
@@ -34,8 +33,7 @@ def run_cmd(pipeline: str, dry_run: bool, tmp_dir: str | None, overwrite: bool, 
     if config.threads is not None and ctx.get_parameter_source("threads") is not ParameterSource.COMMANDLINE:
         kwargs["threads"] = config.threads
     run = make_run(kwargs)
-    with memory_limit(config.memory):  # what the input may decompress to, as the commands' --memory
-        result = execute.run_pipeline(config, run, dry_run=dry_run)
+    result = execute.run_pipeline(config, run, dry_run=dry_run)
     if dry_run:
         click.echo("\n".join(render(result.stages, expected=True)))
         click.echo(f"(dry run: first passes only, nothing written; {result.wall_seconds:.1f} s)")

@@ -9,7 +9,6 @@ import io
 import struct
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, BinaryIO
@@ -66,34 +65,11 @@ class Skipped:
 
 OnCorrupt = Callable[[Skipped], None]
 
-_limit = DEFAULT_MAX_RECORD_BYTES
-
-
-def max_record_bytes() -> int:
-    """The record size limit in force: DEFAULT_MAX_RECORD_BYTES unless a record_limit block says otherwise."""
-    return _limit
-
-
 def check_record_limit(limit: int) -> int:
     """limit itself, or UsageError if it cannot be a record size limit."""
     if limit < 1:
         raise UsageError(f"--max-record-bytes {limit}: must be at least 1 byte")
     return limit
-
-
-@contextmanager
-def record_limit(limit: int) -> Iterator[None]:
-    """Make `limit` the record size limit of every reader opened in the block (on any thread).
-
-    A process-wide setting, as a command's options are: the CLI sets it from --max-record-bytes
-    around the whole command, so every reader of that command obeys it.
-    """
-    global _limit
-    previous, _limit = _limit, check_record_limit(limit)
-    try:
-        yield
-    finally:
-        _limit = previous
 
 
 def masked_crc(data: bytes) -> int:
@@ -460,7 +436,7 @@ def _walk(path: str, compression: str | None, skip_corrupt: bool, on_corrupt: On
     with _open_input(path, random_access=headers_only) as raw:
         source = (_Source(raw, False, fs.file_size(path), _REMOTE_INDEX_BLOCK if fs.is_uri(path) else _INDEX_BLOCK)
                   if headers_only else _Source(raw, compressed))
-        reader = _Reader(path, source, compressed, max_record_bytes() if limit is None else limit,
+        reader = _Reader(path, source, compressed, DEFAULT_MAX_RECORD_BYTES if limit is None else limit,
                          skip_corrupt, on_corrupt)
         try:
             yield from reader.walk(read_data=not headers_only)
@@ -472,8 +448,8 @@ def iter_records(path: str, *, compression: str | None = "auto", skip_corrupt: b
                  on_corrupt: OnCorrupt | None = None, max_record_bytes: int | None = None) -> Iterator[bytes]:
     """Stream the payloads of one TFRecord file, verifying both CRCs of every record.
 
-    A header claiming more than max_record_bytes (default: the limit in force, see
-    record_limit) is an InputError before anything is read. With skip_corrupt, a record
+    A header claiming more than max_record_bytes (default: DEFAULT_MAX_RECORD_BYTES, the CLI's
+    --max-record-bytes default) is an InputError before anything is read. With skip_corrupt, a record
     whose data CRC is wrong, a truncated last record and the bytes after a header whose
     length CRC is wrong (up to the next record whose CRCs both check out) are skipped and
     reported to on_corrupt with their exact size. A corrupt gzip stream always stops.
@@ -1030,7 +1006,7 @@ class TFRecordFormat(Format):
         from batchtool.dataset import Dataset
         from batchtool.manifest import schema_from_json
 
-        limit = check_record_limit(max_record_bytes() if reading.get("max_record_bytes") is None
+        limit = check_record_limit(DEFAULT_MAX_RECORD_BYTES if reading.get("max_record_bytes") is None
                                    else reading["max_record_bytes"])
         kind, skip_corrupt = reading.get("tfrecord_kind", "auto"), reading.get("skip_corrupt", False)
         if schema is None and manifest and manifest.get("schema"):

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 import numpy as np
 import pyarrow as pa
 
+from batchtool.budget import DEFAULT_MEMORY
 from batchtool.dataset import Chunk, Dataset
 from batchtool.errors import BatchtoolError, OptionError, SchemaError
 from batchtool.ops.regroup import Exchange, Probe, Stream
@@ -81,6 +82,9 @@ class Context:
     yields fn(chunk) for every chunk of those columns, in input order, run on the engine. None on workers."""
     first_file: str | None = None
     """The input's first file, where its schema is read: an error about a column's type names it (None: `src`)."""
+    memory: int = DEFAULT_MEMORY
+    """--memory: what the op may hold at once (its spill's key ranges, a batch, a buffer), checked before it is
+    allocated (batchtool.budget)."""
 
 
 def manifest_options(options: Any, output: OutputOptions) -> dict[str, Any]:
@@ -140,8 +144,9 @@ class Operation(Generic[O, P]):
     kind: ClassVar[Kind] = Kind.ROWS
     seeded: ClassVar[bool] = False
     """Takes a --seed (random draws keyed by it and the example ids)."""
-    spills: ClassVar[bool] = False
-    """Its options carry `memory` and `tmp_dir` (--memory, --tmp-dir; a pipeline's own in a pipeline)."""
+    spills: ClassVar[tuple[str, ...]] = ()
+    """It spills (it takes --memory and --tmp-dir; a pipeline's own in a pipeline): the run settings its manifest's
+    options record besides its own (RunSettings.recorded)."""
     batches_flag: ClassVar[str | bool | None] = None
     """The flag with which its output is batches (written as batch shards without --to); True: always batches."""
 

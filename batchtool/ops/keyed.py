@@ -8,8 +8,6 @@ import pyarrow as pa
 
 from batchtool import budget
 
-DEFAULT_MEMORY = 1 << 30
-"""--memory's default: the budget of a reorder through spill files."""
 PART_SHARE = 4
 """A spill part is at most --memory / PART_SHARE: reading one back holds it about three times over."""
 
@@ -37,4 +35,4 @@ def flush_bytes(plan: Any, memory: int) -> int:
     return max(_MIN_FLUSH_BYTES, min(_MAX_FLUSH_BYTES, memory // (4 * sum(plan.parts))))
 
 
-__all__ = ["DEFAULT_MEMORY", "PART_SHARE", "spill_flush_bytes"]
+__all__ = ["PART_SHARE", "spill_flush_bytes"]

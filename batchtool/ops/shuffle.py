@@ -16,7 +16,7 @@ from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.ops.base import Context, Kind, Operation, OptionError
 from batchtool.ops.regroup import Stream, Cut, Exchange, Probe, Regrouped, Runtime, Scatter, Scattered
 from batchtool.options import Flag, Integer, option
-from batchtool.ops.keyed import DEFAULT_MEMORY, PART_SHARE, spill_flush_bytes
+from batchtool.ops.keyed import PART_SHARE, spill_flush_bytes
 from batchtool.ops.rows import FixedBatches, Yardstick, bytes_per_row, emit, estimate_bytes, peek, rebatch
 from batchtool.spill import parts_for
 
@@ -33,10 +33,8 @@ their concatenation and the new buffer) plus SLOT_BYTES of row numbers per slot.
 
 @dataclass(frozen=True)
 class ShuffleOptions:
-    """What `shuffle` computes; the memory budget and temporary directory never change the output bytes."""
+    """What `shuffle` computes."""
 
-    memory: int = DEFAULT_MEMORY
-    tmp_dir: str | None = None
     batch_size: int | None = option("Write batches (row groups) of this many rows.", Integer(), None)
     drop_remainder: bool = option("Drop the final batch if it is smaller than --batch-size.", Flag(), False)
     buffer: int | None = option("Buffered shuffle (shuffle_batch's capacity) instead of a global one.", Integer(),
@@ -45,8 +43,6 @@ class ShuffleOptions:
                                            "the batch size.", Integer(), None)
 
     def __post_init__(self) -> None:
-        if self.memory <= 0:
-            raise OptionError("memory", "must be a positive size", value=str(self.memory))
         if self.batch_size is not None and self.batch_size < 1:
             raise OptionError("batch_size", "must be at least 1", value=str(self.batch_size))
         if self.drop_remainder and self.batch_size is None:
@@ -84,31 +80,32 @@ def output_batch_rows(first: Chunk | Yardstick | None, options: ShuffleOptions) 
     return options.batch_size or default_batch_rows(bytes_per_row(first))
 
 
-def check_memory(options: ShuffleOptions, first: Chunk | Yardstick | None, rows: int | None) -> None:
+def check_memory(options: ShuffleOptions, memory: int, first: Chunk | Yardstick | None, rows: int | None) -> None:
     """Stop before shuffling if one --batch-size batch, or the --buffer, would not fit the budget."""
     per_row = bytes_per_row(first)
     if options.batch_size is not None:
-        budget.check_rows("batch_size", options.batch_size, rows, per_row, options.memory)
+        budget.check_rows("batch_size", options.batch_size, rows, per_row, memory)
     if options.buffered:
         field, value = ("buffer", options.buffer) if options.buffer is not None else \
             ("min_after_dequeue", options.min_after_dequeue)
         held = options.capacity if rows is None else min(options.capacity, rows)
         budget.check(field, f"a buffer of {held:,} rows", held * (BUFFER_COPIES * per_row + SLOT_BYTES),
-                     options.memory, f"give a smaller {{{field}}} or a larger {{memory}}", value=value)
+                     memory, f"give a smaller {{{field}}} or a larger {{memory}}", value=value)
 
 
-def layout(dataset: Dataset, options: ShuffleOptions, first: Yardstick | None) -> dict[str, Any]:
+def layout(dataset: Dataset, plan: ShufflePlan, first: Yardstick | None) -> dict[str, Any]:
     """From the first chunk, before any row moves: check the budget, size the output batches and (global
     shuffle) the spill's key ranges; the manifest's statistics of the plan."""
+    options = plan.options
     estimate = estimate_bytes(dataset, first)
-    check_memory(options, first, dataset.num_rows if dataset.num_rows is not None
+    check_memory(options, plan.memory, first, dataset.num_rows if dataset.num_rows is not None
                  else int(estimate / bytes_per_row(first)))
     info: dict[str, Any] = {"mode": "buffered" if options.buffered else "global",
                             "batch_rows": output_batch_rows(first, options), "estimated_bytes": int(estimate)}
     if options.buffered:
         info["capacity"] = options.capacity
     else:
-        info["parts"] = parts_for(estimate, options.memory // PART_SHARE)
+        info["parts"] = parts_for(estimate, plan.memory // PART_SHARE)
     return info
 
 
@@ -218,6 +215,8 @@ class ShufflePlan:
 
     options: ShuffleOptions
     seed: int
+    memory: int
+    """--memory, which sizes its spill's key ranges and bounds a batch or the buffer."""
 
 
 class _Buffered:
@@ -227,7 +226,7 @@ class _Buffered:
     def __init__(self, plan: ShufflePlan, data: Dataset, report: ReadReport, threads: int) -> None:
         self.plan, self.data, self.report, self.threads = plan, data, report, threads
         first, self._chunks = peek(data.chunks(None, threads, report))
-        self.info = layout(data, plan.options, Yardstick.of(first))
+        self.info = layout(data, plan, Yardstick.of(first))
         self.rows_in = 0
 
     def __iter__(self) -> Iterator[Chunk]:
@@ -265,7 +264,7 @@ class Shuffle(Operation[ShuffleOptions, ShufflePlan]):
     options = ShuffleOptions
     kind = Kind.REORDERS
     seeded = True
-    spills = True
+    spills = ("memory", "tmp_dir")
 
     def kind_of(self, options: ShuffleOptions) -> Kind:
         return Kind.BATCHES if options.batch_size is not None else Kind.REORDERS
@@ -274,7 +273,7 @@ class Shuffle(Operation[ShuffleOptions, ShufflePlan]):
         return schema
 
     def plan(self, options: ShuffleOptions, context: Context, stats: Any) -> ShufflePlan:
-        return ShufflePlan(options, context.seed)
+        return ShufflePlan(options, context.seed, context.memory)
 
     def regroup(self, plan: ShufflePlan, data: Dataset, probe: Probe) -> Exchange | Stream:
         """The global shuffle as its exchange (its batches cut from the one sorted stream); the buffered one as it
@@ -282,10 +281,10 @@ class Shuffle(Operation[ShuffleOptions, ShufflePlan]):
         o = plan.options
         if o.buffered:
             return Stream(functools.partial(_buffered, plan, data))
-        info = layout(data, o, probe(Yardstick.of))
+        info = layout(data, plan, probe(Yardstick.of))
         parts = info["parts"]  # more ranges would sort the same, but cut batches across more chunks: Arrow IPC
         # output records how a batch's buffers are laid out, so its bytes would change
-        scatter = Scatter(data.schema, (parts,), plan.seed, STAGE, spill_flush_bytes(o.memory, parts))
+        scatter = Scatter(data.schema, (parts,), plan.seed, STAGE, spill_flush_bytes(plan.memory, parts))
         return Exchange(scatter, functools.partial(_exchange_cut, info, o))
 
     def noted(self, stats: dict[str, Any]) -> list[str]:

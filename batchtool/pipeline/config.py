@@ -147,7 +147,7 @@ class _Reader:
         source = self.input(doc.get("input"))
         if "stage" in doc and not isinstance(doc["stage"], list):
             raise self.fail(None, "key 'stage': write each stage as a [[stage]] table")
-        stages = tuple(self.stage(i, table, common.memory, tmp_dir) for i, table in enumerate(doc.get("stage", []), 1))
+        stages = tuple(self.stage(i, table) for i, table in enumerate(doc.get("stage", []), 1))
         self.check_order(stages)
         dst, output = self.output(doc.get("output"), overwrite, stages[-1] if stages else None)
         if not stages:
@@ -184,7 +184,7 @@ class _Reader:
             raise self.fail("[output]", exc.rendered("toml")) from None
         return self.resolve(settings.path), output
 
-    def stage(self, index: int, table: Any, memory: int, tmp_dir: str | None) -> StageConfig:
+    def stage(self, index: int, table: Any) -> StageConfig:
         where = f"stage {index}"
         if not isinstance(table, dict):
             raise self.fail(where, f"expected a [[stage]] table, got {shown(table)}")
@@ -199,8 +199,7 @@ class _Reader:
         for key in keys:
             if key in _PIPELINE_WIDE:
                 raise self.fail(where, f"key {key!r} is set for the whole pipeline, in {_PIPELINE_WIDE[key]}")
-        settings = {"memory": memory, "tmp_dir": tmp_dir} if OPERATIONS[op].spills else {}
-        options = self.table(OPERATIONS[op].options, keys, where, **settings)
+        options = self.table(OPERATIONS[op].options, keys, where)
         return StageConfig(index, op, options, keys)
 
     def check_order(self, stages: Sequence[StageConfig]) -> None:

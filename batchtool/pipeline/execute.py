@@ -60,11 +60,14 @@ class PipelineResult:
 
 @with_engine
 def run_pipeline(config: config_mod.PipelineConfig, run: RunSettings, *, dry_run: bool = False) -> PipelineResult:
-    """Plan every stage (its first passes), then run the pipeline into config.output_path (unless dry_run)."""
+    """Plan every stage (its first passes), then run the pipeline into config.output_path (unless dry_run), under the
+    file's memory and tmp-dir."""
     started = time.perf_counter()
+    run = replace(run, memory=config.memory, tmp_dir=config.tmp_dir)
     if not dry_run:
         _check_destination(config)
-    source = open_dataset(config.input.path, format=config.input.format, skip_corrupt=config.input.skip_corrupt)
+    source = open_dataset(config.input.path, format=config.input.format, skip_corrupt=config.input.skip_corrupt,
+                          max_record_bytes=run.max_record_bytes, memory=run.memory)
     refuse_overlap(read_paths(source), {f"{config.path}: [output] path": config.output_path,
                                         f"{config.path}: tmp-dir": config.tmp_dir})
     columns = source.check_columns(config.input.columns)
@@ -275,7 +278,7 @@ class Prefix:
         columns = self.columns if upstream.scope is None else list(upstream.scope)
         units = (exchange.read_units(self.source, report, columns) if j == 0
                  else exchange.task_units(upstream.tasks(None, report)))
-        space = self._stack.enter_context(workspace(self.config.output_path, self.config.tmp_dir))
+        space = self._stack.enter_context(workspace(self.config.output_path, self.run.tmp_dir))
         self._stack.enter_context(on_engine_of(space))
         runtime = EngineRuntime(self.run.threads, self.run.quiet, stage.name, space)
         regrouped, units = exchange.regrouping(stage.op, stage.planned, upstream, units, self.run.threads, like)
@@ -363,8 +366,7 @@ class Prefix:
         units = (exchange.units(self.source, self.report, self.columns) if k == 0
                  else exchange.task_units(view.tasks(None, self.report)))
         job = Job("run", self.config.manifest_options(), self.config.seed, self.source, self.config.output_path,
-                  self.config.output, stage.output_schema(view.schema), self.run, self.config.tmp_dir, stage.name,
-                  started, self.stats)
+                  self.config.output, stage.output_schema(view.schema), self.run, stage.name, started, self.stats)
 
         def produce(space: Workspace, report: ReadReport) -> AbstractContextManager[Produced]:
             runtime = EngineRuntime(self.run.threads, self.run.quiet, stage.name, space)

@@ -78,7 +78,7 @@ class Stage:
 
     def plan(self, view: Dataset, run: RunSettings) -> None:
         """Run the first passes over `view` and keep the plan."""
-        self._plan = make_plan(self.op, self._options, view, run.threads, self._seed, run.quiet)
+        self._plan = make_plan(self.op, self._options, view, run, self._seed)
 
     @property
     def planned(self) -> Any:

@@ -30,7 +30,7 @@ def _no_lengths(options: BucketOptions) -> LengthPass:
 
 
 def _lengths(options: BucketOptions, context: Context, chunk: Chunk) -> LengthPass:
-    return length_pass(options, resolve_columns(options, context.schema), chunk, context.locate)
+    return length_pass(options, resolve_columns(options, context.schema), chunk, context.locate, context.memory)
 
 
 class Bucket(Operation[BucketOptions, BucketPlan]):
@@ -46,7 +46,7 @@ class Bucket(Operation[BucketOptions, BucketPlan]):
     options = BucketOptions
     kind = Kind.BATCHES
     seeded = True
-    spills = True
+    spills = ("memory",)
 
     def output_schema(self, options: BucketOptions, schema: pa.Schema) -> pa.Schema:
         return output_schema(schema, resolve_columns(options, schema), options.mask)
@@ -62,7 +62,8 @@ class Bucket(Operation[BucketOptions, BucketPlan]):
 
     def plan(self, options: BucketOptions, context: Context, stats: LengthPass | None) -> BucketPlan:
         assert stats is not None
-        return make_plan(options, resolve_columns(options, context.schema), stats, context.schema, context.seed)
+        return make_plan(options, resolve_columns(options, context.schema), stats, context.schema, context.seed,
+                         context.memory)
 
     def regroup(self, plan: BucketPlan, data: Dataset, probe: Probe) -> Exchange:
         return batches.exchange(plan, data, probe)
@@ -101,7 +102,7 @@ RECORDED_AS = {"sequence": "sequences", "pad_value": "pad_values", "output_colum
 """Fields the manifest records under the names bucket's options had before they were named after their flags."""
 RECORDED_ORDER = ("length", "sequences", "boundaries", "auto_buckets", "bucket_column", "num_buckets", "batch_size",
                   "max_tokens", "max_rows", "drop_oversize", "pad_to_boundary", "pad_values", "mask", "keep",
-                  "drop_remainder", "order", "memory", "cost", "output_columns", "balance", "target", "oversample")
+                  "drop_remainder", "order", "cost", "output_columns", "balance", "target", "oversample")
 
 
 def _manifest_options(options: BucketOptions) -> dict[str, Any]:

@@ -12,11 +12,10 @@ from batchtool.options import Choice, Column, ColumnList, Flag, Integer, Pairs, 
 from batchtool.ops import names
 from batchtool.ops.boundaries import check_boundaries
 from batchtool.ops.targets import TargetSpec, check_probs
-from batchtool.ops.stratify.plans import Target
+from batchtool.ops.targets import Target
 
 ORDERS = ("shuffle", "sorted")
 COSTS = ("linear", "quadratic")
-DEFAULT_MEMORY = 1 << 30
 OUTPUT_COLUMNS = ("batch", "bucket", "length", "mask")
 """bucket's own columns (`batch` marks the batches for load and check; the manifest records its name)."""
 
@@ -92,8 +91,6 @@ class BucketOptions:
                               "of the common ones.", Flag(), False)
     order: str = option("shuffle: seeded random order within buckets and across batches; sorted: ascending length, "
                         "buckets in order (for inference).", Choice(ORDERS), "shuffle")
-    memory: int = DEFAULT_MEMORY
-    tmp_dir: str | None = None
 
     def __post_init__(self) -> None:
         modes = ("boundaries", "auto_buckets", "bucket_column")
@@ -117,8 +114,6 @@ class BucketOptions:
                               "{auto_buckets}), not {bucket_column}", mentions=modes)
         if self.order not in ORDERS:
             raise OptionError("order", f"expected {' or '.join(ORDERS)}", value=repr(self.order))
-        if self.memory <= 0:
-            raise OptionError("memory", "must be positive", value=str(self.memory))
         self._check_balance()
         names.check_names(OUTPUT_COLUMNS, self.output_column)
 
@@ -182,4 +177,4 @@ class BucketOptions:
         return self.num_buckets
 
 
-__all__ = ["COSTS", "DEFAULT_MEMORY", "ORDERS", "OUTPUT_COLUMNS", "BucketOptions", "Integers"]
+__all__ = ["COSTS", "ORDERS", "OUTPUT_COLUMNS", "BucketOptions", "Integers"]

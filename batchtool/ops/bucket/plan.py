@@ -119,15 +119,15 @@ class LengthPass:
             self.classes = _add_counts(self.classes, later.classes)
 
 
-def length_pass(options: BucketOptions, columns: BucketColumns, chunk: Chunk,
-                locate: Callable[[int], str]) -> LengthPass:
+def length_pass(options: BucketOptions, columns: BucketColumns, chunk: Chunk, locate: Callable[[int], str],
+                memory: int) -> LengthPass:
     """One chunk's length histogram (and bucket-column counts) of the kept rows; with --balance its class counts."""
     if columns.keep is not None:
         chunk = chunk.filter(keep_mask(chunk, columns.keep))
-    budget.check_lengths(chunk, columns.length, options.memory)
+    budget.check_lengths(chunk, columns.length, memory)
     joint = None
     if columns.label is not None:
-        joint = joint_counts(chunk, columns, options.known_classes, options.memory, locate)
+        joint = joint_counts(chunk, columns, options.known_classes, memory, locate)
     return LengthPass(chunk_stats(chunk, columns.bucket, columns.length), joint)
 
 
@@ -198,6 +198,8 @@ class BucketPlan:
 
     options: BucketOptions
     seed: int
+    memory: int
+    """--memory, which sizes the spill and bounds a batch and the plan's bookkeeping."""
     first: LengthPass
     columns: BucketColumns
     boundaries: tuple[int, ...] | None
@@ -259,8 +261,8 @@ def make_balance(options: BucketOptions, available: np.ndarray, budgets: Sequenc
     return Balance(options.balance, target, available, layouts, options.oversample)
 
 
-def make_plan(options: BucketOptions, columns: BucketColumns, first: LengthPass, schema: pa.Schema,
-              seed: int) -> BucketPlan:
+def make_plan(options: BucketOptions, columns: BucketColumns, first: LengthPass, schema: pa.Schema, seed: int,
+              memory: int) -> BucketPlan:
     """Boundaries (given or chosen), budgets, padding and, with --balance, the layouts (from the first pass's
     class counts); the spill layout comes later, from a sample of the rows (`with_spill_layout`)."""
     stats = first.stats
@@ -271,7 +273,7 @@ def make_plan(options: BucketOptions, columns: BucketColumns, first: LengthPass,
         distinct = int(np.count_nonzero(counts))
         k = min(options.auto_buckets, distinct)
         budget.check("auto_buckets", f"choosing {k:,} buckets among {distinct:,} distinct lengths",
-                     max(0, k - 1) * (distinct + 1) * CHOICE_BYTES, options.memory,
+                     max(0, k - 1) * (distinct + 1) * CHOICE_BYTES, memory,
                      "give a smaller {auto_buckets} (or fixed {boundaries})", value=options.auto_buckets,
                      mentions=("boundaries",))
         boundaries = choose_boundaries(counts, options.auto_buckets)
@@ -279,7 +281,7 @@ def make_plan(options: BucketOptions, columns: BucketColumns, first: LengthPass,
         boundaries = None
     n = len(boundaries) + 1 if boundaries is not None else options.num_buckets
     field, value = ("num_buckets", f"{n}") if boundaries is None else ("boundaries", f"({n - 1:,} values)")
-    budget.check(field, f"the bookkeeping of {n:,} buckets", n * BUCKET_BYTES, options.memory, "give fewer buckets",
+    budget.check(field, f"the bookkeeping of {n:,} buckets", n * BUCKET_BYTES, memory, "give fewer buckets",
                  value=value)
     sizes = options.batch_size or (None,)
     budgets = tuple(BatchBudget(batch_size=sizes[b % len(sizes)], max_tokens=options.max_tokens,
@@ -298,11 +300,11 @@ def make_plan(options: BucketOptions, columns: BucketColumns, first: LengthPass,
         named = max(options.target) + 1 if isinstance(options.target, dict) and options.target else 0
         k = options.known_classes or max(1, first.classes.shape[0], named)
         budget.check("balance", f"balancing {k:,} classes in each of {n:,} buckets", n * k * BALANCE_GROUP_BYTES,
-                     options.memory, "give fewer buckets (or classes), or a larger {memory}", value=options.balance)
+                     memory, "give fewer buckets (or classes), or a larger {memory}", value=options.balance)
         batchable = first.classes if boundaries is None else first.classes[:, : len(counts)]
         balance = make_balance(options, class_counts(batchable, k, boundaries, n), budgets,
                                np.where(fixed >= 0, fixed, bucket_longest(stats, options, boundaries, n)[1]))
-    return BucketPlan(options, seed, first, columns, boundaries, n, budgets, pad_to, pad_values, balance)
+    return BucketPlan(options, seed, memory, first, columns, boundaries, n, budgets, pad_to, pad_values, balance)
 
 
 def with_spill_layout(plan: BucketPlan, row_bytes: tuple[float, float]) -> BucketPlan:
@@ -313,14 +315,14 @@ def with_spill_layout(plan: BucketPlan, row_bytes: tuple[float, float]) -> Bucke
         ranges: tuple[int, ...] = ()
         k = plan.balance.num_classes
         share = plan.balance.available / np.maximum(1, plan.balance.available.sum(axis=1, keepdims=True))
-        parts = tuple(parts_for(bytes_ * s, options.memory // (2 * n * k))
+        parts = tuple(parts_for(bytes_ * s, plan.memory // (2 * n * k))
                       for bytes_, row in zip(_bucket_bytes(stats, plan.boundaries, n, row_bytes), share) for s in row)
     elif options.order == "shuffle":
         ranges = ()
-        parts = tuple(parts_for(b, options.memory // (2 * n))
+        parts = tuple(parts_for(b, plan.memory // (2 * n))
                       for b in _bucket_bytes(stats, plan.boundaries, n, row_bytes))
     else:
-        ranges = _length_ranges(stats.length_counts, row_bytes, options.memory // 2)
+        ranges = _length_ranges(stats.length_counts, row_bytes, plan.memory // 2)
         parts = (1,) * (n * (len(ranges) + 1))
     check_largest_batch(plan, row_bytes)
     return replace(plan, parts=parts, length_ranges=ranges)
@@ -348,7 +350,7 @@ def check_largest_batch(plan: BucketPlan, row_bytes: tuple[float, float]) -> Non
                    else f"padded to up to {padded:,} steps")
         fix = f"give a smaller {{{field}}}{', drop {pad_to_boundary}' if fixed else ''} or a larger {{memory}}"
         budget.check(field, f"one batch of bucket {b}, {batch_rows:,} rows {padding},",
-                     batch_rows * per_row + elements * per_step, plan.options.memory, fix, value=value,
+                     batch_rows * per_row + elements * per_step, plan.memory, fix, value=value,
                      mentions=("pad_to_boundary",))
 
 

@@ -60,7 +60,7 @@ class Pack(Operation[PackOptions, PackPlan]):
     options = PackOptions
     kind = Kind.BATCHES
     seeded = True
-    spills = True
+    spills = ("memory",)
     batches_flag = True
 
     def output_schema(self, options: PackOptions, schema: pa.Schema) -> pa.Schema:
@@ -77,7 +77,8 @@ class Pack(Operation[PackOptions, PackPlan]):
 
     def plan(self, options: PackOptions, context: Context, stats: LengthCounts | None) -> PackPlan:
         assert stats is not None  # pack always has its first pass
-        return make_plan(options, resolve_columns(options, context.schema), stats, context.schema, context.seed)
+        return make_plan(options, resolve_columns(options, context.schema), stats, context.schema, context.seed,
+                         context.memory)
 
     def regroup(self, plan: PackPlan, data: Dataset, probe: Probe) -> Exchange:
         return exchange(plan, data, probe)

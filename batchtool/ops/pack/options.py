@@ -32,8 +32,7 @@ MAX_PADDED_STEPS = (1 << 31) - 1
 
 @dataclass(frozen=True)
 class PackOptions:
-    """What `pack` computes; validated on construction. `memory` and `tmp_dir` are the command's (or the
-    pipeline's) spill settings."""
+    """What `pack` computes; validated on construction."""
 
     max_length: int = option("Steps per packed row, at most.", Integer(metavar="L"))
     sequence: tuple[str, ...] | None = option(
@@ -51,8 +50,6 @@ class PackOptions:
     pad_value: tuple[str, ...] | None = option("Pad value of a sequence column (default 0, '' for strings); "
                                                "repeatable.", Pairs("COL=V"), None)
     output_column: tuple[tuple[str, str], ...] = own.output_column(OUTPUT_COLUMNS)
-    memory: int = 1 << 30
-    tmp_dir: str | None = None
 
     def __post_init__(self) -> None:
         L = self.max_length
@@ -76,8 +73,6 @@ class PackOptions:
         if self.max_tokens is not None and not L <= self.max_tokens <= MAX_PADDED_STEPS:
             raise OptionError("max_tokens", f"must be between {{max_length}} ({L}, so that a full row fits) and "
                               f"{MAX_PADDED_STEPS:,}", value=str(self.max_tokens), mentions=["max_length"])
-        if self.memory <= 0:
-            raise OptionError("memory", "must be positive", value=str(self.memory))
         own.check_names(OUTPUT_COLUMNS, self.output_column)
 
     @property
@@ -108,7 +103,7 @@ class PackOptions:
         return {"max_length": self.max_length, "sequences": self.sequences,
                 "max_examples_per_row": self.max_examples_per_row, "long": self.long, "batch_size": self.batch_size,
                 "max_tokens": self.max_tokens, "pad_to_max_length": self.pad_to_max_length,
-                "pad_values": self.pad_values, "memory": self.memory, **own.recorded(self.output_column)}
+                "pad_values": self.pad_values, **own.recorded(self.output_column)}
 
 
 @dataclass(frozen=True)

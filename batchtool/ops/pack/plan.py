@@ -105,6 +105,8 @@ class PackPlan:
     seed: int
     pad_values: Mapping[str, Any]
     schema: pa.Schema
+    memory: int
+    """--memory, which sizes the spill groups and bounds a batch."""
 
     @property
     def counts(self) -> np.ndarray:
@@ -119,14 +121,14 @@ class PackPlan:
         return self.options.max_length if self.options.pad_to_max_length else widest
 
 
-def make_plan(options: PackOptions, columns: PackColumns, lengths: LengthCounts, schema: pa.Schema,
-              seed: int) -> PackPlan:
+def make_plan(options: PackOptions, columns: PackColumns, lengths: LengthCounts, schema: pa.Schema, seed: int,
+              memory: int) -> PackPlan:
     """The packing: the best candidate over the histogram."""
     packing, report = plan_packing(lengths.pieces, options.max_length, options.max_examples_per_row)
     pads = parse_pad_values(options.pad_values, schema)
     pad_values = {name: pads.get(name, default_pad(schema.field(name).type)) for name in columns.sequences}
     return PackPlan(options, columns, packing, report, lengths, seed, pad_values,
-                    output_schema(schema, columns, options))
+                    output_schema(schema, columns, options), memory)
 
 
 @dataclass(frozen=True)
@@ -149,7 +151,7 @@ def spill_layout(plan: PackPlan, sizes: tuple[float, float]) -> SpillLayout:
     per_example, per_step = sizes
     rows, packing = plan.rows, plan.packing
     held = packing.examples * per_example + packing.real_steps * per_step
-    most = max(1, int(rows * (plan.options.memory // 4) / held)) if held else max(1, rows)
+    most = max(1, int(rows * (plan.memory // 4) / held)) if held else max(1, rows)
     groups = max(1, -(-rows // most))
     per_group = max(1, -(-rows // groups))  # equal groups: a small one would keep its spill buffer's parents alive
     return SpillLayout(per_group, (1,) * groups)
@@ -210,7 +212,7 @@ def check_batches(plan: PackPlan, layout: BatchLayout, sizes: tuple[float, float
     fix = f"give a smaller {{{field}}} or {{max_length}}" + (", drop {pad_to_max_length}," if o.pad_to_max_length
                                                             else "") + " or a larger {memory}"
     rows = int(layout.rows[b])
-    budget.check(field, f"one batch of {rows:,} row{'s' if rows != 1 else ''} {padding}", float(need[b]), o.memory, fix,
+    budget.check(field, f"one batch of {rows:,} row{'s' if rows != 1 else ''} {padding}", float(need[b]), plan.memory, fix,
                  value=value, mentions=("max_length", "pad_to_max_length"))
 
 

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool import budget
+from batchtool.budget import DEFAULT_MEMORY
 from batchtool.dataset import Dataset, ReadReport
 from batchtool.ops.base import Scan, Context, Kind, Operation, need_columns
 from batchtool.ops.regroup import Probe, Stream, Regrouped, Runtime
@@ -38,11 +39,11 @@ METADATA_BYTES = 64
 """Metadata per output row (keys, counters), beyond the example's own columns."""
 
 
-def check_memory(options: SegmentOptions, sample: pa.RecordBatch | None) -> float:
+def check_memory(options: SegmentOptions, memory: int, sample: pa.RecordBatch | None) -> float:
     """Stop before planning if one step of the plan (a padded batch of B rows for each of the --world-size N ranks,
     which one worker builds together), or the N x B lanes with their window of examples, would not fit the
     budget (sized from a sample chunk); returns the bytes of one step."""
-    B, U, N, memory = options.batch_size, options.num_unroll, options.world_size, options.memory
+    B, U, N = options.batch_size, options.num_unroll, options.world_size
     per_row, per_step = budget.row_bytes(sample, options.sequence)
     ranks = "" if N == 1 else f" and {{world_size}} {N}"
     rows = f"{B:,} segments" if N == 1 else f"{B:,} segments for each rank ({N * B:,} in all)"
@@ -60,7 +61,7 @@ def check_memory(options: SegmentOptions, sample: pa.RecordBatch | None) -> floa
     return step
 
 
-def _plan(options: SegmentOptions, schema: pa.Schema) -> SegmentPlan:
+def _plan(options: SegmentOptions, schema: pa.Schema, memory: int = DEFAULT_MEMORY) -> SegmentPlan:
     """The plan for an input schema: its columns checked, the context resolved, the output schema fixed."""
     need_columns(schema, "key", [options.key])
     need_columns(schema, "sequence", options.sequence)
@@ -69,7 +70,7 @@ def _plan(options: SegmentOptions, schema: pa.Schema) -> SegmentPlan:
     need_columns(schema, "context", o.context)
     need_columns(schema, "initial_state", list(o.states.values()))
     need_columns(schema, "input_length", [o.input_length] if o.input_length else [])
-    return make_plan(pa.schema([schema.field(c) for c in o.source_columns]), o)
+    return make_plan(pa.schema([schema.field(c) for c in o.source_columns]), o, memory)
 
 
 @contextmanager
@@ -81,7 +82,7 @@ def _lanes(plan: SegmentPlan, data: Dataset, runtime: Runtime, report: ReadRepor
     o = plan.options
     columns = o.source_columns
     sample = next(iter(data.tasks(columns)), None)
-    planner = LanePlanner(plan, check_memory(o, sample().data if sample else None))
+    planner = LanePlanner(plan, check_memory(o, plan.memory, sample().data if sample else None))
 
     def checked() -> Iterator[Examples]:
         yield from runtime.map(functools.partial(prepare_shared, plan, data.locate, runtime.space),
@@ -108,7 +109,7 @@ class SegmentOp(Operation[SegmentOptions, SegmentPlan]):
                "--context label --num-unroll 20 --batch-size 32")
     options = SegmentOptions
     kind = Kind.BATCHES
-    spills = True
+    spills = ("memory",)
     batches_flag = True
 
     def output_schema(self, options: SegmentOptions, schema: pa.Schema) -> pa.Schema:
@@ -117,10 +118,10 @@ class SegmentOp(Operation[SegmentOptions, SegmentPlan]):
     def recorded(self, options: SegmentOptions, schema: pa.Schema, output: OutputOptions) -> dict[str, Any]:
         """The options with the context the input decides (every column but the key and sequences by default)."""
         resolved = options.with_context(schema)
-        return {**resolved.manifest_options(), "memory": resolved.memory}
+        return resolved.manifest_options()
 
     def plan(self, options: SegmentOptions, context: Context, stats: Any) -> SegmentPlan:
-        return _plan(options, context.schema)
+        return _plan(options, context.schema, context.memory)
 
     def regroup(self, plan: SegmentPlan, data: Dataset, probe: Probe) -> Stream:
         """Lanes, planned in input order as the examples stream (_lanes)."""

@@ -36,9 +36,11 @@ class SegmentPlan:
     options: SegmentOptions
     pad_values: Mapping[str, Any]
     schema: pa.Schema
+    memory: int
+    """--memory, which bounds one step of padded batches (one per rank) and the lanes' planning."""
 
 
-def make_plan(schema: pa.Schema, options: SegmentOptions) -> SegmentPlan:
+def make_plan(schema: pa.Schema, options: SegmentOptions, memory: int) -> SegmentPlan:
     """Check the input columns' types and fix the output schema (`options` with their context resolved)."""
     key_type = schema.field(options.key).type
     if not (pa.types.is_string(key_type) or pa.types.is_large_string(key_type)
@@ -59,7 +61,7 @@ def make_plan(schema: pa.Schema, options: SegmentOptions) -> SegmentPlan:
     fields += [pa.field(name, pa.list_(schema.field(name).type.value_field), metadata=schema.field(name).metadata)
                for name in options.sequence]
     fields += [schema.field(column).with_name(name) for name, column in options.states.items()]
-    return SegmentPlan(options, pads, pa.schema(fields))
+    return SegmentPlan(options, pads, pa.schema(fields), memory)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ from batchtool.ops import names as own
 from batchtool.ops.base import OptionError
 from batchtool.options import Column, ColumnList, Flag, Integer, Pairs, option
 
-DEFAULT_MEMORY = 1 << 30
 METADATA: tuple[tuple[str, pa.DataType], ...] = (
     ("key", pa.string()), ("next_key", pa.string()), ("sequence", pa.int32()), ("sequence_count", pa.int32()),
     ("length", pa.int32()), ("total_length", pa.int32()), ("insertion_index", pa.int64()), ("lane", pa.int32()),
@@ -59,10 +58,6 @@ class SegmentOptions:
                              "with batchtool.load(DST, rank=r, world_size=N)).", Integer(metavar="N"), 1)
     """Lane streams written: batch t of rank r is output batch t * world_size + r."""
     output_column: tuple[tuple[str, str], ...] = own.output_column(OUTPUT_COLUMNS)
-    memory: int = DEFAULT_MEMORY
-    """Bounds the duplicate-key check (a quarter of it before spilling), one step of padded batches (one per rank) and
-    the lanes' planning."""
-    tmp_dir: str | None = None
     adopted: tuple[tuple[str, str], ...] = ()
     """(own column, input column) pairs segment takes for its own instead of copying them as context: what
     `with_context` finds (an integer `length` holding each example's steps, checked as the chunks are read)."""
@@ -151,4 +146,4 @@ class SegmentOptions:
                 **own.recorded(self.output_column)}
 
 
-__all__ = ["ADOPTED", "DEFAULT_MEMORY", "METADATA", "OUTPUT_COLUMNS", "STEPS", "FlagPair", "SegmentOptions"]
+__all__ = ["ADOPTED", "METADATA", "OUTPUT_COLUMNS", "STEPS", "FlagPair", "SegmentOptions"]

@@ -103,7 +103,7 @@ class Stratify(Operation[StratifyOptions, Stratification]):
     example = "batchtool stratify sample_data/parquet /tmp/balanced --label label --target uniform"
     options = StratifyOptions
     seeded = True
-    spills = True
+    spills = ("memory", "tmp_dir")
     batches_flag = "--balanced-batches"
 
     def input_columns(self, options: StratifyOptions, columns: list[str] | None) -> list[str] | None:
@@ -147,7 +147,8 @@ class Stratify(Operation[StratifyOptions, Stratification]):
         expected_rows: float | None = None
         if options.mode != "online":
             plan, expected_rows = _plan(context, options, counted, num_classes, target, info)
-        return Stratification(options, num_classes, target, plan, expected_rows, info, context.seed, context.locate)
+        return Stratification(options, num_classes, target, plan, expected_rows, info, context.seed, context.locate,
+                              context.memory)
 
     def per_chunk(self, plan: Stratification) -> Callable[[Chunk], Stratification] | None:
         """--mode online: chunk c's acceptance probabilities come from the label counts of chunks 0..c in input

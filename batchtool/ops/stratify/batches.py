@@ -58,16 +58,15 @@ def _check_memory(plan: Stratification, data: Dataset, first: Yardstick | None) 
     assert options.batch_size is not None
     expected = None if plan.expected_rows is None else int(plan.expected_rows)
     most_rows = expected if options.mode == "exact" else None if options.replacement else data.num_rows
-    budget.check_rows("batch_size", options.batch_size, most_rows, bytes_per_row(first), options.memory)
+    budget.check_rows("batch_size", options.batch_size, most_rows, bytes_per_row(first), plan.memory)
     return expected
 
 
 def _class_parts(plan: Stratification, data: Dataset, first: Yardstick | None, expected: int | None) -> list[int]:
     """Spill parts of each class's stream, from the selection's size (its first non-empty chunk's bytes per row)."""
-    options = plan.options
     active = plan.target > 0
     whole = estimate_bytes(data, first, rows=expected)
-    part_bytes = max(1, options.memory // (PART_SHARE * int(active.sum())))
+    part_bytes = max(1, plan.memory // (PART_SHARE * int(active.sum())))
     return [parts_for(whole * t, part_bytes) for t in plan.target.tolist()]
 
 
@@ -99,7 +98,7 @@ def exchange(op: Operation, plan: Stratification, data: Dataset, probe: Probe) -
     first = _first_online(op, plan, data) if online else probe(functools.partial(_selected_size, op, plan))
     expected = _check_memory(plan, data, first)
     parts = _class_parts(plan, data, first, expected)
-    scatter = Scatter(data.schema, tuple(parts), plan.seed, ORDER_STAGE, spill_flush_bytes(options.memory, sum(parts)),
+    scatter = Scatter(data.schema, tuple(parts), plan.seed, ORDER_STAGE, spill_flush_bytes(plan.memory, sum(parts)),
                       None if online else functools.partial(_selected, op, plan))
     rows = functools.partial(_online_rows, op, plan, data) if online else None
     return Exchange(scatter, functools.partial(_exchange_cut, op, plan), rows)

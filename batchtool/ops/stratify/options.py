@@ -9,7 +9,6 @@ from batchtool.ops.base import OptionError
 
 from batchtool.options import Choice, Column, Flag, Integer, option
 from batchtool.ops.labels import MAX_CLASSES
-from batchtool.ops.keyed import DEFAULT_MEMORY
 from batchtool.ops.targets import Probs, Target, TargetSpec, check_probs
 
 MODES = ("exact", "bernoulli", "online")
@@ -17,7 +16,7 @@ MODES = ("exact", "bernoulli", "online")
 
 @dataclass(frozen=True)
 class StratifyOptions:
-    """What `stratify` computes; `memory` and `tmp_dir` only bound the balanced-batch spill."""
+    """What `stratify` computes."""
 
     label: str = option("Integer class column (values in [0, classes)).", Column(), "label")
     target: Target = option("Target proportions: P0,P1,... or 'uniform' or CLASS=PROB pairs (others get 0).",
@@ -36,8 +35,6 @@ class StratifyOptions:
     drop_remainder: bool = option("Drop the final batch if it is smaller than --batch-size.", Flag(), False)
     balanced_batches: bool = option("Every batch holds its exact share of each class, rows shuffled, batches in "
                                     "random order.", Flag(), False)
-    memory: int = DEFAULT_MEMORY
-    tmp_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -71,8 +68,6 @@ class StratifyOptions:
         if (self.balanced_batches or self.drop_remainder) and self.batch_size is None:
             name = "balanced_batches" if self.balanced_batches else "drop_remainder"
             raise OptionError(name, f"{{{name}}} needs {{batch_size}}", mentions=["batch_size"])
-        if self.memory <= 0:
-            raise OptionError("memory", "must be a positive size", value=str(self.memory))
 
     def _check_class_counts(self) -> None:
         """--target list, --num-classes and --init-probs must agree on the number of classes, at most MAX_CLASSES."""

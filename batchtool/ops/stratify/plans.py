@@ -141,6 +141,8 @@ class Stratification:
     info: dict[str, Any]
     seed: int
     locate: Locate
+    memory: int
+    """--memory, which bounds a batch and sizes the balanced batches' spill."""
     seen: np.ndarray | None = None
     """--mode online: the class counts (plus ONLINE_PRIOR) up to and including this chunk."""
 
