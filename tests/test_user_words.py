@@ -105,8 +105,9 @@ def test_docs_lists_topics_and_refuses_an_unknown_one_in_one_line():
 
 
 def test_a_built_wheel_ships_the_manuals_and_prints_them(tmp_path):
-    """`pip install` of the wheel (no checkout around) gives every docs/*.md to `batchtool docs TOPIC`."""
-    pytest.importorskip("setuptools")
+    """The wheel pip builds (the way `pip install .` does: in an isolated environment with the build-system
+    requirements of pyproject.toml, so nothing but pip is needed here) holds every docs/*.md, and installed with
+    no checkout around, `batchtool docs TOPIC` prints them."""
     source = tmp_path / "source"
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
@@ -114,17 +115,14 @@ def test_a_built_wheel_ships_the_manuals_and_prints_them(tmp_path):
     for name in ("batchtool", "docs"):
         shutil.copytree(f"{REPO}/{name}", source / name, symlinks=True,
                         ignore=shutil.ignore_patterns("__pycache__"))
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    built = subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"),
-                            str(source)], capture_output=True, text=True, timeout=300)
+    built = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", "wheel", "--no-deps",
+                            "-w", str(tmp_path / "dist"), str(source)], capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr
     (wheel,) = (tmp_path / "dist").glob("batchtool-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         shipped = {n for n in archive.namelist() if n.startswith("batchtool/docs/")}
+        archive.extractall(tmp_path / "site")  # a pure-Python wheel installs as its files, where pip puts them
     assert shipped == {f"batchtool/docs/{name}" for name in os.listdir(f"{REPO}/docs") if name.endswith(".md")}
-    installed = subprocess.run([*pip, "install", "--no-deps", "--target", str(tmp_path / "site"), str(wheel)],
-                               capture_output=True, text=True, timeout=300)
-    assert installed.returncode == 0, installed.stderr
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
     done = subprocess.run([sys.executable, "-m", "batchtool", "docs", "bucket"], capture_output=True, text=True,
                           env=env, cwd=tmp_path, timeout=120)
