@@ -86,9 +86,26 @@ class Node:
     process: subprocess.Popen
     log: str
 
+    def pids(self, name: str) -> list[int]:
+        """This node's processes (its session: the node's Ray processes and their workers) whose program is `name`:
+        `raylet`, or `ray::FUNCTION`, the title of a worker process while it runs a task of FUNCTION."""
+        found = []
+        for entry in os.scandir("/proc"):
+            try:
+                if not entry.name.isdigit() or os.getsid(int(entry.name)) != self.process.pid:
+                    continue
+                with open(os.path.join(entry.path, "cmdline"), "rb") as f:
+                    program = f.read().split(b"\0")[0].decode(errors="replace").strip()
+            except OSError:  # ended meanwhile
+                continue
+            if os.path.basename(program) == name:
+                found.append(int(entry.name))
+        return found
+
     def stop(self) -> None:
-        """SIGTERM the node (it ends its own Ray processes), then SIGKILL whatever is left of its group."""
-        if self.process.poll() is None:
+        """SIGTERM the node (it ends its own Ray processes), then SIGKILL whatever is left of its group; a node whose
+        raylet is gone (a test killed it) has nothing to end gracefully, and its group is killed at once."""
+        if self.process.poll() is None and self.pids("raylet"):
             self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(STOP_SECONDS)
