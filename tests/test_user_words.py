@@ -17,7 +17,7 @@ from importlib import resources
 import pyarrow.parquet as pq
 import pytest
 
-from cli_help import COMMANDS, REPO, batchtool_env, help_text
+from cli_help import COMMANDS, REPO, help_text
 
 SEED = re.compile(r"seed", re.IGNORECASE)
 """Every "seed" a user reads must be one of these phrasings of the random seed (or `--seed` itself)."""
@@ -76,30 +76,28 @@ def test_the_check_passes_the_random_seed(line):
     assert tensorflow_seed_words(line) == []
 
 
-def test_the_help_texts_point_to_manuals_that_ship_in_the_package():
-    """A manual named in `--help` is package data (batchtool/docs/*.md), printed by `batchtool docs TOPIC`."""
+def test_the_help_texts_point_to_manuals_that_ship_in_the_package(run_cli):
+    """A manual named in `--help` is package data (batchtool/docs/*.md), printed by `batchtool docs TOPIC` (here in
+    process; the wheel test below runs it as a program, from an installed wheel)."""
     shipped = resources.files("batchtool") / "docs"
     named = {m for c in COMMANDS for m in re.findall(r"batchtool docs (\w+)", help_text(c))}
     assert {"check", "run", "bucket", "segment"} <= named
     for topic in sorted(named):
         manual = shipped / f"{topic}.md"
         assert manual.is_file(), topic
-        done = subprocess.run([sys.executable, "-m", "batchtool", "docs", topic], capture_output=True, text=True,
-                              env=batchtool_env(), timeout=120)
-        assert (done.returncode, done.stderr) == (0, "")
+        done = run_cli("docs", topic)
+        assert (done.exit_code, done.stderr) == (0, "")
         assert done.stdout == manual.read_text(encoding="utf-8")
     assert {p.removesuffix(".md") for p in os.listdir(f"{REPO}/docs")} == \
         {f.name.removesuffix(".md") for f in shipped.iterdir() if f.name.endswith(".md")}
     assert "docs/" not in "".join(help_text(c) for c in COMMANDS)
 
 
-def test_docs_lists_topics_and_refuses_an_unknown_one_in_one_line():
-    listed = subprocess.run([sys.executable, "-m", "batchtool", "docs"], capture_output=True, text=True,
-                            env=batchtool_env(), timeout=120)
-    assert listed.returncode == 0 and listed.stdout.splitlines()[0].startswith("bucket ")
-    done = subprocess.run([sys.executable, "-m", "batchtool", "docs", "buckets"], capture_output=True, text=True,
-                          env=batchtool_env(), timeout=120)
-    assert done.returncode == 2 and done.stdout == ""
+def test_docs_lists_topics_and_refuses_an_unknown_one_in_one_line(run_cli):
+    listed = run_cli("docs")
+    assert listed.exit_code == 0 and listed.stdout.splitlines()[0].startswith("bucket ")
+    done = run_cli("docs", "buckets")
+    assert done.exit_code == 2 and done.stdout == ""
     assert done.stderr.startswith("error: docs 'buckets': no such topic; choose from bucket, check, internals, load,")
     assert done.stderr.count("\n") == 1
 
