@@ -60,12 +60,14 @@ class LocalRaylet:
     not show it (another system, another PID namespace) its pid is None, nothing is looked at, and Ray's own
     behaviour remains."""
 
-    address: str
+    address: str | None
     pid: int | None
 
     @classmethod
     def find(cls) -> LocalRaylet:
-        node = ray._private.worker.global_worker.node
+        node = getattr(ray._private.worker.global_worker, "node", None)
+        if node is None:  # a Ray Client session (ray://): no raylet here
+            return cls(None, None)
         return cls(node.node_ip_address, _pid_of(f"--raylet_socket_name={node.raylet_socket_name}".encode()))
 
     def alive(self) -> bool:
@@ -179,7 +181,7 @@ class Watch:
                 self.broken = True
                 _silence_stderr_fd()
                 engines.skip_finalizing()
-            node = f" ({self.raylet.address})" if self.raylet is not None else ""
+            node = f" ({self.raylet.address})" if self.raylet is not None and self.raylet.address else ""
             raise EngineError(f"--engine ray: the raylet of the Ray node this command runs on{node} died while "
                               f"{task} ran; the command cannot reach the cluster without it")
 
