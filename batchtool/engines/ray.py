@@ -443,10 +443,11 @@ class RayEngine:
         here; a session that was already running in this process is left as it was. A session whose local raylet
         died is left alone (Ray's exit handler too): any call could end the process before the error is out."""
         if self._started:
-            if self._watch.stop():
-                ray.shutdown()
-            else:
+            if self._watch.broken:
                 atexit.unregister(ray.shutdown)
+            else:
+                ray.shutdown()
+            self._watch.stop()
             self._started = False
         self._task = None
 

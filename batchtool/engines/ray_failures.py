@@ -1,4 +1,4 @@
-"""When Ray loses what the Ray engine runs on: one error line, a clean stdout, and a process that ends as batchtool says.
+"""When Ray loses what the Ray engine runs on: one error line, a clean stdout, a process that ends as batchtool says.
 
 Ray runs a task again when its worker process or its node dies (TASK_RETRIES times). The driver's side of that:
 
@@ -156,11 +156,11 @@ class Watch:
         if heard is not None:
             self._printer, ray._private.worker.print_to_stdstream = ray._private.worker.print_to_stdstream, heard
 
-    def stop(self) -> bool:
-        """Before disconnecting: Ray's reports print again; whether Ray may be shut down (not after its raylet died)."""
-        if self._printer is not None:
+    def stop(self) -> None:
+        """After ray.shutdown (which joins the thread that prints Ray's reports): they print again. A broken session
+        is never shut down, and its reports stay here."""
+        if self._printer is not None and not self.broken:
             ray._private.worker.print_to_stdstream, self._printer = self._printer, None
-        return not self.broken
 
     @contextmanager
     def calls(self, task: str) -> Iterator[None]:
