@@ -206,18 +206,19 @@ def test_a_task_whose_worker_always_dies_ends_in_one_line(cluster, src, tmp_path
 
     (tmp_path / "out").mkdir()
     done = run_losing(cluster, tmp_path, ("convert", src, tmp_path / "out" / "dst"), kill_every_task)
-    ended_in_one_line(done, tmp_path, r"error: --engine ray: Ray gave up on the task reading \S+/part-0000[01]\.parquet: "
-                      r"its worker process died in each of 4 attempts( \(lost on [0-9., ]+\))?")
+    ended_in_one_line(done, tmp_path, r"error: --engine ray: Ray gave up on the task reading "
+                      r"\S+/part-0000[01]\.parquet: its worker process died in each of 4 attempts"
+                      r"( \(lost on [0-9., ]+\))?")
     assert len(killed) >= 4
 
 
 @pytest.mark.parametrize("lost", ["worker", "head"])  # in this order: losing the head ends the cluster
 def test_a_node_lost_mid_run(lost, cluster, tmp_path, run_cli):
     """The raylet of a node is killed (SIGKILL) as soon as a task of the command runs there (40 row groups: enough
-    map tasks that some reach the worker node). The worker node: Ray runs
-    its tasks again on the head, and the command writes the local engine's bytes (or, had Ray given up, one line).
-    The head, where the command runs: one line naming it, exit 2, nothing left. stdout stays empty either way (Ray's
-    driver prints a dead raylet's log there)."""
+    map tasks that some reach the worker node). The worker node: Ray runs its tasks again on the head, and the
+    command writes the local engine's bytes (or, had Ray given up, one line). The head, where the command runs: one
+    line naming it, exit 2, nothing left. stdout stays empty either way (Ray's driver would print a dead raylet's
+    log there)."""
     node: Node = cluster.nodes[0 if lost == "head" else 1]
     src = write_parquet_shards(str(tmp_path / "src"), make_table(8000, seed=8), row_group_size=200)
     args = ("shuffle", src, tmp_path / "out" / "dst", "--memory", "256KB", "--batch-size", "32")
