@@ -186,7 +186,7 @@ class Watch:
                               f"{task} ran; the command cannot reach the cluster without it")
 
     def _gave_up(self, exc: Exception, task: str) -> str:
-        lost = f" (lost on {', '.join(self.lost_on)})" if self.lost_on else ""
+        lost = f" (lost on {', '.join(sorted(self.lost_on))})" if self.lost_on else ""
         if isinstance(exc, ray.exceptions.WorkerCrashedError):
             return f"Ray gave up on {task}: its worker process died in each of {1 + TASK_RETRIES} attempts{lost}"
         if isinstance(exc, ray.exceptions.RayTaskError):  # outside the task's own catch: e.g. unpickling its items
