@@ -36,7 +36,21 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def main() -> None:
-    """Run the command line with SIGINT and SIGTERM turned into clean exits."""
+    """Run the command line with SIGINT and SIGTERM turned into clean exits; after an engine's runtime died under
+    the command (batchtool.engines.skip_finalizing), end without finalizing it, with the command's status."""
+    try:
+        _command_line()
+    except SystemExit as exc:
+        from batchtool.engines import finalizing_skipped
+
+        if finalizing_skipped():
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(exc.code if isinstance(exc.code, int) else int(exc.code is not None))
+        raise
+
+
+def _command_line() -> None:
     for sig in SIGNALS:
         signal.signal(sig, _interrupt)
     try:

@@ -110,6 +110,11 @@ class OptionSchemaError(NamesOptions, SchemaError):
     """A column's values (in a file and row) that an option cannot take, or that the option would overwrite."""
 
 
+class EngineError(BatchtoolError):
+    """The engine lost what runs the work beyond its retries: a Ray task's every worker process, the node the
+    command runs on, a result held by a node that died."""
+
+
 class DestinationError(BatchtoolError):
     """DST or the tmp dir cannot be written: it overlaps an input, or the OS refuses (no space, no permission)."""
 

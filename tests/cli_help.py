@@ -1,12 +1,14 @@
-"""Every command's `--help`, as a user gets it from `python -m batchtool CMD --help` in a subprocess.
+"""Every command's `--help`, as a user gets it from `python -m batchtool CMD --help`, read in one child process.
 
 Read once per test session: tests/test_user_words.py checks their words, tests/test_help_examples.py
-runs their examples.
+runs their examples. One child prints them all (each through the command line's own `cli.main`, as
+`python -m batchtool` calls it), so the suite starts Python and imports batchtool once, not once per command.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import subprocess
@@ -26,13 +28,32 @@ def batchtool_env() -> dict[str, str]:
     return env
 
 
+HELP_TEXTS = """
+import contextlib, io, json, sys
+from batchtool.cli import cli
+texts = {}
+for command in [None, *sorted(cli.commands)]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = cli.main([*([command] if command else []), "--help"], prog_name="batchtool", standalone_mode=False)
+    texts[command or ""] = [status, out.getvalue(), err.getvalue()]
+json.dump(texts, sys.stdout)
+"""
+
+
 @functools.cache
+def _help_texts() -> dict[str, list]:
+    done = subprocess.run([sys.executable, "-c", HELP_TEXTS], capture_output=True, text=True, env=batchtool_env(),
+                          timeout=120)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    return json.loads(done.stdout)
+
+
 def help_text(command: str | None) -> str:
     """`batchtool [COMMAND] --help`, checked to exit 0 with nothing on stderr."""
-    args = [sys.executable, "-m", "batchtool", *([command] if command else []), "--help"]
-    done = subprocess.run(args, capture_output=True, text=True, env=batchtool_env(), timeout=120)
-    assert (done.returncode, done.stderr) == (0, ""), (args, done.stderr)
-    return done.stdout
+    status, out, err = _help_texts()[command or ""]
+    assert (status, err) == (0, ""), (command, err)
+    return out
 
 
 def example(command: str) -> str:

@@ -43,12 +43,15 @@ def parquet_src(tmp_path, corpus) -> str:
     return write_parquet_shards(str(tmp_path / "src"), corpus)
 
 
+def invoke_cli(*args: object):
+    """Invoke the CLI in-process; returns click's Result with stdout and stderr separate."""
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
 @pytest.fixture
 def run_cli():
-    """Invoke the CLI in-process; returns click's Result with stdout and stderr separate."""
-    def invoke(*args: str):
-        return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
-    return invoke
+    """invoke_cli, for a test (a module-scoped fixture calls invoke_cli itself)."""
+    return invoke_cli
 
 
 def read_dir(path: str) -> pa.Table:

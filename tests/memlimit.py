@@ -10,6 +10,7 @@ parent's high-water mark, so it would report the pytest process's size.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,8 +18,10 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+import pytest
 
 _POLL_SECONDS = 0.005
 PEAK_FILE_VARIABLE = "BATCHTOOL_TEST_PEAK"
@@ -102,3 +105,49 @@ def batchtool(*args: str, limit_bytes: int, timeout: float = 120.0, cwd: str | N
     env = {**base, "PYTHONPATH": repo + os.pathsep + base.get("PYTHONPATH", "")}
     return run_capped([sys.executable, "-c", _PEAK_REPORTER, *map(str, args)], limit_bytes, env=env,
                       timeout=timeout, cwd=cwd)
+
+
+_CLI_CASES = """
+import json, sys
+from click.testing import CliRunner
+from batchtool.cli import cli
+for name, args in json.loads(sys.argv[1]).items():
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # VmHWM from here on: this case's own peak
+    print(json.dumps({"started": name}), flush=True)
+    result = CliRunner().invoke(cli, args)
+    crash = None if result.exception is None or isinstance(result.exception, SystemExit) else repr(result.exception)
+    with open("/proc/self/status") as status:
+        peak = int(next(line for line in status if line.startswith("VmHWM:")).split()[1]) << 10
+    print(json.dumps({"name": name, "code": result.exit_code, "stderr": result.stderr, "crash": crash,
+                      "peak": peak}), flush=True)
+"""
+
+
+@dataclass(frozen=True)
+class CliCase:
+    """How one command line of cli_cases ended: exit status, stderr, an exception other than an exit (a traceback
+    the command line would have shown), and the case's own peak RSS."""
+
+    code: int
+    stderr: str
+    crash: str | None
+    peak_bytes: int
+
+
+def cli_cases(cases: Mapping[str, Sequence[str]], limit_bytes: int, timeout: float = 180.0) -> dict[str, CliCase]:
+    """batchtool command lines (name -> argv after `batchtool`) in order in one capped child, each through the
+    command line's own group in process: one Python start-up for all of them. Each case's peak RSS is its own (the
+    child resets VmHWM before it, /proc/self/clear_refs), counting what the process still holds from the cases before
+    (tens of MB more than the case alone in a fresh process). Fails the calling test, naming the case that was running,
+    if the child dies (killed above limit_bytes, say)."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    child = run_capped([sys.executable, "-c", _CLI_CASES, json.dumps({k: list(map(str, v)) for k, v in cases.items()})],
+                       limit_bytes, env={**os.environ, "PYTHONPATH": repo}, timeout=timeout)
+    lines = [json.loads(line) for line in child.stdout.splitlines()]
+    if child.returncode != 0:
+        started = [line["started"] for line in lines if "started" in line]
+        pytest.fail(f"the capped child died (status {child.returncode}, peak {child.peak_mib:.0f} MiB) running "
+                    f"{started[-1] if started else 'nothing'}: {child.stderr[-2000:]}")
+    return {line["name"]: CliCase(line["code"], line["stderr"], line["crash"], line["peak"])
+            for line in lines if "name" in line}

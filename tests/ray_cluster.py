@@ -26,6 +26,10 @@ POLL_SECONDS = 20.0
 """Longest one look at the cluster takes (connecting to a GCS that is still starting can hang)."""
 NODE_PORT_OPTIONS = ("--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
                      "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port")
+NODE_LOSS_SECONDS = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "3000",
+                     "RAY_health_check_failure_threshold": "3"}
+"""The GCS's health checks of the nodes: a node that misses 3 in a row (1 s apart, 3 s each) is dead, a few seconds
+after its raylet is (Ray's defaults, 5 of 3 s and 10 s, take 15-20 s before Ray runs the node's tasks again)."""
 EPHEMERAL_MARGIN = 10000
 """Ports are chosen from here up to the start of the ephemeral range."""
 WORKER_PORTS = 64
@@ -86,9 +90,26 @@ class Node:
     process: subprocess.Popen
     log: str
 
+    def pids(self, name: str) -> list[int]:
+        """This node's processes (its session: the node's Ray processes and their workers) whose program is `name`:
+        `raylet`, or `ray::FUNCTION`, the title of a worker process while it runs a task of FUNCTION."""
+        found = []
+        for entry in os.scandir("/proc"):
+            try:
+                if not entry.name.isdigit() or os.getsid(int(entry.name)) != self.process.pid:
+                    continue
+                with open(os.path.join(entry.path, "cmdline"), "rb") as f:
+                    program = f.read().split(b"\0")[0].decode(errors="replace").strip()
+            except OSError:  # ended meanwhile
+                continue
+            if os.path.basename(program) == name:
+                found.append(int(entry.name))
+        return found
+
     def stop(self) -> None:
-        """SIGTERM the node (it ends its own Ray processes), then SIGKILL whatever is left of its group."""
-        if self.process.poll() is None:
+        """SIGTERM the node (it ends its own Ray processes), then SIGKILL whatever is left of its group; a node whose
+        raylet is gone (a test killed it) has nothing to end gracefully, and its group is killed at once."""
+        if self.process.poll() is None and self.pids("raylet"):
             self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(STOP_SECONDS)
@@ -122,7 +143,7 @@ def _start_node(ip: str, options: list[str], env: dict[str, str], temp_dir: str)
             [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", f"--node-ip-address={ip}",
              "--num-cpus=1", f"--temp-dir={temp_dir}", "--disable-usage-stats",
              *options],
-            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            stdout=out, stderr=subprocess.STDOUT, env={**env, **NODE_LOSS_SECONDS}, start_new_session=True)
     return Node(ip, process, log)
 
 

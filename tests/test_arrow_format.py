@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
 import pytest
-from conftest import REPO, data_bytes
+from conftest import data_bytes, invoke_cli, write_parquet_shards
 from strategies import record_batches
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -18,6 +16,8 @@ from hypothesis import strategies as st
 from batchtool.dataset import open_dataset
 from batchtool.load import load
 from batchtool.output import BatchShardWriter, OutputOptions, encode_batch
+from batchtool.synthetic import make_table
+import memlimit
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batch=record_batches(), codec=st.sampled_from(["none", "lz4", "zstd"]))
@@ -40,11 +40,12 @@ def bucket(run_cli, src: str, dst: str, *extra: str) -> str:
     return dst
 
 
-@pytest.fixture
-def outputs(run_cli, parquet_src, tmp_path) -> dict[str, str]:
-    """The same bucket run written as each format."""
-    return {fmt: bucket(run_cli, parquet_src, str(tmp_path / fmt), "--to", fmt)
-            for fmt in ("arrow", "parquet", "tfrecord")}
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory) -> dict[str, str]:
+    """The same bucket run written as each format (once for the module: its tests only read them)."""
+    root = tmp_path_factory.mktemp("outputs")
+    src = write_parquet_shards(str(root / "src"), make_table(300, seed=7))
+    return {fmt: bucket(invoke_cli, src, str(root / fmt), "--to", fmt) for fmt in ("arrow", "parquet", "tfrecord")}
 
 
 def test_output_is_byte_identical_across_threads_and_has_a_manifest(run_cli, parquet_src, tmp_path):
@@ -146,30 +147,30 @@ def test_huggingface_datasets_reads_the_output(outputs, tmp_path, monkeypatch):
     assert got.num_rows == 300 and got["key"] == pa.ipc.open_file(arrow_file(outputs)).read_all()["key"].to_pylist()
 
 
-def damaged(tmp_path, outputs, how: str) -> str:
+@pytest.fixture(scope="module")
+def damaged_runs(tmp_path_factory, outputs) -> dict[str, tuple[str, memlimit.CliCase]]:
+    """`convert` of the Arrow output damaged three ways (cut in half, its footer overwritten, garbage after the
+    magic), each in a directory of its own: the damaged file and how the command ended, in a child process of its own
+    (a crash in pyarrow on damaged input would end it, not the test run), one for the three."""
     data = open(arrow_file(outputs), "rb").read()
-    src = tmp_path / "damaged"
-    src.mkdir()
-    path = src / "part-00000.arrow"
-    if how == "truncated":
-        path.write_bytes(data[:len(data) // 2])
-    elif how == "footer":
-        path.write_bytes(data[:-40] + b"\xff" * 30 + data[-10:])
-    else:
-        path.write_bytes(b"ARROW1\0\0" + b"\x07" * 200)
-    return str(path)
+    paths = {}
+    for how, damaged in {"truncated": data[:len(data) // 2], "footer": data[:-40] + b"\xff" * 30 + data[-10:],
+                         "garbage": b"ARROW1\0\0" + b"\x07" * 200}.items():
+        src = tmp_path_factory.mktemp(how) / "damaged"
+        src.mkdir()
+        (src / "part-00000.arrow").write_bytes(damaged)
+        paths[how] = src / "part-00000.arrow"
+    ran = memlimit.cli_cases({how: ["convert", path, path.parent.parent / "out"] for how, path in paths.items()},
+                             limit_bytes=1 << 30)
+    return {how: (str(path), ran[how]) for how, path in paths.items()}
 
 
 @pytest.mark.parametrize("how", ["truncated", "footer", "garbage"])
-def test_damaged_file_is_one_error_line_exit_2(tmp_path, outputs, how):
-    path = damaged(tmp_path, outputs, how)
-    dst = tmp_path / "out"
-    result = subprocess.run([sys.executable, "-m", "batchtool", "convert", path, str(dst)], capture_output=True,
-                            text=True, env={**os.environ, "PYTHONPATH": REPO}, cwd=REPO)
-    assert result.returncode == 2, result.stderr
-    assert result.stderr.startswith(f"error: {path}") and len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert not dst.exists()
-    assert [n for n in os.listdir(tmp_path) if n.startswith(".out")] == []
+def test_damaged_file_is_one_error_line_exit_2(damaged_runs, how):
+    path, run = damaged_runs[how]
+    assert run.code == 2 and run.crash is None, run
+    assert run.stderr.startswith(f"error: {path}") and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert sorted(os.listdir(os.path.dirname(os.path.dirname(path)))) == ["damaged"]
 
 
 def test_a_batch_whose_offsets_are_damaged_is_one_error_naming_the_batch(run_cli, parquet_src, tmp_path):

@@ -115,16 +115,19 @@ def test_filter_select_segment_is_a_filter_then_convert_then_segment(tmp_path, r
 
 
 def test_tfrecord_in_and_out_with_rename_and_weighted_resample(tmp_path, run_cli):
+    src = tmp_path / "tfrecord"  # two of the sample's four GZIP TFRecord files: several shards, half the work
+    src.mkdir()
+    for name in ("part-00000.tfrecord.gz", "part-00001.tfrecord.gz"):
+        os.symlink(os.path.join(SAMPLE, "tfrecord", name), src / name)
     stages = ['op = "rename"\ncolumns = {weight = "w"}', 'op = "resample"\nweight = "w"\noverall-rate = 1.0',
               'op = "bucket"\nauto-buckets = 2\nbatch-size = 32']
     output = 'format = "tfrecord"\ncompression = "gzip"'
-    pipeline = write_pipeline(tmp_path / "p.toml", pipeline_text(os.path.join(SAMPLE, "tfrecord"), "out", *stages,
-                                                                 output=output))
+    pipeline = write_pipeline(tmp_path / "p.toml", pipeline_text(str(src), "out", *stages, output=output))
     refused = run_cli("run", pipeline)  # the float64 resample_rate column would be rounded
     assert refused.exit_code == 2 and "column 'resample_rate': double cannot be written to TFRecord exactly" in \
         refused.stderr and "pass cast float64=float32" in refused.stderr and not (tmp_path / "out").exists()
-    write_pipeline(tmp_path / "p.toml", pipeline_text(os.path.join(SAMPLE, "tfrecord"), "out", *stages,
-                                                      output=output + '\ncast = "float64=float32"'))
+    write_pipeline(tmp_path / "p.toml",
+                   pipeline_text(str(src), "out", *stages, output=output + '\ncast = "float64=float32"'))
     outs = []
     for threads in ("1", "2"):
         result = run_cli("run", pipeline, "--threads", threads, "--overwrite")

@@ -39,7 +39,7 @@ def test_sample_data_summary_line(tmp_path, run_cli):
 
 @pytest.mark.parametrize("to", ["parquet", "tfrecord"])
 def test_threads_1_and_4_give_identical_bytes(tmp_path, run_cli, monkeypatch, to):
-    src = write_parquet_shards(str(tmp_path / "src"), make_table(200, seed=8), shards=3, row_group_size=13)
+    src = write_parquet_shards(str(tmp_path / "src"), make_table(100, seed=8), shards=3, row_group_size=7)
     monkeypatch.setattr(lanes, "ITEM_SEGMENTS", 16)  # many work items, so threads really interleave
     for threads in (1, 4):
         result = run_cli("segment", src, tmp_path / f"t{threads}", "--sequence", "tokens,frames",

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from dataclasses import replace
 
 import numpy as np
@@ -32,7 +31,7 @@ from batchtool.ops.quotas import plan_layout
 from batchtool.ops.segment.options import SegmentOptions
 from batchtool.ops.stratify import StratifyOptions
 from batchtool.stats import DatasetStats
-from conftest import REPO, SAMPLE, read_dir
+from conftest import SAMPLE, read_dir
 
 CAP = 360 << 20
 """Above the ~250 MB the streaming cases take (an interpreter with pyarrow is ~120 MB of it)."""
@@ -98,20 +97,8 @@ STREAMS = {
                                     "--batch-size", "32"],
 }
 
-CHILD = """
-import json, sys
-from click.testing import CliRunner
-from batchtool.cli import cli
-for args in json.loads(sys.argv[1]):
-    print(json.dumps({"started": args}), flush=True)
-    result = CliRunner().invoke(cli, [*args, "-q"])
-    crash = None if result.exception is None or isinstance(result.exception, SystemExit) else repr(result.exception)
-    print(json.dumps({"args": args, "code": result.exit_code, "stderr": result.stderr, "crash": crash}), flush=True)
-"""
-
-
 @pytest.fixture(scope="module")
-def capped_runs(tmp_path_factory) -> tuple[dict[str, str], dict[str, dict]]:
+def capped_runs(tmp_path_factory) -> tuple[dict[str, str], dict[str, memlimit.CliCase]]:
     """Every case of STOPS then STREAMS in one capped child: the paths used and each case's outcome.
 
     `outlier`: 20 rows, row 7 with a weight of 1e6 (the others 0) and a length column of 1e12; `rated`: 200
@@ -131,24 +118,17 @@ def capped_runs(tmp_path_factory) -> tuple[dict[str, str], dict[str, dict]]:
     pq.write_table(pa.table({"key": np.arange(rows), "frames": frames, "r": rate}),
                    os.path.join(paths["rated"], "part-0.parquet"))
     cases = {**{name: args for name, (args, _) in STOPS.items()}, **STREAMS}
-    runs = [[a.format(**paths) for a in args] for args in cases.values()]
-    child = memlimit.run_capped([sys.executable, "-c", CHILD, json.dumps(runs)], CAP,
-                                env={**os.environ, "PYTHONPATH": REPO}, timeout=180)
-    lines = [json.loads(line) for line in child.stdout.splitlines()]
-    if child.returncode != 0:
-        started = [line["started"] for line in lines if "started" in line]
-        pytest.fail(f"the capped child died (status {child.returncode}, peak {child.peak_mib:.0f} MiB) running "
-                    f"{started[-1] if started else 'nothing'}: {child.stderr[-2000:]}")
-    return paths, dict(zip(cases, (line for line in lines if "code" in line), strict=True))
+    return paths, memlimit.cli_cases({name: [a.format(**paths) for a in args] + ["-q"] for name, args in cases.items()},
+                                     CAP)
 
 
 @pytest.mark.parametrize("name", list(STOPS))
 def test_options_and_values_that_multiply_memory_stop_before_allocating(capped_runs, name):
     paths, results = capped_runs
     result = results[name]
-    assert result["crash"] is None, result["crash"]
-    lines = result["stderr"].splitlines()
-    assert result["code"] == 2 and len(lines) == 1 and lines[0].startswith("error: "), result
+    assert result.crash is None, result.crash
+    lines = result.stderr.splitlines()
+    assert result.code == 2 and len(lines) == 1 and lines[0].startswith("error: "), result
     assert STOPS[name][1] in lines[0]
     assert not os.path.exists(paths["out"])
 
@@ -156,7 +136,7 @@ def test_options_and_values_that_multiply_memory_stop_before_allocating(capped_r
 @pytest.mark.parametrize("name", list(STREAMS))
 def test_legitimately_large_output_streams_under_the_cap(capped_runs, name):
     paths, results = capped_runs
-    assert results[name]["code"] == 0 and results[name]["crash"] is None, results[name]
+    assert results[name].code == 0 and results[name].crash is None, results[name]
 
 
 def test_every_copy_of_the_huge_rate_row_is_written(capped_runs):

@@ -476,6 +476,18 @@ def test_ray_address_needs_engine_ray(src, tmp_path, run_cli):
         RunSettings(engine="spark")
 
 
+def test_a_failed_task_is_named_by_the_files_its_items_read(src):
+    """What an error names a task by when Ray gives up on it: the files of its read units, else its items' place."""
+    from batchtool.dataset import ReadReport, open_dataset
+    from batchtool.engines.ray_failures import task_words
+
+    units = list(enumerate(exchange.read_units(open_dataset(src), ReadReport())))
+    first, last = (os.path.join(src, f"part-0000{i}.parquet") for i in (0, 1))
+    assert task_words(units[:2], 0) == f"the task reading {first}"
+    assert task_words(units, 0) == f"the task reading {first}, {last}"
+    assert task_words([(4, 0.5), (5, 0.25)], 4) == "the task of items 4-5 of its pass"
+
+
 def test_unreachable_ray_address_fails_fast():
     with pytest.raises(UsageError, match=r"^--ray-address 127.0.0.1:1: cannot connect to a Ray cluster"):
         ray_engine._check_reachable("127.0.0.1:1", "--ray-address 127.0.0.1:1")

@@ -11,8 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
+import signal
+import subprocess
+import sys
 import tempfile
+from collections.abc import Callable, Sequence
+from contextlib import suppress
 
 import numpy as np
 import pyarrow as pa
@@ -21,7 +27,7 @@ import pytest
 from conftest import data_bytes, write_parquet_shards
 from batchtool.synthetic import make_table
 from memlimit import batchtool
-from ray_cluster import HEAD_IP, WORKER_IP, start_cluster
+from ray_cluster import HEAD_IP, WORKER_IP, Cluster, Node, start_cluster
 from test_ray import COMMANDS, PIPELINE
 
 pytestmark = pytest.mark.ray
@@ -146,3 +152,91 @@ def test_connecting_keeps_the_programs_signal_handlers(cluster):
     done = subprocess.run([sys.executable, "-c", KEEPS_HANDLERS, cluster.address], env=cluster.env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "kept", (done.returncode, done.stdout, done.stderr[-2000:])
+
+
+# -- when Ray loses what it runs on (last: the node tests end the cluster) ------------------------------------------
+
+LOOK_SECONDS = 0.01
+"""How often a test that takes a cluster's processes away looks for them, and for the command's end."""
+COMMAND_SECONDS = 300.0
+
+
+def run_losing(cluster: Cluster, tmp_path, args: Sequence[object], take_away: Callable[[], bool]) -> \
+        subprocess.CompletedProcess:
+    """`batchtool ARGS` on the cluster in a child process (its temporary files in tmp_path/tmp), while
+    `take_away()` kills what Ray runs on: called until it says it is done, or the command ends."""
+    (tmp_path / "tmp").mkdir()
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+        child = subprocess.Popen([sys.executable, "-m", "batchtool", *map(str, args), "-q", "--engine", "ray",
+                                  "--ray-address", cluster.address], stdout=stdout, stderr=stderr,
+                                 env={**cluster.env, "TMPDIR": str(tmp_path / "tmp")})
+        done = False
+        while not done and child.poll() is None:
+            done = take_away()
+            with suppress(subprocess.TimeoutExpired):
+                child.wait(LOOK_SECONDS)
+        child.wait(COMMAND_SECONDS)
+    return subprocess.CompletedProcess(child.args, child.returncode, out.read_text(), err.read_text())
+
+
+def kill(pids: list[int]) -> list[int]:
+    for pid in pids:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return pids
+
+
+def ended_in_one_line(done: subprocess.CompletedProcess, tmp_path, line: str) -> None:
+    """Exit 2, `line` (a pattern) alone on stderr, nothing on stdout, and nothing left: no DST in tmp_path/out,
+    no temporary file beside it or in the command's temp dir."""
+    assert (done.returncode, done.stdout) == (2, ""), (done.returncode, done.stdout, done.stderr)
+    assert re.fullmatch(line + "\n", done.stderr), done.stderr
+    assert os.listdir(tmp_path / "out") == [] and os.listdir(tmp_path / "tmp") == []
+
+
+def test_a_task_whose_worker_always_dies_ends_in_one_line(cluster, src, tmp_path):
+    """Every worker process that runs a task is killed: Ray runs each task 4 times, then gives up; the command says
+    which task and where in one line (exit 2), and leaves nothing."""
+    killed: list[int] = []
+
+    def kill_every_task() -> bool:
+        killed.extend(kill([pid for node in cluster.nodes for pid in node.pids("ray::_run_group")]))
+        return False
+
+    (tmp_path / "out").mkdir()
+    done = run_losing(cluster, tmp_path, ("convert", src, tmp_path / "out" / "dst"), kill_every_task)
+    ended_in_one_line(done, tmp_path, r"error: --engine ray: Ray gave up on the task reading "
+                      r"\S+/part-0000[01]\.parquet: its worker process died in each of 4 attempts"
+                      r"( \(lost on [0-9., ]+\))?")
+    assert len(killed) >= 4
+
+
+@pytest.mark.parametrize("lost", ["worker", "head"])  # in this order: losing the head ends the cluster
+def test_a_node_lost_mid_run(lost, cluster, tmp_path, run_cli):
+    """The raylet of a node is killed (SIGKILL) as soon as a task of the command runs there (40 row groups: enough
+    map tasks that some reach the worker node). The worker node: Ray runs its tasks again on the head, and the
+    command writes the local engine's bytes (or, had Ray given up, one line). The head, where the command runs: one
+    line naming it, exit 2, nothing left. stdout stays empty either way (Ray's driver would print a dead raylet's
+    log there)."""
+    node: Node = cluster.nodes[0 if lost == "head" else 1]
+    src = write_parquet_shards(str(tmp_path / "src"), make_table(8000, seed=8), row_group_size=200)
+    args = ("shuffle", src, tmp_path / "out" / "dst", "--memory", "256KB", "--batch-size", "32")
+
+    def kill_its_raylet_once_it_works() -> bool:
+        return bool(node.pids("ray::_run_group") and kill(node.pids("raylet")))
+
+    (tmp_path / "out").mkdir()
+    assert run_cli(*args[:2], tmp_path / "local", *args[3:], "-q").exit_code == 0
+    done = run_losing(cluster, tmp_path, args, kill_its_raylet_once_it_works)
+    assert not node.pids("raylet"), "the command ended before a task of it ran on the node"
+    if lost == "head":
+        ended_in_one_line(done, tmp_path, rf"error: --engine ray: the raylet of the Ray node this command runs on "
+                          rf"\({re.escape(HEAD_IP)}\) died while the task .* ran; the command cannot reach the "
+                          r"cluster without it")
+    elif done.returncode == 2:
+        ended_in_one_line(done, tmp_path, r"error: --engine ray: Ray gave up on the task [^\n]*")
+    else:
+        assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+        assert data_bytes(str(tmp_path / "out" / "dst")) == data_bytes(str(tmp_path / "local"))
+        assert os.listdir(tmp_path / "out") == ["dst"] and os.listdir(tmp_path / "tmp") == []

@@ -159,10 +159,11 @@ def test_initial_state_on_first_segments_zeros_elsewhere(tmp_path):
 
 
 def test_empty_slot_fraction_under_two_percent_on_a_long_tailed_corpus(tmp_path):
-    corpus = make_table(10_000, seed=11, median_length=30, max_length=400, frame_dim=1).select(["key", "tokens"])
+    """5,000 examples (1.2% of the slots empty; 10,000 give 0.9% and take three times as long)."""
+    corpus = make_table(5_000, seed=11, median_length=30, max_length=400, frame_dim=1).select(["key", "tokens"])
     _, manifest = run(tmp_path, corpus, num_unroll=20, batch_size=32)
     stats = manifest["stats"]
-    assert stats["examples"] == 10_000
+    assert stats["examples"] == 5_000
     assert stats["empty_slot_fraction"] < 0.02
     assert stats["empty_slots"] == stats["batches"] * 32 - stats["segments"]
 

@@ -118,33 +118,50 @@ def gzip_bomb(path: Path, head: bytes, zeros: int) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def capped(tmp_path_factory) -> dict[str, tuple[Path, memlimit.CliCase]]:
+    """Every conversion of this module that a file could make allocate without bound, in one child capped at
+    _MEMORY_LIMIT (each case's own peak measured): case -> (its input, how `batchtool convert` ended).
+
+    A huge header: on a sparse file (3 GB on paper, a few KB on disk) and at the start of a gzip bomb (1 GB of zeros in
+    ~1 MB); a header within the limit over the bomb's zeros; a record of millions of the smallest elements protobuf
+    has, for each of TINY's shapes. Each input in a directory of its own, with its DST beside it."""
+    root = tmp_path_factory.mktemp("capped")
+    inputs: dict[str, Path] = {}
+    for case in ["sparse", "gzip-bomb", "bomb under the limit", *sorted(TINY)]:
+        (root / case).mkdir()
+        if case == "sparse":
+            inputs[case] = root / case / "sparse.tfrecord"
+            with open(inputs[case], "wb") as f:
+                f.write(header(1 << 60))
+                f.truncate(3 << 30)
+        elif case in TINY:
+            inputs[case] = write_records(root / case / "tiny.tfrecord", [TINY[case](4 << 20)])
+        else:
+            claimed = 1 << 60 if case == "gzip-bomb" else 12 << 20
+            inputs[case] = gzip_bomb(root / case / "bomb.tfrecord.gz", header(claimed), 1 << 30)
+    ran = memlimit.cli_cases({case: ["convert", path, path.parent / "dst", *(["-q"] if case in TINY else [])]
+                              for case, path in inputs.items()}, _MEMORY_LIMIT)
+    return {case: (path, ran[case]) for case, path in inputs.items()}
+
+
 @pytest.mark.parametrize("kind", ["sparse", "gzip-bomb"])
-def test_a_huge_record_header_is_refused_before_reading_it(tmp_path, kind):
-    if kind == "sparse":
-        path = tmp_path / "sparse.tfrecord"
-        with open(path, "wb") as f:
-            f.write(header(1 << 60))
-            f.truncate(3 << 30)  # 3 GB on paper, a few KB on disk
-    else:
-        path = gzip_bomb(tmp_path / "bomb.tfrecord.gz", header(1 << 60), 1 << 30)  # 1 GB of zeros in ~1 MB
-    run = memlimit.batchtool("convert", str(path), str(tmp_path / "dst"), limit_bytes=_MEMORY_LIMIT)
-    status, stderr, peak = run.returncode, run.stderr, run.peak_bytes
-    assert status == 2, stderr
-    assert stderr == (f"error: {path}, record 0: the record header at byte offset 0"
-                      f"{' of the decompressed stream' if kind == 'gzip-bomb' else ''} claims "
-                      f"1,152,921,504,606,846,976 bytes of data, more than the limit of 16,777,216 "
-                      "(--max-record-bytes); raise --max-record-bytes if the record is genuine\n")
-    assert peak < _MEMORY_LIMIT and not (tmp_path / "dst").exists()
-    assert sorted(os.listdir(tmp_path)) == [path.name]
+def test_a_huge_record_header_is_refused_before_reading_it(capped, kind):
+    path, run = capped[kind]
+    assert run.code == 2 and run.crash is None, run
+    assert run.stderr == (f"error: {path}, record 0: the record header at byte offset 0"
+                          f"{' of the decompressed stream' if kind == 'gzip-bomb' else ''} claims "
+                          f"1,152,921,504,606,846,976 bytes of data, more than the limit of 16,777,216 "
+                          "(--max-record-bytes); raise --max-record-bytes if the record is genuine\n")
+    assert run.peak_bytes < _MEMORY_LIMIT
+    assert sorted(os.listdir(path.parent)) == [path.name]
 
 
-def test_a_gzip_bomb_under_the_limit_is_read_in_bounded_memory(tmp_path):
+def test_a_gzip_bomb_under_the_limit_is_read_in_bounded_memory(capped):
     """A header within the limit over a stream of zeros: no more than the claimed length is read."""
-    path = gzip_bomb(tmp_path / "bomb.tfrecord.gz", header(12 << 20), 1 << 30)
-    run = memlimit.batchtool("convert", str(path), str(tmp_path / "dst"), limit_bytes=_MEMORY_LIMIT)
-    status, stderr, peak = run.returncode, run.stderr, run.peak_bytes
-    assert status == 2 and f"error: {path}, record 0: data CRC mismatch" in stderr, stderr
-    assert peak < _MEMORY_LIMIT
+    path, run = capped["bomb under the limit"]
+    assert run.code == 2 and f"error: {path}, record 0: data CRC mismatch" in run.stderr, run
+    assert run.peak_bytes < _MEMORY_LIMIT
 
 
 def _field(tag: int, body: bytes) -> bytes:
@@ -173,12 +190,10 @@ TINY = {  # a record of millions of the smallest elements protobuf has: the wors
 
 
 @pytest.mark.parametrize("shape", sorted(TINY))
-def test_decoding_a_record_of_tiny_elements_stays_in_bounded_memory(tmp_path, shape):
-    path = write_records(tmp_path / "tiny.tfrecord", [TINY[shape](4 << 20)])
-    run = memlimit.batchtool("convert", str(path), str(tmp_path / "dst"), "-q", limit_bytes=_MEMORY_LIMIT)
-    status, stderr, peak = run.returncode, run.stderr, run.peak_bytes
-    assert status == 0, stderr
-    assert peak < _MEMORY_LIMIT
+def test_decoding_a_record_of_tiny_elements_stays_in_bounded_memory(capped, shape):
+    _, run = capped[shape]
+    assert run.code == 0 and run.crash is None, run
+    assert run.peak_bytes < _MEMORY_LIMIT
 
 
 def test_max_record_bytes_is_an_input_option_of_every_reading_command(tmp_path, run_cli):

@@ -17,7 +17,7 @@ from importlib import resources
 import pyarrow.parquet as pq
 import pytest
 
-from cli_help import COMMANDS, REPO, batchtool_env, help_text
+from cli_help import COMMANDS, REPO, help_text
 
 SEED = re.compile(r"seed", re.IGNORECASE)
 """Every "seed" a user reads must be one of these phrasings of the random seed (or `--seed` itself)."""
@@ -76,37 +76,36 @@ def test_the_check_passes_the_random_seed(line):
     assert tensorflow_seed_words(line) == []
 
 
-def test_the_help_texts_point_to_manuals_that_ship_in_the_package():
-    """A manual named in `--help` is package data (batchtool/docs/*.md), printed by `batchtool docs TOPIC`."""
+def test_the_help_texts_point_to_manuals_that_ship_in_the_package(run_cli):
+    """A manual named in `--help` is package data (batchtool/docs/*.md), printed by `batchtool docs TOPIC` (here in
+    process; the wheel test below runs it as a program, from an installed wheel)."""
     shipped = resources.files("batchtool") / "docs"
     named = {m for c in COMMANDS for m in re.findall(r"batchtool docs (\w+)", help_text(c))}
     assert {"check", "run", "bucket", "segment"} <= named
     for topic in sorted(named):
         manual = shipped / f"{topic}.md"
         assert manual.is_file(), topic
-        done = subprocess.run([sys.executable, "-m", "batchtool", "docs", topic], capture_output=True, text=True,
-                              env=batchtool_env(), timeout=120)
-        assert (done.returncode, done.stderr) == (0, "")
+        done = run_cli("docs", topic)
+        assert (done.exit_code, done.stderr) == (0, "")
         assert done.stdout == manual.read_text(encoding="utf-8")
     assert {p.removesuffix(".md") for p in os.listdir(f"{REPO}/docs")} == \
         {f.name.removesuffix(".md") for f in shipped.iterdir() if f.name.endswith(".md")}
     assert "docs/" not in "".join(help_text(c) for c in COMMANDS)
 
 
-def test_docs_lists_topics_and_refuses_an_unknown_one_in_one_line():
-    listed = subprocess.run([sys.executable, "-m", "batchtool", "docs"], capture_output=True, text=True,
-                            env=batchtool_env(), timeout=120)
-    assert listed.returncode == 0 and listed.stdout.splitlines()[0].startswith("bucket ")
-    done = subprocess.run([sys.executable, "-m", "batchtool", "docs", "buckets"], capture_output=True, text=True,
-                          env=batchtool_env(), timeout=120)
-    assert done.returncode == 2 and done.stdout == ""
+def test_docs_lists_topics_and_refuses_an_unknown_one_in_one_line(run_cli):
+    listed = run_cli("docs")
+    assert listed.exit_code == 0 and listed.stdout.splitlines()[0].startswith("bucket ")
+    done = run_cli("docs", "buckets")
+    assert done.exit_code == 2 and done.stdout == ""
     assert done.stderr.startswith("error: docs 'buckets': no such topic; choose from bucket, check, internals, load,")
     assert done.stderr.count("\n") == 1
 
 
 def test_a_built_wheel_ships_the_manuals_and_prints_them(tmp_path):
-    """`pip install` of the wheel (no checkout around) gives every docs/*.md to `batchtool docs TOPIC`."""
-    pytest.importorskip("setuptools")
+    """The wheel pip builds (the way `pip install .` does: in an isolated environment with the build-system
+    requirements of pyproject.toml, so nothing but pip is needed here) holds every docs/*.md, and installed with
+    no checkout around, `batchtool docs TOPIC` prints them."""
     source = tmp_path / "source"
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
@@ -114,17 +113,14 @@ def test_a_built_wheel_ships_the_manuals_and_prints_them(tmp_path):
     for name in ("batchtool", "docs"):
         shutil.copytree(f"{REPO}/{name}", source / name, symlinks=True,
                         ignore=shutil.ignore_patterns("__pycache__"))
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    built = subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"),
-                            str(source)], capture_output=True, text=True, timeout=300)
+    built = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", "wheel", "--no-deps",
+                            "-w", str(tmp_path / "dist"), str(source)], capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr
     (wheel,) = (tmp_path / "dist").glob("batchtool-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         shipped = {n for n in archive.namelist() if n.startswith("batchtool/docs/")}
+        archive.extractall(tmp_path / "site")  # a pure-Python wheel installs as its files, where pip puts them
     assert shipped == {f"batchtool/docs/{name}" for name in os.listdir(f"{REPO}/docs") if name.endswith(".md")}
-    installed = subprocess.run([*pip, "install", "--no-deps", "--target", str(tmp_path / "site"), str(wheel)],
-                               capture_output=True, text=True, timeout=300)
-    assert installed.returncode == 0, installed.stderr
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
     done = subprocess.run([sys.executable, "-m", "batchtool", "docs", "bucket"], capture_output=True, text=True,
                           env=env, cwd=tmp_path, timeout=120)

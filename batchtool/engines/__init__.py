@@ -23,6 +23,8 @@ ENGINES = ("local", "ray")
 NEEDS_RAY = "--engine ray needs the ray extra: pip install 'batchtool[ray]'"
 
 F = TypeVar("F", bound=Callable)
+_finalize = True
+"""False once an engine's runtime died under the program (see skip_finalizing)."""
 
 
 class EngineSettings(Protocol):
@@ -74,6 +76,18 @@ def engine_summary() -> dict[str, object]:
     return {engine.name: report.summary()} if report is not None else {}
 
 
+def skip_finalizing() -> None:
+    """Said by an engine whose runtime died under the program (Ray: the raylet of the driver's node): tearing it down
+    as the interpreter exits may crash, or end the process with Ray's status, so the program ends without finalizing
+    once its command is over (batchtool.entry does, after the error line)."""
+    global _finalize
+    _finalize = False
+
+
+def finalizing_skipped() -> bool:
+    return not _finalize
+
+
 def with_engine(fn: F) -> F:
     """Decorate an entry point (which takes `run: RunSettings`) to run on run.engine: the library and the CLI
     (whose run_options only make the RunSettings) choose the engine here and nowhere else."""
@@ -89,4 +103,5 @@ def with_engine(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-__all__ = ["ENGINES", "NEEDS_RAY", "check_engine", "engine_scope", "engine_summary", "with_engine"]
+__all__ = ["ENGINES", "NEEDS_RAY", "check_engine", "engine_scope", "engine_summary", "finalizing_skipped",
+           "skip_finalizing", "with_engine"]

@@ -11,10 +11,16 @@ Items and results travel as pickles whose Arrow data is compacted to IPC message
 of band. Errors come back as values and are re-raised on the driver as the same exception type
 (so `error: ...` and exit 2 are unchanged). Per-item functions are pure: statistics travel in
 their results and the driver merges them in input order, so nothing needs shipping back besides.
+
+When Ray itself gives up (a task's worker process died in every attempt, a node and the result it
+held are gone, the raylet of the driver's own node died) the map raises one EngineError naming the
+task's input and the nodes; what Ray's driver would print on stdout about the cluster goes to that
+error and the manifest instead (batchtool.engines.ray_failures).
 """
 
 from __future__ import annotations
 
+import atexit
 import io
 import itertools
 import logging
@@ -27,7 +33,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
@@ -36,6 +42,7 @@ import pyarrow as pa
 
 from batchtool import runner
 from batchtool.engines import NEEDS_RAY
+from batchtool.engines.ray_failures import TASK_RETRIES, Watch, nodes_named, task_words
 from batchtool.errors import UsageError
 
 try:
@@ -265,6 +272,9 @@ class Timings:
     tasks_cancelled: int = 0
     """Tasks sent whose results were no longer wanted (a pass that stops early: a pipeline reading the first chunk
     of a stage's input), cancelled; tasks = sum(tasks_by_node) + tasks_cancelled."""
+    lost_on: list[str] = field(default_factory=list)
+    """Nodes where Ray reported a worker process, or the node itself, lost during the command (their tasks were
+    run again elsewhere), by node address."""
 
     def sent(self, packed: _Packed, items: int, started: float) -> float:
         seconds = time.perf_counter() - started
@@ -288,9 +298,15 @@ class Timings:
             self.local_items += 1
             yield result
 
+    def lost(self, report: dict, ignore_prefix: bool = False) -> None:
+        """In place of ray._private.worker.print_to_stdstream (see ray_failures): the nodes a report of Ray's to the
+        driver says lost a worker process or died."""
+        self.lost_on.extend(node for node in dict.fromkeys(nodes_named(report)) if node not in self.lost_on)
+
     def summary(self) -> dict[str, Any]:
         summary = {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
         summary["tasks_by_node"] = dict(sorted(self.tasks_by_node.items()))
+        summary["lost_on"] = sorted(self.lost_on)
         return summary
 
 
@@ -324,6 +340,7 @@ class RayEngine:
         self._started = False
         self._task: Any = None
         self.timings = Timings()
+        self._watch = Watch(self.timings.lost_on)
 
     def _connect(self) -> None:
         """Join the session in progress, or connect to `address`, or start a local cluster with
@@ -345,12 +362,14 @@ class RayEngine:
                 raise UsageError(f"{what} ({exc})") from exc
             self._started = True
             self.timings.connect_seconds = time.perf_counter() - started
-        self._task = ray.remote(num_cpus=1)(_run_group)
+        self._watch.start(self.timings.lost if self._started else None)  # Ray's reports: see ray_failures
+        self._task = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(_run_group)
 
     @property
     def cpus(self) -> int:
         self._connect()
-        return max(1, int(ray.cluster_resources().get("CPU", 1)))
+        with self._watch.calls("asking the cluster for its CPUs"):
+            return max(1, int(ray.cluster_resources().get("CPU", 1)))
 
     def map(self, fn: Callable[[T], U], items: Iterable[T], threads: int = 1,
             window: int | None = None) -> Iterator[U]:
@@ -359,7 +378,8 @@ class RayEngine:
         the remaining items of one too cheap to ship (see _Schedule)."""
         self._connect()
         try:
-            fn_ref = ray.put(fn)
+            with self._watch.calls("sending a pass's function to the cluster"):
+                fn_ref = ray.put(fn)
         except (TypeError, pickle.PicklingError) as exc:
             while exc.__cause__ or exc.__context__:  # Ray wraps the pickling error in a long report
                 exc = exc.__cause__ or exc.__context__
@@ -373,9 +393,10 @@ class RayEngine:
              window: int) -> Iterator[U]:
         source = iter(items)
         schedule = _Schedule()
-        pending: deque = deque()  # (ref, number of items)
+        pending: deque = deque()  # (ref, number of items, the task in an error's words)
         source_error: Exception | None = None
         exhausted = False
+        sent = 0
         try:
             while True:
                 while not (exhausted or schedule.local) and len(pending) < window:
@@ -387,15 +408,18 @@ class RayEngine:
                         source_error = exc
                     exhausted = source_error is not None or len(group) < schedule.size
                     if group:
+                        task = task_words(group, sent)
+                        sent += len(group)
                         started = time.perf_counter()
                         packed = _pack(group)
                         schedule.sent(packed, len(group), self.timings.sent(packed, len(group), started))
-                        pending.append((self._task.remote(fn_ref, packed), len(group)))
+                        with self._watch.calls(task):
+                            pending.append((self._task.remote(fn_ref, packed), len(group), task))
                 if not pending:
                     break
-                ref, count = pending.popleft()
+                ref, count, task = pending.popleft()
                 waited = time.perf_counter()
-                packed = ray.get(ref)
+                packed = self._watch.get(ref, task)
                 started = time.perf_counter()
                 outcome: _Outcome = _unpack(packed)
                 schedule.received(outcome, count, self.timings.received(packed, outcome, waited, started))
@@ -403,12 +427,12 @@ class RayEngine:
                 if outcome.error is not None:
                     raise _rebuild(outcome.error)
         finally:
-            for ref, _ in pending:
+            self._watch.abandon([fn_ref, *(ref for ref, _, _ in pending)])
+            for ref, _, _ in pending:
                 self.timings.tasks_cancelled += 1
-                try:
-                    ray.cancel(ref)
-                except Exception:  # noqa: BLE001 (already finished or gone: nothing to stop)
-                    pass
+                if not self._watch.broken:
+                    with suppress(Exception):  # already finished or gone: nothing to stop
+                        ray.cancel(ref)
         if source_error is not None:
             raise source_error
         if not exhausted:
@@ -416,9 +440,14 @@ class RayEngine:
 
     def close(self) -> None:
         """Disconnect from the cluster this engine connected to, stopping it if it was the local one started
-        here; a session that was already running in this process is left as it was."""
+        here; a session that was already running in this process is left as it was. A session whose local raylet
+        died is left alone (Ray's exit handler too): any call could end the process before the error is out."""
         if self._started:
-            ray.shutdown()
+            if self._watch.broken:
+                atexit.unregister(ray.shutdown)
+            else:
+                ray.shutdown()
+            self._watch.stop()
             self._started = False
         self._task = None
 
