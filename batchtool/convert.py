@@ -11,28 +11,29 @@ import pyarrow as pa
 
 from batchtool import exchange
 from batchtool.dataset import Chunk, ReadReport
-from batchtool.engines import with_engine
+from batchtool.engines import executor as run_executor
 from batchtool.job import JobResult, RunSettings, open_source
 from batchtool.tally import Tally
 from batchtool.output import OutputOptions
-from batchtool.workspace import Workspace
+from batchtool.workspace import Workspace, tasks_executor
 from batchtool.write import Deferred, Job, Streamed, write
 
 
-@with_engine
 def convert(src: str, dst: str, output: OutputOptions, *, columns: Sequence[str] | None = None,
             format: str | None = None, skip_corrupt: bool = False, run: RunSettings = RunSettings()) -> JobResult:
-    """Read SRC's shards in order and write them to DST, with the manifest."""
-    dataset = open_source(src, dst, output, run, format=format, skip_corrupt=skip_corrupt)
-    cols = dataset.check_columns(columns)
-    job = Job("convert", {"columns": cols, "to": output.format, "compression": output.codec,
-                          "shard_rows": output.shard_rows, "shard_bytes": output.shard_bytes},
-              None, dataset, dst, output, dataset.projected_schema(cols), run)
+    """Read SRC's shards in order and write them to DST, with the manifest, on the run's executor."""
+    with run_executor(run) as executor:
+        dataset = open_source(src, dst, output, run, executor, format=format, skip_corrupt=skip_corrupt)
+        cols = dataset.check_columns(columns)
+        job = Job("convert", {"columns": cols, "to": output.format, "compression": output.codec,
+                              "shard_rows": output.shard_rows, "shard_bytes": output.shard_bytes},
+                  None, dataset, dst, output, dataset.projected_schema(cols), run)
 
-    def produce(space: Workspace, report: ReadReport) -> AbstractContextManager[Streamed]:
-        return contextlib.nullcontext(Streamed(exchange.units(dataset, report, cols), functools.partial(_as_is, output), dict))
+        def produce(space: Workspace, report: ReadReport) -> AbstractContextManager[Streamed]:
+            units = exchange.units(dataset, report, tasks_executor(space, executor), cols)
+            return contextlib.nullcontext(Streamed(units, functools.partial(_as_is, output), dict))
 
-    return write(job, produce)
+        return write(job, produce, executor)
 
 
 def _as_is(output: OutputOptions, chunk: Chunk) -> tuple[list[Deferred], Tally]:

@@ -17,7 +17,7 @@ from batchtool.errors import InputError, RowError, SchemaError, where
 from batchtool.formats import column_types
 from batchtool.formats import tfrecord as tfrecord_format
 from batchtool.manifest import read_manifest
-from batchtool.runner import ordered_map
+from batchtool.runner import SERIAL, Executor
 
 
 @dataclass(frozen=True)
@@ -203,19 +203,23 @@ class Dataset:
                                   "(convert --columns, select --columns)")
         yield from self.spec.tasks(self, cols, report or ReadReport())
 
-    def chunks(self, columns: Sequence[str] | None = None, threads: int = 1,
+    def chunks(self, columns: Sequence[str] | None = None, executor: Executor = SERIAL,
                report: ReadReport | None = None) -> Iterator[Chunk]:
-        """All chunks in order, decoded on `threads` threads."""
-        return ordered_map(lambda task: task(), self.tasks(columns, report), threads)
+        """All chunks in order, read and decoded on `executor`."""
+        return executor.map(_run, self.tasks(columns, report))
 
 
-def first_in_input(error: RowError, dataset: Dataset, threads: int = 1) -> InputError | None:
+def _run(task: Callable[[], Chunk]) -> Chunk:
+    return task()
+
+
+def first_in_input(error: RowError, dataset: Dataset, executor: Executor = SERIAL) -> InputError | None:
     """For a RowError in a batch an operation made (its rows' ids are gone): the same problem at the first row of
     the input whose column holds it (error.refind), naming the file and the row; None when the input has no such
     column (an operation's own) or row. One pass over that column only."""
     if error.refind is None or error.column not in dataset.schema.names:
         return None
-    for chunk in dataset.chunks([error.column], threads):
+    for chunk in dataset.chunks([error.column], executor):
         row = error.refind(chunk.data.column(0))
         if row is not None:
             return error.at(dataset.locate(int(chunk.ids[row])), " (the first such row of the input)")
@@ -278,14 +282,16 @@ def detect_format(path: str, sniff: bool = False) -> str | None:
 
 def open_dataset(src: str, format: str | None = None, schema: pa.Schema | None = None,
                  tfrecord_kind: str = "auto", skip_corrupt: bool = False,
-                 max_record_bytes: int | None = None, memory: int | None = None) -> Dataset:
+                 max_record_bytes: int | None = None, memory: int | None = None,
+                 executor: Executor = SERIAL) -> Dataset:
     """Resolve SRC, check it is one readable format, and fix the schema every chunk will have.
 
     A TFRecord SRC without a batchtool manifest gets its schema from a pass over every record
     (feature names and kinds only). max_record_bytes: the largest TFRecord record read, and what one record
     batch of a compressed Arrow IPC file may decompress to when there is no `memory` (default:
     DEFAULT_MAX_RECORD_BYTES; the CLI passes --max-record-bytes); memory: the budget that decompressed input
-    obeys instead (the CLI passes the command's --memory).
+    obeys instead (the CLI passes the command's --memory); executor: what runs a pass the opening needs (a
+    TFRecord schema scan).
     """
     src = os.fspath(src)
     paths = resolve_paths(src)
@@ -305,7 +311,8 @@ def open_dataset(src: str, format: str | None = None, schema: pa.Schema | None =
     shards = tuple(Shard(i, p, fs.file_size(p)) for i, p in enumerate(paths))
     manifest = read_manifest(src) if fs.is_dir(src) else None
     reading = {"tfrecord_kind": tfrecord_kind, "skip_corrupt": skip_corrupt, "max_record_bytes": max_record_bytes,
-               "memory": memory}
+               "memory": memory,
+               "executor": executor}
     dataset = formats.FORMATS[format].open_dataset(src, shards, schema, manifest, reading)
     unwrapped = column_types.reading_schema(dataset.schema)  # operations never see an extension type
     return dataset if unwrapped is dataset.schema else replace(dataset, schema=unwrapped)

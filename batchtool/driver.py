@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from batchtool import exchange, progress
 from batchtool.dataset import Chunk, Dataset, ReadReport, first_in_input
-from batchtool.engines import with_engine
+from batchtool.engines import executor as run_executor
 from batchtool.errors import BatchtoolError, RowError
 from batchtool.exchange import ReadUnit
 from batchtool.job import JobResult, RunSettings, open_source
@@ -23,24 +23,25 @@ from batchtool.ops.base import Expanding, Piece, Context, Kind, Operation, Optio
 from batchtool.ops.regroup import Bar, Exchange
 from batchtool.tally import Tally
 from batchtool.output import OutputOptions
-from batchtool.runner import ordered_map
-from batchtool.workspace import Workspace
+from batchtool.runner import Executor
+from batchtool.workspace import Workspace, tasks_executor
 
 
 @dataclass(frozen=True)
 class EngineRuntime:
-    """The ops.base.Runtime of a run: its engine (threads or Ray, whichever is active), its workspace and its
-    progress bars, named by `who` runs the op (`shuffle`, `stage 1 (shuffle)`)."""
+    """The ops.regroup.Runtime of a run: the executor of its tasks, its workspace and its progress bars, named by
+    `who` runs the op (`shuffle`, `stage 1 (shuffle)`)."""
 
-    threads: int
+    executor: Executor
+    space: Workspace
     quiet: bool = True
     who: str | None = None
     """Who its bars name before the op's own words (`stage 2 (stratify): select` in a pipeline); None: no one."""
-    space: Workspace | None = None
-    """The run's workspace (None: a pass that regroups nothing, a first pass)."""
 
-    def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
-        return ordered_map(fn, items, self.threads)
+    @classmethod
+    def of(cls, space: Workspace, executor: Executor, quiet: bool, who: str | None) -> EngineRuntime:
+        """The runtime of tasks writing `space`: on the run's executor if its workers share it, else on threads."""
+        return cls(tasks_executor(space, executor), space, quiet, who)
 
     def bar(self, desc: str, total: int | None) -> AbstractContextManager[Bar]:
         return progress.bar(f"{self.who}: {desc}" if self.who else desc, total, quiet=self.quiet)
@@ -48,7 +49,7 @@ class EngineRuntime:
     def apply(self, op: Operation, plan: Any, data: Dataset,
               report: ReadReport) -> tuple[Iterator[tuple[Chunk, int]], Tally]:
         applied = Applied(op, plan)
-        return applied.stream(data, None, self.threads, report), applied.stats
+        return applied.stream(data, None, self.executor, report), applied.stats
 
 
 @dataclass(frozen=True)
@@ -77,17 +78,18 @@ def _apply(fn: Callable[[Chunk], Any], task: Callable[[], Chunk]) -> Any:
     return fn(task())
 
 
-def scanner(dataset: Dataset, threads: int) -> Scan:
-    """Passes over `dataset` on the engine, each result in input order (Context.scan)."""
+def scanner(dataset: Dataset, executor: Executor) -> Scan:
+    """Passes over `dataset` on the executor, each result in input order (Context.scan)."""
     def scan(columns: list[str], fn: Callable[[Chunk], Any]) -> Iterator[Any]:
-        return ordered_map(functools.partial(_apply, fn), dataset.tasks(columns), threads)
+        return executor.map(functools.partial(_apply, fn), dataset.tasks(columns))
     return scan
 
 
-def make_plan(op: Operation, options: Any, dataset: Dataset, run: RunSettings, seed: int = 0) -> Any:
-    """The op's plan under the run's memory: its first pass (if any) over the columns it names, merged in input
-    order."""
-    threads, quiet = run.threads, run.quiet
+def make_plan(op: Operation, options: Any, dataset: Dataset, run: RunSettings, executor: Executor,
+              seed: int = 0) -> Any:
+    """The op's plan under the run's memory: its first pass (if any) over the columns it names, on the executor,
+    merged in input order."""
+    quiet = run.quiet
     context = Context(seed, dataset.schema, dataset.src, dataset.locate,
                       first_file=dataset.shards[0].path if dataset.shards else None, memory=run.budget)
     first = op.first_pass(options, dataset.schema)
@@ -96,14 +98,15 @@ def make_plan(op: Operation, options: Any, dataset: Dataset, run: RunSettings, s
         desc = f"{op.name}: {first.desc}" if first.desc else None
         with progress.bar(desc, dataset.num_rows, quiet=quiet) if desc else contextlib.nullcontext(_Unshown()) as bar:
             stats = _merged(first.new(), functools.partial(_pass_of, first.of, context), dataset.tasks(first.columns),
-                            threads, bar)
-    return op.plan(options, replace(context, scan=scanner(dataset, threads)), stats)
+                            executor, bar)
+    return op.plan(options, replace(context, scan=scanner(dataset, executor)), stats)
 
 
 def _merged(stats: Any, part: Callable[[Callable[[], Chunk]], tuple[Any, int]], tasks: Iterable[Callable[[], Chunk]],
-            threads: int, bar: Bar) -> Any:
-    """A pass's per-chunk statistics (`part` of each read task, on the engine) merged into `stats` in input order."""
-    for chunk_stats, rows in ordered_map(part, tasks, threads):
+            executor: Executor, bar: Bar) -> Any:
+    """A pass's per-chunk statistics (`part` of each read task, on the executor) merged into `stats` in input
+    order."""
+    for chunk_stats, rows in executor.map(part, tasks):
         stats.merge(chunk_stats)
         bar.update(rows)
     return stats
@@ -117,15 +120,15 @@ class _Unshown:
 
 
 @contextlib.contextmanager
-def stream_errors(op: Operation, plan: Any, dataset: Dataset, threads: int) -> Iterator[None]:
+def stream_errors(op: Operation, plan: Any, dataset: Dataset, executor: Executor) -> Iterator[None]:
     """Around every stream of `dataset` through the op (its kernel or regrouping, as a command or a pipeline
     stage): an error found mid-stream becomes the one the op would rather raise (Operation.on_stream_error)."""
     try:
         yield
     except BatchtoolError as exc:
-        better = op.on_stream_error(plan, exc, scanner(dataset, threads))
+        better = op.on_stream_error(plan, exc, scanner(dataset, executor))
         if better is None and isinstance(exc, RowError):  # a row of an output batch: find it in the input
-            better = first_in_input(exc, dataset, threads)
+            better = first_in_input(exc, dataset, executor)
         if better is None:
             raise
         raise better from None
@@ -139,25 +142,25 @@ class Applied:
         self.op, self.plan = op, plan
         self.stats = Tally()
 
-    def items(self, dataset: Dataset, columns: Sequence[str] | None, threads: int,
+    def items(self, dataset: Dataset, columns: Sequence[str] | None, executor: Executor,
               report: ReadReport) -> Iterator[Any]:
         """What the writer's work takes: (chunk, input rows) pairs, or the pieces of an expanding op."""
         per_chunk = self.op.per_chunk(self.plan)
         if per_chunk is None:
             work = ((task, self.plan) for task in dataset.tasks(columns, report))
         else:
-            work = ((_Ready(chunk), per_chunk(chunk)) for chunk in dataset.chunks(columns, threads, report))
-        for out, stats, rows in ordered_map(functools.partial(_kernel, self.op), work, threads):
+            work = ((_Ready(chunk), per_chunk(chunk)) for chunk in dataset.chunks(columns, executor, report))
+        for out, stats, rows in executor.map(functools.partial(_kernel, self.op), work):
             self.stats.merge(stats)
             if isinstance(out, Expanding):
                 yield from out.pieces()
             else:
                 yield out, rows
 
-    def stream(self, dataset: Dataset, columns: Sequence[str] | None, threads: int,
+    def stream(self, dataset: Dataset, columns: Sequence[str] | None, executor: Executor,
                report: ReadReport) -> Iterator[tuple[Chunk, int]]:
         """The output chunks in order, each with the input rows it completes."""
-        return ordered_map(_work, self.items(dataset, columns, threads, report), threads)
+        return executor.map(_work, self.items(dataset, columns, executor, report))
 
     @property
     def emitted(self) -> Emitted:
@@ -165,14 +168,14 @@ class Applied:
         item it makes as a piece (an expanding op's built where the writer wants it)."""
         return functools.partial(_emitted, self.op, self.plan)
 
-    def units(self, dataset: Dataset, columns: Sequence[str] | None, threads: int,
+    def units(self, dataset: Dataset, columns: Sequence[str] | None, executor: Executor,
               report: ReadReport) -> Iterator[ReadUnit]:
         """What the writer's tasks read: the input's units, or, when the plan changes chunk by chunk in input
         order, each chunk read here with its plan."""
         per_chunk = self.op.per_chunk(self.plan)
         if per_chunk is None:
-            return exchange.units(dataset, report, columns)
-        return (Item((chunk, per_chunk(chunk))) for chunk in dataset.chunks(columns, threads, report))
+            return exchange.units(dataset, report, executor, columns)
+        return (Item((chunk, per_chunk(chunk))) for chunk in dataset.chunks(columns, executor, report))
 
     def report(self) -> dict[str, Any]:
         return self.op.report(self.plan, self.stats)
@@ -215,7 +218,7 @@ def produced(op: Operation, plan: Any, regroups: bool, data: Dataset, runtime: E
     reads its chunks here)."""
     if regroups:
         units = exchange.read_units(data, report) if units is None else units
-        regrouped, units = exchange.regrouping(op, plan, data, units, runtime.threads)
+        regrouped, units = exchange.regrouping(op, plan, data, units, runtime.executor)
         if isinstance(regrouped, Exchange):
             yield exchange.exchanged(regrouped, units, data, runtime, report)
             return
@@ -225,31 +228,37 @@ def produced(op: Operation, plan: Any, regroups: bool, data: Dataset, runtime: E
         return
     applied = Applied(op, plan)
     if units is None or op.per_chunk(plan) is not None:
-        units = applied.units(data, columns, runtime.threads, report)
+        units = applied.units(data, columns, runtime.executor, report)
     yield Streamed(units, applied.emitted, applied.report, applied.stats.merge, total_rows=data.progress_rows)
 
 
-@with_engine
 def run_operation(op: Operation, options: Any, src: str, dst: str, output: OutputOptions,
                   run: RunSettings = RunSettings(), *, seed: int = 0, format: str | None = None,
                   skip_corrupt: bool = False) -> JobResult:
-    """An op as a command: SRC through its plan and kernel (or its regrouping) into DST, with the manifest."""
-    dataset = open_source(src, dst, output, run, format=format, skip_corrupt=skip_corrupt)
+    """An op as a command: SRC through its plan and kernel (or its regrouping) into DST, with the manifest, on the
+    run's executor."""
+    with run_executor(run) as executor:
+        dataset = open_source(src, dst, output, run, executor, format=format, skip_corrupt=skip_corrupt)
+        return _run_operation(op, options, dataset, dst, output, run, executor, seed)
+
+
+def _run_operation(op: Operation, options: Any, dataset: Dataset, dst: str, output: OutputOptions, run: RunSettings,
+                   executor: Executor, seed: int) -> JobResult:
     try:
         schema = op.output_schema(options, dataset.schema)
         recorded = {**op.recorded(options, dataset.schema, output), **run.recorded(op.spills)}
     except OptionError as exc:
         raise exc.at(dataset.src) from None
-    plan = make_plan(op, options, dataset, run, seed)
+    plan = make_plan(op, options, dataset, run, executor, seed)
     job = Job(op.name, recorded, seed if op.seeded else None, dataset, dst, output, schema, run)
     regroups = op.kind_of(options) is not Kind.ROWS
 
     def produce(space: Workspace, report: ReadReport) -> AbstractContextManager[Produced]:
-        runtime = EngineRuntime(run.threads, run.quiet, op.name, space)
+        runtime = EngineRuntime.of(space, executor, run.quiet, op.name)
         return produced(op, plan, regroups, dataset, runtime, report, columns=op.input_columns(options, None))
 
-    with stream_errors(op, plan, dataset, run.threads):
-        return write(job, produce)
+    with stream_errors(op, plan, dataset, executor):
+        return write(job, produce, executor)
 
 
 __all__ = ["Applied", "EngineRuntime", "emit_nonempty", "make_plan", "run_operation", "scanner",

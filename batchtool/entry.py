@@ -37,11 +37,11 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 def main() -> None:
     """Run the command line with SIGINT and SIGTERM turned into clean exits; after an engine's runtime died under
-    the command (batchtool.engines.skip_finalizing), end without finalizing it, with the command's status."""
+    the command (engines.ray_failures.skip_finalizing), end without finalizing it, with the command's status."""
     try:
         _command_line()
     except SystemExit as exc:
-        from batchtool.engines import finalizing_skipped
+        from batchtool.engines.ray_failures import finalizing_skipped
 
         if finalizing_skipped():
             sys.stdout.flush()

@@ -25,11 +25,11 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from batchtool import fs, runner
+from batchtool import fs
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.ops.base import Operation
 from batchtool.ops.regroup import Exchange, Stream, Bar, Cut, Runtime, Scatter, Scattered
-from batchtool.runner import ordered_map
+from batchtool.runner import Executor
 from batchtool.spill import ID_COLUMN, Spill, read_part
 from batchtool.workspace import Workspace
 
@@ -71,11 +71,12 @@ def read_units(dataset: Dataset, report: ReadReport, columns: Sequence[str] | No
             yield from task_units(file.tasks(report))
 
 
-def units(dataset: Dataset, report: ReadReport, columns: Sequence[str] | None = None) -> Iterator[ReadUnit]:
+def units(dataset: Dataset, report: ReadReport, executor: Executor,
+          columns: Sequence[str] | None = None) -> Iterator[ReadUnit]:
     """What the writer's tasks read of the input: on the local engine a unit per read task (its one writer waits for
     each task's output in turn, so a task must be a chunk, never a whole file), on a remote engine its read units,
     whose output each task spools where it reads them."""
-    if runner.active_engine() is None:
+    if not executor.remote:
         return task_units(dataset.tasks(dataset.check_columns(columns), report))
     return read_units(dataset, report, columns)
 
@@ -92,13 +93,13 @@ def _measure_first(measure: Callable[[Chunk], T | None], unit: ReadUnit) -> T | 
 
 
 def first_measured(units: Iterator[ReadUnit], measure: Callable[[Chunk], T | None],
-          threads: int) -> tuple[T | None, Iterator[ReadUnit]]:
+                   executor: Executor) -> tuple[T | None, Iterator[ReadUnit]]:
     """`measure` of the first chunk it is not None for (the yardstick of the first pass: the first chunk, or
     an op's first non-empty output), computed on a worker, and the units with the ones probed put back."""
     probed: list[ReadUnit] = []
     for unit in units:
         probed.append(unit)
-        found = next(iter(ordered_map(functools.partial(_measure_first, measure), [unit], threads)))
+        found = next(iter(executor.map(functools.partial(_measure_first, measure), [unit])))
         if found is not None:
             return found, itertools.chain(probed, units)
     return None, iter(probed)
@@ -196,13 +197,13 @@ def scatter_here(prepared: Iterable[tuple[Chunk, np.ndarray, Any]], job: MapJob,
     return [np.asarray(counts, dtype=np.int64) for counts in rows], stats
 
 
-def scatter(units: Iterable[ReadUnit], job: MapJob, threads: int, report: ReadReport,
+def scatter(units: Iterable[ReadUnit], job: MapJob, executor: Executor, report: ReadReport,
             bar: Bar) -> tuple[list[np.ndarray], list[Any]]:
     """Run the map tasks on the engine; the rows in each part of each group, and Scatter.prepare's statistics
     in input order (what the tasks skipped goes to `report`, in input order)."""
     rows = [np.zeros(parts, dtype=np.int64) for parts in job.scatter.parts]
     stats: list[Any] = []
-    for out in ordered_map(functools.partial(_map, job), enumerate(units), threads):
+    for out in executor.map(functools.partial(_map, job), enumerate(units)):
         for group, counts in zip(rows, out.rows):
             group += np.asarray(counts, dtype=np.int64)
         report.merge(out.report)
@@ -270,18 +271,18 @@ def _sort_part(job: MapJob, cell: tuple[int, int, str]) -> None:
         writer.write_batch(data)
 
 
-def sort_groups(job: MapJob, rows: Sequence[np.ndarray], threads: int) -> list[SortedGroup]:
+def sort_groups(job: MapJob, rows: Sequence[np.ndarray], executor: Executor) -> list[SortedGroup]:
     """Sort every key range of every group on the engine's workers, one task per range that holds rows."""
     groups = [SortedGroup(job.directory, g, tuple(int(n) for n in part_rows)) for g, part_rows in enumerate(rows)]
     with job.errors():
         os.makedirs(os.path.join(job.directory, "sorted"), exist_ok=True)
     cells = [(g.group, part, g.path(part)) for g in groups for part, n in enumerate(g.part_rows) if n]
-    for _ in ordered_map(functools.partial(_sort_part, job), cells, threads):
+    for _ in executor.map(functools.partial(_sort_part, job), cells):
         pass
     return groups
 
 
-def regrouping(op: Operation, plan: Any, data: Dataset, units: Iterator[ReadUnit], threads: int,
+def regrouping(op: Operation, plan: Any, data: Dataset, units: Iterator[ReadUnit], executor: Executor,
                like: Chunk | None = None) -> tuple[Exchange | Stream, Iterator[ReadUnit]]:
     """The op's regrouping (Operation.regroup), and the units with any it probed put back. Its probe measures the
     input's first chunk, read on a worker, or `like` when given (a pipeline's narrow pass, cut as the full input
@@ -290,7 +291,7 @@ def regrouping(op: Operation, plan: Any, data: Dataset, units: Iterator[ReadUnit
         nonlocal units
         if like is not None:
             return measure(like)
-        found, units = first_measured(units, measure, threads)
+        found, units = first_measured(units, measure, executor)
         return found
 
     return op.regroup(plan, data, probe), units
@@ -306,8 +307,8 @@ def exchanged(reorder: Exchange, units: Iterable[ReadUnit], data: Dataset, runti
         if reorder.rows is not None:
             rows, stats = scatter_here(reorder.rows(runtime, report), job, bar)
         else:
-            rows, stats = scatter(units, job, runtime.threads, report, bar)
-    groups = sort_groups(job, rows, runtime.threads)
+            rows, stats = scatter(units, job, runtime.executor, report, bar)
+    groups = sort_groups(job, rows, runtime.executor)
     totals = np.array([int(r.sum()) for r in rows], dtype=np.int64)
     return reorder.cut(Scattered(reorder.scatter.schema, list(groups), totals, stats), runtime)
 

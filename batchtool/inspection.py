@@ -11,18 +11,17 @@ import pyarrow.compute as pc
 
 from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
-from batchtool.engines import with_engine
+from batchtool.engines import executor as run_executor
 from batchtool.formats import column_types
 from batchtool.budget import human_bytes
 from batchtool.job import RunSettings
 from batchtool.manifest import manifest_path
-from batchtool.runner import ordered_map
+from batchtool.runner import Executor
 
 _BAR_WIDTH = 40
 _HIST_BINS = 16
 
 
-@with_engine
 def inspect(src: str, *, label: str | None = None, length: str | None = None, format: str | None = None,
             skip_corrupt: bool = False, run: RunSettings = RunSettings()) -> dict[str, Any]:
     """Read SRC once (only the label and length columns) and describe it.
@@ -30,10 +29,16 @@ def inspect(src: str, *, label: str | None = None, length: str | None = None, fo
     On batchtool batch output the numbers are the examples', not the padding's: bucket output's
     lengths are its `length` column (the real lengths), and segment output's labels and lengths are
     those of the original examples (first segments' `total_length`), with its segments, lanes and
-    empty slots counted apart.
+    empty slots counted apart. The pass runs on the run's executor.
     """
-    dataset = open_dataset(src, format=format, skip_corrupt=skip_corrupt, max_record_bytes=run.max_record_bytes,
-                           memory=run.memory)
+    with run_executor(run) as executor:
+        dataset = open_dataset(src, format=format, skip_corrupt=skip_corrupt, max_record_bytes=run.max_record_bytes,
+                               memory=run.memory, executor=executor)
+        return _described(dataset, src, label, length, executor)
+
+
+def _described(dataset: Dataset, src: str, label: str | None, length: str | None,
+               executor: Executor) -> dict[str, Any]:
     label = label or stats_mod.default_label(dataset.schema)
     from batchtool.ops.names import producer, written_names  # here: the ops import budget, which imports this module
 
@@ -42,7 +47,7 @@ def inspect(src: str, *, label: str | None = None, length: str | None = None, fo
     report = ReadReport()
     segment_columns = {own.get("key"), own.get("sequence"), own.get("total_length")}
     if length is None and op == "segment" and segment_columns <= set(dataset.schema.names):
-        st, segments = segment_stats(dataset, label, own, run.threads, report)
+        st, segments = segment_stats(dataset, label, own, executor, report)
         result = describe(dataset, st, label, own["total_length"], report)
         result["length"]["column"] = f"{own['total_length']} (of the examples)"
         ranks = options.get("world_size")  # the manifest's options are free-form: shown only when they make sense
@@ -52,7 +57,7 @@ def inspect(src: str, *, label: str | None = None, length: str | None = None, fo
         length = own["length"] if own["length"] in dataset.schema.names else None
     length = length or stats_mod.default_length(dataset.schema)
     dataset.check_columns([c for c in (label, length) if c])
-    st = stats_mod.collect(dataset, label=label, length=length, threads=run.threads, report=report) \
+    st = stats_mod.collect(dataset, label=label, length=length, executor=executor, report=report) \
         if label or length else counted(dataset, report)
     return describe(dataset, st, label, length, report)
 
@@ -64,7 +69,7 @@ def counted(dataset: Dataset, report: ReadReport) -> stats_mod.DatasetStats:
     return stats_mod.DatasetStats(rows=sum(rows.values()), shard_rows=rows)
 
 
-def segment_stats(dataset: Dataset, label: str | None, own: Mapping[str, str], threads: int,
+def segment_stats(dataset: Dataset, label: str | None, own: Mapping[str, str], executor: Executor,
                   report: ReadReport) -> tuple[stats_mod.DatasetStats, dict[str, int]]:
     """Segment output in one pass: rows and shards of all rows, labels and lengths of the examples
     (first segments), and the counts of segments, examples, lanes and empty slots. `own`: the names of
@@ -84,7 +89,7 @@ def segment_stats(dataset: Dataset, label: str | None, own: Mapping[str, str], t
                     "lanes": int(lanes.max()) + 1 if len(lanes) else 0}
 
     total_stats, counts = stats_mod.DatasetStats(), {"segments": 0, "examples": 0, "empty_slots": 0, "lanes": 0}
-    for st, part in ordered_map(lambda task: one(task()), dataset.tasks(columns, report), threads):
+    for st, part in executor.map(lambda task: one(task()), dataset.tasks(columns, report)):
         total_stats.merge(st)
         counts = {k: max(v, part[k]) if k == "lanes" else v + part[k] for k, v in counts.items()}
     return total_stats, counts

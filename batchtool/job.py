@@ -12,7 +12,8 @@ from batchtool.dataset import Dataset, open_dataset
 from batchtool.engines import check_engine
 from batchtool.errors import OptionError
 from batchtool.formats.tfrecord import DEFAULT_MAX_RECORD_BYTES, check_record_limit
-from batchtool.output import (OutputOptions, check_destination, refuse_overlap)
+from batchtool.output import OutputOptions, check_destination, refuse_overlap
+from batchtool.runner import Executor
 
 X = TypeVar("X")
 
@@ -67,13 +68,13 @@ def read_paths(dataset: Dataset) -> list[str]:
     return ([root] if root is not None else []) + [s.path for s in dataset.shards]
 
 
-def open_source(src: str, dst: str, output: OutputOptions, run: RunSettings, *, format: str | None = None,
-                skip_corrupt: bool = False) -> Dataset:
+def open_source(src: str, dst: str, output: OutputOptions, run: RunSettings, executor: Executor, *,
+                format: str | None = None, skip_corrupt: bool = False) -> Dataset:
     """open_dataset for a command that writes DST, under the run's limits: before any pass runs or any file is made,
     refuse a DST or tmp dir that overlaps the input, and an existing DST without --overwrite (batchtool.write checks
     DST again before it writes; this is so the user hears it at once)."""
     dataset = open_dataset(src, format=format, skip_corrupt=skip_corrupt, max_record_bytes=run.max_record_bytes,
-                           memory=run.memory)
+                           memory=run.memory, executor=executor)
     refuse_overlap(read_paths(dataset), {"DST": dst, "--tmp-dir": run.tmp_dir})
     check_destination(dst, output.overwrite)
     return dataset

@@ -19,7 +19,7 @@ from batchtool.errors import InputError, UsageError
 from batchtool.formats.base import Batches, ReadTask, size_problem
 from batchtool.load_order import Resume, epoch_order, rank_count, rank_positions, resume
 from batchtool.manifest import MANIFEST_NAME, manifest_path, output_files, read_manifest, schema_from_json
-from batchtool.runner import default_threads, ordered_map
+from batchtool.runner import default_threads, threaded_map
 
 __all__ = ["Loader", "column_to_numpy", "epoch_order", "load", "rank_positions", "to_numpy"]
 
@@ -279,7 +279,7 @@ class Loader:
         self.position, self._iterating = first, True
         reads = self._reads(order[picked], blocks[picked])
         ids = iter(order[picked].tolist())
-        for read, batches in ordered_map(lambda read: (read, read()), reads, self.threads):
+        for read, batches in threaded_map(lambda read: (read, read()), reads, self.threads):
             for batch in batches:
                 read.check()
                 self.position += workers

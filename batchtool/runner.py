@@ -1,26 +1,23 @@
-"""Where per-item work runs: the local engine's threads, or the engine made active for a run.
+"""Where per-item work runs: an Executor, chosen once per run (batchtool.engines.executor) and passed to whatever
+maps work over items.
 
-Every operation reaches parallelism through `ordered_map(fn, items, threads)`. By default it runs
-the local engine: a reader thread, worker threads and the consuming (writer) thread, joined by
-bounded queues, so a slow writer holds back reading (backpressure). Inside `use_engine(engine)`
-(what `--engine ray` sets up, see batchtool.engines) the same call runs `fn` on that engine
-instead. Either way results come out in input order, which is what makes output bytes
-independent of --threads and of the engine. The first error in input order stops everything and
-is raised in the consumer; Ctrl-C does the same.
+`executor.map(fn, items)` yields fn's results in input order, which is what makes output bytes independent of
+--threads and of the engine. The local executor (Threads) runs a reader thread, worker threads and the consuming
+(writer) thread, joined by bounded queues, so a slow writer holds back reading (backpressure); a remote one (Ray,
+batchtool.engines.ray) runs fn on a cluster's workers with the same order and backpressure. The first error in
+input order stops everything and is raised in the consumer; Ctrl-C does the same.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import os
 import queue
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextvars import ContextVar
-from typing import Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, TypeVar
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -33,56 +30,43 @@ def default_threads() -> int:
     return os.cpu_count() or 1
 
 
-# -- engines -----------------------------------------------------------------------------------------------
-
-
-class Engine(Protocol):
-    """Runs per-item functions somewhere else than the local threads (e.g. a Ray cluster)."""
+class Executor(Protocol):
+    """Runs per-item functions: the local threads, or a cluster's workers."""
 
     name: str
+    threads: int
+    """The driver's threads (--threads): the local executor's workers, a remote one's for work it keeps local."""
+    remote: bool
+    """Its workers may run on other machines, sharing only DST's filesystem (batchtool.workspace)."""
 
-    def map(self, fn: Callable[[T], U], items: Iterable[T], threads: int, window: int | None) -> Iterator[U]:
-        """fn over items, results in input order, at most `window` items in flight (None: the engine's);
-        `threads` is what the local engine would use (e.g. for work the engine keeps local)."""
+    def map(self, fn: Callable[[T], U], items: Iterable[T], window: int | None = None) -> Iterator[U]:
+        """fn over items, results in input order, at most `window` items in flight (None: the executor's).
+        A remote executor pickles `fn` and the items."""
+        ...
+
+    def summary(self) -> dict[str, Any]:
+        """What it reports about the run so far, for the manifest's `run` (nothing, for threads)."""
         ...
 
 
-_ACTIVE: ContextVar[Engine | None] = ContextVar("batchtool_engine", default=None)
+@dataclass(frozen=True)
+class Threads:
+    """The local executor: `threads` worker threads. With one, everything runs in the calling thread, one item at a
+    time: the baseline that --threads N is measured against, and the easiest to debug."""
+
+    threads: int = 1
+    name: ClassVar[str] = "local"
+    remote: ClassVar[bool] = False
+
+    def map(self, fn: Callable[[T], U], items: Iterable[T], window: int | None = None) -> Iterator[U]:
+        return threaded_map(fn, items, self.threads, window)
+
+    def summary(self) -> dict[str, Any]:
+        return {}
 
 
-def active_engine() -> Engine | None:
-    """The engine behind ordered_map in this context; None is the local engine (threads)."""
-    return _ACTIVE.get()
-
-
-@contextlib.contextmanager
-def use_engine(engine: Engine | None) -> Iterator[None]:
-    """Run every ordered_map call inside the block on `engine` (None: local threads)."""
-    token = _ACTIVE.set(engine)
-    try:
-        yield
-    finally:
-        _ACTIVE.reset(token)
-
-
-def ordered_map(fn: Callable[[T], U], items: Iterable[T], threads: int,
-                window: int | None = None) -> Iterator[U]:
-    """Apply fn to items and yield the results in input order, on the active engine.
-
-    Local engine: `threads` workers and at most `window` items in flight (read but not yet
-    consumed), which bounds memory. With threads=1 everything runs in the calling thread, one
-    item at a time: the baseline that --threads N is measured against, and the easiest to debug.
-    The engine is looked up now, not when iteration starts, so a stream handed to another thread
-    keeps the engine it was made under; and the local engine reads `items` in the caller's context,
-    so a stream that makes its own maps only once read (a pipeline stage's) makes them on that engine.
-    """
-    engine = active_engine()
-    if engine is not None:
-        return engine.map(fn, items, threads, window)
-    return threaded_map(fn, items, threads, window)
-
-
-# -- the local engine: threads ----------------------------------------------------------------------------
+SERIAL = Threads(1)
+"""Work in the calling thread (a default where no run's executor is at hand)."""
 
 
 class _SourceError:
@@ -121,7 +105,8 @@ def _put(out: queue.Queue, item: object, stop: threading.Event) -> bool:
 
 
 def threaded_map(fn: Callable[[T], U], items: Iterable[T], threads: int, window: int | None = None) -> Iterator[U]:
-    """The local engine's ordered_map (see there)."""
+    """Threads.map: `threads` workers and at most `window` items in flight (read but not yet consumed), which
+    bounds memory."""
     threads = max(1, int(threads))
     if threads == 1:
         yield from map(fn, items)
@@ -129,10 +114,7 @@ def threaded_map(fn: Callable[[T], U], items: Iterable[T], threads: int, window:
     window = window or threads + 1
     stop = threading.Event()
     source: queue.Queue = queue.Queue(maxsize=max(2, threads))
-    # the reader runs in the caller's context: a stream whose maps start only when it is first read (a pipeline
-    # stage's) then finds the caller's engine there, instead of falling back to local threads
-    reader = threading.Thread(target=contextvars.copy_context().run, args=(_feed, items, source, stop),
-                              name="batchtool-reader", daemon=True)
+    reader = threading.Thread(target=_feed, args=(items, source, stop), name="batchtool-reader", daemon=True)
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="batchtool-worker")
     pending: deque[Future] = deque()
     reader.start()

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 from batchtool import rng
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.errors import OptionInputError, SchemaError
-from batchtool.runner import ordered_map
+from batchtool.runner import SERIAL, Executor
 
 
 HISTOGRAM_ITEM = 8
@@ -155,9 +155,10 @@ def checked_lengths(chunk: Chunk, column: str, limit: tuple[str, int] | None,
     return lens
 
 
-def collect(dataset: Dataset, label: str | None = None, length: str | None = None, threads: int = 1,
+def collect(dataset: Dataset, label: str | None = None, length: str | None = None, executor: Executor = SERIAL,
             report: ReadReport | None = None, nulls: Sequence[str] = (), nans: Sequence[str] = ()) -> DatasetStats:
-    """One pass over only the label, length, null and NaN columns (or the narrowest column, to count rows)."""
+    """One pass over only the label, length, null and NaN columns (or the narrowest column, to count rows), on the
+    executor."""
     from batchtool import budget  # (budget reads inspection, which reads this module)
 
     columns = list(dict.fromkeys(c for c in (label, length, *nulls, *nans) if c is not None)) \
@@ -165,8 +166,8 @@ def collect(dataset: Dataset, label: str | None = None, length: str | None = Non
     histogram = (("memory", budget.allowed(dataset.memory)) if dataset.memory is not None
                  else ("max_record_bytes", dataset.max_record_bytes))
     total = DatasetStats()
-    for part in ordered_map(lambda task: chunk_stats(task(), label, length, nulls, nans, histogram),
-                            dataset.tasks(columns, report), threads):
+    for part in executor.map(lambda task: chunk_stats(task(), label, length, nulls, nans, histogram),
+                             dataset.tasks(columns, report)):
         total.merge(part)
     return total
 

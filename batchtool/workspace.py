@@ -9,7 +9,8 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 
-from batchtool import fs, runner
+from batchtool import fs
+from batchtool.runner import Executor, Threads
 from batchtool.spill import make_temporary_dir, temporary_write_errors
 
 WORKSPACE = ".exchange"
@@ -40,7 +41,8 @@ class Workspace:
 
 
 @contextmanager
-def workspace(dst: str, tmp_dir: str | None = None, inside: str | None = None) -> Iterator[Workspace]:
+def workspace(dst: str, executor: Executor, tmp_dir: str | None = None,
+              inside: str | None = None) -> Iterator[Workspace]:
     """The workspace of an exchange writing `dst`, removed when the block ends: beside DST (in DST's temporary
     directory `inside` if it exists yet, else in a `.DST.tmp-*` of its own) when a remote engine runs the tasks
     and DST is a path whose parent exists, so every worker shares it; else in --tmp-dir `tmp_dir`, or the
@@ -52,7 +54,7 @@ def workspace(dst: str, tmp_dir: str | None = None, inside: str | None = None) -
     tree is being removed.
     """
     dst_path = None if fs.is_uri(dst) else os.path.abspath(dst)
-    shared = (runner.active_engine() is not None and dst_path is not None
+    shared = (executor.remote and dst_path is not None
               and (inside is not None or os.path.isdir(os.path.dirname(dst_path))))
     own = None
     if not shared:
@@ -75,10 +77,10 @@ def workspace(dst: str, tmp_dir: str | None = None, inside: str | None = None) -
             fs.remove_tree(own)
 
 
-def on_engine_of(space: Workspace) -> AbstractContextManager[None]:
-    """Within the block, the engine that may write the workspace: the active one if the workspace is shared with
-    its workers, else the driver's threads."""
-    return runner.use_engine(runner.active_engine() if space.shared else None)
+def tasks_executor(space: Workspace, executor: Executor) -> Executor:
+    """What runs the tasks that write the workspace: the run's executor if its workers share the workspace, else
+    the driver's threads."""
+    return executor if space.shared else Threads(executor.threads)
 
 
-__all__ = ["WORKSPACE", "Workspace", "on_engine_of", "workspace"]
+__all__ = ["WORKSPACE", "Workspace", "tasks_executor", "workspace"]

@@ -23,18 +23,17 @@ from typing import Any
 
 import pyarrow as pa
 
-from batchtool import fs, progress, runner
+from batchtool import fs, progress
 from batchtool import manifest as manifest_mod
 from batchtool.dataset import Dataset, ReadReport
 from batchtool.exchange import ReadUnit
-from batchtool.engines import engine_summary
 from batchtool.formats.base import EncodedBatch
 from batchtool.job import JobResult, RunSettings, read_paths
 from batchtool.ops.regroup import Batches, Cut
 from batchtool.tally import Tally
 from batchtool.output import BatchShardWriter, OutputOptions, encode_batch, output_directory, shard_ends
-from batchtool.runner import ordered_map
-from batchtool.workspace import Workspace, on_engine_of, workspace
+from batchtool.runner import Executor
+from batchtool.workspace import Workspace, tasks_executor, workspace
 
 MEASURES_PER_WORKER = 2
 """A remote engine measures sorted batches in this many tasks per worker CPU, so every worker encodes."""
@@ -107,34 +106,34 @@ Produce = Callable[[Workspace, ReadReport], AbstractContextManager[Produced]]
 streams, valid while the block is open; `report` takes what the reading skips."""
 
 
-def write(job: Job, produce: Produce, report: ReadReport | None = None) -> JobResult:
-    """Produce the job's output in a workspace, write it as batch shards in DST's temporary directory, then the
-    manifest, and move the directory into place (output.output_directory: all or nothing)."""
+def write(job: Job, produce: Produce, executor: Executor, report: ReadReport | None = None) -> JobResult:
+    """Produce the job's output in a workspace, write it as batch shards in DST's temporary directory on the
+    executor, then the manifest, and move the directory into place (output.output_directory: all or nothing)."""
     report = ReadReport() if report is None else report
     casts = job.output.casts(job.schema)
     stored = job.output.stored_schema(job.schema)
     with output_directory(job.dst, job.output.overwrite, read_paths(job.source)) as tmp, \
-            workspace(job.dst, job.run.tmp_dir, inside=tmp) as space, on_engine_of(space), \
-            produce(space, report) as produced:
-        engine = runner.active_engine()
+            workspace(job.dst, executor, job.run.tmp_dir, inside=tmp) as space, produce(space, report) as produced:
+        tasks = tasks_executor(space, executor)
         output = job.output if produced.sequence_columns is None else \
             replace(job.output, sequence_columns=produced.sequence_columns)
         stats = produced.stats
-        if isinstance(produced, Streamed) and engine is None:
-            files, rows_in, rows = _write_streamed(job, produced, output, stored, tmp, report)
+        if isinstance(produced, Streamed) and not tasks.remote:
+            files, rows_in, rows = _write_streamed(job, produced, output, stored, tmp, report, tasks)
         else:
             if isinstance(produced, Streamed):
-                batches, rows_in = _spool_all(job, produced, space, report)
+                batches, rows_in = _spool_all(job, produced, space, report, tasks)
             else:
                 batches, rows_in = produced.batches, produced.batches.rows
             rows = batches.rows
-            if engine is None:
-                files = _write_in_order(job, batches, output, stored, tmp)
+            if not tasks.remote:
+                files = _write_in_order(job, batches, output, stored, tmp, tasks)
             else:
-                files = _write_sorted_on(engine, job, batches, output, stored, tmp, space)
+                files = _write_sorted_on(tasks, job, batches, output, stored, tmp, space)
         manifest = write_manifest(tmp, job, casts, stored, files, rows_in, rows, report,
                                   stats if job.manifest_stats is None
-                                  else functools.partial(_pipeline_stats, job.manifest_stats, stats, rows))
+                                  else functools.partial(_pipeline_stats, job.manifest_stats, stats, rows),
+                                  executor.summary())
     return JobResult(manifest, rows_in, rows)
 
 
@@ -144,15 +143,16 @@ def _pipeline_stats(manifest_stats: Callable[[dict[str, Any], int], dict[str, An
 
 
 def write_manifest(tmp: str, job: Job, casts: dict[str, str], stored: pa.Schema, files: list[dict], rows_in: int,
-                   rows_out: int, report: ReadReport, stats: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+                   rows_out: int, report: ReadReport, stats: Callable[[], dict[str, Any]],
+                   executed: dict[str, Any]) -> dict[str, Any]:
     """The manifest of a finished output in `tmp`, written there; returns it. Its run section (the one part that
-    may differ between runs writing the same bytes) says how the run went."""
+    may differ between runs writing the same bytes) says how the run went (`executed`: the executor's summary)."""
     job_stats = stats()
     job_stats.update(report.stats())
     manifest = manifest_mod.build(
         command=job.command, options=job.options, seed=job.seed, dataset=job.source, output=job.output,
         schema=stored, files=files, stats={"rows_in": rows_in, "rows_out": rows_out, **job_stats},
-        run={"threads": job.run.threads, "engine": job.run.engine, **engine_summary(),
+        run={"threads": job.run.threads, "engine": job.run.engine, **executed,
              "wall_seconds": round(time.perf_counter() - job.started, 3),
              "peak_rss_bytes": manifest_mod.peak_rss_bytes()})
     if casts:
@@ -184,7 +184,7 @@ def _made(output: OutputOptions, piece: Deferred) -> tuple[list[EncodedBatch], i
 
 
 def _write_streamed(job: Job, out: Streamed, output: OutputOptions, stored: pa.Schema, tmp: str,
-                    report: ReadReport) -> tuple[list[dict], int, int]:
+                    report: ReadReport, tasks: Executor) -> tuple[list[dict], int, int]:
     """The units' tasks on the engine's threads (each unit's work, then each piece of it made and encoded), their
     batches appended in order by one writer here."""
     writer = BatchShardWriter(tmp, stored, output, name=job.dst)
@@ -192,13 +192,13 @@ def _write_streamed(job: Job, out: Streamed, output: OutputOptions, stored: pa.S
     total = out.total_rows if out.total_rows is not None else job.source.progress_rows
 
     def pieces() -> Iterator[Deferred]:  # on the second map's reader thread, in input order
-        for made, stats, skipped in ordered_map(functools.partial(_pieces, out.emitted), out.units, job.run.threads):
+        for made, stats, skipped in tasks.map(functools.partial(_pieces, out.emitted), out.units):
             if out.merge is not None:
                 out.merge(stats)
             report.merge(skipped)
             yield from made
 
-    results = ordered_map(functools.partial(_made, output), pieces(), job.run.threads)
+    results = tasks.map(functools.partial(_made, output), pieces())
     # closed, however the block ends, before the directories are removed: the units' source may still be writing
     # temporary files of its own on the reader thread
     with progress.bar(f"{job.name}: write", total, quiet=job.run.quiet) as bar, closing(results):
@@ -228,7 +228,8 @@ def _encoded_run(batches: _Encoded) -> list[EncodedBatch]:
     return list(batches())
 
 
-def _write_in_order(job: Job, batches: Batches, output: OutputOptions, stored: pa.Schema, tmp: str) -> list[dict]:
+def _write_in_order(job: Job, batches: Batches, output: OutputOptions, stored: pa.Schema, tmp: str,
+                    tasks: Executor) -> list[dict]:
     """Sorted batches read and encoded in runs on the engine's threads, appended in order by one writer here, whose
     shards roll over as the batches come (output.ShardCutter)."""
     writer = BatchShardWriter(tmp, stored, output, name=job.dst)
@@ -236,7 +237,7 @@ def _write_in_order(job: Job, batches: Batches, output: OutputOptions, stored: p
     runs = [_Encoded(batches.reader(k, min(k + step, batches.count)), output, stored)
             for k in range(0, batches.count, step)]
     with progress.bar(f"{job.name}: write", batches.rows, quiet=job.run.quiet) as bar:
-        for encoded in ordered_map(_encoded_run, runs, job.run.threads):
+        for encoded in tasks.map(_encoded_run, runs):
             for batch in encoded:
                 writer.write(batch)
                 bar.update(batch.data.num_rows)
@@ -361,15 +362,15 @@ class SpoolReader:
                     yield file.get_batch(i)
 
 
-def _spool_all(job: Job, out: Streamed, space: Workspace, report: ReadReport) -> tuple[SpooledBatches, int]:
+def _spool_all(job: Job, out: Streamed, space: Workspace, report: ReadReport,
+               tasks: Executor) -> tuple[SpooledBatches, int]:
     """Run the spool tasks on the engine: the spooled batches and the input rows they complete; each task's
     statistics go to out.merge and what it skipped to `report`, in input order."""
     units, per_file, sizes, consumed = [], [], [], 0
     total = out.total_rows if out.total_rows is not None else job.source.progress_rows
     spool_job = _SpoolJob(space.directory, out.emitted, job.dst)
     with progress.bar(f"{job.name}: spool", total, quiet=job.run.quiet) as bar:
-        for index, spooled in enumerate(ordered_map(functools.partial(_spool, spool_job), enumerate(out.units),
-                                                    job.run.threads)):
+        for index, spooled in enumerate(tasks.map(functools.partial(_spool, spool_job), enumerate(out.units))):
             if spooled.rows:
                 units.append(index)
                 per_file.append(len(spooled.rows))
@@ -457,7 +458,7 @@ def _write_shard(shard: _Shard) -> dict:
 
 
 def write_sorted(batches: Batches, output: OutputOptions, stored: pa.Schema, directory: str, scratch: str,
-                 name: str, segments: int, threads: int) -> list[dict]:
+                 name: str, segments: int, tasks: Executor) -> list[dict]:
     """Write batches on the engine's workers as the local writer would: measure every batch's size (`segments`
     tasks; not when only --shard-rows and the format's batches per shard apply, which need no size), place the
     shard boundaries with output.shard_ends, and write the shards in parallel."""
@@ -468,24 +469,24 @@ def write_sorted(batches: Batches, output: OutputOptions, stored: pa.Schema, dir
     header, sizes = 0, [0] * batches.count
     if output.shard_bytes is not None and batches.count:
         step = -(-batches.count // max(1, segments))
-        measured = list(ordered_map(_measure, [encoded(k, min(k + step, batches.count))
-                                               for k in range(0, batches.count, step)], threads))
+        measured = list(tasks.map(_measure, [encoded(k, min(k + step, batches.count))
+                                             for k in range(0, batches.count, step)]))
         header = next((h for h, _ in measured if h is not None), 0)
         sizes = [size for _, run in measured for size in run]
     ends = shard_ends(output, header, rows, sizes)
     shards = [_Shard(encoded(start, end), i, directory, os.path.join(scratch, f"w{i:06d}"), name)
               for i, (start, end) in enumerate(zip([0, *ends[:-1]], ends))]
-    return list(ordered_map(_write_shard, shards, threads))
+    return list(tasks.map(_write_shard, shards))
 
 
-def _write_sorted_on(engine: Any, job: Job, batches: Batches, output: OutputOptions, stored: pa.Schema, tmp: str,
+def _write_sorted_on(tasks: Executor, job: Job, batches: Batches, output: OutputOptions, stored: pa.Schema, tmp: str,
                      space: Workspace) -> list[dict]:
     with progress.bar(f"{job.name}: write", batches.rows, quiet=job.run.quiet) as bar:
         files = write_sorted(batches, output, stored, tmp, space.directory, job.dst,
-                             MEASURES_PER_WORKER * max(1, getattr(engine, "cpus", job.run.threads)), job.run.threads)
+                             MEASURES_PER_WORKER * max(1, getattr(tasks, "cpus", tasks.threads)), tasks)
         bar.update(batches.rows)
     return files
 
 
 __all__ = ["Emitted", "Item", "Job", "Deferred", "Produce", "Produced", "SpoolReader", "SpooledBatches", "Streamed",
-           "on_engine_of", "spool_path", "write", "write_manifest", "write_sorted"]
+           "spool_path", "write", "write_manifest", "write_sorted"]

@@ -32,6 +32,7 @@ from batchtool.ops.base import OptionError
 from batchtool.options import TableError, Typed, fields, read_table
 from batchtool.output import OutputOptions
 from batchtool.stats import collect
+from batchtool.runner import Threads
 from conftest import write_parquet_shards
 
 QUIET = RunSettings(threads=2, quiet=True)
@@ -307,7 +308,8 @@ def test_stats_collect_counts_nulls_and_nans_like_check(tmp_path):
     nan = float("nan")
     src = src_of(tmp_path, {"w": [1.0, None, nan, 2.0], "seq": pa.array([[nan, nan], None, [1.0], [nan]]),
                             "label": [0, 1, None, 1]})
-    stats = collect(open_dataset(src), label="label", nulls=["w", "seq", "label"], nans=["w", "seq"], threads=2)
+    stats = collect(open_dataset(src), label="label", nulls=["w", "seq", "label"], nans=["w", "seq"],
+                    executor=Threads(2))
     assert stats.null_counts == {"w": 1, "seq": 1, "label": 1} and stats.nan_counts == {"w": 1, "seq": 3}
     assert stats.label_nulls == 1 and stats.rows == 4
 

@@ -16,11 +16,12 @@ from batchtool.errors import InputError, SchemaError
 from batchtool.formats.example import encode_records
 from batchtool.formats.tfrecord import TFRecordFileWriter
 from batchtool.synthetic import make_table
+from batchtool.runner import Threads
 from conftest import write_parquet_shards
 
 
 def collect(dataset, columns=None, threads=1):
-    chunks = list(dataset.chunks(columns, threads=threads))
+    chunks = list(dataset.chunks(columns, Threads(threads)))
     return pa.Table.from_batches([c.data for c in chunks]), np.concatenate([c.ids for c in chunks])
 
 

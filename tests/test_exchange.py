@@ -10,7 +10,6 @@ import shutil
 import pytest
 
 from batchtool.convert import convert
-from batchtool import runner
 from batchtool.driver import run_operation
 from batchtool.errors import DestinationError, InputError
 from batchtool.exchange import MapJob, Workspace, _map, read_units
@@ -19,9 +18,10 @@ from batchtool.job import RunSettings, open_source
 from batchtool.ops.regroup import Scatter
 from batchtool.ops.shuffle import OP, ShuffleOptions
 from batchtool.output import OutputOptions
+from batchtool.runner import SERIAL
 from batchtool.synthetic import make_table
 from conftest import data_bytes, write_parquet_shards
-from test_pickling_engine import PicklingEngine
+from test_pickling_engine import PicklingEngine, standing_in
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def exchanged(src: str, dst: str, options: ShuffleOptions, output: OutputOptions
               skip_corrupt: bool = False, memory: int | None = None):
     """The command as a remote engine runs it (the pickling stand-in): its workspace beside DST, its shards measured
     and written by tasks."""
-    with runner.use_engine(PicklingEngine()):
+    with standing_in(PicklingEngine()):
         return run_operation(OP, options, src, dst, output, RunSettings(threads=2, quiet=True, engine="ray", memory=memory),
                              seed=seed, skip_corrupt=skip_corrupt)
 
@@ -109,7 +109,7 @@ def test_skipped_corrupt_records_are_counted_as_locally(sources, tmp_path):
 
 def test_a_worker_that_cannot_see_the_exchange_directory_says_so(sources, tmp_path):
     """On a cluster whose nodes do not share DST's filesystem, the first map task stops the command."""
-    dataset = open_source(sources["parquet"], str(tmp_path / "dst"), OutputOptions(), RunSettings())
+    dataset = open_source(sources["parquet"], str(tmp_path / "dst"), OutputOptions(), RunSettings(), SERIAL)
     unit = next(read_units(dataset, ReadReport()))
     job = MapJob(Workspace(str(tmp_path / "elsewhere"), "out/"), Scatter(dataset.schema, (1,), 0, "shuffle", 1 << 16))
     with pytest.raises(DestinationError, match=r"^out/: the exchange directory .*elsewhere is not visible on .*: "
@@ -125,7 +125,7 @@ def test_one_tfrecord_file_is_scattered_by_several_map_tasks(sources, tmp_path, 
     src = str(tmp_path / "one")
     convert(sources["parquet"], src, OutputOptions(format="tfrecord"), run=RunSettings(quiet=True))
     monkeypatch.setattr("batchtool.formats.tfrecord.CHUNK_RECORDS", 64)
-    units = list(read_units(open_source(src, str(tmp_path / "dst"), OutputOptions(), RunSettings()), ReadReport()))
+    units = list(read_units(open_source(src, str(tmp_path / "dst"), OutputOptions(), RunSettings(), SERIAL), ReadReport()))
     assert len(os.listdir(src)) == 2 and len(units) == -(-400 // 64)  # one data file (and its manifest)
     local = shuffle(src, str(tmp_path / "local"), ShuffleOptions(batch_size=16), OutputOptions(),
                     RunSettings(threads=2, quiet=True), seed=1)

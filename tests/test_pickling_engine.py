@@ -8,6 +8,7 @@ import functools
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,7 @@ import pyarrow as pa
 import pytest
 from conftest import data_bytes, write_parquet_shards
 
-from batchtool import exchange, runner
+from batchtool import engines, exchange, runner
 from batchtool.driver import _kernel
 from batchtool.pipeline import execute
 from batchtool.ops.segment import chunks as segment_chunks
@@ -35,19 +36,21 @@ THREADS = runner.threaded_map
 
 
 class PicklingEngine:
-    """Stands in for Ray (`--engine ray` finds it active and uses it): the function is pickled once, with the
+    """Stands in for Ray (`--engine ray` gets it within `standing_in`): the function is pickled once, with the
     Ray engine's own pickler, unpickled afresh for every item, and items and results go through it both
     ways; the work runs on the local threads, so ordering and backpressure are the local engine's."""
 
     name = "ray"
+    remote = True
 
-    def __init__(self) -> None:
+    def __init__(self, threads: int = 2) -> None:
+        self.threads = threads
         self.items = 0
         """Items sent through pickle (to show the work really went this way)."""
         self.functions: list[Callable[[Any], Any]] = []
         """Every function mapped, in call order (to show which work went this way)."""
 
-    def map(self, fn: Callable[[Any], Any], items: Iterable[Any], threads: int, window: int | None) -> Iterator[Any]:
+    def map(self, fn: Callable[[Any], Any], items: Iterable[Any], window: int | None = None) -> Iterator[Any]:
         self.functions.append(fn)
         shipped = ray_engine._pack(fn)
 
@@ -59,8 +62,33 @@ class PicklingEngine:
                 self.items += 1
                 yield ray_engine._pack(item)
 
-        for result in THREADS(remote, sent(items), threads, window):
+        for result in THREADS(remote, sent(items), self.threads, window):
             yield ray_engine._unpack(result)
+
+    def summary(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+@contextmanager
+def standing_in(engine: PicklingEngine | None) -> Iterator[None]:
+    """Within the block, a run with --engine ray runs on `engine` (with the run's --threads); None: as it would."""
+    if engine is None:
+        yield
+        return
+    original = engines.start_ray
+
+    def started(run: Any) -> PicklingEngine:
+        engine.threads = run.threads
+        return engine
+
+    engines.start_ray = started
+    try:
+        yield
+    finally:
+        engines.start_ray = original
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +158,7 @@ def run_both(run_cli, tmp_path, args: Callable[[str], list[str]], monkeypatch=No
     engine = PicklingEngine()
     if monkeypatch is not None:
         monkeypatch.setattr(runner, "threaded_map", fell_back)
-    with runner.use_engine(engine):
+    with standing_in(engine):
         result = run_cli(*args(str(tmp_path / "pickled")), "--threads", "2", "-q", "--engine", "ray")
     assert result.exit_code == 0, result.stderr
     assert data_bytes(str(tmp_path / "pickled")) == data_bytes(str(tmp_path / "local"))
@@ -147,7 +175,7 @@ def fails_alike(run_cli, tmp_path, args: list[str]) -> tuple[PicklingEngine, str
         dst = tmp_path / "out" / name
         dst.mkdir(parents=True)
         (dst / "kept").write_text("mine")
-        with runner.use_engine(used):
+        with standing_in(used):
             results[name] = run_cli(*args, dst, "--overwrite", "-q", *(["--engine", "ray"] if used else []))
         assert os.listdir(dst) == ["kept"] and (dst / "kept").read_text() == "mine"
     local, ours = results["local"], results["ours"]
@@ -257,7 +285,7 @@ def test_a_pipeline_shuffle_failing_in_a_map_task_leaves_nothing(src, tmp_path, 
     for engine in ("local", "pickled"):
         pipeline = tmp_path / f"{engine}.toml"
         pipeline.write_text(FIRST_SHUFFLE.format(src=tfr, dst=out / engine))
-        with runner.use_engine(engine_used if engine == "pickled" else None):
+        with standing_in(engine_used if engine == "pickled" else None):
             result = run_cli("run", pipeline, "-q", *(["--engine", "ray"] if engine == "pickled" else []))
         assert result.exit_code == 2 and result.stderr.startswith("error: ") and result.stderr.count("\n") == 1
         errors[engine] = result.stderr.replace(str(tmp_path / "pickled.toml"), str(tmp_path / "local.toml"))
@@ -297,7 +325,7 @@ def test_a_duplicate_segment_key_fails_as_on_the_local_engine(tmp_path, run_cli)
         dst = out / name
         dst.mkdir()
         (dst / "kept").write_text("mine")
-        with runner.use_engine(engine):
+        with standing_in(engine):
             result = run_cli("segment", src, dst, *SEGMENT, "--overwrite", "-q",
                              *(["--engine", "ray"] if engine else []))
         assert result.exit_code == 2 and result.stderr.startswith("error: duplicate key ")
@@ -326,7 +354,7 @@ def test_shared_keys_find_the_hash_index_collisions_in_its_order(tmp_path, monke
         segment_chunks.write_pairs(Workspace(str(tmp_path), "out"), k, hashes[start:end], ids[start:end])
     segment_chunks.write_pairs(Workspace(str(tmp_path), "out"), 1, hashes[250:500], ids[250:500])
     engine = PicklingEngine()
-    shared = segment_chunks.SharedKeys(Workspace(str(tmp_path), "out"), lambda fn, items: engine.map(fn, items, 2, None))
+    shared = segment_chunks.SharedKeys(Workspace(str(tmp_path), "out"), engine.map)
     expected = list(index.collisions())
     assert len(expected) == 6 and list(shared.collisions()) == expected
 

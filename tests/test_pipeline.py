@@ -22,6 +22,7 @@ from batchtool.pipeline import execute, load, run_pipeline
 from batchtool.ops.rename import RenameOptions
 from batchtool.pipeline.stages import Stage
 from batchtool.synthetic import make_table
+from batchtool.runner import Threads
 
 RUN = RunSettings(threads=2, quiet=True)
 
@@ -92,7 +93,7 @@ def test_stage_inputs_are_rekeyed_row_numbers_and_read_back_as_from_parquet(tmp_
     seen: dict[str, object] = {}
 
     def spy(op, plan, regroups, view, *args):
-        chunks = list(view.chunks(threads=2))
+        chunks = list(view.chunks(executor=Threads(2)))
         seen.update(ids=np.concatenate([c.ids for c in chunks]), first=chunks[0].data, view=view)
         raise InputError("stop here")
 
@@ -209,17 +210,18 @@ def test_a_stage_is_its_op_and_asking_it_changes_nothing(tmp_path, parquet_src):
 
 
 def test_the_engine_is_chosen_once_by_the_entry_point(tmp_path, parquet_src, run_cli, monkeypatch):
-    """run_options only makes RunSettings: every command's engine scope is its entry point's (with_engine), one
-    per command, with the settings it was given, `run` and `inspect` too."""
+    """run_options only makes RunSettings: every command's executor is opened by its entry point (engines.executor),
+    once per command, with the settings it was given, `run` and `inspect` too."""
     from batchtool import engines
     scopes: list[tuple[str, int]] = []
-    real = engines.engine_scope
+    real = engines.executor
 
     def counting(run):
         scopes.append((run.engine, run.threads))
         return real(run)
 
-    monkeypatch.setattr(engines, "engine_scope", counting)
+    for module in ("driver", "convert", "inspection", "pipeline.execute", "check.evaluate"):
+        monkeypatch.setattr(f"batchtool.{module}.run_executor", counting)
     path = pipeline(tmp_path, ['op = "shuffle"'], src=parquet_src)
     for args in (["inspect", parquet_src], ["convert", parquet_src, tmp_path / "c"],
                  ["shuffle", parquet_src, tmp_path / "s"], ["run", path]):

@@ -1,4 +1,4 @@
-"""The stage runner: ordered results for any thread count, prompt and deterministic errors."""
+"""The local executor (runner.Threads): ordered results for any thread count, prompt and deterministic errors."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from batchtool.runner import ordered_map
+from batchtool.runner import Threads
 
 DEADLINE = 60.0
 
@@ -22,7 +22,7 @@ def test_results_come_out_in_input_order(threads):
             assert done[x + 1].wait(DEADLINE)
         done[x].set()
         return x * x
-    assert list(ordered_map(odd_first, range(50), threads)) == [x * x for x in range(50)]
+    assert list(Threads(threads).map(odd_first, range(50))) == [x * x for x in range(50)]
 
 
 def test_worker_error_stops_everything_and_is_the_first_in_order():
@@ -35,7 +35,7 @@ def test_worker_error_stops_everything_and_is_the_first_in_order():
         return x
 
     with pytest.raises(ValueError, match="bad 7"):
-        list(ordered_map(work, range(10_000), 4))
+        list(Threads(4).map(work, range(10_000)))
     assert len(seen) < 100  # stopped promptly, not after the whole input
 
 
@@ -47,7 +47,7 @@ def test_source_error_surfaces_after_the_items_before_it():
 
     out = []
     with pytest.raises(OSError, match="disk gone"):
-        for item in ordered_map(lambda x: x, source(), 3):
+        for item in Threads(3).map(lambda x: x, source()):
             out.append(item)
     assert out == [1, 2]
 
@@ -63,7 +63,7 @@ def test_a_source_that_fails_to_start_is_an_error_not_a_hang(threads):
 
     def consume() -> None:
         try:
-            list(ordered_map(lambda x: x, Unopenable(), threads))
+            list(Threads(threads).map(lambda x: x, Unopenable()))
         except OSError as exc:
             result.append(exc)
 
@@ -89,7 +89,7 @@ def test_bounded_in_flight_items():
             yield i
 
     window, queue_size = 4, 2
-    it = ordered_map(lambda x: x, source(), 2, window=window)
+    it = Threads(2).map(lambda x: x, source(), window=window)
     for consumed in range(1, 6):
         assert next(it) == consumed - 1
         with changed:  # woken by each item the source makes (the deadline only turns a hang into a failure)
@@ -100,7 +100,7 @@ def test_bounded_in_flight_items():
 
 def test_closing_early_stops_the_reader_at_once_and_the_workers_soon():
     before = set(threading.enumerate())
-    it = ordered_map(lambda x: x, iter(range(10**9)), 4)
+    it = Threads(4).map(lambda x: x, iter(range(10**9)))
     for _ in range(10):
         next(it)
     it.close()
@@ -122,7 +122,7 @@ def test_a_source_is_closed_before_the_map_returns():
         finally:
             events.append("source closed")
 
-    it = ordered_map(lambda x: x, source(), 2)
+    it = Threads(2).map(lambda x: x, source())
     next(it)
     it.close()
     events.append("map closed")

@@ -29,6 +29,7 @@ from batchtool.output import OutputOptions
 from batchtool.pipeline.config import load
 from batchtool.pipeline.execute import run_pipeline
 from batchtool.synthetic import make_table
+from batchtool.runner import SERIAL, Threads
 
 QUIET = RunSettings(threads=2, quiet=True)
 
@@ -371,15 +372,15 @@ def test_a_hash_collision_between_different_keys_is_not_an_error(tmp_path):
     src = write_parquet_shards(str(tmp_path / "src"), table_of([1, 1, 1], keys=["x", "y", "x"]), shards=1)
     dataset = open_dataset(src)
     keys = str(tmp_path / "keys")
-    check_unique_keys(key_pairs(keys, [7, 7], [0, 1]), dataset, "key", threads=1)  # x and y: forced collision
+    check_unique_keys(key_pairs(keys, [7, 7], [0, 1]), dataset, "key", SERIAL)  # x and y: forced collision
     with pytest.raises(InputError, match=r"duplicate key 'x': .*row 0 and .*row 2"):
-        check_unique_keys(key_pairs(keys, [7], [2]), dataset, "key", threads=1)
+        check_unique_keys(key_pairs(keys, [7], [2]), dataset, "key", SERIAL)
 
 
 def test_many_hash_collisions_are_confirmed_in_batches(tmp_path):
     src = write_parquet_shards(str(tmp_path / "src"), table_of([1] * 150), shards=1)
     keys = key_pairs(str(tmp_path / "keys"), np.full(150, 7), np.arange(150))  # 149 collisions, all different keys
-    check_unique_keys(keys, open_dataset(src), "key", threads=2)
+    check_unique_keys(keys, open_dataset(src), "key", Threads(2))
 
 
 def test_dry_run_of_a_segment_stage_counts_segments_from_the_lengths(tmp_path):

@@ -36,9 +36,9 @@ class MeasuringEngine(PicklingEngine):
         super().__init__()
         self.received: dict[str, int] = {}
 
-    def map(self, fn: Callable[[Any], Any], items: Iterable[Any], threads: int, window: int | None) -> Iterator[Any]:
+    def map(self, fn: Callable[[Any], Any], items: Iterable[Any], window: int | None = None) -> Iterator[Any]:
         name = task_name(fn)
-        for result in super().map(fn, items, threads, window):
+        for result in super().map(fn, items, window):
             self.received[name] = self.received.get(name, 0) + len(pickle.dumps(result))
             yield result
 

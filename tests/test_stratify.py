@@ -28,6 +28,7 @@ from batchtool.ops.stratify import (OP, ONLINE_PRIOR, STAGE, StratifyOptions, ac
 from batchtool.output import OutputOptions
 from batchtool.pipeline import load, run_pipeline
 from batchtool.synthetic import make_table
+from batchtool.runner import SERIAL, Threads
 from conftest import read_dir, write_parquet_shards
 
 QUIET = RunSettings(threads=2, quiet=True)
@@ -165,7 +166,7 @@ def test_thresholds_found_in_several_passes_are_exact(tmp_path):
     counts = np.bincount(labels)
     ranks = {0: 1, 1: int(counts[1]) // 2, 2: int(counts[2])}
     for budget in (1, 100, 1 << 22):  # 1: histogram passes down to 48 fixed bits; huge: one collecting pass
-        found = find_thresholds(scanner(dataset, 2), "label", 3, ranks, counts, seed=9, locate=dataset.locate,
+        found = find_thresholds(scanner(dataset, Threads(2)), "label", 3, ranks, counts, seed=9, locate=dataset.locate,
                                 budget=budget)
         assert found == {c: int(np.sort(hashes[labels == c])[k - 1]) for c, k in ranks.items()}
 
@@ -180,7 +181,7 @@ def test_within_class_selection_is_uniform_over_subsets(tmp_path):
     subsets = Counter()
     for seed in range(600):
         plan = threshold_plan(np.array([3, 3]), counts, lambda ranks, seed=seed: find_thresholds(
-            scanner(dataset, 1), "label", 2, ranks, counts, seed, dataset.locate))
+            scanner(dataset, SERIAL), "label", 2, ranks, counts, seed, dataset.locate))
         copies = plan.copies(codes, ids, seed)
         assert copies[6:].tolist() == [1, 1, 1] and copies[:6].sum() == 3
         subsets[tuple(np.flatnonzero(copies[:6]))] += 1

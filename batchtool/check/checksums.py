@@ -12,19 +12,19 @@ from batchtool.check.rules import Checksums
 from batchtool.dataset import resolve_paths
 from batchtool.errors import InputError
 from batchtool.manifest import MANIFEST_NAME, OutputFile, output_files, read_manifest
-from batchtool.runner import ordered_map
+from batchtool.runner import Executor
 
 _HASH_READ_BYTES = 1 << 20
 
 
-def judge_checksums(rule: Checksums, src: str, limit: int, threads: int) -> RuleResult:
+def judge_checksums(rule: Checksums, src: str, limit: int, executor: Executor) -> RuleResult:
     """Size and sha256 of every file the manifest lists, plus data files it does not list."""
     manifest = read_manifest(src) if fs.is_dir(src) else None
     if manifest is None:
         raise InputError(f"rule {rule.name!r}: {src} is not a batchtool output directory (no {MANIFEST_NAME} "
                          "listing the files and their checksums)")
     files = output_files(src, manifest)
-    problems = [p for p in ordered_map(file_problem, files, threads) if p is not None]
+    problems = [p for p in executor.map(file_problem, files) if p is not None]
     listed = {os.path.normpath(f.name) for f in files}
     problems += [Offender("not listed in the manifest", path) for path in _data_files(src)
                  if os.path.normpath(os.path.relpath(path, src)) not in listed]

@@ -24,6 +24,7 @@ from batchtool.check.scan import Measures, make_plan, measure
 from batchtool.check.recorded import Recorded
 from batchtool.dataset import Dataset, open_dataset
 from batchtool.job import RunSettings
+from batchtool.runner import Executor
 from batchtool.manifest import manifest_path, output_files, read_manifest, read_manifest_file, schema_from_json
 from batchtool.stats import default_label, default_length
 
@@ -70,21 +71,22 @@ class Baseline:
             return None
         return manifest_profile(self.manifest, self.src, self.manifest_file or manifest_path(self.src))
 
-    def profile(self, rules: Sequence[Drift], run: RunSettings) -> Profile:
+    def profile(self, rules: Sequence[Drift], run: RunSettings, executor: Executor) -> Profile:
         """From the manifest's stats when they answer every rule, else from one pass over the data."""
         recorded = self.recorded()
         if self.data is None or (recorded is not None and all(_answers(recorded, r) for r in rules)):
             return recorded
-        dataset = _open(self.data, run, self.skip_corrupt)  # under check's limits, as SRC is
+        dataset = _open(self.data, run, executor, self.skip_corrupt)  # under check's limits, as SRC is
         plan = make_plan(rules, dataset.schema, None, 0, run.budget)
-        return profile_of(measure(dataset, plan, run, needs_rows=True), rules)
+        return profile_of(measure(dataset, plan, run, executor, needs_rows=True), rules)
 
 
-def _open(src: str, run: RunSettings, skip_corrupt: bool) -> Dataset:
-    return open_dataset(src, skip_corrupt=skip_corrupt, max_record_bytes=run.max_record_bytes, memory=run.budget)
+def _open(src: str, run: RunSettings, executor: Executor, skip_corrupt: bool) -> Dataset:
+    return open_dataset(src, skip_corrupt=skip_corrupt, max_record_bytes=run.max_record_bytes, memory=run.budget,
+                        executor=executor)
 
 
-def open_baseline(spec: str, run: RunSettings, skip_corrupt: bool = False) -> Baseline:
+def open_baseline(spec: str, run: RunSettings, executor: Executor, skip_corrupt: bool = False) -> Baseline:
     """A dataset (file, directory, glob), a batchtool output directory, or a manifest file (its data optional)."""
     if fs.is_file(spec) and spec.endswith(".json"):
         manifest = read_manifest_file(spec)
@@ -95,7 +97,7 @@ def open_baseline(spec: str, run: RunSettings, skip_corrupt: bool = False) -> Ba
     manifest = read_manifest(spec) if fs.is_dir(spec) else None
     if manifest is not None and isinstance(manifest.get("schema"), str):
         return Baseline(spec, schema_from_json(manifest["schema"]), manifest, spec, skip_corrupt)
-    return Baseline(spec, _open(spec, run, skip_corrupt).schema, None, spec, skip_corrupt)
+    return Baseline(spec, _open(spec, run, executor, skip_corrupt).schema, None, spec, skip_corrupt)
 
 
 def manifest_profile(manifest: dict, src: str, path: str) -> Profile:

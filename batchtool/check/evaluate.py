@@ -23,9 +23,10 @@ from batchtool.check.rules import Checksums, Crc, Rule, RuleSet
 from batchtool.check.scan import Measures, make_plan, measure
 from batchtool.check.verify import VERIFY_RULES, verify
 from batchtool.dataset import Dataset, open_dataset
-from batchtool.engines import with_engine
+from batchtool.engines import executor as run_executor
 from batchtool.errors import InputError, UsageError
 from batchtool.job import RunSettings
+from batchtool.runner import Executor
 from batchtool.manifest import read_manifest
 
 
@@ -44,28 +45,32 @@ class CheckOptions:
             raise UsageError(f"--max-offenders {self.max_offenders}: must be >= 0")
 
 
-@with_engine
 def check(src: str, rules: RuleSet, options: CheckOptions = CheckOptions(),
           run: RunSettings = RunSettings()) -> CheckResult:
     """Evaluate every rule on SRC. A failing rule is a result (exit 1); bad usage or unreadable input raises.
 
     run.budget bounds the unique-key and duplicate-row hashes before they spill to run.tmp_dir, and what one unit
-    of input decompresses to. With no rule, a batchtool output directory is verified against its manifest (MANIFEST_RULES).
-    When the checksum or schema rule fails, rules that then cannot run (a shard is unreadable, a
+    of input decompresses to; its passes run on the run's executor. With no rule, a batchtool output directory is
+    verified against its manifest (MANIFEST_RULES). When the checksum or schema rule fails, rules that then cannot run (a shard is unreadable, a
     column is missing) are reported as not evaluated instead of stopping the check.
     """
+    with run_executor(run) as executor:
+        return _check(src, rules, options, run, executor)
+
+
+def _check(src: str, rules: RuleSet, options: CheckOptions, run: RunSettings, executor: Executor) -> CheckResult:
     started = time.perf_counter()
     manifest = read_manifest(src) if fs.is_dir(src) else None
     rules = rules_to_check(rules, manifest)
     limit = offender_limit(options.max_offenders, rules, run.budget)
-    results = _judge_files(src, rules, manifest, limit, run.threads)
+    results = _judge_files(src, rules, manifest, limit, executor)
     dataset = None
     rows = None
     try:
         dataset = open_dataset(src, format=options.format,
                                skip_corrupt=options.skip_corrupt or any(isinstance(r, Crc) for r in rules.rules),
-                               max_record_bytes=run.max_record_bytes, memory=run.budget)
-        rows = _judge_data(dataset, rules, options, run, limit, results)
+                               max_record_bytes=run.max_record_bytes, memory=run.budget, executor=executor)
+        rows = _judge_data(dataset, rules, options, run, executor, limit, results)
     except InputError as exc:  # unreadable data; usage errors always stop the check
         if not any(r.status == FAIL for r in results.values()):
             raise
@@ -75,19 +80,21 @@ def check(src: str, rules: RuleSet, options: CheckOptions = CheckOptions(),
                        tuple(results[r.name] for r in rules.rules), time.perf_counter() - started)
 
 
-def _judge_files(src: str, rules: RuleSet, manifest: dict | None, limit: int, threads: int) -> dict[str, RuleResult]:
+def _judge_files(src: str, rules: RuleSet, manifest: dict | None, limit: int,
+                 executor: Executor) -> dict[str, RuleResult]:
     """The checksums and manifest rules: a batchtool output's files against its manifest, before any data is read."""
     verifying = [r for r in rules.rules if isinstance(r, VERIFY_RULES)]
     if verifying and manifest is None:
         raise InputError(f"rule {verifying[0].name!r}: {src} is not a batchtool output directory (no manifest "
                          "listing its files)")
-    results: dict[str, RuleResult] = {r.name: judge_checksums(r, src, limit, threads)
+    results: dict[str, RuleResult] = {r.name: judge_checksums(r, src, limit, executor)
                                       for r in rules.rules if isinstance(r, Checksums)}
-    results.update(verify(verifying, src, manifest, limit, threads))
+    results.update(verify(verifying, src, manifest, limit, executor))
     return results
 
 
-def _judge_data(dataset: Dataset, rules: RuleSet, options: CheckOptions, run: RunSettings, limit: int,
+def _judge_data(dataset: Dataset, rules: RuleSet, options: CheckOptions, run: RunSettings, executor: Executor,
+                limit: int,
                 results: dict[str, RuleResult]) -> int | None:
     """Metadata and batch rules first, then one pass for every data rule (drift rules against the baseline's
     profile); returns the row count if known.
@@ -95,24 +102,24 @@ def _judge_data(dataset: Dataset, rules: RuleSet, options: CheckOptions, run: Ru
     Each result goes into `results` as soon as it is known, so what was judged before the data
     proves unreadable still stands.
     """
-    for result in judge_metadata(rules.rules, dataset, limit, run.threads):
+    for result in judge_metadata(rules.rules, dataset, limit, executor.threads):
         results[result.name] = result
-    baseline = open_baseline(rules.baseline, run, options.skip_corrupt) if rules.drift else None
+    baseline = open_baseline(rules.baseline, run, executor, options.skip_corrupt) if rules.drift else None
     runnable: list[Rule] = []
     for outcome in data_rules(rules, dataset, baseline, results):
         if isinstance(outcome, RuleResult):
             results[outcome.name] = outcome
         else:
             runnable.append(outcome)
-    measures = _measure(dataset, runnable, rules, options, run, limit)
-    for result in judge_measured(runnable, measures, baseline, run, limit):
+    measures = _measure(dataset, runnable, rules, options, run, executor, limit)
+    for result in judge_measured(runnable, measures, baseline, run, executor, limit):
         results[result.name] = result
     return measures.rows
 
 
 def _measure(dataset: Dataset, runnable: list[Rule], rules: RuleSet, options: CheckOptions, run: RunSettings,
-             limit: int) -> Measures:
+             executor: Executor, limit: int) -> Measures:
     """The one pass over the columns the runnable rules read; offending rows show the --key column's value."""
     key = options.key or rules.key or ("key" if "key" in dataset.schema.names else None)
     plan = make_plan(runnable, dataset.schema, key, limit, run.budget)
-    return measure(dataset, plan, run, needs_rows=any(isinstance(r, NEEDS_ROWS) for r in runnable))
+    return measure(dataset, plan, run, executor, needs_rows=any(isinstance(r, NEEDS_ROWS) for r in runnable))

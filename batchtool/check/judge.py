@@ -22,6 +22,7 @@ from batchtool.check.recorded import Recorded
 from batchtool.dataset import Dataset
 from batchtool.errors import InputError, UsageError
 from batchtool.job import RunSettings
+from batchtool.runner import Executor
 from batchtool.manifest import MANIFEST_NAME, manifest_path
 
 
@@ -42,10 +43,10 @@ def judge_metadata(rules: Sequence[Rule], dataset: Dataset, limit: int, threads:
 
 
 def judge_measured(rules: Sequence[Rule], m: Measures, baseline: Baseline | None, run: RunSettings,
-                   limit: int) -> Iterator[RuleResult]:
+                   executor: Executor, limit: int) -> Iterator[RuleResult]:
     """The results of the rules the pass measured, in order; drift rules against the baseline's profile."""
     drift = [r for r in rules if isinstance(r, Drift)]
-    profiles = (profile_of(m, drift), baseline.profile(drift, run)) if drift else ()
+    profiles = (profile_of(m, drift), baseline.profile(drift, run, executor)) if drift else ()
     for rule in rules:
         yield judge_drift(rule, *profiles, limit) if isinstance(rule, Drift) else judge(rule, m)
 

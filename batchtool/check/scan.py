@@ -30,7 +30,7 @@ from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
 from batchtool.job import RunSettings
 from batchtool.errors import SchemaError
 from batchtool.ops.labels import MAX_CLASSES
-from batchtool.runner import ordered_map
+from batchtool.runner import Executor
 from batchtool.stats import DatasetStats, chunk_stats, is_sequence_type, lengths_of
 
 _ROW_LEVEL = (NoNulls, NoNan, LabelRange, Length, SameLength)
@@ -163,8 +163,8 @@ class Measures:
         return o.count, tuple(self.offender(*f) for f in o.found)
 
 
-def measure(dataset: Dataset, plan: Plan, run: RunSettings, needs_rows: bool) -> Measures:
-    """The one streaming pass (or, when no rule reads data, a record count or nothing).
+def measure(dataset: Dataset, plan: Plan, run: RunSettings, executor: Executor, needs_rows: bool) -> Measures:
+    """The one streaming pass on the executor (or, when no rule reads data, a record count or nothing).
 
     The plan's memory bounds the unique-key and duplicate-row hashes before they spill to run.tmp_dir.
     """
@@ -173,15 +173,15 @@ def measure(dataset: Dataset, plan: Plan, run: RunSettings, needs_rows: bool) ->
     offenses: dict[str, Offenses] = {}
     repeats: dict[tuple[str, ...], tuple[int, list[Offender]]] = {}
     if not plan.columns:
-        rows = count_records(dataset, report, run.threads) if needs_rows and dataset.num_rows is None \
+        rows = count_records(dataset, report, executor) if needs_rows and dataset.num_rows is None \
             else dataset.num_rows
         return Measures(dataset, plan, rows, stats, offenses, repeats, report)
     share = plan.memory // max(1, len(plan.keys))
     indexes = [HashIndex(share, run.tmp_dir) for _ in plan.keys]
     try:
         with progress.bar("check: scan", dataset.progress_rows, quiet=run.quiet) as bar:
-            for scan in ordered_map(lambda task: scan_chunk(task(), plan, dataset.locate),
-                                    dataset.tasks(plan.columns, report), run.threads):
+            for scan in executor.map(lambda task: scan_chunk(task(), plan, dataset.locate),
+                                     dataset.tasks(plan.columns, report)):
                 for (label, _), total, part in zip(plan.pairs, stats, scan.stats):
                     total.merge(part)
                     if len(total.label_counts) > MAX_CLASSES:
@@ -194,28 +194,28 @@ def measure(dataset: Dataset, plan: Plan, run: RunSettings, needs_rows: bool) ->
                 bar.update(len(scan.ids))
         measures = Measures(dataset, plan, stats[0].rows, stats, offenses, repeats, report)
         for cols, index in zip(plan.keys, indexes):
-            repeats[cols] = confirm_repeats(measures, cols, index, run.threads)
+            repeats[cols] = confirm_repeats(measures, cols, index, executor)
     finally:
         for index in indexes:
             index.close()
     return measures
 
 
-def count_records(dataset: Dataset, report: ReadReport, threads: int) -> int:
-    """Rows of a dataset whose files do not say (TFRecord) without decoding them, shards on threads."""
+def count_records(dataset: Dataset, report: ReadReport, executor: Executor) -> int:
+    """Rows of a dataset whose files do not say (TFRecord) without decoding them, a shard per task."""
     def count(shard: Shard) -> tuple[int, ReadReport]:
         local = ReadReport()
         return dataset.spec.count_rows(dataset, shard, local), local
 
     rows = 0
-    for n, local in ordered_map(count, dataset.shards, threads):
+    for n, local in executor.map(count, dataset.shards):
         rows += n
         report.merge(local)
     return rows
 
 
 def confirm_repeats(m: Measures, columns: tuple[str, ...], index: HashIndex,
-                    threads: int) -> tuple[int, list[Offender]]:
+                    executor: Executor) -> tuple[int, list[Offender]]:
     """Repeated keys by hash, confirmed on the real values in id order until `limit` are confirmed.
 
     A candidate whose values differ from its group's first row is a 64-bit hash collision and is
@@ -231,7 +231,7 @@ def confirm_repeats(m: Measures, columns: tuple[str, ...], index: HashIndex,
     while True:
         found = index.repeats(want)
         ids, first_ids = found.ids[checked:].tolist(), found.first_ids[checked:].tolist()
-        rows = fetch_rows(m.dataset, np.unique(np.array(ids + first_ids, dtype=np.uint64)), fetch, threads)
+        rows = fetch_rows(m.dataset, np.unique(np.array(ids + first_ids, dtype=np.uint64)), fetch, executor)
         for dup, first in zip(ids, first_ids):
             if [canonical(rows[dup][c]) for c in columns] != [canonical(rows[first][c]) for c in columns]:
                 refuted += 1
@@ -245,14 +245,14 @@ def confirm_repeats(m: Measures, columns: tuple[str, ...], index: HashIndex,
         want *= 2
 
 
-def fetch_rows(dataset: Dataset, ids: np.ndarray, columns: list[str], threads: int) -> dict[int, dict]:
+def fetch_rows(dataset: Dataset, ids: np.ndarray, columns: list[str], executor: Executor) -> dict[int, dict]:
     """Rows by example id, reading only the shards that hold them and stopping after the last."""
     if not len(ids):
         return {}
     shards = {int(i) >> rng.SHARD_BITS for i in ids}
     subset = dataclasses.replace(dataset, shards=tuple(s for s in dataset.shards if s.index in shards))
     rows: dict[int, dict] = {}
-    with closing(subset.chunks(columns, threads)) as chunks:
+    with closing(subset.chunks(columns, executor)) as chunks:
         for chunk in chunks:
             hit = np.isin(chunk.ids, ids)
             if hit.any():

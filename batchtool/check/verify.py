@@ -21,7 +21,7 @@ from batchtool.errors import BatchtoolError
 from batchtool.formats.base import BATCH_COLUMN
 from batchtool.manifest import OutputFile, manifest_path, output_files, schema_from_json
 from batchtool.ops.names import written_names
-from batchtool.runner import ordered_map
+from batchtool.runner import Executor
 
 VERIFY_RULES = (ManifestRows, ManifestBatches, ManifestSchema)
 
@@ -48,7 +48,8 @@ class Layout:
     batch_column: str | None
 
 
-def verify(rules: Sequence[Rule], src: str, manifest: dict, limit: int, threads: int) -> dict[str, RuleResult]:
+def verify(rules: Sequence[Rule], src: str, manifest: dict, limit: int,
+           executor: Executor) -> dict[str, RuleResult]:
     """Results of the manifest_rows, manifest_batches and manifest_schema rules, from one read of each file."""
     if not rules:
         return {}
@@ -58,7 +59,7 @@ def verify(rules: Sequence[Rule], src: str, manifest: dict, limit: int, threads:
     batch_column = written_names(manifest, manifest_path(src)).get("batch", BATCH_COLUMN)
     layout = Layout(output.get("format") or (detect_format(files[0].name) if files else None) or formats.DEFAULT,
                     schema, output, batch_column if any(isinstance(r, ManifestBatches) for r in rules) else None)
-    found = list(ordered_map(lambda f: inspect_file(f.path, layout), files, threads))
+    found = list(executor.map(lambda f: inspect_file(f.path, layout), files))
     results = {}
     for rule in rules:
         if isinstance(rule, ManifestRows):

@@ -188,9 +188,9 @@ _STARTED_META = "batchtool.started"
 def run_options(fn: Callable) -> Callable:
     """--threads, --quiet, --engine and --ray-address: how to run, never what to compute.
 
-    They only make the RunSettings (make_run) the command passes to its entry point, which runs on
-    that engine (engines.with_engine, the one place an engine is chosen): a command needs nothing
-    more than these options to run on Ray.
+    They only make the RunSettings (make_run) the command passes to its entry point, which opens
+    that engine's executor (engines.executor, the one place an engine is chosen): a command needs
+    nothing more than these options to run on Ray.
     """
     @functools.wraps(fn)
     def settled(*args: Any, engine: str, ray_address: str | None, **kwargs: Any) -> Any:

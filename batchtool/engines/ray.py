@@ -1,7 +1,7 @@
 """The Ray engine: per-item functions run as Ray tasks across a cluster; the driver keeps input order.
 
-`RayEngine.map` is what `runner.ordered_map` becomes under `--engine ray`. The function is
-pickled once (cloudpickle: closures are fine) and put in the object store. Consecutive items are
+`RayEngine` is a run's executor (runner.Executor) under `--engine ray`. Its `map` pickles the function
+once (cloudpickle: closures are fine) and puts it in the object store. Consecutive items are
 grouped into tasks of about TASK_SECONDS each (one CPU per task); at most `window` tasks are in
 flight (twice the cluster's CPUs) and results are taken in submission order, so the driver sees
 exactly the sequence the local threads would produce, with the same backpressure: a slow writer
@@ -40,8 +40,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
-from batchtool import runner
-from batchtool.engines import NEEDS_RAY
+from batchtool.runner import threaded_map
 from batchtool.engines.ray_failures import TASK_RETRIES, Watch, nodes_named, task_words
 from batchtool.errors import UsageError
 
@@ -54,6 +53,8 @@ except ImportError:  # the optional extra is not installed
         import cloudpickle
     except ImportError:
         cloudpickle = None
+
+NEEDS_RAY = "--engine ray needs the ray extra: pip install 'batchtool[ray]'"
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -331,11 +332,14 @@ class RayEngine:
     """A connection to a Ray cluster (an existing one at `address`, or a local one started here)."""
 
     name = "ray"
+    remote = True
 
     def __init__(self, address: str | None = None, local_cpus: int | None = None) -> None:
         if ray is None:
             raise UsageError(NEEDS_RAY)
         self.address = address
+        self.threads = max(1, local_cpus or 1)
+        """The driver's threads, for work the engine keeps local."""
         self.local_cpus = local_cpus
         self._started = False
         self._task: Any = None
@@ -371,10 +375,9 @@ class RayEngine:
         with self._watch.calls("asking the cluster for its CPUs"):
             return max(1, int(ray.cluster_resources().get("CPU", 1)))
 
-    def map(self, fn: Callable[[T], U], items: Iterable[T], threads: int = 1,
-            window: int | None = None) -> Iterator[U]:
+    def map(self, fn: Callable[[T], U], items: Iterable[T], window: int | None = None) -> Iterator[U]:
         """fn over items as Ray tasks, results in input order. A function that cannot be pickled (it holds
-        an open file or a generator, say) runs on `threads` local threads instead, with a warning; so do
+        an open file or a generator, say) runs on the driver's threads instead, with a warning; so do
         the remaining items of one too cheap to ship (see _Schedule)."""
         self._connect()
         try:
@@ -386,11 +389,10 @@ class RayEngine:
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             print(f"warning: --engine ray: {getattr(fn, '__qualname__', type(fn).__name__)} cannot be sent to Ray "
                   f"workers ({reason}); it runs on local threads", file=sys.stderr)
-            return runner.threaded_map(fn, items, threads, window)
-        return self._map(fn, fn_ref, items, threads, window or WINDOW_PER_CPU * self.cpus)
+            return threaded_map(fn, items, self.threads, window)
+        return self._map(fn, fn_ref, items, window or WINDOW_PER_CPU * self.cpus)
 
-    def _map(self, fn: Callable[[T], U], fn_ref: Any, items: Iterable[T], threads: int,
-             window: int) -> Iterator[U]:
+    def _map(self, fn: Callable[[T], U], fn_ref: Any, items: Iterable[T], window: int) -> Iterator[U]:
         source = iter(items)
         schedule = _Schedule()
         pending: deque = deque()  # (ref, number of items, the task in an error's words)
@@ -436,7 +438,10 @@ class RayEngine:
         if source_error is not None:
             raise source_error
         if not exhausted:
-            yield from self.timings.counted_local(runner.threaded_map(fn, source, threads, window))
+            yield from self.timings.counted_local(threaded_map(fn, source, self.threads, window))
+
+    def summary(self) -> dict[str, Any]:
+        return {self.name: self.timings.summary()}
 
     def close(self) -> None:
         """Disconnect from the cluster this engine connected to, stopping it if it was the local one started

@@ -11,7 +11,7 @@ Ray runs a task again when its worker process or its node dies (TASK_RETRIES tim
   teardown. So the driver looks at that raylet before each Ray call and while it waits for a result, and stops
   first: from then on nothing touches Ray (no call, not even releasing an object reference), Ray's C++ log lines
   on stderr go to /dev/null, and the program ends without finalizing Ray once its line is out
-  (engines.skip_finalizing). The cleanup runs first, in the command's own unwinding.
+  (skip_finalizing). The cleanup runs first, in the command's own unwinding.
 - Ray's driver prints the cluster's reports (a worker process or a raylet that died, with its last 20 log lines;
   a task it will run again) on stdout, whatever log_to_driver says. While a session the engine started lasts,
   they come here instead: the nodes they name go in the manifest (run.ray.lost_on) and in the error.
@@ -28,7 +28,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
-from batchtool import engines
 from batchtool.errors import EngineError
 
 try:
@@ -46,6 +45,20 @@ _LOST_ON = re.compile(r"(?:Worker IP address:|Node IP:|and address:)\s*([^\s,]+)
 _ABANDONED: list = []
 """Object references of a session whose local raylet died, never released: releasing one reaches for the dead
 object store, where Ray ends the process."""
+_finalize = True
+"""False once Ray's runtime died under the program (see skip_finalizing)."""
+
+
+def skip_finalizing() -> None:
+    """Said when the raylet of the driver's own node died: tearing Ray down as the interpreter exits may crash, or
+    end the process with Ray's status, so the program ends without finalizing once its command is over
+    (batchtool.entry does, after the error line)."""
+    global _finalize
+    _finalize = False
+
+
+def finalizing_skipped() -> bool:
+    return not _finalize
 
 
 def nodes_named(report: dict) -> list[str]:
@@ -180,7 +193,7 @@ class Watch:
             if not self.broken:
                 self.broken = True
                 _silence_stderr_fd()
-                engines.skip_finalizing()
+                skip_finalizing()
             node = f" ({self.raylet.address})" if self.raylet is not None and self.raylet.address else ""
             raise EngineError(f"--engine ray: the raylet of the Ray node this command runs on{node} died while "
                               f"{task} ran; the command cannot reach the cluster without it")

@@ -20,6 +20,7 @@ import pyarrow as pa
 from batchtool import fs
 from batchtool.errors import BatchtoolError, CorruptRecordError, InputError, OptionError, UsageError, where
 from batchtool.formats.base import BATCH_COLUMN, Batches, EncodedBatch, Format, ReadTask, cut
+from batchtool.runner import SERIAL, Executor
 
 if TYPE_CHECKING:
     from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
@@ -821,24 +822,25 @@ class FileTask:
 
 
 def _scan_schema(src: str, shards: tuple[Shard, ...], kind: str, skip_corrupt: bool,
-                 max_record_bytes: int) -> tuple[pa.Schema, str]:
+                 max_record_bytes: int, executor: Executor) -> tuple[pa.Schema, str]:
     """The schema of every feature of every record: one pass over names, kinds and counts, not values, in steps
-    that run where the engine runs tasks (the records of uncompressed files are read there), merged here in
-    file order.
+    that run on the executor (the records of uncompressed files are read there), merged here in file order.
 
     Corrupt records skipped here are skipped (and counted) again by the pass that reads the data.
     """
     from batchtool.formats import example as example_codec
-    from batchtool.runner import ordered_map
-
     steps = (_ScanTask(records, kind) for shard in shards
              for records in _file_records(shard.path, SCAN_RECORDS, SCAN_BYTES, skip_corrupt, None, max_record_bytes))
     scan = example_codec.FeatureScan()
-    for found in ordered_map(lambda step: step(), steps, 1):
+    for found in executor.map(_scanned, steps):
         scan = scan.merge(found)
     if not scan.records:
         raise InputError(f"{src}: empty input: no TFRecord records to infer a schema from")
     return scan.schema(kind, src)
+
+
+def _scanned(step: _ScanTask) -> FeatureScan:
+    return step()
 
 
 def _schema_problem(payloads: list[bytes], path: str, schema: pa.Schema, kind: str) -> str | None:
@@ -1013,7 +1015,7 @@ class TFRecordFormat(Format):
             schema = schema_from_json(manifest["schema"])
             kind = manifest.get("output", {}).get("tfrecord_kind", kind)
         if schema is None:
-            schema, kind = _scan_schema(src, shards, kind, skip_corrupt, limit)
+            schema, kind = _scan_schema(src, shards, kind, skip_corrupt, limit, reading.get("executor", SERIAL))
         elif kind == "auto":
             kind = "sequence_example"
         return Dataset(src, self.name, shards, schema, tfrecord_kind=kind, skip_corrupt=skip_corrupt,

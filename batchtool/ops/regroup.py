@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool.dataset import Chunk, Dataset, ReadReport
+from batchtool.runner import Executor
 from batchtool.tally import Tally
 
 if TYPE_CHECKING:
@@ -24,17 +25,14 @@ class Bar(Protocol):
 
 
 class Runtime(Protocol):
-    """What the driver lends an op that regroups its whole input: the engine (an ordered map over items,
-    run on threads or Ray workers) and progress bars, so that ops neither choose nor import them."""
+    """What the driver lends an op that regroups its whole input: the executor of its tasks (threads or a
+    cluster's workers), their workspace and progress bars, so that ops neither choose nor import them."""
 
-    threads: int
+    executor: Executor
+    """Runs the op's tasks (`fn` must pickle: it may run remotely), results in input order."""
     space: Workspace
-    """The run's workspace (batchtool.workspace), which the engine's workers write and read: where a task leaves what
-    later tasks read, instead of sending it to the driver."""
-
-    def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Iterator[Any]:
-        """fn over items on the engine, results in input order (`fn` must pickle: it may run remotely)."""
-        ...
+    """The run's workspace (batchtool.workspace), which the executor's workers write and read: where a task leaves
+    what later tasks read, instead of sending it to the driver."""
 
     def bar(self, desc: str, total: int | None) -> AbstractContextManager[Bar]:
         """A progress bar for a pass (shown on a terminal, silent with --quiet); `desc` names the pass ("spill"),

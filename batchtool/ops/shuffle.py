@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from batchtool import budget, rng
 from batchtool.dataset import Chunk, Dataset, ReadReport
+from batchtool.runner import Executor
 from batchtool.ops.base import Context, Kind, Operation, OptionError
 from batchtool.ops.regroup import Stream, Cut, Exchange, Probe, Regrouped, Runtime, Scatter, Scattered
 from batchtool.options import Flag, Integer, option
@@ -223,9 +224,9 @@ class _Buffered:
     """The buffered shuffle's output batches, computed as they stream (from the input again if streamed again):
     the first chunk, read now, sizes them and checks the budget; the rows are counted as they pass."""
 
-    def __init__(self, plan: ShufflePlan, data: Dataset, report: ReadReport, threads: int) -> None:
-        self.plan, self.data, self.report, self.threads = plan, data, report, threads
-        first, self._chunks = peek(data.chunks(None, threads, report))
+    def __init__(self, plan: ShufflePlan, data: Dataset, report: ReadReport, executor: Executor) -> None:
+        self.plan, self.data, self.report, self.executor = plan, data, report, executor
+        first, self._chunks = peek(data.chunks(None, executor, report))
         self.info = layout(data, plan, Yardstick.of(first))
         self.rows_in = 0
 
@@ -233,7 +234,7 @@ class _Buffered:
         o, schema = self.plan.options, self.data.schema
         chunks, self._chunks = self._chunks, None
         if chunks is None:
-            chunks = self.data.chunks(None, self.threads, self.report)
+            chunks = self.data.chunks(None, self.executor, self.report)
         self.rows_in = 0
         shuffled = buffered_shuffle(self._counted(chunks), o.capacity, self.plan.seed, schema)
         yield from rebatch(shuffled, self.info["batch_rows"], schema, o.drop_remainder)
@@ -249,7 +250,7 @@ class _Buffered:
 
 @contextmanager
 def _buffered(plan: ShufflePlan, data: Dataset, runtime: Runtime, report: ReadReport) -> Iterator[Regrouped]:
-    buffered = _Buffered(plan, data, report, runtime.threads)
+    buffered = _Buffered(plan, data, report, runtime.executor)
     yield Regrouped(buffered, emit, buffered.stats)
 
 

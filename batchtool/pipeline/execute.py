@@ -34,16 +34,16 @@ from batchtool import manifest as manifest_mod
 from batchtool import progress, rng
 from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
-from batchtool.engines import with_engine
+from batchtool.engines import executor as run_executor
 from batchtool.errors import BatchtoolError, DestinationExistsError
 from batchtool.formats import parquet as parquet_format
 from batchtool.job import JobResult, RunSettings, read_paths
-from batchtool.workspace import Workspace, on_engine_of, workspace
+from batchtool.workspace import Workspace, tasks_executor, workspace
 from batchtool.write import RUN_BYTES, Job, Produced, write
 from batchtool.driver import EngineRuntime, produced, scanner, stream_errors
 from batchtool.ops.regroup import Batches, Exchange, Regrouped
 from batchtool.output import refuse_overlap
-from batchtool.runner import ordered_map
+from batchtool.runner import SERIAL, Executor
 from batchtool.pipeline import config as config_mod
 from batchtool.pipeline.stages import ANY, CHUNKS, ORDER, Columns, Stage, Stream
 
@@ -58,22 +58,22 @@ class PipelineResult:
     peak_rss_bytes: int = 0
 
 
-@with_engine
 def run_pipeline(config: config_mod.PipelineConfig, run: RunSettings, *, dry_run: bool = False) -> PipelineResult:
     """Plan every stage (its first passes), then run the pipeline into config.output_path (unless dry_run), under the
-    file's memory and tmp-dir."""
+    file's memory and tmp-dir, on the run's executor."""
     started = time.perf_counter()
     run = replace(run, memory=config.memory, tmp_dir=config.tmp_dir)
     if not dry_run:
         _check_destination(config)
-    source = open_dataset(config.input.path, format=config.input.format, skip_corrupt=config.input.skip_corrupt,
-                          max_record_bytes=run.max_record_bytes, memory=run.memory)
-    refuse_overlap(read_paths(source), {f"{config.path}: [output] path": config.output_path,
-                                        f"{config.path}: tmp-dir": config.tmp_dir})
-    columns = source.check_columns(config.input.columns)
-    stages = [Stage(c, config.seed) for c in config.stages]
     with ExitStack() as stack:
-        prefix = Prefix(config, source, columns, stages, run, stack)
+        executor = stack.enter_context(run_executor(run))
+        source = open_dataset(config.input.path, format=config.input.format, skip_corrupt=config.input.skip_corrupt,
+                              max_record_bytes=run.max_record_bytes, memory=run.memory, executor=executor)
+        refuse_overlap(read_paths(source), {f"{config.path}: [output] path": config.output_path,
+                                            f"{config.path}: tmp-dir": config.tmp_dir})
+        columns = source.check_columns(config.input.columns)
+        stages = [Stage(c, config.seed) for c in config.stages]
+        prefix = Prefix(config, source, columns, stages, run, executor, stack)
         for k, stage in enumerate(stages):
             with attributed(config.path, stage):
                 first = stage.first_pass(prefix.schemas[k])
@@ -81,7 +81,7 @@ def run_pipeline(config: config_mod.PipelineConfig, run: RunSettings, *, dry_run
                 view = prefix.view(k, wanted, needs=first.depends if first is not None else ANY,
                                    desc=f"{stage.name}: first pass" if first is not None and first.desc is None
                                    else None)
-                stage.plan(view, run)
+                stage.plan(view, run, prefix.executor)
         if dry_run:
             return PipelineResult(prefix.expected(), wall_seconds=round(time.perf_counter() - started, 3),
                                   peak_rss_bytes=manifest_mod.peak_rss_bytes())
@@ -170,14 +170,14 @@ class StageInput(Dataset):
             chunks = prefix.counted(chunks, self.desc, self.num_rows)
         return map(_Ready, chunks)
 
-    def chunks(self, columns: Sequence[str] | None = None, threads: int = 1,
+    def chunks(self, columns: Sequence[str] | None = None, executor: Executor = SERIAL,
                report: ReadReport | None = None) -> Iterator[Chunk]:
-        """Past the source, the chunks the stages before made on the engine, as they come: not sent to a worker
+        """Past the source, the chunks the stages before made on the executor, as they come: not sent to a worker
         and back for nothing (what reading them as tasks would do); read tasks (the source's, or batches of a
-        reorder sorted on the workers) run on the engine."""
+        reorder sorted on the workers) run on the executor."""
         if self.desc is None and (self.stage == 0 or self._prefix.sorted_before(
                 self.stage, None if self.scope is None else list(self.scope), self.needs) is not None):
-            return super().chunks(columns, threads, report)
+            return super().chunks(columns, executor, report)
         return (task() for task in self.tasks(columns, report))
 
     def locate(self, example_id: int) -> str:
@@ -221,8 +221,11 @@ class Prefix:
     """The stages of one run and what is known about the data between them."""
 
     def __init__(self, config: config_mod.PipelineConfig, source: Dataset, columns: list[str] | None, stages: list[Stage],
-                 run: RunSettings, stack: ExitStack) -> None:
+                 run: RunSettings, executor: Executor, stack: ExitStack) -> None:
         self.config, self.source, self.columns, self.stages, self.run = config, source, columns, stages, run
+        self.executor = executor
+        """What runs the stages' tasks: the run's, or the driver's threads once a barrier's workspace is on the
+        driver's own disk (the workers cannot read its sorted batches there)."""
         self._stack = stack
         self.schemas = [source.projected_schema(columns)]
         for stage in stages:
@@ -278,10 +281,10 @@ class Prefix:
         columns = self.columns if upstream.scope is None else list(upstream.scope)
         units = (exchange.read_units(self.source, report, columns) if j == 0
                  else exchange.task_units(upstream.tasks(None, report)))
-        space = self._stack.enter_context(workspace(self.config.output_path, self.run.tmp_dir))
-        self._stack.enter_context(on_engine_of(space))
-        runtime = EngineRuntime(self.run.threads, self.run.quiet, stage.name, space)
-        regrouped, units = exchange.regrouping(stage.op, stage.planned, upstream, units, self.run.threads, like)
+        space = self._stack.enter_context(workspace(self.config.output_path, self.executor, self.run.tmp_dir))
+        self.executor = tasks_executor(space, self.executor)
+        runtime = EngineRuntime(self.executor, space, self.run.quiet, stage.name)
+        regrouped, units = exchange.regrouping(stage.op, stage.planned, upstream, units, self.executor, like)
         if not isinstance(regrouped, Exchange):
             return self._stack.enter_context(regrouped.open(runtime, report))
         cut = exchange.exchanged(regrouped, units, upstream, runtime, report)
@@ -314,7 +317,7 @@ class Prefix:
     def stream(self, k: int, scope: Columns, report: ReadReport, needs: int) -> Iterator[Chunk]:
         """Chunks reaching stage k (only the `scope` columns), re-keyed; barriers must be spilled already."""
         if k == 0:
-            return self.source.chunks(scope if scope is not None else self.columns, self.run.threads, report)
+            return self.source.chunks(scope if scope is not None else self.columns, self.executor, report)
         stage = self.stages[k - 1]
         needed = stage.input_columns(scope)
         if stage.barrier and needs >= ORDER:
@@ -323,12 +326,12 @@ class Prefix:
             pairs = ((c, c.num_rows) for c in self.stream(k - 1, needed, report, ANY))
         else:
             view = self.view(k - 1, needed, max(needs, stage.sensitivity))
-            pairs = _attributed_stream(stage.stream(view, needed, self.run, report), self.config.path, stage)
+            pairs = _attributed_stream(stage.stream(view, needed, self.executor, report), self.config.path, stage)
         return self._rekey(k, pairs, scope)
 
     def _regrouped(self, stage: Stage, out: Regrouped) -> Stream:
-        """A barrier's output chunks: its items through its work, on the engine (ids are re-keyed after)."""
-        for batches, consumed in ordered_map(out.work, out.items, self.run.threads):
+        """A barrier's output chunks: its items through its work, on the executor (ids are re-keyed after)."""
+        for batches, consumed in self.executor.map(out.work, out.items):
             chunks = [Chunk(b, rng.example_ids(0, 0, b.num_rows)) for b in batches] or [Chunk.concat([], pa.schema([]))]
             for i, chunk in enumerate(chunks):
                 yield chunk, consumed if i == len(chunks) - 1 else 0
@@ -363,17 +366,17 @@ class Prefix:
         k = len(self.stages) - 1
         stage = self.stages[k]
         view = self.view(k, None)
-        units = (exchange.units(self.source, self.report, self.columns) if k == 0
+        units = (exchange.units(self.source, self.report, self.executor, self.columns) if k == 0
                  else exchange.task_units(view.tasks(None, self.report)))
         job = Job("run", self.config.manifest_options(), self.config.seed, self.source, self.config.output_path,
                   self.config.output, stage.output_schema(view.schema), self.run, stage.name, started, self.stats)
 
         def produce(space: Workspace, report: ReadReport) -> AbstractContextManager[Produced]:
-            runtime = EngineRuntime(self.run.threads, self.run.quiet, stage.name, space)
+            runtime = EngineRuntime.of(space, self.executor, self.run.quiet, stage.name)
             return produced(stage.op, stage.planned, stage.regroups, view, runtime, report, units)
 
-        with stream_errors(stage.op, stage.planned, view, self.run.threads):
-            return write(job, produce, self.report)
+        with stream_errors(stage.op, stage.planned, view, self.executor):
+            return write(job, produce, self.executor, self.report)
 
     def stats(self, last: dict[str, Any], rows_out: int) -> dict[str, Any]:
         """manifest["stats"]: rows in and out of every stage with its own statistics, plus the totals."""
@@ -401,14 +404,14 @@ class Prefix:
             scanned.append(columns)
             with attributed(self.config.path, stage):
                 view = self.view(last, columns, needs=ANY, desc=f"{stage.name}: dry run")
-                return scanner(view, self.run.threads)(columns, fn)
+                return scanner(view, self.executor)(columns, fn)
 
         with attributed(self.config.path, stage):
             last_expected = stage.expected(self.rows.get(last), scan)
         if last not in self.rows:  # count the rows reaching the last stage (one narrow pass)
             column = next((f.name for f in schema if not pa.types.is_nested(f.type)), schema.names[0])
             stats_mod.collect(self.view(last, [column], needs=ANY, desc=f"{stage.name}: dry-run count"),
-                              threads=self.run.threads)
+                              executor=self.executor)
             if not scanned:
                 last_expected = stage.expected(self.rows.get(last), scan)
         out, planned = [], self.rows.get(0)

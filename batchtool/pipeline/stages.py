@@ -19,6 +19,7 @@ import pyarrow as pa
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.job import RunSettings
 from batchtool.driver import Applied, make_plan, stream_errors
+from batchtool.runner import Executor
 from batchtool.ops import OPERATIONS
 from batchtool.ops.base import Pass, Scan, Depends, Kind, Operation
 from batchtool.pipeline import config as config_mod
@@ -76,20 +77,20 @@ class Stage:
         """Its first pass over an input of this schema (None: it has none)."""
         return self.op.first_pass(self._options, schema)
 
-    def plan(self, view: Dataset, run: RunSettings) -> None:
-        """Run the first passes over `view` and keep the plan."""
-        self._plan = make_plan(self.op, self._options, view, run, self._seed)
+    def plan(self, view: Dataset, run: RunSettings, executor: Executor) -> None:
+        """Run the first passes over `view` on the executor and keep the plan."""
+        self._plan = make_plan(self.op, self._options, view, run, executor, self._seed)
 
     @property
     def planned(self) -> Any:
         """The op's plan, once `plan` has made it (what a regrouping on the workers needs)."""
         return self._plan
 
-    def stream(self, view: Dataset, columns: Columns, run: RunSettings, report: ReadReport) -> Stream:
-        """A row stage's output chunks (only `columns`), as its kernel makes them on the engine."""
+    def stream(self, view: Dataset, columns: Columns, executor: Executor, report: ReadReport) -> Stream:
+        """A row stage's output chunks (only `columns`), as its kernel makes them on the executor."""
         applied = Applied(self.op, self._plan)
-        with stream_errors(self.op, self._plan, view, run.threads):
-            yield from applied.stream(view, columns, run.threads, report)
+        with stream_errors(self.op, self._plan, view, executor):
+            yield from applied.stream(view, columns, executor, report)
         self.report = applied.report()
 
     def expected(self, rows_in: int | None, scan: Scan) -> tuple[int | None, dict[str, Any]]:

@@ -300,12 +300,12 @@ def _cut(plan: BucketPlan, scattered: Scattered, runtime: Runtime) -> Cut:
     if plan.balance is None:
         gpb = plan.groups_per_bucket if plan.order != "shuffle" else 1
         streams = [scattered.groups[b * gpb:(b + 1) * gpb] for b in range(n)]
-        cuts = list(runtime.map(functools.partial(_bucket_cut, plan), enumerate(streams)))
+        cuts = list(runtime.executor.map(functools.partial(_bucket_cut, plan), enumerate(streams)))
     else:
         k = plan.balance.num_classes
         plan = replace(plan, balance=rebalance(plan, scattered.rows, counts))
         streams = [scattered.groups[b * k:(b + 1) * k] for b in range(n)]
-        cuts = list(runtime.map(functools.partial(_balanced_cut, plan), enumerate(streams)))
+        cuts = list(runtime.executor.map(functools.partial(_balanced_cut, plan), enumerate(streams)))
     for b, cut in enumerate(cuts):
         counts.examples[b] += int(cut.sizes.sum())
         counts.batches[b] += len(cut.sizes)

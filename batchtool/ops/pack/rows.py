@@ -130,7 +130,7 @@ def placed(plan: PackPlan, data: Dataset, rows_per_group: int, runtime: Runtime,
     and its order within the row; with the spill group of its position and what the chunk read, dropped, split
     and spilled."""
     slots = Slots(plan)
-    for p in runtime.map(functools.partial(_prepare_task, plan, data.locate), data.tasks(None, report)):
+    for p in runtime.executor.map(functools.partial(_prepare_task, plan, data.locate), data.tasks(None, report)):
         tally = Tally.of(rows_in=p.rows_in, dropped=p.dropped, split=p.split, items=len(p.lengths))
         if not len(p.lengths):
             yield Chunk.concat([], spill_schema(data.schema, plan)), np.zeros(0, np.int64), tally

@@ -85,9 +85,9 @@ def _lanes(plan: SegmentPlan, data: Dataset, runtime: Runtime, report: ReadRepor
     planner = LanePlanner(plan, check_memory(o, plan.memory, sample().data if sample else None))
 
     def checked() -> Iterator[Examples]:
-        yield from runtime.map(functools.partial(prepare_shared, plan, data.locate, runtime.space),
+        yield from runtime.executor.map(functools.partial(prepare_shared, plan, data.locate, runtime.space),
                                enumerate(data.tasks(columns, report)))
-        check_unique_keys(SharedKeys(runtime.space, runtime.map), data, o.key, runtime.threads)
+        check_unique_keys(SharedKeys(runtime.space, runtime.executor.map), data, o.key, runtime.executor)
 
     yield Regrouped(planner.items(checked()), functools.partial(build_batches, plan),
                     lambda: planner.stats.as_dict(plan), sequence_columns=tuple(o.sequence))

@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 from batchtool import fs, rng
 from batchtool.check.duplicates import PARTITIONS, partition_name, partitioned, read_pairs, repeated
 from batchtool.dataset import Chunk, Dataset
+from batchtool.runner import Executor
 from batchtool.errors import InputError, OptionInputError
 from batchtool.ops import names as own
 from batchtool.ops.base import ColumnError
@@ -297,23 +298,23 @@ class SharedKeys:
                 done += len(more)
 
 
-def check_unique_keys(index: SharedKeys, dataset: Dataset, key: str, threads: int) -> None:
+def check_unique_keys(index: SharedKeys, dataset: Dataset, key: str, executor: Executor) -> None:
     """Raise InputError naming the first duplicate key (in hash order) and both rows, after confirming it."""
     batch: list[tuple[int, int]] = []
     for pair in index.collisions():
         batch.append(pair)
         if len(batch) == CONFIRM_PAIRS:
-            _confirm(batch, dataset, key, threads)
+            _confirm(batch, dataset, key, executor)
             batch = []
     if batch:
-        _confirm(batch, dataset, key, threads)
+        _confirm(batch, dataset, key, executor)
 
 
-def _confirm(pairs: list[tuple[int, int]], dataset: Dataset, key: str, threads: int) -> None:
+def _confirm(pairs: list[tuple[int, int]], dataset: Dataset, key: str, executor: Executor) -> None:
     """Read the real keys of colliding rows (one more pass over the key column: only on a hash hit)."""
     wanted = np.array(sorted({i for pair in pairs for i in pair}), dtype=np.uint64)
     keys: dict[int, str] = {}
-    for chunk in dataset.chunks([key], threads):
+    for chunk in dataset.chunks([key], executor):
         hit = np.isin(chunk.ids, wanted)
         if hit.any():
             values = chunk.data.column(key).filter(pa.array(hit)).to_pylist()

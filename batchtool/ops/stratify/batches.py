@@ -14,6 +14,7 @@ from batchtool import budget
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.ops.base import Operation
 from batchtool.ops.regroup import Cut, Exchange, Probe, Regrouped, Runtime, Scatter, Scattered
+from batchtool.runner import SERIAL, Executor
 from batchtool.tally import Tally
 from batchtool.ops.keyed import PART_SHARE, spill_flush_bytes
 from batchtool.ops.quotas import QuotaBatches, QuotaLayout, plan_layout
@@ -104,18 +105,18 @@ def exchange(op: Operation, plan: Stratification, data: Dataset, probe: Probe) -
     return Exchange(scatter, functools.partial(_exchange_cut, op, plan), rows)
 
 
-def _in_order(op: Operation, plan: Stratification, data: Dataset, threads: int,
+def _in_order(op: Operation, plan: Stratification, data: Dataset, executor: Executor,
               report: ReadReport) -> Iterator[tuple[Chunk, Stratification]]:
     """--mode online: every chunk with its plan, made in input order."""
     per_chunk = op.per_chunk(plan)
     assert per_chunk is not None
-    for chunk in data.chunks(None, threads, report):
+    for chunk in data.chunks(None, executor, report):
         yield chunk, per_chunk(chunk)
 
 
 def _first_online(op: Operation, plan: Stratification, data: Dataset) -> Yardstick | None:
     """The yardstick of the first chunk the online selection keeps rows of."""
-    for chunk, chunk_plan in _in_order(op, plan, data, 1, ReadReport()):
+    for chunk, chunk_plan in _in_order(op, plan, data, SERIAL, ReadReport()):
         rows = _selected(op, chunk_plan, chunk)[0]
         if rows.num_rows:
             return Yardstick.of(rows)
@@ -130,7 +131,8 @@ def _selected_planned(op: Operation, planned: tuple[Chunk, Stratification]) -> t
 def _online_rows(op: Operation, plan: Stratification, data: Dataset, runtime: Runtime,
                  report: ReadReport) -> Iterator[tuple[Chunk, np.ndarray, Tally]]:
     """--mode online: each chunk's selection with its plan made in input order (the kernels on the runtime)."""
-    yield from runtime.map(functools.partial(_selected_planned, op), _in_order(op, plan, data, runtime.threads, report))
+    yield from runtime.executor.map(functools.partial(_selected_planned, op),
+                                    _in_order(op, plan, data, runtime.executor, report))
 
 
 def _selected(op: Operation, plan: Stratification, chunk: Chunk) -> tuple[Chunk, np.ndarray, Tally]:
