@@ -15,7 +15,7 @@ import pyarrow as pa
 from batchtool import exchange, progress
 from batchtool.dataset import Chunk, Dataset, ReadReport, first_in_input
 from batchtool.engines import executor as run_executor
-from batchtool.errors import BatchtoolError, RowError
+from batchtool.errors import BatchtoolError, PartialError, RowError
 from batchtool.exchange import ReadUnit
 from batchtool.job import JobResult, RunSettings, open_source
 from batchtool.write import Deferred, Emitted, Item, Job, Produced, Streamed, write
@@ -120,14 +120,17 @@ class _Unshown:
 
 
 @contextlib.contextmanager
-def stream_errors(op: Operation, plan: Any, dataset: Dataset, executor: Executor) -> Iterator[None]:
+def stream_errors(dataset: Dataset, executor: Executor) -> Iterator[None]:
     """Around every stream of `dataset` through the op (its kernel or regrouping, as a command or a pipeline
-    stage): an error found mid-stream becomes the one the op would rather raise (Operation.on_stream_error)."""
+    stage): an error found mid-stream that knows only part of the input becomes the error over the whole input
+    (errors.PartialError), one at a row of an output batch the first such row of the input (errors.RowError)."""
     try:
         yield
     except BatchtoolError as exc:
-        better = op.on_stream_error(plan, exc, scanner(dataset, executor))
-        if better is None and isinstance(exc, RowError):  # a row of an output batch: find it in the input
+        better = None
+        if isinstance(exc, PartialError):
+            better = exc.over_input(scanner(dataset, executor), dataset.locate)
+        elif isinstance(exc, RowError):
             better = first_in_input(exc, dataset, executor)
         if better is None:
             raise
@@ -251,13 +254,13 @@ def _run_operation(op: Operation, options: Any, dataset: Dataset, dst: str, outp
         raise exc.at(dataset.src) from None
     plan = make_plan(op, options, dataset, run, executor, seed)
     job = Job(op.name, recorded, seed if op.seeded else None, dataset, dst, output, schema, run)
-    regroups = op.kind_of(options) is not Kind.ROWS
+    regroups = op.shape(options).kind is not Kind.ROWS
 
     def produce(space: Workspace, report: ReadReport) -> AbstractContextManager[Produced]:
         runtime = EngineRuntime.of(space, executor, run.quiet, op.name)
         return produced(op, plan, regroups, dataset, runtime, report, columns=op.input_columns(options, None))
 
-    with stream_errors(op, plan, dataset, executor):
+    with stream_errors(dataset, executor):
         return write(job, produce, executor)
 
 

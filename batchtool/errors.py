@@ -98,6 +98,15 @@ class RowError(InputError):
                           f"{note}")
 
 
+class PartialError(InputError):
+    """An input error found while the input streams, which knows only the rows seen so far; the driver raises
+    `over_input(scan, locate)` instead: the same error over the whole input (counted by passes through `scan`, as
+    ops.base.Context.scan makes them, its rows named by `locate`)."""
+
+    def over_input(self, scan: Any, locate: Callable[[int], str]) -> InputError:
+        raise NotImplementedError
+
+
 class CorruptRecordError(InputError):
     """A TFRecord record whose framing or CRC is wrong, or whose payload does not parse."""
 

@@ -103,7 +103,7 @@ AUTO = {"rows_in": 164, "rows_out": 160, "boundaries": [10, 20], "batches": 20,
 
 
 def test_each_op_says_its_own_lines_and_run_only_their_warnings(capsys):
-    """report() asks each step's op what to say (Operation.said, Operation.noted): a command prints all of it,
+    """report() asks each step's op what to say (Operation.said: its lines and its note): a command prints all of it,
     `run` only the warnings, naming the stage, and its table ends each stage's line with the op's own words."""
     from batchtool.cli.common import report
     output = {"rows": 164, "batches": 1, "files": ["part-00000.parquet"]}

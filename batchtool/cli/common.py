@@ -296,7 +296,7 @@ def report(manifest: dict[str, Any], dst: str, quiet: bool) -> None:
     stages = stats.get("stages") or [{**stats, "op": manifest["command"], "rows_out": output["rows"]}]
     for stage in stages:
         op = OPERATIONS.get(stage["op"])  # None: convert, which says nothing more
-        for line in op.said(stage) if op is not None else []:
+        for line in op.said(stage).lines if op is not None else ():
             if line.startswith("warning: "):
                 click.echo(line, err=True)
             elif "stages" not in stats:
@@ -327,7 +327,7 @@ def render(stages: list[dict[str, Any]], expected: bool) -> list[str]:
 
 def notes(stage: dict[str, Any], expected: bool) -> str:
     """One line of the numbers that matter for the stage's operation: those its statistics have of the ones any op
-    may report, then the op's own words (Operation.noted)."""
+    may report, then the op's own words (Said.note)."""
     parts = []
     per_class = stage.get("class_targets" if expected else "class_counts_after")
     if per_class:
@@ -363,7 +363,7 @@ def notes(stage: dict[str, Any], expected: bool) -> str:
     if efficiency is not None:
         parts.append(f"padding efficiency {100 * efficiency:.1f}%" + (" (expected)" if expected else ""))
     op = OPERATIONS.get(stage["op"])
-    return ", ".join(parts + (op.noted(stage) if op is not None else []))
+    return ", ".join([*parts, *(op.said(stage).note if op is not None else ())])
 
 
 def _count(value: int | None) -> str:

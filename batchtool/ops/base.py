@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from batchtool.budget import DEFAULT_MEMORY
 from batchtool.dataset import Chunk, Dataset
-from batchtool.errors import BatchtoolError, OptionError, SchemaError
+from batchtool.errors import OptionError, SchemaError
 from batchtool.ops.regroup import Exchange, Probe, Stream
 from batchtool.tally import Tally
 
@@ -85,6 +85,26 @@ class Context:
     memory: int = DEFAULT_MEMORY
     """--memory: what the op may hold at once (its spill's key ranges, a batch, a buffer), checked before it is
     allocated (batchtool.budget)."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What an op is with given options: its kind, and what its output depends on besides the rows it reads."""
+
+    kind: Kind
+    depends: Depends
+
+
+@dataclass(frozen=True)
+class Said:
+    """What an op says of a run from its statistics, besides the numbers every summary reads."""
+
+    lines: tuple[str, ...] = ()
+    """Printed before the summary every command ends with; a line starting with "warning: " is printed even with
+    --quiet, and is the only kind `run` prints (its table says the rest). A line naming the op names it as
+    `who(stats, op.name)`."""
+    note: tuple[str, ...] = ()
+    """Its own words at the end of the one-line summary (a run's, or a dry run's stage)."""
 
 
 def manifest_options(options: Any, output: OutputOptions) -> dict[str, Any]:
@@ -163,13 +183,10 @@ class Operation(Generic[O, P]):
         """What the manifest's `options` records of a run on an input of this schema."""
         return manifest_options(options, output)
 
-    def kind_of(self, options: O) -> Kind:
-        """Its kind with these options (stratify makes batches only with --batch-size)."""
-        return self.kind
-
-    def depends(self, options: O) -> Depends:
-        """What its output depends on besides the rows (a pipeline keeps it intact)."""
-        return Depends.ORDER if self.seeded else Depends.ROWS
+    def shape(self, options: O) -> Shape:
+        """Its kind with these options (stratify makes batches only with --batch-size), and what its output depends
+        on besides the rows (a pipeline keeps it intact)."""
+        return Shape(self.kind, Depends.ORDER if self.seeded else Depends.ROWS)
 
     # -- what it learns first, and its plan
     def first_pass(self, options: O, schema: pa.Schema) -> Pass | None:
@@ -198,12 +215,6 @@ class Operation(Generic[O, P]):
         `probe(measure)` is measure of the input's first chunk, computed where it is read."""
         raise NotImplementedError(f"{self.name} does not regroup")
 
-    def on_stream_error(self, plan: P, error: BatchtoolError, scan: Scan) -> BatchtoolError | None:
-        """An error raised while the input streams through the kernel or the regrouping (found mid-stream, so it
-        may only know part of the input): the error to raise instead (`scan` runs passes over the whole input),
-        or None to raise it as it is. The driver and the pipeline stage call it for every stream."""
-        return None
-
     # -- what it says
     def report(self, plan: P, stats: Tally) -> dict[str, Any]:
         """The manifest's statistics from the kernels' merged ones."""
@@ -214,16 +225,9 @@ class Operation(Generic[O, P]):
         a pass over some columns of the input, for what the plan does not know)."""
         return None, {}
 
-    def said(self, stats: dict[str, Any]) -> list[str]:
-        """Lines printed from its statistics (the manifest's, or its pipeline stage's) before the report every
-        command ends with; a line starting with "warning: " is printed even with --quiet, and is the only kind
-        `run` prints (its table says the rest). A line naming the op names it as `who(stats, self.name)`."""
-        return []
-
-    def noted(self, stats: dict[str, Any]) -> list[str]:
-        """Its own words at the end of the one-line summary of what it did (a run's or a dry run's stage), after
-        the numbers the summary reads from statistics every op may have."""
-        return []
+    def said(self, stats: dict[str, Any]) -> Said:
+        """What it says from its statistics (the manifest's, or its pipeline stage's)."""
+        return Said()
 
 
 def need_columns(schema: pa.Schema, field: str, names: Sequence[str]) -> None:
@@ -244,4 +248,4 @@ def row_stats(rows_in: int, rows_out: int) -> Tally:
     return Tally.of(rows_in=rows_in, rows_out=rows_out)
 
 
-__all__ = ["Expanding", "Pass", "Piece", "ColumnError", "Context", "Depends", "Kind", "Operation", "OptionError", "Scan", "manifest_options", "need_columns", "row_stats", "who"]
+__all__ = ["Expanding", "Pass", "Piece", "Said", "Shape", "ColumnError", "Context", "Depends", "Kind", "Operation", "OptionError", "Scan", "manifest_options", "need_columns", "row_stats", "who"]

@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 
 from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk
-from batchtool.errors import InputError, SchemaError, where
+from batchtool.errors import PartialError, SchemaError, where
 from batchtool.ops.base import Context, Scan
 
 MAX_CLASSES = 1 << 16
@@ -22,13 +22,18 @@ labels in an array of one entry per class."""
 Locate = Callable[[int], str]
 
 
-class LabelError(InputError):
-    """Labels that are null, not integers, or outside [0, num_classes): how many and the first one."""
+class LabelError(PartialError):
+    """Labels that are null, not integers, or outside [0, num_classes): how many and the first one. Found while
+    streaming (no counting pass: stratify's --init-probs, --mode online), it becomes the error over the whole
+    input: every bad label counted, the first one named."""
 
     def __init__(self, column: str, num_classes: int, count: int, first: str) -> None:
-        self.first = first
+        self.column, self.num_classes, self.first = column, num_classes, first
         super().__init__(f"column {column!r}: {count:,} label(s) are not integers in [0, {num_classes}) "
                          f"(first: {first})")
+
+    def over_input(self, scan: Scan, locate: Locate) -> LabelError:
+        return full_label_error(scan, self.column, self.num_classes, locate)
 
 
 def check_label_type(context: Context, column: str) -> None:

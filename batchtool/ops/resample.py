@@ -16,7 +16,7 @@ from batchtool import rng
 from batchtool.dataset import Chunk
 from batchtool.errors import InputError, OptionInputError, SchemaError
 from batchtool.ops import names as own
-from batchtool.ops.base import Pass, Context, Depends, Operation, OptionError, manifest_options, need_columns
+from batchtool.ops.base import Pass, Context, Depends, Operation, OptionError, Shape, manifest_options, need_columns
 from batchtool.tally import Tally
 from batchtool.options import Column, Flag, Integer, Number, NumberOrColumn, option
 from batchtool.ops.copies import MAX_RATE, Copies, copy_stats, copy_summary
@@ -217,8 +217,8 @@ class Resample(Operation[ResampleOptions, ResamplePlan]):
         del out[own.FIELD]
         return {**out, "rate_column": options.rate_name, **own.recorded(options.output_column)}
 
-    def depends(self, options: ResampleOptions) -> Depends:
-        return Depends.CHUNKS if options.running_mean else Depends.ORDER
+    def shape(self, options: ResampleOptions) -> Shape:
+        return Shape(self.kind, Depends.CHUNKS if options.running_mean else Depends.ORDER)
 
     def output_schema(self, options: ResampleOptions, schema: pa.Schema) -> pa.Schema:
         if options.column:

@@ -14,7 +14,7 @@ import pyarrow as pa
 from batchtool import budget, rng
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.runner import Executor
-from batchtool.ops.base import Context, Kind, Operation, OptionError
+from batchtool.ops.base import Context, Depends, Kind, Operation, OptionError, Said, Shape
 from batchtool.ops.regroup import Stream, Cut, Exchange, Probe, Regrouped, Runtime, Scatter, Scattered
 from batchtool.options import Flag, Integer, option
 from batchtool.ops.keyed import PART_SHARE, spill_flush_bytes
@@ -267,8 +267,8 @@ class Shuffle(Operation[ShuffleOptions, ShufflePlan]):
     seeded = True
     spills = ("memory", "tmp_dir")
 
-    def kind_of(self, options: ShuffleOptions) -> Kind:
-        return Kind.BATCHES if options.batch_size is not None else Kind.REORDERS
+    def shape(self, options: ShuffleOptions) -> Shape:
+        return Shape(Kind.BATCHES if options.batch_size is not None else Kind.REORDERS, Depends.ORDER)
 
     def output_schema(self, options: ShuffleOptions, schema: pa.Schema) -> pa.Schema:
         return schema
@@ -288,8 +288,8 @@ class Shuffle(Operation[ShuffleOptions, ShufflePlan]):
         scatter = Scatter(data.schema, (parts,), plan.seed, STAGE, spill_flush_bytes(plan.memory, parts))
         return Exchange(scatter, functools.partial(_exchange_cut, info, o))
 
-    def noted(self, stats: dict[str, Any]) -> list[str]:
-        return [f"{stats['mode']} shuffle"] if "mode" in stats else []
+    def said(self, stats: dict[str, Any]) -> Said:
+        return Said(note=(f"{stats['mode']} shuffle",) if "mode" in stats else ())
 
     def expected(self, plan: ShufflePlan, rows_in: int | None, scan: Any = None) -> tuple[int | None, dict[str, Any]]:
         o = plan.options

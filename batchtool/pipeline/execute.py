@@ -375,7 +375,7 @@ class Prefix:
             runtime = EngineRuntime.of(space, self.executor, self.run.quiet, stage.name)
             return produced(stage.op, stage.planned, stage.regroups, view, runtime, report, units)
 
-        with stream_errors(stage.op, stage.planned, view, self.executor):
+        with stream_errors(view, self.executor):
             return write(job, produce, self.executor, self.report)
 
     def stats(self, last: dict[str, Any], rows_out: int) -> dict[str, Any]:

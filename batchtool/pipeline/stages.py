@@ -51,19 +51,19 @@ class Stage:
     @property
     def barrier(self) -> bool:
         """Regroups its whole input before emitting anything (an op of Kind.REORDERS: shuffle)."""
-        return self.op.kind_of(self._options) is Kind.REORDERS
+        return self.op.shape(self._options).kind is Kind.REORDERS
 
     @property
     def regroups(self) -> bool:
         """Regroups its whole input (a reorder, or an op writing batches: Operation.regroup) rather than mapping
         each chunk."""
-        return self.op.kind_of(self._options) is not Kind.ROWS
+        return self.op.shape(self._options).kind is not Kind.ROWS
 
     @property
     def sensitivity(self) -> int:
         """What its output depends on besides the rows: ORDER (their ids and order: a shuffle before it matters)
         or CHUNKS (also the chunking)."""
-        return int(self.op.depends(self._options))
+        return int(self.op.shape(self._options).depends)
 
     def output_schema(self, schema: pa.Schema) -> pa.Schema:
         """The schema this stage writes, given the one it reads; fails on a missing or unusable column."""
@@ -89,7 +89,7 @@ class Stage:
     def stream(self, view: Dataset, columns: Columns, executor: Executor, report: ReadReport) -> Stream:
         """A row stage's output chunks (only `columns`), as its kernel makes them on the executor."""
         applied = Applied(self.op, self._plan)
-        with stream_errors(self.op, self._plan, view, executor):
+        with stream_errors(view, executor):
             yield from applied.stream(view, columns, executor, report)
         self.report = applied.report()
 

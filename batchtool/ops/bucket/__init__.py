@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool.dataset import Chunk, Dataset
-from batchtool.ops.base import Pass, Context, Kind, Operation
+from batchtool.ops.base import Pass, Context, Kind, Operation, Said
 from batchtool.ops.regroup import Exchange, Probe
 from batchtool.ops.boundaries import expected_efficiency
 from batchtool.ops.bucket import batches
@@ -94,8 +94,8 @@ class Bucket(Operation[BucketOptions, BucketPlan]):
                                                              plan.boundaries)
         return rows_out, info
 
-    def said(self, stats: dict[str, Any]) -> list[str]:
-        return summary_lines(stats)
+    def said(self, stats: dict[str, Any]) -> Said:
+        return Said(tuple(summary_lines(stats)))
 
 
 RECORDED_AS = {"sequence": "sequences", "pad_value": "pad_values", "output_column": "output_columns"}

@@ -14,8 +14,8 @@ import pyarrow as pa
 
 from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset
-from batchtool.errors import BatchtoolError, OptionInputError
-from batchtool.ops.base import Pass, Context, Depends, Kind, Operation, Scan, need_columns, who
+from batchtool.errors import OptionInputError
+from batchtool.ops.base import Pass, Context, Depends, Kind, Operation, Said, Shape, need_columns, who
 from batchtool.ops.regroup import Stream, Exchange, Probe
 from batchtool.tally import Tally
 from batchtool.ops.labels import (MAX_CLASSES, LabelError, bad_label_count, check_label_type, full_label_error,
@@ -109,12 +109,11 @@ class Stratify(Operation[StratifyOptions, Stratification]):
     def input_columns(self, options: StratifyOptions, columns: list[str] | None) -> list[str] | None:
         return None if columns is None else list(dict.fromkeys([*columns, options.label]))
 
-    def kind_of(self, options: StratifyOptions) -> Kind:
-        """Rows as they stream, or batches with --batch-size (and --balanced-batches)."""
-        return Kind.ROWS if options.batch_size is None else Kind.BATCHES
-
-    def depends(self, options: StratifyOptions) -> Depends:
-        return Depends.CHUNKS if options.mode == "online" else Depends.ORDER
+    def shape(self, options: StratifyOptions) -> Shape:
+        """Rows as they stream, or batches with --batch-size (and --balanced-batches); online, its rates follow the
+        chunks."""
+        return Shape(Kind.ROWS if options.batch_size is None else Kind.BATCHES,
+                     Depends.CHUNKS if options.mode == "online" else Depends.ORDER)
 
     def output_schema(self, options: StratifyOptions, schema: pa.Schema) -> pa.Schema:
         need_columns(schema, "label", [options.label])
@@ -182,13 +181,6 @@ class Stratify(Operation[StratifyOptions, Stratification]):
             return exchange(self, plan, data, probe)
         return Stream(functools.partial(batched, self, plan, data))
 
-    def on_stream_error(self, plan: Stratification, error: BatchtoolError, scan: Scan) -> BatchtoolError | None:
-        """A bad label found while streaming (no counting pass: --init-probs, --mode online) becomes the error
-        over the whole dataset: every bad label counted, the first one named."""
-        if isinstance(error, LabelError):
-            return full_label_error(scan, plan.options.label, plan.num_classes, plan.locate)
-        return None
-
     def report(self, plan: Stratification, stats: Tally) -> dict[str, Any]:
         """manifest["stats"]: the plan, class counts before and after, copies and what was discarded (the
         writer adds `class_out`, the classes of the batches it wrote, and `latest["batches"]`, their layout)."""
@@ -203,14 +195,14 @@ class Stratify(Operation[StratifyOptions, Stratification]):
         result["discarded_fraction"] = round(lost / max(1, stats.count("rows_in")), 6)
         return result
 
-    def said(self, stats: dict[str, Any]) -> list[str]:
+    def said(self, stats: dict[str, Any]) -> Said:
         """A warning when more than half of the examples never reach DST (`stratified_sample` logs this too)."""
         fraction = stats.get("discarded_fraction", 0.0)
         if fraction <= 0.5:
-            return []
+            return Said()
         hint = "a larger --size keeps more" if stats.get("replacement") else "--replacement upsamples instead"
-        return [f"warning: {who(stats, self.name)} discarded {fraction:.1%} of the examples "
-                f"({stats['examples_dropped']:,} of {stats['rows_in']:,} never appear in DST); {hint}"]
+        return Said((f"warning: {who(stats, self.name)} discarded {fraction:.1%} of the examples "
+                     f"({stats['examples_dropped']:,} of {stats['rows_in']:,} never appear in DST); {hint}",))
 
     def expected(self, plan: Stratification, rows_in: int | None, stats: Any = None) -> tuple[int | None, dict[str, Any]]:
         return plan.expected()
