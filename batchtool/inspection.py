@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
 from batchtool.engines import executor as run_executor
+from batchtool.ops.written import producer, written_names
 from batchtool.formats import column_types
 from batchtool.budget import human_bytes
 from batchtool.job import RunSettings
@@ -40,8 +41,6 @@ def inspect(src: str, *, label: str | None = None, length: str | None = None, fo
 def _described(dataset: Dataset, src: str, label: str | None, length: str | None,
                executor: Executor) -> dict[str, Any]:
     label = label or stats_mod.default_label(dataset.schema)
-    from batchtool.ops.names import producer, written_names  # here: the ops import budget, which imports this module
-
     op, options, _ = producer(dataset.manifest)
     own = written_names(dataset.manifest, manifest_path(src))
     report = ReadReport()

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchtool.check import CheckOptions, check, load_rules, scan
-from batchtool.check.duplicates import HashIndex
+from batchtool.duplicates import HashIndex
 from batchtool.check.hashing import canonical, row_hashes
 from batchtool.check.report import ERROR, FAIL, PASS
 from batchtool.check.rules import KINDS, WORDS

@@ -20,7 +20,7 @@ from batchtool import engines, exchange, runner
 from batchtool.driver import _kernel
 from batchtool.pipeline import execute
 from batchtool.ops.segment import chunks as segment_chunks
-from batchtool.check.duplicates import HashIndex
+from batchtool.duplicates import HashIndex
 from batchtool.workspace import Workspace
 
 ray_engine = pytest.importorskip("batchtool.engines.ray")

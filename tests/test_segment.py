@@ -16,7 +16,7 @@ import batchtool
 from batchtool.dataset import open_dataset
 from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.job import RunSettings
-from batchtool.check.duplicates import HashIndex
+from batchtool.duplicates import HashIndex
 from batchtool.driver import run_operation
 from batchtool.ops.segment import lanes
 from batchtool.ops.segment import OP as SEGMENT

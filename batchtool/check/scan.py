@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 
 from batchtool import budget, progress, rng
 from batchtool.check.columns import FLOATS, LABEL, LENGTH, SEQUENCE, need
-from batchtool.check.duplicates import HashIndex
+from batchtool.duplicates import HashIndex
 from batchtool.check.hashing import canonical, row_hashes
 from batchtool.check.report import Offender
 from batchtool.check.rules import (ClassProportions, DriftLengths, DriftNulls, DriftProportions, LabelRange, Length,

@@ -20,7 +20,7 @@ from batchtool.dataset import detect_format
 from batchtool.errors import BatchtoolError
 from batchtool.formats.base import BATCH_COLUMN
 from batchtool.manifest import OutputFile, manifest_path, output_files, schema_from_json
-from batchtool.ops.names import written_names
+from batchtool.ops.written import written_names
 from batchtool.runner import Executor
 
 VERIFY_RULES = (ManifestRows, ManifestBatches, ManifestSchema)

@@ -8,6 +8,5 @@ from batchtool.cli import io  # noqa: F401  (registers inspect, convert)
 from batchtool.cli import ops  # noqa: F401  (registers the commands of batchtool.ops.OPERATIONS)
 from batchtool.cli import pipeline  # noqa: F401  (registers run)
 from batchtool.cli.common import cli
-from batchtool.entry import main
 
-__all__ = ["cli", "main"]
+__all__ = ["cli"]

@@ -1,7 +1,7 @@
 """The columns an op writes of its own, named once for every op: `--output-column OUT=NAME` (the pipeline key
 `output-column`), the error for an input column the op would write twice, the input columns it adopts instead (one
 that already holds what the op computes, checked row by row in a pass the op makes anyway), and the names a batchtool
-output's manifest records, which `batchtool.load`, `inspect` and `check` read.
+output's manifest records (which ops/written.py reads back for `batchtool.load`, `inspect` and `check`).
 
 An op declares its own columns by their default names (its roles) with `output_column(roles)`, resolves them with
 `named(roles, options.output_column)` and records the renamed ones with `recorded(...)`; nothing else in the package
@@ -18,9 +18,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batchtool.dataset import Chunk
-from batchtool.errors import InputError, OptionError, OptionSchemaError
+from batchtool.errors import OptionError, OptionSchemaError
 from batchtool.ops.base import ColumnError
-from batchtool.options import Pairs, fields, option
+from batchtool.options import Pairs, option
 
 FIELD = "output_column"
 """The options field (and so `--output-column`, `output-column`) of every op that writes columns of its own."""
@@ -119,47 +119,5 @@ def check_adopted(chunk: Chunk, column: str, computed: np.ndarray, locate: Calla
                             mentions=("input_length",), where=f"{locate(int(chunk.ids[i]))}, column {column!r}: ")
 
 
-# -- reading a batchtool output: its own columns' names -------------------------------------------------------------
-
-
-def producer(manifest: Mapping[str, Any] | None) -> tuple[str | None, Mapping[str, Any], str]:
-    """The op that wrote a batchtool output, its options and where they sit in the manifest: the command's, or for
-    `run` its last stage's (keyed as the pipeline file wrote them)."""
-    if not manifest:
-        return None, {}, "options"
-    options = manifest.get("options") or {}
-    if manifest.get("command") == "run":
-        stages = options.get("stages")
-        if not isinstance(stages, list) or not stages or not isinstance(stages[-1], Mapping):
-            return None, {}, "options.stages"
-        return stages[-1].get("op"), stages[-1], f"options.stages[{len(stages) - 1}]"
-    return manifest.get("command"), options, "options"
-
-
-def written_names(manifest: Mapping[str, Any] | None, path: str) -> dict[str, str]:
-    """{own column: its name} of a batchtool output's writer (bucket's `length`, segment's `sequence`, ...): the
-    defaults, with the renames its manifest (file `path`) records; {} for another writer or no manifest. A malformed
-    record is an InputError naming the file and the key."""
-    from batchtool.ops import OPERATIONS  # here: the ops' own modules import this one while the registry is built
-
-    op, options, at = producer(manifest)
-    operation = OPERATIONS.get(op) if isinstance(op, str) else None
-    kind = next((decl.value for f, decl in fields(operation.options) if f.name == FIELD), None) if operation else None
-    if not isinstance(kind, OutputColumns):
-        return {}
-    pipeline = at != "options"
-    key = "output-column" if pipeline else RECORDED
-    given = options.get(key)
-    if given is None or given == []:
-        return named(kind.roles, ())
-    if not pipeline and isinstance(given, list) and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str)
-                                                        for p in given):
-        given = dict(map(tuple, given))  # bucket's [[OUT, NAME], ...]
-    try:
-        return named(kind.roles, kind.parse(FIELD, given))
-    except OptionError as exc:
-        raise InputError(f"{path}: {at}.{key} is malformed ({exc.problem})") from None
-
-
 __all__ = ["FIELD", "RECORDED", "OutputColumns", "adopted", "check_adopted", "check_names", "clash", "named",
-           "output_column", "producer", "recorded", "refuse_clashes", "written_names"]
+           "output_column", "recorded", "refuse_clashes"]

@@ -46,6 +46,6 @@ def jobs(ctx: Context) -> list[Job]:
 
 def cli(argv: list[str]) -> None:
     """Run one batchtool command in this process (so the measured process is the driver)."""
-    from batchtool.cli import main
+    from batchtool.cli import cli as command_line
 
-    main(argv, standalone_mode=False)
+    command_line.main(argv, prog_name="batchtool", standalone_mode=False)

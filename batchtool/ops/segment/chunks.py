@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batchtool import fs, rng
-from batchtool.check.duplicates import PARTITIONS, partition_name, partitioned, read_pairs, repeated
+from batchtool.duplicates import PARTITIONS, partition_name, partitioned, read_pairs, repeated
 from batchtool.dataset import Chunk, Dataset
 from batchtool.runner import Executor
 from batchtool.errors import InputError, OptionInputError
