@@ -122,7 +122,8 @@ class OutputSettings:
         "(default none).", Text(), None)
     shard_rows: int | None = option("Start a new output shard past this many rows.", Positive(), None)
     shard_bytes: int | None = option(
-        f"Start a new output shard past this size (default {size_text(DEFAULT_SHARD_BYTES)}).", Size(), None)
+        f"Start a new output shard past this size (default {size_text(DEFAULT_SHARD_BYTES)}; gzip TFRecord: its "
+        "records' size before compression).", Size(), None)
     tfrecord_kind: str = option("Payload of TFRecord output.", Choice(TFRECORD_KINDS), TFRECORD_KINDS[0])
     cast: str | None = option(
         "TFRecord output: round float64 columns to float32 (tf.train.FloatList holds only float32; without this "
