@@ -23,7 +23,7 @@ import pyarrow as pa
 
 import batchtool
 from batchtool import formats, fs
-from batchtool.errors import InputError
+from batchtool.errors import InputError, first_line
 from batchtool.output import TFRECORD_KINDS, OutputOptions
 
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ def schema_from_json(text: str) -> pa.Schema:
     try:
         return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text, validate=True)))
     except (binascii.Error, pa.ArrowException) as exc:
-        raise ValueError(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) from exc
+        raise ValueError(first_line(exc)) from exc
 
 
 def peak_rss_bytes() -> int:
@@ -174,7 +174,7 @@ def _load_json(src: str, path: str) -> Any:
     try:
         return json.loads(fs.read_text(path))
     except (OSError, ValueError, RecursionError) as exc:
-        raise InputError(f"{path}: unreadable manifest ({_first_line(exc)})") from exc
+        raise InputError(f"{path}: unreadable manifest ({first_line(exc)})") from exc
 
 
 def dataset_file(src: str, name: str, what: str) -> str:
@@ -289,8 +289,3 @@ def validate(data: Any, path: str, src: str) -> dict:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -14,10 +14,10 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool import batch_check, fs
-from batchtool.errors import InputError, where
+from batchtool.errors import InputError, first_line, where
 from batchtool.formats import hf, ipc_meta
-from batchtool.formats.base import (DAMAGED, Batches, EncodedBatch, Format, ReadTask, check_batch_memory,
-                                    first_line, rows_only, schema_problem, size_problem)
+from batchtool.formats.base import (DAMAGED, Batches, EncodedBatch, Format, ReadTask, check_batch_memory, rows_only,
+                                    schema_problem, size_problem)
 
 if TYPE_CHECKING:
     from batchtool.dataset import Chunk, Dataset, ReadReport, Shard

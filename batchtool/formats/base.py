@@ -35,11 +35,6 @@ class EncodedBatch:
     framed: bytes | None = None
 
 
-def first_line(exc: BaseException) -> str:
-    """An exception's message cut to one line, for a one-line error naming the file."""
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-
-
 def rows_only(rows: int) -> pa.RecordBatch:
     """A batch of `rows` rows and no columns: what a read of no columns gives (only rows are counted)."""
     return pa.RecordBatch.from_arrays([pa.nulls(rows)], names=["_"]).select([])

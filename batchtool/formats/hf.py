@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from batchtool import fs
-from batchtool.errors import InputError
+from batchtool.errors import InputError, first_line
 
 STATE = "state.json"
 """A split's file list (`_data_files`, in order) and its format settings."""
@@ -27,8 +27,7 @@ def _json(path: str) -> Any:
     try:
         return json.loads(fs.read_text(path))
     except (OSError, ValueError, RecursionError) as exc:
-        text = str(exc).strip()
-        raise InputError(f"{path}: unreadable ({text.splitlines()[0] if text else type(exc).__name__})") from exc
+        raise InputError(f"{path}: unreadable ({first_line(exc)})") from exc
 
 
 def _refuse_dataset_dict(src: str) -> None:

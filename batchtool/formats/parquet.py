@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchtool import fs
-from batchtool.errors import InputError, where
-from batchtool.formats.base import DAMAGED, Batches, EncodedBatch, Format, ReadTask, cut, first_line, schema_problem
+from batchtool.errors import InputError, first_line, where
+from batchtool.formats.base import DAMAGED, Batches, EncodedBatch, Format, ReadTask, cut, schema_problem
 
 if TYPE_CHECKING:
     from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
