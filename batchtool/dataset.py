@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool import formats, fs, rng
+from batchtool.budget import DEFAULT_MAX_RECORD_BYTES
 from batchtool.errors import InputError, RowError, SchemaError, where
 from batchtool.formats import column_types
 from batchtool.formats import tfrecord as tfrecord_format
@@ -144,7 +145,7 @@ class Dataset:
     num_rows: int | None = None
     skip_corrupt: bool = False
     manifest: dict | None = None
-    max_record_bytes: int = tfrecord_format.DEFAULT_MAX_RECORD_BYTES
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     memory: int | None = None
     """The command's --memory, which bounds what one unit of input decompresses to (None: --max-record-bytes does)."""
 

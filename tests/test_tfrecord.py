@@ -11,15 +11,14 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from batchtool.budget import DEFAULT_MAX_RECORD_BYTES, check_record_limit
 from batchtool.errors import CorruptRecordError, InputError, UsageError
 from batchtool.formats import tfrecord as tfrecord_format
 from batchtool.formats.example import encode_records
 from batchtool.formats.tfrecord import (
-    DEFAULT_MAX_RECORD_BYTES,
     Skipped,
     Span,
     TFRecordFileWriter,
-    check_record_limit,
     detect_compression,
     frame_record,
     frame_records,

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool import fs
+from batchtool.budget import DEFAULT_MAX_RECORD_BYTES, check_record_limit
 from batchtool.errors import BatchtoolError, CorruptRecordError, InputError, OptionError, UsageError, where
 from batchtool.formats.base import BATCH_COLUMN, Batches, EncodedBatch, Format, ReadTask, cut
 
@@ -26,11 +27,6 @@ if TYPE_CHECKING:
     from batchtool.formats.example import FeatureScan
     from batchtool.output import OutputOptions
 
-
-DEFAULT_MAX_RECORD_BYTES = 16 << 20
-"""Largest record read unless the caller allows more (--max-record-bytes). Decoding a record takes a
-few times its size for ordinary data, up to about 60 times for millions of tiny features, so this
-keeps even a hostile record near the default --memory (1GB)."""
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _HEADER_SIZE = 12
@@ -64,12 +60,6 @@ class Skipped:
 
 
 OnCorrupt = Callable[[Skipped], None]
-
-def check_record_limit(limit: int) -> int:
-    """limit itself, or UsageError if it cannot be a record size limit."""
-    if limit < 1:
-        raise UsageError(f"--max-record-bytes {limit}: must be at least 1 byte")
-    return limit
 
 
 def masked_crc(data: bytes) -> int:
