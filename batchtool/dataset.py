@@ -7,18 +7,21 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
-from batchtool import formats, fs, rng
+from batchtool import fs, rng
 from batchtool.budget import DEFAULT_MAX_RECORD_BYTES
 from batchtool.errors import InputError, RowError, SchemaError, where
-from batchtool.formats import column_types
+from batchtool.formats import column_types, registry
 from batchtool.formats import tfrecord as tfrecord_format
 from batchtool.manifest import read_manifest
 from batchtool.runner import ordered_map
+
+if TYPE_CHECKING:
+    from batchtool.formats.base import Format
 
 
 @dataclass(frozen=True)
@@ -170,9 +173,9 @@ class Dataset:
         return _place(self.shard_of(example_id).path, self.spec.unit, int(example_id))
 
     @property
-    def spec(self) -> formats.Format:
+    def spec(self) -> Format:
         """The format of the shards (batchtool.formats)."""
-        return formats.FORMATS[self.format]
+        return registry.FORMATS[self.format]
 
     def check_columns(self, columns: Sequence[str] | None) -> list[str] | None:
         """Fail early, listing what is available, when an asked column does not exist."""
@@ -254,7 +257,7 @@ def resolve_paths(src: str) -> list[str]:
     if fs.is_file(src):
         return [src]
     if fs.is_dir(src):
-        listed = next((files for f in formats.FORMATS.values() if (files := f.directory_files(src)) is not None), None)
+        listed = next((files for f in registry.FORMATS.values() if (files := f.directory_files(src)) is not None), None)
         if listed is not None:
             return listed
         found = [p for p in fs.walk_files(src) if detect_format(p)]  # the manifest is neither hidden nor data
@@ -266,7 +269,7 @@ def resolve_paths(src: str) -> list[str]:
 
 def detect_format(path: str, sniff: bool = False) -> str | None:
     """The format of a file by its name; with `sniff`, by its magic bytes when the name says nothing."""
-    found = formats.detect(path)
+    found = registry.detect(path)
     if found is not None or not sniff or fs.is_uri(path):
         return found
     try:
@@ -274,7 +277,7 @@ def detect_format(path: str, sniff: bool = False) -> str | None:
             head = f.read(8)
     except OSError:
         return None
-    return formats.detect(path, head)
+    return registry.detect(path, head)
 
 
 def open_dataset(src: str, format: str | None = None, schema: pa.Schema | None = None,
@@ -298,21 +301,21 @@ def open_dataset(src: str, format: str | None = None, schema: pa.Schema | None =
             raise InputError(f"{bad}: unknown format (expected a name ending in .parquet, .tfrecord[.gz] or .arrow; "
                              "or pass --format)")
         if len(found) > 1:
-            labels = sorted(formats.FORMATS[f].label for f in found)
+            labels = sorted(registry.FORMATS[f].label for f in found)
             raise InputError(f"{src}: mixes {', '.join(labels[:-1])} and {labels[-1]} files; convert one part first")
         format = found.pop()
-    if format not in formats.FORMATS:
-        raise InputError(f"{src}: unknown format {format!r} (expected one of: {', '.join(formats.NAMES)})")
+    if format not in registry.FORMATS:
+        raise InputError(f"{src}: unknown format {format!r} (expected one of: {', '.join(registry.NAMES)})")
     shards = tuple(Shard(i, p, fs.file_size(p)) for i, p in enumerate(paths))
     manifest = read_manifest(src) if fs.is_dir(src) else None
     reading = {"tfrecord_kind": tfrecord_kind, "skip_corrupt": skip_corrupt, "max_record_bytes": max_record_bytes,
                "memory": memory}
-    dataset = formats.FORMATS[format].open_dataset(src, shards, schema, manifest, reading)
+    dataset = registry.FORMATS[format].open_dataset(src, shards, schema, manifest, reading)
     unwrapped = column_types.reading_schema(dataset.schema)  # operations never see an extension type
     return dataset if unwrapped is dataset.schema else replace(dataset, schema=unwrapped)
 
 
-def open_self_describing(src: str, format: formats.Format, shards: tuple[Shard, ...], schema: pa.Schema | None,
+def open_self_describing(src: str, format: Format, shards: tuple[Shard, ...], schema: pa.Schema | None,
                          manifest: dict | None, footer: Callable[[str], tuple[pa.Schema, int]],
                          reading: dict | None = None) -> Dataset:
     """A Dataset of shards that each record their schema and rows (Parquet, Arrow IPC; `footer` reads them):

@@ -17,6 +17,7 @@ from batchtool.arrays import column_to_numpy, to_numpy
 from batchtool.dataset import Dataset, Shard, open_dataset
 from batchtool.errors import InputError, UsageError
 from batchtool.formats.base import Batches, ReadTask, size_problem
+from batchtool.formats.registry import FORMATS
 from batchtool.load_order import Resume, epoch_order, rank_count, rank_positions, resume
 from batchtool.manifest import MANIFEST_NAME, manifest_path, output_files, read_manifest, schema_from_json
 from batchtool.runner import default_threads, ordered_map
@@ -398,8 +399,6 @@ def _from_manifest(dst: str, manifest: dict) -> Dataset:
     """The output's files and schema as its manifest lists them, each file's size (one stat) checked against the
     manifest's and its batch count against what that size can hold, so no count the manifest gives sizes
     anything unchecked: no footer is parsed until iteration."""
-    from batchtool.formats import FORMATS
-
     out = manifest["output"]
     spec = FORMATS[out["format"]]
     shards = []

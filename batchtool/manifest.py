@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 import batchtool
-from batchtool import formats, fs
+from batchtool import fs
+from batchtool.formats import registry
 from batchtool.errors import InputError, first_line
 from batchtool.output import TFRECORD_KINDS, OutputOptions
 
@@ -38,7 +39,7 @@ FORMAT_VERSION = 1
 MAX_MANIFEST_BYTES = 256 << 20
 """A manifest is read whole; one this large is not batchtool's (a million shards take ~200 MB)."""
 _SAMPLE_BYTES = 1 << 20
-_OUTPUT_FORMATS = formats.NAMES
+_OUTPUT_FORMATS = registry.NAMES
 
 
 @dataclass(frozen=True)

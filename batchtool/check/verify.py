@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from batchtool import formats, fs
+from batchtool import fs
+from batchtool.formats import registry
 from batchtool.check.report import Offender, RuleResult, every, plural, skipped, verdict
 from batchtool.check.rules import ManifestBatches, ManifestRows, ManifestSchema, Rule
 from batchtool.dataset import detect_format
@@ -56,7 +57,7 @@ def verify(rules: Sequence[Rule], src: str, manifest: dict, limit: int, threads:
     output = manifest["output"]
     schema = schema_from_json(manifest["schema"])
     batch_column = written_names(manifest, manifest_path(src)).get("batch", BATCH_COLUMN)
-    layout = Layout(output.get("format") or (detect_format(files[0].name) if files else None) or formats.DEFAULT,
+    layout = Layout(output.get("format") or (detect_format(files[0].name) if files else None) or registry.DEFAULT,
                     schema, output, batch_column if any(isinstance(r, ManifestBatches) for r in rules) else None)
     found = list(ordered_map(lambda f: inspect_file(f.path, layout), files, threads))
     results = {}
@@ -65,7 +66,7 @@ def verify(rules: Sequence[Rule], src: str, manifest: dict, limit: int, threads:
             results[rule.name] = _counts(rule, files, found, "rows", "row", output.get("rows"), limit)
         elif isinstance(rule, ManifestBatches):
             if all(f.batches is None and f.error is None for f in found):
-                spec = formats.get(layout.format)
+                spec = registry.get(layout.format)
                 results[rule.name] = skipped(rule, f"{spec.label} {spec.unit}s without a {batch_column!r} column "
                                                    "mark no batches")
             else:
@@ -80,7 +81,7 @@ def inspect_file(path: str, layout: Layout) -> Found:
     if not fs.is_file(path):
         return Found(error="missing")
     try:
-        return Found(*formats.get(layout.format).inspect_shard(path, layout.schema, layout.output,
+        return Found(*registry.get(layout.format).inspect_shard(path, layout.schema, layout.output,
                                                                 layout.batch_column))
     except (BatchtoolError, OSError, pa.ArrowException) as exc:
         return Found(error=f"unreadable: {exc}")
