@@ -17,7 +17,7 @@ from batchtool.budget import DEFAULT_MAX_RECORD_BYTES
 from batchtool.errors import InputError, RowError, SchemaError, where
 from batchtool.formats import column_types, registry
 from batchtool.formats import tfrecord as tfrecord_format
-from batchtool.manifest import read_manifest
+from batchtool.manifest_reader import read_manifest
 from batchtool.runner import ordered_map
 
 if TYPE_CHECKING:

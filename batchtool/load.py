@@ -19,7 +19,8 @@ from batchtool.errors import InputError, UsageError
 from batchtool.formats.base import Batches, ReadTask, size_problem
 from batchtool.formats.registry import FORMATS
 from batchtool.load_order import Resume, epoch_order, rank_count, rank_positions, resume
-from batchtool.manifest import MANIFEST_NAME, manifest_path, output_files, read_manifest, schema_from_json
+from batchtool.manifest import MANIFEST_NAME, manifest_path, output_files, schema_from_json
+from batchtool.manifest_reader import read_manifest
 from batchtool.runner import default_threads, ordered_map
 
 __all__ = ["Loader", "column_to_numpy", "epoch_order", "load", "rank_positions", "to_numpy"]

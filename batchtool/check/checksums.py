@@ -11,7 +11,8 @@ from batchtool.check.report import Offender, RuleResult, every, verdict
 from batchtool.check.rules import Checksums
 from batchtool.dataset import resolve_paths
 from batchtool.errors import InputError
-from batchtool.manifest import MANIFEST_NAME, OutputFile, output_files, read_manifest
+from batchtool.manifest import MANIFEST_NAME, OutputFile, output_files
+from batchtool.manifest_reader import read_manifest
 from batchtool.runner import ordered_map
 
 _HASH_READ_BYTES = 1 << 20

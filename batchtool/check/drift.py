@@ -24,7 +24,8 @@ from batchtool.check.scan import Measures, make_plan, measure
 from batchtool.check.recorded import Recorded
 from batchtool.dataset import Dataset, open_dataset
 from batchtool.job import RunSettings
-from batchtool.manifest import manifest_path, output_files, read_manifest, read_manifest_file, schema_from_json
+from batchtool.manifest import manifest_path, output_files, schema_from_json
+from batchtool.manifest_reader import read_manifest, read_manifest_file
 from batchtool.stats import default_label, default_length
 
 

@@ -26,7 +26,7 @@ from batchtool.dataset import Dataset, open_dataset
 from batchtool.engines import with_engine
 from batchtool.errors import InputError, UsageError
 from batchtool.job import RunSettings
-from batchtool.manifest import read_manifest
+from batchtool.manifest_reader import read_manifest
 
 
 @dataclass(frozen=True)
