@@ -14,10 +14,11 @@ import pyarrow as pa
 
 from batchtool import fs
 from batchtool.arrays import column_to_numpy, to_numpy
-from batchtool.dataset import Dataset, Shard, open_dataset
+from batchtool.dataset import Dataset, Shard
 from batchtool.errors import InputError, UsageError
 from batchtool.formats.base import Batches, ReadTask, size_problem
 from batchtool.formats.registry import FORMATS
+from batchtool.inputs import open_dataset
 from batchtool.load_order import Resume, epoch_order, rank_count, rank_positions, resume
 from batchtool.manifest import MANIFEST_NAME, manifest_path, output_files, schema_from_json
 from batchtool.manifest_reader import read_manifest
@@ -414,7 +415,7 @@ def _from_manifest(dst: str, manifest: dict) -> Dataset:
             raise InputError(f"{f.path}: {MANIFEST_NAME} lists {f.batches:,} batches, more than its {size:,} bytes can "
                              "hold; the manifest is not this file's")
         shards.append(Shard(i, f.path, size))
-    return Dataset(dst, out["format"], tuple(shards), schema_from_json(manifest["schema"]),
+    return Dataset(dst, spec, tuple(shards), schema_from_json(manifest["schema"]),
                    tfrecord_kind=out.get("tfrecord_kind"), manifest=manifest)
 
 

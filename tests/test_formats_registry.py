@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 import batchtool
-from batchtool.formats import registry
-from batchtool.dataset import ReadReport, detect_format, open_dataset
+from batchtool.dataset import ReadReport
 from batchtool.errors import UsageError
+from batchtool.formats import registry
+from batchtool.inputs import detect_format, open_dataset
 from batchtool.output import OutputOptions
 
 

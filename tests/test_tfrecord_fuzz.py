@@ -27,11 +27,12 @@ import pyarrow as pa
 import pytest
 from google.protobuf.message import DecodeError
 
-from batchtool.dataset import ReadReport, open_dataset
+from batchtool.dataset import ReadReport
 from batchtool.errors import BatchtoolError, InputError
 from batchtool.formats.example import FeatureScan, SequenceExample, decode_records, encode_records, scan_records
 from batchtool.formats import tfrecord as tfrecord_format
 from batchtool.formats.tfrecord import frame_records, iter_record_chunks
+from batchtool.inputs import open_dataset
 from batchtool.synthetic import make_table
 from conftest import REPO
 

@@ -9,8 +9,8 @@ import os
 from batchtool import fs
 from batchtool.check.report import Offender, RuleResult, every, verdict
 from batchtool.check.rules import Checksums
-from batchtool.dataset import resolve_paths
 from batchtool.errors import InputError
+from batchtool.inputs import resolve_paths
 from batchtool.manifest import MANIFEST_NAME, OutputFile, output_files
 from batchtool.manifest_reader import read_manifest
 from batchtool.runner import ordered_map

@@ -22,9 +22,10 @@ from batchtool.check.report import FAIL, CheckResult, RuleResult
 from batchtool.check.rules import Checksums, Crc, Rule, RuleSet
 from batchtool.check.scan import Measures, make_plan, measure
 from batchtool.check.verify import VERIFY_RULES, verify
-from batchtool.dataset import Dataset, open_dataset
+from batchtool.dataset import Dataset
 from batchtool.engines import with_engine
 from batchtool.errors import InputError, UsageError
+from batchtool.inputs import open_dataset
 from batchtool.job import RunSettings
 from batchtool.manifest_reader import read_manifest
 

@@ -17,9 +17,9 @@ from batchtool import fs
 from batchtool.formats import registry
 from batchtool.check.report import Offender, RuleResult, every, plural, skipped, verdict
 from batchtool.check.rules import ManifestBatches, ManifestRows, ManifestSchema, Rule
-from batchtool.dataset import detect_format
 from batchtool.errors import BatchtoolError
 from batchtool.formats.base import BATCH_COLUMN
+from batchtool.inputs import detect_format
 from batchtool.manifest import OutputFile, manifest_path, output_files, schema_from_json
 from batchtool.ops.names import written_names
 from batchtool.runner import ordered_map

@@ -19,12 +19,15 @@ import pyarrow as pa
 
 from batchtool import fs
 from batchtool.budget import DEFAULT_MAX_RECORD_BYTES, check_record_limit
+from batchtool.dataset import Dataset, shard_chunk
 from batchtool.errors import BatchtoolError, CorruptRecordError, InputError, OptionError, UsageError, where
+from batchtool.formats import example as example_codec
 from batchtool.formats.base import BATCH_COLUMN, Batches, EncodedBatch, Format, ReadTask, cut
+from batchtool.manifest import MANIFEST_NAME, schema_from_json
+from batchtool.runner import ordered_map
 
 if TYPE_CHECKING:
-    from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
-    from batchtool.formats.example import FeatureScan
+    from batchtool.dataset import Chunk, ReadReport, Shard
     from batchtool.output import OutputOptions
 
 
@@ -756,9 +759,6 @@ class _Task:
     kind: str
 
     def __call__(self) -> Chunk:
-        from batchtool.dataset import shard_chunk
-        from batchtool.formats import example as example_codec
-
         first = self.records.first_record
         batch = example_codec.decode_records(self.records.payloads(), self.schema, self.kind, path=self.shard.path,
                                              first_record=first)
@@ -772,9 +772,7 @@ class _ScanTask:
     records: _Records
     kind: str
 
-    def __call__(self) -> FeatureScan:
-        from batchtool.formats import example as example_codec
-
+    def __call__(self) -> example_codec.FeatureScan:
         return example_codec.scan_records(self.records.payloads(), self.kind, path=self.records.path,
                                           first_record=self.records.first_record)
 
@@ -818,9 +816,6 @@ def _scan_schema(src: str, shards: tuple[Shard, ...], kind: str, skip_corrupt: b
 
     Corrupt records skipped here are skipped (and counted) again by the pass that reads the data.
     """
-    from batchtool.formats import example as example_codec
-    from batchtool.runner import ordered_map
-
     steps = (_ScanTask(records, kind) for shard in shards
              for records in _file_records(shard.path, SCAN_RECORDS, SCAN_BYTES, skip_corrupt, None, max_record_bytes))
     scan = example_codec.FeatureScan()
@@ -833,8 +828,6 @@ def _scan_schema(src: str, shards: tuple[Shard, ...], kind: str, skip_corrupt: b
 
 def _schema_problem(payloads: list[bytes], path: str, schema: pa.Schema, kind: str) -> str | None:
     """How a file's first records differ from `schema`: they do not decode to it, or hold features it lacks."""
-    from batchtool.formats import example as example_codec
-
     try:
         example_codec.decode_records(payloads, schema, kind, path=path, first_record=0)
     except InputError as exc:
@@ -847,9 +840,6 @@ def _schema_problem(payloads: list[bytes], path: str, schema: pa.Schema, kind: s
 def _scan_batch_index(path: str, schema: pa.Schema, kind: str, batches: int) -> np.ndarray:
     """The batch index batchtool 0.1 did not write: one pass over the file's framing, decoding only the `batch`
     column; a batch starts where its value changes. [batches + 1, 2] (stream offset, record) as the manifest's."""
-    from batchtool.formats import example as example_codec
-    from batchtool.manifest import MANIFEST_NAME
-
     if BATCH_COLUMN not in schema.names:
         raise InputError(f"{path}: no batch index in {MANIFEST_NAME} and no {BATCH_COLUMN!r} column to find the "
                          "batches by; write the output again")
@@ -887,8 +877,6 @@ class _Batches(Batches):
 
     def read(self, f: int, local: np.ndarray, columns: list[str] | None, schema: pa.Schema,
              cache: dict, verify: bool = False) -> _Decode:
-        from batchtool.manifest import MANIFEST_NAME
-
         path = self.paths[f]
         reader = cache.get(f)
         if reader is None:
@@ -928,8 +916,6 @@ class _Decode(ReadTask):
     kind: str
 
     def __call__(self) -> list[pa.RecordBatch]:
-        from batchtool.formats import example as example_codec
-
         decoded = example_codec.decode_records(self.payloads, self.schema, self.kind, path=self.path,
                                                first_record=self.first_record)
         return cut(decoded, self.rows)
@@ -975,15 +961,11 @@ class TFRecordFormat(Format):
         return options.tfrecord_kind
 
     def encode(self, batch: pa.RecordBatch, options: OutputOptions) -> EncodedBatch:
-        from batchtool.formats import example as example_codec
-
         batch = _narrowed(batch, options)
         payloads = example_codec.encode_records(batch, options.tfrecord_kind, sequence_columns=_lists(options))
         return EncodedBatch(batch, b"".join(frame_record(p) for p in payloads))
 
     def check_values(self, batch: pa.RecordBatch, options: OutputOptions) -> None:
-        from batchtool.formats import example as example_codec
-
         example_codec.check_values(_narrowed(batch, options), options.tfrecord_kind,
                                    sequence_columns=_lists(options))
 
@@ -993,9 +975,6 @@ class TFRecordFormat(Format):
     def open_dataset(self, src: str, shards: tuple[Shard, ...], schema: pa.Schema | None, manifest: dict | None,
                      reading: dict) -> Dataset:
         """Without a schema, the manifest's (a batchtool output), else a scan of every record."""
-        from batchtool.dataset import Dataset
-        from batchtool.manifest import schema_from_json
-
         limit = check_record_limit(DEFAULT_MAX_RECORD_BYTES if reading.get("max_record_bytes") is None
                                    else reading["max_record_bytes"])
         kind, skip_corrupt = reading.get("tfrecord_kind", "auto"), reading.get("skip_corrupt", False)
@@ -1006,7 +985,7 @@ class TFRecordFormat(Format):
             schema, kind = _scan_schema(src, shards, kind, skip_corrupt, limit)
         elif kind == "auto":
             kind = "sequence_example"
-        return Dataset(src, self.name, shards, schema, tfrecord_kind=kind, skip_corrupt=skip_corrupt,
+        return Dataset(src, self, shards, schema, tfrecord_kind=kind, skip_corrupt=skip_corrupt,
                        manifest=manifest, max_record_bytes=limit)
 
     def count_rows(self, dataset: Dataset, shard: Shard, report: ReadReport) -> int:
@@ -1017,8 +996,6 @@ class TFRecordFormat(Format):
     def open_batches(self, dst: str, dataset: Dataset) -> tuple[np.ndarray, _Batches]:
         """From the batch index in the manifest (outputs of batchtool 0.1 have none: a scan of the `batch`
         column finds it); without a manifest, an InputError."""
-        from batchtool.manifest import MANIFEST_NAME
-
         if not dataset.manifest:
             raise InputError(f"{dst}: TFRecord batches need the {MANIFEST_NAME} batchtool wrote beside them")
         output = dataset.manifest["output"]
@@ -1041,8 +1018,6 @@ class TFRecordFormat(Format):
                       batch_column: str | None) -> tuple[int, int | None, str | None]:
         """Records counted, batches as runs of the batch column (decoding it); the first chunk must decode to
         `schema` and hold no feature it lacks (a TFRecord file records no schema of its own)."""
-        from batchtool.formats import example as example_codec
-
         kind = output.get("tfrecord_kind") or "sequence_example"
         batch_schema = (pa.schema([schema.field(batch_column)])
                         if batch_column is not None and batch_column in schema.names else None)
