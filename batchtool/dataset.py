@@ -20,7 +20,7 @@ from batchtool.runner import ordered_map
 
 if TYPE_CHECKING:
     from batchtool.formats.base import Format
-    from batchtool.formats.tfrecord import Skipped
+    from batchtool.formats.tfrecord.records import Skipped
 
 
 @dataclass(frozen=True)

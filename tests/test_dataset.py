@@ -13,7 +13,7 @@ import pytest
 from batchtool import rng
 from batchtool.errors import InputError, SchemaError
 from batchtool.formats.example import encode_records
-from batchtool.formats.tfrecord import TFRecordFileWriter
+from batchtool.formats.tfrecord.writer import TFRecordFileWriter
 from batchtool.inputs import open_dataset
 from batchtool.synthetic import make_table
 from conftest import write_parquet_shards

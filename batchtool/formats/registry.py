@@ -7,7 +7,7 @@ from batchtool.errors import UsageError
 from batchtool.formats.arrow import ArrowFormat
 from batchtool.formats.base import Format
 from batchtool.formats.parquet import ParquetFormat
-from batchtool.formats.tfrecord import TFRecordFormat
+from batchtool.formats.tfrecord.format import TFRecordFormat
 
 FORMATS: dict[str, Format] = {f.name: f for f in (ParquetFormat(), TFRecordFormat(), ArrowFormat())}
 """Every format batchtool reads and writes, by the name --to, --format and the manifest use."""
