@@ -18,13 +18,14 @@ from typing import TYPE_CHECKING
 os.environ.setdefault("MIMALLOC_PURGE_DELAY", "0")
 
 if TYPE_CHECKING:
-    from batchtool.dataset import Dataset, open_dataset
+    from batchtool.dataset import Dataset
     from batchtool.errors import BatchtoolError
+    from batchtool.inputs import open_dataset
     from batchtool.load import Loader, load
     from batchtool.source import Source, source
 
 _EXPORTS = {"BatchtoolError": "batchtool.errors", "Dataset": "batchtool.dataset",
-            "open_dataset": "batchtool.dataset", "Loader": "batchtool.load", "load": "batchtool.load",
+            "open_dataset": "batchtool.inputs", "Loader": "batchtool.load", "load": "batchtool.load",
             "Source": "batchtool.source", "source": "batchtool.source"}
 
 

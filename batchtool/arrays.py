@@ -8,8 +8,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from batchtool.errors import InputError
-from batchtool.formats.base import first_line
+from batchtool.errors import InputError, first_line
 from batchtool.stats import is_sequence_type
 
 

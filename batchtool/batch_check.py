@@ -10,8 +10,7 @@ from contextlib import contextmanager
 import google_crc32c
 import pyarrow as pa
 
-from batchtool.errors import InputError, where
-from batchtool.formats.base import first_line
+from batchtool.errors import InputError, first_line, where
 
 CRC_KEY = b"batchtool.crc32c"
 """The custom metadata key of an Arrow IPC record batch holding its CRC32C (8 hex digits)."""

@@ -1,4 +1,5 @@
-"""Memory an option or a value makes batchtool hold at once, checked against --memory before allocating.
+"""Memory an option or a value makes batchtool hold at once, checked against --memory (or, where a command has no
+--memory, --max-record-bytes) before allocating.
 
 Options multiply memory (a batch of --batch-size rows padded to --num-unroll steps, a shuffle buffer,
 one bookkeeping entry per bucket) and so can values (a length that sizes a histogram). Operations
@@ -16,9 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batchtool.dataset import Chunk
-from batchtool.errors import NamesOptions, OptionError
-from batchtool.stats import checked_lengths
+from batchtool.errors import NamesOptions, OptionError, UsageError
 
 DEFAULT_MEMORY = 1 << 30
 """--memory's default: the budget of a run (spills, batches, what its input decompresses to)."""
@@ -29,6 +28,10 @@ is about the budget (measured: segment holds ~6.5 padded batches at its peak).""
 FLOOR = 64 << 20
 """Allocations up to this size always pass: the process needs more than this to run at all, so a --memory
 below it only sizes the spill parts."""
+DEFAULT_MAX_RECORD_BYTES = 16 << 20
+"""--max-record-bytes' default: the largest TFRecord record read, and what one unit of input may decompress to
+where there is no --memory. Decoding a record takes a few times its size for ordinary data, up to about 60 times
+for millions of tiny features, so this keeps even a hostile record near the default --memory (1GB)."""
 HISTOGRAM_BYTES = 40
 """Per length up to the longest: a length histogram (8 bytes a length, in each chunk's statistics and their merge)
 and the arrays planning derives from it."""
@@ -41,6 +44,13 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TB"
+
+
+def check_record_limit(limit: int) -> int:
+    """limit itself, or UsageError if it cannot be a record size limit (--max-record-bytes)."""
+    if limit < 1:
+        raise UsageError(f"--max-record-bytes {limit}: must be at least 1 byte")
+    return limit
 
 
 def allowed(memory: int) -> int:
@@ -64,12 +74,6 @@ def check_rows(field: str, value: int, rows: int | None, bytes_per_row: float, m
     held = value if rows is None else min(value, rows)
     check(field, f"one batch of {held:,} rows", held * bytes_per_row, memory,
           f"give a smaller {{{field}}} or a larger {{memory}}", value=value)
-
-
-def check_lengths(chunk: Chunk, column: str, memory: int) -> None:
-    """Lengths that size a length histogram and the plans made from it (bucket's first pass, check's length rules):
-    checked against --memory's share before it is allocated (stats.checked_lengths)."""
-    checked_lengths(chunk, column, ("memory", allowed(memory)), HISTOGRAM_BYTES)
 
 
 def row_bytes(sample: pa.RecordBatch | None, sequences: tuple[str, ...] | list[str]) -> tuple[float, float]:

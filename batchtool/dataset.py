@@ -1,23 +1,26 @@
-"""Opening a SRC (file, directory or glob of Parquet, TFRecord or Arrow IPC shards) as chunks with stable ids."""
+"""What a dataset is made of: its shards (input files), the chunks of rows read from them with stable ids and
+where each row comes from, what reading skipped, and the Dataset a SRC opens as (batchtool.inputs opens it)."""
 
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
-from batchtool import formats, fs, rng
+from batchtool import rng
+from batchtool.budget import DEFAULT_MAX_RECORD_BYTES
 from batchtool.errors import InputError, RowError, SchemaError, where
 from batchtool.formats import column_types
-from batchtool.formats import tfrecord as tfrecord_format
-from batchtool.manifest import read_manifest
 from batchtool.runner import SERIAL, Executor
+
+if TYPE_CHECKING:
+    from batchtool.formats.base import Format
+    from batchtool.formats.tfrecord.records import Skipped
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,7 @@ class ReadReport:
     """Places where something was skipped (a cut-short gzip stream can cost 0 records and 0 bytes)."""
     first_errors: list[str] = field(default_factory=list)
 
-    def record(self, skipped: tfrecord_format.Skipped) -> None:
+    def record(self, skipped: Skipped) -> None:
         self.corrupt_records += skipped.records
         self.corrupt_bytes += skipped.bytes
         self.events += 1
@@ -134,17 +137,18 @@ class ReadReport:
 
 @dataclass(frozen=True)
 class Dataset:
-    """Resolved shards plus the schema every chunk is decoded to."""
+    """Resolved shards plus the schema every chunk is decoded to, and their format, which reads them."""
 
     src: str
-    format: str
+    spec: Format
+    """The format of the shards (batchtool.formats), whose read tasks `tasks` hands out."""
     shards: tuple[Shard, ...]
     schema: pa.Schema
     tfrecord_kind: str | None = None
     num_rows: int | None = None
     skip_corrupt: bool = False
     manifest: dict | None = None
-    max_record_bytes: int = tfrecord_format.DEFAULT_MAX_RECORD_BYTES
+    max_record_bytes: int = DEFAULT_MAX_RECORD_BYTES
     memory: int | None = None
     """The command's --memory, which bounds what one unit of input decompresses to (None: --max-record-bytes does)."""
 
@@ -169,9 +173,9 @@ class Dataset:
         return _place(self.shard_of(example_id).path, self.spec.unit, int(example_id))
 
     @property
-    def spec(self) -> formats.Format:
-        """The format of the shards (batchtool.formats)."""
-        return formats.FORMATS[self.format]
+    def format(self) -> str:
+        """The format's name: what --format and the manifest call it."""
+        return self.spec.name
 
     def check_columns(self, columns: Sequence[str] | None) -> list[str] | None:
         """Fail early, listing what is available, when an asked column does not exist."""
@@ -244,110 +248,3 @@ def _conform(batch: pa.RecordBatch, schema: pa.Schema, path: str) -> pa.RecordBa
         return column_types.conform_read(batch, schema)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:
         raise SchemaError(f"{where(path)}: schema differs from the first shard's ({exc})") from exc
-
-
-def resolve_paths(src: str) -> list[str]:
-    """Files of SRC in a stable order: a file, a directory (recursively, or as a format's own metadata lists
-    them: a Hugging Face save_to_disk directory) or a glob; local or a URI."""
-    if fs.is_glob(src):
-        paths = fs.glob_files(src)
-        if not paths:
-            raise InputError(f"{src}: no files match this pattern")
-        return paths
-    if fs.is_file(src):
-        return [src]
-    if fs.is_dir(src):
-        listed = next((files for f in formats.FORMATS.values() if (files := f.directory_files(src)) is not None), None)
-        if listed is not None:
-            return listed
-        found = [p for p in fs.walk_files(src) if detect_format(p)]  # the manifest is neither hidden nor data
-        if not found:
-            raise InputError(f"{src}: empty input: no Parquet, TFRecord or Arrow IPC files in this directory")
-        return found
-    raise InputError(f"{src}: no such file or directory")
-
-
-def detect_format(path: str, sniff: bool = False) -> str | None:
-    """The format of a file by its name; with `sniff`, by its magic bytes when the name says nothing."""
-    found = formats.detect(path)
-    if found is not None or not sniff or fs.is_uri(path):
-        return found
-    try:
-        with open(path, "rb") as f:
-            head = f.read(8)
-    except OSError:
-        return None
-    return formats.detect(path, head)
-
-
-def open_dataset(src: str, format: str | None = None, schema: pa.Schema | None = None,
-                 tfrecord_kind: str = "auto", skip_corrupt: bool = False,
-                 max_record_bytes: int | None = None, memory: int | None = None,
-                 executor: Executor = SERIAL) -> Dataset:
-    """Resolve SRC, check it is one readable format, and fix the schema every chunk will have.
-
-    A TFRecord SRC without a batchtool manifest gets its schema from a pass over every record
-    (feature names and kinds only). max_record_bytes: the largest TFRecord record read, and what one record
-    batch of a compressed Arrow IPC file may decompress to when there is no `memory` (default:
-    DEFAULT_MAX_RECORD_BYTES; the CLI passes --max-record-bytes); memory: the budget that decompressed input
-    obeys instead (the CLI passes the command's --memory); executor: what runs a pass the opening needs (a
-    TFRecord schema scan).
-    """
-    src = os.fspath(src)
-    paths = resolve_paths(src)
-    if format is None:
-        sniff = len(paths) == 1
-        found = {detect_format(p, sniff) for p in paths}
-        if None in found:
-            bad = next(p for p in paths if detect_format(p, sniff) is None)
-            raise InputError(f"{bad}: unknown format (expected a name ending in .parquet, .tfrecord[.gz] or .arrow; "
-                             "or pass --format)")
-        if len(found) > 1:
-            labels = sorted(formats.FORMATS[f].label for f in found)
-            raise InputError(f"{src}: mixes {', '.join(labels[:-1])} and {labels[-1]} files; convert one part first")
-        format = found.pop()
-    if format not in formats.FORMATS:
-        raise InputError(f"{src}: unknown format {format!r} (expected one of: {', '.join(formats.NAMES)})")
-    shards = tuple(Shard(i, p, fs.file_size(p)) for i, p in enumerate(paths))
-    manifest = read_manifest(src) if fs.is_dir(src) else None
-    reading = {"tfrecord_kind": tfrecord_kind, "skip_corrupt": skip_corrupt, "max_record_bytes": max_record_bytes,
-               "memory": memory,
-               "executor": executor}
-    dataset = formats.FORMATS[format].open_dataset(src, shards, schema, manifest, reading)
-    unwrapped = column_types.reading_schema(dataset.schema)  # operations never see an extension type
-    return dataset if unwrapped is dataset.schema else replace(dataset, schema=unwrapped)
-
-
-def open_self_describing(src: str, format: formats.Format, shards: tuple[Shard, ...], schema: pa.Schema | None,
-                         manifest: dict | None, footer: Callable[[str], tuple[pa.Schema, int]],
-                         reading: dict | None = None) -> Dataset:
-    """A Dataset of shards that each record their schema and rows (Parquet, Arrow IPC; `footer` reads them):
-    every shard must have the first one's schema. `reading`: open_dataset's reader settings (the limits)."""
-    rows = 0
-    first_schema = None
-    for shard in shards:
-        if shard.size == 0:
-            raise InputError(f"{shard.path}: empty file (0 bytes), not a valid {format.label} file")
-        file_schema, file_rows = footer(shard.path)
-        rows += file_rows
-        if first_schema is None:
-            first_schema = file_schema
-        elif not _compatible(first_schema, file_schema):
-            raise SchemaError(f"{shard.path}: schema differs from {shards[0].path}: "
-                              f"{_schema_diff(first_schema, file_schema)}")
-    limits = {k: v for k, v in (reading or {}).items() if k in ("max_record_bytes", "memory") and v is not None}
-    return Dataset(src, format.name, shards, schema or first_schema, num_rows=rows, manifest=manifest, **limits)
-
-
-def _compatible(a: pa.Schema, b: pa.Schema) -> bool:
-    return a.remove_metadata().equals(b.remove_metadata())
-
-
-def _schema_diff(a: pa.Schema, b: pa.Schema) -> str:
-    for f in a:
-        if f.name not in b.names:
-            return f"column {f.name!r} missing"
-        if not b.field(f.name).type.equals(f.type):
-            return f"column {f.name!r} is {b.field(f.name).type}, expected {f.type}"
-    extra = [n for n in b.names if n not in a.names]
-    return f"extra columns {extra}" if extra else "column order differs"

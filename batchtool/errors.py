@@ -136,6 +136,12 @@ class DestinationExistsError(DestinationError):
     """DST exists and --overwrite was not given."""
 
 
+def first_line(exc: BaseException) -> str:
+    """An exception's message cut to one line, for a one-line error naming the file."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def where(path: str | None = None, row: int | None = None, column: str | None = None,
           record: int | None = None, key: str | None = None) -> str:
     """Format the 'file, row/record, column' prefix every data error starts with."""

@@ -10,11 +10,12 @@ import numpy as np
 import pyarrow.compute as pc
 
 from batchtool import stats as stats_mod
-from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
+from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.engines import executor as run_executor
 from batchtool.ops.written import producer, written_names
 from batchtool.formats import column_types
 from batchtool.budget import human_bytes
+from batchtool.inputs import open_dataset
 from batchtool.job import RunSettings
 from batchtool.manifest import manifest_path
 from batchtool.runner import Executor

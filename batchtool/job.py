@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from batchtool import fs
-from batchtool.budget import DEFAULT_MEMORY
-from batchtool.dataset import Dataset, open_dataset
+from batchtool.budget import DEFAULT_MAX_RECORD_BYTES, DEFAULT_MEMORY, check_record_limit
+from batchtool.dataset import Dataset
 from batchtool.engines import check_engine
 from batchtool.errors import OptionError
-from batchtool.formats.tfrecord import DEFAULT_MAX_RECORD_BYTES, check_record_limit
+from batchtool.inputs import open_dataset
 from batchtool.output import OutputOptions, check_destination, refuse_overlap
 from batchtool.runner import Executor
 

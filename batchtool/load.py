@@ -14,11 +14,14 @@ import pyarrow as pa
 
 from batchtool import fs
 from batchtool.arrays import column_to_numpy, to_numpy
-from batchtool.dataset import Dataset, Shard, open_dataset
+from batchtool.dataset import Dataset, Shard
 from batchtool.errors import InputError, UsageError
 from batchtool.formats.base import Batches, ReadTask, size_problem
+from batchtool.formats.registry import FORMATS
+from batchtool.inputs import open_dataset
 from batchtool.load_order import Resume, epoch_order, rank_count, rank_positions, resume
-from batchtool.manifest import MANIFEST_NAME, manifest_path, output_files, read_manifest, schema_from_json
+from batchtool.manifest import MANIFEST_NAME, manifest_path, output_files, schema_from_json
+from batchtool.manifest_reader import read_manifest
 from batchtool.runner import default_threads, threaded_map
 
 __all__ = ["Loader", "column_to_numpy", "epoch_order", "load", "rank_positions", "to_numpy"]
@@ -398,8 +401,6 @@ def _from_manifest(dst: str, manifest: dict) -> Dataset:
     """The output's files and schema as its manifest lists them, each file's size (one stat) checked against the
     manifest's and its batch count against what that size can hold, so no count the manifest gives sizes
     anything unchecked: no footer is parsed until iteration."""
-    from batchtool.formats import FORMATS
-
     out = manifest["output"]
     spec = FORMATS[out["format"]]
     shards = []
@@ -414,7 +415,7 @@ def _from_manifest(dst: str, manifest: dict) -> Dataset:
             raise InputError(f"{f.path}: {MANIFEST_NAME} lists {f.batches:,} batches, more than its {size:,} bytes can "
                              "hold; the manifest is not this file's")
         shards.append(Shard(i, f.path, size))
-    return Dataset(dst, out["format"], tuple(shards), schema_from_json(manifest["schema"]),
+    return Dataset(dst, spec, tuple(shards), schema_from_json(manifest["schema"]),
                    tfrecord_kind=out.get("tfrecord_kind"), manifest=manifest)
 
 

@@ -1,9 +1,8 @@
-"""The manifest every run writes into DST (what was read, done, written), and the one reader that validates it.
+"""The manifest every run writes into DST (what was read, done, written): its name, how it is built and written,
+its schema's encoding, and the one check of every path it gives (its reader is batchtool.manifest_reader).
 
 Everything is deterministic except the `run` section (wall time, peak memory, threads),
-so two runs with the same seed differ only there. A manifest read back is checked whole,
-once, in read_manifest: every consumer (open_dataset, load, inspect, check) then trusts its
-types and its file paths, which never leave the dataset directory.
+so two runs with the same seed differ only there.
 """
 
 from __future__ import annotations
@@ -22,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 import batchtool
-from batchtool import formats, fs
-from batchtool.errors import InputError
-from batchtool.output import TFRECORD_KINDS, OutputOptions
+from batchtool import fs
+from batchtool.errors import InputError, first_line
 
 if TYPE_CHECKING:
     from batchtool.dataset import Dataset
+    from batchtool.output import OutputOptions
 
 MANIFEST_NAME = ".batchtool_manifest.json"
 """A leading dot, because that is what every directory reader skips: pyarrow, pandas and
@@ -35,10 +34,7 @@ pyarrow.dataset skip names starting with `.` or `_`, Hugging Face `datasets` onl
 LEGACY_MANIFEST_NAME = "manifest.json"
 """The name batchtool 0.1 wrote: still read (after MANIFEST_NAME), never written."""
 FORMAT_VERSION = 1
-MAX_MANIFEST_BYTES = 256 << 20
-"""A manifest is read whole; one this large is not batchtool's (a million shards take ~200 MB)."""
 _SAMPLE_BYTES = 1 << 20
-_OUTPUT_FORMATS = formats.NAMES
 
 
 @dataclass(frozen=True)
@@ -87,7 +83,7 @@ def schema_from_json(text: str) -> pa.Schema:
     try:
         return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text, validate=True)))
     except (binascii.Error, pa.ArrowException) as exc:
-        raise ValueError(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) from exc
+        raise ValueError(first_line(exc)) from exc
 
 
 def peak_rss_bytes() -> int:
@@ -138,45 +134,6 @@ def manifest_path(src: str) -> str:
     return legacy if not fs.is_file(path) and fs.is_file(legacy) else path
 
 
-def read_manifest(src: str) -> dict | None:
-    """The manifest of directory SRC, validated whole (InputError naming the field otherwise), or None.
-
-    A legacy `manifest.json` that is not a JSON object with a batchtool_version is some other
-    tool's file, not a batchtool output's, and is ignored rather than refused.
-    """
-    path = manifest_path(src)
-    if not fs.is_file(path):
-        return None
-    legacy = os.path.basename(path) == LEGACY_MANIFEST_NAME
-    try:
-        data = _load_json(src, path)
-    except InputError:
-        if legacy:
-            return None
-        raise
-    if legacy and not (isinstance(data, dict) and "batchtool_version" in data):
-        return None
-    return validate(data, path, src)
-
-
-def read_manifest_file(path: str) -> dict:
-    """A manifest named by its own path (`check --baseline out/.batchtool_manifest.json`), validated whole."""
-    src = os.path.dirname(path) or "."
-    return validate(_load_json(src, path), path, src)
-
-
-def _load_json(src: str, path: str) -> Any:
-    dataset_file(src, os.path.basename(path), f"{src}: the manifest")
-    size = fs.file_size(path)
-    if size > MAX_MANIFEST_BYTES:
-        raise InputError(f"{path}: {size:,} bytes, too large for a batchtool manifest "
-                         f"(at most {MAX_MANIFEST_BYTES:,})")
-    try:
-        return json.loads(fs.read_text(path))
-    except (OSError, ValueError, RecursionError) as exc:
-        raise InputError(f"{path}: unreadable manifest ({_first_line(exc)})") from exc
-
-
 def dataset_file(src: str, name: str, what: str) -> str:
     """SRC/name, if `name` is relative and stays inside SRC after `..` and symlinks are resolved.
 
@@ -206,91 +163,6 @@ def dataset_file(src: str, name: str, what: str) -> str:
 
 
 def output_files(src: str, manifest: dict) -> list[OutputFile]:
-    """The data files a manifest (from read_manifest, so already checked) lists, in its order."""
+    """The data files a manifest (from manifest_reader.read_manifest, so already checked) lists, in its order."""
     return [OutputFile(fs.join(src, f["path"]), f["path"], f["rows"], f["batches"], f["bytes"], f["sha256"])
             for f in manifest["output"]["files"]]
-
-
-_NON_NEGATIVE = "a non-negative integer"
-_TOP_LEVEL: dict[str, tuple[tuple[type, ...], str]] = {
-    "batchtool_version": ((str,), "a string"),
-    "manifest_version": ((int,), "an integer"),
-    "command": ((str,), "a string"),
-    "options": ((dict,), "an object"),
-    "seed": ((int, type(None)), "an integer or null"),
-    "inputs": ((dict,), "an object"),
-    "columns": ((list,), "a list"),
-    "stats": ((dict,), "an object"),
-    "run": ((dict,), "an object"),
-}
-"""Fields a reader may use, each with its type: checked when present (only output and schema are required)."""
-
-
-def validate(data: Any, path: str, src: str) -> dict:
-    """`data` if it is a manifest every consumer can trust: types, counts, schema and file paths."""
-    def refuse(field: str, value: Any, expected: str) -> InputError:
-        shown = repr(value) if len(repr(value)) <= 60 else f"{type(value).__name__} {repr(value)[:40]}..."
-        return InputError(f"{path}: {field} is {shown}, expected {expected}")
-
-    def count(obj: dict, key: str, field: str) -> None:
-        value = obj.get(key)
-        if not _is_int(value) or not 0 <= value < 2**63:
-            raise refuse(field, value, _NON_NEGATIVE)
-
-    if not isinstance(data, dict):
-        raise refuse("the manifest", data, "a JSON object")
-    for key in ("output", "schema"):
-        if key not in data:
-            raise InputError(f"{path}: no {key!r} section (not a batchtool manifest, or a damaged one)")
-    for key, (types, expected) in _TOP_LEVEL.items():
-        value = data.get(key)
-        if key in data and (not isinstance(value, types) or isinstance(value, bool)):
-            raise refuse(key, value, expected)
-    if data.get("manifest_version", FORMAT_VERSION) > FORMAT_VERSION:
-        raise InputError(f"{path}: manifest_version {data['manifest_version']} was written by a newer batchtool "
-                         f"(this one reads up to {FORMAT_VERSION}); upgrade batchtool")
-    output = data["output"]
-    if not isinstance(output, dict):
-        raise refuse("output", output, "an object")
-    if output.get("format") not in _OUTPUT_FORMATS:
-        raise refuse("output.format", output.get("format"), " or ".join(map(repr, _OUTPUT_FORMATS)))
-    if output.get("tfrecord_kind") is not None and output["tfrecord_kind"] not in TFRECORD_KINDS:
-        raise refuse("output.tfrecord_kind", output["tfrecord_kind"], " or ".join(map(repr, TFRECORD_KINDS)))
-    if not isinstance(output.get("compression", ""), (str, type(None))):
-        raise refuse("output.compression", output["compression"], "a string")
-    for key in ("rows", "batches", "bytes"):
-        count(output, key, f"output.{key}")
-    files = output.get("files")
-    if not isinstance(files, list):
-        raise refuse("output.files", files, "a list")
-    seen: set[str] = set()
-    for i, entry in enumerate(files):
-        field = f"output.files[{i}]"
-        if not isinstance(entry, dict):
-            raise refuse(field, entry, "an object")
-        if not isinstance(entry.get("path"), str):
-            raise refuse(f"{field}.path", entry.get("path"), "a relative file path")
-        dataset_file(src, entry["path"], f"{path}: {field}.path")
-        if posixpath.normpath(entry["path"]) in seen:
-            raise InputError(f"{path}: {field}.path {entry['path']!r} is listed twice")
-        seen.add(posixpath.normpath(entry["path"]))
-        for key in ("rows", "batches", "bytes"):
-            count(entry, key, f"{field}.{key}")
-        if not (isinstance(entry.get("sha256"), str) and len(entry["sha256"]) == 64):
-            raise refuse(f"{field}.sha256", entry.get("sha256"), "64 hex digits")
-    if not isinstance(data["schema"], str):
-        raise refuse("schema", data["schema"], "a base64 Arrow IPC schema")
-    try:
-        schema_from_json(data["schema"])
-    except ValueError as exc:
-        raise InputError(f"{path}: schema does not decode as a base64 Arrow IPC schema ({exc})") from exc
-    return data
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

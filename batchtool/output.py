@@ -19,8 +19,9 @@ import pyarrow as pa
 from batchtool import fs
 from batchtool.errors import (DestinationError, DestinationExistsError, OptionError, OptionSchemaError,
                               where)
-from batchtool.formats import DEFAULT, FORMATS, NAMES, column_types
+from batchtool.formats import column_types
 from batchtool.formats.base import EncodedBatch, Format, ShardSink
+from batchtool.formats.registry import DEFAULT, FORMATS, NAMES
 
 CASTS = {"float64=float32": (pa.float64(), pa.float32())}
 """Lossy conversions TFRecord output makes only when asked (--cast): tf.train.FloatList holds float32."""

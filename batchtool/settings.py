@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from batchtool import formats
+from batchtool.formats import registry
 from batchtool.errors import OptionError
 from batchtool.ops.base import Kind, Operation
 from batchtool.options import Choice, Flag, Integer, Value, option, shown
@@ -103,7 +103,7 @@ class Directory(Text):
 class InputSettings:
     """How SRC is read: a reading command's --format and --skip-corrupt, a pipeline file's [input]."""
 
-    format: str | None = option("Input format (default: from the file names).", Choice(formats.NAMES), None)
+    format: str | None = option("Input format (default: from the file names).", Choice(registry.NAMES), None)
     skip_corrupt: bool = option(
         "Skip damaged TFRecord records instead of stopping (a bad CRC; lost framing, up to the next record whose "
         "CRCs check out; a cut-short last record), counting the records and bytes skipped in the manifest.",
@@ -115,7 +115,7 @@ class OutputSettings:
     """How DST is written, as a user sets it: a writing command's --to, --compression, ... and a pipeline file's
     [output] (whose `format` is --to). `options` makes the writer's OutputOptions, which checks the rest."""
 
-    format: str | None = option("Output format.", Choice(formats.NAMES), None)
+    format: str | None = option("Output format.", Choice(registry.NAMES), None)
     """None: the command's default (default_format)."""
     compression: str | None = option(
         "Parquet codec (zstd default, snappy, gzip, lz4, brotli, none), TFRecord gzip/none, or Arrow lz4/zstd/none "

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batchtool import rng
+from batchtool import budget, rng
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.errors import OptionInputError, SchemaError
 from batchtool.runner import SERIAL, Executor
@@ -155,12 +155,16 @@ def checked_lengths(chunk: Chunk, column: str, limit: tuple[str, int] | None,
     return lens
 
 
+def check_lengths(chunk: Chunk, column: str, memory: int) -> None:
+    """Lengths that size a length histogram and the plans made from it (bucket's first pass, check's length rules):
+    checked against --memory's share before it is allocated (budget.HISTOGRAM_BYTES a length)."""
+    checked_lengths(chunk, column, ("memory", budget.allowed(memory)), budget.HISTOGRAM_BYTES)
+
+
 def collect(dataset: Dataset, label: str | None = None, length: str | None = None, executor: Executor = SERIAL,
             report: ReadReport | None = None, nulls: Sequence[str] = (), nans: Sequence[str] = ()) -> DatasetStats:
     """One pass over only the label, length, null and NaN columns (or the narrowest column, to count rows), on the
     executor."""
-    from batchtool import budget  # (budget reads inspection, which reads this module)
-
     columns = list(dict.fromkeys(c for c in (label, length, *nulls, *nans) if c is not None)) \
         or [_narrowest_column(dataset.schema)]
     histogram = (("memory", budget.allowed(dataset.memory)) if dataset.memory is not None

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from batchtool.formats.example import encode_records
 from batchtool.synthetic import make_table
-from batchtool.formats.tfrecord import TFRecordFileWriter
+from batchtool.formats.tfrecord.writer import TFRecordFileWriter
 
 def write_corpus(out: str, rows: int, shards: int, seed: int, tfrecord: bool, parquet: bool,
                  chunk_rows: int = 20000, tfrecord_compression: str | None = "GZIP", **shape: float) -> None:

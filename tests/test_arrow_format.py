@@ -13,7 +13,7 @@ from strategies import record_batches
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batchtool.dataset import open_dataset
+from batchtool.inputs import open_dataset
 from batchtool.load import load
 from batchtool.output import BatchShardWriter, OutputOptions, encode_batch
 from batchtool.synthetic import make_table

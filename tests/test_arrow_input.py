@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import memlimit
-from batchtool.dataset import open_dataset
 from batchtool.errors import BatchtoolError
 from batchtool.formats import ipc_meta
+from batchtool.inputs import open_dataset
 from conftest import read_dir
 from dirstate import listing, snapshot
 from ipc_bombs import write_bomb

@@ -25,8 +25,9 @@ from batchtool.check.rules import (BatchRows, Checksums, ClassProportions, Crc, 
                                    LabelRange, Length, ManifestRows, MinClassRows, NoDuplicateRows, NoNan, NoNulls,
                                    PaddingEfficiency, RankBatches, RowCount, RuleSet, SameLength, Schema, Unique)
 from batchtool.convert import convert
-from batchtool.dataset import Dataset, open_dataset
+from batchtool.dataset import Dataset
 from batchtool.errors import InputError, SchemaError, UsageError
+from batchtool.inputs import open_dataset
 from batchtool.job import RunSettings
 from batchtool.ops.base import OptionError
 from batchtool.options import TableError, Typed, fields, read_table

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from batchtool.convert import convert
 from batchtool.formats.example import encode_records
-from batchtool.formats.tfrecord import TFRecordFileWriter, frame_record
+from batchtool.formats.tfrecord.framing import frame_record
+from batchtool.formats.tfrecord.writer import TFRecordFileWriter
 from batchtool.job import RunSettings
 from batchtool.output import OutputOptions
 from conftest import SAMPLE, read_dir

@@ -11,10 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from batchtool import rng
-from batchtool.dataset import open_dataset
 from batchtool.errors import InputError, SchemaError
 from batchtool.formats.example import encode_records
-from batchtool.formats.tfrecord import TFRecordFileWriter
+from batchtool.formats.tfrecord.writer import TFRecordFileWriter
+from batchtool.inputs import open_dataset
 from batchtool.synthetic import make_table
 from batchtool.runner import Threads
 from conftest import write_parquet_shards

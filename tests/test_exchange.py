@@ -124,8 +124,9 @@ def test_one_tfrecord_file_is_scattered_by_several_map_tasks(sources, tmp_path, 
     frames and checks its range), not in one task per file: one big file still spreads over the workers."""
     src = str(tmp_path / "one")
     convert(sources["parquet"], src, OutputOptions(format="tfrecord"), run=RunSettings(quiet=True))
-    monkeypatch.setattr("batchtool.formats.tfrecord.CHUNK_RECORDS", 64)
-    units = list(read_units(open_source(src, str(tmp_path / "dst"), OutputOptions(), RunSettings(), SERIAL), ReadReport()))
+    monkeypatch.setattr("batchtool.formats.tfrecord.format.CHUNK_RECORDS", 64)
+    units = list(read_units(open_source(src, str(tmp_path / "dst"), OutputOptions(), RunSettings(), SERIAL),
+                            ReadReport()))
     assert len(os.listdir(src)) == 2 and len(units) == -(-400 // 64)  # one data file (and its manifest)
     local = shuffle(src, str(tmp_path / "local"), ShuffleOptions(batch_size=16), OutputOptions(),
                     RunSettings(threads=2, quiet=True), seed=1)

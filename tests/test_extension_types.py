@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import batchtool
-from batchtool.dataset import open_dataset
+from batchtool.inputs import open_dataset
 from batchtool.inspection import inspect
 from batchtool.synthetic import make_table
 from conftest import read_dir

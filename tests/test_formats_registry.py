@@ -9,15 +9,16 @@ import numpy as np
 import pytest
 
 import batchtool
-from batchtool import formats
-from batchtool.dataset import ReadReport, detect_format, open_dataset
+from batchtool.dataset import ReadReport
 from batchtool.errors import UsageError
+from batchtool.formats import registry
+from batchtool.inputs import detect_format, open_dataset
 from batchtool.output import OutputOptions
 
 
 def test_registry_names_and_detection_by_name():
-    assert formats.NAMES == ("parquet", "tfrecord", "arrow")
-    assert [formats.detect(p) for p in ("a/x.parquet", "x.PQ", "x.tfrecord.gz", "x.tfrec", "x.arrow", "x.ipc",
+    assert registry.NAMES == ("parquet", "tfrecord", "arrow")
+    assert [registry.detect(p) for p in ("a/x.parquet", "x.PQ", "x.tfrecord.gz", "x.tfrec", "x.arrow", "x.ipc",
                                         "x.json", ".batchtool_manifest.json")] == \
         ["parquet", "parquet", "tfrecord", "tfrecord", "arrow", "arrow", None, None]
 
@@ -36,7 +37,7 @@ def test_an_unnamed_file_is_recognised_by_its_magic_bytes_only_when_asked(tmp_pa
                                                  ("arrow", "none", ".arrow")])
 def test_defaults_and_suffixes(fmt, codec, suffix):
     options = OutputOptions(format=fmt)
-    assert options.codec == codec and options.suffix == suffix and options.spec is formats.get(fmt)
+    assert options.codec == codec and options.suffix == suffix and options.spec is registry.get(fmt)
     assert OutputOptions(format="tfrecord", compression="gzip").suffix == ".tfrecord.gz"
 
 
@@ -52,7 +53,7 @@ def test_each_format_checks_its_codecs(fmt, codec, message):
     assert str(info.value) == message
 
 
-_NAME = "|".join(formats.NAMES)
+_NAME = "|".join(registry.NAMES)
 _BRANCH = re.compile(rf"""(==|!=|\bis|\bcase)\s*["']({_NAME})["']|["']({_NAME})["']\s*(==|!=)"""
                      rf"""|\bin\s*[(\[{{][^)\]}}]*["']({_NAME})["']""")
 """A format's name compared with something: a branch that belongs in the format's module."""
@@ -73,13 +74,13 @@ def test_no_format_name_branches_outside_the_formats_package():
     assert not found, "format-name branches outside batchtool/formats/:\n" + "\n".join(found)
 
 
-@pytest.mark.parametrize("fmt", formats.NAMES)
+@pytest.mark.parametrize("fmt", registry.NAMES)
 def test_every_format_counts_and_indexes_its_own_shards(tmp_path, run_cli, parquet_src, fmt):
     """count_rows, inspect_shard and open_batches agree with the manifest the writer recorded, for each format."""
     dst = str(tmp_path / "out")
     assert run_cli("convert", parquet_src, dst, "--to", fmt, "--shard-rows", "120", "-q").exit_code == 0
     dataset = open_dataset(dst)
-    spec, output = formats.get(fmt), dataset.manifest["output"]
+    spec, output = registry.get(fmt), dataset.manifest["output"]
     entries = output["files"]
     assert [spec.count_rows(dataset, s, ReadReport()) for s in dataset.shards] == [e["rows"] for e in entries]
     # TFRecord records mark batches only by a `batch` column, which convert does not write

@@ -12,7 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchtool.dataset import ReadReport, open_dataset
+from batchtool.dataset import ReadReport
+from batchtool.inputs import open_dataset
 from batchtool.synthetic import make_table
 from conftest import read_dir
 from dirstate import listing, snapshot

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import memlimit
-from batchtool.dataset import open_dataset
 from batchtool.errors import BatchtoolError, InputError
+from batchtool.inputs import open_dataset
 from batchtool.load import load
 from batchtool.manifest import MANIFEST_NAME
 from batchtool.synthetic import make_table

@@ -245,10 +245,10 @@ def test_resume_in_a_fresh_process_reads_no_skipped_batch(root, monkeypatch):
     state = loader.state_dict()
     theirs = in_another_process(
         "import json, batchtool\n"
-        "from batchtool.formats import tfrecord\n"
+        "from batchtool.formats.tfrecord.records import RangeReader\n"
         "ranges = []\n"
-        "original = tfrecord.RangeReader.records\n"
-        "tfrecord.RangeReader.records = lambda self, start, end, first: ranges.append(first) or original("
+        "original = RangeReader.records\n"
+        "RangeReader.records = lambda self, start, end, first: ranges.append(first) or original("
         "self, start, end, first)\n"
         f"loader = batchtool.load({dst!r}, rank=1, world_size=2)\n"
         f"loader.load_state_dict({state!r})\n"

@@ -486,7 +486,8 @@ def test_ray_address_needs_engine_ray(src, tmp_path, run_cli):
 
 def test_a_failed_task_is_named_by_the_files_its_items_read(src):
     """What an error names a task by when Ray gives up on it: the files of its read units, else its items' place."""
-    from batchtool.dataset import ReadReport, open_dataset
+    from batchtool.dataset import ReadReport
+    from batchtool.inputs import open_dataset
     from batchtool.engines.ray_failures import task_words
 
     units = list(enumerate(exchange.read_units(open_dataset(src), ReadReport())))

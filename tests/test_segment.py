@@ -13,8 +13,8 @@ import pytest
 from conftest import read_dir, write_parquet_shards
 
 import batchtool
-from batchtool.dataset import open_dataset
 from batchtool.errors import InputError, SchemaError, UsageError
+from batchtool.inputs import open_dataset
 from batchtool.job import RunSettings
 from batchtool.duplicates import HashIndex
 from batchtool.driver import run_operation

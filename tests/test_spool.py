@@ -172,7 +172,7 @@ def test_skipped_corrupt_records_are_counted_alike(corrupt, tmp_path, run_cli):
 def test_a_spool_task_run_twice_spools_once(sources, tmp_path):
     """A retried task replaces its file: the batches a reader gets are the unit's, once."""
     from batchtool import exchange
-    from batchtool.dataset import open_dataset
+    from batchtool.inputs import open_dataset
 
     dataset = open_dataset(sources["parquet"])
     unit = next(exchange.read_units(dataset, ReadReport()))

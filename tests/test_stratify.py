@@ -15,9 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchtool import rng
-from batchtool.dataset import Chunk, open_dataset
+from batchtool.dataset import Chunk
 from batchtool.driver import run_operation, scanner
 from batchtool.errors import InputError, SchemaError, UsageError
+from batchtool.inputs import open_dataset
 from batchtool.job import RunSettings
 from batchtool.ops.base import Context
 from batchtool.ops.labels import MAX_CLASSES

@@ -11,7 +11,10 @@ import pyarrow as pa
 import pytest
 
 from batchtool.formats.example import SequenceExample, decode_records, encode_records, infer_schema
-from batchtool.formats.tfrecord import TFRecordFileWriter, detect_compression, frame_records, iter_records
+from batchtool.formats.tfrecord.framing import frame_records
+from batchtool.formats.tfrecord.records import iter_records
+from batchtool.formats.tfrecord.stream import detect_compression
+from batchtool.formats.tfrecord.writer import TFRecordFileWriter
 
 DATA = Path(__file__).parent / "data"
 EXPECTED = json.loads((DATA / "tf_expected.json").read_text())

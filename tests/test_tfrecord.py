@@ -11,23 +11,14 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from batchtool.budget import DEFAULT_MAX_RECORD_BYTES, check_record_limit
 from batchtool.errors import CorruptRecordError, InputError, UsageError
-from batchtool.formats import tfrecord as tfrecord_format
 from batchtool.formats.example import encode_records
-from batchtool.formats.tfrecord import (
-    DEFAULT_MAX_RECORD_BYTES,
-    Skipped,
-    Span,
-    TFRecordFileWriter,
-    check_record_limit,
-    detect_compression,
-    frame_record,
-    frame_records,
-    iter_record_chunks,
-    iter_record_spans,
-    iter_records,
-    masked_crc,
-)
+from batchtool.formats.tfrecord import records as record_reading
+from batchtool.formats.tfrecord.framing import frame_record, frame_records, masked_crc
+from batchtool.formats.tfrecord.records import Skipped, Span, iter_record_chunks, iter_record_spans, iter_records
+from batchtool.formats.tfrecord.stream import detect_compression
+from batchtool.formats.tfrecord.writer import TFRecordFileWriter
 
 # b"hello" framed by tf.io.TFRecordWriter (see tests/data/tf_hello.tfrecord).
 TF_HELLO = bytes.fromhex("0500000000000000" "eab2043e" "68656c6c6f" "bb1f1c19")
@@ -313,8 +304,8 @@ def test_the_index_pass_reads_headers_not_payloads(tmp_path: Path, monkeypatch: 
     payloads = [bytes([i]) * 300_000 for i in range(8)]
     path = write(tmp_path / "big.tfrecord", payloads)
     counted: list[int] = []
-    opened = tfrecord_format._open_input
-    monkeypatch.setattr(tfrecord_format, "_open_input", lambda *a, **k: CountingFile(opened(*a, **k), counted))
+    opened = record_reading.open_input
+    monkeypatch.setattr(record_reading, "open_input", lambda *a, **k: CountingFile(opened(*a, **k), counted))
     spans = list(iter_record_spans(str(path), 1024, chunk_bytes=600_000))
     assert [(s.first_record, s.records) for s in spans] == [(0, 2), (2, 2), (4, 2), (6, 2)]
     assert spans[-1].end == path.stat().st_size

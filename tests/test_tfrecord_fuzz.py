@@ -27,11 +27,13 @@ import pyarrow as pa
 import pytest
 from google.protobuf.message import DecodeError
 
-from batchtool.dataset import ReadReport, open_dataset
+from batchtool.dataset import ReadReport
 from batchtool.errors import BatchtoolError, InputError
 from batchtool.formats.example import FeatureScan, SequenceExample, decode_records, encode_records, scan_records
-from batchtool.formats import tfrecord as tfrecord_format
-from batchtool.formats.tfrecord import frame_records, iter_record_chunks
+from batchtool.formats.tfrecord import format as tfrecord_format
+from batchtool.formats.tfrecord.framing import frame_records
+from batchtool.formats.tfrecord.records import iter_record_chunks
+from batchtool.inputs import open_dataset
 from batchtool.synthetic import make_table
 from conftest import REPO
 
@@ -81,7 +83,7 @@ def mutate(data: bytes, rng: random.Random) -> bytes:
 
 def rewrite_length(framed: bytes, rng: random.Random) -> bytes:
     """A record header's length replaced, its length CRC made valid again: only the data CRC can tell."""
-    from batchtool.formats.tfrecord import masked_crc
+    from batchtool.formats.tfrecord.framing import masked_crc
     starts, at = [], 0
     while at + 12 <= len(framed):
         starts.append(at)

@@ -14,7 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from batchtool.formats.example import Example, SequenceExample, encode_records
-from batchtool.formats.tfrecord import TFRecordFileWriter, frame_record, frame_records, masked_crc
+from batchtool.formats.tfrecord.framing import frame_record, frame_records, masked_crc
+from batchtool.formats.tfrecord.writer import TFRecordFileWriter
 from batchtool.synthetic import make_table
 import memlimit
 from conftest import read_dir

@@ -9,9 +9,10 @@ import os
 from batchtool import fs
 from batchtool.check.report import Offender, RuleResult, every, verdict
 from batchtool.check.rules import Checksums
-from batchtool.dataset import resolve_paths
 from batchtool.errors import InputError
-from batchtool.manifest import MANIFEST_NAME, OutputFile, output_files, read_manifest
+from batchtool.inputs import resolve_paths
+from batchtool.manifest import MANIFEST_NAME, OutputFile, output_files
+from batchtool.manifest_reader import read_manifest
 from batchtool.runner import Executor
 
 _HASH_READ_BYTES = 1 << 20

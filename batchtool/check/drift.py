@@ -22,10 +22,12 @@ from batchtool.check.report import Offender, RuleResult, plural, skipped, verdic
 from batchtool.check.rules import Drift, DriftLengths, DriftNulls, DriftProportions, DriftRows, Length, Rule
 from batchtool.check.scan import Measures, make_plan, measure
 from batchtool.check.recorded import Recorded
-from batchtool.dataset import Dataset, open_dataset
+from batchtool.dataset import Dataset
+from batchtool.inputs import open_dataset
 from batchtool.job import RunSettings
 from batchtool.runner import Executor
-from batchtool.manifest import manifest_path, output_files, read_manifest, read_manifest_file, schema_from_json
+from batchtool.manifest import manifest_path, output_files, schema_from_json
+from batchtool.manifest_reader import read_manifest, read_manifest_file
 from batchtool.stats import default_label, default_length
 
 

@@ -22,12 +22,13 @@ from batchtool.check.report import FAIL, CheckResult, RuleResult
 from batchtool.check.rules import Checksums, Crc, Rule, RuleSet
 from batchtool.check.scan import Measures, make_plan, measure
 from batchtool.check.verify import VERIFY_RULES, verify
-from batchtool.dataset import Dataset, open_dataset
+from batchtool.dataset import Dataset
 from batchtool.engines import executor as run_executor
 from batchtool.errors import InputError, UsageError
+from batchtool.inputs import open_dataset
 from batchtool.job import RunSettings
 from batchtool.runner import Executor
-from batchtool.manifest import read_manifest
+from batchtool.manifest_reader import read_manifest
 
 
 @dataclass(frozen=True)

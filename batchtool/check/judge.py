@@ -11,7 +11,7 @@ from functools import singledispatch
 
 import pyarrow as pa
 
-from batchtool import formats
+from batchtool.formats import registry
 from batchtool.check.batches import BATCH_RULES, judge_batches
 from batchtool.check.drift import Baseline, judge_drift, profile_of
 from batchtool.check.report import Offender, RuleResult, every, plural, verdict
@@ -37,7 +37,7 @@ def judge_metadata(rules: Sequence[Rule], dataset: Dataset, limit: int, threads:
         elif isinstance(rule, (PaddingEfficiency, *BATCH_RULES)):
             yield judge_batches(rule, dataset, limit, threads)
         elif isinstance(rule, Crc) and not dataset.spec.record_checksums:
-            having = " or ".join(f.label for f in formats.FORMATS.values() if f.record_checksums)
+            having = " or ".join(f.label for f in registry.FORMATS.values() if f.record_checksums)
             raise UsageError(f"rule {rule.name!r}: {dataset.src} is {dataset.format}; "
                              f"CRCs exist only in {having} files")
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from batchtool import formats
+from batchtool.formats import registry
 from batchtool.errors import UsageError
 from batchtool.formats.base import Format
 
@@ -98,7 +98,7 @@ class CheckResult:
 
     @property
     def row_unit(self) -> str:
-        return formats.get(self.format).unit if self.format else Format.unit
+        return registry.get(self.format).unit if self.format else Format.unit
 
     def counts(self) -> dict[str, int]:
         return {s: sum(r.status == s for r in self.rules) for s in (PASS, FAIL, ERROR, SKIP)}

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batchtool import budget, progress, rng
+from batchtool import progress, rng
 from batchtool.check.columns import FLOATS, LABEL, LENGTH, SEQUENCE, need
 from batchtool.duplicates import HashIndex
 from batchtool.check.hashing import canonical, row_hashes
@@ -31,7 +31,7 @@ from batchtool.job import RunSettings
 from batchtool.errors import SchemaError
 from batchtool.ops.labels import MAX_CLASSES
 from batchtool.runner import Executor
-from batchtool.stats import DatasetStats, chunk_stats, is_sequence_type, lengths_of
+from batchtool.stats import DatasetStats, check_lengths, chunk_stats, is_sequence_type, lengths_of
 
 _ROW_LEVEL = (NoNulls, NoNan, LabelRange, Length, SameLength)
 _KEYED = (Unique, NoDuplicateRows)
@@ -117,7 +117,7 @@ def scan_chunk(chunk: Chunk, plan: Plan, locate: Callable[[int], str]) -> Scan:
     """A pure function of the chunk and the plan (`locate` names a row in an error)."""
     for _, length in plan.pairs:
         if length is not None:
-            budget.check_lengths(chunk, length, plan.memory)
+            check_lengths(chunk, length, plan.memory)
     stats = [chunk_stats(chunk, label, length, plan.nulls if i == 0 else (), plan.nans if i == 0 else ())
              for i, (label, length) in enumerate(plan.pairs)]
     offenses = {}

@@ -13,12 +13,13 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from batchtool import formats, fs
+from batchtool import fs
+from batchtool.formats import registry
 from batchtool.check.report import Offender, RuleResult, every, plural, skipped, verdict
 from batchtool.check.rules import ManifestBatches, ManifestRows, ManifestSchema, Rule
-from batchtool.dataset import detect_format
 from batchtool.errors import BatchtoolError
 from batchtool.formats.base import BATCH_COLUMN
+from batchtool.inputs import detect_format
 from batchtool.manifest import OutputFile, manifest_path, output_files, schema_from_json
 from batchtool.ops.written import written_names
 from batchtool.runner import Executor
@@ -57,7 +58,7 @@ def verify(rules: Sequence[Rule], src: str, manifest: dict, limit: int,
     output = manifest["output"]
     schema = schema_from_json(manifest["schema"])
     batch_column = written_names(manifest, manifest_path(src)).get("batch", BATCH_COLUMN)
-    layout = Layout(output.get("format") or (detect_format(files[0].name) if files else None) or formats.DEFAULT,
+    layout = Layout(output.get("format") or (detect_format(files[0].name) if files else None) or registry.DEFAULT,
                     schema, output, batch_column if any(isinstance(r, ManifestBatches) for r in rules) else None)
     found = list(executor.map(lambda f: inspect_file(f.path, layout), files))
     results = {}
@@ -66,7 +67,7 @@ def verify(rules: Sequence[Rule], src: str, manifest: dict, limit: int,
             results[rule.name] = _counts(rule, files, found, "rows", "row", output.get("rows"), limit)
         elif isinstance(rule, ManifestBatches):
             if all(f.batches is None and f.error is None for f in found):
-                spec = formats.get(layout.format)
+                spec = registry.get(layout.format)
                 results[rule.name] = skipped(rule, f"{spec.label} {spec.unit}s without a {batch_column!r} column "
                                                    "mark no batches")
             else:
@@ -81,7 +82,7 @@ def inspect_file(path: str, layout: Layout) -> Found:
     if not fs.is_file(path):
         return Found(error="missing")
     try:
-        return Found(*formats.get(layout.format).inspect_shard(path, layout.schema, layout.output,
+        return Found(*registry.get(layout.format).inspect_shard(path, layout.schema, layout.output,
                                                                 layout.batch_column))
     except (BatchtoolError, OSError, pa.ArrowException) as exc:
         return Found(error=f"unreadable: {exc}")

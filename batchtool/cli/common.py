@@ -17,7 +17,7 @@ import batchtool
 from batchtool import settings as settings_mod
 from batchtool.engines import ENGINES
 from batchtool.errors import BatchtoolError, OptionError
-from batchtool.formats import tfrecord
+from batchtool.budget import DEFAULT_MAX_RECORD_BYTES
 from batchtool.job import RunSettings
 from batchtool.ops import OPERATIONS
 from batchtool.errors import flag
@@ -174,7 +174,7 @@ def input_options(fn: Callable) -> Callable:
     """--format, --skip-corrupt and --max-record-bytes (a run setting: make_run), for every command that reads SRC."""
     return _apply(fn, [
         declared(InputSettings, "format", dest="input_format"), declared(InputSettings, "skip_corrupt"),
-        click.option("--max-record-bytes", default=size_text(tfrecord.DEFAULT_MAX_RECORD_BYTES), metavar="SIZE",
+        click.option("--max-record-bytes", default=size_text(DEFAULT_MAX_RECORD_BYTES), metavar="SIZE",
                      show_default=True, help="Largest TFRecord record to read: a record header claiming more is an "
                                              "error, before anything is read. Without --memory, also the most one "
                                              "Arrow IPC record batch may take once decompressed."),
@@ -264,7 +264,7 @@ def make_run(kwargs: dict[str, Any]) -> RunSettings:
     return RunSettings(threads=kwargs.pop("threads"), quiet=kwargs.pop("quiet"), engine=chosen.engine,
                        ray_address=chosen.ray_address, memory=None if memory is None else parse_memory(memory),
                        tmp_dir=kwargs.pop("tmp_dir", None),
-                       max_record_bytes=tfrecord.DEFAULT_MAX_RECORD_BYTES if limit is None
+                       max_record_bytes=DEFAULT_MAX_RECORD_BYTES if limit is None
                        else RECORD_LIMIT.parse("max_record_bytes", limit))
 
 

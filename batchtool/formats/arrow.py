@@ -14,10 +14,12 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool import batch_check, fs
-from batchtool.errors import InputError, where
+from batchtool.dataset import shard_chunk
+from batchtool.errors import InputError, first_line, where
 from batchtool.formats import hf, ipc_meta
 from batchtool.formats.base import (DAMAGED, Batches, EncodedBatch, Format, ReadTask, check_batch_memory,
-                                    first_line, rows_only, schema_problem, size_problem)
+                                    open_self_describing, rows_only, schema_problem, size_problem)
+from batchtool.manifest import MANIFEST_NAME
 
 if TYPE_CHECKING:
     from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
@@ -181,8 +183,6 @@ class _Task:
     schema: pa.Schema
 
     def __call__(self) -> Chunk:
-        from batchtool.dataset import shard_chunk
-
         batch = self.batch
         try:
             batch.validate(full=True)
@@ -223,8 +223,6 @@ class _Batches(Batches):
         return _Read(opened, tuple(int(i) for i in local), columns, verify)
 
     def unverifiable(self) -> str | None:
-        from batchtool.manifest import MANIFEST_NAME
-
         if self.listed is None:
             return f"Arrow IPC files without the {MANIFEST_NAME} that says their batches carry checksums"
         old = next((p for p, e in zip(self.paths, self.listed) if not e.checksums), None)
@@ -247,8 +245,6 @@ class _OpenFile:
 
     @staticmethod
     def of(path: str, schema: pa.Schema, listed: Listed | None) -> _OpenFile:
-        from batchtool.manifest import MANIFEST_NAME
-
         size = None if fs.is_uri(path) else _size_now(path)
         problem = size_problem(path, size, listed.bytes) if listed is not None and size is not None else None
         if problem:
@@ -293,8 +289,6 @@ class _Read(ReadTask):
         if opened.rows is not None:
             for i, batch in zip(self.batches, out):
                 if batch.num_rows > opened.rows:
-                    from batchtool.manifest import MANIFEST_NAME
-
                     raise InputError(f"{opened.path}, record batch {i}: {batch.num_rows:,} rows, but {MANIFEST_NAME} "
                                      f"lists {opened.rows:,} for the whole file")
         return out
@@ -337,8 +331,6 @@ class ArrowFormat(Format):
     def open_dataset(self, src: str, shards: tuple[Shard, ...], schema: pa.Schema | None, manifest: dict | None,
                      reading: dict) -> Dataset:
         """Each file's schema and rows from its metadata: nothing is decompressed."""
-        from batchtool.dataset import open_self_describing
-
         def footer(path: str) -> tuple[pa.Schema, int]:
             opened = IpcFile.open(path)
             return opened.schema, opened.layout.rows

@@ -10,10 +10,13 @@ from typing import TYPE_CHECKING, BinaryIO, ClassVar, Protocol
 import numpy as np
 import pyarrow as pa
 
-from batchtool.errors import OptionError, OptionInputError
+from batchtool import budget
+from batchtool.dataset import Dataset
+from batchtool.errors import InputError, OptionError, OptionInputError, SchemaError
+from batchtool.manifest import MANIFEST_NAME
 
 if TYPE_CHECKING:
-    from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
+    from batchtool.dataset import Chunk, ReadReport, Shard
     from batchtool.output import OutputOptions
 
 
@@ -35,11 +38,6 @@ class EncodedBatch:
     framed: bytes | None = None
 
 
-def first_line(exc: BaseException) -> str:
-    """An exception's message cut to one line, for a one-line error naming the file."""
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-
-
 def rows_only(rows: int) -> pa.RecordBatch:
     """A batch of `rows` rows and no columns: what a read of no columns gives (only rows are counted)."""
     return pa.RecordBatch.from_arrays([pa.nulls(rows)], names=["_"]).select([])
@@ -58,8 +56,6 @@ def check_batch_memory(dataset: Dataset, inflated: int, rows: int, where: str) -
     need = inflated + ROW_ID_BYTES * rows
     what = "its buffers decompressed" if inflated else "no decompression"
     if dataset.memory is not None:
-        from batchtool import budget
-
         budget.check("memory", f"reading it ({what}, {rows:,} row ids)", need, dataset.memory,
                      "give a larger {memory}, or write the file in smaller record batches", where=f"{where}: ",
                      error=OptionInputError)
@@ -73,10 +69,38 @@ def check_batch_memory(dataset: Dataset, inflated: int, rows: int, where: str) -
 
 def schema_problem(found: pa.Schema, expected: pa.Schema) -> str | None:
     """How a file's schema differs from the one expected (metadata aside); None when it does not."""
-    from batchtool.dataset import _schema_diff
-
     found = found.remove_metadata()
     return None if found.equals(expected.remove_metadata()) else _schema_diff(expected, found)
+
+
+def _schema_diff(expected: pa.Schema, found: pa.Schema) -> str:
+    for f in expected:
+        if f.name not in found.names:
+            return f"column {f.name!r} missing"
+        if not found.field(f.name).type.equals(f.type):
+            return f"column {f.name!r} is {found.field(f.name).type}, expected {f.type}"
+    extra = [n for n in found.names if n not in expected.names]
+    return f"extra columns {extra}" if extra else "column order differs"
+
+
+def open_self_describing(src: str, format: Format, shards: tuple[Shard, ...], schema: pa.Schema | None,
+                         manifest: dict | None, footer: Callable[[str], tuple[pa.Schema, int]],
+                         reading: dict | None = None) -> Dataset:
+    """A Dataset of shards that each record their schema and rows (Parquet, Arrow IPC; `footer` reads them):
+    every shard must have the first one's schema. `reading`: open_dataset's reader settings (the limits)."""
+    rows = 0
+    first_schema = None
+    for shard in shards:
+        if shard.size == 0:
+            raise InputError(f"{shard.path}: empty file (0 bytes), not a valid {format.label} file")
+        file_schema, file_rows = footer(shard.path)
+        rows += file_rows
+        if first_schema is None:
+            first_schema = file_schema
+        elif (problem := schema_problem(file_schema, first_schema)) is not None:
+            raise SchemaError(f"{shard.path}: schema differs from {shards[0].path}: {problem}")
+    limits = {k: v for k, v in (reading or {}).items() if k in ("max_record_bytes", "memory") and v is not None}
+    return Dataset(src, format, shards, schema or first_schema, num_rows=rows, manifest=manifest, **limits)
 
 
 def size_problem(path: str, size: int, listed: int) -> str | None:
@@ -85,8 +109,6 @@ def size_problem(path: str, size: int, listed: int) -> str | None:
     `checksums` rule's to tell (`batchtool check`)."""
     if size >= listed:
         return None
-    from batchtool.manifest import MANIFEST_NAME
-
     return f"{path}: {size:,} bytes, but {MANIFEST_NAME} says {listed:,} (truncated since it was written)"
 
 
@@ -235,7 +257,7 @@ class Format(ABC):
     @abstractmethod
     def open_dataset(self, src: str, shards: tuple[Shard, ...], schema: pa.Schema | None, manifest: dict | None,
                      reading: dict) -> Dataset:
-        """The batchtool.dataset.Dataset of these shards: their common schema (or `schema`), checked.
+        """The Dataset of these shards: their common schema (or `schema`), checked.
         `reading`: the reader settings open_dataset was given (tfrecord_kind, skip_corrupt, max_record_bytes)."""
 
     @abstractmethod

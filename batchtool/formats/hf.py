@@ -8,7 +8,8 @@ import json
 from typing import Any
 
 from batchtool import fs
-from batchtool.errors import InputError
+from batchtool.errors import InputError, first_line
+from batchtool.manifest import dataset_file
 
 STATE = "state.json"
 """A split's file list (`_data_files`, in order) and its format settings."""
@@ -27,8 +28,7 @@ def _json(path: str) -> Any:
     try:
         return json.loads(fs.read_text(path))
     except (OSError, ValueError, RecursionError) as exc:
-        text = str(exc).strip()
-        raise InputError(f"{path}: unreadable ({text.splitlines()[0] if text else type(exc).__name__})") from exc
+        raise InputError(f"{path}: unreadable ({first_line(exc)})") from exc
 
 
 def _refuse_dataset_dict(src: str) -> None:
@@ -49,8 +49,6 @@ def split_files(src: str) -> list[str] | None:
     """The Arrow files of a `save_to_disk` directory of one split, in the order its state.json lists them (each
     relative and inside SRC, as a manifest's paths must be); None when SRC is not one; InputError for a
     DatasetDict root or a state.json that does not say which files."""
-    from batchtool.manifest import dataset_file
-
     _refuse_dataset_dict(src)
     path = fs.join(src, STATE)
     if not fs.is_file(path):

@@ -11,8 +11,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchtool import fs
-from batchtool.errors import InputError, where
-from batchtool.formats.base import DAMAGED, Batches, EncodedBatch, Format, ReadTask, cut, first_line, schema_problem
+from batchtool.dataset import shard_chunk
+from batchtool.errors import InputError, first_line, where
+from batchtool.formats.base import (DAMAGED, Batches, EncodedBatch, Format, ReadTask, cut, open_self_describing,
+                                    schema_problem)
+from batchtool.manifest import MANIFEST_NAME
 
 if TYPE_CHECKING:
     from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
@@ -142,8 +145,6 @@ class _Task:
     schema: pa.Schema
 
     def __call__(self) -> Chunk:
-        from batchtool.dataset import shard_chunk
-
         batch = read_row_group(self.shard.path, self.row_group, self.columns)
         return shard_chunk(batch, self.schema, self.shard, self.first_row)
 
@@ -162,8 +163,6 @@ class _Batches(Batches):
         """File f's parsed footer, kept in `cache` (about 1 KB per column chunk: one block's files at a time)."""
         meta = cache.get(f)
         if meta is None:
-            from batchtool.manifest import MANIFEST_NAME
-
             path = self.paths[f]
             meta = open_file(path).metadata
             expected = self.counts[f] if self.row_groups[f] is None else None
@@ -233,8 +232,6 @@ class ParquetFormat(Format):
 
     def open_dataset(self, src: str, shards: tuple[Shard, ...], schema: pa.Schema | None, manifest: dict | None,
                      reading: dict) -> Dataset:
-        from batchtool.dataset import open_self_describing
-
         return open_self_describing(src, self, shards, schema, manifest, _footer)
 
     def count_rows(self, dataset: Dataset, shard: Shard, report: ReadReport) -> int:

@@ -33,10 +33,11 @@ from batchtool import exchange, fs
 from batchtool import manifest as manifest_mod
 from batchtool import progress, rng
 from batchtool import stats as stats_mod
-from batchtool.dataset import Chunk, Dataset, ReadReport, open_dataset
+from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.engines import executor as run_executor
 from batchtool.errors import BatchtoolError, DestinationExistsError
 from batchtool.formats import parquet as parquet_format
+from batchtool.inputs import open_dataset
 from batchtool.job import JobResult, RunSettings, read_paths
 from batchtool.workspace import Workspace, tasks_executor, workspace
 from batchtool.write import RUN_BYTES, Job, Produced, write
@@ -247,7 +248,7 @@ class Prefix:
             self._materialize(k, scope, needs)
         src = self.source
         return StageInput(src=src.src if k == 0 else f"{self.config.path}: {self.stages[k].name} input",
-                          format=src.format, shards=src.shards, schema=self.schemas[k],
+                          spec=src.spec, shards=src.shards, schema=self.schemas[k],
                           tfrecord_kind=src.tfrecord_kind, num_rows=self.rows.get(k), skip_corrupt=src.skip_corrupt,
                           prefix=self, source=src if k == 0 else None, stage=k, scope=None if scope is None else tuple(scope), needs=needs,
                           desc=desc)

@@ -23,7 +23,7 @@ from batchtool.ops.quotas import QuotaLayout, plan_layout
 from batchtool.ops.targets import check_zero_classes, target_vector
 from batchtool.padding import parse_pad_values
 from batchtool.spill import parts_for
-from batchtool.stats import DatasetStats, chunk_stats, is_sequence_type, lengths_of
+from batchtool.stats import DatasetStats, check_lengths, chunk_stats, is_sequence_type, lengths_of
 
 from batchtool.ops import names as own
 from batchtool.ops.bucket.options import OUTPUT_COLUMNS, BucketOptions
@@ -124,7 +124,7 @@ def length_pass(options: BucketOptions, columns: BucketColumns, chunk: Chunk, lo
     """One chunk's length histogram (and bucket-column counts) of the kept rows; with --balance its class counts."""
     if columns.keep is not None:
         chunk = chunk.filter(keep_mask(chunk, columns.keep))
-    budget.check_lengths(chunk, columns.length, memory)
+    check_lengths(chunk, columns.length, memory)
     joint = None
     if columns.label is not None:
         joint = joint_counts(chunk, columns, options.known_classes, memory, locate)

@@ -26,7 +26,7 @@ from batchtool.ops.stratify.options import MODES, StratifyOptions
 from batchtool.ops.targets import check_probs, parse_probs, parse_target
 from batchtool.ops.stratify.plans import STAGE, Plan, RatePlan, Stratification, Target, ThresholdPlan, acceptance_probs, exact_target, exact_totals, largest_total, replacement_rates, threshold_plan
 from batchtool.ops.targets import check_zero_classes, target_vector
-from batchtool.ops.thresholds import find_thresholds
+from batchtool.ops.stratify.thresholds import find_thresholds
 
 ONLINE_PRIOR = 10
 """Pseudo-count of every class before any label is seen (`stratified_sample_unknown_dist`'s smoothing constant)."""
