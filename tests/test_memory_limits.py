@@ -27,7 +27,7 @@ from batchtool.ops.bucket_plan import LengthPass, make_plan, resolve_columns, wi
 from batchtool.ops.quotas import plan_layout
 from batchtool.ops.stratify import StratifyOptions
 from batchtool.stats import DatasetStats
-from conftest import REPO, SAMPLE, read_dir
+from conftest import SAMPLE, read_dir
 
 CAP = 360 << 20
 """Above the ~250 MB the streaming cases take (an interpreter with pyarrow is ~120 MB of it)."""
