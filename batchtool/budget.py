@@ -10,16 +10,16 @@ the row) instead of a MemoryError, or the machine swapping. Output that is legit
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from batchtool.dataset import Chunk
-from batchtool.errors import NamesOptions, OptionError, OptionInputError, SchemaError
+from batchtool.errors import NamesOptions, OptionError
 from batchtool.inspection import human_bytes
-from batchtool.stats import lengths_of
+from batchtool.stats import checked_lengths
 
 SHARE = 8
 """One option-sized allocation may take an eighth of --memory: a worker thread holds about two (a padded
@@ -56,19 +56,10 @@ def check_rows(field: str, value: int, rows: int | None, bytes_per_row: float, m
           f"give a smaller {{{field}}} or a larger {{memory}}", value=value)
 
 
-def check_lengths(chunk: Chunk, column: str, memory: int, locate: Callable[[int], str]) -> None:
-    """Lengths (an integer column's values, or a list column's steps) size a length histogram (bucket's first pass,
-    check's length rules): before it is allocated, a negative one, or one too long for the budget, is an error
-    naming its file, row and column."""
-    lengths = lengths_of(chunk.data, column)
-    if not len(lengths):
-        return
-    low, high = int(np.argmin(lengths)), int(np.argmax(lengths))
-    if lengths[low] < 0:
-        raise SchemaError(f"{locate(int(chunk.ids[low]))}, column {column!r}: negative length {lengths[low]}")
-    check("memory", f"length {lengths[high]:,} (its length histogram)", (int(lengths[high]) + 1) * HISTOGRAM_BYTES,
-          memory, "check the column, or give a larger {memory}",
-          where=f"{locate(int(chunk.ids[high]))}, column {column!r}: ", error=OptionInputError)
+def check_lengths(chunk: Chunk, column: str, memory: int) -> None:
+    """Lengths that size a length histogram and the plans made from it (bucket's first pass, check's length rules):
+    checked against --memory's share before it is allocated (stats.checked_lengths)."""
+    checked_lengths(chunk, column, ("memory", allowed(memory)), HISTOGRAM_BYTES)
 
 
 def row_bytes(sample: pa.RecordBatch | None, sequences: tuple[str, ...] | list[str]) -> tuple[float, float]:

@@ -410,9 +410,9 @@ def _from_manifest(dst: str, manifest: dict) -> Dataset:
         problem = size_problem(f.path, size, f.bytes)
         if problem:
             raise InputError(problem)
-        if f.batches > size / spec.min_batch_bytes:
-            raise InputError(f"{f.path}: {MANIFEST_NAME} lists {f.batches:,} batches, more than a {spec.label} file "
-                             f"of {size:,} bytes can hold")
+        if f.batches > spec.most_batches(size, out.get("compression")):
+            raise InputError(f"{f.path}: {MANIFEST_NAME} lists {f.batches:,} batches, more than its {size:,} bytes can "
+                             "hold; the manifest is not this file's")
         shards.append(Shard(i, f.path, size))
     return Dataset(dst, out["format"], tuple(shards), schema_from_json(manifest["schema"]),
                    tfrecord_kind=out.get("tfrecord_kind"), manifest=manifest)

@@ -126,21 +126,33 @@ def chunk_stats(chunk: Chunk, label: str | None, length: str | None, nulls: Sequ
         vc = pc.value_counts(arr.drop_null() if arr.null_count else arr)
         stats.label_counts = dict(zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist()))
     if length is not None:
-        lens = lengths_of(chunk.data, length)
-        if len(lens) and lens.min() < 0:
-            row = int(np.argmax(lens < 0))
-            raise SchemaError(f"{chunk.where(row)}, column {length!r}: a negative length ({int(lens[row])})")
-        if histogram is not None and len(lens) and HISTOGRAM_ITEM * (int(lens.max()) + 1) > histogram[1]:
-            row = int(np.argmax(lens))
-            field, limit = histogram
-            raise OptionInputError(field, f"a length of {int(lens[row]):,}: counting lengths up to it takes "
-                                          f"{HISTOGRAM_ITEM * (int(lens[row]) + 1):,} bytes, more than the {limit:,} "
-                                          f"{{{field}}} allows; raise {{{field}}} if the length is genuine",
-                                   where=f"{chunk.where(row)}, column {length!r}: ")
+        lens = checked_lengths(chunk, length, histogram)
         stats.length_counts = np.bincount(lens) if len(lens) else np.zeros(0, dtype=np.int64)
     stats.null_counts = {c: chunk.data.column(c).null_count for c in nulls}
     stats.nan_counts = {c: nan_count(chunk.data.column(c), c) for c in nans}
     return stats
+
+
+def checked_lengths(chunk: Chunk, column: str, limit: tuple[str, int] | None,
+                    per_length: int = HISTOGRAM_ITEM) -> np.ndarray:
+    """A column's lengths (an integer column's values, a list column's steps), checked before they size anything:
+    a negative one, or (given `limit`, the option that sets it and its bytes) one whose histogram of `per_length`
+    bytes a length up to it would pass the limit, is an error naming its file, row and column."""
+    lens = lengths_of(chunk.data, column)
+    if not len(lens):
+        return lens
+    if lens.min() < 0:
+        row = int(np.argmax(lens < 0))
+        raise SchemaError(f"{chunk.where(row)}, column {column!r}: a negative length ({int(lens[row])})")
+    row = int(np.argmax(lens))
+    need = per_length * (int(lens[row]) + 1)
+    if limit is not None and need > limit[1]:
+        field, allowed = limit
+        raise OptionInputError(field, f"a length of {int(lens[row]):,}: counting lengths up to it takes {need:,} "
+                                      f"bytes, more than {{{field}}} allows ({allowed:,}); check the column, or raise "
+                                      f"{{{field}}} if the length is genuine",
+                               where=f"{chunk.where(row)}, column {column!r}: ")
+    return lens
 
 
 def collect(dataset: Dataset, label: str | None = None, length: str | None = None, threads: int = 1,

@@ -230,6 +230,6 @@ def test_a_baseline_length_that_would_size_a_huge_histogram_is_refused_naming_it
     src = write_parquet_shards(str(tmp_path / "ok"), ok, shards=1)
     result = run_cli("check", src, "--baseline", huge, "--length", "n")
     assert result.exit_code == 2 and result.stderr == (
-        f"error: {huge}/part-00000.parquet, row 7, column 'n': length 1,000,000,000,000 (its length histogram) takes "
-        "about 36.4 TB at once, more than --memory 1.0 GB allows (128.0 MB); check the column, or give a larger "
-        "--memory\n")
+        f"error: {huge}/part-00000.parquet, row 7, column 'n': a length of 1,000,000,000,000: counting lengths up to "
+        "it takes 40,000,000,000,040 bytes, more than --memory allows (134,217,728); check the column, or raise --memory "
+        "if the length is genuine\n")

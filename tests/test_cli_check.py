@@ -252,7 +252,7 @@ def test_a_negative_length_names_its_file_row_and_column(tmp_path, run_cli, args
     pq.write_table(pa.table({"n": n, "tokens": pa.array([[1, 2, 3]] * 20)}), src / "part-0.parquet")
     result = run_cli(args[0], src, *[tmp_path / "dst" if a == "DST" else a for a in args[1:]])
     assert result.exit_code == 2
-    assert result.stderr == f"error: {src}/part-0.parquet, row 7, column 'n': negative length -3\n"
+    assert result.stderr == f"error: {src}/part-0.parquet, row 7, column 'n': a negative length (-3)\n"
     assert sorted(os.listdir(tmp_path)) == ["src"]
 
 

@@ -106,7 +106,7 @@ def with_manifest(tmp_path, dst: str, change) -> str:
 
 MANIFEST_CHANGES = {
     "huge batch count": (lambda m, other: m["output"]["files"][0].update(batches=10**12),
-                         r"part-00000.arrow: .* lists 1,000,000,000,000 batches, more than an? Arrow IPC file"),
+                         r"part-00000.arrow: .* lists 1,000,000,000,000 batches, more than its [0-9,]+ bytes can hold"),
     "a few batches more": (lambda m, other: m["output"]["files"][0].update(batches=m["output"]["files"][0]["batches"] + 4),
                            r"part-00000.arrow: \d+ record batches, but .* lists \d+"),
     "fewer rows": (lambda m, other: m["output"]["files"][0].update(rows=1),

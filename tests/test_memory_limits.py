@@ -72,10 +72,10 @@ STOPS = {
                                   "1000000000", "--batch-size", "4"],
                                  "--num-buckets 1000000000: the bookkeeping of 1,000,000,000 buckets"),
     "bucket --length, a length of 1e12": (["bucket", "{outlier}", "{out}", "--length", "n", "--boundaries", "10",
-                                           "--batch-size", "4"], "outlier/part-0.parquet, row 7, column 'n': length"),
+                                           "--batch-size", "4"], "outlier/part-0.parquet, row 7, column 'n': a length of"),
     "check --length, a length of 1e12": (["check", "{outlier}", "--length", "n", "--max-length", "5"],
-                                         "outlier/part-0.parquet, row 7, column 'n': length 1,000,000,000,000 (its "
-                                         "length histogram) takes about 36.4 TB at once, more than --memory 1.0 GB"),
+                                         "outlier/part-0.parquet, row 7, column 'n': a length of 1,000,000,000,000: "
+                                         "counting lengths up to it takes 40,000,000,000,040 bytes, more than --memory"),
     "stratify --replacement --size 1e18": (["stratify", PARQUET, "{out}", "--target", "uniform", "--replacement",
                                             "--size", str(10 ** 18)],
                                            f"--size {10 ** 18:,} with --replacement: each of the 41 examples of "

@@ -76,5 +76,5 @@ def test_a_huge_length_is_refused_before_its_histogram_is_made(run_cli, tmp_path
     pq.write_table(pa.table({"n": [1, 2, 10**12]}), tmp_path / "src" / "a.parquet")
     assert one_line(run_cli("inspect", tmp_path / "src", "--length", "n")) == (
         f"error: {tmp_path}/src/a.parquet, row 2, column 'n': a length of 1,000,000,000,000: counting lengths up "
-        "to it takes 8,000,000,000,008 bytes, more than the 16,777,216 --max-record-bytes allows; raise "
-        "--max-record-bytes if the length is genuine")
+        "to it takes 8,000,000,000,008 bytes, more than --max-record-bytes allows (16,777,216); check the column, "
+        "or raise --max-record-bytes if the length is genuine")

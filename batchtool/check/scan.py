@@ -117,7 +117,7 @@ def scan_chunk(chunk: Chunk, plan: Plan, locate: Callable[[int], str]) -> Scan:
     """A pure function of the chunk and the plan (`locate` names a row in an error)."""
     for _, length in plan.pairs:
         if length is not None:
-            budget.check_lengths(chunk, length, plan.memory, locate)
+            budget.check_lengths(chunk, length, plan.memory)
     stats = [chunk_stats(chunk, label, length, plan.nulls if i == 0 else (), plan.nans if i == 0 else ())
              for i, (label, length) in enumerate(plan.pairs)]
     offenses = {}

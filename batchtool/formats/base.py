@@ -182,11 +182,15 @@ class Format(ABC):
     record_checksums: ClassVar[bool] = False
     """Each record carries its own checksum, which the `crc` rule of `check` verifies."""
     min_batch_bytes: ClassVar[float] = 1.0
-    """Bytes of a file one batch takes at least: a manifest listing more batches than its file's size allows is
-    refused before its count sizes anything."""
+    """Bytes of a file one batch takes at least (most_batches)."""
     self_indexing: ClassVar[bool] = True
     """A file's batches can be found from the file alone (row groups, record batches); False: only from the
     batch index in the manifest batchtool writes beside the files."""
+
+    def most_batches(self, size: int, codec: str | None) -> int:
+        """The most batches a file of `size` bytes written with `codec` can hold: a manifest listing more is refused
+        before its count sizes anything."""
+        return int(size / self.min_batch_bytes)
 
     def detect(self, path: str, head: bytes | None = None) -> bool:
         """By the file name, or (given the file's first bytes) by its magic number."""

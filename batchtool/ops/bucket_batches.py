@@ -106,7 +106,7 @@ def measure(chunk: Chunk, plan: BucketPlan, locate: Callable[[int], str]) -> np.
                               f"{cols.sequences[0]!r} has {seq[i]} steps")
     if len(lengths) and lengths.min() < 0:
         i = int(np.argmin(lengths))
-        raise SchemaError(f"{at(i)}, column {cols.length!r}: negative length {lengths[i]}")
+        raise SchemaError(f"{at(i)}, column {cols.length!r}: a negative length ({lengths[i]})")
     return lengths
 
 

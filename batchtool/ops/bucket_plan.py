@@ -190,7 +190,7 @@ def length_pass(options: BucketOptions, columns: BucketColumns, chunk: Chunk,
     """One chunk's length histogram (and bucket-column counts) of the kept rows; with --balance its class counts."""
     if columns.keep is not None:
         chunk = chunk.filter(keep_mask(chunk, columns.keep))
-    budget.check_lengths(chunk, columns.length, options.memory, locate)
+    budget.check_lengths(chunk, columns.length, options.memory)
     joint = None
     if columns.label is not None:
         joint = joint_counts(chunk, columns, options.known_classes, options.memory, locate)
