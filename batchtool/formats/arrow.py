@@ -84,6 +84,7 @@ class IpcFile:
             size = source.size()
             stream = source.read_at(len(MAGIC), 0) != MAGIC
             schema = (pa.ipc.open_stream(source) if stream else pa.ipc.open_file(source)).schema
+            schema.names  # (a field name that is not UTF-8 fails here, not later)
         except DAMAGED as exc:
             raise _unreadable(path, exc) from exc
         try:
