@@ -37,11 +37,11 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 def main() -> None:
     """Run the command line with SIGINT and SIGTERM turned into clean exits; after an engine's runtime died under
-    the command (engines.ray_failures.skip_finalizing), end without finalizing it, with the command's status."""
+    the command (engines.finalizing.skip_finalizing), end without finalizing it, with the command's status."""
     try:
         _command_line()
     except SystemExit as exc:
-        from batchtool.engines.ray_failures import finalizing_skipped
+        from batchtool.engines.finalizing import finalizing_skipped
 
         if finalizing_skipped():
             sys.stdout.flush()
@@ -54,6 +54,11 @@ def _command_line() -> None:
     for sig in SIGNALS:
         signal.signal(sig, _interrupt)
     try:
+        if sys.argv[1:] == ["--version"]:  # the one answer that needs none of the heavy imports (as click says it)
+            from batchtool import __version__
+
+            sys.stdout.write(f"batchtool, version {__version__}\n")
+            return
         from batchtool.cli import cli  # the heavy imports: pyarrow, numpy, click
 
         cli.main(prog_name="batchtool")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 
 import pyarrow.parquet as pq
 import pytest
@@ -20,6 +22,17 @@ def test_version_and_every_command_help_has_an_example(run_cli):
         result = run_cli(name, "--help")
         assert result.exit_code == 0
         assert "Example:" in result.output and f"batchtool {name}" in result.output
+
+
+def test_the_program_says_its_version_as_click_does_without_the_heavy_imports(run_cli):
+    """`batchtool --version` answers before the command line's imports (pyarrow, numpy, click): the same line."""
+    probe = ("import runpy, sys; sys.argv = ['batchtool', '--version']\n"
+             "try:\n    runpy.run_module('batchtool', run_name='__main__')\n"
+             "finally:\n    print(sorted(m for m in ('pyarrow', 'numpy', 'click') if m in sys.modules))")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    child = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "PYTHONPATH": repo}, check=True)
+    assert child.stdout == run_cli("--version").output + "[]\n"
 
 
 def test_inspect_sample_parquet_text_and_json(run_cli):

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
+from batchtool.engines.finalizing import skip_finalizing
 from batchtool.errors import EngineError
 
 try:
@@ -45,20 +46,6 @@ _LOST_ON = re.compile(r"(?:Worker IP address:|Node IP:|and address:)\s*([^\s,]+)
 _ABANDONED: list = []
 """Object references of a session whose local raylet died, never released: releasing one reaches for the dead
 object store, where Ray ends the process."""
-_finalize = True
-"""False once Ray's runtime died under the program (see skip_finalizing)."""
-
-
-def skip_finalizing() -> None:
-    """Said when the raylet of the driver's own node died: tearing Ray down as the interpreter exits may crash, or
-    end the process with Ray's status, so the program ends without finalizing once its command is over
-    (batchtool.entry does, after the error line)."""
-    global _finalize
-    _finalize = False
-
-
-def finalizing_skipped() -> bool:
-    return not _finalize
 
 
 def nodes_named(report: dict) -> list[str]:
