@@ -79,7 +79,7 @@ class Chunk:
         """'file, row N' of a row of this chunk; 'row N of a batch' when the chunk does not know its file."""
         example = int(self.ids[row])
         path = self.origin.paths.get(example >> rng.SHARD_BITS) if self.origin is not None else None
-        return f"row {row} of a batch" if path is None else _place(path, self.origin.unit, example)
+        return f"row {row} of a batch" if path is None else place(path, self.origin.unit, example)
 
     @contextmanager
     def located(self) -> Iterator[None]:
@@ -90,7 +90,7 @@ class Chunk:
             raise exc.at(self.where(exc.row)) from None
 
 
-def _place(path: str, unit: str, example_id: int) -> str:
+def place(path: str, unit: str, example_id: int) -> str:
     """'file, row N' of an example id whose shard is that file."""
     return f"{path}, {unit} {example_id & ((1 << rng.SHARD_BITS) - 1)}"
 
@@ -170,7 +170,7 @@ class Dataset:
 
     def locate(self, example_id: int) -> str:
         """'file, row N' of an example id, for error messages."""
-        return _place(self.shard_of(example_id).path, self.spec.unit, int(example_id))
+        return place(self.shard_of(example_id).path, self.spec.unit, int(example_id))
 
     @property
     def format(self) -> str:
@@ -211,6 +211,25 @@ class Dataset:
                report: ReadReport | None = None) -> Iterator[Chunk]:
         """All chunks in order, read and decoded on `executor`."""
         return executor.map(_run, self.tasks(columns, report))
+
+    def parts(self, columns: Sequence[str] | None = None) -> list[Part]:
+        """What reads these columns (checked), one format each: this dataset itself; a mix's sources
+        (batchtool.mixed), each with what makes its chunks the mix's."""
+        return [Part(self, self.check_columns(columns))]
+
+
+@dataclass(frozen=True)
+class Part:
+    """One format's share of a dataset's input (Dataset.parts): the dataset that reads it, the columns to read, and
+    what makes each chunk read the whole dataset's (None: as read); `name` is a mix's name for its source."""
+
+    dataset: Dataset
+    columns: list[str] | None
+    adapt: Callable[[Chunk], Chunk] | None = None
+    name: str | None = None
+
+    def adapted(self, chunk: Chunk) -> Chunk:
+        return chunk if self.adapt is None else self.adapt(chunk)
 
 
 def _run(task: Callable[[], Chunk]) -> Chunk:

@@ -17,7 +17,7 @@ from batchtool.dataset import Chunk, Dataset, ReadReport, first_in_input
 from batchtool.engines import executor as run_executor
 from batchtool.errors import BatchtoolError, PartialError, RowError
 from batchtool.exchange import ReadUnit
-from batchtool.job import JobResult, RunSettings, open_source
+from batchtool.job import JobResult, RunSettings, open_source, open_sources
 from batchtool.write import Deferred, Emitted, Item, Job, Produced, Streamed, write
 from batchtool.ops.base import Expanding, Piece, Context, Kind, Operation, OptionError, Scan
 from batchtool.ops.regroup import Bar, Exchange
@@ -245,6 +245,17 @@ def run_operation(op: Operation, options: Any, src: str, dst: str, output: Outpu
         return _run_operation(op, options, dataset, dst, output, run, executor, seed)
 
 
+def run_mixed(op: Operation, options: Any, srcs: Sequence[str], names: Sequence[str], column: str, dst: str,
+              output: OutputOptions, run: RunSettings = RunSettings(), *, seed: int = 0, format: str | None = None,
+              skip_corrupt: bool = False, columns: Sequence[str] | None = None) -> JobResult:
+    """An op of several sources as a command: the SRCs opened as one dataset (`names` for them, each row's source in
+    `column`, only `columns` of each), then as run_operation runs one SRC."""
+    with run_executor(run) as executor:
+        dataset = open_sources(srcs, names, column, dst, output, run, executor, format=format,
+                               skip_corrupt=skip_corrupt, columns=columns)
+        return _run_operation(op, options, dataset, dst, output, run, executor, seed)
+
+
 def _run_operation(op: Operation, options: Any, dataset: Dataset, dst: str, output: OutputOptions, run: RunSettings,
                    executor: Executor, seed: int) -> JobResult:
     try:
@@ -264,6 +275,6 @@ def _run_operation(op: Operation, options: Any, dataset: Dataset, dst: str, outp
         return write(job, produce, executor)
 
 
-__all__ = ["Applied", "EngineRuntime", "emit_nonempty", "make_plan", "run_operation", "scanner",
+__all__ = ["Applied", "EngineRuntime", "emit_nonempty", "make_plan", "run_mixed", "run_operation", "scanner",
            "stream_errors",
            "produced"]

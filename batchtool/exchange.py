@@ -58,8 +58,15 @@ def read_units(dataset: Dataset, report: ReadReport, columns: Sequence[str] | No
     batch, a byte range of about 1,024 TFRecord records, which the worker frames and checks), but a GZIP
     TFRecord file whole, so that its framing too runs on a worker (a gzip stream is read from its start), and
     with --skip-corrupt every TFRecord file whole, so that what each skips comes back with its map output, in
-    file order (`report` gets what the driver's own passes skip)."""
-    cols = dataset.check_columns(columns)
+    file order (`report` gets what the driver's own passes skip). A mix's sources (Dataset.parts) each as its
+    own format reads it."""
+    for part in dataset.parts(columns):
+        for unit in _format_units(part.dataset, part.columns, report):
+            yield unit if part.adapt is None else _Adapted(unit, part.adapt)
+
+
+def _format_units(dataset: Dataset, cols: list[str] | None, report: ReadReport) -> Iterator[ReadUnit]:
+    """read_units of a dataset of one format."""
     file_tasks = getattr(dataset.spec, "file_tasks", None)
     if file_tasks is None:
         yield from task_units(dataset.tasks(cols, report))
@@ -69,6 +76,17 @@ def read_units(dataset: Dataset, report: ReadReport, columns: Sequence[str] | No
             yield file
         else:
             yield from task_units(file.tasks(report))
+
+
+@dataclass(frozen=True)
+class _Adapted:
+    """A unit of a mix's source whose chunks become the mix's (Part.adapt) where the unit is read."""
+
+    unit: ReadUnit
+    adapt: Callable[[Chunk], Chunk]
+
+    def __call__(self, report: ReadReport) -> Iterator[Chunk]:
+        return map(self.adapt, self.unit(report))
 
 
 def units(dataset: Dataset, report: ReadReport, executor: Executor,

@@ -180,6 +180,19 @@ def overlap(path: str, others: Iterable[str]) -> tuple[str, str] | None:
     return None
 
 
+def identity(path: str) -> tuple:
+    """What two spellings of one file share: a local file's device and inode (after symlinks), an object's scheme and
+    normalised key (so a file listed by two inputs is found whatever they call it)."""
+    local = _local_path(path)
+    if local is None:
+        return _uri_parts(path)
+    try:
+        st = os.stat(local)
+    except OSError:
+        return ("path", os.path.realpath(local))
+    return st.st_dev, st.st_ino
+
+
 def _local_path(path: str) -> str | None:
     if not is_uri(path):
         return path

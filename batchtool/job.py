@@ -3,6 +3,7 @@ DST checked against it before any pass."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -10,8 +11,11 @@ from batchtool import fs
 from batchtool.budget import DEFAULT_MAX_RECORD_BYTES, DEFAULT_MEMORY, check_record_limit
 from batchtool.dataset import Dataset
 from batchtool.engines import check_engine
-from batchtool.errors import OptionError
+from batchtool.errors import InputError, OptionError
 from batchtool.inputs import open_dataset
+from batchtool.mixed import SOURCE, MixedDataset, mix_datasets
+from batchtool.ops.names import refuse_clashes
+from batchtool.ops.written import batched_rows
 from batchtool.output import OutputOptions, check_destination, refuse_overlap
 from batchtool.runner import Executor
 
@@ -62,10 +66,14 @@ class JobResult:
 
 def read_paths(dataset: Dataset) -> list[str]:
     """Every place a command reads: each shard, SRC when it is a directory, and the directory a glob
-    lists when it reaches into subdirectories (what refuse_overlap keeps DST and the tmp dir out of)."""
-    src = dataset.src
-    root = fs.glob_root(src) if fs.is_glob(src) else src if fs.is_dir(src) else None
-    return ([root] if root is not None else []) + [s.path for s in dataset.shards]
+    lists when it reaches into subdirectories (what refuse_overlap keeps DST and the tmp dir out of); for a mix,
+    each of its sources'."""
+    paths = []
+    for part in dataset.parts():
+        src = part.dataset.src
+        root = fs.glob_root(src) if fs.is_glob(src) else src if fs.is_dir(src) else None
+        paths += ([root] if root is not None else []) + [s.path for s in part.dataset.shards]
+    return paths
 
 
 def open_source(src: str, dst: str, output: OutputOptions, run: RunSettings, executor: Executor, *,
@@ -75,6 +83,37 @@ def open_source(src: str, dst: str, output: OutputOptions, run: RunSettings, exe
     DST again before it writes; this is so the user hears it at once)."""
     dataset = open_dataset(src, format=format, skip_corrupt=skip_corrupt, max_record_bytes=run.max_record_bytes,
                            memory=run.memory, executor=executor)
+    refuse_overlap(read_paths(dataset), {"DST": dst, "--tmp-dir": run.tmp_dir})
+    check_destination(dst, output.overwrite)
+    return dataset
+
+
+def open_mixed(srcs: Sequence[str], names: Sequence[str], column: str, run: RunSettings, executor: Executor, *,
+               format: str | None = None, skip_corrupt: bool = False, columns: Sequence[str] | None = None,
+               op: str = "mix") -> MixedDataset:
+    """Several SRCs as one dataset (batchtool.mixed) under the run's limits, each opened as a SRC is: none a batchtool
+    output of padded batches (its rows are not the examples), none keeping a column named as the source column
+    (`op`'s own, which --output-column renames)."""
+    datasets = [open_dataset(src, format=format, skip_corrupt=skip_corrupt, max_record_bytes=run.max_record_bytes,
+                             memory=run.memory, executor=executor) for src in srcs]
+    for src, dataset in zip(srcs, datasets):
+        made_by = batched_rows(dataset.manifest, src)
+        if made_by is not None:
+            raise InputError(f"{src}: an output of batchtool {made_by}, whose rows are padded, packed or segmented "
+                             "batches rather than examples; mix the data it was made from")
+        try:
+            refuse_clashes(op, {SOURCE: column}, dataset.schema.names if columns is None else columns)
+        except OptionError as exc:
+            raise exc.at(src) from None
+    return mix_datasets(datasets, names, column, columns)
+
+
+def open_sources(srcs: Sequence[str], names: Sequence[str], column: str, dst: str, output: OutputOptions,
+                 run: RunSettings, executor: Executor, *, format: str | None = None, skip_corrupt: bool = False,
+                 columns: Sequence[str] | None = None) -> MixedDataset:
+    """open_mixed for a command that writes DST, checked against DST and the tmp dir as open_source checks one SRC."""
+    dataset = open_mixed(srcs, names, column, run, executor, format=format, skip_corrupt=skip_corrupt,
+                         columns=columns)
     refuse_overlap(read_paths(dataset), {"DST": dst, "--tmp-dir": run.tmp_dir})
     check_destination(dst, output.overwrite)
     return dataset

@@ -69,6 +69,19 @@ def input_entries(dataset: Dataset) -> list[dict]:
             for s in dataset.shards]
 
 
+def inputs_entry(dataset: Dataset) -> dict[str, Any]:
+    """What a manifest records of its input: SRC, its format and files; for a mix, each source in order (its index
+    in the source column, name, SRC, format and how many of the files are its)."""
+    entry = {"src": dataset.src, "format": dataset.format, "tfrecord_kind": dataset.tfrecord_kind,
+             "files": input_entries(dataset)}
+    parts = dataset.parts()
+    if any(part.name is not None for part in parts):
+        entry["sources"] = [{"index": i, "name": part.name, "src": part.dataset.src, "format": part.dataset.format,
+                             "tfrecord_kind": part.dataset.tfrecord_kind, "files": len(part.dataset.shards)}
+                            for i, part in enumerate(parts)]
+    return entry
+
+
 def schema_entries(schema: pa.Schema) -> list[dict]:
     return [{"name": f.name, "type": str(f.type)} for f in schema]
 
@@ -101,8 +114,7 @@ def build(*, command: str, options: dict[str, Any], seed: int | None, dataset: D
         "command": command,
         "options": options,
         "seed": seed,
-        "inputs": {"src": dataset.src, "format": dataset.format, "tfrecord_kind": dataset.tfrecord_kind,
-                   "files": input_entries(dataset)},
+        "inputs": inputs_entry(dataset),
         "output": {"format": output.format, "compression": output.codec,
                    "tfrecord_kind": output.spec.record_kind(output),
                    "rows": sum(f["rows"] for f in files), "batches": sum(f["batches"] for f in files),

@@ -25,11 +25,8 @@ def make_command(op: Operation, runner: Runner = run_operation) -> click.Command
     """`batchtool NAME SRC DST --option ...`: the op's options generated from its schema, plus what every
     writing command takes (input, output and run options; --seed for a seeded op, --memory and --tmp-dir
     for one that spills), running through the driver."""
-    names = [f.name for f, _ in fields(op.options)]
-
     def run_op(src: str, dst: str, input_format: str | None, skip_corrupt: bool, **kwargs: Any) -> None:
-        given = {name: value for name in names if (value := kwargs.pop(name)) not in (None, ())}
-        options = build(op.options, from_texts(op.options, given))
+        options = given_options(op, kwargs)
         seed = kwargs.pop("seed", 0)
         output, run = make_output(kwargs), make_run(kwargs)
         result = runner(op, options, src, dst, output, run, seed=seed, format=input_format, skip_corrupt=skip_corrupt)
@@ -37,8 +34,16 @@ def make_command(op: Operation, runner: Runner = run_operation) -> click.Command
 
     run_op.__name__ = f"{op.name}_cmd"
     run_op.__doc__ = op.summary
+    fn = click.argument("dst")(op_options(op, run_op))
+    fn = click.argument("src")(fn)
+    return command(op.name, op.example)(fn)
+
+
+def op_options(op: Operation, fn: Callable) -> Callable:
+    """`fn` with the op's options, generated from its schema, and what every writing command takes (input, output
+    and run options; --seed for a seeded op, --memory and --tmp-dir for one that spills)."""
     batches = True if op.kind is Kind.BATCHES else op.batches_flag or False
-    fn = run_options(output_options(input_options(run_op), batches=batches))
+    fn = run_options(output_options(input_options(fn), batches=batches))
     if op.spills:
         fn = memory_options(fn)
     if op.seeded:
@@ -46,9 +51,14 @@ def make_command(op: Operation, runner: Runner = run_operation) -> click.Command
     for f, decl in reversed(fields(op.options)):
         decls = f"{flag(f.name)}/--no-{key(f.name)}" if decl.value.negatable else flag(f.name)
         fn = click.option(decls, f.name, **_click_settings(f, decl))(fn)
-    fn = click.argument("dst")(fn)
-    fn = click.argument("src")(fn)
-    return command(op.name, op.example)(fn)
+    return fn
+
+
+def given_options(op: Operation, kwargs: dict[str, Any], **settled: Any) -> Any:
+    """Pop the op's options out of a command's kwargs and build them (`settled`: values the command worked out,
+    instead of the flags' texts)."""
+    given = {f.name: value for f, _ in fields(op.options) if (value := kwargs.pop(f.name)) not in (None, ())}
+    return build(op.options, from_texts(op.options, {**given, **settled}))
 
 
 def _click_settings(f: dataclasses.Field, decl: Option) -> dict[str, Any]:
@@ -63,6 +73,7 @@ def _click_settings(f: dataclasses.Field, decl: Option) -> dict[str, Any]:
             "help": decl.help + (f"  [default: {shown}]" if shown is not None else "")}
 
 
-COMMANDS = {name: make_command(op) for name, op in OPERATIONS.items()}
+COMMANDS = {name: make_command(op) for name, op in OPERATIONS.items() if not op.several_sources}
+"""Every op's `NAME SRC DST` command; an op of several sources has its own (cli/mix.py)."""
 
-__all__ = ["COMMANDS", "make_command"]
+__all__ = ["COMMANDS", "given_options", "make_command", "op_options"]

@@ -155,6 +155,13 @@ def conform_written(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     return batch if batch.schema.equals(schema, check_metadata=True) else batch.cast(schema)
 
 
+def same_type(a: pa.Field, b: pa.Field) -> bool:
+    """Two fields hold the same type as operations take it and as it is written: equal types (a list's child
+    field name aside) read from the same extension type, if any."""
+    ea, eb = _original(a), _original(b)
+    return a.type.equals(b.type) and (ea is None) == (eb is None) and (ea is None or ea.type.equals(eb.type))
+
+
 def shown_type(field: pa.Field) -> str:
     """A field's type as a person knows it: the extension type it was read from, if it was (one this process does
     not know by its storage and Arrow's name for it)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from batchtool.ops import bucket as bucket_op
 from batchtool.ops import filter as filter_op
+from batchtool.ops import mix as mix_op
 from batchtool.ops import pack as pack_op
 from batchtool.ops import rename as rename_op
 from batchtool.ops import resample as resample_op
@@ -23,6 +24,7 @@ OPERATIONS: dict[str, Operation] = {
     "bucket": bucket_op.OP,
     "segment": segment_op.OP,
     "shuffle": shuffle_op.OP,
+    "mix": mix_op.OP,
 }
 """Name -> definition: the command, the pipeline stage and the dry run of each are derived from it."""
 

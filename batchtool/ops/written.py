@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from batchtool.errors import InputError, OptionError
+from batchtool.formats.base import BATCH_COLUMN
 from batchtool.ops import OPERATIONS
 from batchtool.ops.names import FIELD, RECORDED, OutputColumns, named
 from batchtool.options import fields
@@ -49,4 +50,11 @@ def written_names(manifest: Mapping[str, Any] | None, path: str) -> dict[str, st
         raise InputError(f"{path}: {at}.{key} is malformed ({exc.problem})") from None
 
 
-__all__ = ["producer", "written_names"]
+def batched_rows(manifest: Mapping[str, Any] | None, path: str) -> str | None:
+    """The op that wrote a batchtool output whose rows are not examples but padded, packed or segmented batch rows
+    (it numbers them in a `batch` column of its own: bucket, pack, segment); None for any other input."""
+    op, _, _ = producer(manifest)
+    return op if BATCH_COLUMN in written_names(manifest, path) else None
+
+
+__all__ = ["batched_rows", "producer", "written_names"]

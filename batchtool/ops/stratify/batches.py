@@ -96,11 +96,11 @@ def exchange(op: Operation, plan: Stratification, data: Dataset, probe: Probe) -
     if not options.balanced_batches:
         return None
     online = op.per_chunk(plan) is not None
-    first = _first_online(op, plan, data) if online else probe(functools.partial(_selected_size, op, plan))
+    first = _first_online(op, plan, data) if online else probe(functools.partial(selected_size, op, plan))
     expected = _check_memory(plan, data, first)
     parts = _class_parts(plan, data, first, expected)
     scatter = Scatter(data.schema, tuple(parts), plan.seed, ORDER_STAGE, spill_flush_bytes(plan.memory, sum(parts)),
-                      None if online else functools.partial(_selected, op, plan))
+                      None if online else functools.partial(selected_rows, op, plan))
     rows = functools.partial(_online_rows, op, plan, data) if online else None
     return Exchange(scatter, functools.partial(_exchange_cut, op, plan), rows)
 
@@ -117,7 +117,7 @@ def _in_order(op: Operation, plan: Stratification, data: Dataset, executor: Exec
 def _first_online(op: Operation, plan: Stratification, data: Dataset) -> Yardstick | None:
     """The yardstick of the first chunk the online selection keeps rows of."""
     for chunk, chunk_plan in _in_order(op, plan, data, SERIAL, ReadReport()):
-        rows = _selected(op, chunk_plan, chunk)[0]
+        rows = selected_rows(op, chunk_plan, chunk)[0]
         if rows.num_rows:
             return Yardstick.of(rows)
     return None
@@ -125,7 +125,7 @@ def _first_online(op: Operation, plan: Stratification, data: Dataset) -> Yardsti
 
 def _selected_planned(op: Operation, planned: tuple[Chunk, Stratification]) -> tuple[Chunk, np.ndarray, Tally]:
     chunk, chunk_plan = planned
-    return _selected(op, chunk_plan, chunk)
+    return selected_rows(op, chunk_plan, chunk)
 
 
 def _online_rows(op: Operation, plan: Stratification, data: Dataset, runtime: Runtime,
@@ -135,15 +135,15 @@ def _online_rows(op: Operation, plan: Stratification, data: Dataset, runtime: Ru
                                     _in_order(op, plan, data, runtime.executor, report))
 
 
-def _selected(op: Operation, plan: Stratification, chunk: Chunk) -> tuple[Chunk, np.ndarray, Tally]:
+def selected_rows(op: Operation, plan: Stratification, chunk: Chunk) -> tuple[Chunk, np.ndarray, Tally]:
     """A map task's chunk: the rows the kernel selects (copies built), their classes, the kernel's counts."""
     copies, tally = op.kernel(plan, chunk)
     rows = copies.rows()
     return rows, plan.labels(rows), tally
 
 
-def _selected_size(op: Operation, plan: Stratification, chunk: Chunk) -> Yardstick | None:
-    rows = _selected(op, plan, chunk)[0]
+def selected_size(op: Operation, plan: Stratification, chunk: Chunk) -> Yardstick | None:
+    rows = selected_rows(op, plan, chunk)[0]
     return Yardstick.of(rows) if rows.num_rows else None
 
 
@@ -169,4 +169,4 @@ def _counted(plan: Stratification, batches: Iterable[Chunk], written: Tally) -> 
         yield chunk
 
 
-__all__ = ["batched", "exchange"]
+__all__ = ["batched", "exchange", "selected_rows", "selected_size"]

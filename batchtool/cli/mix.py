@@ -1,0 +1,44 @@
+"""`mix`: several sources in exact proportions. Its options are generated from its definition as every op's are; its
+command is its own, since it takes several SRCs (`batchtool mix SRC SRC [SRC ...] DST`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from batchtool.cli.common import columns_option, command, make_output, make_run, report
+from batchtool.cli.ops import given_options, op_options
+from batchtool.driver import run_mixed
+from batchtool.errors import UsageError
+from batchtool.mixed import source_names
+from batchtool.ops.mix import OP as MIX
+from batchtool.ops.mix.options import Names
+
+
+def mix_cmd(paths: tuple[str, ...], columns: tuple[str, ...], input_format: str | None, skip_corrupt: bool,
+            **kwargs: Any) -> None:
+    if len(paths) < 3:
+        raise UsageError(f"mix takes at least two sources and DST (SRC SRC [SRC ...] DST); got {len(paths)} path(s)")
+    *srcs, dst = paths
+    given = kwargs.get("names")
+    names = source_names(srcs, Names().parse("names", given) if given else ())
+    options = given_options(MIX, kwargs, names=list(names))
+    seed = kwargs.pop("seed", 0)
+    output, run = make_output(kwargs), make_run(kwargs)
+    result = run_mixed(MIX, options, srcs, options.names, options.column, dst, output, run, seed=seed,
+                       format=input_format, skip_corrupt=skip_corrupt, columns=list(columns) or None)
+    report(result.manifest, dst, run.quiet)
+
+
+mix_cmd.__doc__ = f"""{MIX.summary}
+
+    Each SRC is anything batchtool reads as one input (a file, a directory, a quoted glob, a URI); no file may be in
+    two. By default the mixture is the largest that uses no row twice: exactly floor(M*w_i) rows of source i,
+    M = min_i n_i/w_i, chosen by keyed hash; its rows are shuffled, and each carries its source's index in the
+    column `source` (the manifest names each). The sources must have the same columns with the same types.
+    """
+mix_cmd = command("mix", MIX.example)(
+    click.argument("paths", nargs=-1, required=True, metavar="SRC SRC [SRC ...] DST")(
+        columns_option("--columns", help="Columns to keep of every source, in this order (default: all).")(
+            op_options(MIX, mix_cmd))))

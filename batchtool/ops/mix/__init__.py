@@ -1,0 +1,175 @@
+"""`mix`: several sources (one dataset, batchtool.mixed) in exact proportions, shuffled or in batches that each hold
+every source's share. It is stratify with the source column as the label and the weights as the target: its exact
+selection (keyed, without replacement, or every row k or k+1 times), then one keyed global order (the exchange of a
+shuffle) or stratify's balanced batches."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from batchtool.dataset import Chunk, Dataset
+from batchtool.errors import InputError
+from batchtool.ops import names as own
+from batchtool.ops.base import Context, Depends, Kind, Operation, Pass, Said, Shape, manifest_options, need_columns, who
+from batchtool.ops.copies import Copies
+from batchtool.ops.keyed import PART_SHARE, spill_flush_bytes
+from batchtool.ops.mix.options import OUTPUT_COLUMNS, MixOptions, largest_remainder, mixture_totals
+from batchtool.ops.quotas import plan_layout
+from batchtool.ops.regroup import Cut, Exchange, Probe, Runtime, Scatter, Scattered, Stream
+from batchtool.ops.rows import FixedBatches, bytes_per_row, estimate_bytes
+from batchtool.ops.shuffle import default_batch_rows
+from batchtool.ops.stratify import OP as STRATIFY
+from batchtool.ops.stratify import Stratification, StratifyOptions, find_thresholds, threshold_plan
+from batchtool.ops.stratify.batches import exchange as balanced_batches
+from batchtool.ops.stratify.batches import selected_rows, selected_size
+from batchtool.spill import parts_for
+from batchtool.tally import Tally
+
+STAGE = "mix"
+"""The keyed order of the shuffled mixture."""
+
+
+def _as_stratify(options: MixOptions, target: tuple[float, ...] | str = "uniform") -> StratifyOptions:
+    """The stratify that makes this mixture: exact mode over the source column, the weights as its target."""
+    return StratifyOptions(label=options.column, target=target, mode="exact", num_classes=len(options.names),
+                           replacement=options.replacement, size=options.size, batch_size=options.batch_size,
+                           drop_remainder=options.drop_remainder, balanced_batches=options.batch_size is not None)
+
+
+class Mix(Operation[MixOptions, Stratification]):
+    """mix's definition. Its plan is a stratification of the source column (stratify's exact thresholds for counts
+    from the weights); its regrouping is a keyed global order of the selection, or stratify's balanced batches."""
+
+    name = "mix"
+    summary = """Mix several sources into DST in exact proportions: tf.data.Dataset.sample_from_datasets without
+    the sampling noise, per epoch and (with --batch-size) per batch."""
+    example = "batchtool mix sample_data/parquet sample_data/tfrecord /tmp/mixed --weights parquet=0.7,tfrecord=0.3"
+    options = MixOptions
+    seeded = True
+    spills = ("memory", "tmp_dir")
+    batches_flag = "--batch-size"
+    several_sources = True
+
+    def shape(self, options: MixOptions) -> Shape:
+        """A global reorder, or batches with --batch-size; its selection is keyed by the ids, like stratify's."""
+        return Shape(Kind.REORDERS if options.batch_size is None else Kind.BATCHES, Depends.ORDER)
+
+    def output_schema(self, options: MixOptions, schema: pa.Schema) -> pa.Schema:
+        need_columns(schema, own.FIELD, [options.column])
+        return schema
+
+    def input_columns(self, options: MixOptions, columns: list[str] | None) -> list[str] | None:
+        return None if columns is None else list(dict.fromkeys([*columns, options.column]))
+
+    def recorded(self, options: MixOptions, schema: pa.Schema, output: Any) -> dict[str, Any]:
+        return {**manifest_options(options, output), **own.recorded(options.output_column)}
+
+    def first_pass(self, options: MixOptions, schema: pa.Schema) -> Pass | None:
+        """Each source's rows: stratify's class counts of the source column."""
+        return STRATIFY.first_pass(_as_stratify(options), schema)
+
+    def plan(self, options: MixOptions, context: Context, stats: Tally) -> Stratification:
+        """The rows each source gives (exact: floor(M w_i), or --size by largest remainder) and stratify's exact
+        plan for them: the thresholds of keyed hashes found in passes over the source column."""
+        k = len(options.names)
+        counted = stats.counts.get("label_counts", {})
+        rows = np.array([counted.get(i, 0) for i in range(k)], dtype=np.int64)
+        empty = next((i for i in range(k) if not rows[i]), None)
+        if empty is not None:
+            raise InputError(f"source {options.names[empty]!r} is empty: it has no rows to mix")
+        weights = options.weight_fractions(rows.tolist())
+        totals, m = mixture_totals(options, rows, weights)
+        target = tuple(float(w) for w in weights)
+        plan = threshold_plan(totals, rows, lambda ranks: find_thresholds(
+            context.scan, options.column, k, ranks, rows, context.seed, context.locate))
+        info = {"column": options.column, "names": list(options.names), "weights": list(target),
+                "rows": rows.tolist(), "targets": totals.tolist(),
+                "total_m": m.numerator if m.denominator == 1 else round(float(m), 6)}
+        return Stratification(_as_stratify(options, target), k, np.array(target), plan, float(totals.sum()), info,
+                              context.seed, context.locate, context.memory)
+
+    def kernel(self, plan: Stratification, chunk: Chunk) -> tuple[Copies, Tally]:
+        """The selection of a chunk (what the exchange's map tasks scatter): stratify's copies of each row."""
+        return STRATIFY.kernel(plan, chunk)
+
+    def regroup(self, plan: Stratification, data: Dataset, probe: Probe) -> Exchange | Stream:
+        """The selection in a keyed global order (a shuffle's exchange, its rows chosen on the map workers), or with
+        --batch-size stratify's balanced batches of it."""
+        if plan.options.balanced_batches:
+            return balanced_batches(self, plan, data, probe)
+        first = probe(functools.partial(selected_size, self, plan))
+        parts = parts_for(estimate_bytes(data, first, rows=int(plan.expected_rows or 0)), plan.memory // PART_SHARE)
+        scatter = Scatter(data.schema, (parts,), plan.seed, STAGE, spill_flush_bytes(plan.memory, parts),
+                          functools.partial(_one_group, self, plan))
+        return Exchange(scatter, functools.partial(_shuffled, self, plan, default_batch_rows(bytes_per_row(first))))
+
+    def report(self, plan: Stratification, stats: Tally) -> dict[str, Any]:
+        """manifest["stats"]: per source its rows, weight, the rows taken (written), those beyond its own rows
+        (repeats) and its share of the output; the selection's copies, and the batches' layout."""
+        done = STRATIFY.report(plan, stats)
+        taken = [int(n) for n in done["class_counts_after"].values()]
+        available = [int(n) for n in done["class_counts_before"].values()]
+        out = max(1, sum(taken))
+        sources = [{"index": i, "name": name, "weight": round(w, 9), "rows": n, "taken": t, "repeats": max(0, t - n),
+                    "share": round(t / out, 6)}
+                   for i, (name, w, n, t) in enumerate(zip(plan.info["names"], plan.info["weights"], available, taken))]
+        kept = ("rows_in", "examples_dropped", "examples_duplicated", "copies_per_example", "batch_size",
+                "balanced_batches", "final_batch_quotas")
+        return {"column": plan.info["column"], "total_m": plan.info["total_m"], "sources": sources,
+                **{key: done[key] for key in kept if key in done}}
+
+    def said(self, stats: dict[str, Any]) -> Said:
+        """Every source with its rows, weight and what it gave (so a glob that became many sources shows them), and
+        a warning for a source whose weight gives it no row; the counts per source at the end of the summary."""
+        sources = stats.get("sources") or []
+        warnings = tuple(f"warning: {who(stats, self.name)}: source {s['name']!r} gets no rows at weight "
+                         f"{s['weight']:.6g} (its share of the mixture rounds down to 0)"
+                         for s in sources if s["weight"] > 0 and not s["taken"])
+        note = ("per source " + "/".join(f"{s['taken']:,}" for s in sources),) if sources else ()
+        if not sources or "rows" not in sources[0]:
+            return Said(warnings, note)
+        cells = [("source", "rows", "weight", "taken", "repeats", "share")]
+        cells += [(s["name"], f"{s['rows']:,}", f"{s['weight']:.4g}", f"{s['taken']:,}", f"{s['repeats']:,}",
+                   f"{100 * s['share']:.2f}%") for s in sources]
+        widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+        table = tuple("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
+                                for i, (cell, w) in enumerate(zip(row, widths))) for row in cells)
+        return Said((*warnings, *table), note)
+
+    def expected(self, plan: Stratification, rows_in: int | None, scan: Any = None) -> tuple[int | None, dict[str, Any]]:
+        """Dry run: the rows of each source the plan takes (with --batch-size, those its balanced batches hold)."""
+        taken = np.asarray(plan.info["targets"], dtype=np.int64)
+        info: dict[str, Any] = {}
+        size = plan.options.batch_size
+        if size is not None:
+            layout = plan_layout(taken.copy(), plan.target, size, partial=not plan.options.drop_remainder,
+                                 oversample=False)
+            taken = layout.per_class
+            info["batches"] = layout.batches + bool(sum(layout.partial))
+        info["sources"] = [{"name": name, "weight": w, "taken": int(t)}
+                           for name, w, t in zip(plan.info["names"], plan.info["weights"], taken.tolist())]
+        return int(taken.sum()), info
+
+
+def _one_group(op: Operation, plan: Stratification, chunk: Chunk) -> tuple[Chunk, np.ndarray, Tally]:
+    """A map task's chunk of the shuffled mixture: the selected rows, all to the one group, and the counts."""
+    rows, _, tally = selected_rows(op, plan, chunk)
+    return rows, np.zeros(rows.num_rows, dtype=np.int64), tally
+
+
+def _shuffled(op: Operation, plan: Stratification, batch_rows: int, scattered: Scattered, runtime: Runtime) -> Cut:
+    """The mixture in its keyed order, cut into row groups as a global shuffle cuts them."""
+    selected = Tally()
+    for tally in scattered.stats:
+        selected.merge(tally)
+    return Cut(FixedBatches(scattered.groups[0], scattered.schema, batch_rows, int(scattered.rows.sum())),
+               functools.partial(op.report, plan, selected))
+
+
+OP = Mix()
+
+__all__ = ["OP", "OUTPUT_COLUMNS", "STAGE", "Mix", "MixOptions", "largest_remainder", "mixture_totals"]
