@@ -169,6 +169,9 @@ class Operation(Generic[O, P]):
     options record besides its own (RunSettings.recorded)."""
     batches_flag: ClassVar[str | bool | None] = None
     """The flag with which its output is batches (written as batch shards without --to); True: always batches."""
+    reorder_selects: ClassVar[bool] = False
+    """A reorder (Kind.REORDERS) whose kernel also selects rows (mix): a pipeline's pass that needs only the rows runs
+    the kernel as they stream instead of skipping the reorder, as it may skip a shuffle."""
     several_sources: ClassVar[bool] = False
     """It reads several SRCs as one dataset (batchtool.mixed: each row's source in a column of its own): its command
     (`NAME SRC SRC ... DST`) and its place in a pipeline (an [input] of several paths) are its own."""

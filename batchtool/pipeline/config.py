@@ -17,6 +17,7 @@ from typing import Any
 
 from batchtool import fs
 from batchtool.errors import InputError, UsageError
+from batchtool.mixed import source_names
 from batchtool.ops import OPERATIONS
 from batchtool.ops.base import Kind, OptionError
 from batchtool.options import ColumnList, TableError, fields, option, read_table, shown, suggest
@@ -63,12 +64,31 @@ class StageConfig:
         return OPERATIONS[self.op].shape(self.options).kind is Kind.BATCHES
 
 
+class InputPaths(Text):
+    """[input] path: one input (a string), or the sources a pipeline mixes (a list of at least two)."""
+
+    def parse(self, field: str, value: Any) -> str | tuple[str, ...]:
+        if not isinstance(value, list):
+            return super().parse(field, value)
+        if len(value) < 2 or not all(isinstance(v, str) and v for v in value):
+            raise OptionError(field, "expected a path, or a list of at least two paths (the sources of a mix), got "
+                              f"{shown(value)}")
+        return tuple(value)
+
+
 @dataclass(frozen=True, kw_only=True)
 class InputConfig(InputSettings):
     """[input]: what a command's SRC, --columns, --format and --skip-corrupt say (the path resolved)."""
 
-    path: str = option("The input: a file, a directory or a glob.", Text())
+    path: str | tuple[str, ...] = option(
+        "The input: a file, a directory or a glob; or a list of such inputs, the sources of a mix (the first stage is "
+        "op = \"mix\").", InputPaths())
     columns: tuple[str, ...] | None = option("Columns to read, in this order (default: all).", ColumnList(), None)
+
+    @property
+    def sources(self) -> tuple[str, ...] | None:
+        """The sources of a mix (path as a list); None for one input."""
+        return self.path if isinstance(self.path, tuple) else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,8 +167,9 @@ class _Reader:
         source = self.input(doc.get("input"))
         if "stage" in doc and not isinstance(doc["stage"], list):
             raise self.fail(None, "key 'stage': write each stage as a [[stage]] table")
-        stages = tuple(self.stage(i, table) for i, table in enumerate(doc.get("stage", []), 1))
+        stages = tuple(self.stage(i, table, source.sources) for i, table in enumerate(doc.get("stage", []), 1))
         self.check_order(stages)
+        self.check_mix(source, stages)
         dst, output = self.output(doc.get("output"), overwrite, stages[-1] if stages else None)
         if not stages:
             raise self.fail(None, "no [[stage]]: a pipeline needs at least one (batchtool convert copies files "
@@ -171,6 +192,8 @@ class _Reader:
         if table is None:
             raise self.fail(None, "missing [input] table (with at least path = \"...\")")
         source = self.table(InputConfig, table, "[input]")
+        if source.sources is not None:
+            return replace(source, path=tuple(self.resolve(path) for path in source.sources))
         return replace(source, path=self.resolve(source.path))
 
     def output(self, table: Any, overwrite: bool, last: StageConfig | None) -> tuple[str, OutputOptions]:
@@ -184,7 +207,9 @@ class _Reader:
             raise self.fail("[output]", exc.rendered("toml")) from None
         return self.resolve(settings.path), output
 
-    def stage(self, index: int, table: Any) -> StageConfig:
+    def stage(self, index: int, table: Any, sources: tuple[str, ...] | None) -> StageConfig:
+        """A [[stage]] read by its op's option schema; a mix's sources are named after [input] path's, unless it
+        names them."""
         where = f"stage {index}"
         if not isinstance(table, dict):
             raise self.fail(where, f"expected a [[stage]] table, got {shown(table)}")
@@ -199,7 +224,15 @@ class _Reader:
         for key in keys:
             if key in _PIPELINE_WIDE:
                 raise self.fail(where, f"key {key!r} is set for the whole pipeline, in {_PIPELINE_WIDE[key]}")
-        options = self.table(OPERATIONS[op].options, keys, where)
+        several = OPERATIONS[op].several_sources
+        if several and (index != 1 or sources is None):
+            raise self.fail(where, f"key 'op': {op} mixes the sources [input] path lists: make it the first stage, "
+                                   "with path = [\"SRC\", \"SRC\", ...]")
+        named = {"names": source_names(sources)} if several and sources is not None and "names" not in keys else {}
+        options = self.table(OPERATIONS[op].options, keys, where, **named)
+        if several and sources is not None and len(options.names) != len(sources):
+            raise self.fail(where, f"key 'names': {len(options.names)} names for the {len(sources)} sources of "
+                                   "[input] path")
         return StageConfig(index, op, options, keys)
 
     def check_order(self, stages: Sequence[StageConfig]) -> None:
@@ -211,6 +244,13 @@ class _Reader:
                 raise self.fail(later.name, f"key 'op': cannot follow {earlier.name}, which {what} that a later "
                                             "stage would break up; a batching stage (bucket, pack, segment, "
                                             "stratify or shuffle with batch-size) must be the last stage")
+
+
+    def check_mix(self, source: InputConfig, stages: Sequence[StageConfig]) -> None:
+        """Several inputs are a mix's sources: its stage comes first (stage() keeps it there)."""
+        if source.sources is not None and (not stages or not OPERATIONS[stages[0].op].several_sources):
+            raise self.fail("[input]", f"key 'path': {len(source.sources)} sources are mixed by a first stage "
+                                       "op = \"mix\" (with weights or temperature)")
 
 
 def _default_format(last: StageConfig | None) -> str:

@@ -33,12 +33,12 @@ from batchtool import exchange, fs
 from batchtool import manifest as manifest_mod
 from batchtool import progress, rng
 from batchtool import stats as stats_mod
-from batchtool.dataset import Chunk, Dataset, ReadReport
+from batchtool.dataset import Chunk, Dataset, Part, ReadReport
 from batchtool.engines import executor as run_executor
 from batchtool.errors import BatchtoolError, DestinationExistsError
 from batchtool.formats import parquet as parquet_format
 from batchtool.inputs import open_dataset
-from batchtool.job import JobResult, RunSettings, read_paths
+from batchtool.job import JobResult, RunSettings, open_mixed, read_paths
 from batchtool.workspace import Workspace, tasks_executor, workspace
 from batchtool.write import RUN_BYTES, Job, Produced, write
 from batchtool.driver import EngineRuntime, produced, scanner, stream_errors
@@ -68,11 +68,9 @@ def run_pipeline(config: config_mod.PipelineConfig, run: RunSettings, *, dry_run
         _check_destination(config)
     with ExitStack() as stack:
         executor = stack.enter_context(run_executor(run))
-        source = open_dataset(config.input.path, format=config.input.format, skip_corrupt=config.input.skip_corrupt,
-                              max_record_bytes=run.max_record_bytes, memory=run.memory, executor=executor)
+        source, columns = _open_input(config, run, executor)
         refuse_overlap(read_paths(source), {f"{config.path}: [output] path": config.output_path,
                                             f"{config.path}: tmp-dir": config.tmp_dir})
-        columns = source.check_columns(config.input.columns)
         stages = [Stage(c, config.seed) for c in config.stages]
         prefix = Prefix(config, source, columns, stages, run, executor, stack)
         for k, stage in enumerate(stages):
@@ -93,6 +91,20 @@ def run_pipeline(config: config_mod.PipelineConfig, run: RunSettings, *, dry_run
     run_section = result.manifest["run"]
     return PipelineResult(result.manifest["stats"]["stages"], result.manifest, run_section["wall_seconds"],
                           run_section["peak_rss_bytes"])
+
+
+def _open_input(config: config_mod.PipelineConfig, run: RunSettings,
+                executor: Executor) -> tuple[Dataset, list[str] | None]:
+    """The input and the columns to read of it: one SRC, or the sources of the first stage's mix as one dataset
+    (its columns already the ones [input] keeps, and the source column)."""
+    given = config.input
+    if given.sources is None:
+        source = open_dataset(given.path, format=given.format, skip_corrupt=given.skip_corrupt,
+                              max_record_bytes=run.max_record_bytes, memory=run.memory, executor=executor)
+        return source, source.check_columns(given.columns)
+    mix = config.stages[0].options
+    return open_mixed(given.sources, mix.names, mix.column, run, executor, format=given.format,
+                      skip_corrupt=given.skip_corrupt, columns=given.columns), None
 
 
 def _check_destination(config: config_mod.PipelineConfig) -> None:
@@ -180,6 +192,14 @@ class StageInput(Dataset):
                 self.stage, None if self.scope is None else list(self.scope), self.needs) is not None):
             return super().chunks(columns, executor, report)
         return (task() for task in self.tasks(columns, report))
+
+    def parts(self, columns: Sequence[str] | None = None) -> list[Part]:
+        """Stage 0's input is the source, read as it reads itself (a mix: each source by its own format); past it,
+        this dataset."""
+        if self.stage != 0 or self.desc is not None:
+            return super().parts(columns)
+        cols = self.check_columns(columns if columns is not None else self.scope)
+        return self._prefix.source.parts(cols if cols is not None else self._prefix.columns)
 
     def locate(self, example_id: int) -> str:
         if self.source is not None:
@@ -312,7 +332,7 @@ class Prefix:
         if not isinstance(out, SortedRegrouped) or out.batches is None:
             return None
         stage.report = out.stats()
-        self.rows[k - 1] = self.rows[k] = out.batches.rows
+        self.rows[k - 1], self.rows[k] = stage.report.get("rows_in", out.batches.rows), out.batches.rows
         return out.batches
 
     def stream(self, k: int, scope: Columns, report: ReadReport, needs: int) -> Iterator[Chunk]:
@@ -323,7 +343,7 @@ class Prefix:
         needed = stage.input_columns(scope)
         if stage.barrier and needs >= ORDER:
             pairs: Stream = self._regrouped(stage, self._barriers[self._barrier_key(k - 1, needed, needs)])
-        elif stage.barrier:  # nothing after it cares about order: skip the shuffle
+        elif stage.skippable:  # nothing after it cares about order: skip the shuffle
             pairs = ((c, c.num_rows) for c in self.stream(k - 1, needed, report, ANY))
         else:
             view = self.view(k - 1, needed, max(needs, stage.sensitivity))
@@ -331,12 +351,18 @@ class Prefix:
         return self._rekey(k, pairs, scope)
 
     def _regrouped(self, stage: Stage, out: Regrouped) -> Stream:
-        """A barrier's output chunks: its items through its work, on the executor (ids are re-keyed after)."""
+        """A barrier's output chunks: its items through its work, on the executor (ids are re-keyed after), each with
+        the input rows it consumed."""
+        emitted = 0
         for batches, consumed in self.executor.map(out.work, out.items):
             chunks = [Chunk(b, rng.example_ids(0, 0, b.num_rows)) for b in batches] or [Chunk.concat([], pa.schema([]))]
             for i, chunk in enumerate(chunks):
                 yield chunk, consumed if i == len(chunks) - 1 else 0
+            emitted += consumed
         stage.report = out.stats()
+        unselected = stage.report.get("rows_in", emitted) - emitted
+        if unselected:  # a reorder that selects (mix) read the rows it dropped too
+            yield Chunk.concat([], pa.schema([])), unselected
 
     def _rekey(self, k: int, pairs: Stream, scope: Columns) -> Iterator[Chunk]:
         """Ids = row number in the previous stage's output; empty chunks dropped (no row group is written

@@ -54,6 +54,12 @@ class Stage:
         return self.op.shape(self._options).kind is Kind.REORDERS
 
     @property
+    def skippable(self) -> bool:
+        """A barrier that only reorders (shuffle): a pass that needs no order reads past it. One that also selects
+        rows (mix) is never skipped: such a pass streams its kernel instead."""
+        return self.barrier and not self.op.reorder_selects
+
+    @property
     def regroups(self) -> bool:
         """Regroups its whole input (a reorder, or an op writing batches: Operation.regroup) rather than mapping
         each chunk."""

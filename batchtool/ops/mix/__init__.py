@@ -53,6 +53,7 @@ class Mix(Operation[MixOptions, Stratification]):
     spills = ("memory", "tmp_dir")
     batches_flag = "--batch-size"
     several_sources = True
+    reorder_selects = True
 
     def shape(self, options: MixOptions) -> Shape:
         """A global reorder, or batches with --batch-size; its selection is keyed by the ids, like stratify's."""

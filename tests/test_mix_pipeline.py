@@ -1,0 +1,106 @@
+"""Pipelines that start from a mix ([input] path = [SRC, SRC, ...], first stage op = "mix"): the bytes of the CLI
+chain, exact per-batch shares after bucket --balance source, pack of the mixture, dry-run counts, file errors; and
+the mix on the pickling stand-in for Ray."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from conftest import data_bytes, read_dir
+from test_mix import SIZES, check_rows, per_source, sources, write_sources  # noqa: F401  (the fixture)
+from test_pickling_engine import fails_alike, run_both
+
+WEIGHTS = "0.5,0.3,0.2"
+
+
+def pipeline(tmp_path, srcs: list[str], *stages: str, name: str = "pipeline.toml") -> str:
+    paths = ", ".join(f'"{s}"' for s in srcs)
+    body = "\n".join(f"[[stage]]\n{s.strip()}\n" for s in stages)
+    path = tmp_path / name
+    path.write_text(f'[input]\npath = [{paths}]\n\n{body}\n[output]\npath = "{tmp_path / "out"}"\n')
+    return str(path)
+
+
+MIX = f'op = "mix"\nweights = [{WEIGHTS}]\nreplacement = true\nsize = 400'
+BUCKET = 'op = "bucket"\nbalance = "source"\ntarget = [0.5, 0.3, 0.2]\nboundaries = [3]\nbatch-size = 10'
+
+
+def test_mix_then_bucket_balance_source_is_the_cli_chain_with_exact_shares_per_batch(tmp_path, sources, run_cli):
+    result = run_cli("run", pipeline(tmp_path, sources, MIX, BUCKET), "-q")
+    assert result.exit_code == 0, result.stderr
+    assert run_cli("mix", *sources, tmp_path / "m", "-q", "--weights", WEIGHTS, "--replacement", "--size",
+                   "400").exit_code == 0
+    assert run_cli("bucket", tmp_path / "m", tmp_path / "b", "-q", "--balance", "source", "--target", WEIGHTS,
+                   "--boundaries", "3", "--batch-size", "10").exit_code == 0
+    assert data_bytes(str(tmp_path / "out")) == data_bytes(str(tmp_path / "b"))
+    out = read_dir(str(tmp_path / "out"))
+    batches = 0
+    for b in np.unique(out.column("batch").to_numpy()):
+        rows = out.filter(pa.compute.equal(out.column("batch"), b))
+        if rows.num_rows == 10:
+            assert per_source(rows) == [5, 3, 2]
+            batches += 1
+    assert batches >= 35
+
+
+def test_mix_then_pack_packs_the_mixture(tmp_path, sources, run_cli):
+    mix = f'op = "mix"\nnames = ["a", "b", "c"]\nweights = {{ a = 2, c = 1 }}'
+    result = run_cli("run", pipeline(tmp_path, sources, mix, 'op = "pack"\nmax-length = 12\nbatch-size = 4'), "-q")
+    assert result.exit_code == 0, result.stderr
+    out = read_dir(str(tmp_path / "out"))
+    keys = [k for row in out.column("key").to_pylist() for k in row]
+    assert sorted(keys) == sorted(k for k in keys)  # each packed example once
+    taken = np.bincount([int(k[1]) for k in keys], minlength=3).tolist()
+    assert taken == [90, 0, 45]
+
+
+def test_dry_run_reports_each_source_s_rows_and_writes_nothing(tmp_path, sources, run_cli):
+    result = run_cli("run", pipeline(tmp_path, sources, f'op = "mix"\nweights = [{WEIGHTS}]', BUCKET), "--dry-run")
+    assert result.exit_code == 0, result.stderr
+    mix_line = next(line for line in result.stdout.splitlines() if line.startswith("1 mix"))
+    assert mix_line.split()[2:4] == ["235", "224"] and "per source 112/67/45" in mix_line
+    assert next(line for line in result.stdout.splitlines() if line.startswith("2 bucket")).split()[2] == "224"
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("stages, path, expected", [
+    (['op = "shuffle"'], "several", "key 'path': 3 sources are mixed by a first stage op = \"mix\""),
+    (['op = "shuffle"', MIX], "several", "stage 2 (mix): key 'op': mix mixes the sources [input] path lists"),
+    ([MIX], "one", "stage 1 (mix): key 'op': mix mixes the sources [input] path lists"),
+    (['op = "mix"\nnames = ["a", "b"]\nweights = { a = 1 }'], "several", "stage 1 (mix): key 'names': 2 names for the 3 sources"),
+    ([MIX.replace("weights", "wieghts")], "several", "unknown key 'wieghts' (did you mean 'weights'?)"),
+])
+def test_pipeline_file_errors_name_the_key(tmp_path, sources, run_cli, stages, path, expected):
+    text = pipeline(tmp_path, sources, *stages)
+    if path == "one":
+        with open(text) as f:
+            body = f.read().replace(f'path = [{", ".join(chr(34) + s + chr(34) for s in sources)}]',
+                                    f'path = "{sources[0]}"')
+        with open(text, "w") as f:
+            f.write(body)
+    result = run_cli("run", text)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], result.stderr
+
+
+def test_mix_runs_alike_on_the_pickling_engine(tmp_path, run_cli, monkeypatch):
+    srcs = write_sources(tmp_path / "in")
+    for extra, patch in ((["--batch-size", "8"], None), ([], monkeypatch)):  # then no work on local threads
+        engine = run_both(run_cli, tmp_path / f"run{len(extra)}",
+                          lambda dst: ["mix", *srcs, dst, "--weights", WEIGHTS, "--replacement", "--size", "300",
+                                       "--memory", "30KB", *extra], patch)
+        assert engine.items
+    out = read_dir(str(tmp_path / "run0" / "pickled"))
+    assert per_source(out) == [150, 90, 60]
+    check_rows(out)
+
+
+def test_mix_errors_alike_on_the_pickling_engine(tmp_path, run_cli):
+    srcs = write_sources(tmp_path / "in", (10, 0, 5))
+    _, line = fails_alike(run_cli, tmp_path, ["mix", *srcs, "--weights", WEIGHTS])
+    assert "source 'de' is empty" in line
+    assert os.path.isdir(srcs[1])
