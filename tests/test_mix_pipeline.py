@@ -5,11 +5,13 @@ the mix on the pickling stand-in for Ray."""
 from __future__ import annotations
 
 import os
+import shutil
+from collections import Counter
 
 import numpy as np
 import pyarrow as pa
 import pytest
-from conftest import data_bytes, read_dir
+from conftest import SAMPLE, data_bytes, read_dir
 from test_mix import SIZES, check_rows, per_source, sources, write_sources  # noqa: F401  (the fixture)
 from test_pickling_engine import fails_alike, run_both
 
@@ -104,3 +106,16 @@ def test_mix_errors_alike_on_the_pickling_engine(tmp_path, run_cli):
     _, line = fails_alike(run_cli, tmp_path, ["mix", *srcs, "--weights", WEIGHTS])
     assert "source 'de' is empty" in line
     assert os.path.isdir(srcs[1])
+
+
+def test_the_sample_mix_pipeline_runs_as_written(tmp_path, run_cli):
+    shutil.copytree(SAMPLE, tmp_path / "sample_data", ignore=shutil.ignore_patterns("out"))
+    result = run_cli("run", tmp_path / "sample_data" / "mix.toml", "-q")
+    assert result.exit_code == 0, result.stderr
+    out = read_dir(str(tmp_path / "sample_data" / "out" / "mix"))
+    assert out.num_rows == 5327
+    sizes = Counter(out.column("batch").to_pylist())
+    for b, n in sizes.items():
+        if n == 16:
+            rows = out.filter(pa.compute.equal(out.column("batch"), b))
+            assert per_source(rows, 2) == [12, 4]

@@ -243,7 +243,7 @@ class _Reader:
                         else "writes batches (batch-size)")
                 raise self.fail(later.name, f"key 'op': cannot follow {earlier.name}, which {what} that a later "
                                             "stage would break up; a batching stage (bucket, pack, segment, "
-                                            "stratify or shuffle with batch-size) must be the last stage")
+                                            "stratify, shuffle or mix with batch-size) must be the last stage")
 
 
     def check_mix(self, source: InputConfig, stages: Sequence[StageConfig]) -> None:
