@@ -608,3 +608,26 @@ def test_segment_keeps_its_examples_beside_the_output(tmp_path, run_cli, ray_clu
     assert moved["bytes_sent"] < table.nbytes / 5 and moved["bytes_received"] < table.nbytes / 20, \
         (moved, table.nbytes)
     assert sorted(os.listdir(tmp_path)) == ["local", "ray", "src"]
+
+
+@RAY
+@pytest.mark.parametrize("extra", [(), ("--batch-size", "8")], ids=["shuffled", "batches"])
+def test_mix_of_a_parquet_and_a_tfrecord_source_runs_on_the_workers(extra, src, tmp_path, run_cli, ray_cluster):
+    """mix on Ray: each source read by its own format on the workers (the TFRecord one too), the selection and the
+    shuffle or balanced batches there; the local bytes and statistics, and no work left to the driver's threads."""
+    tfr = str(tmp_path / "tfr")
+    convert(src, tfr, OutputOptions(format="tfrecord", shard_rows=100, cast=("float64=float32",)),
+            run=RunSettings(quiet=True))
+    manifests = {}
+    for engine in ("local", "ray"):
+        dst = str(tmp_path / engine)
+        result = run_cli("mix", src, tfr, dst, "--columns", "key,label,tokens", "--weights", "2,1", "--replacement",
+                         "--size", "500", "--memory", "40KB", *extra, "--threads", "2", "-q", "--engine", engine)
+        assert result.exit_code == 0, result.stderr
+        with open(os.path.join(dst, ".batchtool_manifest.json")) as f:
+            manifests[engine] = json.load(f)
+    assert data_bytes(str(tmp_path / "ray")) == data_bytes(str(tmp_path / "local"))
+    local, ray = manifests["local"], manifests["ray"]
+    assert local["stats"] == ray["stats"] and local["output"] == ray["output"]
+    assert [s["taken"] for s in ray["stats"]["sources"]] == [333, 167]  # 333.3 and 166.7: the larger remainder gets the row
+    assert ray["run"]["ray"]["local_items"] == 0 and ray["run"]["ray"]["tasks"] > 3, ray["run"]["ray"]
