@@ -14,6 +14,7 @@ import pytest
 from conftest import SAMPLE, data_bytes, read_dir
 from test_mix import SIZES, check_rows, per_source, sources, write_sources  # noqa: F401  (the fixture)
 from test_pickling_engine import fails_alike, run_both
+from test_pickling_engine import pipeline as pickled_pipeline
 
 WEIGHTS = "0.5,0.3,0.2"
 
@@ -119,3 +120,14 @@ def test_the_sample_mix_pipeline_runs_as_written(tmp_path, run_cli):
         if n == 16:
             rows = out.filter(pa.compute.equal(out.column("batch"), b))
             assert per_source(rows, 2) == [12, 4]
+
+
+@pytest.mark.parametrize("stages", [[MIX, BUCKET], [MIX + "\nbatch-size = 8"]], ids=["mix-bucket", "mix-batches"])
+def test_a_pipeline_from_a_mix_runs_alike_on_the_pickling_engine(tmp_path, run_cli, monkeypatch, stages):
+    srcs = write_sources(tmp_path / "in")
+    paths = ", ".join(f'"{s}"' for s in srcs)
+    body = "\n".join(f"[[stage]]\n{s}\n" for s in stages)
+    text = f'memory = "30KB"\n[input]\npath = [{paths}]\ncolumns = ["key", "tokens"]\n\n{body}\n' \
+           '[output]\npath = "{dst}"\n'
+    engine = run_both(run_cli, tmp_path, pickled_pipeline(tmp_path, text), monkeypatch)
+    assert engine.items
