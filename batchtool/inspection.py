@@ -12,6 +12,7 @@ import pyarrow.compute as pc
 from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.engines import executor as run_executor
+from batchtool.ops.mix import source_table
 from batchtool.ops.written import producer, written_names
 from batchtool.formats import column_types
 from batchtool.budget import human_bytes
@@ -220,13 +221,19 @@ def render_manifest(summary: dict) -> list[str]:
             lines.append(f"  {key}: {shown(key, value)}")
     last = stats["stages"][-1] if isinstance(stats.get("stages"), list) and stats["stages"] else stats
     for key, render, what in (("buckets", render_buckets, "a per-bucket table as bucket writes it"),
-                              ("examples_per_row", render_packing, "a packing summary as pack writes it")):
+                              ("examples_per_row", render_packing, "a packing summary as pack writes it"),
+                              ("sources", render_sources, "a per-source table as mix writes it")):
         if isinstance(last, dict) and last.get(key):
             try:
                 lines += render(last)
             except (KeyError, TypeError, ValueError, AttributeError):  # stats are free-form: show what is there
                 lines.append(f"  stats.{key}: not {what}")
     return lines
+
+
+def render_sources(stats: dict) -> list[str]:
+    """A mix's sources: rows available and taken, repeats, weight and share of each."""
+    return [f"  {line}" for line in source_table(stats["sources"])]
 
 
 def render_packing(stats: dict) -> list[str]:

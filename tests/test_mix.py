@@ -85,6 +85,10 @@ def test_default_takes_floor_m_w_of_each_source_each_row_once(tmp_path, sources,
     assert [s["share"] for s in m["stats"]["sources"]] == [round(n / 224, 6) for n in (112, 67, 45)]
     assert [(s["index"], s["name"], s["src"]) for s in m["inputs"]["sources"]] == \
         [(i, n, src) for i, (n, src) in enumerate(zip(("en", "de", "fr"), sources))]
+    shown = run_cli("inspect", tmp_path / "out").stdout.splitlines()
+    assert [line.split() for line in shown[shown.index("  source  rows  weight  taken  repeats   share"):]][1:] == \
+        [["en", "120", "0.5", "112", "0", "50.00%"], ["de", "70", "0.3", "67", "0", "29.91%"],
+         ["fr", "45", "0.2", "45", "0", "20.09%"]]
 
 
 def test_named_weights_and_names(tmp_path, sources, run_cli):

@@ -133,13 +133,7 @@ class Mix(Operation[MixOptions, Stratification]):
         note = ("per source " + "/".join(f"{s['taken']:,}" for s in sources),) if sources else ()
         if not sources or "rows" not in sources[0]:
             return Said(warnings, note)
-        cells = [("source", "rows", "weight", "taken", "repeats", "share")]
-        cells += [(s["name"], f"{s['rows']:,}", f"{s['weight']:.4g}", f"{s['taken']:,}", f"{s['repeats']:,}",
-                   f"{100 * s['share']:.2f}%") for s in sources]
-        widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
-        table = tuple("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
-                                for i, (cell, w) in enumerate(zip(row, widths))) for row in cells)
-        return Said((*warnings, *table), note)
+        return Said((*warnings, *source_table(sources)), note)
 
     def expected(self, plan: Stratification, rows_in: int | None, scan: Any = None) -> tuple[int | None, dict[str, Any]]:
         """Dry run: the rows of each source the plan takes (with --batch-size, those its balanced batches hold)."""
@@ -154,6 +148,16 @@ class Mix(Operation[MixOptions, Stratification]):
         info["sources"] = [{"name": name, "weight": w, "taken": int(t)}
                            for name, w, t in zip(plan.info["names"], plan.info["weights"], taken.tolist())]
         return int(taken.sum()), info
+
+
+def source_table(sources: list[dict[str, Any]]) -> list[str]:
+    """manifest["stats"]["sources"] as the summary and `batchtool inspect` show it: one aligned row per source."""
+    cells = [("source", "rows", "weight", "taken", "repeats", "share")]
+    cells += [(s["name"], f"{s['rows']:,}", f"{s['weight']:.4g}", f"{s['taken']:,}", f"{s['repeats']:,}",
+               f"{100 * s['share']:.2f}%") for s in sources]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+    return ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+            for row in cells]
 
 
 def _one_group(op: Operation, plan: Stratification, chunk: Chunk) -> tuple[Chunk, np.ndarray, Tally]:
@@ -173,4 +177,5 @@ def _shuffled(op: Operation, plan: Stratification, batch_rows: int, scattered: S
 
 OP = Mix()
 
-__all__ = ["OP", "OUTPUT_COLUMNS", "STAGE", "Mix", "MixOptions", "largest_remainder", "mixture_totals"]
+__all__ = ["OP", "OUTPUT_COLUMNS", "STAGE", "Mix", "MixOptions", "largest_remainder", "mixture_totals",
+           "source_table"]
