@@ -123,6 +123,9 @@ def mix_datasets(datasets: Sequence[Dataset], names: Sequence[str], column: str 
     """The datasets as one (each read by its own format): no file in two of them, the same columns with the same types
     in each (after `columns`), the source column (`column`, which none of them has) added."""
     own = [Source(i, name, d) for i, (name, d) in enumerate(zip(names, datasets))]
+    empty = next((s for s in own if s.dataset.num_rows == 0), None)
+    if empty is not None:  # known without a pass (Parquet, Arrow); the plan finds an empty TFRecord source
+        raise InputError(f"{empty.label} is empty: it has no rows to mix")
     _refuse_shared_files(own)
     schemas = [s.dataset.projected_schema(s.dataset.check_columns(columns)) for s in own]
     _check_schemas(own, schemas)

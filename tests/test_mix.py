@@ -200,7 +200,7 @@ def error_cases(srcs: list[str], odd: dict[str, str], tmp_path) -> list[tuple[li
         ([en, os.path.join(str(tmp_path), "other", "en"), "DST", "--weights", "1,1"], "two sources are named 'en'"),
         ([en, de, "DST", "--weights", "1,1", "--size", "500"], "without --replacement the sources allow at most 140"),
         ([en, de, "DST", "--weights", "1,1", "--replacement"], "--replacement needs --size"),
-        ([en, odd["empty"], "DST", "--weights", "1,1"], "source 'empty' is empty"),
+        ([en, odd["empty"], "DST", "--weights", "1,1"], f"source 'empty' ({odd['empty']}) is empty"),
         ([en, odd["int32"], "DST", "--weights", "1,1"],
          f"source 'int32' ({odd['int32']}): column 'label' is int32, but source 'en' ({en}) has int64"),
         ([en, odd["fewer"], "DST", "--weights", "1,1"], f"source 'fewer' ({odd['fewer']}) has no column 'tokens'"),

@@ -105,7 +105,7 @@ def test_mix_runs_alike_on_the_pickling_engine(tmp_path, run_cli, monkeypatch):
 def test_mix_errors_alike_on_the_pickling_engine(tmp_path, run_cli):
     srcs = write_sources(tmp_path / "in", (10, 0, 5))
     _, line = fails_alike(run_cli, tmp_path, ["mix", *srcs, "--weights", WEIGHTS])
-    assert "source 'de' is empty" in line
+    assert f"source 'de' ({srcs[1]}) is empty" in line
     assert os.path.isdir(srcs[1])
 
 
