@@ -228,9 +228,6 @@ class Part:
     adapt: Callable[[Chunk], Chunk] | None = None
     name: str | None = None
 
-    def adapted(self, chunk: Chunk) -> Chunk:
-        return chunk if self.adapt is None else self.adapt(chunk)
-
 
 def _run(task: Callable[[], Chunk]) -> Chunk:
     return task()
