@@ -83,6 +83,10 @@ RUNS: dict[str, list[str]] = {
     "segment-parquet": SEGMENT + ["--to", "parquet"],
     "segment-tfrecord": SEGMENT + ["--to", "tfrecord"],
     "segment-arrow-lanes": SEGMENT + ["--to", "arrow", "--world-size", "2"],
+    "mix-weights": ["mix", "--src", PARQUET, "--src", TFRECORD, "--weights", "parquet=0.7,tfrecord=0.3",
+                    "--seed", "20", "--memory", "256KB"],
+    "mix-batches": ["mix", "--src", PARQUET, "--src", TFRECORD, "--temperature", "1", "--replacement", "--size",
+                    "5000", "--batch-size", "16", "--seed", "21"],
     "pipeline-parquet": ["run", "--seed", "18", "--memory", "256KB", "--to", "parquet"],
     "pipeline-arrow": ["run", "--seed", "19", "--memory", "64MB", "--to", "arrow"],
 }
@@ -99,12 +103,12 @@ def invocation(name: str, dst: str, pipeline_dir: str, threads: int) -> list[str
             f.write(PIPELINE.format(seed=opts["--seed"], memory=opts["--memory"], to=opts["--to"], src=PARQUET,
                                     dst=dst))
         return ["run", path, "--threads", str(threads), "-q"]
-    src = PARQUET
-    if "--src" in args:
+    srcs = []
+    while "--src" in args:  # a command's SRC (mix: each of its sources), if not sample_data/parquet
         i = args.index("--src")
-        src = args[i + 1]
+        srcs.append(args[i + 1])
         del args[i:i + 2]
-    return [args[0], src, dst, *args[1:], "--threads", str(threads), "-q"]
+    return [args[0], *(srcs or [PARQUET]), dst, *args[1:], "--threads", str(threads), "-q"]
 
 
 def digests(dst: str, tmp: str) -> dict[str, str]:
