@@ -200,6 +200,8 @@ def error_cases(srcs: list[str], odd: dict[str, str], tmp_path) -> list[tuple[li
         ([en, os.path.join(str(tmp_path), "other", "en"), "DST", "--weights", "1,1"], "two sources are named 'en'"),
         ([en, de, "DST", "--weights", "1,1", "--size", "500"], "without --replacement the sources allow at most 140"),
         ([en, de, "DST", "--weights", "1,1", "--replacement"], "--replacement needs --size"),
+        ([en, de, "DST", "--weights", "1,1", "--replacement", "--size", str(10**12)],
+         "source 'de' has 70 rows, each would be written about 7.143e+09 times, more than 4294967296 copies"),
         ([en, odd["empty"], "DST", "--weights", "1,1"], f"source 'empty' ({odd['empty']}) is empty"),
         ([en, odd["int32"], "DST", "--weights", "1,1"],
          f"source 'int32' ({odd['int32']}): column 'label' is int32, but source 'en' ({en}) has int64"),
@@ -237,7 +239,30 @@ def test_a_batch_output_is_refused_as_a_source(tmp_path, sources, run_cli):
     assert not (tmp_path / "out").exists()
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def largest_remainder(size: int, weights) -> list[int]:
+    """The issue's --size split: floor(N w_i), then one more for the largest remainders, ties to the lower index."""
+    exact = [Fraction(size * w, sum(weights)) for w in weights]
+    counts = [math.floor(e) for e in exact]
+    for i in sorted(range(len(weights)), key=lambda i: (counts[i] - exact[i], i))[:size - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+def check_batches(dst, weights, batch_size: int) -> None:
+    """Every full batch holds floor or ceil of B w_i rows of source i; running totals stay within one row."""
+    target = np.array(weights, dtype=float) / sum(weights)
+    running = np.zeros(len(weights))
+    for path in sorted(p for p in os.listdir(dst) if p.startswith("part-")):
+        file = pq.ParquetFile(os.path.join(dst, path))
+        for g in range(file.num_row_groups):
+            shares = np.bincount(file.read_row_group(g).column("source").to_numpy(), minlength=len(weights))
+            running += shares
+            if shares.sum() == batch_size:
+                assert np.all(np.abs(shares - batch_size * target) < 1), (shares, target)
+                assert np.all(np.abs(running - running.sum() * target) <= 1 + 1e-9), (running, target)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sizes=st.lists(st.integers(1, 40), min_size=2, max_size=4),
        weights=st.lists(st.integers(0, 4), min_size=4, max_size=4), data=st.data())
 def test_counts_follow_the_formula_for_any_sizes_and_weights(tmp_path_factory, run_cli, sizes, weights, data):
@@ -245,26 +270,21 @@ def test_counts_follow_the_formula_for_any_sizes_and_weights(tmp_path_factory, r
     if not any(weights):
         weights[0] = 1
     root = tmp_path_factory.mktemp("mix")
-    names = [f"s{i}" for i in range(len(sizes))]
-    srcs = write_sources(root, sizes, names)
-    replacement = data.draw(st.booleans())
-    extra = ["--replacement", "--size", str(data.draw(st.integers(1, 150)))] if replacement else []
+    srcs = write_sources(root, sizes, [f"s{i}" for i in range(len(sizes))])
+    size = data.draw(st.one_of(st.none(), st.integers(1, 150)))
+    batch_size = data.draw(st.sampled_from([None, 4, 7]))
+    extra = (["--replacement", "--size", str(size)] if size else []) + \
+        (["--batch-size", str(batch_size), "--to", "parquet"] if batch_size else [])
     result = run_cli("mix", *srcs, root / "out", "-q", "--weights", ",".join(map(str, weights)), *extra)
-    if not replacement and not any(exact_counts(sizes, weights)):
-        assert result.exit_code == 0
-        return
     assert result.exit_code == 0, result.stderr
+    expected = largest_remainder(size, weights) if size else exact_counts(sizes, weights)
+    if not sum(expected):
+        return
     out = read_dir(str(root / "out"))
-    taken = per_source(out, len(sizes))
+    assert per_source(out, len(sizes)) == expected
     times = check_rows(out, sizes)
-    if replacement:
-        size = int(extra[-1])
-        assert sum(taken) == size
-        exact = [Fraction(size * w, sum(weights)) for w in weights]
-        assert all(abs(t - e) < 1 for t, e in zip(taken, exact)), (taken, exact)
-        for i, n in enumerate(sizes):
-            counts = [times.get(f"s{i}-{r}", 0) for r in range(n)]
-            assert max(counts) - min(counts) <= 1
-    else:
-        assert taken == exact_counts(sizes, weights)
-        assert set(times.values()) <= {1}
+    for i, n in enumerate(sizes):  # every row once or not at all; with --replacement k or k+1 times
+        counts = [times.get(f"s{i}-{r}", 0) for r in range(n)]
+        assert max(counts) - min(counts) <= 1 if size else set(counts) <= {0, 1}
+    if batch_size:
+        check_batches(str(root / "out"), weights, batch_size)
