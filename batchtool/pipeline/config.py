@@ -245,7 +245,6 @@ class _Reader:
                                             "stage would break up; a batching stage (bucket, pack, segment, "
                                             "stratify, shuffle or mix with batch-size) must be the last stage")
 
-
     def check_mix(self, source: InputConfig, stages: Sequence[StageConfig]) -> None:
         """Several inputs are a mix's sources: its stage comes first (stage() keeps it there)."""
         if source.sources is not None and (not stages or not OPERATIONS[stages[0].op].several_sources):
