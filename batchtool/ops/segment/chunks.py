@@ -216,8 +216,8 @@ def ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 
 CONFIRM_PAIRS = 64
-"""Hash matches confirmed per pass over the key column (a pass only happens on a match); on a remote engine, also
-the most each partition's task returns at a time."""
+"""Hash matches confirmed per pass over the key column (a pass only happens on a match), and the most each
+partition's task returns at a time."""
 
 
 def prepare_shared(plan: SegmentPlan, locate: Callable[[int], str], space: Workspace,

@@ -83,7 +83,7 @@ def _record_layout(layout: QuotaLayout, written: Tally) -> None:
                                  "final_batch_quotas": list(layout.partial)}
 
 
-# -- --balanced-batches as map-reduce on a remote engine's workers (Operation.exchange) ---------------------------
+# -- --balanced-batches as an exchange (Operation.regroup) --------------------------------------------------------
 
 
 def exchange(op: Operation, plan: Stratification, data: Dataset, probe: Probe) -> Exchange | None:
