@@ -209,6 +209,7 @@ def error_cases(srcs: list[str], odd: dict[str, str], tmp_path) -> list[tuple[li
         ([en, os.path.join(en, "part-00000.parquet"), "DST", "--weights", "1,1", "--names", "a,b"],
          "sources may not overlap"),
         ([en, de, en + "/out", "--weights", "1,1"], "DST"),
+        ([en, de, "DST", "--weights", "1,1", "--tmp-dir", de + "/tmp"], f"--tmp-dir {de}/tmp is inside the input {de}"),
         ([en, de, "DST", "--weights", "1,1", "--columns", "key,nope"], "nope"),
     ]
 
