@@ -295,3 +295,12 @@ def test_counts_follow_the_formula_for_any_sizes_and_weights(tmp_path_factory, r
             assert max(counts) - min(counts) <= 1 + bool(batch_size)
         else:
             assert max(counts) <= 1
+
+
+def test_a_source_whose_share_rounds_down_to_nothing_is_warned_about(tmp_path, sources, run_cli):
+    result = run_cli("mix", *sources, tmp_path / "out", "--weights", "1,1,1000")
+    assert result.exit_code == 0, result.stderr
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
+    assert warnings == [f"warning: mix: source {name!r} gets no rows at weight 0.000998004 (its share of the mixture "
+                        "rounds down to 0)" for name in ("en", "de")]
+    assert per_source(read_dir(str(tmp_path / "out"))) == [0, 0, 45]
