@@ -83,6 +83,8 @@ class HeldCells:
             self.files.close()
 
     def tables(self, group: int, part: int) -> list[pa.Table]:
+        if self.files is not None:
+            return self.files.tables(group, part)
         return list(self._cells.get((group, part), []))
 
     def drop(self, group: int, part: int) -> None:
