@@ -17,6 +17,7 @@ from batchtool.dataset import Chunk, Dataset, ReadReport, first_in_input
 from batchtool.engines import executor as run_executor
 from batchtool.errors import BatchtoolError, PartialError, RowError
 from batchtool.exchange import ReadUnit
+from batchtool.held import Pool, pool_for
 from batchtool.job import JobResult, RunSettings, open_source, open_sources
 from batchtool.write import Deferred, Emitted, Item, Job, Produced, Streamed, write
 from batchtool.ops.base import Expanding, Piece, Context, Kind, Operation, OptionError, Scan
@@ -37,11 +38,14 @@ class EngineRuntime:
     quiet: bool = True
     who: str | None = None
     """Who its bars name before the op's own words (`stage 2 (stratify): select` in a pipeline); None: no one."""
+    pool: Pool | None = None
+    """What the run's exchanges may hold in memory instead of the workspace's files (batchtool.held)."""
 
     @classmethod
-    def of(cls, space: Workspace, executor: Executor, quiet: bool, who: str | None) -> EngineRuntime:
+    def of(cls, space: Workspace, executor: Executor, quiet: bool, who: str | None,
+           pool: Pool | None = None) -> EngineRuntime:
         """The runtime of tasks writing `space`: on the run's executor if its workers share it, else on threads."""
-        return cls(tasks_executor(space, executor), space, quiet, who)
+        return cls(tasks_executor(space, executor), space, quiet, who, pool)
 
     def bar(self, desc: str, total: int | None) -> AbstractContextManager[Bar]:
         return progress.bar(f"{self.who}: {desc}" if self.who else desc, total, quiet=self.quiet)
@@ -223,7 +227,7 @@ def produced(op: Operation, plan: Any, regroups: bool, data: Dataset, runtime: E
         units = exchange.read_units(data, report) if units is None else units
         regrouped, units = exchange.regrouping(op, plan, data, units, runtime.executor)
         if isinstance(regrouped, Exchange):
-            yield exchange.exchanged(regrouped, units, data, runtime, report)
+            yield exchange.exchanged(regrouped, units, data, runtime, report, runtime.pool)
             return
         with regrouped.open(runtime, report) as out:
             yield Streamed(map(Item, out.items), functools.partial(_item_work, out.work), out.stats,
@@ -266,9 +270,10 @@ def _run_operation(op: Operation, options: Any, dataset: Dataset, dst: str, outp
     plan = make_plan(op, options, dataset, run, executor, seed)
     job = Job(op.name, recorded, seed if op.seeded else None, dataset, dst, output, schema, run)
     regroups = op.shape(options).kind is not Kind.ROWS
+    pool = pool_for(run.budget, executor)
 
     def produce(space: Workspace, report: ReadReport) -> AbstractContextManager[Produced]:
-        runtime = EngineRuntime.of(space, executor, run.quiet, op.name)
+        runtime = EngineRuntime.of(space, executor, run.quiet, op.name, pool)
         return produced(op, plan, regroups, dataset, runtime, report, columns=op.input_columns(options, None))
 
     with stream_errors(dataset, executor):

@@ -1,13 +1,14 @@
-"""Global reorders as map-reduce on the engine's workers: the data goes from input to output through files
-beside DST, never through the driver, which passes paths and counts only.
+"""Global reorders as map-reduce on the engine's workers: the data goes from input to output through the run's
+workspace, never through the driver, which passes paths and counts only.
 
 A map task reads one unit of input (a Parquet row group, a whole TFRecord file: see read_units) and
-scatters its rows, exactly as the local spill does (batchtool.spill.Spill), to (group, part) files in
-`<exchange>/m<unit number>/`: the part is the range of each row's keyed order key. A reduce task reads
-one (group, part) from every map, in map order, and sorts it by the key (spill.read_part): since the
-rows come in input order and the sort is stable, that is the very order the local spill reads back, so
-the output bytes are the same on any engine. The exchange directory must be on storage every worker
-shares (the local engine's threads trivially do).
+scatters its rows, exactly as the local spill does (batchtool.spill.Spill), to (group, part) cells: the part is
+the range of each row's keyed order key. A reduce task reads one (group, part) from every map, in map order, and
+sorts it by the key (spill.sort_part): since the rows come in input order and the sort is stable, that is the very
+order the local spill reads back, so the output bytes are the same on any engine. The cells are files in
+`<exchange>/m<unit number>/` and the sorted ranges files in `<exchange>/sorted/`, on storage every worker shares;
+on the local engine, whose threads share the driver's memory, they are held in memory instead while the run's
+pool allows (batchtool.held), which changes where the rows lie, never which rows or their order.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import glob
 import itertools
 import os
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -30,7 +31,8 @@ from batchtool.dataset import Chunk, Dataset, ReadReport
 from batchtool.ops.base import Operation
 from batchtool.ops.regroup import Exchange, Stream, Bar, Cut, Runtime, Scatter, Scattered
 from batchtool.runner import Executor
-from batchtool.spill import ID_COLUMN, Spill, read_part
+from batchtool.held import HeldCells, Pool
+from batchtool.spill import ID_COLUMN, Spill, SpillFiles, read_file, sort_part
 from batchtool.workspace import Workspace
 
 T = TypeVar("T")
@@ -129,6 +131,9 @@ class MapJob:
 
     space: Workspace
     scatter: Scatter
+    pool: Pool | None = None
+    """What the tasks may hold in memory instead of writing files (batchtool.held); None: files only (a remote
+    engine's workers share nothing else)."""
 
     @property
     def directory(self) -> str:
@@ -147,6 +152,8 @@ class MapOutput:
     report: ReadReport = field(default_factory=ReadReport)
     stats: list[Any] = field(default_factory=list)
     """Scatter.prepare's statistics, one per chunk read."""
+    held: HeldCells | None = None
+    """Its cells, when the pool held them all (then it wrote no file); None: in the workspace's m<index>/."""
 
 
 def _map(job: MapJob, item: tuple[int, ReadUnit]) -> MapOutput:
@@ -164,35 +171,44 @@ def _map(job: MapJob, item: tuple[int, ReadUnit]) -> MapOutput:
             out.stats.append(stats)
             yield rows, groups
 
-    out.rows = _scatter_into(job, index, prepared())
+    out.rows, out.held = _scatter_into(job, index, prepared())
     return out
 
 
-def _scatter_into(job: MapJob, index: int, prepared: Iterable[tuple[Chunk, np.ndarray]]) -> tuple[tuple[int, ...], ...]:
-    """Rows with their groups scattered to a directory of map `index`'s own, published as m<index> once complete
-    (replacing what a failed earlier attempt of the task left); the rows in each part of each group (plain
-    ints: nothing of a map's result travels as an out-of-band buffer). Directories are made with mkdir, never
-    makedirs: a task still running after a failed command's cleanup must not recreate its tree."""
-    fs.check_shared(job.directory, job.space.name)
+def _scatter_into(job: MapJob, index: int, prepared: Iterable[tuple[Chunk, np.ndarray]]
+                  ) -> tuple[tuple[tuple[int, ...], ...], HeldCells | None]:
+    """Rows with their groups scattered to cells in memory while the job's pool allows (batchtool.held), else to a
+    directory of map `index`'s own, published as m<index> once complete (replacing what a failed earlier attempt
+    of the task left); the rows in each part of each group (plain ints: nothing of a map's result travels as an
+    out-of-band buffer), and the cells if all were held. Directories are made with mkdir, never makedirs: a task
+    still running after a failed command's cleanup must not recreate its tree."""
     writing = os.path.join(job.directory, f".m{index:09d}-{uuid.uuid4().hex}")
-    with job.errors():
-        os.mkdir(writing)
+
+    def files(schema: pa.Schema) -> SpillFiles:
+        fs.check_shared(job.directory, job.space.name)
+        with job.errors():
+            os.mkdir(writing)
+        return SpillFiles(writing, schema, job.errors)
+
     plan = job.scatter
-    spill = Spill(plan.schema, plan.parts, plan.seed, plan.stage, flush_bytes=plan.flush_bytes, directory=writing,
-                  errors=job.errors)
+    spill = Spill(plan.schema, plan.parts, plan.seed, plan.stage, flush_bytes=plan.flush_bytes,
+                  cells=files if job.pool is None else functools.partial(HeldCells, job.pool, files))
     try:
         for chunk, groups in prepared:
             if chunk.num_rows:
                 spill.add(chunk, groups)
         spill.finish()
-        own = map_directory(job.directory, index)
-        fs.remove_tree(own)
-        with job.errors():
-            os.rename(writing, own)
+        held = spill.cells if isinstance(spill.cells, HeldCells) and spill.cells.files is None else None
+        if held is None:
+            own = map_directory(job.directory, index)
+            fs.remove_tree(own)
+            with job.errors():
+                os.rename(writing, own)
     except BaseException:
         spill.close()
         raise
-    return tuple(tuple(spill.part_rows.get((g, p), 0) for p in range(parts)) for g, parts in enumerate(plan.parts))
+    rows = tuple(tuple(spill.part_rows.get((g, p), 0) for p in range(parts)) for g, parts in enumerate(plan.parts))
+    return rows, held
 
 
 def map_directory(directory: str, index: int) -> str:
@@ -200,7 +216,7 @@ def map_directory(directory: str, index: int) -> str:
 
 
 def scatter_here(prepared: Iterable[tuple[Chunk, np.ndarray, Any]], job: MapJob,
-                 bar: Bar) -> tuple[list[np.ndarray], list[Any]]:
+                 bar: Bar) -> tuple[list[np.ndarray], list[Any], dict[int, HeldCells]]:
     """The map side of an exchange whose groups depend on the rows before (Exchange.rows): its rows, groups and
     statistics made in input order are scattered here, as one map task would scatter them."""
     stats: list[Any] = []
@@ -211,45 +227,70 @@ def scatter_here(prepared: Iterable[tuple[Chunk, np.ndarray, Any]], job: MapJob,
             bar.update(chunk.num_rows)
             yield chunk, groups
 
-    rows = _scatter_into(job, 0, counted())
-    return [np.asarray(counts, dtype=np.int64) for counts in rows], stats
+    rows, held = _scatter_into(job, 0, counted())
+    return [np.asarray(counts, dtype=np.int64) for counts in rows], stats, {} if held is None else {0: held}
 
 
 def scatter(units: Iterable[ReadUnit], job: MapJob, executor: Executor, report: ReadReport,
-            bar: Bar) -> tuple[list[np.ndarray], list[Any]]:
-    """Run the map tasks on the engine; the rows in each part of each group, and Scatter.prepare's statistics
-    in input order (what the tasks skipped goes to `report`, in input order)."""
+            bar: Bar) -> tuple[list[np.ndarray], list[Any], dict[int, HeldCells]]:
+    """Run the map tasks on the engine; the rows in each part of each group, Scatter.prepare's statistics in input
+    order (what the tasks skipped goes to `report`, in input order), and the cells of the maps held in memory."""
     rows = [np.zeros(parts, dtype=np.int64) for parts in job.scatter.parts]
     stats: list[Any] = []
-    for out in executor.map(functools.partial(_map, job), enumerate(units)):
+    held: dict[int, HeldCells] = {}
+    for index, out in enumerate(executor.map(functools.partial(_map, job), enumerate(units))):
+        if out.held is not None:
+            held[index] = out.held
         for group, counts in zip(rows, out.rows):
             group += np.asarray(counts, dtype=np.int64)
         report.merge(out.report)
         stats.extend(out.stats)
         bar.update(sum(map(sum, out.rows)))
-    return rows, stats
+    return rows, stats, held
 
 
-def read_range(directory: str, plan: Scatter, group: int, part: int) -> Chunk | None:
-    """The reduce side: one (group, part) of every map, in map order, sorted as the plan says (None if empty)."""
+def read_range(directory: str, plan: Scatter, group: int, part: int,
+               held: Mapping[int, HeldCells] | None = None) -> Chunk | None:
+    """The reduce side: one (group, part) of every map, in map order (from its files in m<index>/, or from
+    memory for the maps in `held`), sorted as the plan says (None if empty)."""
     paths = sorted(glob.glob(os.path.join(glob.escape(directory), "m*", f"g{group:06d}-p{part:06d}-f*.arrow")))
-    chunk = read_part(paths, plan.seed, plan.stage, ordered=plan.keyed)
+    files: dict[int, list[str]] = {}
+    for path in paths:
+        files.setdefault(int(os.path.basename(os.path.dirname(path))[1:]), []).append(path)
+    held = held or {}
+    tables = [table for index in sorted(files.keys() | held.keys())
+              for table in (held[index].tables(group, part) if index in held else map(read_file, files[index]))]
+    chunk = sort_part(tables, plan.seed, plan.stage, ordered=plan.keyed)
     if chunk is None or plan.order is None:
         return chunk
     return chunk.take(plan.order(chunk.data))
 
 
 @dataclass(frozen=True)
+class HeldPart:
+    """A sorted key range the pool let the local engine keep in memory, and the bytes its file would have."""
+
+    chunk: Chunk
+    file_bytes: int
+
+
+@dataclass(frozen=True)
 class SortedGroup:
-    """A group's rows in key order, as one uncompressed Arrow IPC file per part (sort_group wrote them), so any
-    worker reads any run of rows by memory map, without sorting again."""
+    """A group's rows in key order, one part at a time: held in memory (on the local engine, within its pool),
+    else one uncompressed Arrow IPC file per part (sort_groups wrote them), which any worker reads by memory map.
+    Either way the same chunks: a part's rows as one chunk, without sorting again."""
 
     directory: str
     group: int
     part_rows: tuple[int, ...]
+    held: tuple[HeldPart | None, ...] = ()
+    """Each part's rows if held in memory (empty: none is)."""
 
     def path(self, part: int) -> str:
         return os.path.join(self.directory, "sorted", f"g{self.group:06d}-p{part:06d}.arrow")
+
+    def _held(self, part: int) -> HeldPart | None:
+        return self.held[part] if self.held else None
 
     def chunks(self, start: int = 0) -> Iterator[Chunk]:
         """The parts' chunks from the one holding row `start` on (as Spill.read_group yields them, so slicing
@@ -257,16 +298,22 @@ class SortedGroup:
         first = 0
         for part, rows in enumerate(self.part_rows):
             if rows and first + rows > start:
-                with pa.memory_map(self.path(part)) as source:
-                    table = pa.ipc.open_file(source).read_all()
-                last = table.num_columns - 1
-                yield Chunk(table.remove_column(last).combine_chunks().to_batches()[0],
-                            table.column(last).to_numpy())
+                held = self._held(part)
+                if held is not None:
+                    yield held.chunk
+                else:
+                    with pa.memory_map(self.path(part)) as source:
+                        table = pa.ipc.open_file(source).read_all()
+                    last = table.num_columns - 1
+                    yield Chunk(table.remove_column(last).combine_chunks().to_batches()[0],
+                                table.column(last).to_numpy())
             first += rows
 
     def nbytes(self) -> int:
-        """The sorted files' bytes (uncompressed Arrow): the size of the data before any output encoding."""
-        return sum(os.path.getsize(self.path(p)) for p, rows in enumerate(self.part_rows) if rows)
+        """The sorted files' bytes (uncompressed Arrow; a held part's as if written): the size of the data before
+        any output encoding, which sizes the writer's runs (and a pipeline's chunks after it) alike either way."""
+        return sum(held.file_bytes if (held := self._held(p)) is not None else os.path.getsize(self.path(p))
+                   for p, rows in enumerate(self.part_rows) if rows)
 
     def first_row(self, start: int) -> int:
         """The first row of the part holding row `start` (where chunks(start) begins)."""
@@ -278,26 +325,45 @@ class SortedGroup:
         return first
 
 
-def _sort_part(job: MapJob, cell: tuple[int, int, str]) -> None:
-    """The reduce task of one key range: read it from every map, sort it, write it for SortedGroup."""
-    group, part, path = cell
-    chunk = read_range(job.directory, job.scatter, group, part)
-    if chunk is None:
-        return
-    data = chunk.data.append_column(ID_COLUMN, pa.array(chunk.ids, pa.uint64()))
-    with job.errors(), pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, data.schema) as writer:
+def _write_sorted(sink: pa.NativeFile, data: pa.RecordBatch) -> None:
+    with pa.ipc.new_file(sink, data.schema) as writer:
         writer.write_batch(data)
 
 
-def sort_groups(job: MapJob, rows: Sequence[np.ndarray], executor: Executor) -> list[SortedGroup]:
-    """Sort every key range of every group on the engine's workers, one task per range that holds rows."""
-    groups = [SortedGroup(job.directory, g, tuple(int(n) for n in part_rows)) for g, part_rows in enumerate(rows)]
+def _sort_part(job: MapJob, held: Mapping[int, HeldCells], cell: tuple[int, int, str]) -> HeldPart | None:
+    """The reduce task of one key range: read it from every map, sort it, and hold it if the pool allows (the
+    maps' copies given back first), else write it for SortedGroup."""
+    group, part, path = cell
+    chunk = read_range(job.directory, job.scatter, group, part, held)
+    for cells in held.values():
+        cells.drop(group, part)
+    if chunk is None:
+        return None
+    data = chunk.data.append_column(ID_COLUMN, pa.array(chunk.ids, pa.uint64()))
+    if job.pool is not None and job.pool.take(data.nbytes):
+        size = pa.MockOutputStream()
+        _write_sorted(size, data)
+        return HeldPart(chunk, size.size())
     with job.errors():
-        os.makedirs(os.path.join(job.directory, "sorted"), exist_ok=True)
-    cells = [(g.group, part, g.path(part)) for g in groups for part, n in enumerate(g.part_rows) if n]
-    for _ in executor.map(functools.partial(_sort_part, job), cells):
-        pass
-    return groups
+        with suppress(FileExistsError):
+            os.mkdir(os.path.dirname(path))
+        with pa.OSFile(path, "wb") as sink:
+            _write_sorted(sink, data)
+    return None
+
+
+def sort_groups(job: MapJob, rows: Sequence[np.ndarray], executor: Executor,
+                held: Mapping[int, HeldCells] | None = None) -> list[SortedGroup]:
+    """Sort every key range of every group on the engine's workers, one task per range that holds rows; `held`:
+    the map outputs in memory, by map number."""
+    counts = [tuple(int(n) for n in part_rows) for part_rows in rows]
+    cells = [(g, part, SortedGroup(job.directory, g, ()).path(part))
+             for g, part_rows in enumerate(counts) for part, n in enumerate(part_rows) if n]
+    sorted_parts = dict(zip(((g, part) for g, part, _ in cells),
+                            executor.map(functools.partial(_sort_part, job, held or {}), cells)))
+    kept = [tuple(sorted_parts.get((g, part)) for part in range(len(part_rows))) for g, part_rows in enumerate(counts)]
+    return [SortedGroup(job.directory, g, part_rows, parts if any(parts) else ())
+            for g, (part_rows, parts) in enumerate(zip(counts, kept))]
 
 
 def regrouping(op: Operation, plan: Any, data: Dataset, units: Iterator[ReadUnit], executor: Executor,
@@ -316,20 +382,21 @@ def regrouping(op: Operation, plan: Any, data: Dataset, units: Iterator[ReadUnit
 
 
 def exchanged(reorder: Exchange, units: Iterable[ReadUnit], data: Dataset, runtime: Runtime,
-              report: ReadReport) -> Cut:
-    """An exchange run on the runtime's engine: map tasks scatter every row to its key range in the runtime's
-    workspace (or, for an op whose groups depend on the rows before, the driver does, Exchange.rows), a task sorts
-    each range, and the op cuts the sorted rows into batches."""
-    job = MapJob(runtime.space, reorder.scatter)
+              report: ReadReport, pool: Pool | None = None) -> Cut:
+    """An exchange run on the runtime's engine: map tasks scatter every row to its key range, in memory while the
+    run's `pool` allows (the local engine), else in the runtime's workspace (or, for an op whose groups depend on
+    the rows before, the driver does, Exchange.rows), a task sorts each range, and the op cuts the sorted rows into
+    batches."""
+    job = MapJob(runtime.space, reorder.scatter, pool)
     with runtime.bar("spill", None if reorder.rows is not None else data.progress_rows) as bar:
         if reorder.rows is not None:
-            rows, stats = scatter_here(reorder.rows(runtime, report), job, bar)
+            rows, stats, held = scatter_here(reorder.rows(runtime, report), job, bar)
         else:
-            rows, stats = scatter(units, job, runtime.executor, report, bar)
-    groups = sort_groups(job, rows, runtime.executor)
+            rows, stats, held = scatter(units, job, runtime.executor, report, bar)
+    groups = sort_groups(job, rows, runtime.executor, held)
     totals = np.array([int(r.sum()) for r in rows], dtype=np.int64)
     return reorder.cut(Scattered(reorder.scatter.schema, list(groups), totals, stats), runtime)
 
 
-__all__ = ["MapJob", "MapOutput", "exchanged", "regrouping", "first_measured", "units", "ReadUnit", "SortedGroup", "map_directory", "read_range", "read_units",
+__all__ = ["HeldPart", "MapJob", "MapOutput", "exchanged", "regrouping", "first_measured", "units", "ReadUnit", "SortedGroup", "map_directory", "read_range", "read_units",
            "scatter", "sort_groups", "task_units"]

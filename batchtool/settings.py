@@ -150,7 +150,8 @@ class CommonSettings:
     seed: int = option("Seed of every random decision (same seed, same output bytes).", Integer(), 0)
     threads: int | None = option("Worker threads; output is identical for any value.", Positive(), None)
     """None: the command line's, else the number of cores."""
-    memory: int = option("Memory for reordering; more data than this spills to --tmp-dir.", Size(), 1 << 30)
+    memory: int = option("Memory for reordering: rows within a quarter of it stay in memory (local engine), the "
+                         "rest spill to --tmp-dir.", Size(), 1 << 30)
     tmp_dir: str | None = option("Directory for temporary spill files (default: the system's).", Directory(), None)
 
 

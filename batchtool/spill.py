@@ -14,12 +14,13 @@ name, so an input column of any name (even `__batchtool_id`) cannot collide with
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, suppress
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -41,34 +42,57 @@ def parts_for(group_bytes: float, budget_bytes: int) -> int:
     return max(1, math.ceil(group_bytes / max(1, budget_bytes)))
 
 
-class Spill:
-    """Temporary (group, part) IPC files under `tmp_dir`, removed on close even after a failure."""
+class Cells(Protocol):
+    """Where a Spill's (group, part) cells go as their buffers fill: files (SpillFiles), or memory while a budget
+    allows (batchtool.held.HeldCells). Either gives each cell's rows back in the order they were put."""
 
-    def __init__(self, schema: pa.Schema, parts_per_group: Sequence[int], seed: int, stage: str,
-                 tmp_dir: str | None = None, flush_bytes: int = _FLUSH_BYTES, directory: str | None = None,
-                 errors: Callable[[], AbstractContextManager[None]] | None = None) -> None:
-        """`directory`: an existing empty directory to write in (and remove on close) instead of a new one
-        in tmp_dir; `errors`: what a refused write raises there (default: the tmp dir's error)."""
-        self.schema = schema.append(pa.field(ID_COLUMN, pa.uint64()))
-        self.flush_bytes = flush_bytes  # bytes one (group, part) buffers before writing; cells x this bounds memory
-        self.parts = list(parts_per_group)
-        self.seed, self.stage = seed, stage
-        self.tmp_dir = tmp_dir
-        self._write_errors = errors
-        self.directory = directory or make_temporary_dir("batchtool-spill-", tmp_dir)
+    def put(self, key: tuple[int, int], rows: pa.Table) -> None:
+        """Append rows (of the spill's schema, in one chunk of their own) to cell `key`."""
+        ...
+
+    def finish(self) -> None:
+        """Everything put is complete (files closed); call once, before reading."""
+        ...
+
+    def close(self) -> None:
+        """Drop everything put (files removed), even after a failure."""
+        ...
+
+    def tables(self, group: int, part: int) -> list[pa.Table]:
+        """A cell's rows, in the order they were put (after finish)."""
+        ...
+
+
+class SpillFiles:
+    """Cells as Arrow IPC stream files in `directory` (which it removes on close): a cell's file continues until
+    MAX_OPEN_WRITERS others were written since, then the cell continues in a new file."""
+
+    def __init__(self, directory: str, schema: pa.Schema,
+                 errors: Callable[[], AbstractContextManager[None]]) -> None:
+        self.directory, self.schema, self._errors = directory, schema, errors
         self._writers: dict[tuple[int, int], pa.ipc.RecordBatchStreamWriter] = {}
-        self._buffers: dict[tuple[int, int], list[pa.RecordBatch]] = {}
-        self._buffered: dict[tuple[int, int], int] = {}
-        self.rows = np.zeros(len(self.parts), dtype=np.int64)
-        self.part_rows: dict[tuple[int, int], int] = {}
-        """Rows per (group, part) cell."""
         self._files: dict[tuple[int, int], int] = {}  # files written per (group, part), read back in order
 
-    def __enter__(self) -> Spill:
-        return self
+    def _path(self, group: int, part: int, file: int) -> str:
+        return os.path.join(self.directory, f"g{group:06d}-p{part:06d}-f{file:06d}.arrow")
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def put(self, key: tuple[int, int], rows: pa.Table) -> None:
+        with self._errors():
+            writer = self._writers.pop(key, None)  # re-inserted below: the dict runs from least to most recent
+            if writer is None:
+                if len(self._writers) >= MAX_OPEN_WRITERS:
+                    self._writers.pop(next(iter(self._writers))).close()
+                file = self._files.get(key, 0)
+                self._files[key] = file + 1
+                writer = pa.ipc.new_stream(pa.OSFile(self._path(*key, file), "wb"), self.schema)
+            self._writers[key] = writer
+            writer.write_table(rows)
+
+    def finish(self) -> None:
+        with self._errors():
+            for writer in self._writers.values():
+                writer.close()
+        self._writers.clear()
 
     def close(self) -> None:
         """Remove every spill file, even when closing a writer fails (a full disk fails its last flush)."""
@@ -80,11 +104,43 @@ class Spill:
         finally:
             fs.remove_tree(self.directory)
 
-    def _errors(self) -> AbstractContextManager[None]:
-        return self._write_errors() if self._write_errors is not None else temporary_write_errors(self.tmp_dir)
+    def paths(self, group: int, part: int) -> list[str]:
+        """The files holding a (group, part) cell, in the order its rows were added (after finish)."""
+        return [self._path(group, part, f) for f in range(self._files.get((group, part), 0))]
 
-    def _path(self, group: int, part: int, file: int) -> str:
-        return os.path.join(self.directory, f"g{group:06d}-p{part:06d}-f{file:06d}.arrow")
+    def tables(self, group: int, part: int) -> list[pa.Table]:
+        return [read_file(path) for path in self.paths(group, part)]
+
+
+class Spill:
+    """Rows scattered to (group, part) cells, by default files under `tmp_dir`, dropped on close even after a
+    failure."""
+
+    def __init__(self, schema: pa.Schema, parts_per_group: Sequence[int], seed: int, stage: str,
+                 tmp_dir: str | None = None, flush_bytes: int = _FLUSH_BYTES,
+                 cells: Callable[[pa.Schema], Cells] | None = None) -> None:
+        """`cells(schema)`: where the cells go (default: SpillFiles in a new directory in tmp_dir)."""
+        self.schema = schema.append(pa.field(ID_COLUMN, pa.uint64()))
+        self.flush_bytes = flush_bytes  # bytes one (group, part) buffers before writing; cells x this bounds memory
+        self.parts = list(parts_per_group)
+        self.seed, self.stage = seed, stage
+        self.cells = cells(self.schema) if cells is not None else SpillFiles(
+            make_temporary_dir("batchtool-spill-", tmp_dir), self.schema,
+            functools.partial(temporary_write_errors, tmp_dir))
+        self._buffers: dict[tuple[int, int], list[pa.RecordBatch]] = {}
+        self._buffered: dict[tuple[int, int], int] = {}
+        self.rows = np.zeros(len(self.parts), dtype=np.int64)
+        self.part_rows: dict[tuple[int, int], int] = {}
+        """Rows per (group, part) cell."""
+
+    def __enter__(self) -> Spill:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.cells.close()
 
     def add(self, chunk: Chunk, groups: np.ndarray) -> None:
         """Append each row of the chunk to its group's spill (call in a deterministic order)."""
@@ -113,49 +169,34 @@ class Spill:
     def _flush(self, key: tuple[int, int]) -> None:
         pieces = self._buffers.pop(key, [])
         self._buffered.pop(key, None)
-        if not pieces:
-            return
-        with self._errors():
-            writer = self._writers.pop(key, None)  # re-inserted below: the dict runs from least to most recent
-            if writer is None:
-                if len(self._writers) >= MAX_OPEN_WRITERS:
-                    self._writers.pop(next(iter(self._writers))).close()
-                file = self._files.get(key, 0)
-                self._files[key] = file + 1
-                writer = pa.ipc.new_stream(pa.OSFile(self._path(*key, file), "wb"), self.schema)
-            self._writers[key] = writer
-            writer.write_table(pa.Table.from_batches(pieces, self.schema).combine_chunks())
+        if pieces:  # one copy of their own: the slices keep a whole chunk's buffers alive
+            self.cells.put(key, pa.Table.from_batches(pieces, self.schema).combine_chunks())
 
     def finish(self) -> None:
-        """Flush and close every writer; call once, before reading."""
+        """Flush every buffer and finish the cells; call once, before reading."""
         for key in list(self._buffers):
             self._flush(key)
-        with self._errors():
-            for writer in self._writers.values():
-                writer.close()
-        self._writers.clear()
-
-    def paths(self, group: int, part: int) -> list[str]:
-        """The files holding a (group, part) cell, in the order its rows were added (after finish)."""
-        return [self._path(group, part, f) for f in range(self._files.get((group, part), 0))]
+        self.cells.finish()
 
     def read_group(self, group: int, ordered: bool = True) -> Iterator[Chunk]:
         """The group's rows, one part at a time: sorted by the order key (the stage's keyed random
         permutation), or with ordered=False in the order they were added (a group of one part)."""
         for part in range(self.parts[group]):
-            chunk = read_part(self.paths(group, part), self.seed, self.stage, ordered)
+            chunk = sort_part(self.cells.tables(group, part), self.seed, self.stage, ordered)
             if chunk is not None:
                 yield chunk
 
 
-def read_part(paths: Sequence[str], seed: int, stage: str, ordered: bool = True) -> Chunk | None:
-    """The rows of one part's spill files (read in the order given, which is the order the rows were added),
-    sorted by their keyed order key unless `ordered` is False; None if they hold no rows. The sort is stable,
-    so files of several spills given in input order (the map outputs of batchtool.exchange) read back
-    exactly as one spill of the same rows would."""
-    if not paths:
+def sort_part(tables: list[pa.Table], seed: int, stage: str, ordered: bool = True) -> Chunk | None:
+    """The rows of one part, from its cells' tables (given in the order the rows were added; the list is
+    emptied, so that they are freed once sorted), sorted by their keyed
+    order key unless `ordered` is False; None if they hold no rows. The sort is stable, so the cells of several
+    spills given in input order (the map outputs of batchtool.exchange) read back exactly as one spill of the
+    same rows would."""
+    if not tables:
         return None
-    table = pa.concat_tables([_read(path) for path in paths])
+    table = pa.concat_tables(tables)
+    tables.clear()
     if table.num_rows == 0:
         return None
     last = table.num_columns - 1  # the ids (by position: a user column may share their name)
@@ -189,7 +230,8 @@ def temporary_write_errors(tmp_dir: str | None) -> Iterator[None]:
         raise OptionDestinationError("tmp_dir", f"{where}: cannot write temporary files: {fs.os_reason(exc)}") from exc
 
 
-def _read(path: str) -> pa.Table:
+def read_file(path: str) -> pa.Table:
+    """One spill file (an Arrow IPC stream), by memory map."""
     with pa.memory_map(path) as source:
         return pa.ipc.open_stream(source).read_all()
 
@@ -217,5 +259,5 @@ def interleave(streams: Sequence[Iterator[T]], counts: Sequence[int], seed: int,
         yield pick, next(streams[pick])
 
 
-__all__ = ["ID_COLUMN", "Spill", "interleave", "key_range", "make_temporary_dir", "parts_for", "read_part",
-           "temporary_write_errors"]
+__all__ = ["ID_COLUMN", "Cells", "Spill", "SpillFiles", "interleave", "key_range", "make_temporary_dir", "parts_for",
+           "read_file", "sort_part", "temporary_write_errors"]

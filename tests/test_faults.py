@@ -102,8 +102,8 @@ def test_full_dst_filesystem_keeps_the_old_dst_and_leaves_nothing(place, full_di
 
 def test_full_tmp_dir_removes_its_spill_files(place, full_disk, run_cli):
     before = snapshot(place)
-    result = run_cli("shuffle", "src", "out", "--tmp-dir", full_disk, "-q")
-    assert result.exit_code == 2
+    result = run_cli("shuffle", "src", "out", "--tmp-dir", full_disk, "--memory", "256KB", "-q")  # the rows
+    assert result.exit_code == 2  # outgrow the quarter of --memory the local engine holds in memory, so they spill
     assert_one_error(result.stderr, f"--tmp-dir {full_disk}: cannot write temporary files: No space left on device")
     assert snapshot(place) == before
 
@@ -127,12 +127,14 @@ def big_src(place):
 
 @pytest.mark.parametrize("command,pattern", [
     (("convert", "big", "dst", "--overwrite"), "dst: cannot write the output \\(part-00000.parquet\\): File too large"),
-    (("shuffle", "big", "new", "--tmp-dir", "spills"), "--tmp-dir spills: cannot write temporary files: File too large"),
-    (("bucket", "big", "new", "--boundaries", "10", "--batch-size", "8", "--tmp-dir", "spills"),
+    (("shuffle", "big", "new", "--tmp-dir", "spills", "--memory", "2MB"),
+     "--tmp-dir spills: cannot write temporary files: File too large"),
+    (("bucket", "big", "new", "--boundaries", "10", "--batch-size", "8", "--tmp-dir", "spills", "--memory", "2MB"),
      "--tmp-dir spills: cannot write temporary files: File too large"),
 ])
 def test_writes_failing_without_privileges_end_in_one_line(place, big_src, command, pattern):
-    """The unprivileged twin of the full-disk tests: a file size limit makes every large write fail."""
+    """The unprivileged twin of the full-disk tests: a file size limit makes every large write fail (the spills
+    under a budget whose quarter, which the local engine holds in memory, the rows outgrow)."""
     (place / "spills").mkdir()
     before = snapshot(place)
     done = subprocess.run([sys.executable, "-c", LIMITED, *command, "-q"], capture_output=True, text=True,

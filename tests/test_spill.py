@@ -118,7 +118,7 @@ def test_many_cells_keep_few_files_open_and_lose_nothing(tmp_path, monkeypatch):
             open_files.append(len(os.listdir("/proc/self/fd")) - before)
         spill.finish()
         assert max(open_files) <= 3
-        assert len(os.listdir(spill.directory)) > 40 * 3  # cells reopened in new files
+        assert len(os.listdir(spill.cells.directory)) > 40 * 3  # cells reopened in new files
         ids = rng.example_ids(0, 0, 2000)
         keys = rng.permutation_keys(3, "t", ids)
         for g in range(10):

@@ -97,8 +97,8 @@ class Scatter:
 
 
 class SortedStream(Protocol):
-    """One group's rows after the reduce, in order, in files every worker reads (batchtool.exchange.SortedGroup):
-    one chunk per part, laid out as a local Spill.read_group yields them."""
+    """One group's rows after the reduce, in order (batchtool.exchange.SortedGroup: in files every worker reads, or
+    held in memory on the local engine): one chunk per part, laid out as a local Spill.read_group yields them."""
 
     part_rows: tuple[int, ...]
 
@@ -158,7 +158,7 @@ class Cut:
 @dataclass(frozen=True)
 class Exchange:
     """A regrouping as one physical plan (batchtool.exchange), run the same way on every engine: the rows scattered
-    (`scatter`) to key ranges in the run's workspace by map tasks, each range sorted by a task, then
+    (`scatter`) to key ranges in the run's workspace (or memory, batchtool.held) by map tasks, each range sorted by a task, then
     `cut(scattered, runtime)` plans the output batches (on the driver, from counts; any pass over the sorted rows
     as tasks on the runtime), which the writer's tasks read, build and write."""
 

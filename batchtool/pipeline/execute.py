@@ -38,6 +38,7 @@ from batchtool.engines import executor as run_executor
 from batchtool.errors import BatchtoolError, DestinationExistsError
 from batchtool.formats import parquet as parquet_format
 from batchtool.inputs import open_dataset
+from batchtool.held import pool_for
 from batchtool.job import JobResult, RunSettings, open_mixed, read_paths
 from batchtool.workspace import Workspace, tasks_executor, workspace
 from batchtool.write import RUN_BYTES, Job, Produced, write
@@ -244,6 +245,8 @@ class Prefix:
     def __init__(self, config: config_mod.PipelineConfig, source: Dataset, columns: list[str] | None, stages: list[Stage],
                  run: RunSettings, executor: Executor, stack: ExitStack) -> None:
         self.config, self.source, self.columns, self.stages, self.run = config, source, columns, stages, run
+        self.pool = pool_for(run.budget, executor)
+        """What the run's exchanges may hold in memory instead of files (batchtool.held), shared by all of them."""
         self.executor = executor
         """What runs the stages' tasks: the run's, or the driver's threads once a barrier's workspace is on the
         driver's own disk (the workers cannot read its sorted batches there)."""
@@ -304,11 +307,11 @@ class Prefix:
                  else exchange.task_units(upstream.tasks(None, report)))
         space = self._stack.enter_context(workspace(self.config.output_path, self.executor, self.run.tmp_dir))
         self.executor = tasks_executor(space, self.executor)
-        runtime = EngineRuntime(self.executor, space, self.run.quiet, stage.name)
+        runtime = EngineRuntime(self.executor, space, self.run.quiet, stage.name, self.pool)
         regrouped, units = exchange.regrouping(stage.op, stage.planned, upstream, units, self.executor, like)
         if not isinstance(regrouped, Exchange):
             return self._stack.enter_context(regrouped.open(runtime, report))
-        cut = exchange.exchanged(regrouped, units, upstream, runtime, report)
+        cut = exchange.exchanged(regrouped, units, upstream, runtime, report, self.pool)
         batches = cut.batches
         step = max(1, int(RUN_BYTES * batches.count / max(1, batches.nbytes())))
         items = [batches.reader(k, min(k + step, batches.count)) for k in range(0, batches.count, step)]
@@ -399,7 +402,7 @@ class Prefix:
                   self.config.output, stage.output_schema(view.schema), self.run, stage.name, started, self.stats)
 
         def produce(space: Workspace, report: ReadReport) -> AbstractContextManager[Produced]:
-            runtime = EngineRuntime.of(space, self.executor, self.run.quiet, stage.name)
+            runtime = EngineRuntime.of(space, self.executor, self.run.quiet, stage.name, self.pool)
             return produced(stage.op, stage.planned, stage.regroups, view, runtime, report, units)
 
         with stream_errors(view, self.executor):
