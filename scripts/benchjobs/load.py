@@ -1,6 +1,7 @@
 """Training-side costs of `batchtool.load`: one epoch per batch format (the bucket and segment modules list
-those jobs), its floor (touching the same arrays already in memory), a shuffled epoch split over 4 ranks,
-and resuming from the middle of an epoch.
+those jobs), its floors (touching the same arrays already in memory; copying them once out of the memory map,
+what writable arrays at least cost), a shuffled epoch split over 4 ranks, and resuming from the middle of an
+epoch.
 
 Epoch functions print `seconds N` measured inside the process (open to last batch, interpreter start-up
 excluded); bench.py reports that figure rather than the process's wall time. The resume figure is printed
@@ -47,21 +48,25 @@ def jobs(ctx: Context) -> list[Job]:
 
 
 def epoch_jobs(ctx: Context, base: str, title: str, peer: Command, peer_name: str) -> list[Job]:
-    """One `load` epoch per format over the kept outputs of job `base`, each against the in-memory floor (over
-    the arrow output) and the tf.data pipeline `peer` (both measured once per run)."""
-    floor = Command(call="load:in_memory_floor", args={"dst": kept(ctx, base, "arrow")})
+    """One `load` epoch per format over the kept outputs of job `base`, each against a floor over the arrow output
+    (writable arrays, the default: copying the arrays once out of the memory map and touching them;
+    writable=False: touching them in memory) and the tf.data pipeline `peer` (each measured once per run)."""
+    arrow = kept(ctx, base, "arrow")
+    copy_floor = Command(call="load:memory_copy_floor", args={"dst": arrow})
+    touch_floor = Command(call="load:in_memory_floor", args={"dst": arrow})
     note = ("one pass of batchtool.load over the {} output, every column to NumPy and touched (seconds inside "
-            "the process); floor = touching the same arrays, already in memory; peer = the tf.data pipeline's "
-            "epoch, every column to NumPy and touched")
+            "the process); floor = {}; peer = the tf.data pipeline's epoch, every column to NumPy and touched")
+    copied = "the same bytes copied once from the memory map into fresh NumPy arrays, touched"
     return [
         *(Job(f"{title} load epoch {fmt}", ctx.rows, ctx.parquet_bytes,
               ours=Command(call="load:epoch", args={"dst": kept(ctx, base, fmt)}),
-              floor=floor, peer=peer, peer_name=peer_name, note=note.format(fmt))
+              floor=copy_floor, peer=peer, peer_name=peer_name, note=note.format(fmt, copied))
           for fmt in FORMATS),
         Job(f"{title} load epoch arrow writable=False", ctx.rows, ctx.parquet_bytes,
-            ours=Command(call="load:epoch", args={"dst": kept(ctx, base, "arrow"), "writable": False}),
-            floor=floor, peer=peer, peer_name=peer_name,
-            note=note.format("arrow") + "; writable=False: read-only views of the memory map, no copy"),
+            ours=Command(call="load:epoch", args={"dst": arrow, "writable": False}),
+            floor=touch_floor, peer=peer, peer_name=peer_name,
+            note=note.format("arrow", "touching the same arrays, already in memory")
+            + "; writable=False: read-only views of the memory map, no copy"),
     ]
 
 
@@ -90,17 +95,34 @@ def epoch(dst: str, writable: bool = True) -> None:
     print(f"batches {batches} seconds {seconds:.3f} batches_per_s {batches / seconds:.0f}")
 
 
-def in_memory_floor(dst: str) -> None:
-    """The floor of an epoch: every batch of `dst` held as NumPy arrays (zero-copy views of the memory-mapped
-    Arrow IPC output, paged in by a first pass), then a timed second pass touching them all."""
+def _held(dst: str) -> list[dict[str, Any]]:
+    """Every batch of `dst` as read-only NumPy views of its memory-mapped Arrow IPC files, paged in by a pass."""
     import batchtool
 
     held = list(batchtool.load(dst, shuffle=False, writable=False))
     for batch in held:
         touch(batch)
+    return held
+
+
+def in_memory_floor(dst: str) -> None:
+    """The floor of a writable=False epoch: every batch of `dst` held as NumPy arrays (zero-copy views of the
+    memory-mapped Arrow IPC output, paged in by a first pass), then a timed second pass touching them all."""
+    held = _held(dst)
     start = time.perf_counter()
     for batch in held:
         touch(batch)
+    seconds = time.perf_counter() - start
+    print(f"batches {len(held)} seconds {seconds:.3f}")
+
+
+def memory_copy_floor(dst: str) -> None:
+    """The floor of a writable epoch (the default): the same views as in_memory_floor, each array copied once into
+    a fresh NumPy array (a plain memory copy out of the page cache) and the copy touched."""
+    held = _held(dst)
+    start = time.perf_counter()
+    for batch in held:
+        touch({name: array.copy() for name, array in batch.items()})
     seconds = time.perf_counter() - start
     print(f"batches {len(held)} seconds {seconds:.3f}")
 
