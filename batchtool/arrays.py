@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,9 +21,9 @@ def to_numpy(batch: pa.RecordBatch, writable: bool = False, tensors: bool = Fals
     immutable). tensors: numbers as torch tensors sharing that memory (torch.from_numpy).
     A value that does not convert (a string that is not UTF-8) is an InputError starting with `where()`."""
     out = {}
-    for i, name in enumerate(batch.schema.names):
+    for (name, convert), column in zip(_plan(batch.schema), batch.columns):
         try:
-            out[name] = column_to_numpy(batch.column(i), writable)
+            out[name] = convert(column, writable)
         except (pa.ArrowException, ValueError) as exc:  # UnicodeDecodeError is a ValueError
             raise InputError(f"{where()}, column {name!r}: corrupt ({first_line(exc)})") from exc
     if tensors:
@@ -30,6 +31,78 @@ def to_numpy(batch: pa.RecordBatch, writable: bool = False, tensors: bool = Fals
 
         out = {name: torch.from_numpy(a) if a.dtype != object else a for name, a in out.items()}
     return out
+
+
+_Convert = Callable[[pa.Array, bool], np.ndarray]
+_Plan = tuple[tuple[str, _Convert], ...]
+_plans: list[tuple[pa.Schema, _Plan]] = []
+"""The schemas seen last with their plans: an epoch's batches share a handful of schemas, and comparing a batch's
+schema with its reader's is a pointer comparison (hashing a schema costs more than converting a column)."""
+PLANS_KEPT = 16
+
+
+def _plan(schema: pa.Schema) -> _Plan:
+    """(name, conversion) per column of `schema`, decided once per schema: numbers, and lists of them nested to
+    any depth, through _Dense; any other type through column_to_numpy."""
+    for known, plan in _plans:
+        if known.equals(schema):
+            return plan
+    plan = tuple((field.name, _Dense.of(field.type) or column_to_numpy) for field in schema)
+    _plans[:] = [(schema, plan), *_plans[:PLANS_KEPT - 1]]
+    return plan
+
+
+@dataclass(frozen=True)
+class _Dense:
+    """A column of numbers, or of lists of numbers nested to any depth, as the [N, T1, T2, ...] array
+    column_to_numpy makes of it when no level has a null and every variable-length level has equal lengths
+    (the offsets of each such level are read once and compared, no per-level array is sliced); else what
+    column_to_numpy makes of it."""
+
+    levels: tuple[int | np.dtype, ...]
+    """Per list level, outermost first: a fixed size's steps, or a variable-length list's offsets dtype."""
+    dtype: np.dtype
+    """Of the numbers (the innermost values)."""
+
+    @staticmethod
+    def of(kind: pa.DataType) -> _Dense | None:
+        levels: list[int | np.dtype] = []
+        while is_sequence_type(kind):
+            levels.append(kind.list_size if pa.types.is_fixed_size_list(kind)
+                          else np.dtype(np.int64 if pa.types.is_large_list(kind) else np.int32))
+            kind = kind.value_type
+        if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
+            return None
+        return _Dense(tuple(levels), np.dtype(kind.to_pandas_dtype()))
+
+    def __call__(self, arr: pa.Array, writable: bool) -> np.ndarray:
+        values = self._values(arr) if len(arr) else None
+        return column_to_numpy(arr, writable) if values is None else _handed_out(values[0], writable).reshape(values[1])
+
+    def _values(self, arr: pa.Array) -> tuple[np.ndarray, tuple[int, ...]] | None:
+        """The numbers' view and the shape they take, or None where a level has a null or unequal lengths."""
+        level, start, count = arr, arr.offset, len(arr)
+        shape = [count]
+        for steps in self.levels:
+            if level.null_count:
+                return None
+            if isinstance(steps, int):
+                if not steps:
+                    return None
+                start, count = start * steps, count * steps
+            else:
+                offsets = np.frombuffer(level.buffers()[1], dtype=steps, count=start + count + 1)[start:]
+                first, end = int(offsets[0]), int(offsets[-1])
+                steps = (end - first) // count
+                if end <= first or (offsets[1:] - offsets[:-1] != steps).any():
+                    return None
+                start, count = first, end - first
+            shape.append(steps)
+            level = level.values
+            start += level.offset
+        if level.null_count:
+            return None
+        return np.frombuffer(level.buffers()[1], dtype=self.dtype, count=start + count)[start:], tuple(shape)
 
 
 def column_to_numpy(arr: pa.Array, writable: bool = False) -> np.ndarray:
@@ -48,8 +121,11 @@ def _leaf(arr: pa.Array, writable: bool) -> np.ndarray:
     """Numbers without nulls: a view of Arrow's values buffer, read-only unless `writable` (then writable where
     that buffer is, freshly decoded memory, and copied where it is not, a read-only map)."""
     values = _without_pandas(arr)
-    if values is None:
-        values = arr.to_numpy(zero_copy_only=False)
+    return _handed_out(arr.to_numpy(zero_copy_only=False) if values is None else values, writable)
+
+
+def _handed_out(values: np.ndarray, writable: bool) -> np.ndarray:
+    """`values` as to_numpy hands them out: writable (a copy of read-only memory), or not (a read-only view)."""
     if writable:
         return values if values.flags.writeable else values.copy()
     if values.base is not None and values.flags.writeable:  # a view of Arrow's memory: hand it out read-only
