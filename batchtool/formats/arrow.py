@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
@@ -239,13 +240,30 @@ class _OpenFile:
     path: str
     reader: pa.ipc.RecordBatchFileReader
     lock: threading.Lock
+    descriptor: int | None
+    """When mapped (a local file): the file, opened before the map and closed with this object, whose size
+    (fstat, a fraction of a microsecond: it is checked before every batch is handed out) is the mapped file's
+    even if another file is renamed over its path."""
     size: int | None
-    """Bytes when mapped (a local file): each read first checks the file still has them."""
+    """Bytes when mapped: each read first checks the file still has them."""
     rows: int | None
 
     @staticmethod
     def of(path: str, schema: pa.Schema, listed: Listed | None) -> _OpenFile:
-        size = None if fs.is_uri(path) else _size_now(path)
+        descriptor = None if fs.is_uri(path) else _open_descriptor(path)
+        try:
+            opened = _OpenFile._checked(path, schema, listed, descriptor)
+        except BaseException:
+            if descriptor is not None:
+                os.close(descriptor)
+            raise
+        if descriptor is not None:
+            weakref.finalize(opened, os.close, descriptor)
+        return opened
+
+    @staticmethod
+    def _checked(path: str, schema: pa.Schema, listed: Listed | None, descriptor: int | None) -> _OpenFile:
+        size = None if descriptor is None else _size_now(path, descriptor)
         problem = size_problem(path, size, listed.bytes) if listed is not None and size is not None else None
         if problem:
             raise InputError(problem)
@@ -256,18 +274,27 @@ class _OpenFile:
         problem = schema_problem(reader.schema, schema)
         if problem:
             raise InputError(f"{path}: schema differs from the output's ({problem})")
-        return _OpenFile(path, reader, threading.Lock(), size, None if listed is None else listed.rows)
+        return _OpenFile(path, reader, threading.Lock(), descriptor, size, None if listed is None else listed.rows)
 
     def check_size(self) -> None:
         """The mapped file has not shrunk since it was opened: reading a page past its end would be SIGBUS."""
-        if self.size is not None and _size_now(self.path) < self.size:
-            raise InputError(f"{self.path}: truncated to {_size_now(self.path):,} bytes while being read "
-                             f"(it had {self.size:,})")
+        if self.descriptor is None:
+            return
+        now = _size_now(self.path, self.descriptor)
+        if now < self.size:
+            raise InputError(f"{self.path}: truncated to {now:,} bytes while being read (it had {self.size:,})")
 
 
-def _size_now(path: str) -> int:
+def _open_descriptor(path: str) -> int:
     try:
-        return os.stat(path).st_size
+        return os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+
+
+def _size_now(path: str, descriptor: int) -> int:
+    try:
+        return os.fstat(descriptor).st_size
     except OSError as exc:
         raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from exc
 
