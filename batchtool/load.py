@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +15,7 @@ import pyarrow as pa
 from batchtool import fs
 from batchtool.arrays import column_to_numpy, to_numpy
 from batchtool.dataset import Dataset, Shard
-from batchtool.errors import InputError, UsageError
+from batchtool.errors import BatchtoolError, InputError, UsageError
 from batchtool.formats.base import Batches, ReadTask, size_problem
 from batchtool.formats.registry import FORMATS
 from batchtool.inputs import open_dataset
@@ -258,9 +258,13 @@ class Loader:
     # reading -----------------------------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        for batch, batch_id in self._batches():
-            yield to_numpy(batch, writable=self.writable or self.tensors, tensors=self.tensors,
-                           where=lambda: self._layout.where(batch_id))
+        writable = self.writable or self.tensors
+
+        def convert(batch: pa.RecordBatch, batch_id: int) -> dict[str, Any]:
+            return to_numpy(batch, writable=writable, tensors=self.tensors, where=lambda: self._layout.where(batch_id))
+
+        for arrays, _ in self._batches(convert):
+            yield arrays
 
     def __getitem__(self, index: object) -> Any:
         raise TypeError("a batchtool Loader is iterable, not indexable (batchtool.source(DST) is the map-style "
@@ -272,25 +276,44 @@ class Loader:
         for batch, _ in self._batches():
             yield batch
 
-    def _batches(self) -> Iterator[tuple[pa.RecordBatch, int]]:
-        """(batch, its number in the output) in this iterator's order, counting self.position."""
+    def _batches(self, convert: Callable[[pa.RecordBatch, int], Any] | None = None) -> Iterator[tuple[Any, int]]:
+        """(batch, its number in the output) in this iterator's order, counting self.position; each batch
+        `convert`ed (batch, number) -> item first where given, on the thread that read it."""
         worker, workers = _worker_split()
         first = self._first(worker, workers)
         self._resume = None
         order, blocks = self._epoch()
         picked = self._rank_positions()[first::workers]
         self.position, self._iterating = first, True
-        reads = self._reads(order[picked], blocks[picked])
-        ids = iter(order[picked].tolist())
-        for read, batches in threaded_map(lambda read: (read, read()), reads, self.threads):
-            for batch in batches:
+
+        def run(task: tuple[ReadTask, list[int]]) -> tuple[ReadTask, list[int], list[Any], BaseException | None]:
+            """The task's batches, converted; a batch that does not convert ends the list, with the error the
+            consumer raises after the batches before it (as if it had converted each itself)."""
+            read, ids = task
+            batches = read()
+            if convert is None:
+                return read, ids, batches, None
+            items: list[Any] = []
+            try:
+                for batch, batch_id in zip(batches, ids):
+                    read.check()
+                    items.append(convert(batch, batch_id))
+            except BatchtoolError as exc:
+                return read, ids, items, exc
+            return read, ids, items, None
+
+        for read, ids, items, error in threaded_map(run, self._reads(order[picked], blocks[picked]), self.threads):
+            for item, batch_id in zip(items, ids):
                 read.check()
                 self.position += workers
-                yield batch, next(ids)
+                yield item, batch_id
+            if error is not None:
+                raise error
 
-    def _reads(self, ids: np.ndarray, blocks: np.ndarray) -> Iterator[ReadTask]:
-        """Read tasks in stream order: runs of up to READ_BATCHES consecutive batches of one file. Footers
-        (and TFRecord files) stay open for one block; I/O of TFRecord ranges happens here, in order."""
+    def _reads(self, ids: np.ndarray, blocks: np.ndarray) -> Iterator[tuple[ReadTask, list[int]]]:
+        """Read tasks in stream order, each with the numbers of the batches it reads: runs of up to READ_BATCHES
+        consecutive batches of one file. Footers (and TFRecord files) stay open for one block; I/O of TFRecord
+        ranges happens here, in order."""
         if not len(ids):
             return
         file, local = self._layout.locate(ids)
@@ -310,9 +333,10 @@ class Loader:
                 while s < b:
                     f = int(file[s])
                     chunk = local[s:min(b, s + run)]
+                    yield (where.read(f, chunk, self.columns, self.schema, cache, self.verify),
+                           ids[s:s + len(chunk)].tolist())
                     s += run
                     run = min(2 * run, READ_BATCHES)
-                    yield where.read(f, chunk, self.columns, self.schema, cache, self.verify)
         finally:
             where.release(cache)
 

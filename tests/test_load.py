@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -190,3 +191,27 @@ def test_a_file_the_manifest_lists_must_exist(segmented):
     os.remove(os.path.join(segmented, "part-00001.parquet"))
     with pytest.raises(InputError, match=r"part-00001.parquet: listed in .*\.batchtool_manifest\.json but missing"):
         batchtool.load(segmented)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_batch_that_does_not_convert_ends_the_stream_after_the_batches_before_it(tmp_path, monkeypatch, threads):
+    """The reading threads convert a run of batches ahead of the loop; one that fails is raised where the loop
+    reaches it, after every batch before it (the position counts those)."""
+    load_module = importlib.import_module("batchtool.load")  # (the attribute batchtool.load is the function)
+    dst = bucket_output(str(tmp_path), "arrow")
+    expected = [int(b["batch"][0]) for b in batchtool.load(dst, shuffle=False)]
+    bad = expected[6]
+    convert = load_module.to_numpy
+
+    def failing(batch, **options):
+        if batch.column("batch")[0].as_py() == bad:
+            raise InputError(f"{options['where']()}: cannot convert")
+        return convert(batch, **options)
+
+    monkeypatch.setattr(load_module, "to_numpy", failing)
+    loader = batchtool.load(dst, shuffle=False, threads=threads)
+    got = []
+    with pytest.raises(InputError, match=r"part-\d+\.arrow, batch \d+: cannot convert"):
+        for batch in loader:
+            got.append(int(batch["batch"][0]))
+    assert got == expected[:6] and loader.position == 6
