@@ -82,7 +82,8 @@ def touch(batch: dict[str, Any]) -> float:
 def epoch(dst: str, writable: bool = True) -> None:
     """One epoch of batchtool.load (its defaults, or read-only arrays): every batch as a dict of NumPy
     arrays, touched. Timed from load() to the last batch, after batchtool.load's imports (numpy, pyarrow: a
-    training process has them; the floors import them untimed too), which are printed apart (import_s)."""
+    training process has them; the floors import them untimed too), which are printed apart (import_s); cpu_s:
+    this process's CPU seconds over the epoch, its reading threads' included (steadier on a shared machine)."""
     import importlib
 
     import batchtool
@@ -91,14 +92,14 @@ def epoch(dst: str, writable: bool = True) -> None:
         raise SystemExit(f"{dst}: no output; run the job that writes it first")
     start = time.perf_counter()
     importlib.import_module("batchtool.load")
-    imported = time.perf_counter()
+    imported, cpu = time.perf_counter(), time.process_time()
     batches = 0
     for batch in batchtool.load(dst, writable=writable):
         touch(batch)
         batches += 1
     seconds = time.perf_counter() - imported
     print(f"batches {batches} seconds {seconds:.3f} batches_per_s {batches / seconds:.0f} "
-          f"import_s {imported - start:.3f}")
+          f"cpu_s {time.process_time() - cpu:.3f} import_s {imported - start:.3f}")
 
 
 def _held(dst: str) -> list[dict[str, Any]]:
@@ -115,22 +116,20 @@ def in_memory_floor(dst: str) -> None:
     """The floor of a writable=False epoch: every batch of `dst` held as NumPy arrays (zero-copy views of the
     memory-mapped Arrow IPC output, paged in by a first pass), then a timed second pass touching them all."""
     held = _held(dst)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for batch in held:
         touch(batch)
-    seconds = time.perf_counter() - start
-    print(f"batches {len(held)} seconds {seconds:.3f}")
+    print(f"batches {len(held)} seconds {time.perf_counter() - start:.3f} cpu_s {time.process_time() - cpu:.3f}")
 
 
 def memory_copy_floor(dst: str) -> None:
     """The floor of a writable epoch (the default): the same views as in_memory_floor, each array copied once into
     a fresh NumPy array (a plain memory copy out of the page cache) and the copy touched."""
     held = _held(dst)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for batch in held:
         touch({name: array.copy() for name, array in batch.items()})
-    seconds = time.perf_counter() - start
-    print(f"batches {len(held)} seconds {seconds:.3f}")
+    print(f"batches {len(held)} seconds {time.perf_counter() - start:.3f} cpu_s {time.process_time() - cpu:.3f}")
 
 
 def rank_epochs(dst: str, world_size: int) -> None:
