@@ -20,17 +20,32 @@ def to_numpy(batch: pa.RecordBatch, writable: bool = False, tensors: bool = Fals
     writable: numbers are writable views of the decoded buffers (a copy only if Arrow's buffer is
     immutable). tensors: numbers as torch tensors sharing that memory (torch.from_numpy).
     A value that does not convert (a string that is not UTF-8) is an InputError starting with `where()`."""
+    return hand_out(views(batch, writable, where), writable, tensors)
+
+
+def views(batch: pa.RecordBatch, writable: bool, where: Callable[[], str] = lambda: "a batch") -> dict[str, Any]:
+    """to_numpy's arrays, except that with `writable` the arrays of numbers may still be read-only views of
+    Arrow's buffers: hand_out copies those, so a reading thread can do the rest ahead and the copy is made
+    where the arrays are used (while the copied bytes are in the CPU's caches)."""
     out = {}
     for (name, convert), column in zip(_plan(batch.schema), batch.columns):
         try:
             out[name] = convert(column, writable)
         except (pa.ArrowException, ValueError) as exc:  # UnicodeDecodeError is a ValueError
             raise InputError(f"{where()}, column {name!r}: corrupt ({first_line(exc)})") from exc
+    return out
+
+
+def hand_out(arrays: dict[str, Any], writable: bool, tensors: bool) -> dict[str, Any]:
+    """views' arrays as to_numpy gives them: with `writable`, read-only numbers copied; with `tensors`, torch
+    tensors sharing the numbers' memory."""
+    if writable:
+        arrays = {name: a if a.flags.writeable or a.dtype == object else a.copy() for name, a in arrays.items()}
     if tensors:
         import torch
 
-        out = {name: torch.from_numpy(a) if a.dtype != object else a for name, a in out.items()}
-    return out
+        arrays = {name: torch.from_numpy(a) if a.dtype != object else a for name, a in arrays.items()}
+    return arrays
 
 
 _Convert = Callable[[pa.Array, bool], np.ndarray]
@@ -76,8 +91,11 @@ class _Dense:
         return _Dense(tuple(levels), np.dtype(kind.to_pandas_dtype()))
 
     def __call__(self, arr: pa.Array, writable: bool) -> np.ndarray:
+        """With `writable`, read-only numbers are left to hand_out to copy."""
         values = self._values(arr) if len(arr) else None
-        return column_to_numpy(arr, writable) if values is None else _handed_out(values[0], writable).reshape(values[1])
+        if values is None:
+            return column_to_numpy(arr, writable)
+        return (values[0] if writable else _handed_out(values[0], False)).reshape(values[1])
 
     def _values(self, arr: pa.Array) -> tuple[np.ndarray, tuple[int, ...]] | None:
         """The numbers' view and the shape they take, or None where a level has a null or unequal lengths."""

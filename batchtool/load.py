@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool import fs
-from batchtool.arrays import column_to_numpy, to_numpy
+from batchtool.arrays import column_to_numpy, hand_out, to_numpy, views
 from batchtool.dataset import Dataset, Shard
 from batchtool.errors import BatchtoolError, InputError, UsageError
 from batchtool.formats.base import Batches, ReadTask, size_problem
@@ -27,9 +27,9 @@ from batchtool.runner import default_threads, threaded_map
 __all__ = ["Loader", "column_to_numpy", "epoch_order", "load", "rank_positions", "to_numpy"]
 
 READ_BATCHES = 32
-"""Batches decoded per read call when consecutive batches of the stream are in one file: amortises the
-per-call cost of small row groups. An iteration starts with runs of 1, 2, 4, ... so the first batch
-(after a resume, say) costs one batch's read."""
+"""Batches of the stream per task of the reading threads, decoded in one call where they are consecutive in one
+file: amortises the per-call cost of small row groups and the per-task cost of the threads. An iteration starts
+with 1, 2, 4, ... so the first batch (after a resume, say) costs one batch's read."""
 LANE_COMMANDS = ("segment",)
 """Operations whose batches continue each other (lanes carry state): read in order, never shuffled."""
 
@@ -258,13 +258,15 @@ class Loader:
     # reading -----------------------------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        """The reading threads convert each batch to arrays; a copy of read-only memory (writable=True over a
+        memory map) is made here, right after the batch's file was checked (see _batches)."""
         writable = self.writable or self.tensors
 
         def convert(batch: pa.RecordBatch, batch_id: int) -> dict[str, Any]:
-            return to_numpy(batch, writable=writable, tensors=self.tensors, where=lambda: self._layout.where(batch_id))
+            return views(batch, writable, where=lambda: self._layout.where(batch_id))
 
         for arrays, _ in self._batches(convert):
-            yield arrays
+            yield hand_out(arrays, writable, self.tensors)
 
     def __getitem__(self, index: object) -> Any:
         raise TypeError("a batchtool Loader is iterable, not indexable (batchtool.source(DST) is the map-style "
@@ -286,34 +288,42 @@ class Loader:
         picked = self._rank_positions()[first::workers]
         self.position, self._iterating = first, True
 
-        def run(task: tuple[ReadTask, list[int]]) -> tuple[ReadTask, list[int], list[Any], BaseException | None]:
-            """The task's batches, converted; a batch that does not convert ends the list, with the error the
-            consumer raises after the batches before it (as if it had converted each itself)."""
-            read, ids = task
-            batches = read()
-            if convert is None:
-                return read, ids, batches, None
-            items: list[Any] = []
+        def run(group: list[tuple[ReadTask, list[int]]]) -> tuple[list[tuple[ReadTask, list[int], list[Any]]],
+                                                                 BaseException | None]:
+            """Each read of the group with its batches, converted; a read that fails or a batch that does not
+            convert ends the list, with the error the consumer raises after the batches before it (as if it had
+            read and converted each itself)."""
+            done: list[tuple[ReadTask, list[int], list[Any]]] = []
             try:
-                for batch, batch_id in zip(batches, ids):
-                    read.check()
-                    items.append(convert(batch, batch_id))
+                for read, ids in group:
+                    batches = read()
+                    items: list[Any] = []
+                    done.append((read, ids, items))
+                    if convert is None:
+                        items.extend(batches)
+                        continue
+                    for batch, batch_id in zip(batches, ids):
+                        read.check()
+                        items.append(convert(batch, batch_id))
             except BatchtoolError as exc:
-                return read, ids, items, exc
-            return read, ids, items, None
+                return done, exc
+            return done, None
 
-        for read, ids, items, error in threaded_map(run, self._reads(order[picked], blocks[picked]), self.threads):
-            for item, batch_id in zip(items, ids):
-                read.check()
-                self.position += workers
-                yield item, batch_id
+        for done, error in threaded_map(run, self._reads(order[picked], blocks[picked]), self.threads):
+            for read, ids, items in done:
+                for item, batch_id in zip(items, ids):
+                    read.check()
+                    self.position += workers
+                    yield item, batch_id
             if error is not None:
                 raise error
 
-    def _reads(self, ids: np.ndarray, blocks: np.ndarray) -> Iterator[tuple[ReadTask, list[int]]]:
-        """Read tasks in stream order, each with the numbers of the batches it reads: runs of up to READ_BATCHES
-        consecutive batches of one file. Footers (and TFRecord files) stay open for one block; I/O of TFRecord
-        ranges happens here, in order."""
+    def _reads(self, ids: np.ndarray, blocks: np.ndarray) -> Iterator[list[tuple[ReadTask, list[int]]]]:
+        """Groups of reads in stream order, one task for the reading threads each: READ_BATCHES consecutive
+        batches of the stream (a read for each run of them in one file, with the batches' numbers), so a shuffled
+        epoch, whose next batch is mostly in another file of the block, still reads many per task. An iteration
+        starts with groups of 1, 2, 4, ... batches, so its first batch costs one batch's read. Footers (and
+        TFRecord files) stay open for one block; I/O of TFRecord ranges happens here, in order."""
         if not len(ids):
             return
         file, local = self._layout.locate(ids)
@@ -323,20 +333,28 @@ class Loader:
         where = self._layout.batches
         cache: dict = {}
         block = None
-        run = 1
+        group: list[tuple[ReadTask, list[int]]] = []
+        size, wanted = 0, 1
         try:
             for a, b in zip(starts, ends):
                 if blocks[a] != block:
+                    if group:  # (read before the block's files are released)
+                        yield group
+                        group, size = [], 0
                     block = blocks[a]
                     where.release(cache)
                 s = a
                 while s < b:
-                    f = int(file[s])
-                    chunk = local[s:min(b, s + run)]
-                    yield (where.read(f, chunk, self.columns, self.schema, cache, self.verify),
-                           ids[s:s + len(chunk)].tolist())
-                    s += run
-                    run = min(2 * run, READ_BATCHES)
+                    chunk = local[s:min(b, s + wanted - size)]
+                    group.append((where.read(int(file[s]), chunk, self.columns, self.schema, cache, self.verify),
+                                  ids[s:s + len(chunk)].tolist()))
+                    s += len(chunk)
+                    size += len(chunk)
+                    if size == wanted:
+                        yield group
+                        group, size, wanted = [], 0, min(2 * wanted, READ_BATCHES)
+            if group:
+                yield group
         finally:
             where.release(cache)
 

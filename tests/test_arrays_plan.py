@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchtool.arrays import _Dense, column_to_numpy, to_numpy
+from batchtool.arrays import _Dense, column_to_numpy, hand_out, to_numpy, views
 
 
 def assert_same(got: object, want: object, where: str) -> None:
@@ -110,6 +110,21 @@ def test_numbers_and_padded_lists_take_the_planned_path():
     assert values is not None and values[1] == (4, 3, 2)
     for declined in ("ragged list", "null row", "null step", "null vector", "all empty", "lists of ragged lists"):
         assert _Dense.of(COLUMNS[declined].type)._values(COLUMNS[declined]) is None, declined
+
+
+def test_views_leave_the_copy_of_mapped_numbers_to_hand_out(tmp_path):
+    """What load's reading threads make (views) and its loop hands out (hand_out): writable arrays of a memory-mapped
+    batch are copied by hand_out only, into arrays of their own, equal to the views."""
+    batch = ipc_batch(pa.RecordBatch.from_pydict(COLUMNS), tmp_path)
+    ahead = views(batch, writable=True)
+    for name in ("int", "padded list", "steps of vectors"):
+        assert not ahead[name].flags.writeable, name
+    out = hand_out(ahead, writable=True, tensors=False)
+    for name, array in out.items():
+        assert array.flags.writeable, name
+        if name in ("int", "padded list", "steps of vectors"):
+            assert not np.shares_memory(array, ahead[name]) and array.tolist() == ahead[name].tolist(), name
+    assert hand_out(views(batch, writable=False), writable=False, tensors=False)["int"].flags.writeable is False
 
 
 def test_a_list_child_with_its_own_offset():

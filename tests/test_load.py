@@ -201,14 +201,14 @@ def test_a_batch_that_does_not_convert_ends_the_stream_after_the_batches_before_
     dst = bucket_output(str(tmp_path), "arrow")
     expected = [int(b["batch"][0]) for b in batchtool.load(dst, shuffle=False)]
     bad = expected[6]
-    convert = load_module.to_numpy
+    convert = load_module.views
 
-    def failing(batch, **options):
+    def failing(batch, writable, where):
         if batch.column("batch")[0].as_py() == bad:
-            raise InputError(f"{options['where']()}: cannot convert")
-        return convert(batch, **options)
+            raise InputError(f"{where()}: cannot convert")
+        return convert(batch, writable, where)
 
-    monkeypatch.setattr(load_module, "to_numpy", failing)
+    monkeypatch.setattr(load_module, "views", failing)
     loader = batchtool.load(dst, shuffle=False, threads=threads)
     got = []
     with pytest.raises(InputError, match=r"part-\d+\.arrow, batch \d+: cannot convert"):
