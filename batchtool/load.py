@@ -338,7 +338,7 @@ class Loader:
         try:
             for a, b in zip(starts, ends):
                 if blocks[a] != block:
-                    if group:  # (read before the block's files are released)
+                    if group:  # (a group reads the files of one block)
                         yield group
                         group, size = [], 0
                     block = blocks[a]
