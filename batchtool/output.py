@@ -300,10 +300,19 @@ class BatchShardWriter:
             with fs.write_errors(f"{self.name}: cannot write the output ({shard})"):
                 yield
         except BaseException:
-            self._abandon()
+            self.abandon()
             raise
 
-    def _abandon(self) -> None:
+    def __enter__(self) -> BatchShardWriter:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        """A block that fails abandons the open shard (its hashing thread ends; the directory goes anyway)."""
+        if exc_type is not None:
+            self.abandon()
+
+    def abandon(self) -> None:
+        """Give up the open shard: nothing more is written to it, and an overlapping thread ends."""
         if self._sink is not None:
             self._sink.abandon()
         if self._encoder is not None:

@@ -193,7 +193,6 @@ def _write_streamed(job: Job, out: Streamed, output: OutputOptions, stored: pa.S
                     report: ReadReport, tasks: Executor) -> tuple[list[dict], int, int]:
     """The units' tasks on the engine's threads (each unit's work, then each piece of it made and encoded), their
     batches appended in order by one writer here."""
-    writer = BatchShardWriter(tmp, stored, output, name=job.dst, overlap=tasks.threads > 1)
     rows_in = rows_out = 0
     total = out.total_rows if out.total_rows is not None else job.source.progress_rows
 
@@ -207,7 +206,8 @@ def _write_streamed(job: Job, out: Streamed, output: OutputOptions, stored: pa.S
     results = tasks.map(functools.partial(_made, output), pieces())
     # closed, however the block ends, before the directories are removed: the units' source may still be writing
     # temporary files of its own on the reader thread
-    with progress.bar(f"{job.name}: write", total, quiet=job.run.quiet) as bar, closing(results):
+    with BatchShardWriter(tmp, stored, output, name=job.dst, overlap=tasks.threads > 1) as writer, \
+            progress.bar(f"{job.name}: write", total, quiet=job.run.quiet) as bar, closing(results):
         for encoded, consumed in results:
             for batch in encoded:
                 writer.write(batch)
@@ -244,11 +244,11 @@ def _write_in_order(job: Job, batches: Batches, output: OutputOptions, stored: p
                     tasks: Executor) -> list[dict]:
     """Sorted batches read and encoded in runs on the engine's threads, appended in order by one writer here, whose
     shards roll over as the batches come (output.ShardCutter)."""
-    writer = BatchShardWriter(tmp, stored, output, name=job.dst, overlap=tasks.threads > 1)
     step = max(1, int(run_bytes(job.run) * batches.count / max(1, batches.nbytes())))
     runs = [_Encoded(batches.reader(k, min(k + step, batches.count)), output, stored)
             for k in range(0, batches.count, step)]
-    with progress.bar(f"{job.name}: write", batches.rows, quiet=job.run.quiet) as bar:
+    with BatchShardWriter(tmp, stored, output, name=job.dst, overlap=tasks.threads > 1) as writer, \
+            progress.bar(f"{job.name}: write", batches.rows, quiet=job.run.quiet) as bar:
         for encoded in tasks.map(_encoded_run, runs):
             for batch in encoded:
                 writer.write(batch)

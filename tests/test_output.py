@@ -181,3 +181,16 @@ def test_a_failed_write_on_the_hashing_thread_is_one_destination_error(tmp_path,
         for _ in range(20):
             writer.write(encode_batch(pa.record_batch({"x": pa.array([1.0] * 200_000)}), writer.options))
         writer.close()
+
+
+def test_a_block_that_fails_ends_the_hashing_thread(tmp_path):
+    """A run that fails mid-shard (a worker's error, Ctrl-C) leaves no hashing thread or open file behind."""
+    import threading
+
+    with pytest.raises(KeyboardInterrupt):
+        with BatchShardWriter(str(tmp_path), pa.schema([("x", pa.float64())]), OutputOptions(format="arrow"),
+                              overlap=True) as writer:
+            writer.write(encode_batch(pa.record_batch({"x": pa.array([1.0] * 400_000)}), writer.options))
+            assert any(t.name == "batchtool-hash" for t in threading.enumerate())
+            raise KeyboardInterrupt
+    assert not any(t.name == "batchtool-hash" for t in threading.enumerate())
