@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import queue
 import tempfile
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
@@ -29,6 +31,8 @@ TFRECORD_KINDS = ("sequence_example", "example")
 DEFAULT_SHARD_BYTES = 256 * 1024 * 1024
 WRITE_BUFFER_BYTES = 1 << 20
 """What a shard's native write buffer gathers before one Python-level write (see BatchShardWriter._open)."""
+OVERLAP_BUFFERS = 4
+"""Such buffers waiting for a shard's hashing thread (_HashingFile's `overlap`): a few MiB."""
 
 
 @dataclass(frozen=True)
@@ -159,21 +163,65 @@ def shard_ends(options: OutputOptions, header: int, rows: Iterable[int], sizes: 
 
 
 class _HashingFile:
-    """Write-through file that hashes and counts what it writes (Parquet is written sequentially)."""
+    """Write-through file that hashes and counts what it writes (every format writes sequentially). With
+    `overlap`, the hashing and the writing run on a thread of their own, fed a copy of each buffer (its caller
+    reuses it) through a short queue: the one writer thread then only encodes and copies, and a shard's sha256
+    and disk writes overlap the encoding of the batches after them instead of adding to it."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, overlap: bool = False) -> None:
         self._file: BinaryIO = open(path, "wb")
         self.sha256 = hashlib.sha256()
         self.bytes = 0
         self.closed = False
+        self._failed: BaseException | None = None
+        self._queue: queue.Queue[bytes | None] | None = None
+        self._thread: threading.Thread | None = None
+        if overlap:
+            self._queue = queue.Queue(maxsize=OVERLAP_BUFFERS)
+            self._thread = threading.Thread(target=self._drain, name="batchtool-hash", daemon=True)
+            self._thread.start()
+
+    def _append(self, data: bytes | memoryview) -> None:
+        self.sha256.update(data)
+        self._file.write(data)
+
+    def _drain(self) -> None:
+        """The overlapping thread: appends every buffer until told to stop; the first failure is kept for the
+        writer thread to raise (later buffers are dropped: the shard is lost anyway)."""
+        while (data := self._queue.get()) is not None:
+            if self._failed is None:
+                try:
+                    self._append(data)
+                except BaseException as exc:  # raised in the writer thread, at its next write or close
+                    self._failed = exc
+            self._queue.task_done()
+        self._queue.task_done()
+
+    def _raise_failure(self) -> None:
+        if self._failed is not None:
+            raise self._failed
 
     def write(self, data: bytes) -> int:
         view = memoryview(data)
-        self.sha256.update(view)
         self.bytes += view.nbytes
-        return self._file.write(view)
+        if self._queue is None:
+            self._append(view)
+        else:
+            self._raise_failure()
+            self._queue.put(bytes(view))
+        return view.nbytes
+
+    def _stop(self) -> None:
+        """Every queued buffer appended, and the overlapping thread ended."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
 
     def flush(self) -> None:
+        if self._queue is not None:
+            self._queue.join()
+            self._raise_failure()
         self._file.flush()
 
     def tell(self) -> int:
@@ -181,12 +229,15 @@ class _HashingFile:
 
     def close(self) -> None:
         if not self.closed:
+            self._stop()
             self._file.close()
             self.closed = True
+            self._raise_failure()
 
     def abandon(self) -> None:
         """Close the file, ignoring a failure to flush, and take any later write (an encoder's footer)
         as done: nothing may write again from a finalizer, at some random later moment."""
+        self._stop()
         with suppress(OSError):
             self._file.close()
         self.closed = True
@@ -205,9 +256,11 @@ class BatchShardWriter:
     """
 
     def __init__(self, directory: str, schema: pa.Schema, options: OutputOptions, name: str | None = None,
-                 first: int = 0, rollover: bool = True) -> None:
+                 first: int = 0, rollover: bool = True, overlap: bool = False) -> None:
         """`first`: the number of the first shard it writes (part-<first>); without `rollover`, everything it is
-        given goes into that one shard (a worker writing a shard whose batches shard_ends planned)."""
+        given goes into that one shard (a worker writing a shard whose batches shard_ends planned); with
+        `overlap`, each shard is hashed and written by a thread of its own (the local engine's one writer, when
+        it has threads to spare: _HashingFile)."""
         self.directory = directory
         self.name = name or directory
         """What errors name: DST, when `directory` is its temporary twin."""
@@ -217,6 +270,7 @@ class BatchShardWriter:
         self.options = options
         self.files: list[dict] = []
         self._first = first
+        self._overlap = overlap
         self._cutter = ShardCutter(options) if rollover else None
         self._sink: _HashingFile | None = None
         self._stream: pa.BufferedOutputStream | None = None
@@ -246,10 +300,19 @@ class BatchShardWriter:
             with fs.write_errors(f"{self.name}: cannot write the output ({shard})"):
                 yield
         except BaseException:
-            self._abandon()
+            self.abandon()
             raise
 
-    def _abandon(self) -> None:
+    def __enter__(self) -> BatchShardWriter:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        """A block that fails abandons the open shard (its hashing thread ends; the directory goes anyway)."""
+        if exc_type is not None:
+            self.abandon()
+
+    def abandon(self) -> None:
+        """Give up the open shard: nothing more is written to it, and an overlapping thread ends."""
         if self._sink is not None:
             self._sink.abandon()
         if self._encoder is not None:
@@ -264,7 +327,7 @@ class BatchShardWriter:
 
     def _open(self) -> None:
         name = self._shard_name()
-        self._sink = _HashingFile(os.path.join(self.directory, name))
+        self._sink = _HashingFile(os.path.join(self.directory, name), self._overlap)
         self._rows = self._batches = 0
         self.files.append({"path": name})
         # Encoders write many small buffers (Arrow IPC about two dozen a batch, Parquet more): gathered in a

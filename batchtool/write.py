@@ -38,8 +38,14 @@ from batchtool.workspace import Workspace, tasks_executor, workspace
 MEASURES_PER_WORKER = 2
 """A remote engine measures sorted batches in this many tasks per worker CPU, so every worker encodes."""
 RUN_BYTES = 1 << 20
-"""About the sorted bytes one task of the local writer reads and encodes (at least one batch): a few such runs wait
-for the writer at a time (the local engine's window), so this stays a small part of any budget."""
+"""About the sorted bytes one task of the local writer reads and encodes (at least one batch), at least: a few such
+runs wait for the writer at a time (the local engine's window), so this stays a small part of any budget."""
+RUN_BYTES_MAX = 8 << 20
+"""At most this, where --memory allows (run_bytes): every run reopens the sorted ranges it reads from files, and
+with 1 MiB runs that cost bucket about a tenth of its writing (measured)."""
+RUN_SHARE = 16
+"""The runs in flight (the window: threads + 1), each held about three times over (sorted rows, padded, encoded),
+take at most about 3/RUN_SHARE of --memory."""
 
 Deferred = Callable[[], tuple[list[pa.RecordBatch], int]]
 """Output batches not made yet, and the input rows they complete once made."""
@@ -187,7 +193,6 @@ def _write_streamed(job: Job, out: Streamed, output: OutputOptions, stored: pa.S
                     report: ReadReport, tasks: Executor) -> tuple[list[dict], int, int]:
     """The units' tasks on the engine's threads (each unit's work, then each piece of it made and encoded), their
     batches appended in order by one writer here."""
-    writer = BatchShardWriter(tmp, stored, output, name=job.dst)
     rows_in = rows_out = 0
     total = out.total_rows if out.total_rows is not None else job.source.progress_rows
 
@@ -201,7 +206,8 @@ def _write_streamed(job: Job, out: Streamed, output: OutputOptions, stored: pa.S
     results = tasks.map(functools.partial(_made, output), pieces())
     # closed, however the block ends, before the directories are removed: the units' source may still be writing
     # temporary files of its own on the reader thread
-    with progress.bar(f"{job.name}: write", total, quiet=job.run.quiet) as bar, closing(results):
+    with BatchShardWriter(tmp, stored, output, name=job.dst, overlap=tasks.threads > 1) as writer, \
+            progress.bar(f"{job.name}: write", total, quiet=job.run.quiet) as bar, closing(results):
         for encoded, consumed in results:
             for batch in encoded:
                 writer.write(batch)
@@ -228,15 +234,21 @@ def _encoded_run(batches: _Encoded) -> list[EncodedBatch]:
     return list(batches())
 
 
+def run_bytes(run: RunSettings) -> int:
+    """The sorted bytes of one run of the local writer: as large as the run's --memory allows for its threads'
+    window, between RUN_BYTES and RUN_BYTES_MAX."""
+    return max(RUN_BYTES, min(RUN_BYTES_MAX, run.budget // (RUN_SHARE * (run.threads + 1))))
+
+
 def _write_in_order(job: Job, batches: Batches, output: OutputOptions, stored: pa.Schema, tmp: str,
                     tasks: Executor) -> list[dict]:
     """Sorted batches read and encoded in runs on the engine's threads, appended in order by one writer here, whose
     shards roll over as the batches come (output.ShardCutter)."""
-    writer = BatchShardWriter(tmp, stored, output, name=job.dst)
-    step = max(1, int(RUN_BYTES * batches.count / max(1, batches.nbytes())))
+    step = max(1, int(run_bytes(job.run) * batches.count / max(1, batches.nbytes())))
     runs = [_Encoded(batches.reader(k, min(k + step, batches.count)), output, stored)
             for k in range(0, batches.count, step)]
-    with progress.bar(f"{job.name}: write", batches.rows, quiet=job.run.quiet) as bar:
+    with BatchShardWriter(tmp, stored, output, name=job.dst, overlap=tasks.threads > 1) as writer, \
+            progress.bar(f"{job.name}: write", batches.rows, quiet=job.run.quiet) as bar:
         for encoded in tasks.map(_encoded_run, runs):
             for batch in encoded:
                 writer.write(batch)

@@ -6,11 +6,12 @@ import hashlib
 import json
 import os
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchtool.errors import DestinationExistsError
+from batchtool.errors import DestinationError, DestinationExistsError
 from batchtool.output import BatchShardWriter, OutputOptions, encode_batch, output_directory
 
 
@@ -141,3 +142,55 @@ def test_shards_roll_over_after_the_batch_that_reaches_shard_bytes(tmp_path, fmt
             assert sizes[-1] >= 3000
         first += f["batches"]
     assert first == len(batches)
+
+
+@pytest.mark.parametrize("fmt", ["arrow", "parquet"])
+def test_overlapped_hashing_writes_the_same_shards(tmp_path, fmt):
+    """The local writer's hashing thread (overlap) writes and hashes exactly what the writer thread would: several
+    MiB per shard, so many buffers pass through its queue, and shards roll over on the way."""
+    schema = pa.schema([("x", pa.float64())])
+    values = np.random.default_rng(0).random(200_000)
+    batches = [pa.record_batch({"x": pa.array(values + i)}) for i in range(12)]
+    written = {}
+    for overlap in (False, True):
+        out = tmp_path / str(overlap)
+        out.mkdir()
+        writer = BatchShardWriter(str(out), schema, OutputOptions(format=fmt, shard_bytes=5 << 20), overlap=overlap)
+        for b in batches:
+            writer.write(encode_batch(b, writer.options))
+        written[overlap] = writer.close()
+        for f in written[overlap]:
+            data = (out / f["path"]).read_bytes()
+            assert (f["bytes"], f["sha256"]) == (len(data), hashlib.sha256(data).hexdigest())
+    assert len(written[True]) > 1
+    assert written[True] == written[False]
+
+
+def test_a_failed_write_on_the_hashing_thread_is_one_destination_error(tmp_path, monkeypatch):
+    """The disk refusing a write on the overlapping thread surfaces in the writer thread as the one DestinationError
+    naming DST and the shard, and the thread ends (close returns)."""
+    from batchtool import output
+
+    def full(self, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(output._HashingFile, "_append", full)
+    writer = BatchShardWriter(str(tmp_path), pa.schema([("x", pa.float64())]), OutputOptions(format="arrow"),
+                              name="DST", overlap=True)
+    with pytest.raises(DestinationError, match=r"DST: cannot write the output \(part-00000.arrow\).*No space"):
+        for _ in range(20):
+            writer.write(encode_batch(pa.record_batch({"x": pa.array([1.0] * 200_000)}), writer.options))
+        writer.close()
+
+
+def test_a_block_that_fails_ends_the_hashing_thread(tmp_path):
+    """A run that fails mid-shard (a worker's error, Ctrl-C) leaves no hashing thread or open file behind."""
+    import threading
+
+    with pytest.raises(KeyboardInterrupt):
+        with BatchShardWriter(str(tmp_path), pa.schema([("x", pa.float64())]), OutputOptions(format="arrow"),
+                              overlap=True) as writer:
+            writer.write(encode_batch(pa.record_batch({"x": pa.array([1.0] * 400_000)}), writer.options))
+            assert any(t.name == "batchtool-hash" for t in threading.enumerate())
+            raise KeyboardInterrupt
+    assert not any(t.name == "batchtool-hash" for t in threading.enumerate())

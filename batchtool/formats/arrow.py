@@ -161,8 +161,9 @@ class _Sink:
         self._writer = pa.ipc.new_file(file, schema, options=options)
 
     def write(self, encoded: EncodedBatch) -> None:
-        """Each record batch carries the CRC32C of its buffers (Arrow IPC has no checksum of its own)."""
-        self._writer.write_batch(encoded.data, custom_metadata=batch_check.batch_crc_metadata(encoded.data))
+        """Each record batch carries the CRC32C of its buffers (Arrow IPC has no checksum of its own), which
+        encode computed."""
+        self._writer.write_batch(encoded.data, custom_metadata=encoded.metadata)
 
     def close(self) -> dict:
         self._writer.close()
@@ -351,9 +352,11 @@ class ArrowFormat(Format):
     def encode(self, batch: pa.RecordBatch, options: OutputOptions) -> EncodedBatch:
         """The IPC writer stores a sliced column's whole buffers (a string column sliced at offset 0 keeps
         its parent's values): columns holding more than they show are copied compact, so the bytes depend
-        on the values only, not on how the batch was cut (spill parts, --memory)."""
+        on the values only, not on how the batch was cut (spill parts, --memory). Its CRC32C is computed here too,
+        on the worker that encodes it."""
         columns = [pa.concat_arrays([c]) if c.get_total_buffer_size() > c.nbytes else c for c in batch.columns]
-        return EncodedBatch(pa.RecordBatch.from_arrays(columns, schema=batch.schema))
+        compact = pa.RecordBatch.from_arrays(columns, schema=batch.schema)
+        return EncodedBatch(compact, metadata=batch_check.batch_crc_metadata(compact))
 
     def open_dataset(self, src: str, shards: tuple[Shard, ...], schema: pa.Schema | None, manifest: dict | None,
                      reading: dict) -> Dataset:

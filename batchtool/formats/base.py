@@ -32,10 +32,12 @@ records into batches for tf.data and for outputs of batchtool 0.1, which had no 
 
 @dataclass(frozen=True)
 class EncodedBatch:
-    """A batch ready for the writer: the Arrow data, plus framed bytes when the format encodes on workers."""
+    """A batch ready for the writer: the Arrow data, plus framed bytes when the format encodes on workers, or the
+    metadata its writer stores with it (computed on the workers, so the one writer only appends)."""
 
     data: pa.RecordBatch
     framed: bytes | None = None
+    metadata: dict[bytes, bytes] | None = None
 
 
 def rows_only(rows: int) -> pa.RecordBatch:
