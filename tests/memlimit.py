@@ -114,13 +114,15 @@ from batchtool.cli import cli
 for name, args in json.loads(sys.argv[1]).items():
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # VmHWM from here on: this case's own peak
+    with open("/proc/self/status") as status:
+        base = int(next(line for line in status if line.startswith("VmRSS:")).split()[1]) << 10
     print(json.dumps({"started": name}), flush=True)
     result = CliRunner().invoke(cli, args)
     crash = None if result.exception is None or isinstance(result.exception, SystemExit) else repr(result.exception)
     with open("/proc/self/status") as status:
         peak = int(next(line for line in status if line.startswith("VmHWM:")).split()[1]) << 10
     print(json.dumps({"name": name, "code": result.exit_code, "stderr": result.stderr, "crash": crash,
-                      "peak": peak}), flush=True)
+                      "peak": peak, "base": base}), flush=True)
 """
 
 
@@ -133,6 +135,13 @@ class CliCase:
     stderr: str
     crash: str | None
     peak_bytes: int
+    base_bytes: int
+    """What the process held as the case began (what the cases before it left, allocator caches included)."""
+
+    @property
+    def grew_bytes(self) -> int:
+        """The case's own growth: its peak over what it started with."""
+        return self.peak_bytes - self.base_bytes
 
 
 def cli_cases(cases: Mapping[str, Sequence[str]], limit_bytes: int, timeout: float = 180.0) -> dict[str, CliCase]:
@@ -149,5 +158,5 @@ def cli_cases(cases: Mapping[str, Sequence[str]], limit_bytes: int, timeout: flo
         started = [line["started"] for line in lines if "started" in line]
         pytest.fail(f"the capped child died (status {child.returncode}, peak {child.peak_mib:.0f} MiB) running "
                     f"{started[-1] if started else 'nothing'}: {child.stderr[-2000:]}")
-    return {line["name"]: CliCase(line["code"], line["stderr"], line["crash"], line["peak"])
+    return {line["name"]: CliCase(line["code"], line["stderr"], line["crash"], line["peak"], line["base"])
             for line in lines if "name" in line}

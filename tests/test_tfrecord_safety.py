@@ -97,8 +97,12 @@ def test_a_cut_short_last_record_is_counted_in_bytes(tmp_path, run_cli, records_
 
 # --- --max-record-bytes: checked before anything is read -----------------------------------------
 
-_MEMORY_LIMIT = 400 << 20
-"""RSS a batchtool process may reach in these tests: its imports take about 100 MB."""
+_MEMORY_LIMIT = 640 << 20
+"""RSS the capped child may reach in all: its imports take about 100 MB, and the allocator keeps part of what a
+case freed for the next (up to about 220 MB measured), so each case is judged by its own growth."""
+_GROWTH_LIMIT = 300 << 20
+"""What one conversion may add to what its process held: a 4 MB record of the tiniest elements protobuf has takes
+up to about 60 times its size as it is decoded (240 MB measured), a refused one next to nothing."""
 
 
 def header(length: int) -> bytes:
@@ -154,7 +158,7 @@ def test_a_huge_record_header_is_refused_before_reading_it(capped, kind):
                           f"{' of the decompressed stream' if kind == 'gzip-bomb' else ''} claims "
                           f"1,152,921,504,606,846,976 bytes of data, more than the limit of 16,777,216 "
                           "(--max-record-bytes); raise --max-record-bytes if the record is genuine\n")
-    assert run.peak_bytes < _MEMORY_LIMIT
+    assert run.grew_bytes < _GROWTH_LIMIT, run
     assert sorted(os.listdir(path.parent)) == [path.name]
 
 
@@ -162,7 +166,7 @@ def test_a_gzip_bomb_under_the_limit_is_read_in_bounded_memory(capped):
     """A header within the limit over a stream of zeros: no more than the claimed length is read."""
     path, run = capped["bomb under the limit"]
     assert run.code == 2 and f"error: {path}, record 0: data CRC mismatch" in run.stderr, run
-    assert run.peak_bytes < _MEMORY_LIMIT
+    assert run.grew_bytes < _GROWTH_LIMIT, run
 
 
 def _field(tag: int, body: bytes) -> bytes:
@@ -194,7 +198,7 @@ TINY = {  # a record of millions of the smallest elements protobuf has: the wors
 def test_decoding_a_record_of_tiny_elements_stays_in_bounded_memory(capped, shape):
     _, run = capped[shape]
     assert run.code == 0 and run.crash is None, run
-    assert run.peak_bytes < _MEMORY_LIMIT
+    assert run.grew_bytes < _GROWTH_LIMIT, run
 
 
 def test_max_record_bytes_is_an_input_option_of_every_reading_command(tmp_path, run_cli):
