@@ -1,7 +1,7 @@
 """Write tests/data/*.tfrecord with TensorFlow itself, plus the values batchtool must decode from them.
 
 Run with an interpreter that has TensorFlow (not a batchtool dependency):
-    /work/tfenv/bin/python scripts/make_tf_testdata.py
+    /path/to/tf-venv/bin/python scripts/make_tf_testdata.py
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Local engine vs a two-node Ray cluster on loopback, at several corpus sizes: the figures of docs/scaling.md.
 
-    python scripts/scaling.py --sizes 200,1000 --work /work/bench/scaling
+    python scripts/scaling.py --sizes 200,1000 --work bench_data/scaling
     python scripts/scaling.py --commands bucket,stratify --sizes 200 --json scaling.json
 
 For each size (MB of zstd Parquet, made once by scripts/bench.py's `generate` and reused from --work), each
