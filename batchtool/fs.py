@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import fnmatch
 import glob
+import json
 import os
 import posixpath
 import secrets
@@ -17,11 +18,11 @@ import shutil
 import socket
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import pyarrow.fs as pafs
 
-from batchtool.errors import DestinationError, InputError
+from batchtool.errors import DestinationError, InputError, first_line
 
 _READ_BUFFER = 1 << 20
 
@@ -75,6 +76,22 @@ def open_input(path: str, sequential: bool = False) -> BinaryIO:
 def read_text(path: str) -> str:
     with open_input(path) as f:
         return f.read().decode("utf-8")
+
+
+def read_json(path: str, max_bytes: int, what: str, unreadable: str = "unreadable") -> Any:
+    """A small JSON file (`what` it is, for the errors), whole, refused beyond max_bytes before it is read, and
+    never read past them (a file that grows meanwhile); InputError naming it otherwise."""
+    size = file_size(path)
+    if size <= max_bytes:
+        try:
+            with open_input(path) as f:
+                data = f.read(max_bytes + 1)
+            size = len(data)
+            if size <= max_bytes:
+                return json.loads(data.decode("utf-8"))
+        except (OSError, ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+            raise InputError(f"{path}: {unreadable} ({first_line(exc)})") from exc
+    raise InputError(f"{path}: {size:,} bytes, too large for {what} (at most {max_bytes:,})")
 
 
 def walk_files(root: str) -> list[str]:

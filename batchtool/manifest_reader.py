@@ -3,13 +3,12 @@ check) then trusts its types and its file paths, which never leave the dataset d
 
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 from typing import Any
 
 from batchtool import fs
-from batchtool.errors import InputError, first_line
+from batchtool.errors import InputError
 from batchtool.formats.registry import NAMES
 from batchtool.manifest import FORMAT_VERSION, LEGACY_MANIFEST_NAME, dataset_file, manifest_path, schema_from_json
 from batchtool.output import TFRECORD_KINDS
@@ -47,14 +46,7 @@ def read_manifest_file(path: str) -> dict:
 
 def _load_json(src: str, path: str) -> Any:
     dataset_file(src, os.path.basename(path), f"{src}: the manifest")
-    size = fs.file_size(path)
-    if size > MAX_MANIFEST_BYTES:
-        raise InputError(f"{path}: {size:,} bytes, too large for a batchtool manifest "
-                         f"(at most {MAX_MANIFEST_BYTES:,})")
-    try:
-        return json.loads(fs.read_text(path))
-    except (OSError, ValueError, RecursionError) as exc:
-        raise InputError(f"{path}: unreadable manifest ({first_line(exc)})") from exc
+    return fs.read_json(path, MAX_MANIFEST_BYTES, "a batchtool manifest", "unreadable manifest")
 
 
 

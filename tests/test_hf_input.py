@@ -138,6 +138,23 @@ def test_a_state_json_path_out_of_the_directory_is_refused_before_reading(run_cl
     assert not (tmp_path / "dst").exists()
 
 
+@pytest.mark.parametrize("damage", ["too large", "not JSON"])
+def test_a_state_json_too_large_or_unreadable_is_one_error_line(run_cli, split, tmp_path, damage):
+    """Its size is checked before anything is read (a sparse 64 MB + 1 file here is never read)."""
+    moved = tmp_path / "split"
+    shutil.copytree(split, moved)
+    with open(moved / "state.json", "wb") as f:
+        if damage == "too large":
+            f.truncate((64 << 20) + 1)
+        else:
+            f.write(b'{"_data_files": [')
+    expected = ("67,108,865 bytes, too large for a Hugging Face datasets file (at most 67,108,864)"
+                if damage == "too large" else "unreadable (")
+    line = one_error(run_cli("convert", moved, tmp_path / "dst"))
+    assert line.startswith(f"error: {moved}/state.json: {expected}"), line
+    assert not (tmp_path / "dst").exists()
+
+
 def test_one_stream_file_of_a_split_is_an_arrow_input(run_cli, datasets, split, tmp_path):
     path = os.path.join(split, "data-00001-of-00003.arrow")
     assert run_cli("convert", path, tmp_path / "dst", "-q").exit_code == 0

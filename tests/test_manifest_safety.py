@@ -135,6 +135,19 @@ def test_a_malformed_manifest_is_one_error_line(dst, tmp_path, run_cli, case, co
     assert {p.name: p.read_bytes() for p in dst.iterdir()} == before
 
 
+@pytest.mark.parametrize("consumer", CONSUMERS)
+def test_a_manifest_too_large_is_refused_before_it_is_read(dst, tmp_path, run_cli, consumer):
+    """A sparse 256 MB + 1 manifest: refused by its size, never read (load too)."""
+    with open(dst / MANIFEST_NAME, "wb") as f:
+        f.truncate((256 << 20) + 1)
+    pattern = re.escape("268,435,457 bytes, too large for a batchtool manifest (at most 268,435,456)")
+    assert f"{dst / MANIFEST_NAME}: " in assert_one_error_line(run_cli(*CONSUMERS[consumer](dst, tmp_path / "out")),
+                                                               pattern)
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(InputError, match=pattern):
+        batchtool.load(str(dst))
+
+
 @pytest.mark.parametrize("case", MALFORMED)
 def test_load_refuses_a_malformed_manifest_with_an_input_error(dst, case):
     pattern = malform(dst, case)

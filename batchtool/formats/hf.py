@@ -4,11 +4,10 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from batchtool import fs
-from batchtool.errors import InputError, first_line
+from batchtool.errors import InputError
 from batchtool.manifest import dataset_file
 
 STATE = "state.json"
@@ -21,14 +20,7 @@ MAX_JSON_BYTES = 64 << 20
 
 def _json(path: str) -> Any:
     """A small JSON file, whole; InputError naming it otherwise."""
-    size = fs.file_size(path)
-    if size > MAX_JSON_BYTES:
-        raise InputError(f"{path}: {size:,} bytes, too large for a Hugging Face datasets file (at most "
-                         f"{MAX_JSON_BYTES:,})")
-    try:
-        return json.loads(fs.read_text(path))
-    except (OSError, ValueError, RecursionError) as exc:
-        raise InputError(f"{path}: unreadable ({first_line(exc)})") from exc
+    return fs.read_json(path, MAX_JSON_BYTES, "a Hugging Face datasets file")
 
 
 def _refuse_dataset_dict(src: str) -> None:
