@@ -234,6 +234,16 @@ def _encoded_run(batches: _Encoded) -> list[EncodedBatch]:
     return list(batches())
 
 
+def runs_of(count: int, step: int) -> list[tuple[int, int]]:
+    """[start, end) runs of `step` batches each (the last one shorter) over `count` batches."""
+    return [(k, min(k + step, count)) for k in range(0, count, step)]
+
+
+def sized_runs(batches: Batches, nbytes: int) -> list[tuple[int, int]]:
+    """Runs of about `nbytes` of sorted batches each, at least one batch."""
+    return runs_of(batches.count, max(1, int(nbytes * batches.count / max(1, batches.nbytes()))))
+
+
 def run_bytes(run: RunSettings) -> int:
     """The sorted bytes of one run of the local writer: as large as the run's --memory allows for its threads'
     window, between RUN_BYTES and RUN_BYTES_MAX."""
@@ -244,9 +254,8 @@ def _write_in_order(job: Job, batches: Batches, output: OutputOptions, stored: p
                     tasks: Executor) -> list[dict]:
     """Sorted batches read and encoded in runs on the engine's threads, appended in order by one writer here, whose
     shards roll over as the batches come (output.ShardCutter)."""
-    step = max(1, int(run_bytes(job.run) * batches.count / max(1, batches.nbytes())))
-    runs = [_Encoded(batches.reader(k, min(k + step, batches.count)), output, stored)
-            for k in range(0, batches.count, step)]
+    runs = [_Encoded(batches.reader(start, end), output, stored)
+            for start, end in sized_runs(batches, run_bytes(job.run))]
     with BatchShardWriter(tmp, stored, output, name=job.dst, overlap=tasks.threads > 1) as writer, \
             progress.bar(f"{job.name}: write", batches.rows, quiet=job.run.quiet) as bar:
         for encoded in tasks.map(_encoded_run, runs):
@@ -481,8 +490,7 @@ def write_sorted(batches: Batches, output: OutputOptions, stored: pa.Schema, dir
     header, sizes = 0, [0] * batches.count
     if output.shard_bytes is not None and batches.count:
         step = -(-batches.count // max(1, segments))
-        measured = list(tasks.map(_measure, [encoded(k, min(k + step, batches.count))
-                                             for k in range(0, batches.count, step)]))
+        measured = list(tasks.map(_measure, [encoded(*run) for run in runs_of(batches.count, step)]))
         header = next((h for h, _ in measured if h is not None), 0)
         sizes = [size for _, run in measured for size in run]
     ends = shard_ends(output, header, rows, sizes)

@@ -41,7 +41,7 @@ from batchtool.inputs import open_dataset
 from batchtool.held import pool_for
 from batchtool.job import JobResult, RunSettings, open_mixed, read_paths
 from batchtool.workspace import Workspace, tasks_executor, workspace
-from batchtool.write import RUN_BYTES, Job, Produced, write
+from batchtool.write import RUN_BYTES, Job, Produced, sized_runs, write
 from batchtool.driver import EngineRuntime, produced, scanner, stream_errors
 from batchtool.ops.regroup import Batches, Exchange, Regrouped
 from batchtool.output import refuse_overlap
@@ -313,8 +313,7 @@ class Prefix:
             return self._stack.enter_context(regrouped.open(runtime, report))
         cut = exchange.exchanged(regrouped, units, upstream, runtime, report, self.pool)
         batches = cut.batches
-        step = max(1, int(RUN_BYTES * batches.count / max(1, batches.nbytes())))
-        items = [batches.reader(k, min(k + step, batches.count)) for k in range(0, batches.count, step)]
+        items = [batches.reader(start, end) for start, end in sized_runs(batches, RUN_BYTES)]
         return SortedRegrouped(items, _read_batches, cut.stats, total_rows=batches.rows, batches=batches)
 
     @staticmethod
