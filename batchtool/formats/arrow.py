@@ -325,6 +325,20 @@ class _Read(ReadTask):
         self.file.check_size()
 
 
+def _has_bitmap(array: pa.Array) -> bool:
+    """Whether the array or a child holds a bitmap (boolean values, a validity bitmap), whose bits past the array's
+    end are whatever the array was cut from."""
+    if pa.types.is_boolean(array.type) or array.buffers()[0] is not None:
+        return True
+    if isinstance(array, pa.ExtensionArray):
+        return _has_bitmap(array.storage)
+    if isinstance(array, (pa.ListArray, pa.LargeListArray, pa.FixedSizeListArray)):
+        return _has_bitmap(array.values)
+    if isinstance(array, pa.StructArray):
+        return any(_has_bitmap(array.field(i)) for i in range(array.type.num_fields))
+    return False
+
+
 class ArrowFormat(Format):
     """Arrow IPC (`.arrow`): the file format written, which pyarrow, polars, DuckDB and Hugging Face datasets map
     directly; the file and the stream format read."""
@@ -351,10 +365,12 @@ class ArrowFormat(Format):
 
     def encode(self, batch: pa.RecordBatch, options: OutputOptions) -> EncodedBatch:
         """The IPC writer stores a sliced column's whole buffers (a string column sliced at offset 0 keeps
-        its parent's values): columns holding more than they show are copied compact, so the bytes depend
-        on the values only, not on how the batch was cut (spill parts, --memory). Its CRC32C is computed here too,
-        on the worker that encodes it."""
-        columns = [pa.concat_arrays([c]) if c.get_total_buffer_size() > c.nbytes else c for c in batch.columns]
+        its parent's values), and a bitmap's last byte whole (a boolean or validity bitmap cut mid-byte keeps its
+        parent's next bits): such columns are copied compact, whose bitmaps end in zero bits, so the bytes depend
+        on the values only, not on how the batch was cut (key ranges, --memory, --threads, the engine). Its CRC32C
+        is computed here too, on the worker that encodes it."""
+        columns = [pa.concat_arrays([c]) if c.get_total_buffer_size() > c.nbytes or _has_bitmap(c) else c
+                   for c in batch.columns]
         compact = pa.RecordBatch.from_arrays(columns, schema=batch.schema)
         return EncodedBatch(compact, metadata=batch_check.batch_crc_metadata(compact))
 
