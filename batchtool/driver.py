@@ -95,7 +95,8 @@ def make_plan(op: Operation, options: Any, dataset: Dataset, run: RunSettings, e
     merged in input order."""
     quiet = run.quiet
     context = Context(seed, dataset.schema, dataset.src, dataset.locate,
-                      first_file=dataset.shards[0].path if dataset.shards else None, memory=run.budget)
+                      first_file=dataset.shards[0].path if dataset.shards else None, memory=run.budget,
+                      tasks=1 if executor.remote else executor.threads)
     first = op.first_pass(options, dataset.schema)
     stats: Any = None
     if first is not None:

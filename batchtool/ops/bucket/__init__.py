@@ -63,7 +63,7 @@ class Bucket(Operation[BucketOptions, BucketPlan]):
     def plan(self, options: BucketOptions, context: Context, stats: LengthPass | None) -> BucketPlan:
         assert stats is not None
         return make_plan(options, resolve_columns(options, context.schema), stats, context.schema, context.seed,
-                         context.memory)
+                         context.memory, context.tasks)
 
     def regroup(self, plan: BucketPlan, data: Dataset, probe: Probe) -> Exchange:
         return batches.exchange(plan, data, probe)

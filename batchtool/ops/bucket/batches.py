@@ -202,7 +202,7 @@ def exchange(plan: BucketPlan, data: Any, probe: Probe) -> Exchange:
     plan = with_spill_layout(plan, measured if measured is not None else row_bytes(None, plan.columns))
     by_length = plan.balance is None and plan.order != "shuffle"  # --order sorted: each part by length
     scatter = Scatter(spill_schema(data.schema, plan.columns), tuple(plan.parts), plan.seed, ORDER_STAGE,
-                      flush_bytes(plan, plan.memory), functools.partial(_assigned, plan, data.locate),
+                      flush_bytes(plan.memory, sum(plan.parts), plan.tasks), functools.partial(_assigned, plan, data.locate),
                       keyed=not by_length,
                       order=functools.partial(_by_length, plan.columns.names["length"]) if by_length else None)
     return Exchange(scatter, functools.partial(_cut, plan))

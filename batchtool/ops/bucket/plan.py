@@ -22,6 +22,7 @@ from batchtool.ops.labels import MAX_CLASSES, LabelError, label_codes
 from batchtool.ops.quotas import QuotaLayout, plan_layout
 from batchtool.ops.targets import check_zero_classes, target_vector
 from batchtool.padding import parse_pad_values
+from batchtool.ops.keyed import range_bytes
 from batchtool.spill import parts_for
 from batchtool.stats import DatasetStats, check_lengths, chunk_stats, is_sequence_type, lengths_of
 
@@ -200,6 +201,8 @@ class BucketPlan:
     seed: int
     memory: int
     """--memory, which sizes the spill and bounds a batch and the plan's bookkeeping."""
+    tasks: int
+    """Key ranges sorted at once (ops.base.Context.tasks): with --memory, what sizes the spill's parts."""
     first: LengthPass
     columns: BucketColumns
     boundaries: tuple[int, ...] | None
@@ -262,7 +265,7 @@ def make_balance(options: BucketOptions, available: np.ndarray, budgets: Sequenc
 
 
 def make_plan(options: BucketOptions, columns: BucketColumns, first: LengthPass, schema: pa.Schema, seed: int,
-              memory: int) -> BucketPlan:
+              memory: int, tasks: int = 1) -> BucketPlan:
     """Boundaries (given or chosen), budgets, padding and, with --balance, the layouts (from the first pass's
     class counts); the spill layout comes later, from a sample of the rows (`with_spill_layout`)."""
     stats = first.stats
@@ -304,25 +307,26 @@ def make_plan(options: BucketOptions, columns: BucketColumns, first: LengthPass,
         batchable = first.classes if boundaries is None else first.classes[:, : len(counts)]
         balance = make_balance(options, class_counts(batchable, k, boundaries, n), budgets,
                                np.where(fixed >= 0, fixed, bucket_longest(stats, options, boundaries, n)[1]))
-    return BucketPlan(options, seed, memory, first, columns, boundaries, n, budgets, pad_to, pad_values, balance)
+    return BucketPlan(options, seed, memory, tasks, first, columns, boundaries, n, budgets, pad_to, pad_values, balance)
 
 
 def with_spill_layout(plan: BucketPlan, row_bytes: tuple[float, float]) -> BucketPlan:
     """The plan with its spill layout for rows of these sizes ((per row, per step), see `row_bytes`), once one
     padded batch of every bucket is known to fit --memory."""
     options, stats, n = plan.options, plan.first.stats, plan.num_buckets
+    most = range_bytes(plan.memory, plan.tasks)
     if plan.balance is not None:
         ranges: tuple[int, ...] = ()
         k = plan.balance.num_classes
         share = plan.balance.available / np.maximum(1, plan.balance.available.sum(axis=1, keepdims=True))
-        parts = tuple(parts_for(bytes_ * s, plan.memory // (2 * n * k))
+        parts = tuple(parts_for(bytes_ * s, min(plan.memory // (2 * n * k), most))
                       for bytes_, row in zip(_bucket_bytes(stats, plan.boundaries, n, row_bytes), share) for s in row)
     elif options.order == "shuffle":
         ranges = ()
-        parts = tuple(parts_for(b, plan.memory // (2 * n))
+        parts = tuple(parts_for(b, min(plan.memory // (2 * n), most))
                       for b in _bucket_bytes(stats, plan.boundaries, n, row_bytes))
     else:
-        ranges = _length_ranges(stats.length_counts, row_bytes, plan.memory // 2)
+        ranges = _length_ranges(stats.length_counts, row_bytes, min(plan.memory // 2, most))
         parts = (1,) * (n * (len(ranges) + 1))
     check_largest_batch(plan, row_bytes)
     return replace(plan, parts=parts, length_ranges=ranges)

@@ -16,7 +16,7 @@ from batchtool.errors import InputError
 from batchtool.ops import names as own
 from batchtool.ops.base import Context, Depends, Kind, Operation, Pass, Said, Shape, manifest_options, need_columns, who
 from batchtool.ops.copies import Copies
-from batchtool.ops.keyed import PART_SHARE, spill_flush_bytes
+from batchtool.ops.keyed import flush_bytes, range_bytes
 from batchtool.ops.mix.options import OUTPUT_COLUMNS, MixOptions, largest_remainder, mixture_totals
 from batchtool.ops.quotas import plan_layout
 from batchtool.ops.regroup import Cut, Exchange, Probe, Runtime, Scatter, Scattered, Stream
@@ -91,7 +91,7 @@ class Mix(Operation[MixOptions, Stratification]):
                 "rows": rows.tolist(), "targets": totals.tolist(),
                 "total_m": m.numerator if m.denominator == 1 else round(float(m), 6)}
         return Stratification(_as_stratify(options, target), k, np.array(target), plan, float(totals.sum()), info,
-                              context.seed, context.locate, context.memory)
+                              context.seed, context.locate, context.memory, context.tasks)
 
     def kernel(self, plan: Stratification, chunk: Chunk) -> tuple[Copies, Tally]:
         """The selection of a chunk (what the exchange's map tasks scatter): stratify's copies of each row."""
@@ -103,8 +103,8 @@ class Mix(Operation[MixOptions, Stratification]):
         if plan.options.balanced_batches:
             return balanced_batches(self, plan, data, probe)
         first = probe(functools.partial(selected_size, self, plan))
-        parts = parts_for(estimate_bytes(data, first, rows=int(plan.expected_rows or 0)), plan.memory // PART_SHARE)
-        scatter = Scatter(data.schema, (parts,), plan.seed, STAGE, spill_flush_bytes(plan.memory, parts),
+        parts = parts_for(estimate_bytes(data, first, rows=int(plan.expected_rows or 0)), range_bytes(plan.memory, plan.tasks))
+        scatter = Scatter(data.schema, (parts,), plan.seed, STAGE, flush_bytes(plan.memory, parts, plan.tasks),
                           functools.partial(_one_group, self, plan))
         return Exchange(scatter, functools.partial(_shuffled, self, plan, default_batch_rows(bytes_per_row(first))))
 

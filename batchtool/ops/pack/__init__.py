@@ -78,7 +78,7 @@ class Pack(Operation[PackOptions, PackPlan]):
     def plan(self, options: PackOptions, context: Context, stats: LengthCounts | None) -> PackPlan:
         assert stats is not None  # pack always has its first pass
         return make_plan(options, resolve_columns(options, context.schema), stats, context.schema, context.seed,
-                         context.memory)
+                         context.memory, context.tasks)
 
     def regroup(self, plan: PackPlan, data: Dataset, probe: Probe) -> Exchange:
         return exchange(plan, data, probe)

@@ -14,6 +14,7 @@ import pyarrow as pa
 from batchtool import budget, rng
 from batchtool.dataset import Chunk
 from batchtool.errors import OptionInputError
+from batchtool.ops.keyed import range_bytes
 from batchtool.ops.pack.options import PackColumns, PackOptions, output_schema
 from batchtool.ops.pack.packing import Packing, plan_packing
 from batchtool.padding import default_pad, parse_pad_values
@@ -107,6 +108,8 @@ class PackPlan:
     schema: pa.Schema
     memory: int
     """--memory, which sizes the spill groups and bounds a batch."""
+    tasks: int
+    """Groups sorted at once (ops.base.Context.tasks): with --memory, what sizes the spill groups."""
 
     @property
     def counts(self) -> np.ndarray:
@@ -122,19 +125,19 @@ class PackPlan:
 
 
 def make_plan(options: PackOptions, columns: PackColumns, lengths: LengthCounts, schema: pa.Schema, seed: int,
-              memory: int) -> PackPlan:
+              memory: int, tasks: int = 1) -> PackPlan:
     """The packing: the best candidate over the histogram."""
     packing, report = plan_packing(lengths.pieces, options.max_length, options.max_examples_per_row)
     pads = parse_pad_values(options.pad_values, schema)
     pad_values = {name: pads.get(name, default_pad(schema.field(name).type)) for name in columns.sequences}
     return PackPlan(options, columns, packing, report, lengths, seed, pad_values,
-                    output_schema(schema, columns, options), memory)
+                    output_schema(schema, columns, options), memory, tasks)
 
 
 @dataclass(frozen=True)
 class SpillLayout:
     """Output positions per spill group. A group is loaded whole (memory-mapped, then combined into one copy),
-    so its bytes stay under a quarter of --memory; the spill's write buffers take another quarter."""
+    so its bytes stay within a key range's share of --memory (ops.keyed.range_bytes)."""
 
     rows_per_group: int
     parts: tuple[int, ...]
@@ -151,7 +154,7 @@ def spill_layout(plan: PackPlan, sizes: tuple[float, float]) -> SpillLayout:
     per_example, per_step = sizes
     rows, packing = plan.rows, plan.packing
     held = packing.examples * per_example + packing.real_steps * per_step
-    most = max(1, int(rows * (plan.memory // 4) / held)) if held else max(1, rows)
+    most = max(1, int(rows * range_bytes(plan.memory, plan.tasks) / held)) if held else max(1, rows)
     groups = max(1, -(-rows // most))
     per_group = max(1, -(-rows // groups))  # equal groups: a small one would keep its spill buffer's parents alive
     return SpillLayout(per_group, (1,) * groups)

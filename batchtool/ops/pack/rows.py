@@ -243,7 +243,7 @@ def exchange(plan: PackPlan, data: Dataset, probe: Probe) -> Exchange:
     layout = batch_layout(plan)
     check_batches(plan, layout, sizes)
     scatter = Scatter(spill_schema(data.schema, plan), groups.parts, plan.seed, SPILL_STAGE,
-                      flush_bytes(groups, plan.memory), order=in_row_order)  # type: ignore[arg-type]
+                      flush_bytes(plan.memory, groups.groups, plan.tasks), order=in_row_order)
     return Exchange(scatter, functools.partial(_cut, plan, layout),
                     functools.partial(placed, plan, data, groups.rows_per_group))
 

@@ -147,7 +147,7 @@ class Stratify(Operation[StratifyOptions, Stratification]):
         if options.mode != "online":
             plan, expected_rows = _plan(context, options, counted, num_classes, target, info)
         return Stratification(options, num_classes, target, plan, expected_rows, info, context.seed, context.locate,
-                              context.memory)
+                              context.memory, context.tasks)
 
     def per_chunk(self, plan: Stratification) -> Callable[[Chunk], Stratification] | None:
         """--mode online: chunk c's acceptance probabilities come from the label counts of chunks 0..c in input

@@ -16,7 +16,7 @@ from batchtool.ops.base import Operation
 from batchtool.ops.regroup import Cut, Exchange, Probe, Regrouped, Runtime, Scatter, Scattered
 from batchtool.runner import SERIAL, Executor
 from batchtool.tally import Tally
-from batchtool.ops.keyed import PART_SHARE, spill_flush_bytes
+from batchtool.ops.keyed import flush_bytes, range_bytes
 from batchtool.ops.quotas import QuotaBatches, QuotaLayout, plan_layout
 from batchtool.ops.rows import Yardstick, bytes_per_row, emit, estimate_bytes, peek, rebatch
 from batchtool.ops.stratify.plans import STAGE, Stratification
@@ -67,7 +67,7 @@ def _class_parts(plan: Stratification, data: Dataset, first: Yardstick | None, e
     """Spill parts of each class's stream, from the selection's size (its first non-empty chunk's bytes per row)."""
     active = plan.target > 0
     whole = estimate_bytes(data, first, rows=expected)
-    part_bytes = max(1, plan.memory // (PART_SHARE * int(active.sum())))
+    part_bytes = max(1, range_bytes(plan.memory, plan.tasks) // int(active.sum()))
     return [parts_for(whole * t, part_bytes) for t in plan.target.tolist()]
 
 
@@ -99,7 +99,7 @@ def exchange(op: Operation, plan: Stratification, data: Dataset, probe: Probe) -
     first = _first_online(op, plan, data) if online else probe(functools.partial(selected_size, op, plan))
     expected = _check_memory(plan, data, first)
     parts = _class_parts(plan, data, first, expected)
-    scatter = Scatter(data.schema, tuple(parts), plan.seed, ORDER_STAGE, spill_flush_bytes(plan.memory, sum(parts)),
+    scatter = Scatter(data.schema, tuple(parts), plan.seed, ORDER_STAGE, flush_bytes(plan.memory, sum(parts), plan.tasks),
                       None if online else functools.partial(selected_rows, op, plan))
     rows = functools.partial(_online_rows, op, plan, data) if online else None
     return Exchange(scatter, functools.partial(_exchange_cut, op, plan), rows)

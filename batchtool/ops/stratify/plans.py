@@ -143,6 +143,8 @@ class Stratification:
     locate: Locate
     memory: int
     """--memory, which bounds a batch and sizes the balanced batches' spill."""
+    tasks: int = 1
+    """Key ranges sorted at once (ops.base.Context.tasks): with --memory, what sizes its spill's key ranges."""
     seen: np.ndarray | None = None
     """--mode online: the class counts (plus ONLINE_PRIOR) up to and including this chunk."""
 
