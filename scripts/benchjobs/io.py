@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -29,18 +30,21 @@ def jobs(ctx: Context) -> list[Job]:
 
 
 def pyarrow_copy(src: str, dst: str, transform: Callable[[pa.Table], pa.Table] | None = None) -> None:
-    """The floor: stream every row group through pyarrow into zstd Parquet, nothing else
-    (other floors pass a `transform` of each row group, e.g. a filter)."""
+    """The floor: stream every row group through pyarrow into zstd Parquet, and the sha256 of each file written
+    (batchtool's manifest records one per shard), nothing else (other floors pass a `transform` of each row group,
+    e.g. a filter)."""
     import pyarrow.parquet as pq
 
     os.makedirs(dst, exist_ok=True)
     for i, path in enumerate(sorted(glob.glob(os.path.join(src, "*.parquet")))):
         pf = pq.ParquetFile(path)
-        with pq.ParquetWriter(os.path.join(dst, f"part-{i:05d}.parquet"), pf.schema_arrow,
-                              compression="zstd") as writer:
+        out = os.path.join(dst, f"part-{i:05d}.parquet")
+        with pq.ParquetWriter(out, pf.schema_arrow, compression="zstd") as writer:
             for rg in range(pf.metadata.num_row_groups):
                 table = pf.read_row_group(rg)
                 writer.write_table(transform(table) if transform else table)
+        with open(out, "rb") as written:
+            hashlib.file_digest(written, "sha256")
 
 
 def batchtool_read(src: str, threads: int) -> None:
