@@ -208,11 +208,17 @@ def _numeric_leaves(sources: Sequence[pa.Array]) -> tuple[list[np.ndarray] | Non
     return [a.to_numpy(zero_copy_only=False) for a in arrays], width, t
 
 
-def pad_batch(batch: pa.RecordBatch, columns: Sequence[str], length: int,
+def pad_batch(batch: pa.RecordBatch, columns: Sequence[str], length: int | None,
               pad_values: Mapping[str, Any]) -> pa.RecordBatch:
-    """The batch with the given sequence columns padded to `length` steps; other columns unchanged."""
-    arrays = [pad_list_column(batch.column(f.name), length, pad_values.get(f.name, default_pad(f.type)))
-              if f.name in columns else batch.column(f.name) for f in batch.schema]
+    """The batch with the given sequence columns as list<...> padded to `length` steps (None: left at their real
+    lengths, what `bucket --padding on-load` stores); other columns unchanged."""
+    def listed(f: pa.Field) -> pa.Array:
+        arr = batch.column(f.name)
+        if length is None:
+            return arr.cast(pa.list_(f.type.value_field))
+        return pad_list_column(arr, length, pad_values.get(f.name, default_pad(f.type)))
+
+    arrays = [listed(f) if f.name in columns else batch.column(f.name) for f in batch.schema]
     return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(
         [pa.field(f.name, pa.list_(f.type.value_field), metadata=f.metadata) if f.name in columns else f
          for f in batch.schema]))
