@@ -100,6 +100,9 @@ def test_stored_batches_hold_the_real_steps_and_the_manifest_says_how_to_pad(tmp
     assert padded["stats"] == manifest["stats"]  # the padding done, whoever does it
     assert os.path.getsize(tmp_path / "on-load" / "part-00000.arrow") < \
         os.path.getsize(tmp_path / "stored" / "part-00000.arrow")
+    said = "stored unpadded (bucket --padding on-load): batchtool.load pads each batch as it reads it"
+    assert said in invoke_cli("inspect", dst["on-load"]).output
+    assert said not in invoke_cli("inspect", dst["stored"]).output
 
 
 def test_a_batchtool_that_reads_only_version_1_refuses_on_load_output(tmp_path, parquet_src, monkeypatch):
