@@ -82,8 +82,9 @@ class BucketOptions:
                                         Pairs("COL=V"), ())
     mask: bool = option("Add a 'mask' list<bool> column, true on real steps.", Flag(), False)
     padding: str = option("stored: write every batch padded (zero-copy [B, T, ...] epochs); on-load: write the "
-                          "sequences' real steps (less disk, faster writes) and let batchtool.load pad each batch "
-                          "as it reads it (the same arrays; other readers see the real lists).",
+                          "sequences' real steps (less disk for uncompressed Arrow IPC) and let batchtool.load pad "
+                          "each batch as it reads it (the same arrays, slower epochs; other readers see the real "
+                          "lists).",
                           Choice(PADDINGS), "stored")
     output_column: tuple[tuple[str, str], ...] = names.output_column(OUTPUT_COLUMNS)
     keep: str | None = option("Boolean column: only rows where it is true are bucketed.", Column(), None)
