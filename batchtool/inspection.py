@@ -142,7 +142,8 @@ def manifest_summary(manifest: dict) -> dict:
     out = manifest.get("output", {})
     return {"command": manifest.get("command"), "batchtool_version": manifest.get("batchtool_version"),
             "seed": manifest.get("seed"), "options": manifest.get("options"),
-            "rows": out.get("rows"), "batches": out.get("batches"), "stats": manifest.get("stats", {})}
+            "rows": out.get("rows"), "batches": out.get("batches"), "stats": manifest.get("stats", {}),
+            **({"padded_on_load": True} if "padding" in out else {})}
 
 
 def render(result: dict[str, Any]) -> str:
@@ -211,6 +212,8 @@ def render_manifest(summary: dict) -> list[str]:
              + (f" (seed {summary['seed']})" if summary.get("seed") is not None else "")]
     if summary.get("batches") is not None:
         lines.append(f"  {summary['rows']:,} rows in {summary['batches']:,} batches")
+    if summary.get("padded_on_load"):
+        lines.append("  stored unpadded (bucket --padding on-load): batchtool.load pads each batch as it reads it")
     stats = summary.get("stats", {})
     for stage in stats.get("stages", []):  # run: each stage's rows, then the last stage's own numbers
         if isinstance(stage, dict):

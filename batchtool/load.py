@@ -19,6 +19,7 @@ from batchtool.errors import BatchtoolError, InputError, UsageError
 from batchtool.formats.base import Batches, ReadTask, size_problem
 from batchtool.formats.registry import FORMATS
 from batchtool.inputs import open_dataset
+from batchtool.load_padding import LoadPadding
 from batchtool.load_order import Resume, epoch_order, rank_count, rank_positions, resume
 from batchtool.manifest import MANIFEST_NAME, manifest_path, output_files, schema_from_json
 from batchtool.manifest_reader import read_manifest
@@ -91,6 +92,31 @@ class _Layout:
         return file, batch - starts[file]
 
 
+@dataclass(frozen=True)
+class _Reading:
+    """The columns asked of an output, and how its stored batches become the batches handed out: as they are,
+    or padded (`bucket --padding on-load`, LoadPadding) from the stored columns that padding needs too."""
+
+    dataset: Dataset
+    columns: list[str] | None
+    padding: LoadPadding | None
+
+    @property
+    def schema(self) -> pa.Schema:
+        """Of the batches handed out."""
+        full = self.dataset.schema if self.padding is None else self.padding.schema(self.dataset.schema)
+        return full if self.columns is None else pa.schema([full.field(c) for c in self.columns])
+
+    def read(self, batches: Batches, file: int, local: np.ndarray, cache: dict, verify: bool) -> ReadTask:
+        """The task reading file `file`'s batches `local` as stored (what padding needs among them)."""
+        stored = self.columns if self.padding is None else self.padding.stored_columns(self.columns)
+        return batches.read(file, local, stored, self.dataset.projected_schema(stored), cache, verify)
+
+    def handed_out(self, batch: pa.RecordBatch, where: Callable[[], str]) -> pa.RecordBatch:
+        """A stored batch as it is handed out: padded if stored at its real lengths (after its read's check)."""
+        return batch if self.padding is None else self.padding.pad(batch, self.columns, where)
+
+
 # --- the loader -------------------------------------------------------------------------------------------
 
 class Loader:
@@ -102,13 +128,14 @@ class Loader:
     restores each worker's copy exactly. See `batchtool docs load`.
     """
 
-    def __init__(self, dataset: Dataset, layout: _Layout, writer: _Writer, columns: list[str] | None, *,
+    def __init__(self, reading: _Reading, layout: _Layout, writer: _Writer, *,
                  shuffle: bool, seed: int, rank: int, world_size: int, drop_uneven: bool, threads: int,
                  writable: bool, tensors: bool, verify: bool) -> None:
-        self.dataset = dataset
+        self.dataset = reading.dataset
+        self._reading = reading
         self._layout = layout
         self._writer = writer
-        self.columns = columns
+        self.columns = reading.columns
         self.shuffle = shuffle
         self.seed = seed
         self.rank = rank
@@ -139,7 +166,7 @@ class Loader:
 
     @property
     def schema(self) -> pa.Schema:
-        return self.dataset.projected_schema(self.columns)
+        return self._reading.schema
 
     @property
     def num_batches(self) -> int:
@@ -299,12 +326,10 @@ class Loader:
                     batches = read()
                     items: list[Any] = []
                     done.append((read, ids, items))
-                    if convert is None:
-                        items.extend(batches)
-                        continue
                     for batch, batch_id in zip(batches, ids):
                         read.check()
-                        items.append(convert(batch, batch_id))
+                        batch = self._reading.handed_out(batch, lambda: self._layout.where(batch_id))
+                        items.append(batch if convert is None else convert(batch, batch_id))
             except BatchtoolError as exc:
                 return done, exc
             return done, None
@@ -346,7 +371,7 @@ class Loader:
                 s = a
                 while s < b:
                     chunk = local[s:min(b, s + wanted - size)]
-                    group.append((where.read(int(file[s]), chunk, self.columns, self.schema, cache, self.verify),
+                    group.append((self._reading.read(where, int(file[s]), chunk, cache, self.verify),
                                   ids[s:s + len(chunk)].tolist()))
                     s += len(chunk)
                     size += len(chunk)
@@ -387,26 +412,27 @@ def load(dst: str, *, columns: Sequence[str] | None = None, shuffle: bool | None
     batches are the same. verify: check every batch's checksum as it is read (Arrow IPC's CRC32C).
     """
     dst = os.fspath(dst)
-    dataset, layout, writer, cols = open_output(dst, columns, verify)
+    reading, layout, writer = open_output(dst, columns, verify)
     _check_ranks(dst, rank, world_size, writer)
     shuffle = _shuffle(dst, shuffle, writer, layout.batches)
-    return Loader(dataset, layout, writer, cols, shuffle=shuffle, seed=int(seed), rank=rank,
+    return Loader(reading, layout, writer, shuffle=shuffle, seed=int(seed), rank=rank,
                   world_size=world_size, drop_uneven=drop_uneven, threads=threads or min(4, default_threads()),
                   writable=writable, tensors=tensors, verify=verify)
 
 
-def open_output(dst: str, columns: Sequence[str] | None, verify: bool) -> tuple[Dataset, _Layout, _Writer,
-                                                                                list[str] | None]:
-    """The output's dataset, where its batches are, what wrote them and the columns asked: what load and source
-    share. Reads the manifest and stats the files; parses no footer."""
+def open_output(dst: str, columns: Sequence[str] | None, verify: bool) -> tuple[_Reading, _Layout, _Writer]:
+    """The output's dataset with the columns asked and how its batches are handed out, where its batches are and
+    what wrote them: what load and source share. Reads the manifest and stats the files; parses no footer."""
     manifest = read_manifest(dst) if fs.is_dir(dst) else None
     dataset = _from_manifest(dst, manifest) if manifest and manifest.get("schema") else open_dataset(dst)
-    cols = dataset.check_columns(columns)
+    recorded = (manifest or {}).get("output", {}).get("padding")
+    padding = None if recorded is None else LoadPadding.of(recorded, dataset.schema, manifest_path(dst))
+    cols = dataset.check_columns(columns) if padding is None else padding.check_columns(dataset, columns)
     layout = _layout(dst, dataset)
     unverifiable = layout.batches.unverifiable() if verify else None
     if unverifiable:
         raise UsageError(f"verify=True: {dst} has no batch checksums to verify: {unverifiable}")
-    return dataset, layout, _Writer.of(dataset.manifest), cols
+    return _Reading(dataset, cols, padding), layout, _Writer.of(dataset.manifest)
 
 
 def _shuffle(dst: str, shuffle: bool | None, writer: _Writer, batches: Batches) -> bool:

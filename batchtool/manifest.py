@@ -33,7 +33,12 @@ MANIFEST_NAME = ".batchtool_manifest.json"
 pyarrow.dataset skip names starting with `.` or `_`, Hugging Face `datasets` only those starting with `.`."""
 LEGACY_MANIFEST_NAME = "manifest.json"
 """The name batchtool 0.1 wrote: still read (after MANIFEST_NAME), never written."""
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""The newest manifest_version this batchtool reads. Outputs are written as version 1 unless their batches are
+padded by the loader (`bucket --padding on-load`, output.padding): those are version 2, so that a batchtool that
+predates them refuses them in one line rather than handing out ragged arrays where padded ones were meant."""
+PLAIN_VERSION = 1
+PADDED_ON_LOAD_VERSION = 2
 _SAMPLE_BYTES = 1 << 20
 
 
@@ -107,10 +112,11 @@ def peak_rss_bytes() -> int:
 
 def build(*, command: str, options: dict[str, Any], seed: int | None, dataset: Dataset,
           output: OutputOptions, schema: pa.Schema, files: list[dict], stats: dict[str, Any],
-          run: dict[str, Any]) -> dict[str, Any]:
-    return {
+          run: dict[str, Any], padding: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The manifest; `padding`: how batchtool.load pads the stored batches (batchtool.load_padding), if it does."""
+    manifest = {
         "batchtool_version": batchtool.__version__,
-        "manifest_version": FORMAT_VERSION,
+        "manifest_version": PLAIN_VERSION if padding is None else PADDED_ON_LOAD_VERSION,
         "command": command,
         "options": options,
         "seed": seed,
@@ -124,6 +130,9 @@ def build(*, command: str, options: dict[str, Any], seed: int | None, dataset: D
         "stats": stats,
         "run": run,
     }
+    if padding is not None:
+        manifest["output"]["padding"] = padding
+    return manifest
 
 
 def write(directory: str, manifest: dict[str, Any]) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 from batchtool import fs
 from batchtool.errors import InputError
 from batchtool.formats.registry import NAMES
+from batchtool.load_padding import LoadPadding
 from batchtool.manifest import FORMAT_VERSION, LEGACY_MANIFEST_NAME, dataset_file, manifest_path, schema_from_json
 from batchtool.output import TFRECORD_KINDS
 
@@ -120,9 +121,11 @@ def validate(data: Any, path: str, src: str) -> dict:
     if not isinstance(data["schema"], str):
         raise refuse("schema", data["schema"], "a base64 Arrow IPC schema")
     try:
-        schema_from_json(data["schema"])
+        schema = schema_from_json(data["schema"])
     except ValueError as exc:
         raise InputError(f"{path}: schema does not decode as a base64 Arrow IPC schema ({exc})") from exc
+    if "padding" in output:
+        LoadPadding.of(output["padding"], schema, path)
     return data
 
 

@@ -14,9 +14,8 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool.arrays import to_numpy
-from batchtool.dataset import Dataset
 from batchtool.errors import UsageError
-from batchtool.load import _Layout, open_output
+from batchtool.load import _Layout, _Reading, open_output
 
 OPEN_FILES = 64
 """Files a source keeps open (footers parsed, maps held) before it lets them all go and opens afresh."""
@@ -28,11 +27,11 @@ class Source:
     read-only views of Arrow IPC output with writable=False). Thread-safe; pickles without its open files,
     so worker processes reopen what they read."""
 
-    def __init__(self, dataset: Dataset, layout: _Layout, columns: list[str] | None, writable: bool,
-                 verify: bool) -> None:
-        self.dataset = dataset
+    def __init__(self, reading: _Reading, layout: _Layout, writable: bool, verify: bool) -> None:
+        self.dataset = reading.dataset
+        self._reading = reading
         self._layout = layout
-        self.columns = columns
+        self.columns = reading.columns
         self.writable = writable
         self.verify = verify
         self._lock = threading.Lock()
@@ -53,14 +52,15 @@ class Source:
         with self._lock:
             if len(self._cache) >= OPEN_FILES:
                 batches.release(self._cache)
-            read = batches.read(int(file[0]), local, self.columns, self.schema, self._cache, self.verify)
+            read = self._reading.read(batches, int(file[0]), local, self._cache, self.verify)
         batch = read()[0]
         read.check()
+        batch = self._reading.handed_out(batch, lambda: self._layout.where(i))
         return to_numpy(batch, writable=self.writable, where=lambda: self._layout.where(i))
 
     @property
     def schema(self) -> pa.Schema:
-        return self.dataset.projected_schema(self.columns)
+        return self._reading.schema
 
     @property
     def manifest(self) -> dict | None:
@@ -106,5 +106,5 @@ def source(dst: str, *, columns: Sequence[str] | None = None, writable: bool = T
     """Open a batch-shard output for random access: `len(source)` batches, `source[i]` the i-th in file order.
     See `batchtool docs load` (Random access)."""
     dst = os.fspath(dst)
-    dataset, layout, _, cols = open_output(dst, columns, verify)
-    return Source(dataset, layout, cols, writable, verify)
+    reading, layout, _ = open_output(dst, columns, verify)
+    return Source(reading, layout, writable, verify)

@@ -139,7 +139,7 @@ def write(job: Job, produce: Produce, executor: Executor, report: ReadReport | N
         manifest = write_manifest(tmp, job, casts, stored, files, rows_in, rows, report,
                                   stats if job.manifest_stats is None
                                   else functools.partial(_pipeline_stats, job.manifest_stats, stats, rows),
-                                  executor.summary())
+                                  executor.summary(), produced.padding if isinstance(produced, Cut) else None)
     return JobResult(manifest, rows_in, rows)
 
 
@@ -150,9 +150,10 @@ def _pipeline_stats(manifest_stats: Callable[[dict[str, Any], int], dict[str, An
 
 def write_manifest(tmp: str, job: Job, casts: dict[str, str], stored: pa.Schema, files: list[dict], rows_in: int,
                    rows_out: int, report: ReadReport, stats: Callable[[], dict[str, Any]],
-                   executed: dict[str, Any]) -> dict[str, Any]:
+                   executed: dict[str, Any], padding: dict[str, Any] | None = None) -> dict[str, Any]:
     """The manifest of a finished output in `tmp`, written there; returns it. Its run section (the one part that
-    may differ between runs writing the same bytes) says how the run went (`executed`: the executor's summary)."""
+    may differ between runs writing the same bytes) says how the run went (`executed`: the executor's summary);
+    `padding`: how batchtool.load pads the batches (Cut.padding)."""
     job_stats = stats()
     job_stats.update(report.stats())
     manifest = manifest_mod.build(
@@ -160,7 +161,7 @@ def write_manifest(tmp: str, job: Job, casts: dict[str, str], stored: pa.Schema,
         schema=stored, files=files, stats={"rows_in": rows_in, "rows_out": rows_out, **job_stats},
         run={"threads": job.run.threads, "engine": job.run.engine, **executed,
              "wall_seconds": round(time.perf_counter() - job.started, 3),
-             "peak_rss_bytes": manifest_mod.peak_rss_bytes()})
+             "peak_rss_bytes": manifest_mod.peak_rss_bytes()}, padding=padding)
     if casts:
         manifest["output"]["cast"] = casts
     with fs.write_errors(f"{job.dst}: cannot write the output"):

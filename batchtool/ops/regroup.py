@@ -153,6 +153,9 @@ class Cut:
     stats: Callable[[], dict[str, Any]]
     sequence_columns: tuple[str, ...] | None = None
     """Columns to write as feature lists should the output be tf.train.SequenceExample records (None: every list)."""
+    padding: dict[str, Any] | None = None
+    """How batchtool.load pads the batches, stored at their real lengths (the manifest's output.padding); None:
+    they are stored as load hands them out."""
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ class Bucket(Operation[BucketOptions, BucketPlan]):
     spills = ("memory",)
 
     def output_schema(self, options: BucketOptions, schema: pa.Schema) -> pa.Schema:
-        return output_schema(schema, resolve_columns(options, schema), options.mask)
+        return output_schema(schema, resolve_columns(options, schema), options.mask, options.padding == "stored")
 
     def recorded(self, options: BucketOptions, schema: pa.Schema, output: OutputOptions) -> dict[str, Any]:
         return _manifest_options(options)
@@ -107,9 +107,12 @@ RECORDED_ORDER = ("length", "sequences", "boundaries", "auto_buckets", "bucket_c
 
 def _manifest_options(options: BucketOptions) -> dict[str, Any]:
     """The manifest's options, as bucket has always recorded them: every field but tmp_dir, in their old names
-    and order."""
+    and order; `padding` only when it is on-load, so that padded outputs' manifests stay as they were."""
     out = {RECORDED_AS.get(k, k): v for k, v in asdict(options).items() if k != "tmp_dir"}
-    return {k: out[k] for k in RECORDED_ORDER}
+    recorded = {k: out[k] for k in RECORDED_ORDER}
+    if options.padding != "stored":
+        recorded["padding"] = options.padding
+    return recorded
 
 
 OP = Bucket()

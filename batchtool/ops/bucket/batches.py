@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from batchtool import load_padding
 from batchtool.dataset import Chunk
 from batchtool.errors import OptionInputError, OptionSchemaError, SchemaError
 from batchtool.ops import names as own
@@ -170,9 +171,10 @@ def rebalance(plan: BucketPlan, spilled: np.ndarray, counts: BucketCounts) -> Ba
 # -- one output batch ------------------------------------------------------------------------------------------
 
 
-def make_batch(data: pa.RecordBatch, index: int, bucket: int, pad_length: int, columns: BucketColumns,
+def make_batch(data: pa.RecordBatch, index: int, bucket: int, pad_length: int | None, columns: BucketColumns,
                pad_values: Mapping[str, Any], mask: bool) -> pa.RecordBatch:
-    """One output batch: sequence columns padded to `pad_length`, plus batch, bucket, length (and mask)."""
+    """One output batch: sequence columns padded to `pad_length` (None: at their real lengths, for load to pad),
+    plus batch, bucket, length (and mask, only beside padded columns)."""
     padded = pad_batch(data, columns.sequences, pad_length, pad_values)
     n = data.num_rows
     out = columns.names
@@ -181,7 +183,7 @@ def make_batch(data: pa.RecordBatch, index: int, bucket: int, pad_length: int, c
     arrays += [pa.array(np.full(n, index, dtype=np.int64)), pa.array(np.full(n, bucket, dtype=np.int32)),
                data.column(out["length"])]
     names += [out["batch"], out["bucket"], out["length"]]
-    if mask:
+    if mask and pad_length is not None:
         arrays.append(mask_column(data.column(out["length"]).to_numpy(), pad_length))
         names.append(out["mask"])
     kept = {f.name: f.metadata for f in padded.schema}  # the metadata that marks an extension type's storage
@@ -189,10 +191,11 @@ def make_batch(data: pa.RecordBatch, index: int, bucket: int, pad_length: int, c
                                                                 for n, a in zip(names, arrays)]))
 
 
-def output_schema(schema: pa.Schema, columns: BucketColumns, mask: bool) -> pa.Schema:
+def output_schema(schema: pa.Schema, columns: BucketColumns, mask: bool, padded: bool) -> pa.Schema:
     """The schema bucket writes for an input of this schema: an empty batch's."""
     spilled = spill_schema(schema, columns)
-    return make_batch(pa.RecordBatch.from_pylist([], schema=spilled), 0, 0, 0, columns, {}, mask).schema
+    return make_batch(pa.RecordBatch.from_pylist([], schema=spilled), 0, 0, 0 if padded else None, columns, {},
+                      mask).schema
 
 
 def exchange(plan: BucketPlan, data: Any, probe: Probe) -> Exchange:
@@ -315,7 +318,16 @@ def _cut(plan: BucketPlan, scattered: Scattered, runtime: Runtime) -> Cut:
     if plan.balance is not None:
         _count_shares(plan, cuts, counts)
     batches = BucketBatches.make(plan, scattered.schema, streams, cuts)
-    return Cut(batches, functools.partial(bucket_stats, plan, counts))
+    return Cut(batches, functools.partial(bucket_stats, plan, counts), padding=_load_padding(plan))
+
+
+def _load_padding(plan: BucketPlan) -> dict[str, Any] | None:
+    """--padding on-load: what batchtool.load needs to pad the batches as they would have been stored."""
+    options, names = plan.options, plan.columns.names
+    if options.padding == "stored":
+        return None
+    return load_padding.spec(plan.columns.sequences, options.pad_value, plan.pad_to, names["length"],
+                             names["bucket"], names["mask"] if options.mask else None)
 
 
 def _count_shares(plan: BucketPlan, cuts: Sequence[BucketCut], counts: BucketCounts) -> None:
@@ -395,7 +407,8 @@ class BucketBatches:
         spec = [(k, b, int(cut[b].sizes[j]), int(cut[b].pad[j]),
                  None if cut[b].quotas is None else tuple(int(q) for q in cut[b].quotas[j])) for k, b, j in batches]
         balance = plan.balance
-        return BucketReader(self.schema, plan.columns, dict(plan.pad_values), plan.options.mask, plan.seed,
+        return BucketReader(self.schema, plan.columns, dict(plan.pad_values), plan.options.mask,
+                            plan.options.padding == "stored", plan.seed,
                             None if balance is None else balance.oversample, {b: self.streams[b] for b in used},
                             begins, spec)
 
@@ -408,6 +421,8 @@ class BucketReader:
     columns: BucketColumns
     pad_values: dict[str, Any]
     mask: bool
+    padded: bool
+    """--padding stored: batches written padded (else at their real lengths)."""
     seed: int
     oversample: bool | None
     """--balance: whether classes cycle (None: not balanced)."""
@@ -423,7 +438,7 @@ class BucketReader:
         else:
             rows = self._balanced()
         for (k, b, _, pad, _), data in zip(self.batches, rows):
-            yield make_batch(data.data, k, b, pad, self.columns, self.pad_values, self.mask)
+            yield make_batch(data.data, k, b, pad if self.padded else None, self.columns, self.pad_values, self.mask)
 
     def _cut(self) -> Iterator[Chunk]:
         """Each batch's rows, cut from its bucket's stream as take_sizes cuts them locally."""

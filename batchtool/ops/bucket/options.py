@@ -16,6 +16,8 @@ from batchtool.ops.targets import Target
 
 ORDERS = ("shuffle", "sorted")
 COSTS = ("linear", "quadratic")
+PADDINGS = ("stored", "on-load")
+"""--padding: batches written padded, or with their real lengths and padded by batchtool.load."""
 OUTPUT_COLUMNS = ("batch", "bucket", "length", "mask")
 """bucket's own columns (`batch` marks the batches for load and check; the manifest records its name)."""
 
@@ -79,6 +81,11 @@ class BucketOptions:
     pad_value: tuple[str, ...] = option("Pad value of a sequence column (default 0, '' for strings); repeatable.",
                                         Pairs("COL=V"), ())
     mask: bool = option("Add a 'mask' list<bool> column, true on real steps.", Flag(), False)
+    padding: str = option("stored: write every batch padded (zero-copy [B, T, ...] epochs); on-load: write the "
+                          "sequences' real steps (less disk for uncompressed Arrow IPC) and let batchtool.load pad "
+                          "each batch as it reads it (the same arrays, slower epochs; other readers see the real "
+                          "lists).",
+                          Choice(PADDINGS), "stored")
     output_column: tuple[tuple[str, str], ...] = names.output_column(OUTPUT_COLUMNS)
     keep: str | None = option("Boolean column: only rows where it is true are bucketed.", Column(), None)
     drop_remainder: bool = option("Drop (and count) each bucket's last, partial batch.", Flag(), False)
@@ -112,6 +119,8 @@ class BucketOptions:
         if self.pad_to_boundary and self.bucket_column is not None:
             raise OptionError("pad_to_boundary", "{pad_to_boundary} needs length buckets ({boundaries} or "
                               "{auto_buckets}), not {bucket_column}", mentions=modes)
+        if self.padding not in PADDINGS:
+            raise OptionError("padding", f"expected {' or '.join(PADDINGS)}", value=repr(self.padding))
         if self.order not in ORDERS:
             raise OptionError("order", f"expected {' or '.join(ORDERS)}", value=repr(self.order))
         self._check_balance()
@@ -177,4 +186,4 @@ class BucketOptions:
         return self.num_buckets
 
 
-__all__ = ["COSTS", "ORDERS", "OUTPUT_COLUMNS", "BucketOptions", "Integers"]
+__all__ = ["COSTS", "ORDERS", "PADDINGS", "OUTPUT_COLUMNS", "BucketOptions", "Integers"]

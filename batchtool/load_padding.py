@@ -1,0 +1,124 @@
+"""Padding on load (`bucket --padding on-load`): what the manifest records of it, and each stored batch padded as
+batchtool.load and batchtool.source read it, to exactly the arrays a padded output would give."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from batchtool.errors import BatchtoolError, InputError
+from batchtool.padding import default_pad, mask_column, pad_batch, parse_pad_values, row_lengths
+from batchtool.stats import is_sequence_type
+
+if TYPE_CHECKING:
+    from batchtool.dataset import Dataset
+
+MAX_PADDED_STEPS = 2**31 - 1
+"""Steps of one padded column of a batch (rows x padded length): what a list<...> column's int32 offsets hold."""
+
+
+def spec(sequences: Sequence[str], pad_values: Sequence[str], pad_to: Sequence[int | None], length: str,
+         bucket: str, mask: str | None) -> dict[str, Any]:
+    """The manifest's output.padding: the sequence columns, their --pad-value specs, each bucket's padded length
+    (None: the batch's longest row), the columns holding each row's length and the batch's bucket, and the mask
+    column to add (None: none)."""
+    return {"sequences": list(sequences), "pad_values": list(pad_values), "pad_to": list(pad_to),
+            "length": length, "bucket": bucket, "mask": mask}
+
+
+@dataclass(frozen=True)
+class LoadPadding:
+    """How a loader pads the stored batches of one output (from its manifest, checked against its schema)."""
+
+    sequences: tuple[str, ...]
+    pad_values: dict[str, Any]
+    pad_to: tuple[int | None, ...]
+    length: str
+    bucket: str
+    mask: str | None
+
+    @staticmethod
+    def of(recorded: Any, stored: pa.Schema, path: str) -> LoadPadding:
+        """The manifest's output.padding (`recorded`), or an InputError naming the field that a reader cannot
+        trust: every column it names exists with the type padding needs."""
+        def refuse(field: str, value: Any, expected: str) -> InputError:
+            return InputError(f"{path}: output.padding.{field} is {value!r:.60}, expected {expected}")
+
+        if not isinstance(recorded, dict):
+            raise InputError(f"{path}: output.padding is {recorded!r:.60}, expected an object")
+        names = stored.names
+        sequences = recorded.get("sequences")
+        if not (isinstance(sequences, list) and all(isinstance(s, str) and s in names
+                                                    and is_sequence_type(stored.field(s).type) for s in sequences)):
+            raise refuse("sequences", sequences, "a list of the output's list columns")
+        for field in ("length", "bucket"):
+            name = recorded.get(field)
+            if not (isinstance(name, str) and name in names and pa.types.is_integer(stored.field(name).type)):
+                raise refuse(field, name, "an integer column of the output")
+        mask = recorded.get("mask")
+        if mask is not None and (not isinstance(mask, str) or mask in names):
+            raise refuse("mask", mask, "null or a column name the output does not hold")
+        pad_to = recorded.get("pad_to")
+        if not (isinstance(pad_to, list) and pad_to and all(
+                p is None or (isinstance(p, int) and not isinstance(p, bool) and 0 <= p <= MAX_PADDED_STEPS)
+                for p in pad_to)):
+            raise refuse("pad_to", pad_to, "a list of padded lengths (integers or null), one per bucket")
+        specs = recorded.get("pad_values")
+        if not (isinstance(specs, list) and all(isinstance(s, str) for s in specs)):
+            raise refuse("pad_values", specs, "a list of COLUMN=VALUE strings")
+        try:
+            values = parse_pad_values(specs, stored)
+        except BatchtoolError as exc:
+            raise InputError(f"{path}: output.padding.pad_values: {exc}") from exc
+        values = {name: values.get(name, default_pad(stored.field(name).type)) for name in sequences}
+        return LoadPadding(tuple(sequences), values, tuple(pad_to), recorded["length"], recorded["bucket"], mask)
+
+    def schema(self, stored: pa.Schema) -> pa.Schema:
+        """The schema of the batches handed out: the stored one, with the mask column last if asked for."""
+        return stored if self.mask is None else stored.append(pa.field(self.mask, pa.list_(pa.bool_())))
+
+    def check_columns(self, dataset: Dataset, columns: Sequence[str] | None) -> list[str] | None:
+        """The columns asked, as Dataset.check_columns gives them, the mask (not stored) among them."""
+        if columns is None:
+            return None
+        dataset.check_columns([c for c in columns if c != self.mask])
+        return list(dict.fromkeys(columns))
+
+    def stored_columns(self, columns: Sequence[str] | None) -> list[str] | None:
+        """The stored columns to read for these columns (None: all): the asked ones (less the mask) and those
+        padding needs, the length and the bucket."""
+        if columns is None:
+            return None
+        stored = [c for c in columns if c != self.mask]
+        return stored + [c for c in (self.length, self.bucket) if c not in stored]
+
+    def pad(self, batch: pa.RecordBatch, columns: Sequence[str] | None, where: Callable[[], str]) -> pa.RecordBatch:
+        """The stored `batch` (read as stored_columns(columns)) padded as bucket would have written it, with the
+        mask, in the order of `columns` (None: every column). An InputError starting with `where()` if a row's
+        steps disagree with its length column or the batch's bucket is not the output's."""
+        lengths = batch.column(self.length).to_numpy(zero_copy_only=False).astype(np.int64)
+        sequences = [name for name in self.sequences if name in batch.schema.names]
+        for name in sequences:
+            steps = row_lengths(batch.column(name))
+            bad = np.flatnonzero(steps != lengths)
+            if len(bad):
+                raise InputError(f"{where()}, row {int(bad[0])}, column {name!r}: corrupt ({steps[bad[0]]} steps, "
+                                 f"column {self.length!r} says {lengths[bad[0]]})")
+        buckets = batch.column(self.bucket).to_numpy(zero_copy_only=False)
+        if not len(buckets) or (buckets != buckets[0]).any() or not 0 <= buckets[0] < len(self.pad_to):
+            raise InputError(f"{where()}, column {self.bucket!r}: corrupt (not one bucket of the "
+                             f"{len(self.pad_to)} the manifest records)")
+        longest = int(lengths.max(initial=0))
+        fixed = self.pad_to[int(buckets[0])]
+        width = longest if fixed is None else fixed
+        if width < longest or batch.num_rows * width > MAX_PADDED_STEPS:
+            raise InputError(f"{where()}, column {self.length!r}: corrupt (a row of {longest} steps in a batch of "
+                             f"{batch.num_rows} rows padded to {width})")
+        padded = pad_batch(batch, sequences, width, self.pad_values)
+        if self.mask is not None:
+            padded = padded.append_column(pa.field(self.mask, pa.list_(pa.bool_())), mask_column(lengths, width))
+        return padded.select(columns if columns is not None else padded.schema.names)
