@@ -11,14 +11,16 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool.errors import BatchtoolError, InputError
-from batchtool.padding import default_pad, mask_column, pad_batch, parse_pad_values, row_lengths
+from batchtool.padding import MAX_PADDED_STEPS, default_pad, mask_column, pad_batch, parse_pad_values, row_lengths
 from batchtool.stats import is_sequence_type
 
 if TYPE_CHECKING:
     from batchtool.dataset import Dataset
 
-MAX_PADDED_STEPS = 2**31 - 1
-"""Steps of one padded column of a batch (rows x padded length): what a list<...> column's int32 offsets hold."""
+MAX_PADDED_BYTES = 1 << 30
+"""The most one batch padded on load may take (its padded sequence columns): the padded length comes from the
+manifest, which a damaged or hostile one could make any size, so it is checked against this before anything is
+allocated. A training batch comes nowhere near (32 rows of 8,192 steps of 64 floats are 64 MiB)."""
 
 
 def spec(sequences: Sequence[str], pad_values: Sequence[str], pad_to: Sequence[int | None], length: str,
@@ -118,7 +120,27 @@ class LoadPadding:
         if width < longest or batch.num_rows * width > MAX_PADDED_STEPS:
             raise InputError(f"{where()}, column {self.length!r}: corrupt (a row of {longest} steps in a batch of "
                              f"{batch.num_rows} rows padded to {width})")
+        padded_bytes = batch.num_rows * width * sum(_step_bytes(batch.schema.field(name).type) for name in sequences)
+        if padded_bytes > MAX_PADDED_BYTES:
+            raise InputError(f"{where()}: padding {batch.num_rows} rows to {width:,} steps would take "
+                             f"{padded_bytes / 2**20:,.0f} MiB, more than a batch padded on load may "
+                             f"({MAX_PADDED_BYTES >> 20:,} MiB); the manifest's output.padding.pad_to is damaged")
         padded = pad_batch(batch, sequences, width, self.pad_values)
         if self.mask is not None:
             padded = padded.append_column(pa.field(self.mask, pa.list_(pa.bool_())), mask_column(lengths, width))
         return padded.select(columns if columns is not None else padded.schema.names)
+
+
+def _step_bytes(t: pa.DataType) -> float:
+    """Bytes one padded step of a list column of type `t` takes: its element's width times a fixed-size vector's
+    length, nested; 8 for a variable-width element (its offset and a short pad value)."""
+    step = t.value_type
+    width = 1
+    while pa.types.is_fixed_size_list(step):
+        width *= step.list_size
+        step = step.value_type
+    try:
+        return width * max(step.bit_width, 8) / 8
+    except ValueError:  # no fixed width: strings, binaries, nested lists
+        return width * 8.0
+

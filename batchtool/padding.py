@@ -12,6 +12,10 @@ import pyarrow.compute as pc
 from batchtool.errors import OptionError, SchemaError
 from batchtool.stats import is_sequence_type
 
+MAX_PADDED_STEPS = (1 << 31) - 1
+"""Steps of one padded column of a batch (rows x padded length) at most: what a list<...> column's int32 offsets
+hold."""
+
 
 def parse_pad_values(specs: Sequence[str], schema: pa.Schema) -> dict[str, Any]:
     """'tokens=0', 'frames=-1.5', 'words=<pad>' -> {column: value of the column's element type}."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 
 import numpy as np
@@ -19,7 +20,8 @@ from batchtool import manifest_reader
 from batchtool.errors import InputError
 from batchtool.load_padding import LoadPadding
 from batchtool.manifest import MANIFEST_NAME
-from conftest import invoke_cli, read_dir, write_parquet_shards
+import memlimit
+from conftest import REPO, invoke_cli, read_dir, write_parquet_shards
 
 OPTIONS = ("--boundaries", "20,40", "--batch-size", "8", "-q")
 
@@ -155,6 +157,31 @@ def test_a_batch_whose_lengths_disagree_with_its_steps_is_refused_naming_row_and
     for message, batch in cases.items():
         with pytest.raises(InputError, match="^f, batch 0, " + message):
             padding.pad(batch, None, lambda: "f, batch 0")
+
+
+PAD_TO_BOMB = """
+import pyarrow as pa
+from batchtool.errors import InputError
+from batchtool.load_padding import LoadPadding
+schema = pa.schema([("frames", pa.list_(pa.list_(pa.float32(), 16))), ("bucket", pa.int32()), ("length", pa.int32())])
+padding = LoadPadding.of({"sequences": ["frames"], "pad_values": [], "pad_to": [(1 << 30) // 64], "length": "length",
+                          "bucket": "bucket", "mask": None}, schema, "m.json")
+batch = pa.record_batch([pa.array([[[0.0] * 16]] * 64, schema.field(0).type), pa.array([0] * 64, pa.int32()),
+                         pa.array([1] * 64, pa.int32())], schema=schema)
+try:
+    padding.pad(batch, None, lambda: "f, batch 0")
+except InputError as exc:
+    print(exc)
+"""
+
+
+def test_a_manifest_padded_length_cannot_make_load_allocate_what_it_asks():
+    """pad_to comes from the manifest: 64 rows of 2**24 steps of 16 floats would be 64 GiB. Refused from the
+    arithmetic alone, in a child capped at 300 MB that would die allocating it."""
+    capped = memlimit.run_capped([sys.executable, "-c", PAD_TO_BOMB], 300 << 20, env={**os.environ, "PYTHONPATH": REPO})
+    assert not capped.killed_for_memory and capped.returncode == 0, capped
+    assert capped.stdout.startswith("f, batch 0: padding 64 rows to 16,777,216 steps would take 65,536 MiB, more "
+                                    "than a batch padded on load may (1,024 MiB)"), capped.stdout
 
 
 def test_an_unknown_padding_is_one_error_line(tmp_path, parquet_src, run_cli):

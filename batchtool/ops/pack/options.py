@@ -13,7 +13,7 @@ from batchtool.ops import names as own
 from batchtool.ops.base import ColumnError, OptionError
 from batchtool.options import ColumnList, Flag, Integer, Pairs, option
 from batchtool.ops.batching import BatchBudget
-from batchtool.padding import parse_pad_values
+from batchtool.padding import MAX_PADDED_STEPS, parse_pad_values
 from batchtool.stats import is_sequence_type
 
 PER_STEP = ("segment_ids", "positions")
@@ -27,7 +27,6 @@ ADOPTED = ("length",)
 written twice."""
 MAX_LENGTH_LIMIT = 1 << 22
 """--max-length at most this (4M steps): planning holds counts per length up to max_length, 8 bytes each."""
-MAX_PADDED_STEPS = (1 << 31) - 1
 
 
 @dataclass(frozen=True)
