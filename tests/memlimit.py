@@ -65,13 +65,16 @@ def _peak_rss(pid: int) -> int:
 
 def run_capped(args: Sequence[str], limit_bytes: int, *, env: dict[str, str] | None = None,
                timeout: float = 120.0, cwd: str | None = None) -> Capped:
-    """Run args to completion, killing the child if its RSS passes limit_bytes or it outlives timeout."""
+    """Run args to completion, killing the child if its RSS passes limit_bytes or it outlives timeout. The child's
+    allocator returns freed memory at once (MIMALLOC_PURGE_DELAY=0, not batchtool's default of 100 ms), so the cap
+    judges what batchtool holds, not what the allocator keeps for reuse."""
     killed = threading.Event()
     done = threading.Event()
     seen = [0]
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err, \
             tempfile.NamedTemporaryFile("r", suffix=".peak") as peak_file:
-        child_env = {**(os.environ if env is None else env), PEAK_FILE_VARIABLE: peak_file.name}
+        child_env = {**(os.environ if env is None else env), "MIMALLOC_PURGE_DELAY": "0",
+                     PEAK_FILE_VARIABLE: peak_file.name}
         proc = subprocess.Popen(list(args), stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=child_env,
                                 cwd=cwd)
 
