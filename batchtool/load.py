@@ -280,7 +280,8 @@ class Loader:
 
     def _batches(self, convert: Callable[[pa.RecordBatch, int], Any] | None = None) -> Iterator[tuple[Any, int]]:
         """(batch, its number in the output) in this iterator's order, counting self.position; each batch
-        `convert`ed (batch, number) -> item first where given, on the thread that read it."""
+        `convert`ed (batch, number) -> item first where given, on the thread that read it: one of the reading
+        threads, or this one where a read decodes nothing (Batches.in_place) and no checksum is verified."""
         worker, workers = _worker_split()
         first = self._first(worker, workers)
         self._resume = None
@@ -309,7 +310,8 @@ class Loader:
                 return done, exc
             return done, None
 
-        for done, error in threaded_map(run, self._reads(order[picked], blocks[picked]), self.threads):
+        threads = 1 if self._layout.batches.in_place() and not self.verify else self.threads
+        for done, error in threaded_map(run, self._reads(order[picked], blocks[picked]), threads):
             for read, ids, items in done:
                 for item, batch_id in zip(items, ids):
                     read.check()
@@ -383,7 +385,8 @@ def load(dst: str, *, columns: Sequence[str] | None = None, shuffle: bool | None
     shuffle (default: True where batches are independent and can be read in any order, False for segment
     output, `bucket --order sorted` and GZIP TFRecord) permutes the batches per epoch (`set_epoch`);
     rank/world_size give each rank an equal, disjoint part of every epoch (drop_uneven: drop the remainder,
-    else repeat batches to fill). `threads` decode ahead of the training loop (default: min(4, cores)); the
+    else repeat batches to fill). `threads` decode ahead of the training loop (default: min(4, cores); uncompressed
+    Arrow IPC, whose batches are views of a memory map, is read by the loop itself unless `verify`); the
     batches are the same. verify: check every batch's checksum as it is read (Arrow IPC's CRC32C).
     """
     dst = os.fspath(dst)

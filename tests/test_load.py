@@ -215,3 +215,27 @@ def test_a_batch_that_does_not_convert_ends_the_stream_after_the_batches_before_
         for batch in loader:
             got.append(int(batch["batch"][0]))
     assert got == expected[:6] and loader.position == 6
+
+
+@pytest.mark.parametrize("compression, verify, inline", [("none", False, True), ("none", True, False),
+                                                         ("zstd", False, False)])
+def test_views_of_a_memory_map_are_made_on_the_consuming_thread(tmp_path, monkeypatch, compression, verify, inline):
+    """Uncompressed Arrow IPC batches are views of the map (nothing to decode): the loop reads and converts them
+    itself, with no reading thread, whatever `threads` says; a read that decompresses or verifies CRC32Cs still goes
+    to the reading threads. The batches are the same either way."""
+    import threading
+
+    load_module = importlib.import_module("batchtool.load")
+    dst = bucket_output(str(tmp_path), "arrow", compression)
+    convert = load_module.views
+    threads_seen = set()
+
+    def recording(batch, writable, where):
+        threads_seen.add(threading.current_thread() is threading.main_thread())
+        return convert(batch, writable, where)
+
+    monkeypatch.setattr(load_module, "views", recording)
+    got = [b["batch"][0] for b in batchtool.load(dst, threads=2, seed=3, verify=verify)]
+    assert threads_seen == {inline}
+    monkeypatch.setattr(load_module, "views", convert)
+    assert got == [b["batch"][0] for b in batchtool.load(dst, threads=1, seed=3)]

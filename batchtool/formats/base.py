@@ -171,6 +171,12 @@ class Batches(ABC):
         None: it can (Parquet pages and TFRecord records carry checksums every read verifies)."""
         return None
 
+    def in_place(self) -> bool:
+        """Whether a read decodes nothing (Arrow IPC without compression, memory-mapped: its batches are views of
+        the map): load then reads on the consuming thread, as handing such a read to a thread costs more than the
+        read (Python holding the GIL either way)."""
+        return False
+
     def release(self, cache: dict) -> None:
         """Drop (and close) what a block kept."""
         cache.clear()
