@@ -261,9 +261,10 @@ class Loader:
         """The reading threads convert each batch to arrays; a copy of read-only memory (writable=True over a
         memory map) is made here, right after the batch's file was checked (see _batches)."""
         writable = self.writable or self.tensors
+        unsliced = self._layout.batches.unsliced
 
         def convert(batch: pa.RecordBatch, batch_id: int) -> dict[str, Any]:
-            return views(batch, writable, where=lambda: self._layout.where(batch_id))
+            return views(batch, writable, lambda: self._layout.where(batch_id), unsliced)
 
         for arrays, _ in self._batches(convert):
             yield hand_out(arrays, writable, self.tensors)

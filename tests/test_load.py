@@ -203,10 +203,10 @@ def test_a_batch_that_does_not_convert_ends_the_stream_after_the_batches_before_
     bad = expected[6]
     convert = load_module.views
 
-    def failing(batch, writable, where):
+    def failing(batch, writable, where, unsliced):
         if batch.column("batch")[0].as_py() == bad:
             raise InputError(f"{where()}: cannot convert")
-        return convert(batch, writable, where)
+        return convert(batch, writable, where, unsliced)
 
     monkeypatch.setattr(load_module, "views", failing)
     loader = batchtool.load(dst, shuffle=False, threads=threads)
@@ -230,9 +230,9 @@ def test_views_of_a_memory_map_are_made_on_the_consuming_thread(tmp_path, monkey
     convert = load_module.views
     threads_seen = set()
 
-    def recording(batch, writable, where):
+    def recording(batch, writable, where, unsliced):
         threads_seen.add(threading.current_thread() is threading.main_thread())
-        return convert(batch, writable, where)
+        return convert(batch, writable, where, unsliced)
 
     monkeypatch.setattr(load_module, "views", recording)
     got = [b["batch"][0] for b in batchtool.load(dst, threads=2, seed=3, verify=verify)]

@@ -209,6 +209,8 @@ class Listed:
 class _Batches(Batches):
     """Record batch i is batch i, found through the file's footer (parsed when the file is first read)."""
 
+    unsliced = True
+
     paths: tuple[str, ...]
     schema: pa.Schema
     listed: tuple[Listed, ...] | None

@@ -145,6 +145,9 @@ class Batches(ABC):
 
     records_buckets: ClassVar[bool] = False
     """The files' metadata give each batch's `bucket` (Parquet column statistics), so buckets() reads no data."""
+    unsliced: ClassVar[bool] = False
+    """Every array of a batch read, children included, starts at offset 0 of its buffers (Arrow IPC, whose format
+    has no offsets): load makes the arrays from the batch's buffers alone (arrays.views)."""
 
     @abstractmethod
     def rows(self, f: int, local: np.ndarray) -> np.ndarray:
