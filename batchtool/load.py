@@ -281,41 +281,46 @@ class Loader:
 
     def _batches(self, convert: Callable[[pa.RecordBatch, int], Any] | None = None) -> Iterator[tuple[Any, int]]:
         """(batch, its number in the output) in this iterator's order, counting self.position; each batch
-        `convert`ed (batch, number) -> item first where given, on the thread that read it: one of the reading
-        threads, or this one where a read decodes nothing (Batches.in_place) and no checksum is verified."""
+        `convert`ed (batch, number) -> item first where given: on the thread that read it, or where a read decodes
+        nothing (Batches.in_place) and no checksum is verified, on this one, no thread involved, as it is handed
+        out (its file checked once, just before)."""
         worker, workers = _worker_split()
         first = self._first(worker, workers)
         self._resume = None
         order, blocks = self._epoch()
         picked = self._rank_positions()[first::workers]
         self.position, self._iterating = first, True
+        inline = self._layout.batches.in_place() and not self.verify
+        ahead = None if inline else convert
 
         def run(group: list[tuple[ReadTask, list[int]]]) -> tuple[list[tuple[ReadTask, list[int], list[Any]]],
                                                                  BaseException | None]:
-            """Each read of the group with its batches, converted; a read that fails or a batch that does not
-            convert ends the list, with the error the consumer raises after the batches before it (as if it had
-            read and converted each itself)."""
+            """Each read of the group with its batches, converted (`ahead`); a read that fails or a batch that
+            does not convert ends the list, with the error the consumer raises after the batches before it (as if
+            it had read and converted each itself)."""
             done: list[tuple[ReadTask, list[int], list[Any]]] = []
             try:
                 for read, ids in group:
                     batches = read()
                     items: list[Any] = []
                     done.append((read, ids, items))
-                    if convert is None:
+                    if ahead is None:
                         items.extend(batches)
                         continue
                     for batch, batch_id in zip(batches, ids):
                         read.check()
-                        items.append(convert(batch, batch_id))
+                        items.append(ahead(batch, batch_id))
             except BatchtoolError as exc:
                 return done, exc
             return done, None
 
-        threads = 1 if self._layout.batches.in_place() and not self.verify else self.threads
-        for done, error in threaded_map(run, self._reads(order[picked], blocks[picked]), threads):
+        reads = self._reads(order[picked], blocks[picked])
+        for done, error in threaded_map(run, reads, 1 if inline else self.threads):
             for read, ids, items in done:
                 for item, batch_id in zip(items, ids):
                     read.check()
+                    if inline and convert is not None:
+                        item = convert(item, batch_id)
                     self.position += workers
                     yield item, batch_id
             if error is not None:
