@@ -37,10 +37,9 @@ def views(batch: pa.RecordBatch, writable: bool, where: Callable[[], str] = lamb
     buffers = plan.flat(batch) if unsliced else None
     rows = batch.num_rows
     out = {}
-    for i, (name, convert, first) in enumerate(zip(plan.names, plan.converts, plan.firsts)):
+    for i, (name, convert, at) in enumerate(zip(plan.names, plan.converts, plan.at)):
         try:
-            array = convert.from_buffers(buffers, first, rows, writable) \
-                if buffers is not None and isinstance(convert, _Dense) else None
+            array = None if buffers is None or at is None else convert.from_buffers(buffers, at, rows, writable)
             out[name] = convert(batch.column(i), writable) if array is None else array
         except (pa.ArrowException, ValueError) as exc:  # UnicodeDecodeError is a ValueError
             raise InputError(f"{where()}, column {name!r}: corrupt ({first_line(exc)})") from exc
@@ -69,7 +68,8 @@ class _Plan:
 
     names: tuple[str, ...]
     converts: tuple[_Convert, ...]
-    firsts: tuple[int, ...]
+    at: tuple[tuple[int, ...] | None, ...]
+    """Per column of numbers (_Dense), where its buffers are, flattened (_Dense.from_buffers); None for others."""
     buffers: int
     """Of a batch, flattened."""
     bitmaps: tuple[int, ...]
@@ -100,10 +100,12 @@ def _plan(batch: pa.RecordBatch) -> _Plan:
             return plan
     counts = [len(column.buffers()) for column in batch.columns]
     converts = tuple(_Dense.of(field.type) or column_to_numpy for field in schema)
-    firsts = tuple(1 + int(n) for n in np.cumsum([0, *counts[:-1]]))
-    bitmaps = tuple(first + i for convert, first in zip(converts, firsts) if isinstance(convert, _Dense)
-                    for i in convert.validity)
-    plan = _Plan(tuple(schema.names), converts, firsts, 1 + sum(counts), bitmaps)
+    firsts = [1 + int(n) for n in np.cumsum([0, *counts[:-1]])]
+    dense = [(convert, first) for convert, first in zip(converts, firsts) if isinstance(convert, _Dense)]
+    at = tuple(tuple(first + i for i in convert.data) if isinstance(convert, _Dense) else None
+               for convert, first in zip(converts, firsts))
+    bitmaps = tuple(first + i for convert, first in dense for i in convert.validity)
+    plan = _Plan(tuple(schema.names), converts, at, 1 + sum(counts), bitmaps)
     _plans[:] = [(schema, plan), *_plans[:PLANS_KEPT - 1]]
     return plan
 
@@ -122,24 +124,25 @@ class _Dense:
     validity: tuple[int, ...]
     """Per level, then the numbers: where its validity bitmap is among the column's buffers flattened
     (Array.buffers(): a list's validity and offsets, a fixed-size list's validity, then its child's)."""
-    data: tuple[int | None, ...]
-    """Per level, then the numbers: where its offsets (None for a fixed size), or the numbers, are among them."""
+    data: tuple[int, ...]
+    """Per level, then the numbers: where its offsets (a fixed size: its validity bitmap, absent where
+    from_buffers reads), or the numbers, are among them."""
 
     @staticmethod
     def of(kind: pa.DataType) -> _Dense | None:
         levels: list[int | np.dtype] = []
         validity: list[int] = []
-        data: list[int | None] = []
+        data: list[int] = []
+        at = 0
         while is_sequence_type(kind):
             fixed = pa.types.is_fixed_size_list(kind)
             levels.append(kind.list_size if fixed else np.dtype(np.int64 if pa.types.is_large_list(kind) else np.int32))
-            at = len(validity) + sum(i is not None for i in data)
             validity.append(at)
-            data.append(None if fixed else at + 1)
+            data.append(at if fixed else at + 1)
+            at += 1 if fixed else 2
             kind = kind.value_type
         if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
             return None
-        at = len(validity) + sum(i is not None for i in data)
         return _Dense(tuple(levels), np.dtype(kind.to_pandas_dtype()), (*validity, at), (*data, at + 1))
 
     def __call__(self, arr: pa.Array, writable: bool) -> np.ndarray:
@@ -147,29 +150,21 @@ class _Dense:
         values = self._values(arr) if len(arr) else None
         if values is None:
             return column_to_numpy(arr, writable)
-        return self._handed_out(values, writable)
+        return values if writable else _handed_out(values, False)
 
-    def from_buffers(self, buffers: list[pa.Buffer | None], first: int, rows: int,
+    def from_buffers(self, buffers: list[pa.Buffer | None], at: tuple[int, ...], rows: int,
                      writable: bool) -> np.ndarray | None:
         """What __call__ makes of a column of `rows` rows at offset 0 at every level, without validity bitmaps
-        (_Plan.flat), whose buffers start at `first` of `buffers`; None to leave it to __call__ (unequal lengths,
-        no rows)."""
+        (_Plan.flat), whose `data` buffers are at `at` of `buffers`; None to leave it to __call__ (unequal
+        lengths, no rows)."""
         if not rows:
             return None
-        if not self.levels:  # (most columns: a view of the numbers, no shape to work out)
-            array = np.frombuffer(buffers[first + 1], dtype=self.dtype, count=rows)
-            return array if writable else _handed_out(array, False)
-        values = self._shaped(rows, [(None if i is None else buffers[first + i], 0) for i in self.data])
-        return None if values is None else self._handed_out(values, writable)
+        values = np.frombuffer(buffers[at[0]], dtype=self.dtype, count=rows) if len(at) == 1 \
+            else self._shaped(rows, [(buffers[i], 0) for i in at])  # (most columns are plain numbers: one view)
+        return values if writable or values is None else _handed_out(values, False)
 
-    @staticmethod
-    def _handed_out(values: tuple[np.ndarray, tuple[int, ...]], writable: bool) -> np.ndarray:
-        array, shape = values
-        array = array if writable else _handed_out(array, False)
-        return array if len(shape) == 1 else array.reshape(shape)
-
-    def _values(self, arr: pa.Array) -> tuple[np.ndarray, tuple[int, ...]] | None:
-        """The numbers' view and the shape they take, or None where a level has a null or unequal lengths."""
+    def _values(self, arr: pa.Array) -> np.ndarray | None:
+        """The numbers' view in their shape, or None where a level has a null or unequal lengths."""
         level, parts = arr, []
         for steps in self.levels:
             if level.null_count:
@@ -181,10 +176,10 @@ class _Dense:
         parts.append((level.buffers()[1], level.offset))
         return self._shaped(len(arr), parts)
 
-    def _shaped(self, count: int, parts: list[tuple[pa.Buffer | None, int]]) -> tuple[np.ndarray,
-                                                                                     tuple[int, ...]] | None:
-        """The numbers' view and shape of `count` rows without nulls, from each level's offsets buffer (None for
-        a fixed size) and the numbers' buffer, each with its array's offset; None where lengths are unequal."""
+    def _shaped(self, count: int, parts: list[tuple[pa.Buffer | None, int]]) -> np.ndarray | None:
+        """The numbers' view in their shape, of `count` rows without nulls, from each level's offsets buffer
+        (ignored for a fixed size) and the numbers' buffer, each with its array's offset; None where lengths are
+        unequal."""
         start, shape = 0, [count]
         for steps, (buffer, offset) in zip(self.levels, parts):
             start += offset
@@ -202,7 +197,7 @@ class _Dense:
             shape.append(steps)
         buffer, offset = parts[-1]
         start += offset
-        return np.frombuffer(buffer, dtype=self.dtype, count=count, offset=start * self.dtype.itemsize), tuple(shape)
+        return np.frombuffer(buffer, dtype=self.dtype, count=count, offset=start * self.dtype.itemsize).reshape(shape)
 
 
 def column_to_numpy(arr: pa.Array, writable: bool = False) -> np.ndarray:

@@ -133,7 +133,7 @@ def test_numbers_and_padded_lists_take_the_planned_path():
                        "lists of ragged lists"}
     dense = _Dense.of(COLUMNS["steps of vectors"].type)
     values = dense._values(COLUMNS["steps of vectors"])
-    assert values is not None and values[1] == (4, 3, 2)
+    assert values is not None and values.shape == (4, 3, 2)
     for declined in ("ragged list", "null row", "null step", "null vector", "all empty", "lists of ragged lists"):
         assert _Dense.of(COLUMNS[declined].type)._values(COLUMNS[declined]) is None, declined
 
