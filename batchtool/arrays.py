@@ -63,8 +63,9 @@ _Convert = Callable[[pa.Array, bool], np.ndarray]
 
 @dataclass(frozen=True)
 class _Plan:
-    """How each column of one schema converts, and where its buffers start among a batch's buffers flattened
-    (RecordBatch.to_struct_array().buffers(): the struct's validity, then each column's, children depth first)."""
+    """How each column of one schema converts, and where the buffers of its columns of numbers are among a batch's
+    buffers flattened (RecordBatch.to_struct_array().buffers(): the struct's validity, then each column's, children
+    depth first)."""
 
     names: tuple[str, ...]
     converts: tuple[_Convert, ...]

@@ -258,8 +258,9 @@ class Loader:
     # reading -----------------------------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        """The reading threads convert each batch to arrays; a copy of read-only memory (writable=True over a
-        memory map) is made here, right after the batch's file was checked (see _batches)."""
+        """The reading threads (or for uncompressed Arrow IPC, this thread) convert each batch to arrays; a copy of
+        read-only memory (writable=True over a memory map) is made here, right after the batch's file was checked
+        (see _batches)."""
         writable = self.writable or self.tensors
         unsliced = self._layout.batches.unsliced
 
