@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import repeat
+from operator import is_not
 from typing import Any
 
 import numpy as np
@@ -23,14 +25,22 @@ def to_numpy(batch: pa.RecordBatch, writable: bool = False, tensors: bool = Fals
     return hand_out(views(batch, writable, where), writable, tensors)
 
 
-def views(batch: pa.RecordBatch, writable: bool, where: Callable[[], str] = lambda: "a batch") -> dict[str, Any]:
+def views(batch: pa.RecordBatch, writable: bool, where: Callable[[], str] = lambda: "a batch",
+          unsliced: bool = False) -> dict[str, Any]:
     """to_numpy's arrays, except that with `writable` the arrays of numbers may still be read-only views of
     Arrow's buffers: hand_out copies those, so a reading thread can do the rest ahead and the copy is made
-    where the arrays are used (while the copied bytes are in the CPU's caches)."""
+    where the arrays are used (while the copied bytes are in the CPU's caches). `unsliced`: every array of the
+    batch, children included, starts at offset 0 of its buffers (a batch as the Arrow IPC reader makes it, the
+    format has no offsets), so columns of numbers are made from the batch's buffers, fetched in one call, with
+    no pyarrow object per column or level."""
+    plan = _plan(batch)
+    buffers = plan.flat(batch) if unsliced else None
+    rows = batch.num_rows
     out = {}
-    for (name, convert), column in zip(_plan(batch.schema), batch.columns):
+    for i, (name, convert, at) in enumerate(zip(plan.names, plan.converts, plan.at)):
         try:
-            out[name] = convert(column, writable)
+            array = None if buffers is None or at is None else convert.from_buffers(buffers, at, rows, writable)
+            out[name] = convert(batch.column(i), writable) if array is None else array
         except (pa.ArrowException, ValueError) as exc:  # UnicodeDecodeError is a ValueError
             raise InputError(f"{where()}, column {name!r}: corrupt ({first_line(exc)})") from exc
     return out
@@ -49,20 +59,54 @@ def hand_out(arrays: dict[str, Any], writable: bool, tensors: bool) -> dict[str,
 
 
 _Convert = Callable[[pa.Array, bool], np.ndarray]
-_Plan = tuple[tuple[str, _Convert], ...]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How each column of one schema converts, and where the buffers of its columns of numbers are among a batch's
+    buffers flattened (RecordBatch.to_struct_array().buffers(): the struct's validity, then each column's, children
+    depth first)."""
+
+    names: tuple[str, ...]
+    converts: tuple[_Convert, ...]
+    at: tuple[tuple[int, ...] | None, ...]
+    """Per column of numbers (_Dense), where its buffers are, flattened (_Dense.from_buffers); None for others."""
+    buffers: int
+    """Of a batch, flattened."""
+    bitmaps: tuple[int, ...]
+    """Where the validity bitmaps of the columns of numbers (every level) are, flattened."""
+
+    def flat(self, batch: pa.RecordBatch) -> list[pa.Buffer | None] | None:
+        """The buffers of `batch` (at offset 0 at every level), flattened in one call; None where a column of
+        numbers has a validity bitmap at some level (it may have nulls: converted column by column), or the count
+        is not the plan's."""
+        buffers = batch.to_struct_array().buffers()
+        if len(buffers) != self.buffers or any(map(is_not, map(buffers.__getitem__, self.bitmaps), repeat(None))):
+            return None
+        return buffers
+
+
 _plans: list[tuple[pa.Schema, _Plan]] = []
 """The schemas seen last with their plans: an epoch's batches share a handful of schemas, and comparing a batch's
 schema with its reader's is a pointer comparison (hashing a schema costs more than converting a column)."""
 PLANS_KEPT = 16
 
 
-def _plan(schema: pa.Schema) -> _Plan:
-    """(name, conversion) per column of `schema`, decided once per schema: numbers, and lists of them nested to
-    any depth, through _Dense; any other type through column_to_numpy."""
+def _plan(batch: pa.RecordBatch) -> _Plan:
+    """The plan of `batch`'s schema, decided once per schema: numbers, and lists of them nested to any depth,
+    through _Dense; any other type through column_to_numpy."""
+    schema = batch.schema
     for known, plan in _plans:
         if known.equals(schema):
             return plan
-    plan = tuple((field.name, _Dense.of(field.type) or column_to_numpy) for field in schema)
+    counts = [len(column.buffers()) for column in batch.columns]
+    converts = tuple(_Dense.of(field.type) or column_to_numpy for field in schema)
+    firsts = [1 + int(n) for n in np.cumsum([0, *counts[:-1]])]
+    dense = [(convert, first) for convert, first in zip(converts, firsts) if isinstance(convert, _Dense)]
+    at = tuple(tuple(first + i for i in convert.data) if isinstance(convert, _Dense) else None
+               for convert, first in zip(converts, firsts))
+    bitmaps = tuple(first + i for convert, first in dense for i in convert.validity)
+    plan = _Plan(tuple(schema.names), converts, at, 1 + sum(counts), bitmaps)
     _plans[:] = [(schema, plan), *_plans[:PLANS_KEPT - 1]]
     return plan
 
@@ -78,49 +122,83 @@ class _Dense:
     """Per list level, outermost first: a fixed size's steps, or a variable-length list's offsets dtype."""
     dtype: np.dtype
     """Of the numbers (the innermost values)."""
+    validity: tuple[int, ...]
+    """Per level, then the numbers: where its validity bitmap is among the column's buffers flattened
+    (Array.buffers(): a list's validity and offsets, a fixed-size list's validity, then its child's)."""
+    data: tuple[int, ...]
+    """Per level, then the numbers: where its offsets (a fixed size: its validity bitmap, absent where
+    from_buffers reads), or the numbers, are among them."""
 
     @staticmethod
     def of(kind: pa.DataType) -> _Dense | None:
         levels: list[int | np.dtype] = []
+        validity: list[int] = []
+        data: list[int] = []
+        at = 0
         while is_sequence_type(kind):
-            levels.append(kind.list_size if pa.types.is_fixed_size_list(kind)
-                          else np.dtype(np.int64 if pa.types.is_large_list(kind) else np.int32))
+            fixed = pa.types.is_fixed_size_list(kind)
+            levels.append(kind.list_size if fixed else np.dtype(np.int64 if pa.types.is_large_list(kind) else np.int32))
+            validity.append(at)
+            data.append(at if fixed else at + 1)
+            at += 1 if fixed else 2
             kind = kind.value_type
         if not (pa.types.is_integer(kind) or pa.types.is_floating(kind)):
             return None
-        return _Dense(tuple(levels), np.dtype(kind.to_pandas_dtype()))
+        return _Dense(tuple(levels), np.dtype(kind.to_pandas_dtype()), (*validity, at), (*data, at + 1))
 
     def __call__(self, arr: pa.Array, writable: bool) -> np.ndarray:
         """With `writable`, read-only numbers are left to hand_out to copy."""
         values = self._values(arr) if len(arr) else None
         if values is None:
             return column_to_numpy(arr, writable)
-        return (values[0] if writable else _handed_out(values[0], False)).reshape(values[1])
+        return values if writable else _handed_out(values, False)
 
-    def _values(self, arr: pa.Array) -> tuple[np.ndarray, tuple[int, ...]] | None:
-        """The numbers' view and the shape they take, or None where a level has a null or unequal lengths."""
-        level, start, count = arr, arr.offset, len(arr)
-        shape = [count]
+    def from_buffers(self, buffers: list[pa.Buffer | None], at: tuple[int, ...], rows: int,
+                     writable: bool) -> np.ndarray | None:
+        """What __call__ makes of a column of `rows` rows at offset 0 at every level, without validity bitmaps
+        (_Plan.flat), whose `data` buffers are at `at` of `buffers`; None to leave it to __call__ (unequal
+        lengths, no rows)."""
+        if not rows:
+            return None
+        values = np.frombuffer(buffers[at[0]], dtype=self.dtype, count=rows) if len(at) == 1 \
+            else self._shaped(rows, [(buffers[i], 0) for i in at])  # (most columns are plain numbers: one view)
+        return values if writable or values is None else _handed_out(values, False)
+
+    def _values(self, arr: pa.Array) -> np.ndarray | None:
+        """The numbers' view in their shape, or None where a level has a null or unequal lengths."""
+        level, parts = arr, []
         for steps in self.levels:
             if level.null_count:
                 return None
+            parts.append((None if isinstance(steps, int) else level.buffers()[1], level.offset))
+            level = level.values
+        if level.null_count:
+            return None
+        parts.append((level.buffers()[1], level.offset))
+        return self._shaped(len(arr), parts)
+
+    def _shaped(self, count: int, parts: list[tuple[pa.Buffer | None, int]]) -> np.ndarray | None:
+        """The numbers' view in their shape, of `count` rows without nulls, from each level's offsets buffer
+        (ignored for a fixed size) and the numbers' buffer, each with its array's offset; None where lengths are
+        unequal."""
+        start, shape = 0, [count]
+        for steps, (buffer, offset) in zip(self.levels, parts):
+            start += offset
             if isinstance(steps, int):
                 if not steps:
                     return None
                 start, count = start * steps, count * steps
             else:
-                offsets = np.frombuffer(level.buffers()[1], dtype=steps, count=start + count + 1)[start:]
+                offsets = np.frombuffer(buffer, dtype=steps, count=count + 1, offset=start * steps.itemsize)
                 first, end = int(offsets[0]), int(offsets[-1])
                 steps = (end - first) // count
-                if end <= first or (offsets[1:] - offsets[:-1] != steps).any():
-                    return None
+                if steps < 1 or offsets.tobytes() != np.arange(first, end + 1, steps, dtype=offsets.dtype).tobytes():
+                    return None  # (equal lengths: the offsets are first, first + steps, ..., end, byte for byte)
                 start, count = first, end - first
             shape.append(steps)
-            level = level.values
-            start += level.offset
-        if level.null_count:
-            return None
-        return np.frombuffer(level.buffers()[1], dtype=self.dtype, count=start + count)[start:], tuple(shape)
+        buffer, offset = parts[-1]
+        start += offset
+        return np.frombuffer(buffer, dtype=self.dtype, count=count, offset=start * self.dtype.itemsize).reshape(shape)
 
 
 def column_to_numpy(arr: pa.Array, writable: bool = False) -> np.ndarray:

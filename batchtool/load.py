@@ -285,12 +285,14 @@ class Loader:
     # reading -----------------------------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        """The reading threads convert each batch to arrays; a copy of read-only memory (writable=True over a
-        memory map) is made here, right after the batch's file was checked (see _batches)."""
+        """The reading threads (or for uncompressed Arrow IPC, this thread) convert each batch to arrays; a copy of
+        read-only memory (writable=True over a memory map) is made here, right after the batch's file was checked
+        (see _batches)."""
         writable = self.writable or self.tensors
+        unsliced = self._layout.batches.unsliced
 
         def convert(batch: pa.RecordBatch, batch_id: int) -> dict[str, Any]:
-            return views(batch, writable, where=lambda: self._layout.where(batch_id))
+            return views(batch, writable, lambda: self._layout.where(batch_id), unsliced)
 
         for arrays, _ in self._batches(convert):
             yield hand_out(arrays, writable, self.tensors)
@@ -307,25 +309,31 @@ class Loader:
 
     def _batches(self, convert: Callable[[pa.RecordBatch, int], Any] | None = None) -> Iterator[tuple[Any, int]]:
         """(batch, its number in the output) in this iterator's order, counting self.position; each batch
-        `convert`ed (batch, number) -> item first where given, on the thread that read it."""
+        `convert`ed (batch, number) -> item first where given: on the thread that read it, or where a read decodes
+        nothing (Batches.in_place) and no checksum is verified, on this one, no thread involved, as it is handed
+        out (its file checked once, just before)."""
         worker, workers = _worker_split()
         first = self._first(worker, workers)
         self._resume = None
         order, blocks = self._epoch()
         picked = self._rank_positions()[first::workers]
         self.position, self._iterating = first, True
+        inline = self._layout.batches.in_place() and not self.verify and self._reading.padding is None
 
         def run(group: list[tuple[ReadTask, list[int]]]) -> tuple[list[tuple[ReadTask, list[int], list[Any]]],
                                                                  BaseException | None]:
-            """Each read of the group with its batches, converted; a read that fails or a batch that does not
-            convert ends the list, with the error the consumer raises after the batches before it (as if it had
-            read and converted each itself)."""
+            """Each read of the group with its batches, padded if stored unpadded and converted (unless
+            `inline`: then as read); a read that fails or a batch that does not convert ends the list, with the error the consumer raises after the batches before it (as if
+            it had read and converted each itself)."""
             done: list[tuple[ReadTask, list[int], list[Any]]] = []
             try:
                 for read, ids in group:
                     batches = read()
                     items: list[Any] = []
                     done.append((read, ids, items))
+                    if inline:
+                        items.extend(batches)
+                        continue
                     for batch, batch_id in zip(batches, ids):
                         read.check()
                         batch = self._reading.handed_out(batch, lambda: self._layout.where(batch_id))
@@ -334,10 +342,13 @@ class Loader:
                 return done, exc
             return done, None
 
-        for done, error in threaded_map(run, self._reads(order[picked], blocks[picked]), self.threads):
+        reads = self._reads(order[picked], blocks[picked])
+        for done, error in threaded_map(run, reads, 1 if inline else self.threads):
             for read, ids, items in done:
                 for item, batch_id in zip(items, ids):
                     read.check()
+                    if inline and convert is not None:
+                        item = convert(item, batch_id)
                     self.position += workers
                     yield item, batch_id
             if error is not None:
@@ -408,7 +419,8 @@ def load(dst: str, *, columns: Sequence[str] | None = None, shuffle: bool | None
     shuffle (default: True where batches are independent and can be read in any order, False for segment
     output, `bucket --order sorted` and GZIP TFRecord) permutes the batches per epoch (`set_epoch`);
     rank/world_size give each rank an equal, disjoint part of every epoch (drop_uneven: drop the remainder,
-    else repeat batches to fill). `threads` decode ahead of the training loop (default: min(4, cores)); the
+    else repeat batches to fill). `threads` decode ahead of the training loop (default: min(4, cores); uncompressed
+    Arrow IPC, whose batches are views of a memory map, is read by the loop itself unless `verify`); the
     batches are the same. verify: check every batch's checksum as it is read (Arrow IPC's CRC32C).
     """
     dst = os.fspath(dst)

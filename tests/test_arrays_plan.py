@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchtool.arrays import _Dense, column_to_numpy, hand_out, to_numpy, views
+from batchtool.arrays import _Dense, _plan, column_to_numpy, hand_out, to_numpy, views
 
 
 def assert_same(got: object, want: object, where: str) -> None:
@@ -80,12 +80,38 @@ def ipc_batch(batch: pa.RecordBatch, tmp_path) -> pa.RecordBatch:
     return pa.ipc.open_file(pa.memory_map(path, "r")).get_batch(0)
 
 
-def assert_plan_matches(batch: pa.RecordBatch) -> None:
+def assert_plan_matches(batch: pa.RecordBatch, unsliced: bool = False) -> None:
+    """to_numpy's arrays (or with `unsliced`, those views and hand_out make from the batch's buffers, as load
+    makes them of Arrow IPC batches) are column_to_numpy's, writable or not."""
     for writable in (False, True):
-        got = to_numpy(batch, writable)
+        got = hand_out(views(batch, writable, unsliced=unsliced), writable, False) if unsliced \
+            else to_numpy(batch, writable)
         assert list(got) == batch.schema.names
         for name, column in zip(batch.schema.names, batch.columns):
             assert_same(got[name], column_to_numpy(column, writable), f"{name}, writable={writable}")
+
+
+def read_back(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """`batch` through the Arrow IPC format, in memory: every array at offset 0, no bitmap where no null."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return pa.ipc.open_stream(sink.getvalue()).read_next_batch()
+
+
+NULL_FREE = {name: column for name, column in COLUMNS.items() if not column.null_count and "null" not in name}
+"""The columns of batch output: no null anywhere, so no validity bitmap once read back."""
+
+
+@pytest.mark.parametrize("columns", [COLUMNS, NULL_FREE], ids=["with nulls", "null-free"])
+@pytest.mark.parametrize("memory", ["decoded", "mapped"])
+def test_unsliced_batches_convert_from_their_buffers_as_column_to_numpy_does(columns, memory, tmp_path):
+    """load's path for Arrow IPC batches: the null-free batch's columns of numbers are made from its buffers
+    flattened (_Plan.flat); a number column with nulls sends the whole batch through the per-column path."""
+    batch = pa.RecordBatch.from_pydict(columns)
+    batch = ipc_batch(batch, tmp_path) if memory == "mapped" else read_back(batch)
+    assert (_plan(batch).flat(batch) is not None) == (columns is NULL_FREE)
+    assert_plan_matches(batch, unsliced=True)
 
 
 @pytest.mark.parametrize("memory", ["decoded", "mapped"])
@@ -107,7 +133,7 @@ def test_numbers_and_padded_lists_take_the_planned_path():
                        "lists of ragged lists"}
     dense = _Dense.of(COLUMNS["steps of vectors"].type)
     values = dense._values(COLUMNS["steps of vectors"])
-    assert values is not None and values[1] == (4, 3, 2)
+    assert values is not None and values.shape == (4, 3, 2)
     for declined in ("ragged list", "null row", "null step", "null vector", "all empty", "lists of ragged lists"):
         assert _Dense.of(COLUMNS[declined].type)._values(COLUMNS[declined]) is None, declined
 
@@ -183,3 +209,4 @@ def test_any_nesting_of_lists_converts_as_column_to_numpy_does(data, kind, rows,
     start = data.draw(st.integers(0, rows))
     batch = pa.RecordBatch.from_arrays([column], ["x"]).slice(start, data.draw(st.integers(0, rows - start)))
     assert_plan_matches(batch)
+    assert_plan_matches(read_back(batch), unsliced=True)

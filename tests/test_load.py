@@ -203,10 +203,10 @@ def test_a_batch_that_does_not_convert_ends_the_stream_after_the_batches_before_
     bad = expected[6]
     convert = load_module.views
 
-    def failing(batch, writable, where):
+    def failing(batch, writable, where, unsliced):
         if batch.column("batch")[0].as_py() == bad:
             raise InputError(f"{where()}: cannot convert")
-        return convert(batch, writable, where)
+        return convert(batch, writable, where, unsliced)
 
     monkeypatch.setattr(load_module, "views", failing)
     loader = batchtool.load(dst, shuffle=False, threads=threads)
@@ -215,3 +215,77 @@ def test_a_batch_that_does_not_convert_ends_the_stream_after_the_batches_before_
         for batch in loader:
             got.append(int(batch["batch"][0]))
     assert got == expected[:6] and loader.position == 6
+
+
+@pytest.mark.parametrize("compression, verify, inline", [("none", False, True), ("none", True, False),
+                                                         ("zstd", False, False)])
+def test_views_of_a_memory_map_are_made_on_the_consuming_thread(tmp_path, monkeypatch, compression, verify, inline):
+    """Uncompressed Arrow IPC batches are views of the map (nothing to decode): the loop reads and converts them
+    itself, with no reading thread, whatever `threads` says; a read that decompresses or verifies CRC32Cs still goes
+    to the reading threads. The batches are the same either way."""
+    import threading
+
+    load_module = importlib.import_module("batchtool.load")
+    dst = bucket_output(str(tmp_path), "arrow", compression)
+    convert = load_module.views
+    threads_seen = set()
+
+    def recording(batch, writable, where, unsliced):
+        threads_seen.add(threading.current_thread() is threading.main_thread())
+        return convert(batch, writable, where, unsliced)
+
+    monkeypatch.setattr(load_module, "views", recording)
+    got = [b["batch"][0] for b in batchtool.load(dst, threads=2, seed=3, verify=verify)]
+    assert threads_seen == {inline}
+    monkeypatch.setattr(load_module, "views", convert)
+    assert got == [b["batch"][0] for b in batchtool.load(dst, threads=1, seed=3)]
+
+
+def every_kind_output(root: str) -> str:
+    """An Arrow IPC output with a column of every kind of the Arrays table, in batches that take each path of the
+    conversion: null-free number columns (made from the batch's buffers; a ragged list still per column), a number
+    column with a null (the whole batch per column), a null list row."""
+    schema = pa.schema([("tokens", pa.list_(pa.int64())), ("frames", pa.list_(pa.list_(pa.float32(), 2))),
+                        ("label", pa.int64()), ("score", pa.float64()), ("flag", pa.bool_()), ("key", pa.string()),
+                        ("blob", pa.binary()), ("context", pa.list_(pa.int32()))])
+    rows = [
+        {"tokens": [[1, 2, 3], [4, 5, 6]], "frames": [[[1, 2]], [[3, 4]]], "label": [7, 8], "score": [0.5, 1.5],
+         "flag": [True, False], "key": ["a", "bé"], "blob": [b"\x00", b""], "context": [[1], [2, 3]]},
+        {"tokens": [[9], [8], [7]], "frames": [[[5, 6]] * 2] * 3, "label": [1, 2, 3], "score": [None, 2.0, 3.0],
+         "flag": [True, None, False], "key": ["x", None, "z"], "blob": [b"q", b"r", None], "context": [[4], [5], [6]]},
+        {"tokens": [[1, 1], None], "frames": [[[7, 8]], [[9, 10]]], "label": [4, 5], "score": [4.0, 5.0],
+         "flag": [False, False], "key": ["m", "n"], "blob": [b"s", b"t"], "context": [None, []]},
+    ]
+    dst = os.path.join(root, "kinds")
+    os.makedirs(dst)
+    writer = BatchShardWriter(dst, schema, OutputOptions(format="arrow", compression="none"))
+    for columns in rows:
+        writer.write(EncodedBatch(pa.RecordBatch.from_pydict(columns, schema=schema)))
+    writer.close()
+    return dst
+
+
+@pytest.mark.parametrize("kind", ["every column kind", "bucket"])
+@pytest.mark.parametrize("writable", [False, True])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_arrow_batches_are_the_arrays_to_numpy_makes_of_their_record_batches(tmp_path, kind, writable, shuffle):
+    """load's path for Arrow IPC (arrays from each batch's buffers; for output with a manifest, on the consuming
+    thread) gives exactly the arrays of the per-column conversion, in every order, and from a resumed position."""
+    from test_arrays_plan import assert_same
+
+    from batchtool.arrays import to_numpy
+
+    root = str(tmp_path)
+    dst = every_kind_output(root) if kind == "every column kind" else bucket_output(root, "arrow", "none")
+    want = [to_numpy(b, writable) for b in batchtool.load(dst, shuffle=shuffle, seed=5).record_batches()]
+    loader = batchtool.load(dst, shuffle=shuffle, seed=5, writable=writable)
+    middle = len(want) // 2
+    state = {**loader.state_dict(), "position": middle}
+    resumed = batchtool.load(dst, shuffle=shuffle, seed=5, writable=writable)
+    resumed.load_state_dict(state)
+    for got, expected in ((list(loader), want), (list(resumed), want[middle:])):
+        assert len(got) == len(expected)
+        for i, (batch, arrays) in enumerate(zip(got, expected)):
+            assert list(batch) == list(arrays)
+            for name in arrays:
+                assert_same(batch[name], arrays[name], f"batch {i}, {name}")

@@ -209,10 +209,14 @@ class Listed:
 class _Batches(Batches):
     """Record batch i is batch i, found through the file's footer (parsed when the file is first read)."""
 
+    unsliced = True
+
     paths: tuple[str, ...]
     schema: pa.Schema
     listed: tuple[Listed, ...] | None
     """From the manifest; None for Arrow files without one."""
+    mapped: bool = False
+    """The manifest says the files are uncompressed and they are local: every read is a view of a memory map."""
 
     def rows(self, f: int, local: np.ndarray) -> np.ndarray:
         return np.asarray(batch_rows(self.paths[f]), dtype=np.int64)[local]
@@ -223,6 +227,9 @@ class _Batches(Batches):
         if opened is None:
             opened = cache[f] = _OpenFile.of(self.paths[f], self.schema, None if self.listed is None else self.listed[f])
         return _Read(opened, tuple(int(i) for i in local), columns, verify)
+
+    def in_place(self) -> bool:
+        return self.mapped
 
     def unverifiable(self) -> str | None:
         if self.listed is None:
@@ -396,7 +403,8 @@ class ArrowFormat(Format):
             return counts, _Batches(paths, dataset.schema, None)
         listed = tuple(Listed(e["bytes"], e["batches"], e["rows"], e.get("batch_checksums") == batch_check.CHECKSUMS)
                        for e in entries)
-        return np.array([e.batches for e in listed], dtype=np.int64), _Batches(paths, dataset.schema, listed)
+        mapped = dataset.manifest["output"].get("compression") == "none" and not any(map(fs.is_uri, paths))
+        return np.array([e.batches for e in listed], dtype=np.int64), _Batches(paths, dataset.schema, listed, mapped)
 
     def inspect_shard(self, path: str, schema: pa.Schema, output: dict,
                       batch_column: str | None) -> tuple[int, int, str | None]:

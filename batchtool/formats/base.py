@@ -145,6 +145,9 @@ class Batches(ABC):
 
     records_buckets: ClassVar[bool] = False
     """The files' metadata give each batch's `bucket` (Parquet column statistics), so buckets() reads no data."""
+    unsliced: ClassVar[bool] = False
+    """Every array of a batch read, children included, starts at offset 0 of its buffers (Arrow IPC, whose format
+    has no offsets): load makes the arrays from the batch's buffers alone (arrays.views)."""
 
     @abstractmethod
     def rows(self, f: int, local: np.ndarray) -> np.ndarray:
@@ -170,6 +173,12 @@ class Batches(ABC):
         """Why `verify=True` cannot check these files' batches, as load's error goes on after 'verify=True:';
         None: it can (Parquet pages and TFRecord records carry checksums every read verifies)."""
         return None
+
+    def in_place(self) -> bool:
+        """Whether a read decodes nothing (Arrow IPC without compression, memory-mapped: its batches are views of
+        the map): load then reads on the consuming thread, as handing such a read to a thread costs more than the
+        read (Python holding the GIL either way)."""
+        return False
 
     def release(self, cache: dict) -> None:
         """Drop (and close) what a block kept."""
