@@ -333,9 +333,9 @@ class _Read(ReadTask):
 
 
 def _has_bitmap(array: pa.Array) -> bool:
-    """Whether the array or a child holds a bitmap (boolean values, a validity bitmap), whose bits past the array's
-    end are whatever the array was cut from."""
-    if pa.types.is_boolean(array.type) or array.buffers()[0] is not None:
+    """Whether the array or a child holds a bitmap the IPC writer stores (boolean values; a validity bitmap, which it
+    leaves out where there is no null), whose bits past the array's end are whatever the array was cut from."""
+    if pa.types.is_boolean(array.type) or array.null_count:
         return True
     if isinstance(array, pa.ExtensionArray):
         return _has_bitmap(array.storage)
