@@ -4,9 +4,9 @@ keys and rows, `segment`'s unique example keys).
 (hash, example id) pairs stay in memory up to a budget; past it they are partitioned by the
 hash's top bits into temporary files, so every copy of a key lands in the same partition and
 each partition is sorted on its own. Hash groups are candidates: the caller confirms the ones
-it reports with the real values (a 64-bit collision is rare, never impossible). The partition files'
-layout (`partitioned`, `partition_name`, `read_pairs`) is shared with segment's key check on remote
-workers (ops/segment/chunks.py), which writes them there, so both find the same collisions in the same order.
+it reports with the real values (a 64-bit collision is rare, never impossible). Segment's key check
+(ops/segment/chunks.py) partitions the same way (`by_partition`), but writes each chunk's pairs as one file of
+every partition (`write_partitioned`, `read_partitions`), so both find the same collisions in the same order.
 """
 
 from __future__ import annotations
@@ -118,15 +118,42 @@ class HashIndex:
             yield from zip(first_ids.tolist(), repeat_ids.tolist())
 
 
-def partitioned(hashes: np.ndarray, ids: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
-    """The pairs by partition (the hash's top PARTITION_BITS bits), in partition order: each non-empty one as
-    interleaved (hash, id) uint64s, as its file holds them, in the order given."""
+def by_partition(hashes: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The pairs as interleaved (hash, id) uint64s, by partition (the hash's top PARTITION_BITS bits) and otherwise
+    in the order given, and where each partition starts (PARTITIONS + 1 bounds, in pairs)."""
     parts = (hashes >> _SHIFT).astype(np.int64)
     order = np.argsort(parts, kind="stable")
-    pairs = np.stack([hashes[order], ids[order]], axis=1)
-    bounds = np.searchsorted(parts[order], np.arange(PARTITIONS + 1))
+    return (np.stack([hashes[order], ids[order]], axis=1),
+            np.searchsorted(parts[order], np.arange(PARTITIONS + 1)).astype(np.uint64))
+
+
+def partitioned(hashes: np.ndarray, ids: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+    """The pairs by partition, in partition order: each non-empty one as its file holds them (by_partition)."""
+    pairs, bounds = by_partition(hashes, ids)
     for part in np.flatnonzero(np.diff(bounds)):
         yield int(part), pairs[bounds[part]:bounds[part + 1]]
+
+
+_BOUNDS_BYTES = (PARTITIONS + 1) * 8
+
+
+def write_partitioned(path: str, hashes: np.ndarray, ids: np.ndarray) -> None:
+    """The pairs of every partition in one file: the bounds (by_partition), then the pairs, so a task reads the
+    partitions it checks without the others (read_partitions); one file where a file per partition made hundreds
+    of tiny ones per chunk."""
+    pairs, bounds = by_partition(np.asarray(hashes, dtype=np.uint64), np.asarray(ids, dtype=np.uint64))
+    with open(path, "wb") as f:
+        bounds.tofile(f)
+        pairs.tofile(f)
+
+
+def read_partitions(path: str, first: int, last: int) -> list[np.ndarray]:
+    """Partitions [first, last) of a write_partitioned file, each as (n, 2) pairs."""
+    with open(path, "rb") as f:
+        bounds = np.fromfile(f, dtype=np.uint64, count=PARTITIONS + 1).astype(np.int64)
+        f.seek(_BOUNDS_BYTES + int(bounds[first]) * PAIR_BYTES)
+        pairs = np.fromfile(f, dtype=np.uint64, count=2 * int(bounds[last] - bounds[first])).reshape(-1, 2)
+    return [pairs[bounds[p] - bounds[first]:bounds[p + 1] - bounds[first]] for p in range(first, last)]
 
 
 def partition_name(part: int) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from dataclasses import replace
 
 import numpy as np
@@ -11,19 +12,22 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import read_dir, write_parquet_shards
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import batchtool
 from batchtool.errors import InputError, SchemaError, UsageError
 from batchtool.inputs import open_dataset
 from batchtool.job import RunSettings
-from batchtool.duplicates import HashIndex
+from batchtool.duplicates import PARTITIONS, HashIndex
 from batchtool.driver import run_operation
 from batchtool.ops.segment import lanes
 from batchtool.ops.segment import OP as SEGMENT
 from batchtool.ops.segment import SegmentOptions
 from batchtool.ops.segment.batches import FIRST_INSERTION_INDEX
 from batchtool.ops.segment.chunks import key_hashes
-from batchtool.ops.segment.chunks import SharedKeys, check_unique_keys, write_pairs
+from batchtool.ops.segment.chunks import (PAIRS_FILE, SharedKeys, check_unique_keys, partition_collisions,
+                                         write_pairs)
 from batchtool.workspace import Workspace
 from batchtool.output import OutputOptions
 from batchtool.pipeline.config import load
@@ -366,6 +370,25 @@ def key_pairs(directory: str, hashes: list[int] | np.ndarray, ids: list[int] | n
     os.makedirs(directory, exist_ok=True)
     write_pairs(space, len(os.listdir(directory)), np.asarray(hashes, np.uint64), np.asarray(ids, np.uint64))
     return SharedKeys(space, map)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=300), st.integers(1, 5), st.data())
+def test_chunk_pair_files_find_the_hash_index_collisions_in_its_order(values, chunks, data):
+    """Each chunk's pairs in one file of every partition (write_partitioned): the partitions read back across the
+    chunks (one task per partition, or per 16 partitions) give HashIndex's collisions, in its order."""
+    hashes = np.array([v * 0x9E3779B97F4A7C15 % 2**64 for v in values], np.uint64)  # collisions across partitions
+    ids = np.arange(len(values), dtype=np.uint64)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(values)), min_size=chunks - 1, max_size=chunks - 1)))
+    index = HashIndex(1 << 30)
+    index.add(hashes, ids)
+    with tempfile.TemporaryDirectory() as directory:
+        for a, b in zip([0, *cuts], [*cuts, len(values)]):
+            keys = key_pairs(directory, hashes[a:b], ids[a:b])
+        assert all(os.listdir(os.path.join(directory, c)) == [PAIRS_FILE] for c in os.listdir(directory))
+        assert list(keys.collisions()) == list(index.collisions())
+        assert [pair for part in range(PARTITIONS) for pair in partition_collisions((directory, part, 0))[0]] \
+            == list(index.collisions())
 
 
 def test_a_hash_collision_between_different_keys_is_not_an_error(tmp_path):

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batchtool import fs, rng
-from batchtool.duplicates import PARTITIONS, partition_name, partitioned, read_pairs, repeated
+from batchtool.duplicates import PARTITIONS, read_partitions, repeated, write_partitioned
 from batchtool.dataset import Chunk, Dataset
 from batchtool.runner import Executor
 from batchtool.errors import InputError, OptionInputError
@@ -233,6 +233,8 @@ def prepare_shared(plan: SegmentPlan, locate: Callable[[int], str], space: Works
 
 EXAMPLES_FILE = "examples.arrow"
 """A chunk's rows and keys in its directory (Examples.stored), read where its batches are built."""
+PAIRS_FILE = "pairs.u64"
+"""A chunk's (key hash, example id) pairs in its directory, by hash partition (duplicates.write_partitioned)."""
 
 
 def write_pairs(space: Workspace, index: int, hashes: np.ndarray, ids: np.ndarray,
@@ -246,8 +248,7 @@ def write_pairs(space: Workspace, index: int, hashes: np.ndarray, ids: np.ndarra
     own = os.path.join(space.directory, f"c{index:09d}")
     with space.errors():
         os.mkdir(writing)
-        for part, pairs in partitioned(hashes, ids):
-            pairs.tofile(os.path.join(writing, partition_name(part)))
+        write_partitioned(os.path.join(writing, PAIRS_FILE), hashes, ids)
         if rows is not None:
             with pa.OSFile(os.path.join(writing, EXAMPLES_FILE), "wb") as sink, \
                     pa.ipc.new_file(sink, rows.schema) as writer:
@@ -261,10 +262,8 @@ def partition_collisions(job: tuple[str, int, int]) -> tuple[list[tuple[int, int
     """The reduce task of one partition: its collisions from every chunk's file, the `CONFIRM_PAIRS` from
     number `skip` on, and how many it has in all."""
     directory, part, skip = job
-    paths = sorted(glob.glob(os.path.join(glob.escape(directory), "c*", partition_name(part))))
-    first, later = repeated(*read_pairs(paths))
-    end = skip + CONFIRM_PAIRS
-    return list(zip(first[skip:end].tolist(), later[skip:end].tolist())), len(later)
+    return _collisions([pairs for path in _pair_files(directory) for pairs in read_partitions(path, part, part + 1)],
+                       skip)
 
 
 PARTITIONS_PER_TASK = 16
@@ -272,9 +271,24 @@ PARTITIONS_PER_TASK = 16
 
 
 def partitions_collisions(job: tuple[str, int, int]) -> list[tuple[list[tuple[int, int]], int]]:
-    """partition_collisions of partitions [first, last), in order, in one task."""
+    """partition_collisions of partitions [first, last), in order, in one task that reads each chunk's file once."""
     directory, first, last = job
-    return [partition_collisions((directory, part, 0)) for part in range(first, last)]
+    chunks = [read_partitions(path, first, last) for path in _pair_files(directory)]
+    return [_collisions([parts[part - first] for parts in chunks], 0) for part in range(first, last)]
+
+
+def _pair_files(directory: str) -> list[str]:
+    """Every chunk's pairs file, in chunk order."""
+    return sorted(glob.glob(os.path.join(glob.escape(directory), "c*", PAIRS_FILE)))
+
+
+def _collisions(pairs: list[np.ndarray], skip: int) -> tuple[list[tuple[int, int]], int]:
+    """The collisions of one partition's pairs (from every chunk, in chunk order), `CONFIRM_PAIRS` of them from
+    number `skip` on, and how many it has in all."""
+    both = np.concatenate(pairs) if pairs else np.zeros((0, 2), np.uint64)
+    first, later = repeated(both[:, 0], both[:, 1])
+    end = skip + CONFIRM_PAIRS
+    return list(zip(first[skip:end].tolist(), later[skip:end].tolist())), len(later)
 
 
 @dataclass(frozen=True)
