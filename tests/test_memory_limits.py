@@ -95,6 +95,9 @@ STREAMS = {
         "stratify", PARQUET, "{strat_out}", "--target", "uniform", "--replacement", "--size", "400000"],
     "segment --num-unroll 10,000": ["segment", PARQUET, "{seg_out}", *SEGMENT, "--num-unroll", "10000",
                                     "--batch-size", "32"],
+    "pack --split-long: one example of 2,000,000 steps in 1,954 pieces": [
+        "pack", "{long}", "{pack_out}", "--sequence", "tokens", "--max-length", "1024", "--split-long",
+        "--batch-size", "8"],
 }
 
 @pytest.fixture(scope="module")
@@ -102,9 +105,11 @@ def capped_runs(tmp_path_factory) -> tuple[dict[str, str], dict[str, memlimit.Cl
     """Every case of STOPS then STREAMS in one capped child: the paths used and each case's outcome.
 
     `outlier`: 20 rows, row 7 with a weight of 1e6 (the others 0) and a length column of 1e12; `rated`: 200
-    rows of 2,500 float32 steps, row 7 with rate 10,000 (the others 1)."""
+    rows of 2,500 float32 steps, row 7 with rate 10,000 (the others 1); `long`: one example of 2,000,000 int32
+    steps and one of 2."""
     root = tmp_path_factory.mktemp("limits")
-    paths = {name: str(root / name) for name in ("outlier", "rated", "out", "rated_out", "strat_out", "seg_out")}
+    paths = {name: str(root / name)
+             for name in ("outlier", "rated", "long", "out", "rated_out", "strat_out", "seg_out", "pack_out")}
     w, n = np.zeros(20), np.arange(20)
     w[7], n[7] = 1e6, 10 ** 12
     os.makedirs(paths["outlier"])
@@ -117,6 +122,9 @@ def capped_runs(tmp_path_factory) -> tuple[dict[str, str], dict[str, memlimit.Cl
     os.makedirs(paths["rated"])
     pq.write_table(pa.table({"key": np.arange(rows), "frames": frames, "r": rate}),
                    os.path.join(paths["rated"], "part-0.parquet"))
+    os.makedirs(paths["long"])  # each piece of it once held the whole example: 1,954 x 8 MB
+    pq.write_table(pa.table({"key": ["long", "short"], "tokens": [np.arange(2_000_000, dtype=np.int32), [1, 2]]}),
+                   os.path.join(paths["long"], "part-0.parquet"))
     cases = {**{name: args for name, (args, _) in STOPS.items()}, **STREAMS}
     return paths, memlimit.cli_cases({name: [a.format(**paths) for a in args] + ["-q"] for name, args in cases.items()},
                                      CAP)
@@ -137,6 +145,14 @@ def test_options_and_values_that_multiply_memory_stop_before_allocating(capped_r
 def test_legitimately_large_output_streams_under_the_cap(capped_runs, name):
     paths, results = capped_runs
     assert results[name].code == 0 and results[name].crash is None, results[name]
+
+
+def test_a_long_example_split_by_pack_is_every_step_once(capped_runs):
+    paths, _ = capped_runs
+    packed = read_dir(paths["pack_out"])
+    steps = np.concatenate([np.asarray(row[:n]) for row, n in zip(packed.column("tokens").to_pylist(),
+                                                                   packed.column("length").to_pylist())])
+    assert np.sort(steps).tolist() == sorted([*range(2_000_000), 1, 2])
 
 
 def test_every_copy_of_the_huge_rate_row_is_written(capped_runs):

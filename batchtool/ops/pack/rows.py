@@ -71,7 +71,9 @@ def prepare(chunk: Chunk, plan: PackPlan, locate: Callable[[int], str]) -> Prepa
         source = np.repeat(source, count)
         offsets = (np.arange(len(source)) - np.repeat(np.cumsum(count) - count, count)) * o.max_length
         pieces = np.minimum(lengths[source] - offsets, o.max_length)
-        data = data.take(pa.array(source)) if len(source) != len(lengths) else data
+        if len(source) != len(lengths):  # each piece repeats its example's other columns, never its sequences (a
+            # long example's whole sequence once per piece would be its length squared over L)
+            data = data.select([n for n in data.schema.names if n not in cols.sequences]).take(pa.array(source))
     bounds = pa.array(np.concatenate([[0], np.cumsum(pieces)]).astype(np.int32))
     arrays = [pa.ListArray.from_arrays(bounds, chunk.data.column(f.name).flatten(), type=pa.list_(f.type.value_field))
               if f.name in cols.sequences else data.column(f.name) for f in chunk.data.schema]
