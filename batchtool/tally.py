@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+def _add_counter(total: Counter, value: Counter) -> None:
+    """total + value in place, as Counter's + gives it (only positive counts kept), in the time of `value`."""
+    total.update(value)
+    for key, count in value.items():
+        if count <= 0 and total[key] <= 0:
+            del total[key]
+
 
 @dataclass
 class Tally:
@@ -28,7 +37,10 @@ class Tally:
 
     def add(self, **counts: Any) -> None:
         for name, value in counts.items():
-            self.counts[name] = self.counts[name] + value if name in self.counts else value
+            if isinstance(value, Counter):  # in place: a new Counter per chunk merged made merging quadratic
+                _add_counter(self.counts.setdefault(name, Counter()), value)
+            else:
+                self.counts[name] = self.counts[name] + value if name in self.counts else value
 
     def add_values(self, name: str, values: np.ndarray) -> None:
         if len(values):
