@@ -289,7 +289,7 @@ class Loader:
         read-only memory (writable=True over a memory map) is made here, right after the batch's file was checked
         (see _batches)."""
         writable = self.writable or self.tensors
-        unsliced = self._layout.batches.unsliced
+        unsliced = self._layout.batches.unsliced and self._reading.padding is None  # (a padded batch is made here)
 
         def convert(batch: pa.RecordBatch, batch_id: int) -> dict[str, Any]:
             return views(batch, writable, lambda: self._layout.where(batch_id), unsliced)
@@ -322,9 +322,9 @@ class Loader:
 
         def run(group: list[tuple[ReadTask, list[int]]]) -> tuple[list[tuple[ReadTask, list[int], list[Any]]],
                                                                  BaseException | None]:
-            """Each read of the group with its batches, padded if stored unpadded and converted (unless
-            `inline`: then as read); a read that fails or a batch that does not convert ends the list, with the error the consumer raises after the batches before it (as if
-            it had read and converted each itself)."""
+            """Each read of the group with its batches, padded if stored unpadded and converted (unless `inline`:
+            then as read); a read that fails or a batch that does not convert ends the list, with the error the
+            consumer raises after the batches before it (as if it had read and converted each itself)."""
             done: list[tuple[ReadTask, list[int], list[Any]]] = []
             try:
                 for read, ids in group:

@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 def _add_counter(total: Counter, value: Counter) -> None:
-    """total + value in place, as Counter's + gives it (only positive counts kept), in the time of `value`."""
+    """total + value in place, as Counter's + gives it for counts (positive: only positive counts are kept), in the
+    time of `value`."""
     total.update(value)
     for key, count in value.items():
         if count <= 0 and total[key] <= 0:
@@ -37,8 +38,10 @@ class Tally:
 
     def add(self, **counts: Any) -> None:
         for name, value in counts.items():
-            if isinstance(value, Counter):  # in place: a new Counter per chunk merged made merging quadratic
-                _add_counter(self.counts.setdefault(name, Counter()), value)
+            if isinstance(value, Counter) and name in self.counts:  # in place: a new Counter per chunk made
+                _add_counter(self.counts[name], value)                # merging quadratic
+            elif isinstance(value, Counter):
+                self.counts[name] = Counter(value)  # its own copy: added to in place from here on
             else:
                 self.counts[name] = self.counts[name] + value if name in self.counts else value
 
