@@ -1,4 +1,4 @@
-"""Local engine vs a two-node Ray cluster on loopback, at several corpus sizes: the figures of docs/scaling.md.
+"""Local engine vs a two-node Ray cluster on loopback, at several corpus sizes: the figures of docs/benchmarks.md (section scaling).
 
     python scripts/scaling.py --sizes 200,1000 --work bench_data/scaling
     python scripts/scaling.py --commands bucket,stratify --sizes 200 --json scaling.json
