@@ -179,3 +179,50 @@ def test_segment_ids_and_positions_take_the_smallest_type_holding_max_length(tmp
             assert a[name].dtype == b[name].dtype == np.dtype(dtype) and np.array_equal(a[name], b[name])
         real = a["segment_ids"] > 0
         assert (a["positions"][real] < max_length).all() and (real.sum(axis=1) == a["length"]).all()
+
+
+def test_inspect_shows_the_real_steps_of_rows_and_examples(tmp_path, parquet_src, run_cli, corpus):
+    """Not the padded length every sequence column has: the rows' real steps (`length`) and the examples' (from
+    cu_seqlens), the examples' exactly the input's lengths; every efficiency as a percentage."""
+    dst = tmp_path / "out"
+    assert run_cli("pack", parquet_src, dst, "--max-length", "512", "--pad-to-max-length", "-q").exit_code == 0
+    stats = json.loads((dst / ".batchtool_manifest.json").read_text())["stats"]
+    shown = run_cli("inspect", dst, "--json")
+    assert shown.exit_code == 0, shown.stderr
+    result = json.loads(shown.stdout)
+    rows, examples = result["length"], result["example_length"]
+    assert rows["column"] == "length: real steps of each row"
+    assert examples["column"] == "cu_seqlens: steps of each example"
+    assert rows["count"] == stats["rows"] and rows["total"] == examples["total"] == stats["real_steps"]
+    assert rows["min"] < rows["max"] <= 512
+    lengths = np.array([len(t) for t in corpus.column("tokens").to_pylist()])
+    assert (examples["count"], examples["min"], examples["max"], examples["p50"], examples["mean"]) == \
+        (300, lengths.min(), lengths.max(), int(np.percentile(lengths, 50, method="inverted_cdf")),
+         round(float(lengths.mean()), 3))
+    text = run_cli("inspect", dst).stdout
+    assert f"lengths (length: real steps of each row): min {rows['min']}  p50 {rows['p50']}" in text
+    assert f"lengths (cu_seqlens: steps of each example): min {examples['min']}  p50 {examples['p50']}" in text
+    bound = stats["packing_efficiency_bound"]
+    assert f"  packing_efficiency_bound: {100 * bound:.2f}%\n" in text and f"{bound}" not in text
+    padded = json.loads(run_cli("inspect", dst, "--json", "--length", "tokens").stdout)["length"]
+    assert padded["min"] == padded["max"] == 512  # what --length asks for: the padded steps
+
+
+def test_inspect_refuses_cu_seqlens_that_are_not_packs(tmp_path, parquet_src, run_cli):
+    """An example's steps come from a file: one beyond its row's real steps is an error naming file, row and column
+    (it would size the histogram), not an allocation."""
+    dst = tmp_path / "out"
+    assert run_cli("pack", parquet_src, dst, "--max-length", "128", "--split-long", "-q").exit_code == 0
+    part = dst / "part-00000.arrow"
+    table = read_dir(str(dst))
+    cu = table.column("cu_seqlens").combine_chunks()
+    values = cu.values.to_numpy().copy()
+    values[cu.offsets[3].as_py() + 1] = 1_048_576  # row 3's first example: 1,048,576 steps
+    table = table.set_column(table.schema.get_field_index("cu_seqlens"), "cu_seqlens",
+                             pa.ListArray.from_arrays(cu.offsets, pa.array(values)))
+    with pa.OSFile(str(part), "wb") as f, pa.ipc.new_file(f, table.schema) as writer:
+        writer.write_table(table)
+    result = run_cli("inspect", dst)
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1
+    assert result.stderr.startswith(f"error: {part}, row 3, column 'cu_seqlens': an example of 1,048,576 steps in a "
+                                     "row of ")

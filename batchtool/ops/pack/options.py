@@ -214,5 +214,6 @@ def feature_lists(schema: pa.Schema, columns: PackColumns) -> tuple[str, ...]:
     return (*columns.sequences, *(columns.names[c] for c in PER_STEP), *nested)
 
 
-__all__ = ["ADOPTED", "DEFAULT_BATCH_SIZE", "MAX_LENGTH_LIMIT", "MAX_PADDED_STEPS", "OUTPUT_COLUMNS", "PER_ROW", "PER_STEP", "SOURCE_OFFSET",
-           "PackColumns", "PackOptions", "feature_lists", "output_schema", "resolve_columns", "step_type"]
+__all__ = ["ADOPTED", "DEFAULT_BATCH_SIZE", "MAX_LENGTH_LIMIT", "MAX_PADDED_STEPS", "OUTPUT_COLUMNS", "PER_ROW",
+           "PER_STEP", "SOURCE_OFFSET", "PackColumns", "PackOptions", "feature_lists", "output_schema", "resolve_columns",
+           "step_type"]
