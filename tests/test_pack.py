@@ -370,10 +370,10 @@ def test_columns_are_checked_against_the_schema(schema, sequence, message):
 
 def test_pipeline_keys_in_every_form_write_what_the_command_writes(tmp_path, parquet_src, run_cli):
     args = ["--max-length", "128", "--split-long", "--batch-size", "4", "--sequence", "tokens", "--pad-value",
-            "tokens=-1", "--seed", "3", "-q"]
+            "tokens=-1", "--columns", "key,label", "--seed", "3", "-q"]
     assert run_cli("pack", parquet_src, tmp_path / "cli", *args).exit_code == 0
-    for i, keys in enumerate(['sequence = ["tokens"]\npad-value = {tokens = -1}',
-                              'sequence = "tokens"\npad-value = ["tokens=-1"]']):
+    for i, keys in enumerate(['sequence = ["tokens"]\npad-value = {tokens = -1}\ncolumns = ["key", "label"]',
+                              'sequence = "tokens"\npad-value = ["tokens=-1"]\ncolumns = "key,label"']):
         pipeline = tmp_path / f"p{i}.toml"
         pipeline.write_text(f'seed = 3\n[input]\npath = "{parquet_src}"\n[[stage]]\nop = "pack"\nmax-length = 128\n'
                             f'split-long = true\nbatch-size = 4\n{keys}\n[output]\npath = "{tmp_path / str(i)}"\n')
