@@ -42,8 +42,8 @@ class Prepared:
 
 
 def prepare(chunk: Chunk, plan: PackPlan, locate: Callable[[int], str]) -> Prepared:
-    """Measure, check, drop or split one chunk (read with the columns pack keeps only), and normalise its sequence
-    columns to plain lists; a pure function run on worker threads."""
+    """Measure, check, drop or split one chunk of the columns pack keeps, and normalise its sequence columns to
+    plain lists; a pure function run on worker threads."""
     o, cols = plan.options, plan.columns
 
     def at(i: int) -> str:
