@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 
 from batchtool import stats as stats_mod
 from batchtool.dataset import Chunk, Dataset, ReadReport
+from batchtool.errors import SchemaError
 from batchtool.engines import executor as run_executor
 from batchtool.ops.mix import source_table
 from batchtool.ops.written import producer, written_names
@@ -54,6 +55,13 @@ def _described(dataset: Dataset, src: str, label: str | None, length: str | None
         ranks = options.get("world_size")  # the manifest's options are free-form: shown only when they make sense
         result["segments"] = {**segments, "ranks": ranks if isinstance(ranks, int) and ranks >= 1 else 1}
         return result
+    if length is None and op == "pack" and {own.get("length"), own.get("cu_seqlens")} <= set(dataset.schema.names):
+        rows_stats, examples = packed_stats(dataset, own, executor, report)
+        result = describe(dataset, rows_stats, None, own["length"], report)
+        result["length"]["column"] = f"{own['length']}: real steps of each row"
+        result["example_length"] = {"column": f"{own['cu_seqlens']}: steps of each example",
+                                    **examples.length_summary(), "histogram": histogram(examples.length_counts)}
+        return result
     if length is None and op == "bucket":
         length = own["length"] if own["length"] in dataset.schema.names else None
     length = length or stats_mod.default_length(dataset.schema)
@@ -94,6 +102,37 @@ def segment_stats(dataset: Dataset, label: str | None, own: Mapping[str, str], e
         total_stats.merge(st)
         counts = {k: max(v, part[k]) if k == "lanes" else v + part[k] for k, v in counts.items()}
     return total_stats, counts
+
+
+def packed_stats(dataset: Dataset, own: Mapping[str, str], executor: Executor,
+                 report: ReadReport) -> tuple[stats_mod.DatasetStats, stats_mod.DatasetStats]:
+    """Pack output in one pass over its `length` and `cu_seqlens` (named as in `own`): the rows with their real
+    steps (not the padded length every sequence column has), and the examples with theirs (cu_seqlens' differences).
+    An example's steps must lie within its row's, which bound the histogram (checked like any length)."""
+    length, cu = own["length"], own["cu_seqlens"]
+    limit = stats_mod.histogram_limit(dataset)
+
+    def one(chunk: Chunk) -> tuple[stats_mod.DatasetStats, stats_mod.DatasetStats]:
+        rows = stats_mod.chunk_stats(chunk, None, length, histogram=limit)
+        row_steps = stats_mod.lengths_of(chunk.data, length)
+        offsets = chunk.data.column(cu)
+        values = pc.fill_null(offsets.flatten(), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+        parent = pc.list_parent_indices(offsets).to_numpy(zero_copy_only=False)
+        within = parent[1:] == parent[:-1]
+        steps, row = np.diff(values)[within], parent[1:][within]
+        bad = np.flatnonzero((steps < 0) | (steps > row_steps[row]))
+        if len(bad):
+            i = int(bad[0])
+            raise SchemaError(f"{chunk.where(int(row[i]))}, column {cu!r}: an example of {int(steps[i]):,} steps in "
+                              f"a row of {int(row_steps[row[i]]):,} (column {length!r}): not offsets as pack writes")
+        return rows, stats_mod.DatasetStats(length_counts=np.bincount(steps) if len(steps)
+                                            else np.zeros(0, dtype=np.int64))
+
+    total_rows, total_examples = stats_mod.DatasetStats(), stats_mod.DatasetStats()
+    for rows, examples in executor.map(lambda task: one(task()), dataset.tasks([length, cu], report)):
+        total_rows.merge(rows)
+        total_examples.merge(examples)
+    return total_rows, total_examples
 
 
 def describe(dataset: Dataset, st: stats_mod.DatasetStats, label: str | None, length: str | None,
@@ -167,6 +206,8 @@ def render(result: dict[str, Any]) -> str:
         lines += ["", *render_labels(result["label"])]
     if "length" in result:
         lines += ["", *render_lengths(result["length"])]
+    if "example_length" in result:
+        lines += ["", *render_lengths(result["example_length"])]
     if result.get("corrupt_records_skipped"):
         lines += ["", f"corrupt records skipped: {result['corrupt_records_skipped']}"]
     if "manifest" in result:
@@ -269,7 +310,7 @@ def shown(key: str, value: Any) -> str:
         return "?" if value is None else str(value)
     if isinstance(value, int):
         return f"{value:,}"
-    if key.endswith(("efficiency", "fraction")):
+    if key.endswith(("efficiency", "efficiency_bound", "fraction")):
         return f"{100 * value:.2f}%"
     return f"{value:,.6g}"
 

@@ -167,13 +167,18 @@ def collect(dataset: Dataset, label: str | None = None, length: str | None = Non
     executor."""
     columns = list(dict.fromkeys(c for c in (label, length, *nulls, *nans) if c is not None)) \
         or [_narrowest_column(dataset.schema)]
-    histogram = (("memory", budget.allowed(dataset.memory)) if dataset.memory is not None
-                 else ("max_record_bytes", dataset.max_record_bytes))
+    histogram = histogram_limit(dataset)
     total = DatasetStats()
     for part in executor.map(lambda task: chunk_stats(task(), label, length, nulls, nans, histogram),
                              dataset.tasks(columns, report)):
         total.merge(part)
     return total
+
+
+def histogram_limit(dataset: Dataset) -> tuple[str, int]:
+    """The option, and its bytes, that bound a length histogram of this dataset (chunk_stats' `histogram`)."""
+    return (("memory", budget.allowed(dataset.memory)) if dataset.memory is not None
+            else ("max_record_bytes", dataset.max_record_bytes))
 
 
 def _narrowest_column(schema: pa.Schema) -> str:

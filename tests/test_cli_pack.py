@@ -7,10 +7,11 @@ import json
 import os
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 import batchtool
-from conftest import data_bytes, read_dir
+from conftest import data_bytes, read_dir, write_parquet_shards
 
 ARGS = ["--max-length", "128", "--split-long", "--batch-size", "4"]
 
@@ -81,7 +82,8 @@ def test_pipeline_stage_equals_the_commands_and_its_dry_run_the_result(tmp_path,
      "--max-examples-per-row 0: must be at least 1"),
     (["--max-length", "512", "--batch-size", "4", "--split-long", "--drop-long"],
      "give at most one of --split-long and --drop-long"),
-    (["--max-length", "512"], "give exactly one of --batch-size and --max-tokens"),
+    (["--max-length", "512", "--batch-size", "4", "--max-tokens", "1024"],
+     "error: give at most one of --batch-size and --max-tokens"),
     (["--max-length", "512", "--max-tokens", "100"], "--max-tokens 100: must be between --max-length (512"),
     (["--max-length", "512", "--batch-size", "4", "--sequence", "label"],
      "--sequence label: column is int64, expected a list (sequence) column"),
@@ -124,3 +126,103 @@ def test_tfrecord_example_output_for_flat_sequences(tmp_path, parquet_src, run_c
     assert run_cli("pack", tmp_path / "flat", tmp_path / "pq", *ARGS, "-q").exit_code == 0
     for a, b in zip(batchtool.load(str(tmp_path / "ex")), batchtool.load(str(tmp_path / "pq")), strict=True):
         assert np.array_equal(a["tokens"], b["tokens"]) and np.array_equal(a["segment_ids"], b["segment_ids"])
+
+
+def test_readme_synopsis_runs_with_batches_of_8_rows(tmp_path, parquet_src, run_cli):
+    """`batchtool pack SRC DST --max-length L`, as README's command table gives it: 8 rows a batch by default."""
+    result = run_cli("pack", parquet_src, tmp_path / "out", "--max-length", "128", "--split-long")
+    assert result.exit_code == 0, result.stderr
+    manifest = json.loads((tmp_path / "out" / ".batchtool_manifest.json").read_text())
+    assert manifest["options"]["batch_size"] == 8 and manifest["options"]["max_tokens"] is None
+    loaded = batchtool.load(str(tmp_path / "out"))
+    rows = dict(sorted((int(batch["batch"][0]), len(batch["length"])) for batch in loaded))
+    assert list(rows) == list(range(manifest["stats"]["batches"])) and len(rows) > 2
+    assert set(list(rows.values())[:-1]) == {8} and 1 <= rows[len(rows) - 1] <= 8
+
+
+def test_columns_keeps_only_those_besides_the_sequences(tmp_path, parquet_src, run_cli, corpus):
+    """--columns key: label and weight are neither read nor written; `frames`, a list column not packed (--sequence
+    tokens) and not named, goes too; an input column named like one of pack's own is no clash when left out."""
+    src = write_parquet_shards(str(tmp_path / "with_positions"),
+                               corpus.append_column("positions", corpus.column("label")))
+    args = ["--max-length", "128", "--split-long", "--sequence", "tokens", "-q"]
+    assert run_cli("pack", src, tmp_path / "out", *args, "--columns", "key").exit_code == 0
+    out = read_dir(str(tmp_path / "out"))
+    assert out.schema.names == ["key", "tokens", "source_offset", "segment_ids", "positions", "cu_seqlens",
+                                "num_examples", "length", "batch"]
+    keys = [k for row in out.column("key").to_pylist() for k in row]
+    offsets = [o for row in out.column("source_offset").to_pylist() for o in row]
+    assert sorted(k for k, o in zip(keys, offsets) if o == 0) == sorted(corpus.column("key").to_pylist())
+    options = json.loads((tmp_path / "out" / ".batchtool_manifest.json").read_text())["options"]
+    assert options["columns"] == ["key"]
+    clash = run_cli("pack", src, tmp_path / "clash", *args, "--columns", "key,positions")
+    assert clash.exit_code == 2 and "column 'positions' is also an output column of pack" in clash.stderr
+    missing = run_cli("pack", parquet_src, tmp_path / "missing", *args, "--columns", "key,nope")
+    assert missing.exit_code == 2 and missing.stderr.count("\n") == 1
+    assert "--columns: no column 'nope' in the input (columns: key, label, weight, tokens, frames)" in missing.stderr
+    assert not (tmp_path / "clash").exists() and not (tmp_path / "missing").exists()
+
+
+@pytest.mark.parametrize("max_length, dtype", [(100, "int8"), (128, "int16")])
+def test_segment_ids_and_positions_take_the_smallest_type_holding_max_length(tmp_path, parquet_src, run_cli,
+                                                                             max_length, dtype):
+    """int8 up to L = 127, int16 up to 32,767 (int32 above), in every format; cu_seqlens stays int32 (flash-attn's);
+    batchtool.load, pyarrow and TFRecord read back the same values."""
+    args = ["--max-length", str(max_length), "--split-long", "--batch-size", "4", "-q"]
+    for to in ("arrow", "tfrecord"):
+        assert run_cli("pack", parquet_src, tmp_path / to, *args, "--to", to).exit_code == 0
+    schema = read_dir(str(tmp_path / "arrow")).schema
+    assert schema.field("segment_ids").type == schema.field("positions").type == pa.list_(pa.from_numpy_dtype(dtype))
+    assert schema.field("cu_seqlens").type == pa.list_(pa.int32())
+    for a, b in zip(batchtool.load(str(tmp_path / "arrow")), batchtool.load(str(tmp_path / "tfrecord")), strict=True):
+        for name in ("segment_ids", "positions"):
+            assert a[name].dtype == b[name].dtype == np.dtype(dtype) and np.array_equal(a[name], b[name])
+        real = a["segment_ids"] > 0
+        assert (a["positions"][real] < max_length).all() and (real.sum(axis=1) == a["length"]).all()
+
+
+def test_inspect_shows_the_real_steps_of_rows_and_examples(tmp_path, parquet_src, run_cli, corpus):
+    """Not the padded length every sequence column has: the rows' real steps (`length`) and the examples' (from
+    cu_seqlens), the examples' exactly the input's lengths; every efficiency as a percentage."""
+    dst = tmp_path / "out"
+    assert run_cli("pack", parquet_src, dst, "--max-length", "512", "--pad-to-max-length", "-q").exit_code == 0
+    stats = json.loads((dst / ".batchtool_manifest.json").read_text())["stats"]
+    shown = run_cli("inspect", dst, "--json")
+    assert shown.exit_code == 0, shown.stderr
+    result = json.loads(shown.stdout)
+    rows, examples = result["length"], result["example_length"]
+    assert rows["column"] == "length: real steps of each row"
+    assert examples["column"] == "cu_seqlens: steps of each example"
+    assert rows["count"] == stats["rows"] and rows["total"] == examples["total"] == stats["real_steps"]
+    assert rows["min"] < rows["max"] <= 512
+    lengths = np.array([len(t) for t in corpus.column("tokens").to_pylist()])
+    assert (examples["count"], examples["min"], examples["max"], examples["p50"], examples["mean"]) == \
+        (300, lengths.min(), lengths.max(), int(np.percentile(lengths, 50, method="inverted_cdf")),
+         round(float(lengths.mean()), 3))
+    text = run_cli("inspect", dst).stdout
+    assert f"lengths (length: real steps of each row): min {rows['min']}  p50 {rows['p50']}" in text
+    assert f"lengths (cu_seqlens: steps of each example): min {examples['min']}  p50 {examples['p50']}" in text
+    bound = stats["packing_efficiency_bound"]
+    assert f"  packing_efficiency_bound: {100 * bound:.2f}%\n" in text and f"{bound}" not in text
+    padded = json.loads(run_cli("inspect", dst, "--json", "--length", "tokens").stdout)["length"]
+    assert padded["min"] == padded["max"] == 512  # what --length asks for: the padded steps
+
+
+def test_inspect_refuses_cu_seqlens_that_are_not_packs(tmp_path, parquet_src, run_cli):
+    """An example's steps come from a file: one beyond its row's real steps is an error naming file, row and column
+    (it would size the histogram), not an allocation."""
+    dst = tmp_path / "out"
+    assert run_cli("pack", parquet_src, dst, "--max-length", "128", "--split-long", "-q").exit_code == 0
+    part = dst / "part-00000.arrow"
+    table = read_dir(str(dst))
+    cu = table.column("cu_seqlens").combine_chunks()
+    values = cu.values.to_numpy().copy()
+    values[cu.offsets[3].as_py() + 1] = 1_048_576  # row 3's first example: 1,048,576 steps
+    table = table.set_column(table.schema.get_field_index("cu_seqlens"), "cu_seqlens",
+                             pa.ListArray.from_arrays(cu.offsets, pa.array(values)))
+    with pa.OSFile(str(part), "wb") as f, pa.ipc.new_file(f, table.schema) as writer:
+        writer.write_table(table)
+    result = run_cli("inspect", dst)
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1
+    assert result.stderr.startswith(f"error: {part}, row 3, column 'cu_seqlens': an example of 1,048,576 steps in a "
+                                     "row of ")

@@ -20,7 +20,7 @@ from batchtool.driver import run_operation
 from batchtool.ops.base import OptionError
 from batchtool.options import fields
 from batchtool.ops.pack import OP, PackOptions
-from batchtool.ops.pack.options import resolve_columns
+from batchtool.ops.pack.options import MAX_LENGTH_LIMIT, resolve_columns
 from batchtool.ops.pack.packing import first_fit, lower_bound, plan_packing
 from batchtool.output import OutputOptions
 from batchtool.synthetic import lognormal_lengths
@@ -209,7 +209,8 @@ def test_every_example_once_unmodified_with_correct_segments(tmp_path_factory, l
     want = examples_of(table)
     rows = read_dir(str(base / "out"))
     assert max(rows.column("length").to_pylist(), default=0) <= L
-    assert max(rows.column("num_examples").to_pylist(), default=0) <= (K or len(lengths))
+    assert max(rows.column("num_examples").to_pylist(), default=0) <= min(K or L, L)  # also with empty examples
+    assert rows.schema.field("segment_ids").type == rows.schema.field("positions").type == pa.list_(pa.int8())
     too_long = {k for k, (tokens, _, _) in want.items() if len(tokens) > L}
     if long == "drop":
         assert set(packed) == set(want) - too_long and stats["examples_dropped"]["long"] == len(too_long)
@@ -223,6 +224,27 @@ def test_every_example_once_unmodified_with_correct_segments(tmp_path_factory, l
             assert sum((p[0] for p in pieces), []) == want[key][0]
             assert sum((p[1] for p in pieces), []) == want[key][1]
     assert stats["rows"] == rows.num_rows and stats["real_steps"] == sum(rows.column("length").to_pylist())
+
+
+def test_a_row_holds_at_most_max_length_examples_so_segment_ids_fit_their_type(tmp_path):
+    """300 examples of 0 steps and 3 of 1 to 3: best-fit would put all 303 in one row of L = 8, segment ids up to
+    303, which int8 (what holds L) does not; a row holds at most L examples instead."""
+    src = write_parquet_shards(str(tmp_path / "src"), table_of([0] * 300 + [1, 2, 3]), shards=1)
+    stats = run_pack(src, str(tmp_path / "out"), max_length=8)["stats"]
+    assert max(int(k) for k in stats["examples_per_row"]) == 8 and stats["rows"] == stats["rows_lower_bound"] == 38
+    packed = unpack(str(tmp_path / "out"))  # checks every row's segment ids and positions
+    assert sorted(packed) == sorted(f"ex-{i:05d}" for i in range(303))
+
+
+@pytest.mark.parametrize("max_length, step_type", [(1, pa.int8()), (127, pa.int8()), (128, pa.int16()),
+                                                   (32767, pa.int16()), (32768, pa.int32()),
+                                                   (MAX_LENGTH_LIMIT, pa.int32())])
+def test_per_step_columns_take_the_smallest_signed_type_holding_max_length(max_length, step_type):
+    schema = pa.schema([("tokens", pa.list_(pa.int64()))])
+    options = PackOptions(max_length=max_length)
+    out = OP.output_schema(options, schema)
+    assert out.field("segment_ids").type == out.field("positions").type == pa.list_(step_type)
+    assert out.field("cu_seqlens").type == pa.list_(pa.int32())
 
 
 @pytest.fixture
@@ -325,6 +347,8 @@ def test_the_manifest_records_the_options_as_one_long_word():
     assert options.recorded() == {"max_length": 8, "sequences": ("tokens",), "max_examples_per_row": None,
                                   "long": "drop", "batch_size": None, "max_tokens": 64, "pad_to_max_length": False,
                                   "pad_values": ("tokens=1",)}
+    defaulted = PackOptions(max_length=8, columns=("key",)).recorded()
+    assert defaulted["batch_size"] == 8 and defaulted["max_tokens"] is None and defaulted["columns"] == ("key",)
     renamed = PackOptions(max_length=8, batch_size=2, output_column=(("length", "steps"),))
     assert renamed.recorded()["output_columns"] == {"length": "steps"}
 
@@ -346,10 +370,10 @@ def test_columns_are_checked_against_the_schema(schema, sequence, message):
 
 def test_pipeline_keys_in_every_form_write_what_the_command_writes(tmp_path, parquet_src, run_cli):
     args = ["--max-length", "128", "--split-long", "--batch-size", "4", "--sequence", "tokens", "--pad-value",
-            "tokens=-1", "--seed", "3", "-q"]
+            "tokens=-1", "--columns", "key,label", "--seed", "3", "-q"]
     assert run_cli("pack", parquet_src, tmp_path / "cli", *args).exit_code == 0
-    for i, keys in enumerate(['sequence = ["tokens"]\npad-value = {tokens = -1}',
-                              'sequence = "tokens"\npad-value = ["tokens=-1"]']):
+    for i, keys in enumerate(['sequence = ["tokens"]\npad-value = {tokens = -1}\ncolumns = ["key", "label"]',
+                              'sequence = "tokens"\npad-value = ["tokens=-1"]\ncolumns = "key,label"']):
         pipeline = tmp_path / f"p{i}.toml"
         pipeline.write_text(f'seed = 3\n[input]\npath = "{parquet_src}"\n[[stage]]\nop = "pack"\nmax-length = 128\n'
                             f'split-long = true\nbatch-size = 4\n{keys}\n[output]\npath = "{tmp_path / str(i)}"\n')

@@ -23,7 +23,8 @@ from batchtool.dataset import Chunk, Dataset
 from batchtool.ops import names as own
 from batchtool.ops.base import Pass, Context, Kind, Operation
 from batchtool.ops.regroup import Exchange, Probe
-from batchtool.ops.pack.options import PackColumns, PackOptions, output_schema, resolve_columns
+from batchtool.ops.pack.options import (DEFAULT_BATCH_SIZE, PackColumns, PackOptions, output_schema,
+                                        resolve_columns)
 from batchtool.ops.pack.plan import (LengthCounts, PackPlan, batch_layout, check_long, count_lengths, make_plan,
                                      planned)
 from batchtool.ops.pack.rows import assemble, exchange
@@ -48,15 +49,16 @@ def _lengths(options: PackOptions, context: Context, chunk: Chunk) -> LengthCoun
 
 class Pack(Operation[PackOptions, PackPlan]):
     name = "pack"
-    summary = """Pack whole sequences into rows of at most L steps, for transformer training without padding waste.
+    summary = f"""Pack whole sequences into rows of at most L steps, for transformer training without padding waste.
 
     Which lengths share a row is planned once over the whole length histogram (near the optimum,
     which the summary states); which examples fill those rows, and the order of the rows, are seeded
-    random. DST gets the packed sequence columns with segment_ids and positions per step, cu_seqlens,
-    num_examples and length per row (--output-column names them otherwise), and every other column as a list of
-    one value per example (an integer column named like pack's `length` is taken for it if it holds each
-    example's steps)."""
-    example = "batchtool pack sample_data/parquet /tmp/packed --max-length 512 --sequence tokens --batch-size 8"
+    random. DST gets the packed sequence columns with segment_ids and positions per step (in the smallest
+    integer type that holds L), cu_seqlens, num_examples and length per row (--output-column names them
+    otherwise), and every other column (or those --columns names) as a list of one value per example (an integer
+    column named like pack's `length` is taken for it if it holds each example's steps). A batch holds
+    {DEFAULT_BATCH_SIZE} rows unless --batch-size or --max-tokens says otherwise."""
+    example = "batchtool pack sample_data/parquet /tmp/packed --max-length 512 --sequence tokens --columns key,label"
     options = PackOptions
     kind = Kind.BATCHES
     seeded = True

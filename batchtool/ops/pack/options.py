@@ -7,10 +7,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from batchtool.ops import names as own
-from batchtool.ops.base import ColumnError, OptionError
+from batchtool.ops.base import ColumnError, OptionError, need_columns
 from batchtool.options import ColumnList, Flag, Integer, Pairs, option
 from batchtool.ops.batching import BatchBudget
 from batchtool.padding import MAX_PADDED_STEPS, parse_pad_values
@@ -27,6 +28,9 @@ ADOPTED = ("length",)
 written twice."""
 MAX_LENGTH_LIMIT = 1 << 22
 """--max-length at most this (4M steps): planning holds counts per length up to max_length, 8 bytes each."""
+DEFAULT_BATCH_SIZE = 8
+"""Rows per batch when neither --batch-size nor --max-tokens is given: Hugging Face Trainer's default
+per_device_train_batch_size, so a batch is what a trainer of packed rows takes by default (8 x L steps)."""
 
 
 @dataclass(frozen=True)
@@ -37,11 +41,16 @@ class PackOptions:
     sequence: tuple[str, ...] | None = option(
         "A sequence (list) column to pack; repeat for several, which must agree in length (default: every list "
         "column).", ColumnList(), None)
-    max_examples_per_row: int | None = option("At most K examples in a row.", Integer(metavar="K"), None)
+    columns: tuple[str, ...] | None = option(
+        "Keep only these columns besides the packed sequences, as per-example lists (default: every column).",
+        ColumnList(), None)
+    max_examples_per_row: int | None = option("At most K examples in a row (never more than L).",
+                                              Integer(metavar="K"), None)
     split_long: bool = option("Cut examples longer than L into pieces of at most L steps (marked in source_offset).",
                               Flag(), False)
     drop_long: bool = option("Drop (and count) examples longer than L.", Flag(), False)
-    batch_size: int | None = option("Packed rows per batch.", Integer(metavar="B"), None)
+    batch_size: int | None = option(f"Packed rows per batch (default {DEFAULT_BATCH_SIZE} without --max-tokens, as "
+                                    "Hugging Face Trainer's per_device_train_batch_size).", Integer(metavar="B"), None)
     max_tokens: int | None = option("Instead of --batch-size: at most T padded steps (rows x padded length) per "
                                     "batch.", Integer(metavar="T"), None)
     pad_to_max_length: bool = option("Pad every batch to L steps (default: to the batch's longest row).", Flag(),
@@ -59,9 +68,11 @@ class PackOptions:
             raise OptionError("max_examples_per_row", "must be at least 1", value=str(K))
         if self.split_long and self.drop_long:
             raise OptionError("drop_long", "give at most one of {split_long} and {drop_long}", mentions=["split_long"])
-        if (self.batch_size is None) == (self.max_tokens is None):
-            raise OptionError("batch_size", "give exactly one of {batch_size} and {max_tokens}",
+        if self.batch_size is not None and self.max_tokens is not None:
+            raise OptionError("batch_size", "give at most one of {batch_size} and {max_tokens}",
                               mentions=["max_tokens"])
+        if self.max_tokens is None and self.batch_size is None:  # frozen: the default is settled once, here
+            object.__setattr__(self, "batch_size", DEFAULT_BATCH_SIZE)
         if self.batch_size is not None:
             if self.batch_size < 1:
                 raise OptionError("batch_size", "must be positive", value=str(self.batch_size))
@@ -78,6 +89,12 @@ class PackOptions:
     def names(self) -> dict[str, str]:
         """Each own column's name (--output-column)."""
         return own.named(OUTPUT_COLUMNS, self.output_column)
+
+    @property
+    def row_examples(self) -> int:
+        """The most examples a row holds: --max-examples-per-row, and never more than L (which binds only for
+        examples of 0 steps), so that step_type holds every segment id."""
+        return min(self.max_examples_per_row or self.max_length, self.max_length)
 
     @property
     def long(self) -> str:
@@ -102,7 +119,8 @@ class PackOptions:
         return {"max_length": self.max_length, "sequences": self.sequences,
                 "max_examples_per_row": self.max_examples_per_row, "long": self.long, "batch_size": self.batch_size,
                 "max_tokens": self.max_tokens, "pad_to_max_length": self.pad_to_max_length,
-                "pad_values": self.pad_values, **own.recorded(self.output_column)}
+                "pad_values": self.pad_values, **({"columns": self.columns} if self.columns is not None else {}),
+                **own.recorded(self.output_column)}
 
 
 @dataclass(frozen=True)
@@ -126,8 +144,12 @@ class PackColumns:
 
     @property
     def dropped(self) -> tuple[str, ...]:
-        """Input columns not written (adopted ones: pack writes its own)."""
+        """Adopted input columns: checked in the first pass, not written (pack writes its own)."""
         return tuple(self.adopted.values())
+
+    def kept(self, schema: pa.Schema) -> list[str]:
+        """The input columns packed or carried, in the input's order: the second pass reads only these."""
+        return [n for n in schema.names if n in self.sequences or n in self.others]
 
 
 def resolve_columns(options: PackOptions, schema: pa.Schema) -> PackColumns:
@@ -140,18 +162,21 @@ def resolve_columns(options: PackOptions, schema: pa.Schema) -> PackColumns:
         if not is_sequence_type(schema.field(name).type):
             raise ColumnError("sequence", f"column is {schema.field(name).type}, expected a list (sequence) column",
                               value=name)
+    need_columns(schema, "columns", options.columns or ())
     sequences = options.sequences or tuple(f.name for f in schema if is_sequence_type(f.type))
     if not sequences:
         raise ColumnError("sequence", "no list column to pack: pass {sequence} COL")
+    kept = [n for n in names if n in sequences or options.columns is None or n in options.columns]
     out = options.names
     written = {role: out[role] for role in OUTPUT_COLUMNS if role != SOURCE_OFFSET or options.long == "split"}
-    adopted = {role: column for role, column in own.adopted(schema, out, ADOPTED).items() if column not in sequences}
-    own.refuse_clashes("pack", written, [n for n in names if n not in adopted.values()])
+    adopted = {role: column for role, column in own.adopted(schema, out, ADOPTED).items()
+               if column in kept and column not in sequences}
+    own.refuse_clashes("pack", written, [n for n in kept if n not in adopted.values()])
     unpadded = sorted(set(parse_pad_values(options.pad_values, schema)) - set(sequences))
     if unpadded:
         raise ColumnError("pad_value", f"{{pad_value}} {unpadded[0]}=...: column {unpadded[0]!r} is not packed "
                           f"(sequence columns: {', '.join(sequences)})")
-    others = tuple(n for n in names if n not in sequences and n not in adopted.values())
+    others = tuple(n for n in kept if n not in sequences and n not in adopted.values())
     return PackColumns(tuple(sequences), others, defaulted=not options.sequences, names=out, adopted=adopted)
 
 
@@ -159,14 +184,27 @@ def output_schema(schema: pa.Schema, columns: PackColumns, options: PackOptions)
     """Input columns in their order (sequences packed, the others as per-example lists), then the
     packing columns."""
     out = columns.names
+    kept = columns.kept(schema)
     fields = [pa.field(f.name, pa.list_(f.type.value_field) if f.name in columns.sequences else pa.list_(f.type),
-                       metadata=f.metadata) for f in schema if f.name not in columns.dropped]
+                       metadata=f.metadata) for f in schema if f.name in kept]
     if options.long == "split":
         fields.append(pa.field(out[SOURCE_OFFSET], pa.list_(pa.int32())))
-    fields += [pa.field(out[name], pa.list_(pa.int32())) for name in (*PER_STEP, "cu_seqlens")]
+    fields += [pa.field(out[name], pa.list_(step_type(options.max_length))) for name in PER_STEP]
+    fields.append(pa.field(out["cu_seqlens"], pa.list_(pa.int32())))  # int32, as flash-attn's varlen kernels take it
     fields += [pa.field(out["num_examples"], pa.int32()), pa.field(out["length"], pa.int32()),
                pa.field(out["batch"], pa.int64())]
     return pa.schema(fields)
+
+
+def step_type(max_length: int) -> pa.DataType:
+    """segment_ids' and positions' type: the smallest signed integer that holds --max-length (a position is below L,
+    and a row holds at most L examples, PackOptions.row_examples), so they cost 1 or 2 bytes a step instead of 4.
+    Signed because their consumers index with them: PyTorch indexes with signed integers (a uint8 tensor indexes as a
+    boolean mask) and NumPy, PyTorch and JAX widen a signed one with int32/int64 to a signed one."""
+    for t in (pa.int8(), pa.int16()):
+        if max_length <= np.iinfo(t.to_pandas_dtype()).max:
+            return t
+    return pa.int32()
 
 
 def feature_lists(schema: pa.Schema, columns: PackColumns) -> tuple[str, ...]:
@@ -176,5 +214,6 @@ def feature_lists(schema: pa.Schema, columns: PackColumns) -> tuple[str, ...]:
     return (*columns.sequences, *(columns.names[c] for c in PER_STEP), *nested)
 
 
-__all__ = ["ADOPTED", "MAX_LENGTH_LIMIT", "MAX_PADDED_STEPS", "OUTPUT_COLUMNS", "PER_ROW", "PER_STEP", "SOURCE_OFFSET",
-           "PackColumns", "PackOptions", "feature_lists", "output_schema", "resolve_columns"]
+__all__ = ["ADOPTED", "DEFAULT_BATCH_SIZE", "MAX_LENGTH_LIMIT", "MAX_PADDED_STEPS", "OUTPUT_COLUMNS", "PER_ROW",
+           "PER_STEP", "SOURCE_OFFSET", "PackColumns", "PackOptions", "feature_lists", "output_schema", "resolve_columns",
+           "step_type"]

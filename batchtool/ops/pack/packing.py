@@ -10,7 +10,7 @@ Several heuristics run over the histogram and the plan with the fewest rows wins
 best-fit decreasing, and hybrids that first deal the long examples worst-fit over a preset number of
 rows (the lower bound, then the fewest that hold everything), then best-fit the rest; these keep short
 examples for the gaps, which matters under --max-examples-per-row. Small instances are also searched
-exactly. docs/pack.md has the measured efficiency of each.
+exactly. docs/benchmarks.md (pack) has the measured efficiency of each.
 """
 
 from __future__ import annotations

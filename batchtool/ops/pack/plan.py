@@ -25,8 +25,8 @@ ROW_STAGE = "pack/row"
 _BLOCK = 1 << 16
 """Output positions handled per step when laying out batches (keeps that O(batches), not O(rows))."""
 PACKED_STEP_BYTES = 40
-"""What one padded step of a batch costs beyond its sequence values: segment_ids and positions (4 bytes each)
-and the index arrays assembling it (measured: a batch of 1,000,000 padded steps of int64 tokens took 43 MB)."""
+"""What one padded step of a batch costs beyond its sequence values: segment_ids and positions (at most 4 bytes
+each) and the index arrays assembling it (measured: a batch of 1,000,000 padded steps of int64 tokens took 43 MB)."""
 
 
 # --- first pass: the lengths ----------------------------------------------------------------------------
@@ -127,7 +127,7 @@ class PackPlan:
 def make_plan(options: PackOptions, columns: PackColumns, lengths: LengthCounts, schema: pa.Schema, seed: int,
               memory: int, tasks: int = 1) -> PackPlan:
     """The packing: the best candidate over the histogram."""
-    packing, report = plan_packing(lengths.pieces, options.max_length, options.max_examples_per_row)
+    packing, report = plan_packing(lengths.pieces, options.max_length, options.row_examples)
     pads = parse_pad_values(options.pad_values, schema)
     pad_values = {name: pads.get(name, default_pad(schema.field(name).type)) for name in columns.sequences}
     return PackPlan(options, columns, packing, report, lengths, seed, pad_values,

@@ -42,8 +42,8 @@ class Prepared:
 
 
 def prepare(chunk: Chunk, plan: PackPlan, locate: Callable[[int], str]) -> Prepared:
-    """Measure, check, drop or split one chunk, and normalise its sequence columns to plain lists;
-    a pure function run on worker threads."""
+    """Measure, check, drop or split one chunk of the columns pack keeps, and normalise its sequence columns to
+    plain lists; a pure function run on worker threads."""
     o, cols = plan.options, plan.columns
 
     def at(i: int) -> str:
@@ -56,8 +56,6 @@ def prepare(chunk: Chunk, plan: PackPlan, locate: Callable[[int], str]) -> Prepa
             raise
         raise OptionSchemaError("sequence", f"{exc}; pass {{sequence}} to choose the columns to pack") from exc
     check_long(lengths, chunk, cols.length, o, locate)
-    if cols.dropped:
-        chunk = Chunk(chunk.data.drop_columns(list(cols.dropped)), chunk.ids)
     rows_in, dropped = chunk.num_rows, 0
     long = lengths > o.max_length
     if o.long == "drop" and long.any():
@@ -117,8 +115,9 @@ class Slots:
 def spill_schema(schema: pa.Schema, plan: PackPlan) -> pa.Schema:
     """What is spilled per item: the input columns (sequences as plain lists), the piece's offset with
     --split-long, its output position and its order within the row."""
+    kept = plan.columns.kept(schema)
     fields = [pa.field(f.name, pa.list_(f.type.value_field)) if f.name in plan.columns.sequences else f
-              for f in schema if f.name not in plan.columns.dropped]
+              for f in schema if f.name in kept]
     if plan.options.long == "split":
         fields.append(pa.field(plan.columns.names[SOURCE_OFFSET], pa.int32()))
     fields += [pa.field(_POS, pa.int64()), pa.field(_ORDER, pa.uint64())]
@@ -132,7 +131,8 @@ def placed(plan: PackPlan, data: Dataset, rows_per_group: int, runtime: Runtime,
     and its order within the row; with the spill group of its position and what the chunk read, dropped, split
     and spilled."""
     slots = Slots(plan)
-    for p in runtime.executor.map(functools.partial(_prepare_task, plan, data.locate), data.tasks(None, report)):
+    tasks = data.tasks(plan.columns.kept(data.schema), report)
+    for p in runtime.executor.map(functools.partial(_prepare_task, plan, data.locate), tasks):
         tally = Tally.of(rows_in=p.rows_in, dropped=p.dropped, split=p.split, items=len(p.lengths))
         if not len(p.lengths):
             yield Chunk.concat([], spill_schema(data.schema, plan)), np.zeros(0, np.int64), tally
@@ -179,9 +179,10 @@ def assemble(items: pa.RecordBatch, rows: np.ndarray, batch: int, pad_length: in
     step = np.arange(len(step_item)) - first_step[step_item]
     dest = row[step_item] * pad_length + offset[step_item] + step
     padded = pa.array((np.arange(count + 1) * pad_length).astype(np.int32))
+    step_type = schema.field(names["segment_ids"]).type.value_type  # options.step_type: what holds L
 
     def per_step(values: np.ndarray) -> pa.Array:
-        out = np.zeros(count * pad_length, dtype=np.int32)
+        out = np.zeros(count * pad_length, dtype=step_type.to_pandas_dtype())
         out[dest] = values
         return pa.ListArray.from_arrays(padded, pa.array(out))
 
@@ -251,7 +252,7 @@ def exchange(plan: PackPlan, data: Dataset, probe: Probe) -> Exchange:
 
 
 def _row_bytes(columns: PackColumns, chunk: Chunk) -> tuple[float, float]:
-    return row_bytes(chunk.data, columns)  # type: ignore[arg-type]
+    return row_bytes(chunk.data.select(columns.kept(chunk.data.schema)), columns)  # type: ignore[arg-type]
 
 
 def _cut(plan: PackPlan, layout: BatchLayout, scattered: Scattered, runtime: Runtime) -> Cut:
