@@ -126,7 +126,7 @@ def test_tfrecord_crc(tmp_path, run_cli):
     (("check", PARQUET, "--no-nulls", "nope"), "no column 'nope'"),
     (("check", PARQUET, "--crc"), "CRCs exist only in TFRecord"),
     (("check", PARQUET, "--checksums"), "not a batchtool output directory"),
-    (("check", PARQUET, "--rules", "/nonexistent/rules.toml"), "cannot read the rules file"),
+    (("check", PARQUET, "--rules", "/nonexistent/rules.toml"), "/nonexistent/rules.toml: no such rules file"),
     (("check", PARQUET, "--min-rows", "1", "--json", "/nonexistent/dir/out.json"), "--json /nonexistent/dir"),
     (("check", PARQUET, "--unique", "label", "--max-offenders", "1000000000"),
      "--max-offenders 1000000000: listing up to 1,000,000,000 offending rows for each of 1 rule takes about 476.8 GB "

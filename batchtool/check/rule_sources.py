@@ -3,7 +3,6 @@ batchtool file goes through (batchtool.options.read_table), each problem worded 
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -11,13 +10,9 @@ from typing import Any, TypeVar
 from batchtool.check.rules import (DRIFT_RULES, KINDS, MANIFEST_RULES, WORDS, BatchQuotas, BatchRows, Checksums,
                                    ClassProportions, Crc, Drift, DriftLengths, DriftProportions, LabelRange, Length,
                                    NoNan, NoNulls, PaddingEfficiency, RankBatches, RowCount, Rule, RuleSet, Unique)
-from batchtool.errors import InputError, OptionError, UsageError
+from batchtool.errors import OptionError, UsageError
 from batchtool.options import TableError, read_table
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+from batchtool.tomlfile import read_toml
 
 
 def _field(name: str) -> str:
@@ -27,13 +22,7 @@ def _field(name: str) -> str:
 
 def load_rules(path: str) -> RuleSet:
     """Read a rules file; any unknown key or wrong type is an error naming the file, the rule and the key."""
-    try:
-        with open(path, "rb") as f:
-            doc = tomllib.load(f)
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read the rules file ({exc.strerror or exc})") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path}: not valid TOML ({exc})") from exc
+    doc = read_toml(path, "rules file")
     top = _build(RuleSet, {k: v for k, v in doc.items() if k != "rules"},
                  lambda key: f"{path}: top-level key {key!r}", unknown=lambda key, allowed: (
                      f"{path}: unknown top-level key {key!r} (expected: {', '.join(['rules', *allowed])})"),
