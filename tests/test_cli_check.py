@@ -118,6 +118,42 @@ def test_tfrecord_crc(tmp_path, run_cli):
     assert crc["status"] == "FAIL" and crc["value"] == 1 and "record 0" in crc["offenders"][0]["detail"]
 
 
+def test_reports_make_their_directories_and_a_data_failure_still_exits_1(tmp_path, run_cli, monkeypatch):
+    """A CI job's `--junit reports/ci.xml` before anything made reports/: the check runs, its reports are written
+    and its exit status is the data's, nothing else is left beside them."""
+    monkeypatch.chdir(tmp_path)
+    result = run_cli("check", PARQUET, "--num-classes", "3", "--junit", "reports/ci.xml", "--json", "out/a/b.json")
+    assert result.exit_code == 1 and "FAIL" in result.stdout
+    assert ET.parse("reports/ci.xml").getroot().get("failures") == "1"
+    assert json.loads(open("out/a/b.json").read())["exit_code"] == 1
+    assert os.listdir("reports") == ["ci.xml"] and os.listdir("out/a") == ["b.json"]
+
+
+@pytest.mark.parametrize("report, message", [
+    ("afile/ci.xml", "--junit afile/ci.xml: cannot create its directory: {tmp}/afile is not a directory"),
+    ("adir", "--junit adir: is a directory; name a file"),
+    ("/proc/ci.xml", "--junit /proc/ci.xml: cannot write: No such file or directory"),  # the OS refuses, even root
+])
+def test_a_report_that_cannot_be_written_stops_the_check_before_it_runs(tmp_path, run_cli, monkeypatch, report,
+                                                                       message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("in the way")
+    (tmp_path / "adir").mkdir()
+    result = run_cli("check", PARQUET, "--num-classes", "3", "--junit", report, "--json", "new/r.json")
+    assert result.exit_code == 2 and result.stdout == ""  # no table: the check did not run
+    assert result.stderr == f"error: {message.format(tmp=tmp_path)}\n"
+    assert sorted(os.listdir(tmp_path)) == ["adir", "afile"] and os.listdir("adir") == []
+
+
+def test_a_check_that_stops_leaves_reports_as_they_were(tmp_path, run_cli):
+    """A usage error found while checking (a rule's column is missing) removes what the reports had made."""
+    old = tmp_path / "old.xml"
+    old.write_text("<testsuites/>")
+    result = run_cli("check", PARQUET, "--unique", "nope", "--junit", old, "--json", tmp_path / "new" / "r.json")
+    assert result.exit_code == 2 and "no column 'nope'" in result.stderr
+    assert sorted(os.listdir(tmp_path)) == ["old.xml"] and old.read_text() == "<testsuites/>"
+
+
 @pytest.mark.parametrize("args, message", [
     (("check", "/nonexistent/data"), "no rules to check"),
     (("check", "/nonexistent/data", "--num-classes", "4"), "/nonexistent/data: no such file or directory"),
@@ -127,7 +163,8 @@ def test_tfrecord_crc(tmp_path, run_cli):
     (("check", PARQUET, "--crc"), "CRCs exist only in TFRecord"),
     (("check", PARQUET, "--checksums"), "not a batchtool output directory"),
     (("check", PARQUET, "--rules", "/nonexistent/rules.toml"), "/nonexistent/rules.toml: no such rules file"),
-    (("check", PARQUET, "--min-rows", "1", "--json", "/nonexistent/dir/out.json"), "--json /nonexistent/dir"),
+    (("check", PARQUET, "--min-rows", "1", "--json", "/proc/nonexistent/out.json"),
+     "--json /proc/nonexistent/out.json: cannot create its directory: No such file or directory"),
     (("check", PARQUET, "--unique", "label", "--max-offenders", "1000000000"),
      "--max-offenders 1000000000: listing up to 1,000,000,000 offending rows for each of 1 rule takes about 476.8 GB "
      "at once, more than --memory 1.0 GB allows (128.0 MB); give a smaller --max-offenders or a larger --memory"),

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack
 
 import click
 
 from batchtool.check import (CheckOptions, RuleSet, check, junit_xml, load_rules, render_text, rules_from_flags,
                              to_json)
-from batchtool.check.report import write
+from batchtool.check.report import ReportFile
 from batchtool.cli.common import (SIZE, column_list, columns_option, command, input_options, make_run,
                                   run_options)
 from batchtool import fs
@@ -148,13 +149,17 @@ def check_cmd(src: str, rules_file: str | None, label: str | None, num_classes: 
                              drift_tolerances=drift_tolerances, drift_rules=not from_file.drift)
     options = CheckOptions(key=key, max_offenders=max_offenders,
                            format=input_format, skip_corrupt=skip_corrupt)
-    result = check(src, from_file + flags, options, run)
-    if json_file == "-":
-        click.echo(to_json(result), nl=False)
-    else:
-        click.echo(render_text(result, color=True), color=False if os.environ.get("NO_COLOR") else None)
-        if json_file:
-            write(json_file, to_json(result), "--json")
-    if junit_file:
-        write(junit_file, junit_xml(result), "--junit")
+    with ExitStack() as stack:
+        json_report, junit_report = (stack.enter_context(ReportFile(path, flag)) if path else None
+                                     for path, flag in ((None if json_file == "-" else json_file, "--json"),
+                                                        (junit_file, "--junit")))
+        result = check(src, from_file + flags, options, run)
+        if json_file == "-":
+            click.echo(to_json(result), nl=False)
+        else:
+            click.echo(render_text(result, color=True), color=False if os.environ.get("NO_COLOR") else None)
+        if json_report:
+            json_report.write(to_json(result))
+        if junit_report:
+            junit_report.write(junit_xml(result))
     click.get_current_context().exit(result.exit_code)
