@@ -184,6 +184,38 @@ def test_bad_rules_file_exits_2_naming_the_file_rule_and_key(tmp_path, run_cli):
     assert f"{rules}: rule 'lengths' (length), key 'max': must be an integer, got string 'long'" in result.stderr
 
 
+@pytest.mark.parametrize("rule, problem", [
+    ('name = "labels"\nkind = "label_range"\ncolumn = "lable"\nnum_classes = 4',
+     "rule 'labels' (label_range): {src} has no column 'lable' (did you mean 'label'?)"),
+    ('kind = "unique"\ncolumns = ["key", "zzz"]',
+     "rule 'unique' (unique): {src} has no column 'zzz' (columns: key, label, weight, tokens, frames)"),
+    ('kind = "no_nan"\ncolumns = ["tokens"]',
+     "rule 'no_nan' (no_nan): column 'tokens' is list<element: int64>, expected a float or list-of-float column"),
+    ('kind = "crc"', "rule 'crc' (crc): {src} is parquet; CRCs exist only in TFRecord files"),
+])
+def test_a_rule_that_cannot_run_is_named_with_its_rules_file(tmp_path, run_cli, rule, problem):
+    """Among other rules, the one whose column is misspelt or of the wrong type is named, with its file."""
+    rules = tmp_path / "rules.toml"
+    rules.write_text(f'[[rules]]\nkind = "row_count"\nmin = 1\n\n[[rules]]\n{rule}\n')
+    result = run_cli("check", PARQUET, "--rules", rules)
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {rules}: {problem.format(src=PARQUET)}\n"
+
+
+@pytest.mark.parametrize("args, problem", [
+    (("--num-classes", "4", "--label", "lable"),
+     "rule 'label_range' (--label lable, --num-classes 4): {src} has no column 'lable' (did you mean 'label'?)"),
+    (("--unique", "key,kye"), "rule 'unique:key,kye' (--unique key,kye): {src} has no column 'kye' (did you mean "
+                              "'key'?)"),
+    (("--length", "tokns", "--max-length", "5"),
+     "rule 'length' (--length tokns, --max-length 5): {src} has no column 'tokns' (did you mean 'tokens'?)"),
+])
+def test_a_rule_flag_that_cannot_run_is_named_with_its_flags(run_cli, args, problem):
+    result = run_cli("check", PARQUET, *args)
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {problem.format(src=PARQUET)}\n"
+
+
 def test_padding_efficiency_on_output_without_it_exits_2(tmp_path, run_cli):
     dst = tmp_path / "out"
     assert run_cli("convert", PARQUET, dst, "-q").exit_code == 0

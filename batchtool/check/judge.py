@@ -38,7 +38,7 @@ def judge_metadata(rules: Sequence[Rule], dataset: Dataset, limit: int, threads:
             yield judge_batches(rule, dataset, limit, threads)
         elif isinstance(rule, Crc) and not dataset.spec.record_checksums:
             having = " or ".join(f.label for f in registry.FORMATS.values() if f.record_checksums)
-            raise UsageError(f"rule {rule.name!r}: {dataset.src} is {dataset.format}; "
+            raise UsageError(f"{rule.label}: {dataset.src} is {dataset.format}; "
                              f"CRCs exist only in {having} files")
 
 
@@ -93,12 +93,12 @@ def judge_padding(rule: PaddingEfficiency, dataset: Dataset) -> RuleResult:
     """A padding (or, for PackingEfficiency, packing) efficiency from SRC's manifest, against `min`."""
     manifest = dataset.manifest
     if manifest is None:
-        raise InputError(f"rule {rule.name!r}: {dataset.src} has no batchtool manifest ({MANIFEST_NAME}) to read "
+        raise InputError(f"{rule.label}: {dataset.src} has no batchtool manifest ({MANIFEST_NAME}) to read "
                          f"the {rule.stat.replace('_', ' ')} from (check the output directory of "
                          f"{rule.written_by.replace(' and ', ' or ')})")
     value = Recorded.of(manifest, manifest_path(dataset.src)).share(rule.stat)
     if value is None:
-        raise InputError(f"rule {rule.name!r}: {manifest_path(dataset.src)} records no "
+        raise InputError(f"{rule.label}: {manifest_path(dataset.src)} records no "
                          f"stats.{rule.stat} (written by {manifest.get('command')!r}; {rule.written_by} "
                          "output records it)")
     return verdict(rule, value >= rule.min, f"{value:.4f}", f">= {rule.min:g}", value)

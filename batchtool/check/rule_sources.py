@@ -54,22 +54,24 @@ def _rule_from_table(path: str, index: int, table: dict[str, Any]) -> Rule:
     cls = KINDS[kind]
     values = {k: v for k, v in table.items() if k != "kind"}
     values.setdefault("name", kind)
-    return _build(cls, values, lambda key: f"{path}: {label} ({kind}), key {key!r}")
+    origin = f"{path}: {label} ({kind})"
+    return _build(cls, values, lambda key: f"{origin}, key {key!r}", origin=origin)
 
 
 R = TypeVar("R")
 
 
 def _build(cls: type[R], values: Mapping[str, Any], where: Callable[[str], str], *,
-           unknown: Callable[[str, Sequence[str]], str] | None = None, sep: str = ": ") -> R:
+           unknown: Callable[[str, Sequence[str]], str] | None = None, sep: str = ": ", **settings: Any) -> R:
     """A rule (or a rules file's top level) from plain values (TOML or flags), read by the reader pipeline files
     go through (batchtool.options.read_table), its errors in a rules file's words.
 
     `where(key)` says where a key came from, `sep` what comes between that and the problem, and
     `unknown(key, allowed)` words an unknown key (default: `where(key): unknown key (expected: kind, ...)`).
+    `settings` are fields no file sets (a rule's origin).
     """
     try:
-        return read_table(cls, values, name=_field)
+        return read_table(cls, values, name=_field, **settings)
     except TableError as exc:
         if exc.missing:
             raise UsageError(f"{where(exc.key)}: required") from None
@@ -108,7 +110,11 @@ def rules_from_flags(*, label: str | None = None, num_classes: int | None = None
             flag, value = flags[key]
             return flag + ("" if flag.endswith("=") else " ") + _flag_value(value)
 
-        rules.append(_build(cls, {"name": name, **values}, where))
+        given: dict[str, str] = {}  # each flag once, as given (--min-bucket-padding-efficiency sets two keys)
+        for key in values:
+            given.setdefault(flags[key][0], where(key))
+        rules.append(_build(cls, {"name": name, **values}, where,
+                            origin=f"rule {name!r} ({', '.join(given.values())})" if given else ""))
 
     label_flag = ("--label", label)
     drifting = baseline is not None and drift_rules

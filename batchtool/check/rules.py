@@ -4,7 +4,7 @@ file or built from flags by batchtool.check.rule_sources)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from batchtool.errors import OptionError, UsageError
@@ -26,11 +26,19 @@ class Rule:
     a bad value is an OptionError naming the key."""
 
     name: str = option("The rule's name in the report (default: its kind); unique.", TEXT)
+    origin: str = field(default="", kw_only=True, compare=False, repr=False)
+    """Where the rule was given, as its errors name it: `rules.toml: rule #3 'labels' (label_range)`, or the flags
+    that made it."""
     kind: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
             raise OptionError("name", "must be a non-empty string")
+
+    @property
+    def label(self) -> str:
+        """The rule as an error names it: where it was given, else by its name."""
+        return self.origin or f"rule {self.name!r}"
 
     def reads(self) -> tuple[str, ...]:
         """Data columns the streaming pass must read for this rule (none: metadata or manifest only)."""
