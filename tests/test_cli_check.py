@@ -158,7 +158,12 @@ def test_a_check_that_stops_leaves_reports_as_they_were(tmp_path, run_cli):
     (("check", "/nonexistent/data"), "no rules to check"),
     (("check", "/nonexistent/data", "--num-classes", "4"), "/nonexistent/data: no such file or directory"),
     (("check", PARQUET, "--num-classes", "0"), "--num-classes 0: must be at least 1"),
-    (("check", PARQUET, "--target", "0.5,0.6"), "--target 0.5,0.6: proportions must sum to 1"),
+    (("check", PARQUET, "--target", "0.5,0.6"), "--target 0.5,0.6: probabilities sum to 1.1, expected 1"),
+    (("check", PARQUET, "--target", "0.3333,0.3333,0.3333"), "--target 0.3333,0.3333,0.3333: probabilities sum to "
+     "0.9999, expected 1 (tolerance 1e-06); fractions such as 1/3 are exact"),
+    (("check", PARQUET, "--target", "1/3,1/0"), "--target 1/3,1/0: expected comma-separated probabilities"),
+    (("check", PARQUET, "--target", "1/2,1/2", "--num-classes", "4"),
+     "--num-classes 4: must be the number of target proportions (2), got 4"),
     (("check", PARQUET, "--no-nulls", "nope"), "no column 'nope'"),
     (("check", PARQUET, "--crc"), "CRCs exist only in TFRecord"),
     (("check", PARQUET, "--checksums"), "not a batchtool output directory"),
@@ -214,6 +219,21 @@ def test_a_rule_flag_that_cannot_run_is_named_with_its_flags(run_cli, args, prob
     result = run_cli("check", PARQUET, *args)
     assert result.exit_code == 2
     assert result.stderr == f"error: {problem.format(src=PARQUET)}\n"
+
+
+def test_check_and_stratify_read_target_alike(tmp_path, run_cli):
+    """One parser and one tolerance: 'uniform' is the fractions it stands for, and what stratify refuses check
+    refuses in the same words."""
+    tables = [run_cli("check", PARQUET, "--target", t, "--json", "-") for t in ("uniform", "1/4,1/4,1/4,1/4")]
+    assert [r.exit_code for r in tables] == [1, 1]
+    assert [json.loads(r.stdout)["rules"][0]["measured"] for r in tables] == [
+        "max deviation 0.6505 (class 0: 0.9005, target 0.2500)"] * 2
+    for target in ("0.3333,0.3333,0.3333", "1/3,1/3,1/0"):
+        errors = [run_cli(*command, "--target", target).stderr for command in (
+            ("check", PARQUET), ("stratify", PARQUET, tmp_path / "dst", "--label", "label"))]
+        problems = [e.partition(f"{target}': " if "'" in e else f"{target}: ")[2] for e in errors]
+        assert problems[0] == problems[1] and errors[0].startswith(f"error: --target {target}: ") and problems[0]
+    assert run_cli("stratify", PARQUET, tmp_path / "dst", "--target", "1/4,1/4,1/4,1/4", "-q").exit_code == 0
 
 
 def test_padding_efficiency_on_output_without_it_exits_2(tmp_path, run_cli):

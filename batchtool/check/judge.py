@@ -3,10 +3,11 @@ the manifest's padding stats, the batches) for the rules that need no pass."""
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import singledispatch
 
 import pyarrow as pa
@@ -139,27 +140,50 @@ def _(rule: LabelRange, m: Measures) -> RuleResult:
 
 @judge.register
 def _(rule: ClassProportions, m: Measures) -> RuleResult:
+    """In time and memory of the classes seen, the target's list or pairs and the offenders listed, however many
+    classes 'uniform' spans (num_classes, or the largest label seen)."""
     counts = m.label_stats(rule.column).label_counts
     n = sum(counts.values())
     bound = f"|p - target| <= {rule.tolerance:g}" + (" x target" if rule.relative else "")
     if not n:
         return verdict(rule, False, "no labels", bound, None)
-    classes = sorted(set(range(len(rule.target))) | set(counts))
-    worst: tuple[float, int] = (0.0, classes[0])
-    offenders = []
-    for k in classes:
-        p = counts.get(k, 0) / n
-        t = rule.target[k] if 0 <= k < len(rule.target) else 0.0
-        dev = _deviation(p, t, rule.relative)
-        worst = max(worst, (dev, k))
-        if dev > rule.tolerance:
-            offenders.append(Offender(f"class {k}: {p:.4f} of labels, target {t:.4f} (deviation {dev:.4f})"))
-    dev, k = worst
-    p = counts.get(k, 0) / n
-    t = rule.target[k] if 0 <= k < len(rule.target) else 0.0
-    measured = f"max deviation {dev:.4f} (class {k}: {p:.4f}, target {t:.4f})"
+    share, targeted = _target_shares(rule, counts)
+
+    def deviation(k: int) -> float:
+        return _deviation(counts.get(k, 0) / n, share(k), rule.relative)
+
+    unseen = (k for k in targeted if k not in counts)  # in class order; each deviates by its whole share
+    if isinstance(targeted, range):  # 'uniform': every unseen class deviates alike
+        last = next((k for k in reversed(targeted) if k not in counts), None)
+        tops = [] if last is None else [last]
+        missing = len(targeted) - sum(1 for k in counts if k in targeted)
+        unseen_off = missing if last is not None and deviation(last) > rule.tolerance else 0
+        offending_unseen = unseen if unseen_off else iter(())
+    else:
+        tops = [k for k in targeted if k not in counts]
+        unseen_off = sum(1 for k in tops if deviation(k) > rule.tolerance)
+        offending_unseen = (k for k in tops if deviation(k) > rule.tolerance)
+    seen = sorted(counts)
+    dev, k = max((deviation(k), k) for k in [*seen, *tops])
+    offending_seen = [k for k in seen if deviation(k) > rule.tolerance]
+    listed = itertools.islice(heapq.merge(offending_seen, offending_unseen), m.plan.limit)
+    offenders = [Offender(f"class {c}: {counts.get(c, 0) / n:.4f} of labels, target {share(c):.4f} (deviation "
+                          f"{deviation(c):.4f})") for c in listed]
+    measured = f"max deviation {dev:.4f} (class {k}: {counts.get(k, 0) / n:.4f}, target {share(k):.4f})"
     return verdict(rule, dev <= rule.tolerance, measured, bound, round(dev, 6) if math.isfinite(dev) else None,
-                   len(offenders), offenders)
+                   len(offending_seen) + unseen_off, offenders)
+
+
+def _target_shares(rule: ClassProportions, counts: Mapping[int, int]) -> tuple[Callable[[int], float], Sequence[int]]:
+    """Each class's target share (0 outside the target's classes), and the classes given a share, in order: a
+    list's or the pairs' own, or for 'uniform' the range [0, num_classes or the largest label seen + 1)."""
+    target = rule.target
+    if isinstance(target, tuple):
+        return (lambda k: target[k] if 0 <= k < len(target) else 0.0), [k for k, t in enumerate(target) if t > 0]
+    if isinstance(target, dict):
+        return (lambda k: target.get(k, 0.0)), sorted(k for k, t in target.items() if t > 0)
+    classes = rule.num_classes or max((k + 1 for k in counts if k >= 0), default=0)
+    return (lambda k: 1 / classes if 0 <= k < classes else 0.0), range(classes)
 
 
 def _deviation(p: float, t: float, relative: bool) -> float:

@@ -83,7 +83,7 @@ def _build(cls: type[R], values: Mapping[str, Any], where: Callable[[str], str],
 
 
 def rules_from_flags(*, label: str | None = None, num_classes: int | None = None,
-                     target: Sequence[float] | None = None, tolerance: float | None = None,
+                     target: str | Sequence[float] | None = None, tolerance: float | None = None,
                      min_rows: int | None = None, max_rows: int | None = None,
                      unique: Sequence[Sequence[str]] = (), no_nulls: Sequence[str] = (), no_nan: Sequence[str] = (),
                      length: str | None = None, min_length: int | None = None, max_length: int | None = None,
@@ -124,7 +124,9 @@ def rules_from_flags(*, label: str | None = None, num_classes: int | None = None
     if num_classes is not None:
         add(LabelRange, "label_range", {"column": label_flag, "num_classes": ("--num-classes", num_classes)})
     if target is not None:
-        add(ClassProportions, "class_proportions", {"column": label_flag, "target": ("--target", tuple(target)),
+        shares = target if isinstance(target, str) else ",".join(str(p) for p in target)
+        add(ClassProportions, "class_proportions", {"column": label_flag, "target": ("--target", shares),
+                                                    "num_classes": ("--num-classes", num_classes),
                                                     "tolerance": ("--tolerance", tolerance)})
     elif tolerance is not None:
         raise UsageError(f"--tolerance {tolerance}: applies to --target, which is not given "

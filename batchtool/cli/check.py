@@ -22,15 +22,6 @@ def _keys(ctx: click.Context, param: click.Parameter, texts: tuple[str, ...]) ->
     return tuple(column_list(ctx, param, text) for text in texts)
 
 
-def _floats(ctx: click.Context, param: click.Parameter, text: str | None) -> tuple[float, ...] | None:
-    if text is None:
-        return None
-    try:
-        return tuple(float(p) for p in text.split(","))
-    except ValueError:
-        raise click.BadParameter(f"{text!r} is not a comma-separated list of numbers") from None
-
-
 def _tolerances(ctx: click.Context, param: click.Parameter,
                 texts: tuple[str, ...]) -> tuple[float | None, dict[str, float]]:
     """A bare number (the --target tolerance) and KEY=X pairs (the drift rules' tolerances)."""
@@ -71,8 +62,9 @@ def _refuse_writing_inputs(src: str, others: list[str | None], targets: dict[str
 @click.option("--label", metavar="COL",
               help="Label column of --num-classes, --target and --baseline (default: label).")
 @click.option("--num-classes", type=int, help="Rule: every label is in [0, N).")
-@click.option("--target", callback=_floats, metavar="P0,P1,...",
-              help="Rule: class proportions within --tolerance of these.")
+@click.option("--target", metavar="SPEC",
+              help="Rule: class proportions within --tolerance of these, as stratify's --target gives them: P0,P1,... "
+                   "(fractions such as 1/3 are exact), uniform, or CLASS=PROB pairs.")
 @click.option("--tolerance", multiple=True, callback=_tolerances, metavar="X|KEY=X",
               help="X: allowed |proportion - target| for --target (default 0.01). KEY=X: tolerance of a --baseline "
                    "rule: proportions (0.02), lengths (0.1), nulls (0.01), rows (0.1). Repeatable.")
@@ -115,7 +107,7 @@ def _refuse_writing_inputs(src: str, others: list[str | None], targets: dict[str
 @input_options
 @run_options
 def check_cmd(src: str, rules_file: str | None, label: str | None, num_classes: int | None,
-              target: tuple[float, ...] | None, tolerance: tuple[float | None, dict[str, float]],
+              target: str | None, tolerance: tuple[float | None, dict[str, float]],
               min_rows: int | None, max_rows: int | None, unique: tuple[tuple[str, ...], ...],
               no_nulls: tuple[str, ...], no_nan: tuple[str, ...], length: str | None, min_length: int | None,
               max_length: int | None, checksums: bool, verify_manifest: bool, crc: bool,
