@@ -132,6 +132,7 @@ def test_reports_make_their_directories_and_a_data_failure_still_exits_1(tmp_pat
 @pytest.mark.parametrize("report, message", [
     ("afile/ci.xml", "--junit afile/ci.xml: cannot create its directory: {tmp}/afile is not a directory"),
     ("adir", "--junit adir: is a directory; name a file"),
+    ("new/", "--junit new/: is a directory; name a file"),
     ("/proc/ci.xml", "--junit /proc/ci.xml: cannot write: No such file or directory"),  # the OS refuses, even root
 ])
 def test_a_report_that_cannot_be_written_stops_the_check_before_it_runs(tmp_path, run_cli, monkeypatch, report,

@@ -205,7 +205,7 @@ class ReportFile:
 
     def __enter__(self) -> ReportFile:
         where = f"{self.flag} {self.path}"
-        if os.path.isdir(self.path):
+        if os.path.isdir(self.path) or self.path.endswith(os.sep):
             raise DestinationError(f"{where}: is a directory; name a file")
         if os.path.lexists(self.path) and not os.access(self.path, os.W_OK):
             raise DestinationError(f"{where}: cannot write ({os.strerror(errno.EACCES)})")
