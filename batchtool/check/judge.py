@@ -7,7 +7,7 @@ import heapq
 import itertools
 import math
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import singledispatch
 
 import pyarrow as pa
@@ -152,26 +152,26 @@ def _(rule: ClassProportions, m: Measures) -> RuleResult:
     def deviation(k: int) -> float:
         return _deviation(counts.get(k, 0) / n, share(k), rule.relative)
 
-    unseen = (k for k in targeted if k not in counts)  # in class order; each deviates by its whole share
-    if isinstance(targeted, range):  # 'uniform': every unseen class deviates alike
+    # A class of the target without labels deviates by its whole share.
+    if isinstance(targeted, range):  # 'uniform': they all deviate alike; the last one stands for them
         last = next((k for k in reversed(targeted) if k not in counts), None)
-        tops = [] if last is None else [last]
-        missing = len(targeted) - sum(1 for k in counts if k in targeted)
-        unseen_off = missing if last is not None and deviation(last) > rule.tolerance else 0
-        offending_unseen = unseen if unseen_off else iter(())
+        unseen = [] if last is None else [last]
+        offend = last is not None and deviation(last) > rule.tolerance
+        offending_unseen: Iterable[int] = (k for k in targeted if k not in counts) if offend else ()
+        unseen_offending = len(targeted) - sum(1 for k in counts if k in targeted) if offend else 0
     else:
-        tops = [k for k in targeted if k not in counts]
-        unseen_off = sum(1 for k in tops if deviation(k) > rule.tolerance)
-        offending_unseen = (k for k in tops if deviation(k) > rule.tolerance)
+        unseen = [k for k in targeted if k not in counts]
+        offending_unseen = [k for k in unseen if deviation(k) > rule.tolerance]
+        unseen_offending = len(offending_unseen)
     seen = sorted(counts)
-    dev, k = max((deviation(k), k) for k in [*seen, *tops])
+    dev, k = max((deviation(k), k) for k in [*seen, *unseen])
     offending_seen = [k for k in seen if deviation(k) > rule.tolerance]
     listed = itertools.islice(heapq.merge(offending_seen, offending_unseen), m.plan.limit)
     offenders = [Offender(f"class {c}: {counts.get(c, 0) / n:.4f} of labels, target {share(c):.4f} (deviation "
                           f"{deviation(c):.4f})") for c in listed]
     measured = f"max deviation {dev:.4f} (class {k}: {counts.get(k, 0) / n:.4f}, target {share(k):.4f})"
     return verdict(rule, dev <= rule.tolerance, measured, bound, round(dev, 6) if math.isfinite(dev) else None,
-                   len(offending_seen) + unseen_off, offenders)
+                   len(offending_seen) + unseen_offending, offenders)
 
 
 def _target_shares(rule: ClassProportions, counts: Mapping[int, int]) -> tuple[Callable[[int], float], Sequence[int]]:
