@@ -16,7 +16,7 @@ import posixpath
 import secrets
 import shutil
 import socket
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, BinaryIO
 
@@ -291,14 +291,25 @@ def write_errors(what: str) -> Iterator[None]:
 def make_unique_dir(parent: str, prefix: str) -> str:
     """A new directory `parent/prefix<random>` with the permissions the umask gives, as any directory the
     user makes (tempfile.mkdtemp's are 0700: fine for scratch, wrong for an output renamed into place)."""
+    return _make_unique(parent, prefix, os.mkdir)
+
+
+def make_unique_file(parent: str, prefix: str) -> str:
+    """A new empty file `parent/prefix<random>` with the permissions the umask gives (tempfile.mkstemp's are 0600),
+    for a file renamed into place when written."""
+    return _make_unique(parent, prefix, lambda path: os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                                                                       0o666)))
+
+
+def _make_unique(parent: str, prefix: str, make: Callable[[str], None]) -> str:
     for _ in range(100):
         path = os.path.join(parent, prefix + secrets.token_hex(4))
         try:
-            os.mkdir(path)
+            make(path)
             return path
         except FileExistsError:
             continue
-    raise FileExistsError(errno.EEXIST, "no unused temporary directory name", parent)
+    raise FileExistsError(errno.EEXIST, "no unused temporary name", parent)
 
 
 def remove_tree(path: str) -> None:

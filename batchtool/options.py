@@ -332,10 +332,10 @@ class TableError(UsageError):
         self.key, self.unknown, self.missing, self.allowed = key, unknown, missing, tuple(allowed)
 
 
-def suggest(key: str, allowed: Sequence[str]) -> str:
-    """The allowed key closest to a mistyped one, or all of them."""
+def suggest(key: str, allowed: Sequence[str], what: str = "keys") -> str:
+    """The allowed key (or column: `what` they are) closest to a mistyped one, or all of them."""
     close = difflib.get_close_matches(key, list(allowed), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else f" (keys: {', '.join(allowed)})"
+    return f" (did you mean {close[0]!r}?)" if close else f" ({what}: {', '.join(allowed)})"
 
 
 def read_table(options: type[O], table: Mapping[str, Any], *, name: Callable[[str], str] = key,

@@ -384,7 +384,7 @@ def output_directory(dst: str, overwrite: bool, reads: Sequence[str] = ()) -> It
             fs.remove_tree(tmp)
         return
     dst = os.path.abspath(dst)
-    created = _make_parents(dst)
+    created = make_parents(dst, f"{dst}: cannot create the output directory")
     tmp = None
     try:
         with fs.write_errors(f"{dst}: cannot create the output directory"):
@@ -396,34 +396,35 @@ def output_directory(dst: str, overwrite: bool, reads: Sequence[str] = ()) -> It
     except BaseException:
         if tmp is not None:
             fs.remove_tree(tmp)
-        for directory in created:
-            _remove_if_empty(directory)
+        remove_if_empty(created)
         raise
 
 
-def _make_parents(dst: str) -> list[str]:
-    """Create DST's missing parent directories; return them, deepest first, for a failed run to remove."""
+def make_parents(path: str, failed: str) -> list[str]:
+    """Create the missing parent directories of `path` (absolute): DST, a report file; return them, deepest first,
+    for a failed run to remove (remove_if_empty). What stands in the way is a DestinationError '<failed>: why'."""
     missing = []
-    parent = os.path.dirname(dst)
+    parent = os.path.dirname(path)
     while not os.path.isdir(parent):
         if os.path.lexists(parent):
-            raise DestinationError(f"{dst}: cannot create the output directory: {parent} is not a directory")
+            raise DestinationError(f"{failed}: {parent} is not a directory")
         missing.append(parent)
         parent = os.path.dirname(parent)
     try:
-        with fs.write_errors(f"{dst}: cannot create the output directory"):
+        with fs.write_errors(failed):
             for directory in reversed(missing):
                 os.mkdir(directory)
     except BaseException:
-        for directory in missing:
-            _remove_if_empty(directory)
+        remove_if_empty(missing)
         raise
     return missing
 
 
-def _remove_if_empty(directory: str) -> None:
-    with suppress(OSError):
-        os.rmdir(directory)
+def remove_if_empty(directories: Sequence[str]) -> None:
+    """Remove directories a failed run made (make_parents), deepest first, unless something else now lies in them."""
+    for directory in directories:
+        with suppress(OSError):
+            os.rmdir(directory)
 
 
 def _replace(tmp: str, dst: str) -> None:

@@ -123,6 +123,39 @@ def test_class_proportions_absolute_and_relative(tmp_path):
     assert unseen.status == FAIL and unseen.value == pytest.approx(0.2)
 
 
+@pytest.mark.parametrize("target, same", [
+    ('"uniform"', ('"1/4,1/4,1/4,1/4"', "[0.25, 0.25, 0.25, 0.25]")),
+    ('"0=1/3,1=1/3,3=1/3"', ('"1/3,1/3,0,1/3"',
+                               "{0 = 0.3333333333333333, 1 = 0.3333333333333333, 3 = 0.3333333333333334}")),
+])
+def test_class_proportions_read_targets_as_stratify_does(tmp_path, target, same):
+    """'uniform', fractions and CLASS=PROB pairs, in a rules file, through stratify's parser: class 2 has no labels
+    (uniform: its target is 1/4 all the same); the pairs' other classes get 0."""
+    src = src_of(tmp_path, {"label": [0] * 40 + [1] * 30 + [3] * 30})
+    results = [load_rules(rules_file(tmp_path, f'[[rules]]\nkind = "class_proportions"\ntarget = {t}\n'
+                                              'tolerance = 0.06\n')).rules[0] for t in (target, *same)]
+    judged = [one(src, rule) for rule in results]
+    shares = {"uniform": (0.25, 0.25, 0.25, 0.25)}.get(target.strip('"'), (1 / 3, 1 / 3, 0, 1 / 3))
+    worst = max((abs(p - t), k) for k, (p, t) in enumerate(zip((0.4, 0.3, 0, 0.3), shares)))
+    first = judged[0]
+    assert first.status == FAIL and first.value == round(worst[0], 6)
+    assert first.measured.startswith(f"max deviation {worst[0]:.4f} (class {worst[1]}: ")
+    assert first.offending == sum(abs(p - t) > 0.06 for p, t in zip((0.4, 0.3, 0, 0.3), shares)) > 0
+    assert all(j.measured == first.measured and j.offending == first.offending for j in judged[1:])
+
+
+def test_a_uniform_target_spans_the_classes_up_to_the_largest_label_without_holding_them(tmp_path):
+    src = src_of(tmp_path, {"label": [0, 0, 10 ** 15, 10 ** 15]})
+    loose = one(src, ClassProportions("p", "uniform", tolerance=0.6))
+    assert loose.status == PASS and loose.offending == 0
+    exact = one(src, ClassProportions("p", "uniform", tolerance=0.0), max_offenders=3)
+    assert exact.status == FAIL and exact.offending == 10 ** 15 + 1
+    assert [o.detail.split(":")[0] for o in exact.offenders] == ["class 0", "class 1", "class 2"]
+    assert exact.measured.startswith(f"max deviation 0.5000 (class {10 ** 15}: 0.5000, target 0.0000")
+    narrowed = one(src, ClassProportions("p", "uniform", tolerance=0.2, num_classes=4))  # 10**15 is no class
+    assert narrowed.status == FAIL and narrowed.offending == 5 and narrowed.value == pytest.approx(0.5)
+
+
 def test_min_class_rows_with_and_without_num_classes(tmp_path):
     src = src_of(tmp_path, {"label": [0] * 30 + [1] * 12})
     assert one(src, MinClassRows("m", 10)).value == 12
@@ -364,7 +397,7 @@ def test_usage_errors(tmp_path):
      "rule 'l': column 'label' is double, expected a list column or an integer length column"),
     ((NoNan("n", ("key",)),), None, "rule 'n': column 'key' is string, expected a float or list-of-float column"),
     ((SameLength("s", ("key", "label")),), None, "rule 's': column 'key' is string, expected a list (sequence) column"),
-    ((NoNulls("n", ("key",)),), "id", "--key: no column 'id' (available: key, label)"),
+    ((NoNulls("n", ("key",)),), "id", "--key: no column 'id' (columns: key, label)"),
 ])
 def test_a_column_of_the_wrong_type_is_named_with_what_the_rule_expects(tmp_path, rules, key, message):
     src = src_of(tmp_path, {"key": ["a", "b"], "label": [0.5, 1.0]})
@@ -554,7 +587,7 @@ def test_sample_rules_pass_on_sample_data():
 def test_every_rule_key_is_declared_in_its_option_schema():
     for cls in (*KINDS.values(), RuleSet):
         declared = [f.name for f, _ in fields(cls)]
-        assert declared == [f.name for f in dataclasses.fields(cls) if f.name != "rules"], cls
+        assert declared == [f.name for f in dataclasses.fields(cls) if f.name not in ("rules", "origin")], cls
 
 
 def test_rules_and_pipelines_share_one_table_reader():

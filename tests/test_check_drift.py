@@ -188,7 +188,7 @@ def test_no_label_column_skips_the_proportions(tmp_path, run_cli):
     (("--baseline", "BASE", "--tolerance", "rows=abc"), "--tolerance rows=abc: not a number or KEY=NUMBER"),
     (("--baseline", "BASE", "--tolerance", "rows=-1"), "a tolerance must be a number >= 0"),
     (("--baseline", "/nonexistent/base"), "/nonexistent/base: no such file or directory"),
-    (("--baseline", "BASE", "--label", "key"), "rule 'drift_proportions': column 'key' of the baseline "),
+    (("--baseline", "BASE", "--label", "key"), "rule 'drift_proportions' (--label key): column 'key' of the baseline "),
 ])
 def test_drift_usage_errors_exit_2_with_one_line(base, drifted, run_cli, args, message):
     result = run_cli("check", drifted, *[base if a == "BASE" else a for a in args])
@@ -199,12 +199,14 @@ def test_drift_usage_errors_exit_2_with_one_line(base, drifted, run_cli, args, m
 
 
 @pytest.mark.parametrize("args, message", [
-    (("--label", "key"), "rule 'drift_proportions': column 'key' of the baseline BASE is string, expected an integer "
-                         "label column"),
-    (("--length", "key"), "rule 'drift_lengths': column 'key' of the baseline BASE is string, expected a list column "
-                          "or an integer length column"),
-    (("--length", "nope"), "rule 'drift_lengths': the baseline BASE has no column 'nope' (available: key, label, "
-                           "weight, tokens)"),
+    (("--label", "key"), "rule 'drift_proportions' (--label key): column 'key' of the baseline BASE is string, "
+                         "expected an integer label column"),
+    (("--length", "key"), "rule 'drift_lengths' (--length key): column 'key' of the baseline BASE is string, expected "
+                          "a list column or an integer length column"),
+    (("--length", "nope"), "rule 'drift_lengths' (--length nope): the baseline BASE has no column 'nope' (columns: "
+                           "key, label, weight, tokens)"),
+    (("--length", "tokns"), "rule 'drift_lengths' (--length tokns): the baseline BASE has no column 'tokns' (did you "
+                            "mean 'tokens'?)"),
 ])
 def test_a_baseline_column_is_checked_like_a_column_of_src(base, drifted, run_cli, args, message):
     result = run_cli("check", drifted, "--baseline", base, *args)
@@ -216,7 +218,8 @@ def test_drift_rules_in_a_file_need_a_baseline(tmp_path, drifted, run_cli):
     rules.write_text('[[rules]]\nkind = "drift_rows"\n')
     result = run_cli("check", drifted, "--rules", rules)
     assert result.exit_code == 2
-    assert "rule 'drift_rows' compares SRC with a baseline: pass --baseline OTHER" in result.stderr
+    assert f"error: {rules}: rule 'drift_rows' (drift_rows): compares SRC with a baseline: pass --baseline OTHER" \
+        in result.stderr
     rules.write_text('baseline = "x"\n[[rules]]\nkind = "row_count"\nmin = 1\n')
     result = run_cli("check", drifted, "--rules", rules)
     assert result.exit_code == 2 and "top-level key 'baseline' is set but no rule compares with it" in result.stderr

@@ -118,16 +118,59 @@ def test_tfrecord_crc(tmp_path, run_cli):
     assert crc["status"] == "FAIL" and crc["value"] == 1 and "record 0" in crc["offenders"][0]["detail"]
 
 
+def test_reports_make_their_directories_and_a_data_failure_still_exits_1(tmp_path, run_cli, monkeypatch):
+    """A CI job's `--junit reports/ci.xml` before anything made reports/: the check runs, its reports are written
+    and its exit status is the data's, nothing else is left beside them."""
+    monkeypatch.chdir(tmp_path)
+    result = run_cli("check", PARQUET, "--num-classes", "3", "--junit", "reports/ci.xml", "--json", "out/a/b.json")
+    assert result.exit_code == 1 and "FAIL" in result.stdout
+    assert ET.parse("reports/ci.xml").getroot().get("failures") == "1"
+    assert json.loads(open("out/a/b.json").read())["exit_code"] == 1
+    assert os.listdir("reports") == ["ci.xml"] and os.listdir("out/a") == ["b.json"]
+
+
+@pytest.mark.parametrize("report, message", [
+    ("afile/ci.xml", "--junit afile/ci.xml: cannot create its directory: {tmp}/afile is not a directory"),
+    ("adir", "--junit adir: is a directory; name a file"),
+    ("new/", "--junit new/: is a directory; name a file"),
+    ("/proc/ci.xml", "--junit /proc/ci.xml: cannot write: No such file or directory"),  # the OS refuses, even root
+])
+def test_a_report_that_cannot_be_written_stops_the_check_before_it_runs(tmp_path, run_cli, monkeypatch, report,
+                                                                       message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("in the way")
+    (tmp_path / "adir").mkdir()
+    result = run_cli("check", PARQUET, "--num-classes", "3", "--junit", report, "--json", "new/r.json")
+    assert result.exit_code == 2 and result.stdout == ""  # no table: the check did not run
+    assert result.stderr == f"error: {message.format(tmp=tmp_path)}\n"
+    assert sorted(os.listdir(tmp_path)) == ["adir", "afile"] and os.listdir("adir") == []
+
+
+def test_a_check_that_stops_leaves_reports_as_they_were(tmp_path, run_cli):
+    """A usage error found while checking (a rule's column is missing) removes what the reports had made."""
+    old = tmp_path / "old.xml"
+    old.write_text("<testsuites/>")
+    result = run_cli("check", PARQUET, "--unique", "nope", "--junit", old, "--json", tmp_path / "new" / "r.json")
+    assert result.exit_code == 2 and "no column 'nope'" in result.stderr
+    assert sorted(os.listdir(tmp_path)) == ["old.xml"] and old.read_text() == "<testsuites/>"
+
+
 @pytest.mark.parametrize("args, message", [
     (("check", "/nonexistent/data"), "no rules to check"),
     (("check", "/nonexistent/data", "--num-classes", "4"), "/nonexistent/data: no such file or directory"),
     (("check", PARQUET, "--num-classes", "0"), "--num-classes 0: must be at least 1"),
-    (("check", PARQUET, "--target", "0.5,0.6"), "--target 0.5,0.6: proportions must sum to 1"),
+    (("check", PARQUET, "--target", "0.5,0.6"), "--target 0.5,0.6: probabilities sum to 1.1, expected 1"),
+    (("check", PARQUET, "--target", "0.3333,0.3333,0.3333"), "--target 0.3333,0.3333,0.3333: probabilities sum to "
+     "0.9999, expected 1 (tolerance 1e-06); fractions such as 1/3 are exact"),
+    (("check", PARQUET, "--target", "1/3,1/0"), "--target 1/3,1/0: expected comma-separated probabilities"),
+    (("check", PARQUET, "--target", "1/2,1/2", "--num-classes", "4"),
+     "--num-classes 4: must be the number of target proportions (2), got 4"),
     (("check", PARQUET, "--no-nulls", "nope"), "no column 'nope'"),
     (("check", PARQUET, "--crc"), "CRCs exist only in TFRecord"),
     (("check", PARQUET, "--checksums"), "not a batchtool output directory"),
-    (("check", PARQUET, "--rules", "/nonexistent/rules.toml"), "cannot read the rules file"),
-    (("check", PARQUET, "--min-rows", "1", "--json", "/nonexistent/dir/out.json"), "--json /nonexistent/dir"),
+    (("check", PARQUET, "--rules", "/nonexistent/rules.toml"), "/nonexistent/rules.toml: no such rules file"),
+    (("check", PARQUET, "--min-rows", "1", "--json", "/proc/nonexistent/out.json"),
+     "--json /proc/nonexistent/out.json: cannot create its directory: No such file or directory"),
     (("check", PARQUET, "--unique", "label", "--max-offenders", "1000000000"),
      "--max-offenders 1000000000: listing up to 1,000,000,000 offending rows for each of 1 rule takes about 476.8 GB "
      "at once, more than --memory 1.0 GB allows (128.0 MB); give a smaller --max-offenders or a larger --memory"),
@@ -145,6 +188,53 @@ def test_bad_rules_file_exits_2_naming_the_file_rule_and_key(tmp_path, run_cli):
     result = run_cli("check", PARQUET, "--rules", rules)
     assert result.exit_code == 2
     assert f"{rules}: rule 'lengths' (length), key 'max': must be an integer, got string 'long'" in result.stderr
+
+
+@pytest.mark.parametrize("rule, problem", [
+    ('name = "labels"\nkind = "label_range"\ncolumn = "lable"\nnum_classes = 4',
+     "rule 'labels' (label_range): {src} has no column 'lable' (did you mean 'label'?)"),
+    ('kind = "unique"\ncolumns = ["key", "zzz"]',
+     "rule 'unique' (unique): {src} has no column 'zzz' (columns: key, label, weight, tokens, frames)"),
+    ('kind = "no_nan"\ncolumns = ["tokens"]',
+     "rule 'no_nan' (no_nan): column 'tokens' is list<element: int64>, expected a float or list-of-float column"),
+    ('kind = "crc"', "rule 'crc' (crc): {src} is parquet; CRCs exist only in TFRecord files"),
+])
+def test_a_rule_that_cannot_run_is_named_with_its_rules_file(tmp_path, run_cli, rule, problem):
+    """Among other rules, the one whose column is misspelt or of the wrong type is named, with its file."""
+    rules = tmp_path / "rules.toml"
+    rules.write_text(f'[[rules]]\nkind = "row_count"\nmin = 1\n\n[[rules]]\n{rule}\n')
+    result = run_cli("check", PARQUET, "--rules", rules)
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {rules}: {problem.format(src=PARQUET)}\n"
+
+
+@pytest.mark.parametrize("args, problem", [
+    (("--num-classes", "4", "--label", "lable"),
+     "rule 'label_range' (--label lable, --num-classes 4): {src} has no column 'lable' (did you mean 'label'?)"),
+    (("--unique", "key,kye"), "rule 'unique:key,kye' (--unique key,kye): {src} has no column 'kye' (did you mean "
+                              "'key'?)"),
+    (("--length", "tokns", "--max-length", "5"),
+     "rule 'length' (--length tokns, --max-length 5): {src} has no column 'tokns' (did you mean 'tokens'?)"),
+])
+def test_a_rule_flag_that_cannot_run_is_named_with_its_flags(run_cli, args, problem):
+    result = run_cli("check", PARQUET, *args)
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {problem.format(src=PARQUET)}\n"
+
+
+def test_check_and_stratify_read_target_alike(tmp_path, run_cli):
+    """One parser and one tolerance: 'uniform' is the fractions it stands for, and what stratify refuses check
+    refuses in the same words."""
+    tables = [run_cli("check", PARQUET, "--target", t, "--json", "-") for t in ("uniform", "1/4,1/4,1/4,1/4")]
+    assert [r.exit_code for r in tables] == [1, 1]
+    assert [json.loads(r.stdout)["rules"][0]["measured"] for r in tables] == [
+        "max deviation 0.6505 (class 0: 0.9005, target 0.2500)"] * 2
+    for target in ("0.3333,0.3333,0.3333", "1/3,1/3,1/0"):
+        errors = [run_cli(*command, "--target", target).stderr for command in (
+            ("check", PARQUET), ("stratify", PARQUET, tmp_path / "dst", "--label", "label"))]
+        problems = [e.partition(f"{target}': " if "'" in e else f"{target}: ")[2] for e in errors]
+        assert problems[0] == problems[1] and errors[0].startswith(f"error: --target {target}: ") and problems[0]
+    assert run_cli("stratify", PARQUET, tmp_path / "dst", "--target", "1/4,1/4,1/4,1/4", "-q").exit_code == 0
 
 
 def test_padding_efficiency_on_output_without_it_exits_2(tmp_path, run_cli):

@@ -227,7 +227,7 @@ def test_an_unwritable_tmp_dir_is_named_by_its_key(tmp_path, run_cli, parquet_sr
 
 
 FILE_ERRORS = {
-    "not TOML": ("[input\npath = 'x'", "not a readable TOML file"),
+    "not TOML": ("[input\npath = 'x'", "not valid TOML"),
     "top-level key": ('sed = 1\n[input]\npath = "x"\n[output]\npath = "o"', "unknown key 'sed' (did you mean 'seed'?)"),
     "top-level type": ('threads = "2"\n[input]\npath = "x"\n[output]\npath = "o"',
                        "key 'threads': expected an integer, got string '2'"),

@@ -42,7 +42,7 @@ def _batches(rule: Rule, dataset: Dataset, columns: list[str], threads: int) -> 
     A rule asked of data whose batches cannot be told apart is a usage error (exit 2), never a failure.
     """
     if not dataset.spec.self_indexing and dataset.manifest is None:
-        raise UsageError(f"rule {rule.name!r}: {dataset.src} is {dataset.spec.label} without a batchtool manifest, "
+        raise UsageError(f"{rule.label}: {dataset.src} is {dataset.spec.label} without a batchtool manifest, "
                          f"so its {dataset.spec.unit}s mark no batches")
     return load(dataset.src, columns=columns, shuffle=False, threads=threads).record_batches()
 
@@ -51,11 +51,11 @@ def _recorded(rule: Rule, dataset: Dataset, key: str, writer: str) -> Recorded:
     """SRC's manifest stats, which must record `key`; a usage error naming what writes it when SRC is other output."""
     manifest = dataset.manifest
     if manifest is None:
-        raise UsageError(f"rule {rule.name!r}: {dataset.src} has no batchtool manifest to read {key} from "
+        raise UsageError(f"{rule.label}: {dataset.src} has no batchtool manifest to read {key} from "
                          f"(check the output directory of {writer})")
     recorded = Recorded.of(manifest, manifest_path(dataset.src))
     if not recorded.has(key):
-        raise UsageError(f"rule {rule.name!r}: {dataset.src}'s manifest records no stats.{key} (written by "
+        raise UsageError(f"{rule.label}: {dataset.src}'s manifest records no stats.{key} (written by "
                          f"{manifest.get('command')!r}; {writer} output records it)")
     return recorded
 
@@ -108,9 +108,9 @@ def judge_batch_quotas(rule: BatchQuotas, dataset: Dataset, limit: int, threads:
     missing = [k for k, v in (("final_batch_quotas", partial), ("target", target), ("batch_size", size),
                               ("label", label)) if v is None]
     if missing:
-        raise InputError(f"rule {rule.name!r}: {stats.path} lacks the balanced-batch layout (no stats.{missing[0]})")
+        raise InputError(f"{rule.label}: {stats.path} lacks the balanced-batch layout (no stats.{missing[0]})")
     if partial and len(partial) != len(target) or not size or expected < bool(sum(partial)):
-        raise InputError(f"rule {rule.name!r}: {stats.path}: the balanced-batch layout does not add up "
+        raise InputError(f"{rule.label}: {stats.path}: the balanced-batch layout does not add up "
                          f"({len(target)} classes, final batch quotas {partial}, batch size {size}, "
                          f"{expected} batches)")
     layout = QuotaLayout(tuple(target), size, expected - bool(sum(partial)), tuple(partial))

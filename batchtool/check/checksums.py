@@ -22,7 +22,7 @@ def judge_checksums(rule: Checksums, src: str, limit: int, executor: Executor) -
     """Size and sha256 of every file the manifest lists, plus data files it does not list."""
     manifest = read_manifest(src) if fs.is_dir(src) else None
     if manifest is None:
-        raise InputError(f"rule {rule.name!r}: {src} is not a batchtool output directory (no {MANIFEST_NAME} "
+        raise InputError(f"{rule.label}: {src} is not a batchtool output directory (no {MANIFEST_NAME} "
                          "listing the files and their checksums)")
     files = output_files(src, manifest)
     problems = [p for p in executor.map(file_problem, files) if p is not None]

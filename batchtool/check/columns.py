@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from batchtool.errors import SchemaError
+from batchtool.options import suggest
 from batchtool.padding import element_type
 from batchtool.stats import is_sequence_type
 
@@ -34,7 +35,7 @@ def need(who: str, schema: pa.Schema, column: str, expected: ColumnType | None =
     it is not SRC's) has `column`, of the `expected` type when given."""
     if column not in schema.names:
         has = f"{source} has no column" if source else "no column"
-        raise SchemaError(f"{who}: {has} {column!r} (available: {', '.join(schema.names)})")
+        raise SchemaError(f"{who}: {has} {column!r}{suggest(column, schema.names, 'columns')}")
     if expected is not None and not expected.ok(schema.field(column).type):
         of = f" of {source}" if source else ""
         raise SchemaError(f"{who}: column {column!r}{of} is {schema.field(column).type}, expected {expected.what}")

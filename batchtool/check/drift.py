@@ -162,7 +162,7 @@ def _in_baseline(rule: Rule, columns: Sequence[str], baseline: Baseline) -> None
     """The baseline has the columns, of the type the rule needs of them in SRC too."""
     expected = LABEL if isinstance(rule, DriftProportions) else LENGTH if isinstance(rule, DriftLengths) else None
     for c in columns:
-        need(f"rule {rule.name!r}", baseline.schema, c, expected, f"the baseline {baseline.src}")
+        need(rule.label, baseline.schema, c, expected, f"the baseline {baseline.src}")
 
 
 # -------------------------------------------------------------------------------------------- judging

@@ -86,7 +86,7 @@ def _judge_files(src: str, rules: RuleSet, manifest: dict | None, limit: int,
     """The checksums and manifest rules: a batchtool output's files against its manifest, before any data is read."""
     verifying = [r for r in rules.rules if isinstance(r, VERIFY_RULES)]
     if verifying and manifest is None:
-        raise InputError(f"rule {verifying[0].name!r}: {src} is not a batchtool output directory (no manifest "
+        raise InputError(f"{verifying[0].label}: {src} is not a batchtool output directory (no manifest "
                          "listing its files)")
     results: dict[str, RuleResult] = {r.name: judge_checksums(r, src, limit, executor)
                                       for r in rules.rules if isinstance(r, Checksums)}

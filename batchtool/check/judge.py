@@ -3,10 +3,11 @@ the manifest's padding stats, the batches) for the rules that need no pass."""
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import singledispatch
 
 import pyarrow as pa
@@ -38,7 +39,7 @@ def judge_metadata(rules: Sequence[Rule], dataset: Dataset, limit: int, threads:
             yield judge_batches(rule, dataset, limit, threads)
         elif isinstance(rule, Crc) and not dataset.spec.record_checksums:
             having = " or ".join(f.label for f in registry.FORMATS.values() if f.record_checksums)
-            raise UsageError(f"rule {rule.name!r}: {dataset.src} is {dataset.format}; "
+            raise UsageError(f"{rule.label}: {dataset.src} is {dataset.format}; "
                              f"CRCs exist only in {having} files")
 
 
@@ -93,12 +94,12 @@ def judge_padding(rule: PaddingEfficiency, dataset: Dataset) -> RuleResult:
     """A padding (or, for PackingEfficiency, packing) efficiency from SRC's manifest, against `min`."""
     manifest = dataset.manifest
     if manifest is None:
-        raise InputError(f"rule {rule.name!r}: {dataset.src} has no batchtool manifest ({MANIFEST_NAME}) to read "
+        raise InputError(f"{rule.label}: {dataset.src} has no batchtool manifest ({MANIFEST_NAME}) to read "
                          f"the {rule.stat.replace('_', ' ')} from (check the output directory of "
                          f"{rule.written_by.replace(' and ', ' or ')})")
     value = Recorded.of(manifest, manifest_path(dataset.src)).share(rule.stat)
     if value is None:
-        raise InputError(f"rule {rule.name!r}: {manifest_path(dataset.src)} records no "
+        raise InputError(f"{rule.label}: {manifest_path(dataset.src)} records no "
                          f"stats.{rule.stat} (written by {manifest.get('command')!r}; {rule.written_by} "
                          "output records it)")
     return verdict(rule, value >= rule.min, f"{value:.4f}", f">= {rule.min:g}", value)
@@ -139,27 +140,50 @@ def _(rule: LabelRange, m: Measures) -> RuleResult:
 
 @judge.register
 def _(rule: ClassProportions, m: Measures) -> RuleResult:
+    """In time and memory of the classes seen, the target's list or pairs and the offenders listed, however many
+    classes 'uniform' spans (num_classes, or the largest label seen)."""
     counts = m.label_stats(rule.column).label_counts
     n = sum(counts.values())
     bound = f"|p - target| <= {rule.tolerance:g}" + (" x target" if rule.relative else "")
     if not n:
         return verdict(rule, False, "no labels", bound, None)
-    classes = sorted(set(range(len(rule.target))) | set(counts))
-    worst: tuple[float, int] = (0.0, classes[0])
-    offenders = []
-    for k in classes:
-        p = counts.get(k, 0) / n
-        t = rule.target[k] if 0 <= k < len(rule.target) else 0.0
-        dev = _deviation(p, t, rule.relative)
-        worst = max(worst, (dev, k))
-        if dev > rule.tolerance:
-            offenders.append(Offender(f"class {k}: {p:.4f} of labels, target {t:.4f} (deviation {dev:.4f})"))
-    dev, k = worst
-    p = counts.get(k, 0) / n
-    t = rule.target[k] if 0 <= k < len(rule.target) else 0.0
-    measured = f"max deviation {dev:.4f} (class {k}: {p:.4f}, target {t:.4f})"
+    share, targeted = _target_shares(rule, counts)
+
+    def deviation(k: int) -> float:
+        return _deviation(counts.get(k, 0) / n, share(k), rule.relative)
+
+    # A class of the target without labels deviates by its whole share.
+    if isinstance(targeted, range):  # 'uniform': they all deviate alike; the last one stands for them
+        last = next((k for k in reversed(targeted) if k not in counts), None)
+        unseen = [] if last is None else [last]
+        offend = last is not None and deviation(last) > rule.tolerance
+        offending_unseen: Iterable[int] = (k for k in targeted if k not in counts) if offend else ()
+        unseen_offending = len(targeted) - sum(1 for k in counts if k in targeted) if offend else 0
+    else:
+        unseen = [k for k in targeted if k not in counts]
+        offending_unseen = [k for k in unseen if deviation(k) > rule.tolerance]
+        unseen_offending = len(offending_unseen)
+    seen = sorted(counts)
+    dev, k = max((deviation(k), k) for k in [*seen, *unseen])
+    offending_seen = [k for k in seen if deviation(k) > rule.tolerance]
+    listed = itertools.islice(heapq.merge(offending_seen, offending_unseen), m.plan.limit)
+    offenders = [Offender(f"class {c}: {counts.get(c, 0) / n:.4f} of labels, target {share(c):.4f} (deviation "
+                          f"{deviation(c):.4f})") for c in listed]
+    measured = f"max deviation {dev:.4f} (class {k}: {counts.get(k, 0) / n:.4f}, target {share(k):.4f})"
     return verdict(rule, dev <= rule.tolerance, measured, bound, round(dev, 6) if math.isfinite(dev) else None,
-                   len(offenders), offenders)
+                   len(offending_seen) + unseen_offending, offenders)
+
+
+def _target_shares(rule: ClassProportions, counts: Mapping[int, int]) -> tuple[Callable[[int], float], Sequence[int]]:
+    """Each class's target share (0 outside the target's classes), and the classes given a share, in order: a
+    list's or the pairs' own, or for 'uniform' the range [0, num_classes or the largest label seen + 1)."""
+    target = rule.target
+    if isinstance(target, tuple):
+        return (lambda k: target[k] if 0 <= k < len(target) else 0.0), [k for k, t in enumerate(target) if t > 0]
+    if isinstance(target, dict):
+        return (lambda k: target.get(k, 0.0)), sorted(k for k, t in target.items() if t > 0)
+    classes = rule.num_classes or max((k + 1 for k in counts if k >= 0), default=0)
+    return (lambda k: 1 / classes if 0 <= k < classes else 0.0), range(classes)
 
 
 def _deviation(p: float, t: float, relative: bool) -> float:

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping
 import pyarrow as pa
 
 from batchtool import budget
+from batchtool.check.columns import need
 from batchtool.check.drift import Baseline, resolve_drift
 from batchtool.check.report import ERROR, FAIL, RuleResult
 from batchtool.check.rules import (MANIFEST_RULES, Crc, DriftRows, Length, NoDuplicateRows, RowCount, Rule, RuleSet,
@@ -39,7 +40,7 @@ def rules_to_check(rules: RuleSet, manifest: dict | None) -> RuleSet:
                              "(a batchtool output directory is checked against its manifest)")
         rules = dataclasses.replace(rules, rules=tuple(cls(cls.kind) for cls in MANIFEST_RULES))
     if rules.drift and rules.baseline is None:
-        raise UsageError(f"rule {rules.drift[0].name!r} compares SRC with a baseline: pass --baseline OTHER or set "
+        raise UsageError(f"{rules.drift[0].label}: compares SRC with a baseline: pass --baseline OTHER or set "
                          "baseline in the rules file")
     return rules
 
@@ -79,7 +80,8 @@ def data_rules(rules: RuleSet, dataset: Dataset, baseline: Baseline | None,
         if missing and schema_failed:
             yield not_evaluated(rule, f"not evaluated: no column {missing[0]!r} (see rule {schema_failed[0]!r})")
         else:
-            dataset.check_columns(missing)
+            for column in missing:
+                need(rule.label, dataset.schema, column, source=dataset.src)
             yield rule
 
 
@@ -88,7 +90,7 @@ def resolve(rule: Rule, schema: pa.Schema) -> Rule:
     if isinstance(rule, Length) and rule.column is None:
         column = default_length(schema)
         if column is None:
-            raise SchemaError(f"rule {rule.name!r}: no list column whose length to check; set its column")
+            raise SchemaError(f"{rule.label}: no list column whose length to check; set its column")
         return dataclasses.replace(rule, column=column)
     if isinstance(rule, NoDuplicateRows) and rule.columns is None:
         return dataclasses.replace(rule, columns=tuple(schema.names))

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import click
 
+from batchtool import fs
+from batchtool.errors import DestinationError
 from batchtool.formats import registry
-from batchtool.errors import UsageError
 from batchtool.formats.base import Format
+from batchtool.output import make_parents, remove_if_empty
 
 PASS, FAIL, ERROR, SKIP = "PASS", "FAIL", "ERROR", "SKIP"
 STATUS_COLORS = {PASS: "green", FAIL: "red", ERROR: "red", SKIP: "yellow"}
@@ -186,10 +191,43 @@ def junit_xml(result: CheckResult) -> str:
     return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
 
 
-def write(path: str, text: str, flag: str) -> None:
-    """Write a report file; a path that cannot be written is a usage error naming the flag."""
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-    except OSError as exc:
-        raise UsageError(f"{flag} {path}: cannot write ({exc.strerror or exc})") from exc
+class ReportFile:
+    """A report file (`flag` names it: --json, --junit) made ready before the check runs, so that a path that cannot
+    be written stops the command before any work rather than after it: its missing directories are made, as a user
+    expects of a report path, and an empty file beside it proves it can be written. `write` renames that file into
+    place; leaving the block without writing (the check stopped) removes it and the directories made, and leaves an
+    existing report as it was."""
+
+    def __init__(self, path: str, flag: str) -> None:
+        self.path, self.flag = path, flag
+        self.tmp: str | None = None
+        self.made: list[str] = []
+
+    def __enter__(self) -> ReportFile:
+        where = f"{self.flag} {self.path}"
+        if os.path.isdir(self.path) or self.path.endswith(os.sep):
+            raise DestinationError(f"{where}: is a directory; name a file")
+        if os.path.lexists(self.path) and not os.access(self.path, os.W_OK):
+            raise DestinationError(f"{where}: cannot write ({os.strerror(errno.EACCES)})")
+        full = os.path.abspath(self.path)
+        self.made = make_parents(full, f"{where}: cannot create its directory")
+        try:
+            with fs.write_errors(f"{where}: cannot write"):
+                self.tmp = fs.make_unique_file(os.path.dirname(full), f".{os.path.basename(full)}.tmp-")
+        except BaseException:
+            remove_if_empty(self.made)
+            raise
+        return self
+
+    def write(self, text: str) -> None:
+        with fs.write_errors(f"{self.flag} {self.path}: cannot write"):
+            with open(self.tmp, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(self.tmp, self.path)
+        self.tmp = None
+
+    def __exit__(self, *exc: object) -> None:
+        if self.tmp is not None:
+            with suppress(OSError):
+                os.remove(self.tmp)
+            remove_if_empty(self.made)

@@ -3,7 +3,6 @@ batchtool file goes through (batchtool.options.read_table), each problem worded 
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -11,13 +10,9 @@ from typing import Any, TypeVar
 from batchtool.check.rules import (DRIFT_RULES, KINDS, MANIFEST_RULES, WORDS, BatchQuotas, BatchRows, Checksums,
                                    ClassProportions, Crc, Drift, DriftLengths, DriftProportions, LabelRange, Length,
                                    NoNan, NoNulls, PaddingEfficiency, RankBatches, RowCount, Rule, RuleSet, Unique)
-from batchtool.errors import InputError, OptionError, UsageError
+from batchtool.errors import OptionError, UsageError
 from batchtool.options import TableError, read_table
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+from batchtool.tomlfile import read_toml
 
 
 def _field(name: str) -> str:
@@ -27,13 +22,7 @@ def _field(name: str) -> str:
 
 def load_rules(path: str) -> RuleSet:
     """Read a rules file; any unknown key or wrong type is an error naming the file, the rule and the key."""
-    try:
-        with open(path, "rb") as f:
-            doc = tomllib.load(f)
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read the rules file ({exc.strerror or exc})") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path}: not valid TOML ({exc})") from exc
+    doc = read_toml(path, "rules file")
     top = _build(RuleSet, {k: v for k, v in doc.items() if k != "rules"},
                  lambda key: f"{path}: top-level key {key!r}", unknown=lambda key, allowed: (
                      f"{path}: unknown top-level key {key!r} (expected: {', '.join(['rules', *allowed])})"),
@@ -65,22 +54,24 @@ def _rule_from_table(path: str, index: int, table: dict[str, Any]) -> Rule:
     cls = KINDS[kind]
     values = {k: v for k, v in table.items() if k != "kind"}
     values.setdefault("name", kind)
-    return _build(cls, values, lambda key: f"{path}: {label} ({kind}), key {key!r}")
+    origin = f"{path}: {label} ({kind})"
+    return _build(cls, values, lambda key: f"{origin}, key {key!r}", origin=origin)
 
 
 R = TypeVar("R")
 
 
 def _build(cls: type[R], values: Mapping[str, Any], where: Callable[[str], str], *,
-           unknown: Callable[[str, Sequence[str]], str] | None = None, sep: str = ": ") -> R:
+           unknown: Callable[[str, Sequence[str]], str] | None = None, sep: str = ": ", **settings: Any) -> R:
     """A rule (or a rules file's top level) from plain values (TOML or flags), read by the reader pipeline files
     go through (batchtool.options.read_table), its errors in a rules file's words.
 
     `where(key)` says where a key came from, `sep` what comes between that and the problem, and
     `unknown(key, allowed)` words an unknown key (default: `where(key): unknown key (expected: kind, ...)`).
+    `settings` are fields no file sets (a rule's origin).
     """
     try:
-        return read_table(cls, values, name=_field)
+        return read_table(cls, values, name=_field, **settings)
     except TableError as exc:
         if exc.missing:
             raise UsageError(f"{where(exc.key)}: required") from None
@@ -92,7 +83,7 @@ def _build(cls: type[R], values: Mapping[str, Any], where: Callable[[str], str],
 
 
 def rules_from_flags(*, label: str | None = None, num_classes: int | None = None,
-                     target: Sequence[float] | None = None, tolerance: float | None = None,
+                     target: str | Sequence[float] | None = None, tolerance: float | None = None,
                      min_rows: int | None = None, max_rows: int | None = None,
                      unique: Sequence[Sequence[str]] = (), no_nulls: Sequence[str] = (), no_nan: Sequence[str] = (),
                      length: str | None = None, min_length: int | None = None, max_length: int | None = None,
@@ -119,7 +110,11 @@ def rules_from_flags(*, label: str | None = None, num_classes: int | None = None
             flag, value = flags[key]
             return flag + ("" if flag.endswith("=") else " ") + _flag_value(value)
 
-        rules.append(_build(cls, {"name": name, **values}, where))
+        given: dict[str, str] = {}  # each flag once, as given (--min-bucket-padding-efficiency sets two keys)
+        for key in values:
+            given.setdefault(flags[key][0], where(key))
+        rules.append(_build(cls, {"name": name, **values}, where,
+                            origin=f"rule {name!r} ({', '.join(given.values())})" if given else ""))
 
     label_flag = ("--label", label)
     drifting = baseline is not None and drift_rules
@@ -129,7 +124,9 @@ def rules_from_flags(*, label: str | None = None, num_classes: int | None = None
     if num_classes is not None:
         add(LabelRange, "label_range", {"column": label_flag, "num_classes": ("--num-classes", num_classes)})
     if target is not None:
-        add(ClassProportions, "class_proportions", {"column": label_flag, "target": ("--target", tuple(target)),
+        shares = target if isinstance(target, str) else ",".join(str(p) for p in target)
+        add(ClassProportions, "class_proportions", {"column": label_flag, "target": ("--target", shares),
+                                                    "num_classes": ("--num-classes", num_classes),
                                                     "tolerance": ("--tolerance", tolerance)})
     elif tolerance is not None:
         raise UsageError(f"--tolerance {tolerance}: applies to --target, which is not given "

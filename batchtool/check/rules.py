@@ -4,10 +4,11 @@ file or built from flags by batchtool.check.rule_sources)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from batchtool.errors import OptionError, UsageError
+from batchtool.ops.targets import Target, TargetSpec, check_target
 from batchtool.options import TextTable, Typed, Wording, option
 
 WORDS = Wording("must be", {str: "string", bool: "boolean", int: "integer", float: "float", list: "array",
@@ -26,11 +27,19 @@ class Rule:
     a bad value is an OptionError naming the key."""
 
     name: str = option("The rule's name in the report (default: its kind); unique.", TEXT)
+    origin: str = field(default="", kw_only=True, compare=False, repr=False)
+    """Where the rule was given, as its errors name it: `rules.toml: rule #3 'labels' (label_range)`, or the flags
+    that made it."""
     kind: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
             raise OptionError("name", "must be a non-empty string")
+
+    @property
+    def label(self) -> str:
+        """The rule as an error names it: where it was given, else by its name."""
+        return self.origin or f"rule {self.name!r}"
 
     def reads(self) -> tuple[str, ...]:
         """Data columns the streaming pass must read for this rule (none: metadata or manifest only)."""
@@ -111,22 +120,28 @@ class LabelRange(Rule):
 @dataclass(frozen=True)
 class ClassProportions(Rule):
     """Each class's share of the (non-null) labels within `tolerance` of its target: an absolute
-    difference, or with `relative` a fraction of the target."""
+    difference, or with `relative` a fraction of the target. The target is read and checked as stratify's
+    --target: a list, or a string of shares (fractions such as 1/3 are exact), 'uniform' or CLASS=PROB pairs."""
 
     kind: ClassVar[str] = "class_proportions"
-    target: tuple[float, ...] = option("Each class's share, in class order.", Typed(float, array=True, wording=WORDS))
+    target: Target = option("Each class's share: a list in class order, or a string as stratify's --target takes "
+                            "(P0,P1,... with fractions such as 1/3, 'uniform', or CLASS=PROB pairs).", TargetSpec())
     tolerance: float = option("How far a share may be from its target.", NUMBER, 0.01)
     relative: bool = option("The tolerance is a fraction of the target.", BOOLEAN, False)
     column: str = option("The label column.", TEXT, "label")
+    num_classes: int | None = option("The classes are [0, num_classes) (default: as many as a target list gives; "
+                                     "for 'uniform' or pairs, up to the largest label seen).", INTEGER, None)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _require(len(self.target) > 0, "target", "must list one proportion per class")
-        _require(all(0 <= p <= 1 for p in self.target), "target", f"proportions must be in [0, 1], got "
-                 f"{list(self.target)}")
-        _require(math.isclose(sum(self.target), 1.0, abs_tol=1e-6), "target",
-                 f"proportions must sum to 1, got {sum(self.target):.6g}")
+        check_target(self.target)
         _require(self.tolerance >= 0, "tolerance", f"must be >= 0, got {self.tolerance}")
+        n = self.num_classes
+        _require(n is None or n >= 1, "num_classes", f"must be at least 1, got {n}")
+        _require(n is None or not isinstance(self.target, tuple) or len(self.target) == n, "num_classes",
+                 f"must be the number of target proportions ({len(self.target)}), got {n}")
+        _require(n is None or not isinstance(self.target, dict) or max(self.target) < n, "target",
+                 f"names class {max(self.target) if isinstance(self.target, dict) else 0}, not below num_classes {n}")
 
     def reads(self) -> tuple[str, ...]:
         return (self.column,)

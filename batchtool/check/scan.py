@@ -65,20 +65,20 @@ def make_plan(rules: Sequence[Rule], schema: pa.Schema, key: str | None, limit: 
     labels, lengths, nulls, nans, keys = [], [], [], [], []
     for rule in rules:
         if isinstance(rule, (LabelRange, ClassProportions, MinClassRows, DriftProportions)):
-            need(f"rule {rule.name!r}", schema, rule.column, LABEL)
+            need(rule.label, schema, rule.column, LABEL)
             labels.append(rule.column)
         elif isinstance(rule, (Length, DriftLengths)):
-            need(f"rule {rule.name!r}", schema, rule.column, LENGTH)
+            need(rule.label, schema, rule.column, LENGTH)
             lengths.append(rule.column)
         elif isinstance(rule, (NoNulls, DriftNulls)):
             nulls += rule.columns
         elif isinstance(rule, NoNan):
             for c in rule.columns:
-                need(f"rule {rule.name!r}", schema, c, FLOATS)
+                need(rule.label, schema, c, FLOATS)
             nans += rule.columns
         elif isinstance(rule, SameLength):
             for c in rule.columns:
-                need(f"rule {rule.name!r}", schema, c, SEQUENCE)
+                need(rule.label, schema, c, SEQUENCE)
         elif isinstance(rule, _KEYED):
             keys.append(rule.columns)
     row_rules = tuple(r for r in rules if isinstance(r, _ROW_LEVEL))

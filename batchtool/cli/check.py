@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack
 
 import click
 
 from batchtool.check import (CheckOptions, RuleSet, check, junit_xml, load_rules, render_text, rules_from_flags,
                              to_json)
-from batchtool.check.report import write
+from batchtool.check.report import ReportFile
 from batchtool.cli.common import (SIZE, column_list, columns_option, command, input_options, make_run,
                                   run_options)
 from batchtool import fs
@@ -19,15 +20,6 @@ from batchtool.output import refuse_overlap
 def _keys(ctx: click.Context, param: click.Parameter, texts: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
     """--unique: each flag is one key, of one column or several."""
     return tuple(column_list(ctx, param, text) for text in texts)
-
-
-def _floats(ctx: click.Context, param: click.Parameter, text: str | None) -> tuple[float, ...] | None:
-    if text is None:
-        return None
-    try:
-        return tuple(float(p) for p in text.split(","))
-    except ValueError:
-        raise click.BadParameter(f"{text!r} is not a comma-separated list of numbers") from None
 
 
 def _tolerances(ctx: click.Context, param: click.Parameter,
@@ -70,8 +62,9 @@ def _refuse_writing_inputs(src: str, others: list[str | None], targets: dict[str
 @click.option("--label", metavar="COL",
               help="Label column of --num-classes, --target and --baseline (default: label).")
 @click.option("--num-classes", type=int, help="Rule: every label is in [0, N).")
-@click.option("--target", callback=_floats, metavar="P0,P1,...",
-              help="Rule: class proportions within --tolerance of these.")
+@click.option("--target", metavar="SPEC",
+              help="Rule: class proportions within --tolerance of these, as stratify's --target gives them: P0,P1,... "
+                   "(fractions such as 1/3 are exact), uniform, or CLASS=PROB pairs.")
 @click.option("--tolerance", multiple=True, callback=_tolerances, metavar="X|KEY=X",
               help="X: allowed |proportion - target| for --target (default 0.01). KEY=X: tolerance of a --baseline "
                    "rule: proportions (0.02), lengths (0.1), nulls (0.01), rows (0.1). Repeatable.")
@@ -114,7 +107,7 @@ def _refuse_writing_inputs(src: str, others: list[str | None], targets: dict[str
 @input_options
 @run_options
 def check_cmd(src: str, rules_file: str | None, label: str | None, num_classes: int | None,
-              target: tuple[float, ...] | None, tolerance: tuple[float | None, dict[str, float]],
+              target: str | None, tolerance: tuple[float | None, dict[str, float]],
               min_rows: int | None, max_rows: int | None, unique: tuple[tuple[str, ...], ...],
               no_nulls: tuple[str, ...], no_nan: tuple[str, ...], length: str | None, min_length: int | None,
               max_length: int | None, checksums: bool, verify_manifest: bool, crc: bool,
@@ -148,13 +141,17 @@ def check_cmd(src: str, rules_file: str | None, label: str | None, num_classes: 
                              drift_tolerances=drift_tolerances, drift_rules=not from_file.drift)
     options = CheckOptions(key=key, max_offenders=max_offenders,
                            format=input_format, skip_corrupt=skip_corrupt)
-    result = check(src, from_file + flags, options, run)
-    if json_file == "-":
-        click.echo(to_json(result), nl=False)
-    else:
-        click.echo(render_text(result, color=True), color=False if os.environ.get("NO_COLOR") else None)
-        if json_file:
-            write(json_file, to_json(result), "--json")
-    if junit_file:
-        write(junit_file, junit_xml(result), "--junit")
+    with ExitStack() as stack:
+        json_report, junit_report = (stack.enter_context(ReportFile(path, flag)) if path else None
+                                     for path, flag in ((None if json_file == "-" else json_file, "--json"),
+                                                        (junit_file, "--junit")))
+        result = check(src, from_file + flags, options, run)
+        if json_file == "-":
+            click.echo(to_json(result), nl=False)
+        else:
+            click.echo(render_text(result, color=True), color=False if os.environ.get("NO_COLOR") else None)
+        if json_report:
+            json_report.write(to_json(result))
+        if junit_report:
+            junit_report.write(junit_xml(result))
     click.get_current_context().exit(result.exit_code)

@@ -1,5 +1,6 @@
-"""Target class proportions, shared by the ops that balance classes (stratify, bucket --balance): parsed from
---target, checked as `tf.contrib.training.stratified_sample` checks them, made a vector per class."""
+"""Target class proportions, shared by the ops that balance classes (stratify, bucket --balance) and check's
+class_proportions rule: parsed from --target, checked as `tf.contrib.training.stratified_sample` checks them, made a
+vector per class."""
 
 from __future__ import annotations
 
@@ -21,13 +22,22 @@ Target = Union[str, tuple[float, ...], dict[int, float]]
 """Target class proportions: uniform, one per class, or CLASS=PROB pairs (others 0)."""
 
 
-def parse_probs(text: str, field: str) -> tuple[float, ...]:
-    """'0.5,0.3,0.2' -> (0.5, 0.3, 0.2)."""
+def _probability(text: str) -> float | None:
+    """'0.25', or an exact fraction '1/3' (so that thirds sum to one); None if it is neither."""
+    numerator, slash, denominator = text.partition("/")
     try:
-        return tuple(float(p) for p in text.split(",") if p.strip())
-    except ValueError:
-        raise OptionError(field, "expected comma-separated probabilities, e.g. 0.5,0.3,0.2",
-                          value=repr(text)) from None
+        return float(numerator) / float(denominator) if slash else float(text)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def parse_probs(text: str, field: str) -> tuple[float, ...]:
+    """'0.5,0.3,0.2' -> (0.5, 0.3, 0.2); '1/3,2/3' -> (0.333..., 0.666...)."""
+    probs = tuple(_probability(p) for p in text.split(",") if p.strip())
+    if None in probs:
+        raise OptionError(field, "expected comma-separated probabilities, e.g. 0.5,0.3,0.2 or 1/3,1/3,1/3",
+                          value=repr(text))
+    return probs  # type: ignore[return-value]
 
 
 def parse_target(text: str) -> Target:
@@ -41,10 +51,11 @@ def parse_target(text: str) -> Target:
     for item in (p.strip() for p in text.split(",") if p.strip()):
         name, sep, value = item.partition("=")
         try:
-            cls, prob = int(name), float(value)
+            cls = int(name)
         except ValueError:
-            cls = prob = None
-        if not sep or cls is None or cls < 0 or cls in pairs:
+            cls = None
+        prob = _probability(value)
+        if not sep or cls is None or prob is None or cls < 0 or cls in pairs:
             raise OptionError("target", f"{item!r} is not a new CLASS=PROB pair with CLASS an integer >= 0",
                               value=repr(text))
         pairs[cls] = prob
@@ -62,8 +73,17 @@ def check_probs(values: Iterable[float], name: str) -> None:
             raise OptionError(name, f"probabilities must be >= 0 (value {i} is {v:g})", value=shown)
     total = math.fsum(values)
     if abs(total - 1.0) > PROB_TOLERANCE:
-        raise OptionError(name, f"probabilities sum to {total:.9g}, expected 1 (tolerance {PROB_TOLERANCE:g})",
-                          value=shown)
+        raise OptionError(name, f"probabilities sum to {total:.9g}, expected 1 (tolerance {PROB_TOLERANCE:g}); "
+                          "fractions such as 1/3 are exact", value=shown)
+
+
+def check_target(target: Target, name: str = "target") -> None:
+    """A target's checks, as `stratified_sample` makes them: 'uniform', or probabilities that check_probs takes."""
+    if isinstance(target, str):
+        if target != "uniform":
+            raise OptionError(name, "expected 'uniform', P0,P1,... or CLASS=PROB pairs", value=repr(target))
+        return
+    check_probs(target.values() if isinstance(target, dict) else target, name)
 
 
 def _probs_text(field: str, value: Any) -> str:

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import itertools
 import os
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from batchtool import fs
-from batchtool.errors import InputError, UsageError
+from batchtool.errors import UsageError
 from batchtool.mixed import source_names
 from batchtool.ops import OPERATIONS
 from batchtool.ops.base import Kind, OptionError
@@ -24,11 +23,7 @@ from batchtool.options import ColumnList, TableError, fields, option, read_table
 from batchtool.errors import key as key_of
 from batchtool.output import OutputOptions
 from batchtool.settings import ROW_FORMAT, CommonSettings, InputSettings, OutputSettings, Text, op_default_format
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from batchtool.tomlfile import read_toml
 
 OPS = tuple(OPERATIONS)
 TABLES = ("input", "stage", "output")
@@ -128,14 +123,7 @@ class PipelineError(UsageError):
 
 def load(path: str, *, tmp_dir: str | None = None, overwrite: bool = False) -> PipelineConfig:
     """Read and validate a pipeline file; `tmp_dir` and `overwrite` (from the command line) override the file."""
-    try:
-        with open(path, "rb") as f:
-            doc = tomllib.load(f)
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such pipeline file") from None
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise PipelineError(f"{path}: not a readable TOML file ({exc})") from None
-    return _Reader(path).pipeline(doc, tmp_dir, overwrite)
+    return _Reader(path).pipeline(read_toml(path, "pipeline file"), tmp_dir, overwrite)
 
 
 class _Reader:

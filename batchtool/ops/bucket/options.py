@@ -11,7 +11,7 @@ from batchtool.ops.base import OptionError
 from batchtool.options import Choice, Column, ColumnList, Flag, Integer, Pairs, Value, option, shown
 from batchtool.ops import names
 from batchtool.ops.boundaries import check_boundaries
-from batchtool.ops.targets import TargetSpec, check_probs
+from batchtool.ops.targets import TargetSpec, check_target
 from batchtool.ops.targets import Target
 
 ORDERS = ("shuffle", "sorted")
@@ -137,10 +137,7 @@ class BucketOptions:
                 if given:
                     raise OptionError(name, f"{{{name}}} goes with {{balance}} LABEL_COLUMN", mentions=["balance"])
             return
-        if isinstance(self.target, str) and self.target != "uniform":
-            raise OptionError("target", "expected 'uniform', P0,P1,... or CLASS=PROB pairs", value=repr(self.target))
-        if not isinstance(self.target, str):
-            check_probs(self.target.values() if isinstance(self.target, dict) else self.target, "target")
+        check_target(self.target)
         if self.order != "shuffle":
             raise OptionError("balance", f"{{balance}} with {{order}} {self.order}: balanced batches are drawn at "
                               "random (use {order} shuffle)", mentions=["order"])

@@ -9,7 +9,7 @@ from batchtool.ops.base import OptionError
 
 from batchtool.options import Choice, Column, Flag, Integer, option
 from batchtool.ops.labels import MAX_CLASSES
-from batchtool.ops.targets import Probs, Target, TargetSpec, check_probs
+from batchtool.ops.targets import Probs, Target, TargetSpec, check_probs, check_target
 
 MODES = ("exact", "bernoulli", "online")
 
@@ -39,10 +39,7 @@ class StratifyOptions:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise OptionError("mode", f"expected one of {', '.join(MODES)}", value=repr(self.mode))
-        if isinstance(self.target, str) and self.target != "uniform":
-            raise OptionError("target", "expected 'uniform', P0,P1,... or CLASS=PROB pairs", value=repr(self.target))
-        if not isinstance(self.target, str):
-            check_probs(self.target.values() if isinstance(self.target, dict) else self.target, "target")
+        check_target(self.target)
         if self.init_probs is not None:
             if self.mode != "bernoulli":
                 raise OptionError("init_probs", f"{{init_probs}} applies to {{mode}} bernoulli ({{mode}} {self.mode} "
