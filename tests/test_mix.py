@@ -301,6 +301,37 @@ def test_a_source_whose_share_rounds_down_to_nothing_is_warned_about(tmp_path, s
     result = run_cli("mix", *sources, tmp_path / "out", "--weights", "1,1,1000")
     assert result.exit_code == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
-    assert warnings == [f"warning: mix: source {name!r} gets no rows at weight 0.000998004 (its share of the mixture "
-                        "rounds down to 0)" for name in ("en", "de")]
+    assert warnings[:2] == [f"warning: mix: source {name!r} gets no rows at weight 0.000998004 (its share of the "
+                            "mixture rounds down to 0)" for name in ("en", "de")]
+    assert warnings[2].startswith("warning: mix discarded 80.9% of the examples (190 of 235 never appear in DST)")
     assert per_source(read_dir(str(tmp_path / "out"))) == [0, 0, 45]
+
+
+def test_discarding_most_of_the_input_warns_as_stratify_does(tmp_path, sources, run_cli):
+    result = run_cli("mix", *sources[:2], tmp_path / "out", "--weights", "0.1,0.9", "-q")
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr.splitlines() == [  # M = 70 / 0.9: 7 of en's 120, all 70 of de's; even with --quiet
+        "warning: mix discarded 59.5% of the examples (113 of 190 never appear in DST); weights nearer the sources' "
+        "sizes keep more, or --replacement with a larger --size repeats the smaller sources instead"]
+    assert per_source(read_dir(str(tmp_path / "out")), 2) == [7, 70]
+    kept = run_cli("mix", *sources[:2], tmp_path / "kept", "--weights", "0.6,0.4", "-q")
+    assert kept.exit_code == 0 and kept.stderr == ""  # 105 + 70 of 190: 7.9% discarded
+
+
+@pytest.mark.parametrize("temperature", ["1e-300", "5e-324", "0.001"])
+def test_a_temperature_near_0_gives_the_largest_source_all_the_weight(tmp_path, run_cli, temperature):
+    srcs = write_sources(tmp_path / "in", (40, 25, 40))
+    result = run_cli("mix", *srcs, tmp_path / "out", "--temperature", temperature)
+    assert result.exit_code == 0, result.stderr
+    assert per_source(read_dir(str(tmp_path / "out"))) == [40, 0, 40]  # the two largest tie: half each
+    assert [s["weight"] for s in manifest(tmp_path / "out")["stats"]["sources"]] == [0.5, 0, 0.5]
+
+
+@pytest.mark.parametrize("args, stored", [
+    ([], "in 1 row group"), (["--to", "arrow"], "in 1 record batch"), (["--to", "tfrecord"], ""),
+    (["--batch-size", "8"], "in 17 batches"), (["--batch-size", "8", "--to", "tfrecord"], "in 17 batches")])
+def test_the_summary_says_batches_only_for_batches(tmp_path, sources, run_cli, args, stored):
+    result = run_cli("mix", *sources, tmp_path / "out", "--weights", "1,1,1", *args)
+    assert result.exit_code == 0, result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith(f"wrote 135 rows{' ' + stored if stored else ''} to 1 shard(s) in "), last

@@ -23,7 +23,7 @@ from batchtool.ops.regroup import Cut, Exchange, Probe, Runtime, Scatter, Scatte
 from batchtool.ops.rows import FixedBatches, bytes_per_row, estimate_bytes
 from batchtool.ops.shuffle import default_batch_rows
 from batchtool.ops.stratify import OP as STRATIFY
-from batchtool.ops.stratify import Stratification, StratifyOptions, find_thresholds, threshold_plan
+from batchtool.ops.stratify import Stratification, StratifyOptions, discard_warning, find_thresholds, threshold_plan
 from batchtool.ops.stratify.batches import exchange as balanced_batches
 from batchtool.ops.stratify.batches import selected_rows, selected_size
 from batchtool.spill import parts_for
@@ -118,18 +118,21 @@ class Mix(Operation[MixOptions, Stratification]):
         sources = [{"index": i, "name": name, "weight": round(w, 9), "rows": n, "taken": t, "repeats": max(0, t - n),
                     "share": round(t / out, 6)}
                    for i, (name, w, n, t) in enumerate(zip(plan.info["names"], plan.info["weights"], available, taken))]
-        kept = ("rows_in", "examples_dropped", "examples_duplicated", "copies_per_example", "batch_size",
-                "balanced_batches", "final_batch_quotas")
+        kept = ("rows_in", "examples_dropped", "examples_duplicated", "copies_per_example", "discarded_fraction",
+                "batch_size", "balanced_batches", "final_batch_quotas")
         return {"column": plan.info["column"], "total_m": plan.info["total_m"], "sources": sources,
                 **{key: done[key] for key in kept if key in done}}
 
     def said(self, stats: dict[str, Any]) -> Said:
-        """Every source with its rows, weight and what it gave (so a glob that became many sources shows them), and
-        a warning for a source whose weight gives it no row; the counts per source at the end of the summary."""
+        """Every source with its rows, weight and what it gave (so a glob that became many sources shows them), a
+        warning for a source whose weight gives it no row, and stratify's when most of the input is discarded; the
+        counts per source at the end of the summary."""
         sources = stats.get("sources") or []
         warnings = tuple(f"warning: {who(stats, self.name)}: source {s['name']!r} gets no rows at weight "
                          f"{s['weight']:.6g} (its share of the mixture rounds down to 0)"
                          for s in sources if s["weight"] > 0 and not s["taken"])
+        warnings += discard_warning(stats, self.name, "weights nearer the sources' sizes keep more, or --replacement "
+                                    "with a larger --size repeats the smaller sources instead")
         note = ("per source " + "/".join(f"{s['taken']:,}" for s in sources),) if sources else ()
         if not sources or "rows" not in sources[0]:
             return Said(warnings, note)

@@ -78,7 +78,8 @@ class MixOptions:
         "they need not sum to 1.", WeightsSpec(), None)
     temperature: float | None = option(
         "Instead of --weights: source i weighs n_i^(1/T), n_i its rows (1: in proportion to size; larger: flatter, "
-        "as multilingual training's temperature sampling).", Number(metavar="T"), None)
+        "as multilingual training's temperature sampling; toward 0: the largest source gets all the weight, shared "
+        "by sources tied for largest).", Number(metavar="T"), None)
     replacement: bool = option("With --size: repeat the rows of a source smaller than its share, evenly (every row "
                                "k or k+1 times).", Flag(), False)
     size: int | None = option("Rows of the mixture (default: the largest that uses no row twice, exactly "
@@ -141,7 +142,7 @@ class MixOptions:
         """Each source's weight as an exact fraction, normalised to sum to 1: the decimals as written (so 0.3 is
         3/10, never a float just below it), or n_i^(1/T) from the rows of each source."""
         if self.temperature is not None:
-            raw = [Fraction(float(n) ** (1.0 / self.temperature)) for n in rows]
+            raw = [Fraction(w) for w in temperature_weights(rows, self.temperature)]
         elif self.weights and not isinstance(self.weights[0], float):
             named = dict(self.weights)  # type: ignore[arg-type]
             raw = [Fraction(repr(float(named.get(name, 0.0)))) for name in self.names]
@@ -149,6 +150,21 @@ class MixOptions:
             raw = [Fraction(repr(float(w))) for w in self.weights or ()]  # type: ignore[arg-type]
         total = sum(raw)
         return [r / total for r in raw]
+
+
+def temperature_weights(rows: Sequence[int], temperature: float) -> list[float]:
+    """n_i^(1/T) for each source's rows n_i: as floats where the largest fits one (so T=1 gives the rows
+    themselves, exactly), else (T near 0, where it overflows) relative to the largest source, (n_i/n_max)^(1/T), in
+    log space: its limit as T goes to 0, all the weight on the largest source (shared by ties)."""
+    exponent = 1.0 / temperature
+    try:
+        raw = [float(n) ** exponent for n in rows]
+    except OverflowError:
+        raw = []
+    if raw and all(math.isfinite(w) for w in raw):
+        return raw
+    top = math.log(max(rows))
+    return [math.exp((math.log(n) - top) / temperature) for n in rows]
 
 
 def largest_remainder(total: int, weights: Sequence[Fraction]) -> list[int]:
@@ -184,4 +200,5 @@ def mixture_totals(options: MixOptions, rows: np.ndarray, weights: Sequence[Frac
     return totals, m
 
 
-__all__ = ["MixOptions", "Names", "OUTPUT_COLUMNS", "Weights", "WeightsSpec", "largest_remainder", "mixture_totals"]
+__all__ = ["MixOptions", "Names", "OUTPUT_COLUMNS", "Weights", "WeightsSpec", "largest_remainder", "mixture_totals",
+           "temperature_weights"]
