@@ -335,3 +335,17 @@ def test_the_summary_says_batches_only_for_batches(tmp_path, sources, run_cli, a
     assert result.exit_code == 0, result.stderr
     last = result.stderr.splitlines()[-1]
     assert last.startswith(f"wrote 135 rows{' ' + stored if stored else ''} to 1 shard(s) in "), last
+
+
+def test_a_size_whose_copies_cannot_fit_memory_is_refused_before_it_grows(tmp_path, sources):
+    """Each map task builds one chunk's copies at once: a --size that makes them outgrow --memory is refused after the
+    count pass, in one line, in a child capped far below what building them would take (10^9 rows: gigabytes)."""
+    import memlimit
+    dst = tmp_path / "out"
+    run = memlimit.batchtool("mix", *sources[:2], str(dst), "--weights", "1,1", "--replacement", "--size",
+                             str(10**9), limit_bytes=400 << 20, timeout=60)  # the timeout is only a hang guard
+    assert not run.killed_for_memory and run.returncode == 2, run.stderr
+    assert run.stderr.splitlines() == [
+        "error: --size 1,000,000,000: the copies of one chunk of source 'de' (16 rows, each written up to 7,142,858 "
+        "times) takes about 5.1 GB at once, more than --memory 1.0 GB allows (128.0 MB); give a smaller --size"]
+    assert not dst.exists()

@@ -6,13 +6,15 @@ shuffle) or stratify's balanced batches."""
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from batchtool import budget
 from batchtool.dataset import Chunk, Dataset
-from batchtool.errors import InputError
+from batchtool.errors import InputError, OptionInputError
 from batchtool.ops import names as own
 from batchtool.ops.base import Context, Depends, Kind, Operation, Pass, Said, Shape, manifest_options, need_columns, who
 from batchtool.ops.copies import Copies
@@ -31,6 +33,12 @@ from batchtool.tally import Tally
 
 STAGE = "mix"
 """The keyed order of the shuffled mixture."""
+COPY_BYTES = 48
+"""What one written copy of a row takes besides its data while a map task builds a chunk's selection at once (its
+id, the take index, its copy number, its id's hash: 8 bytes each, and their temporaries): the least a copy needs."""
+BATCH_BYTES = 128
+"""What --batch-size's layout holds per batch besides 16 bytes per source (its quotas: an array each, then one
+array of them all)."""
 
 
 def _as_stratify(options: MixOptions, target: tuple[float, ...] | str = "uniform") -> StratifyOptions:
@@ -70,8 +78,11 @@ class Mix(Operation[MixOptions, Stratification]):
         return {**manifest_options(options, output), **own.recorded(options.output_column)}
 
     def first_pass(self, options: MixOptions, schema: pa.Schema) -> Pass | None:
-        """Each source's rows: stratify's class counts of the source column."""
-        return STRATIFY.first_pass(_as_stratify(options), schema)
+        """Each source's rows: stratify's class counts of the source column; and the rows of each source's largest
+        chunk, which the plan's memory check needs."""
+        counts = STRATIFY.first_pass(_as_stratify(options), schema)
+        assert counts is not None, "exact mode counts"
+        return replace(counts, of=functools.partial(_chunk_counts, options.column, counts.of))
 
     def plan(self, options: MixOptions, context: Context, stats: Tally) -> Stratification:
         """The rows each source gives (exact: floor(M w_i), or --size by largest remainder) and stratify's exact
@@ -84,6 +95,7 @@ class Mix(Operation[MixOptions, Stratification]):
             raise InputError(f"source {options.names[empty]!r} is empty: it has no rows to mix")
         weights = options.weight_fractions(rows.tolist())
         totals, m = mixture_totals(options, rows, weights)
+        _check_memory(options, context.memory, stats, rows, totals)
         target = tuple(float(w) for w in weights)
         plan = threshold_plan(totals, rows, lambda ranks: find_thresholds(
             context.scan, options.column, k, ranks, rows, context.seed, context.locate))
@@ -151,6 +163,32 @@ class Mix(Operation[MixOptions, Stratification]):
         info["sources"] = [{"name": name, "weight": w, "taken": int(t)}
                            for name, w, t in zip(plan.info["names"], plan.info["weights"], taken.tolist())]
         return int(taken.sum()), info
+
+
+def _chunk_counts(column: str, count: Any, context: Context, chunk: Chunk) -> Tally:
+    """A chunk's class counts (`count`, stratify's) and its rows as a chunk of its source (a chunk is of one)."""
+    tally = count(context, chunk)
+    if chunk.num_rows:
+        tally.add_values(f"chunk_rows/{chunk.data.column(column)[0].as_py()}", np.array([chunk.num_rows]))
+    return tally
+
+
+def _check_memory(options: MixOptions, memory: int, stats: Tally, rows: np.ndarray, totals: np.ndarray) -> None:
+    """Refuse, before any row is selected, a mixture whose making cannot fit --memory, however large --size: a map
+    task builds the copies of one chunk at once (COPY_BYTES a copy at least), and --batch-size's layout holds every
+    batch's quotas."""
+    copies = -(-totals // np.maximum(rows, 1))
+    chunk = np.array([stats.high.get(f"chunk_rows/{i}", 0) for i in range(len(rows))], dtype=np.int64)
+    i = int(np.argmax(copies * chunk))
+    size = "" if options.size is None else f"{options.size:,}"
+    budget.check("size", f"the copies of one chunk of source {options.names[i]!r} ({int(chunk[i]):,} rows, each "
+                 f"written up to {int(copies[i]):,} times)", float(copies[i] * chunk[i] * COPY_BYTES), memory,
+                 "give a smaller {size}", value=size or None, error=OptionInputError)
+    if options.batch_size is not None:
+        batches = -(-int(totals.sum()) // options.batch_size)
+        budget.check("size", f"the layout of {batches:,} batches", batches * (BATCH_BYTES + 16 * len(rows)), memory,
+                     "give a smaller {size} or a larger {batch_size}", value=size or None, error=OptionInputError,
+                     mentions=["batch_size"])
 
 
 def source_table(sources: list[dict[str, Any]]) -> list[str]:
