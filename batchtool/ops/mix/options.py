@@ -15,10 +15,11 @@ from batchtool.errors import OptionError, OptionInputError
 from batchtool.mixed import SOURCE
 from batchtool.ops import names as own
 from batchtool.ops.copies import MAX_RATE
-from batchtool.options import Flag, Integer, Number, Value, option, shown
+from batchtool.options import ColumnList, Flag, Integer, Number, Pairs, Value, option, shown
 
-OUTPUT_COLUMNS = (SOURCE,)
-"""mix's own column: each row's source, by index (the manifest names them)."""
+OUTPUT_COLUMNS = (SOURCE, "length", "mask")
+"""mix's own columns: each row's source, by index (the manifest names them); with --pad, as bucket writes them, each
+row's real steps and (--mask) the mask of them."""
 
 Weights = Union[tuple[float, ...], tuple[tuple[str, float], ...]]
 """Weights in source order, or (NAME, W) pairs."""
@@ -88,6 +89,14 @@ class MixOptions:
                                     "or ceil of B*w_i), batch after batch within one row of the weights.",
                                     Integer(metavar="B"), None)
     drop_remainder: bool = option("Drop the final batch if it is smaller than --batch-size.", Flag(), False)
+    pad: bool = option("With --batch-size: pad the sequence (list) columns of every batch to its longest row and add "
+                       "a 'length' column of each row's real steps, as bucket writes them, so batchtool.load hands "
+                       "out [B, T, ...] arrays (without it, ragged lists).", Flag(), False)
+    sequence: tuple[str, ...] = option("With --pad: a sequence (list) column to pad; repeat for several, which must "
+                                       "agree in length (default: every list column).", ColumnList(dedupe=True), ())
+    pad_value: tuple[str, ...] = option("With --pad: pad value of a sequence column (default 0, '' for strings); "
+                                        "repeatable.", Pairs("COL=V"), ())
+    mask: bool = option("With --pad: add a 'mask' list<bool> column, true on real steps.", Flag(), False)
     output_column: tuple[tuple[str, str], ...] = own.output_column(OUTPUT_COLUMNS)
 
     def __post_init__(self) -> None:
@@ -111,6 +120,12 @@ class MixOptions:
             raise OptionError("batch_size", "must be at least 1", value=str(self.batch_size))
         if self.drop_remainder and self.batch_size is None:
             raise OptionError("drop_remainder", "{drop_remainder} needs {batch_size}", mentions=["batch_size"])
+        if self.pad and self.batch_size is None:
+            raise OptionError("pad", "{pad} needs {batch_size}: only batches are padded to their longest row",
+                              mentions=["batch_size"])
+        for name, given in (("sequence", self.sequence), ("pad_value", self.pad_value), ("mask", self.mask)):
+            if given and not self.pad:
+                raise OptionError(name, f"{{{name}}} goes with {{pad}}", mentions=["pad"])
         own.check_names(OUTPUT_COLUMNS, self.output_column)
 
     def _check_weights(self, weights: Weights) -> None:
