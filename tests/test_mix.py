@@ -382,6 +382,8 @@ def test_pad_errors_name_the_option_or_the_row(tmp_path, sources, run_cli):
     en, de = sources[:2]
     cases = [
         ([en, de, "--pad"], "--pad needs --batch-size"),
+        ([en, de, "--batch-size", "4", "--pad", "--columns", "key,label"],
+         "no list (sequence) column to pad (columns: key, label, source); leave out --pad"),
         ([en, de, "--batch-size", "4", "--mask"], "--mask goes with --pad"),
         ([en, de, "--batch-size", "4", "--pad", "--sequence", "label"], "--sequence label: column is int64, expected"),
         ([en, de, "--batch-size", "4", "--pad", "--pad-value", "label=1"], "'label' is not a padded sequence column"),

@@ -71,6 +71,9 @@ def batch_padding(options: MixOptions, schema: pa.Schema) -> BatchPadding | None
             raise ColumnError("sequence", f"column is {schema.field(name).type}, expected a list (sequence) column",
                               value=name)
     sequences = options.sequence or tuple(f.name for f in schema if is_sequence_type(f.type))
+    if not sequences:
+        raise ColumnError("pad", f"no list (sequence) column to pad (columns: {', '.join(schema.names)}); leave out "
+                          "{pad}")
     values = parse_pad_values(options.pad_value, schema)
     stray = next((name for name in values if name not in sequences), None)
     if stray is not None:
