@@ -1,7 +1,7 @@
 """`mix`: several sources (one dataset, batchtool.mixed) in exact proportions, shuffled or in batches that each hold
 every source's share. It is stratify with the source column as the label and the weights as the target: its exact
 selection (keyed, without replacement, or every row k or k+1 times), then one keyed global order (the exchange of a
-shuffle) or stratify's balanced batches."""
+shuffle) or stratify's balanced batches (with --pad, padded as bucket pads its batches)."""
 
 from __future__ import annotations
 
