@@ -1,8 +1,9 @@
-"""Padding sequence (list) columns to a common length: shared by bucket, segment and balanced batches."""
+"""Padding sequence (list) columns to a common length: shared by bucket, segment, mix and balanced batches."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -228,6 +229,48 @@ def pad_batch(batch: pa.RecordBatch, columns: Sequence[str], length: int | None,
     return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(
         [pa.field(f.name, pa.list_(f.type.value_field), metadata=f.metadata) if f.name in columns else f
          for f in batch.schema]))
+
+
+def padded_batch(data: pa.RecordBatch, sequences: Sequence[str], pad_length: int | None, pad_values: Mapping[str, Any],
+                 own: Sequence[tuple[str, pa.Array]], lengths: tuple[str, pa.Array], mask: str | None) -> pa.RecordBatch:
+    """One padded output batch, as bucket and mix write them: `data`'s columns with the sequence columns padded to
+    `pad_length` (None: at their real lengths, for load to pad), then the op's `own` columns, the column of each
+    row's real steps (`lengths`: its name and values; replacing a column of that name in `data`) and, beside padded
+    columns, the `mask` column (None: none)."""
+    padded = pad_batch(data, sequences, pad_length, pad_values)
+    names = [name for name in padded.schema.names if name != lengths[0]]
+    arrays = [padded.column(name) for name in names]
+    for name, array in (*own, lengths):
+        names.append(name)
+        arrays.append(array)
+    if mask is not None and pad_length is not None:
+        arrays.append(mask_column(lengths[1].to_numpy(), pad_length))
+        names.append(mask)
+    kept = {f.name: f.metadata for f in padded.schema}  # the metadata that marks an extension type's storage
+    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema([pa.field(n, a.type, metadata=kept.get(n))
+                                                                for n, a in zip(names, arrays)]))
+
+
+@dataclass(frozen=True)
+class BatchPadding:
+    """Batches padded to their longest row (`mix --pad`): the sequence columns, which agree in length row by row,
+    their pad values, and the names of the length and mask (None: none) columns it adds."""
+
+    sequences: tuple[str, ...]
+    pad_values: Mapping[str, Any]
+    length: str
+    mask: str | None
+
+    def check(self, batch: pa.RecordBatch, locate: Callable[[int], str]) -> None:
+        """A SchemaError naming the first row (locate(i) of row i) whose sequence columns disagree in length."""
+        sequence_lengths(batch, self.sequences, locate)
+
+    def __call__(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """The batch padded to its longest row, with the length (and mask) column."""
+        lengths = row_lengths(batch.column(self.sequences[0])) if self.sequences else np.zeros(batch.num_rows,
+                                                                                                np.int64)
+        return padded_batch(batch, self.sequences, int(lengths.max(initial=0)), self.pad_values, (),
+                            (self.length, pa.array(lengths.astype(np.int32))), self.mask)
 
 
 def mask_column(lengths: np.ndarray, length: int) -> pa.Array:

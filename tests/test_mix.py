@@ -146,7 +146,8 @@ def test_every_batch_holds_each_source_s_share(tmp_path, sources, run_cli, batch
 def test_same_bytes_for_any_threads_and_memory(tmp_path, sources, run_cli):
     for name, extra in (("a", ["--threads", "1"]), ("b", ["--threads", "3", "--memory", "20KB"])):
         mixed(run_cli, sources, tmp_path / name, "--weights", "2,1,1", "--replacement", "--size", "500", *extra)
-        mixed(run_cli, sources, tmp_path / f"{name}-batches", "--weights", "2,1,1", "--batch-size", "8", *extra)
+        mixed(run_cli, sources, tmp_path / f"{name}-batches", "--weights", "2,1,1", "--batch-size", "8", "--pad",
+              *extra)
     assert data_bytes(str(tmp_path / "a")) == data_bytes(str(tmp_path / "b"))
     assert data_bytes(str(tmp_path / "a-batches")) == data_bytes(str(tmp_path / "b-batches"))
 
@@ -301,6 +302,102 @@ def test_a_source_whose_share_rounds_down_to_nothing_is_warned_about(tmp_path, s
     result = run_cli("mix", *sources, tmp_path / "out", "--weights", "1,1,1000")
     assert result.exit_code == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
-    assert warnings == [f"warning: mix: source {name!r} gets no rows at weight 0.000998004 (its share of the mixture "
-                        "rounds down to 0)" for name in ("en", "de")]
+    assert warnings[:2] == [f"warning: mix: source {name!r} gets no rows at weight 0.000998004 (its share of the "
+                            "mixture rounds down to 0)" for name in ("en", "de")]
+    assert warnings[2].startswith("warning: mix discarded 80.9% of the examples (190 of 235 never appear in DST)")
     assert per_source(read_dir(str(tmp_path / "out"))) == [0, 0, 45]
+
+
+def test_discarding_most_of_the_input_warns_as_stratify_does(tmp_path, sources, run_cli):
+    result = run_cli("mix", *sources[:2], tmp_path / "out", "--weights", "0.1,0.9", "-q")
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr.splitlines() == [  # M = 70 / 0.9: 7 of en's 120, all 70 of de's; even with --quiet
+        "warning: mix discarded 59.5% of the examples (113 of 190 never appear in DST); weights nearer the sources' "
+        "sizes keep more, or --replacement with a larger --size repeats the smaller sources instead"]
+    assert per_source(read_dir(str(tmp_path / "out")), 2) == [7, 70]
+    kept = run_cli("mix", *sources[:2], tmp_path / "kept", "--weights", "0.6,0.4", "-q")
+    assert kept.exit_code == 0 and kept.stderr == ""  # 105 + 70 of 190: 7.9% discarded
+
+
+@pytest.mark.parametrize("temperature", ["1e-300", "5e-324", "0.001"])
+def test_a_temperature_near_0_gives_the_largest_source_all_the_weight(tmp_path, run_cli, temperature):
+    srcs = write_sources(tmp_path / "in", (40, 25, 40))
+    result = run_cli("mix", *srcs, tmp_path / "out", "--temperature", temperature)
+    assert result.exit_code == 0, result.stderr
+    assert per_source(read_dir(str(tmp_path / "out"))) == [40, 0, 40]  # the two largest tie: half each
+    assert [s["weight"] for s in manifest(tmp_path / "out")["stats"]["sources"]] == [0.5, 0, 0.5]
+
+
+@pytest.mark.parametrize("args, stored", [
+    ([], "in 1 row group"), (["--to", "arrow"], "in 1 record batch"), (["--to", "tfrecord"], ""),
+    (["--batch-size", "8"], "in 17 batches"), (["--batch-size", "8", "--to", "tfrecord"], "in 17 batches")])
+def test_the_summary_says_batches_only_for_batches(tmp_path, sources, run_cli, args, stored):
+    result = run_cli("mix", *sources, tmp_path / "out", "--weights", "1,1,1", *args)
+    assert result.exit_code == 0, result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith(f"wrote 135 rows{' ' + stored if stored else ''} to 1 shard(s) in "), last
+
+
+def test_a_size_whose_copies_cannot_fit_memory_is_refused_before_it_grows(tmp_path, sources):
+    """Each map task builds one chunk's copies at once: a --size that makes them outgrow --memory is refused after the
+    count pass, in one line, in a child capped far below what building them would take (10^9 rows: gigabytes)."""
+    import memlimit
+    dst = tmp_path / "out"
+    run = memlimit.batchtool("mix", *sources[:2], str(dst), "--weights", "1,1", "--replacement", "--size",
+                             str(10**9), limit_bytes=400 << 20, timeout=60)  # the timeout is only a hang guard
+    assert not run.killed_for_memory and run.returncode == 2, run.stderr
+    assert run.stderr.splitlines() == [
+        "error: --size 1,000,000,000: the copies of one chunk of source 'de' (16 rows, each written up to 7,142,858 "
+        "times) takes about 5.1 GB at once, more than --memory 1.0 GB allows (128.0 MB); give a smaller --size"]
+    assert not dst.exists()
+
+
+def test_pad_gives_the_padded_arrays_bucket_gives(tmp_path, sources, run_cli):
+    """--pad: the same batches as without it, each sequence column padded to the batch's longest row (with
+    --pad-value), a `length` column of real steps and --mask's mask, so batchtool.load hands out [B, T] arrays."""
+    import batchtool
+    args = ["--weights", "0.5,0.3,0.2", "--batch-size", "10", "--to", "arrow"]
+    mixed(run_cli, sources, tmp_path / "plain", *args)
+    mixed(run_cli, sources, tmp_path / "padded", *args, "--pad", "--pad-value", "tokens=-1", "--mask")
+    plain, padded = list(batchtool.load(str(tmp_path / "plain"))), list(batchtool.load(str(tmp_path / "padded")))
+    assert len(plain) == len(padded) == 23 and plain[0]["tokens"].dtype == object
+    for before, after in zip(plain, padded):
+        assert list(after) == ["key", "label", "tokens", "source", "length", "mask"]
+        assert after["key"].tolist() == before["key"].tolist()
+        lengths = [len(t) for t in before["tokens"]]
+        assert after["length"].tolist() == lengths and after["tokens"].shape == (len(lengths), max(lengths))
+        for row, length, tokens in zip(after["tokens"], lengths, before["tokens"]):
+            assert row[:length].tolist() == list(tokens) and (row[length:] == -1).all()
+        assert (after["mask"] == (np.arange(max(lengths)) < np.array(lengths)[:, None])).all()
+
+
+def test_pad_errors_name_the_option_or_the_row(tmp_path, sources, run_cli):
+    table = source_table(0, 20)
+    two = table.append_column("frames", pa.array([[0.5] * (r % 5 + 1 + (r == 13)) for r in range(20)]))
+    odd = write_parquet_shards(str(tmp_path / "odd"), two, shards=1)
+    other = write_parquet_shards(str(tmp_path / "other"), source_table(1, 20).append_column(
+        "frames", pa.array([[0.5] * (r % 5 + 1) for r in range(20)])), shards=1)
+    lengthy = [write_parquet_shards(str(tmp_path / f"l{i}"), source_table(i, 20).append_column(
+        "length", pa.array(np.arange(20))), shards=1) for i in range(2)]
+    en, de = sources[:2]
+    cases = [
+        ([en, de, "--pad"], "--pad needs --batch-size"),
+        ([en, de, "--batch-size", "4", "--pad", "--columns", "key,label"],
+         "no list (sequence) column to pad (columns: key, label, source); leave out --pad"),
+        ([en, de, "--batch-size", "4", "--mask"], "--mask goes with --pad"),
+        ([en, de, "--batch-size", "4", "--pad", "--sequence", "label"], "--sequence label: column is int64, expected"),
+        ([en, de, "--batch-size", "4", "--pad", "--pad-value", "label=1"], "'label' is not a padded sequence column"),
+        ([*lengthy, "--batch-size", "4", "--pad"], "column 'length' is also an output column of mix; name mix's "
+                                                   "otherwise with --output-column length=NEW_NAME"),
+        ([odd, other, "--batch-size", "4", "--pad"], f"{odd}/part-00000.parquet, row 13: sequence columns disagree "
+                                                     "in length: 'tokens' has 4 steps, 'frames' has 5"),
+    ]
+    for args, message in cases:
+        result = run_cli("mix", *args[:2], tmp_path / "dst", "--weights", "1,1", *args[2:])
+        assert result.exit_code == 2, (args, result.output)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], (args, result.stderr)
+        assert not (tmp_path / "dst").exists()
+    out = mixed(run_cli, [odd, other], tmp_path / "one", "--weights", "1,1", "--batch-size", "4", "--pad",
+                "--sequence", "tokens")
+    assert out.column("frames").type == pa.list_(pa.float64()) and set(out.column("length").to_pylist()) == {1, 2, 3, 4, 5}

@@ -49,6 +49,16 @@ def test_mix_then_bucket_balance_source_is_the_cli_chain_with_exact_shares_per_b
     assert batches >= 35
 
 
+def test_a_padded_mix_stage_writes_the_command_s_bytes(tmp_path, sources, run_cli):
+    stage = MIX + '\nbatch-size = 10\npad = true\nmask = true\npad-value = ["tokens=-1"]'
+    result = run_cli("run", pipeline(tmp_path, sources, stage), "-q")
+    assert result.exit_code == 0, result.stderr
+    assert run_cli("mix", *sources, tmp_path / "m", "-q", "--weights", WEIGHTS, "--replacement", "--size", "400",
+                   "--batch-size", "10", "--pad", "--mask", "--pad-value", "tokens=-1").exit_code == 0
+    assert data_bytes(str(tmp_path / "out")) == data_bytes(str(tmp_path / "m"))
+    assert read_dir(str(tmp_path / "out")).column_names == ["key", "label", "tokens", "source", "length", "mask"]
+
+
 def test_mix_then_pack_packs_the_mixture(tmp_path, sources, run_cli):
     mix = f'op = "mix"\nnames = ["a", "b", "c"]\nweights = {{ a = 2, c = 1 }}'
     result = run_cli("run", pipeline(tmp_path, sources, mix, 'op = "pack"\nmax-length = 12\nbatch-size = 4'), "-q")
@@ -122,7 +132,8 @@ def test_the_sample_mix_pipeline_runs_as_written(tmp_path, run_cli):
             assert per_source(rows, 2) == [12, 4]
 
 
-@pytest.mark.parametrize("stages", [[MIX, BUCKET], [MIX + "\nbatch-size = 8"]], ids=["mix-bucket", "mix-batches"])
+@pytest.mark.parametrize("stages", [[MIX, BUCKET], [MIX + "\nbatch-size = 8"], [MIX + "\nbatch-size = 8\npad = true"]],
+                         ids=["mix-bucket", "mix-batches", "mix-padded-batches"])
 def test_a_pipeline_from_a_mix_runs_alike_on_the_pickling_engine(tmp_path, run_cli, monkeypatch, stages):
     srcs = write_sources(tmp_path / "in")
     paths = ", ".join(f'"{s}"' for s in srcs)

@@ -7,7 +7,10 @@ import re
 import pytest
 from conftest import SAMPLE
 
-FINAL = re.compile(r"wrote [\d,]+ rows in [\d,]+ batches to \d+ shard\(s\) in .+; \d+\.\d s, peak memory [\d,]+ MiB")
+FINAL = re.compile(r"wrote [\d,]+ rows in [\d,]+ (batch(?:es)?|row groups?) to \d+ shard\(s\) in .+; \d+\.\d s, "
+                   r"peak memory [\d,]+ MiB")
+BATCHES = {"bucket", "segment"}
+"""The commands of COMMANDS whose output is batches: the others' summaries count the row groups they wrote."""
 
 COMMANDS = {
     "convert": [],
@@ -26,6 +29,7 @@ def test_every_writing_command_ends_with_the_shared_summary(tmp_path, parquet_sr
     lines = [line for line in result.stderr.splitlines() if not line.startswith(("warning: ", "auto-buckets: "))]
     assert len(lines) == 2, result.stderr
     assert lines[0].startswith(f"{command}: 300 rows in, ") and FINAL.fullmatch(lines[1]), lines
+    assert FINAL.fullmatch(lines[1]).group(1).startswith("batch" if command in BATCHES else "row group"), lines
     assert str(tmp_path / "dst") in lines[1]
 
 
@@ -106,18 +110,20 @@ def test_each_op_says_its_own_lines_and_run_only_their_warnings(capsys):
     """report() asks each step's op what to say (Operation.said: its lines and its note): a command prints all of it,
     `run` only the warnings, naming the stage, and its table ends each stage's line with the op's own words."""
     from batchtool.cli.common import report
-    output = {"rows": 164, "batches": 1, "files": ["part-00000.parquet"]}
-    report({"command": "stratify", "stats": DISCARDING, "output": output, "run": RUN_SECTION}, "dst", quiet=True)
+    output = {"format": "parquet", "rows": 164, "batches": 1, "files": ["part-00000.parquet"]}
+    report({"command": "stratify", "stats": DISCARDING, "output": output, "run": RUN_SECTION}, "dst", quiet=True,
+           batches=False)
     assert capsys.readouterr().err == ("warning: stratify discarded 95.9% of the examples (3,836 of 4,000 never "
                                        "appear in DST); --replacement upsamples instead\n")
-    report({"command": "bucket", "stats": AUTO, "output": output, "run": RUN_SECTION}, "dst", quiet=False)
+    report({"command": "bucket", "stats": AUTO, "output": output, "run": RUN_SECTION}, "dst", quiet=False,
+           batches=True)
     assert capsys.readouterr().err.splitlines()[:2] == [
         "auto-buckets: boundaries 10,20; expected padding efficiency 90.0% (3 quantile buckets: 80.0%)",
         "bucket: 164 rows in, 164 out; 20 batches, boundaries 10,20"]
     stages = [{"stage": 1, "op": "shuffle", "mode": "global", "rows_in": 4000, "rows_out": 4000},
               {"stage": 2, "op": "stratify", **DISCARDING}, {"stage": 3, "op": "bucket", **AUTO}]
     manifest = {"command": "run", "stats": {"rows_in": 4000, "stages": stages}, "output": output, "run": RUN_SECTION}
-    report(manifest, "dst", quiet=False)
+    report(manifest, "dst", quiet=False, batches=True)
     lines = capsys.readouterr().err.splitlines()
     assert lines[0].startswith("warning: stage 2 (stratify) discarded 95.9% of the examples")
     assert lines[2].split() == ["1", "shuffle", "4,000", "4,000", "global", "shuffle"]

@@ -21,6 +21,7 @@ from batchtool.budget import DEFAULT_MAX_RECORD_BYTES
 from batchtool.job import RunSettings
 from batchtool.ops import OPERATIONS
 from batchtool.errors import flag
+from batchtool.formats.registry import FORMATS
 from batchtool.options import Choice, Integer, Value, fields
 from batchtool.output import OutputOptions
 from batchtool.runner import default_threads
@@ -287,11 +288,11 @@ def manuals() -> dict[str, Traversable]:
     return {f.name[:-len(".md")]: f for f in files}
 
 
-def report(manifest: dict[str, Any], dst: str, quiet: bool) -> None:
+def report(manifest: dict[str, Any], dst: str, quiet: bool, batches: bool) -> None:
     """How every writing command ends, `run` included, from DST's manifest: what each step's operation says of
     it (Operation.said: its warnings even with --quiet; for `run` only those, naming the stage), then what each
     step did (rows in and out, what it dropped or duplicated, its own numbers) and one line of what was
-    written, the time and the peak memory."""
+    written (`batches`: its output is batches, Operation.writes_batches), the time and the peak memory."""
     stats, output, run = manifest["stats"], manifest["output"], manifest["run"]
     stages = stats.get("stages") or [{**stats, "op": manifest["command"], "rows_out": output["rows"]}]
     for stage in stages:
@@ -309,10 +310,20 @@ def report(manifest: dict[str, Any], dst: str, quiet: bool) -> None:
     ctx = click.get_current_context(silent=True)
     started = ctx.meta.get(_STARTED_META) if ctx is not None else None  # the whole command, first passes too
     seconds = run["wall_seconds"] if started is None else time.perf_counter() - started
-    lines.append(f"wrote {output['rows']:,} rows in {output['batches']:,} batches to {len(output['files'])} "
+    lines.append(f"wrote {output['rows']:,} rows{stored_in(output, batches)} to {len(output['files'])} "
                  f"shard(s) in {os.path.abspath(dst)}; {seconds:.1f} s, "
                  f"peak memory {run['peak_rss_bytes'] / 2**20:,.0f} MiB" + skipped_note(stats))
     click.echo("\n".join(lines), err=True)
+
+
+def stored_in(output: dict[str, Any], batches: bool) -> str:
+    """What the rows were written in: ` in 82 batches` for batches; for rows the format's own units (` in 8 row
+    groups`: the writer's, nothing a trainer asked for), or nothing where a reader sees none (TFRecord)."""
+    unit = "batch" if batches else FORMATS[output["format"]].group
+    if unit is None:
+        return ""
+    n = output["batches"]
+    return f" in {n:,} {unit}" + ("" if n == 1 else "es" if unit.endswith("ch") else "s")
 
 
 def render(stages: list[dict[str, Any]], expected: bool) -> list[str]:

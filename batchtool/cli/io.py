@@ -47,4 +47,4 @@ def convert_cmd(src: str, dst: str, columns: tuple[str, ...], input_format: str 
     run = make_run(kwargs)
     result = convert_dataset(src, dst, output, columns=list(columns) or None,
                              format=input_format, skip_corrupt=skip_corrupt, run=run)
-    report(result.manifest, dst, run.quiet)
+    report(result.manifest, dst, run.quiet, batches=False)

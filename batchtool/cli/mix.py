@@ -28,7 +28,7 @@ def mix_cmd(paths: tuple[str, ...], columns: tuple[str, ...], input_format: str 
     output, run = make_output(kwargs), make_run(kwargs)
     result = run_mixed(MIX, options, srcs, options.names, options.column, dst, output, run, seed=seed,
                        format=input_format, skip_corrupt=skip_corrupt, columns=list(columns) or None)
-    report(result.manifest, dst, run.quiet)
+    report(result.manifest, dst, run.quiet, MIX.writes_batches(options))
 
 
 mix_cmd.__doc__ = f"""{MIX.summary}

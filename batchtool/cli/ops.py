@@ -30,7 +30,7 @@ def make_command(op: Operation, runner: Runner = run_operation) -> click.Command
         seed = kwargs.pop("seed", 0)
         output, run = make_output(kwargs), make_run(kwargs)
         result = runner(op, options, src, dst, output, run, seed=seed, format=input_format, skip_corrupt=skip_corrupt)
-        report(result.manifest, dst, run.quiet)
+        report(result.manifest, dst, run.quiet, op.writes_batches(options))
 
     run_op.__name__ = f"{op.name}_cmd"
     run_op.__doc__ = op.summary

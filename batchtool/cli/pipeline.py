@@ -39,4 +39,4 @@ def run_cmd(pipeline: str, dry_run: bool, tmp_dir: str | None, overwrite: bool, 
         click.echo(f"(dry run: first passes only, nothing written; {result.wall_seconds:.1f} s)")
         return
     assert result.manifest is not None
-    report(result.manifest, config.output_path, run.quiet)
+    report(result.manifest, config.output_path, run.quiet, config.stages[-1].batching)

@@ -358,6 +358,7 @@ class ArrowFormat(Format):
     codecs = ("none", "lz4", "zstd")
     default_codec = "none"
     magic = MAGIC
+    group = "record batch"
 
     def detect(self, path: str, head: bytes | None = None) -> bool:
         """By name, or by the file format's magic or a stream's first message (its continuation marker)."""

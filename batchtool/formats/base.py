@@ -216,6 +216,9 @@ class Format(ABC):
     """Each record carries its own checksum, which the `crc` rule of `check` verifies."""
     min_batch_bytes: ClassVar[float] = 1.0
     """Bytes of a file one batch takes at least (most_batches)."""
+    group: ClassVar[str | None] = None
+    """What the summary calls one stored batch of an output that is rows, not batches ('row group', 'record batch');
+    None: nothing a reader of the file sees (TFRecord's records follow each other)."""
     self_indexing: ClassVar[bool] = True
     """A file's batches can be found from the file alone (row groups, record batches); False: only from the
     batch index in the manifest batchtool writes beside the files."""

@@ -233,6 +233,7 @@ class ParquetFormat(Format):
     default_codec = "zstd"
     max_shard_batches = MAX_SHARD_BATCHES
     magic = b"PAR1"
+    group = "row group"
     min_batch_bytes = 8
     """A row group's entry in the footer: its column chunks, byte size and rows."""
 

@@ -197,6 +197,10 @@ class Operation(Generic[O, P]):
         on besides the rows (a pipeline keeps it intact)."""
         return Shape(self.kind, Depends.ORDER if self.seeded else Depends.ROWS)
 
+    def writes_batches(self, options: O) -> bool:
+        """Its output is batches with these options (each stored batch one training batch), not rows in row groups."""
+        return self.shape(options).kind is Kind.BATCHES
+
     # -- what it learns first, and its plan
     def first_pass(self, options: O, schema: pa.Schema) -> Pass | None:
         """The pass its plan is made from over an input of this schema; None: it has none."""

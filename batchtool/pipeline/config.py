@@ -56,7 +56,7 @@ class StageConfig:
     @property
     def batching(self) -> bool:
         """Does it write batches (row groups a later stage would regroup)? Then it must be last."""
-        return OPERATIONS[self.op].shape(self.options).kind is Kind.BATCHES
+        return OPERATIONS[self.op].writes_batches(self.options)
 
 
 class InputPaths(Text):

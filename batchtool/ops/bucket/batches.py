@@ -27,7 +27,7 @@ from batchtool.ops.rows import keep_mask
 from batchtool.ops.labels import Locate, label_codes
 from batchtool.ops.quotas import class_readers, quota_batches
 from batchtool.ops.rows import sorted_rows, take_sizes
-from batchtool.padding import mask_column, pad_batch, sequence_lengths
+from batchtool.padding import padded_batch, sequence_lengths
 from batchtool.spill import interleave
 from batchtool.stats import lengths_of
 
@@ -175,20 +175,12 @@ def make_batch(data: pa.RecordBatch, index: int, bucket: int, pad_length: int | 
                pad_values: Mapping[str, Any], mask: bool) -> pa.RecordBatch:
     """One output batch: sequence columns padded to `pad_length` (None: at their real lengths, for load to pad),
     plus batch, bucket, length (and mask, only beside padded columns)."""
-    padded = pad_batch(data, columns.sequences, pad_length, pad_values)
     n = data.num_rows
     out = columns.names
-    names = [name for name in padded.schema.names if name != out["length"]]
-    arrays = [padded.column(name) for name in names]
-    arrays += [pa.array(np.full(n, index, dtype=np.int64)), pa.array(np.full(n, bucket, dtype=np.int32)),
-               data.column(out["length"])]
-    names += [out["batch"], out["bucket"], out["length"]]
-    if mask and pad_length is not None:
-        arrays.append(mask_column(data.column(out["length"]).to_numpy(), pad_length))
-        names.append(out["mask"])
-    kept = {f.name: f.metadata for f in padded.schema}  # the metadata that marks an extension type's storage
-    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema([pa.field(n, a.type, metadata=kept.get(n))
-                                                                for n, a in zip(names, arrays)]))
+    own = [(out["batch"], pa.array(np.full(n, index, dtype=np.int64))),
+           (out["bucket"], pa.array(np.full(n, bucket, dtype=np.int32)))]
+    return padded_batch(data, columns.sequences, pad_length, pad_values, own,
+                        (out["length"], data.column(out["length"])), out["mask"] if mask else None)
 
 
 def output_schema(schema: pa.Schema, columns: BucketColumns, mask: bool, padded: bool) -> pa.Schema:

@@ -1,36 +1,48 @@
 """`mix`: several sources (one dataset, batchtool.mixed) in exact proportions, shuffled or in batches that each hold
 every source's share. It is stratify with the source column as the label and the weights as the target: its exact
 selection (keyed, without replacement, or every row k or k+1 times), then one keyed global order (the exchange of a
-shuffle) or stratify's balanced batches."""
+shuffle) or stratify's balanced batches (with --pad, padded as bucket pads its batches)."""
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from batchtool import budget
 from batchtool.dataset import Chunk, Dataset
-from batchtool.errors import InputError
+from batchtool.errors import InputError, OptionInputError
 from batchtool.ops import names as own
-from batchtool.ops.base import Context, Depends, Kind, Operation, Pass, Said, Shape, manifest_options, need_columns, who
+from batchtool.ops.base import (ColumnError, Context, Depends, Kind, Operation, Pass, Said, Shape, manifest_options,
+                                need_columns, who)
 from batchtool.ops.copies import Copies
 from batchtool.ops.keyed import flush_bytes, range_bytes
 from batchtool.ops.mix.options import OUTPUT_COLUMNS, MixOptions, largest_remainder, mixture_totals
 from batchtool.ops.quotas import plan_layout
-from batchtool.ops.regroup import Cut, Exchange, Probe, Runtime, Scatter, Scattered, Stream
+from batchtool.ops.regroup import Batches, Cut, Exchange, Probe, Runtime, Scatter, Scattered, Stream
 from batchtool.ops.rows import FixedBatches, bytes_per_row, estimate_bytes
 from batchtool.ops.shuffle import default_batch_rows
 from batchtool.ops.stratify import OP as STRATIFY
-from batchtool.ops.stratify import Stratification, StratifyOptions, find_thresholds, threshold_plan
+from batchtool.ops.stratify import Stratification, StratifyOptions, discard_warning, find_thresholds, threshold_plan
 from batchtool.ops.stratify.batches import exchange as balanced_batches
 from batchtool.ops.stratify.batches import selected_rows, selected_size
+from batchtool.padding import BatchPadding, default_pad, parse_pad_values
 from batchtool.spill import parts_for
+from batchtool.stats import is_sequence_type
 from batchtool.tally import Tally
 
 STAGE = "mix"
 """The keyed order of the shuffled mixture."""
+COPY_BYTES = 48
+"""What one written copy of a row takes besides its data while a map task builds a chunk's selection at once (its
+id, the take index, its copy number, its id's hash: 8 bytes each, and their temporaries): the least a copy needs."""
+BATCH_BYTES = 128
+"""What --batch-size's layout holds per batch besides 16 bytes per source (its quotas: an array each, then one
+array of them all)."""
 
 
 def _as_stratify(options: MixOptions, target: tuple[float, ...] | str = "uniform") -> StratifyOptions:
@@ -40,7 +52,42 @@ def _as_stratify(options: MixOptions, target: tuple[float, ...] | str = "uniform
                            drop_remainder=options.drop_remainder, balanced_batches=options.batch_size is not None)
 
 
-class Mix(Operation[MixOptions, Stratification]):
+@dataclass(frozen=True)
+class Mixture(Stratification):
+    """mix's plan: the stratification that selects it, and with --pad how its batches are padded."""
+
+    padding: BatchPadding | None = None
+
+
+def batch_padding(options: MixOptions, schema: pa.Schema) -> BatchPadding | None:
+    """--pad: the sequence columns (every list column unless --sequence names them), their pad values and the length
+    and mask columns, none of which the input may already hold; None without --pad."""
+    if not options.pad:
+        return None
+    for name in options.sequence:
+        if name not in schema.names:
+            raise ColumnError("sequence", f"no such column (available: {', '.join(schema.names)})", value=name)
+        if not is_sequence_type(schema.field(name).type):
+            raise ColumnError("sequence", f"column is {schema.field(name).type}, expected a list (sequence) column",
+                              value=name)
+    sequences = options.sequence or tuple(f.name for f in schema if is_sequence_type(f.type))
+    if not sequences:
+        raise ColumnError("pad", f"no list (sequence) column to pad (columns: {', '.join(schema.names)}); leave out "
+                          "{pad}")
+    values = parse_pad_values(options.pad_value, schema)
+    stray = next((name for name in values if name not in sequences), None)
+    if stray is not None:
+        raise ColumnError("pad_value", f"{stray!r} is not a padded sequence column (sequences: "
+                          f"{', '.join(sequences) or 'none'})", value=stray)
+    names = own.named(OUTPUT_COLUMNS, options.output_column)
+    own.refuse_clashes("mix", {role: names[role] for role in ("length", "mask") if role != "mask" or options.mask},
+                       schema.names)
+    return BatchPadding(tuple(sequences), {name: values.get(name, default_pad(schema.field(name).type))
+                                           for name in sequences}, names["length"],
+                        names["mask"] if options.mask else None)
+
+
+class Mix(Operation[MixOptions, Mixture]):
     """mix's definition. Its plan is a stratification of the source column (stratify's exact thresholds for counts
     from the weights); its regrouping is a keyed global order of the selection, or stratify's balanced batches."""
 
@@ -61,7 +108,8 @@ class Mix(Operation[MixOptions, Stratification]):
 
     def output_schema(self, options: MixOptions, schema: pa.Schema) -> pa.Schema:
         need_columns(schema, own.FIELD, [options.column])
-        return schema
+        padding = batch_padding(options, schema)
+        return schema if padding is None else padding(pa.RecordBatch.from_pylist([], schema=schema)).schema
 
     def input_columns(self, options: MixOptions, columns: list[str] | None) -> list[str] | None:
         return None if columns is None else list(dict.fromkeys([*columns, options.column]))
@@ -70,10 +118,13 @@ class Mix(Operation[MixOptions, Stratification]):
         return {**manifest_options(options, output), **own.recorded(options.output_column)}
 
     def first_pass(self, options: MixOptions, schema: pa.Schema) -> Pass | None:
-        """Each source's rows: stratify's class counts of the source column."""
-        return STRATIFY.first_pass(_as_stratify(options), schema)
+        """Each source's rows: stratify's class counts of the source column; and the rows of each source's largest
+        chunk, which the plan's memory check needs."""
+        counts = STRATIFY.first_pass(_as_stratify(options), schema)
+        assert counts is not None, "exact mode counts"
+        return replace(counts, of=functools.partial(_chunk_counts, options.column, counts.of))
 
-    def plan(self, options: MixOptions, context: Context, stats: Tally) -> Stratification:
+    def plan(self, options: MixOptions, context: Context, stats: Tally) -> Mixture:
         """The rows each source gives (exact: floor(M w_i), or --size by largest remainder) and stratify's exact
         plan for them: the thresholds of keyed hashes found in passes over the source column."""
         k = len(options.names)
@@ -84,31 +135,39 @@ class Mix(Operation[MixOptions, Stratification]):
             raise InputError(f"source {options.names[empty]!r} is empty: it has no rows to mix")
         weights = options.weight_fractions(rows.tolist())
         totals, m = mixture_totals(options, rows, weights)
+        _check_memory(options, context.memory, stats, rows, totals)
         target = tuple(float(w) for w in weights)
         plan = threshold_plan(totals, rows, lambda ranks: find_thresholds(
             context.scan, options.column, k, ranks, rows, context.seed, context.locate))
         info = {"column": options.column, "names": list(options.names), "weights": list(target),
                 "rows": rows.tolist(), "targets": totals.tolist(),
                 "total_m": m.numerator if m.denominator == 1 else round(float(m), 6)}
-        return Stratification(_as_stratify(options, target), k, np.array(target), plan, float(totals.sum()), info,
-                              context.seed, context.locate, context.memory, context.tasks)
+        return Mixture(_as_stratify(options, target), k, np.array(target), plan, float(totals.sum()), info,
+                       context.seed, context.locate, context.memory, context.tasks,
+                       padding=batch_padding(options, context.schema))
 
-    def kernel(self, plan: Stratification, chunk: Chunk) -> tuple[Copies, Tally]:
+    def kernel(self, plan: Mixture, chunk: Chunk) -> tuple[Copies, Tally]:
         """The selection of a chunk (what the exchange's map tasks scatter): stratify's copies of each row."""
         return STRATIFY.kernel(plan, chunk)
 
-    def regroup(self, plan: Stratification, data: Dataset, probe: Probe) -> Exchange | Stream:
+    def regroup(self, plan: Mixture, data: Dataset, probe: Probe) -> Exchange | Stream:
         """The selection in a keyed global order (a shuffle's exchange, its rows chosen on the map workers), or with
-        --batch-size stratify's balanced batches of it."""
+        --batch-size stratify's balanced batches of it (with --pad, padded)."""
         if plan.options.balanced_batches:
-            return balanced_batches(self, plan, data, probe)
+            batches = balanced_batches(self, plan, data, probe)
+            assert batches is not None and batches.scatter.prepare is not None, "exact mode selects on the map side"
+            if plan.padding is None:
+                return batches
+            scatter = replace(batches.scatter, prepare=functools.partial(_checked, plan.padding, plan.locate,
+                                                                         batches.scatter.prepare))
+            return replace(batches, scatter=scatter, cut=functools.partial(_padded_cut, plan.padding, batches.cut))
         first = probe(functools.partial(selected_size, self, plan))
         parts = parts_for(estimate_bytes(data, first, rows=int(plan.expected_rows or 0)), range_bytes(plan.memory, plan.tasks))
         scatter = Scatter(data.schema, (parts,), plan.seed, STAGE, flush_bytes(plan.memory, parts, plan.tasks),
                           functools.partial(_one_group, self, plan))
         return Exchange(scatter, functools.partial(_shuffled, self, plan, default_batch_rows(bytes_per_row(first))))
 
-    def report(self, plan: Stratification, stats: Tally) -> dict[str, Any]:
+    def report(self, plan: Mixture, stats: Tally) -> dict[str, Any]:
         """manifest["stats"]: per source its rows, weight, the rows taken (written), those beyond its own rows
         (repeats) and its share of the output; the selection's copies, and the batches' layout."""
         done = STRATIFY.report(plan, stats)
@@ -118,24 +177,27 @@ class Mix(Operation[MixOptions, Stratification]):
         sources = [{"index": i, "name": name, "weight": round(w, 9), "rows": n, "taken": t, "repeats": max(0, t - n),
                     "share": round(t / out, 6)}
                    for i, (name, w, n, t) in enumerate(zip(plan.info["names"], plan.info["weights"], available, taken))]
-        kept = ("rows_in", "examples_dropped", "examples_duplicated", "copies_per_example", "batch_size",
-                "balanced_batches", "final_batch_quotas")
+        kept = ("rows_in", "examples_dropped", "examples_duplicated", "copies_per_example", "discarded_fraction",
+                "batch_size", "balanced_batches", "final_batch_quotas")
         return {"column": plan.info["column"], "total_m": plan.info["total_m"], "sources": sources,
                 **{key: done[key] for key in kept if key in done}}
 
     def said(self, stats: dict[str, Any]) -> Said:
-        """Every source with its rows, weight and what it gave (so a glob that became many sources shows them), and
-        a warning for a source whose weight gives it no row; the counts per source at the end of the summary."""
+        """Every source with its rows, weight and what it gave (so a glob that became many sources shows them), a
+        warning for a source whose weight gives it no row, and stratify's when most of the input is discarded; the
+        counts per source at the end of the summary."""
         sources = stats.get("sources") or []
         warnings = tuple(f"warning: {who(stats, self.name)}: source {s['name']!r} gets no rows at weight "
                          f"{s['weight']:.6g} (its share of the mixture rounds down to 0)"
                          for s in sources if s["weight"] > 0 and not s["taken"])
+        warnings += discard_warning(stats, self.name, "weights nearer the sources' sizes keep more, or --replacement "
+                                    "with a larger --size repeats the smaller sources instead")
         note = ("per source " + "/".join(f"{s['taken']:,}" for s in sources),) if sources else ()
         if not sources or "rows" not in sources[0]:
             return Said(warnings, note)
         return Said((*warnings, *source_table(sources)), note)
 
-    def expected(self, plan: Stratification, rows_in: int | None, scan: Any = None) -> tuple[int | None, dict[str, Any]]:
+    def expected(self, plan: Mixture, rows_in: int | None, scan: Any = None) -> tuple[int | None, dict[str, Any]]:
         """Dry run: the rows of each source the plan takes (with --batch-size, those its balanced batches hold)."""
         taken = np.asarray(plan.info["targets"], dtype=np.int64)
         info: dict[str, Any] = {}
@@ -150,6 +212,32 @@ class Mix(Operation[MixOptions, Stratification]):
         return int(taken.sum()), info
 
 
+def _chunk_counts(column: str, count: Any, context: Context, chunk: Chunk) -> Tally:
+    """A chunk's class counts (`count`, stratify's) and its rows as a chunk of its source (a chunk is of one)."""
+    tally = count(context, chunk)
+    if chunk.num_rows:
+        tally.add_values(f"chunk_rows/{chunk.data.column(column)[0].as_py()}", np.array([chunk.num_rows]))
+    return tally
+
+
+def _check_memory(options: MixOptions, memory: int, stats: Tally, rows: np.ndarray, totals: np.ndarray) -> None:
+    """Refuse, before any row is selected, a mixture whose making cannot fit --memory, however large --size: a map
+    task builds the copies of one chunk at once (COPY_BYTES a copy at least), and --batch-size's layout holds every
+    batch's quotas."""
+    copies = -(-totals // np.maximum(rows, 1))
+    chunk = np.array([stats.high.get(f"chunk_rows/{i}", 0) for i in range(len(rows))], dtype=np.int64)
+    i = int(np.argmax(copies * chunk))
+    size = "" if options.size is None else f"{options.size:,}"
+    budget.check("size", f"the copies of one chunk of source {options.names[i]!r} ({int(chunk[i]):,} rows, each "
+                 f"written up to {int(copies[i]):,} times)", float(copies[i] * chunk[i] * COPY_BYTES), memory,
+                 "give a smaller {size}", value=size or None, error=OptionInputError)
+    if options.batch_size is not None:
+        batches = -(-int(totals.sum()) // options.batch_size)
+        budget.check("size", f"the layout of {batches:,} batches", batches * (BATCH_BYTES + 16 * len(rows)), memory,
+                     "give a smaller {size} or a larger {batch_size}", value=size or None, error=OptionInputError,
+                     mentions=["batch_size"])
+
+
 def source_table(sources: list[dict[str, Any]]) -> list[str]:
     """manifest["stats"]["sources"] as the summary and `batchtool inspect` show it: one aligned row per source."""
     cells = [("source", "rows", "weight", "taken", "repeats", "share")]
@@ -158,6 +246,52 @@ def source_table(sources: list[dict[str, Any]]) -> list[str]:
     widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
     return ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
             for row in cells]
+
+
+def _checked(padding: BatchPadding, locate: Callable[[int], str], prepare: Callable[[Chunk], Any], chunk: Chunk) -> Any:
+    """--pad: a map task's chunk, its sequence columns checked to agree in length row by row (an error names the
+    row), then selected (`prepare`, the balanced batches' own)."""
+    padding.check(chunk.data, lambda i: locate(int(chunk.ids[i])))
+    return prepare(chunk)
+
+
+def _padded_cut(padding: BatchPadding, cut: Callable[[Scattered, Runtime], Cut], scattered: Scattered,
+                runtime: Runtime) -> Cut:
+    """--pad: the balanced batches' cut, each batch padded where it is read."""
+    made = cut(scattered, runtime)
+    return replace(made, batches=PaddedBatches(made.batches, padding))
+
+
+@dataclass(frozen=True)
+class PaddedBatches:
+    """Batches (ops.regroup.Batches) padded to their longest row as they are read: the same rows, in the same order."""
+
+    batches: Batches
+    padding: BatchPadding
+
+    @property
+    def count(self) -> int:
+        return self.batches.count
+
+    @property
+    def rows(self) -> int:
+        return self.batches.rows
+
+    def batch_rows(self, k: int) -> int:
+        return self.batches.batch_rows(k)
+
+    def first_row(self, k: int) -> int:
+        return self.batches.first_row(k)
+
+    def nbytes(self) -> int:
+        return self.batches.nbytes()
+
+    def reader(self, start: int, end: int) -> Callable[[], Iterator[pa.RecordBatch]]:
+        return functools.partial(_padded_run, self.padding, self.batches.reader(start, end))
+
+
+def _padded_run(padding: BatchPadding, read: Callable[[], Iterator[pa.RecordBatch]]) -> Iterator[pa.RecordBatch]:
+    return map(padding, read())
 
 
 def _one_group(op: Operation, plan: Stratification, chunk: Chunk) -> tuple[Chunk, np.ndarray, Tally]:
@@ -177,5 +311,5 @@ def _shuffled(op: Operation, plan: Stratification, batch_rows: int, scattered: S
 
 OP = Mix()
 
-__all__ = ["OP", "OUTPUT_COLUMNS", "STAGE", "Mix", "MixOptions", "largest_remainder", "mixture_totals",
-           "source_table"]
+__all__ = ["OP", "OUTPUT_COLUMNS", "STAGE", "Mix", "MixOptions", "Mixture", "PaddedBatches", "batch_padding",
+           "largest_remainder", "mixture_totals", "source_table"]

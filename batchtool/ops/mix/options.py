@@ -15,10 +15,11 @@ from batchtool.errors import OptionError, OptionInputError
 from batchtool.mixed import SOURCE
 from batchtool.ops import names as own
 from batchtool.ops.copies import MAX_RATE
-from batchtool.options import Flag, Integer, Number, Value, option, shown
+from batchtool.options import ColumnList, Flag, Integer, Number, Pairs, Value, option, shown
 
-OUTPUT_COLUMNS = (SOURCE,)
-"""mix's own column: each row's source, by index (the manifest names them)."""
+OUTPUT_COLUMNS = (SOURCE, "length", "mask")
+"""mix's own columns: each row's source, by index (the manifest names them); with --pad, as bucket writes them, each
+row's real steps and (--mask) the mask of them."""
 
 Weights = Union[tuple[float, ...], tuple[tuple[str, float], ...]]
 """Weights in source order, or (NAME, W) pairs."""
@@ -78,7 +79,8 @@ class MixOptions:
         "they need not sum to 1.", WeightsSpec(), None)
     temperature: float | None = option(
         "Instead of --weights: source i weighs n_i^(1/T), n_i its rows (1: in proportion to size; larger: flatter, "
-        "as multilingual training's temperature sampling).", Number(metavar="T"), None)
+        "as multilingual training's temperature sampling; toward 0: the largest source gets all the weight, shared "
+        "by sources tied for largest).", Number(metavar="T"), None)
     replacement: bool = option("With --size: repeat the rows of a source smaller than its share, evenly (every row "
                                "k or k+1 times).", Flag(), False)
     size: int | None = option("Rows of the mixture (default: the largest that uses no row twice, exactly "
@@ -87,6 +89,14 @@ class MixOptions:
                                     "or ceil of B*w_i), batch after batch within one row of the weights.",
                                     Integer(metavar="B"), None)
     drop_remainder: bool = option("Drop the final batch if it is smaller than --batch-size.", Flag(), False)
+    pad: bool = option("With --batch-size: pad the sequence (list) columns of every batch to its longest row and add "
+                       "a 'length' column of each row's real steps, as bucket writes them, so batchtool.load hands "
+                       "out [B, T, ...] arrays (without it, ragged lists).", Flag(), False)
+    sequence: tuple[str, ...] = option("With --pad: a sequence (list) column to pad; repeat for several, which must "
+                                       "agree in length (default: every list column).", ColumnList(dedupe=True), ())
+    pad_value: tuple[str, ...] = option("With --pad: pad value of a sequence column (default 0, '' for strings); "
+                                        "repeatable.", Pairs("COL=V"), ())
+    mask: bool = option("With --pad: add a 'mask' list<bool> column, true on real steps.", Flag(), False)
     output_column: tuple[tuple[str, str], ...] = own.output_column(OUTPUT_COLUMNS)
 
     def __post_init__(self) -> None:
@@ -110,6 +120,12 @@ class MixOptions:
             raise OptionError("batch_size", "must be at least 1", value=str(self.batch_size))
         if self.drop_remainder and self.batch_size is None:
             raise OptionError("drop_remainder", "{drop_remainder} needs {batch_size}", mentions=["batch_size"])
+        if self.pad and self.batch_size is None:
+            raise OptionError("pad", "{pad} needs {batch_size}: only batches are padded to their longest row",
+                              mentions=["batch_size"])
+        for name, given in (("sequence", self.sequence), ("pad_value", self.pad_value), ("mask", self.mask)):
+            if given and not self.pad:
+                raise OptionError(name, f"{{{name}}} goes with {{pad}}", mentions=["pad"])
         own.check_names(OUTPUT_COLUMNS, self.output_column)
 
     def _check_weights(self, weights: Weights) -> None:
@@ -141,7 +157,7 @@ class MixOptions:
         """Each source's weight as an exact fraction, normalised to sum to 1: the decimals as written (so 0.3 is
         3/10, never a float just below it), or n_i^(1/T) from the rows of each source."""
         if self.temperature is not None:
-            raw = [Fraction(float(n) ** (1.0 / self.temperature)) for n in rows]
+            raw = [Fraction(w) for w in temperature_weights(rows, self.temperature)]
         elif self.weights and not isinstance(self.weights[0], float):
             named = dict(self.weights)  # type: ignore[arg-type]
             raw = [Fraction(repr(float(named.get(name, 0.0)))) for name in self.names]
@@ -149,6 +165,21 @@ class MixOptions:
             raw = [Fraction(repr(float(w))) for w in self.weights or ()]  # type: ignore[arg-type]
         total = sum(raw)
         return [r / total for r in raw]
+
+
+def temperature_weights(rows: Sequence[int], temperature: float) -> list[float]:
+    """n_i^(1/T) for each source's rows n_i: as floats where the largest fits one (so T=1 gives the rows
+    themselves, exactly), else (T near 0, where it overflows) relative to the largest source, (n_i/n_max)^(1/T), in
+    log space: its limit as T goes to 0, all the weight on the largest source (shared by ties)."""
+    exponent = 1.0 / temperature
+    try:
+        raw = [float(n) ** exponent for n in rows]
+    except OverflowError:
+        raw = []
+    if raw and all(math.isfinite(w) for w in raw):
+        return raw
+    top = math.log(max(rows))
+    return [math.exp((math.log(n) - top) / temperature) for n in rows]
 
 
 def largest_remainder(total: int, weights: Sequence[Fraction]) -> list[int]:
@@ -184,4 +215,5 @@ def mixture_totals(options: MixOptions, rows: np.ndarray, weights: Sequence[Frac
     return totals, m
 
 
-__all__ = ["MixOptions", "Names", "OUTPUT_COLUMNS", "Weights", "WeightsSpec", "largest_remainder", "mixture_totals"]
+__all__ = ["MixOptions", "Names", "OUTPUT_COLUMNS", "Weights", "WeightsSpec", "largest_remainder", "mixture_totals",
+           "temperature_weights"]

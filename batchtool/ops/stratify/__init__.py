@@ -197,20 +197,26 @@ class Stratify(Operation[StratifyOptions, Stratification]):
 
     def said(self, stats: dict[str, Any]) -> Said:
         """A warning when more than half of the examples never reach DST (`stratified_sample` logs this too)."""
-        fraction = stats.get("discarded_fraction", 0.0)
-        if fraction <= 0.5:
-            return Said()
         hint = "a larger --size keeps more" if stats.get("replacement") else "--replacement upsamples instead"
-        return Said((f"warning: {who(stats, self.name)} discarded {fraction:.1%} of the examples "
-                     f"({stats['examples_dropped']:,} of {stats['rows_in']:,} never appear in DST); {hint}",))
+        return Said(discard_warning(stats, self.name, hint))
 
     def expected(self, plan: Stratification, rows_in: int | None, stats: Any = None) -> tuple[int | None, dict[str, Any]]:
         return plan.expected()
+
+
+def discard_warning(stats: dict[str, Any], name: str, hint: str) -> tuple[str, ...]:
+    """The warning of an op that selects (stratify, mix) when more than half of its input never reaches DST (its
+    `discarded_fraction`), with `hint`, how to keep more; none otherwise."""
+    fraction = stats.get("discarded_fraction", 0.0)
+    if fraction <= 0.5:
+        return ()
+    return (f"warning: {who(stats, name)} discarded {fraction:.1%} of the examples "
+            f"({stats['examples_dropped']:,} of {stats['rows_in']:,} never appear in DST); {hint}",)
 
 
 OP = Stratify()
 
 __all__ = ["MAX_CLASSES", "MODES", "OP", "ONLINE_PRIOR", "STAGE", "LabelError", "RatePlan", "Stratification",
            "Stratify", "StratifyOptions", "Target", "ThresholdPlan", "acceptance_probs",
-           "check_probs", "check_zero_classes", "exact_target", "exact_totals", "find_thresholds",
+           "check_probs", "check_zero_classes", "discard_warning", "exact_target", "exact_totals", "find_thresholds",
            "label_codes", "largest_total", "parse_probs", "parse_target", "target_vector", "threshold_plan"]
