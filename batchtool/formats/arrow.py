@@ -17,7 +17,7 @@ import pyarrow as pa
 from batchtool import batch_check, fs
 from batchtool.dataset import shard_chunk
 from batchtool.errors import InputError, first_line, where
-from batchtool.formats import hf, ipc_meta
+from batchtool.formats import column_types, hf, ipc_meta
 from batchtool.formats.base import (DAMAGED, Batches, EncodedBatch, Format, ReadTask, check_batch_memory,
                                     open_self_describing, rows_only, schema_problem, size_problem)
 from batchtool.manifest import MANIFEST_NAME
@@ -114,11 +114,16 @@ class IpcFile:
             names = self.schema.names if columns is None else columns
             included = [self.schema.get_field_index(c) for c in names]
             reader = self._reader(pa.ipc.IpcReadOptions(included_fields=sorted(included)))
+            encoded = [n for n in names if column_types.holds_dictionary(self.schema.field(n).type)]
             for message in self.layout.batches:
                 kept = ipc_meta.field_buffers(self.schema, message, names)
-                check_batch_memory(dataset, ipc_meta.inflated(read_at, message, kept), message.rows,
-                                   f"{where(self.path)}, record batch {message.index}")
+                at = f"{where(self.path)}, record batch {message.index}"
+                inflated = ipc_meta.inflated(read_at, message, kept)
+                check_batch_memory(dataset, inflated, message.rows, at)
                 batch = self._read(reader, message.index)
+                if encoded:
+                    decoded = sum(column_types.decoded_bytes(batch.column(n)) for n in encoded)
+                    check_batch_memory(dataset, inflated, message.rows, at, decoded)
                 yield message, (batch.select(names) if message.rows else None)
         except ipc_meta.Malformed as exc:
             raise InputError(f"{where(self.path)}: corrupt Arrow IPC file ({exc})") from exc
