@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import struct
 
 import numpy as np
 import pyarrow as pa
@@ -227,4 +228,25 @@ def test_a_dictionary_index_outside_its_dictionary_names_file_batch_and_column(t
     assert one_line(result.stderr) == (
         f"error: {src}, record batch 1, column 'key': corrupt (Dictionary indices invalid: Invalid: Value at "
         "position 1 out of bounds: 5 (should be in [0, 1]))")
+    assert result.exit_code == 2 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_buffer_outside_its_batch_body_names_the_file_and_the_record_batch(tmp_path, run_cli, stream):
+    table = pa.table({"tokens": pa.array([[i, i] for i in range(30)])})
+    sink = io.BytesIO()
+    with (pa.ipc.new_stream if stream else pa.ipc.new_file)(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=10)
+    data = bytearray(sink.getvalue())
+    layout = (ipc_meta.stream_layout if stream else ipc_meta.file_layout)(lambda at, n: bytes(data[at:at + n]),
+                                                                          len(data))
+    first, second = layout.batches[:2]
+    offset, length = second.buffers[-1]
+    at = data.index(struct.pack("<qq", offset, length), first.start + first.body)  # in batch 1's metadata
+    data[at:at + 8] = struct.pack("<q", offset + 10_000)
+    src = tmp_path / "outside.arrow"
+    src.write_bytes(bytes(data))
+    result = run_cli("convert", src, tmp_path / "out")
+    assert one_line(result.stderr) == (f"error: {src}, record batch 1: corrupt Arrow IPC {'stream' if stream else 'file'}"
+                                       f" (a buffer lies outside its {second.body}-byte body)")
     assert result.exit_code == 2 and not (tmp_path / "out").exists()

@@ -43,6 +43,12 @@ def _unreadable(path: str, exc: BaseException) -> InputError:
     return InputError(f"{where(path)}: not a readable Arrow IPC file ({first_line(exc)})")
 
 
+def _malformed(path: str, stream: bool, exc: ipc_meta.Malformed) -> InputError:
+    """The one line for metadata ipc_meta cannot trust: the file and, where it is known, the batch."""
+    at = where(path) if exc.batch is None else f"{where(path)}, {exc.batch}"
+    return InputError(f"{at}: corrupt Arrow IPC {'stream' if stream else 'file'} ({exc})")
+
+
 def open_file(path: str) -> pa.ipc.RecordBatchFileReader:
     """Open one shard of the IPC file format, memory-mapped when local, as one-line errors."""
     try:
@@ -93,7 +99,7 @@ class IpcFile:
         try:
             layout = (ipc_meta.stream_layout if stream else ipc_meta.file_layout)(_reader_of(source), size)
         except ipc_meta.Malformed as exc:
-            raise InputError(f"{where(path)}: corrupt Arrow IPC {'stream' if stream else 'file'} ({exc})") from exc
+            raise _malformed(path, stream, exc) from exc
         return IpcFile(path, source, stream, schema, layout)
 
     def batches(self, dataset: Dataset, columns: list[str] | None) -> Iterator[tuple[ipc_meta.Message,
@@ -126,7 +132,7 @@ class IpcFile:
                     check_batch_memory(dataset, inflated, message.rows, at, decoded)
                 yield message, (batch.select(names) if message.rows else None)
         except ipc_meta.Malformed as exc:
-            raise InputError(f"{where(self.path)}: corrupt Arrow IPC file ({exc})") from exc
+            raise _malformed(self.path, self.stream, exc) from exc
 
     def _reader(self, options: pa.ipc.IpcReadOptions) -> pa.ipc.RecordBatchFileReader | pa.ipc.RecordBatchStreamReader:
         try:
