@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, BinaryIO
 import numpy as np
 import pyarrow as pa
 
-from batchtool import batch_check, fs
+from batchtool import batch_check, budget, fs
 from batchtool.dataset import shard_chunk
 from batchtool.errors import InputError, first_line, where
 from batchtool.formats import column_types, hf, ipc_meta
@@ -57,22 +57,67 @@ def open_file(path: str) -> pa.ipc.RecordBatchFileReader:
         raise _unreadable(path, exc) from exc
 
 
-def read_batch(reader: pa.ipc.RecordBatchFileReader, path: str, index: int, columns: list[str] | None,
-               verify: bool = False) -> pa.RecordBatch:
-    """Batch `index` of an open file (O(1): the footer says where it is), checked before anything slices it
-    (batch_check.check_batch: buffer sizes, offsets, null counts; O(offsets)), and with `verify`, its CRC32C.
-    The commands also check every value against its type (a full pass over the data, on their worker threads)."""
-    try:
+LARGEST_BATCH = "largest_batch_bytes"
+"""An output file's manifest entry: the most bytes one of its batches takes in memory (its buffers' total), which
+no batch of the file may declare more than before it is decompressed."""
+UNRECORDED_LIMIT = budget.allowed(budget.DEFAULT_MEMORY)
+"""What one batch may decompress to where the manifest does not record LARGEST_BATCH (outputs of older batchtools,
+Arrow IPC files without a manifest): the share of the default --memory one batch of a run may take."""
+
+
+@dataclass(frozen=True)
+class BatchFile:
+    """An Arrow IPC file opened to read any of its batches: pyarrow's reader, and the footer from which each batch's
+    declared sizes are read (ipc_meta, O(1) a batch) and checked against `limit` before pyarrow decompresses it."""
+
+    path: str
+    reader: pa.ipc.RecordBatchFileReader
+    read_at: ipc_meta.ReadAt
+    footer: ipc_meta.Footer
+    limit: int | None
+    """The file's largest batch as the manifest records it (None: UNRECORDED_LIMIT)."""
+
+    @staticmethod
+    def open(path: str, limit: int | None = None) -> BatchFile:
+        try:
+            source = _source(path)
+            reader = pa.ipc.open_file(source)
+            footer = ipc_meta.file_footer(_reader_of(source), source.size())
+        except DAMAGED as exc:
+            raise _unreadable(path, exc) from exc
+        except ipc_meta.Malformed as exc:
+            raise _malformed(path, False, exc) from exc
+        return BatchFile(path, reader, _reader_of(source), footer, limit)
+
+    def read(self, index: int, columns: list[str] | None, verify: bool = False) -> pa.RecordBatch:
+        """Batch `index` (O(1): the footer says where it is), its compressed buffers' declared sizes checked first
+        (a few bytes can declare petabytes, or really inflate to gigabytes), then checked before anything slices it
+        (batch_check.check_batch: buffer sizes, offsets, null counts; O(offsets)), and with `verify`, its CRC32C.
+        The commands also check every value against its type (a full pass over the data, on their worker threads)."""
+        at = f"{where(self.path)}, record batch {index}"
+        try:
+            inflated = ipc_meta.file_inflated(self.read_at, self.footer, index)
+        except ipc_meta.Malformed as exc:
+            raise _malformed(self.path, False, exc) from exc
+        except IndexError as exc:
+            raise InputError(f"{at}: corrupt (the footer lists {len(self.footer.batches):,} batches)") from exc
+        limit = UNRECORDED_LIMIT if self.limit is None else self.limit
+        if inflated > limit:
+            of = (f"the {limit:,} of the largest batch {MANIFEST_NAME} records for the file" if self.limit is not None
+                  else f"the {limit:,} allowed a batch of a file whose largest batch no {MANIFEST_NAME} records")
+            raise InputError(f"{at}: corrupt (its compressed buffers declare {inflated:,} bytes decompressed, more "
+                             f"than {of})")
+        try:
+            if verify:
+                batch, metadata = self.reader.get_batch_with_custom_metadata(index)
+            else:
+                batch, metadata = self.reader.get_batch(index), None
+        except (*DAMAGED, IndexError, pa.ArrowMemoryError) as exc:
+            raise InputError(f"{at}: corrupt ({first_line(exc)})") from exc
+        batch_check.check_batch(batch, self.path, index)
         if verify:
-            batch, metadata = reader.get_batch_with_custom_metadata(index)
-        else:
-            batch, metadata = reader.get_batch(index), None
-    except (*DAMAGED, IndexError) as exc:
-        raise InputError(f"{where(path)}, record batch {index}: corrupt ({first_line(exc)})") from exc
-    batch_check.check_batch(batch, path, index)
-    if verify:
-        batch_check.verify_crc(batch, metadata, path, index)
-    return batch if columns is None else batch.select(columns)
+            batch_check.verify_crc(batch, metadata, self.path, index)
+        return batch if columns is None else batch.select(columns)
 
 
 @dataclass(frozen=True)
@@ -155,13 +200,13 @@ class IpcFile:
         return batch
 
 
-def batch_rows(path: str, verify: bool = False) -> list[int]:
+def batch_rows(path: str, verify: bool = False, limit: int | None = None) -> list[int]:
     """Rows of each batch of a file, from its metadata (nothing is decompressed), or with `verify`, each batch read
-    whole and its CRC32C checked."""
+    whole (none decompressing to more than `limit`: BatchFile) and its CRC32C checked."""
     if not verify:
         return [m.rows for m in IpcFile.open(path).layout.batches]
-    reader = open_file(path)
-    return [read_batch(reader, path, i, None, True).num_rows for i in range(reader.num_record_batches)]
+    file = BatchFile.open(path, limit)
+    return [file.read(i, None, True).num_rows for i in range(file.reader.num_record_batches)]
 
 
 class _Sink:
@@ -170,15 +215,17 @@ class _Sink:
     def __init__(self, file: BinaryIO, schema: pa.Schema, codec: str) -> None:
         options = pa.ipc.IpcWriteOptions(compression=None if codec == "none" else codec)
         self._writer = pa.ipc.new_file(file, schema, options=options)
+        self._largest = 0
 
     def write(self, encoded: EncodedBatch) -> None:
         """Each record batch carries the CRC32C of its buffers (Arrow IPC has no checksum of its own), which
-        encode computed."""
+        encode computed; the largest batch's buffers are what reading one may decompress to (LARGEST_BATCH)."""
         self._writer.write_batch(encoded.data, custom_metadata=encoded.metadata)
+        self._largest = max(self._largest, encoded.data.get_total_buffer_size())
 
     def close(self) -> dict:
         self._writer.close()
-        return {"batch_checksums": batch_check.CHECKSUMS}
+        return {"batch_checksums": batch_check.CHECKSUMS, LARGEST_BATCH: self._largest}
 
     def abandon(self) -> None:
         self._writer.close()
@@ -207,13 +254,26 @@ class _Task:
 
 @dataclass(frozen=True)
 class Listed:
-    """What the manifest says of one file, checked when the file is opened: its size, batches and rows, and
-    whether its batches carry CRC32Cs (outputs of older batchtools do not)."""
+    """What the manifest says of one file, checked when the file is opened: its size, batches and rows, whether
+    its batches carry CRC32Cs (outputs of older batchtools do not), and its largest batch in memory (None: not
+    recorded)."""
 
     bytes: int
     batches: int
     rows: int
     checksums: bool
+    largest: int | None
+
+    @staticmethod
+    def of(entry: dict) -> Listed:
+        return Listed(entry["bytes"], entry["batches"], entry["rows"],
+                      entry.get("batch_checksums") == batch_check.CHECKSUMS, largest_batch(entry))
+
+
+def largest_batch(entry: dict) -> int | None:
+    """An output file's recorded LARGEST_BATCH, None where there is none (or it is not a size)."""
+    value = entry.get(LARGEST_BATCH)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 @dataclass(frozen=True)
@@ -257,7 +317,7 @@ class _OpenFile:
     reader to one thread at a time (a zero-copy read from the map takes microseconds)."""
 
     path: str
-    reader: pa.ipc.RecordBatchFileReader
+    file: BatchFile
     lock: threading.Lock
     descriptor: int | None
     """When mapped (a local file): the file, opened before the map and closed with this object, whose size
@@ -286,14 +346,15 @@ class _OpenFile:
         problem = size_problem(path, size, listed.bytes) if listed is not None and size is not None else None
         if problem:
             raise InputError(problem)
-        reader = open_file(path)
+        file = BatchFile.open(path, None if listed is None else listed.largest)
+        reader = file.reader
         if listed is not None and reader.num_record_batches != listed.batches:
             raise InputError(f"{path}: {reader.num_record_batches:,} record batches, but {MANIFEST_NAME} lists "
                              f"{listed.batches:,}")
         problem = schema_problem(reader.schema, schema)
         if problem:
             raise InputError(f"{path}: schema differs from the output's ({problem})")
-        return _OpenFile(path, reader, threading.Lock(), descriptor, size, None if listed is None else listed.rows)
+        return _OpenFile(path, file, threading.Lock(), descriptor, size, None if listed is None else listed.rows)
 
     def check_size(self) -> None:
         """The mapped file has not shrunk since it was opened: reading a page past its end would be SIGBUS."""
@@ -331,7 +392,7 @@ class _Read(ReadTask):
         opened = self.file
         with opened.lock:
             opened.check_size()
-            out = [read_batch(opened.reader, opened.path, i, self.columns, self.verify) for i in self.batches]
+            out = [opened.file.read(i, self.columns, self.verify) for i in self.batches]
         if opened.rows is not None:
             for i, batch in zip(self.batches, out):
                 if batch.num_rows > opened.rows:
@@ -412,8 +473,7 @@ class ArrowFormat(Format):
         if entries is None:
             counts = np.array([open_file(p).num_record_batches for p in paths], dtype=np.int64)
             return counts, _Batches(paths, dataset.schema, None)
-        listed = tuple(Listed(e["bytes"], e["batches"], e["rows"], e.get("batch_checksums") == batch_check.CHECKSUMS)
-                       for e in entries)
+        listed = tuple(Listed.of(e) for e in entries)
         mapped = dataset.manifest["output"].get("compression") == "none" and not any(map(fs.is_uri, paths))
         return np.array([e.batches for e in listed], dtype=np.int64), _Batches(paths, dataset.schema, listed, mapped)
 
@@ -424,7 +484,9 @@ class ArrowFormat(Format):
         files = output.get("files") or []
         verify = bool(files) and all(e.get("batch_checksums") == batch_check.CHECKSUMS for e in files)
         opened = IpcFile.open(path)
-        rows = batch_rows(path, True) if verify else [m.rows for m in opened.layout.batches]
+        recorded = [largest_batch(e) for e in files]
+        limit = None if None in recorded or not recorded else max(recorded)
+        rows = batch_rows(path, True, limit) if verify else [m.rows for m in opened.layout.batches]
         return sum(rows), sum(1 for r in rows if r), schema_problem(opened.schema, schema)
 
     def tasks(self, dataset: Dataset, columns: list[str] | None, report: ReadReport) -> Iterator[_Task]:

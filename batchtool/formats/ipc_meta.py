@@ -190,8 +190,18 @@ def _metadata(read_at: ReadAt, at: int, room: int, what: str, batch: str | None 
     return _Flat(read_at(at + prefix, length), what, batch), prefix + length
 
 
-def file_layout(read_at: ReadAt, size: int) -> Layout:
-    """The batches of an IPC *file* (magic, stream, footer, footer length, magic), from its footer."""
+@dataclass(frozen=True)
+class Footer:
+    """An IPC file's footer: where its dictionary and record batches are ((count, 3) int64 arrays of Blocks:
+    offset, metadata length and padding, body length), and where the footer starts (no batch reaches past it)."""
+
+    dictionaries: np.ndarray
+    batches: np.ndarray
+    end: int
+
+
+def file_footer(read_at: ReadAt, size: int) -> Footer:
+    """The footer of an IPC *file* (magic, stream, footer, footer length, magic): the blocks, not yet followed."""
     if size < len(FILE_MAGIC) + 2 + _FILE_TRAILER or read_at(0, 6) != FILE_MAGIC \
             or read_at(size - len(FILE_MAGIC), 6) != FILE_MAGIC:
         raise Malformed("not an Arrow IPC file (no ARROW1 magic at both ends)")
@@ -201,23 +211,47 @@ def file_layout(read_at: ReadAt, size: int) -> Layout:
         raise Malformed(f"the footer claims {length:,} bytes, which the file's {size:,} cannot hold")
     footer = _Flat(read_at(footer_start, length), "the footer")
     table = footer.root()
-    groups = []
-    for slot, kind in ((2, _DICTIONARY_BATCH), (3, _RECORD_BATCH)):
-        found = []
-        for index, (offset, lengths, body) in enumerate(footer.structs(table, slot, _BLOCK_BYTES).tolist()):
-            meta = lengths & 0xFFFFFFFF
-            meta = meta - (1 << 32) if meta >= 1 << 31 else meta  # the int32 field (the rest is padding)
-            what = _batch_name(kind, index)
-            if offset < 8 or meta <= 0 or body < 0 or offset + meta + body > footer_start:
-                raise Malformed(f"the footer places it outside the file (byte {offset:,}, {meta:,} + {body:,} bytes)",
-                                what)
-            flat, used = _metadata(read_at, offset, meta, "its metadata", what)
-            got, message = _message(flat, index, offset + meta, footer_start)
-            if got != kind:
-                raise Malformed(f"the footer points to {_HEADER_NAMES.get(got, 'an unknown message')}", what)
-            found.append(message)
-        groups.append(tuple(found))
-    return Layout(*groups)
+    return Footer(footer.structs(table, 2, _BLOCK_BYTES), footer.structs(table, 3, _BLOCK_BYTES), footer_start)
+
+
+def _block(read_at: ReadAt, footer: Footer, index: int, kind: int) -> tuple[_Flat, int]:
+    """The metadata flatbuffer of batch `index` (of `kind`) of a file and where its body starts, from its Block."""
+    offset, lengths, body = (footer.dictionaries if kind == _DICTIONARY_BATCH else footer.batches)[index].tolist()
+    meta = lengths & 0xFFFFFFFF
+    meta = meta - (1 << 32) if meta >= 1 << 31 else meta  # the int32 field (the rest is padding)
+    what = _batch_name(kind, index)
+    if offset < 8 or meta <= 0 or body < 0 or offset + meta + body > footer.end:
+        raise Malformed(f"the footer places it outside the file (byte {offset:,}, {meta:,} + {body:,} bytes)", what)
+    flat, _ = _metadata(read_at, offset, meta, "its metadata", what)
+    return flat, offset + meta
+
+
+def file_message(read_at: ReadAt, footer: Footer, index: int, kind: int = _RECORD_BATCH) -> Message:
+    """Batch `index` of a file (a record batch, or a dictionary batch), from the block its footer gives."""
+    flat, start = _block(read_at, footer, index, kind)
+    got, message = _message(flat, index, start, footer.end)
+    if got != kind:
+        raise Malformed(f"the footer points to {_HEADER_NAMES.get(got, 'an unknown message')}", flat.batch)
+    return message
+
+
+def file_inflated(read_at: ReadAt, footer: Footer, index: int) -> int:
+    """What decompressing record batch `index` of a file allocates (`inflated`), in O(1): an uncompressed batch
+    (every batch of an output written with `--compression none`) is told from the few metadata fields that say so,
+    without the parse of its buffers (a reader of memory-mapped batches pays a few microseconds, not tens)."""
+    flat, _ = _block(read_at, footer, index, _RECORD_BATCH)
+    message = flat.root()
+    header = flat.target(message, 2)
+    if flat.scalar(message, 1, _U8, 0) == _RECORD_BATCH and header is not None and flat.target(header, 3) is None:
+        return 0
+    return inflated(read_at, file_message(read_at, footer, index))
+
+
+def file_layout(read_at: ReadAt, size: int) -> Layout:
+    """The batches of an IPC *file*, from its footer."""
+    footer = file_footer(read_at, size)
+    return Layout(*(tuple(file_message(read_at, footer, i, kind) for i in range(len(blocks)))
+                    for kind, blocks in ((_DICTIONARY_BATCH, footer.dictionaries), (_RECORD_BATCH, footer.batches))))
 
 
 def stream_layout(read_at: ReadAt, size: int, start: int = 0) -> Layout:
