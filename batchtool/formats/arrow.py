@@ -1,6 +1,7 @@
 """Arrow IPC shards: file format written (one record batch per batch, read by memory map, so an epoch of `load` only
 touches pages); file and stream format read (a stream: what Hugging Face `datasets` writes), every batch's
-decompressed size checked against the command's budget before it is decompressed (ipc_meta)."""
+decompressed size checked before it is decompressed (ipc_meta): against the command's budget on input, against the
+largest batch the manifest records for the file when `load` reads an output."""
 
 from __future__ import annotations
 
