@@ -276,7 +276,7 @@ def test_a_compressed_batch_that_inflates_past_the_limit_is_refused_before_it_is
     dst = _as_output(str(bomb), like, tmp_path, recorded)
     run = _load_in_child(dst)
     assert run.returncode == 2 and not run.killed_for_memory, run.stderr
-    limit = "512 of the largest batch" if recorded else "134,217,728 allowed a batch of a file whose largest batch"
+    limit = "656 of the largest batch" if recorded else "134,217,728 allowed a batch of a file whose largest batch"
     assert run.stderr.startswith(f"{dst}/part-00000.arrow, record batch 0: corrupt (its compressed buffers declare "
                                  f"2,147,483,648 bytes decompressed, more than the {limit}"), run.stderr
     declared = str(tmp_path / f"declared-{recorded}")

@@ -59,8 +59,8 @@ def open_file(path: str) -> pa.ipc.RecordBatchFileReader:
 
 
 LARGEST_BATCH = "largest_batch_bytes"
-"""An output file's manifest entry: the most bytes one of its batches takes in memory (its buffers' total), which
-no batch of the file may declare more than before it is decompressed."""
+"""An output file's manifest entry: the most bytes one of its batches takes as uncompressed IPC, which no batch of the
+file may declare more than before it is decompressed."""
 UNRECORDED_LIMIT = budget.allowed(budget.DEFAULT_MEMORY)
 """What one batch may decompress to where the manifest does not record LARGEST_BATCH (outputs of older batchtools,
 Arrow IPC files without a manifest): the share of the default --memory one batch of a run may take."""
@@ -220,9 +220,11 @@ class _Sink:
 
     def write(self, encoded: EncodedBatch) -> None:
         """Each record batch carries the CRC32C of its buffers (Arrow IPC has no checksum of its own), which
-        encode computed; the largest batch's buffers are what reading one may decompress to (LARGEST_BATCH)."""
+        encode computed. The largest batch's size as uncompressed IPC (its buffers as the writer lays them out: what
+        their compressed forms declare, padded, and the message; a function of the bytes written, so of the data
+        alone) bounds what reading one may decompress to (LARGEST_BATCH)."""
         self._writer.write_batch(encoded.data, custom_metadata=encoded.metadata)
-        self._largest = max(self._largest, encoded.data.get_total_buffer_size())
+        self._largest = max(self._largest, pa.ipc.get_record_batch_size(encoded.data))
 
     def close(self) -> dict:
         self._writer.close()
