@@ -151,6 +151,13 @@ def _dictionary_table(encoded: bool) -> pa.Table:
 
 
 def _write_as(table: pa.Table, path, kind: str) -> str:
+    """`table` as a file of `kind`: an IPC file or stream, a Parquet file, or (hf) a `save_to_disk` directory: a
+    stream file its state.json lists."""
+    if kind == "hf":
+        os.makedirs(path)
+        (path / "state.json").write_text('{"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}')
+        _write_as(table, path / "data-00000-of-00001.arrow", "stream")
+        return str(path)
     if kind == "parquet":
         import pyarrow.parquet as pq
 
@@ -163,6 +170,8 @@ def _write_as(table: pa.Table, path, kind: str) -> str:
 
 def _file_schema(path: str, kind: str) -> pa.Schema:
     """The schema as pyarrow reads the file (what batchtool is given)."""
+    if kind == "hf":
+        return _file_schema(os.path.join(path, "data-00000-of-00001.arrow"), "stream")
     if kind == "parquet":
         import pyarrow.parquet as pq
 
@@ -179,11 +188,11 @@ _DICTIONARY_COMMANDS = {
 }
 
 
-@pytest.mark.parametrize("kind", ["file", "stream", "parquet"])
+@pytest.mark.parametrize("kind", ["file", "stream", "hf", "parquet"])
 def test_dictionary_encoded_columns_are_read_as_their_values_by_every_command(tmp_path, run_cli, kind):
     """A key, a label and a list of tags dictionary-encoded give every command the output of the same values
     plain: decoded as read (the ops take values; a batch's own dictionaries could not be written across batches)."""
-    suffix = ".parquet" if kind == "parquet" else ".arrow"
+    suffix = {"parquet": ".parquet", "hf": ""}.get(kind, ".arrow")
     encoded = _write_as(_dictionary_table(True), tmp_path / f"encoded{suffix}", kind)
     plain = _write_as(_dictionary_table(False), tmp_path / f"plain{suffix}", kind)
     assert pa.types.is_dictionary(_file_schema(encoded, kind).field("key").type)
