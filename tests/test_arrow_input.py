@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import memlimit
 from batchtool.errors import BatchtoolError
-from batchtool.formats import ipc_meta
+from batchtool.formats import column_types, ipc_meta
 from batchtool.inputs import open_dataset
 from conftest import read_dir
 from dirstate import listing, snapshot
@@ -259,3 +259,21 @@ def test_a_buffer_outside_its_batch_body_names_the_file_and_the_record_batch(tmp
     assert one_line(result.stderr) == (f"error: {src}, record batch 1: corrupt Arrow IPC {'stream' if stream else 'file'}"
                                        f" (a buffer lies outside its {second.body}-byte body)")
     assert result.exit_code == 2 and not (tmp_path / "out").exists()
+
+
+@settings(max_examples=60, deadline=None)
+@given(entries=st.lists(st.text(max_size=40), min_size=1, max_size=8), data=st.data())
+def test_decoded_bytes_counts_what_the_decoded_column_holds(entries, data):
+    """What decoded_bytes counts from the indices is what the decoded column holds (values and offsets; a null's
+    offset aside), for a dictionary at the top, in a list and in a struct, sliced anywhere."""
+    rows = data.draw(st.lists(st.one_of(st.none(), st.integers(0, len(entries) - 1)), min_size=1, max_size=30))
+    dictionary = pa.DictionaryArray.from_arrays(pa.array(rows, pa.int32()), pa.array(entries))
+    start = data.draw(st.integers(0, len(rows) - 1))
+    nested = {"top": dictionary,
+              "list": pa.ListArray.from_arrays(pa.array(range(0, len(rows) + 1), pa.int32()), dictionary),
+              "struct": pa.StructArray.from_arrays([dictionary], ["s"])}
+    for name, array in nested.items():
+        array = array.slice(start)
+        plain = array.cast(column_types.reading_schema(pa.schema([("c", array.type)])).field("c").type)
+        nulls = sum(r is None for r in rows[start:])
+        assert column_types.decoded_bytes(array) == column_types.decoded_bytes(plain) - 4 * nulls, name
