@@ -151,8 +151,9 @@ class IpcFile:
     def batches(self, dataset: Dataset, columns: list[str] | None) -> Iterator[tuple[ipc_meta.Message,
                                                                                      pa.RecordBatch | None]]:
         """Each record batch's metadata and the batch (only `columns`; None when it has no rows), each checked
-        against the command's budget (check_batch_memory) before it is decompressed; the dictionaries (which the
-        reader keeps for the whole file) first. No data is read when `columns` is empty: the batches are their row
+        against the command's budget (check_batch_memory) before it is decompressed, and again, with what its
+        dictionary-encoded columns take decoded (column_types.decoded_bytes), before a worker decodes them; the
+        dictionaries (which the reader keeps for the whole file) first. No data is read when `columns` is empty: the batches are their row
         counts."""
         read_at = _reader_of(self.source)
         if columns == []:
