@@ -1,5 +1,6 @@
-"""Arrow IPC input, file and stream format: sizes a file declares (a compressed buffer's length, a row count) are
-read from its metadata and checked before anything is decompressed or allocated."""
+"""Arrow IPC input, file and stream format: sizes a file declares (a compressed buffer's length, a row count, what its
+dictionaries decode to) are read from its metadata and checked before anything is decompressed or allocated; errors
+name the record batch; dictionary-encoded columns (also from Parquet) are read as their values by every command."""
 
 from __future__ import annotations
 

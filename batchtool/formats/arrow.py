@@ -196,7 +196,7 @@ class IpcFile:
         (batch_check.check_batch, naming the column)."""
         try:
             batch = reader.read_next_batch() if self.stream else reader.get_batch(index)
-        except (*DAMAGED, StopIteration) as exc:
+        except (*DAMAGED, StopIteration, pa.ArrowMemoryError) as exc:
             raise InputError(f"{where(self.path)}, record batch {index}: corrupt ({first_line(exc)})") from exc
         batch_check.check_batch(batch, self.path, index)
         return batch
