@@ -1,5 +1,5 @@
-"""Single-byte mutations of an Arrow IPC shard by what the byte is (footer, metadata, offsets, validity, values),
-each read back through batchtool.load; run as a script, it is the child process the fuzz tests cap and watch.
+"""Single-byte mutations of an Arrow IPC shard by what the byte is (footer, metadata, offsets, validity, values; in
+a compressed batch's body, its buffers' length prefixes and compressed frames), each read back through batchtool.load; run as a script, it is the child process the fuzz tests cap and watch.
 
     python tests/ipc_mutations.py DST FILE CLASS SEED COUNT
 
@@ -22,13 +22,20 @@ import numpy as np
 import pyarrow as pa
 
 CLASSES = ("footer", "metadata", "offsets", "validity", "values")
+COMPRESSED = ("prefixes", "frames")
+"""The byte classes of a compressed batch's body: each buffer's 8-byte uncompressed length, and its lz4/zstd frame."""
 
 
 def byte_classes(path: str) -> dict[str, list[int]]:
     """Every byte position of an Arrow IPC file, by class: the file's footer and magic, each message's
-    metadata, and in each record batch's body its offsets, validity bitmaps and values."""
+    metadata, and in each record batch's body its offsets, validity bitmaps and values, or where the body is
+    compressed, its buffers' length prefixes and frames (COMPRESSED: classes only compressed files have)."""
+    from batchtool.formats import ipc_meta
+
     data = open(path, "rb").read()
     out: dict[str, list[int]] = {c: [] for c in CLASSES}
+    layout = ipc_meta.file_layout(lambda at, n: data[at:at + n], len(data))
+    compressed = {m.start: m for m in layout.batches if m.compressed}
     stream = pa.BufferReader(pa.py_buffer(data))
     stream.seek(8)  # ARROW1 and padding
     schema = None
@@ -43,6 +50,12 @@ def byte_classes(path: str) -> dict[str, list[int]]:
         out["metadata"] += range(start, body_start)
         if message.type == "schema":
             schema = pa.ipc.read_schema(message)
+            continue
+        if body_start in compressed:
+            batch_message = compressed[body_start]
+            for offset, length in batch_message.buffers[batch_message.buffers[:, 1] > 0].tolist():
+                out.setdefault("prefixes", []).extend(range(body_start + offset, body_start + offset + 8))
+                out.setdefault("frames", []).extend(range(body_start + offset + 8, body_start + offset + length))
             continue
         batch = pa.ipc.read_record_batch(message, schema)
         for column in batch.columns:

@@ -1,12 +1,15 @@
-"""Arrow IPC input, file and stream format: sizes a file declares (a compressed buffer's length, a row count) are
-read from its metadata and checked before anything is decompressed or allocated."""
+"""Arrow IPC input, file and stream format: sizes a file declares (a compressed buffer's length, a row count, what its
+dictionaries decode to) are read from its metadata and checked before anything is decompressed or allocated; errors
+name the record batch; dictionary-encoded columns (also from Parquet) are read as their values by every command."""
 
 from __future__ import annotations
 
 import io
 import os
 import re
+import struct
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -14,7 +17,7 @@ from hypothesis import strategies as st
 
 import memlimit
 from batchtool.errors import BatchtoolError
-from batchtool.formats import ipc_meta
+from batchtool.formats import column_types, ipc_meta
 from batchtool.inputs import open_dataset
 from conftest import read_dir
 from dirstate import listing, snapshot
@@ -131,3 +134,147 @@ def test_damaged_metadata_is_one_error_or_a_read(tmp_path_factory, stream, codec
             pass
     except BatchtoolError:
         pass
+
+
+def _dictionary_table(encoded: bool) -> pa.Table:
+    """Sequences with a string key, an integer label and a list of tags: dictionary-encoded (as pandas categoricals
+    and many Arrow writers store them), or plain."""
+    n = 24
+    table = pa.table({"tokens": pa.array([list(range(1 + i % 5)) for i in range(n)]),
+                      "key": pa.array([f"k{i}" for i in range(n)]), "label": pa.array([i % 3 for i in range(n)]),
+                      "tags": pa.array([["a", "b"][: i % 3] for i in range(n)])})
+    if not encoded:
+        return table
+    tags = pa.ListArray.from_arrays(table["tags"].combine_chunks().offsets,
+                                    table["tags"].combine_chunks().values.dictionary_encode())
+    return pa.table({"tokens": table["tokens"], "key": table["key"].dictionary_encode(),
+                     "label": table["label"].dictionary_encode(), "tags": tags})
+
+
+def _write_as(table: pa.Table, path, kind: str) -> str:
+    """`table` as a file of `kind`: an IPC file or stream, a Parquet file, or (hf) a `save_to_disk` directory: a
+    stream file its state.json lists."""
+    if kind == "hf":
+        os.makedirs(path)
+        (path / "state.json").write_text('{"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}')
+        _write_as(table, path / "data-00000-of-00001.arrow", "stream")
+        return str(path)
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, path, row_group_size=10)  # pyarrow reads the strings back as dictionaries
+    else:
+        with (pa.ipc.new_stream if kind == "stream" else pa.ipc.new_file)(str(path), table.schema) as writer:
+            writer.write_table(table, max_chunksize=10)  # a dictionary batch, then record batches of indices
+    return str(path)
+
+
+def _file_schema(path: str, kind: str) -> pa.Schema:
+    """The schema as pyarrow reads the file (what batchtool is given)."""
+    if kind == "hf":
+        return _file_schema(os.path.join(path, "data-00000-of-00001.arrow"), "stream")
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_schema(path)
+    return (pa.ipc.open_stream if kind == "stream" else pa.ipc.open_file)(path).schema
+
+
+_DICTIONARY_COMMANDS = {
+    "bucket": ["bucket", "--sequence", "tokens", "--boundaries", "2,4", "--batch-size", "3"],
+    "segment": ["segment", "--key", "key", "--sequence", "tokens", "--num-unroll", "2", "--batch-size", "4",
+                "--context", "label,tags"],
+    "stratify": ["stratify", "--label", "label", "--target", "uniform", "--balanced-batches", "--batch-size", "3"],
+    "convert": ["convert", "--to", "arrow"],
+}
+
+
+@pytest.mark.parametrize("kind", ["file", "stream", "hf", "parquet"])
+def test_dictionary_encoded_columns_are_read_as_their_values_by_every_command(tmp_path, run_cli, kind):
+    """A key, a label and a list of tags dictionary-encoded give every command the output of the same values
+    plain: decoded as read (the ops take values; a batch's own dictionaries could not be written across batches)."""
+    suffix = {"parquet": ".parquet", "hf": ""}.get(kind, ".arrow")
+    encoded = _write_as(_dictionary_table(True), tmp_path / f"encoded{suffix}", kind)
+    plain = _write_as(_dictionary_table(False), tmp_path / f"plain{suffix}", kind)
+    assert pa.types.is_dictionary(_file_schema(encoded, kind).field("key").type)
+    for name, args in _DICTIONARY_COMMANDS.items():
+        outputs = []
+        for src in (encoded, plain):
+            dst = tmp_path / f"{name}-{os.path.basename(src)}"
+            result = run_cli(args[0], src, dst, *args[1:], "-q")
+            assert result.exit_code == 0, (name, result.stderr)
+            outputs.append(read_dir(str(dst)))
+        assert outputs[0].num_rows > 0 and outputs[0].equals(outputs[1]), name
+
+
+def test_a_dictionary_entry_repeated_past_the_limit_is_refused_before_it_is_decoded(tmp_path):
+    """400 KB of indices all naming one 1 MB entry: 100 GB decoded. The decoded size is counted from the indices and
+    the entry's length, in a child capped far below it."""
+    indices = pa.array(np.zeros(100_000, dtype=np.int32))
+    table = pa.table({"tokens": pa.array([[1]] * 100_000),
+                      "key": pa.DictionaryArray.from_arrays(indices, pa.array(["x" * 1_000_000]))})
+    src = str(tmp_path / "repeated.arrow")
+    with pa.ipc.new_file(src, table.schema) as writer:
+        writer.write_table(table)
+    run = memlimit.batchtool("convert", src, str(tmp_path / "out"), limit_bytes=_CAP)
+    assert run.returncode == 2 and run.peak_bytes < _CAP, run.stderr
+    assert one_line(run.stderr) == (
+        f"error: {src}, record batch 0: reading it (its dictionaries decoded, 100,000 row ids) takes 100,001,200,000 "
+        "bytes, more than the limit of 16,777,216 (--max-record-bytes); raise --max-record-bytes if the data is "
+        "genuine, or write the file in smaller record batches")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("kind", ["file", "stream"])
+def test_a_dictionary_index_outside_its_dictionary_names_file_batch_and_column(tmp_path, run_cli, kind):
+    key = pa.DictionaryArray.from_arrays(pa.array([0, 5, 1], pa.int32()), pa.array(["a", "b"]), safe=False)
+    table = pa.table({"tokens": pa.array([[1], [2, 3], [4]]), "key": key})
+    src = str(tmp_path / "bad.arrow")
+    with (pa.ipc.new_stream if kind == "stream" else pa.ipc.new_file)(src, table.schema) as writer:
+        writer.write_batch(table.to_batches()[0].slice(0, 1))
+        writer.write_batch(table.to_batches()[0])
+    result = run_cli("segment", src, tmp_path / "out", "--key", "key", "--sequence", "tokens", "--num-unroll", "2",
+                     "--batch-size", "2")
+    assert one_line(result.stderr) == (
+        f"error: {src}, record batch 1, column 'key': corrupt (Dictionary indices invalid: Invalid: Value at "
+        "position 1 out of bounds: 5 (should be in [0, 1]))")
+    assert result.exit_code == 2 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_buffer_outside_its_batch_body_names_the_file_and_the_record_batch(tmp_path, run_cli, stream):
+    table = pa.table({"tokens": pa.array([[i, i] for i in range(30)])})
+    sink = io.BytesIO()
+    with (pa.ipc.new_stream if stream else pa.ipc.new_file)(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=10)
+    data = bytearray(sink.getvalue())
+    layout = (ipc_meta.stream_layout if stream else ipc_meta.file_layout)(lambda at, n: bytes(data[at:at + n]),
+                                                                          len(data))
+    first, second = layout.batches[:2]
+    offset, length = second.buffers[-1]
+    at = data.index(struct.pack("<qq", offset, length), first.start + first.body)  # in batch 1's metadata
+    data[at:at + 8] = struct.pack("<q", offset + 10_000)
+    src = tmp_path / "outside.arrow"
+    src.write_bytes(bytes(data))
+    result = run_cli("convert", src, tmp_path / "out")
+    assert one_line(result.stderr) == (f"error: {src}, record batch 1: corrupt Arrow IPC {'stream' if stream else 'file'}"
+                                       f" (a buffer lies outside its {second.body}-byte body)")
+    assert result.exit_code == 2 and not (tmp_path / "out").exists()
+
+
+@settings(max_examples=60, deadline=None)
+@given(entries=st.lists(st.text(max_size=40), min_size=1, max_size=8), data=st.data())
+def test_decoded_bytes_counts_what_the_decoded_column_holds(entries, data):
+    """What decoded_bytes counts from the indices is what the decoded column holds (values and offsets; a null's
+    offset aside), for a dictionary at the top, in a list and in a struct, sliced anywhere."""
+    rows = data.draw(st.lists(st.one_of(st.none(), st.integers(0, len(entries) - 1)), min_size=1, max_size=30))
+    dictionary = pa.DictionaryArray.from_arrays(pa.array(rows, pa.int32()), pa.array(entries))
+    start = data.draw(st.integers(0, len(rows) - 1))
+    nested = {"top": dictionary,
+              "list": pa.ListArray.from_arrays(pa.array(range(0, len(rows) + 1), pa.int32()), dictionary),
+              "struct": pa.StructArray.from_arrays([dictionary], ["s"])}
+    for name, array in nested.items():
+        array = array.slice(start)
+        plain = array.cast(column_types.reading_schema(pa.schema([("c", array.type)])).field("c").type)
+        nulls = sum(r is None for r in rows[start:])
+        assert column_types.decoded_bytes(array) == column_types.decoded_bytes(plain) - 4 * nulls, name

@@ -14,13 +14,17 @@ import sys
 import pyarrow as pa
 import pytest
 from conftest import write_parquet_shards
+from ipc_bombs import write_bomb
 from load_outputs import QUIET, manifest_file, segment_output
 from memlimit import run_capped
 
 import batchtool
 from batchtool.driver import run_operation
 from batchtool.errors import InputError, UsageError
+from batchtool.formats import ipc_meta
 from batchtool.ops.bucket import OP, BucketOptions
+from batchtool.ops.shuffle import OP as SHUFFLE
+from batchtool.ops.shuffle import ShuffleOptions
 from batchtool.output import OutputOptions
 from batchtool.synthetic import make_table
 
@@ -201,3 +205,90 @@ def test_outputs_written_before_batch_checksums_still_load_and_say_why_they_cann
     with pytest.raises(UsageError, match=r"verify=True: .* has no batch checksums to verify: .*part-00000.arrow: "
                                          r"written by a batchtool that recorded no batch checksums"):
         batchtool.load(copy, verify=True)
+
+
+# --- compressed outputs ----------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def compressed(tmp_path_factory) -> dict[str, str]:
+    """The fuzz outputs with their buffers compressed: zstd bucket output, lz4 segment output."""
+    root = str(tmp_path_factory.mktemp("compressed"))
+    src = write_parquet_shards(os.path.join(root, "src"), make_table(120, seed=7))
+    bucket = os.path.join(root, "bucket")
+    run_operation(OP, BucketOptions(boundaries=(20, 40), batch_size=(8,)), src, bucket,
+                  OutputOptions(format="arrow", compression="zstd"), QUIET, seed=1)
+    return {"bucket": bucket, "segment": segment_output(root, "arrow", compression="lz4")}
+
+
+@pytest.mark.parametrize("kind", ["bucket", "segment"])
+@pytest.mark.parametrize("byte_class", ["metadata", "prefixes", "frames"])
+def test_a_flipped_bit_in_a_compressed_output_is_read_or_named_with_its_batch(compressed, kind, byte_class):
+    """A changed length prefix or frame byte is one BatchtoolError naming the file and the record batch (never an
+    ArrowMemoryError or an allocation of what a prefix declares), or a read; checked without checksums (verify=False),
+    which is what the size checks stand alone for."""
+    dst, name = compressed[kind], "part-00000.arrow"
+    results = child(dst, name, byte_class, "2", str(MUTATIONS))
+    assert len(results) == MUTATIONS
+    for result in results:
+        got = result["plain"]
+        if "error" in got:
+            assert got["batchtool"] and name in got["error"], (result["at"], got)
+            if byte_class != "metadata":
+                assert re.search(r"record batch \d+", got["error"]), (result["at"], got)
+
+
+def _load_in_child(dst: str) -> subprocess.CompletedProcess:
+    """Every batch of DST read (verify=False) in a child capped at CAP."""
+    script = ("import sys, batchtool\n"
+              "try:\n"
+              "    for _ in batchtool.load(sys.argv[1], shuffle=False, verify=False): pass\n"
+              "except batchtool.errors.BatchtoolError as exc:\n"
+              "    print(exc, file=sys.stderr)\n"
+              "    sys.exit(2)\n")
+    return run_capped([sys.executable, "-c", script, dst], CAP, env={**os.environ, "PYTHONPATH": REPO}, timeout=60)
+
+
+def _as_output(bomb: str, like: str, tmp_path, recorded: bool) -> str:
+    """DST `like` (an output of one int64 column x) with its file replaced by `bomb`, the manifest's sizes made the
+    bomb's (as a manifest that lies would be), and its largest batch recorded or not (an older batchtool's)."""
+    dst = str(tmp_path / f"dst-{recorded}")
+    shutil.copytree(like, dst)
+    shutil.copy(bomb, os.path.join(dst, "part-00000.arrow"))
+    path = manifest_file(dst)
+    manifest = json.load(open(path))
+    entry = manifest["output"]["files"][0]
+    entry.update(bytes=os.path.getsize(bomb), rows=2**28, batches=1)
+    if not recorded:
+        del entry["largest_batch_bytes"]
+    json.dump(manifest, open(path, "w"))
+    return dst
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_a_compressed_batch_that_inflates_past_the_limit_is_refused_before_it_is_decompressed(tmp_path, recorded):
+    """65 KB of zstd that really inflates to 2 GiB, and a genuine batch whose length prefix declares 2^50 bytes: each
+    is one error naming the file and the batch, in a child capped at 600 MB."""
+    like = str(tmp_path / "like")
+    src = write_parquet_shards(str(tmp_path / "src"), pa.table({"x": pa.array(range(64))}), shards=1)
+    run_operation(SHUFFLE, ShuffleOptions(), src, like, OutputOptions(format="arrow", compression="zstd"), QUIET,
+                  seed=1)
+    bomb = write_bomb(tmp_path / "bomb.arrow", 2 << 30)
+    dst = _as_output(str(bomb), like, tmp_path, recorded)
+    run = _load_in_child(dst)
+    assert run.returncode == 2 and not run.killed_for_memory, run.stderr
+    limit = "656 of the largest batch" if recorded else "134,217,728 allowed a batch of a file whose largest batch"
+    assert run.stderr.startswith(f"{dst}/part-00000.arrow, record batch 0: corrupt (its compressed buffers declare "
+                                 f"2,147,483,648 bytes decompressed, more than the {limit}"), run.stderr
+    declared = str(tmp_path / f"declared-{recorded}")
+    shutil.copytree(like, declared)
+    path = os.path.join(declared, "part-00000.arrow")
+    data = bytearray(open(path, "rb").read())
+    message = ipc_meta.file_layout(lambda at, n: bytes(data[at:at + n]), len(data)).batches[0]
+    offset = message.start + int(message.buffers[message.buffers[:, 1] > 0][-1, 0])
+    data[offset:offset + 8] = (1 << 50).to_bytes(8, "little")
+    open(path, "wb").write(bytes(data))
+    if not recorded:
+        _as_output(path, declared, tmp_path / "unrecorded", recorded)  # (the same file, no largest batch recorded)
+    run = _load_in_child(declared if recorded else str(tmp_path / "unrecorded" / f"dst-{recorded}"))
+    assert run.returncode == 2 and "record batch 0: corrupt (its compressed buffers declare 1,125,899,906,842," in \
+        run.stderr, run.stderr

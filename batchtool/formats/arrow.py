@@ -1,6 +1,7 @@
 """Arrow IPC shards: file format written (one record batch per batch, read by memory map, so an epoch of `load` only
 touches pages); file and stream format read (a stream: what Hugging Face `datasets` writes), every batch's
-decompressed size checked against the command's budget before it is decompressed (ipc_meta)."""
+decompressed size checked before it is decompressed (ipc_meta): against the command's budget on input, against the
+largest batch the manifest records for the file when `load` reads an output."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ from typing import TYPE_CHECKING, BinaryIO
 import numpy as np
 import pyarrow as pa
 
-from batchtool import batch_check, fs
+from batchtool import batch_check, budget, fs
 from batchtool.dataset import shard_chunk
 from batchtool.errors import InputError, first_line, where
-from batchtool.formats import hf, ipc_meta
+from batchtool.formats import column_types, hf, ipc_meta
 from batchtool.formats.base import (DAMAGED, Batches, EncodedBatch, Format, ReadTask, check_batch_memory,
                                     open_self_describing, rows_only, schema_problem, size_problem)
 from batchtool.manifest import MANIFEST_NAME
@@ -43,6 +44,12 @@ def _unreadable(path: str, exc: BaseException) -> InputError:
     return InputError(f"{where(path)}: not a readable Arrow IPC file ({first_line(exc)})")
 
 
+def _malformed(path: str, stream: bool, exc: ipc_meta.Malformed) -> InputError:
+    """The one line for metadata ipc_meta cannot trust: the file and, where it is known, the batch."""
+    at = where(path) if exc.batch is None else f"{where(path)}, {exc.batch}"
+    return InputError(f"{at}: corrupt Arrow IPC {'stream' if stream else 'file'} ({exc})")
+
+
 def open_file(path: str) -> pa.ipc.RecordBatchFileReader:
     """Open one shard of the IPC file format, memory-mapped when local, as one-line errors."""
     try:
@@ -51,22 +58,67 @@ def open_file(path: str) -> pa.ipc.RecordBatchFileReader:
         raise _unreadable(path, exc) from exc
 
 
-def read_batch(reader: pa.ipc.RecordBatchFileReader, path: str, index: int, columns: list[str] | None,
-               verify: bool = False) -> pa.RecordBatch:
-    """Batch `index` of an open file (O(1): the footer says where it is), checked before anything slices it
-    (batch_check.check_batch: buffer sizes, offsets, null counts; O(offsets)), and with `verify`, its CRC32C.
-    The commands also check every value against its type (a full pass over the data, on their worker threads)."""
-    try:
+LARGEST_BATCH = "largest_batch_bytes"
+"""An output file's manifest entry: the most bytes one of its batches takes as uncompressed IPC, which no batch of the
+file may declare more than before it is decompressed."""
+UNRECORDED_LIMIT = budget.allowed(budget.DEFAULT_MEMORY)
+"""What one batch may decompress to where the manifest does not record LARGEST_BATCH (outputs of older batchtools,
+Arrow IPC files without a manifest): the share of the default --memory one batch of a run may take."""
+
+
+@dataclass(frozen=True)
+class BatchFile:
+    """An Arrow IPC file opened to read any of its batches: pyarrow's reader, and the footer from which each batch's
+    declared sizes are read (ipc_meta, O(1) a batch) and checked against `limit` before pyarrow decompresses it."""
+
+    path: str
+    reader: pa.ipc.RecordBatchFileReader
+    read_at: ipc_meta.ReadAt
+    footer: ipc_meta.Footer
+    limit: int | None
+    """The file's largest batch as the manifest records it (None: UNRECORDED_LIMIT)."""
+
+    @staticmethod
+    def open(path: str, limit: int | None = None) -> BatchFile:
+        try:
+            source = _source(path)
+            reader = pa.ipc.open_file(source)
+            footer = ipc_meta.file_footer(_reader_of(source), source.size())
+        except DAMAGED as exc:
+            raise _unreadable(path, exc) from exc
+        except ipc_meta.Malformed as exc:
+            raise _malformed(path, False, exc) from exc
+        return BatchFile(path, reader, _reader_of(source), footer, limit)
+
+    def read(self, index: int, columns: list[str] | None, verify: bool = False) -> pa.RecordBatch:
+        """Batch `index` (O(1): the footer says where it is), its compressed buffers' declared sizes checked first
+        (a few bytes can declare petabytes, or really inflate to gigabytes), then checked before anything slices it
+        (batch_check.check_batch: buffer sizes, offsets, null counts; O(offsets)), and with `verify`, its CRC32C.
+        The commands also check every value against its type (a full pass over the data, on their worker threads)."""
+        at = f"{where(self.path)}, record batch {index}"
+        try:
+            inflated = ipc_meta.file_inflated(self.read_at, self.footer, index)
+        except ipc_meta.Malformed as exc:
+            raise _malformed(self.path, False, exc) from exc
+        except IndexError as exc:
+            raise InputError(f"{at}: corrupt (the footer lists {len(self.footer.batches):,} batches)") from exc
+        limit = UNRECORDED_LIMIT if self.limit is None else self.limit
+        if inflated > limit:
+            of = (f"the {limit:,} of the largest batch {MANIFEST_NAME} records for the file" if self.limit is not None
+                  else f"the {limit:,} allowed a batch of a file whose largest batch no {MANIFEST_NAME} records")
+            raise InputError(f"{at}: corrupt (its compressed buffers declare {inflated:,} bytes decompressed, more "
+                             f"than {of})")
+        try:
+            if verify:
+                batch, metadata = self.reader.get_batch_with_custom_metadata(index)
+            else:
+                batch, metadata = self.reader.get_batch(index), None
+        except (*DAMAGED, IndexError, pa.ArrowMemoryError) as exc:
+            raise InputError(f"{at}: corrupt ({first_line(exc)})") from exc
+        batch_check.check_batch(batch, self.path, index)
         if verify:
-            batch, metadata = reader.get_batch_with_custom_metadata(index)
-        else:
-            batch, metadata = reader.get_batch(index), None
-    except (*DAMAGED, IndexError) as exc:
-        raise InputError(f"{where(path)}, record batch {index}: corrupt ({first_line(exc)})") from exc
-    batch_check.check_batch(batch, path, index)
-    if verify:
-        batch_check.verify_crc(batch, metadata, path, index)
-    return batch if columns is None else batch.select(columns)
+            batch_check.verify_crc(batch, metadata, self.path, index)
+        return batch if columns is None else batch.select(columns)
 
 
 @dataclass(frozen=True)
@@ -93,14 +145,15 @@ class IpcFile:
         try:
             layout = (ipc_meta.stream_layout if stream else ipc_meta.file_layout)(_reader_of(source), size)
         except ipc_meta.Malformed as exc:
-            raise InputError(f"{where(path)}: corrupt Arrow IPC {'stream' if stream else 'file'} ({exc})") from exc
+            raise _malformed(path, stream, exc) from exc
         return IpcFile(path, source, stream, schema, layout)
 
     def batches(self, dataset: Dataset, columns: list[str] | None) -> Iterator[tuple[ipc_meta.Message,
                                                                                      pa.RecordBatch | None]]:
         """Each record batch's metadata and the batch (only `columns`; None when it has no rows), each checked
-        against the command's budget (check_batch_memory) before it is decompressed; the dictionaries (which the
-        reader keeps for the whole file) first. No data is read when `columns` is empty: the batches are their row
+        against the command's budget (check_batch_memory) before it is decompressed, and again, with what its
+        dictionary-encoded columns take decoded (column_types.decoded_bytes), before a worker decodes them; the
+        dictionaries (which the reader keeps for the whole file) first. No data is read when `columns` is empty: the batches are their row
         counts."""
         read_at = _reader_of(self.source)
         if columns == []:
@@ -114,14 +167,19 @@ class IpcFile:
             names = self.schema.names if columns is None else columns
             included = [self.schema.get_field_index(c) for c in names]
             reader = self._reader(pa.ipc.IpcReadOptions(included_fields=sorted(included)))
+            encoded = [n for n in names if column_types.holds_dictionary(self.schema.field(n).type)]
             for message in self.layout.batches:
                 kept = ipc_meta.field_buffers(self.schema, message, names)
-                check_batch_memory(dataset, ipc_meta.inflated(read_at, message, kept), message.rows,
-                                   f"{where(self.path)}, record batch {message.index}")
+                at = f"{where(self.path)}, record batch {message.index}"
+                inflated = ipc_meta.inflated(read_at, message, kept)
+                check_batch_memory(dataset, inflated, message.rows, at)
                 batch = self._read(reader, message.index)
+                if encoded:
+                    decoded = sum(column_types.decoded_bytes(batch.column(n)) for n in encoded)
+                    check_batch_memory(dataset, inflated, message.rows, at, decoded)
                 yield message, (batch.select(names) if message.rows else None)
         except ipc_meta.Malformed as exc:
-            raise InputError(f"{where(self.path)}: corrupt Arrow IPC file ({exc})") from exc
+            raise _malformed(self.path, self.stream, exc) from exc
 
     def _reader(self, options: pa.ipc.IpcReadOptions) -> pa.ipc.RecordBatchFileReader | pa.ipc.RecordBatchStreamReader:
         try:
@@ -138,19 +196,19 @@ class IpcFile:
         (batch_check.check_batch, naming the column)."""
         try:
             batch = reader.read_next_batch() if self.stream else reader.get_batch(index)
-        except (*DAMAGED, StopIteration) as exc:
+        except (*DAMAGED, StopIteration, pa.ArrowMemoryError) as exc:
             raise InputError(f"{where(self.path)}, record batch {index}: corrupt ({first_line(exc)})") from exc
         batch_check.check_batch(batch, self.path, index)
         return batch
 
 
-def batch_rows(path: str, verify: bool = False) -> list[int]:
+def batch_rows(path: str, verify: bool = False, limit: int | None = None) -> list[int]:
     """Rows of each batch of a file, from its metadata (nothing is decompressed), or with `verify`, each batch read
-    whole and its CRC32C checked."""
+    whole (none decompressing to more than `limit`: BatchFile) and its CRC32C checked."""
     if not verify:
         return [m.rows for m in IpcFile.open(path).layout.batches]
-    reader = open_file(path)
-    return [read_batch(reader, path, i, None, True).num_rows for i in range(reader.num_record_batches)]
+    file = BatchFile.open(path, limit)
+    return [file.read(i, None, True).num_rows for i in range(file.reader.num_record_batches)]
 
 
 class _Sink:
@@ -159,15 +217,19 @@ class _Sink:
     def __init__(self, file: BinaryIO, schema: pa.Schema, codec: str) -> None:
         options = pa.ipc.IpcWriteOptions(compression=None if codec == "none" else codec)
         self._writer = pa.ipc.new_file(file, schema, options=options)
+        self._largest = 0
 
     def write(self, encoded: EncodedBatch) -> None:
         """Each record batch carries the CRC32C of its buffers (Arrow IPC has no checksum of its own), which
-        encode computed."""
+        encode computed. The largest batch's size as uncompressed IPC (its buffers as the writer lays them out: what
+        their compressed forms declare, padded, and the message; a function of the bytes written, so of the data
+        alone) bounds what reading one may decompress to (LARGEST_BATCH)."""
         self._writer.write_batch(encoded.data, custom_metadata=encoded.metadata)
+        self._largest = max(self._largest, pa.ipc.get_record_batch_size(encoded.data))
 
     def close(self) -> dict:
         self._writer.close()
-        return {"batch_checksums": batch_check.CHECKSUMS}
+        return {"batch_checksums": batch_check.CHECKSUMS, LARGEST_BATCH: self._largest}
 
     def abandon(self) -> None:
         self._writer.close()
@@ -196,13 +258,26 @@ class _Task:
 
 @dataclass(frozen=True)
 class Listed:
-    """What the manifest says of one file, checked when the file is opened: its size, batches and rows, and
-    whether its batches carry CRC32Cs (outputs of older batchtools do not)."""
+    """What the manifest says of one file, checked when the file is opened: its size, batches and rows, whether
+    its batches carry CRC32Cs (outputs of older batchtools do not), and its largest batch in memory (None: not
+    recorded)."""
 
     bytes: int
     batches: int
     rows: int
     checksums: bool
+    largest: int | None
+
+    @staticmethod
+    def of(entry: dict) -> Listed:
+        return Listed(entry["bytes"], entry["batches"], entry["rows"],
+                      entry.get("batch_checksums") == batch_check.CHECKSUMS, largest_batch(entry))
+
+
+def largest_batch(entry: dict) -> int | None:
+    """An output file's recorded LARGEST_BATCH, None where there is none (or it is not a size)."""
+    value = entry.get(LARGEST_BATCH)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 @dataclass(frozen=True)
@@ -246,7 +321,7 @@ class _OpenFile:
     reader to one thread at a time (a zero-copy read from the map takes microseconds)."""
 
     path: str
-    reader: pa.ipc.RecordBatchFileReader
+    file: BatchFile
     lock: threading.Lock
     descriptor: int | None
     """When mapped (a local file): the file, opened before the map and closed with this object, whose size
@@ -275,14 +350,15 @@ class _OpenFile:
         problem = size_problem(path, size, listed.bytes) if listed is not None and size is not None else None
         if problem:
             raise InputError(problem)
-        reader = open_file(path)
+        file = BatchFile.open(path, None if listed is None else listed.largest)
+        reader = file.reader
         if listed is not None and reader.num_record_batches != listed.batches:
             raise InputError(f"{path}: {reader.num_record_batches:,} record batches, but {MANIFEST_NAME} lists "
                              f"{listed.batches:,}")
         problem = schema_problem(reader.schema, schema)
         if problem:
             raise InputError(f"{path}: schema differs from the output's ({problem})")
-        return _OpenFile(path, reader, threading.Lock(), descriptor, size, None if listed is None else listed.rows)
+        return _OpenFile(path, file, threading.Lock(), descriptor, size, None if listed is None else listed.rows)
 
     def check_size(self) -> None:
         """The mapped file has not shrunk since it was opened: reading a page past its end would be SIGBUS."""
@@ -320,7 +396,7 @@ class _Read(ReadTask):
         opened = self.file
         with opened.lock:
             opened.check_size()
-            out = [read_batch(opened.reader, opened.path, i, self.columns, self.verify) for i in self.batches]
+            out = [opened.file.read(i, self.columns, self.verify) for i in self.batches]
         if opened.rows is not None:
             for i, batch in zip(self.batches, out):
                 if batch.num_rows > opened.rows:
@@ -402,8 +478,7 @@ class ArrowFormat(Format):
         if entries is None:
             counts = np.array([open_file(p).num_record_batches for p in paths], dtype=np.int64)
             return counts, _Batches(paths, dataset.schema, None)
-        listed = tuple(Listed(e["bytes"], e["batches"], e["rows"], e.get("batch_checksums") == batch_check.CHECKSUMS)
-                       for e in entries)
+        listed = tuple(Listed.of(e) for e in entries)
         mapped = dataset.manifest["output"].get("compression") == "none" and not any(map(fs.is_uri, paths))
         return np.array([e.batches for e in listed], dtype=np.int64), _Batches(paths, dataset.schema, listed, mapped)
 
@@ -414,7 +489,9 @@ class ArrowFormat(Format):
         files = output.get("files") or []
         verify = bool(files) and all(e.get("batch_checksums") == batch_check.CHECKSUMS for e in files)
         opened = IpcFile.open(path)
-        rows = batch_rows(path, True) if verify else [m.rows for m in opened.layout.batches]
+        recorded = [largest_batch(e) for e in files]
+        limit = None if None in recorded or not recorded else max(recorded)
+        rows = batch_rows(path, True, limit) if verify else [m.rows for m in opened.layout.batches]
         return sum(rows), sum(1 for r in rows if r), schema_problem(opened.schema, schema)
 
     def tasks(self, dataset: Dataset, columns: list[str] | None, report: ReadReport) -> Iterator[_Task]:

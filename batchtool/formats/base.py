@@ -49,14 +49,16 @@ ROW_ID_BYTES = 8
 """What reading a row costs besides its data: its example id (rng.example_ids), however narrow the row."""
 
 
-def check_batch_memory(dataset: Dataset, inflated: int, rows: int, where: str) -> None:
+def check_batch_memory(dataset: Dataset, inflated: int, rows: int, where: str, decoded: int = 0) -> None:
     """Stop before reading one unit of a file (a record batch, named by `where`) whose declared sizes the command's
-    budget does not allow: `inflated` bytes its buffers decompress to, and a row id for each of its `rows`.
-    Checked against --memory's share for one allocation (batchtool.budget) where the command has --memory, else
-    --max-record-bytes, which every reading command has. A few bytes of a file can claim gigabytes (a
-    compressed buffer's length, a row count): the claim is checked, not the file's size."""
-    need = inflated + ROW_ID_BYTES * rows
-    what = "its buffers decompressed" if inflated else "no decompression"
+    budget does not allow: `inflated` bytes its buffers decompress to, `decoded` bytes its dictionary-encoded
+    columns take decoded, and a row id for each of its `rows`. Checked against --memory's share for one allocation
+    (batchtool.budget) where the command has --memory, else --max-record-bytes, which every reading command has.
+    A few bytes of a file can claim gigabytes (a compressed buffer's length, a row count, a dictionary entry
+    repeated): the claim is checked, not the file's size."""
+    need = inflated + decoded + ROW_ID_BYTES * rows
+    what = " and ".join(w for w, n in (("its buffers decompressed", inflated), ("its dictionaries decoded", decoded))
+                        if n) or "no decompression"
     if dataset.memory is not None:
         budget.check("memory", f"reading it ({what}, {rows:,} row ids)", need, dataset.memory,
                      "give a larger {memory}, or write the file in smaller record batches", where=f"{where}: ",

@@ -1,6 +1,6 @@
 """Column types as batchtool's operations take them: an Arrow extension type (uuid, fixed_shape_tensor, bool8, json,
-opaque, user-registered ones) as its storage, written as the extension type again; a string or binary view or a
-run-end encoded column as its plain type; a union refused, naming the column.
+opaque, user-registered ones) as its storage, written as the extension type again; a string or binary view, a
+dictionary-encoded or a run-end encoded column as its plain type; a union refused, naming the column.
 
 Reading unwraps a column of an extension type to its storage type (fixed_size_binary for uuid, a fixed-size list
 for a tensor, int8 for bool8) and marks the field with the original one (MARK: the field serialized as Arrow IPC,
@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Callable
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -63,11 +64,63 @@ _VIEWS = {"string_view": pa.string(), "binary_view": pa.binary()}
 
 
 def _plain(t: pa.DataType) -> pa.DataType:
-    """t with string and binary views as their plain types: a representation the kernels operations use do not
-    take (a run-end encoded column is decoded by reading_schema, at the top only)."""
+    """t with string and binary views as their plain types and dictionaries as their values' type, at any depth:
+    representations the kernels operations use do not take, or not as values (a key, a label), and that a batch's
+    own dictionaries make unsafe to concatenate or write (a run-end encoded column is decoded by reading_schema, at
+    the top only)."""
     if str(t) in _VIEWS:
         return _VIEWS[str(t)]
-    return _rebuilt(t, _plain) if not pa.types.is_map(t) else t
+    if pa.types.is_dictionary(t):
+        return _plain(t.value_type)
+    return _rebuilt(t, _plain)
+
+
+def holds_dictionary(t: pa.DataType) -> bool:
+    """t is, or holds at any depth, a dictionary type (which reading decodes)."""
+    return pa.types.is_dictionary(t) or any(holds_dictionary(t.field(i).type) for i in range(t.num_fields))
+
+
+def decoded_bytes(array: pa.Array) -> int:
+    """Bytes the array takes once its dictionaries (at any depth) are decoded, from its indices and its
+    dictionaries' entry sizes alone: a few bytes of indices can repeat a large entry any number of times, so what
+    decoding allocates is checked before it is done. Its indices must be valid (Arrow's full validation)."""
+    return int(_entry_bytes(array).sum())
+
+
+def _entry_bytes(array: pa.Array) -> np.ndarray:
+    """Bytes each entry of the array takes decoded (values, offsets; bitmaps aside): int64, one per entry."""
+    t = array.type
+    if isinstance(array, pa.DictionaryArray):
+        sizes = pa.array(_entry_bytes(array.dictionary))
+        return pc.take(sizes, array.indices).fill_null(0).to_numpy(zero_copy_only=False)
+    if isinstance(array, pa.ExtensionArray):
+        return _entry_bytes(array.storage)
+    if isinstance(array, (pa.ListArray, pa.LargeListArray, pa.MapArray)):
+        offsets = _offsets(array)
+        ends = np.concatenate([[0], np.cumsum(_entry_bytes(array.values))])
+        return ends[offsets[1:]] - ends[offsets[:-1]] + _offset_bytes(t)
+    if isinstance(array, pa.FixedSizeListArray):
+        return _entry_bytes(array.flatten()).reshape(len(array), t.list_size).sum(axis=1)
+    if isinstance(array, pa.StructArray):
+        children = [_entry_bytes(c) for c in array.flatten()]
+        return np.sum(children, axis=0) if children else np.zeros(len(array), dtype=np.int64)
+    if pa.types.is_binary(t) or pa.types.is_string(t) or pa.types.is_large_binary(t) or pa.types.is_large_string(t):
+        return np.diff(_offsets(array)) + _offset_bytes(t)
+    try:
+        return np.full(len(array), max(t.bit_width // 8, 1), dtype=np.int64)
+    except ValueError:  # not fixed-width (a view, a union): bounded by the whole array
+        return np.full(len(array), array.nbytes, dtype=np.int64)
+
+
+def _offset_bytes(t: pa.DataType) -> int:
+    large = pa.types.is_large_list(t) or pa.types.is_large_binary(t) or pa.types.is_large_string(t)
+    return 8 if large else 4
+
+
+def _offsets(array: pa.Array) -> np.ndarray:
+    """A list's or a binary's offsets (a view of its buffer), its slice's only."""
+    whole = np.frombuffer(array.buffers()[1], dtype=np.int64 if _offset_bytes(array.type) == 8 else np.int32)
+    return whole[array.offset:array.offset + len(array) + 1]
 
 
 def unsupported(t: pa.DataType) -> str | None:

@@ -36,18 +36,35 @@ _COMPRESSION_PREFIX = 8
 
 
 class Malformed(Exception):
-    """Metadata that cannot be trusted: what is wrong with it, for a one-line error naming the file."""
+    """Metadata that cannot be trusted: what is wrong with it, and which batch (`batch`: 'record batch 3',
+    'dictionary batch 0'; None where no batch is known yet), for a one-line error naming the file and the batch."""
+
+    def __init__(self, problem: str, batch: str | None = None) -> None:
+        super().__init__(problem)
+        self.batch = batch
+
+
+def _batch_name(kind: int, index: int) -> str:
+    return f"{'dictionary' if kind == _DICTIONARY_BATCH else 'record'} batch {index}"
 
 
 class _Flat:
     """One flatbuffer, every read of it bounds-checked (a table's fields, its vtable, the vectors it points to)."""
 
-    def __init__(self, data: bytes, what: str) -> None:
-        self.data, self.what = data, what
+    def __init__(self, data: bytes, what: str, batch: str | None = None) -> None:
+        self.data, self.what, self.batch = data, what, batch
+        self._vtables: dict[int, tuple[int, ...]] = {}
+
+    def named(self, batch: str) -> None:
+        """From here on, the flatbuffer is known to be `batch`'s metadata (a stream's message, once its kind is read)."""
+        self.what, self.batch = "its metadata", batch
+
+    def malformed(self, problem: str) -> Malformed:
+        return Malformed(f"{self.what} {problem}", self.batch)
 
     def read(self, fmt: struct.Struct, at: int) -> int:
         if at < 0 or at + fmt.size > len(self.data):
-            raise Malformed(f"{self.what} points outside its {len(self.data):,} bytes (at {at})")
+            raise self.malformed(f"points outside its {len(self.data):,} bytes (at {at})")
         return fmt.unpack_from(self.data, at)[0]
 
     def root(self) -> int:
@@ -55,13 +72,20 @@ class _Flat:
 
     def field(self, table: int, slot: int) -> int | None:
         """Where field `slot` of the table at `table` is, or None when it is absent (its default)."""
+        offsets = self._vtables.get(table)
+        if offsets is None:
+            offsets = self._vtables[table] = self._vtable(table)
+        offset = offsets[slot] if slot < len(offsets) else 0
+        return table + offset if offset else None
+
+    def _vtable(self, table: int) -> tuple[int, ...]:
+        """The field offsets the vtable of the table at `table` lists, read once (every field read goes through
+        them: the reader of a memory-mapped batch's metadata pays microseconds, not tens)."""
         vtable = table - self.read(_I32, table)
         size = self.read(_U16, vtable)
-        if size < 4 or size % 2:
-            raise Malformed(f"{self.what} has a vtable of {size} bytes")
-        entry = 4 + 2 * slot
-        offset = self.read(_U16, vtable + entry) if entry < size else 0
-        return table + offset if offset else None
+        if size < 4 or size % 2 or vtable + size > len(self.data):
+            raise self.malformed(f"has a vtable of {size} bytes at {vtable}")
+        return struct.unpack_from(f"<{(size - 4) // 2}H", self.data, vtable + 4)
 
     def scalar(self, table: int, slot: int, fmt: struct.Struct, default: int) -> int:
         at = self.field(table, slot)
@@ -79,7 +103,7 @@ class _Flat:
             return np.zeros((0, size // 8), dtype=np.int64)
         count = self.read(_U32, at)
         if at + 4 + count * size > len(self.data):
-            raise Malformed(f"{self.what} has a vector of {count:,} entries, more than its bytes hold")
+            raise self.malformed(f"has a vector of {count:,} entries, more than its bytes hold")
         return np.frombuffer(self.data, dtype="<i8", count=count * size // 8, offset=at + 4).reshape(count, size // 8)
 
 
@@ -90,6 +114,8 @@ class Message:
 
     index: int
     """Its position among the file's record batches (or dictionary batches)."""
+    name: str
+    """'record batch 3', 'dictionary batch 0': how errors name it."""
     start: int
     """Where its body starts in the file."""
     body: int
@@ -117,44 +143,50 @@ ReadAt = Callable[[int, int], bytes]
 
 
 def _message(flat: _Flat, index: int, start: int, size: int) -> tuple[int, Message]:
-    """The header kind and the batch of one Message flatbuffer whose body starts at `start` (the file: `size`)."""
+    """The header kind and the batch of one Message flatbuffer whose body starts at `start` (the file: `size`);
+    a batch is `index` among those of its kind, and every error from here on names it."""
     message = flat.root()
     kind = flat.scalar(message, 1, _U8, 0)
+    name = _batch_name(kind, index)
+    if kind in (_RECORD_BATCH, _DICTIONARY_BATCH):
+        flat.named(name)
     body = flat.scalar(message, 3, _I64, 0)
     if body < 0 or start + body > size:
         raise Malformed(f"a message body of {body:,} bytes at byte {start:,} runs past the end of the file "
-                        f"({size:,} bytes)")
+                        f"({size:,} bytes)", flat.batch)
+    empty = Message(index, name, start, body, 0, np.zeros((0, 2), dtype=np.int64), False)
     if kind not in (_RECORD_BATCH, _DICTIONARY_BATCH):
-        return kind, Message(index, start, body, 0, np.zeros((0, 2), dtype=np.int64), False)
+        return kind, empty
     header = flat.target(message, 2)
     if header is None:
-        raise Malformed(f"{_HEADER_NAMES[kind]} message without its header")
+        raise Malformed("a message without its header", name)
     if kind == _DICTIONARY_BATCH:
         header = flat.target(header, 1)  # DictionaryBatch.data: the RecordBatch of the dictionary's values
         if header is None:
-            return kind, Message(index, start, body, 0, np.zeros((0, 2), dtype=np.int64), False)
+            return kind, empty
     rows = flat.scalar(header, 0, _I64, 0)
     if rows < 0:
-        raise Malformed(f"{_HEADER_NAMES[kind]} of {rows} rows")
+        raise Malformed(f"a row count of {rows:,}", name)
     buffers = flat.structs(header, 2, _STRUCT_BYTES)
     if len(buffers) and ((buffers < 0).any() or (buffers[:, 1] > body - buffers[:, 0]).any()):
-        raise Malformed(f"a buffer of {_HEADER_NAMES[kind]} lies outside its {body:,}-byte body")
+        raise Malformed(f"a buffer lies outside its {body:,}-byte body", name)
     compression = flat.target(header, 3)
     if compression is not None and flat.scalar(compression, 1, _U8, 0) != 0:
-        raise Malformed("a body compression method other than per buffer")
+        raise Malformed("a body compression method other than per buffer", name)
     variadic = flat.target(header, 4)
     counts: tuple[int, ...] = ()
     if variadic is not None:
         n = flat.read(_U32, variadic)
         if variadic + 4 + 8 * n > len(flat.data):
-            raise Malformed(f"{_HEADER_NAMES[kind]} has a vector of {n:,} counts, more than its bytes hold")
+            raise Malformed(f"a vector of {n:,} counts, more than its metadata's bytes hold", name)
         counts = tuple(int(c) for c in np.frombuffer(flat.data, dtype="<i8", count=n, offset=variadic + 4))
-    return kind, Message(index, start, body, int(rows), buffers, compression is not None, counts)
+    return kind, Message(index, name, start, body, int(rows), buffers, compression is not None, counts)
 
 
-def _metadata(read_at: ReadAt, at: int, room: int, what: str) -> tuple[_Flat, int]:
+def _metadata(read_at: ReadAt, at: int, room: int, what: str, batch: str | None = None) -> tuple[_Flat, int]:
     """The Message flatbuffer encapsulated at `at` (continuation marker, int32 length, flatbuffer; or, before
-    Arrow 0.15, int32 length and flatbuffer) in at most `room` bytes, and the bytes the encapsulation takes."""
+    Arrow 0.15, int32 length and flatbuffer) in at most `room` bytes, and the bytes the encapsulation takes;
+    `batch`: which batch the footer says it is, if known."""
     head = read_at(at, min(8, room))
     if len(head) >= 4 and head[:4] == CONTINUATION:
         prefix, length = 8, (_I32.unpack_from(head, 4)[0] if len(head) == 8 else -1)
@@ -162,12 +194,22 @@ def _metadata(read_at: ReadAt, at: int, room: int, what: str) -> tuple[_Flat, in
         prefix, length = 4, (_I32.unpack_from(head, 0)[0] if len(head) >= 4 else -1)
     if length < 0 or prefix + length > room:
         raise Malformed(f"{what} at byte {at:,} claims {length:,} bytes of metadata, more than the "
-                        f"{max(room - prefix, 0):,} left")
-    return _Flat(read_at(at + prefix, length), what), prefix + length
+                        f"{max(room - prefix, 0):,} left", batch)
+    return _Flat(read_at(at + prefix, length), what, batch), prefix + length
 
 
-def file_layout(read_at: ReadAt, size: int) -> Layout:
-    """The batches of an IPC *file* (magic, stream, footer, footer length, magic), from its footer."""
+@dataclass(frozen=True)
+class Footer:
+    """An IPC file's footer: where its dictionary and record batches are ((count, 3) int64 arrays of Blocks:
+    offset, metadata length and padding, body length), and where the footer starts (no batch reaches past it)."""
+
+    dictionaries: np.ndarray
+    batches: np.ndarray
+    end: int
+
+
+def file_footer(read_at: ReadAt, size: int) -> Footer:
+    """The footer of an IPC *file* (magic, stream, footer, footer length, magic): the blocks, not yet followed."""
     if size < len(FILE_MAGIC) + 2 + _FILE_TRAILER or read_at(0, 6) != FILE_MAGIC \
             or read_at(size - len(FILE_MAGIC), 6) != FILE_MAGIC:
         raise Malformed("not an Arrow IPC file (no ARROW1 magic at both ends)")
@@ -177,23 +219,47 @@ def file_layout(read_at: ReadAt, size: int) -> Layout:
         raise Malformed(f"the footer claims {length:,} bytes, which the file's {size:,} cannot hold")
     footer = _Flat(read_at(footer_start, length), "the footer")
     table = footer.root()
-    groups = []
-    for slot, kind in ((2, _DICTIONARY_BATCH), (3, _RECORD_BATCH)):
-        found = []
-        for index, (offset, lengths, body) in enumerate(footer.structs(table, slot, _BLOCK_BYTES).tolist()):
-            meta = lengths & 0xFFFFFFFF
-            meta = meta - (1 << 32) if meta >= 1 << 31 else meta  # the int32 field (the rest is padding)
-            what = f"{'dictionary' if kind == _DICTIONARY_BATCH else 'record'} batch {index}"
-            if offset < 8 or meta <= 0 or body < 0 or offset + meta + body > footer_start:
-                raise Malformed(f"{what}: the footer places it outside the file (byte {offset:,}, {meta:,} + "
-                                f"{body:,} bytes)")
-            flat, used = _metadata(read_at, offset, meta, what)
-            got, message = _message(flat, index, offset + meta, footer_start)
-            if got != kind:
-                raise Malformed(f"{what}: the footer points to {_HEADER_NAMES.get(got, 'an unknown message')}")
-            found.append(message)
-        groups.append(tuple(found))
-    return Layout(*groups)
+    return Footer(footer.structs(table, 2, _BLOCK_BYTES), footer.structs(table, 3, _BLOCK_BYTES), footer_start)
+
+
+def _block(read_at: ReadAt, footer: Footer, index: int, kind: int) -> tuple[_Flat, int]:
+    """The metadata flatbuffer of batch `index` (of `kind`) of a file and where its body starts, from its Block."""
+    offset, lengths, body = (footer.dictionaries if kind == _DICTIONARY_BATCH else footer.batches)[index].tolist()
+    meta = lengths & 0xFFFFFFFF
+    meta = meta - (1 << 32) if meta >= 1 << 31 else meta  # the int32 field (the rest is padding)
+    what = _batch_name(kind, index)
+    if offset < 8 or meta <= 0 or body < 0 or offset + meta + body > footer.end:
+        raise Malformed(f"the footer places it outside the file (byte {offset:,}, {meta:,} + {body:,} bytes)", what)
+    flat, _ = _metadata(read_at, offset, meta, "its metadata", what)
+    return flat, offset + meta
+
+
+def file_message(read_at: ReadAt, footer: Footer, index: int, kind: int = _RECORD_BATCH) -> Message:
+    """Batch `index` of a file (a record batch, or a dictionary batch), from the block its footer gives."""
+    flat, start = _block(read_at, footer, index, kind)
+    got, message = _message(flat, index, start, footer.end)
+    if got != kind:
+        raise Malformed(f"the footer points to {_HEADER_NAMES.get(got, 'an unknown message')}", flat.batch)
+    return message
+
+
+def file_inflated(read_at: ReadAt, footer: Footer, index: int) -> int:
+    """What decompressing record batch `index` of a file allocates (`inflated`), in O(1): an uncompressed batch
+    (every batch of an output written with `--compression none`) is told from the few metadata fields that say so,
+    without the parse of its buffers (a reader of memory-mapped batches pays a few microseconds, not tens)."""
+    flat, _ = _block(read_at, footer, index, _RECORD_BATCH)
+    message = flat.root()
+    header = flat.target(message, 2)
+    if flat.scalar(message, 1, _U8, 0) == _RECORD_BATCH and header is not None and flat.target(header, 3) is None:
+        return 0
+    return inflated(read_at, file_message(read_at, footer, index))
+
+
+def file_layout(read_at: ReadAt, size: int) -> Layout:
+    """The batches of an IPC *file*, from its footer."""
+    footer = file_footer(read_at, size)
+    return Layout(*(tuple(file_message(read_at, footer, i, kind) for i in range(len(blocks)))
+                    for kind, blocks in ((_DICTIONARY_BATCH, footer.dictionaries), (_RECORD_BATCH, footer.batches))))
 
 
 def stream_layout(read_at: ReadAt, size: int, start: int = 0) -> Layout:
@@ -220,12 +286,12 @@ def inflated(read_at: ReadAt, message: Message, buffers: np.ndarray | None = Non
     chosen = message.buffers if buffers is None else message.buffers[buffers]
     chosen = chosen[chosen[:, 1] > 0]
     if (chosen[:, 1] < _COMPRESSION_PREFIX).any():
-        raise Malformed(f"record batch {message.index}: a compressed buffer shorter than its 8-byte length prefix")
+        raise Malformed("a compressed buffer shorter than its 8-byte length prefix", message.name)
     total = 0
     for offset in chosen[:, 0].tolist():
         declared = _I64.unpack(read_at(message.start + offset, _COMPRESSION_PREFIX))[0]
         if declared < -1:
-            raise Malformed(f"record batch {message.index}: a compressed buffer declares {declared:,} bytes")
+            raise Malformed(f"a compressed buffer declares {declared:,} bytes", message.name)
         total += max(declared, 0)
     return total
 
