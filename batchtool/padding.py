@@ -195,8 +195,14 @@ def _take_rows(sources: Sequence[pa.Array], source: np.ndarray, starts: np.ndarr
 
 
 def _pad_step(t: pa.DataType, pad_value: Any) -> Any:
-    """One step of padding: pad_value, or a vector of them for a step that is a fixed-size vector."""
-    return [_pad_step(t.value_type, pad_value)] * t.list_size if pa.types.is_fixed_size_list(t) else pad_value
+    """One step of padding: pad_value, a vector of them for a step that is a fixed-size vector, and no values at
+    all for a step that is itself a variable-length list (a padding step holds nothing; `length` and the mask say
+    where the real steps end)."""
+    if pa.types.is_fixed_size_list(t):
+        return [_pad_step(t.value_type, pad_value)] * t.list_size
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return []
+    return pad_value
 
 
 def _numeric_leaves(sources: Sequence[pa.Array]) -> tuple[list[np.ndarray] | None, int, pa.DataType]:

@@ -125,3 +125,10 @@ def test_a_null_vector_step_stays_null():
     arr = pa.array([[[1.0, 2.0], None], [[5.0, 6.0]]], pa.list_(pa.list_(pa.float32(), 2)))
     assert pad_list_column(arr, 3, -1.0).to_pylist() == [[[1.0, 2.0], None, [-1.0, -1.0]],
                                                           [[5.0, 6.0], [-1.0, -1.0], [-1.0, -1.0]]]
+
+
+def test_a_step_that_is_a_variable_length_list_pads_with_an_empty_list():
+    """list<list<int64>> with a null step and a null row: padding steps hold no values (0 would not be a step)."""
+    arr = pa.array([[[1, 2], None, [3]], [[4]], None], type=pa.list_(pa.list_(pa.int64())))
+    padded = pad_list_column(arr, 3, 0)
+    assert padded.to_pylist() == [[[1, 2], None, [3]], [[4], [], []], [[], [], []]]
