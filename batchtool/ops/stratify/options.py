@@ -19,8 +19,8 @@ class StratifyOptions:
     """What `stratify` computes."""
 
     label: str = option("Integer class column (values in [0, classes)).", Column(), "label")
-    target: Target = option("Target proportions: P0,P1,... or 'uniform' or CLASS=PROB pairs (others get 0).",
-                            TargetSpec(), "uniform", required=True)
+    target: Target = option("Target proportions: P0,P1,... (numbers or exact fractions such as 1/3) or 'uniform' "
+                            "or CLASS=PROB pairs (others get 0).", TargetSpec(), "uniform", required=True)
     mode: str = option("exact: floor(M*t_i) examples per class, M = min_i n_i/t_i (n_i: examples); bernoulli: "
                        "per-example acceptance as tf.contrib.training.stratified_sample; "
                        "online: class distribution estimated as the data streams.", Choice(MODES), "exact")
