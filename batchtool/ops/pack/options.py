@@ -166,7 +166,7 @@ def output_schema(schema: pa.Schema, columns: PackColumns, options: PackOptions)
     fields += [pa.field(out[name], pa.list_(pa.int32())) for name in (*PER_STEP, "cu_seqlens")]
     fields += [pa.field(out["num_examples"], pa.int32()), pa.field(out["length"], pa.int32()),
                pa.field(out["batch"], pa.int64())]
-    return pa.schema(fields)
+    return pa.schema(fields, metadata=schema.metadata)
 
 
 def feature_lists(schema: pa.Schema, columns: PackColumns) -> tuple[str, ...]:
