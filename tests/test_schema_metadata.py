@@ -1,0 +1,236 @@
+"""What the input's metadata says of its columns (Hugging Face `datasets` features, pandas' column entries, any field's
+own metadata) is in every output where the column is written as it was read: under its new name, in the output's
+column order, and not for a column whose type an operation changed. Read back by the real clients."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from batchtool.formats import column_meta
+from conftest import invoke_cli, read_dir
+
+ROWS = 24
+NAMES = ["cat", "dog", "bird"]
+
+
+@pytest.fixture(scope="module")
+def features(datasets):
+    return datasets.Features({"key": datasets.Value("string"), "label": datasets.ClassLabel(names=NAMES),
+                              "tokens": datasets.Sequence(datasets.Value("int32")),
+                              "weight": datasets.Value("float32"), "keep": datasets.Value("bool")})
+
+
+@pytest.fixture(scope="module")
+def sources(datasets, features, tmp_path_factory) -> dict[str, str]:
+    """The same rows as a save_to_disk split ("hf") and as Parquet ("pq") that also carries a key of its own in the
+    schema's metadata and a field's metadata on `tokens` (datasets' features included in both); a copy of each, for
+    mix."""
+    root = tmp_path_factory.mktemp("meta")
+    dataset = datasets.Dataset.from_dict(
+        {"key": [f"k{i:02d}" for i in range(ROWS)], "label": [i % 3 for i in range(ROWS)],
+         "tokens": [list(range(1 + i % 5)) for i in range(ROWS)], "weight": [0.5 + i % 4 for i in range(ROWS)],
+         "keep": [i % 3 != 2 for i in range(ROWS)]}, features=features)
+    dataset.save_to_disk(str(root / "hf"), num_shards=2)
+    table = dataset.data.table
+    tokens = table.schema.field("tokens").with_metadata({"unit": "steps"})
+    table = table.cast(table.schema.set(table.schema.get_field_index("tokens"), tokens))
+    os.makedirs(root / "pq")
+    pq.write_table(table.replace_schema_metadata({**table.schema.metadata, b"origin": b"lab-7"}),
+                   str(root / "pq" / "data.parquet"))
+    shutil.copytree(root / "hf", root / "hf-copy")
+    shutil.copytree(root / "pq", root / "pq-copy")
+    return {name: str(root / name) for name in ("hf", "pq", "hf-copy", "pq-copy")}
+
+
+def run(*args: object) -> None:
+    result = invoke_cli(*args, "-q")
+    assert result.exit_code == 0, result.stderr
+
+
+def pipeline(src: str, dst: str) -> str:
+    """filter -> rename -> select, as a pipeline file beside DST."""
+    path = f"{dst}.toml"
+    with open(path, "w") as f:
+        f.write(f'[input]\npath = "{src}"\n\n[[stage]]\nop = "filter"\ncolumn = "keep"\n\n'
+                '[[stage]]\nop = "rename"\ncolumns = { label = "target" }\n\n'
+                '[[stage]]\nop = "select"\ncolumns = ["tokens", "target"]\n\n'
+                f'[output]\npath = "{dst}"\n')
+    return path
+
+
+BATCHES = ("--to", "parquet")
+COMMANDS = {
+    # command: (its arguments after SRC DST, {output column: the input column whose feature it keeps})
+    "convert": ([], {c: c for c in ("key", "label", "tokens", "weight", "keep")}),
+    "filter": (["--column", "keep"], {c: c for c in ("key", "label", "tokens", "weight", "keep")}),
+    "select": (["--columns", "tokens,label"], {"tokens": "tokens", "label": "label"}),
+    "rename": (["--columns", "label=target,key=label"],
+               {"label": "key", "target": "label", "tokens": "tokens", "weight": "weight", "keep": "keep"}),
+    "stratify": (["--label", "label", "--target", "uniform"], {c: c for c in ("key", "label", "tokens", "weight", "keep")}),
+    "resample": (["--weight", "weight", "--overall-rate", "1.0"],
+                 {c: c for c in ("key", "label", "tokens", "weight", "keep")}),
+    "shuffle": (["--seed", "1"], {c: c for c in ("key", "label", "tokens", "weight", "keep")}),
+    "bucket": (["--length", "tokens", "--sequence", "tokens", "--boundaries", "3", "--batch-size", "4", *BATCHES],
+               {c: c for c in ("key", "label", "tokens", "weight", "keep")}),
+    "pack": (["--max-length", "8", "--sequence", "tokens", "--batch-size", "2", *BATCHES], {"tokens": "tokens"}),
+    "segment": (["--key", "key", "--sequence", "tokens", "--num-unroll", "2", "--batch-size", "4", *BATCHES],
+                {"label": "label", "tokens": "tokens", "weight": "weight", "keep": "keep"}),
+    "mix": ([], {c: c for c in ("key", "label", "tokens", "weight", "keep")}),
+    "run": ([], {"tokens": "tokens", "target": "label"}),
+}
+
+
+@pytest.fixture(scope="module")
+def outputs(sources, tmp_path_factory) -> dict[tuple[str, str], str]:
+    """Every command's output of each source, made once."""
+    root = tmp_path_factory.mktemp("out")
+    made = {}
+    for source, src in sources.items():
+        if source.endswith("-copy"):
+            continue
+        for command, (args, _) in COMMANDS.items():
+            dst = str(root / f"{source}-{command}")
+            if command == "mix":
+                run("mix", src, sources[f"{source}-copy"], dst, "--names", "a,b", "--weights", "1,1")
+            elif command == "run":
+                run("run", pipeline(src, dst))
+            else:
+                run(command, src, dst, *args)
+            made[source, command] = dst
+    return made
+
+
+def hf_features(path: str) -> list[str] | None:
+    """The columns the `huggingface` metadata of a Parquet output describes, in its order."""
+    metadata = pq.read_schema(sorted(glob.glob(os.path.join(path, "*.parquet")))[0]).metadata or {}
+    return list(json.loads(metadata[b"huggingface"])["info"]["features"]) if b"huggingface" in metadata else None
+
+
+@pytest.mark.parametrize("source", ["hf", "pq"])
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_datasets_reads_every_output_with_the_features_of_its_unchanged_columns(datasets, features, outputs, source,
+                                                                                command, tmp_path):
+    path = outputs[source, command]
+    kept = COMMANDS[command][1]
+    schema = pq.read_schema(sorted(glob.glob(os.path.join(path, "*.parquet")))[0])
+    assert hf_features(path) == [c for c in schema.names if c in kept]
+    read = datasets.Dataset.from_parquet(sorted(glob.glob(os.path.join(path, "*.parquet"))),
+                                         cache_dir=str(tmp_path / "hf"), keep_in_memory=True)
+    inferred = datasets.Features.from_arrow_schema(schema.remove_metadata())
+    assert read.features == datasets.Features({c: features[kept[c]] if c in kept else inferred[c]
+                                               for c in schema.names})
+    assert read.num_rows == read_dir(path).num_rows
+    if "label" in kept.values():
+        column = next(c for c, was in kept.items() if was == "label")
+        assert read.features[column].names == NAMES
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_a_fields_own_metadata_and_the_schemas_other_keys_are_kept(outputs, command):
+    schema = pq.read_schema(sorted(glob.glob(os.path.join(outputs["pq", command], "*.parquet")))[0])
+    assert schema.metadata[b"origin"] == b"lab-7"
+    assert schema.field("tokens").metadata == {b"unit": b"steps"}
+    assert not any(f.metadata and column_meta.MARK in f.metadata for f in schema)
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_pandas_and_polars_read_every_output(outputs, command):
+    pandas = pytest.importorskip("pandas")
+    polars = pytest.importorskip("polars")
+    path = outputs["hf", command]
+    expected = read_dir(path)
+    for read in (pandas.read_parquet(path), polars.read_parquet(os.path.join(path, "*.parquet"))):
+        assert list(read.columns) == expected.column_names and len(read) == expected.num_rows
+
+
+def test_load_dataset_and_arrow_outputs_read_the_features(datasets, features, sources, tmp_path):
+    run("select", sources["hf"], tmp_path / "arrow", "--columns", "label,tokens", "--to", "arrow")
+    run("select", sources["hf"], tmp_path / "parquet", "--columns", "label,tokens")
+    expected = datasets.Features({"label": features["label"], "tokens": features["tokens"]})
+    arrow = datasets.load_dataset("arrow", data_files=str(tmp_path / "arrow" / "*.arrow"), split="train",
+                                  cache_dir=str(tmp_path / "hf"))
+    parquet = datasets.load_dataset("parquet", data_dir=str(tmp_path / "parquet"), split="train",
+                                    cache_dir=str(tmp_path / "hf"))
+    assert arrow.features == parquet.features == expected
+    assert parquet["label"] == [i % 3 for i in range(ROWS)]
+
+
+def test_mix_keeps_a_feature_only_where_every_source_has_it(datasets, features, sources, tmp_path):
+    other = datasets.Dataset.from_parquet(os.path.join(sources["pq"], "data.parquet"), cache_dir=str(tmp_path / "c"))
+    other = other.cast_column("label", datasets.ClassLabel(names=["x", "y", "z"]))
+    other.to_parquet(str(tmp_path / "other.parquet"))
+    run("mix", sources["hf"], tmp_path / "other.parquet", tmp_path / "dst", "--weights", "1,1")
+    read = datasets.Dataset.from_parquet(glob.glob(str(tmp_path / "dst" / "*.parquet")), cache_dir=str(tmp_path / "c"))
+    assert read.features["label"] == datasets.Value("int64")
+    assert [read.features[c] for c in ("key", "tokens")] == [features["key"], features["tokens"]]
+
+
+@pytest.fixture(scope="module")
+def frame_src(tmp_path_factory) -> str:
+    """A Parquet file written from pandas: an index of strings (a column `id`), a nullable Int64 column, lists."""
+    pandas = pytest.importorskip("pandas")
+    frame = pandas.DataFrame({"count": pandas.array([i if i % 4 else None for i in range(12)], dtype="Int64"),
+                              "tokens": [list(range(1 + i % 3)) for i in range(12)], "n": list(range(12))},
+                             index=pandas.Index([f"r{i}" for i in range(12)], name="id"))
+    path = tmp_path_factory.mktemp("frame") / "frame.parquet"
+    frame.to_parquet(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("args, index, dtypes", [
+    (["convert"], "id", {"count": "Int64", "tokens": "object", "n": "int64"}),
+    (["shuffle", "--seed", "3"], "id", {"count": "Int64", "tokens": "object", "n": "int64"}),
+    (["select", "--columns", "n,count"], None, {"n": "int64", "count": "Int64"}),
+    (["rename", "--columns", "count=n,n=count,id=name"], None,
+     {"n": "Int64", "tokens": "object", "count": "int64", "name": "string"}),
+    (["pack", "--max-length", "6", "--sequence", "tokens", "--batch-size", "2", "--to", "parquet"], None,
+     {"count": "object", "tokens": "object", "n": "object", "id": "object", "segment_ids": "object",
+      "positions": "object", "cu_seqlens": "object", "num_examples": "int32", "length": "int32", "batch": "int64"}),
+])
+def test_pandas_reads_its_index_and_dtypes_where_the_columns_are_unchanged(frame_src, tmp_path, args, index, dtypes):
+    pandas = pytest.importorskip("pandas")
+    run(args[0], frame_src, tmp_path / "dst", *args[1:])
+    read = pandas.read_parquet(tmp_path / "dst")
+    strings = str(pandas.Series(["a"]).dtype)  # pandas' own string dtype: "str" from pandas 3, "object" before
+    assert read.index.name == index
+    assert {c: str(t) for c, t in read.dtypes.items()} == {c: strings if t == "string" else t for c, t in dtypes.items()}
+    rows = read_dir(str(tmp_path / "dst"))
+    assert len(read) == rows.num_rows
+    if index is not None:
+        assert list(read.index) == rows["id"].to_pylist()
+    if "count" in rows.column_names and args[0] != "pack":
+        assert [None if pandas.isna(v) else int(v) for v in read["count"]] == rows["count"].to_pylist()
+
+
+def test_a_range_index_is_not_written(tmp_path):
+    """A range index numbers the rows of the file pandas wrote: batchtool's shards have other rows."""
+    pandas = pytest.importorskip("pandas")
+    frame = pandas.DataFrame({"x": list(range(10))}, index=pandas.RangeIndex(100, 110, name="n"))
+    frame.to_parquet(tmp_path / "in.parquet")
+    run("shuffle", tmp_path / "in.parquet", tmp_path / "dst", "--seed", "1")
+    read = pandas.read_parquet(tmp_path / "dst")
+    assert read.index.equals(pandas.RangeIndex(10)) and sorted(read["x"]) == list(range(10))
+
+
+def test_metadata_that_is_not_the_expected_json_is_kept_as_it_is(tmp_path):
+    table = pa.table({"a": [1, 2], "b": [3, 4]}).replace_schema_metadata(
+        {"huggingface": b"[" * 100_000, "pandas": b"{\"columns\": 3}"})
+    pq.write_table(table, tmp_path / "in.parquet")
+    run("select", tmp_path / "in.parquet", tmp_path / "dst", "--columns", "b")
+    metadata = pq.read_schema(glob.glob(str(tmp_path / "dst" / "*.parquet"))[0]).metadata
+    assert metadata == {b"huggingface": b"[" * 100_000, b"pandas": b"{\"columns\": 3}"}
+
+
+def test_a_mark_in_the_input_is_not_taken_for_one_batchtool_made(tmp_path):
+    field = pa.field("a", pa.int64(), metadata={column_meta.MARK: b'{"type": "x", "huggingface": {"_type": "Bad"}}'})
+    pq.write_table(pa.table({"a": [1, 2]}, schema=pa.schema([field])), tmp_path / "in.parquet")
+    run("convert", tmp_path / "in.parquet", tmp_path / "dst")
+    schema = pq.read_schema(glob.glob(str(tmp_path / "dst" / "*.parquet"))[0])
+    assert schema.metadata is None and schema.field("a").metadata is None
