@@ -188,7 +188,10 @@ class Dataset:
         return list(dict.fromkeys(columns))
 
     def projected_schema(self, columns: Sequence[str] | None) -> pa.Schema:
-        return self.schema if columns is None else pa.schema([self.schema.field(c) for c in columns])
+        """The schema of these columns, in this order, with the schema's metadata (formats.column_meta)."""
+        if columns is None:
+            return self.schema
+        return pa.schema([self.schema.field(c) for c in columns], metadata=self.schema.metadata)
 
     def tasks(self, columns: Sequence[str] | None = None,
               report: ReadReport | None = None) -> Iterator[Callable[[], Chunk]]:

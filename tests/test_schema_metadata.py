@@ -55,55 +55,55 @@ def run(*args: object) -> None:
 
 
 def pipeline(src: str, dst: str) -> str:
-    """filter -> rename -> select, as a pipeline file beside DST."""
+    """Three columns of SRC, then filter -> rename -> select, as a pipeline file beside DST."""
     path = f"{dst}.toml"
     with open(path, "w") as f:
-        f.write(f'[input]\npath = "{src}"\n\n[[stage]]\nop = "filter"\ncolumn = "keep"\n\n'
+        f.write(f'[input]\npath = "{src}"\ncolumns = ["keep", "label", "tokens"]\n\n'
+                '[[stage]]\nop = "filter"\ncolumn = "keep"\n\n'
                 '[[stage]]\nop = "rename"\ncolumns = { label = "target" }\n\n'
                 '[[stage]]\nop = "select"\ncolumns = ["tokens", "target"]\n\n'
                 f'[output]\npath = "{dst}"\n')
     return path
 
 
-BATCHES = ("--to", "parquet")
+SRC, OTHER, DST, BATCHES = "SRC", "OTHER", "DST", ("--to", "parquet")
+ALL = {c: c for c in ("key", "label", "tokens", "weight", "keep")}
 COMMANDS = {
-    # command: (its arguments after SRC DST, {output column: the input column whose feature it keeps})
-    "convert": ([], {c: c for c in ("key", "label", "tokens", "weight", "keep")}),
-    "filter": (["--column", "keep"], {c: c for c in ("key", "label", "tokens", "weight", "keep")}),
-    "select": (["--columns", "tokens,label"], {"tokens": "tokens", "label": "label"}),
-    "rename": (["--columns", "label=target,key=label"],
+    # a run: (its command line, {output column: the input column whose feature it keeps}); OTHER: a copy of SRC
+    "convert": (["convert", SRC, DST], ALL),
+    "convert-columns": (["convert", SRC, DST, "--columns", "tokens,label"], {"tokens": "tokens", "label": "label"}),
+    "filter": (["filter", SRC, DST, "--column", "keep"], ALL),
+    "select": (["select", SRC, DST, "--columns", "tokens,label"], {"tokens": "tokens", "label": "label"}),
+    "rename": (["rename", SRC, DST, "--columns", "label=target,key=label"],
                {"label": "key", "target": "label", "tokens": "tokens", "weight": "weight", "keep": "keep"}),
-    "stratify": (["--label", "label", "--target", "uniform"], {c: c for c in ("key", "label", "tokens", "weight", "keep")}),
-    "resample": (["--weight", "weight", "--overall-rate", "1.0"],
-                 {c: c for c in ("key", "label", "tokens", "weight", "keep")}),
-    "shuffle": (["--seed", "1"], {c: c for c in ("key", "label", "tokens", "weight", "keep")}),
-    "bucket": (["--length", "tokens", "--sequence", "tokens", "--boundaries", "3", "--batch-size", "4", *BATCHES],
-               {c: c for c in ("key", "label", "tokens", "weight", "keep")}),
-    "pack": (["--max-length", "8", "--sequence", "tokens", "--batch-size", "2", *BATCHES], {"tokens": "tokens"}),
-    "segment": (["--key", "key", "--sequence", "tokens", "--num-unroll", "2", "--batch-size", "4", *BATCHES],
-                {"label": "label", "tokens": "tokens", "weight": "weight", "keep": "keep"}),
-    "mix": ([], {c: c for c in ("key", "label", "tokens", "weight", "keep")}),
-    "run": ([], {"tokens": "tokens", "target": "label"}),
+    "stratify": (["stratify", SRC, DST, "--label", "label", "--target", "uniform"], ALL),
+    "resample": (["resample", SRC, DST, "--weight", "weight", "--overall-rate", "1.0"], ALL),
+    "shuffle": (["shuffle", SRC, DST, "--seed", "1"], ALL),
+    "bucket": (["bucket", SRC, DST, "--length", "tokens", "--sequence", "tokens", "--boundaries", "3",
+                "--batch-size", "4", *BATCHES], ALL),
+    "pack": (["pack", SRC, DST, "--max-length", "8", "--sequence", "tokens", "--batch-size", "2", *BATCHES],
+             {"tokens": "tokens"}),
+    "segment": (["segment", SRC, DST, "--key", "key", "--sequence", "tokens", "--num-unroll", "2", "--batch-size", "4",
+                 *BATCHES], {"label": "label", "tokens": "tokens", "weight": "weight", "keep": "keep"}),
+    "mix": (["mix", SRC, OTHER, DST, "--weights", "1,1"], ALL),
+    "mix-columns": (["mix", SRC, OTHER, DST, "--weights", "1,1", "--columns", "label,tokens"],
+                    {"label": "label", "tokens": "tokens"}),
+    "run": (["run", "PIPELINE"], {"tokens": "tokens", "target": "label"}),
 }
 
 
 @pytest.fixture(scope="module")
 def outputs(sources, tmp_path_factory) -> dict[tuple[str, str], str]:
-    """Every command's output of each source, made once."""
+    """Every run's output of each source, made once."""
     root = tmp_path_factory.mktemp("out")
     made = {}
-    for source, src in sources.items():
-        if source.endswith("-copy"):
-            continue
-        for command, (args, _) in COMMANDS.items():
-            dst = str(root / f"{source}-{command}")
-            if command == "mix":
-                run("mix", src, sources[f"{source}-copy"], dst, "--names", "a,b", "--weights", "1,1")
-            elif command == "run":
-                run("run", pipeline(src, dst))
-            else:
-                run(command, src, dst, *args)
-            made[source, command] = dst
+    for source in ("hf", "pq"):
+        for name, (line, _) in COMMANDS.items():
+            dst = made[source, name] = str(root / f"{source}-{name}")
+            given = {SRC: sources[source], OTHER: sources[f"{source}-copy"], DST: dst}
+            if line[0] == "run":
+                given["PIPELINE"] = pipeline(sources[source], dst)
+            run(*(given.get(arg, arg) for arg in line))
     return made
 
 
