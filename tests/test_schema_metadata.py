@@ -234,3 +234,17 @@ def test_a_mark_in_the_input_is_not_taken_for_one_batchtool_made(tmp_path):
     run("convert", tmp_path / "in.parquet", tmp_path / "dst")
     schema = pq.read_schema(glob.glob(str(tmp_path / "dst" / "*.parquet"))[0])
     assert schema.metadata is None and schema.field("a").metadata is None
+
+
+def test_a_pipeline_writes_the_metadata_its_commands_one_by_one_write(outputs, sources, tmp_path):
+    """The pipeline's [input] columns, filter, rename and select, against those commands on each other's output (not
+    byte for byte here: Parquet reads a list's child field back as `element`, while the pipeline keeps `datasets`'
+    `item`)."""
+    steps = [["convert", "--columns", "keep,label,tokens"], ["filter", "--column", "keep"],
+             ["rename", "--columns", "label=target"], ["select", "--columns", "tokens,target"]]
+    src = sources["hf"]
+    for i, (command, *args) in enumerate(steps):
+        run(command, src, tmp_path / str(i), *args)
+        src = tmp_path / str(i)
+    chained, piped = (pq.read_schema(glob.glob(os.path.join(d, "*.parquet"))[0]) for d in (src, outputs["hf", "run"]))
+    assert chained.metadata == piped.metadata and read_dir(str(src)).equals(read_dir(outputs["hf", "run"]))
