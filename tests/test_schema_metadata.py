@@ -12,6 +12,8 @@ import shutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from batchtool.formats import column_meta
 from conftest import invoke_cli, read_dir
@@ -248,3 +250,22 @@ def test_a_pipeline_writes_the_metadata_its_commands_one_by_one_write(outputs, s
         src = tmp_path / str(i)
     chained, piped = (pq.read_schema(glob.glob(os.path.join(d, "*.parquet"))[0]) for d in (src, outputs["hf", "run"]))
     assert chained.metadata == piped.metadata and read_dir(str(src)).equals(read_dir(outputs["hf", "run"]))
+
+
+@settings(max_examples=40)
+@given(order=st.permutations(range(5)), kept=st.integers(0, 5), renamed=st.lists(st.booleans(), min_size=5, max_size=5),
+       changed=st.lists(st.booleans(), min_size=5, max_size=5))
+def test_the_features_written_follow_the_columns_whatever_an_operation_does_with_them(order, kept, renamed, changed):
+    """Any projection, order, renaming and change of type of the columns between reading and writing: the features
+    written are those of the columns written that keep their type, under their names, in their order."""
+    feature = {f"c{i}": {"dtype": "int64", "_type": "Value", "i": i} for i in range(5)}
+    read = column_meta.carried(pa.schema([pa.field(f"c{i}", pa.int64()) for i in range(5)], metadata={
+        "huggingface": json.dumps({"info": {"features": feature}, "fingerprint": "f"})}))
+    columns = order[:kept]
+    written = column_meta.described(pa.schema(
+        [read.field(f"c{i}").with_name(f"r{i}" if renamed[i] else f"c{i}")
+         .with_type(pa.list_(pa.int64()) if changed[i] else pa.int64()) for i in columns], metadata=read.metadata))
+    expected = {f"r{i}" if renamed[i] else f"c{i}": feature[f"c{i}"] for i in columns if not changed[i]}
+    assert (json.loads(written.metadata[b"huggingface"]) if written.metadata else None) == \
+        ({"info": {"features": expected}} if expected else None)
+    assert all(f.metadata is None for f in written)
