@@ -188,7 +188,10 @@ class Dataset:
         return list(dict.fromkeys(columns))
 
     def projected_schema(self, columns: Sequence[str] | None) -> pa.Schema:
-        return self.schema if columns is None else pa.schema([self.schema.field(c) for c in columns])
+        """The schema of these columns, in this order, with the schema's metadata (formats.column_meta)."""
+        if columns is None:
+            return self.schema
+        return pa.schema([self.schema.field(c) for c in columns], metadata=self.schema.metadata)
 
     def tasks(self, columns: Sequence[str] | None = None,
               report: ReadReport | None = None) -> Iterator[Callable[[], Chunk]]:
@@ -258,8 +261,8 @@ def shard_chunk(batch: pa.RecordBatch, schema: pa.Schema, shard: Shard, first_ro
 def _conform(batch: pa.RecordBatch, schema: pa.Schema, path: str) -> pa.RecordBatch:
     """Cast a shard whose schema differs only in representation (e.g. large_string, an extension type's storage)
     to the dataset's."""
-    if batch.schema.equals(schema):
-        return pa.RecordBatch.from_arrays(batch.columns, schema=schema)  # the metadata only
+    if batch.schema.equals(schema):  # the metadata only; a batch of no columns keeps its rows
+        return pa.RecordBatch.from_arrays(batch.columns, schema=schema) if len(schema) else batch.select([])
     try:
         return column_types.conform_read(batch, schema)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as exc:

@@ -11,7 +11,7 @@ import pyarrow as pa
 from batchtool import fs
 from batchtool.dataset import Dataset, Shard
 from batchtool.errors import InputError
-from batchtool.formats import column_types, registry
+from batchtool.formats import column_meta, column_types, registry
 from batchtool.manifest_reader import read_manifest
 from batchtool.runner import SERIAL, Executor
 
@@ -83,5 +83,6 @@ def open_dataset(src: str, format: str | None = None, schema: pa.Schema | None =
     reading = {"tfrecord_kind": tfrecord_kind, "skip_corrupt": skip_corrupt, "max_record_bytes": max_record_bytes,
                "memory": memory, "executor": executor}
     dataset = registry.FORMATS[format].open_dataset(src, shards, schema, manifest, reading)
-    unwrapped = column_types.reading_schema(dataset.schema)  # operations never see an extension type
-    return dataset if unwrapped is dataset.schema else replace(dataset, schema=unwrapped)
+    # operations never see an extension type, and carry what the metadata says of a column with the column
+    fixed = column_meta.carried(column_types.reading_schema(dataset.schema))
+    return dataset if fixed is dataset.schema else replace(dataset, schema=fixed)

@@ -14,6 +14,7 @@ import pyarrow as pa
 from batchtool import fs, rng
 from batchtool.dataset import Chunk, Dataset, Part, ReadReport, Shard, place
 from batchtool.errors import InputError, OptionError, OptionSchemaError
+from batchtool.formats import column_meta
 from batchtool.formats.base import rows_only
 from batchtool.formats.column_types import same_type, shown_type
 
@@ -74,7 +75,8 @@ class _Adapted:
 @dataclass(frozen=True)
 class MixedDataset(Dataset):
     """The sources' shards in source order as one dataset, its schema the first source's columns (in its order) and
-    the source column; every source holds those columns with the same types."""
+    the source column; every source holds those columns with the same types. What metadata says of the data is
+    kept where every source says it alike (formats.column_meta.shared)."""
 
     sources: tuple[Source, ...] = ()
     column: str = SOURCE
@@ -138,7 +140,7 @@ def mix_datasets(datasets: Sequence[Dataset], names: Sequence[str], column: str 
     rows = [d.num_rows for d in datasets]
     first = datasets[0]
     return MixedDataset(" + ".join(d.src for d in datasets), first.spec, tuple(shards),
-                        schemas[0].append(pa.field(column, SOURCE_TYPE)),
+                        column_meta.shared(schemas).append(pa.field(column, SOURCE_TYPE)),
                         num_rows=None if None in rows else sum(rows),  # type: ignore[arg-type]
                         skip_corrupt=first.skip_corrupt, max_record_bytes=first.max_record_bytes, memory=first.memory,
                         sources=tuple(sources), column=column, selected=None if columns is None else tuple(columns))

@@ -21,7 +21,7 @@ import pyarrow as pa
 from batchtool import fs
 from batchtool.errors import (DestinationError, DestinationExistsError, OptionError, OptionSchemaError,
                               where)
-from batchtool.formats import column_types
+from batchtool.formats import column_meta, column_types
 from batchtool.formats.base import EncodedBatch, Format, ShardSink
 from batchtool.formats.registry import DEFAULT, FORMATS, NAMES
 
@@ -69,8 +69,9 @@ class OutputOptions:
 
     def stored_schema(self, schema: pa.Schema) -> pa.Schema:
         """The schema the output files hold exactly: narrowed_schema, with the extension types the input's
-        columns had put back (formats.column_types)."""
-        return column_types.written_schema(self.narrowed_schema(schema))
+        columns had put back (formats.column_types) and the metadata describing them rebuilt for the columns written
+        (formats.column_meta)."""
+        return column_types.written_schema(column_meta.described(self.narrowed_schema(schema)))
 
     def narrowed_schema(self, schema: pa.Schema) -> pa.Schema:
         """The schema of the values written: for TFRecord, float64 narrowed to float32 if --cast asks for it,

@@ -73,3 +73,12 @@ def read_part(path: str) -> pa.Table:
 def data_bytes(path: str) -> dict[str, bytes]:
     """The bytes of every data file of an output directory (the manifest's run section may differ)."""
     return {f: open(os.path.join(path, f), "rb").read() for f in sorted(os.listdir(path)) if f.startswith("part-")}
+
+
+@pytest.fixture(scope="module")
+def datasets():
+    """Hugging Face `datasets`, offline and quiet (skipped where it is not installed)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_DATASETS_OFFLINE", "1")
+        patch.setenv("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+        yield pytest.importorskip("datasets")

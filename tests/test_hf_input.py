@@ -20,14 +20,6 @@ from dirstate import listing, snapshot
 
 
 @pytest.fixture(scope="module")
-def datasets():
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HF_DATASETS_OFFLINE", "1")
-        patch.setenv("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
-        yield pytest.importorskip("datasets")
-
-
-@pytest.fixture(scope="module")
 def table() -> pa.Table:
     """The corpus, with a feature of nested lists of any length (a Sequence of Sequences in `datasets`)."""
     corpus = make_table(240, seed=5)

@@ -36,7 +36,7 @@ class Rename(Operation[RenameOptions, RenameOptions]):
         if clash:
             raise ColumnError("columns", f"renaming gives two columns named {clash[0]!r} "
                                          f"(columns: {', '.join(schema.names)})")
-        return pa.schema([f.with_name(n) for f, n in zip(schema, names)])
+        return pa.schema([f.with_name(n) for f, n in zip(schema, names)], metadata=schema.metadata)
 
     def input_columns(self, options: RenameOptions, columns: Columns) -> Columns:
         back = {new: old for old, new in options.columns}

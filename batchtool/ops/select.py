@@ -27,7 +27,7 @@ class Select(Operation[SelectOptions, SelectOptions]):
 
     def output_schema(self, options: SelectOptions, schema: pa.Schema) -> pa.Schema:
         need_columns(schema, "columns", options.columns)
-        return pa.schema([schema.field(c) for c in options.columns])
+        return pa.schema([schema.field(c) for c in options.columns], metadata=schema.metadata)
 
     def input_columns(self, options: SelectOptions, columns: Columns) -> Columns:
         return list(options.columns) if columns is None else columns

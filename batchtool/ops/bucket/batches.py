@@ -186,8 +186,8 @@ def make_batch(data: pa.RecordBatch, index: int, bucket: int, pad_length: int | 
 def output_schema(schema: pa.Schema, columns: BucketColumns, mask: bool, padded: bool) -> pa.Schema:
     """The schema bucket writes for an input of this schema: an empty batch's."""
     spilled = spill_schema(schema, columns)
-    return make_batch(pa.RecordBatch.from_pylist([], schema=spilled), 0, 0, 0 if padded else None, columns, {},
-                      mask).schema
+    made = make_batch(pa.RecordBatch.from_pylist([], schema=spilled), 0, 0, 0 if padded else None, columns, {}, mask)
+    return pa.schema(made.schema, metadata=schema.metadata)
 
 
 def exchange(plan: BucketPlan, data: Any, probe: Probe) -> Exchange:

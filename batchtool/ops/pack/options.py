@@ -193,7 +193,7 @@ def output_schema(schema: pa.Schema, columns: PackColumns, options: PackOptions)
     fields.append(pa.field(out["cu_seqlens"], pa.list_(pa.int32())))  # int32, as flash-attn's varlen kernels take it
     fields += [pa.field(out["num_examples"], pa.int32()), pa.field(out["length"], pa.int32()),
                pa.field(out["batch"], pa.int64())]
-    return pa.schema(fields)
+    return pa.schema(fields, metadata=schema.metadata)
 
 
 def step_type(max_length: int) -> pa.DataType:

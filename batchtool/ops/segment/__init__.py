@@ -70,7 +70,7 @@ def _plan(options: SegmentOptions, schema: pa.Schema, memory: int = DEFAULT_MEMO
     need_columns(schema, "context", o.context)
     need_columns(schema, "initial_state", list(o.states.values()))
     need_columns(schema, "input_length", [o.input_length] if o.input_length else [])
-    return make_plan(pa.schema([schema.field(c) for c in o.source_columns]), o, memory)
+    return make_plan(pa.schema([schema.field(c) for c in o.source_columns], metadata=schema.metadata), o, memory)
 
 
 @contextmanager

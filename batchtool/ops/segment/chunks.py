@@ -62,7 +62,7 @@ def make_plan(schema: pa.Schema, options: SegmentOptions, memory: int) -> Segmen
     fields += [pa.field(name, pa.list_(schema.field(name).type.value_field), metadata=schema.field(name).metadata)
                for name in options.sequence]
     fields += [schema.field(column).with_name(name) for name, column in options.states.items()]
-    return SegmentPlan(options, pads, pa.schema(fields), memory)
+    return SegmentPlan(options, pads, pa.schema(fields, metadata=schema.metadata), memory)
 
 
 @dataclass(frozen=True)
