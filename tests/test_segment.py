@@ -194,6 +194,14 @@ def test_bad_keys_name_the_rows(tmp_path, keys, message):
     assert not os.path.exists(tmp_path / "dst")
 
 
+def test_large_string_keys_give_the_string_keys_bytes(tmp_path):
+    """pandas writes its strings as large_string: the keys are the same, so the output is too (a traceback once)."""
+    table = table_of([3, 1, 5, 2])
+    wide = table.set_column(0, "key", table.column("key").cast(pa.large_string()))
+    assert run(tmp_path, wide, "wide", num_unroll=2, batch_size=2)[0] == run(tmp_path, table, num_unroll=2,
+                                                                             batch_size=2)[0]
+
+
 def test_input_length_longer_than_the_sequence_names_the_row(tmp_path):
     with pytest.raises(InputError, match=r"row 1: column 'real' is 9, but the sequence has 3 steps"):
         run(tmp_path, table_of([3, 3], real=pa.array([3, 9])), num_unroll=2, batch_size=2, input_length="real")

@@ -146,7 +146,9 @@ def prepare_chunk(plan: SegmentPlan, locate: Callable[[int], str], task: Callabl
     if keys.null_count:
         i = int(np.flatnonzero(keys.is_null().to_numpy(zero_copy_only=False))[0])
         raise InputError(f"{row(i)}: column {o.key!r} is null; every example needs a unique key")
-    if not (pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type)):
+    if pa.types.is_large_string(keys.type):  # (pandas' strings): keys are string wherever batches meet
+        keys = keys.cast(pa.string())
+    elif not pa.types.is_string(keys.type):
         try:
             keys = keys.cast(pa.string())
         except pa.ArrowInvalid as exc:
