@@ -289,3 +289,18 @@ def test_arrow_batches_are_the_arrays_to_numpy_makes_of_their_record_batches(tmp
             assert list(batch) == list(arrays)
             for name in arrays:
                 assert_same(batch[name], arrays[name], f"batch {i}, {name}")
+
+
+@pytest.mark.parametrize("fmt", ["arrow", "parquet", "tfrecord"])
+def test_checksums_are_verified_by_default_wherever_the_output_records_them(tmp_path, fmt):
+    """Every batch format batchtool writes records checksums, so every default read checks them (Parquet's pages
+    and TFRecord's records on every read; Arrow IPC's CRC32C unless verify=False), and the batches are the same."""
+    dst = bucket_output(str(tmp_path), fmt)
+    loader = batchtool.load(dst, shuffle=False)
+    assert loader.verify and batchtool.source(dst).verify
+    assert batchtool.load(dst, verify=False).verify is False
+    unverified = list(batchtool.load(dst, shuffle=False, verify=False))
+    for got, expected in zip(loader, unverified, strict=True):
+        assert got.keys() == expected.keys()
+        for name in got:
+            np.testing.assert_array_equal(got[name], expected[name])
