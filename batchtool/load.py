@@ -20,7 +20,7 @@ from batchtool.errors import BatchtoolError, InputError, UsageError
 from batchtool.formats.base import Batches, ReadTask, size_problem
 from batchtool.formats.registry import FORMATS
 from batchtool.inputs import open_dataset
-from batchtool.load_padding import LoadPadding
+from batchtool.load_padding import READ_AHEAD_PADDED_BYTES, LoadPadding
 from batchtool.load_order import Resume, epoch_order, rank_count, rank_positions, resume
 from batchtool.manifest import MANIFEST_NAME, manifest_path, output_files, schema_from_json
 from batchtool.manifest_reader import read_manifest
@@ -119,6 +119,17 @@ class _Reading:
     def handed_out(self, batch: pa.RecordBatch, where: Callable[[], str]) -> pa.RecordBatch:
         """A stored batch as it is handed out: padded if stored at its real lengths (after its read's check)."""
         return batch if self.padding is None else self.padding.pad(batch, self.columns, where)
+
+    def padded_bytes(self, batch: pa.RecordBatch, where: Callable[[], str]) -> int:
+        """What handed_out allocates padding a stored batch (0 where nothing is padded), learnt allocating nothing."""
+        return 0 if self.padding is None else self.padding.padded_bytes(batch, where)
+
+
+@dataclass(frozen=True)
+class _Unfinished:
+    """A batch read but not yet padded or converted: that is done as the consuming thread hands it out."""
+
+    batch: pa.RecordBatch
 
 
 # --- the loader -------------------------------------------------------------------------------------------
@@ -345,9 +356,10 @@ class Loader:
 
     def _batches(self, convert: Callable[[pa.RecordBatch, int], Any] | None = None) -> Iterator[tuple[Any, int]]:
         """(batch, its number in the output) in this iterator's order, counting self.position; each batch
-        `convert`ed (batch, number) -> item first where given: on the thread that read it, or where a read decodes
-        nothing (Batches.in_place) and no checksum is verified, on this one, no thread involved, as it is handed
-        out (its file checked once, just before)."""
+        `convert`ed (batch, number) -> item first where given: on the thread that read it, or on this one as it is
+        handed out where a read decodes nothing (Batches.in_place) and no checksum is verified (no thread involved,
+        its file checked once, just before), or where padding it on load there would pass the read-ahead's bound
+        (READ_AHEAD_PADDED_BYTES, shared by the reads in flight)."""
         worker, workers = _worker_split()
         first = self._first(worker, workers)
         self._resume = None
@@ -358,36 +370,44 @@ class Loader:
         picked = self._rank_positions()[first::workers]
         self.position, self._iterating = first, True
         inline = self._layout.batches.in_place() and not self.verify and self._reading.padding is None
+        threads = 1 if inline else self.threads
+        ahead = READ_AHEAD_PADDED_BYTES // (threads + 2)
+        """Bytes of padded batches each read group may make: threaded_map holds threads + 1 groups' results, this
+        thread one more."""
+
+        def finish(batch: pa.RecordBatch, batch_id: int) -> Any:
+            batch = self._reading.handed_out(batch, lambda: self._layout.where(batch_id))
+            return batch if convert is None else convert(batch, batch_id)
 
         def run(group: list[tuple[ReadTask, list[int]]]) -> tuple[list[tuple[ReadTask, list[int], list[Any]]],
                                                                  BaseException | None]:
-            """Each read of the group with its batches, padded if stored unpadded and converted (unless `inline`:
-            then as read); a read that fails or a batch that does not convert ends the list, with the error the
-            consumer raises after the batches before it (as if it had read and converted each itself)."""
+            """Each read of the group with its batches, padded if stored unpadded and converted (unless `inline`,
+            or past the group's share of the read-ahead: then as read, _Unfinished); a read that fails or a batch
+            that does not convert ends the list, with the error the consumer raises after the batches before it
+            (as if it had read and converted each itself)."""
             done: list[tuple[ReadTask, list[int], list[Any]]] = []
+            room = -1 if inline else ahead
             try:
                 for read, ids in group:
                     batches = read()
                     items: list[Any] = []
                     done.append((read, ids, items))
-                    if inline:
-                        items.extend(batches)
-                        continue
                     for batch, batch_id in zip(batches, ids):
-                        read.check()
-                        batch = self._reading.handed_out(batch, lambda: self._layout.where(batch_id))
-                        items.append(batch if convert is None else convert(batch, batch_id))
+                        if room >= 0:
+                            read.check()
+                            room -= self._reading.padded_bytes(batch, lambda: self._layout.where(batch_id))
+                        items.append(finish(batch, batch_id) if room >= 0 else _Unfinished(batch))
             except BatchtoolError as exc:
                 return done, exc
             return done, None
 
         reads = self._reads(order[picked], blocks[picked])
-        for done, error in threaded_map(run, reads, 1 if inline else self.threads):
+        for done, error in threaded_map(run, reads, threads):
             for read, ids, items in done:
                 for item, batch_id in zip(items, ids):
                     read.check()
-                    if inline and convert is not None:
-                        item = convert(item, batch_id)
+                    if isinstance(item, _Unfinished):
+                        item = finish(item.batch, batch_id)
                     self.position += workers
                     yield item, batch_id
             if error is not None:
