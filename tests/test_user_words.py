@@ -95,10 +95,10 @@ def test_the_help_texts_point_to_manuals_that_ship_in_the_package(run_cli):
 
 def test_docs_lists_topics_and_refuses_an_unknown_one_in_one_line(run_cli):
     listed = run_cli("docs")
-    assert listed.exit_code == 0 and listed.stdout.splitlines()[0].startswith("bucket ")
+    assert listed.exit_code == 0 and listed.stdout.splitlines()[0].startswith("benchmarks ")
     done = run_cli("docs", "buckets")
     assert done.exit_code == 2 and done.stdout == ""
-    assert done.stderr.startswith("error: docs 'buckets': no such topic; choose from bucket, check, internals, load,")
+    assert done.stderr.startswith("error: docs 'buckets': no such topic; choose from benchmarks, bucket, check,")
     assert done.stderr.count("\n") == 1
 
 
