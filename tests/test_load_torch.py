@@ -84,18 +84,16 @@ def test_a_pickled_loader_asks_for_the_position_as_spawned_workers_copies_would_
     assert loader.state_dict(position=4)["position"] == 4
 
 
-def test_torch_imported_after_load_still_sees_an_iterable_dataset(root):
-    """Registration happens when DataLoader asks (isinstance), whatever was imported first."""
+def test_torch_imported_after_load_still_sees_an_iterable_dataset(root, monkeypatch):
+    """Registration happens when DataLoader asks (isinstance), whatever was imported first: the loader is made
+    while torch.utils.data is not imported (and IterableDataset has no registration, as in a fresh process)."""
     dst = bucket_output(root)
-    code = ("import sys, batchtool\n"
-            f"loader = batchtool.load({dst!r}, seed=5)\n"
-            "assert 'torch' not in sys.modules\n"
-            "from torch.utils.data import DataLoader\n"
-            "print([int(b['batch'][0]) for b in DataLoader(loader, batch_size=None)])\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": REPO})
-    assert done.returncode == 0, done.stderr[-800:]
-    assert json.loads(done.stdout) == batch_ids(batchtool.load(dst, seed=5))
+    IterableDataset._abc_registry_clear()
+    IterableDataset._abc_caches_clear()
+    with monkeypatch.context() as patched:
+        patched.delitem(sys.modules, "torch.utils.data")
+        loader = batchtool.load(dst, seed=5)
+    assert batch_ids(DataLoader(loader, batch_size=None)) == batch_ids(batchtool.load(dst, seed=5))
 
 
 def test_dataloader_converts_arrays_to_tensors_without_a_copy(root):
