@@ -371,9 +371,9 @@ class Loader:
         self.position, self._iterating = first, True
         inline = self._layout.batches.in_place() and not self.verify and self._reading.padding is None
         threads = 1 if inline else self.threads
+        # bytes of padded batches each read group may make: threaded_map holds threads + 1 groups' results, this
+        # thread one more
         ahead = READ_AHEAD_PADDED_BYTES // (threads + 2)
-        """Bytes of padded batches each read group may make: threaded_map holds threads + 1 groups' results, this
-        thread one more."""
 
         def finish(batch: pa.RecordBatch, batch_id: int) -> Any:
             batch = self._reading.handed_out(batch, lambda: self._layout.where(batch_id))

@@ -145,8 +145,8 @@ class LoadPadding:
                    for name in sequences}
         total = sum(columns.values()) + (rows * width if self.mask is not None else 0)  # (the mask: a byte a step)
         if total > MAX_PADDED_BYTES:
-            name = max(columns, key=columns.__getitem__)
-            value = _bytes(self.pad_values[name])
+            name = max(columns, key=columns.__getitem__, default=self.mask)  # (the mask alone was asked for)
+            value = _bytes(self.pad_values.get(name))
             pad = f" with a pad value of {len(value):,} bytes" if value is not None else ""
             raise InputError(f"{where()}, column {name!r}: padding {rows} rows to {width:,} steps{pad} would take "
                              f"{total / 2**20:,.0f} MiB, more than a batch padded on load may "
