@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import os
 import shutil
 
@@ -304,3 +305,19 @@ def test_checksums_are_verified_by_default_wherever_the_output_records_them(tmp_
         assert got.keys() == expected.keys()
         for name in got:
             np.testing.assert_array_equal(got[name], expected[name])
+
+
+@pytest.mark.parametrize("fmt, named", [("tfrecord", r"batch \d+, record \d+: data CRC mismatch"),
+                                        ("parquet", r"row group \d+, column '\w+': corrupt \(a page checksum does "
+                                                    r"not match"),
+                                        ("arrow", r"record batch \d+: corrupt \(CRC32C")])
+def test_a_changed_value_is_one_error_naming_the_file_and_the_batch(tmp_path, fmt, named):
+    """A flipped bit in the middle of a shard's data (a value, for every format here): by default every format's
+    checksum catches it, one InputError naming the file and its batch (a Parquet batch is a row group)."""
+    dst = shutil.copytree(bucket_output(str(tmp_path / "out"), fmt, compression="none"), str(tmp_path / "copy"))
+    path = os.path.join(dst, sorted(f for f in os.listdir(dst) if f.startswith("part-"))[0])
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0x10
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(InputError, match=re.escape(path) + ", " + named):
+        list(batchtool.load(dst, shuffle=False))
