@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import sys
 import warnings
@@ -19,7 +20,7 @@ from batchtool.errors import BatchtoolError, InputError, UsageError
 from batchtool.formats.base import Batches, ReadTask, size_problem
 from batchtool.formats.registry import FORMATS
 from batchtool.inputs import open_dataset
-from batchtool.load_padding import LoadPadding
+from batchtool.load_padding import READ_AHEAD_PADDED_BYTES, LoadPadding
 from batchtool.load_order import Resume, epoch_order, rank_count, rank_positions, resume
 from batchtool.manifest import MANIFEST_NAME, manifest_path, output_files, schema_from_json
 from batchtool.manifest_reader import read_manifest
@@ -100,6 +101,9 @@ class _Reading:
     dataset: Dataset
     columns: list[str] | None
     padding: LoadPadding | None
+    verify: bool
+    """Check each batch's checksum as it is read, where the format only checks it when asked (Arrow IPC's
+    CRC32C); Parquet pages and TFRecord records are checked on every read."""
 
     @property
     def schema(self) -> pa.Schema:
@@ -107,14 +111,25 @@ class _Reading:
         full = self.dataset.schema if self.padding is None else self.padding.schema(self.dataset.schema)
         return full if self.columns is None else pa.schema([full.field(c) for c in self.columns])
 
-    def read(self, batches: Batches, file: int, local: np.ndarray, cache: dict, verify: bool) -> ReadTask:
+    def read(self, batches: Batches, file: int, local: np.ndarray, cache: dict) -> ReadTask:
         """The task reading file `file`'s batches `local` as stored (what padding needs among them)."""
         stored = self.columns if self.padding is None else self.padding.stored_columns(self.columns)
-        return batches.read(file, local, stored, self.dataset.projected_schema(stored), cache, verify)
+        return batches.read(file, local, stored, self.dataset.projected_schema(stored), cache, self.verify)
 
     def handed_out(self, batch: pa.RecordBatch, where: Callable[[], str]) -> pa.RecordBatch:
         """A stored batch as it is handed out: padded if stored at its real lengths (after its read's check)."""
         return batch if self.padding is None else self.padding.pad(batch, self.columns, where)
+
+    def padded_bytes(self, batch: pa.RecordBatch, where: Callable[[], str]) -> int:
+        """What handed_out allocates padding a stored batch (0 where nothing is padded), learnt allocating nothing."""
+        return 0 if self.padding is None else self.padding.padded_bytes(batch, where)
+
+
+@dataclass(frozen=True)
+class _Unfinished:
+    """A batch read but not yet padded or converted: that is done as the consuming thread hands it out."""
+
+    batch: pa.RecordBatch
 
 
 # --- the loader -------------------------------------------------------------------------------------------
@@ -122,15 +137,16 @@ class _Reading:
 class Loader:
     """This rank's batches of DST, epoch by epoch: `for batch in loader` gives {column: array}.
 
-    Also a PyTorch IterableDataset (registered when torch is imported before `load`), so
+    Also a PyTorch IterableDataset (whenever torch is imported, before or after `load`), so
     `DataLoader(loader, batch_size=None, num_workers=K)` splits the batches among its workers and
     yields them in the same order as the loader itself, and torchdata's `StatefulDataLoader` saves and
-    restores each worker's copy exactly. See `batchtool docs load`.
+    restores each worker's copy exactly. A loader whose batches DataLoader workers read cannot tell where
+    the training loop is: its state_dict() then needs `position=`. See `batchtool docs load`.
     """
 
     def __init__(self, reading: _Reading, layout: _Layout, writer: _Writer, *,
                  shuffle: bool, seed: int, rank: int, world_size: int, drop_uneven: bool, threads: int,
-                 writable: bool, tensors: bool, verify: bool) -> None:
+                 writable: bool, tensors: bool) -> None:
         self.dataset = reading.dataset
         self._reading = reading
         self._layout = layout
@@ -146,7 +162,8 @@ class Loader:
         self.threads = threads
         self.writable = writable
         self.tensors = tensors
-        self.verify = verify
+        self.verify = reading.verify
+        """Whether each batch's checksum is checked as it is read (see load's `verify`)."""
         self.epoch = 0
         self.position = 0
         """Batches of this epoch yielded so far (or where the next iteration resumes, after load_state_dict); in a
@@ -155,7 +172,32 @@ class Loader:
         """Batches of the epoch's order that ranks consumed before this run's (a resume on another world size)."""
         self._resume: Resume | None = None
         self._iterating = False
+        self._pickled = False
+        """This object was pickled (how a DataLoader sends it to spawned worker processes) since it last iterated."""
+        self._forked = mmap.mmap(-1, 1)
+        """One byte of memory shared with forked processes: a DataLoader worker forked from this process sets it
+        as it iterates its copy of this loader (DataLoader.__init__ cannot tell us; the copy's memory is its own)."""
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        """isinstance() reads an object's __class__: PyTorch's DataLoader asking whether this is an IterableDataset
+        registers Loader as one first, whenever torch was imported (torch is never imported here)."""
         _register_with_torch()
+        return type(self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        self._pickled = True
+        state = self.__dict__.copy()
+        del state["_forked"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _forked=mmap.mmap(-1, 1))
+
+    def _read_by_workers(self) -> bool:
+        """Whether DataLoader worker processes (or other processes it was pickled for) read this loader's batches
+        since it last iterated itself: then its own position says nothing of where the training loop is."""
+        return self._pickled or self._forked[0] != 0
 
     # metadata ---------------------------------------------------------------------------------------------
 
@@ -229,9 +271,15 @@ class Loader:
 
     def state_dict(self, position: int | None = None) -> dict[str, Any]:
         """Where this rank is: a few JSON-serialisable numbers. Under a plain DataLoader with workers this object
-        does not see what they read: pass `position`, the batches of this epoch the training loop has consumed.
+        does not see what they read (each reads its own copy, ahead of the training loop): pass `position`, the
+        batches of this epoch the training loop has consumed; without it that is a UsageError, not position 0.
         (torchdata's StatefulDataLoader asks each worker's copy, which answers for itself.)"""
         worker, workers = _worker_split()
+        if position is None and _worker_info() is None and self._read_by_workers():
+            raise UsageError("state_dict(): DataLoader worker processes read this loader's batches, so it cannot "
+                             "tell how many the training loop consumed; pass state_dict(position=N), N the batches "
+                             "of this epoch consumed, or use torchdata's StatefulDataLoader, whose state_dict() asks "
+                             "each worker")
         state = {"epoch": self.epoch, "position": 0, "seed": self.seed, "shuffle": self.shuffle,
                  "world_size": self.world_size, "drop_uneven": self.drop_uneven, "batches": self.num_batches,
                  "start": self._start}
@@ -299,8 +347,7 @@ class Loader:
 
     def __getitem__(self, index: object) -> Any:
         raise TypeError("a batchtool Loader is iterable, not indexable (batchtool.source(DST) is the map-style "
-                        "view); PyTorch's DataLoader treats it as an IterableDataset when torch is imported before "
-                        "batchtool.load() is called")
+                        "view; PyTorch's DataLoader treats a Loader as an IterableDataset)")
 
     def record_batches(self) -> Iterator[pa.RecordBatch]:
         """The same batches as Arrow RecordBatches (for Arrow-native consumers)."""
@@ -309,46 +356,58 @@ class Loader:
 
     def _batches(self, convert: Callable[[pa.RecordBatch, int], Any] | None = None) -> Iterator[tuple[Any, int]]:
         """(batch, its number in the output) in this iterator's order, counting self.position; each batch
-        `convert`ed (batch, number) -> item first where given: on the thread that read it, or where a read decodes
-        nothing (Batches.in_place) and no checksum is verified, on this one, no thread involved, as it is handed
-        out (its file checked once, just before)."""
+        `convert`ed (batch, number) -> item first where given: on the thread that read it, or on this one as it is
+        handed out where a read decodes nothing (Batches.in_place) and no checksum is verified (no thread involved,
+        its file checked once, just before), or where padding it on load there would pass the read-ahead's bound
+        (READ_AHEAD_PADDED_BYTES, shared by the reads in flight)."""
         worker, workers = _worker_split()
         first = self._first(worker, workers)
         self._resume = None
+        in_worker = _worker_info() is not None
+        self._forked[0] = in_worker  # (a forked worker's copy shares this byte with the loader it was forked from)
+        self._pickled &= in_worker
         order, blocks = self._epoch()
         picked = self._rank_positions()[first::workers]
         self.position, self._iterating = first, True
         inline = self._layout.batches.in_place() and not self.verify and self._reading.padding is None
+        threads = 1 if inline else self.threads
+        # bytes of padded batches each read group may make: threaded_map holds threads + 1 groups' results, this
+        # thread one more
+        ahead = READ_AHEAD_PADDED_BYTES // (threads + 2)
+
+        def finish(batch: pa.RecordBatch, batch_id: int) -> Any:
+            batch = self._reading.handed_out(batch, lambda: self._layout.where(batch_id))
+            return batch if convert is None else convert(batch, batch_id)
 
         def run(group: list[tuple[ReadTask, list[int]]]) -> tuple[list[tuple[ReadTask, list[int], list[Any]]],
                                                                  BaseException | None]:
-            """Each read of the group with its batches, padded if stored unpadded and converted (unless `inline`:
-            then as read); a read that fails or a batch that does not convert ends the list, with the error the
-            consumer raises after the batches before it (as if it had read and converted each itself)."""
+            """Each read of the group with its batches, padded if stored unpadded and converted (unless `inline`,
+            or past the group's share of the read-ahead: then as read, _Unfinished); a read that fails or a batch
+            that does not convert ends the list, with the error the consumer raises after the batches before it
+            (as if it had read and converted each itself)."""
             done: list[tuple[ReadTask, list[int], list[Any]]] = []
+            room = -1 if inline else ahead
             try:
                 for read, ids in group:
                     batches = read()
                     items: list[Any] = []
                     done.append((read, ids, items))
-                    if inline:
-                        items.extend(batches)
-                        continue
                     for batch, batch_id in zip(batches, ids):
-                        read.check()
-                        batch = self._reading.handed_out(batch, lambda: self._layout.where(batch_id))
-                        items.append(batch if convert is None else convert(batch, batch_id))
+                        if room >= 0:
+                            read.check()
+                            room -= self._reading.padded_bytes(batch, lambda: self._layout.where(batch_id))
+                        items.append(finish(batch, batch_id) if room >= 0 else _Unfinished(batch))
             except BatchtoolError as exc:
                 return done, exc
             return done, None
 
         reads = self._reads(order[picked], blocks[picked])
-        for done, error in threaded_map(run, reads, 1 if inline else self.threads):
+        for done, error in threaded_map(run, reads, threads):
             for read, ids, items in done:
                 for item, batch_id in zip(items, ids):
                     read.check()
-                    if inline and convert is not None:
-                        item = convert(item, batch_id)
+                    if isinstance(item, _Unfinished):
+                        item = finish(item.batch, batch_id)
                     self.position += workers
                     yield item, batch_id
             if error is not None:
@@ -382,7 +441,7 @@ class Loader:
                 s = a
                 while s < b:
                     chunk = local[s:min(b, s + wanted - size)]
-                    group.append((self._reading.read(where, int(file[s]), chunk, cache, self.verify),
+                    group.append((self._reading.read(where, int(file[s]), chunk, cache),
                                   ids[s:s + len(chunk)].tolist()))
                     s += len(chunk)
                     size += len(chunk)
@@ -395,10 +454,15 @@ class Loader:
             where.release(cache)
 
 
-def _worker_split() -> tuple[int, int]:
-    """(this worker, workers) inside a PyTorch DataLoader worker process, else (0, 1); never imports torch."""
+def _worker_info() -> Any:
+    """PyTorch's WorkerInfo inside a DataLoader worker process, else None; never imports torch."""
     data = sys.modules.get("torch.utils.data")
-    info = data.get_worker_info() if data is not None else None
+    return data.get_worker_info() if data is not None else None
+
+
+def _worker_split() -> tuple[int, int]:
+    """(this worker, workers) inside a PyTorch DataLoader worker process, else (0, 1)."""
+    info = _worker_info()
     return (info.id, info.num_workers) if info is not None else (0, 1)
 
 
@@ -413,7 +477,7 @@ def _register_with_torch() -> None:
 
 def load(dst: str, *, columns: Sequence[str] | None = None, shuffle: bool | None = None, seed: int = 0,
          rank: int = 0, world_size: int = 1, drop_uneven: bool = True, threads: int | None = None,
-         writable: bool = True, tensors: bool = False, verify: bool = False) -> Loader:
+         writable: bool = True, tensors: bool = False, verify: bool | None = None) -> Loader:
     """Open a batch-shard output (bucket, segment, balanced stratify, ...) for training; see `batchtool docs load`.
 
     shuffle (default: True where batches are independent and can be read in any order, False for segment
@@ -421,7 +485,11 @@ def load(dst: str, *, columns: Sequence[str] | None = None, shuffle: bool | None
     rank/world_size give each rank an equal, disjoint part of every epoch (drop_uneven: drop the remainder,
     else repeat batches to fill). `threads` decode ahead of the training loop (default: min(4, cores); uncompressed
     Arrow IPC, whose batches are views of a memory map, is read by the loop itself unless `verify`); the
-    batches are the same. verify: check every batch's checksum as it is read (Arrow IPC's CRC32C).
+    batches are the same. verify (default: wherever the output records checksums) checks every batch's checksum
+    as it is read (Arrow IPC's CRC32C; Parquet's page and TFRecord's record checksums are checked on every read):
+    a damaged batch is a BatchtoolError naming its file and batch, never wrong values. verify=False skips it
+    (uncompressed Arrow IPC is then read by the loop itself, zero-copy); verify=True refuses an output without
+    checksums (Arrow IPC files without the manifest that records them, or written by an older batchtool).
     """
     dst = os.fspath(dst)
     reading, layout, writer = open_output(dst, columns, verify)
@@ -429,10 +497,10 @@ def load(dst: str, *, columns: Sequence[str] | None = None, shuffle: bool | None
     shuffle = _shuffle(dst, shuffle, writer, layout.batches)
     return Loader(reading, layout, writer, shuffle=shuffle, seed=int(seed), rank=rank,
                   world_size=world_size, drop_uneven=drop_uneven, threads=threads or min(4, default_threads()),
-                  writable=writable, tensors=tensors, verify=verify)
+                  writable=writable, tensors=tensors)
 
 
-def open_output(dst: str, columns: Sequence[str] | None, verify: bool) -> tuple[_Reading, _Layout, _Writer]:
+def open_output(dst: str, columns: Sequence[str] | None, verify: bool | None) -> tuple[_Reading, _Layout, _Writer]:
     """The output's dataset with the columns asked and how its batches are handed out, where its batches are and
     what wrote them: what load and source share. Reads the manifest and stats the files; parses no footer."""
     manifest = read_manifest(dst) if fs.is_dir(dst) else None
@@ -441,10 +509,11 @@ def open_output(dst: str, columns: Sequence[str] | None, verify: bool) -> tuple[
     padding = None if recorded is None else LoadPadding.of(recorded, dataset.schema, manifest_path(dst))
     cols = dataset.check_columns(columns) if padding is None else padding.check_columns(dataset, columns)
     layout = _layout(dst, dataset)
-    unverifiable = layout.batches.unverifiable() if verify else None
-    if unverifiable:
+    unverifiable = layout.batches.unverifiable() if verify is not False else None
+    if verify and unverifiable:
         raise UsageError(f"verify=True: {dst} has no batch checksums to verify: {unverifiable}")
-    return _Reading(dataset, cols, padding), layout, _Writer.of(dataset.manifest)
+    verify = not unverifiable if verify is None else verify
+    return _Reading(dataset, cols, padding, verify), layout, _Writer.of(dataset.manifest)
 
 
 def _shuffle(dst: str, shuffle: bool | None, writer: _Writer, batches: Batches) -> bool:

@@ -17,10 +17,14 @@ from batchtool.stats import is_sequence_type
 if TYPE_CHECKING:
     from batchtool.dataset import Dataset
 
-MAX_PADDED_BYTES = 1 << 30
+MAX_PADDED_BYTES = 512 << 20
 """The most one batch padded on load may take (its padded sequence columns): the padded length comes from the
 manifest, which a damaged or hostile one could make any size, so it is checked against this before anything is
 allocated. A training batch comes nowhere near (32 rows of 8,192 steps of 64 floats are 64 MiB)."""
+READ_AHEAD_PADDED_BYTES = 256 << 20
+"""The most the batches padded ahead of the training loop (by batchtool.load's reading threads) take together:
+with one batch at most MAX_PADDED_BYTES, padded where it is handed out, a loader's padded batches never take
+more than the two together, whatever the manifest says."""
 
 
 def spec(sequences: Sequence[str], pad_values: Sequence[str], pad_to: Sequence[int | None], length: str,
@@ -98,10 +102,25 @@ class LoadPadding:
         stored = [c for c in columns if c != self.mask]
         return stored + [c for c in (self.length, self.bucket) if c not in stored]
 
+    def padded_bytes(self, batch: pa.RecordBatch, where: Callable[[], str]) -> int:
+        """Bytes `batch` (read as stored_columns) takes padded, its padded sequence columns: checked as `pad`
+        checks it, so nothing need be allocated to learn it."""
+        return self._measure(batch, where)[2]
+
     def pad(self, batch: pa.RecordBatch, columns: Sequence[str] | None, where: Callable[[], str]) -> pa.RecordBatch:
         """The stored `batch` (read as stored_columns(columns)) padded as bucket would have written it, with the
         mask, in the order of `columns` (None: every column). An InputError starting with `where()` if a row's
-        steps disagree with its length column or the batch's bucket is not the output's."""
+        steps disagree with its length column, the batch's bucket is not the output's, or padded it would take more
+        than MAX_PADDED_BYTES (naming the column that takes most)."""
+        lengths, width, _ = self._measure(batch, where)
+        sequences = [name for name in self.sequences if name in batch.schema.names]
+        padded = pad_batch(batch, sequences, width, self.pad_values)
+        if self.mask is not None:
+            padded = padded.append_column(pa.field(self.mask, pa.list_(pa.bool_())), mask_column(lengths, width))
+        return padded.select(columns if columns is not None else padded.schema.names)
+
+    def _measure(self, batch: pa.RecordBatch, where: Callable[[], str]) -> tuple[np.ndarray, int, int]:
+        """(each row's length, the padded length, the padded bytes) of a stored batch, checked."""
         lengths = batch.column(self.length).to_numpy(zero_copy_only=False).astype(np.int64)
         sequences = [name for name in self.sequences if name in batch.schema.names]
         for name in sequences:
@@ -117,30 +136,42 @@ class LoadPadding:
         longest = int(lengths.max(initial=0))
         fixed = self.pad_to[int(buckets[0])]
         width = longest if fixed is None else fixed
-        if width < longest or batch.num_rows * width > MAX_PADDED_STEPS:
+        rows = batch.num_rows
+        if width < longest or rows * width > MAX_PADDED_STEPS:
             raise InputError(f"{where()}, column {self.length!r}: corrupt (a row of {longest} steps in a batch of "
-                             f"{batch.num_rows} rows padded to {width})")
-        padded_bytes = batch.num_rows * width * sum(_step_bytes(batch.schema.field(name).type) for name in sequences)
-        if padded_bytes > MAX_PADDED_BYTES:
-            raise InputError(f"{where()}: padding {batch.num_rows} rows to {width:,} steps would take "
-                             f"{padded_bytes / 2**20:,.0f} MiB, more than a batch padded on load may "
-                             f"({MAX_PADDED_BYTES >> 20:,} MiB); the manifest's output.padding.pad_to is damaged")
-        padded = pad_batch(batch, sequences, width, self.pad_values)
-        if self.mask is not None:
-            padded = padded.append_column(pa.field(self.mask, pa.list_(pa.bool_())), mask_column(lengths, width))
-        return padded.select(columns if columns is not None else padded.schema.names)
+                             f"{rows} rows padded to {width})")
+        pad_steps = rows * width - int(lengths.sum())
+        columns = {name: _padded_bytes(batch.column(name), rows * width, pad_steps, self.pad_values[name])
+                   for name in sequences}
+        total = sum(columns.values()) + (rows * width if self.mask is not None else 0)  # (the mask: a byte a step)
+        if total > MAX_PADDED_BYTES:
+            name = max(columns, key=columns.__getitem__, default=self.mask)  # (the mask alone was asked for)
+            value = _bytes(self.pad_values.get(name))
+            pad = f" with a pad value of {len(value):,} bytes" if value is not None else ""
+            raise InputError(f"{where()}, column {name!r}: padding {rows} rows to {width:,} steps{pad} would take "
+                             f"{total / 2**20:,.0f} MiB, more than a batch padded on load may "
+                             f"({MAX_PADDED_BYTES >> 20:,} MiB); the manifest's output.padding is damaged")
+        return lengths, width, total
 
 
-def _step_bytes(t: pa.DataType) -> float:
-    """Bytes one padded step of a list column of type `t` takes: its element's width times a fixed-size vector's
-    length, nested; 8 for a variable-width element (its offset and a short pad value)."""
-    step = t.value_type
+def _padded_bytes(column: pa.Array, steps: int, pad_steps: int, pad_value: Any) -> int:
+    """Bytes a list column takes padded to `steps` steps in all, `pad_steps` of them padding: each step's fixed
+    width; for strings and binaries (variable width), each step's offset, the real steps' bytes as stored and the
+    pad value's for every pad step (a long pad value is what could make a batch huge)."""
+    step = column.type.value_type
     width = 1
     while pa.types.is_fixed_size_list(step):
         width *= step.list_size
         step = step.value_type
     try:
-        return width * max(step.bit_width, 8) / 8
-    except ValueError:  # no fixed width: strings, binaries, nested lists
-        return width * 8.0
+        return steps * width * max(step.bit_width, 8) // 8
+    except ValueError:  # no fixed width: strings, binaries
+        value = _bytes(pad_value)
+        if value is None:
+            return steps * width * 8
+        return steps * width * 8 + column.values.nbytes + pad_steps * width * len(value)
 
+
+def _bytes(pad_value: Any) -> bytes | None:
+    """A string or binary pad value's bytes; None for a number."""
+    return pad_value.encode() if isinstance(pad_value, str) else pad_value if isinstance(pad_value, bytes) else None

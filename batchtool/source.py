@@ -27,13 +27,13 @@ class Source:
     read-only views of Arrow IPC output with writable=False). Thread-safe; pickles without its open files,
     so worker processes reopen what they read."""
 
-    def __init__(self, reading: _Reading, layout: _Layout, writable: bool, verify: bool) -> None:
+    def __init__(self, reading: _Reading, layout: _Layout, writable: bool) -> None:
         self.dataset = reading.dataset
         self._reading = reading
         self._layout = layout
         self.columns = reading.columns
         self.writable = writable
-        self.verify = verify
+        self.verify = reading.verify
         self._lock = threading.Lock()
         self._cache: dict = {}
 
@@ -52,7 +52,7 @@ class Source:
         with self._lock:
             if len(self._cache) >= OPEN_FILES:
                 batches.release(self._cache)
-            read = self._reading.read(batches, int(file[0]), local, self._cache, self.verify)
+            read = self._reading.read(batches, int(file[0]), local, self._cache)
         batch = read()[0]
         read.check()
         batch = self._reading.handed_out(batch, lambda: self._layout.where(i))
@@ -102,9 +102,11 @@ class Source:
         return out
 
 
-def source(dst: str, *, columns: Sequence[str] | None = None, writable: bool = True, verify: bool = False) -> Source:
+def source(dst: str, *, columns: Sequence[str] | None = None, writable: bool = True,
+           verify: bool | None = None) -> Source:
     """Open a batch-shard output for random access: `len(source)` batches, `source[i]` the i-th in file order.
+    verify as batchtool.load's (default: each batch's checksum checked wherever the output records them).
     See `batchtool docs load` (Random access)."""
     dst = os.fspath(dst)
     reading, layout, _ = open_output(dst, columns, verify)
-    return Source(reading, layout, writable, verify)
+    return Source(reading, layout, writable)

@@ -180,8 +180,56 @@ def test_a_manifest_padded_length_cannot_make_load_allocate_what_it_asks():
     arithmetic alone, in a child capped at 300 MB that would die allocating it."""
     capped = memlimit.run_capped([sys.executable, "-c", PAD_TO_BOMB], 300 << 20, env={**os.environ, "PYTHONPATH": REPO})
     assert not capped.killed_for_memory and capped.returncode == 0, capped
-    assert capped.stdout.startswith("f, batch 0: padding 64 rows to 16,777,216 steps would take 65,536 MiB, more "
-                                    "than a batch padded on load may (1,024 MiB)"), capped.stdout
+    assert capped.stdout.startswith("f, batch 0, column 'frames': padding 64 rows to 16,777,216 steps would take "
+                                    "65,536 MiB, more than a batch padded on load may (512 MiB)"), capped.stdout
+
+
+READ_AHEAD = """
+import importlib, itertools, sys, batchtool
+importlib.import_module("batchtool.load").READ_AHEAD_PADDED_BYTES = 32 << 20  # (batchtool.load is the function)
+loader = batchtool.load(sys.argv[1], threads=4, seed=1)
+print({b["tokens"].shape[1] for b in itertools.islice(loader, 31)})
+"""
+
+
+def test_load_bounds_the_padded_batches_of_its_whole_read_ahead(tmp_path, parquet_src, run_cli):
+    """A manifest padded length that makes each batch 8 MiB (far below the one-batch bound): the reading threads
+    would pad 31 such batches ahead of the loop (groups of 1, 2, 4, 8 and 16 in flight), 250 MiB; they stop at
+    READ_AHEAD_PADDED_BYTES (here 32 MiB) and the loop pads the rest as it takes them. A child capped at 300 MB
+    (pyarrow and NumPy take 150) reads 31 batches."""
+    dst = tmp_path / "out"
+    assert run_cli("bucket", parquet_src, dst, "--boundaries", "20,40", "--batch-size", "4", "--padding", "on-load",
+                   "--to", "arrow", "-q").exit_code == 0
+    path = os.path.join(dst, MANIFEST_NAME)
+    manifest = json.load(open(path))
+    steps = (8 << 20) // (4 * (8 + 12))  # 4 rows, int64 tokens and 3 float32 frames a step
+    manifest["output"]["padding"]["pad_to"] = [steps] * 3
+    json.dump(manifest, open(path, "w"))
+    assert sum(e["batches"] for e in manifest["output"]["files"]) >= 31
+    capped = memlimit.run_capped([sys.executable, "-c", READ_AHEAD, str(dst)], 300 << 20,
+                                 env={**os.environ, "PYTHONPATH": REPO}, timeout=120)
+    assert not capped.killed_for_memory and capped.returncode == 0, capped
+    assert capped.stdout.split() == [f"{{{steps}}}"]
+
+
+def test_a_huge_string_pad_value_is_refused_naming_the_file_batch_and_column(tmp_path):
+    """A pad value of 10 MB for a list<string> column: each pad step would copy it (an ArrowCapacityError past
+    2 GiB of strings, memory long before): refused from the arithmetic, one InputError."""
+    table = pa.table({"words": pa.array([["a"] * n for n in (3, 5, 200, 300)], pa.list_(pa.string())),
+                      "label": pa.array([0, 1, 0, 1])})
+    src = write_parquet_shards(str(tmp_path / "src"), table)
+    dst = tmp_path / "out"
+    assert invoke_cli("bucket", src, dst, "--length", "words", "--boundaries", "10", "--batch-size", "2",
+                      "--pad-value", "words=<pad>", "--padding", "on-load", "--to", "arrow", "-q").exit_code == 0
+    path = os.path.join(dst, MANIFEST_NAME)
+    manifest = json.load(open(path))
+    manifest["output"]["padding"]["pad_values"] = ["words=" + "x" * 10**7]
+    json.dump(manifest, open(path, "w"))
+    for read in (lambda: list(batchtool.load(dst, shuffle=False)), lambda: batchtool.source(dst)[1]):
+        with pytest.raises(InputError, match=r"^.*part-00000.arrow, batch 1, column 'words': padding 2 rows to 300 "
+                                             r"steps with a pad value of 10,000,000 bytes would take 954 MiB, more "
+                                             r"than a batch padded on load may \(512 MiB\)"):
+            read()
 
 
 def test_an_unknown_padding_is_one_error_line(tmp_path, parquet_src, run_cli):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import os
 import shutil
 
@@ -289,3 +290,34 @@ def test_arrow_batches_are_the_arrays_to_numpy_makes_of_their_record_batches(tmp
             assert list(batch) == list(arrays)
             for name in arrays:
                 assert_same(batch[name], arrays[name], f"batch {i}, {name}")
+
+
+@pytest.mark.parametrize("fmt", ["arrow", "parquet", "tfrecord"])
+def test_checksums_are_verified_by_default_wherever_the_output_records_them(tmp_path, fmt):
+    """Every batch format batchtool writes records checksums, so every default read checks them (Parquet's pages
+    and TFRecord's records on every read; Arrow IPC's CRC32C unless verify=False), and the batches are the same."""
+    dst = bucket_output(str(tmp_path), fmt)
+    loader = batchtool.load(dst, shuffle=False)
+    assert loader.verify and batchtool.source(dst).verify
+    assert batchtool.load(dst, verify=False).verify is False
+    unverified = list(batchtool.load(dst, shuffle=False, verify=False))
+    for got, expected in zip(loader, unverified, strict=True):
+        assert got.keys() == expected.keys()
+        for name in got:
+            np.testing.assert_array_equal(got[name], expected[name])
+
+
+@pytest.mark.parametrize("fmt, named", [("tfrecord", r"batch \d+, record \d+: data CRC mismatch"),
+                                        ("parquet", r"row group \d+, column '\w+': corrupt \(a page checksum does "
+                                                    r"not match"),
+                                        ("arrow", r"record batch \d+: corrupt \(CRC32C")])
+def test_a_changed_value_is_one_error_naming_the_file_and_the_batch(tmp_path, fmt, named):
+    """A flipped bit in the middle of a shard's data (a value, for every format here): by default every format's
+    checksum catches it, one InputError naming the file and its batch (a Parquet batch is a row group)."""
+    dst = shutil.copytree(bucket_output(str(tmp_path / "out"), fmt, compression="none"), str(tmp_path / "copy"))
+    path = os.path.join(dst, sorted(f for f in os.listdir(dst) if f.startswith("part-"))[0])
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0x10
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(InputError, match=re.escape(path) + ", " + named):
+        list(batchtool.load(dst, shuffle=False))

@@ -61,9 +61,10 @@ def child(*args: str) -> list[dict]:
 
 
 def clean_digest(dst: str) -> str:
+    """Of every batch read without checksums (verify=False)."""
     from ipc_mutations import digest
 
-    return digest(batchtool.load(dst, shuffle=False, writable=False))
+    return digest(batchtool.load(dst, shuffle=False, writable=False, verify=False))
 
 
 @pytest.mark.parametrize("kind", ["bucket", "segment"])
@@ -186,21 +187,29 @@ def test_the_cli_check_names_a_batch_whose_checksum_differs(outputs, tmp_path):
         old = f.read(1)[0]
         f.seek(at)
         f.write(bytes([old ^ 1]))
-    with pytest.raises(InputError, match=r"part-00000.arrow, record batch 0: corrupt \(CRC32C [0-9a-f]{8}, the writer "
-                                         r"recorded [0-9a-f]{8}"):
-        list(batchtool.load(copy, shuffle=False, verify=True))
+    crc = r"part-00000.arrow, record batch 0: corrupt \(CRC32C [0-9a-f]{8}, the writer recorded [0-9a-f]{8}"
+    for verify in (None, True):  # checked by default
+        with pytest.raises(InputError, match=crc):
+            list(batchtool.load(copy, shuffle=False, verify=verify))
+        with pytest.raises(InputError, match=crc):
+            batchtool.source(copy, verify=verify)[0]
+    assert clean_digest(copy) != clean_digest(outputs["bucket"])  # verify=False: the changed value, unnoticed
     done = subprocess.run([sys.executable, "-m", "batchtool", "check", copy], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": REPO}, timeout=120)
     assert done.returncode == 1 and "record batch 0: corrupt (CRC32C" in done.stdout + done.stderr, done.stdout
 
 
 def test_outputs_written_before_batch_checksums_still_load_and_say_why_they_cannot_verify(outputs, tmp_path):
+    from ipc_mutations import digest
+
     def older(manifest: dict) -> None:
         for entry in manifest["output"]["files"]:
             del entry["batch_checksums"]
 
     copy = with_manifest(tmp_path, outputs["bucket"], older)
     assert clean_digest(copy) == clean_digest(outputs["bucket"])
+    assert not batchtool.load(copy).verify and batchtool.load(outputs["bucket"]).verify  # the default: where it can
+    assert digest(batchtool.load(copy, shuffle=False, writable=False)) == clean_digest(copy)
     assert len(list(batchtool.load(outputs["bucket"], verify=True))) == len(batchtool.load(copy))
     with pytest.raises(UsageError, match=r"verify=True: .* has no batch checksums to verify: .*part-00000.arrow: "
                                          r"written by a batchtool that recorded no batch checksums"):

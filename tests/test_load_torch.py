@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 import warnings
@@ -18,6 +19,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, IterableDataset  # noqa: E402
 
 import batchtool  # noqa: E402
+from batchtool.errors import UsageError  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -47,9 +49,51 @@ def test_dataloader_workers_yield_the_loaders_own_order(root, num_workers, kind,
         warnings.filterwarnings("error", message=".*not writable")  # PyTorch's warning on read-only arrays
         seen = batch_ids(DataLoader(loader, batch_size=None, num_workers=num_workers))
     assert seen == expected and len(seen) == len(loader)
-    loader.load_state_dict({**loader.state_dict(), "position": 5})
+    loader.load_state_dict(loader.state_dict(position=5))
     resumed = batch_ids(DataLoader(loader, batch_size=None, num_workers=num_workers))
     assert resumed == expected[5:]
+
+
+@pytest.mark.parametrize("num_workers", [1, 2])
+def test_state_dict_after_dataloader_workers_read_the_batches_asks_for_the_position(root, num_workers):
+    """The workers' copies read the batches (forked: this loader's own position stays 0), so a bare state_dict()
+    would checkpoint the start of the epoch: it refuses, naming what to do instead; state_dict(position=N)
+    resumes exactly; once the loader iterates itself again, it knows its position."""
+    loader = batchtool.load(bucket_output(root), seed=2)
+    expected = batch_ids(loader)
+    it = iter(DataLoader(loader, batch_size=None, num_workers=num_workers))
+    consumed = batch_ids(next(it) for _ in range(7))
+    with pytest.raises(UsageError, match=r"^state_dict\(\): DataLoader worker processes read this loader's batches.*"
+                                         r"state_dict\(position=N\).*torchdata's StatefulDataLoader"):
+        loader.state_dict()
+    del it
+    resumed = batchtool.load(bucket_output(root), seed=2)
+    resumed.load_state_dict(loader.state_dict(position=7))
+    assert consumed + batch_ids(resumed) == expected
+    for _ in zip(range(3), loader):
+        pass
+    assert loader.state_dict()["position"] == 3
+
+
+def test_a_pickled_loader_asks_for_the_position_as_spawned_workers_copies_would_read_it(root):
+    loader = batchtool.load(bucket_output(root))
+    copy = pickle.loads(pickle.dumps(loader))
+    assert batch_ids(copy) == batch_ids(batchtool.load(bucket_output(root)))
+    with pytest.raises(UsageError, match=r"state_dict\(position=N\)"):
+        loader.state_dict()
+    assert loader.state_dict(position=4)["position"] == 4
+
+
+def test_torch_imported_after_load_still_sees_an_iterable_dataset(root, monkeypatch):
+    """Registration happens when DataLoader asks (isinstance), whatever was imported first: the loader is made
+    while torch.utils.data is not imported (and IterableDataset has no registration, as in a fresh process)."""
+    dst = bucket_output(root)
+    IterableDataset._abc_registry_clear()
+    IterableDataset._abc_caches_clear()
+    with monkeypatch.context() as patched:
+        patched.delitem(sys.modules, "torch.utils.data")
+        loader = batchtool.load(dst, seed=5)
+    assert batch_ids(DataLoader(loader, batch_size=None)) == batch_ids(batchtool.load(dst, seed=5))
 
 
 def test_dataloader_converts_arrays_to_tensors_without_a_copy(root):

@@ -38,6 +38,13 @@ def kept(ctx: Context, base: str, fmt: str) -> str:
 def jobs(ctx: Context) -> list[Job]:
     dst = kept(ctx, "bucket-auto8", "arrow")
     return [
+        *(Job(f"bucket load warm epoch {fmt}: verify on vs off", ctx.rows, ctx.parquet_bytes,
+              ours=Command(call="load:warm_epochs", args={"dst": kept(ctx, "bucket-auto8", fmt), "verify": True}),
+              floor=Command(call="load:warm_epochs", args={"dst": kept(ctx, "bucket-auto8", fmt), "verify": False}),
+              note="best warm epoch of batchtool.load over the bucket output, every column to NumPy and touched: "
+                   "verify on (the default: each batch's CRC32C checked) vs off; ratio 1.10 = the checks cost 10%; "
+                   "run after the bucket jobs")
+          for fmt in ("arrow", "arrow lz4")),
         Job(f"bucket load epoch: {RANKS} ranks vs 1", ctx.rows, ctx.parquet_bytes,
             ours=Command(call="load:rank_epochs", args={"dst": dst, "world_size": RANKS}),
             floor=Command(call="load:rank_epochs", args={"dst": dst, "world_size": 1}),
@@ -100,6 +107,26 @@ def epoch(dst: str, writable: bool = True) -> None:
     seconds = time.perf_counter() - imported
     print(f"batches {batches} seconds {seconds:.3f} batches_per_s {batches / seconds:.0f} "
           f"cpu_s {time.process_time() - cpu:.3f} import_s {imported - start:.3f}")
+
+
+def warm_epochs(dst: str, verify: bool, repeats: int = 5) -> None:
+    """Warm epochs of batchtool.load (its defaults, `verify` as given), every batch to NumPy and touched: after one
+    epoch that pages the files in and imports what reading needs, the best of `repeats`: wall seconds, this
+    process's CPU seconds over that epoch (its reading threads' included) and the training loop's thread's own
+    (what the epoch takes where the reading threads have cores of their own, steadier than wall time on a busy
+    machine)."""
+    import batchtool
+
+    if not os.path.exists(os.path.join(dst, ".batchtool_manifest.json")):
+        raise SystemExit(f"{dst}: no output; run the job that writes it first")
+    best = (float("inf"), 0.0, 0.0)
+    for repeat in range(repeats + 1):
+        start, cpu, loop = time.perf_counter(), time.process_time(), time.thread_time()
+        batches = sum(touch(batch) is not None for batch in batchtool.load(dst, verify=verify))
+        took = (time.perf_counter() - start, time.process_time() - cpu, time.thread_time() - loop)
+        if repeat:
+            best = min(best, took)
+    print(f"batches {batches} verify {verify} seconds {best[0]:.3f} cpu_s {best[1]:.3f} loop_cpu_s {best[2]:.3f}")
 
 
 def _held(dst: str) -> list[dict[str, Any]]:
@@ -169,8 +196,8 @@ def resume(dst: str, repeats: int = 5) -> None:
 def costs(dst: str, repeats: int = 3) -> None:
     """On one output, writable=False unless said, in CPU seconds of this process (its reader threads included;
     steadier than wall time on a shared machine): a fresh loader's first epoch vs its second; an epoch with
-    the batch checks (the default) vs without (private switch) vs verify=True (CRC32C) vs writable=True; the
-    checks alone over the epoch's batches; the floor (the same arrays already in memory, touched); and
+    the batch checks (always on) vs without (private switch), both verify=False, vs the CRC32C verified (the
+    default) vs writable=True; the checks alone over the epoch's batches; the floor (the same arrays already in memory, touched); and
     source[i] per batch in random order. Each epoch figure is the best of `repeats`, every batch touched."""
     import random
 
@@ -186,19 +213,19 @@ def costs(dst: str, repeats: int = 3) -> None:
     def best(make) -> float:
         return min(timed(make()) for _ in range(repeats))
 
-    fresh = batchtool.load(dst, writable=False)
+    fresh = batchtool.load(dst, writable=False, verify=False)
     first, second = timed(fresh), timed(fresh)
-    checked = best(lambda: batchtool.load(dst, writable=False))
+    checked = best(lambda: batchtool.load(dst, writable=False, verify=False))
     with unchecked():
-        unchecked_s = best(lambda: batchtool.load(dst, writable=False))
-        batches = list(batchtool.load(dst, shuffle=False).record_batches())
+        unchecked_s = best(lambda: batchtool.load(dst, writable=False, verify=False))
+        batches = list(batchtool.load(dst, shuffle=False, verify=False).record_batches())
     start = time.process_time()
     for i, batch in enumerate(batches):
         check_batch(batch, dst, i)
     checks = time.process_time() - start
     verified = best(lambda: batchtool.load(dst, writable=False, verify=True))
-    copied = best(lambda: batchtool.load(dst))
-    held = list(batchtool.load(dst, shuffle=False, writable=False))
+    copied = best(lambda: batchtool.load(dst, verify=False))
+    held = list(batchtool.load(dst, shuffle=False, writable=False, verify=False))
     floor = min(timed(held) for _ in range(repeats))
     source = batchtool.source(dst, writable=False)
     picks = random.Random(0).sample(range(len(source)), min(len(source), 2000))

@@ -225,9 +225,9 @@ class _Batches(Batches):
         rows = []
         for i in local:
             (start, first), (end, stop) = ranges[i], ranges[i + 1]
-            records = reader.records(int(start), int(end), int(first))
+            records = reader.records(int(start), int(end), int(first), label=f"batch {int(i)}")
             if len(records) != stop - first:
-                raise InputError(f"{path}: bytes {start}..{end} hold {len(records)} records, but "
+                raise InputError(f"{path}, batch {int(i)}: bytes {start}..{end} hold {len(records)} records, but "
                                  f"{MANIFEST_NAME} indexes {stop - first} for this batch")
             payloads += records
             rows.append(len(records))

@@ -320,27 +320,30 @@ class RangeReader:
         self._gzip = gzip.GzipFile(fileobj=self._raw, mode="rb") if self.compressed else None
         self._size = None if self.compressed else fs.file_size(path)
 
-    def records(self, start: int, end: int, first_record: int, what: str = "batch") -> list[bytes]:
-        """Payloads of the records in [start, end); errors name records counting from first_record, and the
-        range as `what` (a file shorter than its index says)."""
+    def records(self, start: int, end: int, first_record: int, what: str = "batch",
+                label: str | None = None) -> list[bytes]:
+        """Payloads of the records in [start, end); errors name the file, then `label` where given (the
+        batch the range holds: `batch 3`), then records counting from first_record, and the range as `what`
+        (a file shorter than its index says)."""
+        at = self.path if label is None else f"{self.path}, {label}"
         if self._gzip is not None:
             try:
                 self._gzip.seek(start)
                 data = self._gzip.read(end - start)
             except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
-                raise CorruptRecordError(f"{self.path}: corrupt gzip stream before byte {end} "
+                raise CorruptRecordError(f"{at}: corrupt gzip stream before byte {end} "
                                          f"of the decompressed stream: {exc}") from exc
         else:
             if end > self._size:
-                raise CorruptRecordError(f"{self.path}: {self._size} bytes, but a {what} ends at byte {end}")
+                raise CorruptRecordError(f"{at}: {self._size} bytes, but a {what} ends at byte {end}")
             self._raw.seek(start)
             data = self._raw.read(end - start)
         if len(data) < end - start:
-            raise CorruptRecordError(f"{where(self.path, record=first_record)}: the file ends before byte {end}, "
+            raise CorruptRecordError(f"{where(at, record=first_record)}: the file ends before byte {end}, "
                                      f"where this {what} ends")
         source = Source(io.BytesIO(data), False)
         source.offset = start
-        reader = _Reader(self.path, source, self.compressed, max(end - start, 0), False, None)
+        reader = _Reader(at, source, self.compressed, max(end - start, 0), False, None)
         reader.index = first_record
         return [payload for _, payload in reader.records()]
 
