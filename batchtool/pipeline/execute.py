@@ -44,7 +44,7 @@ from batchtool.workspace import Workspace, tasks_executor, workspace
 from batchtool.write import RUN_BYTES, Job, Produced, sized_runs, write
 from batchtool.driver import EngineRuntime, produced, scanner, stream_errors
 from batchtool.ops.regroup import Batches, Exchange, Regrouped
-from batchtool.output import refuse_overlap
+from batchtool.output import destination_taken, refuse_overlap
 from batchtool.runner import SERIAL, Executor
 from batchtool.pipeline import config as config_mod
 from batchtool.pipeline.stages import ANY, CHUNKS, ORDER, Columns, Stage, Stream
@@ -109,7 +109,7 @@ def _open_input(config: config_mod.PipelineConfig, run: RunSettings,
 
 
 def _check_destination(config: config_mod.PipelineConfig) -> None:
-    if fs.exists(config.output_path) and not config.output.overwrite:
+    if not config.output.overwrite and destination_taken(config.output_path):
         raise DestinationExistsError(f"{config.path}: [output] path {config.output_path} exists (set overwrite = true "
                                      "in [output], or pass --overwrite)")
 
