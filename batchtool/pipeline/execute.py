@@ -29,7 +29,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchtool import exchange, fs
+from batchtool import exchange
 from batchtool import manifest as manifest_mod
 from batchtool import progress, rng
 from batchtool import stats as stats_mod
@@ -307,7 +307,7 @@ class Prefix:
                  else exchange.task_units(upstream.tasks(None, report)))
         space = self._stack.enter_context(workspace(self.config.output_path, self.executor, self.run.tmp_dir))
         self.executor = tasks_executor(space, self.executor)
-        runtime = EngineRuntime(self.executor, space, self.run.quiet, stage.name, self.pool)
+        runtime = EngineRuntime(self.executor, space, self.run.shown, stage.name, self.pool)
         regrouped, units = exchange.regrouping(stage.op, stage.planned, upstream, units, self.executor, like)
         if not isinstance(regrouped, Exchange):
             return self._stack.enter_context(regrouped.open(runtime, report))
@@ -383,7 +383,7 @@ class Prefix:
 
     def counted(self, chunks: Iterator[Chunk], desc: str, total: int | None) -> Iterator[Chunk]:
         """One progress bar per pass (rows reaching the stage)."""
-        with progress.bar(desc, total, quiet=self.run.quiet) as bar:
+        with progress.bar(desc, total, self.run.shown) as bar:
             for chunk in chunks:
                 bar.update(chunk.num_rows)
                 yield chunk
@@ -401,7 +401,7 @@ class Prefix:
                   self.config.output, stage.output_schema(view.schema), self.run, stage.name, started, self.stats)
 
         def produce(space: Workspace, report: ReadReport) -> AbstractContextManager[Produced]:
-            runtime = EngineRuntime.of(space, self.executor, self.run.quiet, stage.name, self.pool)
+            runtime = EngineRuntime.of(space, self.executor, self.run.shown, stage.name, self.pool)
             return produced(stage.op, stage.planned, stage.regroups, view, runtime, report, units)
 
         with stream_errors(view, self.executor):
