@@ -5,7 +5,10 @@ child is parked. WHERE is `import:MODULE` (park when MODULE is first imported: s
 batchtool.entry set its handlers) or `pass:DESC` (park at the first progress update of the pass
 named DESC, in the main thread: a first pass, a spill, the writing pass). Parked, the child
 writes "parked" to file descriptor FD and blocks until a signal arrives; the signal's handler
-then raises exactly as it would at that point of a real run. No test-only code lives in batchtool.
+then raises exactly as it would at that point of a real run. WHERE `worker:` instead blocks the
+first task a worker thread of the local engine runs, for good, in a native call (a read of a pipe
+nobody writes), as a long pyarrow or NumPy call would; the main thread waits for its result, where
+a signal finds it. No test-only code lives in batchtool.
 """
 
 from __future__ import annotations
@@ -88,6 +91,25 @@ def _park_at_pass(desc: str, fd: int) -> None:
     progress.bar = bar
 
 
+def _block_a_worker(fd: int) -> None:
+    """Wrap the local engine's map so that the first task a worker thread runs tells the test, then blocks."""
+    from batchtool import runner
+
+    real_map = runner.threaded_map
+    first = threading.Lock()
+
+    def blocking(fn: object) -> object:
+        def task(item: object) -> object:
+            if threading.current_thread() is not threading.main_thread() and first.acquire(blocking=False):
+                r, _ = os.pipe()
+                os.write(fd, b"parked\n")
+                os.read(r, 1)  # never returns: nothing is written to the pipe
+            return fn(item)
+        return task
+
+    runner.threaded_map = lambda fn, *args, **kwargs: real_map(blocking(fn), *args, **kwargs)
+
+
 def _main() -> None:
     fd, where, args = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
     kind, _, name = where.partition(":")
@@ -95,6 +117,8 @@ def _main() -> None:
         sys.meta_path.insert(0, _ParkOnImport(name, fd))
     elif kind == "pass":
         _park_at_pass(name, fd)
+    elif kind == "worker":
+        _block_a_worker(fd)
     else:
         raise SystemExit(f"parked_cli.py: unknown WHERE {where!r}")
     sys.argv = ["batchtool", *args]
