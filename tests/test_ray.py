@@ -647,5 +647,10 @@ def test_sigterm_while_the_driver_waits_on_ray_ends_in_one_line(src, tmp_path, r
                         env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)  # a hang guard only: it ends at once
-    assert (proc.returncode, err) == (143, "error: interrupted by SIGTERM; temporary files removed\n")
+    assert proc.returncode == 143, err
+    # batchtool's one line, last; before it at most a log line of Ray's own C++ code (a slow connect, on a loaded
+    # machine), never a traceback
+    lines = err.splitlines()
+    assert lines[-1] == "error: interrupted by SIGTERM; temporary files removed", err
+    assert all(line.startswith("[") for line in lines[:-1]), err
     assert os.listdir(tmp_path / "out") == [] and os.listdir(tmp_path / "tmp") == []
