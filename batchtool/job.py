@@ -3,6 +3,7 @@ DST checked against it before any pass."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -50,8 +51,9 @@ class RunSettings:
         check_engine(self.engine, self.ray_address)
         if self.progress not in (None, *MODES):
             raise OptionError("progress", f"expected one of {', '.join(MODES)}", value=repr(self.progress))
-        if not self.progress_seconds > 0:
-            raise OptionError("progress_seconds", "must be above 0", value=repr(self.progress_seconds))
+        if not 0 < self.progress_seconds < math.inf:
+            raise OptionError("progress_seconds", "must be a number of seconds above 0",
+                              value=repr(self.progress_seconds))
         if self.memory is not None and self.memory <= 0:
             raise OptionError("memory", "must be a positive size", value=str(self.memory))
         check_record_limit(self.max_record_bytes)

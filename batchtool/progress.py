@@ -20,16 +20,11 @@ LINE_SECONDS = 5.0
 @dataclass(frozen=True)
 class Shown:
     """How a run shows its progress: `mode`, one of MODES (None: a bar where stderr is a terminal, lines
-    elsewhere, decided when a pass starts), and in `lines` the seconds between two lines."""
+    elsewhere, decided when a pass starts), and in `lines` the seconds between two lines (RunSettings checks
+    both)."""
 
     mode: str | None = None
     seconds: float = LINE_SECONDS
-
-    def __post_init__(self) -> None:
-        if self.mode not in (None, *MODES):
-            raise ValueError(f"progress {self.mode!r}: expected one of {', '.join(MODES)}")
-        if not self.seconds > 0:
-            raise ValueError(f"progress every {self.seconds!r} seconds: expected a number above 0")
 
     def resolved(self) -> str:
         """The mode, with stderr's kind deciding the default."""

@@ -14,6 +14,7 @@ from parked_cli import start_parked
 
 from batchtool import progress
 from batchtool.cli.common import PROGRESS_SECONDS, cli
+from batchtool.errors import UsageError
 from batchtool.job import RunSettings
 from batchtool.pipeline import execute, load
 
@@ -144,3 +145,14 @@ def test_a_bad_interval_is_one_line(tmp_path, parquet_src, run_cli, monkeypatch,
     assert (result.exit_code, result.stderr) == (
         2, f"error: {PROGRESS_SECONDS}={value}: expected a number of seconds above 0 (e.g. 5, 0.5)\n")
     assert not (tmp_path / "dst").exists()
+
+
+@pytest.mark.parametrize("settings,message", [
+    ({"progress": "loud"}, "--progress 'loud': expected one of bar, lines, none"),
+    ({"progress_seconds": 0}, "--progress-seconds 0: must be a number of seconds above 0"),
+    ({"progress_seconds": float("inf")}, "--progress-seconds inf: must be a number of seconds above 0"),
+])
+def test_run_settings_refuse_what_cannot_show_progress(settings, message):
+    with pytest.raises(UsageError) as raised:
+        RunSettings(**settings)
+    assert str(raised.value) == message
