@@ -13,6 +13,7 @@ from typing import Any
 import pyarrow as pa
 
 from batchtool import exchange, progress
+from batchtool.progress import HIDDEN, Shown
 from batchtool.dataset import Chunk, Dataset, ReadReport, first_in_input
 from batchtool.engines import executor as run_executor
 from batchtool.errors import BatchtoolError, PartialError, RowError
@@ -35,20 +36,21 @@ class EngineRuntime:
 
     executor: Executor
     space: Workspace
-    quiet: bool = True
+    shown: Shown = HIDDEN
+    """How its passes show their progress."""
     who: str | None = None
     """Who its bars name before the op's own words (`stage 2 (stratify): select` in a pipeline); None: no one."""
     pool: Pool | None = None
     """What the run's exchanges may hold in memory instead of the workspace's files (batchtool.held)."""
 
     @classmethod
-    def of(cls, space: Workspace, executor: Executor, quiet: bool, who: str | None,
+    def of(cls, space: Workspace, executor: Executor, shown: Shown, who: str | None,
            pool: Pool | None = None) -> EngineRuntime:
         """The runtime of tasks writing `space`: on the run's executor if its workers share it, else on threads."""
-        return cls(tasks_executor(space, executor), space, quiet, who, pool)
+        return cls(tasks_executor(space, executor), space, shown, who, pool)
 
     def bar(self, desc: str, total: int | None) -> AbstractContextManager[Bar]:
-        return progress.bar(f"{self.who}: {desc}" if self.who else desc, total, quiet=self.quiet)
+        return progress.bar(f"{self.who}: {desc}" if self.who else desc, total, self.shown)
 
     def apply(self, op: Operation, plan: Any, data: Dataset,
               report: ReadReport) -> tuple[Iterator[tuple[Chunk, int]], Tally]:
@@ -93,7 +95,6 @@ def make_plan(op: Operation, options: Any, dataset: Dataset, run: RunSettings, e
               seed: int = 0) -> Any:
     """The op's plan under the run's memory: its first pass (if any) over the columns it names, on the executor,
     merged in input order."""
-    quiet = run.quiet
     context = Context(seed, dataset.schema, dataset.src, dataset.locate,
                       first_file=dataset.shards[0].path if dataset.shards else None, memory=run.budget,
                       tasks=1 if executor.remote else executor.threads)
@@ -101,7 +102,7 @@ def make_plan(op: Operation, options: Any, dataset: Dataset, run: RunSettings, e
     stats: Any = None
     if first is not None:
         desc = f"{op.name}: {first.desc}" if first.desc else None
-        with progress.bar(desc, dataset.num_rows, quiet=quiet) if desc else contextlib.nullcontext(_Unshown()) as bar:
+        with progress.bar(desc, dataset.num_rows, run.shown) if desc else contextlib.nullcontext(_Unshown()) as bar:
             stats = _merged(first.new(), functools.partial(_pass_of, first.of, context), dataset.tasks(first.columns),
                             executor, bar)
     return op.plan(options, replace(context, scan=scanner(dataset, executor)), stats)
@@ -274,7 +275,7 @@ def _run_operation(op: Operation, options: Any, dataset: Dataset, dst: str, outp
     pool = pool_for(run.budget, executor)
 
     def produce(space: Workspace, report: ReadReport) -> AbstractContextManager[Produced]:
-        runtime = EngineRuntime.of(space, executor, run.quiet, op.name, pool)
+        runtime = EngineRuntime.of(space, executor, run.shown, op.name, pool)
         return produced(op, plan, regroups, dataset, runtime, report, columns=op.input_columns(options, None))
 
     with stream_errors(dataset, executor):

@@ -3,7 +3,9 @@
 SIGINT and SIGTERM, whenever they come (while Python imports pyarrow, in a first pass, in a
 spill, while writing), become an exception in the main thread, so every `with` and `finally`
 on the way out removes its temporary and spill files; then one line goes to stderr and the
-exit status is the shell's convention, 128 + the signal number (130, 143). This module imports
+process ends at once with the shell's convention, 128 + the signal number (130, 143): whatever
+its other threads are doing (a worker inside a long native call would otherwise keep the
+interpreter's exit waiting for it, and the process running). This module imports
 only the standard library, and `batchtool/__init__.py` imports nothing heavy, so the handlers
 are set within the first milliseconds. The library itself never touches signal handlers:
 they are the program's to set, and this is the program.
@@ -44,10 +46,19 @@ def main() -> None:
         from batchtool.engines.finalizing import finalizing_skipped
 
         if finalizing_skipped():
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(exc.code if isinstance(exc.code, int) else int(exc.code is not None))
+            end_now(exc.code if isinstance(exc.code, int) else int(exc.code is not None))
         raise
+
+
+def end_now(status: int) -> None:
+    """End the process with `status` once stdout and stderr are flushed, without waiting for its other threads or
+    finalizing anything (the command's own cleanup has run)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe, a closed stream: nothing more can be said
+            pass
+    os._exit(status)
 
 
 def _command_line() -> None:
@@ -69,7 +80,7 @@ def _command_line() -> None:
             traceback.print_exc()
         name = signal.Signals(exc.signum).name
         sys.stderr.write(f"error: interrupted by {name}; temporary files removed\n")
-        sys.exit(128 + exc.signum)
+        end_now(128 + exc.signum)
     finally:
         for sig in SIGNALS:  # from here on a signal ends the exiting process the default way
             signal.signal(sig, signal.SIG_DFL)

@@ -60,6 +60,18 @@ def exists(path: str) -> bool:
     return _info(path).type != pafs.FileType.NotFound if is_uri(path) else os.path.lexists(path)
 
 
+def is_empty_dir(path: str) -> bool:
+    """A directory (not a link to one) with no entry at all, hidden ones included."""
+    if is_uri(path):
+        fs, p = _resolve(path)
+        return (fs.get_file_info(p).type == pafs.FileType.Directory
+                and not fs.get_file_info(pafs.FileSelector(p, recursive=False)))
+    try:
+        return not os.path.islink(path) and os.path.isdir(path) and not os.listdir(path)
+    except OSError:  # unreadable: it may hold something
+        return False
+
+
 def file_size(path: str) -> int:
     return _info(path).size if is_uri(path) else os.path.getsize(path)
 

@@ -3,6 +3,7 @@ DST checked against it before any pass."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -17,6 +18,7 @@ from batchtool.mixed import SOURCE, MixedDataset, mix_datasets
 from batchtool.ops.names import refuse_clashes
 from batchtool.ops.written import batched_rows
 from batchtool.output import OutputOptions, check_destination, refuse_overlap
+from batchtool.progress import LINE_SECONDS, MODES, Shown
 from batchtool.runner import Executor
 
 X = TypeVar("X")
@@ -28,6 +30,11 @@ class RunSettings:
 
     threads: int = 1
     quiet: bool = False
+    """--quiet: no summary, and no progress unless `progress` says otherwise."""
+    progress: str | None = None
+    """--progress: one of progress.MODES; None: a bar on a terminal, lines elsewhere (or none with `quiet`)."""
+    progress_seconds: float = LINE_SECONDS
+    """The seconds between two progress lines."""
     engine: str = "local"
     """Where per-item work runs: "local" threads or "ray" (see batchtool.engines)."""
     ray_address: str | None = None
@@ -42,9 +49,19 @@ class RunSettings:
 
     def __post_init__(self) -> None:
         check_engine(self.engine, self.ray_address)
+        if self.progress not in (None, *MODES):
+            raise OptionError("progress", f"expected one of {', '.join(MODES)}", value=repr(self.progress))
+        if not 0 < self.progress_seconds < math.inf:
+            raise OptionError("progress_seconds", "must be a number of seconds above 0",
+                              value=repr(self.progress_seconds))
         if self.memory is not None and self.memory <= 0:
             raise OptionError("memory", "must be a positive size", value=str(self.memory))
         check_record_limit(self.max_record_bytes)
+
+    @property
+    def shown(self) -> Shown:
+        """How the run's passes show their progress."""
+        return Shown(self.progress or ("none" if self.quiet else None), self.progress_seconds)
 
     @property
     def budget(self) -> int:

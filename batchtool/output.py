@@ -6,6 +6,7 @@ One writer serves every format; the formats (batchtool.formats) only encode and 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import queue
@@ -393,7 +394,7 @@ def output_directory(dst: str, overwrite: bool, reads: Sequence[str] = ()) -> It
         yield tmp
         check_destination(dst, overwrite)
         with fs.write_errors(f"{dst}: cannot move the output into place"):
-            _replace(tmp, dst)
+            _replace(tmp, dst, overwrite)
     except BaseException:
         if tmp is not None:
             fs.remove_tree(tmp)
@@ -428,11 +429,18 @@ def remove_if_empty(directories: Sequence[str]) -> None:
             os.rmdir(directory)
 
 
-def _replace(tmp: str, dst: str) -> None:
-    """Rename the finished directory to DST, replacing an existing DST (moved aside first and put back
-    if the second rename fails); only then is the old one deleted."""
-    if not os.path.lexists(dst):
-        os.rename(tmp, dst)
+def _replace(tmp: str, dst: str, overwrite: bool) -> None:
+    """Rename the finished directory to DST. Without `overwrite`, one rename, which the OS does only onto no DST or
+    an empty directory (atomically replaced); anything put in DST meanwhile makes it fail, as "destination exists".
+    With it, an existing DST is moved aside first (and put back if the second rename fails); only then is the old
+    one deleted."""
+    if not overwrite or not os.path.lexists(dst):
+        try:
+            os.rename(tmp, dst)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            raise DestinationExistsError(_EXISTS.format(dst=dst)) from exc
         return
     old = tempfile.mkdtemp(prefix=f".{os.path.basename(dst)}.old-", dir=os.path.dirname(dst))
     aside = os.path.join(old, "dst")
@@ -446,10 +454,19 @@ def _replace(tmp: str, dst: str) -> None:
     fs.remove_tree(old)
 
 
+_EXISTS = "{dst}: destination exists (pass --overwrite to replace it)"
+
+
+def destination_taken(dst: str) -> bool:
+    """DST holds something a run could destroy: it exists, and is not an empty directory (which a run fills as if DST
+    did not exist, with no --overwrite)."""
+    return fs.exists(dst) and not fs.is_empty_dir(dst)
+
+
 def check_destination(dst: str, overwrite: bool) -> None:
-    """DST may exist only with `overwrite`, and only as a directory."""
-    if fs.exists(dst) and not overwrite:
-        raise DestinationExistsError(f"{dst}: destination exists (pass --overwrite to replace it)")
+    """DST may exist only as an empty directory, or with `overwrite`, and only as a directory."""
+    if not overwrite and destination_taken(dst):
+        raise DestinationExistsError(_EXISTS.format(dst=dst))
     if fs.exists(dst) and not fs.is_dir(dst):
         raise DestinationExistsError(f"{dst}: destination exists and is not a directory; refusing to replace it")
 

@@ -69,6 +69,16 @@ SERIAL = Threads(1)
 """Work in the calling thread (a default where no run's executor is at hand)."""
 
 
+_reading = threading.local()
+"""In a map's reader thread (see _feed): that map's stop event, so that a map consumed there (a source that maps)
+stops with it."""
+
+
+class _Abandoned(BaseException):
+    """Raised in a map consumed by another map's reader thread once that map stopped: no one waits for its results,
+    and its reader must not wait for them either (a worker may never return; see threaded_map)."""
+
+
 class _SourceError:
 
     def __init__(self, exc: BaseException) -> None:
@@ -79,6 +89,7 @@ def _feed(items: Iterable[T], out: queue.Queue, stop: threading.Event) -> None:
     """Reader thread: iterate the source (which may do I/O, or write spill files) into a bounded queue,
     until it ends or the consumer stops; then close it, so its own cleanup runs here and now."""
     source: Iterable[T] | None = None
+    _reading.stop = stop
     try:
         source = iter(items)  # may raise too (an __iter__ that reads): the consumer must hear it, not wait
         for item in source:
@@ -139,7 +150,9 @@ def threaded_map(fn: Callable[[T], U], items: Iterable[T], threads: int, window:
             fut.cancel()
         pool.shutdown(wait=False, cancel_futures=True)
         if reader is not threading.current_thread():  # (a generator may be finalized on any thread)
-            reader.join()  # the source may write temporary files: done before the caller removes them
+            # the source may write temporary files: done before the caller removes them. A map it consumes stops too
+            # (_check_reader) rather than wait for a worker of its own that may be in a call that never returns.
+            reader.join()
 
 
 def _failed(exc: BaseException) -> Future:
@@ -149,12 +162,12 @@ def _failed(exc: BaseException) -> Future:
 
 
 def _get(source: queue.Queue) -> object:
-    """Blocking get that still lets Ctrl-C through promptly."""
+    """Blocking get that still lets Ctrl-C through promptly, and stops when the map reading this one does."""
     while True:
         try:
             return source.get(timeout=_POLL_SECONDS)
         except queue.Empty:
-            continue
+            _check_reader()
 
 
 def _result(fut: Future) -> U:
@@ -162,4 +175,11 @@ def _result(fut: Future) -> U:
         try:
             return fut.result(timeout=_POLL_SECONDS)
         except TimeoutError:
-            continue
+            _check_reader()
+
+
+def _check_reader() -> None:
+    """Stop waiting if this thread is the reader of a map that stopped."""
+    stop = getattr(_reading, "stop", None)
+    if stop is not None and stop.is_set():
+        raise _Abandoned

@@ -13,6 +13,7 @@ from batchtool.formats import registry
 from batchtool.errors import OptionError
 from batchtool.ops.base import Kind, Operation
 from batchtool.options import Choice, Flag, Integer, Value, option, shown
+from batchtool.progress import LINE_SECONDS, MODES
 from batchtool.output import CASTS, DEFAULT_SHARD_BYTES, TFRECORD_KINDS, OutputOptions
 
 BATCH_FORMAT = "arrow"
@@ -145,7 +146,7 @@ class OutputSettings:
 @dataclass(frozen=True)
 class CommonSettings:
     """What a command takes once however many steps it runs, and a pipeline file sets at its top: the seed, the
-    threads, and the memory and directory of spill files."""
+    threads, the memory and directory of spill files, and how progress shows."""
 
     seed: int = option("Seed of every random decision (same seed, same output bytes).", Integer(), 0)
     threads: int | None = option("Worker threads; output is identical for any value.", Positive(), None)
@@ -153,6 +154,9 @@ class CommonSettings:
     memory: int = option("Memory for reordering: rows within a quarter of it stay in memory (local engine), the "
                          "rest spill to --tmp-dir.", Size(), 1 << 30)
     tmp_dir: str | None = option("Directory for temporary spill files (default: the system's).", Directory(), None)
+    progress: str | None = option(
+        f"Progress on stderr: a redrawn bar, a line every {LINE_SECONDS:g} s (for logs), or none (default: bar on a terminal, else "
+        "lines; none with --quiet).", Choice(MODES), None)
 
 
 RECORD_LIMIT = Size(minimum=1)

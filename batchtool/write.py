@@ -208,7 +208,7 @@ def _write_streamed(job: Job, out: Streamed, output: OutputOptions, stored: pa.S
     # closed, however the block ends, before the directories are removed: the units' source may still be writing
     # temporary files of its own on the reader thread
     with BatchShardWriter(tmp, stored, output, name=job.dst, overlap=tasks.threads > 1) as writer, \
-            progress.bar(f"{job.name}: write", total, quiet=job.run.quiet) as bar, closing(results):
+            progress.bar(f"{job.name}: write", total, job.run.shown) as bar, closing(results):
         for encoded, consumed in results:
             for batch in encoded:
                 writer.write(batch)
@@ -258,7 +258,7 @@ def _write_in_order(job: Job, batches: Batches, output: OutputOptions, stored: p
     runs = [_Encoded(batches.reader(start, end), output, stored)
             for start, end in sized_runs(batches, run_bytes(job.run))]
     with BatchShardWriter(tmp, stored, output, name=job.dst, overlap=tasks.threads > 1) as writer, \
-            progress.bar(f"{job.name}: write", batches.rows, quiet=job.run.quiet) as bar:
+            progress.bar(f"{job.name}: write", batches.rows, job.run.shown) as bar:
         for encoded in tasks.map(_encoded_run, runs):
             for batch in encoded:
                 writer.write(batch)
@@ -391,7 +391,7 @@ def _spool_all(job: Job, out: Streamed, space: Workspace, report: ReadReport,
     units, per_file, sizes, consumed = [], [], [], 0
     total = out.total_rows if out.total_rows is not None else job.source.progress_rows
     spool_job = _SpoolJob(space.directory, out.emitted, job.dst)
-    with progress.bar(f"{job.name}: spool", total, quiet=job.run.quiet) as bar:
+    with progress.bar(f"{job.name}: spool", total, job.run.shown) as bar:
         for index, spooled in enumerate(tasks.map(functools.partial(_spool, spool_job), enumerate(out.units))):
             if spooled.rows:
                 units.append(index)
@@ -502,7 +502,7 @@ def write_sorted(batches: Batches, output: OutputOptions, stored: pa.Schema, dir
 
 def _write_sorted_on(tasks: Executor, job: Job, batches: Batches, output: OutputOptions, stored: pa.Schema, tmp: str,
                      space: Workspace) -> list[dict]:
-    with progress.bar(f"{job.name}: write", batches.rows, quiet=job.run.quiet) as bar:
+    with progress.bar(f"{job.name}: write", batches.rows, job.run.shown) as bar:
         files = write_sorted(batches, output, stored, tmp, space.directory, job.dst,
                              MEASURES_PER_WORKER * max(1, getattr(tasks, "cpus", tasks.threads)), tasks)
         bar.update(batches.rows)

@@ -5,17 +5,24 @@ child is parked. WHERE is `import:MODULE` (park when MODULE is first imported: s
 batchtool.entry set its handlers) or `pass:DESC` (park at the first progress update of the pass
 named DESC, in the main thread: a first pass, a spill, the writing pass). Parked, the child
 writes "parked" to file descriptor FD and blocks until a signal arrives; the signal's handler
-then raises exactly as it would at that point of a real run. No test-only code lives in batchtool.
+then raises exactly as it would at that point of a real run. WHERE `worker:` instead blocks the
+first task a worker thread of the local engine runs, for good, in a native call (a read of a pipe
+nobody writes), as a long pyarrow or NumPy call would; the main thread waits for its result, where
+a signal finds it. WHERE `ray-task:` makes every task of the Ray engine's maps sleep for an hour on its
+worker, and parks nothing: the child says "parked" when the driver first waits for a task's result
+(inside Ray's wait, where a signal's handler runs in Ray's C++ code). No test-only code lives in batchtool.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import select
 import signal
 import subprocess
 import sys
 import threading
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -88,6 +95,48 @@ def _park_at_pass(desc: str, fd: int) -> None:
     progress.bar = bar
 
 
+def _block_a_worker(fd: int) -> None:
+    """Wrap the local engine's map so that the first task a worker thread runs tells the test, then blocks."""
+    from batchtool import runner
+
+    real_map = runner.threaded_map
+    first = threading.Lock()
+
+    def blocking(fn: object) -> object:
+        def task(item: object) -> object:
+            if threading.current_thread() is not threading.main_thread() and first.acquire(blocking=False):
+                r, _ = os.pipe()
+                os.write(fd, b"parked\n")
+                os.read(r, 1)  # never returns: nothing is written to the pipe
+            return fn(item)
+        return task
+
+    runner.threaded_map = lambda fn, *args, **kwargs: real_map(blocking(fn), *args, **kwargs)
+
+
+def _sleep_then(fn: object, item: object) -> object:
+    time.sleep(3600)  # on a Ray worker; Ray cancels the task when the driver's map stops
+    return fn(item)
+
+
+def _stall_ray_tasks(fd: int) -> None:
+    """Wrap the Ray engine's map so that its tasks sleep, and its driver's first wait tells the test."""
+    from batchtool.engines import ray, ray_failures
+
+    real_map, real_get = ray.RayEngine.map, ray_failures.Watch.get
+    told = threading.Lock()
+
+    def stalled_map(self: object, fn: object, *args: object, **kwargs: object) -> object:
+        return real_map(self, functools.partial(_sleep_then, fn), *args, **kwargs)
+
+    def telling_get(self: object, *args: object) -> object:
+        if told.acquire(blocking=False):
+            os.write(fd, b"parked\n")
+        return real_get(self, *args)
+
+    ray.RayEngine.map, ray_failures.Watch.get = stalled_map, telling_get
+
+
 def _main() -> None:
     fd, where, args = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
     kind, _, name = where.partition(":")
@@ -95,6 +144,10 @@ def _main() -> None:
         sys.meta_path.insert(0, _ParkOnImport(name, fd))
     elif kind == "pass":
         _park_at_pass(name, fd)
+    elif kind == "worker":
+        _block_a_worker(fd)
+    elif kind == "ray-task":
+        _stall_ray_tasks(fd)
     else:
         raise SystemExit(f"parked_cli.py: unknown WHERE {where!r}")
     sys.argv = ["batchtool", *args]

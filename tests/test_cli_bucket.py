@@ -102,6 +102,7 @@ def test_errors_exit_2_with_one_line_and_leave_dst_untouched(tmp_path, odd_src, 
 
 def test_existing_dst_without_overwrite(tmp_path, parquet_src, run_cli):
     (tmp_path / "dst").mkdir()
+    (tmp_path / "dst" / "keep.txt").write_text("not empty")
     result = run_cli("bucket", parquet_src, tmp_path / "dst", "--boundaries", "9", "--batch-size", "4")
     assert result.exit_code == 2 and "destination exists" in result.stderr
 

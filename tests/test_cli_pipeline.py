@@ -21,6 +21,10 @@ from parked_cli import start_parked
 
 from batchtool.synthetic import make_table
 
+HANG_GUARD = 600
+"""Seconds a child may take before a test calls it hung: a guard against hangs only, generous for a loaded machine
+(what a test measures is memory or an exit, never time)."""
+
 
 def write_pipeline(path, text: str) -> str:
     path.write_text(text)
@@ -296,7 +300,7 @@ def test_ctrl_c_removes_temporary_files_and_leaves_no_output(tmp_path):
     proc = start_parked("pass:stage 1 (shuffle): spill", "run", pipeline, "-q", cwd=REPO)  # parked mid-spill
     assert any(files for _, _, files in os.walk(spills)), "the run never spilled"
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=30)
+    _, err = proc.communicate(timeout=HANG_GUARD)
     assert proc.returncode == 130, err
     assert err == "error: interrupted by SIGINT; temporary files removed\n"
     assert os.listdir(spills) == [] and not (tmp_path / "out").exists()
@@ -325,12 +329,13 @@ print(json.dumps({"before": before, "peak": peak(), "arrow_peak": pa.default_mem
 
 @pytest.mark.slow
 def test_peak_memory_stays_bounded_on_data_many_times_the_budget(tmp_path):
-    """~185 MB of Arrow data through an 8 MB budget: shuffled (spilled), resampled as it streams, shuffled again
+    """~92 MB of Arrow data through an 8 MB budget: shuffled (spilled), resampled as it streams, shuffled again
     into batches (spilled). The process grows by a fixed ~30 MB (input row groups in flight, thread stacks, the
     Parquet writer) plus about twice the budget, whatever the data size: measured +41/51/61 MB at 4/8/16 MB of
-    budget, the same for 90 or 370 MB of data. resource's peak RSS only grows, so a warm-up on a tiny input
-    sets the baseline; mimalloc returns freed pages at once, so RSS shows what is held."""
-    table = make_table(20_000, seed=1, median_length=100, max_length=600, frame_dim=16)
+    budget, the same for 90 or 370 MB of data; holding the data would take more than the 64 MB allowed. resource's
+    peak RSS only grows, so a warm-up on a tiny input sets the baseline; mimalloc returns freed pages at once, so
+    RSS shows what is held."""
+    table = make_table(10_000, seed=1, median_length=100, max_length=600, frame_dim=16)
     src = write_parquet_shards(str(tmp_path / "src"), table, shards=4, row_group_size=100)
     tiny = write_parquet_shards(str(tmp_path / "tiny"), table.slice(0, 100), shards=1)
     memory = 8 << 20
@@ -339,10 +344,10 @@ def test_peak_memory_stays_bounded_on_data_many_times_the_budget(tmp_path):
     small = write_pipeline(tmp_path / "small.toml", pipeline_text(tiny, "warm", *stages, top=f"memory = {memory}"))
     env = dict(os.environ, PYTHONPATH=REPO, MIMALLOC_PURGE_DELAY="0", MIMALLOC_ARENA_EAGER_COMMIT="0")
     proc = subprocess.run([sys.executable, "-c", CHILD, big, small], env=env, capture_output=True, text=True,
-                          timeout=120, check=False)
+                          timeout=HANG_GUARD, check=False)
     assert proc.returncode == 0, proc.stderr
     measured = json.loads(proc.stdout)
-    assert table.nbytes > 20 * memory
+    assert table.nbytes > 10 * memory
     assert measured["peak"] - measured["before"] < (32 << 20) + 4 * memory, measured
     assert measured["arrow_peak"] < 4 * memory, measured
     manifest = json.loads((tmp_path / "out" / ".batchtool_manifest.json").read_text())

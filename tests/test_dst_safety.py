@@ -7,13 +7,14 @@ import os
 import shutil
 import stat
 import tempfile
+from pathlib import Path
 
 import pytest
 from conftest import SAMPLE
 from dirstate import snapshot
 
 from batchtool import fs
-from batchtool.errors import DestinationError
+from batchtool.errors import DestinationError, DestinationExistsError
 from batchtool.output import output_directory
 
 COMMANDS = {
@@ -191,3 +192,73 @@ def test_dst_gets_the_permissions_the_umask_gives(tmp_path, parquet_src, run_cli
         assert stat.S_IMODE(os.stat(directory).st_mode) == 0o777 & ~umask
     for name in os.listdir(dst):
         assert stat.S_IMODE(os.stat(dst / name).st_mode) == 0o666 & ~umask
+
+
+# -- an existing empty DST ----------------------------------------------------------------------------------------
+
+
+def data_files(dst) -> dict[str, bytes]:
+    """DST's files but its manifest (whose `run` section differs between runs), by name."""
+    return {name: (dst / name).read_bytes() for name in sorted(os.listdir(dst)) if not name.startswith(".")}
+
+
+def without_overwrite(path, dst: str) -> str:
+    """write_pipeline's file from src to `dst`, with overwrite = false."""
+    path.write_text(open(write_pipeline(path, "src", dst)).read().replace("overwrite = true", "overwrite = false"))
+    return str(path)
+
+
+def test_an_existing_empty_dst_is_filled_without_overwrite(place, run_cli, monkeypatch):
+    """An empty directory holds nothing to lose: every command and `run` write into it as if it did not exist (the
+    bytes of a run into a new DST), and leave nothing beside it."""
+    monkeypatch.chdir(place)
+    assert run_cli("convert", "src", "new", "-q").exit_code == 0
+    (place / "empty").mkdir()
+    result = run_cli("convert", "src", "empty", "-q")
+    assert result.exit_code == 0, result.stderr
+    assert data_files(place / "empty") == data_files(place / "new")
+    (place / "empty-run").mkdir()
+    result = run_cli("run", without_overwrite(place / "p.toml", "empty-run"), "-q")
+    assert result.exit_code == 0, result.stderr
+    assert "part-00000.arrow" in os.listdir(place / "empty-run")
+    assert sorted(os.listdir(place)) == ["empty", "empty-run", "link", "new", "p.toml", "src", "systmp"]
+
+
+@pytest.mark.parametrize("content", ["file", ".hidden", "subdir/"])
+def test_a_dst_holding_anything_is_still_refused_without_overwrite(place, run_cli, content, monkeypatch):
+    """Even a hidden file or an empty subdirectory is something DST holds: refused, for commands and `run`."""
+    monkeypatch.chdir(place)
+    (place / "dst").mkdir()
+    if content.endswith("/"):
+        (place / "dst" / content).mkdir()
+    else:
+        (place / "dst" / content).write_text("kept")
+    without_overwrite(place / "p.toml", "dst")
+    before = snapshot(place)
+    result = run_cli("convert", "src", "dst", "-q")
+    assert (result.exit_code, result.stderr) == (2, "error: dst: destination exists (pass --overwrite to replace it)\n")
+    result = run_cli("run", "p.toml", "-q")
+    assert result.exit_code == 2 and f"[output] path {place / 'dst'} exists" in result.stderr
+    assert snapshot(place) == before
+
+
+def test_an_empty_dst_inside_the_input_is_still_refused(place, run_cli, monkeypatch):
+    monkeypatch.chdir(place)
+    (place / "src" / "out").mkdir()
+    before = snapshot(place)
+    result = run_cli("convert", "src/**/*.parquet", "src/out", "-q")
+    assert result.exit_code == 2
+    assert result.stderr == expected_error("DST", "src/out", "is inside the input src", place)
+    assert snapshot(place) == before
+
+
+def test_an_empty_dst_filled_meanwhile_is_not_replaced(tmp_path):
+    """The empty directory is replaced by one rename, which the OS refuses once anything is in it: a file put in DST
+    while the output was being written survives, the output's temporary directory does not."""
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    with pytest.raises(DestinationExistsError, match="destination exists"):
+        with output_directory(str(dst), overwrite=False) as tmp:
+            (Path(tmp) / "part-00000.parquet").write_text("output")
+            (dst / "theirs").write_text("written meanwhile")
+    assert sorted(os.listdir(tmp_path)) == ["dst"] and os.listdir(dst) == ["theirs"]

@@ -206,10 +206,24 @@ def test_a_signal_at_any_moment_cleans_up_and_exits_by_convention(place, where, 
              "output": any(n.startswith(".dst.tmp-") for n in os.listdir(place))}
     assert [k for k, v in found.items() if v] == in_progress  # what the signal interrupts
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=120)  # a hang guard only: it ends at once
     assert proc.returncode == 128 + sig
     assert err == f"error: interrupted by {signal.Signals(sig).name}; temporary files removed\n"
     assert snapshot(place) == before  # SRC, the old DST, DST's parent, --tmp-dir and the system temp dir
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_ends_the_process_while_a_worker_thread_is_in_a_long_native_call(place, sig):
+    """The worker never returns: the process must not wait for it once its cleanup is done (it did, for good,
+    growing, after printing its line)."""
+    before = snapshot(place)
+    proc = start_parked("worker:", *CONVERT, "-q", cwd=str(place))
+    assert any(n.startswith(".dst.tmp-") for n in os.listdir(place))  # the output in progress
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)  # a hang guard only: it ends at once
+    assert proc.returncode == 128 + sig
+    assert err == f"error: interrupted by {signal.Signals(sig).name}; temporary files removed\n"
+    assert snapshot(place) == before
 
 
 def test_the_library_leaves_signal_handlers_alone(place, monkeypatch):

@@ -64,6 +64,7 @@ def test_interrupt_leaves_no_dst(tmp_path):
 def test_existing_dst_needs_overwrite(tmp_path):
     dst = tmp_path / "out"
     dst.mkdir()
+    (dst / "old").write_text("kept")
     with pytest.raises(DestinationExistsError, match="pass --overwrite"):
         with output_directory(str(dst), overwrite=False):
             pass

@@ -150,7 +150,7 @@ def test_connecting_keeps_the_programs_signal_handlers(cluster):
     import sys
 
     done = subprocess.run([sys.executable, "-c", KEEPS_HANDLERS, cluster.address], env=cluster.env,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=COMMAND_SECONDS)  # a hang guard only
     assert done.returncode == 0 and done.stdout.strip() == "kept", (done.returncode, done.stdout, done.stderr[-2000:])
 
 

@@ -127,3 +127,33 @@ def test_a_source_is_closed_before_the_map_returns():
     it.close()
     events.append("map closed")
     assert events == ["source closed", "map closed"]
+
+
+def test_a_map_whose_source_maps_stops_without_waiting_for_a_worker_that_never_returns():
+    """The outer map's reader consumes an inner map (a source that maps, as writing does) whose worker is stuck in
+    a call that does not return: closing the outer map stops the inner one too, so neither reader waits for that
+    worker (an interrupted command would otherwise never get to its cleanup), and the inner source is closed."""
+    stuck, release, events = threading.Event(), threading.Event(), []
+
+    def blocked(x: int) -> int:
+        if x == 5:  # after the outer map's first window (its first result comes once that is full)
+            stuck.set()
+            release.wait()  # what a long native call looks like from here: released only at the test's end
+        return x
+
+    def inner():
+        try:
+            yield from Threads(2).map(blocked, range(10))
+        finally:
+            events.append("inner closed")
+
+    it = Threads(2).map(lambda x: x, inner())
+    try:
+        assert next(it) == 0
+        assert stuck.wait(DEADLINE)
+        closing = threading.Thread(target=it.close)
+        closing.start()
+        closing.join(DEADLINE)  # a hang guard only: it returns at once, while the worker is still stuck
+        assert not closing.is_alive() and events == ["inner closed"] and not release.is_set()
+    finally:
+        release.set()

@@ -179,7 +179,7 @@ def measure(dataset: Dataset, plan: Plan, run: RunSettings, executor: Executor, 
     share = plan.memory // max(1, len(plan.keys))
     indexes = [HashIndex(share, run.tmp_dir) for _ in plan.keys]
     try:
-        with progress.bar("check: scan", dataset.progress_rows, quiet=run.quiet) as bar:
+        with progress.bar("check: scan", dataset.progress_rows, run.shown) as bar:
             for scan in executor.map(lambda task: scan_chunk(task(), plan, dataset.locate),
                                      dataset.tasks(plan.columns, report)):
                 for (label, _), total, part in zip(plan.pairs, stats, scan.stats):

@@ -16,7 +16,7 @@ import click
 import batchtool
 from batchtool import settings as settings_mod
 from batchtool.engines import ENGINES
-from batchtool.errors import BatchtoolError, OptionError
+from batchtool.errors import BatchtoolError, OptionError, UsageError
 from batchtool.budget import DEFAULT_MAX_RECORD_BYTES
 from batchtool.job import RunSettings
 from batchtool.ops import OPERATIONS
@@ -24,6 +24,7 @@ from batchtool.errors import flag
 from batchtool.formats.registry import FORMATS
 from batchtool.options import Choice, Integer, Value, fields
 from batchtool.output import OutputOptions
+from batchtool.progress import LINE_SECONDS
 from batchtool.runner import default_threads
 from batchtool.settings import (BATCH_FORMAT, RECORD_LIMIT, ROW_FORMAT, CommonSettings, Directory, InputSettings,
                                 OutputSettings, Positive, Size, Text, size_text)
@@ -187,7 +188,7 @@ _STARTED_META = "batchtool.started"
 
 
 def run_options(fn: Callable) -> Callable:
-    """--threads, --quiet, --engine and --ray-address: how to run, never what to compute.
+    """--threads, --progress, --quiet, --engine and --ray-address: how to run, never what to compute.
 
     They only make the RunSettings (make_run) the command passes to its entry point, which opens
     that engine's executor (engines.executor, the one place an engine is chosen): a command needs
@@ -201,7 +202,8 @@ def run_options(fn: Callable) -> Callable:
 
     return _apply(settled, [
         declared(CommonSettings, "threads", default=default_threads, show_default="cores"),
-        click.option("--quiet", "-q", is_flag=True, help="No progress bars or summary."),
+        declared(CommonSettings, "progress"),
+        click.option("--quiet", "-q", is_flag=True, help="No summary, and no progress unless --progress is given."),
         click.option("--engine", type=click.Choice(ENGINES), default="local", show_default=True,
                      help="Where the work runs: local threads, or a Ray cluster (needs batchtool[ray]); "
                           "output is identical."),
@@ -256,17 +258,36 @@ def make_output(kwargs: dict[str, Any]) -> OutputOptions:
 
 
 def make_run(kwargs: dict[str, Any]) -> RunSettings:
-    """Pop --threads and --quiet, and (where the command has them) --memory, --tmp-dir and --max-record-bytes; the
+    """Pop --threads, --progress and --quiet, and (where the command has them) --memory, --tmp-dir and --max-record-bytes; the
     engine comes from run_options."""
     ctx = click.get_current_context(silent=True)
     chosen = ctx.meta.get(_ENGINE_META, RunSettings()) if ctx is not None else RunSettings()
     memory = kwargs.pop("memory", None)
     limit = kwargs.pop("max_record_bytes", None)
-    return RunSettings(threads=kwargs.pop("threads"), quiet=kwargs.pop("quiet"), engine=chosen.engine,
+    return RunSettings(threads=kwargs.pop("threads"), quiet=kwargs.pop("quiet"), progress=kwargs.pop("progress"),
+                       progress_seconds=progress_seconds(), engine=chosen.engine,
                        ray_address=chosen.ray_address, memory=None if memory is None else parse_memory(memory),
                        tmp_dir=kwargs.pop("tmp_dir", None),
                        max_record_bytes=DEFAULT_MAX_RECORD_BYTES if limit is None
                        else RECORD_LIMIT.parse("max_record_bytes", limit))
+
+
+PROGRESS_SECONDS = "BATCHTOOL_PROGRESS_SECONDS"
+"""The environment variable of the seconds between two --progress lines (default progress.LINE_SECONDS)."""
+
+
+def progress_seconds() -> float:
+    """The seconds between two --progress lines: $BATCHTOOL_PROGRESS_SECONDS, else the default."""
+    text = os.environ.get(PROGRESS_SECONDS)
+    if text is None:
+        return LINE_SECONDS
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = 0.0
+    if not seconds > 0 or seconds == float("inf"):
+        raise UsageError(f"{PROGRESS_SECONDS}={text}: expected a number of seconds above 0 (e.g. 5, 0.5)")
+    return seconds
 
 
 def parse_memory(text: str) -> int:

@@ -26,12 +26,14 @@ def run_cmd(pipeline: str, dry_run: bool, tmp_dir: str | None, overwrite: bool, 
     by one through their commands with the same seed.
 
     Stage keys are the commands' flags without '--' (see `batchtool docs run`). --threads defaults to the
-    file's `threads`, else the number of cores.
+    file's `threads`, else the number of cores; --progress to the file's `progress`.
     """
     config = pipeline_config.load(pipeline, tmp_dir=tmp_dir, overwrite=overwrite)
     ctx = click.get_current_context()
     if config.threads is not None and ctx.get_parameter_source("threads") is not ParameterSource.COMMANDLINE:
         kwargs["threads"] = config.threads
+    if kwargs["progress"] is None and not kwargs["quiet"]:
+        kwargs["progress"] = config.progress
     run = make_run(kwargs)
     result = execute.run_pipeline(config, run, dry_run=dry_run)
     if dry_run:

@@ -122,6 +122,15 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
+def _signalled(exc: SystemError) -> BaseException | None:
+    """What a signal's handler raised, if `exc` is Ray's wrapping of it (else None). Ray's C++ code runs the
+    program's signal handlers while it waits (check_signals) and stops only for KeyboardInterrupt: what any other
+    handler raises (the command line's Interrupted, for SIGTERM and SIGINT) is left pending, and comes out of
+    the Ray call as "SystemError: ... returned a result with an exception set", caused by it."""
+    cause = exc.__cause__
+    return cause if isinstance(cause, BaseException) and not isinstance(cause, Exception) else None
+
+
 def _silence_stderr_fd() -> None:
     """From here to the end of the process, what is written to fd 2 (Ray's C++ log lines) goes to /dev/null, and the
     program's stderr, when it is fd 2 (the command line's; not a test's capture), to a copy of the real one."""
@@ -165,7 +174,7 @@ class Watch:
     @contextmanager
     def calls(self, task: str) -> Iterator[None]:
         """Ray calls for `task` (the words an error names it by): a dead local raylet, or Ray giving up, becomes one
-        EngineError."""
+        EngineError; a signal's exception that Ray wrapped is raised as itself (_signalled)."""
         self.check(task)
         try:
             yield
@@ -173,6 +182,11 @@ class Watch:
             self.check(task, dead=True)
         except ray.exceptions.RayError as exc:
             raise EngineError(f"--engine ray: {self._gave_up(exc, task)}") from exc
+        except SystemError as exc:
+            signalled = _signalled(exc)
+            if signalled is None:
+                raise
+            raise signalled from None
 
     def check(self, task: str, dead: bool = False) -> None:
         """Stop, with an error, if the local raylet died (see the module's docstring)."""

@@ -35,7 +35,7 @@ class Runtime(Protocol):
     what later tasks read, instead of sending it to the driver."""
 
     def bar(self, desc: str, total: int | None) -> AbstractContextManager[Bar]:
-        """A progress bar for a pass (shown on a terminal, silent with --quiet); `desc` names the pass ("spill"),
+        """A progress bar for a pass (as the run shows progress: --progress); `desc` names the pass ("spill"),
         the runtime says whose it is (`shuffle: spill`, `stage 1 (shuffle): spill`)."""
         ...
 

@@ -102,6 +102,8 @@ class PipelineConfig:
     threads: int | None
     memory: int
     tmp_dir: str | None
+    progress: str | None
+    """The file's `progress` (the command line's --progress and --quiet win)."""
     input: InputConfig
     stages: tuple[StageConfig, ...]
     output_path: str
@@ -162,8 +164,8 @@ class _Reader:
         if not stages:
             raise self.fail(None, "no [[stage]]: a pipeline needs at least one (batchtool convert copies files "
                                   "as they are)")
-        return PipelineConfig(self.path, common.seed, common.threads, common.memory, tmp_dir, source, stages, dst,
-                              output)
+        return PipelineConfig(self.path, common.seed, common.threads, common.memory, tmp_dir, common.progress, source,
+                              stages, dst, output)
 
     def table(self, schema: type, table: Any, where: str | None, **settings: Any) -> Any:
         """A table read through an option schema (batchtool.options.read_table); `settings` are fields the file does not set."""

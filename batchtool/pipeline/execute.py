@@ -29,7 +29,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchtool import exchange, fs
+from batchtool import exchange
 from batchtool import manifest as manifest_mod
 from batchtool import progress, rng
 from batchtool import stats as stats_mod
@@ -44,7 +44,7 @@ from batchtool.workspace import Workspace, tasks_executor, workspace
 from batchtool.write import RUN_BYTES, Job, Produced, sized_runs, write
 from batchtool.driver import EngineRuntime, produced, scanner, stream_errors
 from batchtool.ops.regroup import Batches, Exchange, Regrouped
-from batchtool.output import refuse_overlap
+from batchtool.output import destination_taken, refuse_overlap
 from batchtool.runner import SERIAL, Executor
 from batchtool.pipeline import config as config_mod
 from batchtool.pipeline.stages import ANY, CHUNKS, ORDER, Columns, Stage, Stream
@@ -109,7 +109,7 @@ def _open_input(config: config_mod.PipelineConfig, run: RunSettings,
 
 
 def _check_destination(config: config_mod.PipelineConfig) -> None:
-    if fs.exists(config.output_path) and not config.output.overwrite:
+    if not config.output.overwrite and destination_taken(config.output_path):
         raise DestinationExistsError(f"{config.path}: [output] path {config.output_path} exists (set overwrite = true "
                                      "in [output], or pass --overwrite)")
 
@@ -307,7 +307,7 @@ class Prefix:
                  else exchange.task_units(upstream.tasks(None, report)))
         space = self._stack.enter_context(workspace(self.config.output_path, self.executor, self.run.tmp_dir))
         self.executor = tasks_executor(space, self.executor)
-        runtime = EngineRuntime(self.executor, space, self.run.quiet, stage.name, self.pool)
+        runtime = EngineRuntime(self.executor, space, self.run.shown, stage.name, self.pool)
         regrouped, units = exchange.regrouping(stage.op, stage.planned, upstream, units, self.executor, like)
         if not isinstance(regrouped, Exchange):
             return self._stack.enter_context(regrouped.open(runtime, report))
@@ -383,7 +383,7 @@ class Prefix:
 
     def counted(self, chunks: Iterator[Chunk], desc: str, total: int | None) -> Iterator[Chunk]:
         """One progress bar per pass (rows reaching the stage)."""
-        with progress.bar(desc, total, quiet=self.run.quiet) as bar:
+        with progress.bar(desc, total, self.run.shown) as bar:
             for chunk in chunks:
                 bar.update(chunk.num_rows)
                 yield chunk
@@ -401,7 +401,7 @@ class Prefix:
                   self.config.output, stage.output_schema(view.schema), self.run, stage.name, started, self.stats)
 
         def produce(space: Workspace, report: ReadReport) -> AbstractContextManager[Produced]:
-            runtime = EngineRuntime.of(space, self.executor, self.run.quiet, stage.name, self.pool)
+            runtime = EngineRuntime.of(space, self.executor, self.run.shown, stage.name, self.pool)
             return produced(stage.op, stage.planned, stage.regroups, view, runtime, report, units)
 
         with stream_errors(view, self.executor):
