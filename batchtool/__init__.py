@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING
 os.environ.setdefault("MIMALLOC_PURGE_DELAY", "100")
 
 if TYPE_CHECKING:
-    from batchtool.dataset import Dataset
-    from batchtool.errors import BatchtoolError
-    from batchtool.inputs import open_dataset
-    from batchtool.load import Loader, load
-    from batchtool.source import Source, source
+    from batchtool.io.dataset import Dataset
+    from batchtool.core.errors import BatchtoolError
+    from batchtool.io.inputs import open_dataset
+    from batchtool.loader.load import Loader, load
+    from batchtool.loader.source import Source, source
 
-_EXPORTS = {"BatchtoolError": "batchtool.errors", "Dataset": "batchtool.dataset",
-            "open_dataset": "batchtool.inputs", "Loader": "batchtool.load", "load": "batchtool.load",
-            "Source": "batchtool.source", "source": "batchtool.source"}
+_EXPORTS = {"BatchtoolError": "batchtool.core.errors", "Dataset": "batchtool.io.dataset",
+            "open_dataset": "batchtool.io.inputs", "Loader": "batchtool.loader.load", "load": "batchtool.loader.load",
+            "Source": "batchtool.loader.source", "source": "batchtool.loader.source"}
 
 
 def __getattr__(name: str) -> object:

@@ -43,7 +43,7 @@ def main() -> None:
     try:
         _command_line()
     except SystemExit as exc:
-        from batchtool.engines.finalizing import finalizing_skipped
+        from batchtool.exec.engines.finalizing import finalizing_skipped
 
         if finalizing_skipped():
             end_now(exc.code if isinstance(exc.code, int) else int(exc.code is not None))

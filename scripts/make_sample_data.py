@@ -17,9 +17,9 @@ import shutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchtool.formats.example import encode_records
-from batchtool.synthetic import make_table
-from batchtool.formats.tfrecord.writer import TFRecordFileWriter
+from batchtool.io.formats.example import encode_records
+from batchtool.core.synthetic import make_table
+from batchtool.io.formats.tfrecord.writer import TFRecordFileWriter
 
 def write_corpus(out: str, rows: int, shards: int, seed: int, tfrecord: bool, parquet: bool,
                  chunk_rows: int = 20000, tfrecord_compression: str | None = "GZIP", **shape: float) -> None:

@@ -36,8 +36,8 @@ from bench import dir_bytes, generate, machine_line  # noqa: E402
 from memlimit import batchtool  # noqa: E402
 from ray_cluster import Cluster, start_cluster  # noqa: E402
 
-from batchtool.manifest import output_files  # noqa: E402
-from batchtool.manifest_reader import read_manifest  # noqa: E402
+from batchtool.io.manifest import output_files  # noqa: E402
+from batchtool.io.manifest_reader import read_manifest  # noqa: E402
 
 COMMANDS: dict[str, tuple[str, ...]] = {
     "shuffle": ("shuffle",),

@@ -1,6 +1,6 @@
 """Every command's `--help`, as a user gets it from `python -m batchtool CMD --help`, read in one child process.
 
-Read once per test session: tests/test_user_words.py checks their words, tests/test_help_examples.py
+Read once per test session: tests/cli/test_user_words.py checks their words, tests/cli/test_help_examples.py
 runs their examples. One child prints them all (each through the command line's own `cli.main`, as
 `python -m batchtool` calls it), so the suite starts Python and imports batchtool once, not once per command.
 """

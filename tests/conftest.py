@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from hypothesis import settings
 
 from batchtool.cli import cli
-from batchtool.synthetic import make_table
+from batchtool.core.synthetic import make_table
 
 # On CI every property test draws the same examples each run (a failure there is the code's, never the draw's);
 # elsewhere each run draws afresh, so running the suite keeps exploring.

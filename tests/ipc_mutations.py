@@ -30,7 +30,7 @@ def byte_classes(path: str) -> dict[str, list[int]]:
     """Every byte position of an Arrow IPC file, by class: the file's footer and magic, each message's
     metadata, and in each record batch's body its offsets, validity bitmaps and values, or where the body is
     compressed, its buffers' length prefixes and frames (COMPRESSED: classes only compressed files have)."""
-    from batchtool.formats import ipc_meta
+    from batchtool.io.formats import ipc_meta
 
     data = open(path, "rb").read()
     out: dict[str, list[int]] = {c: [] for c in CLASSES}

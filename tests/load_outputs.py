@@ -6,13 +6,13 @@ import os
 
 from conftest import write_parquet_shards
 
-from batchtool.job import RunSettings
-from batchtool.driver import run_operation
+from batchtool.exec.job import RunSettings
+from batchtool.exec.driver import run_operation
 from batchtool.ops.bucket import OP, BucketOptions
 from batchtool.ops.segment import OP as SEGMENT
 from batchtool.ops.segment import SegmentOptions
-from batchtool.output import OutputOptions
-from batchtool.synthetic import make_table
+from batchtool.io.output import OutputOptions
+from batchtool.core.synthetic import make_table
 
 QUIET = RunSettings(threads=2, quiet=True)
 BUCKET_BATCHES = 23

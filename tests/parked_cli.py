@@ -74,8 +74,8 @@ class _ParkOnImport:
 
 
 def _park_at_pass(desc: str, fd: int) -> None:
-    """Wrap batchtool.progress.bar so the pass named `desc` parks after its first update."""
-    from batchtool import progress
+    """Wrap batchtool.core.progress.bar so the pass named `desc` parks after its first update."""
+    from batchtool.core import progress
 
     real_bar = progress.bar
 
@@ -97,7 +97,7 @@ def _park_at_pass(desc: str, fd: int) -> None:
 
 def _block_a_worker(fd: int) -> None:
     """Wrap the local engine's map so that the first task a worker thread runs tells the test, then blocks."""
-    from batchtool import runner
+    from batchtool.core import runner
 
     real_map = runner.threaded_map
     first = threading.Lock()
@@ -121,7 +121,7 @@ def _sleep_then(fn: object, item: object) -> object:
 
 def _stall_ray_tasks(fd: int) -> None:
     """Wrap the Ray engine's map so that its tasks sleep, and its driver's first wait tells the test."""
-    from batchtool.engines import ray, ray_failures
+    from batchtool.exec.engines import ray, ray_failures
 
     real_map, real_get = ray.RayEngine.map, ray_failures.Watch.get
     told = threading.Lock()

@@ -4,7 +4,7 @@ Two `ray start` nodes on one host need distinct addresses; Linux routes all of 1
 device, so each node gets its own loopback address, temp dir and free ports. Each node is one
 `ray start --block` process in its own session: stopping it (SIGTERM, then SIGKILL to its process
 group) ends that node's Ray processes and nothing else — not `ray stop`, which would end every Ray
-process on the machine, including the local cluster tests/test_ray.py starts in the same run.
+process on the machine, including the local cluster tests/engines/test_ray.py starts in the same run.
 """
 
 from __future__ import annotations

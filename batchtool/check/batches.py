@@ -16,10 +16,10 @@ import pyarrow.compute as pc
 from batchtool.check.report import Offender, RuleResult, plural, skipped, verdict
 from batchtool.check.rules import BatchQuotas, BatchRows, PaddingEfficiency, RankBatches, Rule
 from batchtool.check.recorded import Recorded
-from batchtool.dataset import Dataset
-from batchtool.errors import InputError, UsageError
-from batchtool.load import load
-from batchtool.manifest import manifest_path
+from batchtool.io.dataset import Dataset
+from batchtool.core.errors import InputError, UsageError
+from batchtool.loader.load import load
+from batchtool.io.manifest import manifest_path
 from batchtool.ops.quotas import QuotaLayout
 
 BATCH_RULES = (BatchRows, BatchQuotas, RankBatches)

@@ -6,14 +6,14 @@ from __future__ import annotations
 import hashlib
 import os
 
-from batchtool import fs
+from batchtool.core import fs
 from batchtool.check.report import Offender, RuleResult, every, verdict
 from batchtool.check.rules import Checksums
-from batchtool.errors import InputError
-from batchtool.inputs import resolve_paths
-from batchtool.manifest import MANIFEST_NAME, OutputFile, output_files
-from batchtool.manifest_reader import read_manifest
-from batchtool.runner import Executor
+from batchtool.core.errors import InputError
+from batchtool.io.inputs import resolve_paths
+from batchtool.io.manifest import MANIFEST_NAME, OutputFile, output_files
+from batchtool.io.manifest_reader import read_manifest
+from batchtool.core.runner import Executor
 
 _HASH_READ_BYTES = 1 << 20
 

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from batchtool.errors import SchemaError
-from batchtool.options import suggest
-from batchtool.padding import element_type
-from batchtool.stats import is_sequence_type
+from batchtool.core.errors import SchemaError
+from batchtool.core.options import suggest
+from batchtool.io.padding import element_type
+from batchtool.io.stats import is_sequence_type
 
 
 @dataclass(frozen=True)

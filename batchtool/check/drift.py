@@ -16,19 +16,19 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from batchtool import fs
+from batchtool.core import fs
 from batchtool.check.columns import LABEL, LENGTH, need
 from batchtool.check.report import Offender, RuleResult, plural, skipped, verdict
 from batchtool.check.rules import Drift, DriftLengths, DriftNulls, DriftProportions, DriftRows, Length, Rule
 from batchtool.check.scan import Measures, make_plan, measure
 from batchtool.check.recorded import Recorded
-from batchtool.dataset import Dataset
-from batchtool.inputs import open_dataset
-from batchtool.job import RunSettings
-from batchtool.runner import Executor
-from batchtool.manifest import manifest_path, output_files, schema_from_json
-from batchtool.manifest_reader import read_manifest, read_manifest_file
-from batchtool.stats import default_label, default_length
+from batchtool.io.dataset import Dataset
+from batchtool.io.inputs import open_dataset
+from batchtool.exec.job import RunSettings
+from batchtool.core.runner import Executor
+from batchtool.io.manifest import manifest_path, output_files, schema_from_json
+from batchtool.io.manifest_reader import read_manifest, read_manifest_file
+from batchtool.io.stats import default_label, default_length
 
 
 @dataclass(frozen=True)

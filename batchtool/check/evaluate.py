@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from batchtool import fs
+from batchtool.core import fs
 from batchtool.check.checksums import judge_checksums
 from batchtool.check.drift import open_baseline
 from batchtool.check.judge import judge_measured, judge_metadata
@@ -22,13 +22,13 @@ from batchtool.check.report import FAIL, CheckResult, RuleResult
 from batchtool.check.rules import Checksums, Crc, Rule, RuleSet
 from batchtool.check.scan import Measures, make_plan, measure
 from batchtool.check.verify import VERIFY_RULES, verify
-from batchtool.dataset import Dataset
-from batchtool.engines import executor as run_executor
-from batchtool.errors import InputError, UsageError
-from batchtool.inputs import open_dataset
-from batchtool.job import RunSettings
-from batchtool.runner import Executor
-from batchtool.manifest_reader import read_manifest
+from batchtool.io.dataset import Dataset
+from batchtool.exec.engines import executor as run_executor
+from batchtool.core.errors import InputError, UsageError
+from batchtool.io.inputs import open_dataset
+from batchtool.exec.job import RunSettings
+from batchtool.core.runner import Executor
+from batchtool.io.manifest_reader import read_manifest
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batchtool.errors import SchemaError
+from batchtool.core.errors import SchemaError
 
 Bounds = np.ndarray | tuple[int, int]
 """Element offsets of each row into a part's values: an int64 array of n + 1 offsets, or (first, step)

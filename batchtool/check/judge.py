@@ -12,7 +12,7 @@ from functools import singledispatch
 
 import pyarrow as pa
 
-from batchtool.formats import registry
+from batchtool.io.formats import registry
 from batchtool.check.batches import BATCH_RULES, judge_batches
 from batchtool.check.drift import Baseline, judge_drift, profile_of
 from batchtool.check.report import Offender, RuleResult, every, plural, verdict
@@ -20,11 +20,11 @@ from batchtool.check.rules import (ClassProportions, Crc, Drift, LabelRange, Len
                                    NoNan, NoNulls, PaddingEfficiency, RowCount, Rule, SameLength, Schema, Unique)
 from batchtool.check.scan import Measures
 from batchtool.check.recorded import Recorded
-from batchtool.dataset import Dataset
-from batchtool.errors import InputError, UsageError
-from batchtool.job import RunSettings
-from batchtool.runner import Executor
-from batchtool.manifest import MANIFEST_NAME, manifest_path
+from batchtool.io.dataset import Dataset
+from batchtool.core.errors import InputError, UsageError
+from batchtool.exec.job import RunSettings
+from batchtool.core.runner import Executor
+from batchtool.io.manifest import MANIFEST_NAME, manifest_path
 
 
 def judge_metadata(rules: Sequence[Rule], dataset: Dataset, limit: int, threads: int) -> Iterator[RuleResult]:

@@ -13,15 +13,15 @@ from collections.abc import Iterator, Mapping
 
 import pyarrow as pa
 
-from batchtool import budget
+from batchtool.core import budget
 from batchtool.check.columns import need
 from batchtool.check.drift import Baseline, resolve_drift
 from batchtool.check.report import ERROR, FAIL, RuleResult
 from batchtool.check.rules import (MANIFEST_RULES, Crc, DriftRows, Length, NoDuplicateRows, RowCount, Rule, RuleSet,
                                    Schema)
-from batchtool.dataset import Dataset
-from batchtool.errors import SchemaError, UsageError
-from batchtool.stats import default_length
+from batchtool.io.dataset import Dataset
+from batchtool.core.errors import SchemaError, UsageError
+from batchtool.io.stats import default_length
 
 DEFAULT_MAX_OFFENDERS = 5
 OFFENDER_BYTES = 512

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from batchtool.errors import InputError
+from batchtool.core.errors import InputError
 
 MAX_COUNT = 2 ** 63
 """Counts are non-negative integers below this, as the manifest's own output counts."""

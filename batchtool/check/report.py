@@ -13,11 +13,11 @@ from typing import Any
 
 import click
 
-from batchtool import fs
-from batchtool.errors import DestinationError
-from batchtool.formats import registry
-from batchtool.formats.base import Format
-from batchtool.output import make_parents, remove_if_empty
+from batchtool.core import fs
+from batchtool.core.errors import DestinationError
+from batchtool.io.formats import registry
+from batchtool.io.formats.base import Format
+from batchtool.io.output import make_parents, remove_if_empty
 
 PASS, FAIL, ERROR, SKIP = "PASS", "FAIL", "ERROR", "SKIP"
 STATUS_COLORS = {PASS: "green", FAIL: "red", ERROR: "red", SKIP: "yellow"}

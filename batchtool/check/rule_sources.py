@@ -1,5 +1,5 @@
 """Where check rules come from: a TOML rules file, or the command's flags; both read through the table reader every
-batchtool file goes through (batchtool.options.read_table), each problem worded where it came from."""
+batchtool file goes through (batchtool.core.options.read_table), each problem worded where it came from."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Any, TypeVar
 from batchtool.check.rules import (DRIFT_RULES, KINDS, MANIFEST_RULES, WORDS, BatchQuotas, BatchRows, Checksums,
                                    ClassProportions, Crc, Drift, DriftLengths, DriftProportions, LabelRange, Length,
                                    NoNan, NoNulls, PaddingEfficiency, RankBatches, RowCount, Rule, RuleSet, Unique)
-from batchtool.errors import OptionError, UsageError
-from batchtool.options import TableError, read_table
-from batchtool.tomlfile import read_toml
+from batchtool.core.errors import OptionError, UsageError
+from batchtool.core.options import TableError, read_table
+from batchtool.core.tomlfile import read_toml
 
 
 def _field(name: str) -> str:
@@ -64,7 +64,7 @@ R = TypeVar("R")
 def _build(cls: type[R], values: Mapping[str, Any], where: Callable[[str], str], *,
            unknown: Callable[[str, Sequence[str]], str] | None = None, sep: str = ": ", **settings: Any) -> R:
     """A rule (or a rules file's top level) from plain values (TOML or flags), read by the reader pipeline files
-    go through (batchtool.options.read_table), its errors in a rules file's words.
+    go through (batchtool.core.options.read_table), its errors in a rules file's words.
 
     `where(key)` says where a key came from, `sep` what comes between that and the problem, and
     `unknown(key, allowed)` words an unknown key (default: `where(key): unknown key (expected: kind, ...)`).

@@ -7,9 +7,9 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from batchtool.errors import OptionError, UsageError
+from batchtool.core.errors import OptionError, UsageError
 from batchtool.ops.targets import Target, TargetSpec, check_target
-from batchtool.options import TextTable, Typed, Wording, option
+from batchtool.core.options import TextTable, Typed, Wording, option
 
 WORDS = Wording("must be", {str: "string", bool: "boolean", int: "integer", float: "float", list: "array",
                             dict: "table"})
@@ -23,7 +23,7 @@ BOUNDS = Typed(int, count=2, wording=WORDS)
 class Rule:
     """Base of every rule: a unique name (shown in the report) and the kind that says what is checked.
 
-    Its keys are option fields (batchtool.options.option) read by the schema reader every batchtool file goes through;
+    Its keys are option fields (batchtool.core.options.option) read by the schema reader every batchtool file goes through;
     a bad value is an OptionError naming the key."""
 
     name: str = option("The rule's name in the report (default: its kind); unique.", TEXT)

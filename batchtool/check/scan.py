@@ -19,19 +19,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batchtool import progress, rng
+from batchtool.core import progress, rng
 from batchtool.check.columns import FLOATS, LABEL, LENGTH, SEQUENCE, need
-from batchtool.duplicates import HashIndex
+from batchtool.io.duplicates import HashIndex
 from batchtool.check.hashing import canonical, row_hashes
 from batchtool.check.report import Offender
 from batchtool.check.rules import (ClassProportions, DriftLengths, DriftNulls, DriftProportions, LabelRange, Length,
                                    MinClassRows, NoDuplicateRows, NoNan, NoNulls, Rule, SameLength, Unique)
-from batchtool.dataset import Chunk, Dataset, ReadReport, Shard
-from batchtool.job import RunSettings
-from batchtool.errors import SchemaError
+from batchtool.io.dataset import Chunk, Dataset, ReadReport, Shard
+from batchtool.exec.job import RunSettings
+from batchtool.core.errors import SchemaError
 from batchtool.ops.labels import MAX_CLASSES
-from batchtool.runner import Executor
-from batchtool.stats import DatasetStats, check_lengths, chunk_stats, is_sequence_type, lengths_of
+from batchtool.core.runner import Executor
+from batchtool.io.stats import DatasetStats, check_lengths, chunk_stats, is_sequence_type, lengths_of
 
 _ROW_LEVEL = (NoNulls, NoNan, LabelRange, Length, SameLength)
 _KEYED = (Unique, NoDuplicateRows)

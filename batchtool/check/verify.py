@@ -13,16 +13,16 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from batchtool import fs
-from batchtool.formats import registry
+from batchtool.core import fs
+from batchtool.io.formats import registry
 from batchtool.check.report import Offender, RuleResult, every, plural, skipped, verdict
 from batchtool.check.rules import ManifestBatches, ManifestRows, ManifestSchema, Rule
-from batchtool.errors import BatchtoolError
-from batchtool.formats.base import BATCH_COLUMN
-from batchtool.inputs import detect_format
-from batchtool.manifest import OutputFile, manifest_path, output_files, schema_from_json
+from batchtool.core.errors import BatchtoolError
+from batchtool.io.formats.base import BATCH_COLUMN
+from batchtool.io.inputs import detect_format
+from batchtool.io.manifest import OutputFile, manifest_path, output_files, schema_from_json
 from batchtool.ops.written import written_names
-from batchtool.runner import Executor
+from batchtool.core.runner import Executor
 
 VERIFY_RULES = (ManifestRows, ManifestBatches, ManifestSchema)
 

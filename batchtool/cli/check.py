@@ -12,9 +12,9 @@ from batchtool.check import (CheckOptions, RuleSet, check, junit_xml, load_rules
 from batchtool.check.report import ReportFile
 from batchtool.cli.common import (SIZE, column_list, columns_option, command, input_options, make_run,
                                   run_options)
-from batchtool import fs
-from batchtool.errors import UsageError
-from batchtool.output import refuse_overlap
+from batchtool.core import fs
+from batchtool.core.errors import UsageError
+from batchtool.io.output import refuse_overlap
 
 
 def _keys(ctx: click.Context, param: click.Parameter, texts: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:

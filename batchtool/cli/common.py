@@ -14,19 +14,19 @@ from typing import Any
 import click
 
 import batchtool
-from batchtool import settings as settings_mod
-from batchtool.engines import ENGINES
-from batchtool.errors import BatchtoolError, OptionError, UsageError
-from batchtool.budget import DEFAULT_MAX_RECORD_BYTES
-from batchtool.job import RunSettings
+from batchtool.exec import settings as settings_mod
+from batchtool.exec.engines import ENGINES
+from batchtool.core.errors import BatchtoolError, OptionError, UsageError
+from batchtool.core.budget import DEFAULT_MAX_RECORD_BYTES
+from batchtool.exec.job import RunSettings
 from batchtool.ops import OPERATIONS
-from batchtool.errors import flag
-from batchtool.formats.registry import FORMATS
-from batchtool.options import Choice, Integer, Value, fields
-from batchtool.output import OutputOptions
-from batchtool.progress import LINE_SECONDS
-from batchtool.runner import default_threads
-from batchtool.settings import (BATCH_FORMAT, RECORD_LIMIT, ROW_FORMAT, CommonSettings, Directory, InputSettings,
+from batchtool.core.errors import flag
+from batchtool.io.formats.registry import FORMATS
+from batchtool.core.options import Choice, Integer, Value, fields
+from batchtool.io.output import OutputOptions
+from batchtool.core.progress import LINE_SECONDS
+from batchtool.core.runner import default_threads
+from batchtool.exec.settings import (BATCH_FORMAT, RECORD_LIMIT, ROW_FORMAT, CommonSettings, Directory, InputSettings,
                                 OutputSettings, Positive, Size, Text, size_text)
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}

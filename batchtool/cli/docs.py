@@ -7,7 +7,7 @@ from importlib.resources.abc import Traversable
 import click
 
 from batchtool.cli.common import command, manuals
-from batchtool.errors import UsageError
+from batchtool.core.errors import UsageError
 
 
 def _title(manual: Traversable) -> str:

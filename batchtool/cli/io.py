@@ -6,10 +6,10 @@ import json
 
 import click
 
-from batchtool import inspection
+from batchtool.exec import inspection
 from batchtool.cli.common import (columns_option, command, input_options, make_output, make_run, output_options,
                                   report, run_options)
-from batchtool.convert import convert as convert_dataset
+from batchtool.exec.convert import convert as convert_dataset
 
 
 @command("inspect", "batchtool inspect sample_data/parquet --label label --length tokens")

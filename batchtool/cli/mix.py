@@ -9,9 +9,9 @@ import click
 
 from batchtool.cli.common import columns_option, command, make_output, make_run, report
 from batchtool.cli.ops import given_options, op_options
-from batchtool.driver import run_mixed
-from batchtool.errors import UsageError
-from batchtool.mixed import source_names
+from batchtool.exec.driver import run_mixed
+from batchtool.core.errors import UsageError
+from batchtool.io.mixed import source_names
 from batchtool.ops.mix import OP as MIX
 from batchtool.ops.mix.options import Names
 

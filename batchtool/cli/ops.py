@@ -10,12 +10,12 @@ import click
 
 from batchtool.cli.common import (command, input_options, make_output, make_run, memory_options, output_options,
                                   report, run_options, seed_option)
-from batchtool.driver import run_operation
-from batchtool.job import JobResult
+from batchtool.exec.driver import run_operation
+from batchtool.exec.job import JobResult
 from batchtool.ops import OPERATIONS
 from batchtool.ops.base import Kind, Operation
-from batchtool.errors import flag, key
-from batchtool.options import Option, build, fields, from_texts, required
+from batchtool.core.errors import flag, key
+from batchtool.core.options import Option, build, fields, from_texts, required
 
 Runner = Callable[..., JobResult]
 """How a command runs its op: run_operation(op, options, src, dst, output, run, *, seed, format, skip_corrupt)."""

@@ -10,7 +10,7 @@ from click.core import ParameterSource
 from batchtool.cli.common import command, declared, make_run, render, report, run_options
 from batchtool.pipeline import config as pipeline_config
 from batchtool.pipeline import execute
-from batchtool.settings import CommonSettings, OutputSettings
+from batchtool.exec.settings import CommonSettings, OutputSettings
 
 
 @command("run", "batchtool run sample_data/pipeline.toml")

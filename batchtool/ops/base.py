@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from batchtool.budget import DEFAULT_MEMORY
-from batchtool.dataset import Chunk, Dataset
-from batchtool.errors import OptionError, SchemaError
+from batchtool.core.budget import DEFAULT_MEMORY
+from batchtool.io.dataset import Chunk, Dataset
+from batchtool.core.errors import OptionError, SchemaError
 from batchtool.ops.regroup import Exchange, Probe, Stream
-from batchtool.tally import Tally
+from batchtool.core.tally import Tally
 
 if TYPE_CHECKING:
-    from batchtool.output import OutputOptions
+    from batchtool.io.output import OutputOptions
 
 O = TypeVar("O")
 """An op's options (its frozen dataclass)."""
@@ -84,7 +84,7 @@ class Context:
     """The input's first file, where its schema is read: an error about a column's type names it (None: `src`)."""
     memory: int = DEFAULT_MEMORY
     """--memory: what the op may hold at once (its spill's key ranges, a batch, a buffer), checked before it is
-    allocated (batchtool.budget)."""
+    allocated (batchtool.core.budget)."""
     tasks: int = 1
     """Tasks one process runs at once (the local engine's threads; 1 for a remote engine's worker process): each
     sorts a key range of its own, so a range's share of --memory shrinks with them (ops.keyed.range_bytes)."""
@@ -176,7 +176,7 @@ class Operation(Generic[O, P]):
     """A reorder (Kind.REORDERS) whose kernel also selects rows (mix): a pipeline's pass that needs only the rows runs
     the kernel as they stream instead of skipping the reorder, as it may skip a shuffle."""
     several_sources: ClassVar[bool] = False
-    """It reads several SRCs as one dataset (batchtool.mixed: each row's source in a column of its own): its command
+    """It reads several SRCs as one dataset (batchtool.io.mixed: each row's source in a column of its own): its command
     (`NAME SRC SRC ... DST`) and its place in a pipeline (an [input] of several paths) are its own."""
 
     # -- what it reads and writes
@@ -223,7 +223,7 @@ class Operation(Generic[O, P]):
 
     def regroup(self, plan: P, data: Dataset, probe: Probe) -> Exchange | Stream:
         """For an op that regroups its whole input (Kind.REORDERS, Kind.BATCHES) instead of `kernel`: its exchange
-        (batchtool.exchange runs it on the engine's workers), or, when its order depends on every row before
+        (batchtool.exec.exchange runs it on the engine's workers), or, when its order depends on every row before
         (the buffered shuffle, lanes), the stream of items it makes as the input streams through the driver.
         `probe(measure)` is measure of the input's first chunk, computed where it is read."""
         raise NotImplementedError(f"{self.name} does not regroup")

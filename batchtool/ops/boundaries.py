@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from batchtool.errors import OptionError
+from batchtool.core.errors import OptionError
 
 CHOICE_BYTES = 4
 """Memory of `choose_boundaries` per (bucket, distinct length): where each bucket's best start is."""

@@ -10,11 +10,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from batchtool import rng
-from batchtool.budget import row_nbytes
-from batchtool.dataset import Chunk
+from batchtool.core import rng
+from batchtool.core.budget import row_nbytes
+from batchtool.io.dataset import Chunk
 from batchtool.ops.base import Expanding
-from batchtool.tally import Tally
+from batchtool.core.tally import Tally
 
 MAX_RATE = float(1 << 32)
 """The largest rate (expected copies of one example): about 4.3 billion copies of a row is surely a mistake,

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from batchtool.dataset import Chunk
+from batchtool.io.dataset import Chunk
 from batchtool.ops.base import ColumnError, Operation, need_columns, row_stats
-from batchtool.tally import Tally
-from batchtool.options import Column, option
+from batchtool.core.tally import Tally
+from batchtool.core.options import Column, option
 from batchtool.ops.rows import keep_mask
 
 

@@ -7,12 +7,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from batchtool import budget
+from batchtool.core import budget
 
 RANGE_SHARE = 8
 """One key range is at most --memory / (RANGE_SHARE x tasks): each of the `tasks` sorting at once holds its range
 about three times over (the cells read, the sorted copy, the pages of spilled cells it maps), beside the quarter of
---memory the local engine holds (batchtool.held.HELD_SHARE) and the process itself. Measured on the 200 MB
+--memory the local engine holds (batchtool.exec.held.HELD_SHARE) and the process itself. Measured on the 200 MB
 benchmark at the default 1 GB and two threads: shuffle peaked at 0.90-0.93 GB and pack at 0.77-0.78 GB (1.6 GB
 each while a range was a quarter of --memory whatever the threads; 1.02 GB for shuffle at a fifth per task)."""
 

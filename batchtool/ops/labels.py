@@ -11,9 +11,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batchtool import stats as stats_mod
-from batchtool.dataset import Chunk
-from batchtool.errors import PartialError, SchemaError, where
+from batchtool.io import stats as stats_mod
+from batchtool.io.dataset import Chunk
+from batchtool.core.errors import PartialError, SchemaError, where
 from batchtool.ops.base import Context, Scan
 
 MAX_CLASSES = 1 << 16

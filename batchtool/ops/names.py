@@ -17,10 +17,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batchtool.dataset import Chunk
-from batchtool.errors import OptionError, OptionSchemaError
+from batchtool.io.dataset import Chunk
+from batchtool.core.errors import OptionError, OptionSchemaError
 from batchtool.ops.base import ColumnError
-from batchtool.options import Pairs, option
+from batchtool.core.options import Pairs, option
 
 FIELD = "output_column"
 """The options field (and so `--output-column`, `output-column`) of every op that writes columns of its own."""

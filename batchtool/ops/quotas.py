@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from batchtool import rng
-from batchtool.dataset import Chunk
+from batchtool.core import rng
+from batchtool.io.dataset import Chunk
 from batchtool.ops.regroup import SortedStream
 from batchtool.ops.rows import RowReader, cycled_rows
 

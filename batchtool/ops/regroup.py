@@ -1,4 +1,4 @@
-"""What an op that regroups its whole input declares (batchtool.exchange runs it the same way on every engine): its
+"""What an op that regroups its whole input declares (batchtool.exec.exchange runs it the same way on every engine): its
 exchange (rows scattered to key ranges, each range sorted, the sorted rows cut into batches) or its stream of items,
 and what the driver lends it to run them (Runtime)."""
 
@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import pyarrow as pa
 
-from batchtool.dataset import Chunk, Dataset, ReadReport
-from batchtool.runner import Executor
-from batchtool.tally import Tally
+from batchtool.io.dataset import Chunk, Dataset, ReadReport
+from batchtool.core.runner import Executor
+from batchtool.core.tally import Tally
 
 if TYPE_CHECKING:
     from batchtool.ops.base import Operation
-    from batchtool.workspace import Workspace
+    from batchtool.io.workspace import Workspace
 
 class Bar(Protocol):
     def update(self, n: int) -> Any: ...
@@ -31,7 +31,7 @@ class Runtime(Protocol):
     executor: Executor
     """Runs the op's tasks (`fn` must pickle: it may run remotely), results in input order."""
     space: Workspace
-    """The run's workspace (batchtool.workspace), which the executor's workers write and read: where a task leaves
+    """The run's workspace (batchtool.io.workspace), which the executor's workers write and read: where a task leaves
     what later tasks read, instead of sending it to the driver."""
 
     def bar(self, desc: str, total: int | None) -> AbstractContextManager[Bar]:
@@ -78,7 +78,7 @@ Probe = Callable[[Callable[[Chunk], Any]], Any]
 @dataclass(frozen=True)
 class Scatter:
     """The map side of an Exchange: every row of `schema` to (group, part), part = the range of its keyed order
-    key (`stage`, `seed`) among the group's `parts` (batchtool.spill). Each part is then sorted on a worker: by
+    key (`stage`, `seed`) among the group's `parts` (batchtool.io.spill). Each part is then sorted on a worker: by
     the key (unless not `keyed`: input order), then stably by `order` if given."""
 
     schema: pa.Schema
@@ -97,7 +97,7 @@ class Scatter:
 
 
 class SortedStream(Protocol):
-    """One group's rows after the reduce, in order (batchtool.exchange.SortedGroup: in files every worker reads, or
+    """One group's rows after the reduce, in order (batchtool.exec.exchange.SortedGroup: in files every worker reads, or
     held in memory on the local engine): one chunk per part, laid out as a local Spill.read_group yields them."""
 
     part_rows: tuple[int, ...]
@@ -160,8 +160,8 @@ class Cut:
 
 @dataclass(frozen=True)
 class Exchange:
-    """A regrouping as one physical plan (batchtool.exchange), run the same way on every engine: the rows scattered
-    (`scatter`) to key ranges in the run's workspace (or memory, batchtool.held) by map tasks, each range sorted by a task, then
+    """A regrouping as one physical plan (batchtool.exec.exchange), run the same way on every engine: the rows scattered
+    (`scatter`) to key ranges in the run's workspace (or memory, batchtool.exec.held) by map tasks, each range sorted by a task, then
     `cut(scattered, runtime)` plans the output batches (on the driver, from counts; any pass over the sorted rows
     as tasks on the runtime), which the writer's tasks read, build and write."""
 

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from batchtool.dataset import Chunk
+from batchtool.io.dataset import Chunk
 from batchtool.ops.base import ColumnError, Columns, Operation, need_columns, row_stats
-from batchtool.tally import Tally
-from batchtool.options import Pairs, option
+from batchtool.core.tally import Tally
+from batchtool.core.options import Pairs, option
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batchtool import rng
-from batchtool.dataset import Chunk
-from batchtool.errors import InputError, OptionInputError, SchemaError
+from batchtool.core import rng
+from batchtool.io.dataset import Chunk
+from batchtool.core.errors import InputError, OptionInputError, SchemaError
 from batchtool.ops import names as own
 from batchtool.ops.base import Pass, Context, Depends, Operation, OptionError, Shape, manifest_options, need_columns
-from batchtool.tally import Tally
-from batchtool.options import Column, Flag, Integer, Number, NumberOrColumn, option
+from batchtool.core.tally import Tally
+from batchtool.core.options import Column, Flag, Integer, Number, NumberOrColumn, option
 from batchtool.ops.copies import MAX_RATE, Copies, copy_stats, copy_summary
 
 STAGE = "resample"
@@ -28,7 +28,7 @@ OUTPUT_COLUMNS = (DEFAULT_RATE_COLUMN,)
 Locate = Callable[[int], str]
 
 if TYPE_CHECKING:
-    from batchtool.output import OutputOptions
+    from batchtool.io.output import OutputOptions
 
 
 @dataclass(frozen=True)

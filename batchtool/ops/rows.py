@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from batchtool.dataset import Chunk, Dataset
+from batchtool.io.dataset import Chunk, Dataset
 import numpy as np
 import pyarrow.compute as pc
 
@@ -94,7 +94,7 @@ def emit(chunk: Chunk) -> tuple[list[pa.RecordBatch], int]:
 @dataclass(frozen=True)
 class Yardstick:
     """The first chunk's Arrow bytes and rows: what a first pass sizes everything from, and all a worker
-    that read the chunk needs to send back (see batchtool.exchange.probe)."""
+    that read the chunk needs to send back (see batchtool.exec.exchange.probe)."""
 
     bytes: int
     rows: int

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from batchtool.dataset import Chunk
+from batchtool.io.dataset import Chunk
 from batchtool.ops.base import Columns, Operation, need_columns, row_stats
-from batchtool.tally import Tally
-from batchtool.options import ColumnList, option
+from batchtool.core.tally import Tally
+from batchtool.core.options import ColumnList, option
 
 
 @dataclass(frozen=True)

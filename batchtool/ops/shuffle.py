@@ -11,15 +11,15 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from batchtool import budget, rng
-from batchtool.dataset import Chunk, Dataset, ReadReport
-from batchtool.runner import Executor
+from batchtool.core import budget, rng
+from batchtool.io.dataset import Chunk, Dataset, ReadReport
+from batchtool.core.runner import Executor
 from batchtool.ops.base import Context, Depends, Kind, Operation, OptionError, Said, Shape
 from batchtool.ops.regroup import Stream, Cut, Exchange, Probe, Regrouped, Runtime, Scatter, Scattered
-from batchtool.options import Flag, Integer, option
+from batchtool.core.options import Flag, Integer, option
 from batchtool.ops.keyed import flush_bytes, range_bytes
 from batchtool.ops.rows import FixedBatches, Yardstick, bytes_per_row, emit, estimate_bytes, peek, rebatch
-from batchtool.spill import parts_for
+from batchtool.io.spill import parts_for
 
 STAGE = "shuffle"
 MAX_BATCH_ROWS = 65536

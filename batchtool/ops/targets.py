@@ -10,9 +10,9 @@ from typing import Any, Union
 
 import numpy as np
 
-from batchtool.errors import OptionError, OptionInputError
-from batchtool.options import Value
-from batchtool.options import shown as shown_value
+from batchtool.core.errors import OptionError, OptionInputError
+from batchtool.core.options import Value
+from batchtool.core.options import shown as shown_value
 
 PROB_TOLERANCE = 1e-6
 """How far from 1 a list of probabilities may sum (`tf.contrib.training.stratified_sample`'s tolerance)."""

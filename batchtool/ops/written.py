@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from batchtool.errors import InputError, OptionError
-from batchtool.formats.base import BATCH_COLUMN
+from batchtool.core.errors import InputError, OptionError
+from batchtool.io.formats.base import BATCH_COLUMN
 from batchtool.ops import OPERATIONS
 from batchtool.ops.names import FIELD, RECORDED, OutputColumns, named
-from batchtool.options import fields
+from batchtool.core.options import fields
 
 
 def producer(manifest: Mapping[str, Any] | None) -> tuple[str | None, Mapping[str, Any], str]:

@@ -2,7 +2,7 @@
 
 A stage's keys are its command's flags without `--` (`batch-size = 32` is `--batch-size 32`), read by the
 op's option schema (ops/base.py); [input], [output] and the top-level keys are read by the schemas of the
-settings every command shares (batchtool.settings). The command line's options are generated from the same
+settings every command shares (batchtool.exec.settings). The command line's options are generated from the same
 schemas, so a pipeline file and a command cannot disagree on a name, a default or a check.
 """
 
@@ -14,16 +14,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from batchtool import fs
-from batchtool.errors import UsageError
-from batchtool.mixed import source_names
+from batchtool.core import fs
+from batchtool.core.errors import UsageError
+from batchtool.io.mixed import source_names
 from batchtool.ops import OPERATIONS
 from batchtool.ops.base import Kind, OptionError
-from batchtool.options import ColumnList, TableError, fields, option, read_table, shown, suggest
-from batchtool.errors import key as key_of
-from batchtool.output import OutputOptions
-from batchtool.settings import ROW_FORMAT, CommonSettings, InputSettings, OutputSettings, Text, op_default_format
-from batchtool.tomlfile import read_toml
+from batchtool.core.options import ColumnList, TableError, fields, option, read_table, shown, suggest
+from batchtool.core.errors import key as key_of
+from batchtool.io.output import OutputOptions
+from batchtool.exec.settings import ROW_FORMAT, CommonSettings, InputSettings, OutputSettings, Text, op_default_format
+from batchtool.core.tomlfile import read_toml
 
 OPS = tuple(OPERATIONS)
 TABLES = ("input", "stage", "output")
@@ -168,7 +168,7 @@ class _Reader:
                               stages, dst, output)
 
     def table(self, schema: type, table: Any, where: str | None, **settings: Any) -> Any:
-        """A table read through an option schema (batchtool.options.read_table); `settings` are fields the file does not set."""
+        """A table read through an option schema (batchtool.core.options.read_table); `settings` are fields the file does not set."""
         if not isinstance(table, dict):
             raise self.fail(where, f"expected a table, got {shown(table)}")
         try:

@@ -29,23 +29,23 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchtool import exchange
-from batchtool import manifest as manifest_mod
-from batchtool import progress, rng
-from batchtool import stats as stats_mod
-from batchtool.dataset import Chunk, Dataset, Part, ReadReport
-from batchtool.engines import executor as run_executor
-from batchtool.errors import BatchtoolError, DestinationExistsError
-from batchtool.formats import parquet as parquet_format
-from batchtool.inputs import open_dataset
-from batchtool.held import pool_for
-from batchtool.job import JobResult, RunSettings, open_mixed, read_paths
-from batchtool.workspace import Workspace, tasks_executor, workspace
-from batchtool.write import RUN_BYTES, Job, Produced, sized_runs, write
-from batchtool.driver import EngineRuntime, produced, scanner, stream_errors
+from batchtool.exec import exchange
+from batchtool.io import manifest as manifest_mod
+from batchtool.core import progress, rng
+from batchtool.io import stats as stats_mod
+from batchtool.io.dataset import Chunk, Dataset, Part, ReadReport
+from batchtool.exec.engines import executor as run_executor
+from batchtool.core.errors import BatchtoolError, DestinationExistsError
+from batchtool.io.formats import parquet as parquet_format
+from batchtool.io.inputs import open_dataset
+from batchtool.exec.held import pool_for
+from batchtool.exec.job import JobResult, RunSettings, open_mixed, read_paths
+from batchtool.io.workspace import Workspace, tasks_executor, workspace
+from batchtool.exec.write import RUN_BYTES, Job, Produced, sized_runs, write
+from batchtool.exec.driver import EngineRuntime, produced, scanner, stream_errors
 from batchtool.ops.regroup import Batches, Exchange, Regrouped
-from batchtool.output import destination_taken, refuse_overlap
-from batchtool.runner import SERIAL, Executor
+from batchtool.io.output import destination_taken, refuse_overlap
+from batchtool.core.runner import SERIAL, Executor
 from batchtool.pipeline import config as config_mod
 from batchtool.pipeline.stages import ANY, CHUNKS, ORDER, Columns, Stage, Stream
 
@@ -246,7 +246,7 @@ class Prefix:
                  run: RunSettings, executor: Executor, stack: ExitStack) -> None:
         self.config, self.source, self.columns, self.stages, self.run = config, source, columns, stages, run
         self.pool = pool_for(run.budget, executor)
-        """What the run's exchanges may hold in memory instead of files (batchtool.held), shared by all of them."""
+        """What the run's exchanges may hold in memory instead of files (batchtool.exec.held), shared by all of them."""
         self.executor = executor
         """What runs the stages' tasks: the run's, or the driver's threads once a barrier's workspace is on the
         driver's own disk (the workers cannot read its sorted batches there)."""
@@ -389,7 +389,7 @@ class Prefix:
                 yield chunk
 
     def write(self, started: float) -> JobResult:
-        """The last stage as its command runs (driver.produced, batchtool.write): its tasks read the source, or the
+        """The last stage as its command runs (driver.produced, batchtool.exec.write): its tasks read the source, or the
         batches a reorder before it sorted, or the rows the stages before it make; the manifest records the
         pipeline."""
         k = len(self.stages) - 1

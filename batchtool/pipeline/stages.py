@@ -16,10 +16,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from batchtool.dataset import Chunk, Dataset, ReadReport
-from batchtool.job import RunSettings
-from batchtool.driver import Applied, make_plan, stream_errors
-from batchtool.runner import Executor
+from batchtool.io.dataset import Chunk, Dataset, ReadReport
+from batchtool.exec.job import RunSettings
+from batchtool.exec.driver import Applied, make_plan, stream_errors
+from batchtool.core.runner import Executor
 from batchtool.ops import OPERATIONS
 from batchtool.ops.base import Pass, Scan, Depends, Kind, Operation
 from batchtool.pipeline import config as config_mod

@@ -87,7 +87,7 @@ def pyarrow_floor(src: str, dst: str, boundaries: list[int], batch_size: int, fm
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from batchtool.padding import pad_batch, row_lengths
+    from batchtool.io.padding import pad_batch, row_lengths
 
     files = sorted(glob.glob(os.path.join(src, "*.parquet")))
     schema = pq.ParquetFile(files[0]).schema_arrow

@@ -98,7 +98,7 @@ def epoch(dst: str, writable: bool = True) -> None:
     if not os.path.exists(os.path.join(dst, ".batchtool_manifest.json")):
         raise SystemExit(f"{dst}: no output; run the job that writes it first")
     start = time.perf_counter()
-    importlib.import_module("batchtool.load")
+    importlib.import_module("batchtool.loader.load")
     imported, cpu = time.perf_counter(), time.process_time()
     batches = 0
     for batch in batchtool.load(dst, writable=writable):
@@ -202,7 +202,7 @@ def costs(dst: str, repeats: int = 3) -> None:
     import random
 
     import batchtool
-    from batchtool.batch_check import check_batch, unchecked
+    from batchtool.io.batch_check import check_batch, unchecked
 
     def timed(loader) -> float:
         start = time.process_time()

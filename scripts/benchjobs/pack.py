@@ -43,7 +43,7 @@ def pyarrow_floor(src: str, dst: str, first_fit: bool) -> None:
 
     from batchtool.ops.pack import packing
     from batchtool.ops.pack import PackColumns, PackOptions, assemble, output_schema
-    from batchtool.padding import row_lengths
+    from batchtool.io.padding import row_lengths
 
     files = sorted(glob.glob(os.path.join(src, "*.parquet")))
     schema = pq.ParquetFile(files[0]).schema_arrow

@@ -54,10 +54,10 @@ def selection_mask(ctx: Context) -> str:
     import numpy as np
     import pyarrow.parquet as pq
 
-    from batchtool.driver import run_operation
-    from batchtool.job import RunSettings
+    from batchtool.exec.driver import run_operation
+    from batchtool.exec.job import RunSettings
     from batchtool.ops.stratify import OP, StratifyOptions
-    from batchtool.output import OutputOptions
+    from batchtool.io.output import OutputOptions
 
     path = os.path.join(ctx.data, "cache", "stratify_uniform_seed0_mask.npy")
     if not os.path.exists(path):

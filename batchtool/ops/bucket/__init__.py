@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from batchtool.dataset import Chunk, Dataset
+from batchtool.io.dataset import Chunk, Dataset
 from batchtool.ops.base import Pass, Context, Kind, Operation, Said
 from batchtool.ops.regroup import Exchange, Probe
 from batchtool.ops.boundaries import expected_efficiency
@@ -18,10 +18,10 @@ from batchtool.ops.bucket import batches
 from batchtool.ops.bucket.batches import output_schema
 from batchtool.ops.bucket.plan import BucketPlan, LengthPass, batchable_counts, length_pass, make_plan, resolve_columns
 from batchtool.ops.bucket.report import summary_lines
-from batchtool.stats import DatasetStats
+from batchtool.io.stats import DatasetStats
 
 if TYPE_CHECKING:
-    from batchtool.output import OutputOptions
+    from batchtool.io.output import OutputOptions
 from batchtool.ops.bucket.options import BucketOptions
 
 

@@ -13,9 +13,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batchtool import load_padding
-from batchtool.dataset import Chunk
-from batchtool.errors import OptionInputError, OptionSchemaError, SchemaError
+from batchtool.io import load_padding
+from batchtool.io.dataset import Chunk
+from batchtool.core.errors import OptionInputError, OptionSchemaError, SchemaError
 from batchtool.ops import names as own
 from batchtool.ops.regroup import Cut, Exchange, Probe, Runtime, Scatter, Scattered, SortedStream
 from batchtool.ops.boundaries import assign_buckets
@@ -27,9 +27,9 @@ from batchtool.ops.rows import keep_mask
 from batchtool.ops.labels import Locate, label_codes
 from batchtool.ops.quotas import class_readers, quota_batches
 from batchtool.ops.rows import sorted_rows, take_sizes
-from batchtool.padding import padded_batch, sequence_lengths
-from batchtool.spill import interleave
-from batchtool.stats import lengths_of
+from batchtool.io.padding import padded_batch, sequence_lengths
+from batchtool.io.spill import interleave
+from batchtool.io.stats import lengths_of
 
 ORDER_STAGE, INTERLEAVE_STAGE, BALANCE_STAGE = "bucket/order", "bucket/interleave", "bucket/balance"
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from batchtool.ops.base import OptionError
 
-from batchtool.options import Choice, Column, ColumnList, Flag, Integer, Pairs, Value, option, shown
+from batchtool.core.options import Choice, Column, ColumnList, Flag, Integer, Pairs, Value, option, shown
 from batchtool.ops import names
 from batchtool.ops.boundaries import check_boundaries
 from batchtool.ops.targets import TargetSpec, check_target

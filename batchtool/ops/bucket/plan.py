@@ -12,19 +12,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batchtool import budget
-from batchtool.dataset import Chunk
-from batchtool.errors import OptionError, OptionInputError
+from batchtool.core import budget
+from batchtool.io.dataset import Chunk
+from batchtool.core.errors import OptionError, OptionInputError
 from batchtool.ops.base import ColumnError
 from batchtool.ops.boundaries import CHOICE_BYTES, assign_buckets, choose_boundaries, real_elements
 from batchtool.ops.rows import keep_mask
 from batchtool.ops.labels import MAX_CLASSES, LabelError, label_codes
 from batchtool.ops.quotas import QuotaLayout, plan_layout
 from batchtool.ops.targets import check_zero_classes, target_vector
-from batchtool.padding import parse_pad_values
+from batchtool.io.padding import parse_pad_values
 from batchtool.ops.keyed import range_bytes
-from batchtool.spill import parts_for
-from batchtool.stats import DatasetStats, check_lengths, chunk_stats, is_sequence_type, lengths_of
+from batchtool.io.spill import parts_for
+from batchtool.io.stats import DatasetStats, check_lengths, chunk_stats, is_sequence_type, lengths_of
 
 from batchtool.ops import names as own
 from batchtool.ops.bucket.options import OUTPUT_COLUMNS, BucketOptions

@@ -1,4 +1,4 @@
-"""`mix`: several sources (one dataset, batchtool.mixed) in exact proportions, shuffled or in batches that each hold
+"""`mix`: several sources (one dataset, batchtool.io.mixed) in exact proportions, shuffled or in batches that each hold
 every source's share. It is stratify with the source column as the label and the weights as the target: its exact
 selection (keyed, without replacement, or every row k or k+1 times), then one keyed global order (the exchange of a
 shuffle) or stratify's balanced batches (with --pad, padded as bucket pads its batches)."""
@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from batchtool import budget
-from batchtool.dataset import Chunk, Dataset
-from batchtool.errors import InputError, OptionInputError
+from batchtool.core import budget
+from batchtool.io.dataset import Chunk, Dataset
+from batchtool.core.errors import InputError, OptionInputError
 from batchtool.ops import names as own
 from batchtool.ops.base import (ColumnError, Context, Depends, Kind, Operation, Pass, Said, Shape, manifest_options,
                                 need_columns, who)
@@ -30,10 +30,10 @@ from batchtool.ops.stratify import OP as STRATIFY
 from batchtool.ops.stratify import Stratification, StratifyOptions, discard_warning, find_thresholds, threshold_plan
 from batchtool.ops.stratify.batches import exchange as balanced_batches
 from batchtool.ops.stratify.batches import selected_rows, selected_size
-from batchtool.padding import BatchPadding, default_pad, parse_pad_values
-from batchtool.spill import parts_for
-from batchtool.stats import is_sequence_type
-from batchtool.tally import Tally
+from batchtool.io.padding import BatchPadding, default_pad, parse_pad_values
+from batchtool.io.spill import parts_for
+from batchtool.io.stats import is_sequence_type
+from batchtool.core.tally import Tally
 
 STAGE = "mix"
 """The keyed order of the shuffled mixture."""

@@ -11,11 +11,11 @@ from typing import Any, Union
 
 import numpy as np
 
-from batchtool.errors import OptionError, OptionInputError
-from batchtool.mixed import SOURCE
+from batchtool.core.errors import OptionError, OptionInputError
+from batchtool.io.mixed import SOURCE
 from batchtool.ops import names as own
 from batchtool.ops.copies import MAX_RATE
-from batchtool.options import ColumnList, Flag, Integer, Number, Pairs, Value, option, shown
+from batchtool.core.options import ColumnList, Flag, Integer, Number, Pairs, Value, option, shown
 
 OUTPUT_COLUMNS = (SOURCE, "length", "mask")
 """mix's own columns: each row's source, by index (the manifest names them); with --pad, as bucket writes them, each

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from batchtool.dataset import Chunk, Dataset
+from batchtool.io.dataset import Chunk, Dataset
 from batchtool.ops import names as own
 from batchtool.ops.base import Pass, Context, Kind, Operation
 from batchtool.ops.regroup import Exchange, Probe
@@ -28,10 +28,10 @@ from batchtool.ops.pack.options import (DEFAULT_BATCH_SIZE, PackColumns, PackOpt
 from batchtool.ops.pack.plan import (LengthCounts, PackPlan, batch_layout, check_long, count_lengths, make_plan,
                                      planned)
 from batchtool.ops.pack.rows import assemble, exchange
-from batchtool.padding import row_lengths
+from batchtool.io.padding import row_lengths
 
 if TYPE_CHECKING:
-    from batchtool.output import OutputOptions
+    from batchtool.io.output import OutputOptions
 
 
 def _no_lengths() -> LengthCounts:

@@ -12,10 +12,10 @@ import pyarrow as pa
 
 from batchtool.ops import names as own
 from batchtool.ops.base import ColumnError, OptionError, need_columns
-from batchtool.options import ColumnList, Flag, Integer, Pairs, option
+from batchtool.core.options import ColumnList, Flag, Integer, Pairs, option
 from batchtool.ops.batching import BatchBudget
-from batchtool.padding import MAX_PADDED_STEPS, parse_pad_values
-from batchtool.stats import is_sequence_type
+from batchtool.io.padding import MAX_PADDED_STEPS, parse_pad_values
+from batchtool.io.stats import is_sequence_type
 
 PER_STEP = ("segment_ids", "positions")
 PER_ROW = ("cu_seqlens", "num_examples", "length", "batch")

@@ -11,14 +11,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from batchtool import budget, rng
-from batchtool.dataset import Chunk
-from batchtool.errors import OptionInputError
+from batchtool.core import budget, rng
+from batchtool.io.dataset import Chunk
+from batchtool.core.errors import OptionInputError
 from batchtool.ops.keyed import range_bytes
 from batchtool.ops.pack.options import PackColumns, PackOptions, output_schema
 from batchtool.ops.pack.packing import Packing, plan_packing
-from batchtool.padding import default_pad, parse_pad_values
-from batchtool.stats import add_counts
+from batchtool.io.padding import default_pad, parse_pad_values
+from batchtool.io.stats import add_counts
 
 ROW_STAGE = "pack/row"
 """Keys the permutation from row ids to output positions."""

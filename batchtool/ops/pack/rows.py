@@ -12,17 +12,17 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from batchtool import rng
-from batchtool.dataset import Chunk, Dataset, ReadReport
-from batchtool.errors import InputError, OptionSchemaError, SchemaError
+from batchtool.core import rng
+from batchtool.io.dataset import Chunk, Dataset, ReadReport
+from batchtool.core.errors import InputError, OptionSchemaError, SchemaError
 from batchtool.ops.regroup import Cut, Exchange, Probe, Runtime, Scatter, Scattered, SortedStream
-from batchtool.tally import Tally
+from batchtool.core.tally import Tally
 from batchtool.ops.keyed import flush_bytes, row_bytes
 from batchtool.ops.pack.options import SOURCE_OFFSET, PackColumns, feature_lists
 from batchtool.ops.pack.plan import (ROW_STAGE, BatchLayout, PackPlan, batch_layout, check_batches, check_long,
                                      planned, spill_layout)
 from batchtool.ops.rows import sorted_rows, take_sizes
-from batchtool.padding import pad_list_column, row_lengths, sequence_lengths
+from batchtool.io.padding import pad_list_column, row_lengths, sequence_lengths
 
 SLOT_STAGE, ORDER_STAGE, SPILL_STAGE = "pack/slot", "pack/order", "pack/spill"
 _POS, _ORDER = "__batchtool_pos", "__batchtool_order"

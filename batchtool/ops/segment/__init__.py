@@ -18,19 +18,19 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from batchtool import budget
-from batchtool.budget import DEFAULT_MEMORY
-from batchtool.dataset import Dataset, ReadReport
+from batchtool.core import budget
+from batchtool.core.budget import DEFAULT_MEMORY
+from batchtool.io.dataset import Dataset, ReadReport
 from batchtool.ops.base import Scan, Context, Kind, Operation, need_columns
 from batchtool.ops.regroup import Probe, Stream, Regrouped, Runtime
 from batchtool.ops.segment.batches import build_batches
 from batchtool.ops.segment.chunks import Examples, SegmentPlan, make_plan
 from batchtool.ops.segment.chunks import SharedKeys, check_unique_keys, prepare_shared
 from batchtool.ops.segment.lanes import LANE_WINDOW, LanePlanner
-from batchtool.stats import DatasetStats, chunk_stats
+from batchtool.io.stats import DatasetStats, chunk_stats
 
 if TYPE_CHECKING:
-    from batchtool.output import OutputOptions
+    from batchtool.io.output import OutputOptions
 from batchtool.ops.segment.options import SegmentOptions
 
 LANE_BYTES = 1 << 10

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batchtool.ops.segment.chunks import Examples, SegmentPlan
-from batchtool.padding import default_pad, list_values, padded_list
-from batchtool.stats import is_sequence_type
+from batchtool.io.padding import default_pad, list_values, padded_list
+from batchtool.io.stats import is_sequence_type
 
 FIRST_INSERTION_INDEX = -(1 << 63)
 """TensorFlow's insertion_index of the first example; each later example (in input order) gets the next value."""

@@ -14,17 +14,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batchtool import fs, rng
-from batchtool.duplicates import PARTITIONS, read_partitions, repeated, write_partitioned
-from batchtool.dataset import Chunk, Dataset
-from batchtool.runner import Executor
-from batchtool.errors import InputError, OptionInputError
+from batchtool.core import fs, rng
+from batchtool.io.duplicates import PARTITIONS, read_partitions, repeated, write_partitioned
+from batchtool.io.dataset import Chunk, Dataset
+from batchtool.core.runner import Executor
+from batchtool.core.errors import InputError, OptionInputError
 from batchtool.ops import names as own
 from batchtool.ops.base import ColumnError
 from batchtool.ops.segment.options import METADATA, STEPS, SegmentOptions
-from batchtool.padding import default_pad, parse_pad_values, sequence_lengths
-from batchtool.stats import is_sequence_type
-from batchtool.workspace import Workspace
+from batchtool.io.padding import default_pad, parse_pad_values, sequence_lengths
+from batchtool.io.stats import is_sequence_type
+from batchtool.io.workspace import Workspace
 
 """Per-row metadata, with NextQueuedSequenceBatch's names and types, plus the lane and the batch index."""
 _POLY = np.uint64(0x100000001B3)

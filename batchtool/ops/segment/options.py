@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from batchtool.ops import names as own
 from batchtool.ops.base import OptionError
-from batchtool.options import Column, ColumnList, Flag, Integer, Pairs, option
+from batchtool.core.options import Column, ColumnList, Flag, Integer, Pairs, option
 
 METADATA: tuple[tuple[str, pa.DataType], ...] = (
     ("key", pa.string()), ("next_key", pa.string()), ("sequence", pa.int32()), ("sequence_count", pa.int32()),

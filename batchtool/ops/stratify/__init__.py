@@ -12,12 +12,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from batchtool import stats as stats_mod
-from batchtool.dataset import Chunk, Dataset
-from batchtool.errors import OptionInputError
+from batchtool.io import stats as stats_mod
+from batchtool.io.dataset import Chunk, Dataset
+from batchtool.core.errors import OptionInputError
 from batchtool.ops.base import Pass, Context, Depends, Kind, Operation, Said, Shape, need_columns, who
 from batchtool.ops.regroup import Stream, Exchange, Probe
-from batchtool.tally import Tally
+from batchtool.core.tally import Tally
 from batchtool.ops.labels import (MAX_CLASSES, LabelError, bad_label_count, check_label_type, full_label_error,
                                   is_class, label_codes)
 from batchtool.ops.copies import Copies, copy_stats, copy_summary

@@ -10,17 +10,17 @@ from typing import Any
 
 import numpy as np
 
-from batchtool import budget
-from batchtool.dataset import Chunk, Dataset, ReadReport
+from batchtool.core import budget
+from batchtool.io.dataset import Chunk, Dataset, ReadReport
 from batchtool.ops.base import Operation
 from batchtool.ops.regroup import Cut, Exchange, Probe, Regrouped, Runtime, Scatter, Scattered
-from batchtool.runner import SERIAL, Executor
-from batchtool.tally import Tally
+from batchtool.core.runner import SERIAL, Executor
+from batchtool.core.tally import Tally
 from batchtool.ops.keyed import flush_bytes, range_bytes
 from batchtool.ops.quotas import QuotaBatches, QuotaLayout, plan_layout
 from batchtool.ops.rows import Yardstick, bytes_per_row, emit, estimate_bytes, peek, rebatch
 from batchtool.ops.stratify.plans import STAGE, Stratification
-from batchtool.spill import parts_for
+from batchtool.io.spill import parts_for
 
 ORDER_STAGE, BATCH_STAGE = STAGE + "/order", STAGE + "/batch"
 """The keyed orders of each class's rows, and of the rows within a balanced batch."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from batchtool.ops.base import OptionError
 
-from batchtool.options import Choice, Column, Flag, Integer, option
+from batchtool.core.options import Choice, Column, Flag, Integer, option
 from batchtool.ops.labels import MAX_CLASSES
 from batchtool.ops.targets import Probs, Target, TargetSpec, check_probs, check_target
 

@@ -11,9 +11,9 @@ from typing import Any, Union
 
 import numpy as np
 
-from batchtool import rng
-from batchtool.dataset import Chunk
-from batchtool.errors import OptionError
+from batchtool.core import rng
+from batchtool.io.dataset import Chunk
+from batchtool.core.errors import OptionError
 from batchtool.ops.copies import MAX_RATE
 
 from batchtool.ops.labels import Locate, label_codes

@@ -6,8 +6,8 @@ import functools
 
 import numpy as np
 
-from batchtool import rng
-from batchtool.dataset import Chunk
+from batchtool.core import rng
+from batchtool.io.dataset import Chunk
 from batchtool.ops.base import Scan
 from batchtool.ops.labels import Locate, label_codes
 from batchtool.ops.stratify.plans import STAGE

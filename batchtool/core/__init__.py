@@ -1,0 +1,1 @@
+"""The bottom layer: errors, paths and object stores, randomness, memory budgets, options, executors."""

@@ -1,0 +1,185 @@
+"""Where per-item work runs: an Executor, chosen once per run (batchtool.exec.engines.executor) and passed to whatever
+maps work over items.
+
+`executor.map(fn, items)` yields fn's results in input order, which is what makes output bytes independent of
+--threads and of the engine. The local executor (Threads) runs a reader thread, worker threads and the consuming
+(writer) thread, joined by bounded queues, so a slow writer holds back reading (backpressure); a remote one (Ray,
+batchtool.exec.engines.ray) runs fn on a cluster's workers with the same order and backpressure. The first error in
+input order stops everything and is raised in the consumer; Ctrl-C does the same.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, TypeVar
+
+T = TypeVar("T")
+U = TypeVar("U")
+
+_POLL_SECONDS = 0.1
+_END = object()
+
+
+def default_threads() -> int:
+    return os.cpu_count() or 1
+
+
+class Executor(Protocol):
+    """Runs per-item functions: the local threads, or a cluster's workers."""
+
+    name: str
+    threads: int
+    """The driver's threads (--threads): the local executor's workers, a remote one's for work it keeps local."""
+    remote: bool
+    """Its workers may run on other machines, sharing only DST's filesystem (batchtool.io.workspace)."""
+
+    def map(self, fn: Callable[[T], U], items: Iterable[T], window: int | None = None) -> Iterator[U]:
+        """fn over items, results in input order, at most `window` items in flight (None: the executor's).
+        A remote executor pickles `fn` and the items."""
+        ...
+
+    def summary(self) -> dict[str, Any]:
+        """What it reports about the run so far, for the manifest's `run` (nothing, for threads)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Threads:
+    """The local executor: `threads` worker threads. With one, everything runs in the calling thread, one item at a
+    time: the baseline that --threads N is measured against, and the easiest to debug."""
+
+    threads: int = 1
+    name: ClassVar[str] = "local"
+    remote: ClassVar[bool] = False
+
+    def map(self, fn: Callable[[T], U], items: Iterable[T], window: int | None = None) -> Iterator[U]:
+        return threaded_map(fn, items, self.threads, window)
+
+    def summary(self) -> dict[str, Any]:
+        return {}
+
+
+SERIAL = Threads(1)
+"""Work in the calling thread (a default where no run's executor is at hand)."""
+
+
+_reading = threading.local()
+"""In a map's reader thread (see _feed): that map's stop event, so that a map consumed there (a source that maps)
+stops with it."""
+
+
+class _Abandoned(BaseException):
+    """Raised in a map consumed by another map's reader thread once that map stopped: no one waits for its results,
+    and its reader must not wait for them either (a worker may never return; see threaded_map)."""
+
+
+class _SourceError:
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+def _feed(items: Iterable[T], out: queue.Queue, stop: threading.Event) -> None:
+    """Reader thread: iterate the source (which may do I/O, or write spill files) into a bounded queue,
+    until it ends or the consumer stops; then close it, so its own cleanup runs here and now."""
+    source: Iterable[T] | None = None
+    _reading.stop = stop
+    try:
+        source = iter(items)  # may raise too (an __iter__ that reads): the consumer must hear it, not wait
+        for item in source:
+            if not _put(out, item, stop):
+                return
+        _put(out, _END, stop)
+    except BaseException as exc:  # surfaces in the consumer, in order
+        _put(out, _SourceError(exc), stop)
+    finally:
+        close = getattr(source, "close", None)
+        if close is not None:
+            close()
+
+
+def _put(out: queue.Queue, item: object, stop: threading.Event) -> bool:
+    """Put unless the consumer stops first (a full queue then never blocks the reader for good)."""
+    while not stop.is_set():
+        try:
+            out.put(item, timeout=_POLL_SECONDS)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def threaded_map(fn: Callable[[T], U], items: Iterable[T], threads: int, window: int | None = None) -> Iterator[U]:
+    """Threads.map: `threads` workers and at most `window` items in flight (read but not yet consumed), which
+    bounds memory."""
+    threads = max(1, int(threads))
+    if threads == 1:
+        yield from map(fn, items)
+        return
+    window = window or threads + 1
+    stop = threading.Event()
+    source: queue.Queue = queue.Queue(maxsize=max(2, threads))
+    reader = threading.Thread(target=_feed, args=(items, source, stop), name="batchtool-reader", daemon=True)
+    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="batchtool-worker")
+    pending: deque[Future] = deque()
+    reader.start()
+    exhausted = False
+    try:
+        while True:
+            while not exhausted and len(pending) < window:
+                item = _get(source)
+                if item is _END:
+                    exhausted = True
+                elif isinstance(item, _SourceError):  # raised after the items read before it
+                    exhausted = True
+                    pending.append(_failed(item.exc))
+                else:
+                    pending.append(pool.submit(fn, item))
+            if not pending:
+                return
+            yield _result(pending.popleft())
+    finally:
+        stop.set()
+        for fut in pending:
+            fut.cancel()
+        pool.shutdown(wait=False, cancel_futures=True)
+        if reader is not threading.current_thread():  # (a generator may be finalized on any thread)
+            # the source may write temporary files: done before the caller removes them. A map it consumes stops too
+            # (_check_reader) rather than wait for a worker of its own that may be in a call that never returns.
+            reader.join()
+
+
+def _failed(exc: BaseException) -> Future:
+    fut: Future = Future()
+    fut.set_exception(exc)
+    return fut
+
+
+def _get(source: queue.Queue) -> object:
+    """Blocking get that still lets Ctrl-C through promptly, and stops when the map reading this one does."""
+    while True:
+        try:
+            return source.get(timeout=_POLL_SECONDS)
+        except queue.Empty:
+            _check_reader()
+
+
+def _result(fut: Future) -> U:
+    while True:
+        try:
+            return fut.result(timeout=_POLL_SECONDS)
+        except TimeoutError:
+            _check_reader()
+
+
+def _check_reader() -> None:
+    """Stop waiting if this thread is the reader of a map that stopped."""
+    stop = getattr(_reading, "stop", None)
+    if stop is not None and stop.is_set():
+        raise _Abandoned

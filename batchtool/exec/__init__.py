@@ -1,0 +1,1 @@
+"""Running an operation: run settings, the driver, the exchange, the one write path, the engines."""

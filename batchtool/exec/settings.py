@@ -1,0 +1,188 @@
+"""The settings every command and a pipeline file share (how SRC is read, how DST is written, the seed, threads and
+memory), declared once as option schemas: the CLI makes its click options from them and a pipeline file's
+[input], [output] and top-level keys are read through them, so the two cannot disagree on a name, a default
+or a check."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from batchtool.io.formats import registry
+from batchtool.core.errors import OptionError
+from batchtool.ops.base import Kind, Operation
+from batchtool.core.options import Choice, Flag, Integer, Value, option, shown
+from batchtool.core.progress import LINE_SECONDS, MODES
+from batchtool.io.output import CASTS, DEFAULT_SHARD_BYTES, TFRECORD_KINDS, OutputOptions
+
+BATCH_FORMAT = "arrow"
+"""What a command whose output is batches writes without --to: an uncompressed Arrow IPC file, which
+batchtool.load memory-maps (one epoch about 6x faster than zstd Parquet, for about twice the disk)."""
+ROW_FORMAT = "parquet"
+"""What every other command writes without --to: compact, and read by everything."""
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "MIB": 1 << 20,
+          "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TB": 1 << 40}
+
+
+def parse_size(text: str | int | None) -> int | None:
+    """'256MB', '1GiB', '1000000' (or a number of bytes already) -> bytes; ValueError for anything else."""
+    if text is None or isinstance(text, int) and not isinstance(text, bool):
+        return text
+    if not isinstance(text, str):
+        raise ValueError(f"{text!r} is not a size")
+    s = text.strip().upper()
+    digits = s.rstrip("KMGTIB")
+    try:
+        return int(float(digits) * _UNITS[s[len(digits):]])
+    except (ValueError, KeyError, OverflowError):  # OverflowError: 1e400GB
+        raise ValueError(f"{text!r} is not a size") from None
+
+
+def size_text(size: int) -> str:
+    """Bytes as the largest whole unit: 1073741824 -> '1GB' (how --help shows a size's default)."""
+    for unit in ("TB", "GB", "MB", "KB"):
+        if size and size % _UNITS[unit] == 0:
+            return f"{size // _UNITS[unit]}{unit}"
+    return str(size)
+
+
+class Size(Value):
+    """A number of bytes: 256MB, 1GiB or 1000000 (a pipeline file may also give an integer). With a minimum, a
+    smaller or unreadable size is refused as below it (a limit, rather than a budget)."""
+
+    metavar = "SIZE"
+
+    def __init__(self, minimum: int = 0) -> None:
+        self.minimum = minimum
+
+    def parse(self, field: str, value: Any) -> int:
+        try:
+            size = parse_size(value)
+        except ValueError:
+            size = None
+        if size is not None and size >= self.minimum:
+            return size
+        if self.minimum:
+            raise OptionError(field, f"expected a size of at least {self.minimum} byte (e.g. 64MB, 1GB)",
+                              value=repr(value))
+        if not isinstance(value, (str, int)) or isinstance(value, bool):
+            raise OptionError(field, f"expected a size (e.g. 256MB, 1GB, 1000000), got {shown(value)}")
+        raise OptionError(field, f"{value!r} is not a size (e.g. 256MB, 1GB, 1000000)")
+
+
+class Positive(Integer):
+    """A whole number of at least 1."""
+
+    def parse(self, field: str, value: Any) -> int:
+        number = super().parse(field, value)
+        if number < 1:
+            raise OptionError(field, f"{number} must be at least 1")
+        return number
+
+
+class Text(Value):
+    """Any string (what it may be is checked where it is used, e.g. a codec by its format)."""
+
+    def parse(self, field: str, value: Any) -> str:
+        if not isinstance(value, str):
+            raise OptionError(field, f"expected a string, got {shown(value)}")
+        return value
+
+
+class Directory(Text):
+    """A directory's path."""
+
+    metavar = "DIRECTORY"
+
+
+# -- the schemas -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InputSettings:
+    """How SRC is read: a reading command's --format and --skip-corrupt, a pipeline file's [input]."""
+
+    format: str | None = option("Input format (default: from the file names).", Choice(registry.NAMES), None)
+    skip_corrupt: bool = option(
+        "Skip damaged TFRecord records instead of stopping (a bad CRC; lost framing, up to the next record whose "
+        "CRCs check out; a cut-short last record), counting the records and bytes skipped in the manifest.",
+        Flag(), False)
+
+
+@dataclass(frozen=True)
+class OutputSettings:
+    """How DST is written, as a user sets it: a writing command's --to, --compression, ... and a pipeline file's
+    [output] (whose `format` is --to). `options` makes the writer's OutputOptions, which checks the rest."""
+
+    format: str | None = option("Output format.", Choice(registry.NAMES), None)
+    """None: the command's default (default_format)."""
+    compression: str | None = option(
+        "Parquet codec (zstd default, snappy, gzip, lz4, brotli, none), TFRecord gzip/none, or Arrow lz4/zstd/none "
+        "(default none).", Text(), None)
+    shard_rows: int | None = option("Start a new output shard past this many rows.", Positive(), None)
+    shard_bytes: int | None = option(
+        f"Start a new output shard past this size (default {size_text(DEFAULT_SHARD_BYTES)}; gzip TFRecord: its "
+        "records' size before compression).", Size(), None)
+    tfrecord_kind: str = option("Payload of TFRecord output.", Choice(TFRECORD_KINDS), TFRECORD_KINDS[0])
+    cast: str | None = option(
+        "TFRecord output: round float64 columns to float32 (tf.train.FloatList holds only float32; without this "
+        "they are refused). The manifest lists the columns cast.", Choice(list(CASTS)), None)
+    overwrite: bool = option("Replace DST if it exists.", Flag(), False)
+
+    FLAGS = {"format": "--to"}
+    """Fields whose command-line flag is not their name's."""
+
+    def options(self, default_format: str) -> OutputOptions:
+        """The writer's options, with `default_format` where no format is set."""
+        return OutputOptions(format=self.format or default_format, compression=self.compression,
+                             shard_rows=self.shard_rows,
+                             shard_bytes=DEFAULT_SHARD_BYTES if self.shard_bytes is None else self.shard_bytes,
+                             tfrecord_kind=self.tfrecord_kind, overwrite=self.overwrite,
+                             cast=(self.cast,) if self.cast else ())
+
+
+@dataclass(frozen=True)
+class CommonSettings:
+    """What a command takes once however many steps it runs, and a pipeline file sets at its top: the seed, the
+    threads, the memory and directory of spill files, and how progress shows."""
+
+    seed: int = option("Seed of every random decision (same seed, same output bytes).", Integer(), 0)
+    threads: int | None = option("Worker threads; output is identical for any value.", Positive(), None)
+    """None: the command line's, else the number of cores."""
+    memory: int = option("Memory for reordering: rows within a quarter of it stay in memory (local engine), the "
+                         "rest spill to --tmp-dir.", Size(), 1 << 30)
+    tmp_dir: str | None = option("Directory for temporary spill files (default: the system's).", Directory(), None)
+    progress: str | None = option(
+        f"Progress on stderr: a redrawn bar, a line every {LINE_SECONDS:g} s (for logs), or none (default: bar on a terminal, else "
+        "lines; none with --quiet).", Choice(MODES), None)
+
+
+RECORD_LIMIT = Size(minimum=1)
+"""--max-record-bytes (a reading command's, applied around the whole command)."""
+
+
+# -- what DST holds without --to ---------------------------------------------------------------------------------
+
+
+def default_format(batches: bool | str, given: Callable[[str], Any]) -> str:
+    """What DST holds without --to: BATCH_FORMAT when the output is batches, always (True) or when the flag
+    `batches` names is set (`given(flag)` is its value), else ROW_FORMAT."""
+    return BATCH_FORMAT if batches is True or (batches and given(batches)) else ROW_FORMAT
+
+
+def batches_of(op: Operation) -> bool | str:
+    """When an op's output is batches: always (an op that makes batches whatever its options), with the flag it
+    declares (`batches_flag`), or never."""
+    return op.batches_flag or op.kind is Kind.BATCHES
+
+
+def op_default_format(op: Operation, options: Any) -> str:
+    """What an op writes without --to, given its options (a pipeline's last stage)."""
+    return default_format(batches_of(op), lambda flag: getattr(options, flag[2:].replace("-", "_")))
+
+
+__all__ = ["BATCH_FORMAT", "CommonSettings", "Directory", "InputSettings", "OutputSettings", "Positive",
+           "RECORD_LIMIT", "ROW_FORMAT", "Size", "Text", "batches_of", "default_format", "op_default_format",
+           "parse_size", "size_text"]

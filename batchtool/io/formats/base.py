@@ -1,0 +1,300 @@
+"""The contract every shard format meets, so the writer, the readers and the options ask a format, not its name."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, BinaryIO, ClassVar, Protocol
+
+import numpy as np
+import pyarrow as pa
+
+from batchtool.core import budget
+from batchtool.io.dataset import Dataset
+from batchtool.core.errors import InputError, OptionError, OptionInputError, SchemaError
+from batchtool.io.manifest import MANIFEST_NAME
+
+if TYPE_CHECKING:
+    from batchtool.io.dataset import Chunk, ReadReport, Shard
+    from batchtool.io.output import OutputOptions
+
+
+DAMAGED = (ValueError, OSError, pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowIndexError, pa.ArrowKeyError,
+           pa.ArrowSerializationError)
+"""What pyarrow raises reading a damaged or unexpected file (pa.ArrowInvalid is a ValueError; so is a column name
+that is not UTF-8; an unknown codec is not implemented): the readers turn it into one line naming the file."""
+
+BATCH_COLUMN = "batch"
+"""The column bucket, segment and pack write: each row's batch number (in TFRecord output, what cuts the
+records into batches for tf.data and for outputs of batchtool 0.1, which had no batch index)."""
+
+
+@dataclass(frozen=True)
+class EncodedBatch:
+    """A batch ready for the writer: the Arrow data, plus framed bytes when the format encodes on workers, or the
+    metadata its writer stores with it (computed on the workers, so the one writer only appends)."""
+
+    data: pa.RecordBatch
+    framed: bytes | None = None
+    metadata: dict[bytes, bytes] | None = None
+
+
+def rows_only(rows: int) -> pa.RecordBatch:
+    """A batch of `rows` rows and no columns: what a read of no columns gives (only rows are counted)."""
+    return pa.RecordBatch.from_arrays([pa.nulls(rows)], names=["_"]).select([])
+
+
+ROW_ID_BYTES = 8
+"""What reading a row costs besides its data: its example id (rng.example_ids), however narrow the row."""
+
+
+def check_batch_memory(dataset: Dataset, inflated: int, rows: int, where: str, decoded: int = 0) -> None:
+    """Stop before reading one unit of a file (a record batch, named by `where`) whose declared sizes the command's
+    budget does not allow: `inflated` bytes its buffers decompress to, `decoded` bytes its dictionary-encoded
+    columns take decoded, and a row id for each of its `rows`. Checked against --memory's share for one allocation
+    (batchtool.core.budget) where the command has --memory, else --max-record-bytes, which every reading command has.
+    A few bytes of a file can claim gigabytes (a compressed buffer's length, a row count, a dictionary entry
+    repeated): the claim is checked, not the file's size."""
+    need = inflated + decoded + ROW_ID_BYTES * rows
+    what = " and ".join(w for w, n in (("its buffers decompressed", inflated), ("its dictionaries decoded", decoded))
+                        if n) or "no decompression"
+    if dataset.memory is not None:
+        budget.check("memory", f"reading it ({what}, {rows:,} row ids)", need, dataset.memory,
+                     "give a larger {memory}, or write the file in smaller record batches", where=f"{where}: ",
+                     error=OptionInputError)
+    elif need > dataset.max_record_bytes:
+        raise OptionInputError("max_record_bytes", f"reading it ({what}, {rows:,} row ids) takes {need:,} bytes, "
+                                                   f"more than the limit of {dataset.max_record_bytes:,} "
+                                                   "({max_record_bytes}); raise {max_record_bytes} if the data is "
+                                                   "genuine, or write the file in smaller record batches",
+                               where=f"{where}: ")
+
+
+def schema_problem(found: pa.Schema, expected: pa.Schema) -> str | None:
+    """How a file's schema differs from the one expected (metadata aside); None when it does not."""
+    found = found.remove_metadata()
+    return None if found.equals(expected.remove_metadata()) else _schema_diff(expected, found)
+
+
+def _schema_diff(expected: pa.Schema, found: pa.Schema) -> str:
+    for f in expected:
+        if f.name not in found.names:
+            return f"column {f.name!r} missing"
+        if not found.field(f.name).type.equals(f.type):
+            return f"column {f.name!r} is {found.field(f.name).type}, expected {f.type}"
+    extra = [n for n in found.names if n not in expected.names]
+    return f"extra columns {extra}" if extra else "column order differs"
+
+
+def open_self_describing(src: str, format: Format, shards: tuple[Shard, ...], schema: pa.Schema | None,
+                         manifest: dict | None, footer: Callable[[str], tuple[pa.Schema, int]],
+                         reading: dict | None = None) -> Dataset:
+    """A Dataset of shards that each record their schema and rows (Parquet, Arrow IPC; `footer` reads them):
+    every shard must have the first one's schema. `reading`: open_dataset's reader settings (the limits)."""
+    rows = 0
+    first_schema = None
+    for shard in shards:
+        if shard.size == 0:
+            raise InputError(f"{shard.path}: empty file (0 bytes), not a valid {format.label} file")
+        file_schema, file_rows = footer(shard.path)
+        rows += file_rows
+        if first_schema is None:
+            first_schema = file_schema
+        elif (problem := schema_problem(file_schema, first_schema)) is not None:
+            raise SchemaError(f"{shard.path}: schema differs from {shards[0].path}: {problem}")
+    limits = {k: v for k, v in (reading or {}).items() if k in ("max_record_bytes", "memory") and v is not None}
+    return Dataset(src, format, shards, schema or first_schema, num_rows=rows, manifest=manifest, **limits)
+
+
+def size_problem(path: str, size: int, listed: int) -> str | None:
+    """Why a file of `size` bytes cannot be the one its manifest lists at `listed` bytes (it is shorter: reading
+    what the manifest promises would run past its end); None when it may be. A file changed otherwise is the
+    `checksums` rule's to tell (`batchtool check`)."""
+    if size >= listed:
+        return None
+    return f"{path}: {size:,} bytes, but {MANIFEST_NAME} says {listed:,} (truncated since it was written)"
+
+
+class ShardSink(Protocol):
+    """One output file being written: append batches, then close (returning the manifest entry's extra fields)."""
+
+    def write(self, encoded: EncodedBatch) -> None: ...
+
+    def close(self) -> dict:
+        """Finish the file; the fields the format adds to its manifest entry (e.g. a batch index)."""
+
+    def abandon(self) -> None:
+        """Close any encoder into the already abandoned file (cannot fail)."""
+
+
+class ReadTask(ABC):
+    """A read of some batches of one file (Batches.read), run on any thread."""
+
+    @abstractmethod
+    def __call__(self) -> list[pa.RecordBatch]: ...
+
+    def check(self) -> None:
+        """Run on the consuming thread before each batch this task read is handed out: an InputError if they can
+        no longer be touched safely (Arrow IPC: the memory-mapped file has shrunk since, where a read would be
+        SIGBUS). Nothing to check for batches decoded into memory."""
+
+
+class Batches(ABC):
+    """Where each batch of each output file is, in one format, and the task reading a run of them: what lets
+    `batchtool.load` read any batch directly. `cache` is the reading generator's: what it keeps open for one
+    block of files (footers, open files)."""
+
+    records_buckets: ClassVar[bool] = False
+    """The files' metadata give each batch's `bucket` (Parquet column statistics), so buckets() reads no data."""
+    unsliced: ClassVar[bool] = False
+    """Every array of a batch read, children included, starts at offset 0 of its buffers (Arrow IPC, whose format
+    has no offsets): load makes the arrays from the batch's buffers alone (arrays.views)."""
+
+    @abstractmethod
+    def rows(self, f: int, local: np.ndarray) -> np.ndarray:
+        """Rows of file f's batches `local`, reading no data (Arrow: batch headers; compressed, decompressing)."""
+
+    @abstractmethod
+    def read(self, f: int, local: np.ndarray, columns: list[str] | None, schema: pa.Schema,
+             cache: dict, verify: bool = False) -> ReadTask:
+        """The task (any thread may run it) reading file f's batches `local`: `columns`, as `schema`; `verify`:
+        also each batch's checksum where the format only checks it when asked (Arrow IPC's CRC32C)."""
+
+    def buckets(self, f: int, local: np.ndarray, column: str = "bucket") -> np.ndarray:
+        """The bucket of each batch (in `column`, bucket's `bucket`) from the files' metadata, -1 where they give
+        no single value (everywhere unless records_buckets)."""
+        return np.full(len(local), -1, dtype=np.int64)
+
+    def unshuffled(self) -> str | None:
+        """Why the batches can only be read in file order, as load's error goes on after 'DST is'; None: any
+        order."""
+        return None
+
+    def unverifiable(self) -> str | None:
+        """Why `verify=True` cannot check these files' batches, as load's error goes on after 'verify=True:';
+        None: it can (Parquet pages and TFRecord records carry checksums every read verifies)."""
+        return None
+
+    def in_place(self) -> bool:
+        """Whether a read decodes nothing (Arrow IPC without compression, memory-mapped: its batches are views of
+        the map): load then reads on the consuming thread, as handing such a read to a thread costs more than the
+        read (Python holding the GIL either way)."""
+        return False
+
+    def release(self, cache: dict) -> None:
+        """Drop (and close) what a block kept."""
+        cache.clear()
+
+
+def cut(batch: pa.RecordBatch, rows: list[int]) -> list[pa.RecordBatch]:
+    """Several batches decoded in one call cut back into batches of `rows` rows each."""
+    starts = np.cumsum([0, *rows])
+    return [batch.slice(int(s), r) for s, r in zip(starts, rows)]
+
+
+class Format(ABC):
+    """A shard format: how files are recognised, written and read. Subclasses register in batchtool.io.formats."""
+
+    name: ClassVar[str]
+    """What --to, --format and the manifest call it: 'parquet'."""
+    label: ClassVar[str]
+    """How messages name it: 'Parquet'."""
+    suffixes: ClassVar[tuple[str, ...]]
+    """The file name endings that say a file is of this format (lower case)."""
+    codecs: ClassVar[tuple[str, ...]]
+    """What --compression may ask of it."""
+    default_codec: ClassVar[str]
+    """The codec without --compression."""
+    unit: ClassVar[str] = "row"
+    """What an error calls one example of a file of this format ('row' or 'record')."""
+    max_shard_batches: ClassVar[int | None] = None
+    """Batches per shard at most, whatever its size (None: no limit)."""
+    float32_only: ClassVar[bool] = False
+    """Holds floats as float32 only, so float64 columns need `--cast float64=float32` (see OutputOptions)."""
+    magic: ClassVar[bytes | None] = None
+    """The bytes a file of this format starts with, to recognise a file whose name says nothing."""
+    record_checksums: ClassVar[bool] = False
+    """Each record carries its own checksum, which the `crc` rule of `check` verifies."""
+    min_batch_bytes: ClassVar[float] = 1.0
+    """Bytes of a file one batch takes at least (most_batches)."""
+    group: ClassVar[str | None] = None
+    """What the summary calls one stored batch of an output that is rows, not batches ('row group', 'record batch');
+    None: nothing a reader of the file sees (TFRecord's records follow each other)."""
+    self_indexing: ClassVar[bool] = True
+    """A file's batches can be found from the file alone (row groups, record batches); False: only from the
+    batch index in the manifest batchtool writes beside the files."""
+
+    def most_batches(self, size: int, codec: str | None) -> int:
+        """The most batches a file of `size` bytes written with `codec` can hold: a manifest listing more is refused
+        before its count sizes anything."""
+        return int(size / self.min_batch_bytes)
+
+    def detect(self, path: str, head: bytes | None = None) -> bool:
+        """By the file name, or (given the file's first bytes) by its magic number."""
+        if path.lower().endswith(self.suffixes):
+            return True
+        return head is not None and self.magic is not None and head.startswith(self.magic)
+
+    def suffix(self, codec: str) -> str:
+        """The suffix of output shards written with `codec`."""
+        return self.suffixes[0]
+
+    def check_options(self, options: OutputOptions) -> None:
+        """OptionError naming the option, the value and what is allowed."""
+        if options.codec not in self.codecs:
+            raise OptionError("compression", f"{{compression}} {options.compression!r}: {self.label} takes "
+                                             f"{', '.join(self.codecs)}")
+
+    def record_kind(self, options: OutputOptions) -> str | None:
+        """The message each record holds, which the manifest records for readers (`output.tfrecord_kind`);
+        None when the files describe themselves."""
+        return None
+
+    def encode(self, batch: pa.RecordBatch, options: OutputOptions) -> EncodedBatch:
+        """Pure and thread-safe (workers run it): by default the writer encodes the Arrow data itself."""
+        return EncodedBatch(batch)
+
+    def check_values(self, batch: pa.RecordBatch, options: OutputOptions) -> None:
+        """What encode would refuse in the batch's values (RowError naming the row in the batch), checked where
+        the batch's rows are known to come from (dataset.Chunk.located); by default the format holds any value."""
+
+    @abstractmethod
+    def open_sink(self, file: BinaryIO, schema: pa.Schema, options: OutputOptions) -> ShardSink:
+        """A sink writing one shard into `file` (which hashes and counts what it is given)."""
+
+    # reading ---------------------------------------------------------------------------------------------
+
+    def directory_files(self, src: str) -> list[str] | None:
+        """The data files of directory `src` in their order, when it is a dataset this format's own metadata
+        describes (a Hugging Face save_to_disk directory); None otherwise, and SRC's files are found by name."""
+        return None
+
+    @abstractmethod
+    def open_dataset(self, src: str, shards: tuple[Shard, ...], schema: pa.Schema | None, manifest: dict | None,
+                     reading: dict) -> Dataset:
+        """The Dataset of these shards: their common schema (or `schema`), checked.
+        `reading`: the reader settings open_dataset was given (tfrecord_kind, skip_corrupt, max_record_bytes)."""
+
+    @abstractmethod
+    def count_rows(self, dataset: Dataset, shard: Shard, report: ReadReport) -> int:
+        """Rows of one shard, decoding none (check's row count when no rule reads data); what a damaged file
+        loses is told to `report`."""
+
+    @abstractmethod
+    def open_batches(self, dst: str, dataset: Dataset) -> tuple[np.ndarray, Batches]:
+        """Each file's batch count and where its batches are, for `batchtool.load` of the output DST (from the
+        manifest, dataset.manifest, where it lists them; else from the files)."""
+
+    @abstractmethod
+    def inspect_shard(self, path: str, schema: pa.Schema, output: dict,
+                      batch_column: str | None) -> tuple[int, int | None, str | None]:
+        """What `check DST` verifies of one file against the manifest (`schema`, its `output` section): (rows,
+        batches or None when the file marks none, how its schema differs or None), reading only what that takes;
+        `batch_column` names the column whose runs mark the batches where they must be decoded to be counted
+        (TFRecord; None: do not count them)."""
+
+    @abstractmethod
+    def tasks(self, dataset: Dataset, columns: list[str] | None,
+              report: ReadReport) -> Iterator[Callable[[], Chunk]]:
+        """Read tasks over every shard, in a deterministic order; any thread may run them."""
