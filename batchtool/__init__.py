@@ -33,12 +33,9 @@ _EXPORTS = {"BatchtoolError": "batchtool.core.errors", "Dataset": "batchtool.io.
 
 def __getattr__(name: str) -> object:
     if name == "__version__":
-        from importlib.metadata import PackageNotFoundError, version
+        from batchtool.core.version import version
 
-        try:
-            value: object = version("batchtool")
-        except PackageNotFoundError:  # running from a source tree that was not installed
-            value = "0.0.0+local"
+        value: object = version()
     elif name in _EXPORTS:
         value = getattr(import_module(_EXPORTS[name]), name)
     else:

@@ -1,4 +1,7 @@
-"""The package's layout: modules small enough to read, and imports that run one way only."""
+"""The package's layout: modules small enough to read, folders that are layers, and imports that run one way only.
+
+The layers, lowest first: each folder imports only from the folders below it (and, inside itself, with no cycle);
+imports under `if TYPE_CHECKING:` count too, so a type used across layers lives in the lower one."""
 
 from __future__ import annotations
 
@@ -9,6 +12,11 @@ import batchtool
 
 PACKAGE = os.path.dirname(os.path.abspath(batchtool.__file__))
 MAX_LINES = 600
+LAYERS = ("core", "io", "ops", "exec", "pipeline", "loader", "check", "cli")
+"""batchtool's folders, lowest first."""
+TOP = ("entry", "__main__")
+"""The modules directly in batchtool/ besides __init__.py: above every layer (the package itself is above them)."""
+MAX_TOP_MODULES = 6
 
 
 def _modules() -> dict[str, str]:
@@ -24,18 +32,13 @@ def _modules() -> dict[str, str]:
 
 
 def _imports(name: str, path: str, modules: dict[str, str]) -> set[str]:
-    """The package's modules `name` imports, also inside functions (they run too), but not under TYPE_CHECKING;
-    with the packages that hold them (importing formats.column_types runs formats/__init__.py first), but for
-    those `name` is inside."""
+    """The package's modules `name` imports, also inside functions (they run too) and under TYPE_CHECKING (a type
+    checker reads them, and a type used across layers belongs to the lower one); with the packages that hold them
+    (importing io.formats.base runs io/formats/__init__.py first), but for those `name` is inside."""
     tree = ast.parse(open(path, encoding="utf-8").read())
-    typing_only = {id(node) for branch in ast.walk(tree)
-                   if isinstance(branch, ast.If) and "TYPE_CHECKING" in ast.unparse(branch.test)
-                   for node in ast.walk(branch)}
     package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
     targets = set()
     for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
         if isinstance(node, ast.Import):
             targets |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -60,10 +63,44 @@ def test_no_module_is_longer_than_600_lines() -> None:
     assert not long, f"modules over {MAX_LINES} lines (split them along a seam): {long}"
 
 
-def test_no_module_imports_one_that_imports_it_back() -> None:
-    """No import cycle in the package, so every module can be imported first, alone, and the layers read one way."""
+def _rank(name: str) -> int:
+    """The layer of module `name`: its folder's place in LAYERS; the top modules above them all, the package last."""
+    parts = name.split(".")
+    if len(parts) == 1:
+        return len(LAYERS) + 1
+    if parts[1] in LAYERS:
+        return LAYERS.index(parts[1])
+    assert parts[1] in TOP, f"{name} is neither in a layer's folder nor one of the top modules {TOP}"
+    return len(LAYERS)
+
+
+def _graph() -> dict[str, set[str]]:
     modules = _modules()
-    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def test_every_module_imports_only_its_own_layer_and_those_below() -> None:
+    """An import goes down the layers or stays in its folder, never up: core/ reads nothing of the package above it,
+    the ops never reach into the driver, the loader never into the CLI."""
+    upward = sorted(f"{name} -> {target}" for name, targets in _graph().items() for target in targets
+                    if _rank(target) > _rank(name))
+    assert not upward, f"imports that go up the layers {LAYERS}:\n" + "\n".join(upward)
+
+
+def test_only_a_few_modules_sit_directly_in_the_package() -> None:
+    top = sorted(name for name in os.listdir(PACKAGE)
+                 if name.endswith(".py") and name not in ("__init__.py", "__main__.py"))
+    assert len(top) <= MAX_TOP_MODULES, f"modules directly in batchtool/ (put them in a layer's folder): {top}"
+    assert {name[:-3] for name in top} <= set(TOP), f"top modules not named in TOP: {top}"
+    folders = sorted(name for name in os.listdir(PACKAGE)
+                     if os.path.isfile(os.path.join(PACKAGE, name, "__init__.py")))
+    assert folders == sorted(LAYERS), f"batchtool's packages are its layers {LAYERS}: {folders}"
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    """No import cycle in the package, even inside a folder and counting TYPE_CHECKING imports, so every module can be
+    imported first, alone, and the layers read one way."""
+    graph = _graph()
     cycles = []
     state: dict[str, int] = {}  # 1: on the current path, 2: done
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import click
 
-import batchtool
 from batchtool.exec import settings as settings_mod
 from batchtool.exec.engines import ENGINES
 from batchtool.core.errors import BatchtoolError, OptionError, UsageError
+from batchtool.core.version import version
 from batchtool.core.budget import DEFAULT_MAX_RECORD_BYTES
 from batchtool.exec.job import RunSettings
 from batchtool.ops import OPERATIONS
@@ -69,7 +69,7 @@ class _Group(click.Group):
 
 
 @click.group(cls=_Group, context_settings=CONTEXT)
-@click.version_option(batchtool.__version__, "--version", prog_name="batchtool")
+@click.version_option(version(), "--version", prog_name="batchtool")
 @click.option("--debug", is_flag=True, help="Show the full traceback on errors.")
 def cli(debug: bool) -> None:
     """Prepare sequence datasets for training, offline.

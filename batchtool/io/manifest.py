@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-import batchtool
 from batchtool.core import fs
 from batchtool.core.errors import InputError, first_line
+from batchtool.core.version import version
 
 if TYPE_CHECKING:
     from batchtool.io.dataset import Dataset
@@ -115,7 +115,7 @@ def build(*, command: str, options: dict[str, Any], seed: int | None, dataset: D
           run: dict[str, Any], padding: dict[str, Any] | None = None) -> dict[str, Any]:
     """The manifest; `padding`: how batchtool.load pads the stored batches (batchtool.io.load_padding), if it does."""
     manifest = {
-        "batchtool_version": batchtool.__version__,
+        "batchtool_version": version(),
         "manifest_version": PLAIN_VERSION if padding is None else PADDED_ON_LOAD_VERSION,
         "command": command,
         "options": options,
