@@ -7,20 +7,16 @@ import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar, Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from batchtool.core import rng
 from batchtool.core.budget import DEFAULT_MAX_RECORD_BYTES
-from batchtool.core.errors import InputError, RowError, SchemaError, where
-from batchtool.io.formats import column_types
+from batchtool.core.errors import CorruptRecordError, InputError, RowError, SchemaError, where
 from batchtool.core.runner import SERIAL, Executor
-
-if TYPE_CHECKING:
-    from batchtool.io.formats.base import Format
-    from batchtool.io.formats.tfrecord.records import Skipped
+from batchtool.io.formats import column_types
 
 
 @dataclass(frozen=True)
@@ -95,6 +91,21 @@ def place(path: str, unit: str, example_id: int) -> str:
     return f"{path}, {unit} {example_id & ((1 << rng.SHARD_BITS) - 1)}"
 
 
+@dataclass(frozen=True)
+class Skipped:
+    """What --skip-corrupt dropped at one place of a file: the error, and exactly how much it cost.
+
+    bytes counts the stream's bytes from the start of the bad record to the next record
+    read (of the decompressed stream for GZIP files); records counts the records those
+    bytes held, as far as their framing shows: at least one, except for a gzip stream cut
+    short at a record boundary, which has nothing left to count.
+    """
+
+    error: CorruptRecordError
+    records: int
+    bytes: int
+
+
 @dataclass
 class ReadReport:
     """What reading had to skip (only with skip_corrupt); filled by the reader thread."""
@@ -135,12 +146,32 @@ class ReadReport:
         return f" ({records}, {self.corrupt_bytes:,} bytes skipped)"
 
 
+class ShardFormat(Protocol):
+    """The reading side of a shard format, as a Dataset and its readers use it (batchtool.io.formats.base.Format
+    implements it; declared here, below the formats, which open datasets)."""
+
+    name: ClassVar[str]
+    label: ClassVar[str]
+    unit: ClassVar[str]
+    record_checksums: ClassVar[bool]
+    self_indexing: ClassVar[bool]
+
+    def tasks(self, dataset: Dataset, columns: list[str] | None,
+              report: ReadReport) -> Iterator[Callable[[], Chunk]]: ...
+
+    def count_rows(self, dataset: Dataset, shard: Shard, report: ReadReport) -> int: ...
+
+    def open_batches(self, dst: str, dataset: Dataset) -> tuple[np.ndarray, Any]:
+        """Each file's batch count and where its batches are (a formats.base.StoredBatches)."""
+        ...
+
+
 @dataclass(frozen=True)
 class Dataset:
     """Resolved shards plus the schema every chunk is decoded to, and their format, which reads them."""
 
     src: str
-    spec: Format
+    spec: ShardFormat
     """The format of the shards (batchtool.io.formats), whose read tasks `tasks` hands out."""
     shards: tuple[Shard, ...]
     schema: pa.Schema

@@ -16,7 +16,8 @@ from batchtool.core.errors import CorruptRecordError, InputError, UsageError
 from batchtool.io.formats.example import encode_records
 from batchtool.io.formats.tfrecord import records as record_reading
 from batchtool.io.formats.tfrecord.framing import frame_record, frame_records, masked_crc
-from batchtool.io.formats.tfrecord.records import Skipped, Span, iter_record_chunks, iter_record_spans, iter_records
+from batchtool.io.dataset import Skipped
+from batchtool.io.formats.tfrecord.records import Span, iter_record_chunks, iter_record_spans, iter_records
 from batchtool.io.formats.tfrecord.stream import detect_compression
 from batchtool.io.formats.tfrecord.writer import TFRecordFileWriter
 

@@ -14,24 +14,10 @@ from typing import BinaryIO
 from batchtool.core import fs
 from batchtool.core.budget import DEFAULT_MAX_RECORD_BYTES
 from batchtool.core.errors import BatchtoolError, CorruptRecordError, InputError, UsageError, where
+from batchtool.io.dataset import Skipped
 from batchtool.io.formats.tfrecord.framing import FRAMING, HEADER_SIZE, U32, U64, masked_crc, valid_headers
 from batchtool.io.formats.tfrecord.stream import (BLOCK, INDEX_BLOCK, REMOTE_INDEX_BLOCK, GzipCorrupt, Source,
                                               open_input, resolve_compression)
-
-
-@dataclass(frozen=True)
-class Skipped:
-    """What --skip-corrupt dropped at one place of a file: the error, and exactly how much it cost.
-
-    bytes counts the stream's bytes from the start of the bad record to the next record
-    read (of the decompressed stream for GZIP files); records counts the records those
-    bytes held, as far as their framing shows: at least one, except for a gzip stream cut
-    short at a record boundary, which has nothing left to count.
-    """
-
-    error: CorruptRecordError
-    records: int
-    bytes: int
 
 
 OnCorrupt = Callable[[Skipped], None]
