@@ -60,8 +60,9 @@ class EngineRuntime:
 
 
 @dataclass(frozen=True)
-class _Ready:
-    """A read task whose chunk the driver already read (an op planning chunk by chunk needs to see it)."""
+class Ready:
+    """A read task whose chunk is already in hand: read by the driver (an op planning chunk by chunk needs to see
+    it) or made by a pipeline's stages before."""
 
     chunk: Chunk
 
@@ -159,7 +160,7 @@ class Applied:
         if per_chunk is None:
             work = ((task, self.plan) for task in dataset.tasks(columns, report))
         else:
-            work = ((_Ready(chunk), per_chunk(chunk)) for chunk in dataset.chunks(columns, executor, report))
+            work = ((Ready(chunk), per_chunk(chunk)) for chunk in dataset.chunks(columns, executor, report))
         for out, stats, rows in executor.map(functools.partial(_kernel, self.op), work):
             self.stats.merge(stats)
             if isinstance(out, Expanding):
@@ -283,6 +284,6 @@ def _run_operation(op: Operation, options: Any, dataset: Dataset, dst: str, outp
         return write(job, produce, executor)
 
 
-__all__ = ["Applied", "EngineRuntime", "emit_nonempty", "make_plan", "run_mixed", "run_operation", "scanner",
+__all__ = ["Applied", "EngineRuntime", "Ready", "emit_nonempty", "make_plan", "run_mixed", "run_operation", "scanner",
            "stream_errors",
            "produced"]

@@ -29,7 +29,7 @@ from batchtool.io.dataset import Dataset, ReadReport
 from batchtool.exec.exchange import ReadUnit
 from batchtool.io.formats.base import EncodedBatch
 from batchtool.exec.job import JobResult, RunSettings, read_paths
-from batchtool.ops.regroup import Batches, Cut
+from batchtool.ops.regroup import Cut, SortedBatches
 from batchtool.core.tally import Tally
 from batchtool.io.output import BatchShardWriter, OutputOptions, encode_batch, output_directory, shard_ends
 from batchtool.core.runner import Executor
@@ -220,7 +220,7 @@ def _write_streamed(job: Job, out: Streamed, output: OutputOptions, stored: pa.S
 
 @dataclass(frozen=True)
 class _Encoded:
-    """Output batches [start, end) of sorted batches (Batches.reader), encoded for the output."""
+    """Output batches [start, end) of sorted batches (SortedBatches.reader), encoded for the output."""
 
     read: Callable[[], Iterator[pa.RecordBatch]]
     output: OutputOptions
@@ -240,7 +240,7 @@ def runs_of(count: int, step: int) -> list[tuple[int, int]]:
     return [(k, min(k + step, count)) for k in range(0, count, step)]
 
 
-def sized_runs(batches: Batches, nbytes: int) -> list[tuple[int, int]]:
+def sized_runs(batches: SortedBatches, nbytes: int) -> list[tuple[int, int]]:
     """Runs of about `nbytes` of sorted batches each, at least one batch."""
     return runs_of(batches.count, max(1, int(nbytes * batches.count / max(1, batches.nbytes()))))
 
@@ -251,7 +251,7 @@ def run_bytes(run: RunSettings) -> int:
     return max(RUN_BYTES, min(RUN_BYTES_MAX, run.budget // (RUN_SHARE * (run.threads + 1))))
 
 
-def _write_in_order(job: Job, batches: Batches, output: OutputOptions, stored: pa.Schema, tmp: str,
+def _write_in_order(job: Job, batches: SortedBatches, output: OutputOptions, stored: pa.Schema, tmp: str,
                     tasks: Executor) -> list[dict]:
     """Sorted batches read and encoded in runs on the engine's threads, appended in order by one writer here, whose
     shards roll over as the batches come (output.ShardCutter)."""
@@ -332,7 +332,7 @@ def _spool(job: _SpoolJob, item: tuple[int, ReadUnit]) -> _Spooled:
 
 @dataclass(frozen=True)
 class SpooledBatches:
-    """Spooled output (ops.base.Batches): batch k is the k-th batch of the spool files in unit order."""
+    """Spooled output (ops.regroup.SortedBatches): batch k is the k-th batch of the spool files in unit order."""
 
     directory: str
     units: tuple[int, ...]
@@ -479,7 +479,7 @@ def _write_shard(shard: _Shard) -> dict:
     return entry
 
 
-def write_sorted(batches: Batches, output: OutputOptions, stored: pa.Schema, directory: str, scratch: str,
+def write_sorted(batches: SortedBatches, output: OutputOptions, stored: pa.Schema, directory: str, scratch: str,
                  name: str, segments: int, tasks: Executor) -> list[dict]:
     """Write batches on the engine's workers as the local writer would: measure every batch's size (`segments`
     tasks; not when only --shard-rows and the format's batches per shard apply, which need no size), place the
@@ -500,7 +500,7 @@ def write_sorted(batches: Batches, output: OutputOptions, stored: pa.Schema, dir
     return list(tasks.map(_write_shard, shards))
 
 
-def _write_sorted_on(tasks: Executor, job: Job, batches: Batches, output: OutputOptions, stored: pa.Schema, tmp: str,
+def _write_sorted_on(tasks: Executor, job: Job, batches: SortedBatches, output: OutputOptions, stored: pa.Schema, tmp: str,
                      space: Workspace) -> list[dict]:
     with progress.bar(f"{job.name}: write", batches.rows, job.run.shown) as bar:
         files = write_sorted(batches, output, stored, tmp, space.directory, job.dst,

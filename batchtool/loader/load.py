@@ -17,7 +17,7 @@ from batchtool.core import fs
 from batchtool.loader.arrays import column_to_numpy, hand_out, to_numpy, views
 from batchtool.io.dataset import Dataset, Shard
 from batchtool.core.errors import BatchtoolError, InputError, UsageError
-from batchtool.io.formats.base import Batches, ReadTask, size_problem
+from batchtool.io.formats.base import ReadTask, StoredBatches, size_problem
 from batchtool.io.formats.registry import FORMATS
 from batchtool.io.inputs import open_dataset
 from batchtool.io.load_padding import READ_AHEAD_PADDED_BYTES, LoadPadding
@@ -74,7 +74,7 @@ class _Layout:
 
     paths: tuple[str, ...]
     counts: np.ndarray
-    batches: Batches
+    batches: StoredBatches
 
     @property
     def total(self) -> int:
@@ -111,7 +111,7 @@ class _Reading:
         full = self.dataset.schema if self.padding is None else self.padding.schema(self.dataset.schema)
         return full if self.columns is None else pa.schema([full.field(c) for c in self.columns])
 
-    def read(self, batches: Batches, file: int, local: np.ndarray, cache: dict) -> ReadTask:
+    def read(self, batches: StoredBatches, file: int, local: np.ndarray, cache: dict) -> ReadTask:
         """The task reading file `file`'s batches `local` as stored (what padding needs among them)."""
         stored = self.columns if self.padding is None else self.padding.stored_columns(self.columns)
         return batches.read(file, local, stored, self.dataset.projected_schema(stored), cache, self.verify)
@@ -357,9 +357,9 @@ class Loader:
     def _batches(self, convert: Callable[[pa.RecordBatch, int], Any] | None = None) -> Iterator[tuple[Any, int]]:
         """(batch, its number in the output) in this iterator's order, counting self.position; each batch
         `convert`ed (batch, number) -> item first where given: on the thread that read it, or on this one as it is
-        handed out where a read decodes nothing (Batches.in_place) and no checksum is verified (no thread involved,
-        its file checked once, just before), or where padding it on load there would pass the read-ahead's bound
-        (READ_AHEAD_PADDED_BYTES, shared by the reads in flight)."""
+        handed out where a read decodes nothing (StoredBatches.in_place) and no checksum is verified (no thread
+        involved, its file checked once, just before), or where padding it on load there would pass the
+        read-ahead's bound (READ_AHEAD_PADDED_BYTES, shared by the reads in flight)."""
         worker, workers = _worker_split()
         first = self._first(worker, workers)
         self._resume = None
@@ -516,7 +516,7 @@ def open_output(dst: str, columns: Sequence[str] | None, verify: bool | None) ->
     return _Reading(dataset, cols, padding, verify), layout, _Writer.of(dataset.manifest)
 
 
-def _shuffle(dst: str, shuffle: bool | None, writer: _Writer, batches: Batches) -> bool:
+def _shuffle(dst: str, shuffle: bool | None, writer: _Writer, batches: StoredBatches) -> bool:
     """Whether to shuffle: as asked where the output allows it; by default wherever it can."""
     if writer.lanes:
         if shuffle:

@@ -107,7 +107,7 @@ def class_readers(streams: Sequence[SortedStream], begins: Sequence[int], oversa
 
 @dataclass(frozen=True)
 class QuotaBatches:
-    """Balanced batches cut from the classes' sorted streams (ops.base.Batches): batch k takes quotas[k]."""
+    """Balanced batches cut from the classes' sorted streams (ops.regroup.SortedBatches): batch k takes quotas[k]."""
 
     streams: list[SortedStream]
     quotas: np.ndarray

@@ -122,7 +122,7 @@ class Scattered:
     stats: list[Any]
 
 
-class Batches(Protocol):
+class SortedBatches(Protocol):
     """An exchange's output batches, cut from sorted streams where they are read: the driver plans shards from
     their sizes, and workers read any run of them through `reader`."""
 
@@ -149,7 +149,7 @@ class Batches(Protocol):
 class Cut:
     """An exchange's output: its batches, and the manifest's statistics once they are written."""
 
-    batches: Batches
+    batches: SortedBatches
     stats: Callable[[], dict[str, Any]]
     sequence_columns: tuple[str, ...] | None = None
     """Columns to write as feature lists should the output be tf.train.SequenceExample records (None: every list)."""

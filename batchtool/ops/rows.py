@@ -146,7 +146,7 @@ def bytes_per_row(first: Chunk | Yardstick | None) -> float:
 
 @dataclass(frozen=True)
 class FixedBatches:
-    """A sorted stream's rows cut into batches of `batch_rows` (ops.base.Batches): batch k holds rows
+    """A sorted stream's rows cut into batches of `batch_rows` (ops.regroup.SortedBatches): batch k holds rows
     [k * batch_rows, (k + 1) * batch_rows) of the first `rows` (a dropped remainder already left out), cut from
     the same chunks at the same offsets as `rebatch` over the stream, so laid out the same."""
 

@@ -42,12 +42,12 @@ from batchtool.exec.held import pool_for
 from batchtool.exec.job import JobResult, RunSettings, open_mixed, read_paths
 from batchtool.io.workspace import Workspace, tasks_executor, workspace
 from batchtool.exec.write import RUN_BYTES, Job, Produced, sized_runs, write
-from batchtool.exec.driver import EngineRuntime, produced, scanner, stream_errors
-from batchtool.ops.regroup import Batches, Exchange, Regrouped
+from batchtool.exec.driver import EngineRuntime, Ready, produced, scanner, stream_errors
+from batchtool.ops.regroup import Exchange, Regrouped, SortedBatches
 from batchtool.io.output import destination_taken, refuse_overlap
 from batchtool.core.runner import SERIAL, Executor
 from batchtool.pipeline import config as config_mod
-from batchtool.pipeline.stages import ANY, CHUNKS, ORDER, Columns, Stage, Stream
+from batchtool.pipeline.stages import ANY, CHUNKS, ORDER, ChunkStream, Columns, Stage
 
 
 @dataclass
@@ -130,19 +130,9 @@ def _attribute(exc: BatchtoolError, prefix: str) -> BatchtoolError:
     return exc
 
 
-def _attributed_stream(stream: Stream, path: str, stage: Stage) -> Stream:
+def _attributed_stream(stream: ChunkStream, path: str, stage: Stage) -> ChunkStream:
     with attributed(path, stage):
         yield from stream
-
-
-@dataclass(frozen=True)
-class _Ready:
-    """A read task whose chunk is already computed (by the stages before)."""
-
-    chunk: Chunk
-
-    def __call__(self) -> Chunk:
-        return self.chunk
 
 
 @dataclass(frozen=True)
@@ -182,7 +172,7 @@ class StageInput(Dataset):
             chunks = (Chunk(c.data.select(cols), c.ids) for c in chunks)
         if self.desc:
             chunks = prefix.counted(chunks, self.desc, self.num_rows)
-        return map(_Ready, chunks)
+        return map(Ready, chunks)
 
     def chunks(self, columns: Sequence[str] | None = None, executor: Executor = SERIAL,
                report: ReadReport | None = None) -> Iterator[Chunk]:
@@ -320,7 +310,7 @@ class Prefix:
     def _barrier_key(j: int, columns: Columns, needs: int) -> tuple[int, tuple[str, ...] | None, bool]:
         return j, _key(columns), columns is not None and needs >= CHUNKS
 
-    def sorted_before(self, k: int, scope: Columns, needs: int) -> Batches | None:
+    def sorted_before(self, k: int, scope: Columns, needs: int) -> SortedBatches | None:
         """The batches reaching stage k, if a reorder sorted on the workers makes them (the stage before it is
         one): its reader then reads them itself, where it runs, instead of through the driver. The reorder's
         statistics and rows are known once sorted, so they are recorded here."""
@@ -344,7 +334,7 @@ class Prefix:
         stage = self.stages[k - 1]
         needed = stage.input_columns(scope)
         if stage.barrier and needs >= ORDER:
-            pairs: Stream = self._regrouped(stage, self._barriers[self._barrier_key(k - 1, needed, needs)])
+            pairs: ChunkStream = self._regrouped(stage, self._barriers[self._barrier_key(k - 1, needed, needs)])
         elif stage.skippable:  # nothing after it cares about order: skip the shuffle
             pairs = ((c, c.num_rows) for c in self.stream(k - 1, needed, report, ANY))
         else:
@@ -352,7 +342,7 @@ class Prefix:
             pairs = _attributed_stream(stage.stream(view, needed, self.executor, report), self.config.path, stage)
         return self._rekey(k, pairs, scope)
 
-    def _regrouped(self, stage: Stage, out: Regrouped) -> Stream:
+    def _regrouped(self, stage: Stage, out: Regrouped) -> ChunkStream:
         """A barrier's output chunks: its items through its work, on the executor (ids are re-keyed after), each with
         the input rows it consumed."""
         emitted = 0
@@ -366,7 +356,7 @@ class Prefix:
         if unselected:  # a reorder that selects (mix) read the rows it dropped too
             yield Chunk.concat([], pa.schema([])), unselected
 
-    def _rekey(self, k: int, pairs: Stream, scope: Columns) -> Iterator[Chunk]:
+    def _rekey(self, k: int, pairs: ChunkStream, scope: Columns) -> Iterator[Chunk]:
         """Ids = row number in the previous stage's output; empty chunks dropped (no row group is written
         for them); the first chunk as a command would read it back from Parquet."""
         rows = read = 0
@@ -458,7 +448,7 @@ class SortedRegrouped(Regrouped):
     """A barrier's batches in sorted files every worker reads (`batches`): the stage after it reads them itself,
     where its tasks run, instead of through the items."""
 
-    batches: Batches | None = None
+    batches: SortedBatches | None = None
 
 
 def _read_batches(read: Callable[[], Iterator[pa.RecordBatch]]) -> tuple[list[pa.RecordBatch], int]:

@@ -26,7 +26,7 @@ from batchtool.pipeline import config as config_mod
 
 Columns = list[str] | None
 """Column names, or None for all of them."""
-Stream = Iterator[tuple[Chunk, int]]
+ChunkStream = Iterator[tuple[Chunk, int]]
 """A stage's output chunks in order (possibly empty), each with the input rows it consumed."""
 
 ANY, ORDER, CHUNKS = Depends.ROWS, Depends.ORDER, Depends.CHUNKS
@@ -92,7 +92,7 @@ class Stage:
         """The op's plan, once `plan` has made it (what a regrouping on the workers needs)."""
         return self._plan
 
-    def stream(self, view: Dataset, columns: Columns, executor: Executor, report: ReadReport) -> Stream:
+    def stream(self, view: Dataset, columns: Columns, executor: Executor, report: ReadReport) -> ChunkStream:
         """A row stage's output chunks (only `columns`), as its kernel makes them on the executor."""
         applied = Applied(self.op, self._plan)
         with stream_errors(view, executor):
@@ -105,4 +105,4 @@ class Stage:
         return self.op.expected(self._plan, rows_in, scan)
 
 
-__all__ = ["ANY", "CHUNKS", "ORDER", "Columns", "Stage", "Stream"]
+__all__ = ["ANY", "CHUNKS", "ORDER", "Columns", "Stage", "ChunkStream"]

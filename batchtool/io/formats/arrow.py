@@ -20,7 +20,7 @@ from batchtool.io import batch_check
 from batchtool.io.dataset import shard_chunk
 from batchtool.core.errors import InputError, first_line, where
 from batchtool.io.formats import column_types, hf, ipc_meta
-from batchtool.io.formats.base import (DAMAGED, Batches, EncodedBatch, Format, ReadTask, check_batch_memory,
+from batchtool.io.formats.base import (DAMAGED, StoredBatches, EncodedBatch, Format, ReadTask, check_batch_memory,
                                     open_self_describing, rows_only, schema_problem, size_problem)
 from batchtool.io.manifest import MANIFEST_NAME
 
@@ -282,7 +282,7 @@ def largest_batch(entry: dict) -> int | None:
 
 
 @dataclass(frozen=True)
-class _Batches(Batches):
+class _Batches(StoredBatches):
     """Record batch i is batch i, found through the file's footer (parsed when the file is first read)."""
 
     unsliced = True

@@ -129,7 +129,7 @@ class ShardSink(Protocol):
 
 
 class ReadTask(ABC):
-    """A read of some batches of one file (Batches.read), run on any thread."""
+    """A read of some batches of one file (StoredBatches.read), run on any thread."""
 
     @abstractmethod
     def __call__(self) -> list[pa.RecordBatch]: ...
@@ -140,7 +140,7 @@ class ReadTask(ABC):
         SIGBUS). Nothing to check for batches decoded into memory."""
 
 
-class Batches(ABC):
+class StoredBatches(ABC):
     """Where each batch of each output file is, in one format, and the task reading a run of them: what lets
     `batchtool.load` read any batch directly. `cache` is the reading generator's: what it keeps open for one
     block of files (footers, open files)."""
@@ -282,7 +282,7 @@ class Format(ABC):
         loses is told to `report`."""
 
     @abstractmethod
-    def open_batches(self, dst: str, dataset: Dataset) -> tuple[np.ndarray, Batches]:
+    def open_batches(self, dst: str, dataset: Dataset) -> tuple[np.ndarray, StoredBatches]:
         """Each file's batch count and where its batches are, for `batchtool.load` of the output DST (from the
         manifest, dataset.manifest, where it lists them; else from the files)."""
 

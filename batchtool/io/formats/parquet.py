@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 from batchtool.core import fs
 from batchtool.io.dataset import shard_chunk
 from batchtool.core.errors import InputError, first_line, where
-from batchtool.io.formats.base import (DAMAGED, Batches, EncodedBatch, Format, ReadTask, cut, open_self_describing,
+from batchtool.io.formats.base import (DAMAGED, StoredBatches, EncodedBatch, Format, ReadTask, cut, open_self_describing,
                                     schema_problem)
 from batchtool.io.manifest import MANIFEST_NAME
 
@@ -159,7 +159,7 @@ class _Task:
 
 
 @dataclass(frozen=True)
-class _Batches(Batches):
+class _Batches(StoredBatches):
     """Every non-empty row group is a batch."""
 
     paths: tuple[str, ...]

@@ -344,7 +344,7 @@ def _output_order(plan: BucketPlan, per_bucket: Sequence[int]) -> np.ndarray:
 
 @dataclass(frozen=True)
 class BucketBatches:
-    """bucket's output batches (ops.base.Batches): batch k is batch `index[k]` of bucket `bucket[k]`."""
+    """bucket's output batches (ops.regroup.SortedBatches): batch k is batch `index[k]` of bucket `bucket[k]`."""
 
     plan: BucketPlan
     schema: pa.Schema
@@ -407,7 +407,7 @@ class BucketBatches:
 
 @dataclass(frozen=True)
 class BucketReader:
-    """A run of bucket's output batches, read and padded on a worker from the sorted streams (Batches.reader)."""
+    """A run of bucket's output batches, read and padded on a worker from the sorted streams (SortedBatches.reader)."""
 
     schema: pa.Schema
     columns: BucketColumns

@@ -268,7 +268,7 @@ def _cut(plan: PackPlan, layout: BatchLayout, scattered: Scattered, runtime: Run
 
 @dataclass(frozen=True)
 class PackBatches:
-    """pack's output batches (ops.base.Batches): batch k packs items [first_item[k], first_item[k + 1]) of the
+    """pack's output batches (ops.regroup.SortedBatches): batch k packs items [first_item[k], first_item[k + 1]) of the
     sorted groups into layout rows."""
 
     plan: PackPlan
@@ -305,7 +305,7 @@ class PackBatches:
 
 @dataclass(frozen=True)
 class _PackReader:
-    """A run of pack's batches assembled on a worker from the sorted groups (Batches.reader)."""
+    """A run of pack's batches assembled on a worker from the sorted groups (SortedBatches.reader)."""
 
     plan: PackPlan
     schema: pa.Schema

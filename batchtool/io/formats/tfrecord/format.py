@@ -16,7 +16,7 @@ from batchtool.core.budget import DEFAULT_MAX_RECORD_BYTES, check_record_limit
 from batchtool.io.dataset import Dataset, shard_chunk
 from batchtool.core.errors import CorruptRecordError, InputError, OptionError, where
 from batchtool.io.formats import example as example_codec
-from batchtool.io.formats.base import BATCH_COLUMN, Batches, EncodedBatch, Format, ReadTask, cut
+from batchtool.io.formats.base import BATCH_COLUMN, StoredBatches, EncodedBatch, Format, ReadTask, cut
 from batchtool.io.formats.tfrecord.framing import FRAMING, frame_record
 from batchtool.io.formats.tfrecord.records import (OnCorrupt, RangeReader, Span, iter_record_chunks, iter_record_spans,
                                                iter_records)
@@ -202,7 +202,7 @@ def _scan_batch_index(path: str, schema: pa.Schema, kind: str, batches: int) -> 
 
 
 @dataclass(frozen=True)
-class _Batches(Batches):
+class _Batches(StoredBatches):
     """Byte ranges from the batch index the manifest holds; the I/O happens here, in stream order."""
 
     paths: tuple[str, ...]
