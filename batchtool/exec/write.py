@@ -157,7 +157,7 @@ def write_manifest(tmp: str, job: Job, casts: dict[str, str], stored: pa.Schema,
     job_stats = stats()
     job_stats.update(report.stats())
     manifest = manifest_mod.build(
-        command=job.command, options=job.options, seed=job.seed, dataset=job.source, output=job.output,
+        command=job.command, options=job.options, seed=job.seed, dataset=job.source, output=job.output.recorded(),
         schema=stored, files=files, stats={"rows_in": rows_in, "rows_out": rows_out, **job_stats},
         run={"threads": job.run.threads, "engine": job.run.engine, **executed,
              "wall_seconds": round(time.perf_counter() - job.started, 3),

@@ -26,7 +26,6 @@ from batchtool.core.version import version
 
 if TYPE_CHECKING:
     from batchtool.io.dataset import Dataset
-    from batchtool.io.output import OutputOptions
 
 MANIFEST_NAME = ".batchtool_manifest.json"
 """A leading dot, because that is what every directory reader skips: pyarrow, pandas and
@@ -111,9 +110,9 @@ def peak_rss_bytes() -> int:
 
 
 def build(*, command: str, options: dict[str, Any], seed: int | None, dataset: Dataset,
-          output: OutputOptions, schema: pa.Schema, files: list[dict], stats: dict[str, Any],
+          output: dict[str, Any], schema: pa.Schema, files: list[dict], stats: dict[str, Any],
           run: dict[str, Any], padding: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The manifest; `padding`: how batchtool.load pads the stored batches (batchtool.io.load_padding), if it does."""
+    """The manifest; `output`: how the output is written (output.OutputOptions.recorded); `padding`: how batchtool.load pads the stored batches (batchtool.io.load_padding), if it does."""
     manifest = {
         "batchtool_version": version(),
         "manifest_version": PLAIN_VERSION if padding is None else PADDED_ON_LOAD_VERSION,
@@ -121,8 +120,7 @@ def build(*, command: str, options: dict[str, Any], seed: int | None, dataset: D
         "options": options,
         "seed": seed,
         "inputs": inputs_entry(dataset),
-        "output": {"format": output.format, "compression": output.codec,
-                   "tfrecord_kind": output.spec.record_kind(output),
+        "output": {**output,
                    "rows": sum(f["rows"] for f in files), "batches": sum(f["batches"] for f in files),
                    "bytes": sum(f["bytes"] for f in files), "files": files},
         "schema": schema_to_json(schema),

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 
@@ -109,6 +109,10 @@ class OutputOptions:
     @property
     def codec(self) -> str:
         return (self.compression or self.spec.default_codec).lower()
+
+    def recorded(self) -> dict[str, Any]:
+        """How the output is written, as the head of a manifest's output section records it (manifest.build)."""
+        return {"format": self.format, "compression": self.codec, "tfrecord_kind": self.spec.record_kind(self)}
 
     @property
     def suffix(self) -> str:
