@@ -20,13 +20,13 @@ from batchtool.io import batch_check
 from batchtool.io.dataset import shard_chunk
 from batchtool.core.errors import InputError, first_line, where
 from batchtool.io.formats import column_types, hf, ipc_meta
-from batchtool.io.formats.base import (DAMAGED, StoredBatches, EncodedBatch, Format, ReadTask, check_batch_memory,
-                                    open_self_describing, rows_only, schema_problem, size_problem)
+from batchtool.io.formats.base import (DAMAGED, EncodedBatch, Format, ReadTask, StoredBatches, WriteOptions,
+                                       check_batch_memory, open_self_describing, rows_only, schema_problem,
+                                       size_problem)
 from batchtool.io.manifest import MANIFEST_NAME
 
 if TYPE_CHECKING:
     from batchtool.io.dataset import Chunk, Dataset, ReadReport, Shard
-    from batchtool.io.output import OutputOptions
 
 MAGIC = ipc_meta.FILE_MAGIC
 
@@ -445,10 +445,10 @@ class ArrowFormat(Format):
         """A Hugging Face `datasets` save_to_disk directory's stream files, in its state.json's order."""
         return hf.split_files(src)
 
-    def open_sink(self, file: BinaryIO, schema: pa.Schema, options: OutputOptions) -> _Sink:
+    def open_sink(self, file: BinaryIO, schema: pa.Schema, options: WriteOptions) -> _Sink:
         return _Sink(file, schema, options.codec)
 
-    def encode(self, batch: pa.RecordBatch, options: OutputOptions) -> EncodedBatch:
+    def encode(self, batch: pa.RecordBatch, options: WriteOptions) -> EncodedBatch:
         """The IPC writer stores a sliced column's whole buffers (a string column sliced at offset 0 keeps
         its parent's values), and a bitmap's last byte whole (a boolean or validity bitmap cut mid-byte keeps its
         parent's next bits): such columns are copied compact, whose bitmaps end in zero bits, so the bytes depend

@@ -17,13 +17,26 @@ from batchtool.io.manifest import MANIFEST_NAME
 
 if TYPE_CHECKING:
     from batchtool.io.dataset import Chunk, ReadReport, Shard
-    from batchtool.io.output import OutputOptions
 
 
 DAMAGED = (ValueError, OSError, pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowIndexError, pa.ArrowKeyError,
            pa.ArrowSerializationError)
 """What pyarrow raises reading a damaged or unexpected file (pa.ArrowInvalid is a ValueError; so is a column name
 that is not UTF-8; an unknown codec is not implemented): the readers turn it into one line naming the file."""
+
+class WriteOptions(Protocol):
+    """What a format reads of the options it writes with (output.OutputOptions implements them; declared here,
+    below the output module, which asks the formats)."""
+
+    compression: str | None
+    tfrecord_kind: str
+    sequence_columns: tuple[str, ...] | None
+
+    @property
+    def codec(self) -> str: ...
+
+    def narrowed_schema(self, schema: pa.Schema) -> pa.Schema: ...
+
 
 BATCH_COLUMN = "batch"
 """The column bucket, segment and pack write: each row's batch number (in TFRecord output, what cuts the
@@ -240,27 +253,27 @@ class Format(ABC):
         """The suffix of output shards written with `codec`."""
         return self.suffixes[0]
 
-    def check_options(self, options: OutputOptions) -> None:
+    def check_options(self, options: WriteOptions) -> None:
         """OptionError naming the option, the value and what is allowed."""
         if options.codec not in self.codecs:
             raise OptionError("compression", f"{{compression}} {options.compression!r}: {self.label} takes "
                                              f"{', '.join(self.codecs)}")
 
-    def record_kind(self, options: OutputOptions) -> str | None:
+    def record_kind(self, options: WriteOptions) -> str | None:
         """The message each record holds, which the manifest records for readers (`output.tfrecord_kind`);
         None when the files describe themselves."""
         return None
 
-    def encode(self, batch: pa.RecordBatch, options: OutputOptions) -> EncodedBatch:
+    def encode(self, batch: pa.RecordBatch, options: WriteOptions) -> EncodedBatch:
         """Pure and thread-safe (workers run it): by default the writer encodes the Arrow data itself."""
         return EncodedBatch(batch)
 
-    def check_values(self, batch: pa.RecordBatch, options: OutputOptions) -> None:
+    def check_values(self, batch: pa.RecordBatch, options: WriteOptions) -> None:
         """What encode would refuse in the batch's values (RowError naming the row in the batch), checked where
         the batch's rows are known to come from (dataset.Chunk.located); by default the format holds any value."""
 
     @abstractmethod
-    def open_sink(self, file: BinaryIO, schema: pa.Schema, options: OutputOptions) -> ShardSink:
+    def open_sink(self, file: BinaryIO, schema: pa.Schema, options: WriteOptions) -> ShardSink:
         """A sink writing one shard into `file` (which hashes and counts what it is given)."""
 
     # reading ---------------------------------------------------------------------------------------------

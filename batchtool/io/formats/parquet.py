@@ -13,13 +13,12 @@ import pyarrow.parquet as pq
 from batchtool.core import fs
 from batchtool.io.dataset import shard_chunk
 from batchtool.core.errors import InputError, first_line, where
-from batchtool.io.formats.base import (DAMAGED, StoredBatches, EncodedBatch, Format, ReadTask, cut, open_self_describing,
-                                    schema_problem)
+from batchtool.io.formats.base import (DAMAGED, EncodedBatch, Format, ReadTask, StoredBatches, WriteOptions, cut,
+                                       open_self_describing, schema_problem)
 from batchtool.io.manifest import MANIFEST_NAME
 
 if TYPE_CHECKING:
     from batchtool.io.dataset import Chunk, Dataset, ReadReport, Shard
-    from batchtool.io.output import OutputOptions
 
 _CHECKSUM_FAILED = "CRC checksum verification failed"
 """What pyarrow says when a page's CRC32 (write_page_checksum) does not match its bytes."""
@@ -237,7 +236,7 @@ class ParquetFormat(Format):
     min_batch_bytes = 8
     """A row group's entry in the footer: its column chunks, byte size and rows."""
 
-    def open_sink(self, file: BinaryIO, schema: pa.Schema, options: OutputOptions) -> _Sink:
+    def open_sink(self, file: BinaryIO, schema: pa.Schema, options: WriteOptions) -> _Sink:
         return _Sink(file, schema, options.codec)
 
     def open_dataset(self, src: str, shards: tuple[Shard, ...], schema: pa.Schema | None, manifest: dict | None,

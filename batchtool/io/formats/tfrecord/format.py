@@ -16,7 +16,8 @@ from batchtool.core.budget import DEFAULT_MAX_RECORD_BYTES, check_record_limit
 from batchtool.io.dataset import Dataset, shard_chunk
 from batchtool.core.errors import CorruptRecordError, InputError, OptionError, where
 from batchtool.io.formats import example as example_codec
-from batchtool.io.formats.base import BATCH_COLUMN, StoredBatches, EncodedBatch, Format, ReadTask, cut
+from batchtool.io.formats.base import (BATCH_COLUMN, EncodedBatch, Format, ReadTask, StoredBatches, WriteOptions,
+                                       cut)
 from batchtool.io.formats.tfrecord.framing import FRAMING, frame_record
 from batchtool.io.formats.tfrecord.records import (OnCorrupt, RangeReader, Span, iter_record_chunks, iter_record_spans,
                                                iter_records)
@@ -27,7 +28,6 @@ from batchtool.core.runner import SERIAL, Executor
 
 if TYPE_CHECKING:
     from batchtool.io.dataset import Chunk, ReadReport, Shard
-    from batchtool.io.output import OutputOptions
 
 
 CHUNK_RECORDS = 1024
@@ -260,13 +260,13 @@ class _Decode(ReadTask):
         return cut(decoded, self.rows)
 
 
-def _narrowed(batch: pa.RecordBatch, options: OutputOptions) -> pa.RecordBatch:
+def _narrowed(batch: pa.RecordBatch, options: WriteOptions) -> pa.RecordBatch:
     """The values written: --cast's narrowing (an extension type's values are its storage's)."""
     stored = options.narrowed_schema(batch.schema)
     return batch if stored == batch.schema else batch.cast(stored)
 
 
-def _lists(options: OutputOptions) -> tuple[str, ...] | None:
+def _lists(options: WriteOptions) -> tuple[str, ...] | None:
     """An op's feature lists: they matter to SequenceExample records only (tf.train.Example has none)."""
     return options.sequence_columns if options.tfrecord_kind == "sequence_example" else None
 
@@ -292,23 +292,23 @@ class TFRecordFormat(Format):
     def suffix(self, codec: str) -> str:
         return ".tfrecord.gz" if codec == "gzip" else ".tfrecord"
 
-    def check_options(self, options: OutputOptions) -> None:
+    def check_options(self, options: WriteOptions) -> None:
         if options.codec not in self.codecs:
             raise OptionError("compression", f"{{compression}} {options.compression!r}: TFRecord takes gzip or none")
 
-    def record_kind(self, options: OutputOptions) -> str:
+    def record_kind(self, options: WriteOptions) -> str:
         return options.tfrecord_kind
 
-    def encode(self, batch: pa.RecordBatch, options: OutputOptions) -> EncodedBatch:
+    def encode(self, batch: pa.RecordBatch, options: WriteOptions) -> EncodedBatch:
         batch = _narrowed(batch, options)
         payloads = example_codec.encode_records(batch, options.tfrecord_kind, sequence_columns=_lists(options))
         return EncodedBatch(batch, b"".join(frame_record(p) for p in payloads))
 
-    def check_values(self, batch: pa.RecordBatch, options: OutputOptions) -> None:
+    def check_values(self, batch: pa.RecordBatch, options: WriteOptions) -> None:
         example_codec.check_values(_narrowed(batch, options), options.tfrecord_kind,
                                    sequence_columns=_lists(options))
 
-    def open_sink(self, file: BinaryIO, schema: pa.Schema, options: OutputOptions) -> Sink:
+    def open_sink(self, file: BinaryIO, schema: pa.Schema, options: WriteOptions) -> Sink:
         return Sink(file, options.codec)
 
     def open_dataset(self, src: str, shards: tuple[Shard, ...], schema: pa.Schema | None, manifest: dict | None,
