@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -15,13 +15,19 @@ import pyarrow as pa
 from batchtool.io.dataset import Chunk, Dataset, ReadReport
 from batchtool.core.runner import Executor
 from batchtool.core.tally import Tally
-
-if TYPE_CHECKING:
-    from batchtool.ops.base import Operation
-    from batchtool.io.workspace import Workspace
+from batchtool.io.workspace import Workspace
 
 class Bar(Protocol):
     def update(self, n: int) -> Any: ...
+
+
+class Kernel(Protocol):
+    """An op as Runtime.apply runs it: its per-chunk kernel, with a plan that may change chunk by chunk
+    (ops.base.Operation is one; declared here, below the operation interface, which imports this module)."""
+
+    def per_chunk(self, plan: Any) -> Callable[[Chunk], Any] | None: ...
+
+    def kernel(self, plan: Any, chunk: Chunk) -> tuple[Any, Tally]: ...
 
 
 class Runtime(Protocol):
@@ -39,7 +45,7 @@ class Runtime(Protocol):
         the runtime says whose it is (`shuffle: spill`, `stage 1 (shuffle): spill`)."""
         ...
 
-    def apply(self, op: Operation, plan: Any, data: Dataset,
+    def apply(self, op: Kernel, plan: Any, data: Dataset,
               report: ReadReport) -> tuple[Iterator[tuple[Chunk, int]], Tally]:
         """`op`'s kernel over every chunk of `data` on the engine, for an op that regroups its own kernel's
         output: the output chunks in input order, each with the input rows it completes, and the kernels'
