@@ -17,6 +17,7 @@ from batchtool.core.runner import Executor
 from batchtool.core.tally import Tally
 from batchtool.io.workspace import Workspace
 
+
 class Bar(Protocol):
     def update(self, n: int) -> Any: ...
 
