@@ -7,8 +7,6 @@ see batchtool.entry) starts without loading pyarrow: the command sets its signal
 from __future__ import annotations
 
 import os
-import sys
-import types
 from importlib import import_module
 from typing import TYPE_CHECKING
 
@@ -20,15 +18,30 @@ from typing import TYPE_CHECKING
 os.environ.setdefault("MIMALLOC_PURGE_DELAY", "100")
 
 if TYPE_CHECKING:
-    from batchtool.io.dataset import Dataset
     from batchtool.core.errors import BatchtoolError
+    from batchtool.exec.convert import convert
+    from batchtool.exec.driver import run_operation as run
+    from batchtool.exec.job import RunSettings
+    from batchtool.io.dataset import Dataset
     from batchtool.io.inputs import open_dataset
+    from batchtool.io.output import OutputOptions
     from batchtool.loader.load import Loader, load
     from batchtool.loader.source import Source, source
+    from batchtool.pipeline.execute import run_pipeline
 
-_EXPORTS = {"BatchtoolError": "batchtool.core.errors", "Dataset": "batchtool.io.dataset",
-            "open_dataset": "batchtool.io.inputs", "Loader": "batchtool.loader.load", "load": "batchtool.loader.load",
-            "Source": "batchtool.loader.source", "source": "batchtool.loader.source"}
+_EXPORTS = {
+    # the training side: an output's batches
+    "load": ("batchtool.loader.load", "load"), "Loader": ("batchtool.loader.load", "Loader"),
+    "source": ("batchtool.loader.source", "source"), "Source": ("batchtool.loader.source", "Source"),
+    # the write side: an op, a pipeline or a conversion from SRC to DST, how to run it and write it
+    "run": ("batchtool.exec.driver", "run_operation"), "run_pipeline": ("batchtool.pipeline.execute", "run_pipeline"),
+    "convert": ("batchtool.exec.convert", "convert"), "RunSettings": ("batchtool.exec.job", "RunSettings"),
+    "OutputOptions": ("batchtool.io.output", "OutputOptions"),
+    # reading a SRC, and what fails
+    "open_dataset": ("batchtool.io.inputs", "open_dataset"), "Dataset": ("batchtool.io.dataset", "Dataset"),
+    "BatchtoolError": ("batchtool.core.errors", "BatchtoolError"),
+}
+"""Public name: (module, name there), imported on first use."""
 
 
 def __getattr__(name: str) -> object:
@@ -37,23 +50,12 @@ def __getattr__(name: str) -> object:
 
         value: object = version()
     elif name in _EXPORTS:
-        value = getattr(import_module(_EXPORTS[name]), name)
+        module, attribute = _EXPORTS[name]
+        value = getattr(import_module(module), attribute)
     else:
         raise AttributeError(f"module 'batchtool' has no attribute {name!r}")
     globals()[name] = value
     return value
 
 
-class _Package(types.ModuleType):
-    """Keeps `batchtool.load` the function: importing the submodule batchtool.load would otherwise
-    replace the attribute with the module (the import system sets it on the package)."""
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if name in _EXPORTS and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
-
-__all__ = ["BatchtoolError", "Dataset", "Loader", "Source", "load", "open_dataset", "source", "__version__"]
+__all__ = sorted(_EXPORTS) + ["__version__"]

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import ast
 import os
+import subprocess
+import sys
 
 import batchtool
 
@@ -117,3 +119,17 @@ def test_no_module_imports_one_that_imports_it_back() -> None:
         if root not in state:
             visit(root, [root])
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_the_public_api_is_what_the_package_exports_and_imports_nothing_heavy() -> None:
+    """`import batchtool` loads no pyarrow (the command sets its signal handlers first), and every public name
+    resolves to the function or class it names, also after its module was imported (no submodule shadows it)."""
+    code = ("import sys, batchtool\n"
+            "assert 'pyarrow' not in sys.modules, 'import batchtool loaded pyarrow'\n"
+            "import batchtool.loader.load, batchtool.loader.source, batchtool.exec.convert\n"
+            "for name in batchtool.__all__:\n"
+            "    value = getattr(batchtool, name)\n"
+            "    assert not isinstance(value, type(sys)), (name, value)\n"
+            "print(batchtool.load.__module__, batchtool.source.__module__, batchtool.run.__name__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["batchtool.loader.load", "batchtool.loader.source", "run_operation"]
