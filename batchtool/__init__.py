@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from batchtool.core.errors import BatchtoolError
     from batchtool.exec.convert import convert
     from batchtool.exec.driver import run_operation as run
-    from batchtool.exec.job import RunSettings
+    from batchtool.core.run_settings import RunSettings
     from batchtool.io.dataset import Dataset
     from batchtool.io.inputs import open_dataset
     from batchtool.io.output import OutputOptions
@@ -35,7 +35,7 @@ _EXPORTS = {
     "source": ("batchtool.loader.source", "source"), "Source": ("batchtool.loader.source", "Source"),
     # the write side: an op, a pipeline or a conversion from SRC to DST, how to run it and write it
     "run": ("batchtool.exec.driver", "run_operation"), "run_pipeline": ("batchtool.pipeline.execute", "run_pipeline"),
-    "convert": ("batchtool.exec.convert", "convert"), "RunSettings": ("batchtool.exec.job", "RunSettings"),
+    "convert": ("batchtool.exec.convert", "convert"), "RunSettings": ("batchtool.core.run_settings", "RunSettings"),
     "OutputOptions": ("batchtool.io.output", "OutputOptions"),
     # reading a SRC, and what fails
     "open_dataset": ("batchtool.io.inputs", "open_dataset"), "Dataset": ("batchtool.io.dataset", "Dataset"),

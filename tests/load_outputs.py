@@ -6,7 +6,7 @@ import os
 
 from conftest import write_parquet_shards
 
-from batchtool.exec.job import RunSettings
+from batchtool.core.run_settings import RunSettings
 from batchtool.exec.driver import run_operation
 from batchtool.ops.bucket import OP, BucketOptions
 from batchtool.ops.segment import OP as SEGMENT

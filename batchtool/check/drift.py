@@ -24,7 +24,7 @@ from batchtool.check.scan import Measures, make_plan, measure
 from batchtool.check.recorded import Recorded
 from batchtool.io.dataset import Dataset
 from batchtool.io.inputs import open_dataset
-from batchtool.exec.job import RunSettings
+from batchtool.core.run_settings import RunSettings
 from batchtool.core.runner import Executor
 from batchtool.io.manifest import manifest_path, output_files, schema_from_json
 from batchtool.io.manifest_reader import read_manifest, read_manifest_file

@@ -26,7 +26,7 @@ from batchtool.io.dataset import Dataset
 from batchtool.exec.engines import executor as run_executor
 from batchtool.core.errors import InputError, UsageError
 from batchtool.io.inputs import open_dataset
-from batchtool.exec.job import RunSettings
+from batchtool.core.run_settings import RunSettings
 from batchtool.core.runner import Executor
 from batchtool.io.manifest_reader import read_manifest
 

@@ -22,7 +22,7 @@ from batchtool.check.scan import Measures
 from batchtool.check.recorded import Recorded
 from batchtool.io.dataset import Dataset
 from batchtool.core.errors import InputError, UsageError
-from batchtool.exec.job import RunSettings
+from batchtool.core.run_settings import RunSettings
 from batchtool.core.runner import Executor
 from batchtool.io.manifest import MANIFEST_NAME, manifest_path
 

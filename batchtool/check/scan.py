@@ -27,7 +27,7 @@ from batchtool.check.report import Offender
 from batchtool.check.rules import (ClassProportions, DriftLengths, DriftNulls, DriftProportions, LabelRange, Length,
                                    MinClassRows, NoDuplicateRows, NoNan, NoNulls, Rule, SameLength, Unique)
 from batchtool.io.dataset import Chunk, Dataset, ReadReport, Shard
-from batchtool.exec.job import RunSettings
+from batchtool.core.run_settings import RunSettings
 from batchtool.core.errors import SchemaError
 from batchtool.ops.labels import MAX_CLASSES
 from batchtool.core.runner import Executor

@@ -14,11 +14,11 @@ from typing import Any
 import click
 
 from batchtool.exec import settings as settings_mod
-from batchtool.exec.engines import ENGINES
+from batchtool.core.run_settings import ENGINES
 from batchtool.core.errors import BatchtoolError, OptionError, UsageError
 from batchtool.core.version import version
 from batchtool.core.budget import DEFAULT_MAX_RECORD_BYTES
-from batchtool.exec.job import RunSettings
+from batchtool.core.run_settings import RunSettings
 from batchtool.ops import OPERATIONS
 from batchtool.core.errors import flag
 from batchtool.io.formats.registry import FORMATS

@@ -12,7 +12,8 @@ import pyarrow as pa
 from batchtool.exec import exchange
 from batchtool.io.dataset import Chunk, ReadReport
 from batchtool.exec.engines import executor as run_executor
-from batchtool.exec.job import JobResult, RunSettings, open_source
+from batchtool.core.run_settings import RunSettings
+from batchtool.exec.job import JobResult, open_source
 from batchtool.core.tally import Tally
 from batchtool.io.output import OutputOptions
 from batchtool.io.workspace import Workspace, tasks_executor

@@ -20,7 +20,8 @@ from batchtool.exec.engines import executor as run_executor
 from batchtool.core.errors import BatchtoolError, PartialError, RowError
 from batchtool.exec.exchange import ReadUnit
 from batchtool.exec.held import Pool, pool_for
-from batchtool.exec.job import JobResult, RunSettings, open_source, open_sources
+from batchtool.core.run_settings import RunSettings
+from batchtool.exec.job import JobResult, open_source, open_sources
 from batchtool.exec.write import Deferred, Emitted, Item, Job, Produced, Streamed, write
 from batchtool.ops.base import Expanding, Piece, Context, Kind, Operation, OptionError, Scan
 from batchtool.ops.regroup import Bar, Exchange

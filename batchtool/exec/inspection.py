@@ -18,7 +18,7 @@ from batchtool.ops.written import producer, written_names
 from batchtool.io.formats import column_types
 from batchtool.core.budget import human_bytes
 from batchtool.io.inputs import open_dataset
-from batchtool.exec.job import RunSettings
+from batchtool.core.run_settings import RunSettings
 from batchtool.io.manifest import manifest_path
 from batchtool.core.runner import Executor
 

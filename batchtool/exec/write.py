@@ -28,7 +28,8 @@ from batchtool.io import manifest as manifest_mod
 from batchtool.io.dataset import Dataset, ReadReport
 from batchtool.exec.exchange import ReadUnit
 from batchtool.io.formats.base import EncodedBatch
-from batchtool.exec.job import JobResult, RunSettings, read_paths
+from batchtool.core.run_settings import RunSettings
+from batchtool.exec.job import JobResult, read_paths
 from batchtool.ops.regroup import Cut, SortedBatches
 from batchtool.core.tally import Tally
 from batchtool.io.output import BatchShardWriter, OutputOptions, encode_batch, output_directory, shard_ends

@@ -39,7 +39,8 @@ from batchtool.core.errors import BatchtoolError, DestinationExistsError
 from batchtool.io.formats import parquet as parquet_format
 from batchtool.io.inputs import open_dataset
 from batchtool.exec.held import pool_for
-from batchtool.exec.job import JobResult, RunSettings, open_mixed, read_paths
+from batchtool.core.run_settings import RunSettings
+from batchtool.exec.job import JobResult, open_mixed, read_paths
 from batchtool.io.workspace import Workspace, tasks_executor, workspace
 from batchtool.exec.write import RUN_BYTES, Job, Produced, sized_runs, write
 from batchtool.exec.driver import EngineRuntime, Ready, produced, scanner, stream_errors

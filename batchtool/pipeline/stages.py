@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from batchtool.io.dataset import Chunk, Dataset, ReadReport
-from batchtool.exec.job import RunSettings
+from batchtool.core.run_settings import RunSettings
 from batchtool.exec.driver import Applied, make_plan, stream_errors
 from batchtool.core.runner import Executor
 from batchtool.ops import OPERATIONS

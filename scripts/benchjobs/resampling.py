@@ -55,7 +55,7 @@ def selection_mask(ctx: Context) -> str:
     import pyarrow.parquet as pq
 
     from batchtool.exec.driver import run_operation
-    from batchtool.exec.job import RunSettings
+    from batchtool.core.run_settings import RunSettings
     from batchtool.ops.stratify import OP, StratifyOptions
     from batchtool.io.output import OutputOptions
 

@@ -28,7 +28,7 @@ from batchtool.exec.convert import convert
 from batchtool.io.dataset import Dataset
 from batchtool.core.errors import InputError, SchemaError, UsageError
 from batchtool.io.inputs import open_dataset
-from batchtool.exec.job import RunSettings
+from batchtool.core.run_settings import RunSettings
 from batchtool.ops.base import OptionError
 from batchtool.core.options import TableError, Typed, fields, read_table
 from batchtool.io.output import OutputOptions

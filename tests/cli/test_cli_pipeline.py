@@ -313,7 +313,7 @@ def test_ctrl_c_removes_temporary_files_and_leaves_no_output(tmp_path):
 CHILD = """
 import json, resource, sys
 import pyarrow as pa
-from batchtool.exec.job import RunSettings
+from batchtool.core.run_settings import RunSettings
 from batchtool.pipeline import load, run_pipeline
 
 def peak():

@@ -16,7 +16,7 @@ from batchtool.exec.convert import convert
 from batchtool.io.formats.example import encode_records
 from batchtool.io.formats.tfrecord.framing import frame_record
 from batchtool.io.formats.tfrecord.writer import TFRecordFileWriter
-from batchtool.exec.job import RunSettings
+from batchtool.core.run_settings import RunSettings
 from batchtool.io.output import OutputOptions
 from conftest import SAMPLE, read_dir
 

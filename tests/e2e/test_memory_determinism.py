@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from batchtool.io import spill as spill_mod
-from batchtool.exec.job import RunSettings
+from batchtool.core.run_settings import RunSettings
 from batchtool.exec.driver import run_operation
 from batchtool.ops.bucket import OP as BUCKET
 from batchtool.ops.bucket import BucketOptions

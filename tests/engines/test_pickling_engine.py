@@ -27,7 +27,7 @@ from batchtool.io.workspace import Workspace
 ray_engine = pytest.importorskip("batchtool.exec.engines.ray")
 pytest.importorskip("cloudpickle")
 from batchtool.exec.convert import convert
-from batchtool.exec.job import RunSettings
+from batchtool.core.run_settings import RunSettings
 from batchtool.io.manifest import MANIFEST_NAME
 from batchtool.io.output import OutputOptions
 from batchtool.core.synthetic import make_table

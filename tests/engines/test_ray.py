@@ -24,7 +24,7 @@ from batchtool.core import runner
 from batchtool.check.evaluate import check
 from batchtool.exec.convert import convert
 from batchtool.core.errors import InputError, UsageError
-from batchtool.exec.job import RunSettings
+from batchtool.core.run_settings import RunSettings
 from batchtool.exec.driver import _kernel, run_operation
 from batchtool.exec import exchange
 from batchtool.ops.shuffle import OP as SHUFFLE

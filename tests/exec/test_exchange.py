@@ -14,7 +14,8 @@ from batchtool.exec.driver import run_operation
 from batchtool.core.errors import DestinationError, InputError
 from batchtool.exec.exchange import MapJob, Workspace, _map, read_units
 from batchtool.io.dataset import ReadReport
-from batchtool.exec.job import RunSettings, open_source
+from batchtool.core.run_settings import RunSettings
+from batchtool.exec.job import open_source
 from batchtool.ops.regroup import Scatter
 from batchtool.ops.shuffle import OP, ShuffleOptions
 from batchtool.io.output import OutputOptions

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from batchtool.exec.convert import convert
-from batchtool.exec.job import RunSettings
+from batchtool.core.run_settings import RunSettings
 from batchtool.io.output import OutputOptions
 from batchtool.core.synthetic import make_table
 from conftest import write_parquet_shards

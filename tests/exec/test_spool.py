@@ -20,7 +20,7 @@ import test_pickling_engine
 from batchtool.exec import write
 from batchtool.exec.convert import _as_is, convert
 from batchtool.io.dataset import ReadReport
-from batchtool.exec.job import RunSettings
+from batchtool.core.run_settings import RunSettings
 from batchtool.io.output import OutputOptions
 from batchtool.core.synthetic import make_table
 from conftest import write_parquet_shards

@@ -18,7 +18,7 @@ from load_outputs import bucket_output, manifest_file
 import batchtool
 from batchtool.exec.convert import convert
 from batchtool.core.errors import InputError, SchemaError
-from batchtool.exec.job import RunSettings
+from batchtool.core.run_settings import RunSettings
 from batchtool.loader.load import column_to_numpy
 from batchtool.exec.driver import run_operation
 from batchtool.ops.segment import OP as SEGMENT

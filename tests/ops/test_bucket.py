@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchtool.core.errors import InputError, SchemaError, UsageError
-from batchtool.exec.job import RunSettings
+from batchtool.core.run_settings import RunSettings
 from batchtool.exec.driver import run_operation
 from batchtool.ops.base import Context, OptionError
 from batchtool.core.options import ColumnList, fields

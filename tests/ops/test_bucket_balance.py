@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batchtool.exec.job import RunSettings
+from batchtool.core.run_settings import RunSettings
 from batchtool.ops.boundaries import assign_buckets
 from batchtool.exec.driver import run_operation
 from batchtool.ops.bucket import OP, BucketOptions

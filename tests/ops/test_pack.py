@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import batchtool
 from batchtool.core import rng
 from batchtool.core.errors import InputError, SchemaError
-from batchtool.exec.job import RunSettings
+from batchtool.core.run_settings import RunSettings
 from batchtool.exec.driver import run_operation
 from batchtool.ops.base import OptionError
 from batchtool.core.options import fields

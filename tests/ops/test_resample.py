@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from batchtool.core import rng
 from batchtool.io.dataset import Chunk
 from batchtool.core.errors import InputError, SchemaError, UsageError
-from batchtool.exec.job import RunSettings
+from batchtool.core.run_settings import RunSettings
 from batchtool.ops import copies
 from batchtool.core.options import NumberOrColumn
 from batchtool.exec.driver import run_operation

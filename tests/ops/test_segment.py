@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import batchtool
 from batchtool.core.errors import InputError, SchemaError, UsageError
 from batchtool.io.inputs import open_dataset
-from batchtool.exec.job import RunSettings
+from batchtool.core.run_settings import RunSettings
 from batchtool.io.duplicates import PARTITIONS, HashIndex
 from batchtool.exec.driver import run_operation
 from batchtool.ops.segment import lanes

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import batchtool
-from batchtool.exec.job import RunSettings
+from batchtool.core.run_settings import RunSettings
 from batchtool.exec.driver import run_operation
 from batchtool.ops.segment import OP as SEGMENT
 from batchtool.ops.segment import SegmentOptions

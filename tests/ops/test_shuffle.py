@@ -18,7 +18,7 @@ from batchtool.core import rng
 from batchtool.exec import exchange
 from batchtool.io.dataset import Chunk
 from batchtool.core.errors import OptionError, UsageError
-from batchtool.exec.job import RunSettings
+from batchtool.core.run_settings import RunSettings
 from batchtool.exec.driver import run_operation
 from batchtool.ops.rows import rebatch
 from batchtool.ops.shuffle import OP, STAGE, ShuffleOptions, buffered_shuffle
@@ -160,7 +160,7 @@ def test_memory_is_a_run_setting_named_in_each_vocabulary():
 CHILD = """
 import json, sys
 import pyarrow as pa
-from batchtool.exec.job import RunSettings
+from batchtool.core.run_settings import RunSettings
 from batchtool.exec.driver import run_operation
 from batchtool.ops.shuffle import OP, ShuffleOptions
 from batchtool.io.output import OutputOptions

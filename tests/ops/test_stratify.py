@@ -19,7 +19,7 @@ from batchtool.io.dataset import Chunk
 from batchtool.exec.driver import run_operation, scanner
 from batchtool.core.errors import InputError, SchemaError, UsageError
 from batchtool.io.inputs import open_dataset
-from batchtool.exec.job import RunSettings
+from batchtool.core.run_settings import RunSettings
 from batchtool.ops.base import Context
 from batchtool.ops.labels import MAX_CLASSES
 from batchtool.ops.quotas import plan_layout

@@ -14,7 +14,7 @@ import pytest
 from conftest import data_bytes, write_parquet_shards
 
 from batchtool.core.errors import BatchtoolError, InputError, UsageError
-from batchtool.exec.job import RunSettings
+from batchtool.core.run_settings import RunSettings
 from batchtool.ops.bucket import BucketOptions
 from batchtool.ops.segment import SegmentOptions
 from batchtool.ops.stratify import StratifyOptions

@@ -10,37 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
-from batchtool.core.errors import UsageError
+from batchtool.core.run_settings import RunSettings
 from batchtool.core.runner import Executor, Threads
 
 if TYPE_CHECKING:
     from batchtool.exec.engines.ray import RayEngine
 
-ENGINES = ("local", "ray")
-
-
-class EngineSettings(Protocol):
-    """What choosing an engine needs from RunSettings."""
-
-    engine: str
-    ray_address: str | None
-    threads: int
-
-
-def check_engine(engine: str, ray_address: str | None) -> None:
-    if engine not in ENGINES:
-        raise UsageError(f"--engine {engine!r}: expected one of {', '.join(ENGINES)}")
-    if ray_address is not None and engine != "ray":
-        raise UsageError(f"--ray-address {ray_address}: needs --engine ray")
-
 
 @contextmanager
-def executor(run: EngineSettings) -> Iterator[Executor]:
+def executor(run: RunSettings) -> Iterator[Executor]:
     """The run's executor while the block runs: its threads, or a Ray connection (started lazily, at its first
     map) that is closed when the block ends."""
-    check_engine(run.engine, run.ray_address)
     if run.engine == "local":
         yield Threads(run.threads)
         return
@@ -51,11 +33,11 @@ def executor(run: EngineSettings) -> Iterator[Executor]:
         remote.close()
 
 
-def start_ray(run: EngineSettings) -> RayEngine:
+def start_ray(run: RunSettings) -> RayEngine:
     """The Ray executor of a run (--ray-address, or a local cluster of --threads CPUs)."""
     from batchtool.exec.engines.ray import RayEngine
 
     return RayEngine(run.ray_address, local_cpus=run.threads)
 
 
-__all__ = ["ENGINES", "check_engine", "executor", "start_ray"]
+__all__ = ["executor", "start_ray"]
