@@ -14,7 +14,8 @@ from batchtool.core.errors import OptionError
 from batchtool.ops.base import Kind, Operation
 from batchtool.core.options import Choice, Flag, Integer, Value, option, shown
 from batchtool.core.progress import LINE_SECONDS, MODES
-from batchtool.io.output import CASTS, DEFAULT_SHARD_BYTES, TFRECORD_KINDS, OutputOptions
+from batchtool.io.formats.example import KINDS as TFRECORD_KINDS
+from batchtool.io.output import CASTS, DEFAULT_SHARD_BYTES, OutputOptions
 
 BATCH_FORMAT = "arrow"
 """What a command whose output is batches writes without --to: an uncompressed Arrow IPC file, which

@@ -12,7 +12,7 @@ from batchtool.core.errors import InputError
 from batchtool.io.formats.registry import NAMES
 from batchtool.io.load_padding import LoadPadding
 from batchtool.io.manifest import FORMAT_VERSION, LEGACY_MANIFEST_NAME, dataset_file, manifest_path, schema_from_json
-from batchtool.io.output import TFRECORD_KINDS
+from batchtool.io.formats.example import KINDS as TFRECORD_KINDS
 
 MAX_MANIFEST_BYTES = 256 << 20
 """A manifest is read whole; one this large is not batchtool's (a million shards take ~200 MB)."""

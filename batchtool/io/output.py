@@ -24,11 +24,11 @@ from batchtool.core.errors import (DestinationError, DestinationExistsError, Opt
                               where)
 from batchtool.io.formats import column_meta, column_types
 from batchtool.io.formats.base import EncodedBatch, Format, ShardSink
+from batchtool.io.formats.example import KINDS as TFRECORD_KINDS
 from batchtool.io.formats.registry import DEFAULT, FORMATS, NAMES
 
 CASTS = {"float64=float32": (pa.float64(), pa.float32())}
 """Lossy conversions TFRecord output makes only when asked (--cast): tf.train.FloatList holds float32."""
-TFRECORD_KINDS = ("sequence_example", "example")
 DEFAULT_SHARD_BYTES = 256 * 1024 * 1024
 WRITE_BUFFER_BYTES = 1 << 20
 """What a shard's native write buffer gathers before one Python-level write (see BatchShardWriter._open)."""

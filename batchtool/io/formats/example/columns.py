@@ -9,8 +9,9 @@ import pyarrow as pa
 
 from batchtool.core.errors import SchemaError, UsageError, where
 
-KINDS = ("example", "sequence_example")
-"""Record kinds: tf.train.Example, tf.train.SequenceExample."""
+KINDS = ("sequence_example", "example")
+"""What a TFRecord file's records hold: tf.train.SequenceExample (what batchtool writes unless asked) or
+tf.train.Example."""
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
