@@ -220,7 +220,7 @@ def test_the_engine_is_chosen_once_by_the_entry_point(tmp_path, parquet_src, run
         scopes.append((run.engine, run.threads))
         return real(run)
 
-    for module in ("driver", "convert", "inspection", "pipeline.execute", "check.evaluate"):
+    for module in ("exec.driver", "exec.convert", "exec.inspection", "pipeline.execute", "check.evaluate"):
         monkeypatch.setattr(f"batchtool.{module}.run_executor", counting)
     path = pipeline(tmp_path, ['op = "shuffle"'], src=parquet_src)
     for args in (["inspect", parquet_src], ["convert", parquet_src, tmp_path / "c"],
