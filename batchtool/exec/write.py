@@ -2,7 +2,7 @@
 run's workspace (batchtool.io.workspace), written as batch shards, then the manifest, then moved into place.
 
 What is produced is one of two things, and the engine decides only how its batches reach the shards:
-- sorted batches (ops.base.Cut, an exchange's output, re-readable by any worker): the local engine reads and
+- sorted batches (ops.regroup.Cut, an exchange's output, re-readable by any worker): the local engine reads and
   encodes runs of them on its threads and one writer appends them in order; a remote engine measures their sizes
   and writes every shard in a task of its own, cut where the one writer would cut it (output.shard_ends);
 - a stream (Streamed): tasks whose work makes output batches in order (a row op's kernel over each read unit, a

@@ -94,7 +94,7 @@ def emit(chunk: Chunk) -> tuple[list[pa.RecordBatch], int]:
 @dataclass(frozen=True)
 class Yardstick:
     """The first chunk's Arrow bytes and rows: what a first pass sizes everything from, and all a worker
-    that read the chunk needs to send back (see batchtool.exec.exchange.probe)."""
+    that read the chunk needs to send back (see batchtool.exec.exchange.regrouping, its probe)."""
 
     bytes: int
     rows: int

@@ -1,5 +1,5 @@
 """`bucket`: group examples by length (or a bucket column) into padded batches, in bounded memory: its options
-and its definition (the plan is in bucket_plan, the batches in bucket_batches, what it reports in bucket_report)."""
+and its definition (the plan is in ops.bucket.plan, the batches in ops.bucket.batches, what it reports in ops.bucket.report)."""
 
 from __future__ import annotations
 

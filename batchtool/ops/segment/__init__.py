@@ -4,8 +4,8 @@ Each of the B rows of a batch is a lane that plays one example's segments in ord
 consecutive batches, then the next example's, so a trainer keeps its recurrent state as a
 `[B, ...]` array and resets lane b where `sequence[b] == 0`. This module is the op's definition
 (options, plan, the one regrouping pass, dry run); the pass's parts each have their own:
-segment_chunks (per-chunk checks and segment counts), segment_keys (the duplicate-key check),
-segment_lanes (the sequential lane planner) and segment_batches (building batches on workers).
+ops.segment.chunks (per-chunk checks and segment counts, and the duplicate-key check), ops.segment.lanes (the
+sequential lane planner) and ops.segment.batches (building batches on workers).
 """
 
 from __future__ import annotations

@@ -83,11 +83,11 @@ class Examples:
     count: np.ndarray
     """Segments (`NextQueuedSequenceBatch.sequence_count`)."""
     key_hash: np.ndarray | None
-    """Each key's 64-bit hash (key_hashes); None once written where the check reads it (segment_keys.prepare_shared)."""
+    """Each key's 64-bit hash (key_hashes); None once written where the check reads it (prepare_shared)."""
     ordinals: np.ndarray | None = None
     """Each row's position in the input; set by the planner, which sees chunks in order."""
     stored: str | None = None
-    """An Arrow IPC file holding `data` with `keys` as its last column (segment_keys.prepare_shared)."""
+    """An Arrow IPC file holding `data` with `keys` as its last column (prepare_shared)."""
     stored_rows: np.ndarray | None = None
     """The row of each example in `stored` (None: the same rows, in order)."""
 

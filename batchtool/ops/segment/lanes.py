@@ -1,7 +1,7 @@
 """segment's lane planner: which example each of the B lanes plays in which batch, as work items for the workers.
 
 Planning is sequential and cheap (it only looks at segment counts), so it runs in the thread that writes; the
-items it makes name their rows, and cutting, padding and encoding them is `segment_batches`' work.
+items it makes name their rows, and cutting, padding and encoding them is ops.segment.batches' work.
 """
 
 from __future__ import annotations
