@@ -6,7 +6,9 @@ imports under `if TYPE_CHECKING:` count too, so a type used across layers lives 
 from __future__ import annotations
 
 import ast
+import importlib
 import os
+import re
 import subprocess
 import sys
 
@@ -133,3 +135,62 @@ def test_the_public_api_is_what_the_package_exports_and_imports_nothing_heavy() 
             "print(*(getattr(batchtool, name).__module__ for name in ('load', 'source')), batchtool.run.__name__)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["batchtool.loader.load", "batchtool.loader.source", "run_operation"]
+
+
+_DOTTED = re.compile(r"(?<![\w./-])([a-z_]\w*(?:[./][A-Za-z_]\w*)+)")
+INTERNALS = os.path.join(os.path.dirname(PACKAGE), "docs", "internals.md")
+
+
+def _names(text: str, modules: dict[str, str]) -> set[str]:
+    """The dotted names and .py paths in `text` that name the package's code: `batchtool.x.y`, a name that starts
+    with one of its packages (`ops.base.Operation`, `formats.column_types`), a module's class or constant
+    (`spill.Cells`, `rng.SHARD_BITS`; not `output.padding`, which reads as a manifest key or an attribute), and
+    file paths (`ops/rows.py`, `plan.py`)."""
+    packages = {name.rpartition(".")[2] for name, path in modules.items() if path.endswith("__init__.py")}
+    leaves = {name.rpartition(".")[2] for name in modules}
+    found = set()
+    for name in _DOTTED.findall(text):
+        name = name.rstrip(".")
+        parts = name.replace("/", ".").split(".")
+        if name.endswith(".py") or parts[0] in ("batchtool", *packages) or (
+                parts[0] in leaves and parts[1][:1].isupper()):
+            found.add(name)
+    return found
+
+
+def _resolves(name: str, modules: dict[str, str]) -> bool:
+    """Whether a name from _names is a module of the package (any one its last parts fit), or a file, or an
+    attribute of one (a class's fields and annotations count)."""
+    if os.path.exists(os.path.join(os.path.dirname(PACKAGE), name)):  # a path from the repository's root
+        return True
+    if name.endswith(".py"):
+        return any(path.endswith(os.sep + name.replace("/", os.sep)) for path in modules.values())
+    parts = name.replace("/", ".").split(".")
+    for start in sorted(m for m in modules if m == parts[0] or m.endswith("." + parts[0])):
+        current, obj = start, importlib.import_module(start)
+        for part in parts[1:]:
+            if f"{current}.{part}" in modules:
+                current = f"{current}.{part}"
+                obj = importlib.import_module(current)
+            elif hasattr(obj, part) or any(part in getattr(k, "__annotations__", {})
+                                           for k in getattr(obj, "__mro__", (obj,))):
+                current, obj = "", getattr(obj, part, None)
+            else:
+                break
+        else:
+            return True
+    return False
+
+
+def test_every_name_a_docstring_or_internals_md_gives_the_code_exists() -> None:
+    """Docstrings and docs/internals.md name modules, classes and functions by their dotted names and paths: each
+    one names what the package holds today (a move or a rename updates them)."""
+    modules = _modules()
+    texts = [(os.path.relpath(path, os.path.dirname(PACKAGE)), node.lineno, node.value.value)
+             for path in modules.values() for node in ast.walk(ast.parse(open(path, encoding="utf-8").read()))
+             if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)]
+    with open(INTERNALS, encoding="utf-8") as f:
+        texts += [("docs/internals.md", number, line) for number, line in enumerate(f, 1)]
+    missing = sorted(f"{where}:{line}: {name}" for where, line, text in texts for name in _names(text, modules)
+                     if not _resolves(name, modules))
+    assert not missing, "names that are not the package's:\n" + "\n".join(missing)
