@@ -98,7 +98,7 @@ def read_all(dst: str, verify: bool) -> dict:
         return {"digest": digest(batchtool.load(dst, shuffle=False, verify=verify, writable=False, threads=1))}
     except Exception as exc:  # the test asserts it is a BatchtoolError naming the file
         return {"error": str(exc), "type": type(exc).__name__,
-                "batchtool": isinstance(exc, __import__("batchtool").errors.BatchtoolError)}
+                "batchtool": isinstance(exc, __import__("batchtool").BatchtoolError)}
 
 
 def main(dst: str, name: str, kind: str, seed: int, count: int) -> None:
