@@ -64,7 +64,7 @@ def test_no_format_name_branches_outside_the_formats_package():
     """Adding a format is adding one module: no code outside batchtool/io/formats/ asks which format it has."""
     found = []
     for folder, _, names in os.walk(PACKAGE):
-        if os.path.relpath(folder, PACKAGE).split(os.sep)[0] == "formats":
+        if os.path.relpath(folder, PACKAGE).split(os.sep)[:2] == ["io", "formats"]:
             continue
         for name in sorted(n for n in names if n.endswith(".py")):
             path = os.path.join(folder, name)
