@@ -188,7 +188,8 @@ def test_every_name_a_docstring_or_internals_md_gives_the_code_exists() -> None:
     modules = _modules()
     texts = [(os.path.relpath(path, os.path.dirname(PACKAGE)), node.lineno, node.value.value)
              for path in modules.values() for node in ast.walk(ast.parse(open(path, encoding="utf-8").read()))
-             if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)]
+             if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+             and isinstance(node.value.value, str)]
     with open(INTERNALS, encoding="utf-8") as f:
         texts += [("docs/internals.md", number, line) for number, line in enumerate(f, 1)]
     missing = sorted(f"{where}:{line}: {name}" for where, line, text in texts for name in _names(text, modules)

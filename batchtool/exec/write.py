@@ -501,8 +501,8 @@ def write_sorted(batches: SortedBatches, output: OutputOptions, stored: pa.Schem
     return list(tasks.map(_write_shard, shards))
 
 
-def _write_sorted_on(tasks: Executor, job: Job, batches: SortedBatches, output: OutputOptions, stored: pa.Schema, tmp: str,
-                     space: Workspace) -> list[dict]:
+def _write_sorted_on(tasks: Executor, job: Job, batches: SortedBatches, output: OutputOptions, stored: pa.Schema,
+                     tmp: str, space: Workspace) -> list[dict]:
     with progress.bar(f"{job.name}: write", batches.rows, job.run.shown) as bar:
         files = write_sorted(batches, output, stored, tmp, space.directory, job.dst,
                              MEASURES_PER_WORKER * max(1, getattr(tasks, "cpus", tasks.threads)), tasks)

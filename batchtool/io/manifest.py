@@ -112,7 +112,8 @@ def peak_rss_bytes() -> int:
 def build(*, command: str, options: dict[str, Any], seed: int | None, dataset: Dataset,
           output: dict[str, Any], schema: pa.Schema, files: list[dict], stats: dict[str, Any],
           run: dict[str, Any], padding: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The manifest; `output`: how the output is written (output.OutputOptions.recorded); `padding`: how batchtool.load pads the stored batches (batchtool.io.load_padding), if it does."""
+    """The manifest; `output`: how the output is written (output.OutputOptions.recorded); `padding`: how
+    batchtool.load pads the stored batches (batchtool.io.load_padding), if it does."""
     manifest = {
         "batchtool_version": version(),
         "manifest_version": PLAIN_VERSION if padding is None else PADDED_ON_LOAD_VERSION,

@@ -1,5 +1,6 @@
 """`bucket`: group examples by length (or a bucket column) into padded batches, in bounded memory: its options
-and its definition (the plan is in ops.bucket.plan, the batches in ops.bucket.batches, what it reports in ops.bucket.report)."""
+and its definition (the plan is in ops.bucket.plan, the batches in ops.bucket.batches, what it reports in
+ops.bucket.report)."""
 
 from __future__ import annotations
 
