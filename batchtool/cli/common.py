@@ -105,7 +105,7 @@ def columns_option(*decls: str, **kwargs: Any) -> Callable:
 
 
 class Checked(click.ParamType):
-    """A value kind (settings, ops/base.py) as a click type: checked as click parses the text, so a bad value
+    """A value kind (core/options.py) as a click type: checked as click parses the text, so a bad value
     is a usage error naming the flag; the command gets the parsed value (a size in bytes)."""
 
     def __init__(self, kind: Value) -> None:

@@ -59,7 +59,7 @@ class NamesOptions:
 
 class OptionError(NamesOptions, UsageError):
     """An option's value, or the column it names, is unusable. Here rather than with the option schemas
-    (ops/base.py) so that the output writer, the formats and the budget raise it too."""
+    (core/options.py) so that the output writer, the formats and the budget raise it too."""
 
 
 def flag(field: str) -> str:
