@@ -195,3 +195,18 @@ def test_every_name_a_docstring_or_internals_md_gives_the_code_exists() -> None:
     missing = sorted(f"{where}:{line}: {name}" for where, line, text in texts for name in _names(text, modules)
                      if not _resolves(name, modules))
     assert not missing, "names that are not the package's:\n" + "\n".join(missing)
+
+
+def test_the_tests_mirror_the_layers() -> None:
+    """Each test module sits in the folder of the layer it tests (tests/core/, ..., tests/cli/), or with the
+    end-to-end or engine suites (tests/e2e/, tests/engines/); pytest's pythonpath lists every folder, so that
+    test modules importing each other's helpers find them."""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    folders = (*LAYERS, "e2e", "engines")
+    astray = sorted(os.path.relpath(os.path.join(folder, name), tests) for folder, _, names in os.walk(tests)
+                    for name in names if name.startswith("test_") and name.endswith(".py")
+                    and os.path.relpath(folder, tests) not in folders and name != "test_layout.py")
+    assert not astray, f"test modules outside the folders {folders}: {astray}"
+    with open(os.path.join(os.path.dirname(tests), "pyproject.toml"), encoding="utf-8") as f:
+        listed = re.search(r"^pythonpath = \[(.*?)\]", f.read(), re.M | re.S).group(1)
+    assert {f"tests/{folder}" for folder in folders} <= set(re.findall(r'"([^"]+)"', listed))
