@@ -15,7 +15,7 @@ from parked_cli import start_parked
 from batchtool.core import progress
 from batchtool.cli.common import PROGRESS_SECONDS, cli
 from batchtool.core.errors import UsageError
-from batchtool.exec.job import RunSettings
+from batchtool.core.run_settings import RunSettings
 from batchtool.pipeline import execute, load
 
 LINE = re.compile(r"(?P<desc>.+): (?P<done>[\d,]+)(/(?P<total>[\d,]+) rows \(\d+%\))?( rows)?, [\d,]+ rows/s, "
