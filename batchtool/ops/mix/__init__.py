@@ -23,7 +23,7 @@ from batchtool.ops.copies import Copies
 from batchtool.ops.keyed import flush_bytes, range_bytes
 from batchtool.ops.mix.options import OUTPUT_COLUMNS, MixOptions, largest_remainder, mixture_totals
 from batchtool.ops.quotas import plan_layout
-from batchtool.ops.regroup import Batches, Cut, Exchange, Probe, Runtime, Scatter, Scattered, Stream
+from batchtool.ops.regroup import Cut, Exchange, Probe, Runtime, Scatter, Scattered, SortedBatches, Stream
 from batchtool.ops.rows import FixedBatches, bytes_per_row, estimate_bytes
 from batchtool.ops.shuffle import default_batch_rows
 from batchtool.ops.stratify import OP as STRATIFY
@@ -264,9 +264,9 @@ def _padded_cut(padding: BatchPadding, cut: Callable[[Scattered, Runtime], Cut],
 
 @dataclass(frozen=True)
 class PaddedBatches:
-    """Batches (ops.regroup.Batches) padded to their longest row as they are read: the same rows, in the same order."""
+    """Batches (ops.regroup.SortedBatches) padded to their longest row as they are read: the same rows, in the same order."""
 
-    batches: Batches
+    batches: SortedBatches
     padding: BatchPadding
 
     @property
