@@ -307,6 +307,32 @@ def test_checksums_are_verified_by_default_wherever_the_output_records_them(tmp_
             np.testing.assert_array_equal(got[name], expected[name])
 
 
+def test_a_batch_is_verified_once_a_process_until_its_file_changes(tmp_path, monkeypatch):
+    """Later epochs read the bytes whose CRC32C matched (the memory map holds them), so only the first verifies;
+    a file written in place has new times, and its batches are verified again: the damage is one error."""
+    from batchtool.io import batch_check
+
+    dst = shutil.copytree(bucket_output(str(tmp_path / "out"), "arrow", compression="none"), str(tmp_path / "copy"))
+    verified = []
+    real = batch_check.verify_crc
+    monkeypatch.setattr(batch_check, "verify_crc", lambda *args: verified.append(args[-1]) or real(*args))
+    loader = batchtool.load(dst, shuffle=False)
+    list(loader)
+    assert len(verified) == len(loader) > 1
+    list(loader)
+    list(batchtool.load(dst, shuffle=True, seed=3))
+    assert len(verified) == len(loader)
+    path = os.path.join(dst, sorted(f for f in os.listdir(dst) if f.startswith("part-"))[0])
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0x10
+    with open(path, "r+b") as f:
+        f.write(bytes(data))
+    stat = os.stat(path)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))  # (whatever the clock's grain)
+    with pytest.raises(InputError, match=re.escape(path) + r", record batch \d+: corrupt \(CRC32C"):
+        list(loader)
+
+
 @pytest.mark.parametrize("fmt, named", [("tfrecord", r"batch \d+, record \d+: data CRC mismatch"),
                                         ("parquet", r"row group \d+, column '\w+': corrupt \(a page checksum does "
                                                     r"not match"),

@@ -347,7 +347,7 @@ class _OpenFile:
 
     @staticmethod
     def _checked(path: str, schema: pa.Schema, listed: Listed | None, descriptor: int | None) -> _OpenFile:
-        size = None if descriptor is None else _size_now(path, descriptor)
+        size = None if descriptor is None else _stat_now(path, descriptor).st_size
         problem = size_problem(path, size, listed.bytes) if listed is not None and size is not None else None
         if problem:
             raise InputError(problem)
@@ -361,13 +361,16 @@ class _OpenFile:
             raise InputError(f"{path}: schema differs from the output's ({problem})")
         return _OpenFile(path, file, threading.Lock(), descriptor, size, None if listed is None else listed.rows)
 
-    def check_size(self) -> None:
-        """The mapped file has not shrunk since it was opened: reading a page past its end would be SIGBUS."""
+    def check_size(self) -> np.ndarray | None:
+        """The mapped file has not shrunk since it was opened (reading a page past its end would be SIGBUS); which of
+        its batches this process has verified as the file is now (None: not a local file, verify every read)."""
         if self.descriptor is None:
-            return
-        now = _size_now(self.path, self.descriptor)
-        if now < self.size:
-            raise InputError(f"{self.path}: truncated to {now:,} bytes while being read (it had {self.size:,})")
+            return None
+        now = _stat_now(self.path, self.descriptor)
+        if now.st_size < self.size:
+            raise InputError(f"{self.path}: truncated to {now.st_size:,} bytes while being read (it had "
+                             f"{self.size:,})")
+        return _verified(now, self.file.reader.num_record_batches)
 
 
 def _open_descriptor(path: str) -> int:
@@ -377,11 +380,25 @@ def _open_descriptor(path: str) -> int:
         raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from exc
 
 
-def _size_now(path: str, descriptor: int) -> int:
+def _stat_now(path: str, descriptor: int) -> os.stat_result:
     try:
-        return os.fstat(descriptor).st_size
+        return os.fstat(descriptor)
     except OSError as exc:
         raise InputError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+
+
+_VERIFIED: dict[tuple[int, ...], np.ndarray] = {}
+"""For each local file this process has read batches of, as it is (device, inode, size, modification and change
+times), which batches' CRC32C matched: a batch is verified the first time the process reads it, not again every
+epoch, since the memory map then holds the bytes that matched. A file written in place gets new times, so a new
+entry, and its batches are verified again."""
+_VERIFIED_LOCK = threading.Lock()
+
+
+def _verified(stat: os.stat_result, batches: int) -> np.ndarray:
+    key = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+    with _VERIFIED_LOCK:
+        return _VERIFIED.setdefault(key, np.zeros(batches, dtype=bool))
 
 
 @dataclass(frozen=True)
@@ -396,8 +413,13 @@ class _Read(ReadTask):
     def __call__(self) -> list[pa.RecordBatch]:
         opened = self.file
         with opened.lock:
-            opened.check_size()
-            out = [opened.file.read(i, self.columns, self.verify) for i in self.batches]
+            verified = opened.check_size()
+            out = []
+            for i in self.batches:
+                unverified = self.verify and (verified is None or not verified[i])
+                out.append(opened.file.read(i, self.columns, unverified))
+                if unverified and verified is not None:
+                    verified[i] = True
         if opened.rows is not None:
             for i, batch in zip(self.batches, out):
                 if batch.num_rows > opened.rows:
