@@ -106,6 +106,7 @@ def test_errors_exit_2_with_one_line_and_leave_dst_untouched(tmp_path, run_cli, 
 
 def test_existing_dst_needs_overwrite(tmp_path, parquet_src, run_cli):
     os.makedirs(tmp_path / "dst")
+    (tmp_path / "dst" / "notes.txt").write_text("kept")  # (an empty DST holds nothing to lose: it is filled)
     result = run_cli("segment", parquet_src, tmp_path / "dst", "--sequence", "tokens", *BASE)
     assert result.exit_code == 2 and "--overwrite" in result.stderr
 
