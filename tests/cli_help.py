@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 
+from memlimit import HANG_GUARD
 from batchtool.cli import cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,7 +45,7 @@ json.dump(texts, sys.stdout)
 @functools.cache
 def _help_texts() -> dict[str, list]:
     done = subprocess.run([sys.executable, "-c", HELP_TEXTS], capture_output=True, text=True, env=batchtool_env(),
-                          timeout=120)
+                          timeout=HANG_GUARD)
     assert (done.returncode, done.stderr) == (0, ""), done.stderr
     return json.loads(done.stdout)
 

@@ -63,8 +63,13 @@ def _peak_rss(pid: int) -> int:
     return 0
 
 
+HANG_GUARD = 600.0
+"""Seconds a test's child process may run before the test calls it hung: a hang guard only, never a timing
+test, so generous that a machine loaded by other work (two whole suites on two cores) does not fail it."""
+
+
 def run_capped(args: Sequence[str], limit_bytes: int, *, env: dict[str, str] | None = None,
-               timeout: float = 120.0, cwd: str | None = None) -> Capped:
+               timeout: float = HANG_GUARD, cwd: str | None = None) -> Capped:
     """Run args to completion, killing the child if its RSS passes limit_bytes or it outlives timeout. The child's
     allocator returns freed memory at once (MIMALLOC_PURGE_DELAY=0, not batchtool's default of 100 ms), so the cap
     judges what batchtool holds, not what the allocator keeps for reuse."""
@@ -100,7 +105,7 @@ def run_capped(args: Sequence[str], limit_bytes: int, *, env: dict[str, str] | N
         return Capped(proc.returncode, out.read(), err.read(), peak, killed.is_set() and seen[0] > limit_bytes)
 
 
-def batchtool(*args: str, limit_bytes: int, timeout: float = 120.0, cwd: str | None = None,
+def batchtool(*args: str, limit_bytes: int, timeout: float = HANG_GUARD, cwd: str | None = None,
               env: dict[str, str] | None = None) -> Capped:
     """`python -m batchtool ARGS` from this checkout, capped, reporting its exact peak (in os.environ, or env)."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -147,7 +152,7 @@ class CliCase:
         return self.peak_bytes - self.base_bytes
 
 
-def cli_cases(cases: Mapping[str, Sequence[str]], limit_bytes: int, timeout: float = 180.0) -> dict[str, CliCase]:
+def cli_cases(cases: Mapping[str, Sequence[str]], limit_bytes: int, timeout: float = HANG_GUARD) -> dict[str, CliCase]:
     """batchtool command lines (name -> argv after `batchtool`) in order in one capped child, each through the
     command line's own group in process: one Python start-up for all of them. Each case's peak RSS is its own (the
     child resets VmHWM before it, /proc/self/clear_refs), counting what the process still holds from the cases before

@@ -11,6 +11,7 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
+from memlimit import HANG_GUARD
 from batchtool.cli import cli
 from conftest import SAMPLE, data_bytes, read_dir
 from parked_cli import start_parked
@@ -30,7 +31,7 @@ def test_the_program_says_its_version_as_click_does_without_the_heavy_imports(ru
              "try:\n    runpy.run_module('batchtool', run_name='__main__')\n"
              "finally:\n    print(sorted(m for m in ('pyarrow', 'numpy', 'click') if m in sys.modules))")
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    child = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+    child = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=HANG_GUARD,
                            env={**os.environ, "PYTHONPATH": repo}, check=True)
     assert child.stdout == run_cli("--version").output + "[]\n"
 
@@ -139,7 +140,7 @@ def test_sigint_mid_run_leaves_dst_as_it_was(tmp_path, parquet_src):
                         "--shard-rows", "50", "--threads", "2")
     assert [n for n in os.listdir(tmp_path) if n.startswith(".dst.tmp-")]  # the run is writing
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    _, err = proc.communicate(timeout=HANG_GUARD)
     assert proc.returncode == 130, err
     assert err == "error: interrupted by SIGINT; temporary files removed\n"
     assert os.listdir(dst) == ["old"]

@@ -19,11 +19,9 @@ import pytest
 from conftest import REPO, SAMPLE, data_bytes, read_dir, write_parquet_shards
 from parked_cli import start_parked
 
+from memlimit import HANG_GUARD
 from batchtool.core.synthetic import make_table
 
-HANG_GUARD = 600
-"""Seconds a child may take before a test calls it hung: a guard against hangs only, generous for a loaded machine
-(what a test measures is memory or an exit, never time)."""
 
 
 def write_pipeline(path, text: str) -> str:

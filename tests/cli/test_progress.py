@@ -12,6 +12,7 @@ import threading
 import pytest
 from parked_cli import start_parked
 
+from memlimit import HANG_GUARD
 from batchtool.core import progress
 from batchtool.cli.common import PROGRESS_SECONDS, cli
 from batchtool.core.errors import UsageError
@@ -49,7 +50,7 @@ def progress_lines(proc, desc: str) -> list[str]:
 
 def stop(proc) -> None:
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)  # a hang guard only: the child ends at once
+    _, err = proc.communicate(timeout=HANG_GUARD)
     assert proc.returncode == 130, err
 
 

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cli_help import COMMANDS, REPO, help_text
+from memlimit import HANG_GUARD
 
 SEED = re.compile(r"seed", re.IGNORECASE)
 """Every "seed" a user reads must be one of these phrasings of the random seed (or `--seed` itself)."""
@@ -114,7 +115,7 @@ def test_a_built_wheel_ships_the_manuals_and_prints_them(tmp_path):
         shutil.copytree(f"{REPO}/{name}", source / name, symlinks=True,
                         ignore=shutil.ignore_patterns("__pycache__"))
     built = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", "wheel", "--no-deps",
-                            "-w", str(tmp_path / "dist"), str(source)], capture_output=True, text=True, timeout=300)
+                            "-w", str(tmp_path / "dist"), str(source)], capture_output=True, text=True, timeout=HANG_GUARD)
     assert built.returncode == 0, built.stderr
     (wheel,) = (tmp_path / "dist").glob("batchtool-*.whl")
     with zipfile.ZipFile(wheel) as archive:
@@ -123,7 +124,7 @@ def test_a_built_wheel_ships_the_manuals_and_prints_them(tmp_path):
     assert shipped == {f"batchtool/docs/{name}" for name in os.listdir(f"{REPO}/docs") if name.endswith(".md")}
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
     done = subprocess.run([sys.executable, "-m", "batchtool", "docs", "bucket"], capture_output=True, text=True,
-                          env=env, cwd=tmp_path, timeout=120)
+                          env=env, cwd=tmp_path, timeout=HANG_GUARD)
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout == open(f"{REPO}/docs/bucket.md", encoding="utf-8").read()
 

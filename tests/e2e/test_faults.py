@@ -15,6 +15,7 @@ from conftest import REPO, write_parquet_shards
 from dirstate import snapshot
 from parked_cli import start_parked
 
+from memlimit import HANG_GUARD
 from batchtool.core.synthetic import make_table
 
 ROOT = os.geteuid() == 0
@@ -206,7 +207,7 @@ def test_a_signal_at_any_moment_cleans_up_and_exits_by_convention(place, where, 
              "output": any(n.startswith(".dst.tmp-") for n in os.listdir(place))}
     assert [k for k, v in found.items() if v] == in_progress  # what the signal interrupts
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=120)  # a hang guard only: it ends at once
+    _, err = proc.communicate(timeout=HANG_GUARD)
     assert proc.returncode == 128 + sig
     assert err == f"error: interrupted by {signal.Signals(sig).name}; temporary files removed\n"
     assert snapshot(place) == before  # SRC, the old DST, DST's parent, --tmp-dir and the system temp dir
@@ -220,7 +221,7 @@ def test_a_signal_ends_the_process_while_a_worker_thread_is_in_a_long_native_cal
     proc = start_parked("worker:", *CONVERT, "-q", cwd=str(place))
     assert any(n.startswith(".dst.tmp-") for n in os.listdir(place))  # the output in progress
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=120)  # a hang guard only: it ends at once
+    _, err = proc.communicate(timeout=HANG_GUARD)
     assert proc.returncode == 128 + sig
     assert err == f"error: interrupted by {signal.Signals(sig).name}; temporary files removed\n"
     assert snapshot(place) == before

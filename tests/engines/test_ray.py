@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
+from memlimit import HANG_GUARD
 
 import batchtool.exec.engines.ray as ray_engine
 from batchtool.core import runner
@@ -648,7 +649,7 @@ def test_sigterm_while_the_driver_waits_on_ray_ends_in_one_line(src, tmp_path, r
                         "--ray-address", ray_cluster.get_runtime_context().gcs_address,
                         env={**os.environ, "TMPDIR": str(tmp_path / "tmp")})
     proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)  # a hang guard only: it ends at once
+    _, err = proc.communicate(timeout=HANG_GUARD)
     assert proc.returncode == 143, err
     # batchtool's one line, last; before it at most a log line of Ray's own C++ code (a slow connect, on a loaded
     # machine), never a traceback

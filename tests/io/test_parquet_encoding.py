@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from memlimit import HANG_GUARD
 from batchtool.io.formats import parquet as parquet_format
 from batchtool.io.formats.parquet import ParquetShardWriter, dictionary_columns
 from batchtool.io.inputs import open_dataset
@@ -57,7 +58,7 @@ def test_one_row_of_8m_random_floats_is_written_in_little_extra_memory(tmp_path)
     about 200 (one page never ends inside a row: levels, the page and its compressed copy)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-c", _ONE_HUGE_ROW, str(tmp_path / "x.parquet")], env=env,
-                         capture_output=True, text=True, check=True, timeout=120)
+                         capture_output=True, text=True, check=True, timeout=HANG_GUARD)
     extra_mib = int(out.stdout.strip())
     assert extra_mib < 350, f"writing one 32 MB row took {extra_mib} MiB more"
 

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import batchtool
+from memlimit import HANG_GUARD
 from batchtool.io import manifest_reader
 from batchtool.core.errors import InputError
 from batchtool.io.load_padding import LoadPadding
@@ -207,7 +208,7 @@ def test_load_bounds_the_padded_batches_of_its_whole_read_ahead(tmp_path, parque
     json.dump(manifest, open(path, "w"))
     assert sum(e["batches"] for e in manifest["output"]["files"]) >= 31
     capped = memlimit.run_capped([sys.executable, "-c", READ_AHEAD, str(dst)], 300 << 20,
-                                 env={**os.environ, "PYTHONPATH": REPO}, timeout=120)
+                                 env={**os.environ, "PYTHONPATH": REPO}, timeout=HANG_GUARD)
     assert not capped.killed_for_memory and capped.returncode == 0, capped
     assert capped.stdout.split() == [f"{{{steps}}}"]
 

@@ -16,6 +16,7 @@ from conftest import data_bytes
 from load_outputs import BUCKET_BATCHES, bucket_output, segment_output
 
 import batchtool
+from memlimit import HANG_GUARD
 from batchtool.core.errors import UsageError
 from batchtool.loader.load import epoch_order, rank_positions
 
@@ -40,7 +41,7 @@ def ids(loader) -> list[int]:
 def in_another_process(code: str) -> object:
     """Run `code` (which prints JSON) in a fresh interpreter with this worktree's batchtool."""
     env = {**os.environ, "PYTHONPATH": REPO}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=HANG_GUARD)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 

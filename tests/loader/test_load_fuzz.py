@@ -16,7 +16,7 @@ import pytest
 from conftest import write_parquet_shards
 from ipc_bombs import write_bomb
 from load_outputs import QUIET, manifest_file, segment_output
-from memlimit import run_capped
+from memlimit import HANG_GUARD, run_capped
 
 import batchtool
 from batchtool.exec.driver import run_operation
@@ -54,7 +54,7 @@ def outputs(tmp_path_factory) -> dict[str, str]:
 def child(*args: str) -> list[dict]:
     """Run tests/ipc_mutations.py capped; its JSON lines (it must end normally, under the cap)."""
     env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + HERE}
-    done = run_capped([sys.executable, os.path.join(HERE, "ipc_mutations.py"), *args], CAP, env=env, timeout=120)
+    done = run_capped([sys.executable, os.path.join(HERE, "ipc_mutations.py"), *args], CAP, env=env, timeout=HANG_GUARD)
     assert not done.killed_for_memory, f"the child passed {CAP >> 20} MiB"
     assert done.returncode == 0, f"the child died (status {done.returncode}) after: {done.stdout[-300:]}"
     return [json.loads(line) for line in done.stdout.splitlines()]
@@ -138,7 +138,7 @@ def test_a_manifest_that_lies_is_an_error_naming_the_file(outputs, tmp_path, cha
             "except batchtool.core.errors.BatchtoolError as exc:\n"
             "    print('error:', exc)\n")
     env = {**os.environ, "PYTHONPATH": REPO}
-    done = run_capped([sys.executable, "-c", code], CAP, env=env, timeout=60)
+    done = run_capped([sys.executable, "-c", code], CAP, env=env, timeout=HANG_GUARD)
     assert done.returncode == 0 and not done.killed_for_memory, done.stderr[-500:]
     last = done.stdout.splitlines()[-1]  # len(loader) may come first: footers are checked as files are read
     assert last.startswith("error: ") and re.search(message, last), done.stdout
@@ -161,7 +161,7 @@ def test_a_shard_truncated_mid_epoch_is_an_error_not_sigbus(outputs, tmp_path):
             "    for _ in it: pass\n"
             "except batchtool.core.errors.InputError as exc:\n"
             "    print('error:', exc)\n")
-    done = run_capped([sys.executable, "-c", code], CAP, env={**os.environ, "PYTHONPATH": REPO}, timeout=60)
+    done = run_capped([sys.executable, "-c", code], CAP, env={**os.environ, "PYTHONPATH": REPO}, timeout=HANG_GUARD)
     assert done.returncode == 0, (done.returncode, done.stderr[-500:])
     assert done.stdout.startswith(f"error: {path}: truncated to "), done.stdout
 
@@ -195,7 +195,7 @@ def test_the_cli_check_names_a_batch_whose_checksum_differs(outputs, tmp_path):
             batchtool.source(copy, verify=verify)[0]
     assert clean_digest(copy) != clean_digest(outputs["bucket"])  # verify=False: the changed value, unnoticed
     done = subprocess.run([sys.executable, "-m", "batchtool", "check", copy], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": REPO}, timeout=120)
+                          env={**os.environ, "PYTHONPATH": REPO}, timeout=HANG_GUARD)
     assert done.returncode == 1 and "record batch 0: corrupt (CRC32C" in done.stdout + done.stderr, done.stdout
 
 
@@ -254,7 +254,7 @@ def _load_in_child(dst: str) -> subprocess.CompletedProcess:
               "except batchtool.core.errors.BatchtoolError as exc:\n"
               "    print(exc, file=sys.stderr)\n"
               "    sys.exit(2)\n")
-    return run_capped([sys.executable, "-c", script, dst], CAP, env={**os.environ, "PYTHONPATH": REPO}, timeout=60)
+    return run_capped([sys.executable, "-c", script, dst], CAP, env={**os.environ, "PYTHONPATH": REPO}, timeout=HANG_GUARD)
 
 
 def _as_output(bomb: str, like: str, tmp_path, recorded: bool) -> str:

@@ -15,6 +15,7 @@ from load_outputs import bucket_output
 grain = pytest.importorskip("grain", reason="grain (in the test extra) is not installed")
 
 import batchtool  # noqa: E402
+from memlimit import HANG_GUARD
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -60,7 +61,7 @@ def test_grain_dataloader_shards_and_shuffles_a_source_in_worker_processes(dst):
                     reason="the `jax` extra (JAX) is not installed")
 def test_the_jax_example_trains_on_bucket_output(dst):
     done = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "train_jax.py"), dst, "--epochs", "2"],
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": REPO}, timeout=300)
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": REPO}, timeout=HANG_GUARD)
     assert done.returncode == 0, done.stderr[-2000:]
     losses = [float(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("epoch")]
     assert len(losses) == 2 and losses[1] < losses[0]

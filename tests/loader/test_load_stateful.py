@@ -12,6 +12,7 @@ import sys
 
 import pytest
 from load_outputs import bucket_output
+from memlimit import HANG_GUARD
 
 torch = pytest.importorskip("torch", reason="the `torch` extra (torch, torchdata) is not installed")
 stateful = pytest.importorskip("torchdata.stateful_dataloader", reason="the `torch` extra's torchdata is not installed")
@@ -58,7 +59,7 @@ def take(loader, k: int) -> list[int]:
 
 def resume_in_a_fresh_process(jobs: dict) -> dict[str, list[int]]:
     done = subprocess.run([sys.executable, "-c", RESUME, json.dumps(jobs)], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": REPO}, timeout=300)
+                          env={**os.environ, "PYTHONPATH": REPO}, timeout=HANG_GUARD)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.splitlines()[-1])
 

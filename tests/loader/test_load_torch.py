@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, IterableDataset  # noqa: E402
 
 import batchtool  # noqa: E402
+from memlimit import HANG_GUARD
 from batchtool.core.errors import UsageError  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -118,7 +119,7 @@ def test_ddp_example_checkpoints_mid_epoch_and_finishes_after_a_restart(root, tm
     script = [sys.executable, os.path.join(REPO, "scripts", "train_ddp.py"), dst, "--epochs", "1",
               "--checkpoint", str(tmp_path / "ckpt.pt"), "--workers", "1"]
     env = {**os.environ, "PYTHONPATH": REPO}
-    runs = [subprocess.run([*script, *extra], capture_output=True, text=True, env=env, timeout=300)
+    runs = [subprocess.run([*script, *extra], capture_output=True, text=True, env=env, timeout=HANG_GUARD)
             for extra in (["--stop-after", "4"], [])]
     for run in runs:
         assert run.returncode == 0, run.stderr

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from memlimit import HANG_GUARD
 from conftest import SAMPLE, data_bytes, read_dir, write_parquet_shards
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -344,7 +345,7 @@ def test_a_size_whose_copies_cannot_fit_memory_is_refused_before_it_grows(tmp_pa
     import memlimit
     dst = tmp_path / "out"
     run = memlimit.batchtool("mix", *sources[:2], str(dst), "--weights", "1,1", "--replacement", "--size",
-                             str(10**9), limit_bytes=400 << 20, timeout=60)  # the timeout is only a hang guard
+                             str(10**9), limit_bytes=400 << 20, timeout=HANG_GUARD)
     assert not run.killed_for_memory and run.returncode == 2, run.stderr
     assert run.stderr.splitlines() == [
         "error: --size 1,000,000,000: the copies of one chunk of source 'de' (16 rows, each written up to 7,142,858 "

@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from memlimit import HANG_GUARD
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -194,7 +195,7 @@ def test_peak_memory_stays_bounded_on_data_many_times_the_budget(tmp_path):
     memory = 8 << 20
     env = dict(os.environ, PYTHONPATH=REPO, MIMALLOC_PURGE_DELAY="0", MIMALLOC_ARENA_EAGER_COMMIT="0")
     proc = subprocess.run([sys.executable, "-c", CHILD, src, str(tmp_path / "out"), str(memory), tiny], env=env,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=HANG_GUARD)
     assert proc.returncode == 0, proc.stderr
     measured = json.loads(proc.stdout)
     growth = measured["peak"] - measured["before"]
