@@ -159,11 +159,36 @@ class ShardFormat(Protocol):
     def tasks(self, dataset: Dataset, columns: list[str] | None,
               report: ReadReport) -> Iterator[Callable[[], Chunk]]: ...
 
+    def recorded(self, dataset: Dataset) -> dict[str, Any]:
+        """What a manifest records of how the dataset was read (its format's options), beside its format's name."""
+        ...
+
     def count_rows(self, dataset: Dataset, shard: Shard, report: ReadReport) -> int: ...
 
     def open_batches(self, dst: str, dataset: Dataset) -> tuple[np.ndarray, Any]:
         """Each file's batch count and where its batches are (a formats.base.StoredBatches)."""
         ...
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How inputs.open_dataset asks a format to read a SRC (Reader.open_dataset): the format's own options (its
+    Reader.read_options, built from what the caller gave), what to do with damaged units, the limits on what one
+    unit may take, and what runs a pass the opening needs (a schema scan)."""
+
+    options: Any = None
+    skip_corrupt: bool = False
+    max_record_bytes: int | None = None
+    """The largest unit read, and what one may decompress to without `memory` (None: DEFAULT_MAX_RECORD_BYTES)."""
+    memory: int | None = None
+    """The command's --memory, which bounds what one unit decompresses to instead."""
+    executor: Executor = SERIAL
+
+    @property
+    def limits(self) -> dict[str, int]:
+        """The limits as Dataset's fields take them (absent: the Dataset's defaults)."""
+        return {k: v for k, v in (("max_record_bytes", self.max_record_bytes), ("memory", self.memory))
+                if v is not None}
 
 
 @dataclass(frozen=True)
@@ -175,7 +200,9 @@ class Dataset:
     """The format of the shards (batchtool.io.formats), whose read tasks `tasks` hands out."""
     shards: tuple[Shard, ...]
     schema: pa.Schema
-    tfrecord_kind: str | None = None
+    options: Any = None
+    """The format's reading options as it resolved them opening the shards (its Reader.read_options dataclass;
+    None for a format that has none), which its read tasks follow and its `recorded` gives manifests."""
     num_rows: int | None = None
     skip_corrupt: bool = False
     manifest: dict | None = None

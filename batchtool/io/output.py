@@ -25,7 +25,8 @@ from batchtool.core.errors import (DestinationError, DestinationExistsError, Opt
 from batchtool.io.formats import column_meta, column_types
 from batchtool.io.formats.base import EncodedBatch, Format, ShardSink
 from batchtool.io.formats.example import KINDS as TFRECORD_KINDS
-from batchtool.io.formats.registry import DEFAULT, FORMATS, NAMES
+from batchtool.io.formats import registry
+from batchtool.io.formats.registry import DEFAULT
 
 CASTS = {"float64=float32": (pa.float64(), pa.float32())}
 """Lossy conversions TFRecord output makes only when asked (--cast): tf.train.FloatList holds float32."""
@@ -52,8 +53,9 @@ class OutputOptions:
     """Lossy conversions asked for (keys of CASTS); TFRecord output refuses a column that needs one otherwise."""
 
     def __post_init__(self) -> None:
-        if self.format not in FORMATS:
-            raise OptionError("format", f"expected {', '.join(NAMES[:-1])} or {NAMES[-1]}", value=repr(self.format),
+        if self.format not in registry.written():
+            names = registry.written()
+            raise OptionError("format", f"expected {', '.join(names[:-1])} or {names[-1]}", value=repr(self.format),
                               flags={"format": "--to"})
         self.spec.check_options(self)
         if self.tfrecord_kind not in TFRECORD_KINDS:
@@ -104,7 +106,7 @@ class OutputOptions:
     @property
     def spec(self) -> Format:
         """The output format (batchtool.io.formats)."""
-        return FORMATS[self.format]
+        return registry.get(self.format)
 
     @property
     def codec(self) -> str:
@@ -112,7 +114,7 @@ class OutputOptions:
 
     def recorded(self) -> dict[str, Any]:
         """How the output is written, as the head of a manifest's output section records it (manifest.build)."""
-        return {"format": self.format, "compression": self.codec, "tfrecord_kind": self.spec.record_kind(self)}
+        return {"format": self.format, "compression": self.codec, **self.spec.recorded_output(self)}
 
     @property
     def suffix(self) -> str:

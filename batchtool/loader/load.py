@@ -565,7 +565,7 @@ def _from_manifest(dst: str, manifest: dict) -> Dataset:
                              "hold; the manifest is not this file's")
         shards.append(Shard(i, f.path, size))
     return Dataset(dst, spec, tuple(shards), schema_from_json(manifest["schema"]),
-                   tfrecord_kind=out.get("tfrecord_kind"), manifest=manifest)
+                   options=spec.options_of(out), manifest=manifest)
 
 
 def _layout(dst: str, dataset: Dataset) -> _Layout:

@@ -1,27 +1,45 @@
-"""Every shard format by name (Parquet, TFRecord, Arrow IPC): what --to, --format and a manifest name, and what a
-file's name or first bytes say it is."""
+"""Every shard format by name: what --to, --format and a manifest name, and what a file's name or first bytes say
+it is. A new format is one module and one entry of FORMATS (docs/internals.md)."""
 
 from __future__ import annotations
 
 from batchtool.core.errors import UsageError
 from batchtool.io.formats.arrow import ArrowFormat
-from batchtool.io.formats.base import Format
+from batchtool.io.formats.base import Format, Reader
 from batchtool.io.formats.parquet import ParquetFormat
 from batchtool.io.formats.tfrecord.format import TFRecordFormat
 
-FORMATS: dict[str, Format] = {f.name: f for f in (ParquetFormat(), TFRecordFormat(), ArrowFormat())}
-"""Every format batchtool reads and writes, by the name --to, --format and the manifest use."""
+FORMATS: dict[str, Reader] = {f.name: f for f in (ParquetFormat(), TFRecordFormat(), ArrowFormat())}
+"""Every format batchtool reads, by the name --format and the manifest use; those it also writes (a Format: reader,
+writer and batch index) by the name --to uses."""
 NAMES = tuple(FORMATS)
 DEFAULT = ParquetFormat.name
 """The format written when none is asked for."""
 
 
+def written() -> tuple[str, ...]:
+    """The names of the formats batchtool writes (--to)."""
+    return tuple(n for n, f in FORMATS.items() if isinstance(f, Format))
+
+
 def get(name: str) -> Format:
-    """The format called `name`; UsageError listing the known ones otherwise."""
-    try:
-        return FORMATS[name]
-    except KeyError:
-        raise UsageError(f"--to {name!r}: expected {', '.join(NAMES)}") from None
+    """The written format called `name`; UsageError listing them otherwise."""
+    found = FORMATS.get(name)
+    if not isinstance(found, Format):
+        raise UsageError(f"--to {name!r}: expected {', '.join(written())}")
+    return found
+
+
+def described() -> str:
+    """The formats as a message lists them: 'Parquet, TFRecord or Arrow IPC'."""
+    labels = [f.label for f in FORMATS.values()]
+    return f"{', '.join(labels[:-1])} or {labels[-1]}" if len(labels) > 1 else labels[0]
+
+
+def suffixes() -> str:
+    """Each format's first file name ending, as a message lists them."""
+    ends = [f.suffixes[0] for f in FORMATS.values()]
+    return f"{', '.join(ends[:-1])} or {ends[-1]}" if len(ends) > 1 else ends[0]
 
 
 def detect(path: str, head: bytes | None = None) -> str | None:

@@ -7,15 +7,16 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 import pyarrow as pa
 
 from batchtool.core.budget import DEFAULT_MAX_RECORD_BYTES, check_record_limit
-from batchtool.io.dataset import Dataset, shard_chunk
+from batchtool.io.dataset import Dataset, Reading, shard_chunk
 from batchtool.core.errors import CorruptRecordError, InputError, OptionError, where
 from batchtool.io.formats import example as example_codec
+from batchtool.io.formats.example import KINDS as TFRECORD_KINDS
 from batchtool.io.formats.base import (BATCH_COLUMN, EncodedBatch, Format, ReadTask, StoredBatches, WriteOptions,
                                        cut)
 from batchtool.io.formats.tfrecord.framing import FRAMING, frame_record
@@ -24,7 +25,8 @@ from batchtool.io.formats.tfrecord.records import (OnCorrupt, RangeReader, Span,
 from batchtool.io.formats.tfrecord.stream import MAX_GZIP_RATIO, detect_compression
 from batchtool.io.formats.tfrecord.writer import Sink, decode_batch_index
 from batchtool.io.manifest import MANIFEST_NAME, schema_from_json
-from batchtool.core.runner import SERIAL, Executor
+from batchtool.core.options import Choice, option
+from batchtool.core.runner import Executor
 
 if TYPE_CHECKING:
     from batchtool.io.dataset import Chunk, ReadReport, Shard
@@ -271,6 +273,19 @@ def _lists(options: WriteOptions) -> tuple[str, ...] | None:
     return options.sequence_columns if options.tfrecord_kind == "sequence_example" else None
 
 
+@dataclass(frozen=True)
+class TFRecordReading:
+    """How TFRecord files are read (TFRecordFormat.read_options)."""
+
+    tfrecord_kind: str = option("Payload of the records (auto: found by the schema pass; a batchtool output's "
+                                "manifest says).", Choice(("auto", *TFRECORD_KINDS)), "auto")
+
+
+def _kind(dataset: Dataset) -> str:
+    """The payload a dataset's records were found to hold."""
+    return dataset.options.tfrecord_kind if dataset.options is not None else "sequence_example"
+
+
 class TFRecordFormat(Format):
     """TFRecord shards of tf.train.SequenceExample (or Example) records, directly batchable by tf.data."""
 
@@ -283,6 +298,7 @@ class TFRecordFormat(Format):
     float32_only = True  # tf.train.FloatList
     record_checksums = True
     self_indexing = False
+    read_options = TFRecordReading
 
     def most_batches(self, size: int, codec: str | None) -> int:
         """A batch is a record at least (a header and a data CRC) in the record stream, which gzip may have made up to
@@ -296,8 +312,8 @@ class TFRecordFormat(Format):
         if options.codec not in self.codecs:
             raise OptionError("compression", f"{{compression}} {options.compression!r}: TFRecord takes gzip or none")
 
-    def record_kind(self, options: WriteOptions) -> str:
-        return options.tfrecord_kind
+    def recorded_output(self, options: WriteOptions) -> dict[str, Any]:
+        return {"tfrecord_kind": options.tfrecord_kind}
 
     def encode(self, batch: pa.RecordBatch, options: WriteOptions) -> EncodedBatch:
         batch = _narrowed(batch, options)
@@ -312,19 +328,19 @@ class TFRecordFormat(Format):
         return Sink(file, options.codec)
 
     def open_dataset(self, src: str, shards: tuple[Shard, ...], schema: pa.Schema | None, manifest: dict | None,
-                     reading: dict) -> Dataset:
+                     reading: Reading) -> Dataset:
         """Without a schema, the manifest's (a batchtool output), else a scan of every record."""
-        limit = check_record_limit(DEFAULT_MAX_RECORD_BYTES if reading.get("max_record_bytes") is None
-                                   else reading["max_record_bytes"])
-        kind, skip_corrupt = reading.get("tfrecord_kind", "auto"), reading.get("skip_corrupt", False)
+        limit = check_record_limit(DEFAULT_MAX_RECORD_BYTES if reading.max_record_bytes is None
+                                   else reading.max_record_bytes)
+        kind = (reading.options or TFRecordReading()).tfrecord_kind
         if schema is None and manifest and manifest.get("schema"):
             schema = schema_from_json(manifest["schema"])
             kind = manifest.get("output", {}).get("tfrecord_kind", kind)
         if schema is None:
-            schema, kind = _scan_schema(src, shards, kind, skip_corrupt, limit, reading.get("executor", SERIAL))
+            schema, kind = _scan_schema(src, shards, kind, reading.skip_corrupt, limit, reading.executor)
         elif kind == "auto":
             kind = "sequence_example"
-        return Dataset(src, self, shards, schema, tfrecord_kind=kind, skip_corrupt=skip_corrupt,
+        return Dataset(src, self, shards, schema, options=TFRecordReading(kind), skip_corrupt=reading.skip_corrupt,
                        manifest=manifest, max_record_bytes=limit)
 
     def count_rows(self, dataset: Dataset, shard: Shard, report: ReadReport) -> int:
@@ -338,7 +354,7 @@ class TFRecordFormat(Format):
         if not dataset.manifest:
             raise InputError(f"{dst}: TFRecord batches need the {MANIFEST_NAME} batchtool wrote beside them")
         output = dataset.manifest["output"]
-        kind = dataset.tfrecord_kind or "sequence_example"
+        kind = _kind(dataset)
         ranges = []
         for shard, entry in zip(dataset.shards, output["files"]):
             if "batch_index" not in entry:  # written by batchtool 0.1: index it from its `batch` column, once
@@ -385,5 +401,5 @@ class TFRecordFormat(Format):
         """One task per file, which frames its records where it runs (see batchtool.exec.exchange.read_units)."""
         schema = dataset.projected_schema(columns)
         for shard in dataset.shards:
-            yield FileTask(shard, schema, dataset.tfrecord_kind or "auto", dataset.skip_corrupt,
+            yield FileTask(shard, schema, _kind(dataset), dataset.skip_corrupt,
                            dataset.max_record_bytes)
