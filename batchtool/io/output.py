@@ -12,7 +12,7 @@ import os
 import queue
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from typing import Any, BinaryIO
@@ -24,12 +24,11 @@ from batchtool.core.errors import (DestinationError, DestinationExistsError, Opt
                               where)
 from batchtool.io.formats import column_meta, column_types
 from batchtool.io.formats.base import EncodedBatch, Format, ShardSink
-from batchtool.io.formats.example import KINDS as TFRECORD_KINDS
 from batchtool.io.formats import registry
 from batchtool.io.formats.registry import DEFAULT
 
 CASTS = {"float64=float32": (pa.float64(), pa.float32())}
-"""Lossy conversions TFRecord output makes only when asked (--cast): tf.train.FloatList holds float32."""
+"""Lossy conversions the output of a format holding floats as float32 only makes only when asked (--cast)."""
 DEFAULT_SHARD_BYTES = 256 * 1024 * 1024
 WRITE_BUFFER_BYTES = 1 << 20
 """What a shard's native write buffer gathers before one Python-level write (see BatchShardWriter._open)."""
@@ -43,23 +42,26 @@ class OutputOptions:
 
     format: str = DEFAULT
     compression: str | None = None
-    """The format's codec (its `codecs`); None for its default (Parquet zstd, TFRecord and Arrow none)."""
+    """The format's codec (its `codecs`); None for its default (its `default_codec`)."""
     shard_rows: int | None = None
     shard_bytes: int | None = DEFAULT_SHARD_BYTES
-    tfrecord_kind: str = "sequence_example"
+    writing: Any = None
+    """The format's write options: its Writer.write_options dataclass, or {name: value} made into it (None: its
+    defaults)."""
     sequence_columns: tuple[str, ...] | None = None
     overwrite: bool = False
     cast: tuple[str, ...] = ()
-    """Lossy conversions asked for (keys of CASTS); TFRecord output refuses a column that needs one otherwise."""
+    """Lossy conversions asked for (keys of CASTS); a format holding floats as float32 only refuses a column that
+    needs one otherwise."""
 
     def __post_init__(self) -> None:
         if self.format not in registry.written():
             names = registry.written()
             raise OptionError("format", f"expected {', '.join(names[:-1])} or {names[-1]}", value=repr(self.format),
                               flags={"format": "--to"})
+        if self.writing is None or isinstance(self.writing, Mapping):
+            object.__setattr__(self, "writing", self.spec.writing_of(self.writing or {}))  # (frozen: made once, here)
         self.spec.check_options(self)
-        if self.tfrecord_kind not in TFRECORD_KINDS:
-            raise OptionError("tfrecord_kind", f"expected {' or '.join(TFRECORD_KINDS)}", value=repr(self.tfrecord_kind))
         for name, value in (("shard_rows", self.shard_rows), ("shard_bytes", self.shard_bytes)):
             if value is not None and value <= 0:
                 raise OptionError(name, "must be positive", value=str(value))
@@ -67,7 +69,8 @@ class OutputOptions:
             if cast not in CASTS:
                 raise OptionError("cast", f"expected {' or '.join(CASTS)}", value=repr(cast))
             if not self.spec.float32_only:
-                raise OptionError("cast", f"only TFRecord output narrows values; {self.format} keeps them exactly",
+                raise OptionError("cast", f"only {registry.narrowing()} output narrows values; {self.format} keeps them "
+                                          "exactly",
                                   value=cast)
 
     def stored_schema(self, schema: pa.Schema) -> pa.Schema:
@@ -77,16 +80,16 @@ class OutputOptions:
         return column_types.written_schema(column_meta.described(self.narrowed_schema(schema)))
 
     def narrowed_schema(self, schema: pa.Schema) -> pa.Schema:
-        """The schema of the values written: for TFRecord, float64 narrowed to float32 if --cast asks for it,
-        else SchemaError naming the column (tf.train.FloatList holds only float32)."""
+        """The schema of the values written: for a format holding floats as float32 only, float64 narrowed to
+        float32 if --cast asks for it, else SchemaError naming the column."""
         if not self.spec.float32_only:
             return schema
         fields = []
         for field in schema:
             stored = _narrowed(field.type, [CASTS[c] for c in self.cast])
             if _narrowed(stored, [CASTS["float64=float32"]]) != stored:
-                raise OptionSchemaError("cast", f"{field.type} cannot be written to TFRecord exactly "
-                                        "(tf.train.FloatList holds float32); pass {cast} float64=float32 to round it, "
+                raise OptionSchemaError("cast", f"{field.type} cannot be written to {self.spec.label} exactly "
+                                        f"({self.spec.float32_only}); pass {{cast}} float64=float32 to round it, "
                                         "or write Parquet", where=f"{where(column=field.name)}: ")
             fields.append(field.with_type(stored))
         return pa.schema(fields, metadata=schema.metadata)

@@ -30,7 +30,8 @@ class WriteOptions(Protocol):
     below the output module, which asks the formats)."""
 
     compression: str | None
-    tfrecord_kind: str
+    writing: Any
+    """The format's write options (its Writer.write_options dataclass; None where it has none)."""
     sequence_columns: tuple[str, ...] | None
 
     @property
@@ -207,6 +208,15 @@ def cut(batch: pa.RecordBatch, rows: list[int]) -> list[pa.RecordBatch]:
     return [batch.slice(int(s), r) for s, r in zip(starts, rows)]
 
 
+def declared_options(options: type | None, given: Mapping[str, Any]) -> Any:
+    """The options dataclass `options` (None: a format without options) built from the values of `given` it
+    declares (None values: its defaults)."""
+    if options is None:
+        return None
+    names = {f.name for f, _ in fields(options)}
+    return build(options, {k: v for k, v in given.items() if k in names and v is not None})
+
+
 RECORDED_OPTIONS = ("tfrecord_kind",)
 """The reading options a manifest records of every input and output, each None where the format has no such option,
 so that every manifest has one shape whatever its formats (a format's option is named here only if readers of
@@ -246,10 +256,7 @@ class Reader(ABC):
     def options_of(self, given: Mapping[str, Any]) -> Any:
         """This format's reading options from {name: value} (what open_dataset was given, or what a manifest
         recorded: names of other formats' options are left out, None values too)."""
-        if self.read_options is None:
-            return None
-        names = {f.name for f, _ in fields(self.read_options)}
-        return build(self.read_options, {k: v for k, v in given.items() if k in names and v is not None})
+        return declared_options(self.read_options, given)
 
     def recorded(self, dataset: Dataset) -> dict[str, Any]:
         """What a manifest records of how `dataset` was read: every name of RECORDED_OPTIONS, with the value of this
@@ -280,14 +287,23 @@ class Reader(ABC):
 class Writer(ABC):
     """What writes a format's shards (--to): its codecs and options' checks, the encoder workers run, the sink."""
 
+    write_options: ClassVar[type | None] = None
+    """The dataclass of the options writing this format takes (each field declared with core.options.option: the
+    commands that write take it as a flag, a pipeline's [output] as a key); None: it takes none."""
+
+    def writing_of(self, given: Mapping[str, Any]) -> Any:
+        """This format's write options from {name: value} (names of other formats' options left out)."""
+        return declared_options(self.write_options, given)
+
     codecs: ClassVar[tuple[str, ...]]
     """What --compression may ask of it."""
     default_codec: ClassVar[str]
     """The codec without --compression."""
     max_shard_batches: ClassVar[int | None] = None
     """Batches per shard at most, whatever its size (None: no limit)."""
-    float32_only: ClassVar[bool] = False
-    """Holds floats as float32 only, so float64 columns need `--cast float64=float32` (see OutputOptions)."""
+    float32_only: ClassVar[str | None] = None
+    """Why it holds floats as float32 only (what a message says: the API holding them), so float64 columns need
+    `--cast float64=float32` (see OutputOptions); None: it holds every float."""
     group: ClassVar[str | None] = None
     """What the summary calls one stored batch of an output that is rows, not batches ('row group', 'record batch');
     None: nothing a reader of the file sees (the records of a stream follow each other)."""

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from batchtool.core.errors import UsageError
 from batchtool.io.formats.arrow import ArrowFormat
-from batchtool.io.formats.base import Format, Reader
+from batchtool.core.options import Choice, fields
+from batchtool.io.formats.base import RECORDED_OPTIONS, Format, Reader
 from batchtool.io.formats.parquet import ParquetFormat
 from batchtool.io.formats.tfrecord.format import TFRecordFormat
 
@@ -28,6 +29,23 @@ def get(name: str) -> Format:
     if not isinstance(found, Format):
         raise UsageError(f"--to {name!r}: expected {', '.join(written())}")
     return found
+
+
+def recorded_choices() -> dict[str, tuple[str, ...]]:
+    """The write options a manifest records (RECORDED_OPTIONS) that are one of a few words, with those words: what a
+    manifest read back may say of them."""
+    return {f.name: decl.value.choices for name in written() if (options := get(name).write_options) is not None
+            for f, decl in fields(options) if f.name in RECORDED_OPTIONS and isinstance(decl.value, Choice)}
+
+
+def checksummed() -> str:
+    """The formats whose records carry checksums (the ones --skip-corrupt skips), as a message lists them."""
+    return " or ".join(f.label for f in FORMATS.values() if f.record_checksums)
+
+
+def narrowing() -> str:
+    """The formats whose output holds floats as float32 only, as a message lists them: 'TFRecord'."""
+    return " or ".join(f.label for f in FORMATS.values() if isinstance(f, Format) and f.float32_only)
 
 
 def described() -> str:

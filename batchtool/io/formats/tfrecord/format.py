@@ -270,7 +270,14 @@ def _narrowed(batch: pa.RecordBatch, options: WriteOptions) -> pa.RecordBatch:
 
 def _lists(options: WriteOptions) -> tuple[str, ...] | None:
     """An op's feature lists: they matter to SequenceExample records only (tf.train.Example has none)."""
-    return options.sequence_columns if options.tfrecord_kind == "sequence_example" else None
+    return options.sequence_columns if options.writing.tfrecord_kind == "sequence_example" else None
+
+
+@dataclass(frozen=True)
+class TFRecordWriting:
+    """How TFRecord shards are written (TFRecordFormat.write_options)."""
+
+    tfrecord_kind: str = option("Payload of TFRecord output.", Choice(TFRECORD_KINDS), TFRECORD_KINDS[0])
 
 
 @dataclass(frozen=True)
@@ -295,10 +302,11 @@ class TFRecordFormat(Format):
     codecs = ("gzip", "none")
     default_codec = "none"
     unit = "record"
-    float32_only = True  # tf.train.FloatList
+    float32_only = "tf.train.FloatList holds float32"
     record_checksums = True
     self_indexing = False
     read_options = TFRecordReading
+    write_options = TFRecordWriting
 
     def most_batches(self, size: int, codec: str | None) -> int:
         """A batch is a record at least (a header and a data CRC) in the record stream, which gzip may have made up to
@@ -313,15 +321,15 @@ class TFRecordFormat(Format):
             raise OptionError("compression", f"{{compression}} {options.compression!r}: TFRecord takes gzip or none")
 
     def recorded_output(self, options: WriteOptions) -> dict[str, Any]:
-        return {"tfrecord_kind": options.tfrecord_kind}
+        return {"tfrecord_kind": options.writing.tfrecord_kind}
 
     def encode(self, batch: pa.RecordBatch, options: WriteOptions) -> EncodedBatch:
         batch = _narrowed(batch, options)
-        payloads = example_codec.encode_records(batch, options.tfrecord_kind, sequence_columns=_lists(options))
+        payloads = example_codec.encode_records(batch, options.writing.tfrecord_kind, sequence_columns=_lists(options))
         return EncodedBatch(batch, b"".join(frame_record(p) for p in payloads))
 
     def check_values(self, batch: pa.RecordBatch, options: WriteOptions) -> None:
-        example_codec.check_values(_narrowed(batch, options), options.tfrecord_kind,
+        example_codec.check_values(_narrowed(batch, options), options.writing.tfrecord_kind,
                                    sequence_columns=_lists(options))
 
     def open_sink(self, file: BinaryIO, schema: pa.Schema, options: WriteOptions) -> Sink:
