@@ -146,6 +146,17 @@ class ReadReport:
         return f" ({records}, {self.corrupt_bytes:,} bytes skipped)"
 
 
+@dataclass(frozen=True)
+class OneChunk:
+    """A read task that is already worker-sized (a Parquet row group, an Arrow record batch) as a unit a worker
+    reads whole (ShardFormat.units)."""
+
+    task: Callable[[], Chunk]
+
+    def __call__(self, report: ReadReport) -> Iterator[Chunk]:
+        yield self.task()
+
+
 class ShardFormat(Protocol):
     """The reading side of a shard format, as a Dataset and its readers use it (batchtool.io.formats.base.Format
     implements it; declared here, below the formats, which open datasets)."""
@@ -164,6 +175,11 @@ class ShardFormat(Protocol):
         ...
 
     def count_rows(self, dataset: Dataset, shard: Shard, report: ReadReport) -> int: ...
+
+    def units(self, dataset: Dataset, columns: list[str] | None,
+              report: ReadReport) -> Iterator[Callable[[ReadReport], Iterator[Chunk]]]:
+        """The input as units the workers of a distributed pass read whole, in order (batchtool.exec.exchange)."""
+        ...
 
     def open_batches(self, dst: str, dataset: Dataset) -> tuple[np.ndarray, Any]:
         """Each file's batch count and where its batches are (a formats.base.StoredBatches)."""

@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from batchtool.core import budget
 from batchtool.core.options import build, fields
-from batchtool.io.dataset import Dataset, Reading
+from batchtool.io.dataset import Dataset, OneChunk, Reading
 from batchtool.core.errors import InputError, OptionError, OptionInputError, SchemaError
 from batchtool.io.manifest import MANIFEST_NAME
 
@@ -282,6 +282,13 @@ class Reader(ABC):
     def count_rows(self, dataset: Dataset, shard: Shard, report: ReadReport) -> int:
         """Rows of one shard, decoding none where the file says (check's row count when no rule reads data); what
         a damaged file loses is told to `report`."""
+
+    def units(self, dataset: Dataset, columns: list[str] | None,
+              report: ReadReport) -> Iterator[Callable[[ReadReport], Iterator[Chunk]]]:
+        """The input as units the workers of a distributed pass read whole, in order (batchtool.exec.exchange): each
+        read task, by default; a format whose files must be read from their start overrides it. What a unit
+        skips goes to the report it is called with; `report` gets what this call's own passes skip."""
+        return map(OneChunk, dataset.tasks(columns, report))
 
 
 class Writer(ABC):

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool.core.budget import DEFAULT_MAX_RECORD_BYTES, check_record_limit
-from batchtool.io.dataset import Dataset, Reading, shard_chunk
+from batchtool.io.dataset import Dataset, OneChunk, Reading, shard_chunk
 from batchtool.core.errors import CorruptRecordError, InputError, OptionError, where
 from batchtool.io.formats import example as example_codec
 from batchtool.io.formats.example import KINDS as TFRECORD_KINDS
@@ -405,8 +405,19 @@ class TFRecordFormat(Format):
         for file in self.file_tasks(dataset, columns):
             yield from file.tasks(report)
 
+    def units(self, dataset: Dataset, columns: list[str] | None,
+              report: ReadReport) -> Iterator[FileTask | OneChunk]:
+        """Its read tasks, but a GZIP file whole, so that its framing too runs on a worker (a gzip stream is read
+        from its start), and with skip_corrupt every file whole, so that what each skips comes back with its
+        map output, in file order."""
+        for file in self.file_tasks(dataset, columns):
+            if file.compressed or dataset.skip_corrupt:
+                yield file
+            else:
+                yield from map(OneChunk, file.tasks(report))
+
     def file_tasks(self, dataset: Dataset, columns: list[str] | None) -> Iterator[FileTask]:
-        """One task per file, which frames its records where it runs (see batchtool.exec.exchange.read_units)."""
+        """One task per file, which frames its records where it runs (see units)."""
         schema = dataset.projected_schema(columns)
         for shard in dataset.shards:
             yield FileTask(shard, schema, _kind(dataset), dataset.skip_corrupt,
