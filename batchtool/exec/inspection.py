@@ -73,8 +73,8 @@ def _described(dataset: Dataset, src: str, label: str | None, length: str | None
 
 
 def counted(dataset: Dataset, report: ReadReport) -> stats_mod.DatasetStats:
-    """Rows per shard as the format counts them without reading data (footers, IPC metadata; TFRecord: every
-    record framed and CRC-checked), when inspect has no column to read."""
+    """Rows per shard as the format counts them without reading data (footers, IPC metadata; a stream
+    of records: every record framed and CRC-checked), when inspect has no column to read."""
     rows = {shard.index: dataset.spec.count_rows(dataset, shard, report) for shard in dataset.shards}
     return stats_mod.DatasetStats(rows=sum(rows.values()), shard_rows=rows)
 

@@ -31,7 +31,7 @@ class Shard:
 @dataclass(frozen=True)
 class Origin:
     """Where a chunk's rows come from: the file of each shard index its example ids hold, and what a file calls
-    one of its rows (`row`, a TFRecord `record`)."""
+    one of its rows (its format's `unit`: `row`, `record`)."""
 
     paths: Mapping[int, str]
     unit: str = "row"
@@ -228,8 +228,8 @@ class Dataset:
 
     @property
     def progress_rows(self) -> int | None:
-        """Rows for a progress bar's total: the Parquet footers' count, else (TFRecord) a batchtool
-        manifest's. Only ever a bar's total: a manifest's number sizes nothing."""
+        """Rows for a progress bar's total: what the files say (footers), else (files that do not count their rows)
+        a batchtool manifest's. Only ever a bar's total: a manifest's number sizes nothing."""
         if self.num_rows is not None:
             return self.num_rows
         rows = (self.manifest or {}).get("output", {}).get("rows")
@@ -271,10 +271,9 @@ class Dataset:
               report: ReadReport | None = None) -> Iterator[Callable[[], Chunk]]:
         """Read tasks in a deterministic order; run them on any threads and keep their order.
 
-        Parquet tasks are row groups and Arrow tasks record batches; TFRecord tasks are byte ranges of
-        about 1,024 records, found here by a pass over the record headers, which the task reads, frames,
-        CRC-checks and decodes (a GZIP file's tasks carry records read and CRC-checked here: a gzip stream
-        reads only forward). So on a cluster only paths and offsets travel to the workers.
+        Each format cuts its files into tasks (Reader.tasks): a row group, a record batch, a byte range of
+        records which the task reads, checks and decodes, so that on a cluster mostly paths and offsets
+        travel to the workers.
         """
         cols = self.check_columns(columns)
         for f in self.projected_schema(cols):

@@ -59,12 +59,12 @@ def open_dataset(src: str, format: str | None = None, schema: pa.Schema | None =
     """Resolve SRC, check it is one readable format, and fix the schema every chunk will have. `options`: the
     format's reading options by name (its Reader.read_options; another format's are left out).
 
-    A TFRecord SRC without a batchtool manifest gets its schema from a pass over every record
-    (feature names and kinds only). max_record_bytes: the largest TFRecord record read, and what one record
-    batch of a compressed Arrow IPC file may decompress to when there is no `memory` (default:
+    A SRC whose files record no schema and that has no batchtool manifest gets its schema from a pass over
+    every record (the format's). max_record_bytes: the largest unit of input read, and what one may decompress
+    to when there is no `memory` (default:
     DEFAULT_MAX_RECORD_BYTES; the CLI passes --max-record-bytes); memory: the budget that decompressed input
     obeys instead (the CLI passes the command's --memory); executor: what runs a pass the opening needs (a
-    TFRecord schema scan).
+    schema scan).
     """
     src = os.fspath(src)
     paths = resolve_paths(src)

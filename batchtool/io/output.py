@@ -1,7 +1,7 @@
 """Batch-shard output: an all-or-nothing output directory, shard rollover, checksums.
 
 One writer serves every format; the formats (batchtool.io.formats) only encode and append. Encoding
-(Arrow -> bytes for TFRecord) is a pure function run on worker threads; the writer thread only appends.
+(Arrow -> a format's bytes, Writer.encode) is a pure function run on worker threads; the writer thread only appends.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ def encode_batch(batch: pa.RecordBatch, options: OutputOptions) -> EncodedBatch:
 class ShardCutter:
     """Where shards end: fed each batch's rows and size in output order, it says after which batch a shard is
     full (OutputOptions.shard_full). A batch's size is the bytes it adds to its shard before any stream
-    compression (a gzip TFRecord stream counts its framed records): a function of the batch alone, the first
+    compression (a compressed stream of records counts its framed records): a function of the batch alone, the first
     batch of a shard also carrying the file's header. So whoever writes (the writer here as batches arrive,
     or workers writing shards planned from measured sizes: shard_ends) cuts in the same places."""
 
@@ -263,7 +263,7 @@ class BatchShardWriter:
     """Writes batches to part-NNNNN files, starting a new shard when the size limit is reached.
 
     Each write() is one batch: one Parquet row group, one Arrow record batch, or its rows as consecutive
-    TFRecord records.
+    records of a stream.
     """
 
     def __init__(self, directory: str, schema: pa.Schema, options: OutputOptions, name: str | None = None,
