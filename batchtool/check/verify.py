@@ -41,7 +41,8 @@ class Found:
 @dataclass(frozen=True)
 class Layout:
     """How to read the files: their format, the manifest's schema and output section, and the column whose runs mark
-    the batches where counting them means decoding every record (a format that does not index its own batches; None: batches are not counted)."""
+    the batches where counting them means decoding every record (a format that does not index its own batches;
+    None: batches are not counted)."""
 
     format: str
     schema: pa.Schema

@@ -91,7 +91,8 @@ def schema_entries(schema: pa.Schema) -> list[dict]:
 
 
 def schema_to_json(schema: pa.Schema) -> str:
-    """Arrow schema as base64 IPC bytes: exact, so a round trip through a format that records no schema restores every type."""
+    """Arrow schema as base64 IPC bytes: exact, so a round trip through a format that records no schema restores
+    every type."""
     return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
 
 

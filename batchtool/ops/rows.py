@@ -118,8 +118,8 @@ def estimate_bytes(dataset: Dataset, first: Yardstick | None, rows: int | None =
     """Arrow bytes of the whole dataset, from the first chunk's bytes per row.
 
     File sizes underestimate memory (Parquet is compressed and encoded), so the first chunk is the
-    yardstick. With no row count (files that do not count their rows, read without a manifest) it assumes a high expansion of
-    the file bytes instead.
+    yardstick. With no row count (files that do not count their rows, read without a manifest) it assumes a
+    high expansion of the file bytes instead.
     """
     if first is None or first.rows == 0:
         return 0.0
