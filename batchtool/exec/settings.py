@@ -107,8 +107,9 @@ class InputSettings:
 
     format: str | None = option("Input format (default: from the file names).", Choice(registry.NAMES), None)
     skip_corrupt: bool = option(
-        f"Skip damaged {registry.checksummed()} records instead of stopping (a bad CRC; lost framing, up to the next record whose "
-        "CRCs check out; a cut-short last record), counting the records and bytes skipped in the manifest.",
+        f"Skip damaged {registry.checksummed()} records instead of stopping (a bad CRC; lost framing, up to the "
+        "next record whose CRCs check out; a cut-short last record), counting the records and bytes skipped in the "
+        "manifest.",
         Flag(), False)
 
 

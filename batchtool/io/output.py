@@ -69,9 +69,8 @@ class OutputOptions:
             if cast not in CASTS:
                 raise OptionError("cast", f"expected {' or '.join(CASTS)}", value=repr(cast))
             if not self.spec.float32_only:
-                raise OptionError("cast", f"only {registry.narrowing()} output narrows values; {self.format} keeps them "
-                                          "exactly",
-                                  value=cast)
+                raise OptionError("cast", f"only {registry.narrowing()} output narrows values; "
+                                          f"{self.format} keeps them exactly", value=cast)
 
     def stored_schema(self, schema: pa.Schema) -> pa.Schema:
         """The schema the output files hold exactly: narrowed_schema, with the extension types the input's

@@ -484,8 +484,9 @@ def load(dst: str, *, columns: Sequence[str] | None = None, shuffle: bool | None
     shuffle (default: True where batches are independent and can be read in any order, False for segment
     output, `bucket --order sorted` and GZIP-compressed records, read only forward) permutes the batches per
     epoch (`set_epoch`); rank/world_size give each rank an equal, disjoint part of every epoch (drop_uneven: drop
-    the remainder, else repeat batches to fill). `threads` decode ahead of the training loop (default: min(4, cores); uncompressed
-    Arrow IPC, whose batches are views of a memory map, is read by the loop itself unless `verify`); the
+    the remainder, else repeat batches to fill). `threads` decode ahead of the training loop (default: min(4,
+    cores); uncompressed Arrow IPC, whose batches are views of a memory map, is read by the loop itself unless
+    `verify`); the
     batches are the same. verify (default: wherever the output records checksums) checks every batch's checksum
     as it is read (Arrow IPC's CRC32C; Parquet's page and each record's checksums are checked on every read):
     a damaged batch is a BatchtoolError naming its file and batch, never wrong values. verify=False skips it

@@ -294,6 +294,9 @@ class Reader(ABC):
 class Writer(ABC):
     """What writes a format's shards (--to): its codecs and options' checks, the encoder workers run, the sink."""
 
+    label: ClassVar[str]
+    suffixes: ClassVar[tuple[str, ...]]
+    """(Declared by the Reader: a Writer is one part of a Format.)"""
     write_options: ClassVar[type | None] = None
     """The dataclass of the options writing this format takes (each field declared with core.options.option: the
     commands that write take it as a flag, a pipeline's [output] as a key); None: it takes none."""
@@ -317,13 +320,13 @@ class Writer(ABC):
 
     def suffix(self, codec: str) -> str:
         """The suffix of output shards written with `codec`."""
-        return self.suffixes[0]  # type: ignore[attr-defined]  # (the Reader's: a Writer is one half of a Format)
+        return self.suffixes[0]
 
     def check_options(self, options: WriteOptions) -> None:
         """OptionError naming the option, the value and what is allowed."""
         if options.codec not in self.codecs:
             raise OptionError("compression", f"{{compression}} {options.compression!r}: "
-                                             f"{self.label} takes {', '.join(self.codecs)}")  # type: ignore[attr-defined]
+                                             f"{self.label} takes {', '.join(self.codecs)}")
 
     def recorded_output(self, options: WriteOptions) -> dict[str, Any]:
         """What the manifest's output section records for readers of the files (RECORDED_OPTIONS: None where the
