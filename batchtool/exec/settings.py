@@ -119,6 +119,11 @@ def _codecs() -> str:
     return "; ".join(f"{s.label}: {', '.join(dict.fromkeys((s.default_codec, *s.codecs)))}" for s in specs)
 
 
+def _narrowed() -> str:
+    """Why --cast's formats hold floats as float32 only (Writer.float32_only)."""
+    return "; ".join(r for name in registry.written() if (r := registry.get(name).float32_only))
+
+
 def _format_fields() -> list[tuple[str, Any, dataclasses.Field]]:
     """Every written format's own write options (Writer.write_options), as fields of OutputSettings: declared once,
     in the format's module."""
@@ -157,8 +162,9 @@ class _OutputSettings:
 
 
 OutputSettings = dataclasses.make_dataclass("OutputSettings", [*_format_fields(), (
-    "cast", "str | None", option(f"{registry.narrowing()} output: round float64 columns to float32 (without this they "
-                                 "are refused). The manifest lists the columns cast.", Choice(list(CASTS)), None)), (
+    "cast", "str | None", option(f"{registry.narrowing()} output: round float64 columns to float32 ({_narrowed()}; "
+                                 "without this they are refused). The manifest lists the columns cast.",
+                                 Choice(list(CASTS)), None)), (
     "overwrite", "bool", option("Replace DST if it exists.", Flag(), False))],
     bases=(_OutputSettings,), frozen=True)
 OutputSettings.__doc__, OutputSettings.__module__ = _OutputSettings.__doc__, __name__

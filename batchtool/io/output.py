@@ -56,8 +56,7 @@ class OutputOptions:
 
     def __post_init__(self) -> None:
         if self.format not in registry.written():
-            names = registry.written()
-            raise OptionError("format", f"expected {', '.join(names[:-1])} or {names[-1]}", value=repr(self.format),
+            raise OptionError("format", f"expected {registry.listed(registry.written())}", value=repr(self.format),
                               flags={"format": "--to"})
         if self.writing is None or isinstance(self.writing, Mapping):
             object.__setattr__(self, "writing", self.spec.writing_of(self.writing or {}))  # (frozen: made once, here)

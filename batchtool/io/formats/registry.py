@@ -3,6 +3,8 @@ it is. A new format is one module and one entry of FORMATS (docs/internals.md)."
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from batchtool.core.errors import UsageError
 from batchtool.io.formats.arrow import ArrowFormat
 from batchtool.core.options import Choice, fields
@@ -48,16 +50,19 @@ def narrowing() -> str:
     return " or ".join(f.label for f in FORMATS.values() if isinstance(f, Format) and f.float32_only)
 
 
+def listed(words: Sequence[str]) -> str:
+    """Words as a message lists them: 'a, b or c'."""
+    return f"{', '.join(words[:-1])} or {words[-1]}" if len(words) > 1 else "".join(words)
+
+
 def described() -> str:
     """The formats as a message lists them: 'Parquet, TFRecord or Arrow IPC'."""
-    labels = [f.label for f in FORMATS.values()]
-    return f"{', '.join(labels[:-1])} or {labels[-1]}" if len(labels) > 1 else labels[0]
+    return listed([f.label for f in FORMATS.values()])
 
 
 def suffixes() -> str:
     """Each format's first file name ending, as a message lists them."""
-    ends = [f.suffixes[0] for f in FORMATS.values()]
-    return f"{', '.join(ends[:-1])} or {ends[-1]}" if len(ends) > 1 else ends[0]
+    return listed([f.suffixes[0] for f in FORMATS.values()])
 
 
 def detect(path: str, head: bytes | None = None) -> str | None:
