@@ -1,7 +1,7 @@
 """Batch-level rules for batch outputs (bucket, segment, balanced stratify), on the batches `batchtool.load` yields.
 
 Padding per bucket comes from the manifest bucket wrote; rows per batch from Parquet footers
-(TFRecord: the `batch` column); quotas and ranks read one small column batch by batch.
+(files that do not index their batches: the `batch` column); quotas and ranks read one small column batch by batch.
 """
 
 from __future__ import annotations

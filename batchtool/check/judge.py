@@ -38,7 +38,7 @@ def judge_metadata(rules: Sequence[Rule], dataset: Dataset, limit: int, threads:
         elif isinstance(rule, (PaddingEfficiency, *BATCH_RULES)):
             yield judge_batches(rule, dataset, limit, threads)
         elif isinstance(rule, Crc) and not dataset.spec.record_checksums:
-            having = " or ".join(f.label for f in registry.FORMATS.values() if f.record_checksums)
+            having = registry.checksummed()
             raise UsageError(f"{rule.label}: {dataset.src} is {dataset.format}; "
                              f"CRCs exist only in {having} files")
 

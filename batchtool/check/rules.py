@@ -274,7 +274,7 @@ class Checksums(Rule):
 
 @dataclass(frozen=True)
 class Crc(Rule):
-    """Every TFRecord record's length and data CRCs are valid."""
+    """Every record's length and data CRCs are valid (a format whose records carry checksums)."""
 
     kind: ClassVar[str] = "crc"
 

@@ -202,7 +202,7 @@ def measure(dataset: Dataset, plan: Plan, run: RunSettings, executor: Executor, 
 
 
 def count_records(dataset: Dataset, report: ReadReport, executor: Executor) -> int:
-    """Rows of a dataset whose files do not say (TFRecord) without decoding them, a shard per task."""
+    """Rows of a dataset whose files do not say (records of a stream) without decoding them, a shard per task."""
     def count(shard: Shard) -> tuple[int, ReadReport]:
         local = ReadReport()
         return dataset.spec.count_rows(dataset, shard, local), local

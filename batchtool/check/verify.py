@@ -2,7 +2,7 @@
 
 Checksums are the `checksums` rule's (checksums.py); this module adds what the
 writer recorded beyond the bytes: each file's rows, batches and schema, as its format finds them
-(Format.inspect_shard: Parquet footers, TFRecord records and runs of the `batch` column). Every file
+(BatchIndex.inspect_shard: footers, or records and runs of the `batch` column). Every file
 is read once, on worker threads, for all three rules.
 """
 
@@ -41,7 +41,8 @@ class Found:
 @dataclass(frozen=True)
 class Layout:
     """How to read the files: their format, the manifest's schema and output section, and the column whose runs mark
-    the batches where counting them means decoding every record (TFRecord; None: batches are not counted)."""
+    the batches where counting them means decoding every record (a format that does not index its own batches;
+    None: batches are not counted)."""
 
     format: str
     schema: pa.Schema

@@ -29,7 +29,7 @@ FLOOR = 64 << 20
 """Allocations up to this size always pass: the process needs more than this to run at all, so a --memory
 below it only sizes the spill parts."""
 DEFAULT_MAX_RECORD_BYTES = 16 << 20
-"""--max-record-bytes' default: the largest TFRecord record read, and what one unit of input may decompress to
+"""--max-record-bytes' default: the largest record read, and what one unit of input may decompress to
 where there is no --memory. Decoding a record takes a few times its size for ordinary data, up to about 60 times
 for millions of tiny features, so this keeps even a hostile record near the default --memory (1GB)."""
 HISTOGRAM_BYTES = 40

@@ -108,7 +108,7 @@ class PartialError(InputError):
 
 
 class CorruptRecordError(InputError):
-    """A TFRecord record whose framing or CRC is wrong, or whose payload does not parse."""
+    """A record whose framing or CRC is wrong, or whose payload does not parse."""
 
 
 class SchemaError(InputError):

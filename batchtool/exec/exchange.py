@@ -1,7 +1,7 @@
 """Global reorders as map-reduce on the engine's workers: the data goes from input to output through the run's
 workspace, never through the driver, which passes paths and counts only.
 
-A map task reads one unit of input (a Parquet row group, a whole TFRecord file: see read_units) and
+A map task reads one unit of input (a Parquet row group, a whole file of records: see read_units) and
 scatters its rows, exactly as the local spill does (batchtool.io.spill.Spill), to (group, part) cells: the part is
 the range of each row's keyed order key. A reduce task reads one (group, part) from every map, in map order, and
 sorts it by the key (spill.sort_part): since the rows come in input order and the sort is stable, that is the very
@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool.core import fs
-from batchtool.io.dataset import Chunk, Dataset, ReadReport
+from batchtool.io.dataset import Chunk, Dataset, OneChunk, ReadReport
 from batchtool.ops.base import Operation
 from batchtool.ops.regroup import Exchange, Stream, Bar, Cut, Runtime, Scatter, Scattered
 from batchtool.core.runner import Executor
@@ -45,39 +45,13 @@ class ReadUnit(Protocol):
     def __call__(self, report: ReadReport) -> Iterator[Chunk]: ...
 
 
-@dataclass(frozen=True)
-class _OneChunk:
-    """A read task that is already worker-sized (a Parquet row group, an Arrow record batch) as a unit."""
-
-    task: Callable[[], Chunk]
-
-    def __call__(self, report: ReadReport) -> Iterator[Chunk]:
-        yield self.task()
-
-
 def read_units(dataset: Dataset, report: ReadReport, columns: Sequence[str] | None = None) -> Iterator[ReadUnit]:
-    """The dataset's input as units for workers, in order: its read tasks (a Parquet row group, an Arrow record
-    batch, a byte range of about 1,024 TFRecord records, which the worker frames and checks), but a GZIP
-    TFRecord file whole, so that its framing too runs on a worker (a gzip stream is read from its start), and
-    with --skip-corrupt every TFRecord file whole, so that what each skips comes back with its map output, in
-    file order (`report` gets what the driver's own passes skip). A mix's sources (Dataset.parts) each as its
-    own format reads it."""
+    """The dataset's input as units for workers, in order, as its format cuts it (Reader.units: its read tasks, or
+    files a worker reads whole from their start); `report` gets what the driver's own passes skip. A mix's
+    sources (Dataset.parts) each as its own format reads it."""
     for part in dataset.parts(columns):
-        for unit in _format_units(part.dataset, part.columns, report):
+        for unit in part.dataset.spec.units(part.dataset, part.columns, report):
             yield unit if part.adapt is None else _Adapted(unit, part.adapt)
-
-
-def _format_units(dataset: Dataset, cols: list[str] | None, report: ReadReport) -> Iterator[ReadUnit]:
-    """read_units of a dataset of one format."""
-    file_tasks = getattr(dataset.spec, "file_tasks", None)
-    if file_tasks is None:
-        yield from task_units(dataset.tasks(cols, report))
-        return
-    for file in file_tasks(dataset, cols):
-        if file.compressed or dataset.skip_corrupt:
-            yield file
-        else:
-            yield from task_units(file.tasks(report))
 
 
 @dataclass(frozen=True)
@@ -105,7 +79,7 @@ def task_units(tasks: Iterable[Callable[[], Chunk]]) -> Iterator[ReadUnit]:
     """Read tasks that are already worker-sized (a Parquet row group, an Arrow record batch, a chunk the stages
     before a pipeline's reorder made) as units."""
     for task in tasks:
-        yield _OneChunk(task)
+        yield OneChunk(task)
 
 
 def _measure_first(measure: Callable[[Chunk], T | None], unit: ReadUnit) -> T | None:

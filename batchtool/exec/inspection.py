@@ -16,6 +16,7 @@ from batchtool.exec.engines import executor as run_executor
 from batchtool.ops.mix import source_table
 from batchtool.ops.written import producer, written_names
 from batchtool.io.formats import column_types
+from batchtool.io.formats.base import RECORDED_OPTIONS
 from batchtool.core.budget import human_bytes
 from batchtool.io.inputs import open_dataset
 from batchtool.core.run_settings import RunSettings
@@ -72,8 +73,8 @@ def _described(dataset: Dataset, src: str, label: str | None, length: str | None
 
 
 def counted(dataset: Dataset, report: ReadReport) -> stats_mod.DatasetStats:
-    """Rows per shard as the format counts them without reading data (footers, IPC metadata; TFRecord: every
-    record framed and CRC-checked), when inspect has no column to read."""
+    """Rows per shard as the format counts them without reading data (footers, IPC metadata; a stream
+    of records: every record framed and CRC-checked), when inspect has no column to read."""
     rows = {shard.index: dataset.spec.count_rows(dataset, shard, report) for shard in dataset.shards}
     return stats_mod.DatasetStats(rows=sum(rows.values()), shard_rows=rows)
 
@@ -140,7 +141,7 @@ def describe(dataset: Dataset, st: stats_mod.DatasetStats, label: str | None, le
     result: dict[str, Any] = {
         "src": dataset.src,
         "format": dataset.format,
-        "tfrecord_kind": dataset.tfrecord_kind,
+        **dataset.spec.recorded(dataset),
         "rows": st.rows,
         "bytes": dataset.total_bytes,
         "schema": [{"name": f.name, "type": column_types.shown_type(f)} for f in dataset.schema],
@@ -188,7 +189,7 @@ def manifest_summary(manifest: dict) -> dict:
 def render(result: dict[str, Any]) -> str:
     """The terminal view: aligned tables and bar charts."""
     lines = [f"{result['src']}  ({result['format']}"
-             + (f", {result['tfrecord_kind']}" if result.get("tfrecord_kind") else "")
+             + "".join(f", {result[k]}" for k in RECORDED_OPTIONS if result.get(k))
              + f", {len(result['shards'])} shard(s), {human_bytes(result['bytes'])}, {result['rows']:,} rows)"]
     lines.append("")
     lines.append("schema")

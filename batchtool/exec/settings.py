@@ -6,6 +6,7 @@ or a check."""
 from __future__ import annotations
 
 from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +15,6 @@ from batchtool.core.errors import OptionError
 from batchtool.ops.base import Kind, Operation
 from batchtool.core.options import Choice, Flag, Integer, Value, option, shown
 from batchtool.core.progress import LINE_SECONDS, MODES
-from batchtool.io.formats.example import KINDS as TFRECORD_KINDS
 from batchtool.io.output import CASTS, DEFAULT_SHARD_BYTES, OutputOptions
 
 BATCH_FORMAT = "arrow"
@@ -107,41 +107,67 @@ class InputSettings:
 
     format: str | None = option("Input format (default: from the file names).", Choice(registry.NAMES), None)
     skip_corrupt: bool = option(
-        "Skip damaged TFRecord records instead of stopping (a bad CRC; lost framing, up to the next record whose "
-        "CRCs check out; a cut-short last record), counting the records and bytes skipped in the manifest.",
+        f"Skip damaged {registry.checksummed()} records instead of stopping (a bad CRC; lost framing, up to the "
+        "next record whose CRCs check out; a cut-short last record), counting the records and bytes skipped in the "
+        "manifest.",
         Flag(), False)
 
 
-@dataclass(frozen=True)
-class OutputSettings:
-    """How DST is written, as a user sets it: a writing command's --to, --compression, ... and a pipeline file's
-    [output] (whose `format` is --to). `options` makes the writer's OutputOptions, which checks the rest."""
+def _codecs() -> str:
+    """--compression's help: each written format's codecs, its default first."""
+    specs = [registry.get(name) for name in registry.written()]
+    return "; ".join(f"{s.label}: {', '.join(dict.fromkeys((s.default_codec, *s.codecs)))}" for s in specs)
 
-    format: str | None = option("Output format.", Choice(registry.NAMES), None)
+
+def _narrowed() -> str:
+    """Why --cast's formats hold floats as float32 only (Writer.float32_only)."""
+    return "; ".join(r for name in registry.written() if (r := registry.get(name).float32_only))
+
+
+def _format_fields() -> list[tuple[str, Any, dataclasses.Field]]:
+    """Every written format's own write options (Writer.write_options), as fields of OutputSettings: declared once,
+    in the format's module."""
+    specs = [registry.get(name) for name in registry.written()]
+    return [(f.name, f.type, dataclasses.field(default=f.default, metadata=f.metadata))
+            for s in specs if s.write_options is not None for f in dataclasses.fields(s.write_options)]
+
+
+@dataclass(frozen=True)
+class _OutputSettings:
+    """How DST is written, as a user sets it: a writing command's --to, --compression, ... and a pipeline file's
+    [output] (whose `format` is --to), with each written format's own options after --shard-bytes. `options`
+    makes the writer's OutputOptions, which checks the rest."""
+
+    format: str | None = option("Output format.", Choice(registry.written()), None)
     """None: the command's default (default_format)."""
-    compression: str | None = option(
-        "Parquet codec (zstd default, snappy, gzip, lz4, brotli, none), TFRecord gzip/none, or Arrow lz4/zstd/none "
-        "(default none).", Text(), None)
+    compression: str | None = option(f"Codec, by format (default first): {_codecs()}.", Text(), None)
     shard_rows: int | None = option("Start a new output shard past this many rows.", Positive(), None)
     shard_bytes: int | None = option(
-        f"Start a new output shard past this size (default {size_text(DEFAULT_SHARD_BYTES)}; gzip TFRecord: its "
-        "records' size before compression).", Size(), None)
-    tfrecord_kind: str = option("Payload of TFRecord output.", Choice(TFRECORD_KINDS), TFRECORD_KINDS[0])
-    cast: str | None = option(
-        "TFRecord output: round float64 columns to float32 (tf.train.FloatList holds only float32; without this "
-        "they are refused). The manifest lists the columns cast.", Choice(list(CASTS)), None)
-    overwrite: bool = option("Replace DST if it exists.", Flag(), False)
+        f"Start a new output shard past this size (default {size_text(DEFAULT_SHARD_BYTES)}; a compressed stream of "
+        "records: their size before compression).", Size(), None)
 
     FLAGS = {"format": "--to"}
     """Fields whose command-line flag is not their name's."""
 
     def options(self, default_format: str) -> OutputOptions:
         """The writer's options, with `default_format` where no format is set."""
-        return OutputOptions(format=self.format or default_format, compression=self.compression,
-                             shard_rows=self.shard_rows,
+        fmt = self.format or default_format
+        spec = registry.get(fmt)
+        own = [] if spec.write_options is None else [f.name for f in dataclasses.fields(spec.write_options)]
+        return OutputOptions(format=fmt, compression=self.compression, shard_rows=self.shard_rows,
                              shard_bytes=DEFAULT_SHARD_BYTES if self.shard_bytes is None else self.shard_bytes,
-                             tfrecord_kind=self.tfrecord_kind, overwrite=self.overwrite,
-                             cast=(self.cast,) if self.cast else ())
+                             writing={name: getattr(self, name) for name in own},
+                             overwrite=self.overwrite,  # type: ignore[attr-defined]  # (a field of OutputSettings)
+                             cast=(self.cast,) if self.cast else ())  # type: ignore[attr-defined]
+
+
+OutputSettings = dataclasses.make_dataclass("OutputSettings", [*_format_fields(), (
+    "cast", "str | None", option(f"{registry.narrowing()} output: round float64 columns to float32 ({_narrowed()}; "
+                                 "without this they are refused). The manifest lists the columns cast.",
+                                 Choice(list(CASTS)), None)), (
+    "overwrite", "bool", option("Replace DST if it exists.", Flag(), False))],
+    bases=(_OutputSettings,), frozen=True)
+OutputSettings.__doc__, OutputSettings.__module__ = _OutputSettings.__doc__, __name__
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ class Shard:
 @dataclass(frozen=True)
 class Origin:
     """Where a chunk's rows come from: the file of each shard index its example ids hold, and what a file calls
-    one of its rows (`row`, a TFRecord `record`)."""
+    one of its rows (its format's `unit`: `row`, `record`)."""
 
     paths: Mapping[int, str]
     unit: str = "row"
@@ -146,6 +146,17 @@ class ReadReport:
         return f" ({records}, {self.corrupt_bytes:,} bytes skipped)"
 
 
+@dataclass(frozen=True)
+class OneChunk:
+    """A read task that is already worker-sized (a Parquet row group, an Arrow record batch) as a unit a worker
+    reads whole (ShardFormat.units)."""
+
+    task: Callable[[], Chunk]
+
+    def __call__(self, report: ReadReport) -> Iterator[Chunk]:
+        yield self.task()
+
+
 class ShardFormat(Protocol):
     """The reading side of a shard format, as a Dataset and its readers use it (batchtool.io.formats.base.Format
     implements it; declared here, below the formats, which open datasets)."""
@@ -159,11 +170,41 @@ class ShardFormat(Protocol):
     def tasks(self, dataset: Dataset, columns: list[str] | None,
               report: ReadReport) -> Iterator[Callable[[], Chunk]]: ...
 
+    def recorded(self, dataset: Dataset) -> dict[str, Any]:
+        """What a manifest records of how the dataset was read (its format's options), beside its format's name."""
+        ...
+
     def count_rows(self, dataset: Dataset, shard: Shard, report: ReadReport) -> int: ...
+
+    def units(self, dataset: Dataset, columns: list[str] | None,
+              report: ReadReport) -> Iterator[Callable[[ReadReport], Iterator[Chunk]]]:
+        """The input as units the workers of a distributed pass read whole, in order (batchtool.exec.exchange)."""
+        ...
 
     def open_batches(self, dst: str, dataset: Dataset) -> tuple[np.ndarray, Any]:
         """Each file's batch count and where its batches are (a formats.base.StoredBatches)."""
         ...
+
+
+@dataclass(frozen=True)
+class Reading:
+    """How inputs.open_dataset asks a format to read a SRC (Reader.open_dataset): the format's own options (its
+    Reader.read_options, built from what the caller gave), what to do with damaged units, the limits on what one
+    unit may take, and what runs a pass the opening needs (a schema scan)."""
+
+    options: Any = None
+    skip_corrupt: bool = False
+    max_record_bytes: int | None = None
+    """The largest unit read, and what one may decompress to without `memory` (None: DEFAULT_MAX_RECORD_BYTES)."""
+    memory: int | None = None
+    """The command's --memory, which bounds what one unit decompresses to instead."""
+    executor: Executor = SERIAL
+
+    @property
+    def limits(self) -> dict[str, int]:
+        """The limits as Dataset's fields take them (absent: the Dataset's defaults)."""
+        return {k: v for k, v in (("max_record_bytes", self.max_record_bytes), ("memory", self.memory))
+                if v is not None}
 
 
 @dataclass(frozen=True)
@@ -175,7 +216,9 @@ class Dataset:
     """The format of the shards (batchtool.io.formats), whose read tasks `tasks` hands out."""
     shards: tuple[Shard, ...]
     schema: pa.Schema
-    tfrecord_kind: str | None = None
+    options: Any = None
+    """The format's reading options as it resolved them opening the shards (its Reader.read_options dataclass;
+    None for a format that has none), which its read tasks follow and its `recorded` gives manifests."""
     num_rows: int | None = None
     skip_corrupt: bool = False
     manifest: dict | None = None
@@ -185,8 +228,8 @@ class Dataset:
 
     @property
     def progress_rows(self) -> int | None:
-        """Rows for a progress bar's total: the Parquet footers' count, else (TFRecord) a batchtool
-        manifest's. Only ever a bar's total: a manifest's number sizes nothing."""
+        """Rows for a progress bar's total: what the files say (footers), else (files that do not count their rows)
+        a batchtool manifest's. Only ever a bar's total: a manifest's number sizes nothing."""
         if self.num_rows is not None:
             return self.num_rows
         rows = (self.manifest or {}).get("output", {}).get("rows")
@@ -228,10 +271,9 @@ class Dataset:
               report: ReadReport | None = None) -> Iterator[Callable[[], Chunk]]:
         """Read tasks in a deterministic order; run them on any threads and keep their order.
 
-        Parquet tasks are row groups and Arrow tasks record batches; TFRecord tasks are byte ranges of
-        about 1,024 records, found here by a pass over the record headers, which the task reads, frames,
-        CRC-checks and decodes (a GZIP file's tasks carry records read and CRC-checked here: a gzip stream
-        reads only forward). So on a cluster only paths and offsets travel to the workers.
+        Each format cuts its files into tasks (Reader.tasks): a row group, a record batch, a byte range of
+        records which the task reads, checks and decodes, so that on a cluster mostly paths and offsets
+        travel to the workers.
         """
         cols = self.check_columns(columns)
         for f in self.projected_schema(cols):

@@ -1,15 +1,17 @@
-"""Opening a SRC (a file, directory or glob of Parquet, TFRecord or Arrow IPC shards, local or a URI) as a
+"""Opening a SRC (a file, directory or glob of shards of one format, local or a URI) as a
 Dataset: its files found in a stable order, their one format detected, its manifest read, the schema fixed."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 import pyarrow as pa
 
 from batchtool.core import fs
-from batchtool.io.dataset import Dataset, Shard
+from batchtool.io.dataset import Dataset, Reading, Shard
 from batchtool.core.errors import InputError
 from batchtool.io.formats import column_meta, column_types, registry
 from batchtool.io.manifest_reader import read_manifest
@@ -32,7 +34,7 @@ def resolve_paths(src: str) -> list[str]:
             return listed
         found = [p for p in fs.walk_files(src) if detect_format(p)]  # the manifest is neither hidden nor data
         if not found:
-            raise InputError(f"{src}: empty input: no Parquet, TFRecord or Arrow IPC files in this directory")
+            raise InputError(f"{src}: empty input: no {registry.described()} files in this directory")
         return found
     raise InputError(f"{src}: no such file or directory")
 
@@ -51,17 +53,18 @@ def detect_format(path: str, sniff: bool = False) -> str | None:
 
 
 def open_dataset(src: str, format: str | None = None, schema: pa.Schema | None = None,
-                 tfrecord_kind: str = "auto", skip_corrupt: bool = False,
+                 options: Mapping[str, Any] | None = None, skip_corrupt: bool = False,
                  max_record_bytes: int | None = None, memory: int | None = None,
                  executor: Executor = SERIAL) -> Dataset:
-    """Resolve SRC, check it is one readable format, and fix the schema every chunk will have.
+    """Resolve SRC, check it is one readable format, and fix the schema every chunk will have. `options`: the
+    format's reading options by name (its Reader.read_options; another format's are left out).
 
-    A TFRecord SRC without a batchtool manifest gets its schema from a pass over every record
-    (feature names and kinds only). max_record_bytes: the largest TFRecord record read, and what one record
-    batch of a compressed Arrow IPC file may decompress to when there is no `memory` (default:
+    A SRC whose files record no schema and that has no batchtool manifest gets its schema from a pass over
+    every record (the format's). max_record_bytes: the largest unit of input read, and what one may decompress
+    to when there is no `memory` (default:
     DEFAULT_MAX_RECORD_BYTES; the CLI passes --max-record-bytes); memory: the budget that decompressed input
     obeys instead (the CLI passes the command's --memory); executor: what runs a pass the opening needs (a
-    TFRecord schema scan).
+    schema scan).
     """
     src = os.fspath(src)
     paths = resolve_paths(src)
@@ -70,7 +73,7 @@ def open_dataset(src: str, format: str | None = None, schema: pa.Schema | None =
         found = {detect_format(p, sniff) for p in paths}
         if None in found:
             bad = next(p for p in paths if detect_format(p, sniff) is None)
-            raise InputError(f"{bad}: unknown format (expected a name ending in .parquet, .tfrecord[.gz] or .arrow; "
+            raise InputError(f"{bad}: unknown format (expected a name ending in {registry.suffixes()}; "
                              "or pass --format)")
         if len(found) > 1:
             labels = sorted(registry.FORMATS[f].label for f in found)
@@ -80,9 +83,9 @@ def open_dataset(src: str, format: str | None = None, schema: pa.Schema | None =
         raise InputError(f"{src}: unknown format {format!r} (expected one of: {', '.join(registry.NAMES)})")
     shards = tuple(Shard(i, p, fs.file_size(p)) for i, p in enumerate(paths))
     manifest = read_manifest(src) if fs.is_dir(src) else None
-    reading = {"tfrecord_kind": tfrecord_kind, "skip_corrupt": skip_corrupt, "max_record_bytes": max_record_bytes,
-               "memory": memory, "executor": executor}
-    dataset = registry.FORMATS[format].open_dataset(src, shards, schema, manifest, reading)
+    spec = registry.FORMATS[format]
+    reading = Reading(spec.options_of(options or {}), skip_corrupt, max_record_bytes, memory, executor)
+    dataset = spec.open_dataset(src, shards, schema, manifest, reading)
     # operations never see an extension type, and carry what the metadata says of a column with the column
     fixed = column_meta.carried(column_types.reading_schema(dataset.schema))
     return dataset if fixed is dataset.schema else replace(dataset, schema=fixed)

@@ -76,12 +76,12 @@ def input_entries(dataset: Dataset) -> list[dict]:
 def inputs_entry(dataset: Dataset) -> dict[str, Any]:
     """What a manifest records of its input: SRC, its format and files; for a mix, each source in order (its index
     in the source column, name, SRC, format and how many of the files are its)."""
-    entry = {"src": dataset.src, "format": dataset.format, "tfrecord_kind": dataset.tfrecord_kind,
+    entry = {"src": dataset.src, "format": dataset.format, **dataset.spec.recorded(dataset),
              "files": input_entries(dataset)}
     parts = dataset.parts()
     if any(part.name is not None for part in parts):
         entry["sources"] = [{"index": i, "name": part.name, "src": part.dataset.src, "format": part.dataset.format,
-                             "tfrecord_kind": part.dataset.tfrecord_kind, "files": len(part.dataset.shards)}
+                             **part.dataset.spec.recorded(part.dataset), "files": len(part.dataset.shards)}
                             for i, part in enumerate(parts)]
     return entry
 
@@ -91,7 +91,8 @@ def schema_entries(schema: pa.Schema) -> list[dict]:
 
 
 def schema_to_json(schema: pa.Schema) -> str:
-    """Arrow schema as base64 IPC bytes: exact, so a TFRecord round trip restores every type."""
+    """Arrow schema as base64 IPC bytes: exact, so a round trip through a format that records no schema restores
+    every type."""
     return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
 
 

@@ -9,10 +9,9 @@ from typing import Any
 
 from batchtool.core import fs
 from batchtool.core.errors import InputError
-from batchtool.io.formats.registry import NAMES
+from batchtool.io.formats.registry import NAMES, recorded_choices
 from batchtool.io.load_padding import LoadPadding
 from batchtool.io.manifest import FORMAT_VERSION, LEGACY_MANIFEST_NAME, dataset_file, manifest_path, schema_from_json
-from batchtool.io.formats.example import KINDS as TFRECORD_KINDS
 
 MAX_MANIFEST_BYTES = 256 << 20
 """A manifest is read whole; one this large is not batchtool's (a million shards take ~200 MB)."""
@@ -94,8 +93,9 @@ def validate(data: Any, path: str, src: str) -> dict:
         raise refuse("output", output, "an object")
     if output.get("format") not in NAMES:
         raise refuse("output.format", output.get("format"), " or ".join(map(repr, NAMES)))
-    if output.get("tfrecord_kind") is not None and output["tfrecord_kind"] not in TFRECORD_KINDS:
-        raise refuse("output.tfrecord_kind", output["tfrecord_kind"], " or ".join(map(repr, TFRECORD_KINDS)))
+    for name, choices in recorded_choices().items():
+        if output.get(name) is not None and output[name] not in choices:
+            raise refuse(f"output.{name}", output[name], " or ".join(map(repr, choices)))
     if not isinstance(output.get("compression", ""), (str, type(None))):
         raise refuse("output.compression", output["compression"], "a string")
     for key in ("rows", "batches", "bytes"):

@@ -85,7 +85,7 @@ class MixedDataset(Dataset):
 
     @property
     def format(self) -> str:
-        """The sources' formats: `parquet`, or `parquet+tfrecord` for a mix of formats."""
+        """The sources' formats: `parquet`, or `parquet+arrow` for a mix of formats."""
         return "+".join(dict.fromkeys(s.dataset.format for s in self.sources))
 
     def parts(self, columns: Sequence[str] | None = None) -> list[Part]:
@@ -126,7 +126,7 @@ def mix_datasets(datasets: Sequence[Dataset], names: Sequence[str], column: str 
     in each (after `columns`), the source column (`column`, which none of them has) added."""
     own = [Source(i, name, d) for i, (name, d) in enumerate(zip(names, datasets))]
     empty = next((s for s in own if s.dataset.num_rows == 0), None)
-    if empty is not None:  # known without a pass (Parquet, Arrow); the plan finds an empty TFRecord source
+    if empty is not None:  # known without a pass (footers); the plan finds an empty source of uncounted rows
         raise InputError(f"{empty.label} is empty: it has no rows to mix")
     _refuse_shared_files(own)
     schemas = [s.dataset.projected_schema(s.dataset.check_columns(columns)) for s in own]

@@ -1,7 +1,7 @@
 """Batch-shard output: an all-or-nothing output directory, shard rollover, checksums.
 
 One writer serves every format; the formats (batchtool.io.formats) only encode and append. Encoding
-(Arrow -> bytes for TFRecord) is a pure function run on worker threads; the writer thread only appends.
+(Arrow -> a format's bytes, Writer.encode) is a pure function run on worker threads; the writer thread only appends.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 import queue
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from typing import Any, BinaryIO
@@ -24,11 +24,11 @@ from batchtool.core.errors import (DestinationError, DestinationExistsError, Opt
                               where)
 from batchtool.io.formats import column_meta, column_types
 from batchtool.io.formats.base import EncodedBatch, Format, ShardSink
-from batchtool.io.formats.example import KINDS as TFRECORD_KINDS
-from batchtool.io.formats.registry import DEFAULT, FORMATS, NAMES
+from batchtool.io.formats import registry
+from batchtool.io.formats.registry import DEFAULT
 
 CASTS = {"float64=float32": (pa.float64(), pa.float32())}
-"""Lossy conversions TFRecord output makes only when asked (--cast): tf.train.FloatList holds float32."""
+"""Lossy conversions the output of a format holding floats as float32 only makes only when asked (--cast)."""
 DEFAULT_SHARD_BYTES = 256 * 1024 * 1024
 WRITE_BUFFER_BYTES = 1 << 20
 """What a shard's native write buffer gathers before one Python-level write (see BatchShardWriter._open)."""
@@ -42,22 +42,25 @@ class OutputOptions:
 
     format: str = DEFAULT
     compression: str | None = None
-    """The format's codec (its `codecs`); None for its default (Parquet zstd, TFRecord and Arrow none)."""
+    """The format's codec (its `codecs`); None for its default (its `default_codec`)."""
     shard_rows: int | None = None
     shard_bytes: int | None = DEFAULT_SHARD_BYTES
-    tfrecord_kind: str = "sequence_example"
+    writing: Any = None
+    """The format's write options: its Writer.write_options dataclass, or {name: value} made into it (None: its
+    defaults)."""
     sequence_columns: tuple[str, ...] | None = None
     overwrite: bool = False
     cast: tuple[str, ...] = ()
-    """Lossy conversions asked for (keys of CASTS); TFRecord output refuses a column that needs one otherwise."""
+    """Lossy conversions asked for (keys of CASTS); a format holding floats as float32 only refuses a column that
+    needs one otherwise."""
 
     def __post_init__(self) -> None:
-        if self.format not in FORMATS:
-            raise OptionError("format", f"expected {', '.join(NAMES[:-1])} or {NAMES[-1]}", value=repr(self.format),
+        if self.format not in registry.written():
+            raise OptionError("format", f"expected {registry.listed(registry.written())}", value=repr(self.format),
                               flags={"format": "--to"})
+        if self.writing is None or isinstance(self.writing, Mapping):
+            object.__setattr__(self, "writing", self.spec.writing_of(self.writing or {}))  # (frozen: made once, here)
         self.spec.check_options(self)
-        if self.tfrecord_kind not in TFRECORD_KINDS:
-            raise OptionError("tfrecord_kind", f"expected {' or '.join(TFRECORD_KINDS)}", value=repr(self.tfrecord_kind))
         for name, value in (("shard_rows", self.shard_rows), ("shard_bytes", self.shard_bytes)):
             if value is not None and value <= 0:
                 raise OptionError(name, "must be positive", value=str(value))
@@ -65,8 +68,8 @@ class OutputOptions:
             if cast not in CASTS:
                 raise OptionError("cast", f"expected {' or '.join(CASTS)}", value=repr(cast))
             if not self.spec.float32_only:
-                raise OptionError("cast", f"only TFRecord output narrows values; {self.format} keeps them exactly",
-                                  value=cast)
+                raise OptionError("cast", f"only {registry.narrowing()} output narrows values; "
+                                          f"{self.format} keeps them exactly", value=cast)
 
     def stored_schema(self, schema: pa.Schema) -> pa.Schema:
         """The schema the output files hold exactly: narrowed_schema, with the extension types the input's
@@ -75,16 +78,16 @@ class OutputOptions:
         return column_types.written_schema(column_meta.described(self.narrowed_schema(schema)))
 
     def narrowed_schema(self, schema: pa.Schema) -> pa.Schema:
-        """The schema of the values written: for TFRecord, float64 narrowed to float32 if --cast asks for it,
-        else SchemaError naming the column (tf.train.FloatList holds only float32)."""
+        """The schema of the values written: for a format holding floats as float32 only, float64 narrowed to
+        float32 if --cast asks for it, else SchemaError naming the column."""
         if not self.spec.float32_only:
             return schema
         fields = []
         for field in schema:
             stored = _narrowed(field.type, [CASTS[c] for c in self.cast])
             if _narrowed(stored, [CASTS["float64=float32"]]) != stored:
-                raise OptionSchemaError("cast", f"{field.type} cannot be written to TFRecord exactly "
-                                        "(tf.train.FloatList holds float32); pass {cast} float64=float32 to round it, "
+                raise OptionSchemaError("cast", f"{field.type} cannot be written to {self.spec.label} exactly "
+                                        f"({self.spec.float32_only}); pass {{cast}} float64=float32 to round it, "
                                         "or write Parquet", where=f"{where(column=field.name)}: ")
             fields.append(field.with_type(stored))
         return pa.schema(fields, metadata=schema.metadata)
@@ -104,7 +107,7 @@ class OutputOptions:
     @property
     def spec(self) -> Format:
         """The output format (batchtool.io.formats)."""
-        return FORMATS[self.format]
+        return registry.get(self.format)
 
     @property
     def codec(self) -> str:
@@ -112,7 +115,7 @@ class OutputOptions:
 
     def recorded(self) -> dict[str, Any]:
         """How the output is written, as the head of a manifest's output section records it (manifest.build)."""
-        return {"format": self.format, "compression": self.codec, "tfrecord_kind": self.spec.record_kind(self)}
+        return {"format": self.format, "compression": self.codec, **self.spec.recorded_output(self)}
 
     @property
     def suffix(self) -> str:
@@ -137,7 +140,7 @@ def encode_batch(batch: pa.RecordBatch, options: OutputOptions) -> EncodedBatch:
 class ShardCutter:
     """Where shards end: fed each batch's rows and size in output order, it says after which batch a shard is
     full (OutputOptions.shard_full). A batch's size is the bytes it adds to its shard before any stream
-    compression (a gzip TFRecord stream counts its framed records): a function of the batch alone, the first
+    compression (a compressed stream of records counts its framed records): a function of the batch alone, the first
     batch of a shard also carrying the file's header. So whoever writes (the writer here as batches arrive,
     or workers writing shards planned from measured sizes: shard_ends) cuts in the same places."""
 
@@ -258,7 +261,7 @@ class BatchShardWriter:
     """Writes batches to part-NNNNN files, starting a new shard when the size limit is reached.
 
     Each write() is one batch: one Parquet row group, one Arrow record batch, or its rows as consecutive
-    TFRecord records.
+    records of a stream.
     """
 
     def __init__(self, directory: str, schema: pa.Schema, options: OutputOptions, name: str | None = None,

@@ -103,7 +103,7 @@ class _Reading:
     padding: LoadPadding | None
     verify: bool
     """Check each batch's checksum as it is read, where the format only checks it when asked (Arrow IPC's
-    CRC32C); Parquet pages and TFRecord records are checked on every read."""
+    CRC32C); Parquet pages and records of a stream are checked on every read."""
 
     @property
     def schema(self) -> pa.Schema:
@@ -418,7 +418,8 @@ class Loader:
         batches of the stream (a read for each run of them in one file, with the batches' numbers), so a shuffled
         epoch, whose next batch is mostly in another file of the block, still reads many per task. An iteration
         starts with groups of 1, 2, 4, ... batches, so its first batch costs one batch's read. Footers (and
-        TFRecord files) stay open for one block; I/O of TFRecord ranges happens here, in order."""
+        files of records) stay open for one block (StoredBatches.release); a format whose reads are I/O of byte
+        ranges does it here, in order."""
         if not len(ids):
             return
         file, local = self._layout.locate(ids)
@@ -481,12 +482,13 @@ def load(dst: str, *, columns: Sequence[str] | None = None, shuffle: bool | None
     """Open a batch-shard output (bucket, segment, balanced stratify, ...) for training; see `batchtool docs load`.
 
     shuffle (default: True where batches are independent and can be read in any order, False for segment
-    output, `bucket --order sorted` and GZIP TFRecord) permutes the batches per epoch (`set_epoch`);
-    rank/world_size give each rank an equal, disjoint part of every epoch (drop_uneven: drop the remainder,
-    else repeat batches to fill). `threads` decode ahead of the training loop (default: min(4, cores); uncompressed
-    Arrow IPC, whose batches are views of a memory map, is read by the loop itself unless `verify`); the
+    output, `bucket --order sorted` and GZIP-compressed records, read only forward) permutes the batches per
+    epoch (`set_epoch`); rank/world_size give each rank an equal, disjoint part of every epoch (drop_uneven: drop
+    the remainder, else repeat batches to fill). `threads` decode ahead of the training loop (default: min(4,
+    cores); uncompressed Arrow IPC, whose batches are views of a memory map, is read by the loop itself unless
+    `verify`); the
     batches are the same. verify (default: wherever the output records checksums) checks every batch's checksum
-    as it is read (Arrow IPC's CRC32C; Parquet's page and TFRecord's record checksums are checked on every read):
+    as it is read (Arrow IPC's CRC32C; Parquet's page and each record's checksums are checked on every read):
     a damaged batch is a BatchtoolError naming its file and batch, never wrong values. verify=False skips it
     (uncompressed Arrow IPC is then read by the loop itself, zero-copy); verify=True refuses an output without
     checksums (Arrow IPC files without the manifest that records them, or written by an older batchtool).
@@ -565,7 +567,7 @@ def _from_manifest(dst: str, manifest: dict) -> Dataset:
                              "hold; the manifest is not this file's")
         shards.append(Shard(i, f.path, size))
     return Dataset(dst, spec, tuple(shards), schema_from_json(manifest["schema"]),
-                   tfrecord_kind=out.get("tfrecord_kind"), manifest=manifest)
+                   options=spec.options_of(out), manifest=manifest)
 
 
 def _layout(dst: str, dataset: Dataset) -> _Layout:

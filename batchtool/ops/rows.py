@@ -17,8 +17,9 @@ import pyarrow.compute as pc
 if TYPE_CHECKING:
     from batchtool.ops.regroup import SortedStream
 
-TFRECORD_EXPANSION = {False: 4.0, True: 16.0}
-"""Assumed Arrow bytes per TFRecord file byte (uncompressed, gzip) when the row count is unknown.
+FILE_EXPANSION = {False: 4.0, True: 16.0}
+"""Assumed Arrow bytes per file byte (uncompressed, gzip) when the row count is unknown (files that do not count
+their rows, read without a manifest).
 
 Deliberately high: too many spill parts only costs smaller reads, too few breaks the memory bound."""
 
@@ -117,8 +118,8 @@ def estimate_bytes(dataset: Dataset, first: Yardstick | None, rows: int | None =
     """Arrow bytes of the whole dataset, from the first chunk's bytes per row.
 
     File sizes underestimate memory (Parquet is compressed and encoded), so the first chunk is the
-    yardstick. With no row count (TFRecord read without a manifest) it assumes a high expansion of
-    the file bytes instead.
+    yardstick. With no row count (files that do not count their rows, read without a manifest) it assumes a
+    high expansion of the file bytes instead.
     """
     if first is None or first.rows == 0:
         return 0.0
@@ -127,7 +128,7 @@ def estimate_bytes(dataset: Dataset, first: Yardstick | None, rows: int | None =
         rows = dataset.manifest.get("output", {}).get("rows")
     if rows is None:
         gzip = any(s.path.lower().endswith((".gz", ".gzip")) for s in dataset.shards)
-        return max(float(first.bytes), dataset.total_bytes * TFRECORD_EXPANSION[gzip])
+        return max(float(first.bytes), dataset.total_bytes * FILE_EXPANSION[gzip])
     return first.bytes / first.rows * rows
 
 

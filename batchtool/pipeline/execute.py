@@ -263,7 +263,7 @@ class Prefix:
         src = self.source
         return StageInput(src=src.src if k == 0 else f"{self.config.path}: {self.stages[k].name} input",
                           spec=src.spec, shards=src.shards, schema=self.schemas[k],
-                          tfrecord_kind=src.tfrecord_kind, num_rows=self.rows.get(k), skip_corrupt=src.skip_corrupt,
+                          options=src.options, num_rows=self.rows.get(k), skip_corrupt=src.skip_corrupt,
                           prefix=self, source=src if k == 0 else None, stage=k, scope=None if scope is None else tuple(scope), needs=needs,
                           desc=desc)
 

@@ -186,7 +186,7 @@ def test_output_flags_and_output_keys_make_the_same_writer_options(tmp_path):
     keys = "\n".join(f"{key} = {value}" for _, _, key, value in OUTPUT_SETTINGS)
     from_keys = load(settings_pipeline(tmp_path, output=keys)).output
     assert from_flags == from_keys
-    assert (from_keys.format, from_keys.codec, from_keys.shard_rows, from_keys.shard_bytes, from_keys.tfrecord_kind,
+    assert (from_keys.format, from_keys.codec, from_keys.shard_rows, from_keys.shard_bytes, from_keys.writing.tfrecord_kind,
             from_keys.cast, from_keys.overwrite) == ("tfrecord", "gzip", 7, 1 << 20, "example", ("float64=float32",),
                                                      True)
 

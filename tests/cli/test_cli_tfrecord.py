@@ -177,7 +177,7 @@ def test_parquet_tfrecord_parquet_is_exact_for_every_accepted_type(tmp_path_fact
     os.makedirs(tmp / "src")
     pq.write_table(table, tmp / "src" / "part-0.parquet")
     quiet = RunSettings(threads=2, quiet=True)
-    convert(str(tmp / "src"), str(tmp / "tfr"), OutputOptions(format="tfrecord", tfrecord_kind=kind,
+    convert(str(tmp / "src"), str(tmp / "tfr"), OutputOptions(format="tfrecord", writing={"tfrecord_kind": kind},
                                                                compression=compression), run=quiet)
     convert(str(tmp / "tfr"), str(tmp / "back"), OutputOptions(), run=quiet)
     assert read_dir(str(tmp / "back")).equals(pq.read_table(tmp / "src" / "part-0.parquet"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import json
 import re
 
 import numpy as np
@@ -13,7 +14,9 @@ from batchtool.io.dataset import ReadReport
 from batchtool.core.errors import UsageError
 from batchtool.io.formats import registry
 from batchtool.io.inputs import detect_format, open_dataset
+from batchtool.io.manifest import MANIFEST_NAME
 from batchtool.io.output import OutputOptions
+from conftest import read_dir
 
 
 def test_registry_names_and_detection_by_name():
@@ -89,3 +92,26 @@ def test_every_format_counts_and_indexes_its_own_shards(tmp_path, run_cli, parqu
     counts, batches = spec.open_batches(dst, dataset)
     assert counts.tolist() == [e["batches"] for e in entries]
     assert [int(batches.rows(f, np.arange(n)).sum()) for f, n in enumerate(counts)] == [e["rows"] for e in entries]
+
+
+def test_a_new_input_format_is_one_module_and_one_registry_line(tmp_path, monkeypatch, run_cli):
+    """docs/internals.md's walkthrough: tests/io/jsonl_format.py, registered in one line, is read by a command."""
+    from jsonl_format import JsonLinesReader
+
+    monkeypatch.setitem(registry.FORMATS, JsonLinesReader.name, JsonLinesReader())  # the one registry line
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.jsonl").write_text('{"id": 1, "name": "x"}\n{"id": 2, "name": "y"}\n')
+    (src / "b.jsonl").write_text('{"id": 3, "name": "z"}\n')
+    result = run_cli("convert", src, tmp_path / "out", "--columns", "name,id")
+    assert result.exit_code == 0, result.stderr
+    assert read_dir(str(tmp_path / "out")).to_pydict() == {"name": ["x", "y", "z"], "id": [1, 2, 3]}
+    manifest = json.loads((tmp_path / "out" / MANIFEST_NAME).read_text())
+    assert manifest["inputs"]["format"] == "jsonl" and len(manifest["inputs"]["files"]) == 2
+    assert manifest["inputs"]["tfrecord_kind"] is None  # (every manifest has one shape: base.RECORDED_OPTIONS)
+    (src / "b.jsonl").write_text('{"id": 3, "name": "z"}\nnot json\n')
+    result = run_cli("convert", src, tmp_path / "again")
+    assert result.exit_code == 2 and result.stderr.startswith(f"error: {src / 'b.jsonl'}: not JSON Lines (")
+    assert result.stderr.count("\n") == 1 and not (tmp_path / "again").exists()
+    with pytest.raises(UsageError, match="--to 'jsonl': expected parquet, tfrecord or arrow"):
+        OutputOptions(format="jsonl")

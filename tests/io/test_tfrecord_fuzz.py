@@ -317,7 +317,7 @@ def test_read_tasks_of_offsets_read_what_a_reader_in_file_order_reads(tmp_path, 
         kind = name.split("(")[1].split(",")[0]
         for skip in (False, True):
             dataset = open_dataset(str(path), schema=schemas[kind], skip_corrupt=skip, max_record_bytes=LIMIT,
-                                   tfrecord_kind="example" if kind == "example" else "sequence_example")
+                                   options={"tfrecord_kind": "example" if kind == "example" else "sequence_example"})
             in_tasks = _outcome(lambda: _chunks(lambda report: (task() for task in dataset.tasks(report=report))))
             in_order = _outcome(lambda: _chunks(lambda report: (chunk for file in dataset.spec.file_tasks(dataset, None)
                                                                 for chunk in file(report))))

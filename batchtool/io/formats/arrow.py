@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from batchtool.core import budget, fs
 from batchtool.io import batch_check
-from batchtool.io.dataset import shard_chunk
+from batchtool.io.dataset import Reading, shard_chunk
 from batchtool.core.errors import InputError, first_line, where
 from batchtool.io.formats import column_types, hf, ipc_meta
 from batchtool.io.formats.base import (DAMAGED, EncodedBatch, Format, ReadTask, StoredBatches, WriteOptions,
@@ -482,7 +482,7 @@ class ArrowFormat(Format):
         return EncodedBatch(compact, metadata=batch_check.batch_crc_metadata(compact))
 
     def open_dataset(self, src: str, shards: tuple[Shard, ...], schema: pa.Schema | None, manifest: dict | None,
-                     reading: dict) -> Dataset:
+                     reading: Reading) -> Dataset:
         """Each file's schema and rows from its metadata: nothing is decompressed."""
         def footer(path: str) -> tuple[pa.Schema, int]:
             opened = IpcFile.open(path)

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, BinaryIO, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, Protocol
 
 import numpy as np
 import pyarrow as pa
 
 from batchtool.core import budget
-from batchtool.io.dataset import Dataset
+from batchtool.core.options import build, fields
+from batchtool.io.dataset import Dataset, OneChunk, Reading
 from batchtool.core.errors import InputError, OptionError, OptionInputError, SchemaError
 from batchtool.io.manifest import MANIFEST_NAME
 
@@ -29,7 +30,8 @@ class WriteOptions(Protocol):
     below the output module, which asks the formats)."""
 
     compression: str | None
-    tfrecord_kind: str
+    writing: Any
+    """The format's write options (its Writer.write_options dataclass; None where it has none)."""
     sequence_columns: tuple[str, ...] | None
 
     @property
@@ -100,9 +102,9 @@ def _schema_diff(expected: pa.Schema, found: pa.Schema) -> str:
     return f"extra columns {extra}" if extra else "column order differs"
 
 
-def open_self_describing(src: str, format: Format, shards: tuple[Shard, ...], schema: pa.Schema | None,
+def open_self_describing(src: str, format: Reader, shards: tuple[Shard, ...], schema: pa.Schema | None,
                          manifest: dict | None, footer: Callable[[str], tuple[pa.Schema, int]],
-                         reading: dict | None = None) -> Dataset:
+                         reading: Reading = Reading()) -> Dataset:
     """A Dataset of shards that each record their schema and rows (Parquet, Arrow IPC; `footer` reads them):
     every shard must have the first one's schema. `reading`: open_dataset's reader settings (the limits)."""
     rows = 0
@@ -116,8 +118,8 @@ def open_self_describing(src: str, format: Format, shards: tuple[Shard, ...], sc
             first_schema = file_schema
         elif (problem := schema_problem(file_schema, first_schema)) is not None:
             raise SchemaError(f"{shard.path}: schema differs from {shards[0].path}: {problem}")
-    limits = {k: v for k, v in (reading or {}).items() if k in ("max_record_bytes", "memory") and v is not None}
-    return Dataset(src, format, shards, schema or first_schema, num_rows=rows, manifest=manifest, **limits)
+    return Dataset(src, format, shards, schema or first_schema, num_rows=rows, manifest=manifest,
+                   skip_corrupt=reading.skip_corrupt, **reading.limits)
 
 
 def size_problem(path: str, size: int, listed: int) -> str | None:
@@ -206,48 +208,115 @@ def cut(batch: pa.RecordBatch, rows: list[int]) -> list[pa.RecordBatch]:
     return [batch.slice(int(s), r) for s, r in zip(starts, rows)]
 
 
-class Format(ABC):
-    """A shard format: how files are recognised, written and read. Subclasses register in batchtool.io.formats."""
+def declared_options(options: type | None, given: Mapping[str, Any]) -> Any:
+    """The options dataclass `options` (None: a format without options) built from the values of `given` it
+    declares (None values: its defaults)."""
+    if options is None:
+        return None
+    names = {f.name for f, _ in fields(options)}
+    return build(options, {k: v for k, v in given.items() if k in names and v is not None})
+
+
+RECORDED_OPTIONS = ("tfrecord_kind",)
+"""The reading options a manifest records of every input and output, each None where the format has no such option,
+so that every manifest has one shape whatever its formats (a format's option is named here only if readers of
+its manifests need it)."""
+
+
+class Reader(ABC):
+    """What reads a format's files as a Dataset: how they are recognised, opened and cut into read tasks. A format
+    only read (an input) is a Reader alone, listed in batchtool.io.formats.registry."""
 
     name: ClassVar[str]
-    """What --to, --format and the manifest call it: 'parquet'."""
+    """What --format and the manifest call it: 'parquet'."""
     label: ClassVar[str]
     """How messages name it: 'Parquet'."""
     suffixes: ClassVar[tuple[str, ...]]
     """The file name endings that say a file is of this format (lower case)."""
-    codecs: ClassVar[tuple[str, ...]]
-    """What --compression may ask of it."""
-    default_codec: ClassVar[str]
-    """The codec without --compression."""
-    unit: ClassVar[str] = "row"
-    """What an error calls one example of a file of this format ('row' or 'record')."""
-    max_shard_batches: ClassVar[int | None] = None
-    """Batches per shard at most, whatever its size (None: no limit)."""
-    float32_only: ClassVar[bool] = False
-    """Holds floats as float32 only, so float64 columns need `--cast float64=float32` (see OutputOptions)."""
     magic: ClassVar[bytes | None] = None
     """The bytes a file of this format starts with, to recognise a file whose name says nothing."""
+    unit: ClassVar[str] = "row"
+    """What an error calls one example of a file of this format ('row' or 'record')."""
     record_checksums: ClassVar[bool] = False
     """Each record carries its own checksum, which the `crc` rule of `check` verifies."""
-    min_batch_bytes: ClassVar[float] = 1.0
-    """Bytes of a file one batch takes at least (most_batches)."""
-    group: ClassVar[str | None] = None
-    """What the summary calls one stored batch of an output that is rows, not batches ('row group', 'record batch');
-    None: nothing a reader of the file sees (TFRecord's records follow each other)."""
     self_indexing: ClassVar[bool] = True
     """A file's batches can be found from the file alone (row groups, record batches); False: only from the
     batch index in the manifest batchtool writes beside the files."""
-
-    def most_batches(self, size: int, codec: str | None) -> int:
-        """The most batches a file of `size` bytes written with `codec` can hold: a manifest listing more is refused
-        before its count sizes anything."""
-        return int(size / self.min_batch_bytes)
 
     def detect(self, path: str, head: bytes | None = None) -> bool:
         """By the file name, or (given the file's first bytes) by its magic number."""
         if path.lower().endswith(self.suffixes):
             return True
         return head is not None and self.magic is not None and head.startswith(self.magic)
+
+    read_options: ClassVar[type | None] = None
+    """The dataclass of the options reading this format takes, each declared with core.options.option (as an op's
+    are); None: it takes none."""
+
+    def options_of(self, given: Mapping[str, Any]) -> Any:
+        """This format's reading options from {name: value} (what open_dataset was given, or what a manifest
+        recorded: names of other formats' options are left out, None values too)."""
+        return declared_options(self.read_options, given)
+
+    def recorded(self, dataset: Dataset) -> dict[str, Any]:
+        """What a manifest records of how `dataset` was read: every name of RECORDED_OPTIONS, with the value of this
+        format's option of that name (None where it has none)."""
+        return {name: getattr(dataset.options, name, None) for name in RECORDED_OPTIONS}
+
+    def directory_files(self, src: str) -> list[str] | None:
+        """The data files of directory `src` in their order, when it is a dataset this format's own metadata
+        describes (a Hugging Face save_to_disk directory); None otherwise, and SRC's files are found by name."""
+        return None
+
+    @abstractmethod
+    def open_dataset(self, src: str, shards: tuple[Shard, ...], schema: pa.Schema | None, manifest: dict | None,
+                     reading: Reading) -> Dataset:
+        """The Dataset of these shards: their common schema (or `schema`), checked, read under `reading`."""
+
+    @abstractmethod
+    def tasks(self, dataset: Dataset, columns: list[str] | None,
+              report: ReadReport) -> Iterator[Callable[[], Chunk]]:
+        """Read tasks over every shard, in a deterministic order; any thread may run them."""
+
+    @abstractmethod
+    def count_rows(self, dataset: Dataset, shard: Shard, report: ReadReport) -> int:
+        """Rows of one shard, decoding none where the file says (check's row count when no rule reads data); what
+        a damaged file loses is told to `report`."""
+
+    def units(self, dataset: Dataset, columns: list[str] | None,
+              report: ReadReport) -> Iterator[Callable[[ReadReport], Iterator[Chunk]]]:
+        """The input as units the workers of a distributed pass read whole, in order (batchtool.exec.exchange): each
+        read task, by default; a format whose files must be read from their start overrides it. What a unit
+        skips goes to the report it is called with; `report` gets what this call's own passes skip."""
+        return map(OneChunk, dataset.tasks(columns, report))
+
+
+class Writer(ABC):
+    """What writes a format's shards (--to): its codecs and options' checks, the encoder workers run, the sink."""
+
+    label: ClassVar[str]
+    suffixes: ClassVar[tuple[str, ...]]
+    """(Declared by the Reader: a Writer is one part of a Format.)"""
+    write_options: ClassVar[type | None] = None
+    """The dataclass of the options writing this format takes (each field declared with core.options.option: the
+    commands that write take it as a flag, a pipeline's [output] as a key); None: it takes none."""
+
+    def writing_of(self, given: Mapping[str, Any]) -> Any:
+        """This format's write options from {name: value} (names of other formats' options left out)."""
+        return declared_options(self.write_options, given)
+
+    codecs: ClassVar[tuple[str, ...]]
+    """What --compression may ask of it."""
+    default_codec: ClassVar[str]
+    """The codec without --compression."""
+    max_shard_batches: ClassVar[int | None] = None
+    """Batches per shard at most, whatever its size (None: no limit)."""
+    float32_only: ClassVar[str | None] = None
+    """Why it holds floats as float32 only (what a message says: the API holding them), so float64 columns need
+    `--cast float64=float32` (see OutputOptions); None: it holds every float."""
+    group: ClassVar[str | None] = None
+    """What the summary calls one stored batch of an output that is rows, not batches ('row group', 'record batch');
+    None: nothing a reader of the file sees (the records of a stream follow each other)."""
 
     def suffix(self, codec: str) -> str:
         """The suffix of output shards written with `codec`."""
@@ -256,13 +325,13 @@ class Format(ABC):
     def check_options(self, options: WriteOptions) -> None:
         """OptionError naming the option, the value and what is allowed."""
         if options.codec not in self.codecs:
-            raise OptionError("compression", f"{{compression}} {options.compression!r}: {self.label} takes "
-                                             f"{', '.join(self.codecs)}")
+            raise OptionError("compression", f"{{compression}} {options.compression!r}: "
+                                             f"{self.label} takes {', '.join(self.codecs)}")
 
-    def record_kind(self, options: WriteOptions) -> str | None:
-        """The message each record holds, which the manifest records for readers (`output.tfrecord_kind`);
-        None when the files describe themselves."""
-        return None
+    def recorded_output(self, options: WriteOptions) -> dict[str, Any]:
+        """What the manifest's output section records for readers of the files (RECORDED_OPTIONS: None where the
+        files describe themselves)."""
+        return dict.fromkeys(RECORDED_OPTIONS)
 
     def encode(self, batch: pa.RecordBatch, options: WriteOptions) -> EncodedBatch:
         """Pure and thread-safe (workers run it): by default the writer encodes the Arrow data itself."""
@@ -276,23 +345,17 @@ class Format(ABC):
     def open_sink(self, file: BinaryIO, schema: pa.Schema, options: WriteOptions) -> ShardSink:
         """A sink writing one shard into `file` (which hashes and counts what it is given)."""
 
-    # reading ---------------------------------------------------------------------------------------------
 
-    def directory_files(self, src: str) -> list[str] | None:
-        """The data files of directory `src` in their order, when it is a dataset this format's own metadata
-        describes (a Hugging Face save_to_disk directory); None otherwise, and SRC's files are found by name."""
-        return None
+class BatchIndex(ABC):
+    """What finds the batches of an output batchtool wrote, for `batchtool.load` and `check DST`."""
 
-    @abstractmethod
-    def open_dataset(self, src: str, shards: tuple[Shard, ...], schema: pa.Schema | None, manifest: dict | None,
-                     reading: dict) -> Dataset:
-        """The Dataset of these shards: their common schema (or `schema`), checked.
-        `reading`: the reader settings open_dataset was given (tfrecord_kind, skip_corrupt, max_record_bytes)."""
+    min_batch_bytes: ClassVar[float] = 1.0
+    """Bytes of a file one batch takes at least (most_batches)."""
 
-    @abstractmethod
-    def count_rows(self, dataset: Dataset, shard: Shard, report: ReadReport) -> int:
-        """Rows of one shard, decoding none (check's row count when no rule reads data); what a damaged file
-        loses is told to `report`."""
+    def most_batches(self, size: int, codec: str | None) -> int:
+        """The most batches a file of `size` bytes written with `codec` can hold: a manifest listing more is refused
+        before its count sizes anything."""
+        return int(size / self.min_batch_bytes)
 
     @abstractmethod
     def open_batches(self, dst: str, dataset: Dataset) -> tuple[np.ndarray, StoredBatches]:
@@ -305,9 +368,8 @@ class Format(ABC):
         """What `check DST` verifies of one file against the manifest (`schema`, its `output` section): (rows,
         batches or None when the file marks none, how its schema differs or None), reading only what that takes;
         `batch_column` names the column whose runs mark the batches where they must be decoded to be counted
-        (TFRecord; None: do not count them)."""
+        (None: do not count them)."""
 
-    @abstractmethod
-    def tasks(self, dataset: Dataset, columns: list[str] | None,
-              report: ReadReport) -> Iterator[Callable[[], Chunk]]:
-        """Read tasks over every shard, in a deterministic order; any thread may run them."""
+
+class Format(Reader, Writer, BatchIndex):
+    """A format batchtool reads, writes (--to) and reads back batch by batch: the three parts in one class."""

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchtool.core import fs
-from batchtool.io.dataset import shard_chunk
+from batchtool.io.dataset import Reading, shard_chunk
 from batchtool.core.errors import InputError, first_line, where
 from batchtool.io.formats.base import (DAMAGED, EncodedBatch, Format, ReadTask, StoredBatches, WriteOptions, cut,
                                        open_self_describing, schema_problem)
@@ -240,7 +240,7 @@ class ParquetFormat(Format):
         return _Sink(file, schema, options.codec)
 
     def open_dataset(self, src: str, shards: tuple[Shard, ...], schema: pa.Schema | None, manifest: dict | None,
-                     reading: dict) -> Dataset:
+                     reading: Reading) -> Dataset:
         return open_self_describing(src, self, shards, schema, manifest, _footer)
 
     def count_rows(self, dataset: Dataset, shard: Shard, report: ReadReport) -> int:

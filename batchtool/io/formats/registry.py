@@ -1,27 +1,68 @@
-"""Every shard format by name (Parquet, TFRecord, Arrow IPC): what --to, --format and a manifest name, and what a
-file's name or first bytes say it is."""
+"""Every shard format by name: what --to, --format and a manifest name, and what a file's name or first bytes say
+it is. A new format is one module and one entry of FORMATS (docs/internals.md)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from batchtool.core.errors import UsageError
 from batchtool.io.formats.arrow import ArrowFormat
-from batchtool.io.formats.base import Format
+from batchtool.core.options import Choice, fields
+from batchtool.io.formats.base import RECORDED_OPTIONS, Format, Reader
 from batchtool.io.formats.parquet import ParquetFormat
 from batchtool.io.formats.tfrecord.format import TFRecordFormat
 
-FORMATS: dict[str, Format] = {f.name: f for f in (ParquetFormat(), TFRecordFormat(), ArrowFormat())}
-"""Every format batchtool reads and writes, by the name --to, --format and the manifest use."""
+FORMATS: dict[str, Reader] = {f.name: f for f in (ParquetFormat(), TFRecordFormat(), ArrowFormat())}
+"""Every format batchtool reads, by the name --format and the manifest use; those it also writes (a Format: reader,
+writer and batch index) by the name --to uses."""
 NAMES = tuple(FORMATS)
 DEFAULT = ParquetFormat.name
 """The format written when none is asked for."""
 
 
+def written() -> tuple[str, ...]:
+    """The names of the formats batchtool writes (--to)."""
+    return tuple(n for n, f in FORMATS.items() if isinstance(f, Format))
+
+
 def get(name: str) -> Format:
-    """The format called `name`; UsageError listing the known ones otherwise."""
-    try:
-        return FORMATS[name]
-    except KeyError:
-        raise UsageError(f"--to {name!r}: expected {', '.join(NAMES)}") from None
+    """The written format called `name`; UsageError listing them otherwise."""
+    found = FORMATS.get(name)
+    if not isinstance(found, Format):
+        raise UsageError(f"--to {name!r}: expected {', '.join(written())}")
+    return found
+
+
+def recorded_choices() -> dict[str, tuple[str, ...]]:
+    """The write options a manifest records (RECORDED_OPTIONS) that are one of a few words, with those words: what a
+    manifest read back may say of them."""
+    return {f.name: decl.value.choices for name in written() if (options := get(name).write_options) is not None
+            for f, decl in fields(options) if f.name in RECORDED_OPTIONS and isinstance(decl.value, Choice)}
+
+
+def checksummed() -> str:
+    """The formats whose records carry checksums (the ones --skip-corrupt skips), as a message lists them."""
+    return " or ".join(f.label for f in FORMATS.values() if f.record_checksums)
+
+
+def narrowing() -> str:
+    """The formats whose output holds floats as float32 only, as a message lists them: 'TFRecord'."""
+    return " or ".join(f.label for f in FORMATS.values() if isinstance(f, Format) and f.float32_only)
+
+
+def listed(words: Sequence[str]) -> str:
+    """Words as a message lists them: 'a, b or c'."""
+    return f"{', '.join(words[:-1])} or {words[-1]}" if len(words) > 1 else "".join(words)
+
+
+def described() -> str:
+    """The formats as a message lists them: 'Parquet, TFRecord or Arrow IPC'."""
+    return listed([f.label for f in FORMATS.values()])
+
+
+def suffixes() -> str:
+    """Each format's first file name ending, as a message lists them."""
+    return listed([f.suffixes[0] for f in FORMATS.values()])
 
 
 def detect(path: str, head: bytes | None = None) -> str | None:

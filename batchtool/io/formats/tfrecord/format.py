@@ -7,15 +7,16 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 import pyarrow as pa
 
 from batchtool.core.budget import DEFAULT_MAX_RECORD_BYTES, check_record_limit
-from batchtool.io.dataset import Dataset, shard_chunk
+from batchtool.io.dataset import Dataset, OneChunk, Reading, shard_chunk
 from batchtool.core.errors import CorruptRecordError, InputError, OptionError, where
 from batchtool.io.formats import example as example_codec
+from batchtool.io.formats.example import KINDS as TFRECORD_KINDS
 from batchtool.io.formats.base import (BATCH_COLUMN, EncodedBatch, Format, ReadTask, StoredBatches, WriteOptions,
                                        cut)
 from batchtool.io.formats.tfrecord.framing import FRAMING, frame_record
@@ -24,7 +25,8 @@ from batchtool.io.formats.tfrecord.records import (OnCorrupt, RangeReader, Span,
 from batchtool.io.formats.tfrecord.stream import MAX_GZIP_RATIO, detect_compression
 from batchtool.io.formats.tfrecord.writer import Sink, decode_batch_index
 from batchtool.io.manifest import MANIFEST_NAME, schema_from_json
-from batchtool.core.runner import SERIAL, Executor
+from batchtool.core.options import Choice, option
+from batchtool.core.runner import Executor
 
 if TYPE_CHECKING:
     from batchtool.io.dataset import Chunk, ReadReport, Shard
@@ -268,7 +270,27 @@ def _narrowed(batch: pa.RecordBatch, options: WriteOptions) -> pa.RecordBatch:
 
 def _lists(options: WriteOptions) -> tuple[str, ...] | None:
     """An op's feature lists: they matter to SequenceExample records only (tf.train.Example has none)."""
-    return options.sequence_columns if options.tfrecord_kind == "sequence_example" else None
+    return options.sequence_columns if options.writing.tfrecord_kind == "sequence_example" else None
+
+
+@dataclass(frozen=True)
+class TFRecordWriting:
+    """How TFRecord shards are written (TFRecordFormat.write_options)."""
+
+    tfrecord_kind: str = option("Payload of TFRecord output.", Choice(TFRECORD_KINDS), TFRECORD_KINDS[0])
+
+
+@dataclass(frozen=True)
+class TFRecordReading:
+    """How TFRecord files are read (TFRecordFormat.read_options)."""
+
+    tfrecord_kind: str = option("Payload of the records (auto: found by the schema pass; a batchtool output's "
+                                "manifest says).", Choice(("auto", *TFRECORD_KINDS)), "auto")
+
+
+def _kind(dataset: Dataset) -> str:
+    """The payload a dataset's records were found to hold."""
+    return dataset.options.tfrecord_kind if dataset.options is not None else "sequence_example"
 
 
 class TFRecordFormat(Format):
@@ -280,9 +302,11 @@ class TFRecordFormat(Format):
     codecs = ("gzip", "none")
     default_codec = "none"
     unit = "record"
-    float32_only = True  # tf.train.FloatList
+    float32_only = "tf.train.FloatList holds float32"
     record_checksums = True
     self_indexing = False
+    read_options = TFRecordReading
+    write_options = TFRecordWriting
 
     def most_batches(self, size: int, codec: str | None) -> int:
         """A batch is a record at least (a header and a data CRC) in the record stream, which gzip may have made up to
@@ -296,35 +320,35 @@ class TFRecordFormat(Format):
         if options.codec not in self.codecs:
             raise OptionError("compression", f"{{compression}} {options.compression!r}: TFRecord takes gzip or none")
 
-    def record_kind(self, options: WriteOptions) -> str:
-        return options.tfrecord_kind
+    def recorded_output(self, options: WriteOptions) -> dict[str, Any]:
+        return {"tfrecord_kind": options.writing.tfrecord_kind}
 
     def encode(self, batch: pa.RecordBatch, options: WriteOptions) -> EncodedBatch:
         batch = _narrowed(batch, options)
-        payloads = example_codec.encode_records(batch, options.tfrecord_kind, sequence_columns=_lists(options))
+        payloads = example_codec.encode_records(batch, options.writing.tfrecord_kind, sequence_columns=_lists(options))
         return EncodedBatch(batch, b"".join(frame_record(p) for p in payloads))
 
     def check_values(self, batch: pa.RecordBatch, options: WriteOptions) -> None:
-        example_codec.check_values(_narrowed(batch, options), options.tfrecord_kind,
+        example_codec.check_values(_narrowed(batch, options), options.writing.tfrecord_kind,
                                    sequence_columns=_lists(options))
 
     def open_sink(self, file: BinaryIO, schema: pa.Schema, options: WriteOptions) -> Sink:
         return Sink(file, options.codec)
 
     def open_dataset(self, src: str, shards: tuple[Shard, ...], schema: pa.Schema | None, manifest: dict | None,
-                     reading: dict) -> Dataset:
+                     reading: Reading) -> Dataset:
         """Without a schema, the manifest's (a batchtool output), else a scan of every record."""
-        limit = check_record_limit(DEFAULT_MAX_RECORD_BYTES if reading.get("max_record_bytes") is None
-                                   else reading["max_record_bytes"])
-        kind, skip_corrupt = reading.get("tfrecord_kind", "auto"), reading.get("skip_corrupt", False)
+        limit = check_record_limit(DEFAULT_MAX_RECORD_BYTES if reading.max_record_bytes is None
+                                   else reading.max_record_bytes)
+        kind = (reading.options or TFRecordReading()).tfrecord_kind
         if schema is None and manifest and manifest.get("schema"):
             schema = schema_from_json(manifest["schema"])
             kind = manifest.get("output", {}).get("tfrecord_kind", kind)
         if schema is None:
-            schema, kind = _scan_schema(src, shards, kind, skip_corrupt, limit, reading.get("executor", SERIAL))
+            schema, kind = _scan_schema(src, shards, kind, reading.skip_corrupt, limit, reading.executor)
         elif kind == "auto":
             kind = "sequence_example"
-        return Dataset(src, self, shards, schema, tfrecord_kind=kind, skip_corrupt=skip_corrupt,
+        return Dataset(src, self, shards, schema, options=TFRecordReading(kind), skip_corrupt=reading.skip_corrupt,
                        manifest=manifest, max_record_bytes=limit)
 
     def count_rows(self, dataset: Dataset, shard: Shard, report: ReadReport) -> int:
@@ -338,7 +362,7 @@ class TFRecordFormat(Format):
         if not dataset.manifest:
             raise InputError(f"{dst}: TFRecord batches need the {MANIFEST_NAME} batchtool wrote beside them")
         output = dataset.manifest["output"]
-        kind = dataset.tfrecord_kind or "sequence_example"
+        kind = _kind(dataset)
         ranges = []
         for shard, entry in zip(dataset.shards, output["files"]):
             if "batch_index" not in entry:  # written by batchtool 0.1: index it from its `batch` column, once
@@ -381,9 +405,20 @@ class TFRecordFormat(Format):
         for file in self.file_tasks(dataset, columns):
             yield from file.tasks(report)
 
+    def units(self, dataset: Dataset, columns: list[str] | None,
+              report: ReadReport) -> Iterator[FileTask | OneChunk]:
+        """Its read tasks, but a GZIP file whole, so that its framing too runs on a worker (a gzip stream is read
+        from its start), and with skip_corrupt every file whole, so that what each skips comes back with its
+        map output, in file order."""
+        for file in self.file_tasks(dataset, columns):
+            if file.compressed or dataset.skip_corrupt:
+                yield file
+            else:
+                yield from map(OneChunk, file.tasks(report))
+
     def file_tasks(self, dataset: Dataset, columns: list[str] | None) -> Iterator[FileTask]:
-        """One task per file, which frames its records where it runs (see batchtool.exec.exchange.read_units)."""
+        """One task per file, which frames its records where it runs (see units)."""
         schema = dataset.projected_schema(columns)
         for shard in dataset.shards:
-            yield FileTask(shard, schema, dataset.tfrecord_kind or "auto", dataset.skip_corrupt,
+            yield FileTask(shard, schema, _kind(dataset), dataset.skip_corrupt,
                            dataset.max_record_bytes)
