@@ -1,13 +1,69 @@
-"""The command line: a thin click layer over the library (one module per command group)."""
+"""The command line: a thin click layer over the library, each command's module imported only when it is asked for."""
 
 from __future__ import annotations
 
-from batchtool.cli import check  # noqa: F401  (registers check)
-from batchtool.cli import docs  # noqa: F401  (registers docs)
-from batchtool.cli import io  # noqa: F401  (registers inspect, convert)
-from batchtool.cli import mix  # noqa: F401  (registers mix)
-from batchtool.cli import ops  # noqa: F401  (registers the commands of batchtool.ops.OPERATIONS)
-from batchtool.cli import pipeline  # noqa: F401  (registers run)
-from batchtool.cli.common import cli
+import importlib
+from collections.abc import Iterator, Mapping
+
+import click
+
+from batchtool.cli.common import CONTEXT, Group
+from batchtool.core.version import version
+from batchtool.ops import OPERATIONS
+
+OWN_COMMANDS = {
+    "check": "batchtool.cli.check",
+    "convert": "batchtool.cli.io",
+    "docs": "batchtool.cli.docs",
+    "inspect": "batchtool.cli.io",
+    "mix": "batchtool.cli.mix",
+    "run": "batchtool.cli.pipeline",
+}
+"""The commands written by hand, each the `NAME_cmd` of its module; every other op of OPERATIONS has the command
+cli/ops.py generates from its definition."""
+
+
+class Commands(Mapping[str, click.Command]):
+    """The group's commands by name, each made when first asked for: `batchtool segment` imports segment's op (and
+    the driver once it runs), not check's evaluator, the other ops or Ray; `batchtool --help` asks for them all
+    (their short help)."""
+
+    def __init__(self) -> None:
+        self._names = sorted({*OWN_COMMANDS, *OPERATIONS})
+        self._made: dict[str, click.Command] = {}
+
+    def __getitem__(self, name: str) -> click.Command:
+        if name not in self._made:
+            if name in OWN_COMMANDS:
+                self._made[name] = getattr(importlib.import_module(OWN_COMMANDS[name]), f"{name}_cmd")
+            elif name in OPERATIONS:
+                from batchtool.cli.ops import make_command
+
+                self._made[name] = make_command(OPERATIONS[name])
+            else:
+                raise KeyError(name)
+        return self._made[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+@click.group(cls=Group, commands=Commands(), context_settings=CONTEXT)
+@click.version_option(version(), "--version", prog_name="batchtool")
+@click.option("--debug", is_flag=True, help="Show the full traceback on errors.")
+def cli(debug: bool) -> None:
+    """Prepare sequence datasets for training, offline.
+
+    Reads Parquet and TFRecord shards, resamples, buckets and segments them, and
+    writes pre-batched shards plus a manifest of what it did.
+
+    \b
+    Example:
+      batchtool inspect sample_data/parquet --label label
+    """
+
 
 __all__ = ["cli"]

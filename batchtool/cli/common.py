@@ -16,7 +16,6 @@ import click
 from batchtool.exec import settings as settings_mod
 from batchtool.core.run_settings import ENGINES
 from batchtool.core.errors import BatchtoolError, OptionError, UsageError
-from batchtool.core.version import version
 from batchtool.core.budget import DEFAULT_MAX_RECORD_BYTES
 from batchtool.core.run_settings import RunSettings
 from batchtool.ops import OPERATIONS
@@ -41,7 +40,7 @@ def _usage_line(exc: click.UsageError, path: str) -> click.exceptions.Exit:
     return click.exceptions.Exit(exc.exit_code)
 
 
-class _Group(click.Group):
+class Group(click.Group):
     """Turns BatchtoolErrors and click's usage errors into one line on stderr and exit status 2;
     --debug shows the traceback of BatchtoolErrors.
 
@@ -66,21 +65,6 @@ class _Group(click.Group):
                 raise
             click.echo(f"error: {exc}", err=True)
             ctx.exit(exc.exit_code)
-
-
-@click.group(cls=_Group, context_settings=CONTEXT)
-@click.version_option(version(), "--version", prog_name="batchtool")
-@click.option("--debug", is_flag=True, help="Show the full traceback on errors.")
-def cli(debug: bool) -> None:
-    """Prepare sequence datasets for training, offline.
-
-    Reads Parquet and TFRecord shards, resamples, buckets and segments them, and
-    writes pre-batched shards plus a manifest of what it did.
-
-    \b
-    Example:
-      batchtool inspect sample_data/parquet --label label
-    """
 
 
 def column_list(ctx: click.Context | None, param: click.Parameter, values: Any) -> tuple[str, ...]:
@@ -411,10 +395,11 @@ def skipped_note(stats: dict[str, Any]) -> str:
 
 
 def command(name: str, example: str) -> Callable:
-    """A subcommand whose help ends with an example, as every command's must, and names its manual."""
+    """A subcommand (batchtool.cli's group finds it by name) whose help ends with an example, as every command's
+    must, and names its manual."""
     manual = f"\nManual: batchtool docs {name}\n" if name in manuals() else ""
     def wrap(fn: Callable) -> Callable:
         doc = inspect.cleandoc(fn.__doc__ or "") + f"\n\n\b\nExample:\n  {example}\n{manual}"
         fn.__doc__ = doc
-        return cli.command(name, context_settings=CONTEXT)(functools.wraps(fn)(fn))
+        return click.command(name, context_settings=CONTEXT)(functools.wraps(fn)(fn))
     return wrap

@@ -9,7 +9,6 @@ import click
 
 from batchtool.cli.common import columns_option, command, make_output, make_run, report
 from batchtool.cli.ops import given_options, op_options
-from batchtool.exec.driver import run_mixed
 from batchtool.core.errors import UsageError
 from batchtool.io.mixed import source_names
 from batchtool.ops.mix import OP as MIX
@@ -18,6 +17,8 @@ from batchtool.ops.mix.options import Names
 
 def mix_cmd(paths: tuple[str, ...], columns: tuple[str, ...], input_format: str | None, skip_corrupt: bool,
             **kwargs: Any) -> None:
+    from batchtool.exec.driver import run_mixed  # when the command runs: its --help needs none of the driver
+
     if len(paths) < 3:
         raise UsageError(f"mix takes at least two sources and DST (SRC SRC [SRC ...] DST); got {len(paths)} path(s)")
     *srcs, dst = paths

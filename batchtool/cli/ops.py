@@ -1,4 +1,5 @@
-"""The commands generated from operation definitions (batchtool.ops.OPERATIONS): one factory, no click code per op."""
+"""The commands generated from operation definitions (batchtool.ops.OPERATIONS): one factory, no click code per op;
+an op of several sources has its own command (cli/mix.py)."""
 
 from __future__ import annotations
 
@@ -10,26 +11,23 @@ import click
 
 from batchtool.cli.common import (command, input_options, make_output, make_run, memory_options, output_options,
                                   report, run_options, seed_option)
-from batchtool.exec.driver import run_operation
-from batchtool.exec.job import JobResult
-from batchtool.ops import OPERATIONS
 from batchtool.ops.base import Kind, Operation
 from batchtool.core.errors import flag, key
 from batchtool.core.options import Option, build, fields, from_texts, required
 
-Runner = Callable[..., JobResult]
-"""How a command runs its op: run_operation(op, options, src, dst, output, run, *, seed, format, skip_corrupt)."""
 
-
-def make_command(op: Operation, runner: Runner = run_operation) -> click.Command:
+def make_command(op: Operation) -> click.Command:
     """`batchtool NAME SRC DST --option ...`: the op's options generated from its schema, plus what every
     writing command takes (input, output and run options; --seed for a seeded op, --memory and --tmp-dir
-    for one that spills), running through the driver."""
+    for one that spills), running through the driver (imported when the command runs: its --help needs none of it)."""
     def run_op(src: str, dst: str, input_format: str | None, skip_corrupt: bool, **kwargs: Any) -> None:
+        from batchtool.exec.driver import run_operation
+
         options = given_options(op, kwargs)
         seed = kwargs.pop("seed", 0)
         output, run = make_output(kwargs), make_run(kwargs)
-        result = runner(op, options, src, dst, output, run, seed=seed, format=input_format, skip_corrupt=skip_corrupt)
+        result = run_operation(op, options, src, dst, output, run, seed=seed, format=input_format,
+                               skip_corrupt=skip_corrupt)
         report(result.manifest, dst, run.quiet, op.writes_batches(options))
 
     run_op.__name__ = f"{op.name}_cmd"
@@ -73,7 +71,4 @@ def _click_settings(f: dataclasses.Field, decl: Option) -> dict[str, Any]:
             "help": decl.help + (f"  [default: {shown}]" if shown is not None else "")}
 
 
-COMMANDS = {name: make_command(op) for name, op in OPERATIONS.items() if not op.several_sources}
-"""Every op's `NAME SRC DST` command; an op of several sources has its own (cli/mix.py)."""
-
-__all__ = ["COMMANDS", "given_options", "make_command", "op_options"]
+__all__ = ["given_options", "make_command", "op_options"]

@@ -7,9 +7,10 @@ import threading
 import time
 from dataclasses import dataclass
 from types import TracebackType
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
-from tqdm import tqdm
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 MODES = ("bar", "lines", "none")
 """--progress: a redrawn bar, a line every `Shown.seconds`, or nothing."""
@@ -87,6 +88,8 @@ def bar(desc: str, total: int | None, shown: Shown = HIDDEN, unit: str = "rows")
     mode = shown.resolved()
     if mode == "lines":
         return Lines(desc, total, unit, shown.seconds, sys.stderr)
+    from tqdm import tqdm  # here, not at the top: a command's --help never draws a bar
+
     return tqdm(desc=desc, total=total, unit=unit, unit_scale=True, dynamic_ncols=True, leave=False,
                 disable=mode == "none", file=sys.stderr)
 

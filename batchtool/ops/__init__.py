@@ -2,30 +2,44 @@
 
 from __future__ import annotations
 
-from batchtool.ops import bucket as bucket_op
-from batchtool.ops import filter as filter_op
-from batchtool.ops import mix as mix_op
-from batchtool.ops import pack as pack_op
-from batchtool.ops import rename as rename_op
-from batchtool.ops import resample as resample_op
-from batchtool.ops import segment as segment_op
-from batchtool.ops import select as select_op
-from batchtool.ops import shuffle as shuffle_op
-from batchtool.ops import stratify as stratify_op
-from batchtool.ops.base import Operation
+import importlib
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
-OPERATIONS: dict[str, Operation] = {
-    "filter": filter_op.OP,
-    "select": select_op.OP,
-    "rename": rename_op.OP,
-    "resample": resample_op.OP,
-    "stratify": stratify_op.OP,
-    "pack": pack_op.OP,
-    "bucket": bucket_op.OP,
-    "segment": segment_op.OP,
-    "shuffle": shuffle_op.OP,
-    "mix": mix_op.OP,
-}
-"""Name -> definition: the command, the pipeline stage and the dry run of each are derived from it."""
+if TYPE_CHECKING:
+    from batchtool.ops.base import Operation
 
-__all__ = ["OPERATIONS", "Operation"]
+
+class Registry(Mapping[str, "Operation"]):
+    """Name -> definition, each op's module imported when that op is first asked for: a command imports the op it
+    runs, not every op (`batchtool segment` loads no bucket or pack code); the names are known without importing."""
+
+    def __init__(self, modules: dict[str, str]) -> None:
+        self._modules = modules
+
+    def __getitem__(self, name: str) -> Operation:
+        return importlib.import_module(self._modules[name]).OP
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._modules)
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+
+OPERATIONS = Registry({
+    "filter": "batchtool.ops.filter",
+    "select": "batchtool.ops.select",
+    "rename": "batchtool.ops.rename",
+    "resample": "batchtool.ops.resample",
+    "stratify": "batchtool.ops.stratify",
+    "pack": "batchtool.ops.pack",
+    "bucket": "batchtool.ops.bucket",
+    "segment": "batchtool.ops.segment",
+    "shuffle": "batchtool.ops.shuffle",
+    "mix": "batchtool.ops.mix",
+})
+"""Name -> definition (each op's module defines its OP): the command, the pipeline stage and the dry run of each are
+derived from it."""
+
+__all__ = ["OPERATIONS", "Registry"]

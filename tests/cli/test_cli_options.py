@@ -14,7 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import REPO, data_bytes, read_dir, write_parquet_shards
 
-from batchtool.cli.common import cli, make_output
+from batchtool.cli import cli
+from batchtool.cli.common import make_output
 from batchtool.core.errors import UsageError
 from batchtool.core.options import fields
 from batchtool.pipeline import load

@@ -14,7 +14,8 @@ from parked_cli import start_parked
 
 from memlimit import HANG_GUARD
 from batchtool.core import progress
-from batchtool.cli.common import PROGRESS_SECONDS, cli
+from batchtool.cli import cli
+from batchtool.cli.common import PROGRESS_SECONDS
 from batchtool.core.errors import UsageError
 from batchtool.core.run_settings import RunSettings
 from batchtool.pipeline import execute, load
