@@ -4,12 +4,14 @@ machine, results in input order.
 Its workers share the driver's disk but not its memory (runner.Shares): the workspace stays in --tmp-dir, exchanges
 spill their cells to files, and the tasks write the shards themselves (batchtool.exec.shards). Functions, items and
 results travel as the Ray engine's do (engines/transport.py), so the bytes are the local engine's. The pool starts at
-the first map (a command that fails early starts none) and its processes end with the run.
+the first map (a command that fails early starts none) and serves the process's later runs with as many workers
+too (a program calling the library run after run, the tests), until the process exits.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import sys
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -39,15 +41,29 @@ def _run(fn: Packed, item: Packed) -> tuple[bool, Packed]:
         return False, pack(portable(exc))
 
 
+_pools: dict[int, ProcessPoolExecutor] = {}
+"""The process's pools by their number of workers."""
+
+
+def _pool(workers: int) -> ProcessPoolExecutor:
+    """A pool of `workers` processes, started now unless one is running; its workers fork from a server that
+    imported what the driver had (the package's modules a run's functions need), so they do not import it again."""
+    pool = _pools.get(workers)
+    if pool is None:
+        context = multiprocessing.get_context(START_METHOD)
+        context.set_forkserver_preload(sorted(name for name in sys.modules if name.startswith("batchtool.")))
+        pool = _pools[workers] = ProcessPoolExecutor(workers, mp_context=context)
+    return pool
+
+
 class ProcessEngine:
-    """A pool of `workers` local processes, started at the first map."""
+    """A pool of `workers` local processes (the process's own, started at the first map)."""
 
     name = "processes"
 
     def __init__(self, workers: int) -> None:
         self.threads = max(1, workers)
         """Its worker processes (--threads)."""
-        self._pool: ProcessPoolExecutor | None = None
 
     @classmethod
     def start(cls, run: RunSettings) -> ProcessEngine:
@@ -61,13 +77,10 @@ class ProcessEngine:
     def map(self, fn: Callable[[T], U], items: Iterable[T], window: int | None = None) -> Iterator[U]:
         """fn over items in the worker processes, at most `window` in flight, results in input order; the first
         error in input order is raised here as the same exception."""
-        if self._pool is None:
-            context = multiprocessing.get_context(START_METHOD)
-            context.set_forkserver_preload([__name__])  # each worker forks with the package and pyarrow imported
-            self._pool = ProcessPoolExecutor(self.threads, mp_context=context)
-        return self._map(self._pool, pack(fn), items, window or WINDOW_PER_WORKER * self.threads)
+        return self._map(pack(fn), items, window or WINDOW_PER_WORKER * self.threads)
 
-    def _map(self, pool: ProcessPoolExecutor, fn: Packed, items: Iterable[T], window: int) -> Iterator[U]:
+    def _map(self, fn: Packed, items: Iterable[T], window: int) -> Iterator[U]:
+        pool = _pool(self.threads)
         source = iter(items)
         pending: deque[Future] = deque()
         exhausted = False
@@ -84,6 +97,7 @@ class ProcessEngine:
                 try:
                     done, packed = pending.popleft().result()
                 except BrokenProcessPool as exc:
+                    _pools.pop(self.threads, None)
                     raise EngineError(f"--engine processes: a worker process died ({exc})") from None
                 if not done:
                     raise rebuild(unpack(packed), "a worker process")
@@ -96,10 +110,7 @@ class ProcessEngine:
         return {}
 
     def close(self) -> None:
-        """End the worker processes without waiting for tasks no one wants any more (a run that failed)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        """Nothing: a map cancels the tasks no one wants any more as it ends, and the pool serves the next run."""
 
 
 _END = object()

@@ -15,12 +15,12 @@ from typing import Any
 
 import pyarrow as pa
 
-try:
-    from ray import cloudpickle
-except ImportError:  # without the ray extra: the package, or the standard pickler
+try:  # the package first: importing Ray's copy imports all of Ray (seconds, in every worker process)
+    import cloudpickle
+except ImportError:
     try:
-        import cloudpickle
-    except ImportError:
+        from ray import cloudpickle
+    except ImportError:  # neither: the standard pickler
         cloudpickle = None
 
 _Base: type = pickle.Pickler if cloudpickle is None else cloudpickle.CloudPickler
