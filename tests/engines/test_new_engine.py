@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from conftest import data_bytes, write_parquet_shards
 
@@ -108,3 +109,21 @@ print(sorted(m for m in ("batchtool.exec.engines.processes", "batchtool.exec.eng
 def test_an_engine_module_is_imported_only_when_chosen(engine, imported):
     out = subprocess.run([sys.executable, "-c", IMPORTED, engine], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == repr(imported)
+
+
+@pytest.mark.parametrize("command", ["convert", "shuffle"])
+def test_the_process_engine_fails_as_the_local_one(command, tmp_path, run_cli):
+    """A value TFRecord cannot hold, found in a worker process: the local engine's one line naming the file and row,
+    exit 2, nothing left beside DST."""
+    tokens = [[i] for i in range(300)]
+    tokens[242] = [1, None]
+    src = write_parquet_shards(str(tmp_path / "src"), pa.table({"tokens": tokens}), shards=1, row_group_size=100)
+    lines = {}
+    for engine in ("local", "processes"):
+        result = run_cli(command, src, tmp_path / "out" / engine, "--to", "tfrecord", "-q", "--threads", "2",
+                         "--engine", engine)
+        assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.stderr
+        lines[engine] = result.stderr.replace("/processes", "/local")
+    assert lines["processes"] == lines["local"]
+    assert lines["local"].startswith(f"error: {src}/part-00000.parquet, row 242, column 'tokens': ")
+    assert not os.path.exists(tmp_path / "out")
