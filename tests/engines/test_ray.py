@@ -48,7 +48,9 @@ def ray_cluster(request):
     request.getfixturevalue("s3")  # first: the workers inherit its endpoint
     saved = os.environ.get("PYTHONPATH")
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [tests, os.path.dirname(tests), saved]))
+    folders = [os.path.join(tests, name) for name in os.listdir(tests)  # every layer's tests, as pytest's pythonpath
+               if os.path.isdir(os.path.join(tests, name)) and name not in ("data", "__pycache__")]
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [tests, *sorted(folders), os.path.dirname(tests), saved]))
     try:
         ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
     finally:
