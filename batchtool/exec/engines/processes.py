@@ -11,6 +11,7 @@ too (a program calling the library run after run, the tests), until the process 
 from __future__ import annotations
 
 import multiprocessing
+import signal
 import sys
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -33,6 +34,12 @@ START_METHOD = "forkserver"
 in whatever state they are)."""
 
 
+def _ignore_interrupts() -> None:
+    """A worker leaves Ctrl-C to the driver (the terminal sends it to every process of the command): the driver
+    stops the run and says so in one line, and no worker prints a traceback of its own."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _run(fn: Packed, item: Packed) -> tuple[bool, Packed]:
     """The task body in a worker: (True, the result) or (False, the error's portable state), both packed."""
     try:
@@ -52,7 +59,7 @@ def _pool(workers: int) -> ProcessPoolExecutor:
     if pool is None:
         context = multiprocessing.get_context(START_METHOD)
         context.set_forkserver_preload(sorted(name for name in sys.modules if name.startswith("batchtool.")))
-        pool = _pools[workers] = ProcessPoolExecutor(workers, mp_context=context)
+        pool = _pools[workers] = ProcessPoolExecutor(workers, mp_context=context, initializer=_ignore_interrupts)
     return pool
 
 

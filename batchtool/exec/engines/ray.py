@@ -270,8 +270,9 @@ class RayEngine:
     @property
     def shares(self) -> Shares:
         """Its workers are processes on any machine of the cluster: they share only DST's storage with the driver;
-        --threads of them at once (a local cluster's CPUs)."""
-        return Shares(memory=False, disk=False, tasks=self.threads, processes=True)
+        as many at once as the cluster has CPUs (before it is connected, which asking must not do: --threads)."""
+        return Shares(memory=False, disk=False, tasks=self.cpus if self._task is not None else self.threads,
+                      processes=True)
 
     @property
     def cpus(self) -> int:
