@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -127,3 +128,15 @@ def test_the_process_engine_fails_as_the_local_one(command, tmp_path, run_cli):
     assert lines["processes"] == lines["local"]
     assert lines["local"].startswith(f"error: {src}/part-00000.parquet, row 242, column 'tokens': ")
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_no_engine_is_a_case_outside_the_engines_package():
+    """Every engine-dependent strategy follows from what the executor declares (runner.Shares): nothing outside
+    exec/engines/ asks whether it is remote, nor which engine it is."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(run_settings.__file__)))
+    asked = re.compile(r"\.remote\b|\.name\s*==\s*[\"'](local|processes|ray)[\"']|engine\s*==\s*[\"']")
+    found = [f"{os.path.relpath(path, package)}:{number}: {line.strip()}"
+             for folder, _, names in os.walk(package) if os.sep + os.path.join("exec", "engines") not in folder
+             for path in (os.path.join(folder, name) for name in names if name.endswith(".py"))
+             for number, line in enumerate(open(path, encoding="utf-8"), 1) if asked.search(line)]
+    assert not found, found
