@@ -188,8 +188,9 @@ def run_options(fn: Callable) -> Callable:
         declared(CommonSettings, "threads", default=default_threads, show_default="cores"),
         declared(CommonSettings, "progress"),
         click.option("--quiet", "-q", is_flag=True, help="No summary, and no progress unless --progress is given."),
-        click.option("--engine", type=click.Choice(ENGINES), default="local", show_default=True,
-                     help="Where the work runs: local threads, or a Ray cluster (needs batchtool[ray]); "
+        click.option("--engine", type=click.Choice(tuple(ENGINES)), default="local", show_default=True,
+                     help="Where the work runs: local threads, local processes, or a Ray cluster (needs "
+                          "batchtool[ray]); "
                           "output is identical."),
         click.option("--ray-address", metavar="ADDR",
                      help="With --engine ray: connect to this running Ray cluster (default: start a local one "

@@ -11,8 +11,13 @@ from batchtool.core.budget import DEFAULT_MAX_RECORD_BYTES, DEFAULT_MEMORY, chec
 from batchtool.core.errors import OptionError, UsageError
 from batchtool.core.progress import LINE_SECONDS, MODES, Shown
 
-ENGINES = ("local", "ray")
-"""Where a run's per-item work runs (batchtool.exec.engines opens them)."""
+ENGINES = {
+    "local": "batchtool.core.runner:Threads",
+    "processes": "batchtool.exec.engines.processes:ProcessEngine",
+    "ray": "batchtool.exec.engines.ray:RayEngine",
+}
+"""Where a run's per-item work runs: each --engine value and its executor class, as module:class, imported only when
+chosen (batchtool.exec.engines.start). Adding an engine is its class and a line here."""
 
 
 def check_engine(engine: str, ray_address: str | None) -> None:
@@ -34,7 +39,7 @@ class RunSettings:
     progress_seconds: float = LINE_SECONDS
     """The seconds between two progress lines."""
     engine: str = "local"
-    """Where per-item work runs: "local" threads or "ray" (see batchtool.exec.engines)."""
+    """Where per-item work runs: "local" threads, "processes" on this machine, or "ray" (one of ENGINES)."""
     ray_address: str | None = None
     """An existing Ray cluster to connect to; None starts a local one with `threads` CPUs."""
     memory: int | None = None

@@ -3,9 +3,10 @@ maps work over items.
 
 `executor.map(fn, items)` yields fn's results in input order, which is what makes output bytes independent of
 --threads and of the engine. The local executor (Threads) runs a reader thread, worker threads and the consuming
-(writer) thread, joined by bounded queues, so a slow writer holds back reading (backpressure); a remote one (Ray,
-batchtool.exec.engines.ray) runs fn on a cluster's workers with the same order and backpressure. The first error in
-input order stops everything and is raised in the consumer; Ctrl-C does the same.
+(writer) thread, joined by bounded queues, so a slow writer holds back reading (backpressure); the others
+(batchtool.exec.engines) run fn in other processes with the same order and backpressure, and declare what their
+workers share with the driver (Shares). The first error in input order stops everything and is raised in the
+consumer; Ctrl-C does the same.
 """
 
 from __future__ import annotations
@@ -30,22 +31,54 @@ def default_threads() -> int:
     return os.cpu_count() or 1
 
 
+@dataclass(frozen=True)
+class Shares:
+    """What an executor's workers share with the driver: the one thing every strategy that depends on the engine
+    asks (where the workspace is, whether exchanges hold their cells in memory, who writes the shards, what a
+    task may plan to hold), so that an engine declares it once and never is a case anywhere else."""
+
+    memory: bool
+    """Its workers are the driver's threads: what a task makes or returns is already in the driver's memory, so
+    exchanges may hold their cells there (batchtool.exec.held) and one writer on the driver appends every batch in
+    order; False: results travel, so the tasks write the shards themselves (batchtool.exec.shards)."""
+    disk: bool
+    """Its workers see the driver's disk, so the workspace may be in --tmp-dir; False: they share only DST's storage
+    and write their temporary files beside DST (batchtool.io.workspace)."""
+    tasks: int
+    """How many tasks run at once across its workers."""
+    processes: bool
+    """Its workers are processes of their own, each running one task at a time: functions and items travel
+    pickled, and a task plans its memory for itself alone (ops.base.Context.tasks)."""
+
+    @property
+    def tasks_per_process(self) -> int:
+        """Tasks that share one process's memory at once."""
+        return 1 if self.processes else self.tasks
+
+
 class Executor(Protocol):
-    """Runs per-item functions: the local threads, or a cluster's workers."""
+    """Runs per-item functions: the local threads, a pool of local processes, or a cluster's workers."""
 
     name: str
     threads: int
-    """The driver's threads (--threads): the local executor's workers, a remote one's for work it keeps local."""
-    remote: bool
-    """Its workers may run on other machines, sharing only DST's filesystem (batchtool.io.workspace)."""
+    """The driver's threads (--threads): the local executor's workers, another's for work it keeps local."""
+
+    @property
+    def shares(self) -> Shares:
+        """What its workers share with the driver (every engine-dependent strategy follows from it)."""
+        ...
 
     def map(self, fn: Callable[[T], U], items: Iterable[T], window: int | None = None) -> Iterator[U]:
         """fn over items, results in input order, at most `window` items in flight (None: the executor's).
-        A remote executor pickles `fn` and the items."""
+        An executor whose workers are processes pickles `fn` and the items."""
         ...
 
     def summary(self) -> dict[str, Any]:
         """What it reports about the run so far, for the manifest's `run` (nothing, for threads)."""
+        ...
+
+    def close(self) -> None:
+        """Release what it started (a cluster connection, worker processes) once the run ends."""
         ...
 
 
@@ -56,13 +89,25 @@ class Threads:
 
     threads: int = 1
     name: ClassVar[str] = "local"
-    remote: ClassVar[bool] = False
+
+    @classmethod
+    def start(cls, run: Any) -> Threads:
+        """The executor of a run (core.run_settings.RunSettings): its --threads."""
+        return cls(run.threads)
+
+    @property
+    def shares(self) -> Shares:
+        """Everything: its workers are the driver's own threads."""
+        return Shares(memory=True, disk=True, tasks=self.threads, processes=False)
 
     def map(self, fn: Callable[[T], U], items: Iterable[T], window: int | None = None) -> Iterator[U]:
         return threaded_map(fn, items, self.threads, window)
 
     def summary(self) -> dict[str, Any]:
         return {}
+
+    def close(self) -> None:
+        pass
 
 
 SERIAL = Threads(1)

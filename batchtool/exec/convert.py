@@ -17,7 +17,8 @@ from batchtool.exec.job import JobResult, open_source
 from batchtool.core.tally import Tally
 from batchtool.io.output import OutputOptions
 from batchtool.io.workspace import Workspace, tasks_executor
-from batchtool.exec.write import Deferred, Job, Streamed, write
+from batchtool.exec.produced import Deferred, Job, Streamed
+from batchtool.exec.write import write
 
 
 def convert(src: str, dst: str, output: OutputOptions, *, columns: Sequence[str] | None = None,

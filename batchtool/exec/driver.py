@@ -22,7 +22,8 @@ from batchtool.exec.exchange import ReadUnit
 from batchtool.exec.held import Pool, pool_for
 from batchtool.core.run_settings import RunSettings
 from batchtool.exec.job import JobResult, open_source, open_sources
-from batchtool.exec.write import Deferred, Emitted, Item, Job, Produced, Streamed, write
+from batchtool.exec.produced import Deferred, Emitted, Item, Job, Produced, Streamed
+from batchtool.exec.write import write
 from batchtool.ops.base import Expanding, Piece, Context, Kind, Operation, OptionError, Scan
 from batchtool.ops.regroup import Bar, Exchange
 from batchtool.core.tally import Tally
@@ -100,7 +101,7 @@ def make_plan(op: Operation, options: Any, dataset: Dataset, run: RunSettings, e
     merged in input order."""
     context = Context(seed, dataset.schema, dataset.src, dataset.locate,
                       first_file=dataset.shards[0].path if dataset.shards else None, memory=run.budget,
-                      tasks=1 if executor.remote else executor.threads)
+                      tasks=executor.shares.tasks_per_process)
     first = op.first_pass(options, dataset.schema)
     stats: Any = None
     if first is not None:

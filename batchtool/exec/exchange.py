@@ -67,10 +67,10 @@ class _Adapted:
 
 def units(dataset: Dataset, report: ReadReport, executor: Executor,
           columns: Sequence[str] | None = None) -> Iterator[ReadUnit]:
-    """What the writer's tasks read of the input: on the local engine a unit per read task (its one writer waits for
-    each task's output in turn, so a task must be a chunk, never a whole file), on a remote engine its read units,
-    whose output each task spools where it reads them."""
-    if not executor.remote:
+    """What the writer's tasks read of the input: where one writer on the driver appends the batches (workers that
+    share its memory) a unit per read task (the writer waits for each task's output in turn, so a task must be a
+    chunk, never a whole file); else its read units, whose output each task spools where it reads them."""
+    if executor.shares.memory:
         return task_units(dataset.tasks(dataset.check_columns(columns), report))
     return read_units(dataset, report, columns)
 
@@ -106,8 +106,8 @@ class MapJob:
     space: Workspace
     scatter: Scatter
     pool: Pool | None = None
-    """What the tasks may hold in memory instead of writing files (batchtool.exec.held); None: files only (a remote
-    engine's workers share nothing else)."""
+    """What the tasks may hold in memory instead of writing files (batchtool.exec.held); None: files only (workers
+    that do not share the driver's memory)."""
 
     @property
     def directory(self) -> str:

@@ -43,9 +43,9 @@ class Pool:
 
 
 def pool_for(memory: int, executor: Executor) -> Pool | None:
-    """The run's pool: a share of its --memory on the local engine; None (everything through the workspace's
-    files) on an engine whose workers may be other processes or machines."""
-    return None if executor.remote else Pool(memory // HELD_SHARE)
+    """The run's pool: a share of its --memory where the executor's workers share the driver's memory; None
+    (everything through the workspace's files) where they are other processes."""
+    return Pool(memory // HELD_SHARE) if executor.shares.memory else None
 
 
 class HeldCells:

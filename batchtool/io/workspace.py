@@ -29,8 +29,8 @@ class Workspace:
     tmp_dir: str | None = None
     """--tmp-dir, when the workspace is there."""
     shared: bool = False
-    """Beside DST, on the storage a remote engine's workers write DST to; False: the driver's own disk, which only
-    the driver's threads may write."""
+    """Beside DST, on the storage the workers of an engine that does not share the driver's disk write DST to;
+    False: the driver's own disk."""
 
     def errors(self) -> AbstractContextManager[None]:
         """A refused write in the workspace as one error naming where it is (--tmp-dir, DST, or the system's
@@ -44,9 +44,9 @@ class Workspace:
 def workspace(dst: str, executor: Executor, tmp_dir: str | None = None,
               inside: str | None = None) -> Iterator[Workspace]:
     """The workspace of an exchange writing `dst`, removed when the block ends: beside DST (in DST's temporary
-    directory `inside` if it exists yet, else in a `.DST.tmp-*` of its own) when a remote engine runs the tasks
-    and DST is a path whose parent exists, so every worker shares it; else in --tmp-dir `tmp_dir`, or the
-    system's temporary directory.
+    directory `inside` if it exists yet, else in a `.DST.tmp-*` of its own) when the executor's workers do not see
+    the driver's disk (runner.Shares.disk) and DST is a path whose parent exists, so every worker shares it; else in
+    --tmp-dir `tmp_dir`, or the system's temporary directory.
 
     Its directory is renamed before it is removed: every task creates its files and directories by paths under
     the old name (and with mkdir, never makedirs), so a task still running after a failure (the local engine
@@ -54,7 +54,7 @@ def workspace(dst: str, executor: Executor, tmp_dir: str | None = None,
     tree is being removed.
     """
     dst_path = None if fs.is_uri(dst) else os.path.abspath(dst)
-    shared = (executor.remote and dst_path is not None
+    shared = (not executor.shares.disk and dst_path is not None
               and (inside is not None or os.path.isdir(os.path.dirname(dst_path))))
     own = None
     if not shared:
@@ -78,9 +78,9 @@ def workspace(dst: str, executor: Executor, tmp_dir: str | None = None,
 
 
 def tasks_executor(space: Workspace, executor: Executor) -> Executor:
-    """What runs the tasks that write the workspace: the run's executor if its workers share the workspace, else
-    the driver's threads."""
-    return executor if space.shared else Threads(executor.threads)
+    """What runs the tasks that write the workspace: the run's executor if its workers reach the workspace (beside
+    DST, or on the driver's disk they share), else the driver's threads."""
+    return executor if space.shared or executor.shares.disk else Threads(executor.threads)
 
 
 __all__ = ["WORKSPACE", "Workspace", "tasks_executor", "workspace"]

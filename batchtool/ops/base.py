@@ -86,8 +86,9 @@ class Context:
     """--memory: what the op may hold at once (its spill's key ranges, a batch, a buffer), checked before it is
     allocated (batchtool.core.budget)."""
     tasks: int = 1
-    """Tasks one process runs at once (the local engine's threads; 1 for a remote engine's worker process): each
-    sorts a key range of its own, so a range's share of --memory shrinks with them (ops.keyed.range_bytes)."""
+    """Tasks one process runs at once (runner.Shares.tasks_per_process: the local engine's threads; 1 where each
+    worker is a process of its own): each sorts a key range of its own, so a range's share of --memory shrinks with
+    them (ops.keyed.range_bytes)."""
 
 
 @dataclass(frozen=True)

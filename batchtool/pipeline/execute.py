@@ -42,7 +42,8 @@ from batchtool.exec.held import pool_for
 from batchtool.core.run_settings import RunSettings
 from batchtool.exec.job import JobResult, open_mixed, read_paths
 from batchtool.io.workspace import Workspace, tasks_executor, workspace
-from batchtool.exec.write import RUN_BYTES, Job, Produced, sized_runs, write
+from batchtool.exec.produced import Job, Produced
+from batchtool.exec.write import RUN_BYTES, sized_runs, write
 from batchtool.exec.driver import EngineRuntime, Ready, produced, scanner, stream_errors
 from batchtool.ops.regroup import Exchange, Regrouped, SortedBatches
 from batchtool.io.output import destination_taken, refuse_overlap

@@ -90,7 +90,8 @@ RUNS: dict[str, list[str]] = {
     "pipeline-parquet": ["run", "--seed", "18", "--memory", "256KB", "--to", "parquet"],
     "pipeline-arrow": ["run", "--seed", "19", "--memory", "64MB", "--to", "arrow"],
 }
-THREADS = (1, 2)
+RUNNERS = (("local", 1), ("local", 2), ("processes", 2))
+"""(--engine, --threads): every engine (core.run_settings.ENGINES) that runs without an extra writes the same bytes."""
 
 
 def invocation(name: str, dst: str, pipeline_dir: str, threads: int) -> list[str]:
@@ -145,17 +146,17 @@ def recorded():
             f.write("\n")
 
 
-@pytest.mark.parametrize("threads", THREADS)
+@pytest.mark.parametrize("engine,threads", RUNNERS)
 @pytest.mark.parametrize("name", sorted(RUNS))
-def test_same_bytes_as_before(run_cli, tmp_path, golden, recorded, name: str, threads: int) -> None:
+def test_same_bytes_as_before(run_cli, tmp_path, golden, recorded, name: str, engine: str, threads: int) -> None:
     dst = str(tmp_path / "out")
-    result = run_cli(*invocation(name, dst, str(tmp_path), threads))
+    result = run_cli(*invocation(name, dst, str(tmp_path), threads), "--engine", engine)
     assert result.exit_code == 0, result.stderr
     found = digests(dst, str(tmp_path))
     if RECORD:
         recorded.setdefault(name, found)
-        assert recorded[name] == found, f"{name}: --threads {threads} wrote other bytes than --threads 1"
+        assert recorded[name] == found, f"{name}: --engine {engine} --threads {threads}: other bytes than the first"
         return
     assert name in golden, f"{name}: not recorded in {GOLDEN}"
     changed = sorted(f for f in set(found) | set(golden[name]) if found.get(f) != golden[name].get(f))
-    assert not changed, f"{name} --threads {threads}: these files changed: {changed}"
+    assert not changed, f"{name} --engine {engine} --threads {threads}: these files changed: {changed}"

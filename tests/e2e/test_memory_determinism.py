@@ -1,4 +1,4 @@
-"""--memory never changes the output: the same data-file bytes for any budget and any --threads.
+"""--memory never changes the output: the same data-file bytes for any budget, any --threads and any engine.
 
 Tested as --threads is: every command that reorders through spill files (bucket, shuffle, balanced
 stratify, in their default format and bucket as Parquet; a pipeline with a shuffle and a bucket, written as
@@ -31,8 +31,8 @@ from batchtool.ops.shuffle import ShuffleOptions
 from batchtool.io.output import OutputOptions
 from conftest import SAMPLE, data_bytes
 
-BUDGETS = [("1GB", 1), ("1MB", 2), ("100KB", 2)]
-"""(--memory, --threads); the first is the reference."""
+BUDGETS = [("1GB", 1, "local"), ("1MB", 2, "local"), ("100KB", 2, "local"), ("100KB", 2, "processes")]
+"""(--memory, --threads, --engine); the first is the reference. Worker processes spill every exchange's cells."""
 
 COMMANDS = {
     "bucket": ["bucket", "--length", "tokens", "--auto-buckets", "4", "--batch-size", "16", "--mask"],
@@ -89,10 +89,10 @@ def most_parts(monkeypatch) -> list[int]:
 def test_command_output_ignores_memory_and_threads(tmp_path, run_cli, most_parts, name):
     command, *args = COMMANDS[name]
     sums = []
-    for memory, threads in BUDGETS:
-        dst = tmp_path / f"{memory}-{threads}"
+    for memory, threads, engine in BUDGETS:
+        dst = tmp_path / f"{memory}-{threads}-{engine}"
         result = run_cli(command, os.path.join(SAMPLE, "parquet"), dst, *args, "--memory", memory,
-                         "--threads", threads, "--seed", "5", "-q")
+                         "--threads", threads, "--seed", "5", "-q", "--engine", engine)
         assert result.exit_code == 0, result.stderr
         sums.append(digests(str(dst)))
     assert sums[0] and all(s == sums[0] for s in sums[1:])
@@ -104,11 +104,11 @@ def test_command_output_ignores_memory_and_threads(tmp_path, run_cli, most_parts
 def test_pipeline_output_ignores_memory_and_threads(tmp_path, run_cli, most_parts, to):
     """shuffle -> online stratify (which depends on the shuffle's chunks) -> bucket, written as Parquet or TFRecord."""
     sums = []
-    for memory, threads in BUDGETS:
-        dst = tmp_path / f"out-{memory}-{threads}"
-        pipeline = tmp_path / f"{memory}-{threads}.toml"
+    for memory, threads, engine in BUDGETS:
+        dst = tmp_path / f"out-{memory}-{threads}-{engine}"
+        pipeline = tmp_path / f"{memory}-{threads}-{engine}.toml"
         pipeline.write_text(PIPELINE.format(memory=memory, src=os.path.join(SAMPLE, "parquet"), dst=dst, to=to))
-        result = run_cli("run", pipeline, "--threads", threads, "-q")
+        result = run_cli("run", pipeline, "--threads", threads, "-q", "--engine", engine)
         assert result.exit_code == 0, result.stderr
         sums.append(digests(str(dst)))
     assert sums[0] and all(s == sums[0] for s in sums[1:])

@@ -18,13 +18,13 @@ from conftest import data_bytes, write_parquet_shards
 
 from batchtool.core import runner
 from batchtool.exec import engines, exchange
+from batchtool.exec.engines import transport
 from batchtool.exec.driver import _kernel
 from batchtool.pipeline import execute
 from batchtool.ops.segment import chunks as segment_chunks
 from batchtool.io.duplicates import HashIndex
 from batchtool.io.workspace import Workspace
 
-ray_engine = pytest.importorskip("batchtool.exec.engines.ray")
 pytest.importorskip("cloudpickle")
 from batchtool.exec.convert import convert
 from batchtool.core.run_settings import RunSettings
@@ -38,11 +38,10 @@ THREADS = runner.threaded_map
 
 class PicklingEngine:
     """Stands in for Ray (`--engine ray` gets it within `standing_in`): the function is pickled once, with the
-    Ray engine's own pickler, unpickled afresh for every item, and items and results go through it both
+    engines' own pickler (engines/transport.py), unpickled afresh for every item, and items and results go through it both
     ways; the work runs on the local threads, so ordering and backpressure are the local engine's."""
 
     name = "ray"
-    remote = True
 
     def __init__(self, threads: int = 2) -> None:
         self.threads = threads
@@ -53,18 +52,23 @@ class PicklingEngine:
 
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any], window: int | None = None) -> Iterator[Any]:
         self.functions.append(fn)
-        shipped = ray_engine._pack(fn)
+        shipped = transport.pack(fn)
 
         def remote(item: Any) -> Any:
-            return ray_engine._pack(ray_engine._unpack(shipped)(ray_engine._unpack(item)))
+            return transport.pack(transport.unpack(shipped)(transport.unpack(item)))
 
         def sent(source: Iterable[Any]) -> Iterator[Any]:
             for item in source:
                 self.items += 1
-                yield ray_engine._pack(item)
+                yield transport.pack(item)
 
         for result in THREADS(remote, sent(items), self.threads, window):
-            yield ray_engine._unpack(result)
+            yield transport.unpack(result)
+
+    @property
+    def shares(self) -> runner.Shares:
+        """Ray's: nothing but DST's storage."""
+        return runner.Shares(memory=False, disk=False, tasks=self.threads, processes=True)
 
     def summary(self) -> dict[str, Any]:
         return {}
@@ -79,17 +83,19 @@ def standing_in(engine: PicklingEngine | None) -> Iterator[None]:
     if engine is None:
         yield
         return
-    original = engines.start_ray
+    original = engines.start
 
-    def started(run: Any) -> PicklingEngine:
+    def started(run: Any) -> Any:
+        if run.engine != "ray":
+            return original(run)
         engine.threads = run.threads
         return engine
 
-    engines.start_ray = started
+    engines.start = started
     try:
         yield
     finally:
-        engines.start_ray = original
+        engines.start = original
 
 
 @pytest.fixture(scope="module")

@@ -44,14 +44,14 @@ RAY = pytest.mark.ray
 @pytest.fixture(scope="module")
 def ray_cluster(request):
     """One local Ray cluster (2 CPUs) for every Ray test of this module. Its workers import batchtool from
-    this source tree and can import the test modules of every tests/ folder (functions defined in them are
-    pickled by reference)."""
+    this source tree and can import the test modules (functions defined here are pickled by reference)."""
     ray = pytest.importorskip("ray")
     request.getfixturevalue("s3")  # first: the workers inherit its endpoint
     saved = os.environ.get("PYTHONPATH")
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    folders = sorted(e.path for e in os.scandir(tests) if e.is_dir() and not e.name.startswith(("_", ".", "data")))
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [tests, *folders, os.path.dirname(tests), saved]))
+    folders = [os.path.join(tests, name) for name in os.listdir(tests)  # every layer's tests, as pytest's pythonpath
+               if os.path.isdir(os.path.join(tests, name)) and name not in ("data", "__pycache__")]
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [tests, *sorted(folders), os.path.dirname(tests), saved]))
     try:
         ray.init(num_cpus=2, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
     finally:

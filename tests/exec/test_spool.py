@@ -17,7 +17,7 @@ import pyarrow as pa
 import pytest
 
 import test_pickling_engine
-from batchtool.exec import write
+from batchtool.exec import shards
 from batchtool.exec.convert import _as_is, convert
 from batchtool.io.dataset import ReadReport
 from batchtool.core.run_settings import RunSettings
@@ -176,11 +176,11 @@ def test_a_spool_task_run_twice_spools_once(sources, tmp_path):
 
     dataset = open_dataset(sources["parquet"])
     unit = next(exchange.read_units(dataset, ReadReport()))
-    job = write._SpoolJob(str(tmp_path), functools.partial(_as_is, OutputOptions()), "dst")
-    first, again = write._spool(job, (0, unit)), write._spool(job, (0, unit))
+    job = shards._SpoolJob(str(tmp_path), functools.partial(_as_is, OutputOptions()), "dst")
+    first, again = shards._spool(job, (0, unit)), shards._spool(job, (0, unit))
     assert first.rows == again.rows == (50,) and first.consumed == 50
     assert os.listdir(tmp_path) == ["s000000000.arrow"]
-    batches = write.SpooledBatches(str(tmp_path), (0,), (1,), first.rows)
+    batches = shards.SpooledBatches(str(tmp_path), (0,), (1,), first.rows)
     assert [b.num_rows for b in batches.reader(0, 1)()] == [50]
     assert functools.reduce(lambda n, b: n + b.num_rows, batches.reader(1, 1)(), 0) == 0
 

@@ -2,42 +2,36 @@
 
 "One algorithm, several engines": an engine decides where `fn(item)` runs, never what it computes. Each entry point
 that takes a RunSettings (run_operation, convert, check, inspect, run_pipeline) opens the run's executor with
-`executor(run)` and passes it to whatever maps work over items. `local` (the default) is runner.Threads; `ray`
-(the optional extra) is batchtool.exec.engines.ray.
+`executor(run)` and passes it to whatever maps work over items. The engines are core.run_settings.ENGINES: `local`
+(the default, runner.Threads), `processes` (engines/processes.py, a pool of local processes) and `ray` (the
+optional extra, engines/ray.py); an engine's module is imported only when a run chooses it.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
-from batchtool.core.run_settings import RunSettings
-from batchtool.core.runner import Executor, Threads
+from batchtool.core.run_settings import ENGINES, RunSettings
+from batchtool.core.runner import Executor
 
-if TYPE_CHECKING:
-    from batchtool.exec.engines.ray import RayEngine
+
+def start(run: RunSettings) -> Executor:
+    """The executor of the run's --engine, its class imported now (ENGINES names it); it starts nothing costly
+    before its first map."""
+    module, _, name = ENGINES[run.engine].partition(":")
+    return getattr(importlib.import_module(module), name).start(run)
 
 
 @contextmanager
 def executor(run: RunSettings) -> Iterator[Executor]:
-    """The run's executor while the block runs: its threads, or a Ray connection (started lazily, at its first
-    map) that is closed when the block ends."""
-    if run.engine == "local":
-        yield Threads(run.threads)
-        return
-    remote = start_ray(run)
+    """The run's executor while the block runs, closed when the block ends (its workers, or its Ray connection)."""
+    opened = start(run)
     try:
-        yield remote
+        yield opened
     finally:
-        remote.close()
+        opened.close()
 
 
-def start_ray(run: RunSettings) -> RayEngine:
-    """The Ray executor of a run (--ray-address, or a local cluster of --threads CPUs)."""
-    from batchtool.exec.engines.ray import RayEngine
-
-    return RayEngine(run.ray_address, local_cpus=run.threads)
-
-
-__all__ = ["executor", "start_ray"]
+__all__ = ["executor", "start"]

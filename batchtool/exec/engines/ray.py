@@ -21,7 +21,6 @@ error and the manifest instead (batchtool.exec.engines.ray_failures).
 from __future__ import annotations
 
 import atexit
-import io
 import itertools
 import logging
 import os
@@ -31,28 +30,23 @@ import socket
 import sys
 import threading
 import time
-import traceback
 from collections import deque
 from contextlib import contextmanager, suppress
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
-import pyarrow as pa
-
-from batchtool.core.runner import threaded_map
+from batchtool.core.runner import Shares, threaded_map
 from batchtool.exec.engines.ray_failures import TASK_RETRIES, Watch, nodes_named, task_words
 from batchtool.core.errors import UsageError
+from batchtool.core.run_settings import RunSettings
+from batchtool.exec.engines.transport import Packed as _Packed, pack as _pack, portable as _portable, rebuild, \
+    unpack as _unpack
 
 try:
     import ray
-    from ray import cloudpickle
 except ImportError:  # the optional extra is not installed
     ray = None
-    try:  # the pickler alone (tests/engines/test_pickling_engine.py runs the remote contract with it, without Ray)
-        import cloudpickle
-    except ImportError:
-        cloudpickle = None
 
 NEEDS_RAY = "--engine ray needs the ray extra: pip install 'batchtool[ray]'"
 
@@ -70,106 +64,6 @@ GROUP_BYTES = 32 << 20
 hold a bounded amount of data however cheap the function is."""
 LOCAL_PROBE_ITEMS = 16
 """Items run remotely before a function too cheap to be worth shipping is kept on the driver."""
-
-
-class RemoteTraceback(Exception):
-    """The worker-side traceback of an error raised in a task, chained as the re-raised error's cause."""
-
-    def __str__(self) -> str:
-        return self.args[0]
-
-
-def _portable(exc: Exception) -> tuple[type, tuple, dict, str]:
-    """An exception as (type, args, attributes, traceback text): rebuilt on the driver without calling
-    __init__, so errors whose constructor takes other arguments than their message survive."""
-    state = (type(exc), exc.args, dict(exc.__dict__), "".join(traceback.format_exception(exc)))
-    try:
-        pickle.dumps(state)
-    except Exception:  # an attribute that does not pickle: keep the message
-        state = (RuntimeError, (f"{type(exc).__name__}: {exc}",), {}, state[3])
-    return state
-
-
-def _rebuild(state: tuple[type, tuple, dict, str]) -> Exception:
-    cls, args, attributes, remote = state
-    exc = cls.__new__(cls)
-    exc.args = args
-    exc.__dict__.update(attributes)
-    exc.__cause__ = RemoteTraceback(f"\n(in a Ray task)\n{remote}")
-    return exc
-
-
-# -- transport: items and results as pickles whose Arrow data travels compacted and out of band ---------------
-
-
-def _batch_from_ipc(schema: pa.Schema, message: pa.Buffer) -> pa.RecordBatch:
-    return pa.ipc.read_record_batch(message, schema)
-
-
-def _array_from_ipc(schema: pa.Schema, message: pa.Buffer) -> pa.Array:
-    return pa.ipc.read_record_batch(message, schema).column(0)
-
-
-def _schema_from_ipc(message: bytes) -> pa.Schema:
-    return pa.ipc.read_schema(pa.py_buffer(message))
-
-
-def _type_from_ipc(message: bytes, whole_field: bool) -> pa.Field | pa.DataType:
-    field = _schema_from_ipc(message).field(0)
-    return field if whole_field else field.type
-
-
-if cloudpickle is not None:
-    class _Pickler(cloudpickle.CloudPickler):
-        """Pickles Arrow record batches and arrays as IPC messages: only the rows they show travel.
-
-        Schemas, fields and types travel as IPC schemas too: pyarrow's own pickling names every
-        fixed_size_list child "item", so a Parquet file written from a pickled schema would record
-        other names (other bytes) than the local engine's.
-
-        Plain pickling of a slice (a batch cut from a larger chunk, as bucket's and shuffle's
-        batches are) ships the whole parent's list values; 64 such 32-row slices of one 5,000-row
-        row group pickle to 3 GB instead of 20 MB. The IPC buffer then travels out of band
-        (zero-copy through the object store).
-        """
-
-        def reducer_override(self, obj: Any) -> Any:
-            try:
-                if isinstance(obj, pa.Schema):
-                    return _schema_from_ipc, (obj.serialize().to_pybytes(),)  # in band: metadata, not data
-                if isinstance(obj, (pa.Field, pa.DataType)):
-                    field = obj if isinstance(obj, pa.Field) else pa.field("a", obj)
-                    return _type_from_ipc, (pa.schema([field]).serialize().to_pybytes(), isinstance(obj, pa.Field))
-                if type(obj) is pa.RecordBatch:
-                    return _batch_from_ipc, (obj.schema, obj.serialize())
-                if isinstance(obj, pa.Array):
-                    batch = pa.RecordBatch.from_arrays([obj], ["a"])
-                    return _array_from_ipc, (batch.schema, batch.serialize())
-            except (pa.ArrowNotImplementedError, pa.ArrowInvalid):  # e.g. dictionary arrays: pickle them plainly
-                pass
-            return super().reducer_override(obj)
-
-
-@dataclass
-class _Packed:
-    """A pickled object and its out-of-band buffers, which Ray moves without copying them into the pickle."""
-
-    payload: bytes
-    buffers: list[pa.Buffer]
-
-    @property
-    def nbytes(self) -> int:
-        return len(self.payload) + sum(b.size for b in self.buffers)
-
-
-def _pack(obj: Any) -> _Packed:
-    out, buffers = io.BytesIO(), []
-    _Pickler(out, protocol=5, buffer_callback=buffers.append).dump(obj)
-    return _Packed(out.getvalue(), [pa.py_buffer(b) for b in buffers])
-
-
-def _unpack(packed: _Packed) -> Any:
-    return pickle.loads(packed.payload, buffers=packed.buffers)
 
 
 # -- tasks ----------------------------------------------------------------------------------------------------
@@ -332,7 +226,6 @@ class RayEngine:
     """A connection to a Ray cluster (an existing one at `address`, or a local one started here)."""
 
     name = "ray"
-    remote = True
 
     def __init__(self, address: str | None = None, local_cpus: int | None = None) -> None:
         if ray is None:
@@ -345,6 +238,11 @@ class RayEngine:
         self._task: Any = None
         self.timings = Timings()
         self._watch = Watch(self.timings.lost_on)
+
+    @classmethod
+    def start(cls, run: RunSettings) -> RayEngine:
+        """The Ray executor of a run (--ray-address, or a local cluster of --threads CPUs)."""
+        return cls(run.ray_address, local_cpus=run.threads)
 
     def _connect(self) -> None:
         """Join the session in progress, or connect to `address`, or start a local cluster with
@@ -368,6 +266,13 @@ class RayEngine:
             self.timings.connect_seconds = time.perf_counter() - started
         self._watch.start(self.timings.lost if self._started else None)  # Ray's reports: see ray_failures
         self._task = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(_run_group)
+
+    @property
+    def shares(self) -> Shares:
+        """Its workers are processes on any machine of the cluster: they share only DST's storage with the driver;
+        as many at once as the cluster has CPUs (before it is connected, which asking must not do: --threads)."""
+        return Shares(memory=False, disk=False, tasks=self.cpus if self._task is not None else self.threads,
+                      processes=True)
 
     @property
     def cpus(self) -> int:
@@ -427,7 +332,7 @@ class RayEngine:
                 schedule.received(outcome, count, self.timings.received(packed, outcome, waited, started))
                 yield from outcome.results
                 if outcome.error is not None:
-                    raise _rebuild(outcome.error)
+                    raise rebuild(outcome.error, "a Ray task")
         finally:
             self._watch.abandon([fn_ref, *(ref for ref, _, _ in pending)])
             for ref, _, _ in pending:
@@ -457,4 +362,4 @@ class RayEngine:
         self._task = None
 
 
-__all__ = ["RayEngine", "RemoteTraceback", "Timings"]
+__all__ = ["RayEngine", "Timings"]
