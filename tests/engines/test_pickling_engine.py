@@ -25,7 +25,6 @@ from batchtool.ops.segment import chunks as segment_chunks
 from batchtool.io.duplicates import HashIndex
 from batchtool.io.workspace import Workspace
 
-pytest.importorskip("cloudpickle")
 from batchtool.exec.convert import convert
 from batchtool.core.run_settings import RunSettings
 from batchtool.io.manifest import MANIFEST_NAME

@@ -1,8 +1,8 @@
 """How an engine whose workers are other processes ships work: functions, items and results as pickles whose Arrow
 data travels as IPC messages (compacted, out of band), and errors that survive the trip with their type and message.
 
-The Ray engine and the process engine share it; with cloudpickle (Ray's, or the package) closures travel too, else
-the standard pickler ships what it can name (module-level functions, partials of them, dataclasses).
+The Ray engine and the process engine share it; cloudpickle (a core dependency: Ray's own copy would import all of Ray
+in every worker process) ships closures too.
 """
 
 from __future__ import annotations
@@ -15,15 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
-try:  # the package first: importing Ray's copy imports all of Ray (seconds, in every worker process)
-    import cloudpickle
-except ImportError:
-    try:
-        from ray import cloudpickle
-    except ImportError:  # neither: the standard pickler
-        cloudpickle = None
-
-_Base: type = pickle.Pickler if cloudpickle is None else cloudpickle.CloudPickler
+import cloudpickle
 
 
 class RemoteTraceback(Exception):
@@ -75,7 +67,7 @@ def _plainly(obj: Any) -> Any:
     return NotImplemented
 
 
-class _Pickler(_Base):
+class _Pickler(cloudpickle.CloudPickler):
     """Pickles Arrow record batches and arrays as IPC messages: only the rows they show travel.
 
     Schemas, fields and types travel as IPC schemas too: pyarrow's own pickling names every
