@@ -22,7 +22,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -114,9 +113,9 @@ def _block_a_worker(fd: int) -> None:
     runner.threaded_map = lambda fn, *args, **kwargs: real_map(blocking(fn), *args, **kwargs)
 
 
-def _sleep_then(fn: object, item: object) -> object:
-    time.sleep(3600)  # on a Ray worker; Ray cancels the task when the driver's map stops
-    return fn(item)
+def _block_then(fn: object, item: object) -> object:
+    threading.Event().wait()  # blocks for good on a Ray worker (nothing sets it): Ray cancels the task when the
+    return fn(item)           # driver's map stops
 
 
 def _stall_ray_tasks(fd: int) -> None:
@@ -127,7 +126,7 @@ def _stall_ray_tasks(fd: int) -> None:
     told = threading.Lock()
 
     def stalled_map(self: object, fn: object, *args: object, **kwargs: object) -> object:
-        return real_map(self, functools.partial(_sleep_then, fn), *args, **kwargs)
+        return real_map(self, functools.partial(_block_then, fn), *args, **kwargs)
 
     def telling_get(self: object, *args: object) -> object:
         if told.acquire(blocking=False):

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from cli_help import batchtool_env
+from memlimit import HANG_GUARD
 
 from batchtool.cli import cli
 from batchtool.ops import OPERATIONS
@@ -29,7 +30,7 @@ def _imported(*args: str) -> tuple[str, set[str]]:
     """What `batchtool ARGS` prints, and the modules it imported by then (sys.modules in a child, through the
     command's own entry point)."""
     done = subprocess.run([sys.executable, "-c", CHILD, *args], capture_output=True, text=True, env=batchtool_env(),
-                          timeout=120)  # a hang guard, far above the second it takes
+                          timeout=HANG_GUARD)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout, set(json.loads(done.stderr))
 
