@@ -20,7 +20,7 @@ from batchtool.exec.exchange import ReadUnit
 from batchtool.exec.produced import Emitted, Job, Streamed
 from batchtool.io.dataset import ReadReport
 from batchtool.io.formats.base import EncodedBatch
-from batchtool.io.output import BatchShardWriter, OutputOptions, encode_batch, shard_ends
+from batchtool.io.output import BatchShardWriter, OutputOptions, encode_batches, shard_ends
 from batchtool.io.workspace import Workspace
 from batchtool.ops.regroup import Cut, SortedBatches
 
@@ -37,8 +37,7 @@ class Encoded:
     stored: pa.Schema
 
     def __call__(self) -> Iterator[EncodedBatch]:
-        for batch in self.read():
-            yield encode_batch(batch, self.output)
+        yield from encode_batches(self.read(), self.output)
 
 
 def runs_of(count: int, step: int) -> list[tuple[int, int]]:

@@ -30,7 +30,7 @@ from batchtool.exec.shards import Encoded, runs_of, write_on_workers
 from batchtool.io import manifest as manifest_mod
 from batchtool.io.dataset import ReadReport
 from batchtool.io.formats.base import EncodedBatch
-from batchtool.io.output import BatchShardWriter, OutputOptions, encode_batch, output_directory
+from batchtool.io.output import BatchShardWriter, OutputOptions, encode_batches, output_directory
 from batchtool.io.workspace import Workspace, tasks_executor, workspace
 from batchtool.ops.regroup import Cut, SortedBatches
 
@@ -120,7 +120,7 @@ def _pieces(emitted: Emitted, unit: ReadUnit) -> tuple[list[Deferred], Tally, Re
 def _made(output: OutputOptions, piece: Deferred) -> tuple[list[EncodedBatch], int]:
     """A piece's second task on a local thread: its batches made and encoded, and the input rows they complete."""
     batches, consumed = piece()
-    return [encode_batch(b, output) for b in batches], consumed
+    return list(encode_batches(batches, output)), consumed
 
 
 def _write_streamed(job: Job, out: Streamed, output: OutputOptions, stored: pa.Schema, tmp: str,

@@ -132,9 +132,23 @@ def _narrowed(t: pa.DataType, casts: list[tuple[pa.DataType, pa.DataType]]) -> p
     return next((to for old, to in casts if t == old), t)
 
 
-def encode_batch(batch: pa.RecordBatch, options: OutputOptions) -> EncodedBatch:
-    """Pure and thread-safe: run it on workers so the writer thread only appends bytes."""
-    return options.spec.encode(batch, options)
+ENCODE_GROUP_BYTES = 4 << 20
+"""Consecutive batches encoded in one call (Format.encode_many) up to about this many bytes of Arrow data."""
+
+
+def encode_batches(batches: Iterable[pa.RecordBatch], options: OutputOptions) -> Iterator[EncodedBatch]:
+    """Pure and thread-safe: run it on workers so the writer thread only appends bytes. Batches are encoded in
+    groups of about ENCODE_GROUP_BYTES, each batch's bytes those of encoding it alone."""
+    group: list[pa.RecordBatch] = []
+    size = 0
+    for batch in batches:
+        group.append(batch)
+        size += batch.nbytes
+        if size >= ENCODE_GROUP_BYTES:
+            yield from options.spec.encode_many(group, options)
+            group, size = [], 0
+    if group:
+        yield from options.spec.encode_many(group, options)
 
 
 class ShardCutter:

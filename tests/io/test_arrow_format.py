@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from batchtool.io.inputs import open_dataset
 from batchtool.loader.load import load
-from batchtool.io.output import BatchShardWriter, OutputOptions, encode_batch
+from batchtool.io.output import BatchShardWriter, OutputOptions, encode_batches
 from batchtool.core.synthetic import make_table
 import memlimit
 
@@ -24,8 +24,8 @@ import memlimit
 def test_round_trips_every_column_type(tmp_path_factory, batch, codec):
     out = str(tmp_path_factory.mktemp("arrow"))
     writer = BatchShardWriter(out, batch.schema, OutputOptions(format="arrow", compression=codec))
-    writer.write(encode_batch(batch, writer.options))
-    writer.write(encode_batch(batch, writer.options))
+    writer.write(next(encode_batches([batch], writer.options)))
+    writer.write(next(encode_batches([batch], writer.options)))
     files = writer.close()
     assert files[0]["path"] == "part-00000.arrow" and files[0]["batches"] == 2
     dataset = open_dataset(out)
@@ -201,7 +201,7 @@ def test_segment_output_loads_the_same_in_every_format_and_threads(run_cli, parq
 
 
 def _encoded_bytes(batch: pa.RecordBatch) -> bytes:
-    encoded = encode_batch(batch, OutputOptions(format="arrow"))
+    encoded = next(encode_batches([batch], OutputOptions(format="arrow")))
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, encoded.data.schema) as writer:
         writer.write_batch(encoded.data, custom_metadata=encoded.metadata)

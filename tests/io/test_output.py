@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from batchtool.core.errors import DestinationError, DestinationExistsError
-from batchtool.io.output import BatchShardWriter, OutputOptions, encode_batch, output_directory
+from batchtool.io.output import BatchShardWriter, OutputOptions, encode_batches, output_directory
 
 
 def small_batches(n: int, rows: int) -> list[pa.RecordBatch]:
@@ -22,7 +22,7 @@ def small_batches(n: int, rows: int) -> list[pa.RecordBatch]:
 def test_one_row_group_per_batch_and_rollover_by_rows(tmp_path):
     writer = BatchShardWriter(str(tmp_path), pa.schema([("x", pa.int64())]), OutputOptions(shard_rows=25))
     for b in small_batches(6, 10):
-        writer.write(encode_batch(b, writer.options))
+        writer.write(next(encode_batches([b], writer.options)))
     files = writer.close()
     assert [f["path"] for f in files] == ["part-00000.parquet", "part-00001.parquet"]
     assert [f["rows"] for f in files] == [30, 30]
@@ -82,7 +82,7 @@ def test_gzip_tfrecord_output_is_byte_identical_across_runs(tmp_path):
         d.mkdir()
         w = BatchShardWriter(str(d), pa.schema([("x", pa.int64())]), opts)
         for b in small_batches(3, 4):
-            w.write(encode_batch(b, opts))
+            w.write(next(encode_batches([b], opts)))
         files = w.close()
         outputs.append((d / files[0]["path"]).read_bytes())
     assert files[0]["path"].endswith(".tfrecord.gz")
@@ -102,14 +102,15 @@ def test_parquet_shards_roll_over_by_batch_count(tmp_path, monkeypatch):
     monkeypatch.setattr(ParquetFormat, "max_shard_batches", 4)
     writer = BatchShardWriter(str(tmp_path), pa.schema([("x", pa.int64())]), OutputOptions())
     for b in small_batches(10, 2):
-        writer.write(encode_batch(b, writer.options))
+        writer.write(next(encode_batches([b], writer.options)))
     assert [f["batches"] for f in writer.close()] == [4, 4, 2]
 
 
 def test_statistics_only_for_flat_columns(tmp_path):
     schema = pa.schema([("x", pa.int64()), ("seq", pa.list_(pa.int64()))])
     writer = BatchShardWriter(str(tmp_path), schema, OutputOptions())
-    writer.write(encode_batch(pa.record_batch({"x": [1, 2], "seq": [[1], [2, 3]]}, schema=schema), writer.options))
+    batch = pa.record_batch({"x": [1, 2], "seq": [[1], [2, 3]]}, schema=schema)
+    writer.write(next(encode_batches([batch], writer.options)))
     meta = pq.ParquetFile(tmp_path / writer.close()[0]["path"]).metadata.row_group(0)
     assert meta.column(0).statistics.min == 1
     assert meta.column(1).statistics is None
@@ -122,7 +123,7 @@ def test_shards_roll_over_after_the_batch_that_reaches_shard_bytes(tmp_path, fmt
 
     options = OutputOptions(format=fmt, shard_bytes=3000)
     schema = pa.schema([("x", pa.int64())])
-    batches = [encode_batch(b, options) for b in small_batches(40, 37)]
+    batches = list(encode_batches(small_batches(40, 37), options))
     writer = BatchShardWriter(str(tmp_path), schema, options)
     for b in batches:
         writer.write(b)
@@ -158,7 +159,7 @@ def test_overlapped_hashing_writes_the_same_shards(tmp_path, fmt):
         out.mkdir()
         writer = BatchShardWriter(str(out), schema, OutputOptions(format=fmt, shard_bytes=5 << 20), overlap=overlap)
         for b in batches:
-            writer.write(encode_batch(b, writer.options))
+            writer.write(next(encode_batches([b], writer.options)))
         written[overlap] = writer.close()
         for f in written[overlap]:
             data = (out / f["path"]).read_bytes()
@@ -180,7 +181,8 @@ def test_a_failed_write_on_the_hashing_thread_is_one_destination_error(tmp_path,
                               name="DST", overlap=True)
     with pytest.raises(DestinationError, match=r"DST: cannot write the output \(part-00000.arrow\).*No space"):
         for _ in range(20):
-            writer.write(encode_batch(pa.record_batch({"x": pa.array([1.0] * 200_000)}), writer.options))
+            batch = pa.record_batch({"x": pa.array([1.0] * 200_000)})
+            writer.write(next(encode_batches([batch], writer.options)))
         writer.close()
 
 
@@ -191,7 +193,28 @@ def test_a_block_that_fails_ends_the_hashing_thread(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         with BatchShardWriter(str(tmp_path), pa.schema([("x", pa.float64())]), OutputOptions(format="arrow"),
                               overlap=True) as writer:
-            writer.write(encode_batch(pa.record_batch({"x": pa.array([1.0] * 400_000)}), writer.options))
+            batch = pa.record_batch({"x": pa.array([1.0] * 400_000)})
+            writer.write(next(encode_batches([batch], writer.options)))
             assert any(t.name == "batchtool-hash" for t in threading.enumerate())
             raise KeyboardInterrupt
     assert not any(t.name == "batchtool-hash" for t in threading.enumerate())
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow", "tfrecord"])
+def test_batches_encoded_together_are_the_bytes_of_each_encoded_alone(fmt):
+    """encode_batches groups small batches into one encode call (TFRecord's codec costs per call): each batch's
+    bytes are still those of encoding it alone, an empty batch included."""
+    schema = pa.schema([("key", pa.string()), ("seq", pa.list_(pa.int64())), ("w", pa.float32())])
+    rows = [3, 0, 1, 5, 2]
+    batches, start = [], 0
+    for n in rows:
+        batches.append(pa.record_batch({"key": [f"k{start + i}" for i in range(n)],
+                                        "seq": [list(range(start + i)) for i in range(n)],
+                                        "w": [float(i) for i in range(n)]}, schema=schema))
+        start += n
+    options = OutputOptions(format=fmt)
+    together = list(encode_batches(batches, options))
+    alone = [options.spec.encode(b, options) for b in batches]
+    assert [e.data.num_rows for e in together] == rows
+    assert [e.framed for e in together] == [e.framed for e in alone]
+    assert all(t.data.equals(a.data) for t, a in zip(together, alone))

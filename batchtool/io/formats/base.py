@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, Protocol
 
@@ -336,6 +336,11 @@ class Writer(ABC):
     def encode(self, batch: pa.RecordBatch, options: WriteOptions) -> EncodedBatch:
         """Pure and thread-safe (workers run it): by default the writer encodes the Arrow data itself."""
         return EncodedBatch(batch)
+
+    def encode_many(self, batches: Sequence[pa.RecordBatch], options: WriteOptions) -> list[EncodedBatch]:
+        """encode of each batch, in order: a format whose per-call cost outweighs its per-byte cost on small
+        batches (many batches of a few rows) encodes them together."""
+        return [self.encode(batch, options) for batch in batches]
 
     def check_values(self, batch: pa.RecordBatch, options: WriteOptions) -> None:
         """What encode would refuse in the batch's values (RowError naming the row in the batch), checked where

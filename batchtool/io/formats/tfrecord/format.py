@@ -5,7 +5,7 @@ batch by batch through the manifest's batch index."""
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -324,9 +324,22 @@ class TFRecordFormat(Format):
         return {"tfrecord_kind": options.writing.tfrecord_kind}
 
     def encode(self, batch: pa.RecordBatch, options: WriteOptions) -> EncodedBatch:
-        batch = _narrowed(batch, options)
-        payloads = example_codec.encode_records(batch, options.writing.tfrecord_kind, sequence_columns=_lists(options))
-        return EncodedBatch(batch, b"".join(frame_record(p) for p in payloads))
+        return self.encode_many([batch], options)[0]
+
+    def encode_many(self, batches: Sequence[pa.RecordBatch], options: WriteOptions) -> list[EncodedBatch]:
+        """One encode_records call over the batches' rows together (a record is a function of its row alone), cut
+        back into batches: the codec's NumPy passes cost per call, and a segment batch holds a few rows."""
+        batches = [_narrowed(batch, options) for batch in batches]
+        whole = batches[0]
+        if len(batches) > 1 and sum(batch.num_rows for batch in batches):
+            whole = pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
+        payloads = example_codec.encode_records(whole, options.writing.tfrecord_kind, sequence_columns=_lists(options))
+        out, start = [], 0
+        for batch in batches:
+            end = start + batch.num_rows
+            out.append(EncodedBatch(batch, b"".join(frame_record(p) for p in payloads[start:end])))
+            start = end
+        return out
 
     def check_values(self, batch: pa.RecordBatch, options: WriteOptions) -> None:
         example_codec.check_values(_narrowed(batch, options), options.writing.tfrecord_kind,
