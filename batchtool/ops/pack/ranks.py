@@ -4,13 +4,15 @@ alone, never rows.
 
 The rows are sorted by cost (heaviest first) and cut into tuples of N consecutive rows (N = --world-size); a tuple's
 rows go to the N ranks of one step, one each, so a rank gets one row of each of its step's B tuples (B =
---batch-size). Which B tuples make a step is a keyed permutation of the tuples. Within a step its tuples are dealt
-heaviest first, each tuple's heaviest row to the rank carrying the least so far. That keeps the spread of the
-step's rank costs (max - min) within the largest spread of one of its tuples: by induction, after a tuple dealt
+--batch-size). Tuples whose rows cost alike fill steps in keyed order; the others, in cost order, are put
+together B to a step, where they can offset each other; the steps then go in keyed order. Within a step its tuples
+are dealt heaviest first, each tuple's heaviest row to the rank carrying the least so far. That keeps the spread of
+the step's rank costs (max - min) within the largest spread of one of its tuples: by induction, after a tuple dealt
 that way the spread is at most the larger of the spread before and the tuple's own. Rows of one class cost the
 same, so a tuple inside one class has no spread, and only steps holding a tuple that straddles classes can be
-unbalanced at all (at most one tuple per class boundary); those are then improved by swaps between their
-heaviest rank and the others. The manifest records the max/mean rank cost reached per step (worst and mean).
+unbalanced at all; those are then improved by swaps between their heaviest rank and the others (swaps never raise
+the maximum nor lower the minimum, so the bound holds after them). The manifest records the max/mean rank cost
+reached per step (worst and mean).
 
 Every step is full on every rank: the rows beyond the last multiple of N x B (fewer than N x B) are the ones with
 the fewest real steps; their examples are dropped and counted (`examples_dropped.remainder`).
@@ -26,8 +28,8 @@ import numpy as np
 from batchtool.core import rng
 from batchtool.ops.pack.packing import Packing
 
-RANK_STAGE = "pack/ranks"
-"""Keys the permutation of tuples of rows to steps."""
+RANK_STAGE, STEP_STAGE = "pack/ranks", "pack/steps"
+"""Key the order of the tuples of rows whose costs are alike, and the order of the steps."""
 SWAPS = 64
 """Swaps tried per unbalanced step (each moving cost off its heaviest rank, the best pair first)."""
 TOLERANCE = 0.02
@@ -109,9 +111,8 @@ def assign_ranks(packing: Packing, coefficients: tuple[float, float], world_size
     sorted_cost = np.repeat(cost[order], counts)
     tuples = total // N
     steps = tuples // B
-    slot = rng.index_shuffle(seed, RANK_STAGE, np.arange(tuples, dtype=np.uint64), max(tuples, 1)).astype(np.int64)
-    by_step = np.sort(np.argsort(slot, kind="stable").reshape(steps, B), axis=1)  # each step's tuples, heaviest first
     tuple_cost = sorted_cost.reshape(tuples, N)
+    by_step = _steps(tuple_cost, B, seed)
     member_rank = np.empty((tuples, N), dtype=np.int64)
     loads = np.zeros((steps, N))
     step_index = np.arange(steps)[:, None]
@@ -135,6 +136,21 @@ def assign_ranks(packing: Packing, coefficients: tuple[float, float], world_size
     ratios = np.where(mean > 0, loads.max(axis=1, initial=0) / np.where(mean > 0, mean, 1), 1.0)
     return RankPlan(N, B, position, row_at, int(dropped.sum()), int((dropped * packing.class_examples).sum()),
                     int((dropped * packing.class_length).sum()), ratios)
+
+
+def _steps(tuple_cost: np.ndarray, batch_size: int, seed: int) -> np.ndarray:
+    """[steps, B] tuples of each step, heaviest first. Tuples whose rows cost alike ("flat") cannot unbalance a step;
+    the others ("mixed", in cost order) are put together, B to a step, so that their spreads can offset each other
+    when dealt; the flat tuples fill the other steps in keyed order, and the steps are then put in keyed order."""
+    tuples = len(tuple_cost)
+    mixed = tuple_cost[:, 0] > tuple_cost[:, -1] if tuples else np.zeros(0, bool)
+    flat = np.flatnonzero(~mixed)
+    keys = rng.index_shuffle(seed, RANK_STAGE, np.arange(len(flat), dtype=np.uint64), max(len(flat), 1))
+    groups = np.concatenate([np.flatnonzero(mixed), flat[np.argsort(keys, kind="stable")]]).reshape(-1, batch_size)
+    step_of = rng.index_shuffle(seed, STEP_STAGE, np.arange(len(groups), dtype=np.uint64), max(len(groups), 1))
+    by_step = np.empty_like(groups)
+    by_step[step_of.astype(np.int64)] = groups
+    return np.sort(by_step, axis=1)
 
 
 def _improve(loads: np.ndarray, member_rank: np.ndarray, place: np.ndarray, by_step: np.ndarray,
@@ -168,4 +184,4 @@ def _improve(loads: np.ndarray, member_rank: np.ndarray, place: np.ndarray, by_s
         place[t] = places.reshape(len(t), -1)
 
 
-__all__ = ["LAYOUT", "RANK_STAGE", "RankPlan", "TOLERANCE", "assign_ranks", "class_costs", "kept_rows"]
+__all__ = ["LAYOUT", "RANK_STAGE", "STEP_STAGE", "RankPlan", "TOLERANCE", "assign_ranks", "class_costs", "kept_rows"]
