@@ -154,3 +154,23 @@ def test_options_parse_coefficients_from_a_pipeline_array():
     assert PackOptions(max_length=8, world_size=2, balance="tokens").coefficients == (0.0, 1.0)
     with pytest.raises(OptionError):
         PackOptions(max_length=8, cost_coefficients=(1.0, 0.0))
+
+
+def test_check_bounds_the_worst_steps_rank_cost(tmp_path, source, run_cli):
+    dst = tmp_path / "out"
+    args = ["--max-length", "512", "--sequence", "tokens", "--batch-size", "2", "-q"]
+    assert run_cli("pack", source, dst, *args, "--world-size", "3").exit_code == 0
+    worst = manifest(dst)["stats"]["rank_cost_max_over_mean"]["worst"]
+    rules = tmp_path / "rules.toml"
+    for bound, status in ((worst, 0), (worst - 1e-6, 1)):
+        rules.write_text(f'[[rules]]\nkind = "rank_cost_max_over_mean"\nmax = {bound!r}\n')
+        checked = run_cli("check", dst, "--rules", rules)
+        assert checked.exit_code == status and f"worst step {worst:.4f}" in checked.output, checked.output
+    rules.write_text('[[rules]]\nkind = "rank_cost_max_over_mean"\nmax = 0.5\n')
+    refused = run_cli("check", dst, "--rules", rules)
+    assert refused.exit_code == 2 and "key 'max': must be a number >= 1, got 0.5" in refused.stderr, refused.stderr
+    assert run_cli("pack", source, tmp_path / "plain", *args).exit_code == 0
+    rules.write_text('[[rules]]\nkind = "rank_cost_max_over_mean"\nmax = 1.02\n')
+    unrecorded = run_cli("check", tmp_path / "plain", "--rules", rules)
+    assert unrecorded.exit_code == 2 and unrecorded.stderr.count("\n") == 1
+    assert "records no stats.rank_cost_max_over_mean" in unrecorded.stderr and "pack --world-size" in unrecorded.stderr
