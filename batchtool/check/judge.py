@@ -9,6 +9,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import singledispatch
+from typing import Any
 
 import pyarrow as pa
 
@@ -17,7 +18,8 @@ from batchtool.check.batches import BATCH_RULES, judge_batches
 from batchtool.check.drift import Baseline, judge_drift, profile_of
 from batchtool.check.report import Offender, RuleResult, every, plural, verdict
 from batchtool.check.rules import (ClassProportions, Crc, Drift, LabelRange, Length, MinClassRows, NoDuplicateRows,
-                                   NoNan, NoNulls, PaddingEfficiency, RowCount, Rule, SameLength, Schema, Unique)
+                                   NoNan, NoNulls, PaddingEfficiency, RankCost, RowCount, Rule, SameLength, Schema,
+                                   Unique)
 from batchtool.check.scan import Measures
 from batchtool.check.recorded import Recorded
 from batchtool.io.dataset import Dataset
@@ -35,6 +37,8 @@ def judge_metadata(rules: Sequence[Rule], dataset: Dataset, limit: int, threads:
             yield judge_schema(rule, dataset.schema)
         elif isinstance(rule, PaddingEfficiency) and not rule.per_bucket:
             yield judge_padding(rule, dataset)
+        elif isinstance(rule, RankCost):
+            yield judge_rank_cost(rule, dataset)
         elif isinstance(rule, (PaddingEfficiency, *BATCH_RULES)):
             yield judge_batches(rule, dataset, limit, threads)
         elif isinstance(rule, Crc) and not dataset.spec.record_checksums:
@@ -90,19 +94,39 @@ def judge_schema(rule: Schema, schema: pa.Schema) -> RuleResult:
                    [Offender(p) for p in problems])
 
 
-def judge_padding(rule: PaddingEfficiency, dataset: Dataset) -> RuleResult:
-    """A padding (or, for PackingEfficiency, packing) efficiency from SRC's manifest, against `min`."""
+def _recorded_stat(rule: PaddingEfficiency | RankCost, dataset: Dataset) -> tuple[Recorded, Any, str]:
+    """The manifest statistic a rule bounds (rule.stat), with where it is: an InputError where SRC has no manifest
+    or its manifest does not record it."""
     manifest = dataset.manifest
     if manifest is None:
         raise InputError(f"{rule.label}: {dataset.src} has no batchtool manifest ({MANIFEST_NAME}) to read "
                          f"the {rule.stat.replace('_', ' ')} from (check the output directory of "
                          f"{rule.written_by.replace(' and ', ' or ')})")
-    value = Recorded.of(manifest, manifest_path(dataset.src)).share(rule.stat)
-    if value is None:
+    recorded = Recorded.of(manifest, manifest_path(dataset.src))
+    found = recorded.find(rule.stat)
+    if found is None:
         raise InputError(f"{rule.label}: {manifest_path(dataset.src)} records no "
                          f"stats.{rule.stat} (written by {manifest.get('command')!r}; {rule.written_by} "
                          "output records it)")
+    return recorded, *found
+
+
+def judge_padding(rule: PaddingEfficiency, dataset: Dataset) -> RuleResult:
+    """A padding (or, for PackingEfficiency, packing) efficiency from SRC's manifest, against `min`."""
+    recorded, value, at = _recorded_stat(rule, dataset)
+    value = recorded.share_at(value, at)
     return verdict(rule, value >= rule.min, f"{value:.4f}", f">= {rule.min:g}", value)
+
+
+def judge_rank_cost(rule: RankCost, dataset: Dataset) -> RuleResult:
+    """The worst step's max/mean rank cost from SRC's manifest (`pack --world-size`), against `max`."""
+    recorded, value, at = _recorded_stat(rule, dataset)
+    worst = value.get("worst") if isinstance(value, Mapping) else None
+    if not isinstance(worst, (int, float)) or isinstance(worst, bool) or not (math.isfinite(worst) and worst >= 1):
+        raise recorded.wrong(at, value, 'an object {"worst": X, "mean": Y} with X a number >= 1')
+    mean = value.get("mean")
+    shown = f"worst step {worst:.4f}" + (f", mean {mean:.4f}" if isinstance(mean, (int, float)) else "")
+    return verdict(rule, worst <= rule.max, shown, f"<= {rule.max:g}", worst)
 
 
 @judge.register

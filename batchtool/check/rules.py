@@ -266,6 +266,20 @@ class PackingEfficiency(PaddingEfficiency):
 
 
 @dataclass(frozen=True)
+class RankCost(Rule):
+    """The worst step's max/mean rank cost at most `max`, as recorded in a `pack --world-size` output's manifest."""
+
+    kind: ClassVar[str] = "rank_cost_max_over_mean"
+    stat: ClassVar[str] = "rank_cost_max_over_mean"
+    written_by: ClassVar[str] = "pack --world-size"
+    max: float = option("The highest max/mean rank cost allowed at any step, at least 1.", NUMBER)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(math.isfinite(self.max) and self.max >= 1, "max", f"must be a number >= 1, got {self.max}")
+
+
+@dataclass(frozen=True)
 class Checksums(Rule):
     """Every output file of a batchtool DST has the size and sha256 its manifest records."""
 
@@ -414,7 +428,7 @@ DRIFT_RULES: tuple[type[Drift], ...] = (DriftRows, DriftProportions, DriftLength
 
 KINDS: dict[str, type[Rule]] = {cls.kind: cls for cls in (
     Schema, NoNulls, NoNan, LabelRange, ClassProportions, MinClassRows, Length, SameLength, Unique,
-    NoDuplicateRows, RowCount, PaddingEfficiency, PackingEfficiency, Checksums, Crc, ManifestRows, ManifestBatches, ManifestSchema,
+    NoDuplicateRows, RowCount, PaddingEfficiency, PackingEfficiency, RankCost, Checksums, Crc, ManifestRows, ManifestBatches, ManifestSchema,
     BatchRows, BatchQuotas, RankBatches, *DRIFT_RULES)}
 
 

@@ -21,6 +21,7 @@ from batchtool.io.formats.base import ReadTask, StoredBatches, size_problem
 from batchtool.io.formats.registry import FORMATS
 from batchtool.io.inputs import open_dataset
 from batchtool.io.load_padding import READ_AHEAD_PADDED_BYTES, LoadPadding
+from batchtool.loader.writer import Writer
 from batchtool.loader.order import Resume, epoch_order, rank_count, rank_positions, resume
 from batchtool.io.manifest import MANIFEST_NAME, manifest_path, output_files, schema_from_json
 from batchtool.io.manifest_reader import read_manifest
@@ -32,41 +33,9 @@ READ_BATCHES = 32
 """Batches of the stream per task of the reading threads, decoded in one call where they are consecutive in one
 file: amortises the per-call cost of small row groups and the per-task cost of the threads. An iteration starts
 with 1, 2, 4, ... so the first batch (after a resume, say) costs one batch's read."""
-LANE_COMMANDS = ("segment",)
-"""Operations whose batches continue each other (lanes carry state): read in order, never shuffled."""
 
 
 # --- where batches live -----------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class _Writer:
-    """The operation that wrote the batches, with its options and statistics: the command's own, or for a
-    `run` pipeline its last stage's (whose options are keyed by flag name: `batch-size` becomes `batch_size`)."""
-
-    op: str | None
-    options: dict
-    stats: dict
-
-    @staticmethod
-    def of(manifest: dict | None) -> _Writer:
-        if not manifest:
-            return _Writer(None, {}, {})
-        options, stats = manifest.get("options") or {}, manifest.get("stats") or {}
-        if manifest.get("command") != "run":
-            return _Writer(manifest.get("command"), options, stats)
-        stage = (options.get("stages") or [{}])[-1]
-        return _Writer(stage.get("op"), {k.replace("-", "_"): v for k, v in stage.items()},
-                       (stats.get("stages") or [{}])[-1])
-
-    @property
-    def lanes(self) -> bool:
-        return self.op in LANE_COMMANDS
-
-    @property
-    def streams(self) -> int:
-        """Lane streams (`segment --world-size`); 1 for independent batches and older outputs."""
-        return int(self.stats.get("world_size") or 1) if self.lanes else 1
-
 
 @dataclass(frozen=True)
 class _Layout:
@@ -144,7 +113,7 @@ class Loader:
     the training loop is: its state_dict() then needs `position=`. See `batchtool docs load`.
     """
 
-    def __init__(self, reading: _Reading, layout: _Layout, writer: _Writer, *,
+    def __init__(self, reading: _Reading, layout: _Layout, writer: Writer, *,
                  shuffle: bool, seed: int, rank: int, world_size: int, drop_uneven: bool, threads: int,
                  writable: bool, tensors: bool) -> None:
         self.dataset = reading.dataset
@@ -298,7 +267,7 @@ class Loader:
         is recomputed, no batch before it is read). Every rank is at the same position, so one rank's state
         resumes all of them; for independent batches, also on another number of ranks (which then share the
         rest of the epoch)."""
-        found = resume(state, self.state_dict(position=0), self._writer.op if self._writer.lanes else None)
+        found = resume(state, self.state_dict(position=0), self._writer.fixed())
         if found.worker is not None and found.worker != _worker_split():
             raise UsageError(f"load_state_dict: the state is DataLoader worker {found.worker[0]} of "
                              f"{found.worker[1]}'s; load it through the StatefulDataLoader that saved it")
@@ -502,7 +471,7 @@ def load(dst: str, *, columns: Sequence[str] | None = None, shuffle: bool | None
                   writable=writable, tensors=tensors)
 
 
-def open_output(dst: str, columns: Sequence[str] | None, verify: bool | None) -> tuple[_Reading, _Layout, _Writer]:
+def open_output(dst: str, columns: Sequence[str] | None, verify: bool | None) -> tuple[_Reading, _Layout, Writer]:
     """The output's dataset with the columns asked and how its batches are handed out, where its batches are and
     what wrote them: what load and source share. Reads the manifest and stats the files; parses no footer."""
     manifest = read_manifest(dst) if fs.is_dir(dst) else None
@@ -515,11 +484,17 @@ def open_output(dst: str, columns: Sequence[str] | None, verify: bool | None) ->
     if verify and unverifiable:
         raise UsageError(f"verify=True: {dst} has no batch checksums to verify: {unverifiable}")
     verify = not unverifiable if verify is None else verify
-    return _Reading(dataset, cols, padding, verify), layout, _Writer.of(dataset.manifest)
+    return _Reading(dataset, cols, padding, verify), layout, Writer.of(dataset.manifest)
 
 
-def _shuffle(dst: str, shuffle: bool | None, writer: _Writer, batches: StoredBatches) -> bool:
+def _shuffle(dst: str, shuffle: bool | None, writer: Writer, batches: StoredBatches) -> bool:
     """Whether to shuffle: as asked where the output allows it; by default wherever it can."""
+    if writer.ranks is not None:
+        if shuffle:
+            raise UsageError(f"shuffle=True: {dst} is {writer.op} output laid out by step for --world-size "
+                             f"{writer.ranks} (each step's rows balanced across the ranks), so its order cannot "
+                             "change; pass shuffle=False (its rows are already in seeded random order)")
+        return False
     if writer.lanes:
         if shuffle:
             raise UsageError(f"shuffle=True: {dst} is {writer.op} output, whose batches continue each other's lanes "
@@ -534,11 +509,14 @@ def _shuffle(dst: str, shuffle: bool | None, writer: _Writer, batches: StoredBat
     return bool(shuffle) if shuffle is not None else writer.options.get("order") != "sorted"
 
 
-def _check_ranks(dst: str, rank: int, world_size: int, writer: _Writer) -> None:
+def _check_ranks(dst: str, rank: int, world_size: int, writer: Writer) -> None:
     if world_size < 1:
         raise UsageError(f"world_size={world_size}: must be at least 1")
     if not 0 <= rank < world_size:
         raise UsageError(f"rank={rank}: must be in 0..{world_size - 1} for world_size={world_size}")
+    fixed, ranks = writer.fixed(), writer.ranks
+    if ranks is not None and world_size != ranks and fixed is not None:
+        raise UsageError(f"world_size={world_size}: {dst} is {fixed(ranks, world_size)}")
     streams = writer.streams
     if writer.lanes and world_size != streams:
         fix = ("write it with `segment --world-size N` for N ranks" if streams == 1

@@ -3,7 +3,7 @@ the state that resumes it, also on another number of ranks."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,11 +64,12 @@ class Resume:
     worker: tuple[int, int] | None
 
 
-def resume(state: dict[str, Any], mine: dict[str, Any], lanes: str | None) -> Resume:
+def resume(state: dict[str, Any], mine: dict[str, Any], fixed: Callable[[int, int], str] | None) -> Resume:
     """The Resume of `state` (what Loader.state_dict returned) for a loader whose own state is `mine`: a UsageError
-    when it comes from a loader of another order, or (`lanes`, the op whose batches carry state) another number
-    of ranks. With another world size, the ranks of the state together consumed the first
-    `start + position * world_size` batches of the epoch's order; this loader's ranks continue from there."""
+    when it comes from a loader of another order, or another number of ranks where the output fixes each rank's
+    stream when it is written (`fixed`: why, and what to do, for the saved and this loader's world sizes). With
+    another world size, the ranks of the state together consumed the first `start + position * world_size` batches
+    of the epoch's order; this loader's ranks continue from there."""
     missing = [k for k in ("epoch", "position", "world_size", *FIXED_KEYS) if k not in state]
     if missing:
         raise UsageError(f"load_state_dict: the state has no {', '.join(missing)}; pass what state_dict() returned")
@@ -80,11 +81,9 @@ def resume(state: dict[str, Any], mine: dict[str, Any], lanes: str | None) -> Re
     worker = (int(state["worker"]), int(state["workers"])) if "worker" in state else None
     if saved == mine["world_size"]:
         return Resume(int(state["epoch"]), start, position, worker)
-    if lanes:
+    if fixed is not None:
         raise UsageError(f"load_state_dict: the state was saved on {saved} ranks, this loader has world_size="
-                         f"{mine['world_size']}: {lanes} output's lanes carry state from batch to batch, so each rank's "
-                         "stream is fixed when it is written; write it again with `segment --world-size "
-                         f"{mine['world_size']}` (and start that run from its first batch)")
+                         f"{mine['world_size']}: {fixed(saved, mine['world_size'])}")
     if worker is not None:
         raise UsageError("load_state_dict: a DataLoader worker's state resumes that worker only, on as many ranks; "
                          "take the state from the StatefulDataLoader (or pass position=) to change the world size")

@@ -30,6 +30,10 @@ def jobs(ctx: Context) -> list[Job]:
             peer_name="greedy first-fit in arrival order (batchtool.ops.pack.packing.first_fit), all rows in memory",
             note="zstd Parquet in and out, one row group per 8 packed rows; floor = pyarrow read, consecutive "
                  "examples cut into rows as they arrive (next-fit), the same row builder and zstd write"),
+        Job("pack --world-size 8 plan, 2M documents", 2_000_000, 0,
+            ours=Command(call="pack:rank_plan", args={"docs": 2_000_000, "world_size": 8, "batch_size": 1}),
+            note="the plan alone (packing and (step, rank) assignment) over lognormal lengths, sigma 1.5, capped at "
+                 f"{RANK_L:,}; balance figures: `bench.py --call pack:rank_balance '{{}}'`"),
     ]
 
 
@@ -98,3 +102,69 @@ def pyarrow_floor(src: str, dst: str, first_fit: bool) -> None:
             write(batch, next_fit(batch))
     writer.close()
     print(f"rows {totals['rows']} packing_efficiency {totals['steps'] / (totals['rows'] * L):.6f}")
+
+
+RANK_L = 32_768
+"""pack --world-size measurements: lognormal documents (sigma 1.5, median e^6 = 403 steps) capped at this, which is
+also the row length, so every document fits whole."""
+
+
+def _lognormal_counts(docs: int, seed: int = 0):
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    lengths = np.minimum(np.maximum(1, rng.lognormal(6.0, 1.5, docs).astype(np.int64)), RANK_L)
+    return np.bincount(lengths, minlength=RANK_L + 1)
+
+
+def _ratios(loads):
+    """(worst, mean) over steps of the max/mean rank cost of each step; loads is [steps, ranks]."""
+    ratios = loads.max(axis=1) / loads.mean(axis=1)
+    return float(ratios.max()), float(ratios.mean())
+
+
+def rank_plan(docs: int, world_size: int, batch_size: int) -> None:
+    """The plan of `pack --world-size` alone (histogram, packing, assignment), as the first pass hands it over."""
+    import time
+
+    from batchtool.ops.pack.packing import plan_packing
+    from batchtool.ops.pack.ranks import assign_ranks
+
+    counts = _lognormal_counts(docs)
+    start = time.perf_counter()
+    packing, _ = plan_packing(counts, RANK_L)
+    plan = assign_ranks(packing, (1.0, 0.0), world_size, batch_size, seed=0)
+    seconds = time.perf_counter() - start
+    print(f"rows {packing.total_rows} steps {plan.steps} worst {plan.ratios.max():.4f} seconds {seconds:.3f}")
+
+
+def rank_balance(docs: int = 200_000, batch_size: int = 1) -> None:
+    """Balance and efficiency of `pack --world-size N` against a naive baseline (the same best-fit packing, rows in
+    pack's keyed order dealt round-robin to the ranks, as `load(rank, world_size)` reads pack output without it)."""
+    import numpy as np
+
+    from batchtool.core import rng
+    from batchtool.ops.pack.packing import plan_packing
+    from batchtool.ops.pack.plan import ROW_STAGE
+    from batchtool.ops.pack.ranks import assign_ranks, class_costs
+
+    packing, _ = plan_packing(_lognormal_counts(docs), RANK_L)
+    costs = np.repeat(class_costs(packing, (1.0, 0.0)), packing.rows)
+    steps_of_row = np.repeat(packing.class_length, packing.rows)
+    rows = packing.total_rows
+    print(f"{docs:,} documents, {rows:,} rows of {RANK_L:,} steps ({packing.method}), batch size {batch_size}")
+    print("| N | plan | steps | max/mean per step: worst | mean | token efficiency | rows dropped |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    for N in (8, 64):
+        plan = assign_ranks(packing, (1.0, 0.0), N, batch_size, seed=0)
+        kept = len(plan.row_at)
+        worst, mean = _ratios(costs[plan.row_at].reshape(-1, N, batch_size).sum(axis=2))
+        eff = steps_of_row[plan.row_at].sum() / (kept * RANK_L)
+        print(f"| {N} | pack --world-size {N} | {plan.steps:,} | {worst:.4f} | {mean:.4f} | {eff:.4%} | "
+              f"{plan.dropped_rows} |")
+        order = rng.index_shuffle(0, ROW_STAGE, np.arange(rows, dtype=np.uint64), rows, inverse=True).astype(np.int64)
+        whole = rows - rows % (N * batch_size)  # the loader's drop_uneven drops the rest
+        worst, mean = _ratios(costs[order[:whole]].reshape(-1, N, batch_size).sum(axis=2))
+        eff = steps_of_row[order[:whole]].sum() / (whole * RANK_L)
+        print(f"| {N} | best-fit + round-robin | {whole // (N * batch_size):,} | {worst:.4f} | {mean:.4f} | "
+              f"{eff:.4%} | {rows - whole} |")

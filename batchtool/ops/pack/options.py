@@ -3,6 +3,7 @@ input columns play which part, and the schema it writes."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,7 +13,7 @@ import pyarrow as pa
 
 from batchtool.ops import names as own
 from batchtool.ops.base import ColumnError, OptionError, need_columns
-from batchtool.core.options import ColumnList, Flag, Integer, Pairs, option
+from batchtool.core.options import Choice, ColumnList, Flag, Integer, Pairs, Value, option, shown
 from batchtool.ops.batching import BatchBudget
 from batchtool.io.padding import MAX_PADDED_STEPS, parse_pad_values
 from batchtool.io.stats import is_sequence_type
@@ -31,6 +32,36 @@ MAX_LENGTH_LIMIT = 1 << 22
 DEFAULT_BATCH_SIZE = 8
 """Rows per batch when neither --batch-size nor --max-tokens is given: Hugging Face Trainer's default
 per_device_train_batch_size, so a batch is what a trainer of packed rows takes by default (8 x L steps)."""
+BALANCES = {"attention": None, "tokens": (0.0, 1.0)}
+"""--balance: the cost of a document piece of L steps, a x L^2 + b x L, with (a, b) fixed for `tokens` and taken from
+--cost-coefficients (default 1,0) for `attention`."""
+DEFAULT_COEFFICIENTS = (1.0, 0.0)
+
+
+class Coefficients(Value):
+    """Two non-negative numbers a,b, not both 0 (a TOML array of two numbers, or the text "a,b")."""
+
+    metavar = "A,B"
+
+    def from_text(self, field: str, text: Any) -> Any:
+        parts = str(text).split(",")
+        try:
+            values = [float(p) for p in parts]
+        except ValueError:
+            values = []
+        if len(parts) != 2 or len(values) != 2:
+            raise OptionError(field, "expected two numbers A,B (the cost A x L^2 + B x L of a document piece of L "
+                              "steps)", value=repr(text))
+        return values
+
+    def parse(self, field: str, value: Any) -> tuple[float, float]:
+        if (not isinstance(value, (list, tuple)) or len(value) != 2
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
+            raise OptionError(field, f"expected two numbers A,B, got {shown(value)}")
+        a, b = (float(v) for v in value)
+        if not (math.isfinite(a) and math.isfinite(b) and a >= 0 and b >= 0 and a + b > 0):
+            raise OptionError(field, "must be finite, at least 0 and not both 0", value=f"{a:g},{b:g}")
+        return a, b
 
 
 @dataclass(frozen=True)
@@ -57,6 +88,16 @@ class PackOptions:
                                      False)
     pad_value: tuple[str, ...] | None = option("Pad value of a sequence column (default 0, '' for strings); "
                                                "repeatable.", Pairs("COL=V"), None)
+    world_size: int | None = option("Lay the batches out for N ranks, batch k being rank k % N's at step k // N, each "
+                                    "step's rows balanced across the ranks by --balance (read with batchtool.load(DST, "
+                                    "rank=r, world_size=N, shuffle=False)); rows beyond a multiple of N x B are dropped "
+                                    "and counted.", Integer(metavar="N"), None)
+    balance: str | None = option("With --world-size, what each rank's rows should cost alike at every step: "
+                                 "attention (a x L^2 + b x L per document piece of L steps, --cost-coefficients) or "
+                                 "tokens (L) (default attention).", Choice(tuple(BALANCES)), None)
+    cost_coefficients: tuple[float, float] | None = option(
+        "With --balance attention: a,b of the cost a x L^2 + b x L of a document piece of L steps (default 1,0).",
+        Coefficients(), None)
     output_column: tuple[tuple[str, str], ...] = own.output_column(OUTPUT_COLUMNS)
 
     def __post_init__(self) -> None:
@@ -84,6 +125,30 @@ class PackOptions:
             raise OptionError("max_tokens", f"must be between {{max_length}} ({L}, so that a full row fits) and "
                               f"{MAX_PADDED_STEPS:,}", value=str(self.max_tokens), mentions=["max_length"])
         own.check_names(OUTPUT_COLUMNS, self.output_column)
+        self._check_ranks()
+
+    def _check_ranks(self) -> None:
+        """--world-size needs a fixed --batch-size (every rank's batch at a step holds as many rows); --balance and
+        --cost-coefficients mean something only with it."""
+        if self.world_size is None:
+            for name in ("balance", "cost_coefficients"):
+                if getattr(self, name) is not None:
+                    raise OptionError(name, f"{{{name}}} balances ranks: give it with {{world_size}} N",
+                                      mentions=["world_size"])
+            return
+        if self.world_size < 1:
+            raise OptionError("world_size", "must be at least 1", value=str(self.world_size))
+        if self.max_tokens is not None:
+            raise OptionError("max_tokens", "give {batch_size} with {world_size}: every rank's batch at a step holds "
+                              "as many rows", mentions=["batch_size", "world_size"])
+        if self.balance == "tokens" and self.cost_coefficients is not None:
+            raise OptionError("cost_coefficients", "{cost_coefficients} weighs {balance} attention; "
+                              "{balance} tokens counts steps", mentions=["balance"])
+
+    @property
+    def coefficients(self) -> tuple[float, float]:
+        """(a, b) of a document piece's cost a x L^2 + b x L, for --balance."""
+        return BALANCES[self.balance or "attention"] or self.cost_coefficients or DEFAULT_COEFFICIENTS
 
     @property
     def names(self) -> dict[str, str]:
@@ -120,7 +185,14 @@ class PackOptions:
                 "max_examples_per_row": self.max_examples_per_row, "long": self.long, "batch_size": self.batch_size,
                 "max_tokens": self.max_tokens, "pad_to_max_length": self.pad_to_max_length,
                 "pad_values": self.pad_values, **({"columns": self.columns} if self.columns is not None else {}),
-                **own.recorded(self.output_column)}
+                **own.recorded(self.output_column), **self._recorded_ranks()}
+
+    def _recorded_ranks(self) -> dict[str, Any]:
+        """--world-size and its balance, recorded only when given (so older outputs keep their manifests)."""
+        if self.world_size is None:
+            return {}
+        return {"world_size": self.world_size, "balance": self.balance or "attention",
+                "cost_coefficients": list(self.coefficients)}
 
 
 @dataclass(frozen=True)
@@ -214,6 +286,6 @@ def feature_lists(schema: pa.Schema, columns: PackColumns) -> tuple[str, ...]:
     return (*columns.sequences, *(columns.names[c] for c in PER_STEP), *nested)
 
 
-__all__ = ["ADOPTED", "DEFAULT_BATCH_SIZE", "MAX_LENGTH_LIMIT", "MAX_PADDED_STEPS", "OUTPUT_COLUMNS", "PER_ROW",
+__all__ = ["ADOPTED", "BALANCES", "Coefficients", "DEFAULT_BATCH_SIZE", "DEFAULT_COEFFICIENTS", "MAX_LENGTH_LIMIT", "MAX_PADDED_STEPS", "OUTPUT_COLUMNS", "PER_ROW",
            "PER_STEP", "SOURCE_OFFSET", "PackColumns", "PackOptions", "feature_lists", "output_schema", "resolve_columns",
            "step_type"]

@@ -17,6 +17,7 @@ from batchtool.core.errors import OptionInputError
 from batchtool.ops.keyed import range_bytes
 from batchtool.ops.pack.options import PackColumns, PackOptions, output_schema
 from batchtool.ops.pack.packing import Packing, plan_packing
+from batchtool.ops.pack.ranks import RankPlan, assign_ranks
 from batchtool.io.padding import default_pad, parse_pad_values
 from batchtool.io.stats import add_counts
 
@@ -110,6 +111,8 @@ class PackPlan:
     """--memory, which sizes the spill groups and bounds a batch."""
     tasks: int
     """Groups sorted at once (ops.base.Context.tasks): with --memory, what sizes the spill groups."""
+    ranks: RankPlan | None = None
+    """With --world-size: the (step, rank) of every row (batchtool.ops.pack.ranks); else rows are in keyed order."""
 
     @property
     def counts(self) -> np.ndarray:
@@ -118,7 +121,21 @@ class PackPlan:
 
     @property
     def rows(self) -> int:
-        return self.packing.total_rows
+        """Rows written: the packing's, less the remainder --world-size drops."""
+        return self.packing.total_rows - (self.ranks.dropped_rows if self.ranks else 0)
+
+    def positions(self, rows: np.ndarray) -> np.ndarray:
+        """Output position of each row id (-1: a row of the remainder, dropped)."""
+        if self.ranks is not None:
+            return self.ranks.position[rows]
+        return rng.index_shuffle(self.seed, ROW_STAGE, rows.astype(np.uint64), self.rows).astype(np.int64)
+
+    def rows_at(self, positions: np.ndarray) -> np.ndarray:
+        """The row id at each output position (positions' inverse)."""
+        if self.ranks is not None:
+            return self.ranks.row_at[positions]
+        return rng.index_shuffle(self.seed, ROW_STAGE, positions.astype(np.uint64), self.rows,
+                                 inverse=True).astype(np.int64)
 
     def pad_length(self, widest: int) -> int:
         return self.options.max_length if self.options.pad_to_max_length else widest
@@ -126,12 +143,16 @@ class PackPlan:
 
 def make_plan(options: PackOptions, columns: PackColumns, lengths: LengthCounts, schema: pa.Schema, seed: int,
               memory: int, tasks: int = 1) -> PackPlan:
-    """The packing: the best candidate over the histogram."""
+    """The packing: the best candidate over the histogram; with --world-size, its rows' steps and ranks."""
     packing, report = plan_packing(lengths.pieces, options.max_length, options.row_examples)
     pads = parse_pad_values(options.pad_values, schema)
     pad_values = {name: pads.get(name, default_pad(schema.field(name).type)) for name in columns.sequences}
+    ranks = None
+    if options.world_size is not None:
+        assert options.batch_size is not None  # PackOptions: --world-size takes a fixed --batch-size
+        ranks = assign_ranks(packing, options.coefficients, options.world_size, options.batch_size, seed)
     return PackPlan(options, columns, packing, report, lengths, seed, pad_values,
-                    output_schema(schema, columns, options), memory, tasks)
+                    output_schema(schema, columns, options), memory, tasks, ranks)
 
 
 @dataclass(frozen=True)
@@ -178,9 +199,8 @@ class BatchLayout:
 def row_blocks(plan: PackPlan) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
     """(first position, real steps, examples) of the rows at consecutive output positions, in blocks."""
     for start in range(0, plan.rows, _BLOCK):
-        positions = np.arange(start, min(plan.rows, start + _BLOCK), dtype=np.uint64)
-        row_ids = rng.index_shuffle(plan.seed, ROW_STAGE, positions, plan.rows, inverse=True)
-        yield (start, *plan.packing.row_shape(row_ids.astype(np.int64)))
+        positions = np.arange(start, min(plan.rows, start + _BLOCK), dtype=np.int64)
+        yield (start, *plan.packing.row_shape(plan.rows_at(positions)))
 
 
 def batch_layout(plan: PackPlan) -> BatchLayout:
@@ -225,20 +245,23 @@ def planned(plan: PackPlan, layout: BatchLayout) -> dict[str, Any]:
     L = plan.options.max_length
     bound = plan.report["rows_lower_bound"]
     padded = layout.padded_steps(plan)
+    ranks = plan.ranks
+    real = packing.real_steps - (ranks.dropped_steps if ranks else 0)
     return {
         "max_length": L,
-        "rows": packing.total_rows,
+        "rows": plan.rows,
         "rows_lower_bound": bound,
         "proven_optimal": plan.report["proven_optimal"],
-        "real_steps": packing.real_steps,
-        "packing_efficiency": packing.efficiency(),
+        "real_steps": real,
+        "packing_efficiency": round(real / (plan.rows * L), 6) if ranks and plan.rows else packing.efficiency(),
         "packing_efficiency_bound": round(packing.real_steps / (bound * L), 6) if bound else None,
         "method": plan.report["method"],
         "candidates": plan.report["candidates"],
         "examples_per_row": packing.examples_per_row(),
         "batches": len(layout.rows),
         "padded_steps": padded,
-        "padding_efficiency": round(packing.real_steps / padded, 6) if padded else None,
+        "padding_efficiency": round(real / padded, 6) if padded else None,
+        **(ranks.report(plan.options.balance or "attention", plan.options.coefficients) if ranks else {}),
     }
 
 

@@ -19,7 +19,7 @@ from batchtool.ops.regroup import Cut, Exchange, Probe, Runtime, Scatter, Scatte
 from batchtool.core.tally import Tally
 from batchtool.ops.keyed import flush_bytes, row_bytes
 from batchtool.ops.pack.options import SOURCE_OFFSET, PackColumns, feature_lists
-from batchtool.ops.pack.plan import (ROW_STAGE, BatchLayout, PackPlan, batch_layout, check_batches, check_long,
+from batchtool.ops.pack.plan import (BatchLayout, PackPlan, batch_layout, check_batches, check_long,
                                      planned, spill_layout)
 from batchtool.ops.rows import sorted_rows, take_sizes
 from batchtool.io.padding import pad_list_column, row_lengths, sequence_lengths
@@ -129,7 +129,7 @@ def placed(plan: PackPlan, data: Dataset, rows_per_group: int, runtime: Runtime,
     """The second pass (Exchange.rows): every chunk prepared on the runtime's workers, then, in input order (so
     the ranks, and everything after them, are the same for any --threads), each item given its output position
     and its order within the row; with the spill group of its position and what the chunk read, dropped, split
-    and spilled."""
+    and spilled. Items of a row of the --world-size remainder (position -1) are dropped and counted."""
     slots = Slots(plan)
     tasks = data.tasks(plan.columns.kept(data.schema), report)
     for p in runtime.executor.map(functools.partial(_prepare_task, plan, data.locate), tasks):
@@ -137,11 +137,15 @@ def placed(plan: PackPlan, data: Dataset, rows_per_group: int, runtime: Runtime,
         if not len(p.lengths):
             yield Chunk.concat([], spill_schema(data.schema, plan)), np.zeros(0, np.int64), tally
             continue
-        row_ids = slots.rows(p.lengths, data.locate, p.items.ids)
-        position = rng.index_shuffle(plan.seed, ROW_STAGE, row_ids.astype(np.uint64), plan.rows).astype(np.int64)
-        order = rng.keyed_hash(plan.seed, ORDER_STAGE, p.items.ids)
-        batch = p.items.data.append_column(_POS, pa.array(position)).append_column(_ORDER, pa.array(order))
-        yield Chunk(batch, p.items.ids), position // rows_per_group, tally
+        position = plan.positions(slots.rows(p.lengths, data.locate, p.items.ids))
+        items = p.items
+        if plan.ranks is not None:
+            kept = position >= 0
+            tally.add(remainder=int((~kept).sum()), items=-int((~kept).sum()))
+            items, position = items.filter(kept), position[kept]
+        order = rng.keyed_hash(plan.seed, ORDER_STAGE, items.ids)
+        batch = items.data.append_column(_POS, pa.array(position)).append_column(_ORDER, pa.array(order))
+        yield Chunk(batch, items.ids), position // rows_per_group, tally
 
 
 def in_row_order(rows: pa.RecordBatch) -> np.ndarray:
@@ -229,8 +233,9 @@ def build(plan: PackPlan, item: BatchItem) -> tuple[list[pa.RecordBatch], int]:
 
 def pack_stats(plan: PackPlan, layout: BatchLayout, tally: Tally) -> dict[str, Any]:
     """manifest["stats"]: what was read, dropped and split, then the packing and its efficiency."""
+    dropped = {"long": tally.count("dropped"), **({"remainder": tally.count("remainder")} if plan.ranks else {})}
     out: dict[str, Any] = {"rows_in": tally.count("rows_in"), "lengths_in": plan.lengths.summary(),
-                           "examples_dropped": {"long": tally.count("dropped")},
+                           "examples_dropped": dropped,
                            "examples_split": tally.count("split"), "examples_packed": tally.count("items")}
     return {**out, **planned(plan, layout)}
 
