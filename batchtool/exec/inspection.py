@@ -309,6 +309,8 @@ def render_packing(stats: dict) -> list[str]:
     dropped, split = stats.get("examples_dropped", {}).get("long"), stats.get("examples_split")
     if dropped or split:
         lines.append(f"  long examples: {split or 0:,} split into pieces, {dropped or 0:,} dropped")
+    if stats.get("segment_padding_steps") is not None:
+        lines.append(f"  padding inside pieces (--segment-multiple): {stats['segment_padding_steps']:,} steps")
     per_row = {int(k): v for k, v in stats["examples_per_row"].items()}
     counts = np.zeros(max(per_row) + 1, dtype=np.int64)
     counts[list(per_row)] = list(per_row.values())

@@ -14,13 +14,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import batchtool
 from batchtool.io.manifest import MANIFEST_NAME
 from batchtool.ops.base import OptionError
 from batchtool.ops.pack import PackOptions
 from batchtool.ops.pack.options import PackColumns, output_schema
 from batchtool.ops.pack.rows import assemble
 from batchtool.ops.pack.segments import Spans
-from conftest import data_bytes, read_dir, write_parquet_shards
+from conftest import REPO, data_bytes, read_dir, write_parquet_shards
 from test_pack import run_pack, table_of
 
 
@@ -194,3 +195,21 @@ def test_cli_errors_are_one_line_exit_2(tmp_path, parquet_src, run_cli, args, me
     result = run_cli("pack", parquet_src, tmp_path / "dst", "--max-length", "512", "--sequence", "tokens", *args)
     assert result.exit_code == 2 and result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
     assert not (tmp_path / "dst").exists()
+
+
+def test_the_documented_example_on_the_sample_data(tmp_path, run_cli):
+    """docs/pack.md, context parallelism and CUDA graphs: its figures, offsets and loss mask."""
+    dst = tmp_path / "packed_cp"
+    result = run_cli("pack", os.path.join(REPO, "sample_data", "parquet"), dst, "--max-length", "512", "--sequence",
+                     "tokens", "--columns", "key,label", "--segment-multiple", "8", "--max-segments", "16")
+    assert result.exit_code == 0 and "352 packed rows (lower bound 351), packing efficiency 91.75%" in result.output
+    assert "13,912 steps of padding inside pieces" in result.output, result.output
+    batch = next(iter(batchtool.load(str(dst), shuffle=False)))
+    assert batch["cu_seqlens"].shape == (8, 17)
+    assert batch["cu_seqlens"][0].tolist() == [0, 40, 56, 88, 272, 344, 392, 416, 440, 456, 464] + [512] * 6
+    assert batch["cu_seqlens_unpadded"][0].tolist() == [0, 40, 53, 79, 259, 331, 372, 392, 415, 430, 438] + [482] * 6
+    real = np.diff(batch["cu_seqlens_unpadded"], axis=1)
+    seg = batch["segment_ids"]
+    loss_mask = (seg > 0) & (batch["positions"] < np.take_along_axis(real, np.maximum(seg - 1, 0), axis=1))
+    assert loss_mask.sum(axis=1).tolist() == batch["length"].tolist()
+    assert (batch["tokens"][~loss_mask] == 0).all()

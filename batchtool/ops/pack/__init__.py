@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from batchtool.io.dataset import Chunk, Dataset
 from batchtool.ops import names as own
-from batchtool.ops.base import Pass, Context, Kind, Operation
+from batchtool.ops.base import Pass, Context, Kind, Operation, Said
 from batchtool.ops.regroup import Exchange, Probe
 from batchtool.ops.pack.options import (DEFAULT_BATCH_SIZE, PackColumns, PackOptions, output_schema,
                                         resolve_columns)
@@ -88,6 +88,11 @@ class Pack(Operation[PackOptions, PackPlan]):
     def expected(self, plan: PackPlan, rows_in: int | None, scan: Any = None) -> tuple[int | None, dict[str, Any]]:
         info = planned(plan, batch_layout(plan))
         return info["rows"], info
+
+    def said(self, stats: dict[str, Any]) -> Said:
+        """With --segment-multiple, the padding inside pieces (which the efficiencies count as padding)."""
+        padding = stats.get("segment_padding_steps")
+        return Said(note=(f"{padding:,} steps of padding inside pieces",) if isinstance(padding, int) else ())
 
 
 OP = Pack()
