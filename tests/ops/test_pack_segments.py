@@ -55,6 +55,18 @@ def test_pieces_span_multiples_of_m_and_cu_seqlens_has_k_plus_1_offsets():
     assert other["cu_seqlens_unpadded"] == [0, 2, 2, 2] and other["segment_ids"][:5] == [1, 1, 1, 1, 0]
 
 
+def test_pieces_of_strings_with_nulls_pad_with_their_pad_value():
+    """A sequence column that is not numbers (strings, a null step kept) is spread the same way."""
+    words = pa.array([["a", None, "b"], ["c", "d", "e", "f", "g"]], type=pa.list_(pa.string()))
+    items = pa.RecordBatch.from_arrays([words], names=["words"])
+    options = PackOptions(max_length=16, segment_multiple=4)
+    schema = output_schema(items.schema, PackColumns(("words",), (), names=options.names), options)
+    row, = assemble(items, np.zeros(2, np.int64), 0, 12, schema, ("words",), {"words": "_"}, options.names, 4
+                    ).to_pylist()
+    assert row["words"] == ["a", None, "b", "_", "c", "d", "e", "f", "g", "_", "_", "_"]
+    assert row["cu_seqlens"] == [0, 4, 12] and row["cu_seqlens_unpadded"] == [0, 3, 8] and row["length"] == 8
+
+
 def test_without_the_options_rows_are_as_before():
     """M = 1 and no K: cu_seqlens of n + 1 offsets, no cu_seqlens_unpadded, no padding inside a row."""
     row, = assembled([3, 0, 2], [0, 0, 0], 6, 1, None, unpadded=False)
@@ -103,9 +115,9 @@ def unpack_segments(dst: str, M: int, K: int | None, L: int) -> dict[str, list]:
         for i, key in enumerate(row["key"]):
             steps = real[i + 1] - real[i]
             assert cu[i + 1] - cu[i] == -(-steps // M) * M  # the smallest multiple of M holding the piece
-            piece = row["tokens"][cu[i]:cu[i + 1]]
-            assert piece[steps:] == [0] * (len(piece) - steps)
-            out.setdefault(key, []).append((piece[:steps], row["source_offset"][i]))
+            piece, frames = row["tokens"][cu[i]:cu[i + 1]], row["frames"][cu[i]:cu[i + 1]]
+            assert piece[steps:] == [0] * (len(piece) - steps) and frames[steps:] == [[0.0, 0.0]] * (len(piece) - steps)
+            out.setdefault(key, []).append((piece[:steps], row["source_offset"][i], frames[:steps]))
     return out
 
 
@@ -123,16 +135,17 @@ def test_every_example_once_in_order_in_pieces_spanning_multiples_of_m(tmp_path_
                      world_size=world_size, batch_size=2)["stats"]
     packed = unpack_segments(str(base / "out"), M, K, L)
     rows = read_dir(str(base / "out"))
-    want = {r["key"]: r["tokens"] for r in table.to_pylist()}
+    want = {r["key"]: (r["tokens"], r["frames"]) for r in table.to_pylist()}
     if world_size is None:
         assert set(packed) == set(want)
     for key, pieces in packed.items():
         pieces.sort(key=lambda p: p[1])
-        assert all(p[0] == want[key][p[1]:p[1] + len(p[0])] for p in pieces)  # each piece where it was cut
+        assert all(p[0] == want[key][0][p[1]:p[1] + len(p[0])] for p in pieces)  # each piece where it was cut
+        assert all(p[2] == want[key][1][p[1]:p[1] + len(p[0])] for p in pieces)
         offsets = [p[1] for p in pieces]
         assert len(set(offsets)) == len(offsets) and all(o % L == 0 for o in offsets)
         if world_size is None:  # else the remainder's pieces are dropped (and counted)
-            assert offsets == [i * L for i in range(len(pieces))] and sum((p[0] for p in pieces), []) == want[key]
+            assert offsets == [i * L for i in range(len(pieces))] and sum((p[0] for p in pieces), []) == want[key][0]
     real = sum(rows.column("length").to_pylist())
     spans = sum(c[-1] for c in rows.column("cu_seqlens").to_pylist())
     assert stats["real_steps"] == real and stats["segment_padding_steps"] == spans - real
