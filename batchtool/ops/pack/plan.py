@@ -266,7 +266,8 @@ def planned(plan: PackPlan, layout: BatchLayout) -> dict[str, Any]:
     padded = layout.padded_steps(plan)
     ranks = plan.ranks
     real = plan.real_steps
-    segments = ({"segment_padding_steps": packing.real_steps - (ranks.dropped_steps if ranks else 0) - real}
+    spanned = packing.real_steps - (ranks.dropped_steps if ranks else 0)  # the packing's steps are the spans'
+    segments = ({"segment_padding_steps": spanned - real}
                 if plan.options.segment_multiple is not None else {})
     return {
         "max_length": L,
