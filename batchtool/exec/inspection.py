@@ -60,7 +60,7 @@ def _described(dataset: Dataset, src: str, label: str | None, length: str | None
         rows_stats, examples = packed_stats(dataset, own, executor, report)
         result = describe(dataset, rows_stats, None, own["length"], report)
         result["length"]["column"] = f"{own['length']}: real steps of each row"
-        result["example_length"] = {"column": f"{own['cu_seqlens']}: steps of each example",
+        result["example_length"] = {"column": f"{example_offsets(dataset, own)}: steps of each example",
                                     **examples.length_summary(), "histogram": histogram(examples.length_counts)}
         return result
     if length is None and op == "bucket":
@@ -105,12 +105,22 @@ def segment_stats(dataset: Dataset, label: str | None, own: Mapping[str, str], e
     return total_stats, counts
 
 
+def example_offsets(dataset: Dataset, own: Mapping[str, str]) -> str:
+    """The column of pack output whose offsets give its examples' real steps: cu_seqlens_unpadded where pack wrote it
+    (--segment-multiple, whose cu_seqlens count each piece's padding too), else cu_seqlens."""
+    unpadded = own.get("cu_seqlens_unpadded")
+    return unpadded if unpadded in dataset.schema.names else own["cu_seqlens"]
+
+
 def packed_stats(dataset: Dataset, own: Mapping[str, str], executor: Executor,
                  report: ReadReport) -> tuple[stats_mod.DatasetStats, stats_mod.DatasetStats]:
-    """Pack output in one pass over its `length` and `cu_seqlens` (named as in `own`): the rows with their real
-    steps (not the padded length every sequence column has), and the examples with theirs (cu_seqlens' differences).
-    An example's steps must lie within its row's, which bound the histogram (checked like any length)."""
-    length, cu = own["length"], own["cu_seqlens"]
+    """Pack output in one pass over its `length` and its examples' offsets (named as in `own`; example_offsets):
+    the rows with their real steps (not the padded length every sequence column has), and the examples with theirs
+    (the offsets' differences, only a row's first `num_examples` of them: with --max-segments the offsets end in
+    repeats, empty segments that are no examples). An example's steps must lie within its row's, which bound the
+    histogram (checked like any length)."""
+    length, cu, count = own["length"], example_offsets(dataset, own), own.get("num_examples")
+    counted = count in dataset.schema.names
     limit = stats_mod.histogram_limit(dataset)
 
     def one(chunk: Chunk) -> tuple[stats_mod.DatasetStats, stats_mod.DatasetStats]:
@@ -120,6 +130,10 @@ def packed_stats(dataset: Dataset, own: Mapping[str, str], executor: Executor,
         values = pc.fill_null(offsets.flatten(), 0).to_numpy(zero_copy_only=False).astype(np.int64)
         parent = pc.list_parent_indices(offsets).to_numpy(zero_copy_only=False)
         within = parent[1:] == parent[:-1]
+        if counted:
+            examples = stats_mod.lengths_of(chunk.data, count)
+            index = np.arange(len(parent)) - np.searchsorted(parent, parent)  # each offset's place in its row
+            within &= index[:-1] < examples[parent[:-1]]
         steps, row = np.diff(values)[within], parent[1:][within]
         bad = np.flatnonzero((steps < 0) | (steps > row_steps[row]))
         if len(bad):
@@ -130,7 +144,8 @@ def packed_stats(dataset: Dataset, own: Mapping[str, str], executor: Executor,
                                             else np.zeros(0, dtype=np.int64))
 
     total_rows, total_examples = stats_mod.DatasetStats(), stats_mod.DatasetStats()
-    for rows, examples in executor.map(lambda task: one(task()), dataset.tasks([length, cu], report)):
+    columns = [length, cu, *([count] if counted else [])]
+    for rows, examples in executor.map(lambda task: one(task()), dataset.tasks(columns, report)):
         total_rows.merge(rows)
         total_examples.merge(examples)
     return total_rows, total_examples
@@ -294,6 +309,8 @@ def render_packing(stats: dict) -> list[str]:
     dropped, split = stats.get("examples_dropped", {}).get("long"), stats.get("examples_split")
     if dropped or split:
         lines.append(f"  long examples: {split or 0:,} split into pieces, {dropped or 0:,} dropped")
+    if stats.get("segment_padding_steps") is not None:
+        lines.append(f"  padding inside pieces (--segment-multiple): {stats['segment_padding_steps']:,} steps")
     per_row = {int(k): v for k, v in stats["examples_per_row"].items()}
     counts = np.zeros(max(per_row) + 1, dtype=np.int64)
     counts[list(per_row)] = list(per_row.values())

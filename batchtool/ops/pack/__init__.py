@@ -3,12 +3,13 @@ histogram, assembled through a spill in bounded memory, with the segment ids var
 
 Passes: (1) the lengths alone, into a histogram of the pieces to pack; the plan (which lengths share a
 row) is made from it by batchtool.ops.pack.packing (ops/pack/plan.py). (2) Every example is given a slot of its
-length: its arrival rank among examples of that length, through a keyed permutation, so which examples share
-a row is random among examples of the same length; the slot's row goes through a second keyed permutation to
-its output position, and the example is scattered to the group of output positions it belongs to. (3) Each
-group is sorted by position (and a keyed order within the row) on a worker, and the planned batches are
-assembled into packed rows where they are written (ops/pack/rows.py). Every decision is a pure function of --seed, the
-histogram and the input order, so output bytes do not depend on --threads, --memory or the engine.
+length (with --segment-multiple, of its span: ops/pack/segments.py): its arrival rank among examples of that
+length, through a keyed permutation, so which examples share a row is random among examples of the same length;
+the slot's row goes through a second keyed permutation to its output position, and the example is scattered to
+the group of output positions it belongs to. (3) Each group is sorted by position (and a keyed order within the
+row) on a worker, and the planned batches are assembled into packed rows where they are written
+(ops/pack/rows.py). Every decision is a pure function of --seed, the histogram and the input order, so output
+bytes do not depend on --threads, --memory or the engine.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pyarrow as pa
 
 from batchtool.io.dataset import Chunk, Dataset
 from batchtool.ops import names as own
-from batchtool.ops.base import Pass, Context, Kind, Operation
+from batchtool.ops.base import Pass, Context, Kind, Operation, Said
 from batchtool.ops.regroup import Exchange, Probe
 from batchtool.ops.pack.options import (DEFAULT_BATCH_SIZE, PackColumns, PackOptions, output_schema,
                                         resolve_columns)
@@ -88,6 +89,11 @@ class Pack(Operation[PackOptions, PackPlan]):
     def expected(self, plan: PackPlan, rows_in: int | None, scan: Any = None) -> tuple[int | None, dict[str, Any]]:
         info = planned(plan, batch_layout(plan))
         return info["rows"], info
+
+    def said(self, stats: dict[str, Any]) -> Said:
+        """With --segment-multiple, the padding inside pieces (which the efficiencies count as padding)."""
+        padding = stats.get("segment_padding_steps")
+        return Said(note=(f"{padding:,} steps of padding inside pieces",) if isinstance(padding, int) else ())
 
 
 OP = Pack()

@@ -22,7 +22,10 @@ PER_STEP = ("segment_ids", "positions")
 PER_ROW = ("cu_seqlens", "num_examples", "length", "batch")
 SOURCE_OFFSET = "source_offset"
 """With --split-long: per packed example, the step of its source example where the piece starts."""
-OUTPUT_COLUMNS = (*PER_STEP, *PER_ROW, SOURCE_OFFSET)
+CU_UNPADDED = "cu_seqlens_unpadded"
+"""With --segment-multiple: per row, the cumulative real lengths of its pieces (cu_seqlens holds where each piece
+starts, its padding included), as Megatron's packed sequences carry them beside cu_seqlens."""
+OUTPUT_COLUMNS = (*PER_STEP, *PER_ROW, SOURCE_OFFSET, CU_UNPADDED)
 """pack's own columns, each renamable with --output-column."""
 ADOPTED = ("length",)
 """Own columns an integer input column of the same name may already hold (each example's steps): taken, not
@@ -77,6 +80,12 @@ class PackOptions:
         ColumnList(), None)
     max_examples_per_row: int | None = option("At most K examples in a row (never more than L).",
                                               Integer(metavar="K"), None)
+    max_segments: int | None = option(
+        "At most K examples (or pieces) in a row, and cu_seqlens of exactly K + 1 offsets per row, the last one "
+        "repeated (one shape for CUDA graphs); K at most L.", Integer(metavar="K"), None)
+    segment_multiple: int | None = option(
+        "Every example (or piece) takes a multiple of M steps in its row, padded at its end (for context "
+        "parallelism: M = 2 x the context-parallel size); L must be a multiple of M.", Integer(metavar="M"), None)
     split_long: bool = option("Cut examples longer than L into pieces of at most L steps (marked in source_offset).",
                               Flag(), False)
     drop_long: bool = option("Drop (and count) examples longer than L.", Flag(), False)
@@ -107,6 +116,7 @@ class PackOptions:
         K = self.max_examples_per_row
         if K is not None and K < 1:
             raise OptionError("max_examples_per_row", "must be at least 1", value=str(K))
+        self._check_segments()
         if self.split_long and self.drop_long:
             raise OptionError("drop_long", "give at most one of {split_long} and {drop_long}", mentions=["split_long"])
         if self.batch_size is not None and self.max_tokens is not None:
@@ -126,6 +136,25 @@ class PackOptions:
                               f"{MAX_PADDED_STEPS:,}", value=str(self.max_tokens), mentions=["max_length"])
         own.check_names(OUTPUT_COLUMNS, self.output_column)
         self._check_ranks()
+
+    def _check_segments(self) -> None:
+        """--segment-multiple M divides L (so that padded pieces fill a row exactly); --max-segments K is at most L
+        (a row holds at most L examples, and K sizes every row's cu_seqlens) and replaces --max-examples-per-row."""
+        M, K, L = self.segment_multiple, self.max_segments, self.max_length
+        if M is not None:
+            if M < 1:
+                raise OptionError("segment_multiple", "must be at least 1", value=str(M))
+            if L % M:
+                raise OptionError("max_length", f"must be a multiple of {{segment_multiple}} {M}", value=str(L),
+                                  mentions=["segment_multiple"])
+        if K is not None:
+            if not 1 <= K <= L:
+                raise OptionError("max_segments", f"must be between 1 and {{max_length}} ({L})", value=str(K),
+                                  mentions=["max_length"])
+            if self.max_examples_per_row is not None:
+                raise OptionError("max_segments", "give at most one of {max_examples_per_row} and {max_segments} "
+                                  "({max_segments} bounds the examples per row too)",
+                                  mentions=["max_examples_per_row"])
 
     def _check_ranks(self) -> None:
         """--world-size needs a fixed --batch-size (every rank's batch at a step holds as many rows); --balance and
@@ -157,9 +186,14 @@ class PackOptions:
 
     @property
     def row_examples(self) -> int:
-        """The most examples a row holds: --max-examples-per-row, and never more than L (which binds only for
-        examples of 0 steps), so that step_type holds every segment id."""
-        return min(self.max_examples_per_row or self.max_length, self.max_length)
+        """The most examples a row holds: --max-examples-per-row or --max-segments, and never more than L (which
+        binds only for examples of 0 steps), so that step_type holds every segment id."""
+        return min(self.max_segments or self.max_examples_per_row or self.max_length, self.max_length)
+
+    @property
+    def multiple(self) -> int:
+        """The steps every piece's span in its row is a multiple of (1 without --segment-multiple)."""
+        return self.segment_multiple or 1
 
     @property
     def long(self) -> str:
@@ -185,7 +219,9 @@ class PackOptions:
                 "max_examples_per_row": self.max_examples_per_row, "long": self.long, "batch_size": self.batch_size,
                 "max_tokens": self.max_tokens, "pad_to_max_length": self.pad_to_max_length,
                 "pad_values": self.pad_values, **({"columns": self.columns} if self.columns is not None else {}),
-                **own.recorded(self.output_column), **self._recorded_ranks()}
+                **own.recorded(self.output_column), **self._recorded_ranks(),
+                **{k: v for k, v in (("segment_multiple", self.segment_multiple),
+                                     ("max_segments", self.max_segments)) if v is not None}}
 
     def _recorded_ranks(self) -> dict[str, Any]:
         """--world-size and its balance, recorded only when given (so older outputs keep their manifests)."""
@@ -240,7 +276,7 @@ def resolve_columns(options: PackOptions, schema: pa.Schema) -> PackColumns:
         raise ColumnError("sequence", "no list column to pack: pass {sequence} COL")
     kept = [n for n in names if n in sequences or options.columns is None or n in options.columns]
     out = options.names
-    written = {role: out[role] for role in OUTPUT_COLUMNS if role != SOURCE_OFFSET or options.long == "split"}
+    written = {role: out[role] for role in OUTPUT_COLUMNS if written_role(role, options)}
     adopted = {role: column for role, column in own.adopted(schema, out, ADOPTED).items()
                if column in kept and column not in sequences}
     own.refuse_clashes("pack", written, [n for n in kept if n not in adopted.values()])
@@ -262,10 +298,17 @@ def output_schema(schema: pa.Schema, columns: PackColumns, options: PackOptions)
     if options.long == "split":
         fields.append(pa.field(out[SOURCE_OFFSET], pa.list_(pa.int32())))
     fields += [pa.field(out[name], pa.list_(step_type(options.max_length))) for name in PER_STEP]
-    fields.append(pa.field(out["cu_seqlens"], pa.list_(pa.int32())))  # int32, as flash-attn's varlen kernels take it
+    fields += [pa.field(out[name], pa.list_(pa.int32()))  # int32, as flash-attn's varlen kernels take it
+               for name in ("cu_seqlens", CU_UNPADDED) if written_role(name, options)]
     fields += [pa.field(out["num_examples"], pa.int32()), pa.field(out["length"], pa.int32()),
                pa.field(out["batch"], pa.int64())]
     return pa.schema(fields, metadata=schema.metadata)
+
+
+def written_role(role: str, options: PackOptions) -> bool:
+    """Whether pack writes its own column `role`: source_offset only with --split-long, cu_seqlens_unpadded only
+    with --segment-multiple."""
+    return {SOURCE_OFFSET: options.long == "split", CU_UNPADDED: options.segment_multiple is not None}.get(role, True)
 
 
 def step_type(max_length: int) -> pa.DataType:
@@ -286,6 +329,6 @@ def feature_lists(schema: pa.Schema, columns: PackColumns) -> tuple[str, ...]:
     return (*columns.sequences, *(columns.names[c] for c in PER_STEP), *nested)
 
 
-__all__ = ["ADOPTED", "BALANCES", "Coefficients", "DEFAULT_BATCH_SIZE", "DEFAULT_COEFFICIENTS", "MAX_LENGTH_LIMIT", "MAX_PADDED_STEPS", "OUTPUT_COLUMNS", "PER_ROW",
+__all__ = ["ADOPTED", "BALANCES", "CU_UNPADDED", "Coefficients", "DEFAULT_BATCH_SIZE", "DEFAULT_COEFFICIENTS", "MAX_LENGTH_LIMIT", "MAX_PADDED_STEPS", "OUTPUT_COLUMNS", "PER_ROW",
            "PER_STEP", "SOURCE_OFFSET", "PackColumns", "PackOptions", "feature_lists", "output_schema", "resolve_columns",
-           "step_type"]
+           "step_type", "written_role"]

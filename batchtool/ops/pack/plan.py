@@ -18,6 +18,7 @@ from batchtool.ops.keyed import range_bytes
 from batchtool.ops.pack.options import PackColumns, PackOptions, output_schema
 from batchtool.ops.pack.packing import Packing, plan_packing
 from batchtool.ops.pack.ranks import RankPlan, assign_ranks
+from batchtool.ops.pack.segments import Spans, class_slots
 from batchtool.io.padding import default_pad, parse_pad_values
 from batchtool.io.stats import add_counts
 
@@ -111,13 +112,29 @@ class PackPlan:
     """--memory, which sizes the spill groups and bounds a batch."""
     tasks: int
     """Groups sorted at once (ops.base.Context.tasks): with --memory, what sizes the spill groups."""
+    spans: Spans
+    """The steps each piece takes in its row (--segment-multiple) and the histogram of them the packing holds."""
     ranks: RankPlan | None = None
     """With --world-size: the (step, rank) of every row (batchtool.ops.pack.ranks); else rows are in keyed order."""
 
     @property
     def counts(self) -> np.ndarray:
-        """Items to pack per length (the slots of each length)."""
+        """Items to pack per length."""
         return self.lengths.pieces
+
+    @property
+    def real_steps(self) -> int:
+        """Real steps of the rows written: the pieces', less those of the rows --world-size drops (the slots of a
+        class's last rows, ops.pack.ranks.kept_rows, read back through the slots' permutation)."""
+        ranks, packing = self.ranks, self.packing
+        if ranks is None or ranks.dropped_steps == 0 or self.spans.multiple == 1:
+            return self.spans.real_steps - (ranks.dropped_steps if ranks else 0)
+        dropped = 0
+        for c in np.flatnonzero(ranks.class_dropped).tolist():
+            rows = int(packing.rows[c])
+            for span, slots in class_slots(packing, c, rows - int(ranks.class_dropped[c]), rows):
+                dropped += self.spans.real_steps_in(span, slots, self.seed)
+        return self.spans.real_steps - dropped
 
     @property
     def rows(self) -> int:
@@ -143,8 +160,9 @@ class PackPlan:
 
 def make_plan(options: PackOptions, columns: PackColumns, lengths: LengthCounts, schema: pa.Schema, seed: int,
               memory: int, tasks: int = 1) -> PackPlan:
-    """The packing: the best candidate over the histogram; with --world-size, its rows' steps and ranks."""
-    packing, report = plan_packing(lengths.pieces, options.max_length, options.row_examples)
+    """The packing: the best candidate over the histogram of spans; with --world-size, its rows' steps and ranks."""
+    spans = Spans.of(lengths.pieces, options.multiple)
+    packing, report = plan_packing(spans.counts, options.max_length, options.row_examples)
     pads = parse_pad_values(options.pad_values, schema)
     pad_values = {name: pads.get(name, default_pad(schema.field(name).type)) for name in columns.sequences}
     ranks = None
@@ -152,7 +170,7 @@ def make_plan(options: PackOptions, columns: PackColumns, lengths: LengthCounts,
         assert options.batch_size is not None  # PackOptions: --world-size takes a fixed --batch-size
         ranks = assign_ranks(packing, options.coefficients, options.world_size, options.batch_size, seed)
     return PackPlan(options, columns, packing, report, lengths, seed, pad_values,
-                    output_schema(schema, columns, options), memory, tasks, ranks)
+                    output_schema(schema, columns, options), memory, tasks, spans, ranks)
 
 
 @dataclass(frozen=True)
@@ -227,7 +245,8 @@ def check_batches(plan: PackPlan, layout: BatchLayout, sizes: tuple[float, float
         return
     per_example, per_step = sizes
     pad = np.full(len(layout.rows), o.max_length) if o.pad_to_max_length else layout.widest
-    need = layout.rows * pad * (per_step + PACKED_STEP_BYTES) + layout.examples * per_example
+    offsets = 0 if o.max_segments is None else (o.max_segments + 1) * 4 * (1 if o.segment_multiple is None else 2)
+    need = layout.rows * (pad * (per_step + PACKED_STEP_BYTES) + offsets) + layout.examples * per_example
     b = int(np.argmax(need))
     field, value = ("batch_size", o.batch_size) if o.batch_size is not None else ("max_tokens", o.max_tokens)
     padding = (f"padded to {{max_length}} {o.max_length:,} steps ({{pad_to_max_length}})" if o.pad_to_max_length
@@ -246,21 +265,25 @@ def planned(plan: PackPlan, layout: BatchLayout) -> dict[str, Any]:
     bound = plan.report["rows_lower_bound"]
     padded = layout.padded_steps(plan)
     ranks = plan.ranks
-    real = packing.real_steps - (ranks.dropped_steps if ranks else 0)
+    real = plan.real_steps
+    spanned = packing.real_steps - (ranks.dropped_steps if ranks else 0)  # the packing's steps are the spans'
+    segments = ({"segment_padding_steps": spanned - real}
+                if plan.options.segment_multiple is not None else {})
     return {
         "max_length": L,
         "rows": plan.rows,
         "rows_lower_bound": bound,
         "proven_optimal": plan.report["proven_optimal"],
         "real_steps": real,
-        "packing_efficiency": round(real / (plan.rows * L), 6) if ranks and plan.rows else packing.efficiency(),
-        "packing_efficiency_bound": round(packing.real_steps / (bound * L), 6) if bound else None,
+        "packing_efficiency": round(real / (plan.rows * L), 6) if plan.rows else None,
+        "packing_efficiency_bound": round(plan.spans.real_steps / (bound * L), 6) if bound else None,
         "method": plan.report["method"],
         "candidates": plan.report["candidates"],
         "examples_per_row": packing.examples_per_row(),
         "batches": len(layout.rows),
         "padded_steps": padded,
         "padding_efficiency": round(real / padded, 6) if padded else None,
+        **segments,
         **(ranks.report(plan.options.balance or "attention", plan.options.coefficients) if ranks else {}),
     }
 

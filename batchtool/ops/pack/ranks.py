@@ -54,6 +54,8 @@ class RankPlan:
     dropped_steps: int
     ratios: np.ndarray
     """max / mean rank cost of each step."""
+    class_dropped: np.ndarray
+    """Rows of each class of the packing dropped: its last ones (its first rows are the ones placed)."""
 
     @property
     def steps(self) -> int:
@@ -135,7 +137,7 @@ def assign_ranks(packing: Packing, coefficients: tuple[float, float], world_size
     mean = loads.mean(axis=1) if steps else np.zeros(0)
     ratios = np.where(mean > 0, loads.max(axis=1, initial=0) / np.where(mean > 0, mean, 1), 1.0)
     return RankPlan(N, B, position, row_at, int(dropped.sum()), int((dropped * packing.class_examples).sum()),
-                    int((dropped * packing.class_length).sum()), ratios)
+                    int((dropped * packing.class_length).sum()), ratios, dropped)
 
 
 def _steps(tuple_cost: np.ndarray, batch_size: int, seed: int) -> np.ndarray:

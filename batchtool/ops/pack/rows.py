@@ -18,13 +18,14 @@ from batchtool.core.errors import InputError, OptionSchemaError, SchemaError
 from batchtool.ops.regroup import Cut, Exchange, Probe, Runtime, Scatter, Scattered, SortedStream
 from batchtool.core.tally import Tally
 from batchtool.ops.keyed import flush_bytes, row_bytes
-from batchtool.ops.pack.options import SOURCE_OFFSET, PackColumns, feature_lists
+from batchtool.ops.pack.options import CU_UNPADDED, SOURCE_OFFSET, PackColumns, feature_lists
 from batchtool.ops.pack.plan import (BatchLayout, PackPlan, batch_layout, check_batches, check_long,
                                      planned, spill_layout)
+from batchtool.ops.pack.segments import row_offsets, spans_of, spread
 from batchtool.ops.rows import sorted_rows, take_sizes
 from batchtool.io.padding import pad_list_column, row_lengths, sequence_lengths
 
-SLOT_STAGE, ORDER_STAGE, SPILL_STAGE = "pack/slot", "pack/order", "pack/spill"
+ORDER_STAGE, SPILL_STAGE = "pack/order", "pack/spill"
 _POS, _ORDER = "__batchtool_pos", "__batchtool_order"
 
 
@@ -88,8 +89,9 @@ def _prepare_task(plan: PackPlan, locate: Callable[[int], str], task: Callable[[
 
 
 class Slots:
-    """Gives each item, in input order, its row: the n-th item of length s takes slot perm_s(n) of the
-    slots of length s (a keyed permutation per length), and that slot's row comes from the plan."""
+    """Gives each item, in input order, its row: the n-th item of length s takes slot perm_t(first[s] + n) of the
+    slots of its span t (a keyed permutation per span, ops/pack/segments.py; t = s without --segment-multiple), and
+    that slot's row comes from the plan."""
 
     def __init__(self, plan: PackPlan) -> None:
         self.plan = plan
@@ -103,13 +105,11 @@ class Slots:
         rank = np.empty(len(lengths), dtype=np.int64)
         rank[order] = self.seen[ordered] + within
         self.seen += np.bincount(lengths, minlength=len(self.seen))
-        total = self.plan.counts[lengths]
-        over = np.flatnonzero(rank >= total)
+        over = np.flatnonzero(rank >= self.plan.counts[lengths])
         if len(over):
             raise InputError(f"{locate(ids[over[0]])}: the input changed while it was read (more examples of "
                              f"{lengths[over[0]]} steps than the first pass counted)")
-        slots = rng.index_shuffle(self.plan.seed, SLOT_STAGE, rank.astype(np.uint64), total, tweak=lengths)
-        return self.plan.packing.rows_of(lengths, slots.astype(np.int64))
+        return self.plan.packing.rows_of(*self.plan.spans.slots(lengths, rank, self.plan.seed))
 
 
 def spill_schema(schema: pa.Schema, plan: PackPlan) -> pa.Schema:
@@ -165,22 +165,32 @@ class BatchItem:
 
 
 def assemble(items: pa.RecordBatch, rows: np.ndarray, batch: int, pad_length: int, schema: pa.Schema,
-             sequences: Sequence[str], pad_values: Mapping[str, Any], names: Mapping[str, str]) -> pa.RecordBatch:
+             sequences: Sequence[str], pad_values: Mapping[str, Any], names: Mapping[str, str], multiple: int = 1,
+             max_segments: int | None = None) -> pa.RecordBatch:
     """Packed rows of `schema` from items in row order (`rows`: each item's row, non-decreasing): the
     sequence columns concatenated and padded to `pad_length`, segment_ids and positions per step,
     cu_seqlens, num_examples and length per row (each own column under its name in `names`), every other
-    column as a list per row."""
+    column as a list per row. `multiple` M: each item spans a multiple of M steps, padded at its end, its segment id
+    and positions running on over its padding (cu_seqlens the spans' offsets, cu_seqlens_unpadded the real lengths'
+    sums). `max_segments` K: cu_seqlens of K + 1 offsets a row, the last repeated."""
     lengths = row_lengths(items.column(sequences[0]))
+    span = spans_of(lengths, multiple)
     n = len(lengths)
     starts = np.flatnonzero(np.concatenate([[True], rows[1:] != rows[:-1]])) if n else np.zeros(0, np.int64)
     count = len(starts)
     per_row = np.diff(np.concatenate([starts, [n]]))
     row = np.repeat(np.arange(count), per_row)
-    first_step = np.cumsum(lengths) - lengths
-    offset = first_step - first_step[starts][row]
-    row_steps = np.add.reduceat(lengths, starts) if n else np.zeros(0, np.int64)
-    step_item = np.repeat(np.arange(n), lengths)
-    step = np.arange(len(step_item)) - first_step[step_item]
+    within = np.arange(n) - starts[row]
+
+    def in_row(steps: np.ndarray) -> np.ndarray:
+        """Where each item's `steps` start in its row."""
+        first = np.cumsum(steps) - steps
+        return first - first[starts][row]
+
+    offset = in_row(span)
+    row_steps = np.add.reduceat(span, starts) if n else np.zeros(0, np.int64)
+    step_item = np.repeat(np.arange(n), span)
+    step = np.arange(len(step_item)) - (np.cumsum(span) - span)[step_item]
     dest = row[step_item] * pad_length + offset[step_item] + step
     padded = pa.array((np.arange(count + 1) * pad_length).astype(np.int32))
     step_type = schema.field(names["segment_ids"]).type.value_type  # options.step_type: what holds L
@@ -190,15 +200,13 @@ def assemble(items: pa.RecordBatch, rows: np.ndarray, batch: int, pad_length: in
         out[dest] = values
         return pa.ListArray.from_arrays(padded, pa.array(out))
 
-    cu = np.zeros(n + count, dtype=np.int32)
-    cu[np.arange(n) + row + 1] = offset + lengths
     computed = {names[role]: make for role, make in {
-        "segment_ids": lambda: per_step((np.arange(n) - starts[row] + 1)[step_item]),
+        "segment_ids": lambda: per_step((within + 1)[step_item]),
         "positions": lambda: per_step(step),
-        "cu_seqlens": lambda: pa.ListArray.from_arrays(
-            pa.array(np.concatenate([starts + np.arange(count), [n + count]]).astype(np.int32)), pa.array(cu)),
+        "cu_seqlens": lambda: row_offsets(offset + span, row, within, count, max_segments),
+        CU_UNPADDED: lambda: row_offsets(in_row(lengths) + lengths, row, within, count, max_segments),
         "num_examples": lambda: pa.array(per_row.astype(np.int32)),
-        "length": lambda: pa.array(row_steps.astype(np.int32)),
+        "length": lambda: pa.array((np.add.reduceat(lengths, starts) if n else row_steps).astype(np.int32)),
         "batch": lambda: pa.array(np.full(count, batch, dtype=np.int64)),
     }.items()}
     example_bounds = pa.array(np.concatenate([starts, [n]]).astype(np.int32))
@@ -206,7 +214,9 @@ def assemble(items: pa.RecordBatch, rows: np.ndarray, batch: int, pad_length: in
     arrays = []
     for f in schema:
         if f.name in sequences:
-            packed = pa.ListArray.from_arrays(row_bounds, items.column(f.name).flatten(), type=f.type)
+            column = items.column(f.name)
+            steps = column.flatten() if multiple == 1 else spread(column, lengths, multiple, pad_values[f.name])
+            packed = pa.ListArray.from_arrays(row_bounds, steps, type=f.type)
             arrays.append(pad_list_column(packed, pad_length, pad_values[f.name]))
         elif f.name in computed:
             arrays.append(computed[f.name]())
@@ -226,7 +236,8 @@ def build(plan: PackPlan, item: BatchItem) -> tuple[list[pa.RecordBatch], int]:
     """One batch's packed rows, and the input examples it completes (the writer's work, on a worker)."""
     data = item.items.data
     return ([assemble(data, data.column(_POS).to_numpy(), item.index, item.pad_length, plan.schema,
-                      plan.columns.sequences, plan.pad_values, plan.columns.names)], consumed(item.items, plan))
+                      plan.columns.sequences, plan.pad_values, plan.columns.names, plan.options.multiple,
+                      plan.options.max_segments)], consumed(item.items, plan))
 
 
 # --- the whole regrouping ----------------------------------------------------------------------------------
