@@ -23,6 +23,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = os.path.join(REPO, "sample_data")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """pytest-xdist (`--dist loadgroup`, pyproject's addopts) sends each test module to one worker, so a module's
+    expensive fixtures (a Ray cluster, capped children's runs) start once; the modules marked
+    `xdist_group("ray")` share a worker, since `ray.init()` joins whatever cluster `ray start` last started on
+    the machine. Before xdist's own hook reads the marks."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else item.nodeid))
+
+
 def write_parquet_shards(directory: str, table: pa.Table, shards: int = 2, row_group_size: int = 50) -> str:
     """Split a table into `shards` Parquet files of several row groups each."""
     os.makedirs(directory, exist_ok=True)

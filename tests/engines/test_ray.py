@@ -39,6 +39,7 @@ from parked_cli import start_parked
 from test_s3 import s3  # noqa: F401 (the local S3 server: bucket `data`, shared with test_s3.py's keys)
 
 RAY = pytest.mark.ray
+pytestmark = pytest.mark.xdist_group("ray")  # with test_ray_multinode.py: one Ray runtime at a time (conftest)
 
 
 @pytest.fixture(scope="module")

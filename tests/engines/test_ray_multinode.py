@@ -30,7 +30,7 @@ from memlimit import batchtool
 from ray_cluster import HEAD_IP, WORKER_IP, Cluster, Node, start_cluster
 from test_ray import COMMANDS, PIPELINE
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group("ray")]  # one Ray runtime at a time (conftest)
 
 DRIVER_LIMIT = 1 << 30
 """The driver's RSS cap: a Ray driver (the core worker, pyarrow, batchtool) peaks at 170-250 MB here."""
