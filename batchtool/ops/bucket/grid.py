@@ -135,10 +135,11 @@ class Grid:
         return tuple(int(v) for v in self.cell_longest()[cell]) if self.pad_to_boundary else None  # type: ignore
 
     def fits_alone(self, cells: np.ndarray, first: np.ndarray, second: np.ndarray) -> np.ndarray:
-        """Per row: does it fit the budget alone, padded as its cell pads it?"""
+        """Per row: does it fit the budget alone, padded as its cell pads it (a row the first pass left out of the
+        grid, over the budget alone, may be longer than its cell's longest)?"""
         if self.pad_to_boundary:
             longest = self.cell_longest()[cells]
-            first, second = longest[:, 0], longest[:, 1]
+            first, second = np.maximum(longest[:, 0], first), np.maximum(longest[:, 1], second)
         return self.budget.fits_alone(first, second)
 
     @property
