@@ -216,7 +216,7 @@ class BucketOptions:
         if name is not None:
             raise OptionError(name, f"{{{name}}} is not available with two {{length}} columns (a grid of buckets "
                               "takes {auto_buckets} K, padded batches, no classes or mask)",
-                              mentions=["length", "auto_buckets"])
+                              value=self.padding if name == "padding" else None, mentions=["length", "auto_buckets"])
         if self.cost_coefficients is not None and self.cost != "linear":
             raise OptionError("cost_coefficients", f"give {{cost}} {self.cost} or {{cost_coefficients}}, not both",
                               mentions=["cost"])
