@@ -332,7 +332,8 @@ def _span(lo: Any, hi: Any) -> str:
 
 def render_grid(stats: dict) -> list[str]:
     """bucket over two lengths: each cell's length ranges, rows, batches, elements, efficiency and largest batch
-    cost, then the grid drawn as rows per cell (first length down, second across) with each cell's efficiency."""
+    cost, then the grid drawn as one line per first-length bucket with its cells' second lengths, rows and
+    efficiency."""
     cells = stats["buckets"]
     rows = [(f"{r['cell'][0]},{r['cell'][1]}", _span(*r["lengths"][0]), _span(*r["lengths"][1]), f"{r['examples']:,}",
              f"{r['batches']:,}", f"{r['real_elements']:,}", f"{r['padded_elements']:,}", _pct(r["padding_efficiency"]),
@@ -342,19 +343,19 @@ def render_grid(stats: dict) -> list[str]:
                  _pct(stats.get("padding_efficiency")), f"{stats.get('max_batch_cost', 0):,}"))
     cost = stats.get("cost") or {}
     budget = f", budget {cost['max_tokens']:,} ({cost['model']})" if cost.get("max_tokens") else ""
-    lines = ["", f"cells ({stats['grid'][0]} x {stats['grid'][1]} grid over two lengths; padding efficiency = real / "
-             f"padded elements of both; largest batch cost{budget})"]
+    lines = ["", f"cells ({len(cells)} over two lengths in {len(stats['grid'])} first-length buckets; padding "
+             f"efficiency = real / padded elements of both; largest batch cost{budget})"]
     lines += _table(("cell", "first", "second", "examples", "batches", "real", "padded", "efficiency", "max cost"),
                     rows)
-    across = stats["grid"][1]
-    by_cell = {tuple(r["cell"]): r for r in cells}
-    heads = [_span(*by_cell[(0, j)]["lengths"][1]) for j in range(across)]
-    drawn = [(_span(*by_cell[(i, 0)]["lengths"][0]), *(f"{by_cell[(i, j)]['examples']:,} "
-                                                       f"({_pct(by_cell[(i, j)]['padding_efficiency'])})"
-                                                       for j in range(across)))
-             for i in range(stats["grid"][0])]
-    lines += ["", "  rows (efficiency) per cell: first length down, second across"]
-    lines += _table(("", *heads), drawn)
+    stripes: dict[int, list[dict]] = {}
+    for r in cells:
+        stripes.setdefault(r["cell"][0], []).append(r)
+    drawn = [(_span(*row[0]["lengths"][0]), *(f"{_span(*r['lengths'][1])} {r['examples']:,} "
+                                              f"({_pct(r['padding_efficiency'])})" for r in row))
+             for row in stripes.values()]
+    width = max(len(r) for r in drawn)
+    lines += ["", "  rows (efficiency) per cell: a line per first-length bucket, its second-length buckets across"]
+    lines += _table(("first", *("second" for _ in range(width - 1))), [(*r, *("",) * (width - len(r))) for r in drawn])
     lines += _dropped(stats)
     auto = stats.get("auto_buckets")
     if auto:

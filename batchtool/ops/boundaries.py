@@ -77,32 +77,19 @@ def choose_boundaries(length_counts: np.ndarray, k: int) -> tuple[int, ...]:
     one more than the longest length of the bucket below it, so padding to the boundary costs exactly
     this optimum.
     """
-    return _optimum(length_counts, k, keep_starts=True)[1]
-
-
-def optimal_padding(length_counts: np.ndarray, k: int) -> list[int]:
-    """`padded_elements` of the best 1, 2, ..., k buckets (the same programme as `choose_boundaries`, whose
-    layers are the optimum with one bucket more each; only two layers are held, no starts)."""
-    return _optimum(length_counts, k, keep_starts=False)[0]
-
-
-def _optimum(length_counts: np.ndarray, k: int, keep_starts: bool) -> tuple[list[int], tuple[int, ...]]:
-    """The DP of `choose_boundaries`: the optimum per number of buckets (1..min(k, distinct lengths)) and, with
-    `keep_starts`, the boundaries of the best k buckets."""
     if k < 1:
         raise OptionError("auto_buckets", "must be at least 1", value=str(k))
     counts = np.asarray(length_counts, dtype=np.int64)
     values = np.flatnonzero(counts).tolist()
     groups = min(k, len(values))
     if groups <= 1:
-        return [padded_elements(counts, ())] * groups, ()
+        return ()
     prefix = [0, *np.cumsum(counts[values]).tolist()]
     n = len(values)
     cost = [0] + [prefix[j] * values[j - 1] for j in range(1, n + 1)]
-    best = [cost[n]]
     starts: list[array] = []
     for m in range(2, groups + 1):
-        layer, start = [0] * (n + 1), array("i", bytes(CHOICE_BYTES * (n + 1)) if keep_starts else b"")
+        layer, start = [0] * (n + 1), array("i", bytes(CHOICE_BYTES * (n + 1)))
         hull: deque[tuple[int, int, int]] = deque()  # (slope, intercept, i)
         for j in range(m, n + 1):
             _add_line(hull, -prefix[j - 1], cost[j - 1], j - 1)
@@ -110,19 +97,14 @@ def _optimum(length_counts: np.ndarray, k: int, keep_starts: bool) -> tuple[list
             while len(hull) > 1 and hull[1][0] * x + hull[1][1] <= hull[0][0] * x + hull[0][1]:
                 hull.popleft()
             slope, intercept, i = hull[0]
-            layer[j] = slope * x + intercept + prefix[j] * x
-            if keep_starts:
-                start[j] = i
+            layer[j], start[j] = slope * x + intercept + prefix[j] * x, i
         cost = layer
-        best.append(cost[n])
         starts.append(start)
-    if not keep_starts:
-        return best, ()
     ends, j = [], n
     for start in reversed(starts):
         j = start[j]
         ends.append(j)
-    return best, tuple(values[i - 1] + 1 for i in sorted(ends))
+    return tuple(values[i - 1] + 1 for i in sorted(ends))
 
 
 def _add_line(hull: deque[tuple[int, int, int]], slope: int, intercept: int, i: int) -> None:
@@ -149,19 +131,3 @@ def quantile_boundaries(length_counts: np.ndarray, k: int) -> tuple[int, ...]:
     cum = np.cumsum(counts)
     cuts = [int(np.searchsorted(cum, i * total / k, side="left")) + 1 for i in range(1, k)]
     return tuple(sorted({c for c in cuts if c <= len(counts) - 1}))
-
-
-def choose_grid(counts_1: np.ndarray, counts_2: np.ndarray, k: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Two-length buckets: the product grid of at most k cells (k1 buckets of the first length times k2 of the
-    second, k1 * k2 <= k) that minimises the elements of every row padded to its buckets' longest lengths in both
-    dimensions, exactly. That cost is the sum of each axis's `padded_elements` over its own histogram (a row's
-    padding in one dimension does not depend on the other's buckets), so each axis's optimum per bucket count
-    comes from one `choose_boundaries` programme and every split k1 x floor(k / k1) is compared; ties go to
-    fewer cells, then fewer buckets of the first length."""
-    cost_1, cost_2 = optimal_padding(counts_1, k), optimal_padding(counts_2, k)
-    if not cost_1 or not cost_2:
-        return (), ()
-    best = min(((cost_1[min(k1, len(cost_1)) - 1] + cost_2[min(k // k1, len(cost_2)) - 1],
-                 min(k1, len(cost_1)) * min(k // k1, len(cost_2)), min(k1, len(cost_1)), min(k // k1, len(cost_2)))
-                for k1 in range(1, k + 1)))
-    return choose_boundaries(counts_1, best[2]), choose_boundaries(counts_2, best[3])

@@ -170,7 +170,7 @@ def batchtool_grid(src: str, dst: str, k: int = K, max_tokens: int = MAX_TOKENS,
     subprocess.run([python, "-m", "batchtool", *bucket_args(src, dst, k, max_tokens)], check=True, env=env)
     with open(os.path.join(dst, ".batchtool_manifest.json")) as f:
         stats = json.load(f)["stats"]
-    return {"cells": stats["grid"][0] * stats["grid"][1], "rows": stats["rows_out"], "batches": stats["batches"],
+    return {"cells": sum(stats["grid"]), "rows": stats["rows_out"], "batches": stats["batches"],
             "padding_efficiency": round(stats["padding_efficiency"], 4), "max_batch_cost": stats["max_batch_cost"],
             "batches_over_budget": 0 if stats["max_batch_cost"] <= max_tokens else None, "grid": stats["grid"]}
 
@@ -191,7 +191,8 @@ def compare(rows: int = ROWS, k: int = K, k_in: int = K_IN, k_out: int = K_OUT, 
     print(f"{rows:,} rows, budget rows x (padded in + padded out) <= {max_tokens:,}\n")
     print("| sampler | cells | batches | padding efficiency | largest batch cost / budget | batches over budget |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for name, r in ((f"batchtool `bucket --auto-buckets {k}` ({ours['grid'][0]} x {ours['grid'][1]})", ours),
+    shape = " + ".join(map(str, ours["grid"]))
+    for name, r in ((f"batchtool `bucket --auto-buckets {k}` (cells per input bucket: {shape})", ours),
                     (f"lhotse DynamicBucketingSampler, {k_in} x {k_out} bins from {SAMPLE:,} sampled rows", peer)):
         print(f"| {name} | {r['cells']} | {r['batches']:,} | {100 * r['padding_efficiency']:.1f}% | "
               f"{r['max_batch_cost'] / max_tokens:.3f} | {r['batches_over_budget']} |")

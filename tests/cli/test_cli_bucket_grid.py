@@ -61,12 +61,14 @@ def test_grid_run_inspect_and_check(tmp_path, grid_src, run_cli):
     result = run_cli("bucket", grid_src, dst, *GRID, "--max-tokens", "600")
     assert result.exit_code == 0, result.stderr
     stats = json.loads((dst / ".batchtool_manifest.json").read_text())["stats"]
-    assert re.search(rf"auto-buckets: {stats['grid'][0]} x {stats['grid'][1]} cells, boundaries .* by .*; expected "
-                     r"padding efficiency [\d.]+%; largest batch cost", result.stderr)
-    assert 0 < stats["max_batch_cost"] <= 600 and stats["grid"][0] * stats["grid"][1] <= 6
+    first = ",".join(map(str, stats["boundaries"][0]))
+    assert re.search(rf"auto-buckets: {sum(stats['grid'])} cells, first length {first}, second length per "
+                     r"first-length bucket .* \(-: not cut\); expected padding efficiency [\d.]+%; largest batch cost",
+                     result.stderr), result.stderr
+    assert 0 < stats["max_batch_cost"] <= 600 and sum(stats["grid"]) <= 6
     shown = run_cli("inspect", dst).output
-    assert f"cells ({stats['grid'][0]} x {stats['grid'][1]} grid over two lengths" in shown
-    assert "rows (efficiency) per cell: first length down, second across" in shown
+    assert f"cells ({sum(stats['grid'])} over two lengths in {len(stats['grid'])} first-length buckets" in shown
+    assert "rows (efficiency) per cell: a line per first-length bucket, its second-length buckets across" in shown
     worst = min(c["padding_efficiency"] for c in stats["buckets"] if c["examples"])
     rules = tmp_path / "rules.toml"
     for cost, efficiency, code in ((600, worst, 0), (stats["max_batch_cost"] - 1, worst + 0.001, 1)):

@@ -17,9 +17,9 @@ from batchtool.core.errors import InputError, UsageError
 from batchtool.core.run_settings import RunSettings
 from batchtool.exec.driver import run_operation
 from batchtool.io.output import OutputOptions
-from batchtool.ops.boundaries import assign_buckets, choose_grid, optimal_padding, padded_elements
+from batchtool.ops.boundaries import assign_buckets, padded_elements
 from batchtool.ops.bucket import OP, BucketOptions
-from batchtool.ops.bucket.grid import GridBudget, merge_pairs, pair_counts
+from batchtool.ops.bucket.grid import GridBudget, choose_cells, grid_padding, merge_pairs, pair_counts
 from conftest import data_bytes, read_dir, write_parquet_shards
 
 QUIET = RunSettings(threads=2, quiet=True)
@@ -69,38 +69,47 @@ def test_pair_counts_merge_exactly_and_stop_at_the_limit():
         merge_pairs(a, b, 3)
 
 
-# --- the grid: exact optimum among product grids ------------------------------------------------------------
+# --- the grid: never worse than the best product grid, exact given its first-length buckets ----------------
 
 
-def brute_grid(counts_1: np.ndarray, counts_2: np.ndarray, k: int) -> int:
-    """Every product grid of at most k cells, every row padded to its buckets' longest in each dimension."""
-    def axis(counts: np.ndarray) -> dict[int, int]:
-        values = np.flatnonzero(counts)
-        best: dict[int, int] = {}
-        for m in range(len(values)):
-            for cut in itertools.combinations(values[1:].tolist(), m):
-                cost = padded_elements(counts, cut)
-                best[m + 1] = min(best.get(m + 1, cost), cost)
-        return best
-    one, two = axis(counts_1), axis(counts_2)
-    return min(one[a] + two[b] for a in one for b in two if a * b <= k)
+def best_cuts(counts: np.ndarray, most: int) -> int:
+    """The least `padded_elements` of at most `most` buckets over a histogram, by trying every cut."""
+    values = np.flatnonzero(counts)
+    return min(padded_elements(counts, cut) for m in range(min(most, max(1, len(values)))) for cut in
+               itertools.combinations(values[1:].tolist(), m))
 
 
-histograms = st.lists(st.integers(0, 4), min_size=1, max_size=8).map(np.array).filter(lambda c: c.any())
+def best_product_grid(pairs: np.ndarray, k: int) -> int:
+    """Every product grid of at most k cells (the same second-length cuts in every first-length bucket)."""
+    one, two = (np.bincount(pairs[:, d], weights=pairs[:, 2]).astype(np.int64) for d in (0, 1))
+    return min(best_cuts(one, k1) + best_cuts(two, k // k1) for k1 in range(1, k + 1))
 
 
-@given(histograms, histograms, st.integers(1, 9))
+pair_sets = st.lists(st.tuples(st.integers(0, 7), st.integers(0, 7), st.integers(1, 3)), min_size=1, max_size=12,
+                     unique_by=lambda t: t[:2])
+
+
+@given(pair_sets, st.integers(1, 8))
 @settings(max_examples=60, deadline=None)
-def test_the_grid_pads_as_little_as_the_best_product_grid(counts_1, counts_2, k):
-    first, second = choose_grid(counts_1, counts_2, k)
-    assert (len(first) + 1) * (len(second) + 1) <= k
-    assert padded_elements(counts_1, first) + padded_elements(counts_2, second) == brute_grid(counts_1, counts_2, k)
+def test_the_grid_pads_no_more_than_the_best_product_grid_and_each_bucket_is_cut_optimally(rows, k):
+    pairs = np.array(sorted(rows), dtype=np.int64)
+    first, second = choose_cells(pairs, k)
+    assert sum(len(b) + 1 for b in second) <= k and len(second) == len(first) + 1
+    cost = grid_padding(pairs, first, second)
+    assert cost <= best_product_grid(pairs, k)
+    stripes = assign_buckets(pairs[:, 0], first)
+    for i, edges in enumerate(second):  # each first-length bucket's second lengths cut as well as any cut can
+        counts = np.bincount(pairs[stripes == i, 1], weights=pairs[stripes == i, 2]).astype(np.int64)
+        if counts.any():
+            assert padded_elements(counts, edges) == best_cuts(counts, len(second) and k // len(second))
 
 
-def test_optimal_padding_per_bucket_count():
-    counts = np.bincount([1, 1, 2, 5, 5, 9])
-    # lengths 1,1,2,5,5,9: 6 x 9; [1,1,2] + [5,5,9]; [1,1,2] + [5,5] + [9]; [1,1] + [2] + [5,5] + [9]
-    assert optimal_padding(counts, 5) == [54, 33, 25, 23]
+def test_correlated_lengths_get_first_length_buckets_only():
+    # the second length follows the first: cutting the first alone pads least
+    pairs = np.array([[10 * i, i, 5] for i in range(1, 9)], dtype=np.int64)
+    first, second = choose_cells(pairs, 4)
+    assert first == (21, 41, 61) and second == ((), (), (), ())  # each one more than its bucket's longest
+    assert grid_padding(pairs, first, second) == 5 * (2 * (20 + 40 + 60 + 80) + 2 * (2 + 4 + 6 + 8))
 
 
 # --- the budget, on its own ---------------------------------------------------------------------------------
@@ -138,7 +147,7 @@ def test_an_exact_small_grid(tmp_path):
     second = [1, 6, 1, 6, 1, 6, 1, 7]
     out, manifest = run(tmp_path, table(first, second), batch_size=(2,), order="sorted", **GRID)
     stats = manifest["stats"]
-    assert stats["boundaries"] == [[4], [2]] and stats["grid"] == [2, 2]
+    assert stats["boundaries"] == [[4], [[2], [2]]] and stats["grid"] == [2, 2]
     assert [(c["cell"], c["lengths"], c["examples"]) for c in stats["buckets"]] == [
         ([0, 0], [[0, 4], [0, 2]], 2), ([0, 1], [[0, 4], [2, None]], 2),
         ([1, 0], [[4, None], [0, 2]], 2), ([1, 1], [[4, None], [2, None]], 2)]
@@ -232,7 +241,10 @@ def test_grid_cells_follow_tensorflow_assignment_in_each_dimension(tmp_path):
     first, second = rng.integers(0, 30, 120).tolist(), rng.integers(0, 30, 120).tolist()
     out, manifest = run(tmp_path, table(first, second), length=("src", "tgt"), auto_buckets=6, batch_size=(5,))
     b1, b2 = manifest["stats"]["boundaries"]
-    n2 = len(b2) + 1
     ids = out.column("id").to_numpy()
-    expected = assign_buckets(np.array(first)[ids], b1) * n2 + assign_buckets(np.array(second)[ids], b2)
-    assert out.column("bucket").to_numpy().tolist() == expected.tolist()
+    stripes = assign_buckets(np.array(first)[ids], b1)
+    offsets = np.cumsum([0, *(len(b) + 1 for b in b2)])
+    expected = [offsets[i] + assign_buckets(np.array([second[r]]), b2[i])[0] for i, r in zip(stripes, ids)]
+    assert out.column("bucket").to_numpy().tolist() == expected
+    assert [c["cell"] for c in manifest["stats"]["buckets"]] == [[i, j] for i, b in enumerate(b2)
+                                                                  for j in range(len(b) + 1)]

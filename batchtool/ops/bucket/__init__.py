@@ -80,8 +80,8 @@ class Bucket(Operation[BucketOptions, BucketPlan]):
         rows_out: int | None = None
         if plan.grid is not None:
             grid = plan.grid
-            info.update(boundaries=[list(b) for b in grid.boundaries], grid=list(grid.shape),
-                        padding_efficiency=efficiency(int(grid.cell_steps().sum()), grid.axis_padded()))
+            info.update(boundaries=[list(grid.first), [list(b) for b in grid.second]], grid=grid.shape,
+                        padding_efficiency=efficiency(int(grid.cell_steps().sum()), grid.bound()))
             size = grid.budget.batch_size
             if size is not None:
                 full = rows // size if options.drop_remainder else -(-rows // size)

@@ -3,12 +3,13 @@ grid of cells chosen from it, and the budget a batch of a cell is cut by (its co
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from batchtool.core.errors import OptionInputError
-from batchtool.ops.boundaries import assign_buckets, choose_grid, padded_elements
+from batchtool.ops.boundaries import assign_buckets, choose_boundaries, padded_elements
 
 PAIR_BYTES = 24
 """Memory of the joint histogram per distinct (length, length) pair: the two lengths and the count, int64 each;
@@ -112,10 +113,13 @@ class GridBudget:
 
 @dataclass(frozen=True)
 class Grid:
-    """Cells of two-length buckets: `boundaries[d]` cut dimension d as one length's boundaries do (TensorFlow's
-    buckets); cell (i, j) is bucket i of the first length and j of the second, numbered i * n2 + j."""
+    """Cells of two-length buckets: `first` cuts the first length into buckets as one length's boundaries do
+    (TensorFlow's buckets), and `second[i]` cuts the second length of the rows of first-length bucket i the same
+    way; cell (i, j) is second-length bucket j of first-length bucket i, numbered in that order."""
 
-    boundaries: tuple[tuple[int, ...], tuple[int, ...]]
+    first: tuple[int, ...]
+    second: tuple[tuple[int, ...], ...]
+    """One boundary list per first-length bucket."""
     pairs: np.ndarray
     """The batchable rows' joint histogram (first, second, count), from the first pass."""
     budget: GridBudget
@@ -125,10 +129,10 @@ class Grid:
 
     @classmethod
     def choose(cls, pairs: np.ndarray, k: int, budget: GridBudget, pad_to_boundary: bool = False) -> Grid:
-        """The product grid of at most k cells that pads least (boundaries.choose_grid) over the rows of these
-        pairs that fit `budget` alone."""
+        """The grid of at most k cells that pads least (`choose_cells`) over the rows that fit `budget` alone."""
         pairs = batchable(pairs, budget)
-        return cls(choose_grid(marginal(pairs, 0), marginal(pairs, 1), k), pairs, budget, pad_to_boundary)
+        first, second = choose_cells(pairs, k)
+        return cls(first, second, pairs, budget, pad_to_boundary)
 
     def pad_to(self, cell: int) -> tuple[int, int] | None:
         """A cell's fixed padded lengths (--pad-to-boundary), else None (each batch its own longest)."""
@@ -143,17 +147,17 @@ class Grid:
         return self.budget.fits_alone(first, second)
 
     @property
-    def shape(self) -> tuple[int, int]:
-        return len(self.boundaries[0]) + 1, len(self.boundaries[1]) + 1
+    def shape(self) -> list[int]:
+        """Second-length buckets per first-length bucket."""
+        return [len(b) + 1 for b in self.second]
 
     @property
     def cells(self) -> int:
-        return self.shape[0] * self.shape[1]
+        return sum(self.shape)
 
     def cell_of(self, first: np.ndarray, second: np.ndarray) -> np.ndarray:
         """The cell of each row."""
-        return (assign_buckets(first, self.boundaries[0]).astype(np.int64) * self.shape[1]
-                + assign_buckets(second, self.boundaries[1]))
+        return _cells_of(self.first, self.second, first, second)
 
     def cell_rows(self) -> np.ndarray:
         """Rows per cell (first pass)."""
@@ -174,15 +178,67 @@ class Grid:
         steps = self.pairs[:, list(dims)].sum(axis=1)
         return np.bincount(cells, weights=steps * self.pairs[:, 2], minlength=self.cells).astype(np.int64)
 
+    def position(self, cell: int) -> tuple[int, int]:
+        """(first-length bucket, second-length bucket) of a cell."""
+        i = int(np.searchsorted(np.cumsum(self.shape), cell, side="right"))
+        return i, cell - sum(self.shape[:i])
+
     def edges(self, cell: int) -> list[list[int | None]]:
         """The lengths a cell admits in each dimension, [low, high) (None: unbounded)."""
-        i, j = divmod(cell, self.shape[1])
-        return [[(0, *b)[k], (*b, None)[k]] for b, k in zip(self.boundaries, (i, j))]
+        i, j = self.position(cell)
+        return [[(0, *b)[k], (*b, None)[k]] for b, k in ((self.first, i), (self.second[i], j))]
 
-    def axis_padded(self) -> int:
-        """What the grid was chosen to minimise: every row padded to its buckets' longest length in each
-        dimension (boundaries.choose_grid's objective; the batches written pad at most this)."""
-        return sum(padded_elements(marginal(self.pairs, d), self.boundaries[d]) for d in (0, 1))
+    def bound(self) -> int:
+        """What the grid was chosen to minimise (`grid_padding`); the batches written pad at most this."""
+        return grid_padding(self.pairs, self.first, self.second)
+
+
+def _cells_of(first_edges: tuple[int, ...], second_edges: Sequence[tuple[int, ...]], first: np.ndarray,
+              second: np.ndarray) -> np.ndarray:
+    """The cell of each row: its first-length bucket's offset plus its bucket among that bucket's second lengths."""
+    stripes = assign_buckets(first, first_edges)
+    offsets = np.cumsum([0, *(len(b) + 1 for b in second_edges)])
+    cells = np.zeros(len(first), dtype=np.int64)
+    for i, edges in enumerate(second_edges):
+        at = stripes == i
+        cells[at] = offsets[i] + assign_buckets(second[at], edges)
+    return cells
+
+
+def grid_padding(pairs: np.ndarray, first: tuple[int, ...], second: Sequence[tuple[int, ...]]) -> int:
+    """Elements when every row is padded to the longest first length of its first-length bucket and the longest
+    second length of its cell: what `choose_cells` minimises."""
+    stripes = assign_buckets(pairs[:, 0], first)
+    total = padded_elements(marginal(pairs, 0), first)
+    for i, edges in enumerate(second):
+        total += padded_elements(marginal(pairs[stripes == i], 1), edges)
+    return total
+
+
+def choose_cells(pairs: np.ndarray, k: int) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...]]:
+    """At most k cells: k1 buckets of the first length, each cut into at most floor(k / k1) buckets of its rows'
+    second lengths, padding least (`grid_padding`) over the k1 tried.
+
+    For each k1, the first-length boundaries are `choose_boundaries`' optimum for the first length's padding, and
+    each bucket's second-length boundaries the optimum for its own rows' second lengths: exact given the first
+    buckets. As the second lengths of a first-length bucket may be cut where its rows need it, this never pads
+    more than the best product grid (the same second-length boundaries in every first-length bucket) of at most
+    k cells. Of the k1 that allow the same k2 = floor(k / k1), only the largest is tried (more first-length
+    buckets never pad more); ties go to fewer first-length buckets."""
+    if not len(pairs):
+        return (), ((),)
+    best: tuple[int, tuple[int, ...], tuple[tuple[int, ...], ...]] | None = None
+    distinct = len(np.unique(pairs[:, 0]))
+    for k1 in sorted({min(k // (k // k1), distinct) for k1 in range(1, k + 1)}):
+        first = choose_boundaries(marginal(pairs, 0), k1)
+        stripes = assign_buckets(pairs[:, 0], first)
+        second = tuple(choose_boundaries(marginal(pairs[stripes == i], 1), k // k1) if (stripes == i).any() else ()
+                       for i in range(len(first) + 1))
+        cost = grid_padding(pairs, first, second)
+        if best is None or cost < best[0]:
+            best = (cost, first, second)
+    assert best is not None
+    return best[1], best[2]
 
 
 def batchable(pairs: np.ndarray, budget: GridBudget) -> np.ndarray:

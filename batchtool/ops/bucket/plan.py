@@ -251,7 +251,7 @@ class BucketPlan:
     pad_values: Mapping[str, Any]
     balance: Balance | None = None
     grid: Grid | None = None
-    """With two --length: the cells (a bucket is a cell, numbered i * n2 + j)."""
+    """With two --length: the cells (a bucket is a cell)."""
     parts: tuple[int, ...] = ()
     """Spill parts per group (`with_spill_layout`). Shuffle: a group is a bucket; one part of every bucket is held
     at once, and loading the next part of one bucket takes as much again, so together they are sized to half of

@@ -59,7 +59,7 @@ class BucketCounts:
                 edges = (0, *plan.boundaries, None)
                 row["lengths"] = [edges[b], edges[b + 1]]
             if plan.grid is not None:
-                row.update(cell=list(divmod(b, plan.grid.shape[1])), lengths=plan.grid.edges(b))
+                row.update(cell=list(plan.grid.position(b)), lengths=plan.grid.edges(b))
             row.update(examples=int(self.examples[b]), batches=int(self.batches[b]), real_elements=int(self.real[b]),
                        padded_elements=int(self.padded[b]),
                        padding_efficiency=efficiency(int(self.real[b]), int(self.padded[b])))
@@ -121,17 +121,18 @@ def bucket_stats(plan: BucketPlan, counts: BucketCounts) -> dict[str, Any]:
 
 
 def _grid_stats(plan: BucketPlan, grid: Grid, counts: BucketCounts) -> dict[str, Any]:
-    """Two --length: the grid's boundaries and shape, the largest batch cost and the budget, and what the grid
-    was chosen by (every row padded to its buckets' longest lengths) next to what the batches padded."""
+    """Two --length: the grid's boundaries (the first length's, then the second's in each first-length bucket)
+    and cells per first-length bucket, the largest batch cost and the budget, and what the grid was chosen by
+    (every row padded to its buckets' longest lengths) next to what the batches padded."""
     limit = grid.budget
     real = int(grid.cell_steps().sum())
-    return {"boundaries": [list(b) for b in grid.boundaries], "grid": list(grid.shape),
+    return {"boundaries": [list(grid.first), [list(b) for b in grid.second]], "grid": grid.shape,
             "max_batch_cost": _number(counts.cost.max(initial=0)),
             "cost": {"model": "coefficients" if limit.coefficients else limit.cost,
                      "coefficients": list(limit.coefficients) if limit.coefficients else None,
                      "max_tokens": limit.max_tokens},
             "auto_buckets": {"k": plan.options.auto_buckets,
-                             "expected_padding_efficiency": efficiency(real, grid.axis_padded())}}
+                             "expected_padding_efficiency": efficiency(real, grid.bound())}}
 
 
 def _number(value: float) -> int | float:
@@ -154,10 +155,11 @@ def summary_lines(stats: dict[str, Any]) -> list[str]:
     lines = []
     auto = stats.get("auto_buckets")
     if auto and "grid" in stats:
-        edges = [",".join(map(str, b)) or "(one bucket)" for b in stats["boundaries"]]
-        lines.append(f"auto-buckets: {stats['grid'][0]} x {stats['grid'][1]} cells, boundaries {edges[0]} by "
-                     f"{edges[1]}; expected padding efficiency {percent(auto['expected_padding_efficiency'])}; "
-                     f"largest batch cost {stats['max_batch_cost']:,}")
+        first, second = stats["boundaries"]
+        edges = "; ".join(",".join(map(str, b)) or "-" for b in second)
+        lines.append(f"auto-buckets: {sum(stats['grid'])} cells, first length {','.join(map(str, first)) or '-'}, "
+                     f"second length per first-length bucket {edges} (-: not cut); expected padding efficiency "
+                     f"{percent(auto['expected_padding_efficiency'])}; largest batch cost {stats['max_batch_cost']:,}")
     elif auto:
         lines.append(f"auto-buckets: boundaries {','.join(map(str, stats['boundaries'])) or '(one bucket)'}; "
                      f"expected padding efficiency {percent(auto['expected_padding_efficiency'])} "
