@@ -19,6 +19,7 @@ from batchtool.exec.driver import run_operation
 from batchtool.io.output import OutputOptions
 from batchtool.ops.boundaries import assign_buckets, padded_elements
 from batchtool.ops.bucket import OP, BucketOptions
+from batchtool.ops.bucket import grid
 from batchtool.ops.bucket.grid import GridBudget, choose_cells, grid_padding, merge_pairs, pair_counts
 from conftest import data_bytes, read_dir, write_parquet_shards
 
@@ -64,9 +65,18 @@ def test_pair_counts_merge_exactly_and_stop_at_the_limit():
     a = pair_counts(np.array([3, 1, 3, 3]), np.array([2, 0, 2, 1]))
     assert a.tolist() == [[1, 0, 1], [3, 1, 1], [3, 2, 2]]
     b = pair_counts(np.array([3, 5]), np.array([2, 5]))
-    assert merge_pairs(a, b, 10).tolist() == [[1, 0, 1], [3, 1, 1], [3, 2, 3], [5, 5, 1]]
-    with pytest.raises(InputError, match="4 distinct"):
-        merge_pairs(a, b, 3)
+    assert merge_pairs(a, b, 64 << 20).tolist() == [[1, 0, 1], [3, 1, 1], [3, 2, 3], [5, 5, 1]]
+
+
+def test_the_joint_histogram_is_bounded_by_the_distinct_pairs_it_counts(tmp_path, monkeypatch):
+    # what a pair costs made 40 MB, so that four distinct pairs pass the 128 MB share of --memory 1GB: one
+    # error naming --memory from the first pass, before anything is spilled (the path 5.6 million pairs take)
+    monkeypatch.setattr(grid, "PAIR_BYTES", 40 << 20)
+    with pytest.raises(InputError, match=r"counting 4 distinct \(length, length\) pairs takes about 160.0 MB at "
+                                         r"once, more than --memory 1.0 GB allows"):
+        run(tmp_path, table([1, 2, 2, 3, 3], [1, 1, 1, 2, 3]), memory=1 << 30, length=("src", "tgt"),
+            auto_buckets=2, batch_size=(2,))
+    assert not os.path.exists(tmp_path / "out")
 
 
 # --- the grid: never worse than the best product grid, exact given its first-length buckets ----------------

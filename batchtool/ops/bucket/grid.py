@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from batchtool.core import budget
 from batchtool.core.errors import OptionInputError
 from batchtool.ops.boundaries import assign_buckets, choose_boundaries, padded_elements
 
@@ -28,18 +29,15 @@ def pair_counts(first: np.ndarray, second: np.ndarray) -> np.ndarray:
     return np.column_stack([pairs, counts]).astype(np.int64)
 
 
-def merge_pairs(a: np.ndarray, b: np.ndarray, limit: int) -> np.ndarray:
-    """Two joint histograms summed; an error when the distinct pairs pass `limit` (--memory's share)."""
+def merge_pairs(a: np.ndarray, b: np.ndarray, memory: int) -> np.ndarray:
+    """Two joint histograms summed; an error naming --memory when their distinct pairs pass its share."""
     both = np.concatenate([a, b])
     if not len(both):
         return both
     pairs, inverse = np.unique(both[:, :2], axis=0, return_inverse=True)
-    merged = np.column_stack([pairs, np.bincount(inverse.ravel(), weights=both[:, 2]).astype(np.int64)])
-    if len(merged) > limit:
-        raise OptionInputError("memory", f"{len(merged):,} distinct (length, length) pairs: counting them takes "
-                               f"{len(merged) * PAIR_BYTES:,} bytes, more than {{memory}} allows "
-                               f"({limit * PAIR_BYTES:,}); give a larger {{memory}}", value=str(limit * PAIR_BYTES))
-    return merged.astype(np.int64)
+    budget.check("memory", f"counting {len(pairs):,} distinct (length, length) pairs", len(pairs) * PAIR_BYTES,
+                 memory, "check the length columns, or give a larger {memory}", error=OptionInputError)
+    return np.column_stack([pairs, np.bincount(inverse.ravel(), weights=both[:, 2]).astype(np.int64)])
 
 
 def marginal(pairs: np.ndarray, dim: int) -> np.ndarray:

@@ -28,7 +28,7 @@ from batchtool.io.stats import DatasetStats, check_lengths, chunk_stats, is_sequ
 
 from batchtool.ops import names as own
 from batchtool.ops.bucket.options import OUTPUT_COLUMNS, BucketOptions
-from batchtool.ops.bucket.grid import PAIR_BYTES, Grid, GridBudget, merge_pairs, pair_counts
+from batchtool.ops.bucket.grid import Grid, GridBudget, merge_pairs, pair_counts
 from batchtool.ops.batching import BatchBudget
 
 BUCKET_BYTES = 1 << 10
@@ -138,17 +138,17 @@ class LengthPass:
     classes: np.ndarray | None = None
     pairs: np.ndarray | None = None
     """With two --length: the exact joint histogram (grid.pair_counts) of the kept rows."""
-    pair_limit: int = 0
-    """With two --length: the most distinct pairs --memory's share can count."""
+    memory: int = 0
+    """With two --length: --memory, whose share bounds the distinct pairs counted."""
 
     def merge(self, later: LengthPass) -> None:
         self.stats.merge(later.stats)
         if later.classes is not None:
             self.classes = _add_counts(self.classes, later.classes)
         if later.pairs is not None:
-            self.pair_limit = max(self.pair_limit, later.pair_limit)
+            self.memory = max(self.memory, later.memory)
             self.pairs = merge_pairs(self.pairs if self.pairs is not None else later.pairs[:0], later.pairs,
-                                     self.pair_limit)
+                                     self.memory)
 
 
 def length_pass(options: BucketOptions, columns: BucketColumns, chunk: Chunk, locate: Callable[[int], str],
@@ -163,10 +163,10 @@ def length_pass(options: BucketOptions, columns: BucketColumns, chunk: Chunk, lo
     first = LengthPass(chunk_stats(chunk, columns.bucket, columns.length), joint)
     if columns.second is not None:
         check_lengths(chunk, columns.second, memory)
-        first.pair_limit = max(1, budget.allowed(memory) // PAIR_BYTES)
+        first.memory = memory
         first.pairs = merge_pairs(np.zeros((0, 3), np.int64), pair_counts(lengths_of(chunk.data, columns.length),
                                                                           lengths_of(chunk.data, columns.second)),
-                                  first.pair_limit)
+                                  memory)
     return first
 
 
