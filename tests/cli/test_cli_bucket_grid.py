@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from conftest import write_parquet_shards
+from conftest import data_bytes, write_parquet_shards
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +77,14 @@ def test_grid_run_inspect_and_check(tmp_path, grid_src, run_cli):
         checked = run_cli("check", dst, "--rules", rules)
         assert checked.exit_code == code, checked.output + checked.stderr
     assert re.search(r"FAIL max_batch_cost: largest \d+ \(cell \d,\d \(lengths \d+-\d* x \d+-\d*\)\)", checked.output)
+
+
+def test_same_bytes_for_one_thread_and_the_process_engine_in_little_memory(tmp_path, grid_src, run_cli):
+    args = [*GRID, "--max-tokens", "600", "-q"]
+    assert run_cli("bucket", grid_src, tmp_path / "a", *args, "--threads", "1").exit_code == 0
+    assert run_cli("bucket", grid_src, tmp_path / "b", *args, "--engine", "processes", "--threads", "2", "--memory",
+                   "64MB").exit_code == 0
+    assert data_bytes(str(tmp_path / "a")) == data_bytes(str(tmp_path / "b"))
 
 
 def test_max_batch_cost_on_a_one_length_output_is_a_usage_error(tmp_path, grid_src, run_cli):
