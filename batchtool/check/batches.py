@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batchtool.check.report import Offender, RuleResult, plural, skipped, verdict
-from batchtool.check.rules import BatchQuotas, BatchRows, PaddingEfficiency, RankBatches, Rule
+from batchtool.check.rules import BatchQuotas, BatchRows, MaxBatchCost, PaddingEfficiency, RankBatches, Rule
 from batchtool.check.recorded import Recorded
 from batchtool.io.dataset import Dataset
 from batchtool.core.errors import InputError, UsageError
@@ -22,13 +22,15 @@ from batchtool.loader.load import load
 from batchtool.io.manifest import manifest_path
 from batchtool.ops.quotas import QuotaLayout
 
-BATCH_RULES = (BatchRows, BatchQuotas, RankBatches)
+BATCH_RULES = (BatchRows, BatchQuotas, RankBatches, MaxBatchCost)
 
 
 def judge_batches(rule: Rule, dataset: Dataset, limit: int, threads: int) -> RuleResult:
     """The result of one batch rule (`BATCH_RULES`, or padding_efficiency with per_bucket)."""
     if isinstance(rule, PaddingEfficiency):
         return judge_bucket_padding(rule, dataset, limit)
+    if isinstance(rule, MaxBatchCost):
+        return judge_batch_cost(rule, dataset, limit)
     if isinstance(rule, BatchRows):
         return judge_batch_rows(rule, dataset, limit, threads)
     if isinstance(rule, BatchQuotas):
@@ -60,12 +62,37 @@ def _recorded(rule: Rule, dataset: Dataset, key: str, writer: str) -> Recorded:
     return recorded
 
 
+def _bucket_name(b: Recorded) -> str:
+    """A bucket of a bucket manifest as a report names it: `bucket 2 (lengths 10-19)`, or for two lengths
+    `cell 1,0 (lengths 10-19 x 0-7)`."""
+    def span(edges: tuple[int, int | None]) -> str:
+        return f"{edges[0]}-{'' if edges[1] is None else edges[1] - 1}"
+
+    if b.has("cell"):
+        cell, ranges = b.counts("cell") or [], b.ranges("lengths") or []
+        return f"cell {','.join(map(str, cell))} (lengths {' x '.join(map(span, ranges))})"
+    edges = b.range("lengths")
+    return f"bucket {b.count('bucket')}" + (f" (lengths {span(edges)})" if edges else "")
+
+
+def judge_batch_cost(rule: MaxBatchCost, dataset: Dataset, limit: int) -> RuleResult:
+    """Each cell's largest batch cost, as a two-length bucket output recorded it, against `max`."""
+    cells = _recorded(rule, dataset, "max_batch_cost", "bucket with two --length").objects("buckets") or []
+    costs = [(_bucket_name(b), b.number("max_batch_cost") or 0.0, b.count("batches") or 0) for b in cells]
+    bound = f"<= {rule.max:g} in every batch"
+    if not any(batches for _, _, batches in costs):
+        return verdict(rule, True, "no batches", bound)
+    worst = max(costs, key=lambda c: c[1])
+    high = [c for c in costs if c[1] > rule.max]
+    offenders = [Offender(f"{name}: largest batch cost {cost:g} ({plural(batches, 'batch', 'batches')})")
+                 for name, cost, batches in high[:limit]]
+    return verdict(rule, not high, f"largest {worst[1]:g} ({worst[0]})", bound, worst[1], len(high), offenders)
+
+
 def judge_bucket_padding(rule: PaddingEfficiency, dataset: Dataset, limit: int) -> RuleResult:
     """Each bucket's real / padded elements, as bucket recorded them; empty buckets have none."""
     def described(b: Recorded) -> tuple[str, float | None, int]:
-        edges = b.range("lengths")
-        span = f" (lengths {edges[0]}-{'' if edges[1] is None else edges[1] - 1})" if edges else ""
-        return f"bucket {b.count('bucket')}{span}", b.share("padding_efficiency"), b.count("batches") or 0
+        return _bucket_name(b), b.share("padding_efficiency"), b.count("batches") or 0
 
     recorded = _recorded(rule, dataset, "buckets", "bucket").objects("buckets") or []
     buckets = [b for b in map(described, recorded) if b[1] is not None]

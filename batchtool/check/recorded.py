@@ -117,9 +117,25 @@ class Recorded:
     def range(self, key: str) -> tuple[int, int | None] | None:
         """[low, high) edges: two counts, the high one null when unbounded."""
         found = self.find(key)
+        return None if found is None else self.range_at(*found)
+
+    def ranges(self, key: str) -> list[tuple[int, int | None]] | None:
+        """[low, high) edges per dimension (a two-length bucket cell's lengths)."""
+        found = self.find(key)
+        return None if found is None else [self.range_at(v, at) for v, at in self.items_at(*found)]
+
+    def number(self, key: str) -> float | None:
+        """A non-negative finite number (a batch cost)."""
+        found = self.find(key)
         if found is None:
             return None
         value, at = found
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not (math.isfinite(value)
+                                                                               and value >= 0):
+            raise self.wrong(at, value, "a non-negative number")
+        return float(value)
+
+    def range_at(self, value: Any, at: str) -> tuple[int, int | None]:
         if not isinstance(value, list) or len(value) != 2:
             raise self.wrong(at, value, "[low, high] (high null when unbounded)")
         low = self.count_at(value[0], f"{at}[0]")

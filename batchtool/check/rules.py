@@ -257,6 +257,19 @@ class PaddingEfficiency(Rule):
 
 
 @dataclass(frozen=True)
+class MaxBatchCost(Rule):
+    """Every batch's cost (rows x a row's cost at its padded lengths, the budget bucket cut it by) at most `max`,
+    as a two-length bucket output's manifest records it per cell."""
+
+    kind: ClassVar[str] = "max_batch_cost"
+    max: float = option("The highest batch cost allowed (e.g. bucket's --max-tokens).", NUMBER)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(math.isfinite(self.max) and self.max >= 0, "max", f"must be >= 0, got {self.max}")
+
+
+@dataclass(frozen=True)
 class PackingEfficiency(PaddingEfficiency):
     """Real steps / (rows x max length) at least `min`, as recorded in a pack output's manifest."""
 
@@ -428,7 +441,8 @@ DRIFT_RULES: tuple[type[Drift], ...] = (DriftRows, DriftProportions, DriftLength
 
 KINDS: dict[str, type[Rule]] = {cls.kind: cls for cls in (
     Schema, NoNulls, NoNan, LabelRange, ClassProportions, MinClassRows, Length, SameLength, Unique,
-    NoDuplicateRows, RowCount, PaddingEfficiency, PackingEfficiency, RankCost, Checksums, Crc, ManifestRows, ManifestBatches, ManifestSchema,
+    NoDuplicateRows, RowCount, PaddingEfficiency, MaxBatchCost, PackingEfficiency, RankCost, Checksums, Crc,
+    ManifestRows, ManifestBatches, ManifestSchema,
     BatchRows, BatchQuotas, RankBatches, *DRIFT_RULES)}
 
 

@@ -374,7 +374,7 @@ def notes(stage: dict[str, Any], expected: bool) -> str:
     if stage.get("rows_lower_bound") is not None:
         parts.append(f"{stage['rows']:,} packed rows (lower bound {stage['rows_lower_bound']:,}), packing efficiency "
                      f"{100 * (stage['packing_efficiency'] or 0):.2f}%")
-    if stage.get("boundaries"):
+    if stage.get("boundaries") and "grid" not in stage:  # a grid's: on bucket's own line (ops.bucket.report)
         parts.append("boundaries " + ",".join(map(str, stage["boundaries"])))
     efficiency = stage.get("padding_efficiency")
     if efficiency is not None:

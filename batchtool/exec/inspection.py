@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -333,33 +333,82 @@ def shown(key: str, value: Any) -> str:
     return f"{value:,.6g}"
 
 
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """Right-aligned columns, two spaces in."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    return ["  " + "  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in (header, *rows)]
+
+
+def _span(lo: Any, hi: Any) -> str:
+    return f"[{lo}, {'inf' if hi is None else hi})"
+
+
+def render_grid(stats: dict) -> list[str]:
+    """bucket over two lengths: each cell's length ranges, rows, batches, elements, efficiency and largest batch
+    cost, then the grid drawn as one line per first-length bucket with its cells' second lengths, rows and
+    efficiency."""
+    cells = stats["buckets"]
+    rows = [(f"{r['cell'][0]},{r['cell'][1]}", _span(*r["lengths"][0]), _span(*r["lengths"][1]), f"{r['examples']:,}",
+             f"{r['batches']:,}", f"{r['real_elements']:,}", f"{r['padded_elements']:,}", _pct(r["padding_efficiency"]),
+             f"{r['max_batch_cost']:,}") for r in cells]
+    rows.append(("all", "", "", f"{sum(r['examples'] for r in cells):,}", f"{stats.get('batches', 0):,}",
+                 f"{stats.get('real_elements', 0):,}", f"{stats.get('padded_elements', 0):,}",
+                 _pct(stats.get("padding_efficiency")), f"{stats.get('max_batch_cost', 0):,}"))
+    cost = stats.get("cost") or {}
+    budget = f", budget {cost['max_tokens']:,} ({cost['model']})" if cost.get("max_tokens") else ""
+    lines = ["", f"cells ({len(cells)} over two lengths in {len(stats['grid'])} first-length buckets; padding "
+             f"efficiency = real / padded elements of both; largest batch cost{budget})"]
+    lines += _table(("cell", "first", "second", "examples", "batches", "real", "padded", "efficiency", "max cost"),
+                    rows)
+    stripes: dict[int, list[dict]] = {}
+    for r in cells:
+        stripes.setdefault(r["cell"][0], []).append(r)
+    drawn = [(_span(*row[0]["lengths"][0]), *(f"{_span(*r['lengths'][1])} {r['examples']:,} "
+                                              f"({_pct(r['padding_efficiency'])})" for r in row))
+             for row in stripes.values()]
+    width = max(len(r) for r in drawn)
+    lines += ["", "  rows (efficiency) per cell: a line per first-length bucket, its second-length buckets across"]
+    lines += _table(("first", *("second" for _ in range(width - 1))), [(*r, *("",) * (width - len(r))) for r in drawn])
+    lines += _dropped(stats)
+    auto = stats.get("auto_buckets")
+    if auto:
+        lines.append(f"  auto-buckets {auto['k']}: expected efficiency {_pct(auto['expected_padding_efficiency'])} "
+                     "(every row padded to its buckets' longest lengths)")
+    return lines
+
+
 def render_buckets(stats: dict) -> list[str]:
     """bucket's per-bucket table: length range, examples, batches, elements and padding efficiency."""
-    def pct(value: float | None) -> str:
-        return "-" if value is None else f"{100 * value:.1f}%"
+    if "grid" in stats:
+        return render_grid(stats)
 
     def span(row: dict) -> str:
         lo, hi = row.get("lengths") or (None, None)
-        return f"[{lo}, {'inf' if hi is None else hi})" if lo is not None else str(row["bucket"])
+        return _span(lo, hi) if lo is not None else str(row["bucket"])
 
     rows = [(str(r["bucket"]), span(r), f"{r['examples']:,}", f"{r['batches']:,}", f"{r['real_elements']:,}",
-             f"{r['padded_elements']:,}", pct(r["padding_efficiency"])) for r in stats["buckets"]]
+             f"{r['padded_elements']:,}", _pct(r["padding_efficiency"])) for r in stats["buckets"]]
     rows.append(("all", "", f"{sum(r['examples'] for r in stats['buckets']):,}", f"{stats.get('batches', 0):,}",
                  f"{stats.get('real_elements', 0):,}", f"{stats.get('padded_elements', 0):,}",
-                 pct(stats.get("padding_efficiency"))))
-    header = ("bucket", "lengths", "examples", "batches", "real", "padded", "efficiency")
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    lines = ["", "buckets (padding efficiency = real / padded elements)",
-             "  " + "  ".join(h.rjust(w) for h, w in zip(header, widths))]
-    lines += ["  " + "  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
-    dropped = {k: v for k, v in stats.get("examples_dropped", {}).items() if v}
-    if dropped:
-        lines.append("  dropped: " + ", ".join(f"{v:,} {k}" for k, v in dropped.items()))
+                 _pct(stats.get("padding_efficiency"))))
+    lines = ["", "buckets (padding efficiency = real / padded elements)"]
+    lines += _table(("bucket", "lengths", "examples", "batches", "real", "padded", "efficiency"), rows)
+    lines += _dropped(stats)
     auto = stats.get("auto_buckets")
     if auto:
-        lines.append(f"  auto-buckets {auto['k']}: expected efficiency {pct(auto['expected_padding_efficiency'])} "
-                     f"(equal-count quantiles: {pct(auto['quantile_expected_padding_efficiency'])})")
+        lines.append(f"  auto-buckets {auto['k']}: expected efficiency {_pct(auto['expected_padding_efficiency'])} "
+                     f"(equal-count quantiles: {_pct(auto['quantile_expected_padding_efficiency'])})")
     return lines
+
+
+def _dropped(stats: dict) -> list[str]:
+    """bucket's line of rows dropped, by reason (none when nothing was)."""
+    dropped = {k: v for k, v in stats.get("examples_dropped", {}).items() if v}
+    return ["  dropped: " + ", ".join(f"{v:,} {k}" for k, v in dropped.items())] if dropped else []
 
 
 def bar(value: float, peak: float) -> str:

@@ -14,7 +14,7 @@ import pyarrow as pa
 from batchtool.io.dataset import Chunk, Dataset
 from batchtool.ops.base import Pass, Context, Kind, Operation, Said
 from batchtool.ops.regroup import Exchange, Probe
-from batchtool.ops.boundaries import expected_efficiency
+from batchtool.ops.boundaries import efficiency, expected_efficiency
 from batchtool.ops.bucket import batches
 from batchtool.ops.bucket.batches import output_schema
 from batchtool.ops.bucket.plan import BucketPlan, LengthPass, batchable_counts, length_pass, make_plan, resolve_columns
@@ -27,7 +27,8 @@ from batchtool.ops.bucket.options import BucketOptions
 
 
 def _no_lengths(options: BucketOptions) -> LengthPass:
-    return LengthPass(DatasetStats(), np.zeros((0, 0), dtype=np.int64) if options.balance else None)
+    return LengthPass(DatasetStats(), np.zeros((0, 0), dtype=np.int64) if options.balance else None,
+                      np.zeros((0, 3), dtype=np.int64) if options.grid else None)
 
 
 def _lengths(options: BucketOptions, context: Context, chunk: Chunk) -> LengthPass:
@@ -77,6 +78,16 @@ class Bucket(Operation[BucketOptions, BucketPlan]):
         info: dict[str, Any] = {"boundaries": list(plan.boundaries) if plan.boundaries is not None else None,
                                 "num_buckets": plan.num_buckets, "examples_per_bucket": rows.tolist()}
         rows_out: int | None = None
+        if plan.grid is not None:
+            grid = plan.grid
+            info.update(boundaries=[list(grid.first), [list(b) for b in grid.second]], grid=grid.shape,
+                        padding_efficiency=efficiency(int(grid.cell_steps().sum()), grid.bound()))
+            size = grid.budget.batch_size
+            if size is not None:
+                full = rows // size if options.drop_remainder else -(-rows // size)
+                info["batches"] = int(full.sum())
+                return int(np.minimum(rows, full * size).sum()), info
+            return (None if options.drop_remainder else int(rows.sum())), info
         if plan.balance is not None:
             per_bucket, written = plan.balance.batches, plan.balance.written
             info.update(batches=sum(per_bucket), batches_per_bucket=per_bucket, batch_rows=[
@@ -108,11 +119,14 @@ RECORDED_ORDER = ("length", "sequences", "boundaries", "auto_buckets", "bucket_c
 
 def _manifest_options(options: BucketOptions) -> dict[str, Any]:
     """The manifest's options, as bucket has always recorded them: every field but tmp_dir, in their old names
-    and order; `padding` only when it is on-load, so that padded outputs' manifests stay as they were."""
+    and order; `padding` only when it is on-load and `cost_coefficients` only when given, so that earlier
+    outputs' manifests stay as they were (`length` is a list with two lengths)."""
     out = {RECORDED_AS.get(k, k): v for k, v in asdict(options).items() if k != "tmp_dir"}
     recorded = {k: out[k] for k in RECORDED_ORDER}
     if options.padding != "stored":
         recorded["padding"] = options.padding
+    if options.cost_coefficients is not None:
+        recorded["cost_coefficients"] = out["cost_coefficients"]
     return recorded
 
 

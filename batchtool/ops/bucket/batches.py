@@ -19,6 +19,7 @@ from batchtool.core.errors import OptionInputError, OptionSchemaError, SchemaErr
 from batchtool.ops import names as own
 from batchtool.ops.regroup import Cut, Exchange, Probe, Runtime, Scatter, Scattered, SortedStream
 from batchtool.ops.boundaries import assign_buckets
+from batchtool.ops.bucket.grid import Grid
 from batchtool.ops.bucket.plan import Balance, BucketColumns, BucketPlan, make_balance, with_spill_layout
 from batchtool.ops.keyed import flush_bytes, row_bytes
 from batchtool.ops.batching import BatchBudget
@@ -27,7 +28,7 @@ from batchtool.ops.rows import keep_mask
 from batchtool.ops.labels import Locate, label_codes
 from batchtool.ops.quotas import class_readers, quota_batches
 from batchtool.ops.rows import sorted_rows, take_sizes
-from batchtool.io.padding import padded_batch, sequence_lengths
+from batchtool.io.padding import pad_batch, padded_batch, row_lengths, sequence_lengths
 from batchtool.io.spill import interleave
 from batchtool.io.stats import lengths_of
 
@@ -56,15 +57,23 @@ def assign(chunk: Chunk, plan: BucketPlan, locate: Callable[[int], str]) -> Assi
     if cols.keep is not None:
         chunk = chunk.filter(keep_mask(chunk, cols.keep))
     kept = chunk.num_rows
-    lengths = measure(chunk, plan, locate)
-    if plan.boundaries is not None:
-        buckets = assign_buckets(lengths, plan.boundaries)
+    if plan.grid is not None:
+        lengths, second = measure_grid(chunk, plan, locate)
+        buckets = plan.grid.cell_of(lengths, second)
+        oversize = ~plan.grid.fits_alone(buckets, lengths, second)
     else:
-        buckets = _bucket_column(chunk, cols.bucket, plan.num_buckets, locate)
-    oversize = _oversize(lengths, buckets, plan)
+        lengths = measure(chunk, plan, locate)
+        second = None
+        if plan.boundaries is not None:
+            buckets = assign_buckets(lengths, plan.boundaries)
+        else:
+            buckets = _bucket_column(chunk, cols.bucket, plan.num_buckets, locate)
+        oversize = _oversize(lengths, buckets, plan)
     if oversize.any():
         if not plan.options.drop_oversize:
             i = int(np.flatnonzero(oversize)[0])
+            if plan.grid is not None:
+                raise _oversize_grid(plan.grid, lengths[i], second[i], int(buckets[i]), f"{locate(chunk.ids[i])}: ")
             padded = plan.padded_length(int(buckets[i]), lengths[i:i + 1])
             limit = plan.budgets[0]
             cost = f" ({{cost}} {limit.cost}: {limit.row_cost(padded):,})" if limit.cost != "linear" else ""
@@ -74,6 +83,7 @@ def assign(chunk: Chunk, plan: BucketPlan, locate: Callable[[int], str]) -> Assi
                                    where=f"{locate(chunk.ids[i])}: ")
         keep = ~oversize
         chunk, lengths, buckets = chunk.filter(keep), lengths[keep], buckets[keep]
+        second = second[keep] if second is not None else None
     classes = None
     if plan.balance is not None:
         classes = label_codes(chunk, cols.label, plan.balance.num_classes, locate)
@@ -83,6 +93,8 @@ def assign(chunk: Chunk, plan: BucketPlan, locate: Callable[[int], str]) -> Assi
         if role in cols.reused:
             own.check_adopted(chunk, names[role], computed, locate, "bucket", role, f"its {role} is {{}}")
     data = data.append_column(names["length"], pa.array(lengths.astype(np.int32)))
+    if second is not None:
+        data = data.append_column(names["length_2"], pa.array(second.astype(np.int32)))
     return Assigned(Chunk(data, chunk.ids), buckets, rows_in, rows_in - kept, int(oversize.sum()), classes)
 
 
@@ -114,6 +126,33 @@ def measure(chunk: Chunk, plan: BucketPlan, locate: Callable[[int], str]) -> np.
     return lengths
 
 
+def measure_grid(chunk: Chunk, plan: BucketPlan, locate: Callable[[int], str]) -> tuple[np.ndarray, np.ndarray]:
+    """Two --length: each row's steps of the two sequences, which each --length column must agree with."""
+    cols = plan.columns
+    out = []
+    for length, sequence in zip((cols.length, cols.second), cols.sequences):
+        steps = row_lengths(chunk.data.column(sequence))
+        if length != sequence:
+            given = lengths_of(chunk.data, length)
+            bad = np.flatnonzero(given != steps)
+            if len(bad):
+                i = int(bad[0])
+                raise SchemaError(f"{locate(chunk.ids[i])}: column {length!r} says length {given[i]} but sequence "
+                                  f"column {sequence!r} has {steps[i]} steps")
+        out.append(steps)
+    return out[0], out[1]
+
+
+def _oversize_grid(grid: Grid, first: int, second: int, cell: int, where: str) -> OptionInputError:
+    """The error for a row over --max-tokens on its own (two --length), as one length words it."""
+    limit = grid.budget
+    pad = grid.pad_to(cell) or (first, second)
+    return OptionInputError("max_tokens", f"an example of lengths {first} x {second} padded to {pad[0]} x {pad[1]} "
+                            f"steps costs {float(limit.row_cost(*pad)):g}, more than {{max_tokens}} "
+                            f"{limit.max_tokens} on its own (pass {{drop_oversize}} to drop such examples)",
+                            mentions=("cost", "drop_oversize"), where=where)
+
+
 def _bucket_column(chunk: Chunk, column: str, num_buckets: int, locate: Callable[[int], str]) -> np.ndarray:
     arr = chunk.data.column(column)
     values = pc.fill_null(arr, -1).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -137,8 +176,9 @@ def _oversize(lengths: np.ndarray, buckets: np.ndarray, plan: BucketPlan) -> np.
 
 def spill_schema(schema: pa.Schema, columns: BucketColumns) -> pa.Schema:
     """What is spilled per row: the input columns (less those an output column replaces) and the length."""
+    second = [pa.field(columns.names["length_2"], pa.int32())] if columns.second is not None else []
     return pa.schema([*(f for f in schema if f.name not in columns.replaced),
-                      pa.field(columns.names["length"], pa.int32())])
+                      pa.field(columns.names["length"], pa.int32()), *second])
 
 
 def spill_groups(buckets: np.ndarray, lengths: np.ndarray, plan: BucketPlan,
@@ -172,21 +212,28 @@ def rebalance(plan: BucketPlan, spilled: np.ndarray, counts: BucketCounts) -> Ba
 
 
 def make_batch(data: pa.RecordBatch, index: int, bucket: int, pad_length: int | None, columns: BucketColumns,
-               pad_values: Mapping[str, Any], mask: bool) -> pa.RecordBatch:
+               pad_values: Mapping[str, Any], mask: bool, pad_2: int | None = None) -> pa.RecordBatch:
     """One output batch: sequence columns padded to `pad_length` (None: at their real lengths, for load to pad),
-    plus batch, bucket, length (and mask, only beside padded columns)."""
+    plus batch, bucket, length (and mask, only beside padded columns); with two --length, the second sequence
+    padded to `pad_2` and its steps in length_2 last."""
     n = data.num_rows
     out = columns.names
     own = [(out["batch"], pa.array(np.full(n, index, dtype=np.int64))),
            (out["bucket"], pa.array(np.full(n, bucket, dtype=np.int32)))]
-    return padded_batch(data, columns.sequences, pad_length, pad_values, own,
+    sequences, second = columns.sequences, None
+    if columns.second is not None:
+        sequences, second = sequences[:1], data.column(out["length_2"])
+        data = pad_batch(data.drop_columns([out["length_2"]]), columns.sequences[1:], pad_2, pad_values)
+    made = padded_batch(data, sequences, pad_length, pad_values, own,
                         (out["length"], data.column(out["length"])), out["mask"] if mask else None)
+    return made if second is None else made.append_column(out["length_2"], second)
 
 
 def output_schema(schema: pa.Schema, columns: BucketColumns, mask: bool, padded: bool) -> pa.Schema:
     """The schema bucket writes for an input of this schema: an empty batch's."""
     spilled = spill_schema(schema, columns)
-    made = make_batch(pa.RecordBatch.from_pylist([], schema=spilled), 0, 0, 0 if padded else None, columns, {}, mask)
+    made = make_batch(pa.RecordBatch.from_pylist([], schema=spilled), 0, 0, 0 if padded else None, columns, {}, mask,
+                      0 if padded else None)
     return pa.schema(made.schema, metadata=schema.metadata)
 
 
@@ -236,6 +283,15 @@ class BucketCut:
     pad: np.ndarray
     dropped: int = 0
     quotas: np.ndarray | None = None
+    pad_2: np.ndarray | None = None
+    """Two --length: each batch's padded second length (`pad` is the first's; `real` counts both)."""
+    cost: np.ndarray | None = None
+    """Two --length: each batch's cost, rows x the cost of a row padded to (pad, pad_2)."""
+
+    @property
+    def padded(self) -> int:
+        """Padded elements of all the cell's batches (both lengths)."""
+        return int((self.sizes * (self.pad + (self.pad_2 if self.pad_2 is not None else 0))).sum())
 
 
 def _summed(plan: BucketPlan, bucket: int, sizes: np.ndarray, lengths: np.ndarray, dropped: int = 0,
@@ -254,9 +310,30 @@ def _summed(plan: BucketPlan, bucket: int, sizes: np.ndarray, lengths: np.ndarra
     return BucketCut(sizes, real, pad, dropped, quotas)
 
 
+def _cell_cut(plan: BucketPlan, grid: Grid, item: tuple[int, list[SortedStream]]) -> BucketCut:
+    """Two --length: a cell's batches cut by the grid's budget from both lengths in output order, each padded to
+    its longest row in each dimension (or the cell's longest, --pad-to-boundary), with their costs."""
+    cell, streams = item
+    names = plan.columns.names
+    chunks = list(sorted_rows(streams, 0))
+    first, second = _lengths(iter(chunks), names["length"]), _lengths(iter(chunks), names["length_2"])
+    sizes = grid.budget.cut(first, second, grid.pad_to(cell))
+    dropped = 0
+    if plan.options.drop_remainder and len(sizes) and grid.budget.is_partial(int(sizes[-1])):
+        dropped, sizes = int(sizes[-1]), sizes[:-1]
+    one, two = _summed(plan, cell, sizes, first), _summed(plan, cell, sizes, second)
+    fixed = grid.pad_to(cell)
+    pad_1, pad_2 = (one.pad, two.pad) if fixed is None else (np.full(len(sizes), fixed[0], np.int64),
+                                                             np.full(len(sizes), fixed[1], np.int64))
+    return BucketCut(one.sizes, one.real + two.real, pad_1, dropped, pad_2=pad_2,
+                     cost=grid.budget.batch_cost(one.sizes, pad_1, pad_2))
+
+
 def _bucket_cut(plan: BucketPlan, item: tuple[int, list[SortedStream]]) -> BucketCut:
     """A bucket's batch sizes from its lengths in output order, as batch_sizes cuts them from the local spill."""
     bucket, streams = item
+    if plan.grid is not None:
+        return _cell_cut(plan, plan.grid, item)
     lengths = _lengths(sorted_rows(streams, 0), plan.columns.names["length"])
     budget = plan.budgets[bucket]
     sizes = budget.cut([lengths], plan.pad_to[bucket])
@@ -305,8 +382,10 @@ def _cut(plan: BucketPlan, scattered: Scattered, runtime: Runtime) -> Cut:
         counts.examples[b] += int(cut.sizes.sum())
         counts.batches[b] += len(cut.sizes)
         counts.real[b] += int(cut.real.sum())
-        counts.padded[b] += int((cut.sizes * cut.pad).sum())
+        counts.padded[b] += cut.padded
         counts.dropped["remainder"] += cut.dropped
+        if cut.cost is not None and len(cut.cost):
+            counts.cost[b] = float(cut.cost.max())
     if plan.balance is not None:
         _count_shares(plan, cuts, counts)
     batches = BucketBatches.make(plan, scattered.schema, streams, cuts)
@@ -396,7 +475,7 @@ class BucketBatches:
             begins = {b: (int(cut[b].sizes[:first[b]].sum()),) for b in used}
         else:
             begins = {b: tuple(int(x) for x in cut[b].quotas[:first[b]].sum(axis=0)) for b in used}
-        spec = [(k, b, int(cut[b].sizes[j]), int(cut[b].pad[j]),
+        spec = [(k, b, int(cut[b].sizes[j]), (int(cut[b].pad[j]), None if cut[b].pad_2 is None else int(cut[b].pad_2[j])),
                  None if cut[b].quotas is None else tuple(int(q) for q in cut[b].quotas[j])) for k, b, j in batches]
         balance = plan.balance
         return BucketReader(self.schema, plan.columns, dict(plan.pad_values), plan.options.mask,
@@ -421,16 +500,18 @@ class BucketReader:
     streams: dict[int, list[SortedStream]]
     begins: dict[int, tuple[int, ...]]
     """Per bucket, the row of its stream (with --balance, of each class's) where the run's rows begin."""
-    batches: list[tuple[int, int, int, int, tuple[int, ...] | None]]
-    """(output index, bucket, rows, padded length, quotas per class) of each batch."""
+    batches: list[tuple[int, int, int, tuple[int, int | None], tuple[int, ...] | None]]
+    """(output index, bucket, rows, padded lengths (the second's None with one length), quotas per class) of each
+    batch."""
 
     def __call__(self) -> Iterator[pa.RecordBatch]:
         if self.oversample is None:
             rows = self._cut()
         else:
             rows = self._balanced()
-        for (k, b, _, pad, _), data in zip(self.batches, rows):
-            yield make_batch(data.data, k, b, pad if self.padded else None, self.columns, self.pad_values, self.mask)
+        for (k, b, _, (pad, pad_2), _), data in zip(self.batches, rows):
+            yield make_batch(data.data, k, b, pad if self.padded else None, self.columns, self.pad_values, self.mask,
+                             pad_2)
 
     def _cut(self) -> Iterator[Chunk]:
         """Each batch's rows, cut from its bucket's stream as take_sizes cuts them locally."""

@@ -3,6 +3,7 @@ checks that need no data."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,8 +19,9 @@ ORDERS = ("shuffle", "sorted")
 COSTS = ("linear", "quadratic")
 PADDINGS = ("stored", "on-load")
 """--padding: batches written padded, or with their real lengths and padded by batchtool.load."""
-OUTPUT_COLUMNS = ("batch", "bucket", "length", "mask")
-"""bucket's own columns (`batch` marks the batches for load and check; the manifest records its name)."""
+OUTPUT_COLUMNS = ("batch", "bucket", "length", "mask", "length_2")
+"""bucket's own columns (`batch` marks the batches for load and check; the manifest records its name); `length_2`,
+the second length's steps, only with two --length."""
 
 
 # -- option values ---------------------------------------------------------------------------------------------
@@ -44,6 +46,38 @@ class Integers(Value):
         return tuple(Integer().parse(field, part) for part in parts)
 
 
+class Lengths(Value):
+    """--length: one column (one-length buckets, recorded as the name), or repeated, one per dimension of a grid of
+    buckets (recorded as the list)."""
+
+    multiple = True
+    metavar = "COL"
+
+    def parse(self, field: str, value: Any) -> str | tuple[str, ...]:
+        names = ColumnList().parse(field, value)
+        return names[0] if len(names) == 1 else names
+
+
+class Coefficients(Value):
+    """--cost-coefficients A,B,C: three non-negative numbers (a TOML list of numbers, or that string)."""
+
+    metavar = "A,B,C"
+
+    def parse(self, field: str, value: Any) -> tuple[float, float, float]:
+        if isinstance(value, str):
+            try:
+                value = [float(part) for part in value.split(",")]
+            except ValueError:
+                raise OptionError(field, "expected three numbers A,B,C, e.g. 1,1,0", value=repr(value)) from None
+        if (not isinstance(value, list) or len(value) != 3
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
+            raise OptionError(field, f"expected three numbers A,B,C, got {shown(value)}")
+        if not all(math.isfinite(v) and v >= 0 for v in value) or not any(value):
+            raise OptionError(field, "coefficients must be finite, non-negative and not all zero",
+                              value=",".join(str(v) for v in value))
+        return (float(value[0]), float(value[1]), float(value[2]))
+
+
 def _is_scalar(value: Any) -> bool:
     return isinstance(value, (int, float, str)) and not isinstance(value, bool)
 
@@ -55,10 +89,13 @@ def _is_scalar(value: Any) -> bool:
 class BucketOptions:
     """What `bucket` computes; validated on construction (problems name the option's field)."""
 
-    length: str | None = option("Length to bucket by: an integer column, or a list column's steps "
-                                "(default: the first sequence column).", Column(), None)
+    length: str | tuple[str, ...] | None = option(
+        "Length to bucket by: an integer column, or a list column's steps (default: the first sequence column). "
+        "Give it twice for a grid of buckets over two lengths: the i-th --length is the steps of the i-th "
+        "--sequence.", Lengths(), None)
     sequence: tuple[str, ...] = option("A sequence (list) column to pad; repeat for several, which must agree in "
-                                       "length (default: every list column).", ColumnList(dedupe=True), ())
+                                       "length (default: every list column); with two --length, one per length "
+                                       "(default: the two --length list columns).", ColumnList(dedupe=True), ())
     boundaries: tuple[int, ...] | None = option("Bucket edges b0,b1,...: buckets < b0, [b_i, b_i+1), >= b_last.",
                                                 Integers(), None)
     auto_buckets: int | None = option("Choose K buckets from the length distribution to minimise padding.",
@@ -74,6 +111,9 @@ class BucketOptions:
     cost: str = option("With --max-tokens, what a batch costs: rows x padded length (linear), or rows x padded "
                        "length squared (quadratic, as attention costs), so short buckets get more rows.",
                        Choice(COSTS), "linear")
+    cost_coefficients: tuple[float, float, float] | None = option(
+        "With two --length and --max-tokens: a row padded to (in, out) steps costs A*in^2 + B*in*out + C*out "
+        "(instead of --cost's in + out or in^2 + out^2).", Coefficients(), None)
     drop_oversize: bool = option("Drop (and count) examples that exceed --max-tokens alone, instead of stopping.",
                                  Flag(), False)
     pad_to_boundary: bool = option("Pad to the longest length the bucket admits (boundary - 1), not the batch's "
@@ -124,6 +164,7 @@ class BucketOptions:
         if self.order not in ORDERS:
             raise OptionError("order", f"expected {' or '.join(ORDERS)}", value=repr(self.order))
         self._check_balance()
+        self._check_grid()
         names.check_names(OUTPUT_COLUMNS, self.output_column)
 
     @property
@@ -141,6 +182,47 @@ class BucketOptions:
         if self.order != "shuffle":
             raise OptionError("balance", f"{{balance}} with {{order}} {self.order}: balanced batches are drawn at "
                               "random (use {order} shuffle)", mentions=["order"])
+
+    @property
+    def lengths(self) -> tuple[str, ...]:
+        """The --length columns given, one per dimension (none: the first sequence column's steps)."""
+        if self.length is None:
+            return ()
+        return (self.length,) if isinstance(self.length, str) else tuple(self.length)
+
+    @property
+    def grid(self) -> bool:
+        """Two --length: a grid of buckets over both lengths."""
+        return len(self.lengths) == 2
+
+    def _check_grid(self) -> None:
+        """Two lengths: one --sequence per length, buckets chosen by --auto-buckets, and the one-length features
+        a grid does not have refused (one line each)."""
+        if len(self.lengths) > 2:
+            raise OptionError("length", f"{len(self.lengths)} lengths given: give one, or two for a grid of buckets",
+                              value=",".join(self.lengths))
+        if not self.grid:
+            if self.cost_coefficients is not None:
+                raise OptionError("cost_coefficients", "{cost_coefficients} needs two {length} columns (in, out)",
+                                  mentions=["length"])
+            return
+        if self.sequence and len(self.sequence) != 2:
+            raise OptionError("sequence", f"{len(self.sequence)} {{sequence}} columns for 2 {{length}} columns: give "
+                              "one sequence per length, in the same order", value=",".join(self.sequence),
+                              mentions=["length"])
+        refused = {"boundaries": self.boundaries is not None, "bucket_column": self.bucket_column is not None,
+                   "balance": self.balance is not None, "mask": self.mask, "padding": self.padding != "stored"}
+        name = next((n for n, given in refused.items() if given), None)
+        if name is not None:
+            raise OptionError(name, f"{{{name}}} is not available with two {{length}} columns (a grid of buckets "
+                              "takes {auto_buckets} K, padded batches, no classes or mask)",
+                              value=self.padding if name == "padding" else None, mentions=["length", "auto_buckets"])
+        if self.cost_coefficients is not None and self.cost != "linear":
+            raise OptionError("cost_coefficients", f"give {{cost}} {self.cost} or {{cost_coefficients}}, not both",
+                              mentions=["cost"])
+        if self.cost_coefficients is not None and self.max_tokens is None:
+            raise OptionError("cost_coefficients", "{cost_coefficients} goes with {max_tokens}",
+                              mentions=["max_tokens"])
 
     @property
     def known_classes(self) -> int | None:
@@ -183,4 +265,4 @@ class BucketOptions:
         return self.num_buckets
 
 
-__all__ = ["COSTS", "ORDERS", "PADDINGS", "OUTPUT_COLUMNS", "BucketOptions", "Integers"]
+__all__ = ["COSTS", "ORDERS", "PADDINGS", "OUTPUT_COLUMNS", "BucketOptions", "Coefficients", "Integers", "Lengths"]

@@ -28,6 +28,7 @@ from batchtool.io.stats import DatasetStats, check_lengths, chunk_stats, is_sequ
 
 from batchtool.ops import names as own
 from batchtool.ops.bucket.options import OUTPUT_COLUMNS, BucketOptions
+from batchtool.ops.bucket.grid import Grid, GridBudget, merge_pairs, pair_counts
 from batchtool.ops.batching import BatchBudget
 
 BUCKET_BYTES = 1 << 10
@@ -59,10 +60,13 @@ class BucketColumns:
     reused: tuple[str, ...] = ()
     """Output columns ("length", "bucket") an input integer column of the same name already holds: it must
     equal what bucket computes, row by row, and is then written once."""
+    second: str | None = None
+    """With two --length: the second length's column (the steps of sequences[1]; `length` is sequences[0]'s)."""
 
     @property
     def first_pass(self) -> list[str]:
-        return list(dict.fromkeys(c for c in (self.length, self.bucket, self.keep, self.label) if c is not None))
+        return list(dict.fromkeys(c for c in (self.length, self.second, self.bucket, self.keep, self.label)
+                                  if c is not None))
 
 
 def resolve_columns(options: BucketOptions, schema: pa.Schema) -> BucketColumns:
@@ -77,12 +81,13 @@ def resolve_columns(options: BucketOptions, schema: pa.Schema) -> BucketColumns:
 
     for name in options.sequence:
         need(name, "sequence", is_sequence_type, "a list (sequence) column")
+    for name in options.lengths:
+        need(name, "length", lambda t: is_sequence_type(t) or pa.types.is_integer(t), "an integer or list column")
+    if options.grid:
+        return _grid_columns(options, schema)
     sequences = options.sequence or tuple(f.name for f in schema if is_sequence_type(f.type))
-    length = options.length or (sequences[0] if sequences else None)
-    if options.length:
-        need(options.length, "length", lambda t: is_sequence_type(t) or pa.types.is_integer(t),
-             "an integer or list column")
-    elif length is None:
+    length = options.lengths[0] if options.lengths else (sequences[0] if sequences else None)
+    if length is None:
         raise ColumnError("length", "no list column to measure: pass {length} with an integer length column")
     if options.bucket_column:
         need(options.bucket_column, "bucket_column", pa.types.is_integer, "an integer column")
@@ -98,9 +103,27 @@ def resolve_columns(options: BucketOptions, schema: pa.Schema) -> BucketColumns:
     reused = tuple(role for role, column in own.adopted(schema, out, ("length", "bucket")).items()
                    if column not in busy)
     written = [c for c in names if c not in replaced and c not in (out[r] for r in reused)]
-    own.refuse_clashes("bucket", {c: out[c] for c in OUTPUT_COLUMNS if c != "mask" or options.mask}, written)
+    own.refuse_clashes("bucket", {c: out[c] for c in OUTPUT_COLUMNS if c not in ("mask", "length_2") or
+                                  (c == "mask" and options.mask)}, written)
     return BucketColumns(length, tuple(sequences), options.bucket_column, options.keep,
                          replaced + tuple(out[c] for c in reused), options.balance, out, reused)
+
+
+def _grid_columns(options: BucketOptions, schema: pa.Schema) -> BucketColumns:
+    """Two --length: the i-th length column measures the i-th sequence (by default the length columns themselves,
+    when both are list columns); the length and length_2 output columns replace input columns of their names."""
+    sequences = options.sequence or tuple(c for c in options.lengths if is_sequence_type(schema.field(c).type))
+    if len(sequences) != 2:
+        raise ColumnError("sequence", f"{len(sequences)} sequence columns for 2 {{length}} columns: give one "
+                          "{sequence} per {length}, in the same order", value=",".join(sequences) or "none",
+                          mentions=("length",))
+    out = options.output_names
+    roles = dict(zip(("length", "length_2"), options.lengths))
+    replaced = tuple(out[r] for r, column in roles.items() if column == out[r] and column not in sequences)
+    written = [c for c in schema.names if c not in replaced]
+    own.refuse_clashes("bucket", {c: out[c] for c in OUTPUT_COLUMNS if c != "mask"}, written)
+    return BucketColumns(options.lengths[0], tuple(sequences), None, options.keep, replaced, None, out,
+                         second=options.lengths[1])
 
 
 # -- the first pass ---------------------------------------------------------------------------------------------
@@ -113,11 +136,19 @@ class LengthPass:
 
     stats: DatasetStats = field(default_factory=DatasetStats)
     classes: np.ndarray | None = None
+    pairs: np.ndarray | None = None
+    """With two --length: the exact joint histogram (grid.pair_counts) of the kept rows."""
+    memory: int = 0
+    """With two --length: --memory, whose share bounds the distinct pairs counted."""
 
     def merge(self, later: LengthPass) -> None:
         self.stats.merge(later.stats)
         if later.classes is not None:
             self.classes = _add_counts(self.classes, later.classes)
+        if later.pairs is not None:
+            self.memory = max(self.memory, later.memory)
+            self.pairs = merge_pairs(self.pairs if self.pairs is not None else later.pairs[:0], later.pairs,
+                                     self.memory)
 
 
 def length_pass(options: BucketOptions, columns: BucketColumns, chunk: Chunk, locate: Callable[[int], str],
@@ -129,7 +160,14 @@ def length_pass(options: BucketOptions, columns: BucketColumns, chunk: Chunk, lo
     joint = None
     if columns.label is not None:
         joint = joint_counts(chunk, columns, options.known_classes, memory, locate)
-    return LengthPass(chunk_stats(chunk, columns.bucket, columns.length), joint)
+    first = LengthPass(chunk_stats(chunk, columns.bucket, columns.length), joint)
+    if columns.second is not None:
+        check_lengths(chunk, columns.second, memory)
+        first.memory = memory
+        first.pairs = merge_pairs(np.zeros((0, 3), np.int64), pair_counts(lengths_of(chunk.data, columns.length),
+                                                                          lengths_of(chunk.data, columns.second)),
+                                  memory)
+    return first
 
 
 def joint_counts(chunk: Chunk, columns: BucketColumns, num_classes: int | None, memory: int,
@@ -212,6 +250,8 @@ class BucketPlan:
     """Per bucket: the padded length with --pad-to-boundary (the longest length the bucket admits), else None."""
     pad_values: Mapping[str, Any]
     balance: Balance | None = None
+    grid: Grid | None = None
+    """With two --length: the cells (a bucket is a cell)."""
     parts: tuple[int, ...] = ()
     """Spill parts per group (`with_spill_layout`). Shuffle: a group is a bucket; one part of every bucket is held
     at once, and loading the next part of one bucket takes as much again, so together they are sized to half of
@@ -235,7 +275,9 @@ class BucketPlan:
         return fixed if fixed is not None else int(np.max(lengths, initial=0))
 
     def rows_per_bucket(self) -> np.ndarray:
-        """Batchable rows per bucket, from the first pass."""
+        """Batchable rows per bucket (cell), from the first pass."""
+        if self.grid is not None:
+            return self.grid.cell_rows()
         return bucket_longest(self.first.stats, self.options, self.boundaries, self.num_buckets)[0]
 
 
@@ -270,6 +312,8 @@ def make_plan(options: BucketOptions, columns: BucketColumns, first: LengthPass,
     class counts); the spill layout comes later, from a sample of the rows (`with_spill_layout`)."""
     stats = first.stats
     counts = batchable_counts(stats, options)
+    if first.pairs is not None:
+        return _grid_plan(options, columns, first, schema, seed, memory, tasks)
     if options.boundaries is not None:
         boundaries: tuple[int, ...] | None = tuple(options.boundaries)
     elif options.auto_buckets is not None:
@@ -293,10 +337,7 @@ def make_plan(options: BucketOptions, columns: BucketColumns, first: LengthPass,
     if options.pad_to_boundary:
         pad_to = (*(b - 1 for b in boundaries), None)
     pad_values = parse_pad_values(options.pad_value, schema)
-    unpadded = sorted(set(pad_values) - set(columns.sequences))
-    if unpadded:
-        raise OptionError("pad_value", f"column {unpadded[0]!r} is not padded "
-                          f"(sequence columns: {', '.join(columns.sequences) or 'none'})", value=f"{unpadded[0]}=...")
+    _check_padded(pad_values, columns)
     balance = None
     if first.classes is not None:
         fixed = np.array([-1 if p is None else p for p in pad_to])
@@ -310,26 +351,85 @@ def make_plan(options: BucketOptions, columns: BucketColumns, first: LengthPass,
     return BucketPlan(options, seed, memory, tasks, first, columns, boundaries, n, budgets, pad_to, pad_values, balance)
 
 
+def _grid_plan(options: BucketOptions, columns: BucketColumns, first: LengthPass, schema: pa.Schema, seed: int,
+               memory: int, tasks: int) -> BucketPlan:
+    """Two --length: the grid --auto-buckets chooses over the batchable rows' joint histogram; every cell's
+    batches cut by one budget, padded to their longest row (or with --pad-to-boundary the cell's longest) in each
+    dimension."""
+    assert first.pairs is not None and options.auto_buckets is not None
+    limit = GridBudget(options.batch_size[0] if options.batch_size else None, options.max_tokens, options.max_rows,
+                       options.cost, options.cost_coefficients)
+    distinct = max((len(np.unique(first.pairs[:, d])) for d in (0, 1)), default=0)
+    k = min(options.auto_buckets, max(1, distinct))
+    budget.check("auto_buckets", f"choosing {k:,} cells among {distinct:,} distinct lengths",
+                 2 * k * (distinct + 1) * CHOICE_BYTES, memory,
+                 "give a smaller {auto_buckets}", value=options.auto_buckets)
+    grid = Grid.choose(first.pairs, k, limit, options.pad_to_boundary)
+    n = grid.cells
+    budget.check("auto_buckets", f"the bookkeeping of {n:,} cells", n * BUCKET_BYTES, memory,
+                 "give a smaller {auto_buckets}", value=options.auto_buckets)
+    pad_values = parse_pad_values(options.pad_value, schema)
+    _check_padded(pad_values, columns)
+    return BucketPlan(options, seed, memory, tasks, first, columns, None, n, (), (None,) * n, pad_values, grid=grid)
+
+
+def _check_padded(pad_values: Mapping[str, Any], columns: BucketColumns) -> None:
+    """--pad-value names only sequence columns."""
+    unpadded = sorted(set(pad_values) - set(columns.sequences))
+    if unpadded:
+        raise OptionError("pad_value", f"column {unpadded[0]!r} is not padded "
+                          f"(sequence columns: {', '.join(columns.sequences) or 'none'})", value=f"{unpadded[0]}=...")
+
+
 def with_spill_layout(plan: BucketPlan, row_bytes: tuple[float, float]) -> BucketPlan:
     """The plan with its spill layout for rows of these sizes ((per row, per step), see `row_bytes`), once one
     padded batch of every bucket is known to fit --memory."""
     options, stats, n = plan.options, plan.first.stats, plan.num_buckets
     most = range_bytes(plan.memory, plan.tasks)
+    sizes = _bucket_bytes(stats, plan.boundaries, n, row_bytes) if plan.grid is None else _cell_bytes(plan.grid, row_bytes)
     if plan.balance is not None:
         ranges: tuple[int, ...] = ()
         k = plan.balance.num_classes
         share = plan.balance.available / np.maximum(1, plan.balance.available.sum(axis=1, keepdims=True))
         parts = tuple(parts_for(bytes_ * s, min(plan.memory // (2 * n * k), most))
-                      for bytes_, row in zip(_bucket_bytes(stats, plan.boundaries, n, row_bytes), share) for s in row)
+                      for bytes_, row in zip(sizes, share) for s in row)
     elif options.order == "shuffle":
         ranges = ()
-        parts = tuple(parts_for(b, min(plan.memory // (2 * n), most))
-                      for b in _bucket_bytes(stats, plan.boundaries, n, row_bytes))
+        parts = tuple(parts_for(b, min(plan.memory // (2 * n), most)) for b in sizes)
     else:
         ranges = _length_ranges(stats.length_counts, row_bytes, min(plan.memory // 2, most))
         parts = (1,) * (n * (len(ranges) + 1))
-    check_largest_batch(plan, row_bytes)
+    if plan.grid is not None:
+        check_largest_cell_batch(plan, plan.grid, row_bytes)
+    else:
+        check_largest_batch(plan, row_bytes)
     return replace(plan, parts=parts, length_ranges=ranges)
+
+
+def _cell_bytes(grid: Grid, row_bytes: tuple[float, float]) -> np.ndarray:
+    """Estimated in-memory bytes per cell: exact rows and first-length steps (which row_bytes' bytes per step,
+    both sequences' bytes over the first's steps, is measured against)."""
+    per_row, per_step = row_bytes
+    return grid.cell_rows() * per_row + grid.cell_steps((0,)) * per_step
+
+
+def check_largest_cell_batch(plan: BucketPlan, grid: Grid, row_bytes: tuple[float, float]) -> None:
+    """Two --length: stop before batching if one padded batch of some cell would not fit --memory: its rows (at
+    most the cell's, the budget's and, by tokens, as many as rows of the cheapest cost fit) padded to the cell's
+    longest lengths."""
+    per_row, per_step = row_bytes
+    limit = grid.budget
+    rows, longest = grid.cell_rows(), grid.cell_longest()
+    for b in np.flatnonzero(rows):
+        first, second = (int(v) for v in longest[b])
+        most = limit.batch_size if limit.batch_size is not None else min(
+            limit.max_rows or int(rows[b]), int(limit.max_tokens // float(limit.row_cost(1, 1))))
+        batch_rows = min(int(rows[b]), most)
+        field, value = ("batch_size", limit.batch_size) if limit.batch_size is not None else ("max_tokens",
+                                                                                            limit.max_tokens)
+        budget.check(field, f"one batch of cell {b}, {batch_rows:,} rows padded to up to {first:,} x {second:,} "
+                     "steps,", batch_rows * per_row + batch_rows * first * per_step, plan.memory,
+                     f"give a smaller {{{field}}} or a larger {{memory}}", value=value)
 
 
 def check_largest_batch(plan: BucketPlan, row_bytes: tuple[float, float]) -> None:

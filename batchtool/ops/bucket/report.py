@@ -15,6 +15,7 @@ from batchtool.ops.boundaries import efficiency, expected_efficiency, quantile_b
 from batchtool.ops.bucket.plan import batchable_counts
 
 if TYPE_CHECKING:
+    from batchtool.ops.bucket.grid import Grid
     from batchtool.ops.bucket.plan import Balance, BucketPlan
 
 
@@ -26,6 +27,8 @@ class BucketCounts:
     batches: np.ndarray
     real: np.ndarray
     padded: np.ndarray
+    cost: np.ndarray
+    """Two --length: the largest batch cost per cell."""
     rows_in: int = 0
     dropped: dict[str, int] = field(default_factory=lambda: {"keep": 0, "oversize": 0, "remainder": 0})
     balance: Balance | None = None
@@ -34,7 +37,7 @@ class BucketCounts:
 
     @classmethod
     def zeros(cls, num_buckets: int) -> BucketCounts:
-        return cls(*(np.zeros(num_buckets, dtype=np.int64) for _ in range(4)))
+        return cls(*(np.zeros(num_buckets, dtype=np.int64) for _ in range(4)), np.zeros(num_buckets))
 
     def add_classes(self, labels: pa.Array, num_classes: int) -> None:
         codes = pc.cast(labels, pa.int64()).to_numpy(zero_copy_only=False)
@@ -55,9 +58,13 @@ class BucketCounts:
             if plan.boundaries is not None:
                 edges = (0, *plan.boundaries, None)
                 row["lengths"] = [edges[b], edges[b + 1]]
+            if plan.grid is not None:
+                row.update(cell=list(plan.grid.position(b)), lengths=plan.grid.edges(b))
             row.update(examples=int(self.examples[b]), batches=int(self.batches[b]), real_elements=int(self.real[b]),
                        padded_elements=int(self.padded[b]),
                        padding_efficiency=efficiency(int(self.real[b]), int(self.padded[b])))
+            if plan.grid is not None:
+                row["max_batch_cost"] = _number(self.cost[b])
             if self.balance is not None:
                 row.update(self.balance_row(b))
             rows.append(row)
@@ -104,10 +111,33 @@ def bucket_stats(plan: BucketPlan, counts: BucketCounts) -> dict[str, Any]:
     }
     if counts.balance is not None:
         out["balance"] = counts.balance_summary()
+    if plan.grid is not None:
+        out.update(_grid_stats(plan, plan.grid, counts))
+        return out
     if plan.options.auto_buckets is not None:
         out["auto_buckets"] = auto_bucket_report(batchable_counts(plan.first.stats, plan.options), plan.boundaries,
                                                  plan.options.auto_buckets)
     return out
+
+
+def _grid_stats(plan: BucketPlan, grid: Grid, counts: BucketCounts) -> dict[str, Any]:
+    """Two --length: the grid's boundaries (the first length's, then the second's in each first-length bucket)
+    and cells per first-length bucket, the largest batch cost and the budget, and what the grid was chosen by
+    (every row padded to its buckets' longest lengths) next to what the batches padded."""
+    limit = grid.budget
+    real = int(grid.cell_steps().sum())
+    return {"boundaries": [list(grid.first), [list(b) for b in grid.second]], "grid": grid.shape,
+            "max_batch_cost": _number(counts.cost.max(initial=0)),
+            "cost": {"model": "coefficients" if limit.coefficients else limit.cost,
+                     "coefficients": list(limit.coefficients) if limit.coefficients else None,
+                     "max_tokens": limit.max_tokens},
+            "auto_buckets": {"k": plan.options.auto_buckets,
+                             "expected_padding_efficiency": efficiency(real, grid.bound())}}
+
+
+def _number(value: float) -> int | float:
+    """A cost as the manifest records it: an integer when it is one."""
+    return int(value) if float(value).is_integer() else round(float(value), 6)
 
 
 def auto_bucket_report(length_counts: np.ndarray, boundaries: Sequence[int], k: int) -> dict[str, Any]:
@@ -124,7 +154,13 @@ def summary_lines(stats: dict[str, Any]) -> list[str]:
     when it dropped most rows and what it balanced."""
     lines = []
     auto = stats.get("auto_buckets")
-    if auto:
+    if auto and "grid" in stats:
+        first, second = stats["boundaries"]
+        edges = "; ".join(",".join(map(str, b)) or "-" for b in second)
+        lines.append(f"auto-buckets: {sum(stats['grid'])} cells, first length {','.join(map(str, first)) or '-'}, "
+                     f"second length per first-length bucket {edges} (-: not cut); expected padding efficiency "
+                     f"{percent(auto['expected_padding_efficiency'])}; largest batch cost {stats['max_batch_cost']:,}")
+    elif auto:
         lines.append(f"auto-buckets: boundaries {','.join(map(str, stats['boundaries'])) or '(one bucket)'}; "
                      f"expected padding efficiency {percent(auto['expected_padding_efficiency'])} "
                      f"({auto['k']} quantile buckets: {percent(auto['quantile_expected_padding_efficiency'])})")
