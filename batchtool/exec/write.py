@@ -27,7 +27,7 @@ from batchtool.exec.exchange import ReadUnit
 from batchtool.exec.job import JobResult, read_paths
 from batchtool.exec.produced import Deferred, Emitted, Job, Produce, Produced, Streamed
 from batchtool.exec.shards import Encoded, runs_of, write_on_workers
-from batchtool.io import manifest as manifest_mod
+from batchtool.io import example_index, manifest as manifest_mod
 from batchtool.io.dataset import ReadReport
 from batchtool.io.formats.base import EncodedBatch
 from batchtool.io.output import BatchShardWriter, OutputOptions, encode_batch, output_directory
@@ -74,7 +74,8 @@ def _pipeline_stats(manifest_stats: Callable[[dict[str, Any], int], dict[str, An
 def write_manifest(tmp: str, job: Job, casts: dict[str, str], stored: pa.Schema, files: list[dict], rows_in: int,
                    rows_out: int, report: ReadReport, stats: Callable[[], dict[str, Any]],
                    executed: dict[str, Any], padding: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The manifest of a finished output in `tmp`, written there; returns it. Its run section (the one part that
+    """The manifest of a finished output in `tmp`, written there (with the example index of batch output); returns
+    it. Its run section (the one part that
     may differ between runs writing the same bytes) says how the run went (`executed`: the executor's summary);
     `padding`: how batchtool.load pads the batches (Cut.padding)."""
     job_stats = stats()
@@ -88,6 +89,8 @@ def write_manifest(tmp: str, job: Job, casts: dict[str, str], stored: pa.Schema,
     if casts:
         manifest["output"]["cast"] = casts
     with fs.write_errors(f"{job.dst}: cannot write the output"):
+        if job.batches:
+            manifest["output"]["index"] = example_index.build(tmp, manifest)
         manifest_mod.write(tmp, manifest)
     return manifest
 
