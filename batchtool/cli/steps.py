@@ -15,7 +15,7 @@ _ORDER_OPTIONS = [
                  help="The epoch (Loader.set_epoch)."),
     click.option("--world-size", type=click.IntRange(min=1), default=1, show_default=True,
                  help="Ranks the batches are shared among (load's world_size)."),
-    click.option("--seed", type=int, default=0, show_default=True, help="load's seed (the epoch's order)."),
+    click.option("--seed", type=int, default=0, show_default=True, help="The seed of the epochs' orders (batchtool.load's `seed`)."),
 ]
 
 
@@ -31,7 +31,7 @@ def _order_options(rank_help: str, rank_default: int | None) -> Callable:
     return apply
 
 
-@command("where", "batchtool where sample_data/batches ex-00000042")
+@command("where", "batchtool where sample_data/batches ex-00000683")
 @click.argument("dst")
 @click.argument("key")
 @_order_options("Only this rank (default: every rank of --world-size).", None)

@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 
 from batchtool.core import fs, progress
+from batchtool.core.errors import OptionError
 from batchtool.core.run_settings import RunSettings
 from batchtool.core.runner import Executor
 from batchtool.core.tally import Tally
@@ -51,6 +52,13 @@ def write(job: Job, produce: Produce, executor: Executor, report: ReadReport | N
     report = ReadReport() if report is None else report
     casts = job.output.casts(job.schema)
     stored = job.output.stored_schema(job.schema)
+    try:  # an unusable --key is refused before DST is touched
+        if job.batches:
+            example_index.key_column(stored, job.output.key)
+        elif job.output.key is not None:
+            raise OptionError("key", "only batch output has an example index to key", value=repr(job.output.key))
+    except OptionError as exc:
+        raise exc.at(job.dst) from None
     with output_directory(job.dst, job.output.overwrite, read_paths(job.source)) as tmp, \
             workspace(job.dst, executor, job.run.tmp_dir, inside=tmp) as space, produce(space, report) as produced:
         tasks = tasks_executor(space, executor)
@@ -90,7 +98,7 @@ def write_manifest(tmp: str, job: Job, casts: dict[str, str], stored: pa.Schema,
         manifest["output"]["cast"] = casts
     with fs.write_errors(f"{job.dst}: cannot write the output"):
         if job.batches:
-            manifest["output"]["index"] = example_index.build(tmp, manifest)
+            manifest["output"]["index"] = example_index.build(tmp, manifest, job.output.key)
         manifest_mod.write(tmp, manifest)
     return manifest
 

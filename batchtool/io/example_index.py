@@ -1,5 +1,5 @@
 """The example index every batch output carries beside its data files: the key of each example of each batch, in
-batch order and sorted by key, so that `batchtool where`/`step` find a key's batches or a batch's keys in O(log n)
+batch order, with the permutation that sorts them by key, so that `batchtool where`/`step` find a key's batches or a batch's keys in O(log n)
 from a memory map, and `check --receipts` can name the examples of a batch. A function of the data files alone."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batchtool.core import fs
-from batchtool.core.errors import BatchtoolError, InputError
+from batchtool.core.errors import BatchtoolError, InputError, OptionError
 from batchtool.io.dataset import Dataset, Shard
 from batchtool.io.formats.registry import FORMATS
 from batchtool.io.manifest import dataset_file, manifest_path, schema_from_json
@@ -25,7 +25,8 @@ KEY_COLUMN = "key"
 """The column whose values are the examples' keys (a list of them per row in pack output: one per document)."""
 READ_BATCHES = 1024
 """Batches of the key column read at a time while the index is built."""
-_FIELDS = ("key", "batch", "sorted_key", "sorted_batch")
+_FIELDS = ("key", "batch", "by_key")
+"""Per example in output order: its key, its batch; and the examples in key order (then batch order)."""
 _HASH_READ_BYTES = 1 << 20
 
 
@@ -35,15 +36,25 @@ class NotFoundError(BatchtoolError):
     exit_code = 1
 
 
-def key_column(schema: pa.Schema) -> str | None:
-    """The column the keys come from: `key` where it holds strings or integers (or lists of them); None: an
-    example's key is its number in the output (file order)."""
-    if KEY_COLUMN not in schema.names:
-        return None
-    t = schema.field(KEY_COLUMN).type
+def key_column(schema: pa.Schema, asked: str | None = None) -> str | None:
+    """The column the keys come from: `asked` (--key; an OptionError unless the output has it, holding strings or
+    integers, or lists of them), else `key` where it does; None: an example's key is its number in the output (file
+    order)."""
+    if asked is not None:
+        if asked not in schema.names:
+            raise OptionError("key", f"the output has no such column (it has {', '.join(schema.names)})",
+                              value=repr(asked))
+        if not _keys_type(schema.field(asked).type):
+            raise OptionError("key", f"the column is {schema.field(asked).type}: expected strings or integers (or a "
+                              "list of them per row)", value=repr(asked))
+        return asked
+    return KEY_COLUMN if KEY_COLUMN in schema.names and _keys_type(schema.field(KEY_COLUMN).type) else None
+
+
+def _keys_type(t: pa.DataType) -> bool:
     if pa.types.is_list(t) or pa.types.is_large_list(t):
         t = t.value_type
-    return KEY_COLUMN if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t) else None
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t)
 
 
 def _keys_of(column: pa.Array) -> pa.Array:
@@ -55,16 +66,16 @@ def _keys_of(column: pa.Array) -> pa.Array:
                        else pa.int64())
 
 
-def build(directory: str, manifest: dict[str, Any]) -> dict[str, Any]:
+def build(directory: str, manifest: dict[str, Any], key: str | None = None) -> dict[str, Any]:
     """Write the index of the output in `directory` (its data files written, `manifest` listing them, not yet
-    written) as INDEX_NAME there; returns the manifest's `output.index` entry (name, key column, examples, size,
+    written) as INDEX_NAME there, keyed by key_column(schema, `key`); returns the manifest's `output.index` entry (name, key column, examples, size,
     sha256). Reads only the key column (or, without one, each batch's row count)."""
     spec = FORMATS[manifest["output"]["format"]]
     schema = schema_from_json(manifest["schema"])
     shards = tuple(Shard(i, fs.join(directory, f["path"]), f["bytes"]) for i, f in enumerate(manifest["output"]["files"]))
     dataset = Dataset(directory, spec, shards, schema, options=spec.options_of(manifest["output"]), manifest=manifest)
     counts, stored = spec.open_batches(directory, dataset)
-    column = key_column(schema)
+    column = key_column(schema, key)
     keys: list[pa.Array] = []
     sizes: list[np.ndarray] = []
     cache: dict = {}
@@ -89,9 +100,8 @@ def build(directory: str, manifest: dict[str, Any]) -> dict[str, Any]:
     else:
         key = pa.chunked_array(keys, type=keys[0].type if keys else pa.int64()).combine_chunks()
     table = pa.table({"key": key, "batch": batch})
-    order = pc.sort_indices(table, [("key", "ascending"), ("batch", "ascending")])
-    table = table.append_column("sorted_key", pc.take(key, order)).append_column(
-        "sorted_batch", pc.take(table.column("batch"), order))
+    order = pc.sort_indices(table, [("key", "ascending"), ("batch", "ascending")]).cast(pa.int64())
+    table = table.append_column("by_key", order)
     path = os.path.join(directory, INDEX_NAME)
     with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table, max_chunksize=max(1, table.num_rows))
@@ -130,9 +140,13 @@ class ExampleIndex:
 
     def batches_of(self, key: str | int) -> np.ndarray:
         """The batch of each example with this key (ascending; empty: none has it)."""
-        sorted_key = self.table.column(2)
-        lo, hi = _bound(sorted_key, key, False), _bound(sorted_key, key, True)
-        return self._checked(self.table.column(3).to_numpy()[lo:hi])
+        keys, by_key = self.table.column(0), self.table.column(2).to_numpy()
+        lo, hi = _bound(keys, by_key, key, False), _bound(keys, by_key, key, True)
+        examples = by_key[lo:hi]
+        if len(examples) and not (0 <= examples.min() and examples.max() < len(keys)):
+            raise InputError(f"{self.path}: names example {int(examples.max())} of {len(keys)}; the index is "
+                             "damaged")
+        return self._checked(self.table.column(1).to_numpy()[examples])
 
     def keys_of(self, batch: int) -> list[str | int]:
         """The keys of batch `batch`'s examples, in their order in the batch."""
@@ -152,12 +166,16 @@ class ExampleIndex:
         return batches
 
 
-def _bound(values: pa.Array, key: str | int, right: bool) -> int:
-    """Where `key` goes in sorted `values` (numpy's searchsorted, left or right), in O(log n) element reads."""
-    lo, hi = 0, len(values)
+def _bound(values: pa.Array, order: np.ndarray, key: str | int, right: bool) -> int:
+    """Where `key` goes in `values` taken in `order` (sorted: numpy's searchsorted, left or right), in O(log n)
+    element reads."""
+    lo, hi = 0, len(order)
     while lo < hi:
         mid = (lo + hi) // 2
-        v = values[mid].as_py()
+        at = int(order[mid])
+        if not 0 <= at < len(values):
+            raise InputError("the example index is damaged: it names an example it does not hold")
+        v = values[at].as_py()
         if v < key or (right and v == key):
             lo = mid + 1
         else:
@@ -185,8 +203,8 @@ def open_index(dst: str, manifest: dict[str, Any]) -> ExampleIndex:
     except (pa.ArrowException, OSError) as exc:
         raise InputError(f"{path}: unreadable example index ({exc})") from None
     if (table is None or tuple(table.schema.names) != _FIELDS or table.num_rows != entry.get("examples")
-            or table.column(1).type != pa.int64() or table.column(3).type != pa.int64()
-            or table.column(0).type != table.column(2).type or table.column(1).null_count or table.column(3).null_count):
+            or table.column(1).type != pa.int64() or table.column(2).type != pa.int64()
+            or table.column(0).null_count or table.column(1).null_count or table.column(2).null_count):
         raise InputError(f"{path}: not the example index {where} records")
     batches = int(manifest["output"]["batches"])
     return ExampleIndex(path, entry.get("key"), batches, table)

@@ -53,6 +53,9 @@ class OutputOptions:
     cast: tuple[str, ...] = ()
     """Lossy conversions asked for (keys of CASTS); a format holding floats as float32 only refuses a column that
     needs one otherwise."""
+    key: str | None = None
+    """Batch output: the column whose values key the examples in its example index (batchtool.io.example_index);
+    None: `key` where the output has one."""
 
     def __post_init__(self) -> None:
         if self.format not in registry.written():

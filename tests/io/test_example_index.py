@@ -44,8 +44,8 @@ def test_bucket_index_holds_each_batch_keys_in_order(root, fmt):
     expected = batches_in_file_order(dst)
     assert table.column("key").to_pylist() == [k for keys in expected for k in keys]
     assert table.column("batch").to_pylist() == [b for b, keys in enumerate(expected) for _ in keys]
-    pairs = sorted(zip(table.column("key").to_pylist(), table.column("batch").to_pylist()))
-    assert list(zip(table.column("sorted_key").to_pylist(), table.column("sorted_batch").to_pylist())) == pairs
+    pairs = list(zip(table.column("key").to_pylist(), table.column("batch").to_pylist()))
+    assert [pairs[i] for i in table.column("by_key").to_pylist()] == sorted(pairs)
 
 
 def test_the_index_is_the_same_bytes_for_any_format_and_threads(root, tmp_path):
