@@ -57,13 +57,20 @@ def _keys_type(t: pa.DataType) -> bool:
     return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t)
 
 
-def _keys_of(column: pa.Array) -> pa.Array:
-    """The keys a batch's key column holds, nulls (no example) left out: a list column's elements in order."""
+def _keys_of(column: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """The keys a key column holds, nulls (no example) left out: a list column's elements in order."""
     if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
         column = pc.list_flatten(column)
     column = column.drop_null()
     return column.cast(pa.large_string() if pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
                        else pa.int64())
+
+
+def _count(column: pa.Array) -> int:
+    """The examples of one batch's key column: its non-null keys."""
+    if pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+        column = column.flatten()
+    return len(column) - column.null_count
 
 
 def build(directory: str, manifest: dict[str, Any], key: str | None = None) -> dict[str, Any]:
@@ -86,10 +93,10 @@ def build(directory: str, manifest: dict[str, Any], key: str | None = None) -> d
                 if column is None:
                     sizes.append(np.asarray(stored.rows(f, local), dtype=np.int64))
                     continue
-                batches = stored.read(f, local, [column], dataset.projected_schema([column]), cache)()
-                found = [_keys_of(b.column(0)) for b in batches]
-                keys += found
-                sizes.append(np.array([len(k) for k in found], dtype=np.int64))
+                columns = [b.column(0) for b in stored.read(f, local, [column], dataset.projected_schema([column]),
+                                                            cache)()]
+                sizes.append(np.array([_count(c) for c in columns], dtype=np.int64))
+                keys += _keys_of(pa.chunked_array(columns, type=schema.field(column).type)).chunks
             stored.release(cache)
     finally:
         stored.release(cache)
