@@ -106,9 +106,10 @@ def build(directory: str, manifest: dict[str, Any], key: str | None = None) -> d
         key = pa.array(np.arange(len(batch), dtype=np.int64))
     else:
         key = pa.chunked_array(keys, type=keys[0].type if keys else pa.int64()).combine_chunks()
-    table = pa.table({"key": key, "batch": batch})
-    order = pc.sort_indices(table, [("key", "ascending"), ("batch", "ascending")]).cast(pa.int64())
-    table = table.append_column("by_key", order)
+    # batches ascend in output order, so a stable sort by key alone orders by (key, batch)
+    order = (np.argsort(key.to_numpy(), kind="stable") if pa.types.is_integer(key.type)
+             else pc.sort_indices(key).to_numpy().astype(np.int64))
+    table = pa.table({"key": key, "batch": batch, "by_key": order})
     path = os.path.join(directory, INDEX_NAME)
     with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table, max_chunksize=max(1, table.num_rows))

@@ -174,6 +174,8 @@ class Loader:
         self._start = 0
         """Batches of the epoch's order that ranks consumed before this run's (a resume on another world size)."""
         self._resume: Resume | None = None
+        self._order: tuple[int, tuple[np.ndarray, np.ndarray]] | None = None
+        """The last epoch whose order was computed, with it (epoch_order)."""
         self._iterating = False
         self._pickled = False
         """This object was pickled (how a DataLoader sends it to spawned worker processes) since it last iterated."""
@@ -192,6 +194,7 @@ class Loader:
         self._pickled = True
         state = self.__dict__.copy()
         del state["_forked"]
+        state["_order"] = None  # (recomputed where needed: a worker need not receive a whole epoch's order)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -315,16 +318,22 @@ class Loader:
         if not 0 <= position <= len(self):
             raise UsageError(f"position {position}: this rank has {len(self)} batches in this epoch")
 
-    def epoch_batches(self) -> np.ndarray:
-        """The batch numbers this rank reads in the current epoch, in order (no data is read)."""
+    def epoch_batches(self, rank: int | None = None) -> np.ndarray:
+        """The batch numbers this rank (or rank `rank` of the world size) reads in the current epoch, in order (no
+        data is read; the epoch's order is computed once for every rank asked)."""
+        rank = self.rank if rank is None else rank
+        _check_ranks(self.dataset.src, rank, self.world_size, self._writer)
         order, _ = self._epoch()
-        return order[self._rank_positions()]
+        return order[self._rank_positions(rank)]
 
     def _epoch(self) -> tuple[np.ndarray, np.ndarray]:
-        return epoch_order(self._layout.counts, self.seed, self.epoch, self.shuffle)
+        if self._order is None or self._order[0] != self.epoch:
+            self._order = (self.epoch, epoch_order(self._layout.counts, self.seed, self.epoch, self.shuffle))
+        return self._order[1]
 
-    def _rank_positions(self) -> np.ndarray:
-        return rank_positions(self.num_batches, self.rank, self.world_size, self.drop_uneven, self._start)
+    def _rank_positions(self, rank: int | None = None) -> np.ndarray:
+        return rank_positions(self.num_batches, self.rank if rank is None else rank, self.world_size,
+                              self.drop_uneven, self._start)
 
     def _first(self, worker: int, workers: int) -> int:
         """Where this iterator starts among the rank's positions: worker w of K at the resume position + w (it

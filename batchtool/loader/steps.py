@@ -56,15 +56,14 @@ def key_places(dst: str, key: str, *, epoch: int = 0, world_size: int = 1, rank:
     """Every place in epoch `epoch` where an example with key `key` (as the command line gives it) is handed out,
     by rank (`rank`, or every rank of `world_size`), then step. A NotFoundError when no example has the key;
     an empty list when the epoch's order hands none of its batches to these ranks (drop_uneven's remainder)."""
-    first = _loader(dst, epoch, world_size, 0 if rank is None else rank, seed)
-    index = index_of(dst, first)
+    loader = _loader(dst, epoch, world_size, 0 if rank is None else rank, seed)
+    index = index_of(dst, loader)
     batches = index.batches_of(index.parse(key))
     if not len(batches):
         raise NotFoundError(f"{dst}: no example has key {key!r} ({_keys_are(index)})")
     places = []
     for r in range(world_size) if rank is None else [rank]:
-        loader = first if r == first.rank else _loader(dst, epoch, world_size, r, seed)
-        order = loader.epoch_batches()
+        order = loader.epoch_batches(r)
         steps = np.flatnonzero(np.isin(order, batches))
         places += [Place(int(s), int(order[s]), r) for s in steps]
     return places
