@@ -143,3 +143,17 @@ def test_a_receipt_from_elsewhere_is_one_clear_error(root, tmp_path):
     cut = str(tmp_path / "cut.log")
     open(cut, "w").writelines(open(log).readlines()[:2] + ['{"epoch":0,"st'])  # a write the process did not finish
     assert [r.step for r in read_receipts(cut)] == [0, 1]
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_dataloader_workers_append_whole_lines_to_one_receipt(root, tmp_path):
+    torch_data = pytest.importorskip("torch.utils.data")
+    dst = bucket_output(root)
+    plain, workers = str(tmp_path / "plain.log"), str(tmp_path / "workers.log")
+    consume(dst, plain, 2, None)
+    for rank in range(2):
+        loader = batchtool.load(dst, rank=rank, world_size=2, receipt=workers, columns=["key"])
+        assert len(list(torch_data.DataLoader(loader, batch_size=None, num_workers=2))) == len(loader)
+    assert exactly_once(dst, [workers]).passed
+    assert same_prefix(dst, [plain, workers]).passed
+    assert sorted((r.rank, r.step) for r in read_receipts(workers)) == [(r, s) for r in range(2) for s in range(11)]
