@@ -423,7 +423,7 @@ class Loader:
                         if isinstance(item, _Unfinished):
                             item = finish(item.batch, batch_id)
                         if log is not None:
-                            log.append(self._receipt(self.position, batch_id))
+                            log.append(Receipt.of(self, self.position, batch_id))
                         self.position += workers
                         yield item, batch_id
                 if error is not None:
@@ -431,10 +431,6 @@ class Loader:
         finally:
             if log is not None:
                 log.close()
-
-    def _receipt(self, step: int, batch_id: int) -> Receipt:
-        return Receipt(epoch=self.epoch, step=step, rank=self.rank, world_size=self.world_size, batch=int(batch_id),
-                       batches=self.num_batches, seed=self.seed, shuffle=self.shuffle, drop_uneven=self.drop_uneven)
 
     def _reads(self, ids: np.ndarray, blocks: np.ndarray) -> Iterator[list[tuple[ReadTask, list[int]]]]:
         """Groups of reads in stream order, one task for the reading threads each: READ_BATCHES consecutive

@@ -6,13 +6,27 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Protocol
 
 from batchtool.core import fs
 from batchtool.core.errors import InputError
 
 MAX_LINE_BYTES = 4096
 """A receipt line is about 120 bytes: a longer one is not a receipt (and is never read whole)."""
+
+
+class Ordered(Protocol):
+    """What a receipt records of the loader handing a batch out (batchtool.Loader)."""
+
+    epoch: int
+    rank: int
+    world_size: int
+    seed: int
+    shuffle: bool
+    drop_uneven: bool
+
+    @property
+    def num_batches(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -30,6 +44,13 @@ class Receipt:
     seed: int
     shuffle: bool
     drop_uneven: bool
+
+    @classmethod
+    def of(cls, loader: Ordered, step: int, batch: int) -> Receipt:
+        """The receipt of `loader` handing out batch `batch` as its step `step` of the epoch."""
+        return cls(epoch=loader.epoch, step=step, rank=loader.rank, world_size=loader.world_size, batch=int(batch),
+                   batches=loader.num_batches, seed=loader.seed, shuffle=loader.shuffle,
+                   drop_uneven=loader.drop_uneven)
 
     def line(self) -> bytes:
         return (json.dumps({f.name: getattr(self, f.name) for f in fields(self)}, separators=(",", ":")) + "\n").encode()
