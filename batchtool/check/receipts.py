@@ -80,11 +80,14 @@ def exactly_once(dst: str, paths: Sequence[str]) -> Verdict:
     receipts = _read(output, paths)
     if not receipts:
         raise UsageError(f"--receipts {' '.join(paths)}: no receipt in them")
-    epochs = sorted({r.epoch for r, _, _ in receipts})
+    by_epoch: dict[int, list[tuple[Receipt, str, int]]] = {}
+    for found in receipts:
+        by_epoch.setdefault(found[0].epoch, []).append(found)
+    epochs = sorted(by_epoch)
     examples = 0
     finished = 0
     for epoch in epochs:
-        mine = [found for found in receipts if found[0].epoch == epoch]
+        mine = by_epoch[epoch]
         orders = {(r.seed, r.shuffle) for r, _, _ in mine}
         if len(orders) > 1:
             raise UsageError(f"receipts of epoch {epoch} come from loaders of different orders (seed, shuffle: "
