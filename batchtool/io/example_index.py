@@ -4,7 +4,6 @@ from a memory map, and `check --receipts` can name the examples of a batch. A fu
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +17,7 @@ from batchtool.core.errors import BatchtoolError, InputError, OptionError
 from batchtool.io.dataset import Dataset, Shard
 from batchtool.io.formats.registry import FORMATS
 from batchtool.io.manifest import dataset_file, manifest_path, schema_from_json
+from batchtool.io.output import HashingFile
 
 INDEX_NAME = ".batchtool_index.arrow"
 """A leading dot, as the manifest's: every directory reader skips it, so the output's data files stay the dataset."""
@@ -27,7 +27,6 @@ READ_BATCHES = 1024
 """Batches of the key column read at a time while the index is built."""
 _FIELDS = ("key", "batch", "by_key")
 """Per example in output order: its key, its batch; and the examples in key order (then batch order)."""
-_HASH_READ_BYTES = 1 << 20
 
 
 class NotFoundError(BatchtoolError):
@@ -75,8 +74,8 @@ def _count(column: pa.Array) -> int:
 
 def build(directory: str, manifest: dict[str, Any], key: str | None = None) -> dict[str, Any]:
     """Write the index of the output in `directory` (its data files written, `manifest` listing them, not yet
-    written) as INDEX_NAME there, keyed by key_column(schema, `key`); returns the manifest's `output.index` entry (name, key column, examples, size,
-    sha256). Reads only the key column (or, without one, each batch's row count)."""
+    written) as INDEX_NAME there, keyed by key_column(schema, `key`); returns the manifest's `output.index` entry
+    (name, key column, examples, size, sha256). Reads only the key column (or, without one, each batch's rows)."""
     spec = FORMATS[manifest["output"]["format"]]
     schema = schema_from_json(manifest["schema"])
     shards = tuple(Shard(i, fs.join(directory, f["path"]), f["bytes"]) for i, f in enumerate(manifest["output"]["files"]))
@@ -110,19 +109,14 @@ def build(directory: str, manifest: dict[str, Any], key: str | None = None) -> d
     order = (np.argsort(key.to_numpy(), kind="stable") if pa.types.is_integer(key.type)
              else pc.sort_indices(key).to_numpy().astype(np.int64))
     table = pa.table({"key": key, "batch": batch, "by_key": order})
-    path = os.path.join(directory, INDEX_NAME)
-    with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table, max_chunksize=max(1, table.num_rows))
-    return {"path": INDEX_NAME, "key": column, "examples": int(table.num_rows), "bytes": os.path.getsize(path),
-            "sha256": _sha256(path)}
-
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(_HASH_READ_BYTES):
-            h.update(block)
-    return h.hexdigest()
+    sink = HashingFile(os.path.join(directory, INDEX_NAME))
+    try:
+        with pa.PythonFile(sink, mode="w") as stream, pa.ipc.new_file(stream, table.schema) as writer:
+            writer.write_table(table, max_chunksize=max(1, table.num_rows))
+    finally:
+        sink.close()
+    return {"path": INDEX_NAME, "key": column, "examples": int(table.num_rows), "bytes": sink.bytes,
+            "sha256": sink.sha256.hexdigest()}
 
 
 @dataclass(frozen=True)
