@@ -18,6 +18,8 @@ OWN_COMMANDS = {
     "inspect": "batchtool.cli.io",
     "mix": "batchtool.cli.mix",
     "run": "batchtool.cli.pipeline",
+    "step": "batchtool.cli.steps",
+    "where": "batchtool.cli.steps",
 }
 """The commands written by hand, each the `NAME_cmd` of its module; every other op of OPERATIONS has the command
 cli/ops.py generates from its definition."""

@@ -55,6 +55,17 @@ def _refuse_writing_inputs(src: str, others: list[str | None], targets: dict[str
         raise UsageError(f"--json {json_file} and --junit {junit_file} are one file: give each report its own")
 
 
+def _check_receipts(src: str, receipts: tuple[str, ...], exactly_once: bool, same_prefix: bool) -> None:
+    """--receipts: one verdict line, exit 0 or 1."""
+    from batchtool.check import receipts as judge  # only when asked: it opens SRC as batchtool.load does
+
+    if not receipts or exactly_once == same_prefix:
+        raise UsageError("--receipts PATH... takes one of --exactly-once and --same-prefix (and they take it)")
+    verdict = (judge.exactly_once if exactly_once else judge.same_prefix)(src, receipts)
+    click.echo(f"{'PASS' if verdict.passed else 'FAIL'} {verdict.line}")
+    click.get_current_context().exit(verdict.exit_code)
+
+
 @command("check", "batchtool check sample_data/parquet --rules sample_data/rules.toml --junit check.xml")
 @click.argument("src")
 @click.option("--rules", "rules_file", metavar="RULES.toml",
@@ -98,6 +109,14 @@ def _refuse_writing_inputs(src: str, others: list[str | None], targets: dict[str
               help="Rules: class proportions, length quantiles, null shares and row count within --tolerance of "
                    "OTHER's (a dataset, a batchtool output, or its manifest).")
 @click.option("--key", metavar="COL", help="Column shown with offending rows (default: key, if present).")
+@click.option("--receipts", multiple=True, metavar="PATH",
+              help="Judge the receipt files batchtool.load(SRC, receipt=PATH) wrote (repeatable) instead of rules: "
+                   "with --exactly-once or --same-prefix.")
+@click.option("--exactly-once", is_flag=True,
+              help="With --receipts: every example of every finished epoch was handed out exactly once.")
+@click.option("--same-prefix", is_flag=True,
+              help="With --receipts A --receipts B: two runs handed out the same batches up to where the shorter "
+                   "stopped.")
 @click.option("--max-offenders", type=int, help="Offending rows listed per rule (default 5).")
 @click.option("--json", "json_file", metavar="FILE", help="Write the result as JSON ('-': to stdout, no table).")
 @click.option("--junit", "junit_file", metavar="FILE", help="Write a JUnit XML report (one testcase per rule).")
@@ -114,7 +133,7 @@ def check_cmd(src: str, rules_file: str | None, label: str | None, num_classes: 
               min_padding_efficiency: float | None, min_bucket_padding_efficiency: float | None,
               min_batch_rows: int | None, max_batch_rows: int | None,
               batch_quotas: bool, rank_batches: bool, baseline: str | None, key: str | None,
-              max_offenders: int | None, json_file: str | None, junit_file: str | None,
+              receipts: tuple[str, ...], exactly_once: bool, same_prefix: bool, max_offenders: int | None, json_file: str | None, junit_file: str | None,
               input_format: str | None, skip_corrupt: bool, **kwargs) -> None:
     """Check SRC against rules and print a table of them: PASS/FAIL, the measured value and the bound.
 
@@ -123,8 +142,11 @@ def check_cmd(src: str, rules_file: str | None, label: str | None, num_classes: 
     row counts, padding efficiency, batch sizes and quotas, manifest checksums, TFRecord CRCs,
     drift against a --baseline). With no rule, a batchtool output directory is verified against
     its manifest (checksums, rows, batches, schema). One streaming pass reads only the columns the
-    rules need. Exit status: 0 all pass, 1 a rule fails, 2 bad usage or unreadable input.
+    rules need. With --receipts, judges training runs' receipts instead (see `batchtool docs load`).
+    Exit status: 0 all pass, 1 a rule fails, 2 bad usage or unreadable input.
     """
+    if receipts or exactly_once or same_prefix:
+        _check_receipts(src, receipts, exactly_once, same_prefix)
     run = make_run(kwargs)
     _refuse_writing_inputs(src, [rules_file, baseline], {"--json": None if json_file == "-" else json_file,
                                                          "--junit": junit_file, "--tmp-dir": run.tmp_dir})

@@ -198,14 +198,15 @@ def run_options(fn: Callable) -> Callable:
     ])
 
 
-def output_options(fn: Callable | None = None, *, batches: bool | str = False) -> Callable:
+def output_options(fn: Callable | None = None, *, batches: bool | str = False, keyed: bool = False) -> Callable:
     """Batch-shard output options, for every command that writes DST.
 
     `batches` declares when the command's output is batches: always (True), or when the flag it names
-    is given ("--balanced-batches"); without --to such output is BATCH_FORMAT, anything else ROW_FORMAT.
+    is given ("--balanced-batches"); without --to such output is BATCH_FORMAT, anything else ROW_FORMAT. A command
+    that may write batches takes --key (the column of their example index) unless `keyed`: it has a --key of its own.
     """
     if fn is None:
-        return functools.partial(output_options, batches=batches)
+        return functools.partial(output_options, batches=batches, keyed=keyed)
 
     @functools.wraps(fn)
     def resolved(*args: Any, output_format: str | None, **kwargs: Any) -> Any:
@@ -218,7 +219,9 @@ def output_options(fn: Callable | None = None, *, batches: bool | str = False) -
     to = declared(OutputSettings, "format", dest="output_format", cls=_ToOption, batches=batches,
                   help="Output format" + (f"; batchtool.load memory-maps {BATCH_FORMAT} batches" if batches else "")
                   + f".  [default: {shown}]")
-    return _apply(resolved, [to, *(declared(OutputSettings, f.name) for f, _ in fields(OutputSettings)[1:])])
+    key = [declared(OutputSettings, "index_key", metavar="COL")] if batches and not keyed else []
+    return _apply(resolved, [to, *(declared(OutputSettings, f.name) for f, _ in fields(OutputSettings)[1:]
+                                   if f.name != "index_key"), *key])
 
 
 class _ToOption(click.Option):
@@ -237,8 +240,11 @@ def default_format(command: click.Command | None, given: Callable[[str], Any]) -
 
 
 def make_output(kwargs: dict[str, Any]) -> OutputOptions:
-    """Pop the output options out of a command's kwargs (output_options has chosen the format)."""
-    given = {f.name: kwargs.pop("output_format" if f.name == "format" else f.name) for f, _ in fields(OutputSettings)}
+    """Pop the output options out of a command's kwargs (output_options has chosen the format; --key only where the
+    command has it as an output option)."""
+    given = {f.name: kwargs.pop("output_format" if f.name == "format" else f.name) for f, _ in fields(OutputSettings)
+             if f.name != "index_key"}
+    given["index_key"] = kwargs.pop("index_key", None)
     return OutputSettings(**given).options(given["format"])
 
 

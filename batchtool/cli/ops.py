@@ -41,7 +41,8 @@ def op_options(op: Operation, fn: Callable) -> Callable:
     """`fn` with the op's options, generated from its schema, and what every writing command takes (input, output
     and run options; --seed for a seeded op, --memory and --tmp-dir for one that spills)."""
     batches = True if op.kind is Kind.BATCHES else op.batches_flag or False
-    fn = run_options(output_options(input_options(fn), batches=batches))
+    keyed = any(f.name == "key" for f, _ in fields(op.options))
+    fn = run_options(output_options(input_options(fn), batches=batches, keyed=keyed))
     if op.spills:
         fn = memory_options(fn)
     if op.seeded:

@@ -274,7 +274,8 @@ def _run_operation(op: Operation, options: Any, dataset: Dataset, dst: str, outp
     except OptionError as exc:
         raise exc.at(dataset.src) from None
     plan = make_plan(op, options, dataset, run, executor, seed)
-    job = Job(op.name, recorded, seed if op.seeded else None, dataset, dst, output, schema, run)
+    job = Job(op.name, recorded, seed if op.seeded else None, dataset, dst, output, schema, run,
+              batches=op.writes_batches(options))
     regroups = op.shape(options).kind is not Kind.ROWS
     pool = pool_for(run.budget, executor)
 

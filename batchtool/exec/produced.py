@@ -47,6 +47,9 @@ class Job:
     started: float = field(default_factory=time.perf_counter)
     manifest_stats: Callable[[dict[str, Any], int], dict[str, Any]] | None = None
     """A pipeline's statistics from its last stage's and the rows written; None: the op's own."""
+    batches: bool = False
+    """Its output is batches (Operation.writes_batches): it is written with its example index
+    (batchtool.io.example_index)."""
 
     @property
     def name(self) -> str:

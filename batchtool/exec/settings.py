@@ -145,8 +145,11 @@ class _OutputSettings:
     shard_bytes: int | None = option(
         f"Start a new output shard past this size (default {size_text(DEFAULT_SHARD_BYTES)}; a compressed stream of "
         "records: their size before compression).", Size(), None)
+    index_key: str | None = option(
+        "Batch output: the column whose values name the examples in DST's example index (`batchtool where`, "
+        "`batchtool step`; default: key, where DST has it, else each example's number in DST).", Text(), None)
 
-    FLAGS = {"format": "--to"}
+    FLAGS = {"format": "--to", "index_key": "--key"}
     """Fields whose command-line flag is not their name's."""
 
     def options(self, default_format: str) -> OutputOptions:
@@ -158,7 +161,8 @@ class _OutputSettings:
                              shard_bytes=DEFAULT_SHARD_BYTES if self.shard_bytes is None else self.shard_bytes,
                              writing={name: getattr(self, name) for name in own},
                              overwrite=self.overwrite,  # type: ignore[attr-defined]  # (a field of OutputSettings)
-                             cast=(self.cast,) if self.cast else ())  # type: ignore[attr-defined]
+                             cast=(self.cast,) if self.cast else (),  # type: ignore[attr-defined]
+                             key=self.index_key)
 
 
 OutputSettings = dataclasses.make_dataclass("OutputSettings", [*_format_fields(), (

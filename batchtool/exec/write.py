@@ -20,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 
 from batchtool.core import fs, progress
+from batchtool.core.errors import OptionError
 from batchtool.core.run_settings import RunSettings
 from batchtool.core.runner import Executor
 from batchtool.core.tally import Tally
@@ -27,7 +28,7 @@ from batchtool.exec.exchange import ReadUnit
 from batchtool.exec.job import JobResult, read_paths
 from batchtool.exec.produced import Deferred, Emitted, Job, Produce, Produced, Streamed
 from batchtool.exec.shards import Encoded, runs_of, write_on_workers
-from batchtool.io import manifest as manifest_mod
+from batchtool.io import example_index, manifest as manifest_mod
 from batchtool.io.dataset import ReadReport
 from batchtool.io.formats.base import EncodedBatch
 from batchtool.io.output import BatchShardWriter, OutputOptions, encode_batches, output_directory
@@ -51,6 +52,13 @@ def write(job: Job, produce: Produce, executor: Executor, report: ReadReport | N
     report = ReadReport() if report is None else report
     casts = job.output.casts(job.schema)
     stored = job.output.stored_schema(job.schema)
+    try:  # an unusable --key is refused before DST is touched
+        if job.batches:
+            example_index.key_column(stored, job.output.key)
+        elif job.output.key is not None:
+            raise OptionError("key", "only batch output has an example index to key", value=repr(job.output.key))
+    except OptionError as exc:
+        raise exc.at(job.dst) from None
     with output_directory(job.dst, job.output.overwrite, read_paths(job.source)) as tmp, \
             workspace(job.dst, executor, job.run.tmp_dir, inside=tmp) as space, produce(space, report) as produced:
         tasks = tasks_executor(space, executor)
@@ -74,7 +82,8 @@ def _pipeline_stats(manifest_stats: Callable[[dict[str, Any], int], dict[str, An
 def write_manifest(tmp: str, job: Job, casts: dict[str, str], stored: pa.Schema, files: list[dict], rows_in: int,
                    rows_out: int, report: ReadReport, stats: Callable[[], dict[str, Any]],
                    executed: dict[str, Any], padding: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The manifest of a finished output in `tmp`, written there; returns it. Its run section (the one part that
+    """The manifest of a finished output in `tmp`, written there (with the example index of batch output); returns
+    it. Its run section (the one part that
     may differ between runs writing the same bytes) says how the run went (`executed`: the executor's summary);
     `padding`: how batchtool.load pads the batches (Cut.padding)."""
     job_stats = stats()
@@ -88,6 +97,8 @@ def write_manifest(tmp: str, job: Job, casts: dict[str, str], stored: pa.Schema,
     if casts:
         manifest["output"]["cast"] = casts
     with fs.write_errors(f"{job.dst}: cannot write the output"):
+        if job.batches:
+            manifest["output"]["index"] = example_index.build(tmp, manifest, job.output.key)
         manifest_mod.write(tmp, manifest)
     return manifest
 

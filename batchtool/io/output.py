@@ -33,7 +33,7 @@ DEFAULT_SHARD_BYTES = 256 * 1024 * 1024
 WRITE_BUFFER_BYTES = 1 << 20
 """What a shard's native write buffer gathers before one Python-level write (see BatchShardWriter._open)."""
 OVERLAP_BUFFERS = 4
-"""Such buffers waiting for a shard's hashing thread (_HashingFile's `overlap`): a few MiB."""
+"""Such buffers waiting for a shard's hashing thread (HashingFile's `overlap`): a few MiB."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,9 @@ class OutputOptions:
     cast: tuple[str, ...] = ()
     """Lossy conversions asked for (keys of CASTS); a format holding floats as float32 only refuses a column that
     needs one otherwise."""
+    key: str | None = None
+    """Batch output: the column whose values key the examples in its example index (batchtool.io.example_index);
+    None: `key` where the output has one."""
 
     def __post_init__(self) -> None:
         if self.format not in registry.written():
@@ -185,7 +188,7 @@ def shard_ends(options: OutputOptions, header: int, rows: Iterable[int], sizes: 
     return ends
 
 
-class _HashingFile:
+class HashingFile:
     """Write-through file that hashes and counts what it writes (every format writes sequentially). With
     `overlap`, the hashing and the writing run on a thread of their own, fed a copy of each buffer (its caller
     reuses it) through a short queue: the one writer thread then only encodes and copies, and a shard's sha256
@@ -283,7 +286,7 @@ class BatchShardWriter:
         """`first`: the number of the first shard it writes (part-<first>); without `rollover`, everything it is
         given goes into that one shard (a worker writing a shard whose batches shard_ends planned); with
         `overlap`, each shard is hashed and written by a thread of its own (the local engine's one writer, when
-        it has threads to spare: _HashingFile)."""
+        it has threads to spare: HashingFile)."""
         self.directory = directory
         self.name = name or directory
         """What errors name: DST, when `directory` is its temporary twin."""
@@ -295,7 +298,7 @@ class BatchShardWriter:
         self._first = first
         self._overlap = overlap
         self._cutter = ShardCutter(options) if rollover else None
-        self._sink: _HashingFile | None = None
+        self._sink: HashingFile | None = None
         self._stream: pa.BufferedOutputStream | None = None
         self._encoder: ShardSink | None = None
         self._rows = 0
@@ -350,7 +353,7 @@ class BatchShardWriter:
 
     def _open(self) -> None:
         name = self._shard_name()
-        self._sink = _HashingFile(os.path.join(self.directory, name), self._overlap)
+        self._sink = HashingFile(os.path.join(self.directory, name), self._overlap)
         self._rows = self._batches = 0
         self.files.append({"path": name})
         # Encoders write many small buffers (Arrow IPC about two dozen a batch, Parquet more): gathered in a

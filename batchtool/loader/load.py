@@ -23,6 +23,7 @@ from batchtool.io.inputs import open_dataset
 from batchtool.io.load_padding import READ_AHEAD_PADDED_BYTES, LoadPadding
 from batchtool.loader.writer import Writer
 from batchtool.loader.order import Resume, epoch_order, rank_count, rank_positions, resume
+from batchtool.loader.receipts import Receipt, ReceiptLog
 from batchtool.io.manifest import MANIFEST_NAME, manifest_path, output_files, schema_from_json
 from batchtool.io.manifest_reader import read_manifest
 from batchtool.core.runner import default_threads, threaded_map
@@ -115,7 +116,7 @@ class Loader:
 
     def __init__(self, reading: _Reading, layout: _Layout, writer: Writer, *,
                  shuffle: bool, seed: int, rank: int, world_size: int, drop_uneven: bool, threads: int,
-                 writable: bool, tensors: bool) -> None:
+                 writable: bool, tensors: bool, receipt: str | None = None) -> None:
         self.dataset = reading.dataset
         self._reading = reading
         self._layout = layout
@@ -133,6 +134,8 @@ class Loader:
         self.tensors = tensors
         self.verify = reading.verify
         """Whether each batch's checksum is checked as it is read (see load's `verify`)."""
+        self.receipt = receipt
+        """The receipt file a line is appended to for each batch handed out (batchtool.loader.receipts); None: none."""
         self.epoch = 0
         self.position = 0
         """Batches of this epoch yielded so far (or where the next iteration resumes, after load_state_dict); in a
@@ -140,6 +143,8 @@ class Loader:
         self._start = 0
         """Batches of the epoch's order that ranks consumed before this run's (a resume on another world size)."""
         self._resume: Resume | None = None
+        self._order: tuple[int, tuple[np.ndarray, np.ndarray]] | None = None
+        """The last epoch whose order was computed, with it (epoch_order)."""
         self._iterating = False
         self._pickled = False
         """This object was pickled (how a DataLoader sends it to spawned worker processes) since it last iterated."""
@@ -158,6 +163,7 @@ class Loader:
         self._pickled = True
         state = self.__dict__.copy()
         del state["_forked"]
+        state["_order"] = None  # (recomputed where needed: a worker need not receive a whole epoch's order)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -281,16 +287,22 @@ class Loader:
         if not 0 <= position <= len(self):
             raise UsageError(f"position {position}: this rank has {len(self)} batches in this epoch")
 
-    def epoch_batches(self) -> np.ndarray:
-        """The batch numbers this rank reads in the current epoch, in order (no data is read)."""
+    def epoch_batches(self, rank: int | None = None) -> np.ndarray:
+        """The batch numbers this rank (or rank `rank` of the world size) reads in the current epoch, in order (no
+        data is read; the epoch's order is computed once for every rank asked)."""
+        rank = self.rank if rank is None else rank
+        _check_ranks(self.dataset.src, rank, self.world_size, self._writer)
         order, _ = self._epoch()
-        return order[self._rank_positions()]
+        return order[self._rank_positions(rank)]
 
     def _epoch(self) -> tuple[np.ndarray, np.ndarray]:
-        return epoch_order(self._layout.counts, self.seed, self.epoch, self.shuffle)
+        if self._order is None or self._order[0] != self.epoch:
+            self._order = (self.epoch, epoch_order(self._layout.counts, self.seed, self.epoch, self.shuffle))
+        return self._order[1]
 
-    def _rank_positions(self) -> np.ndarray:
-        return rank_positions(self.num_batches, self.rank, self.world_size, self.drop_uneven, self._start)
+    def _rank_positions(self, rank: int | None = None) -> np.ndarray:
+        return rank_positions(self.num_batches, self.rank if rank is None else rank, self.world_size,
+                              self.drop_uneven, self._start)
 
     def _first(self, worker: int, workers: int) -> int:
         """Where this iterator starts among the rank's positions: worker w of K at the resume position + w (it
@@ -371,16 +383,23 @@ class Loader:
             return done, None
 
         reads = self._reads(order[picked], blocks[picked])
-        for done, error in threaded_map(run, reads, threads):
-            for read, ids, items in done:
-                for item, batch_id in zip(items, ids):
-                    read.check()
-                    if isinstance(item, _Unfinished):
-                        item = finish(item.batch, batch_id)
-                    self.position += workers
-                    yield item, batch_id
-            if error is not None:
-                raise error
+        log = ReceiptLog(self.receipt) if self.receipt is not None else None
+        try:
+            for done, error in threaded_map(run, reads, threads):
+                for read, ids, items in done:
+                    for item, batch_id in zip(items, ids):
+                        read.check()
+                        if isinstance(item, _Unfinished):
+                            item = finish(item.batch, batch_id)
+                        if log is not None:
+                            log.append(Receipt.of(self, self.position, batch_id))
+                        self.position += workers
+                        yield item, batch_id
+                if error is not None:
+                    raise error
+        finally:
+            if log is not None:
+                log.close()
 
     def _reads(self, ids: np.ndarray, blocks: np.ndarray) -> Iterator[list[tuple[ReadTask, list[int]]]]:
         """Groups of reads in stream order, one task for the reading threads each: READ_BATCHES consecutive
@@ -447,7 +466,8 @@ def _register_with_torch() -> None:
 
 def load(dst: str, *, columns: Sequence[str] | None = None, shuffle: bool | None = None, seed: int = 0,
          rank: int = 0, world_size: int = 1, drop_uneven: bool = True, threads: int | None = None,
-         writable: bool = True, tensors: bool = False, verify: bool | None = None) -> Loader:
+         writable: bool = True, tensors: bool = False, verify: bool | None = None,
+         receipt: str | os.PathLike | None = None) -> Loader:
     """Open a batch-shard output (bucket, segment, balanced stratify, ...) for training; see `batchtool docs load`.
 
     shuffle (default: True where batches are independent and can be read in any order, False for segment
@@ -461,6 +481,8 @@ def load(dst: str, *, columns: Sequence[str] | None = None, shuffle: bool | None
     a damaged batch is a BatchtoolError naming its file and batch, never wrong values. verify=False skips it
     (uncompressed Arrow IPC is then read by the loop itself, zero-copy); verify=True refuses an output without
     checksums (Arrow IPC files without the manifest that records them, or written by an older batchtool).
+    receipt: a file to which a line (epoch, step, rank, batch, ...) is appended for each batch handed out, by every
+    run, resumed or not, on any world size (`batchtool check DST --receipts FILE --exactly-once` reads it).
     """
     dst = os.fspath(dst)
     reading, layout, writer = open_output(dst, columns, verify)
@@ -468,7 +490,7 @@ def load(dst: str, *, columns: Sequence[str] | None = None, shuffle: bool | None
     shuffle = _shuffle(dst, shuffle, writer, layout.batches)
     return Loader(reading, layout, writer, shuffle=shuffle, seed=int(seed), rank=rank,
                   world_size=world_size, drop_uneven=drop_uneven, threads=threads or min(4, default_threads()),
-                  writable=writable, tensors=tensors)
+                  writable=writable, tensors=tensors, receipt=None if receipt is None else os.fspath(receipt))
 
 
 def open_output(dst: str, columns: Sequence[str] | None, verify: bool | None) -> tuple[_Reading, _Layout, Writer]:

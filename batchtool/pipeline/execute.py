@@ -390,7 +390,8 @@ class Prefix:
         units = (exchange.units(self.source, self.report, self.executor, self.columns) if k == 0
                  else exchange.task_units(view.tasks(None, self.report)))
         job = Job("run", self.config.manifest_options(), self.config.seed, self.source, self.config.output_path,
-                  self.config.output, stage.output_schema(view.schema), self.run, stage.name, started, self.stats)
+                  self.config.output, stage.output_schema(view.schema), self.run, stage.name, started, self.stats,
+                  batches=self.config.stages[k].batching)
 
         def produce(space: Workspace, report: ReadReport) -> AbstractContextManager[Produced]:
             runtime = EngineRuntime.of(space, self.executor, self.run.shown, stage.name, self.pool)

@@ -1,7 +1,7 @@
 """Training-side costs of `batchtool.load`: one epoch per batch format (the bucket and segment modules list
 those jobs), its floors (touching the same arrays already in memory; copying them once out of the memory map,
-what writable arrays at least cost), a shuffled epoch split over 4 ranks, and resuming from the middle of an
-epoch.
+what writable arrays at least cost), a shuffled epoch split over 4 ranks, resuming from the middle of an
+epoch, and `where`/`step` lookups in the example index of an output of 10^7 examples.
 
 Epoch functions print `seconds N` measured inside the process (open to last batch, interpreter start-up
 excluded); bench.py reports that figure rather than the process's wall time. The resume figure is printed
@@ -20,6 +20,8 @@ from typing import Any
 from bench import Command, Context, Job
 
 RANKS = 4
+LOOKUP_EXAMPLES = 10**7
+LOOKUP_BATCH = 256
 FORMATS: dict[str, tuple[str, ...]] = {
     "arrow": ("--to", "arrow", "--compression", "none"),
     "arrow zstd": ("--to", "arrow", "--compression", "zstd"),
@@ -51,6 +53,12 @@ def jobs(ctx: Context) -> list[Job]:
             note=f"shuffled epoch 1 of the bucket arrow output: the {RANKS} ranks' parts read one after the other "
                  "(ours) vs the whole epoch on one rank (floor); ratio 1.00 = no cost for splitting; run after the "
                  "bucket jobs"),
+        Job(f"where / step on {LOOKUP_EXAMPLES:.0e} examples", LOOKUP_EXAMPLES, 0,
+            ours=Command(call="load:lookups", args={"dst": os.path.join(ctx.data, "indexed-1e7"),
+                                                    "examples": LOOKUP_EXAMPLES}),
+            note="median seconds of one `where` (every place a random key is handed out, 4 ranks) and one `step` "
+                 "(the keys of a random step) in process, each opening the output anew, over a bucket output of "
+                 f"{LOOKUP_EXAMPLES:.0e} one-step examples in batches of {LOOKUP_BATCH} (made once, untimed)"),
     ]
 
 
@@ -239,3 +247,48 @@ def costs(dst: str, repeats: int = 3) -> None:
                       "writable_s": round(copied, 3), "floor_s": round(floor, 3),
                       "checks_share_of_unchecked_epoch": round(checks / unchecked_s, 3),
                       "verify_cost": round(verified / checked - 1, 3), "source_item_ms": round(per_item * 1000, 3)}))
+
+
+def indexed_output(dst: str, examples: int, batch_size: int = LOOKUP_BATCH) -> None:
+    """A bucket output of `examples` one-step examples keyed 0..examples-1 (kept: made once, by batchtool itself)."""
+    import subprocess
+    import sys
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if os.path.exists(os.path.join(dst, ".batchtool_manifest.json")):
+        return
+    src = dst + "-src"
+    os.makedirs(src, exist_ok=True)
+    keys = np.arange(examples, dtype=np.int64)
+    tokens = pa.ListArray.from_arrays(pa.array(np.arange(examples + 1, dtype=np.int32)),
+                                      pa.array(np.ones(examples, dtype=np.int8)))
+    pq.write_table(pa.table({"key": keys, "tokens": tokens}), os.path.join(src, "part-00000.parquet"))
+    subprocess.run([sys.executable, "-m", "batchtool", "bucket", src, dst, "--boundaries", "2", "--batch-size",
+                    str(batch_size), "--sequence", "tokens", "--to", "arrow", "--quiet"], check=True)
+
+
+def lookups(dst: str, examples: int, repeats: int = 21) -> None:
+    """Median in-process seconds of `batchtool where` (4 ranks) and `batchtool step` lookups of random keys and
+    steps, each opening the output and its index anew, as the commands do; `seconds` is the slower of the two."""
+    import random
+    import statistics
+
+    from batchtool.loader.steps import key_places, step_keys
+
+    indexed_output(dst, examples)
+    draw = random.Random(0)
+    key_places(dst, "0", world_size=RANKS)  # (imports, and pages the index's first levels in)
+    where_s, step_s = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        places = key_places(dst, str(draw.randrange(examples)), world_size=RANKS)
+        where_s.append(time.perf_counter() - start)
+        assert len(places) == 1
+        start = time.perf_counter()
+        step_keys(dst, draw.randrange(examples // LOOKUP_BATCH // RANKS), world_size=RANKS, rank=1)
+        step_s.append(time.perf_counter() - start)
+    where, step = statistics.median(where_s), statistics.median(step_s)
+    print(f"examples {examples} seconds {max(where, step):.4f} where_s {where:.4f} step_s {step:.4f}")

@@ -48,6 +48,6 @@ def test_segment_help_imports_no_other_command_s_code():
 def test_every_listed_command_is_found_by_its_name():
     """Every command the group lists, made when asked for, is the command of that name (an op's registry entry
     names the module whose OP is that op)."""
-    assert {"check", "convert", "docs", "inspect", "run", *OPERATIONS} == set(cli.commands)
+    assert {"check", "convert", "docs", "inspect", "run", "step", "where", *OPERATIONS} == set(cli.commands)
     assert [name for name, command in cli.commands.items() if command.name != name] == []
     assert [name for name, op in OPERATIONS.items() if op.name != name] == []

@@ -193,7 +193,7 @@ def test_output_flags_and_output_keys_make_the_same_writer_options(tmp_path):
 
 
 def test_every_output_flag_is_an_output_key_with_the_same_help():
-    params = {opt: p for p in cli.commands["convert"].params for opt in p.opts}
+    params = {opt: p for name in ("convert", "bucket") for p in cli.commands[name].params for opt in p.opts}
     for f, decl in fields(OutputSettings):
         param = params[OutputSettings.FLAGS.get(f.name, "--" + f.name.replace("_", "-"))]
         assert param.help.startswith(decl.help.rstrip("."))

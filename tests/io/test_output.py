@@ -176,7 +176,7 @@ def test_a_failed_write_on_the_hashing_thread_is_one_destination_error(tmp_path,
     def full(self, data):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(output._HashingFile, "_append", full)
+    monkeypatch.setattr(output.HashingFile, "_append", full)
     writer = BatchShardWriter(str(tmp_path), pa.schema([("x", pa.float64())]), OutputOptions(format="arrow"),
                               name="DST", overlap=True)
     with pytest.raises(DestinationError, match=r"DST: cannot write the output \(part-00000.arrow\).*No space"):

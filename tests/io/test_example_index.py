@@ -1,0 +1,117 @@
+"""The example index every batch output carries: each batch's example keys, a function of the data files alone."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pyarrow as pa
+import pytest
+from conftest import write_parquet_shards
+from load_outputs import QUIET, bucket_output, manifest_file, segment_output
+
+import batchtool
+from batchtool.core.errors import InputError
+from batchtool.core.run_settings import RunSettings
+from batchtool.core.synthetic import make_table
+from batchtool.exec.driver import run_operation
+from batchtool.io.example_index import INDEX_NAME, open_index
+from batchtool.io.output import OutputOptions
+from batchtool.ops.pack import OP as PACK
+from batchtool.ops.pack.options import PackOptions
+from batchtool.ops.shuffle import OP as SHUFFLE
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("indexed"))
+
+
+def index_table(dst: str) -> pa.Table:
+    with pa.memory_map(os.path.join(dst, INDEX_NAME)) as f:
+        return pa.ipc.open_file(f).read_all()
+
+
+def batches_in_file_order(dst: str, column: str = "key") -> list[list]:
+    source = batchtool.source(dst)
+    return [source[i][column].tolist() for i in range(len(source))]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow", "tfrecord"])
+def test_bucket_index_holds_each_batch_keys_in_order(root, fmt):
+    dst = bucket_output(root, fmt)
+    table = index_table(dst)
+    expected = batches_in_file_order(dst)
+    assert table.column("key").to_pylist() == [k for keys in expected for k in keys]
+    assert table.column("batch").to_pylist() == [b for b, keys in enumerate(expected) for _ in keys]
+    pairs = list(zip(table.column("key").to_pylist(), table.column("batch").to_pylist()))
+    assert [pairs[i] for i in table.column("by_key").to_pylist()] == sorted(pairs)
+
+
+def test_the_index_is_the_same_bytes_for_any_format_and_threads(root, tmp_path):
+    again = str(tmp_path / "again")
+    from batchtool.ops.bucket import OP, BucketOptions
+    from load_outputs import source
+
+    run_operation(OP, BucketOptions(boundaries=(20, 40), batch_size=(11,)), source(root), again,
+                  OutputOptions(format="arrow", shard_rows=100), RunSettings(threads=1, quiet=True), seed=1)
+    first = open(os.path.join(bucket_output(root, "parquet"), INDEX_NAME), "rb").read()
+    assert open(os.path.join(again, INDEX_NAME), "rb").read() == first
+    manifest = json.load(open(manifest_file(again)))
+    entry = manifest["output"]["index"]
+    assert entry["path"] == INDEX_NAME and entry["key"] == "key" and entry["bytes"] == len(first)
+    assert entry["examples"] == manifest["output"]["rows"]
+
+
+def test_segment_keys_are_the_segments_keys(root):
+    dst = segment_output(root)
+    assert index_table(dst).column("key").to_pylist() == [k for keys in batches_in_file_order(dst) for k in keys]
+
+
+def test_pack_indexes_each_packed_document(root, tmp_path):
+    src = write_parquet_shards(str(tmp_path / "src"), make_table(60, seed=3, max_length=50))
+    dst = str(tmp_path / "packed")
+    run_operation(PACK, PackOptions(max_length=64, sequence=("tokens", "frames")), src, dst,
+                  OutputOptions(format="parquet"), QUIET)
+    table = index_table(dst)
+    assert sorted(table.column("key").to_pylist()) == [f"ex-{i:08d}" for i in range(60)]
+    rows = batches_in_file_order(dst)
+    assert table.column("key").to_pylist() == [k for batch in rows for row in batch for k in row]
+
+
+def test_without_a_key_column_an_example_is_its_number_in_the_output(root, tmp_path):
+    src = write_parquet_shards(str(tmp_path / "src"), make_table(50, seed=2).drop(["key"]))
+    dst = str(tmp_path / "unkeyed")
+    from batchtool.ops.bucket import OP, BucketOptions
+
+    run_operation(OP, BucketOptions(boundaries=(20,), batch_size=(8,)), src, dst, OutputOptions(format="parquet"),
+                  QUIET, seed=1)
+    table = index_table(dst)
+    rows = [len(b) for b in batches_in_file_order(dst, "label")]
+    assert table.column("key").to_pylist() == list(range(50))
+    assert table.column("batch").to_pylist() == [b for b, n in enumerate(rows) for _ in range(n)]
+    assert json.load(open(manifest_file(dst)))["output"]["index"]["key"] is None
+
+
+def test_row_outputs_have_no_index(root, tmp_path):
+    dst = str(tmp_path / "shuffled")
+    from batchtool.ops.shuffle import ShuffleOptions
+
+    run_operation(SHUFFLE, ShuffleOptions(), write_parquet_shards(str(tmp_path / "src"), make_table(20, seed=1)), dst,
+                  OutputOptions(format="parquet"), QUIET)
+    assert not os.path.exists(os.path.join(dst, INDEX_NAME))
+    assert "index" not in json.load(open(manifest_file(dst)))["output"]
+
+
+def test_an_index_that_is_not_the_outputs_is_refused(root, tmp_path):
+    import shutil
+
+    dst = shutil.copytree(bucket_output(root, "parquet"), str(tmp_path / "copy"))
+    manifest = json.load(open(manifest_file(dst)))
+    with open(os.path.join(dst, INDEX_NAME), "ab") as f:
+        f.write(b"x")
+    with pytest.raises(InputError, match="the index is not this output's"):
+        open_index(dst, manifest)
+    os.remove(os.path.join(dst, INDEX_NAME))
+    with pytest.raises(InputError, match="missing"):
+        open_index(dst, manifest)
