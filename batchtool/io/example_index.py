@@ -19,8 +19,9 @@ from batchtool.io.formats.registry import FORMATS
 from batchtool.io.manifest import dataset_file, manifest_path, schema_from_json
 from batchtool.io.output import HashingFile
 
-INDEX_NAME = ".batchtool_index.arrow"
-"""A leading dot, as the manifest's: every directory reader skips it, so the output's data files stay the dataset."""
+INDEX_NAME = ".batchtool_index"
+"""A leading dot, as the manifest's, and no data suffix: directory readers skip it and no `*.arrow` or `*.parquet` glob
+(polars and DuckDB match dot files) picks it up, so the output's data files stay the dataset."""
 KEY_COLUMN = "key"
 """The column whose values are the examples' keys (a list of them per row in pack output: one per document)."""
 READ_BATCHES = 1024

@@ -89,7 +89,7 @@ def test_no_rule_on_a_batchtool_output_verifies_it_against_its_manifest(tmp_path
     assert rows["manifest_schema"] == ["PASS", "all 3 files have the manifest's 8 columns", "schema as in the manifest"]
     assert result.output.splitlines()[-1].startswith("4 rules: 4 passed, 0 failed")
     assert data_bytes(dst) == before and sorted(os.listdir(dst)) == sorted([*before, ".batchtool_manifest.json",
-                                                                           ".batchtool_index.arrow"])
+                                                                           ".batchtool_index"])
 
 
 def test_tfrecord_without_a_batch_column_skips_the_batch_count(tmp_path, run_cli):

@@ -27,7 +27,7 @@ LINE = re.compile(r"(?P<desc>.+): (?P<done>[\d,]+)(/(?P<total>[\d,]+) rows \(\d+
 def test_every_command_that_runs_takes_progress():
     lacking = {name for name, command in cli.commands.items()
                if "--progress" not in {o for p in command.params for o in p.opts}}
-    assert lacking == {"docs"}  # which only prints a page
+    assert lacking == {"docs", "where", "step"}  # which print a page, or look up an index in milliseconds
 
 
 def test_quiet_means_no_progress_unless_progress_is_given():

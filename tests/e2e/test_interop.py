@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import read_dir, write_parquet_shards
 
+from batchtool.io.example_index import INDEX_NAME
 from batchtool.io.manifest import MANIFEST_NAME
 from batchtool.core.synthetic import make_table
 
@@ -30,7 +31,8 @@ def bucketed(tmp_path_factory) -> str:
     result = CliRunner().invoke(cli, ["bucket", src, dst, "--boundaries", "20,40", "--batch-size", "8",
                                       "--shard-rows", "24", "--to", "parquet", "-q"], catch_exceptions=False)
     assert result.exit_code == 0, result.stderr
-    assert sorted(os.listdir(dst)) == [MANIFEST_NAME, "part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+    assert sorted(os.listdir(dst)) == [INDEX_NAME, MANIFEST_NAME, "part-00000.parquet", "part-00001.parquet",
+                                       "part-00002.parquet"]
     return dst
 
 
