@@ -246,6 +246,8 @@ class QuotaBatches:
     seed: int
     stage: str
     schema: pa.Schema
+    cycle: bool = False
+    """A class read to its end starts again (mix --replacement: every row k or k+1 times)."""
 
     @property
     def count(self) -> int:
@@ -266,7 +268,8 @@ class QuotaBatches:
 
     def reader(self, start: int, end: int) -> _QuotaReader:
         begins = tuple(int(n) for n in self.quotas[:start].sum(axis=0))
-        return _QuotaReader(self.streams, begins, self.quotas[start:end], self.seed, self.stage, self.schema)
+        return _QuotaReader(self.streams, begins, self.quotas[start:end], self.seed, self.stage, self.schema,
+                            self.cycle)
 
 
 @dataclass(frozen=True)
@@ -277,9 +280,10 @@ class _QuotaReader:
     seed: int
     stage: str
     schema: pa.Schema
+    cycle: bool = False
 
     def __call__(self) -> Iterator[pa.RecordBatch]:
-        readers = class_readers(self.streams, self.begins, False, self.schema)
+        readers = class_readers(self.streams, self.begins, self.cycle, self.schema)
         for batch in quota_batches(readers, self.quotas, self.seed, self.stage, self.schema):
             yield batch.data
 
