@@ -355,7 +355,7 @@ def _ran_out(plan: Mixture, layout: QuotaLayout, available: np.ndarray, rows: np
     unit = plan.info["by"]
     capped = available[i] != rows[i] and not (plan.options.replacement and plan.schedule is None)
     has = f"its cap of {int(available[i]):,} rows" if capped else f"its {int(rows[i]):,} rows"
-    raise InputError(f"source {plan.options.names[i]!r} runs out after {layout.batches * layout.batch_size:,} "
+    raise InputError(f"source {plan.info['names'][i]!r} runs out after {layout.batches * layout.batch_size:,} "
                      f"{unit} of the {end:,} asked for: its share needs more than {has}; give {{replacement}} to "
                      "repeat it evenly, a larger cap, or a smaller --size (or schedule total)".replace(
                          "{replacement}", "--replacement"))
