@@ -206,10 +206,9 @@ def plan_layout(available: np.ndarray, target: np.ndarray, batch_size: int, *, p
     if partial and not oversample:
         given = docs.counted(np.zeros(len(target), dtype=np.int64), used)
         left = available - used
-        # class i gets at least floor(size t_i) <= its rows left, so size < (left_i + 1) / t_i
-        largest = min([batch_size - 1, *(int((n + 1) / t) + 1 for n, t in zip(left.tolist(), target.tolist()) if t)])
-        if docs is not ROWS:
-            largest = batch_size - 1
+        largest = batch_size - 1
+        if docs is ROWS:  # class i gets at least floor(size t_i) <= its rows left, so size < (left_i + 1) / t_i
+            largest = min([largest, *(int((n + 1) / t) + 1 for n, t in zip(left.tolist(), target.tolist()) if t)])
         if end is not None:
             largest = min(largest, end - batches * batch_size)
         for size in range(largest, 0, -1):
