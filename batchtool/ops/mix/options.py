@@ -131,9 +131,8 @@ class MixOptions:
             raise OptionError("names", f"two sources are named {twice!r}; give each its own name with {{names}}")
         given = [name for name in ("weights", "temperature", "schedule") if getattr(self, name) is not None]
         if len(given) != 1:
-            raise OptionError(given[1] if len(given) > 1 else "weights",
-                              "give one of {weights}, {temperature} or {schedule}" + (
-                                  f", not {{{given[0]}}} too" if len(given) > 1 else ""),
+            raise OptionError("weights", "give one of {weights}, {temperature} or {schedule}" + (
+                f", not {{{given[0]}}} and {{{given[1]}}}" if len(given) > 1 else ""),
                               mentions=["temperature", "schedule"])
         if self.weights is not None:
             self._check_weights(self.weights)

@@ -147,7 +147,7 @@ def read_schedule(path: str, names: tuple[str, ...]) -> Schedule:
 
 
 def _caps(path: str, table: Any, names: tuple[str, ...]) -> tuple[tuple[float | None, ...], tuple[float | None, ...]]:
-    """[source.NAME] max-repeats / max-fraction."""
+    """The caps of the schedule file's source tables: max-repeats and max-fraction per source."""
     if not isinstance(table, dict):
         raise _error(path, "source", "expected [source.NAME] tables")
     repeats: list[float | None] = [None] * len(names)
