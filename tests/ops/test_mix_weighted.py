@@ -193,3 +193,19 @@ def test_a_source_that_runs_out_under_its_cap_is_an_error_and_replacement_repeat
     capped = run_cli("mix", *srcs, tmp_path / "out3", "--names", "a,b", "--schedule", too_many, "--batch-size", 10,
                      "--replacement")
     assert capped.exit_code == 2 and "source 'b' runs out" in capped.stderr and "cap of 600 rows" in capped.stderr
+
+
+def test_a_pipeline_takes_the_schedule_beside_its_file_and_writes_the_commands_bytes(tmp_path, run_cli):
+    srcs = _sources(tmp_path)
+    (tmp_path / "s.toml").write_text('[[point]]\nat = 0\nweights = { a = 1, b = 0 }\n[[point]]\nat = 300\n'
+                                     'weights = { a = 0, b = 1 }\n')
+    (tmp_path / "p.toml").write_text(f'[input]\npath = ["s0.parquet", "s1.parquet"]\n[[stage]]\nop = "mix"\n'
+                                     f'names = ["a", "b"]\nschedule = "s.toml"\nby = "tokens"\nbatch-size = 100\n'
+                                     f'[output]\npath = "piped"\n')
+    piped = run_cli("run", tmp_path / "p.toml", "--quiet")
+    assert piped.exit_code == 0, piped.stderr
+    direct = run_cli("mix", *srcs, tmp_path / "direct", "--names", "a,b", "--schedule", tmp_path / "s.toml",
+                     "--by", "tokens", "--batch-size", 100, "--quiet")
+    assert direct.exit_code == 0, direct.stderr
+    assert (tmp_path / "piped" / "part-00000.arrow").read_bytes() == \
+        (tmp_path / "direct" / "part-00000.arrow").read_bytes()

@@ -45,8 +45,8 @@ COPY_BYTES = 48
 """What one written copy of a row takes besides its data while a map task builds a chunk's selection at once (its
 id, the take index, its copy number, its id's hash: 8 bytes each, and their temporaries): the least a copy needs."""
 BLOCK = 4096
-"""--by tokens or --schedule without --batch-size: the rows (or tokens) of each block the quotas are dealt in,
-written as the output's row groups."""
+"""--by tokens or --schedule without --batch-size: the rows (or tokens) of each batch the quotas are dealt in (their
+output is batches: the order is what the weights follow)."""
 BATCH_BYTES = 128
 """What --batch-size's layout holds per batch besides 16 bytes per source (its quotas: an array each, then one
 array of them all)."""
@@ -117,7 +117,8 @@ class Mix(Operation[MixOptions, Mixture]):
 
     def shape(self, options: MixOptions) -> Shape:
         """A global reorder, or batches with --batch-size; its selection is keyed by the ids, like stratify's."""
-        return Shape(Kind.REORDERS if options.batch_size is None else Kind.BATCHES, Depends.ORDER)
+        batches = options.batch_size is not None or options.weighted  # --by tokens, --schedule: in BLOCK batches
+        return Shape(Kind.BATCHES if batches else Kind.REORDERS, Depends.ORDER)
 
     def output_schema(self, options: MixOptions, schema: pa.Schema) -> pa.Schema:
         need_columns(schema, own.FIELD, [options.column])
