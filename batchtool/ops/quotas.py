@@ -39,6 +39,26 @@ class Constant:
 
 
 @dataclass(frozen=True)
+class Switched:
+    """A plan changed at position `switch`: `before` up to it (so every batch before it is the same), then
+    `after`'s increase from there on, counted from where `before` left each class (mix --continue)."""
+
+    before: Curve
+    after: Curve
+    switch: int
+
+    def at(self, position: int) -> np.ndarray:
+        if position <= self.switch:
+            return self.before.at(position)
+        return self.before.at(self.switch) + self.after.at(position) - self.after.at(self.switch)
+
+    def over(self, position: int, size: int) -> np.ndarray:
+        if position + size <= self.switch:
+            return self.before.over(position, size)
+        return self.at(position + size) - self.at(position)
+
+
+@dataclass(frozen=True)
 class Documents:
     """Each class's documents in the order it hands them out, by what each counts (its tokens): cumulative sums,
     so the documents that fit an amount are one search. `cycle`: a class read to its end starts again."""
@@ -287,4 +307,5 @@ class _QuotaReader:
             yield batch.data
 
 
-__all__ = ["ROWS", "Constant", "Curve", "Documents", "QuotaBatches", "QuotaLayout", "Units", "class_readers", "plan_layout", "quota_batches", "shares"]
+__all__ = ["ROWS", "Constant", "Curve", "Documents", "QuotaBatches", "QuotaLayout", "Switched", "Units", "class_readers",
+           "plan_layout", "quota_batches", "shares"]

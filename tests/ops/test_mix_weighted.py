@@ -209,3 +209,51 @@ def test_a_pipeline_takes_the_schedule_beside_its_file_and_writes_the_commands_b
     assert direct.exit_code == 0, direct.stderr
     assert (tmp_path / "piped" / "part-00000.arrow").read_bytes() == \
         (tmp_path / "direct" / "part-00000.arrow").read_bytes()
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.integers(0, 12), st.sampled_from([0.1, 0.5, 0.9]), st.booleans())
+def test_replanning_keeps_the_prefix_and_loses_or_repeats_nothing(tmp_path_factory, step, late, tokens):
+    tmp_path = tmp_path_factory.mktemp("replan")
+    srcs = _sources(tmp_path)
+    (tmp_path / "early.toml").write_text('[[point]]\nat = 0\nweights = { a = 1, b = 0 }\n[[point]]\nat = 1000\n'
+                                         'weights = { a = 0.2, b = 0.8 }\n')
+    (tmp_path / "late.toml").write_text(f'interpolation = "step"\n[[point]]\nat = 0\n'
+                                        f'weights = {{ a = {late}, b = {1 - late} }}\n')
+    by = ["--by", "tokens"] if tokens else []
+    common = ["--names", "a,b", "--batch-size", 40, "--quiet", *by]
+    assert run_mix(*srcs, tmp_path / "dst", "--schedule", tmp_path / "early.toml", *common) == 0
+    assert run_mix(*srcs, tmp_path / "dst2", "--continue", tmp_path / "dst", "--at", step, "--schedule",
+                   tmp_path / "late.toml", *common) == 0
+    before = pa.ipc.open_file(tmp_path / "dst" / "part-00000.arrow")
+    after = pa.ipc.open_file(tmp_path / "dst2" / "part-00000.arrow")
+    for j in range(min(step, before.num_record_batches)):
+        assert after.get_batch(j).equals(before.get_batch(j)), j
+    keys = after.read_all().column("key").to_numpy()
+    assert len(np.unique(keys)) == len(keys)  # no row twice
+    # every row of the exhausted source is used: none lost
+    sources = after.read_all().column("source").to_numpy()
+    assert 300 in np.bincount(sources, minlength=2).tolist()
+    manifest = json.loads((tmp_path / "dst2" / MANIFEST_NAME).read_text())
+    assert manifest["options"]["previous"]["at"] == step
+    assert manifest["options"]["previous"]["schedule"]["points"][1]["at"] == 1000
+    assert manifest["stats"]["schedule"]["interpolation"] == "step"
+
+
+def run_mix(*args) -> int:
+    from conftest import invoke_cli
+
+    return invoke_cli("mix", *args).exit_code
+
+
+def test_continue_errors_are_one_line(tmp_path, run_cli):
+    srcs = _sources(tmp_path)
+    assert run_cli("mix", *srcs, tmp_path / "rows", "--weights", "1,1", "--quiet").exit_code == 0
+    for args, message in [
+        (["--continue", tmp_path / "rows", "--at", 1, "--by", "tokens", "--weights", "1,1"], "not the output of"),
+        (["--continue", tmp_path / "rows", "--weights", "1,1"], "go together"),
+        (["--continue", tmp_path / "rows", "--at", 1, "--weights", "1,1"], "needs --schedule or --by tokens"),
+    ]:
+        result = run_cli("mix", *srcs, tmp_path / "x", *args)
+        assert result.exit_code == 2 and message in result.stderr, (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1 and not os.path.exists(tmp_path / "x")

@@ -23,8 +23,9 @@ from batchtool.ops.base import (ColumnError, Context, Depends, Kind, Operation, 
 from batchtool.ops.copies import Copies
 from batchtool.ops.keyed import flush_bytes, range_bytes
 from batchtool.ops.mix.options import OUTPUT_COLUMNS, MixOptions, largest_remainder, mixture_totals
-from batchtool.ops.mix.schedule import Schedule, read_schedule
-from batchtool.ops.quotas import ROWS, Documents, QuotaBatches, QuotaLayout, Units, plan_layout
+from batchtool.ops.mix.schedule import Replan, Schedule, read_schedule
+from batchtool.ops.quotas import (ROWS, Constant, Curve, Documents, QuotaBatches, QuotaLayout, Switched, Units,
+                                  plan_layout)
 from batchtool.ops.regroup import Cut, Exchange, Probe, Runtime, Scatter, Scattered, SortedBatches, Stream
 from batchtool.ops.rows import FixedBatches, bytes_per_row, estimate_bytes
 from batchtool.ops.shuffle import default_batch_rows
@@ -47,6 +48,8 @@ id, the take index, its copy number, its id's hash: 8 bytes each, and their temp
 BLOCK = 4096
 """--by tokens or --schedule without --batch-size: the rows (or tokens) of each batch the quotas are dealt in (their
 output is batches: the order is what the weights follow)."""
+WEIGHTED_OPTIONS = ("by", "length", "schedule", "previous")
+"""The options of --by tokens and --schedule, which the manifest of a mix by rows leaves out."""
 BATCH_BYTES = 128
 """What --batch-size's layout holds per batch besides 16 bytes per source (its quotas: an array each, then one
 array of them all)."""
@@ -68,6 +71,7 @@ class Mixture(Stratification):
 
     padding: BatchPadding | None = None
     schedule: Schedule | None = None
+    previous: Replan | None = None
     length: str | None = None
     """--by tokens: the column whose values (an integer column) or steps (a list column) each row counts."""
 
@@ -129,7 +133,10 @@ class Mix(Operation[MixOptions, Mixture]):
         return None if columns is None else list(dict.fromkeys([*columns, options.column]))
 
     def recorded(self, options: MixOptions, schema: pa.Schema, output: Any) -> dict[str, Any]:
-        return {**manifest_options(options, output), **own.recorded(options.output_column)}
+        """The options, those of --by tokens and --schedule only when given (a mix by rows records what it did
+        before they existed)."""
+        recorded = {**manifest_options(options, output), **own.recorded(options.output_column)}
+        return recorded if options.weighted else {k: v for k, v in recorded.items() if k not in WEIGHTED_OPTIONS}
 
     def first_pass(self, options: MixOptions, schema: pa.Schema) -> Pass | None:
         """Each source's rows: stratify's class counts of the source column; and the rows of each source's largest
@@ -200,9 +207,15 @@ class Mix(Operation[MixOptions, Mixture]):
         if tokens is not None:
             for source, n in zip(sources, tokens):
                 source.update(tokens=n, token_share=round(n / max(1, sum(tokens)), 6))
-        weighted = {key: plan.info[key] for key in ("by", "schedule") if key in plan.info}
+        weighted = {key: plan.info[key] for key in ("by", "schedule", "target") if key in plan.info}
         kept = ("rows_in", "examples_dropped", "examples_duplicated", "copies_per_example", "discarded_fraction",
                 "batch_size", "balanced_batches", "final_batch_quotas")
+        if weighted:  # every row was selected; a source's stream is dealt whole before any row repeats
+            dropped = sum(max(0, n - t) for n, t in zip(available, taken))
+            repeated = sum(max(0, t - n) for n, t in zip(available, taken))
+            done.update(examples_dropped=dropped, examples_duplicated=repeated,
+                        discarded_fraction=round(dropped / max(1, sum(available)), 6))
+            done.pop("copies_per_example", None)
         return {"column": plan.info["column"], "total_m": plan.info["total_m"], "sources": sources, **weighted,
                 **{key: done[key] for key in kept if key in done}}
 
@@ -254,7 +267,11 @@ def _weighted_plan(options: MixOptions, context: Context, rows: np.ndarray) -> M
                                "the mixture", mentions=["size"])
     length = _length_column(options, context.schema) if options.by == "tokens" else None
     info = {"column": options.column, "names": list(options.names), "weights": list(target), "rows": rows.tolist(),
-            "total_m": None, "weighted": True, "by": options.by, "end": end}
+            "total_m": None, "weighted": True, "by": options.by, "end": end, "target": list(target)}
+    previous = options.previous
+    if previous is not None and (previous.seed, previous.batch_size) != (context.seed, options.batch_size or BLOCK):
+        raise OptionInputError("batch_size", f"--continue {previous.dst} was written with --seed {previous.seed} and "
+                               f"--batch-size {previous.batch_size}: give the same to keep its batches")
     if schedule is not None:
         info["schedule"] = {"path": schedule.path, "interpolation": schedule.interpolation, "total": schedule.total,
                             "points": [{"at": p.at, "weights": dict(zip(options.names, p.weights))}
@@ -263,7 +280,7 @@ def _weighted_plan(options: MixOptions, context: Context, rows: np.ndarray) -> M
     plan = ThresholdPlan((1,) * k, (None,) * k)
     return Mixture(_as_stratify(options, target), k, np.array(target), plan, float(rows.sum()), info, context.seed,
                    context.locate, context.memory, context.tasks, padding=batch_padding(options, context.schema),
-                   schedule=schedule, length=length)
+                   schedule=schedule, previous=previous, length=length)
 
 
 def _length_column(options: MixOptions, schema: pa.Schema) -> str:
@@ -331,7 +348,9 @@ def _weighted_cut(op: Operation, plan: Mixture, scattered: Scattered, runtime: R
     end = plan.info["end"]
     size = options.batch_size
     assert size is not None, "weighted mixes are dealt in batches"
-    curve = schedule.curve() if schedule is not None else None
+    curve: Curve | None = schedule.curve() if schedule is not None else None
+    if plan.previous is not None:
+        curve = Switched(plan.previous.curve(), curve or Constant(plan.target), plan.previous.at * size)
     layout = plan_layout(available, plan.target, size, partial=not options.drop_remainder, oversample=False,
                          curve=curve, docs=docs, end=end)
     quotas = np.array(list(layout.sequence()), dtype=np.int64).reshape(-1, k)

@@ -15,6 +15,7 @@ from batchtool.core.errors import OptionError, OptionInputError
 from batchtool.io.mixed import SOURCE
 from batchtool.ops import names as own
 from batchtool.ops.copies import MAX_RATE
+from batchtool.ops.mix.schedule import Replan
 from batchtool.core.options import Choice, Column, ColumnList, Flag, Integer, Number, Pairs, Value, option, shown
 
 OUTPUT_COLUMNS = (SOURCE, "length", "mask")
@@ -122,6 +123,9 @@ class MixOptions:
                                   "(docs/mix.md); batch after batch every source stays within one of its documents "
                                   "of the integral of its weight.", ScheduleFile(), None)
     output_column: tuple[tuple[str, str], ...] = own.output_column(OUTPUT_COLUMNS)
+    previous: Replan | None = None
+    """mix --continue DST --at STEP: DST's plan, kept for its first STEP batches (the command's flags, read from
+    DST's manifest; recorded in the new manifest with the step)."""
 
     def __post_init__(self) -> None:
         if len(self.names) < 2:
@@ -249,5 +253,5 @@ def mixture_totals(options: MixOptions, rows: np.ndarray, weights: Sequence[Frac
     return totals, m
 
 
-__all__ = ["BY", "MixOptions", "Names", "ScheduleFile", "OUTPUT_COLUMNS", "Weights", "WeightsSpec", "largest_remainder", "mixture_totals",
-           "temperature_weights"]
+__all__ = ["BY", "MixOptions", "Names", "OUTPUT_COLUMNS", "ScheduleFile", "Weights", "WeightsSpec", "largest_remainder",
+           "mixture_totals", "temperature_weights"]

@@ -11,6 +11,8 @@ import numpy as np
 
 from batchtool.core.errors import UsageError
 from batchtool.core.tomlfile import read_toml
+from batchtool.io.manifest_reader import read_manifest
+from batchtool.ops.quotas import Constant, Curve
 
 INTERPOLATIONS = ("linear", "step")
 KEYS = {"interpolation", "point", "total", "source"}
@@ -94,6 +96,47 @@ class ScheduleCurve:
         return self.at(position + size) - self.at(position)
 
 
+@dataclass(frozen=True)
+class Replan:
+    """mix --continue DST --at STEP: DST's plan (its weights or schedule, as its manifest records them), kept for
+    its first STEP batches; the new options' plan follows from there."""
+
+    dst: str
+    at: int
+    seed: int
+    batch_size: int
+    batches: int
+    """DST's batches (STEP may be at most this)."""
+    target: tuple[float, ...]
+    schedule: dict[str, Any] | None = None
+
+    def curve(self) -> Curve:
+        """DST's curve: its constant target, or its schedule rebuilt from the recorded (normalised) points."""
+        if self.schedule is None:
+            return Constant(np.asarray(self.target))
+        points = tuple(Point(p["at"], tuple(p["weights"].values())) for p in self.schedule["points"])
+        return Schedule(self.schedule["path"], points, self.schedule["interpolation"]).curve()
+
+
+def replan_from(dst: str, at: int, names: tuple[str, ...], by: str) -> Replan:
+    """The plan of DST, a mix by --schedule or --by tokens of the same sources (by name) and --by: one UsageError
+    otherwise."""
+    manifest = read_manifest(dst)
+    stats = (manifest or {}).get("stats") or {}
+    options = (manifest or {}).get("options") or {}
+    if manifest is None or manifest.get("command") != "mix" or "target" not in stats:
+        raise UsageError(f"--continue {dst}: not the output of a batchtool mix with --schedule or --by tokens")
+    if tuple(options.get("names") or ()) != names:
+        raise UsageError(f"--continue {dst}: its sources are {', '.join(options.get('names') or ())}, not "
+                         f"{', '.join(names)}")
+    if options.get("by") != by:
+        raise UsageError(f"--continue {dst}: it was mixed --by {options.get('by')}, not --by {by}")
+    if at < 0 or at > int(stats.get("balanced_batches", 0)):
+        raise UsageError(f"--at {at}: {dst} has {int(stats.get('balanced_batches', 0)):,} batches")
+    return Replan(dst, at, int(manifest.get("seed") or 0), int(stats["batch_size"]),
+                  int(stats["balanced_batches"]), tuple(stats["target"]), stats.get("schedule"))
+
+
 def _error(path: str, key: str, message: str) -> UsageError:
     return UsageError(f"{path}: {key}: {message}")
 
@@ -168,4 +211,4 @@ def _caps(path: str, table: Any, names: tuple[str, ...]) -> tuple[tuple[float | 
     return tuple(repeats), tuple(fractions)
 
 
-__all__ = ["INTERPOLATIONS", "Point", "Schedule", "ScheduleCurve", "read_schedule"]
+__all__ = ["INTERPOLATIONS", "Point", "Replan", "Schedule", "ScheduleCurve", "read_schedule", "replan_from"]
