@@ -409,9 +409,11 @@ def _check_memory(options: MixOptions, memory: int, stats: Tally, rows: np.ndarr
 
 def source_table(sources: list[dict[str, Any]]) -> list[str]:
     """manifest["stats"]["sources"] as the summary and `batchtool inspect` show it: one aligned row per source."""
-    cells = [("source", "rows", "weight", "taken", "repeats", "share")]
+    tokens = "tokens" in sources[0]
+    cells = [("source", "rows", "weight", "taken", "repeats", "share") + (("tokens", "token share") if tokens else ())]
     cells += [(s["name"], f"{s['rows']:,}", f"{s['weight']:.4g}", f"{s['taken']:,}", f"{s['repeats']:,}",
-               f"{100 * s['share']:.2f}%") for s in sources]
+               f"{100 * s['share']:.2f}%") + ((f"{s['tokens']:,}", f"{100 * s['token_share']:.2f}%") if tokens else ())
+              for s in sources]
     widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
     return ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
             for row in cells]

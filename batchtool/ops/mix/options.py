@@ -120,7 +120,7 @@ class MixOptions:
                                 "first list column, or of --sequence).", Column(), None)
     schedule: str | None = option("Instead of --weights: a TOML file of weights as a piecewise-linear or stepwise "
                                   "function of the rows (or --by tokens) handed out, with optional per-source caps "
-                                  "(docs/mix.md); batch after batch every source stays within one of its documents "
+                                  "(max-repeats, max-fraction); batch after batch every source stays within one of its documents "
                                   "of the integral of its weight.", ScheduleFile(), None)
     output_column: tuple[tuple[str, str], ...] = own.output_column(OUTPUT_COLUMNS)
     previous: Replan | None = None
