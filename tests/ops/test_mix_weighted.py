@@ -257,3 +257,16 @@ def test_continue_errors_are_one_line(tmp_path, run_cli):
         result = run_cli("mix", *srcs, tmp_path / "x", *args)
         assert result.exit_code == 2 and message in result.stderr, (args, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1 and not os.path.exists(tmp_path / "x")
+
+
+def test_by_tokens_is_the_same_bytes_on_every_engine_and_refuses_bad_counts(tmp_path, run_cli):
+    srcs = _sources(tmp_path)
+    args = ["--weights", "0.3,0.7", "--by", "tokens", "--batch-size", 200, "--quiet"]
+    assert run_cli("mix", *srcs, tmp_path / "one", *args, "--threads", 1).exit_code == 0
+    assert run_cli("mix", *srcs, tmp_path / "two", *args, "--engine", "processes", "--threads", 2).exit_code == 0
+    assert (tmp_path / "one" / "part-00000.arrow").read_bytes() == (tmp_path / "two" / "part-00000.arrow").read_bytes()
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"key": [1, 2], "tokens": [[1], [2, 3]], "n": [3, -1]}), bad)
+    result = run_cli("mix", srcs[0], bad, tmp_path / "x", "--weights", "1,1", "--by", "tokens", "--length", "n")
+    assert result.exit_code == 2 and "bad.parquet" in result.stderr and "'n': -1 is not a count" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not os.path.exists(tmp_path / "x")

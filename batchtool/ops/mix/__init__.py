@@ -50,6 +50,9 @@ BLOCK = 4096
 output is batches: the order is what the weights follow)."""
 WEIGHTED_OPTIONS = ("by", "length", "schedule", "previous")
 """The options of --by tokens and --schedule, which the manifest of a mix by rows leaves out."""
+ORDER_BYTES = 48
+"""--by tokens or --schedule: what the driver holds per row while it deals the quotas (its source, order key and
+count, 8 bytes each, as gathered and again sorted, and its cumulative count)."""
 BATCH_BYTES = 128
 """What --batch-size's layout holds per batch besides 16 bytes per source (its quotas: an array each, then one
 array of them all)."""
@@ -277,6 +280,10 @@ def _weighted_plan(options: MixOptions, context: Context, rows: np.ndarray) -> M
                             "points": [{"at": p.at, "weights": dict(zip(options.names, p.weights))}
                                        for p in schedule.points],
                             "max_repeats": list(schedule.max_repeats), "max_fraction": list(schedule.max_fraction)}
+    budget.check("by" if options.by == "tokens" else "schedule", f"each row's source, order key and count, which "
+                 f"the quotas are dealt from ({int(rows.sum()):,} rows, {ORDER_BYTES} bytes each)",
+                 float(rows.sum()) * ORDER_BYTES, context.memory, "give a larger {memory}",
+                 value=options.by if options.by == "tokens" else options.schedule, error=OptionInputError)
     plan = ThresholdPlan((1,) * k, (None,) * k)
     return Mixture(_as_stratify(options, target), k, np.array(target), plan, float(rows.sum()), info, context.seed,
                    context.locate, context.memory, context.tasks, padding=batch_padding(options, context.schema),
