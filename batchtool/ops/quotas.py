@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -92,9 +93,9 @@ class Documents:
             n, whole = len(cum) - 1, int(cum[-1])
             if a < 0 or not n:
                 continue
-            goal = self._before(i, int(g)) + a
+            goal = self._before(i, int(g)) + math.floor(round(a, 9))  # whole counts: an int searches without a copy
             if self.cycle and whole:
-                laps = int(goal // whole)
+                laps = goal // whole
                 k = laps * n + int(np.searchsorted(cum, goal - laps * whole, side="right")) - 1
             elif self.cycle:  # every document counts 0: a lap of them fits
                 k = int(g) + n
