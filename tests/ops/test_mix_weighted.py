@@ -72,16 +72,21 @@ def schedules(draw):
 
 
 @settings(max_examples=25, deadline=None)
-@given(schedules(), st.integers(20, 300), st.integers(200, 1500), st.booleans())
-def test_schedule_counts_within_one_document_of_the_integral(schedule, size, rows, tokens):
+@given(schedules(), st.integers(20, 300), st.integers(200, 1500), st.booleans(),
+       st.lists(st.floats(0.05, 1.0), min_size=4, max_size=4))
+def test_schedule_counts_within_one_document_of_the_integral(schedule, size, rows, tokens, caps):
+    """At every batch, for random schedules, batch sizes and caps (max-fraction): within one document of the
+    integral, and no source past its cap."""
     k = len(schedule.points[0].weights)
     rng = np.random.default_rng(size)
     lengths = [rng.integers(1, 30, rows) if tokens else np.ones(rows, dtype=np.int64) for _ in range(k)]
     docs = _docs(lengths) if tokens else None
     curve = schedule.curve()
-    layout = plan_layout(np.full(k, rows), np.asarray(schedule.points[0].weights), size, partial=False,
+    capped = Schedule("s.toml", schedule.points, max_fraction=tuple(caps[:k])).caps(np.full(k, rows), False)
+    layout = plan_layout(capped, np.asarray(schedule.points[0].weights), size, partial=True,
                          oversample=False, curve=curve, **({"docs": docs} if docs else {}))
     _within_one_document(layout, lengths, curve)
+    assert np.all(layout.per_class <= capped)
 
 
 def test_schedule_integral_is_exact_on_a_linear_ramp():

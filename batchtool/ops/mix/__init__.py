@@ -379,13 +379,11 @@ def _ran_out(plan: Mixture, layout: QuotaLayout, available: np.ndarray, rows: np
     used = layout.per_class - np.asarray(layout.partial or np.zeros(len(rows)), dtype=np.int64)
     following = next(itertools.islice(layout.full_quotas(), layout.batches, None))
     i = int(np.argmax(used + following > available))
-    unit = plan.info["by"]
-    capped = available[i] != rows[i] and not (plan.options.replacement and plan.schedule is None)
+    capped = available[i] != rows[i]
     has = f"its cap of {int(available[i]):,} rows" if capped else f"its {int(rows[i]):,} rows"
     raise InputError(f"source {plan.info['names'][i]!r} runs out after {layout.batches * layout.batch_size:,} "
-                     f"{unit} of the {end:,} asked for: its share needs more than {has}; give {{replacement}} to "
-                     "repeat it evenly, a larger cap, or a smaller --size (or schedule total)".replace(
-                         "{replacement}", "--replacement"))
+                     f"{plan.info['by']} of the {end:,} asked for: its share needs more than {has}; give "
+                     "--replacement to repeat it evenly, a larger cap, or a smaller --size (or schedule total)")
 
 
 def _chunk_counts(column: str, count: Any, context: Context, chunk: Chunk) -> Tally:
