@@ -6,7 +6,7 @@ import itertools
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -67,6 +67,8 @@ class Documents:
     cumulative: tuple[np.ndarray, ...]
     """Per class [0, l_1, l_1 + l_2, ...] (int64)."""
     cycle: bool = False
+    fills: ClassVar[bool] = False
+    """A batch of documents holds about its size: no class is given a document that puts it ahead."""
 
     def _before(self, i: int, k: int) -> int:
         """What the class's first k documents count."""
@@ -80,9 +82,6 @@ class Documents:
         """What documents [given_i, given_i + count_i) of each class count."""
         return np.array([self._before(i, int(g + c)) - self._before(i, int(g))
                          for i, (g, c) in enumerate(zip(given.tolist(), count.tolist()))], dtype=np.float64)
-
-    fills = False
-    """A batch of documents holds about its size: no class is given a document that puts it ahead."""
 
     def fit(self, given: np.ndarray, raw: np.ndarray, behind: np.ndarray) -> np.ndarray:
         """The most documents from given_i on that keep each class at or under its running target (`behind` + the
@@ -113,11 +112,11 @@ class Documents:
 class Units:
     """Rows: every document counts 1 (so fit is the floor, and the quotas are stratify's)."""
 
+    fills: ClassVar[bool] = True
+    """A batch of B rows holds exactly B rows."""
+
     def counted(self, given: np.ndarray, count: np.ndarray) -> np.ndarray:
         return count
-
-    fills = True
-    """A batch of B rows holds exactly B rows."""
 
     def fit(self, given: np.ndarray, raw: np.ndarray, behind: np.ndarray) -> np.ndarray:
         """The floor of each class's share of the batch; the running deficit goes to the extra rows."""
