@@ -3,6 +3,7 @@ command is its own, since it takes several SRCs (`batchtool mix SRC SRC [SRC ...
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import click
@@ -13,10 +14,11 @@ from batchtool.core.errors import UsageError
 from batchtool.io.mixed import source_names
 from batchtool.ops.mix import OP as MIX
 from batchtool.ops.mix.options import Names
+from batchtool.ops.mix.schedule import replan_from
 
 
 def mix_cmd(paths: tuple[str, ...], columns: tuple[str, ...], input_format: str | None, skip_corrupt: bool,
-            **kwargs: Any) -> None:
+            continue_from: str | None, at: int | None, **kwargs: Any) -> None:
     from batchtool.exec.driver import run_mixed  # when the command runs: its --help needs none of the driver
 
     if len(paths) < 3:
@@ -25,6 +27,12 @@ def mix_cmd(paths: tuple[str, ...], columns: tuple[str, ...], input_format: str 
     given = kwargs.get("names")
     names = source_names(srcs, Names().parse("names", given) if given else ())
     options = given_options(MIX, kwargs, names=list(names))
+    if (continue_from is None) != (at is None):
+        raise UsageError("--continue DST and --at STEP go together")
+    if continue_from is not None:
+        if not options.weighted:
+            raise UsageError("--continue needs --schedule or --by tokens (the plan it changes to)")
+        options = replace(options, previous=replan_from(continue_from, int(at or 0), options.names, options.by))
     seed = kwargs.pop("seed", 0)
     output, run = make_output(kwargs), make_run(kwargs)
     result = run_mixed(MIX, options, srcs, options.names, options.column, dst, output, run, seed=seed,
@@ -42,4 +50,10 @@ mix_cmd.__doc__ = f"""{MIX.summary}
 mix_cmd = command("mix", MIX.example)(
     click.argument("paths", nargs=-1, required=True, metavar="SRC SRC [SRC ...] DST")(
         columns_option("--columns", help="Columns to keep of every source, in this order (default: all).")(
-            op_options(MIX, mix_cmd))))
+            click.option("--continue", "continue_from", metavar="DST", default=None,
+                         help="Re-plan: the batches of DST (a mix by --schedule or --by tokens of the same sources) "
+                              "before --at STEP, byte for byte, then the rows after them by this command's "
+                              "--schedule (or weights), none lost or repeated beyond the caps.")(
+                click.option("--at", type=int, metavar="STEP", default=None,
+                             help="With --continue: the first batch that follows the new plan.")(
+                    op_options(MIX, mix_cmd))))))

@@ -220,6 +220,8 @@ class _Reader:
                                    "with path = [\"SRC\", \"SRC\", ...]")
         named = {"names": source_names(sources)} if several and sources is not None and "names" not in keys else {}
         options = self.table(OPERATIONS[op].options, keys, where, **named)
+        if several and getattr(options, "schedule", None) is not None:  # a mix's schedule file: beside this one
+            options = replace(options, schedule=self.resolve(options.schedule))
         if several and sources is not None and len(options.names) != len(sources):
             raise self.fail(where, f"key 'names': {len(options.names)} names for the {len(sources)} sources of "
                                    "[input] path")
@@ -239,7 +241,7 @@ class _Reader:
         """Several inputs are a mix's sources: its stage comes first (stage() keeps it there)."""
         if source.sources is not None and (not stages or not OPERATIONS[stages[0].op].several_sources):
             raise self.fail("[input]", f"key 'path': {len(source.sources)} sources are mixed by a first stage "
-                                       "op = \"mix\" (with weights or temperature)")
+                                       "op = \"mix\" (with weights, temperature or schedule)")
 
 
 def _default_format(last: StageConfig | None) -> str:

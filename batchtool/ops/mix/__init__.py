@@ -6,6 +6,7 @@ shuffle) or stratify's balanced batches (with --pad, padded as bucket pads its b
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from batchtool.core import budget
+from batchtool.core import budget, rng
 from batchtool.io.dataset import Chunk, Dataset
 from batchtool.core.errors import InputError, OptionInputError
 from batchtool.ops import names as own
@@ -22,15 +23,19 @@ from batchtool.ops.base import (ColumnError, Context, Depends, Kind, Operation, 
 from batchtool.ops.copies import Copies
 from batchtool.ops.keyed import flush_bytes, range_bytes
 from batchtool.ops.mix.options import OUTPUT_COLUMNS, MixOptions, largest_remainder, mixture_totals
-from batchtool.ops.quotas import plan_layout
+from batchtool.ops.mix.schedule import Replan, Schedule, read_schedule
+from batchtool.ops.quotas import (ROWS, Constant, Curve, Documents, QuotaBatches, QuotaLayout, Switched, Units,
+                                  plan_layout)
 from batchtool.ops.regroup import Cut, Exchange, Probe, Runtime, Scatter, Scattered, SortedBatches, Stream
 from batchtool.ops.rows import FixedBatches, bytes_per_row, estimate_bytes
 from batchtool.ops.shuffle import default_batch_rows
 from batchtool.ops.stratify import OP as STRATIFY
 from batchtool.ops.stratify import Stratification, StratifyOptions, discard_warning, find_thresholds, threshold_plan
 from batchtool.ops.stratify.batches import exchange as balanced_batches
-from batchtool.ops.stratify.batches import selected_rows, selected_size
-from batchtool.io.padding import BatchPadding, default_pad, parse_pad_values
+from batchtool.ops.stratify.batches import (BATCH_STAGE, ORDER_STAGE, record_layout, selected_rows, selected_size,
+                                            written_stats)
+from batchtool.ops.stratify.plans import ThresholdPlan
+from batchtool.io.padding import BatchPadding, default_pad, parse_pad_values, row_lengths
 from batchtool.io.spill import parts_for
 from batchtool.io.stats import is_sequence_type
 from batchtool.core.tally import Tally
@@ -40,16 +45,27 @@ STAGE = "mix"
 COPY_BYTES = 48
 """What one written copy of a row takes besides its data while a map task builds a chunk's selection at once (its
 id, the take index, its copy number, its id's hash: 8 bytes each, and their temporaries): the least a copy needs."""
+BLOCK = 4096
+"""--by tokens or --schedule without --batch-size: the rows (or tokens) of each batch the quotas are dealt in (their
+output is batches: the order is what the weights follow)."""
+WEIGHTED_OPTIONS = ("by", "length", "schedule", "previous")
+"""The options of --by tokens and --schedule, which the manifest of a mix by rows leaves out."""
+ORDER_BYTES = 48
+"""--by tokens or --schedule: what the driver holds per row while it deals the quotas (its source, order key and
+count, 8 bytes each, as gathered and again sorted, and its cumulative count)."""
 BATCH_BYTES = 128
 """What --batch-size's layout holds per batch besides 16 bytes per source (its quotas: an array each, then one
 array of them all)."""
 
 
 def _as_stratify(options: MixOptions, target: tuple[float, ...] | str = "uniform") -> StratifyOptions:
-    """The stratify that makes this mixture: exact mode over the source column, the weights as its target."""
+    """The stratify that makes this mixture: exact mode over the source column, the weights as its target (--by
+    tokens and --schedule: its balanced batches, of BLOCK without --batch-size)."""
+    batch_size = options.batch_size or (BLOCK if options.weighted else None)
     return StratifyOptions(label=options.column, target=target, mode="exact", num_classes=len(options.names),
-                           replacement=options.replacement, size=options.size, batch_size=options.batch_size,
-                           drop_remainder=options.drop_remainder, balanced_batches=options.batch_size is not None)
+                           replacement=options.replacement, size=None if options.weighted else options.size,
+                           batch_size=batch_size, drop_remainder=options.drop_remainder,
+                           balanced_batches=batch_size is not None)
 
 
 @dataclass(frozen=True)
@@ -57,6 +73,10 @@ class Mixture(Stratification):
     """mix's plan: the stratification that selects it, and with --pad how its batches are padded."""
 
     padding: BatchPadding | None = None
+    schedule: Schedule | None = None
+    previous: Replan | None = None
+    length: str | None = None
+    """--by tokens: the column whose values (an integer column) or steps (a list column) each row counts."""
 
 
 def batch_padding(options: MixOptions, schema: pa.Schema) -> BatchPadding | None:
@@ -104,7 +124,8 @@ class Mix(Operation[MixOptions, Mixture]):
 
     def shape(self, options: MixOptions) -> Shape:
         """A global reorder, or batches with --batch-size; its selection is keyed by the ids, like stratify's."""
-        return Shape(Kind.REORDERS if options.batch_size is None else Kind.BATCHES, Depends.ORDER)
+        batches = options.batch_size is not None or options.weighted  # --by tokens, --schedule: in BLOCK batches
+        return Shape(Kind.BATCHES if batches else Kind.REORDERS, Depends.ORDER)
 
     def output_schema(self, options: MixOptions, schema: pa.Schema) -> pa.Schema:
         need_columns(schema, own.FIELD, [options.column])
@@ -115,7 +136,10 @@ class Mix(Operation[MixOptions, Mixture]):
         return None if columns is None else list(dict.fromkeys([*columns, options.column]))
 
     def recorded(self, options: MixOptions, schema: pa.Schema, output: Any) -> dict[str, Any]:
-        return {**manifest_options(options, output), **own.recorded(options.output_column)}
+        """The options, those of --by tokens and --schedule only when given (a mix by rows records what it did
+        before they existed)."""
+        recorded = {**manifest_options(options, output), **own.recorded(options.output_column)}
+        return recorded if options.weighted else {k: v for k, v in recorded.items() if k not in WEIGHTED_OPTIONS}
 
     def first_pass(self, options: MixOptions, schema: pa.Schema) -> Pass | None:
         """Each source's rows: stratify's class counts of the source column; and the rows of each source's largest
@@ -133,6 +157,8 @@ class Mix(Operation[MixOptions, Mixture]):
         empty = next((i for i in range(k) if not rows[i]), None)
         if empty is not None:
             raise InputError(f"source {options.names[empty]!r} is empty: it has no rows to mix")
+        if options.weighted:
+            return _weighted_plan(options, context, rows)
         weights = options.weight_fractions(rows.tolist())
         totals, m = mixture_totals(options, rows, weights)
         _check_memory(options, context.memory, stats, rows, totals)
@@ -156,6 +182,9 @@ class Mix(Operation[MixOptions, Mixture]):
         if plan.options.balanced_batches:
             batches = balanced_batches(self, plan, data, probe)
             assert batches is not None and batches.scatter.prepare is not None, "exact mode selects on the map side"
+            if plan.info.get("weighted"):
+                batches = replace(batches, scatter=replace(batches.scatter, prepare=functools.partial(
+                    _measured, plan, batches.scatter.prepare)), cut=functools.partial(_weighted_cut, self, plan))
             if plan.padding is None:
                 return batches
             scatter = replace(batches.scatter, prepare=functools.partial(_checked, plan.padding, plan.locate,
@@ -177,9 +206,20 @@ class Mix(Operation[MixOptions, Mixture]):
         sources = [{"index": i, "name": name, "weight": round(w, 9), "rows": n, "taken": t, "repeats": max(0, t - n),
                     "share": round(t / out, 6)}
                    for i, (name, w, n, t) in enumerate(zip(plan.info["names"], plan.info["weights"], available, taken))]
+        tokens = stats.latest.get("tokens")
+        if tokens is not None:
+            for source, n in zip(sources, tokens):
+                source.update(tokens=n, token_share=round(n / max(1, sum(tokens)), 6))
+        weighted = {key: plan.info[key] for key in ("by", "schedule", "target") if key in plan.info}
         kept = ("rows_in", "examples_dropped", "examples_duplicated", "copies_per_example", "discarded_fraction",
                 "batch_size", "balanced_batches", "final_batch_quotas")
-        return {"column": plan.info["column"], "total_m": plan.info["total_m"], "sources": sources,
+        if weighted:  # every row was selected; a source's stream is dealt whole before any row repeats
+            dropped = sum(max(0, n - t) for n, t in zip(available, taken))
+            repeated = sum(max(0, t - n) for n, t in zip(available, taken))
+            done.update(examples_dropped=dropped, examples_duplicated=repeated,
+                        discarded_fraction=round(dropped / max(1, sum(available)), 6))
+            done.pop("copies_per_example", None)
+        return {"column": plan.info["column"], "total_m": plan.info["total_m"], "sources": sources, **weighted,
                 **{key: done[key] for key in kept if key in done}}
 
     def said(self, stats: dict[str, Any]) -> Said:
@@ -199,6 +239,8 @@ class Mix(Operation[MixOptions, Mixture]):
 
     def expected(self, plan: Mixture, rows_in: int | None, scan: Any = None) -> tuple[int | None, dict[str, Any]]:
         """Dry run: the rows of each source the plan takes (with --batch-size, those its balanced batches hold)."""
+        if plan.info.get("weighted"):
+            return None, {"by": plan.info["by"]}  # the quotas follow the documents' counts, known once read
         taken = np.asarray(plan.info["targets"], dtype=np.int64)
         info: dict[str, Any] = {}
         size = plan.options.batch_size
@@ -210,6 +252,138 @@ class Mix(Operation[MixOptions, Mixture]):
         info["sources"] = [{"name": name, "weight": w, "taken": int(t)}
                            for name, w, t in zip(plan.info["names"], plan.info["weights"], taken.tolist())]
         return int(taken.sum()), info
+
+
+def _weighted_plan(options: MixOptions, context: Context, rows: np.ndarray) -> Mixture:
+    """--by tokens or --schedule: every row of every source selected once, each source's rows in their keyed order;
+    the cut then deals them out in quotas that follow the weights (or the schedule's integral) by what each row
+    counts (ops.quotas), taking of each source only what its share needs."""
+    k = len(options.names)
+    schedule = read_schedule(options.schedule, options.names) if options.schedule is not None else None
+    if schedule is not None:
+        target = schedule.points[0].weights
+    else:
+        target = tuple(float(w) for w in options.weight_fractions(rows.tolist()))
+    end = options.size if options.size is not None else schedule.total if schedule is not None else None
+    if options.replacement and end is None:
+        raise OptionInputError("replacement", "{replacement} needs {size} (or a schedule's total), the length of "
+                               "the mixture", mentions=["size"])
+    length = _length_column(options, context.schema) if options.by == "tokens" else None
+    info = {"column": options.column, "names": list(options.names), "weights": list(target), "rows": rows.tolist(),
+            "total_m": None, "weighted": True, "by": options.by, "end": end, "target": list(target)}
+    previous = options.previous
+    if previous is not None and (previous.seed, previous.batch_size) != (context.seed, options.batch_size or BLOCK):
+        raise OptionInputError("batch_size", f"--continue {previous.dst} was written with --seed {previous.seed} and "
+                               f"--batch-size {previous.batch_size}: give the same to keep its batches")
+    if schedule is not None:
+        info["schedule"] = {"path": schedule.path, "interpolation": schedule.interpolation, "total": schedule.total,
+                            "points": [{"at": p.at, "weights": dict(zip(options.names, p.weights))}
+                                       for p in schedule.points],
+                            "max_repeats": list(schedule.max_repeats), "max_fraction": list(schedule.max_fraction)}
+    budget.check("by" if options.by == "tokens" else "schedule", f"each row's source, order key and count, which "
+                 f"the quotas are dealt from ({int(rows.sum()):,} rows, {ORDER_BYTES} bytes each)",
+                 float(rows.sum()) * ORDER_BYTES, context.memory, "give a larger {memory}",
+                 value=options.by if options.by == "tokens" else options.schedule, error=OptionInputError)
+    plan = ThresholdPlan((1,) * k, (None,) * k)
+    return Mixture(_as_stratify(options, target), k, np.array(target), plan, float(rows.sum()), info, context.seed,
+                   context.locate, context.memory, context.tasks, padding=batch_padding(options, context.schema),
+                   schedule=schedule, previous=previous, length=length)
+
+
+def _length_column(options: MixOptions, schema: pa.Schema) -> str:
+    """--by tokens: --length (an integer column), else --sequence's first column or the first list column."""
+    if options.length is not None:
+        if options.length not in schema.names:
+            raise ColumnError("length", f"no such column (available: {', '.join(schema.names)})", value=options.length)
+        if not pa.types.is_integer(schema.field(options.length).type):
+            raise ColumnError("length", f"column is {schema.field(options.length).type}, expected an integer column "
+                              "of each row's tokens", value=options.length)
+        return options.length
+    sequences = options.sequence or tuple(f.name for f in schema if is_sequence_type(f.type))
+    if not sequences:
+        raise ColumnError("by", f"no list (sequence) column to count tokens in (columns: {', '.join(schema.names)}); "
+                          "give {length}", value="tokens")
+    return sequences[0]
+
+
+def _row_counts(plan: Mixture, chunk: Chunk) -> np.ndarray:
+    """What each row counts: its tokens (--length's value, or its sequence's steps), else 1. A negative or null
+    --length is an error naming the row."""
+    if plan.length is None:
+        return np.ones(chunk.num_rows, dtype=np.int64)
+    column = chunk.data.column(plan.length)
+    if is_sequence_type(column.type):
+        return row_lengths(column)
+    values = column.to_numpy(zero_copy_only=False)
+    bad = np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False)
+                         | (np.nan_to_num(values.astype(np.float64), nan=-1) < 0))
+    if len(bad):
+        raise InputError(f"{plan.locate(int(chunk.ids[bad[0]]))}: column {plan.length!r}: {column[int(bad[0])]} is "
+                         "not a count of tokens (expected an integer >= 0)")
+    return values.astype(np.int64)
+
+
+def _measured(plan: Mixture, prepare: Callable[[Chunk], Any], chunk: Chunk) -> tuple[Chunk, np.ndarray, Any]:
+    """A map task's selection with what the weighted cut needs of it: each row's source, its key in its source's
+    order (the sorted streams' order) and what it counts."""
+    rows, labels, tally = prepare(chunk)
+    return rows, labels, (tally, labels, rng.permutation_keys(plan.seed, ORDER_STAGE, rows.ids),
+                          _row_counts(plan, rows))
+
+
+def _weighted_cut(op: Operation, plan: Mixture, scattered: Scattered, runtime: Runtime) -> Cut:
+    """--by tokens / --schedule: each source's counts in its stream's order, then the quota batches that follow the
+    weights by them (ops.quotas.plan_layout), up to --size (or the schedule's total): a source that runs out before
+    it, under its cap, is an error before anything is written."""
+    options, k = plan.options, plan.num_classes
+    selected = Tally()
+    labels, keys, counts = [], [], []
+    for tally, label, key, count in scattered.stats:
+        selected.merge(tally)
+        labels.append(label), keys.append(key), counts.append(count)
+    label, key, count = (np.concatenate(x) if x else np.zeros(0, dtype=np.int64) for x in (labels, keys, counts))
+    cumulative = []
+    for c in range(k):
+        mine = label == c
+        ordered = count[mine][np.argsort(key[mine], kind="stable")]
+        cumulative.append(np.concatenate([[0], np.cumsum(ordered)]).astype(np.int64))
+    docs: Documents | Units = Documents(tuple(cumulative), cycle=options.replacement) if plan.length else ROWS
+    rows = np.array([len(c) - 1 for c in cumulative], dtype=np.int64)
+    schedule = plan.schedule
+    available = schedule.caps(rows, options.replacement) if schedule is not None else (
+        np.full(k, np.iinfo(np.int64).max // 2) if options.replacement else rows)
+    end = plan.info["end"]
+    size = options.batch_size
+    assert size is not None, "weighted mixes are dealt in batches"
+    curve: Curve | None = schedule.curve() if schedule is not None else None
+    if plan.previous is not None:
+        curve = Switched(plan.previous.curve(), curve or Constant(plan.target), plan.previous.at * size)
+    layout = plan_layout(available, plan.target, size, partial=not options.drop_remainder, oversample=False,
+                         curve=curve, docs=docs, end=end)
+    quotas = np.array(list(layout.sequence()), dtype=np.int64).reshape(-1, k)
+    used = quotas.sum(axis=0)
+    if end is not None and (layout.batches + 1) * size <= end:
+        _ran_out(plan, layout, available, rows, end)
+    written = Tally()
+    if len(quotas):
+        written.add(class_out=used)
+    record_layout(layout, written)
+    if plan.length:
+        written.latest["tokens"] = [int(t) for t in docs.counted(np.zeros(k, dtype=np.int64), used).tolist()]
+    batches = QuotaBatches(scattered.groups, quotas, plan.seed, BATCH_STAGE, scattered.schema, options.replacement)
+    return Cut(batches, functools.partial(written_stats, op, plan, selected, written))
+
+
+def _ran_out(plan: Mixture, layout: QuotaLayout, available: np.ndarray, rows: np.ndarray, end: int) -> None:
+    """The error for a source whose documents (under its cap) run out before the mixture's end."""
+    used = layout.per_class - np.asarray(layout.partial or np.zeros(len(rows)), dtype=np.int64)
+    following = next(itertools.islice(layout.full_quotas(), layout.batches, None))
+    i = int(np.argmax(used + following > available))
+    capped = available[i] != rows[i]
+    has = f"its cap of {int(available[i]):,} rows" if capped else f"its {int(rows[i]):,} rows"
+    raise InputError(f"source {plan.info['names'][i]!r} runs out after {layout.batches * layout.batch_size:,} "
+                     f"{plan.info['by']} of the {end:,} asked for: its share needs more than {has}; give "
+                     "--replacement to repeat it evenly, a larger cap, or a smaller --size (or schedule total)")
 
 
 def _chunk_counts(column: str, count: Any, context: Context, chunk: Chunk) -> Tally:
@@ -240,9 +414,11 @@ def _check_memory(options: MixOptions, memory: int, stats: Tally, rows: np.ndarr
 
 def source_table(sources: list[dict[str, Any]]) -> list[str]:
     """manifest["stats"]["sources"] as the summary and `batchtool inspect` show it: one aligned row per source."""
-    cells = [("source", "rows", "weight", "taken", "repeats", "share")]
+    tokens = "tokens" in sources[0]
+    cells = [("source", "rows", "weight", "taken", "repeats", "share") + (("tokens", "token share") if tokens else ())]
     cells += [(s["name"], f"{s['rows']:,}", f"{s['weight']:.4g}", f"{s['taken']:,}", f"{s['repeats']:,}",
-               f"{100 * s['share']:.2f}%") for s in sources]
+               f"{100 * s['share']:.2f}%") + ((f"{s['tokens']:,}", f"{100 * s['token_share']:.2f}%") if tokens else ())
+              for s in sources]
     widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
     return ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
             for row in cells]

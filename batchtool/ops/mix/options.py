@@ -15,11 +15,15 @@ from batchtool.core.errors import OptionError, OptionInputError
 from batchtool.io.mixed import SOURCE
 from batchtool.ops import names as own
 from batchtool.ops.copies import MAX_RATE
-from batchtool.core.options import ColumnList, Flag, Integer, Number, Pairs, Value, option, shown
+from batchtool.ops.mix.schedule import Replan
+from batchtool.core.options import Choice, Column, ColumnList, Flag, Integer, Number, Pairs, Value, option, shown
 
 OUTPUT_COLUMNS = (SOURCE, "length", "mask")
 """mix's own columns: each row's source, by index (the manifest names them); with --pad, as bucket writes them, each
 row's real steps and (--mask) the mask of them."""
+
+BY = ("rows", "tokens")
+"""What --by apportions."""
 
 Weights = Union[tuple[float, ...], tuple[tuple[str, float], ...]]
 """Weights in source order, or (NAME, W) pairs."""
@@ -68,6 +72,17 @@ class WeightsSpec(Value):
                               value=repr(value)) from None
 
 
+class ScheduleFile(Value):
+    """The path of a schedule file (read when the mixture is planned: ops.mix.schedule)."""
+
+    metavar = "FILE.toml"
+
+    def parse(self, field: str, value: Any) -> str:
+        if not isinstance(value, str) or not value:
+            raise OptionError(field, f"expected the path of a schedule file, got {shown(value)}")
+        return value
+
+
 @dataclass(frozen=True)
 class MixOptions:
     """What `mix` computes, given its sources' names (one per SRC, in order)."""
@@ -97,7 +112,20 @@ class MixOptions:
     pad_value: tuple[str, ...] = option("With --pad: pad value of a sequence column (default 0, '' for strings); "
                                         "repeatable.", Pairs("COL=V"), ())
     mask: bool = option("With --pad: add a 'mask' list<bool> column, true on real steps.", Flag(), False)
+    by: str = option("What the weights apportion: rows, or tokens (each row counting its --length, else the steps of "
+                     "its sequence column); with tokens, --size and --batch-size count tokens, and every source's "
+                     "tokens stay within one of its documents of its share, batch after batch.",
+                     Choice(BY), "rows")
+    length: str | None = option("With --by tokens: an integer column of each row's tokens (default: the steps of the "
+                                "first list column, or of --sequence).", Column(), None)
+    schedule: str | None = option("Instead of --weights: a TOML file of weights as a piecewise-linear or stepwise "
+                                  "function of the rows (or --by tokens) handed out, with optional per-source caps "
+                                  "(max-repeats, max-fraction); batch after batch every source stays within one of its documents "
+                                  "of the integral of its weight.", ScheduleFile(), None)
     output_column: tuple[tuple[str, str], ...] = own.output_column(OUTPUT_COLUMNS)
+    previous: Replan | None = None
+    """mix --continue DST --at STEP: DST's plan, kept for its first STEP batches (the command's flags, read from
+    DST's manifest; recorded in the new manifest with the step)."""
 
     def __post_init__(self) -> None:
         if len(self.names) < 2:
@@ -105,16 +133,20 @@ class MixOptions:
         twice = next((n for n in self.names if self.names.count(n) > 1), None)
         if twice is not None:
             raise OptionError("names", f"two sources are named {twice!r}; give each its own name with {{names}}")
-        if (self.weights is None) == (self.temperature is None):
-            raise OptionError("weights", "give {weights} or {temperature}" + (", not both" if self.weights else ""),
-                              mentions=["temperature"])
+        given = [name for name in ("weights", "temperature", "schedule") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise OptionError("weights", "give one of {weights}, {temperature} or {schedule}" + (
+                f", not {{{given[0]}}} and {{{given[1]}}}" if len(given) > 1 else ""),
+                              mentions=["temperature", "schedule"])
         if self.weights is not None:
             self._check_weights(self.weights)
         if self.temperature is not None and not (math.isfinite(self.temperature) and self.temperature > 0):
             raise OptionError("temperature", "must be a finite number > 0", value=f"{self.temperature:g}")
         if self.size is not None and self.size < 1:
             raise OptionError("size", "must be at least 1", value=str(self.size))
-        if self.replacement and self.size is None:
+        if self.length is not None and self.by != "tokens":
+            raise OptionError("length", "{length} goes with {by} tokens", mentions=["by"])
+        if self.replacement and self.size is None and self.schedule is None:
             raise OptionError("replacement", "{replacement} needs {size}, the rows of the mixture", mentions=["size"])
         if self.batch_size is not None and self.batch_size < 1:
             raise OptionError("batch_size", "must be at least 1", value=str(self.batch_size))
@@ -147,6 +179,12 @@ class MixOptions:
             raise OptionError("weights", f"weights must be finite and >= 0 (got {bad:g})", value=shown_weights)
         if not any(values):
             raise OptionError("weights", "every weight is 0: give one source a weight", value=shown_weights)
+
+    @property
+    def weighted(self) -> bool:
+        """Quotas from each document's count or a schedule (ops.quotas.Documents, Curve) rather than the threshold
+        selection: --by tokens or --schedule."""
+        return self.by == "tokens" or self.schedule is not None
 
     @property
     def column(self) -> str:
@@ -215,5 +253,5 @@ def mixture_totals(options: MixOptions, rows: np.ndarray, weights: Sequence[Frac
     return totals, m
 
 
-__all__ = ["MixOptions", "Names", "OUTPUT_COLUMNS", "Weights", "WeightsSpec", "largest_remainder", "mixture_totals",
-           "temperature_weights"]
+__all__ = ["BY", "MixOptions", "Names", "OUTPUT_COLUMNS", "ScheduleFile", "Weights", "WeightsSpec", "largest_remainder",
+           "mixture_totals", "temperature_weights"]

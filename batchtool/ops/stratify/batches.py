@@ -40,11 +40,11 @@ def batched(op: Operation, plan: Stratification, data: Dataset, runtime: Runtime
     written = Tally()
     """The classes of the batches written (`class_out`), counted in order on this side."""
     batches = rebatch(rows, size, data.schema, options.drop_remainder)
-    yield Regrouped(_counted(plan, batches, written), emit, functools.partial(_stats, op, plan, selected, written),
+    yield Regrouped(_counted(plan, batches, written), emit, functools.partial(written_stats, op, plan, selected, written),
                     expected)
 
 
-def _stats(op: Operation, plan: Stratification, selected: Tally, written: Tally) -> dict[str, Any]:
+def written_stats(op: Operation, plan: Stratification, selected: Tally, written: Tally) -> dict[str, Any]:
     """The manifest's statistics: the selection's and the written batches' counts."""
     total = Tally()
     total.merge(selected)
@@ -77,7 +77,7 @@ def _layout(plan: Stratification, spilled: np.ndarray) -> QuotaLayout:
                        oversample=False)
 
 
-def _record_layout(layout: QuotaLayout, written: Tally) -> None:
+def record_layout(layout: QuotaLayout, written: Tally) -> None:
     written.latest["batches"] = {"batch_size": layout.batch_size,
                                  "balanced_batches": layout.batches + bool(sum(layout.partial)),
                                  "final_batch_quotas": list(layout.partial)}
@@ -157,9 +157,9 @@ def _exchange_cut(op: Operation, plan: Stratification, scattered: Scattered, run
     quotas = np.array(list(layout.sequence()), dtype=np.int64).reshape(-1, plan.num_classes)
     if len(quotas):
         written.add(class_out=quotas.sum(axis=0))
-    _record_layout(layout, written)
+    record_layout(layout, written)
     batches = QuotaBatches(scattered.groups, quotas, plan.seed, BATCH_STAGE, scattered.schema)
-    return Cut(batches, functools.partial(_stats, op, plan, selected, written))
+    return Cut(batches, functools.partial(written_stats, op, plan, selected, written))
 
 
 def _counted(plan: Stratification, batches: Iterable[Chunk], written: Tally) -> Iterator[Chunk]:
@@ -169,4 +169,4 @@ def _counted(plan: Stratification, batches: Iterable[Chunk], written: Tally) -> 
         yield chunk
 
 
-__all__ = ["batched", "exchange", "selected_rows", "selected_size"]
+__all__ = ["ORDER_STAGE", "BATCH_STAGE", "batched", "exchange", "record_layout", "written_stats", "selected_rows", "selected_size"]
