@@ -66,6 +66,11 @@ def test_pair_counts_merge_exactly_and_stop_at_the_limit():
     assert a.tolist() == [[1, 0, 1], [3, 1, 1], [3, 2, 2]]
     b = pair_counts(np.array([3, 5]), np.array([2, 5]))
     assert merge_pairs(a, b, 64 << 20).tolist() == [[1, 0, 1], [3, 1, 1], [3, 2, 3], [5, 5, 1]]
+    # --balance: the class is a third key, counted and merged the same way
+    c = pair_counts(np.array([3, 3, 3]), np.array([2, 2, 2]), np.array([0, 1, 1]))
+    assert c.tolist() == [[3, 2, 0, 1], [3, 2, 1, 2]]
+    assert merge_pairs(c, pair_counts(np.array([3]), np.array([2]), np.array([1])), 64 << 20).tolist() == [
+        [3, 2, 0, 1], [3, 2, 1, 3]]
 
 
 def test_the_joint_histogram_is_bounded_by_the_distinct_pairs_it_counts(tmp_path, monkeypatch):
@@ -77,6 +82,11 @@ def test_the_joint_histogram_is_bounded_by_the_distinct_pairs_it_counts(tmp_path
         run(tmp_path, table([1, 2, 2, 3, 3], [1, 1, 1, 2, 3]), memory=1 << 30, length=("src", "tgt"),
             auto_buckets=2, batch_size=(2,))
     assert not os.path.exists(tmp_path / "out")
+    labelled = table([1, 2, 2], [1, 1, 1]).append_column("label", pa.array([0, 0, 1], pa.int64()))
+    with pytest.raises(InputError, match=r"counting 3 distinct \(length, length, class\) keys takes about 160.0 MB"):
+        run(tmp_path / "labelled", labelled, "balanced", memory=1 << 30, length=("src", "tgt"), auto_buckets=2,
+            batch_size=(2,), balance="label")
+    assert not os.path.exists(tmp_path / "labelled" / "balanced")
 
 
 # --- the grid: never worse than the best product grid, exact given its first-length buckets ----------------

@@ -129,7 +129,8 @@ class BucketOptions:
     output_column: tuple[tuple[str, str], ...] = names.output_column(OUTPUT_COLUMNS)
     keep: str | None = option("Boolean column: only rows where it is true are bucketed.", Column(), None)
     drop_remainder: bool = option("Drop (and count) each bucket's last, partial batch.", Flag(), False)
-    balance: str | None = option("Every full batch of every bucket holds each class's exact share of the batch "
+    balance: str | None = option("Every full batch of every bucket (with two --length, of every cell) holds each "
+                                 "class's exact share of the batch "
                                  "(as tf.contrib.training.stratified_sample, but exact per batch); rows no balanced "
                                  "batch can take are dropped and counted.", Column(metavar="LABEL_COL"), None)
     target: Target = option("With --balance: class proportions P0,P1,..., CLASS=PROB pairs, or uniform.",
