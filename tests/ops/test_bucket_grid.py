@@ -66,6 +66,11 @@ def test_pair_counts_merge_exactly_and_stop_at_the_limit():
     assert a.tolist() == [[1, 0, 1], [3, 1, 1], [3, 2, 2]]
     b = pair_counts(np.array([3, 5]), np.array([2, 5]))
     assert merge_pairs(a, b, 64 << 20).tolist() == [[1, 0, 1], [3, 1, 1], [3, 2, 3], [5, 5, 1]]
+    # --balance: the class is a third key, counted and merged the same way
+    c = pair_counts(np.array([3, 3, 3]), np.array([2, 2, 2]), np.array([0, 1, 1]))
+    assert c.tolist() == [[3, 2, 0, 1], [3, 2, 1, 2]]
+    assert merge_pairs(c, pair_counts(np.array([3]), np.array([2]), np.array([1])), 64 << 20).tolist() == [
+        [3, 2, 0, 1], [3, 2, 1, 3]]
 
 
 def test_the_joint_histogram_is_bounded_by_the_distinct_pairs_it_counts(tmp_path, monkeypatch):
@@ -77,6 +82,11 @@ def test_the_joint_histogram_is_bounded_by_the_distinct_pairs_it_counts(tmp_path
         run(tmp_path, table([1, 2, 2, 3, 3], [1, 1, 1, 2, 3]), memory=1 << 30, length=("src", "tgt"),
             auto_buckets=2, batch_size=(2,))
     assert not os.path.exists(tmp_path / "out")
+    labelled = table([1, 2, 2], [1, 1, 1]).append_column("label", pa.array([0, 0, 1], pa.int64()))
+    with pytest.raises(InputError, match=r"counting 3 distinct \(length, length, class\) keys takes about 160.0 MB"):
+        run(tmp_path / "labelled", labelled, "balanced", memory=1 << 30, length=("src", "tgt"), auto_buckets=2,
+            batch_size=(2,), balance="label")
+    assert not os.path.exists(tmp_path / "labelled" / "balanced")
 
 
 # --- the grid: never worse than the best product grid, exact given its first-length buckets ----------------
@@ -174,6 +184,44 @@ def test_an_exact_small_grid(tmp_path):
     assert out.column("tgt").to_pylist()[6] == [-5] * 6 + [0]  # row 5: 6 steps, padded to 7
 
 
+def test_an_exact_small_balanced_grid(tmp_path):
+    # cell 0 (short inputs): six rows, four of class 0 and two of class 1; cell 1 (long inputs): two of each
+    data = table([2, 2, 2, 2, 2, 2, 9, 9, 9, 9], [1, 1, 1, 1, 1, 1, 3, 3, 3, 3])
+    data = data.append_column("label", pa.array([0, 0, 0, 0, 1, 1, 0, 1, 0, 1], pa.int64()))
+    out, manifest = run(tmp_path, data, batch_size=(2,), balance="label", length=("src", "tgt"), auto_buckets=2,
+                        drop_remainder=True)
+    stats = manifest["stats"]
+    assert stats["grid"] == [1, 1]
+    per_batch = [(set(b.column("bucket").to_pylist()), sorted(b.column("label").to_pylist())) for b in batches_of(out)]
+    assert sorted(per_batch, key=lambda x: min(x[0])) == [({0}, [0, 1])] * 2 + [({1}, [0, 1])] * 2
+    assert stats["examples_dropped"]["unbalanced"] == 2 and [c["balanced_batches"] for c in stats["buckets"]] == [2, 2]
+    assert [padded_shape(b) for b in batches_of(out)] == [(2, 1) if 0 in c else (9, 3) for c, _ in per_batch]
+    out, manifest = run(tmp_path, data, "over", batch_size=(2,), balance="label", oversample=True, drop_remainder=True,
+                        length=("src", "tgt"), auto_buckets=2)
+    labels = [sorted(b.column("label").to_pylist()) for b in batches_of(out) if b.column("bucket")[0].as_py() == 0]
+    assert labels == [[0, 1]] * 4 and manifest["stats"]["examples_dropped"]["unbalanced"] == 0
+    ids = [b.column("id").to_pylist() for b in batches_of(out) if b.column("bucket")[0].as_py() == 0]
+    assert sorted(i for batch in ids for i in batch if i < 4) == [0, 1, 2, 3]  # every row of class 0 once
+
+
+def test_balanced_grid_batches_fit_max_tokens_and_hold_exact_quotas(tmp_path):
+    rng = np.random.default_rng(11)
+    first, second = rng.integers(1, 40, 240).tolist(), rng.integers(1, 12, 240).tolist()
+    data = table(first, second).append_column("label", pa.array(rng.integers(0, 2, 240), pa.int64()))
+    args = dict(length=("src", "tgt"), auto_buckets=4, max_tokens=200, balance="label", drop_remainder=True)
+    out, manifest = run(tmp_path, data, "a", RunSettings(threads=1, quiet=True), memory=1 << 30, **args)
+    rows = [c["batch_rows"] for c in manifest["stats"]["buckets"]]
+    limit = GridBudget(max_tokens=200)
+    assert batches_of(out)
+    for batch in batches_of(out):
+        cell = batch.column("bucket")[0].as_py()
+        assert batch.num_rows == rows[cell] and limit.batch_cost(batch.num_rows, *padded_shape(batch)) <= 200
+        counts = np.bincount(batch.column("label").to_numpy(), minlength=2)
+        assert abs(int(counts[0]) - int(counts[1])) <= batch.num_rows % 2
+    run(tmp_path, data, "b", RunSettings(threads=2, quiet=True), memory=256 << 10, **args)
+    assert data_bytes(str(tmp_path / "a")) == data_bytes(str(tmp_path / "b"))
+
+
 @given(st.lists(st.tuples(st.integers(0, 25), st.integers(0, 12)), min_size=1, max_size=60), st.integers(30, 400),
        st.sampled_from(["linear", "quadratic"]), st.integers(1, 6), st.booleans())
 @settings(max_examples=12, deadline=None)
@@ -234,6 +282,7 @@ def test_a_row_over_the_budget_alone_stops_the_run_naming_it(tmp_path):
     (dict(length=("src", "tgt"), sequence=("src",)), "1 --sequence columns for 2 --length columns"),
     (dict(length=("src", "tgt", "id")), "3 lengths given"),
     (dict(length=("src", "tgt"), mask=True), "--mask is not available with two --length"),
+    (dict(length=("src", "tgt"), balance="id", order="sorted"), "--balance with --order sorted"),
     (dict(length=("src", "tgt"), cost="quadratic", cost_coefficients=(1, 1, 1), max_tokens=9, batch_size=None),
      "not both"),
     (dict(length="src", cost_coefficients=(1, 1, 1), max_tokens=9, batch_size=None), "needs two --length"),

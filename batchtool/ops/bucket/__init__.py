@@ -27,7 +27,8 @@ from batchtool.ops.bucket.options import BucketOptions
 
 
 def _no_lengths(options: BucketOptions) -> LengthPass:
-    return LengthPass(DatasetStats(), np.zeros((0, 0), dtype=np.int64) if options.balance else None,
+    classes = np.zeros((0, 4 if options.grid else 0), dtype=np.int64)
+    return LengthPass(DatasetStats(), classes if options.balance else None,
                       np.zeros((0, 3), dtype=np.int64) if options.grid else None)
 
 
@@ -83,11 +84,12 @@ class Bucket(Operation[BucketOptions, BucketPlan]):
             info.update(boundaries=[list(grid.first), [list(b) for b in grid.second]], grid=grid.shape,
                         padding_efficiency=efficiency(int(grid.cell_steps().sum()), grid.bound()))
             size = grid.budget.batch_size
-            if size is not None:
+            if plan.balance is None and size is not None:
                 full = rows // size if options.drop_remainder else -(-rows // size)
                 info["batches"] = int(full.sum())
                 return int(np.minimum(rows, full * size).sum()), info
-            return (None if options.drop_remainder else int(rows.sum())), info
+            if plan.balance is None:
+                return (None if options.drop_remainder else int(rows.sum())), info
         if plan.balance is not None:
             per_bucket, written = plan.balance.batches, plan.balance.written
             info.update(batches=sum(per_bucket), batches_per_bucket=per_bucket, batch_rows=[

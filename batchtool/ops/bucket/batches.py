@@ -321,11 +321,18 @@ def _cell_cut(plan: BucketPlan, grid: Grid, item: tuple[int, list[SortedStream]]
     dropped = 0
     if plan.options.drop_remainder and len(sizes) and grid.budget.is_partial(int(sizes[-1])):
         dropped, sizes = int(sizes[-1]), sizes[:-1]
+    return _cell_summed(plan, grid, cell, sizes, first, second, dropped)
+
+
+def _cell_summed(plan: BucketPlan, grid: Grid, cell: int, sizes: np.ndarray, first: np.ndarray, second: np.ndarray,
+                 dropped: int = 0, quotas: np.ndarray | None = None) -> BucketCut:
+    """Two --length: `_summed` over both lengths (laid end to end in batch order), each batch padded to its
+    longest row in each dimension (or the cell's longest), with its cost."""
     one, two = _summed(plan, cell, sizes, first), _summed(plan, cell, sizes, second)
     fixed = grid.pad_to(cell)
     pad_1, pad_2 = (one.pad, two.pad) if fixed is None else (np.full(len(sizes), fixed[0], np.int64),
                                                              np.full(len(sizes), fixed[1], np.int64))
-    return BucketCut(one.sizes, one.real + two.real, pad_1, dropped, pad_2=pad_2,
+    return BucketCut(one.sizes, one.real + two.real, pad_1, dropped, quotas, pad_2=pad_2,
                      cost=grid.budget.batch_cost(one.sizes, pad_1, pad_2))
 
 
@@ -344,17 +351,25 @@ def _bucket_cut(plan: BucketPlan, item: tuple[int, list[SortedStream]]) -> Bucke
 
 
 def _balanced_cut(plan: BucketPlan, item: tuple[int, list[SortedStream]]) -> BucketCut:
-    """A bucket's balanced batches (their quotas from its layout), with the lengths they take from each class."""
+    """A bucket's (or cell's) balanced batches (their quotas from its layout), with the lengths they take from each
+    class."""
     bucket, streams = item
     assert plan.balance is not None
     quotas = np.array(list(plan.balance.layouts[bucket].sequence()), dtype=np.int64).reshape(-1, len(streams))
-    name = plan.columns.names["length"]
-    per_class = [_lengths(s.chunks(), name) for s in streams]
     starts = np.cumsum(quotas, axis=0) - quotas  # rows each batch skips in each class (cycling: modulo its rows)
-    lengths = np.concatenate([np.zeros(0, np.int32), *(per_class[c][np.arange(s, s + q) % max(1, len(per_class[c]))]
-                                                       for row, first in zip(quotas, starts)
-                                                       for c, (q, s) in enumerate(zip(row, first)) if q)])
-    return _summed(plan, bucket, quotas.sum(axis=1), lengths, quotas=quotas)
+
+    def taken(name: str) -> np.ndarray:
+        """The lengths of this column each batch takes from each class, batch after batch."""
+        per_class = [_lengths(s.chunks(), name) for s in streams]
+        return np.concatenate([np.zeros(0, np.int32), *(per_class[c][np.arange(s, s + q) % max(1, len(per_class[c]))]
+                                                        for row, first in zip(quotas, starts)
+                                                        for c, (q, s) in enumerate(zip(row, first)) if q)])
+
+    names = plan.columns.names
+    if plan.grid is not None:
+        return _cell_summed(plan, plan.grid, bucket, quotas.sum(axis=1), taken(names["length"]),
+                            taken(names["length_2"]), quotas=quotas)
+    return _summed(plan, bucket, quotas.sum(axis=1), taken(names["length"]), quotas=quotas)
 
 
 # -- the driver's part: counts, the order of batches ------------------------------------------------------------

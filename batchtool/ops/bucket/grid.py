@@ -13,31 +13,36 @@ from batchtool.core.errors import OptionInputError
 from batchtool.ops.boundaries import assign_buckets, choose_boundaries, padded_elements
 
 PAIR_BYTES = 24
-"""Memory of the joint histogram per distinct (length, length) pair: the two lengths and the count, int64 each;
-the limit is counted in pairs seen, not in anything a file declares."""
+"""Memory of the joint histogram per distinct (length, length) pair: the two lengths and the count, int64 each
+(a third of it more per key with --balance's class); the limit is counted in pairs seen, not in anything a file
+declares."""
 
 
 # -- the joint histogram ------------------------------------------------------------------------------------------
 
 
-def pair_counts(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+def pair_counts(first: np.ndarray, second: np.ndarray, *more: np.ndarray) -> np.ndarray:
     """Rows per distinct (first, second) length pair, as an (m, 3) int64 array of (first, second, count) sorted by
-    first then second: the exact joint histogram of one chunk (m is at most its rows)."""
+    first then second: the exact joint histogram of one chunk (m is at most its rows). With --balance the class
+    codes come as a third key: (first, second, class, count)."""
+    keys = (first, second, *more)
     if not len(first):
-        return np.zeros((0, 3), dtype=np.int64)
-    pairs, counts = np.unique(np.stack([first, second], axis=1).astype(np.int64), axis=0, return_counts=True)
+        return np.zeros((0, len(keys) + 1), dtype=np.int64)
+    pairs, counts = np.unique(np.stack(keys, axis=1).astype(np.int64), axis=0, return_counts=True)
     return np.column_stack([pairs, counts]).astype(np.int64)
 
 
 def merge_pairs(a: np.ndarray, b: np.ndarray, memory: int) -> np.ndarray:
-    """Two joint histograms summed; an error naming --memory when their distinct pairs pass its share."""
+    """Two joint histograms (`pair_counts`, with or without classes) summed; an error naming --memory when their
+    distinct keys pass its share."""
     both = np.concatenate([a, b])
     if not len(both):
         return both
-    pairs, inverse = np.unique(both[:, :2], axis=0, return_inverse=True)
-    budget.check("memory", f"counting {len(pairs):,} distinct (length, length) pairs", len(pairs) * PAIR_BYTES,
+    pairs, inverse = np.unique(both[:, :-1], axis=0, return_inverse=True)
+    what = "(length, length) pairs" if pairs.shape[1] == 2 else "(length, length, class) keys"
+    budget.check("memory", f"counting {len(pairs):,} distinct {what}", len(pairs) * both.shape[1] * PAIR_BYTES // 3,
                  memory, "check the length columns, or give a larger {memory}", error=OptionInputError)
-    return np.column_stack([pairs, np.bincount(inverse.ravel(), weights=both[:, 2]).astype(np.int64)])
+    return np.column_stack([pairs, np.bincount(inverse.ravel(), weights=both[:, -1]).astype(np.int64)])
 
 
 def marginal(pairs: np.ndarray, dim: int) -> np.ndarray:
@@ -101,6 +106,15 @@ class GridBudget:
             sizes.append(rows)
         return np.array(sizes, dtype=np.int64)
 
+    def rows_at(self, first: int, second: int) -> int:
+        """--balance: the most rows a batch padded to these lengths may hold, so that no choice of rows a balanced
+        batch makes can pass the budget (as BatchBudget.rows_at for one length)."""
+        if self.batch_size is not None:
+            return self.batch_size
+        assert self.max_tokens is not None
+        rows = int(self.max_tokens // float(self.row_cost(first, second)))
+        return rows if self.max_rows is None else min(rows, self.max_rows)
+
     def is_partial(self, size: int) -> bool:
         """A cell's last batch is a remainder: by count when short; by tokens always (the cell ran out first)."""
         return self.batch_size is None or size < self.batch_size
@@ -156,6 +170,14 @@ class Grid:
     def cell_of(self, first: np.ndarray, second: np.ndarray) -> np.ndarray:
         """The cell of each row."""
         return _cells_of(self.first, self.second, first, second)
+
+    def cell_classes(self, labelled: np.ndarray, k: int) -> np.ndarray:
+        """--balance: rows per (cell, class), (cells, k), of the batchable rows of a joint histogram with classes
+        (first, second, class, count)."""
+        labelled = batchable(labelled, self.budget)
+        cells = self.cell_of(labelled[:, 0], labelled[:, 1])
+        return np.bincount(cells * k + labelled[:, 2], weights=labelled[:, 3],
+                           minlength=self.cells * k).astype(np.int64).reshape(self.cells, k)
 
     def cell_rows(self) -> np.ndarray:
         """Rows per cell (first pass)."""

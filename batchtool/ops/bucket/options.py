@@ -129,7 +129,8 @@ class BucketOptions:
     output_column: tuple[tuple[str, str], ...] = names.output_column(OUTPUT_COLUMNS)
     keep: str | None = option("Boolean column: only rows where it is true are bucketed.", Column(), None)
     drop_remainder: bool = option("Drop (and count) each bucket's last, partial batch.", Flag(), False)
-    balance: str | None = option("Every full batch of every bucket holds each class's exact share of the batch "
+    balance: str | None = option("Every full batch of every bucket (with two --length, of every cell) holds each "
+                                 "class's exact share of the batch "
                                  "(as tf.contrib.training.stratified_sample, but exact per batch); rows no balanced "
                                  "batch can take are dropped and counted.", Column(metavar="LABEL_COL"), None)
     target: Target = option("With --balance: class proportions P0,P1,..., CLASS=PROB pairs, or uniform.",
@@ -211,11 +212,11 @@ class BucketOptions:
                               "one sequence per length, in the same order", value=",".join(self.sequence),
                               mentions=["length"])
         refused = {"boundaries": self.boundaries is not None, "bucket_column": self.bucket_column is not None,
-                   "balance": self.balance is not None, "mask": self.mask, "padding": self.padding != "stored"}
+                   "mask": self.mask, "padding": self.padding != "stored"}
         name = next((n for n, given in refused.items() if given), None)
         if name is not None:
             raise OptionError(name, f"{{{name}}} is not available with two {{length}} columns (a grid of buckets "
-                              "takes {auto_buckets} K, padded batches, no classes or mask)",
+                              "takes {auto_buckets} K, padded batches, no mask)",
                               value=self.padding if name == "padding" else None, mentions=["length", "auto_buckets"])
         if self.cost_coefficients is not None and self.cost != "linear":
             raise OptionError("cost_coefficients", f"give {{cost}} {self.cost} or {{cost_coefficients}}, not both",

@@ -83,6 +83,9 @@ def resolve_columns(options: BucketOptions, schema: pa.Schema) -> BucketColumns:
         need(name, "sequence", is_sequence_type, "a list (sequence) column")
     for name in options.lengths:
         need(name, "length", lambda t: is_sequence_type(t) or pa.types.is_integer(t), "an integer or list column")
+    if options.balance:
+        need(options.balance, "balance", lambda t: pa.types.is_integer(t) or pa.types.is_floating(t),
+             "integer class labels in [0, num_classes)")
     if options.grid:
         return _grid_columns(options, schema)
     sequences = options.sequence or tuple(f.name for f in schema if is_sequence_type(f.type))
@@ -93,9 +96,6 @@ def resolve_columns(options: BucketOptions, schema: pa.Schema) -> BucketColumns:
         need(options.bucket_column, "bucket_column", pa.types.is_integer, "an integer column")
     if options.keep:
         need(options.keep, "keep", pa.types.is_boolean, "a boolean column")
-    if options.balance:
-        need(options.balance, "balance", lambda t: pa.types.is_integer(t) or pa.types.is_floating(t),
-             "integer class labels in [0, num_classes)")
     out = options.output_names
     replaced = tuple(out[c] for c, role in (("length", length), ("bucket", options.bucket_column))
                      if role == out[c] and role not in sequences)
@@ -122,7 +122,7 @@ def _grid_columns(options: BucketOptions, schema: pa.Schema) -> BucketColumns:
     replaced = tuple(out[r] for r, column in roles.items() if column == out[r] and column not in sequences)
     written = [c for c in schema.names if c not in replaced]
     own.refuse_clashes("bucket", {c: out[c] for c in OUTPUT_COLUMNS if c != "mask"}, written)
-    return BucketColumns(options.lengths[0], tuple(sequences), None, options.keep, replaced, None, out,
+    return BucketColumns(options.lengths[0], tuple(sequences), None, options.keep, replaced, options.balance, out,
                          second=options.lengths[1])
 
 
@@ -136,6 +136,8 @@ class LengthPass:
 
     stats: DatasetStats = field(default_factory=DatasetStats)
     classes: np.ndarray | None = None
+    """--balance: rows per (class, length) or (class, bucket); with two --length the joint histogram with classes,
+    (first, second, class, count)."""
     pairs: np.ndarray | None = None
     """With two --length: the exact joint histogram (grid.pair_counts) of the kept rows."""
     memory: int = 0
@@ -143,12 +145,15 @@ class LengthPass:
 
     def merge(self, later: LengthPass) -> None:
         self.stats.merge(later.stats)
-        if later.classes is not None:
-            self.classes = _add_counts(self.classes, later.classes)
         if later.pairs is not None:
             self.memory = max(self.memory, later.memory)
             self.pairs = merge_pairs(self.pairs if self.pairs is not None else later.pairs[:0], later.pairs,
                                      self.memory)
+            if later.classes is not None:
+                self.classes = merge_pairs(self.classes if self.classes is not None else later.classes[:0],
+                                           later.classes, self.memory)
+        elif later.classes is not None:
+            self.classes = _add_counts(self.classes, later.classes)
 
 
 def length_pass(options: BucketOptions, columns: BucketColumns, chunk: Chunk, locate: Callable[[int], str],
@@ -157,29 +162,36 @@ def length_pass(options: BucketOptions, columns: BucketColumns, chunk: Chunk, lo
     if columns.keep is not None:
         chunk = chunk.filter(keep_mask(chunk, columns.keep))
     check_lengths(chunk, columns.length, memory)
-    joint = None
-    if columns.label is not None:
-        joint = joint_counts(chunk, columns, options.known_classes, memory, locate)
-    first = LengthPass(chunk_stats(chunk, columns.bucket, columns.length), joint)
+    first = LengthPass(chunk_stats(chunk, columns.bucket, columns.length))
     if columns.second is not None:
         check_lengths(chunk, columns.second, memory)
+        lengths = (lengths_of(chunk.data, columns.length), lengths_of(chunk.data, columns.second))
         first.memory = memory
-        first.pairs = merge_pairs(np.zeros((0, 3), np.int64), pair_counts(lengths_of(chunk.data, columns.length),
-                                                                          lengths_of(chunk.data, columns.second)),
-                                  memory)
+        first.pairs = merge_pairs(np.zeros((0, 3), np.int64), pair_counts(*lengths), memory)
+        if columns.label is not None:
+            codes = class_codes(chunk, columns, options.known_classes, locate)
+            first.classes = merge_pairs(np.zeros((0, 4), np.int64), pair_counts(*lengths, codes), memory)
+    elif columns.label is not None:
+        first.classes = joint_counts(chunk, columns, options.known_classes, memory, locate)
     return first
+
+
+def class_codes(chunk: Chunk, columns: BucketColumns, num_classes: int | None,
+                locate: Callable[[int], str]) -> np.ndarray:
+    """--balance: a chunk's class codes; a label outside [0, classes) stops the run naming --balance."""
+    try:
+        return label_codes(chunk, columns.label, num_classes or MAX_CLASSES, locate)
+    except LabelError as exc:
+        hint = f" ({{target}} gives {num_classes} classes)" if num_classes else ""
+        raise OptionInputError("balance", f"labels must be integers in [0, {num_classes or MAX_CLASSES}){hint}; "
+                               f"first bad label: {exc.first}", value=columns.label, mentions=("target",)) from None
 
 
 def joint_counts(chunk: Chunk, columns: BucketColumns, num_classes: int | None, memory: int,
                  locate: Callable[[int], str]) -> np.ndarray:
     """--balance: a chunk's rows per (class, length), or per (class, bucket-column value); bucket values
     outside [0, ...) are left for the scatter pass to report."""
-    try:
-        codes = label_codes(chunk, columns.label, num_classes or MAX_CLASSES, locate)
-    except LabelError as exc:
-        hint = f" ({{target}} gives {num_classes} classes)" if num_classes else ""
-        raise OptionInputError("balance", f"labels must be integers in [0, {num_classes or MAX_CLASSES}){hint}; "
-                               f"first bad label: {exc.first}", value=columns.label, mentions=("target",)) from None
+    codes = class_codes(chunk, columns, num_classes, locate)
     if columns.bucket is not None:
         values = pc.fill_null(chunk.data.column(columns.bucket), -1).to_numpy(zero_copy_only=False).astype(np.int64)
         codes, values = codes[values >= 0], values[values >= 0]
@@ -206,8 +218,8 @@ def _add_counts(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Balance:
-    """--balance: per bucket, the balanced batch layout of the bucket's class counts. Rows per
-    batch are the budget's: --batch-size, or as many rows as --max-tokens allows at the bucket's
+    """--balance: per bucket (with two --length, per cell), the balanced batch layout of the bucket's class counts.
+    Rows per batch are the budget's: --batch-size, or as many rows as --max-tokens allows at the bucket's
     longest padded length (so no choice of rows can exceed it)."""
 
     label: str
@@ -341,14 +353,21 @@ def make_plan(options: BucketOptions, columns: BucketColumns, first: LengthPass,
     balance = None
     if first.classes is not None:
         fixed = np.array([-1 if p is None else p for p in pad_to])
-        named = max(options.target) + 1 if isinstance(options.target, dict) and options.target else 0
-        k = options.known_classes or max(1, first.classes.shape[0], named)
-        budget.check("balance", f"balancing {k:,} classes in each of {n:,} buckets", n * k * BALANCE_GROUP_BYTES,
-                     memory, "give fewer buckets (or classes), or a larger {memory}", value=options.balance)
+        k = num_classes(options, first.classes.shape[0], n, memory)
         batchable = first.classes if boundaries is None else first.classes[:, : len(counts)]
         balance = make_balance(options, class_counts(batchable, k, boundaries, n), budgets,
                                np.where(fixed >= 0, fixed, bucket_longest(stats, options, boundaries, n)[1]))
     return BucketPlan(options, seed, memory, tasks, first, columns, boundaries, n, budgets, pad_to, pad_values, balance)
+
+
+def num_classes(options: BucketOptions, seen: int, n: int, memory: int) -> int:
+    """--balance: the classes balanced (--target's, else the labels seen), once their bookkeeping in each of the
+    n buckets (cells) fits --memory."""
+    named = max(options.target) + 1 if isinstance(options.target, dict) and options.target else 0
+    k = options.known_classes or max(1, seen, named)
+    budget.check("balance", f"balancing {k:,} classes in each of {n:,} buckets", n * k * BALANCE_GROUP_BYTES,
+                 memory, "give fewer buckets (or classes), or a larger {memory}", value=options.balance)
+    return k
 
 
 def _grid_plan(options: BucketOptions, columns: BucketColumns, first: LengthPass, schema: pa.Schema, seed: int,
@@ -370,7 +389,18 @@ def _grid_plan(options: BucketOptions, columns: BucketColumns, first: LengthPass
                  "give a smaller {auto_buckets}", value=options.auto_buckets)
     pad_values = parse_pad_values(options.pad_value, schema)
     _check_padded(pad_values, columns)
-    return BucketPlan(options, seed, memory, tasks, first, columns, None, n, (), (None,) * n, pad_values, grid=grid)
+    balance = None
+    if first.classes is not None:
+        k = num_classes(options, int(first.classes[:, 2].max(initial=-1)) + 1, n, memory)
+        balance = make_balance(options, grid.cell_classes(first.classes, k), grid_rows(grid), np.zeros(n, np.int64))
+    return BucketPlan(options, seed, memory, tasks, first, columns, None, n, (), (None,) * n, pad_values, balance,
+                      grid=grid)
+
+
+def grid_rows(grid: Grid) -> list[BatchBudget]:
+    """--balance on a grid: per cell, the rows of its balanced batches as a fixed batch size (the budget's rows at
+    the cell's longest lengths, so no choice of rows can pass --max-tokens)."""
+    return [BatchBudget(batch_size=grid.budget.rows_at(int(a), int(b))) for a, b in grid.cell_longest()]
 
 
 def _check_padded(pad_values: Mapping[str, Any], columns: BucketColumns) -> None:
