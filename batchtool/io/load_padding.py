@@ -27,13 +27,18 @@ with one batch at most MAX_PADDED_BYTES, padded where it is handed out, a loader
 more than the two together, whatever the manifest says."""
 
 
-def spec(sequences: Sequence[str], pad_values: Sequence[str], pad_to: Sequence[int | None], length: str,
-         bucket: str, mask: str | None) -> dict[str, Any]:
+def spec(sequences: Sequence[str], pad_values: Sequence[str], pad_to: Sequence[Any], length: str,
+         bucket: str, mask: str | None, lengths: Sequence[str] | None = None) -> dict[str, Any]:
     """The manifest's output.padding: the sequence columns, their --pad-value specs, each bucket's padded length
     (None: the batch's longest row), the columns holding each row's length and the batch's bucket, and the mask
-    column to add (None: none)."""
-    return {"sequences": list(sequences), "pad_values": list(pad_values), "pad_to": list(pad_to),
-            "length": length, "bucket": bucket, "mask": mask}
+    column to add (None: none). With `lengths` (two --length: each sequence's length column), each bucket's
+    padded lengths are a list, one per sequence, and each sequence is padded to its own."""
+    recorded = {"sequences": list(sequences), "pad_values": list(pad_values),
+                "pad_to": [list(p) if lengths is not None else p for p in pad_to],
+                "length": length, "bucket": bucket, "mask": mask}
+    if lengths is not None:
+        recorded["lengths"] = list(lengths)
+    return recorded
 
 
 @dataclass(frozen=True)
@@ -42,7 +47,10 @@ class LoadPadding:
 
     sequences: tuple[str, ...]
     pad_values: dict[str, Any]
-    pad_to: tuple[int | None, ...]
+    pad_to: tuple[tuple[int | None, ...], ...]
+    """Per bucket, the padded length of each sequence, then of the mask if any (None: the batch's longest row)."""
+    lengths: tuple[str, ...]
+    """The length column of each sequence, then of the mask if any: what it is padded by."""
     length: str
     bucket: str
     mask: str | None
@@ -68,11 +76,17 @@ class LoadPadding:
         mask = recorded.get("mask")
         if mask is not None and (not isinstance(mask, str) or mask in names):
             raise refuse("mask", mask, "null or a column name the output does not hold")
+        lengths = recorded.get("lengths")
+        if lengths is not None and not (isinstance(lengths, list) and len(lengths) == len(sequences) and all(
+                isinstance(n, str) and n in names and pa.types.is_integer(stored.field(n).type) for n in lengths)):
+            raise refuse("lengths", lengths, "a list of integer columns of the output, one per sequence")
+        if lengths is not None and mask is not None:
+            raise refuse("mask", mask, "null with per-sequence lengths")
+        width = None if lengths is None else len(sequences)
         pad_to = recorded.get("pad_to")
-        if not (isinstance(pad_to, list) and pad_to and all(
-                p is None or (isinstance(p, int) and not isinstance(p, bool) and 0 <= p <= MAX_PADDED_STEPS)
-                for p in pad_to)):
-            raise refuse("pad_to", pad_to, "a list of padded lengths (integers or null), one per bucket")
+        if not (isinstance(pad_to, list) and pad_to and all(_targets(p, width) for p in pad_to)):
+            raise refuse("pad_to", pad_to, "a list of padded lengths (integers or null), one per bucket"
+                         + ("" if width is None else f", each a list of {width}, one per sequence"))
         specs = recorded.get("pad_values")
         if not (isinstance(specs, list) and all(isinstance(s, str) for s in specs)):
             raise refuse("pad_values", specs, "a list of COLUMN=VALUE strings")
@@ -81,7 +95,11 @@ class LoadPadding:
         except BatchtoolError as exc:
             raise InputError(f"{path}: output.padding.pad_values: {exc}") from exc
         values = {name: values.get(name, default_pad(stored.field(name).type)) for name in sequences}
-        return LoadPadding(tuple(sequences), values, tuple(pad_to), recorded["length"], recorded["bucket"], mask)
+        padded = len(sequences) + (mask is not None)
+        if lengths is None:  # one length: every sequence (and the mask) padded to the bucket's one target
+            lengths, pad_to = [recorded["length"]] * padded, [[p] * padded for p in pad_to]
+        return LoadPadding(tuple(sequences), values, tuple(tuple(p) for p in pad_to), tuple(lengths),
+                           recorded["length"], recorded["bucket"], mask)
 
     def schema(self, stored: pa.Schema) -> pa.Schema:
         """The schema of the batches handed out: the stored one, with the mask column last if asked for."""
@@ -96,62 +114,81 @@ class LoadPadding:
 
     def stored_columns(self, columns: Sequence[str] | None) -> list[str] | None:
         """The stored columns to read for these columns (None: all): the asked ones (less the mask) and those
-        padding needs, the length and the bucket."""
+        padding needs, the length columns and the bucket."""
         if columns is None:
             return None
         stored = [c for c in columns if c != self.mask]
-        return stored + [c for c in (self.length, self.bucket) if c not in stored]
+        return stored + [c for c in dict.fromkeys((*self.lengths, self.length, self.bucket)) if c not in stored]
 
     def padded_bytes(self, batch: pa.RecordBatch, where: Callable[[], str]) -> int:
         """Bytes `batch` (read as stored_columns) takes padded, its padded sequence columns: checked as `pad`
         checks it, so nothing need be allocated to learn it."""
-        return self._measure(batch, where)[2]
+        return self._measure(batch, where)[1]
 
     def pad(self, batch: pa.RecordBatch, columns: Sequence[str] | None, where: Callable[[], str]) -> pa.RecordBatch:
         """The stored `batch` (read as stored_columns(columns)) padded as bucket would have written it, with the
         mask, in the order of `columns` (None: every column). An InputError starting with `where()` if a row's
         steps disagree with its length column, the batch's bucket is not the output's, or padded it would take more
         than MAX_PADDED_BYTES (naming the column that takes most)."""
-        lengths, width, _ = self._measure(batch, where)
-        sequences = [name for name in self.sequences if name in batch.schema.names]
-        padded = pad_batch(batch, sequences, width, self.pad_values)
+        widths, _ = self._measure(batch, where)
+        padded = batch
+        for name in self.sequences:
+            if name in batch.schema.names:
+                padded = pad_batch(padded, [name], widths[name][1], self.pad_values)
         if self.mask is not None:
+            lengths, width = widths[self.mask]
             padded = padded.append_column(pa.field(self.mask, pa.list_(pa.bool_())), mask_column(lengths, width))
         return padded.select(columns if columns is not None else padded.schema.names)
 
-    def _measure(self, batch: pa.RecordBatch, where: Callable[[], str]) -> tuple[np.ndarray, int, int]:
-        """(each row's length, the padded length, the padded bytes) of a stored batch, checked."""
-        lengths = batch.column(self.length).to_numpy(zero_copy_only=False).astype(np.int64)
-        sequences = [name for name in self.sequences if name in batch.schema.names]
-        for name in sequences:
-            steps = row_lengths(batch.column(name))
-            bad = np.flatnonzero(steps != lengths)
-            if len(bad):
-                raise InputError(f"{where()}, row {int(bad[0])}, column {name!r}: corrupt ({steps[bad[0]]} steps, "
-                                 f"column {self.length!r} says {lengths[bad[0]]})")
+    def _measure(self, batch: pa.RecordBatch, where: Callable[[], str]) -> tuple[dict[str, tuple[np.ndarray, int]],
+                                                                                  int]:
+        """Per sequence read (and the mask) its rows' lengths and padded length, and the padded bytes of a stored
+        batch, checked."""
         buckets = batch.column(self.bucket).to_numpy(zero_copy_only=False)
         if not len(buckets) or (buckets != buckets[0]).any() or not 0 <= buckets[0] < len(self.pad_to):
             raise InputError(f"{where()}, column {self.bucket!r}: corrupt (not one bucket of the "
                              f"{len(self.pad_to)} the manifest records)")
-        longest = int(lengths.max(initial=0))
-        fixed = self.pad_to[int(buckets[0])]
-        width = longest if fixed is None else fixed
+        names = self.sequences + ((self.mask,) if self.mask is not None else ())
         rows = batch.num_rows
-        if width < longest or rows * width > MAX_PADDED_STEPS:
-            raise InputError(f"{where()}, column {self.length!r}: corrupt (a row of {longest} steps in a batch of "
-                             f"{rows} rows padded to {width})")
-        pad_steps = rows * width - int(lengths.sum())
-        columns = {name: _padded_bytes(batch.column(name), rows * width, pad_steps, self.pad_values[name])
-                   for name in sequences}
-        total = sum(columns.values()) + (rows * width if self.mask is not None else 0)  # (the mask: a byte a step)
+        widths: dict[str, tuple[np.ndarray, int]] = {}
+        for name, length, fixed in zip(names, self.lengths, self.pad_to[int(buckets[0])]):
+            if name != self.mask and name not in batch.schema.names:
+                continue
+            lengths = batch.column(length).to_numpy(zero_copy_only=False).astype(np.int64)
+            if name != self.mask:
+                steps = row_lengths(batch.column(name))
+                bad = np.flatnonzero(steps != lengths)
+                if len(bad):
+                    raise InputError(f"{where()}, row {int(bad[0])}, column {name!r}: corrupt ({steps[bad[0]]} "
+                                     f"steps, column {length!r} says {lengths[bad[0]]})")
+            longest = int(lengths.max(initial=0))
+            width = longest if fixed is None else fixed
+            if width < longest or rows * width > MAX_PADDED_STEPS:
+                raise InputError(f"{where()}, column {length!r}: corrupt (a row of {longest} steps in a batch of "
+                                 f"{rows} rows padded to {width})")
+            widths[name] = lengths, width
+        columns = {name: _padded_bytes(batch.column(name), rows * width, rows * width - int(lengths.sum()),
+                                       self.pad_values[name])
+                   for name, (lengths, width) in widths.items() if name != self.mask}
+        mask = rows * widths[self.mask][1] if self.mask is not None else 0  # (the mask: a byte a step)
+        total = sum(columns.values()) + mask
         if total > MAX_PADDED_BYTES:
             name = max(columns, key=columns.__getitem__, default=self.mask)  # (the mask alone was asked for)
             value = _bytes(self.pad_values.get(name))
             pad = f" with a pad value of {len(value):,} bytes" if value is not None else ""
-            raise InputError(f"{where()}, column {name!r}: padding {rows} rows to {width:,} steps{pad} would take "
-                             f"{total / 2**20:,.0f} MiB, more than a batch padded on load may "
+            raise InputError(f"{where()}, column {name!r}: padding {rows} rows to {widths[name][1]:,} steps{pad} "
+                             f"would take {total / 2**20:,.0f} MiB, more than a batch padded on load may "
                              f"({MAX_PADDED_BYTES >> 20:,} MiB); the manifest's output.padding is damaged")
-        return lengths, width, total
+        return widths, total
+
+
+def _targets(pad_to: Any, width: int | None) -> bool:
+    """Is `pad_to` one bucket's padded length (width None) or a list of `width` of them, each an integer in
+    [0, MAX_PADDED_STEPS] or null?"""
+    if width is not None:
+        return isinstance(pad_to, list) and len(pad_to) == width and all(_targets(p, None) for p in pad_to)
+    return pad_to is None or (isinstance(pad_to, int) and not isinstance(pad_to, bool)
+                              and 0 <= pad_to <= MAX_PADDED_STEPS)
 
 
 def _padded_bytes(column: pa.Array, steps: int, pad_steps: int, pad_value: Any) -> int:

@@ -42,7 +42,7 @@ GRID = ["--length", "in_len", "--length", "out_len", "--sequence", "src", "--seq
     ([*GRID, "--batch-size", "4", "--balance", "label", "--order", "sorted"], "--balance with --order sorted"),
     ([*GRID, "--batch-size", "4", "--balance", "label", "--target", "0.5,0.5"],
      r"--balance label: labels must be integers in \[0, 2\) \(--target gives 2 classes\)"),
-    ([*GRID, "--batch-size", "4", "--padding", "on-load"], "--padding on-load: --padding is not available"),
+    ([*GRID, "--batch-size", "4", "--mask"], "--mask is not available with two --length"),
     (["--length", "in_len", "--length", "out_len", "--sequence", "src", "--sequence", "tgt", "--boundaries", "9",
       "--batch-size", "4"], "--boundaries is not available with two --length"),
     ([*GRID, "--max-tokens", "99", "--cost-coefficients", "1,-1,0"], "non-negative"),

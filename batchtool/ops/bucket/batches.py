@@ -408,12 +408,18 @@ def _cut(plan: BucketPlan, scattered: Scattered, runtime: Runtime) -> Cut:
 
 
 def _load_padding(plan: BucketPlan) -> dict[str, Any] | None:
-    """--padding on-load: what batchtool.load needs to pad the batches as they would have been stored."""
+    """--padding on-load: what batchtool.load needs to pad the batches as they would have been stored (with two
+    --length, each sequence to its own length: the batch's longest in its dimension, or its cell's)."""
     options, names = plan.options, plan.columns.names
     if options.padding == "stored":
         return None
-    return load_padding.spec(plan.columns.sequences, options.pad_value, plan.pad_to, names["length"],
-                             names["bucket"], names["mask"] if options.mask else None)
+    grid = plan.grid
+    if grid is None:
+        return load_padding.spec(plan.columns.sequences, options.pad_value, plan.pad_to, names["length"],
+                                 names["bucket"], names["mask"] if options.mask else None)
+    return load_padding.spec(plan.columns.sequences, options.pad_value,
+                             [grid.pad_to(cell) or (None, None) for cell in range(grid.cells)], names["length"],
+                             names["bucket"], None, lengths=(names["length"], names["length_2"]))
 
 
 def _count_shares(plan: BucketPlan, cuts: Sequence[BucketCut], counts: BucketCounts) -> None:
@@ -526,7 +532,7 @@ class BucketReader:
             rows = self._balanced()
         for (k, b, _, (pad, pad_2), _), data in zip(self.batches, rows):
             yield make_batch(data.data, k, b, pad if self.padded else None, self.columns, self.pad_values, self.mask,
-                             pad_2)
+                             pad_2 if self.padded else None)
 
     def _cut(self) -> Iterator[Chunk]:
         """Each batch's rows, cut from its bucket's stream as take_sizes cuts them locally."""

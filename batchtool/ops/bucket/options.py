@@ -212,12 +212,11 @@ class BucketOptions:
                               "one sequence per length, in the same order", value=",".join(self.sequence),
                               mentions=["length"])
         refused = {"boundaries": self.boundaries is not None, "bucket_column": self.bucket_column is not None,
-                   "mask": self.mask, "padding": self.padding != "stored"}
+                   "mask": self.mask}
         name = next((n for n, given in refused.items() if given), None)
         if name is not None:
             raise OptionError(name, f"{{{name}}} is not available with two {{length}} columns (a grid of buckets "
-                              "takes {auto_buckets} K, padded batches, no mask)",
-                              value=self.padding if name == "padding" else None, mentions=["length", "auto_buckets"])
+                              "takes {auto_buckets} K, no mask)", mentions=["length", "auto_buckets"])
         if self.cost_coefficients is not None and self.cost != "linear":
             raise OptionError("cost_coefficients", f"give {{cost}} {self.cost} or {{cost_coefficients}}, not both",
                               mentions=["cost"])
