@@ -18,12 +18,17 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from memlimit import HANG_GUARD
+
 HEAD_IP, WORKER_IP = "127.0.0.2", "127.0.0.3"
-START_SECONDS = 90.0
-"""Longest wait for both nodes to be alive (two Ray nodes start in 10-30 s on a busy 2-core machine)."""
+START_SECONDS = HANG_GUARD
+"""Longest wait for both nodes to be alive: a hang guard (two Ray nodes start in 10-30 s on a busy 2-core machine,
+and the guard does not depend on how loaded it is)."""
 STOP_SECONDS = 20.0
-POLL_SECONDS = 20.0
-"""Longest one look at the cluster takes (connecting to a GCS that is still starting can hang)."""
+"""A node's graceful stop, before its group is killed anyway (no test fails on it)."""
+POLL_SECONDS = HANG_GUARD / 4
+"""Longest one look at the cluster takes (connecting to a GCS that is still starting can hang; a look that times out
+counts no node alive and the next one starts), generous so that a slow look on a loaded machine still counts."""
 NODE_PORT_OPTIONS = ("--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
                      "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port")
 NODE_LOSS_SECONDS = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "3000",
@@ -65,7 +70,7 @@ def loopback_works(ip: str) -> str | None:
         with socket.socket() as server:
             server.bind((ip, 0))
             server.listen(1)
-            socket.create_connection(server.getsockname(), timeout=2).close()
+            socket.create_connection(server.getsockname(), timeout=HANG_GUARD).close()  # a hang guard only
     except OSError as exc:
         return f"{ip}: {exc.strerror or exc}"
     return None
