@@ -204,9 +204,9 @@ def test_a_pipeline_takes_the_schedule_beside_its_file_and_writes_the_commands_b
     srcs = _sources(tmp_path)
     (tmp_path / "s.toml").write_text('[[point]]\nat = 0\nweights = { a = 1, b = 0 }\n[[point]]\nat = 300\n'
                                      'weights = { a = 0, b = 1 }\n')
-    (tmp_path / "p.toml").write_text(f'[input]\npath = ["s0.parquet", "s1.parquet"]\n[[stage]]\nop = "mix"\n'
-                                     f'names = ["a", "b"]\nschedule = "s.toml"\nby = "tokens"\nbatch-size = 100\n'
-                                     f'[output]\npath = "piped"\n')
+    (tmp_path / "p.toml").write_text('[input]\npath = ["s0.parquet", "s1.parquet"]\n[[stage]]\nop = "mix"\n'
+                                     'names = ["a", "b"]\nschedule = "s.toml"\nby = "tokens"\nbatch-size = 100\n'
+                                     '[output]\npath = "piped"\n')
     piped = run_cli("run", tmp_path / "p.toml", "--quiet")
     assert piped.exit_code == 0, piped.stderr
     direct = run_cli("mix", *srcs, tmp_path / "direct", "--names", "a,b", "--schedule", tmp_path / "s.toml",
