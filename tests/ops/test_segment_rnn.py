@@ -76,7 +76,7 @@ def corpora(draw: st.DrawFn) -> dict:
             "world_size": draw(st.integers(1, 4))}
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=corpora())
 def test_segment_batches_match_whole_sequences(tmp_path_factory, case: dict) -> None:
     tmp = tmp_path_factory.mktemp("rnn")
