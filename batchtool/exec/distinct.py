@@ -34,6 +34,9 @@ PARTITION_BITS = 8
 PARTITIONS = 1 << PARTITION_BITS
 _SHIFT = np.uint64(64 - PARTITION_BITS)
 _BOUNDS_BYTES = (PARTITIONS + 1) * 8
+MOST_PER_TASK = 16
+"""The most partitions one task searches (16 tasks at least: they spread over the workers, and 16 small sorts
+take less time than one large one)."""
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,7 @@ class KeyPairs:
         runs = tasks_executor(self.space, executor)
         pairs = sum(os.path.getsize(path) - _BOUNDS_BYTES for path in files) // PAIR_BYTES
         share = self.budget // max(1, runs.shares.tasks)
-        fit = min(PARTITIONS, share * PARTITIONS // max(1, pairs * PAIR_BYTES * SORT_FACTOR))
+        fit = min(MOST_PER_TASK, share * PARTITIONS // max(1, pairs * PAIR_BYTES * SORT_FACTOR))
         step = 1 << max(0, fit.bit_length() - 1)
         found = list(runs.map(functools.partial(_candidates, files, limit),
                               [(first, first + step) for first in range(0, PARTITIONS, step)]))
