@@ -50,7 +50,7 @@ def check(src: str, rules: RuleSet, options: CheckOptions = CheckOptions(),
           run: RunSettings = RunSettings()) -> CheckResult:
     """Evaluate every rule on SRC. A failing rule is a result (exit 1); bad usage or unreadable input raises.
 
-    run.budget bounds the unique-key and duplicate-row hashes before they spill to run.tmp_dir, and what one unit
+    run.budget bounds the search for repeated unique keys and duplicate rows (their hashes go to run.tmp_dir), and what one unit
     of input decompresses to; its passes run on the run's executor. With no rule, a batchtool output directory is
     verified against its manifest (MANIFEST_RULES). When the checksum or schema rule fails, rules that then cannot run (a shard is unreadable, a
     column is missing) are reported as not evaluated instead of stopping the check.

@@ -140,15 +140,3 @@ def _fixed_values(arr: pa.Array) -> np.ndarray:
         values = values.copy()
         values[np.isnan(values)] = np.nan
     return values
-
-
-def canonical(value: object) -> object:
-    """A Python value (from to_pylist) as rows are compared: floats by their exact repr, so NaN equals NaN
-    and -0.0 differs from 0.0, like the hashes."""
-    if isinstance(value, float):
-        return repr(value)
-    if isinstance(value, list):
-        return [canonical(v) for v in value]
-    if isinstance(value, dict):
-        return {k: canonical(v) for k, v in value.items()}
-    return value

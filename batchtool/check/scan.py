@@ -7,10 +7,8 @@ unique-key and duplicate-row rules.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections.abc import Callable, Sequence
-from contextlib import closing
 from dataclasses import dataclass, field
 from functools import singledispatch
 from typing import Any
@@ -19,10 +17,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batchtool.core import progress, rng
+from batchtool.core import fs, progress, rng
 from batchtool.check.columns import FLOATS, LABEL, LENGTH, SEQUENCE, need
-from batchtool.io.duplicates import HashIndex
-from batchtool.check.hashing import canonical, row_hashes
+from batchtool.check.hashing import row_hashes
+from batchtool.exec.distinct import KeyPairs, key_pairs
 from batchtool.check.report import Offender
 from batchtool.check.rules import (ClassProportions, DriftLengths, DriftNulls, DriftProportions, LabelRange, Length,
                                    MinClassRows, NoDuplicateRows, NoNan, NoNulls, Rule, SameLength, Unique)
@@ -31,6 +29,8 @@ from batchtool.core.run_settings import RunSettings
 from batchtool.core.errors import SchemaError
 from batchtool.ops.labels import MAX_CLASSES
 from batchtool.core.runner import Executor
+from batchtool.io.spill import make_temporary_dir
+from batchtool.io.workspace import Workspace
 from batchtool.io.stats import DatasetStats, check_lengths, chunk_stats, is_sequence_type, lengths_of
 
 _ROW_LEVEL = (NoNulls, NoNan, LabelRange, Length, SameLength)
@@ -52,7 +52,7 @@ class Plan:
     key: str | None
     limit: int
     memory: int
-    """check's --memory: bounds the unique-key and duplicate-row hashes before they spill, and what a length in
+    """check's --memory: bounds the search for repeated unique keys and duplicate rows, and what a length in
     the data may make a length histogram take."""
 
     def stats_index(self, label: str | None = None, length: str | None = None) -> int:
@@ -166,7 +166,8 @@ class Measures:
 def measure(dataset: Dataset, plan: Plan, run: RunSettings, executor: Executor, needs_rows: bool) -> Measures:
     """The one streaming pass on the executor (or, when no rule reads data, a record count or nothing).
 
-    The plan's memory bounds the unique-key and duplicate-row hashes before they spill to run.tmp_dir.
+    The unique-key and duplicate-row hashes go to a scratch directory of run.tmp_dir (batchtool.exec.distinct);
+    the plan's memory bounds the search for their repeats.
     """
     report = ReadReport()
     stats = [DatasetStats() for _ in plan.pairs]
@@ -177,11 +178,13 @@ def measure(dataset: Dataset, plan: Plan, run: RunSettings, executor: Executor, 
             else dataset.num_rows
         return Measures(dataset, plan, rows, stats, offenses, repeats, report)
     share = plan.memory // max(1, len(plan.keys))
-    indexes = [HashIndex(share, run.tmp_dir) for _ in plan.keys]
+    scratch = make_temporary_dir("batchtool-check-", run.tmp_dir) if plan.keys else ""
     try:
+        space = Workspace(scratch, dataset.src, run.tmp_dir)
+        pairs = [key_pairs(space, share) for _ in plan.keys]
         with progress.bar("check: scan", dataset.progress_rows, run.shown) as bar:
-            for scan in executor.map(lambda task: scan_chunk(task(), plan, dataset.locate),
-                                     dataset.tasks(plan.columns, report)):
+            for index, scan in enumerate(executor.map(lambda task: scan_chunk(task(), plan, dataset.locate),
+                                                      dataset.tasks(plan.columns, report))):
                 for (label, _), total, part in zip(plan.pairs, stats, scan.stats):
                     total.merge(part)
                     if len(total.label_counts) > MAX_CLASSES:
@@ -189,15 +192,15 @@ def measure(dataset: Dataset, plan: Plan, run: RunSettings, executor: Executor, 
                                           "labels; the label rules count rows per class (check the label column)")
                 for name, part in scan.offenses.items():
                     offenses.setdefault(name, Offenses()).merge(part, plan.limit)
-                for index, hashes in zip(indexes, scan.hashes):
-                    index.add(hashes, scan.ids)
+                for keys, hashes in zip(pairs, scan.hashes):
+                    keys.write(index, hashes, scan.ids)
                 bar.update(len(scan.ids))
         measures = Measures(dataset, plan, stats[0].rows, stats, offenses, repeats, report)
-        for cols, index in zip(plan.keys, indexes):
-            repeats[cols] = confirm_repeats(measures, cols, index, executor)
+        for cols, keys in zip(plan.keys, pairs):
+            repeats[cols] = confirm_repeats(measures, cols, keys, executor)
     finally:
-        for index in indexes:
-            index.close()
+        if scratch:
+            fs.remove_tree(scratch)
     return measures
 
 
@@ -214,53 +217,16 @@ def count_records(dataset: Dataset, report: ReadReport, executor: Executor) -> i
     return rows
 
 
-def confirm_repeats(m: Measures, columns: tuple[str, ...], index: HashIndex,
+def confirm_repeats(m: Measures, columns: tuple[str, ...], keys: KeyPairs,
                     executor: Executor) -> tuple[int, list[Offender]]:
-    """Repeated keys by hash, confirmed on the real values in id order until `limit` are confirmed.
-
-    A candidate whose values differ from its group's first row is a 64-bit hash collision and is
-    not counted. So a rule fails only on a confirmed repeat, and the count is exact whenever every
-    candidate got checked (always, short of more than `limit` repeats plus collisions).
-    """
-    target = max(m.plan.limit, 1)
-    fetch = list(dict.fromkeys([*columns, *([m.plan.key] if m.plan.key else [])]))
-    unit = m.dataset.spec.unit
-    offenders: list[Offender] = []
-    checked = refuted = 0
-    want = target
-    while True:
-        found = index.repeats(want)
-        ids, first_ids = found.ids[checked:].tolist(), found.first_ids[checked:].tolist()
-        rows = fetch_rows(m.dataset, np.unique(np.array(ids + first_ids, dtype=np.uint64)), fetch, executor)
-        for dup, first in zip(ids, first_ids):
-            if [canonical(rows[dup][c]) for c in columns] != [canonical(rows[first][c]) for c in columns]:
-                refuted += 1
-                continue
-            earlier = m.offender(first, None, "")
-            offenders.append(m.offender(dup, rows[dup].get(m.plan.key) if m.plan.key else None,
-                                        f"same as {earlier.file}, {unit} {earlier.row}"))
-        checked = len(found.ids)
-        if len(offenders) >= target or checked >= found.count:
-            return found.count - refuted, offenders[:m.plan.limit]
-        want *= 2
-
-
-def fetch_rows(dataset: Dataset, ids: np.ndarray, columns: list[str], executor: Executor) -> dict[int, dict]:
-    """Rows by example id, reading only the shards that hold them and stopping after the last."""
-    if not len(ids):
-        return {}
-    shards = {int(i) >> rng.SHARD_BITS for i in ids}
-    subset = dataclasses.replace(dataset, shards=tuple(s for s in dataset.shards if s.index in shards))
-    rows: dict[int, dict] = {}
-    with closing(subset.chunks(columns, executor)) as chunks:
-        for chunk in chunks:
-            hit = np.isin(chunk.ids, ids)
-            if hit.any():
-                taken = chunk.filter(hit)
-                rows.update(zip(taken.ids.tolist(), taken.data.to_pylist()))
-            if len(rows) == len(ids):
-                break
-    return rows
+    """Repeated keys confirmed on the real values (KeyPairs.repeats), as offenders naming the row each repeats."""
+    count, found = keys.repeats(m.dataset, columns, executor, m.plan.limit, [m.plan.key] if m.plan.key else [])
+    offenders = []
+    for repeat in found:
+        earlier = m.offender(repeat.first, None, "")
+        offenders.append(m.offender(repeat.id, repeat.row[m.plan.key] if m.plan.key else None,
+                                    f"same as {earlier.file}, {m.dataset.spec.unit} {earlier.row}"))
+    return count, offenders
 
 
 # ------------------------------------------------------------------------------------- offending rows

@@ -121,8 +121,8 @@ def _check_receipts(src: str, receipts: tuple[str, ...], exactly_once: bool, sam
 @click.option("--json", "json_file", metavar="FILE", help="Write the result as JSON ('-': to stdout, no table).")
 @click.option("--junit", "junit_file", metavar="FILE", help="Write a JUnit XML report (one testcase per rule).")
 @click.option("--memory", type=SIZE, default="1GB", show_default=True, metavar="SIZE",
-              help="Memory for unique-key and duplicate-row hashes before they spill to --tmp-dir.")
-@click.option("--tmp-dir", type=click.Path(file_okay=False), help="Where hashes spill (default: system temp).")
+              help="Memory for finding repeated unique keys and duplicate rows (their hashes go to --tmp-dir).")
+@click.option("--tmp-dir", type=click.Path(file_okay=False), help="Where the hashes go (default: system temp).")
 @input_options
 @run_options
 def check_cmd(src: str, rules_file: str | None, label: str | None, num_classes: int | None,

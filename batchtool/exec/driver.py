@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from batchtool.core import progress
 from batchtool.exec import exchange
+from batchtool.exec.distinct import KeyPairs, key_pairs
 from batchtool.core.progress import HIDDEN, Shown
 from batchtool.io.dataset import Chunk, Dataset, ReadReport, first_in_input
 from batchtool.exec.engines import executor as run_executor
@@ -59,6 +60,9 @@ class EngineRuntime:
               report: ReadReport) -> tuple[Iterator[tuple[Chunk, int]], Tally]:
         applied = Applied(op, plan)
         return applied.stream(data, None, self.executor, report), applied.stats
+
+    def distinct(self, budget: int) -> KeyPairs:
+        return key_pairs(self.space, budget)
 
 
 @dataclass(frozen=True)

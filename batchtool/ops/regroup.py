@@ -4,10 +4,10 @@ and what the driver lends it to run them (Runtime)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -31,6 +31,28 @@ class Kernel(Protocol):
     def kernel(self, plan: Any, chunk: Chunk) -> tuple[Any, Tally]: ...
 
 
+class Repeat(NamedTuple):
+    """A row whose key an earlier row holds: its example id, the earliest such row's, and its values (by column)."""
+
+    id: int
+    first: int
+    row: dict[str, Any]
+
+
+class DistinctKeys(Protocol):
+    """A distinct-keys check the runtime lends (batchtool.exec.distinct.KeyPairs): each chunk's key hashes written
+    where the chunk is read, the repeated keys found once every chunk is in."""
+
+    def write(self, index: int, hashes: np.ndarray, ids: np.ndarray) -> None:
+        """Chunk number `index`'s (key hash, example id) pairs, on any worker (the check pickles)."""
+        ...
+
+    def repeats(self, data: Dataset, columns: Sequence[str], executor: Executor, limit: int,
+                fetch: Sequence[str] = ()) -> tuple[int, list[Repeat]]:
+        """How many rows repeat an earlier row's `columns`, and the first `limit` by id, confirmed on the values."""
+        ...
+
+
 class Runtime(Protocol):
     """What the driver lends an op that regroups its whole input: the executor of its tasks (threads or a
     cluster's workers), their workspace and progress bars, so that ops neither choose nor import them."""
@@ -51,6 +73,10 @@ class Runtime(Protocol):
         """`op`'s kernel over every chunk of `data` on the engine, for an op that regroups its own kernel's
         output: the output chunks in input order, each with the input rows it completes, and the kernels'
         statistics, merged into that Tally in input order as the chunks are read."""
+        ...
+
+    def distinct(self, budget: int) -> DistinctKeys:
+        """A new distinct-keys check in the workspace, whose search for repeats holds at most `budget` bytes."""
         ...
 
 

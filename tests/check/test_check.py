@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchtool.check import CheckOptions, check, load_rules, scan
-from batchtool.io.duplicates import HashIndex
-from batchtool.check.hashing import canonical, row_hashes
+from batchtool.check.hashing import row_hashes
+from batchtool.exec.distinct import canonical
 from batchtool.check.report import ERROR, FAIL, PASS
 from batchtool.check.rules import KINDS, WORDS
 from batchtool.check.rules import (BatchRows, Checksums, ClassProportions, Crc, DriftNulls, DriftProportions,
@@ -446,28 +446,6 @@ def test_equal_hashes_iff_equal_rows(words, numbers):
             assert (hashes[i] == hashes[j]) == (rows[i] == rows[j])
 
 
-@pytest.mark.parametrize("budget", [1 << 30, 1])
-def test_hash_index_finds_repeats_in_memory_and_spilled(tmp_path, budget):
-    rng = np.random.default_rng(0)
-    n = 5000
-    hashes = rng.integers(0, 2 ** 63, n, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
-    copies = rng.choice(n, 300, replace=False)
-    originals = rng.choice(n, 300)
-    hashes[copies] = hashes[originals]
-    with HashIndex(budget, str(tmp_path)) as index:
-        for start in range(0, n, 700):
-            index.add(hashes[start:start + 700], np.arange(start, min(n, start + 700), dtype=np.uint64))
-        found = index.repeats(10)
-        assert index.spilled == (budget == 1)
-    assert os.listdir(tmp_path) == []
-    _, first_index, counts = np.unique(hashes, return_index=True, return_counts=True)
-    assert found.count == n - len(counts)
-    repeated = np.setdiff1d(np.arange(n), first_index)
-    assert found.ids.tolist() == repeated[:10].tolist()
-    for dup, first in zip(found.ids, found.first_ids):
-        assert hashes[dup] == hashes[first] and first < dup and first == np.flatnonzero(hashes == hashes[dup])[0]
-
-
 def test_duplicates_spill_end_to_end(tmp_path):
     n = 3000
     keys = [f"k{i}" for i in range(n)]
@@ -475,6 +453,7 @@ def test_duplicates_spill_end_to_end(tmp_path):
     src = src_of(tmp_path, {"key": keys}, shards=3, row_group_size=250)
     result = one(src, Unique("u", ("key",)), memory=1, tmp_dir=str(tmp_path / "tmp"))
     assert result.value == 2 and [o.key for o in result.offenders] == ["k7", "k1234"]
+    assert os.listdir(tmp_path / "tmp") == []
 
 
 def test_hash_collisions_are_confirmed_away(tmp_path, monkeypatch):

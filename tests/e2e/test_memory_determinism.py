@@ -29,7 +29,7 @@ from batchtool.ops.bucket import BucketOptions
 from batchtool.ops.shuffle import OP as SHUFFLE
 from batchtool.ops.shuffle import ShuffleOptions
 from batchtool.io.output import OutputOptions
-from conftest import SAMPLE, data_bytes
+from conftest import SAMPLE, data_bytes, write_parquet_shards
 
 BUDGETS = [("1GB", 1, "local"), ("100KB", 2, "local")]
 """(--memory, --threads, --engine); the first is the reference (budgets in between: the hypothesis test below)."""
@@ -103,6 +103,29 @@ def test_command_output_ignores_memory_and_threads(tmp_path, run_cli, most_parts
     assert sums[0] and all(s == sums[0] for s in sums[1:])
     if name != "bucket --order sorted":  # sorted splits by length ranges, not parts
         assert most_parts[0] > 1, "100KB should split a group into several spill parts"
+
+
+def test_segment_and_its_key_check_ignore_memory_threads_and_engine(tmp_path, run_cli):
+    """segment's bytes, and the line its key check gives for repeated keys (the first repeat by id, not by hash),
+    under every budget, thread count and engine: at 100KB the search for repeats is a task per few partitions."""
+    args = ("--key", "key", "--sequence", "tokens,frames", "--num-unroll", "20", "--batch-size", "8", "-q")
+    table = pq.read_table(os.path.join(SAMPLE, "parquet"))
+    keys = table.column("key").to_pylist()
+    keys[2500], keys[3900] = keys[100], keys[1200]
+    dup = write_parquet_shards(str(tmp_path / "dup"), table.set_column(0, "key", pa.array(keys)), 3, 250)
+    sums, errors = [], set()
+    for memory, threads, engine in [*BUDGETS, ON_PROCESSES]:
+        settings = ("--memory", memory, "--threads", threads, "--engine", engine)
+        dst = tmp_path / f"{memory}-{threads}-{engine}"
+        result = run_cli("segment", os.path.join(SAMPLE, "parquet"), dst, *args, *settings)
+        assert result.exit_code == 0, result.stderr
+        sums.append(digests(str(dst)))
+        failed = run_cli("segment", dup, tmp_path / "no", *args, *settings)
+        assert failed.exit_code == 2 and not os.path.exists(tmp_path / "no")
+        errors.add(failed.stderr)
+    assert sums[0] and all(s == sums[0] for s in sums[1:])
+    assert errors == {f"error: duplicate key {keys[100]!r}: {dup}/part-00000.parquet, row 100 and "
+                      f"{dup}/part-00001.parquet, row 1166 (segment keys must be unique)\n"}
 
 
 @pytest.mark.parametrize("to", ["parquet", "tfrecord"])

@@ -17,12 +17,11 @@ import pytest
 from conftest import data_bytes, write_parquet_shards
 
 from batchtool.core import runner
-from batchtool.exec import engines, exchange
+from batchtool.exec import distinct, engines, exchange
 from batchtool.exec.engines import transport
 from batchtool.exec.driver import _kernel
 from batchtool.pipeline import execute
 from batchtool.ops.segment import chunks as segment_chunks
-from batchtool.io.duplicates import HashIndex
 from batchtool.io.workspace import Workspace
 
 from batchtool.exec.convert import convert
@@ -305,7 +304,7 @@ def test_segment_keys_stay_beside_the_output(src, tmp_path, run_cli):
     finds the repeats; no hash comes back with the examples; the same bytes, and nothing left beside DST."""
     engine = run_both(run_cli, tmp_path, lambda dst: ["segment", src, dst, *SEGMENT])
     used = {fn.func if isinstance(fn, functools.partial) else fn for fn in engine.functions}
-    assert {segment_chunks.prepare_shared, segment_chunks.partitions_collisions} <= used
+    assert {segment_chunks.prepare_shared, distinct._candidates} <= used
     assert segment_chunks.prepare_chunk not in used
     assert sorted(os.listdir(tmp_path)) == ["local", "pickled"]
 
@@ -321,8 +320,8 @@ def repeated_keys_src(directory: str) -> str:
 
 
 def test_a_duplicate_segment_key_fails_as_on_the_local_engine(tmp_path, run_cli):
-    """Keys repeated across chunks and shards: the local engine's one error line (the first duplicate in hash
-    order, confirmed), exit 2, DST untouched and no temporary directory left beside it."""
+    """Keys repeated across chunks and shards: the local engine's one error line (the first duplicate by id,
+    confirmed), exit 2, DST untouched and no temporary directory left beside it."""
     src = repeated_keys_src(str(tmp_path / "src"))
     out = tmp_path / "out"
     out.mkdir()
@@ -344,25 +343,25 @@ def test_a_duplicate_segment_key_fails_as_on_the_local_engine(tmp_path, run_cli)
                for fn in engine.functions)
 
 
-def test_shared_keys_find_the_hash_index_collisions_in_its_order(tmp_path, monkeypatch):
-    """Written chunk by chunk (one chunk twice, as a retried task writes it) and reduced partition by partition,
-    a few collisions per task: the same (first, later) id pairs in the same order as HashIndex, pickled."""
-    monkeypatch.setattr(segment_chunks, "CONFIRM_PAIRS", 2)
+def test_key_pairs_find_the_same_repeats_through_pickles(tmp_path):
+    """Written chunk by chunk (one chunk twice, as a retried task writes it) and searched a partition per task
+    (a one-byte budget), pickled: the same repeats by id as in one task on the driver."""
     gen = np.random.default_rng(3)
     hashes = gen.integers(0, 2**64, 900, dtype=np.uint64)
-    hashes[[5, 400, 401, 899]] = hashes[2]  # several in one partition: more than a task returns at once
+    hashes[[5, 400, 401, 899]] = hashes[2]
     hashes[[700, 30]] = hashes[600]
     ids = np.arange(900, dtype=np.uint64)
-    index = HashIndex(1 << 20)
+    space = Workspace(str(tmp_path), "out", shared=True)  # beside DST: the engine's workers search it
+    spread, whole = (distinct.key_pairs(space, budget) for budget in (1, 1 << 30))
     for k, start in enumerate(range(0, 900, 250)):
-        end = start + 250
-        index.add(hashes[start:end], ids[start:end])
-        segment_chunks.write_pairs(Workspace(str(tmp_path), "out"), k, hashes[start:end], ids[start:end])
-    segment_chunks.write_pairs(Workspace(str(tmp_path), "out"), 1, hashes[250:500], ids[250:500])
+        for pairs in (spread, whole):
+            pairs.write(k, hashes[start:start + 250], ids[start:start + 250])
+    spread.write(1, hashes[250:500], ids[250:500])
     engine = PicklingEngine()
-    shared = segment_chunks.SharedKeys(Workspace(str(tmp_path), "out"), engine.map)
-    expected = list(index.collisions())
-    assert len(expected) == 6 and list(shared.collisions()) == expected
+    found, expected = spread.candidates(engine, 4), whole.candidates(runner.SERIAL, 4)
+    assert (found.count, found.ids.tolist(), found.first_ids.tolist()) == (6, [5, 400, 401, 600], [2, 2, 2, 30])
+    assert (expected.count, expected.ids.tolist(), expected.first_ids.tolist()) == (6, [5, 400, 401, 600], [2, 2, 2, 30])
+    assert sum(isinstance(fn, functools.partial) and fn.func is distinct._candidates for fn in engine.functions) == 1
 
 
 SEGMENT_LAST = """seed = 5
@@ -387,7 +386,7 @@ def test_a_pipeline_ending_in_segment_checks_its_keys_beside_the_output(src, tmp
     args = pipeline(tmp_path, SEGMENT_LAST, src=src)
     engine = run_both(run_cli, tmp_path, args)
     used = {fn.func if isinstance(fn, functools.partial) else fn for fn in engine.functions}
-    assert {segment_chunks.prepare_shared, segment_chunks.partitions_collisions} <= used
+    assert {segment_chunks.prepare_shared, distinct._candidates} <= used
     assert sorted(os.listdir(tmp_path)) == ["local", "local.toml", "pickled", "pickled.toml"]
 
 

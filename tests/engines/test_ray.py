@@ -540,9 +540,9 @@ def test_segment_key_hashes_stay_on_the_workers(tmp_path, run_cli, ray_cluster, 
 
 @RAY
 def test_a_duplicate_segment_key_on_ray_fails_as_on_the_local_engine(tmp_path, run_cli, remote_maps):
-    """Keys repeated across chunks and shards: the local engine's one error line (the first duplicate in hash order,
+    """Keys repeated across chunks and shards: the local engine's one error line (the first duplicate by id,
     confirmed), exit 2, DST untouched and no temporary directory left beside it."""
-    from batchtool.ops.segment.chunks import partitions_collisions
+    from batchtool.exec import distinct
     from test_pickling_engine import repeated_keys_src
 
     dup = repeated_keys_src(str(tmp_path / "src"))
@@ -559,7 +559,7 @@ def test_a_duplicate_segment_key_on_ray_fails_as_on_the_local_engine(tmp_path, r
         errors[engine] = result.stderr
     assert errors["ray"] == errors["local"]
     assert sorted(os.listdir(out)) == ["local", "ray"]
-    assert partitions_collisions in remote_maps
+    assert any(getattr(fn, "func", None) is distinct._candidates for fn in remote_maps)
 
 
 EXCHANGED = {

@@ -1,10 +1,9 @@
-"""segment: NextQueuedSequenceBatch's metadata on hand-worked examples, lane-stable batches, checks, and the key index."""
+"""segment: NextQueuedSequenceBatch's metadata on hand-worked examples, lane-stable batches, checks, and the key hashes."""
 
 from __future__ import annotations
 
 import os
 import re
-import tempfile
 from dataclasses import replace
 
 import numpy as np
@@ -12,28 +11,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import read_dir, write_parquet_shards
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import batchtool
 from batchtool.core.errors import InputError, SchemaError, UsageError
-from batchtool.io.inputs import open_dataset
 from batchtool.core.run_settings import RunSettings
-from batchtool.io.duplicates import PARTITIONS, HashIndex
 from batchtool.exec.driver import run_operation
 from batchtool.ops.segment import lanes
 from batchtool.ops.segment import OP as SEGMENT
 from batchtool.ops.segment import SegmentOptions
 from batchtool.ops.segment.batches import FIRST_INSERTION_INDEX
 from batchtool.ops.segment.chunks import key_hashes
-from batchtool.ops.segment.chunks import (PAIRS_FILE, SharedKeys, check_unique_keys, partition_collisions,
-                                         write_pairs)
-from batchtool.io.workspace import Workspace
 from batchtool.io.output import OutputOptions
 from batchtool.pipeline.config import load
 from batchtool.pipeline.execute import run_pipeline
 from batchtool.core.synthetic import make_table
-from batchtool.core.runner import SERIAL, Threads
 
 QUIET = RunSettings(threads=2, quiet=True)
 
@@ -347,7 +338,7 @@ def test_tfrecord_output_reads_back_the_same(tmp_path):
             np.testing.assert_array_equal(x[name], y[name])
 
 
-# --- duplicate keys in bounded memory ---------------------------------------------------------------
+# --- key hashes ---------------------------------------------------------------
 
 def test_key_hashes_are_deterministic_and_distinguish_close_keys():
     keys = pa.array(["", "a", "b", "ab", "ba", "a" * 100, "a" * 101, "é"])
@@ -355,63 +346,6 @@ def test_key_hashes_are_deterministic_and_distinguish_close_keys():
     assert len(set(h.tolist())) == len(keys)
     np.testing.assert_array_equal(key_hashes(keys.slice(3)), h[3:])
     np.testing.assert_array_equal(key_hashes(keys.cast(pa.large_string())), h)
-
-
-def test_hash_index_finds_the_same_collisions_in_memory_and_spilled(tmp_path):
-    gen = np.random.default_rng(0)
-    hashes = gen.integers(0, 2**63, 5000, dtype=np.uint64) * np.uint64(2)
-    hashes[[10, 4000, 4500]] = hashes[3]
-    ids = np.arange(5000, dtype=np.uint64)
-    in_memory, spilled = HashIndex(1 << 30), HashIndex(1024, str(tmp_path))
-    for start in range(0, 5000, 700):
-        in_memory.add(hashes[start:start + 700], ids[start:start + 700])
-        spilled.add(hashes[start:start + 700], ids[start:start + 700])
-    assert list(in_memory.collisions()) == list(spilled.collisions()) == [(3, 10), (3, 4000), (3, 4500)]
-    assert os.listdir(tmp_path)
-    spilled.close()
-    assert not os.listdir(tmp_path)
-
-
-def key_pairs(directory: str, hashes: list[int] | np.ndarray, ids: list[int] | np.ndarray) -> SharedKeys:
-    """(key hash, example id) pairs written to a workspace as segment's chunk tasks write them."""
-    space = Workspace(directory, "out")
-    os.makedirs(directory, exist_ok=True)
-    write_pairs(space, len(os.listdir(directory)), np.asarray(hashes, np.uint64), np.asarray(ids, np.uint64))
-    return SharedKeys(space, map)
-
-
-@settings(max_examples=30, deadline=None)
-@given(st.lists(st.integers(0, 40), min_size=1, max_size=300), st.integers(1, 5), st.data())
-def test_chunk_pair_files_find_the_hash_index_collisions_in_its_order(values, chunks, data):
-    """Each chunk's pairs in one file of every partition (write_partitioned): the partitions read back across the
-    chunks (one task per partition, or per 16 partitions) give HashIndex's collisions, in its order."""
-    hashes = np.array([v * 0x9E3779B97F4A7C15 % 2**64 for v in values], np.uint64)  # collisions across partitions
-    ids = np.arange(len(values), dtype=np.uint64)
-    cuts = sorted(data.draw(st.lists(st.integers(0, len(values)), min_size=chunks - 1, max_size=chunks - 1)))
-    index = HashIndex(1 << 30)
-    index.add(hashes, ids)
-    with tempfile.TemporaryDirectory() as directory:
-        for a, b in zip([0, *cuts], [*cuts, len(values)]):
-            keys = key_pairs(directory, hashes[a:b], ids[a:b])
-        assert all(os.listdir(os.path.join(directory, c)) == [PAIRS_FILE] for c in os.listdir(directory))
-        assert list(keys.collisions()) == list(index.collisions())
-        assert [pair for part in range(PARTITIONS) for pair in partition_collisions((directory, part, 0))[0]] \
-            == list(index.collisions())
-
-
-def test_a_hash_collision_between_different_keys_is_not_an_error(tmp_path):
-    src = write_parquet_shards(str(tmp_path / "src"), table_of([1, 1, 1], keys=["x", "y", "x"]), shards=1)
-    dataset = open_dataset(src)
-    keys = str(tmp_path / "keys")
-    check_unique_keys(key_pairs(keys, [7, 7], [0, 1]), dataset, "key", SERIAL)  # x and y: forced collision
-    with pytest.raises(InputError, match=r"duplicate key 'x': .*row 0 and .*row 2"):
-        check_unique_keys(key_pairs(keys, [7], [2]), dataset, "key", SERIAL)
-
-
-def test_many_hash_collisions_are_confirmed_in_batches(tmp_path):
-    src = write_parquet_shards(str(tmp_path / "src"), table_of([1] * 150), shards=1)
-    keys = key_pairs(str(tmp_path / "keys"), np.full(150, 7), np.arange(150))  # 149 collisions, all different keys
-    check_unique_keys(keys, open_dataset(src), "key", Threads(2))
 
 
 def test_dry_run_of_a_segment_stage_counts_segments_from_the_lengths(tmp_path):

@@ -4,8 +4,9 @@ Each of the B rows of a batch is a lane that plays one example's segments in ord
 consecutive batches, then the next example's, so a trainer keeps its recurrent state as a
 `[B, ...]` array and resets lane b where `sequence[b] == 0`. This module is the op's definition
 (options, plan, the one regrouping pass, dry run); the pass's parts each have their own:
-ops.segment.chunks (per-chunk checks and segment counts, and the duplicate-key check), ops.segment.lanes (the
-sequential lane planner) and ops.segment.batches (building batches on workers).
+ops.segment.chunks (per-chunk checks and segment counts), ops.segment.lanes (the sequential lane planner) and
+ops.segment.batches (building batches on workers); the keys are checked unique by the runtime's distinct-keys check
+(batchtool.exec.distinct), as check's unique rule is.
 """
 
 from __future__ import annotations
@@ -20,12 +21,12 @@ import pyarrow as pa
 
 from batchtool.core import budget
 from batchtool.core.budget import DEFAULT_MEMORY
+from batchtool.core.errors import InputError
 from batchtool.io.dataset import Dataset, ReadReport
 from batchtool.ops.base import Scan, Context, Kind, Operation, need_columns
 from batchtool.ops.regroup import Probe, Stream, Regrouped, Runtime
 from batchtool.ops.segment.batches import build_batches
-from batchtool.ops.segment.chunks import Examples, SegmentPlan, make_plan
-from batchtool.ops.segment.chunks import SharedKeys, check_unique_keys, prepare_shared
+from batchtool.ops.segment.chunks import Examples, SegmentPlan, make_plan, prepare_shared
 from batchtool.ops.segment.lanes import LANE_WINDOW, LanePlanner
 from batchtool.io.stats import DatasetStats, chunk_stats
 
@@ -37,6 +38,8 @@ LANE_BYTES = 1 << 10
 """Planner bookkeeping per lane (its queue, load and heap entry)."""
 METADATA_BYTES = 64
 """Metadata per output row (keys, counters), beyond the example's own columns."""
+KEYS_SHARE = 4
+"""The key check's search for repeats holds at most --memory / KEYS_SHARE, beside the batches still being written."""
 
 
 def check_memory(options: SegmentOptions, memory: int, sample: pa.RecordBatch | None) -> float:
@@ -77,17 +80,21 @@ def _plan(options: SegmentOptions, schema: pa.Schema, memory: int = DEFAULT_MEMO
 def _lanes(plan: SegmentPlan, data: Dataset, runtime: Runtime, report: ReadReport) -> Iterator[Regrouped]:
     """The one pass: each chunk checked and its rows and key hashes written to the workspace (on the engine), lanes
     planned from the examples' segment counts as chunks arrive (here), and the planner's items handed to the
-    writer, whose workers read the rows they play and build their batches; the keys are checked unique, one task
-    per hash partition, once the last chunk is read, before the writer finishes."""
+    writer, whose workers read the rows they play and build their batches; the keys are checked unique (the
+    runtime's distinct-keys check) once the last chunk is read, before the writer finishes."""
     o = plan.options
     columns = o.source_columns
     sample = next(iter(data.tasks(columns)), None)
     planner = LanePlanner(plan, check_memory(o, plan.memory, sample().data if sample else None))
+    keys = runtime.distinct(plan.memory // KEYS_SHARE)
 
     def checked() -> Iterator[Examples]:
-        yield from runtime.executor.map(functools.partial(prepare_shared, plan, data.locate, runtime.space),
-                               enumerate(data.tasks(columns, report)))
-        check_unique_keys(SharedKeys(runtime.space, runtime.executor.map), data, o.key, runtime.executor)
+        yield from runtime.executor.map(functools.partial(prepare_shared, plan, data.locate, runtime.space, keys),
+                                        enumerate(data.tasks(columns, report)))
+        _, found = keys.repeats(data, [o.key], runtime.executor, 1)
+        if found:
+            raise InputError(f"duplicate key {found[0].row[o.key]!r}: {data.locate(found[0].first)} and "
+                             f"{data.locate(found[0].id)} (segment keys must be unique)")
 
     yield Regrouped(planner.items(checked()), functools.partial(build_batches, plan),
                     lambda: planner.stats.as_dict(plan), sequence_columns=tuple(o.sequence))

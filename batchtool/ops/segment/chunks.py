@@ -3,10 +3,9 @@ each chunk's checks (keys, lengths) and segment counts, pure functions that run 
 
 from __future__ import annotations
 
-import glob
 import os
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -15,12 +14,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batchtool.core import fs, rng
-from batchtool.io.duplicates import PARTITIONS, read_partitions, repeated, write_partitioned
-from batchtool.io.dataset import Chunk, Dataset
-from batchtool.core.runner import Executor
+from batchtool.io.dataset import Chunk
 from batchtool.core.errors import InputError, OptionInputError
 from batchtool.ops import names as own
 from batchtool.ops.base import ColumnError
+from batchtool.ops.regroup import DistinctKeys
 from batchtool.ops.segment.options import METADATA, STEPS, SegmentOptions
 from batchtool.io.padding import default_pad, parse_pad_values, sequence_lengths
 from batchtool.io.stats import is_sequence_type
@@ -217,128 +215,28 @@ def ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.int64) - np.repeat(ends - counts, counts) + np.repeat(starts, counts)
 
 
-CONFIRM_PAIRS = 64
-"""Hash matches confirmed per pass over the key column (a pass only happens on a match), and the most each
-partition's task returns at a time."""
-
-
-def prepare_shared(plan: SegmentPlan, locate: Callable[[int], str], space: Workspace,
+def prepare_shared(plan: SegmentPlan, locate: Callable[[int], str], space: Workspace, keys: DistinctKeys,
                    item: tuple[int, Callable[[], Chunk]]) -> Examples:
-    """prepare_chunk for chunk number `index`, its rows and key hashes written to the workspace (the rows for the
-    tasks that build batches, the hashes for SharedKeys): the examples come back with their numbers only."""
+    """prepare_chunk for chunk number `index`, its key hashes written for the key check (`keys`) and its rows to
+    the workspace, where the tasks that build batches read them: the examples come back with their numbers only."""
     index, task = item
     examples = prepare_chunk(plan, locate, task)
     assert examples.key_hash is not None
-    own = write_pairs(space, index, examples.key_hash, examples.ids, examples.with_keys())
-    return replace(examples.kept_at(os.path.join(own, EXAMPLES_FILE)), key_hash=None)
+    keys.write(index, examples.key_hash, examples.ids)
+    return replace(examples.kept_at(write_rows(space, index, examples.with_keys())), key_hash=None)
 
 
-EXAMPLES_FILE = "examples.arrow"
-"""A chunk's rows and keys in its directory (Examples.stored), read where its batches are built."""
-PAIRS_FILE = "pairs.u64"
-"""A chunk's (key hash, example id) pairs in its directory, by hash partition (duplicates.write_partitioned)."""
-
-
-def write_pairs(space: Workspace, index: int, hashes: np.ndarray, ids: np.ndarray,
-                rows: pa.RecordBatch | None = None) -> str:
-    """Chunk number `index`'s pairs as partition files (and its `rows`, for the tasks that build batches) in a
-    directory of its own, published as c<index> once complete (replacing what a failed earlier attempt of the
-    task left, so a retry never counts twice); returns it. Made with mkdir, never makedirs: a task still
-    running after a failed command's cleanup must not recreate the tree."""
+def write_rows(space: Workspace, index: int, rows: pa.RecordBatch) -> str:
+    """Chunk number `index`'s rows as an Arrow IPC file of the workspace, published once complete (replacing what
+    a failed earlier attempt of the task wrote); returns its path."""
     fs.check_shared(space.directory, space.name)
     writing = os.path.join(space.directory, f".c{index:09d}-{uuid.uuid4().hex}")
-    own = os.path.join(space.directory, f"c{index:09d}")
+    own = os.path.join(space.directory, f"c{index:09d}.arrow")
     with space.errors():
-        os.mkdir(writing)
-        write_partitioned(os.path.join(writing, PAIRS_FILE), hashes, ids)
-        if rows is not None:
-            with pa.OSFile(os.path.join(writing, EXAMPLES_FILE), "wb") as sink, \
-                    pa.ipc.new_file(sink, rows.schema) as writer:
-                writer.write_batch(rows)
-        fs.remove_tree(own)
-        os.rename(writing, own)
+        with pa.OSFile(writing, "wb") as sink, pa.ipc.new_file(sink, rows.schema) as writer:
+            writer.write_batch(rows)
+        os.replace(writing, own)
     return own
-
-
-def partition_collisions(job: tuple[str, int, int]) -> tuple[list[tuple[int, int]], int]:
-    """The reduce task of one partition: its collisions from every chunk's file, the `CONFIRM_PAIRS` from
-    number `skip` on, and how many it has in all."""
-    directory, part, skip = job
-    return _collisions([pairs for path in _pair_files(directory) for pairs in read_partitions(path, part, part + 1)],
-                       skip)
-
-
-PARTITIONS_PER_TASK = 16
-"""Hash partitions one reduce task reads (each is small: 16 bytes an example over 256 partitions)."""
-
-
-def partitions_collisions(job: tuple[str, int, int]) -> list[tuple[list[tuple[int, int]], int]]:
-    """partition_collisions of partitions [first, last), in order, in one task that reads each chunk's file once."""
-    directory, first, last = job
-    chunks = [read_partitions(path, first, last) for path in _pair_files(directory)]
-    return [_collisions([parts[part - first] for parts in chunks], 0) for part in range(first, last)]
-
-
-def _pair_files(directory: str) -> list[str]:
-    """Every chunk's pairs file, in chunk order."""
-    return sorted(glob.glob(os.path.join(glob.escape(directory), "c*", PAIRS_FILE)))
-
-
-def _collisions(pairs: list[np.ndarray], skip: int) -> tuple[list[tuple[int, int]], int]:
-    """The collisions of one partition's pairs (from every chunk, in chunk order), `CONFIRM_PAIRS` of them from
-    number `skip` on, and how many it has in all."""
-    both = np.concatenate(pairs) if pairs else np.zeros((0, 2), np.uint64)
-    first, later = repeated(both[:, 0], both[:, 1])
-    end = skip + CONFIRM_PAIRS
-    return list(zip(first[skip:end].tolist(), later[skip:end].tolist())), len(later)
-
-
-@dataclass(frozen=True)
-class SharedKeys:
-    """The pairs prepare_shared wrote in the workspace, their collisions found by one task per partition run by
-    `run` (the Runtime's map): in HashIndex's order, since the partitions are HashIndex's."""
-
-    space: Workspace
-    run: Callable[[Callable[[Any], Any], Iterable[Any]], Iterator[Any]]
-
-    def collisions(self) -> Iterator[tuple[int, int]]:
-        jobs = [(self.space.directory, first, first + PARTITIONS_PER_TASK)
-                for first in range(0, PARTITIONS, PARTITIONS_PER_TASK)]
-        found = (result for results in self.run(partitions_collisions, jobs) for result in results)
-        for part, (pairs, total) in enumerate(found):
-            yield from pairs
-            done = len(pairs)
-            while done < total:  # more than a task returns at once: only with that many 64-bit hash collisions
-                more, _ = next(iter(self.run(partition_collisions, [(self.space.directory, part, done)])))
-                yield from more
-                done += len(more)
-
-
-def check_unique_keys(index: SharedKeys, dataset: Dataset, key: str, executor: Executor) -> None:
-    """Raise InputError naming the first duplicate key (in hash order) and both rows, after confirming it."""
-    batch: list[tuple[int, int]] = []
-    for pair in index.collisions():
-        batch.append(pair)
-        if len(batch) == CONFIRM_PAIRS:
-            _confirm(batch, dataset, key, executor)
-            batch = []
-    if batch:
-        _confirm(batch, dataset, key, executor)
-
-
-def _confirm(pairs: list[tuple[int, int]], dataset: Dataset, key: str, executor: Executor) -> None:
-    """Read the real keys of colliding rows (one more pass over the key column: only on a hash hit)."""
-    wanted = np.array(sorted({i for pair in pairs for i in pair}), dtype=np.uint64)
-    keys: dict[int, str] = {}
-    for chunk in dataset.chunks([key], executor):
-        hit = np.isin(chunk.ids, wanted)
-        if hit.any():
-            values = chunk.data.column(key).filter(pa.array(hit)).to_pylist()
-            keys.update(zip(chunk.ids[hit].tolist(), values))
-    for a, b in pairs:
-        if keys[a] == keys[b]:
-            raise InputError(f"duplicate key {keys[a]!r}: {dataset.locate(a)} and {dataset.locate(b)} "
-                             "(segment keys must be unique)")
 
 
 __all__ = ["METADATA", "Examples", "SegmentPlan", "key_hashes", "make_plan", "prepare_chunk", "ranges"]
