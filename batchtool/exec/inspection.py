@@ -14,7 +14,8 @@ from batchtool.io.dataset import Chunk, Dataset, ReadReport
 from batchtool.core.errors import SchemaError
 from batchtool.exec.engines import executor as run_executor
 from batchtool.ops.mix import source_table
-from batchtool.ops.written import producer, written_names
+from batchtool.ops.base import OutputRows
+from batchtool.ops.written import written_by, written_names
 from batchtool.io.formats import column_types
 from batchtool.io.formats.base import RECORDED_OPTIONS
 from batchtool.core.budget import human_bytes
@@ -45,25 +46,27 @@ def inspect(src: str, *, label: str | None = None, length: str | None = None, fo
 def _described(dataset: Dataset, src: str, label: str | None, length: str | None,
                executor: Executor) -> dict[str, Any]:
     label = label or stats_mod.default_label(dataset.schema)
-    op, options, _ = producer(dataset.manifest)
+    writer = written_by(dataset.manifest)
+    rows = writer.rows
     own = written_names(dataset.manifest, manifest_path(src))
     report = ReadReport()
     segment_columns = {own.get("key"), own.get("sequence"), own.get("total_length")}
-    if length is None and op == "segment" and segment_columns <= set(dataset.schema.names):
+    if length is None and rows is OutputRows.SEGMENTS and segment_columns <= set(dataset.schema.names):
         st, segments = segment_stats(dataset, label, own, executor, report)
         result = describe(dataset, st, label, own["total_length"], report)
         result["length"]["column"] = f"{own['total_length']} (of the examples)"
-        ranks = options.get("world_size")  # the manifest's options are free-form: shown only when they make sense
+        ranks = writer.options.get("world_size")  # the manifest's options are free-form: shown only when they make sense
         result["segments"] = {**segments, "ranks": ranks if isinstance(ranks, int) and ranks >= 1 else 1}
         return result
-    if length is None and op == "pack" and {own.get("length"), own.get("cu_seqlens")} <= set(dataset.schema.names):
+    packed_columns = {own.get("length"), own.get("cu_seqlens")}
+    if length is None and rows is OutputRows.PACKED and packed_columns <= set(dataset.schema.names):
         rows_stats, examples = packed_stats(dataset, own, executor, report)
         result = describe(dataset, rows_stats, None, own["length"], report)
         result["length"]["column"] = f"{own['length']}: real steps of each row"
         result["example_length"] = {"column": f"{example_offsets(dataset, own)}: steps of each example",
                                     **examples.length_summary(), "histogram": histogram(examples.length_counts)}
         return result
-    if length is None and op == "bucket":
+    if length is None and rows is OutputRows.PADDED:
         length = own["length"] if own["length"] in dataset.schema.names else None
     length = length or stats_mod.default_length(dataset.schema)
     dataset.check_columns([c for c in (label, length) if c])

@@ -21,7 +21,7 @@ import pyarrow as pa
 from batchtool.core import budget
 from batchtool.core.budget import DEFAULT_MEMORY
 from batchtool.io.dataset import Dataset, ReadReport
-from batchtool.ops.base import Scan, Context, Kind, Operation, need_columns
+from batchtool.ops.base import Scan, Context, Kind, Operation, OutputRows, need_columns
 from batchtool.ops.regroup import Probe, Stream, Regrouped, Runtime
 from batchtool.ops.segment.batches import build_batches
 from batchtool.ops.segment.chunks import Examples, SegmentPlan, make_plan
@@ -109,6 +109,7 @@ class SegmentOp(Operation[SegmentOptions, SegmentPlan]):
                "--context label --num-unroll 20 --batch-size 32")
     options = SegmentOptions
     kind = Kind.BATCHES
+    output_rows = OutputRows.SEGMENTS
     spills = ("memory",)
     batches_flag = True
 
