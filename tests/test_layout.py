@@ -197,6 +197,18 @@ def test_every_name_a_docstring_or_internals_md_gives_the_code_exists() -> None:
     assert not missing, "names that are not the package's:\n" + "\n".join(missing)
 
 
+def test_each_class_name_means_one_thing() -> None:
+    """A public class is defined in one module only: types are named bare in annotations, docstrings and
+    docs/internals.md (`Written`, `SortedBatches`), so two classes of one name would leave a reader guessing."""
+    defined: dict[str, list[str]] = {}
+    for name, path in _modules().items():
+        for node in ast.parse(open(path, encoding="utf-8").read()).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                defined.setdefault(node.name, []).append(name)
+    twice = {name: modules for name, modules in sorted(defined.items()) if len(modules) > 1}
+    assert not twice, f"classes defined in more than one module (rename one, or merge them): {twice}"
+
+
 def test_the_tests_mirror_the_layers() -> None:
     """Each test module sits in the folder of the layer it tests (tests/core/, ..., tests/cli/), or with the
     end-to-end or engine suites (tests/e2e/, tests/engines/); pytest's pythonpath lists every folder, so that

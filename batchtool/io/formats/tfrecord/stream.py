@@ -106,7 +106,7 @@ class _Inflater:
             raise GzipCorrupt(str(exc)) from None
 
 
-class Source:
+class RecordStream:
     """One file's record stream (inflated if GZIP), read in blocks, with push-back for resynchronising."""
 
     def __init__(self, raw: BinaryIO, compressed: bool, size: int | None = None, block: int = BLOCK) -> None:
