@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 
 from batchtool.core import fs, progress
@@ -22,7 +23,7 @@ from batchtool.io.dataset import ReadReport
 from batchtool.io.formats.base import EncodedBatch
 from batchtool.io.output import BatchShardWriter, OutputOptions, encode_batches, shard_ends
 from batchtool.io.workspace import Workspace
-from batchtool.ops.regroup import Cut, SortedBatches
+from batchtool.ops.regroup import Cut, SortedBatches, firsts_of
 
 MEASURES_PER_WORKER = 2
 """Sorted batches are measured in this many tasks per worker CPU, so every worker encodes."""
@@ -108,7 +109,7 @@ def _spool(job: _SpoolJob, item: tuple[int, ReadUnit]) -> _Spooled:
 
 
 @dataclass(frozen=True)
-class SpooledBatches:
+class SpooledBatches(SortedBatches):
     """Spooled output (ops.regroup.SortedBatches): batch k is the k-th batch of the spool files in unit order."""
 
     directory: str
@@ -119,19 +120,9 @@ class SpooledBatches:
     sizes: tuple[int, ...]
     """Rows of each batch."""
 
-    @property
-    def count(self) -> int:
-        return len(self.sizes)
-
-    @property
-    def rows(self) -> int:
-        return sum(self.sizes)
-
-    def batch_rows(self, k: int) -> int:
-        return self.sizes[k]
-
-    def first_row(self, k: int) -> int:
-        return sum(self.sizes[:k])
+    @functools.cached_property
+    def firsts(self) -> np.ndarray:  # type: ignore[override]
+        return firsts_of(self.sizes)
 
     def reader(self, start: int, end: int) -> SpoolReader:
         """Batches [start, end) as a task reading only the spool files holding them."""

@@ -17,7 +17,7 @@ from batchtool.io import load_padding
 from batchtool.io.dataset import Chunk
 from batchtool.core.errors import OptionInputError, OptionSchemaError, SchemaError
 from batchtool.ops import names as own
-from batchtool.ops.regroup import Cut, Exchange, Probe, Runtime, Scatter, Scattered, SortedStream
+from batchtool.ops.regroup import Cut, Exchange, Probe, Runtime, Scatter, Scattered, SortedBatches, SortedStream, firsts_of
 from batchtool.ops.boundaries import assign_buckets
 from batchtool.ops.bucket.grid import Grid
 from batchtool.ops.bucket.plan import Balance, BucketColumns, BucketPlan, make_balance, with_spill_layout
@@ -443,7 +443,7 @@ def _output_order(plan: BucketPlan, per_bucket: Sequence[int]) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class BucketBatches:
+class BucketBatches(SortedBatches):
     """bucket's output batches (ops.regroup.SortedBatches): batch k is batch `index[k]` of bucket `bucket[k]`."""
 
     plan: BucketPlan
@@ -466,21 +466,7 @@ class BucketBatches:
         per_bucket = np.array([len(c.sizes) for c in cuts], dtype=np.int64)
         sizes = np.concatenate([np.zeros(0, np.int64), *(c.sizes for c in cuts)])[
             (np.cumsum(per_bucket) - per_bucket)[bucket] + index]
-        return cls(plan, schema, streams, cuts, bucket, index, np.concatenate([[0], np.cumsum(sizes)]))
-
-    @property
-    def count(self) -> int:
-        return len(self.bucket)
-
-    @property
-    def rows(self) -> int:
-        return int(self.firsts[-1])
-
-    def batch_rows(self, k: int) -> int:
-        return int(self.firsts[k + 1] - self.firsts[k])
-
-    def first_row(self, k: int) -> int:
-        return int(self.firsts[k])
+        return cls(plan, schema, streams, cuts, bucket, index, firsts_of(sizes))
 
     def nbytes(self) -> int:
         return sum(s.nbytes() for streams in self.streams for s in streams)
