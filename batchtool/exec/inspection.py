@@ -251,7 +251,7 @@ def render_labels(label: dict) -> list[str]:
     peak = max(counts.values(), default=0)
     width = max((len(k) for k in counts), default=1)
     for k, v in counts.items():
-        lines.append(f"  {k:>{width}}  {v:>10,}  {100 * v / max(rows, 1):6.2f}%  {bar(v, peak)}")
+        lines.append(f"  {k:>{width}}  {v:>10,}  {100 * v / max(rows, 1):6.2f}%  {block_bar(v, peak)}")
     return lines
 
 
@@ -263,7 +263,7 @@ def render_lengths(length: dict) -> list[str]:
     peak = max(b["count"] for b in length["histogram"])
     width = len(str(length["max"]))
     for b in length["histogram"]:
-        lines.append(f"  {b['from']:>{width}}-{b['to']:<{width}}  {b['count']:>10,}  {bar(b['count'], peak)}")
+        lines.append(f"  {b['from']:>{width}}-{b['to']:<{width}}  {b['count']:>10,}  {block_bar(b['count'], peak)}")
     return lines
 
 
@@ -277,11 +277,11 @@ def render_manifest(summary: dict) -> list[str]:
     stats = summary.get("stats", {})
     for stage in stats.get("stages", []):  # run: each stage's rows, then the last stage's own numbers
         if isinstance(stage, dict):
-            lines.append(f"  stage {stage.get('stage')} {stage.get('op')}: {shown('rows_in', stage.get('rows_in'))} "
-                         f"rows in, {shown('rows_out', stage.get('rows_out'))} out")
+            lines.append(f"  stage {stage.get('stage')} {stage.get('op')}: {readable('rows_in', stage.get('rows_in'))} "
+                         f"rows in, {readable('rows_out', stage.get('rows_out'))} out")
     for key, value in stats.items():
         if isinstance(value, (int, float, str)):
-            lines.append(f"  {key}: {shown(key, value)}")
+            lines.append(f"  {key}: {readable(key, value)}")
     last = stats["stages"][-1] if isinstance(stats.get("stages"), list) and stats["stages"] else stats
     for key, render, what in (("buckets", render_buckets, "a per-bucket table as bucket writes it"),
                               ("examples_per_row", render_packing, "a packing summary as pack writes it"),
@@ -321,11 +321,11 @@ def render_packing(stats: dict) -> list[str]:
     peak = max(b["count"] for b in bins)
     width = len(str(max(per_row)))
     lines.append("  examples per row")
-    lines += [f"  {b['from']:>{width}}-{b['to']:<{width}}  {b['count']:>10,}  {bar(b['count'], peak)}" for b in bins]
+    lines += [f"  {b['from']:>{width}}-{b['to']:<{width}}  {b['count']:>10,}  {block_bar(b['count'], peak)}" for b in bins]
     return lines
 
 
-def shown(key: str, value: Any) -> str:
+def readable(key: str, value: Any) -> str:
     """A manifest number as a person reads it: thousands separators, fractions as percentages."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return "?" if value is None else str(value)
@@ -414,7 +414,7 @@ def _dropped(stats: dict) -> list[str]:
     return ["  dropped: " + ", ".join(f"{v:,} {k}" for k, v in dropped.items())] if dropped else []
 
 
-def bar(value: float, peak: float) -> str:
+def block_bar(value: float, peak: float) -> str:
     """A horizontal bar with eighth-block resolution."""
     if peak <= 0:
         return ""

@@ -103,7 +103,7 @@ def field_at(buf: np.ndarray, at: np.ndarray, tag: int | None) -> tuple[np.ndarr
     return tags, first, first + lengths[0]
 
 
-def fields(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Fields:
+def message_fields(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Fields:
     """Every field of each (short) message buf[starts[i]:ends[i]], one field of every message per round.
 
     For messages of a few fields (an Example, a map entry); more than _MAX_ROUNDS is Unusual.

@@ -21,7 +21,7 @@ from batchtool.ops.regroup import Cut, Exchange, Probe, Runtime, Scatter, Scatte
 from batchtool.ops.boundaries import assign_buckets
 from batchtool.ops.bucket.grid import Grid
 from batchtool.ops.bucket.plan import Balance, BucketColumns, BucketPlan, make_balance, with_spill_layout
-from batchtool.ops.keyed import flush_bytes, row_bytes
+from batchtool.ops.keyed import flush_bytes, spill_row_bytes
 from batchtool.ops.batching import BatchBudget
 from batchtool.ops.bucket.report import BucketCounts, bucket_stats
 from batchtool.ops.rows import keep_mask
@@ -62,7 +62,7 @@ def assign(chunk: Chunk, plan: BucketPlan, locate: Callable[[int], str]) -> Assi
         buckets = plan.grid.cell_of(lengths, second)
         oversize = ~plan.grid.fits_alone(buckets, lengths, second)
     else:
-        lengths = measure(chunk, plan, locate)
+        lengths = true_lengths(chunk, plan, locate)
         second = None
         if plan.boundaries is not None:
             buckets = assign_buckets(lengths, plan.boundaries)
@@ -98,7 +98,7 @@ def assign(chunk: Chunk, plan: BucketPlan, locate: Callable[[int], str]) -> Assi
     return Assigned(Chunk(data, chunk.ids), buckets, rows_in, rows_in - kept, int(oversize.sum()), classes)
 
 
-def measure(chunk: Chunk, plan: BucketPlan, locate: Callable[[int], str]) -> np.ndarray:
+def true_lengths(chunk: Chunk, plan: BucketPlan, locate: Callable[[int], str]) -> np.ndarray:
     """True length per row: the sequence columns' shared length, which --length must agree with."""
     cols = plan.columns
 
@@ -241,7 +241,7 @@ def exchange(plan: BucketPlan, data: Any, probe: Probe) -> Exchange:
     """bucket's Exchange: its spill's groups, parts and keys (parts sized from the first chunk, measured on a
     worker), `assign` on the map workers, and the cut below."""
     measured = probe(functools.partial(_row_bytes, plan.columns))
-    plan = with_spill_layout(plan, measured if measured is not None else row_bytes(None, plan.columns))
+    plan = with_spill_layout(plan, measured if measured is not None else spill_row_bytes(None, plan.columns))
     by_length = plan.balance is None and plan.order != "shuffle"  # --order sorted: each part by length
     scatter = Scatter(spill_schema(data.schema, plan.columns), tuple(plan.parts), plan.seed, ORDER_STAGE,
                       flush_bytes(plan.memory, sum(plan.parts), plan.tasks), functools.partial(_assigned, plan, data.locate),
@@ -256,7 +256,7 @@ def _by_length(column: str, rows: pa.RecordBatch) -> np.ndarray:
 
 
 def _row_bytes(columns: BucketColumns, chunk: Chunk) -> tuple[float, float]:
-    return row_bytes(chunk.data, columns)
+    return spill_row_bytes(chunk.data, columns)
 
 
 def _assigned(plan: BucketPlan, locate: Locate, chunk: Chunk) -> tuple[Chunk, np.ndarray, tuple[int, int, int]]:

@@ -17,7 +17,7 @@ from batchtool.io.dataset import Chunk, Dataset, ReadReport
 from batchtool.core.errors import InputError, OptionSchemaError, SchemaError
 from batchtool.ops.regroup import Cut, Exchange, Probe, Runtime, Scatter, Scattered, SortedBatches, SortedStream, firsts_of
 from batchtool.core.tally import Tally
-from batchtool.ops.keyed import flush_bytes, row_bytes
+from batchtool.ops.keyed import flush_bytes, spill_row_bytes
 from batchtool.ops.pack.options import CU_UNPADDED, SOURCE_OFFSET, PackColumns, feature_lists
 from batchtool.ops.pack.plan import (BatchLayout, PackPlan, batch_layout, check_batches, check_long,
                                      planned, spill_layout)
@@ -257,7 +257,7 @@ def exchange(plan: PackPlan, data: Dataset, probe: Probe) -> Exchange:
     the largest batch, checked against --memory first), each group sorted into output order on a worker, and the
     planned batches assembled where they are written."""
     measured = probe(functools.partial(_row_bytes, plan.columns))
-    sizes = measured if measured is not None else row_bytes(None, plan.columns)  # type: ignore[arg-type]
+    sizes = measured if measured is not None else spill_row_bytes(None, plan.columns)  # type: ignore[arg-type]
     groups = spill_layout(plan, sizes)
     layout = batch_layout(plan)
     check_batches(plan, layout, sizes)
@@ -268,7 +268,7 @@ def exchange(plan: PackPlan, data: Dataset, probe: Probe) -> Exchange:
 
 
 def _row_bytes(columns: PackColumns, chunk: Chunk) -> tuple[float, float]:
-    return row_bytes(chunk.data.select(columns.kept(chunk.data.schema)), columns)  # type: ignore[arg-type]
+    return spill_row_bytes(chunk.data.select(columns.kept(chunk.data.schema)), columns)  # type: ignore[arg-type]
 
 
 def _cut(plan: PackPlan, layout: BatchLayout, scattered: Scattered, runtime: Runtime) -> Cut:

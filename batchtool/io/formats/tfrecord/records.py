@@ -17,7 +17,7 @@ from batchtool.core.errors import BatchtoolError, CorruptRecordError, InputError
 from batchtool.io.dataset import Skipped
 from batchtool.io.formats.tfrecord.framing import FRAMING, HEADER_SIZE, U32, U64, masked_crc, valid_headers
 from batchtool.io.formats.tfrecord.stream import (BLOCK, INDEX_BLOCK, REMOTE_INDEX_BLOCK, GzipCorrupt, RecordStream,
-                                              open_input, resolve_compression)
+                                              open_record_file, resolve_compression)
 
 
 OnCorrupt = Callable[[Skipped], None]
@@ -179,7 +179,7 @@ def _walk(path: str, compression: str | None, skip_corrupt: bool, on_corrupt: On
     skips must be known where it is counted)."""
     compressed = resolve_compression(path, compression) == "GZIP"
     headers_only = not (read_data or compressed or skip_corrupt)
-    with open_input(path, random_access=headers_only) as raw:
+    with open_record_file(path, random_access=headers_only) as raw:
         source = (RecordStream(raw, False, fs.file_size(path), REMOTE_INDEX_BLOCK if fs.is_uri(path) else INDEX_BLOCK)
                   if headers_only else RecordStream(raw, compressed))
         reader = _Reader(path, source, compressed, DEFAULT_MAX_RECORD_BYTES if limit is None else limit,
