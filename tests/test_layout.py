@@ -144,8 +144,8 @@ INTERNALS = os.path.join(os.path.dirname(PACKAGE), "docs", "internals.md")
 def _names(text: str, modules: dict[str, str]) -> set[str]:
     """The dotted names and .py paths in `text` that name the package's code: `batchtool.x.y`, a name that starts
     with one of its packages (`ops.base.Operation`, `formats.column_types`), a module's class or constant
-    (`spill.Cells`, `rng.SHARD_BITS`; not `output.padding`, which reads as a manifest key or an attribute), and
-    file paths (`ops/rows.py`, `plan.py`)."""
+    (`spill.Cells`, `rng.SHARD_BITS`, private ones too: `output._Name`; not `output.padding`, which reads as a
+    manifest key or an attribute), and file paths (`ops/rows.py`, `plan.py`)."""
     packages = {name.rpartition(".")[2] for name, path in modules.items() if path.endswith("__init__.py")}
     leaves = {name.rpartition(".")[2] for name in modules}
     found = set()
@@ -153,7 +153,7 @@ def _names(text: str, modules: dict[str, str]) -> set[str]:
         name = name.rstrip(".")
         parts = name.replace("/", ".").split(".")
         if name.endswith(".py") or parts[0] in ("batchtool", *packages) or (
-                parts[0] in leaves and parts[1][:1].isupper()):
+                parts[0] in leaves and parts[1].lstrip("_")[:1].isupper()):
             found.add(name)
     return found
 

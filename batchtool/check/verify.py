@@ -59,8 +59,9 @@ def verify(rules: Sequence[Rule], src: str, manifest: dict, limit: int,
     output = manifest["output"]
     schema = schema_from_json(manifest["schema"])
     batch_column = written_names(manifest, manifest_path(src)).get("batch", BATCH_COLUMN)
-    layout = OutputReading(output.get("format") or (detect_format(files[0].name) if files else None) or registry.DEFAULT,
-                    schema, output, batch_column if any(isinstance(r, ManifestBatches) for r in rules) else None)
+    fmt = output.get("format") or (detect_format(files[0].name) if files else None) or registry.DEFAULT
+    layout = OutputReading(fmt, schema, output,
+                           batch_column if any(isinstance(r, ManifestBatches) for r in rules) else None)
     found = list(executor.map(lambda f: inspect_file(f.path, layout), files))
     results = {}
     for rule in rules:

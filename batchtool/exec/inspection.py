@@ -55,7 +55,7 @@ def _described(dataset: Dataset, src: str, label: str | None, length: str | None
         st, segments = segment_stats(dataset, label, own, executor, report)
         result = describe(dataset, st, label, own["total_length"], report)
         result["length"]["column"] = f"{own['total_length']} (of the examples)"
-        ranks = writer.options.get("world_size")  # the manifest's options are free-form: shown only when they make sense
+        ranks = writer.options.get("world_size")  # free-form in a manifest: shown only when it makes sense
         result["segments"] = {**segments, "ranks": ranks if isinstance(ranks, int) and ranks >= 1 else 1}
         return result
     packed_columns = {own.get("length"), own.get("cu_seqlens")}
@@ -321,7 +321,8 @@ def render_packing(stats: dict) -> list[str]:
     peak = max(b["count"] for b in bins)
     width = len(str(max(per_row)))
     lines.append("  examples per row")
-    lines += [f"  {b['from']:>{width}}-{b['to']:<{width}}  {b['count']:>10,}  {block_bar(b['count'], peak)}" for b in bins]
+    lines += [f"  {b['from']:>{width}}-{b['to']:<{width}}  {b['count']:>10,}  {block_bar(b['count'], peak)}"
+              for b in bins]
     return lines
 
 

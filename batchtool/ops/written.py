@@ -49,8 +49,8 @@ class Written:
             return None
         size = layout.get("world_size") if isinstance(layout, Mapping) else None
         if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-            raise InputError(f"the manifest's stats.rank_layout is {layout!r:.80}, expected {{\"world_size\": N}} with N "
-                             "a positive integer")
+            raise InputError(f"the manifest's stats.rank_layout is {layout!r:.80}, expected "
+                             "{\"world_size\": N} with N a positive integer")
         return size
 
     def option(self, field: str) -> Any:

@@ -17,7 +17,8 @@ from batchtool.io import load_padding
 from batchtool.io.dataset import Chunk
 from batchtool.core.errors import OptionInputError, OptionSchemaError, SchemaError
 from batchtool.ops import names as own
-from batchtool.ops.regroup import Cut, Exchange, Probe, Runtime, Scatter, Scattered, SortedBatches, SortedStream, firsts_of
+from batchtool.ops.regroup import (Cut, Exchange, Probe, Runtime, Scatter, Scattered, SortedBatches, SortedStream,
+                                   firsts_of)
 from batchtool.ops.boundaries import assign_buckets
 from batchtool.ops.bucket.grid import Grid
 from batchtool.ops.bucket.plan import Balance, BucketColumns, BucketPlan, make_balance, with_spill_layout

@@ -15,7 +15,8 @@ import pyarrow as pa
 from batchtool.core import rng
 from batchtool.io.dataset import Chunk, Dataset, ReadReport
 from batchtool.core.errors import InputError, OptionSchemaError, SchemaError
-from batchtool.ops.regroup import Cut, Exchange, Probe, Runtime, Scatter, Scattered, SortedBatches, SortedStream, firsts_of
+from batchtool.ops.regroup import (Cut, Exchange, Probe, Runtime, Scatter, Scattered, SortedBatches, SortedStream,
+                                   firsts_of)
 from batchtool.core.tally import Tally
 from batchtool.ops.keyed import flush_bytes, spill_row_bytes
 from batchtool.ops.pack.options import CU_UNPADDED, SOURCE_OFFSET, PackColumns, feature_lists
