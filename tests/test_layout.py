@@ -144,8 +144,8 @@ INTERNALS = os.path.join(os.path.dirname(PACKAGE), "docs", "internals.md")
 def _names(text: str, modules: dict[str, str]) -> set[str]:
     """The dotted names and .py paths in `text` that name the package's code: `batchtool.x.y`, a name that starts
     with one of its packages (`ops.base.Operation`, `formats.column_types`), a module's class or constant
-    (`spill.Cells`, `rng.SHARD_BITS`; not `output.padding`, which reads as a manifest key or an attribute), and
-    file paths (`ops/rows.py`, `plan.py`)."""
+    (`spill.Cells`, `rng.SHARD_BITS`, private ones too: `output._Name`; not `output.padding`, which reads as a
+    manifest key or an attribute), and file paths (`ops/rows.py`, `plan.py`)."""
     packages = {name.rpartition(".")[2] for name, path in modules.items() if path.endswith("__init__.py")}
     leaves = {name.rpartition(".")[2] for name in modules}
     found = set()
@@ -153,7 +153,7 @@ def _names(text: str, modules: dict[str, str]) -> set[str]:
         name = name.rstrip(".")
         parts = name.replace("/", ".").split(".")
         if name.endswith(".py") or parts[0] in ("batchtool", *packages) or (
-                parts[0] in leaves and parts[1][:1].isupper()):
+                parts[0] in leaves and parts[1].lstrip("_")[:1].isupper()):
             found.add(name)
     return found
 
@@ -195,6 +195,18 @@ def test_every_name_a_docstring_or_internals_md_gives_the_code_exists() -> None:
     missing = sorted(f"{where}:{line}: {name}" for where, line, text in texts for name in _names(text, modules)
                      if not _resolves(name, modules))
     assert not missing, "names that are not the package's:\n" + "\n".join(missing)
+
+
+def test_each_class_name_means_one_thing() -> None:
+    """A public class is defined in one module only: types are named bare in annotations, docstrings and
+    docs/internals.md (`Written`, `SortedBatches`), so two classes of one name would leave a reader guessing."""
+    defined: dict[str, list[str]] = {}
+    for name, path in _modules().items():
+        for node in ast.parse(open(path, encoding="utf-8").read()).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                defined.setdefault(node.name, []).append(name)
+    twice = {name: modules for name, modules in sorted(defined.items()) if len(modules) > 1}
+    assert not twice, f"classes defined in more than one module (rename one, or merge them): {twice}"
 
 
 def test_the_tests_mirror_the_layers() -> None:

@@ -20,7 +20,7 @@ from batchtool.core import fs
 from batchtool.check.columns import LABEL, LENGTH, need
 from batchtool.check.report import Offender, RuleResult, plural, skipped, verdict
 from batchtool.check.rules import Drift, DriftLengths, DriftNulls, DriftProportions, DriftRows, Length, Rule
-from batchtool.check.scan import Measures, make_plan, measure
+from batchtool.check.scan import Measures, scan_plan, measure
 from batchtool.check.recorded import Recorded
 from batchtool.io.dataset import Dataset
 from batchtool.io.inputs import open_dataset
@@ -79,7 +79,7 @@ class Baseline:
         if self.data is None or (recorded is not None and all(_answers(recorded, r) for r in rules)):
             return recorded
         dataset = _open(self.data, run, executor, self.skip_corrupt)  # under check's limits, as SRC is
-        plan = make_plan(rules, dataset.schema, None, 0, run.budget)
+        plan = scan_plan(rules, dataset.schema, None, 0, run.budget)
         return profile_of(measure(dataset, plan, run, executor, needs_rows=True), rules)
 
 

@@ -20,7 +20,7 @@ from batchtool.check.judge import judge_measured, judge_metadata
 from batchtool.check.plan import NEEDS_ROWS, data_rules, not_evaluated, offender_limit, rules_to_check
 from batchtool.check.report import FAIL, CheckResult, RuleResult
 from batchtool.check.rules import Checksums, Crc, Rule, RuleSet
-from batchtool.check.scan import Measures, make_plan, measure
+from batchtool.check.scan import Measures, scan_plan, measure
 from batchtool.check.verify import VERIFY_RULES, verify
 from batchtool.io.dataset import Dataset
 from batchtool.exec.engines import executor as run_executor
@@ -122,5 +122,5 @@ def _measure(dataset: Dataset, runnable: list[Rule], rules: RuleSet, options: Ch
              executor: Executor, limit: int) -> Measures:
     """The one pass over the columns the runnable rules read; offending rows show the --key column's value."""
     key = options.key or rules.key or ("key" if "key" in dataset.schema.names else None)
-    plan = make_plan(runnable, dataset.schema, key, limit, run.budget)
+    plan = scan_plan(runnable, dataset.schema, key, limit, run.budget)
     return measure(dataset, plan, run, executor, needs_rows=any(isinstance(r, NEEDS_ROWS) for r in runnable))

@@ -24,7 +24,7 @@ Bounds = np.ndarray | tuple[int, int]
 for the uniform offsets first + step * i of fixed-width data (never materialised for the leaves)."""
 
 
-class Part(NamedTuple):
+class FlatPart(NamedTuple):
     """Flat values and bounds: row i's content is values[bounds[i]:bounds[i + 1]].
 
     A `nulls` part flags null slots (1 = null) of one nesting level. It is present for every
@@ -39,7 +39,7 @@ class Part(NamedTuple):
 
 def row_hashes(batch: pa.RecordBatch, columns: Sequence[str]) -> np.ndarray:
     """uint64 per row: a digest of the values of `columns`, compared as stored except that NaN equals NaN."""
-    parts: list[Part] = []
+    parts: list[FlatPart] = []
     for name in columns:
         try:
             parts += _parts(batch.column(name))
@@ -71,7 +71,7 @@ def row_hashes(batch: pa.RecordBatch, columns: Sequence[str]) -> np.ndarray:
     return np.frombuffer(bytes(digests), dtype="<u8").astype(np.uint64)
 
 
-def _parts(arr: pa.Array) -> list[Part]:
+def _parts(arr: pa.Array) -> list[FlatPart]:
     """Parts that together determine every row's value exactly; which parts exist depends only on the type."""
     t = arr.type
     n = len(arr)
@@ -79,16 +79,16 @@ def _parts(arr: pa.Array) -> list[Part]:
         return _parts(arr.dictionary_decode())
     if pa.types.is_null(t):
         return []
-    nulls = Part(arr.is_null().to_numpy(zero_copy_only=False).astype(np.uint8) if arr.null_count else None,
+    nulls = FlatPart(arr.is_null().to_numpy(zero_copy_only=False).astype(np.uint8) if arr.null_count else None,
                  (0, 1), nulls=True)
     if pa.types.is_boolean(t) or pa.types.is_integer(t) or pa.types.is_temporal(t) or pa.types.is_floating(t):
-        return [nulls, Part(_fixed_values(arr), (0, 1))]
+        return [nulls, FlatPart(_fixed_values(arr), (0, 1))]
     if (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
             or pa.types.is_large_binary(t) or pa.types.is_fixed_size_binary(t)):
         flat = pc.fill_null(arr.cast(pa.large_binary()), b"")
         offsets = np.frombuffer(flat.buffers()[1], dtype=np.int64)[flat.offset:flat.offset + n + 1]
         data = flat.buffers()[2]
-        return [nulls, Part(np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8),
+        return [nulls, FlatPart(np.frombuffer(data, dtype=np.uint8) if data is not None else np.zeros(0, np.uint8),
                             offsets)]
     if pa.types.is_fixed_size_list(t):
         return [nulls, *_nest(_parts(arr.values), (arr.offset * t.list_size, t.list_size), n)]
@@ -99,16 +99,16 @@ def _parts(arr: pa.Array) -> list[Part]:
     raise SchemaError(f"cannot compare values of type {t}")
 
 
-def _nest(child: list[Part], offsets: Bounds, n: int) -> list[Part]:
+def _nest(child: list[FlatPart], offsets: Bounds, n: int) -> list[FlatPart]:
     """Parts of a list column from its child's parts: row i spans child elements offsets[i]..offsets[i+1].
 
     A child part of variable width per element also contributes its element sizes, so
     [["ab"], ["c"]] and [["a"], ["bc"]] stay apart.
     """
-    out: list[Part] = []
+    out: list[FlatPart] = []
     for part in child:
         if isinstance(part.bounds, np.ndarray) and not part.nulls:
-            out.append(Part(np.diff(part.bounds), offsets))
+            out.append(FlatPart(np.diff(part.bounds), offsets))
         out.append(part._replace(bounds=_compose(part.bounds, offsets, n)))
     return out
 

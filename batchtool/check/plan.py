@@ -3,7 +3,7 @@
 The rules are the ones given, or a batchtool output's manifest rules; drift rules are resolved
 against the baseline, defaults that depend on the data are filled, and a rule whose column is
 missing after the schema rule failed is reported as not evaluated instead of stopping the check.
-What each chunk of the pass must yield is the scan's plan (scan.make_plan).
+What each chunk of the pass must yield is the scan's plan (scan.scan_plan).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ MAX_COUNT = 2 ** 63
 """Counts are non-negative integers below this, as the manifest's own output counts."""
 
 
-def shown(value: Any) -> str:
+def json_shown(value: Any) -> str:
     """A JSON value as an error shows it (long ones cut)."""
     text = repr(value)
     return text if len(text) <= 60 else f"{type(value).__name__} {text[:40]}..."
@@ -52,7 +52,7 @@ class Recorded:
         return Recorded(path, stages[-1], last, top)
 
     def wrong(self, key_path: str, value: Any, expected: str) -> InputError:
-        return InputError(f"{self.path}: {key_path} is {shown(value)}, expected {expected}")
+        return InputError(f"{self.path}: {key_path} is {json_shown(value)}, expected {expected}")
 
     def find(self, key: str) -> tuple[Any, str] | None:
         """The value of `key` and its key path, or None when it is not recorded (absent or null)."""
@@ -170,4 +170,4 @@ class Recorded:
         return float(value)
 
 
-__all__ = ["MAX_COUNT", "Recorded", "shown"]
+__all__ = ["MAX_COUNT", "Recorded", "json_shown"]

@@ -60,7 +60,7 @@ class Plan:
                     and (length is None or b == length))
 
 
-def make_plan(rules: Sequence[Rule], schema: pa.Schema, key: str | None, limit: int, memory: int) -> Plan:
+def scan_plan(rules: Sequence[Rule], schema: pa.Schema, key: str | None, limit: int, memory: int) -> Plan:
     """Check column types once, then list what each chunk must yield."""
     labels, lengths, nulls, nans, keys = [], [], [], [], []
     for rule in rules:

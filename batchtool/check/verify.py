@@ -39,7 +39,7 @@ class Found:
 
 
 @dataclass(frozen=True)
-class Layout:
+class OutputReading:
     """How to read the files: their format, the manifest's schema and output section, and the column whose runs mark
     the batches where counting them means decoding every record (a format that does not index its own batches;
     None: batches are not counted)."""
@@ -59,8 +59,9 @@ def verify(rules: Sequence[Rule], src: str, manifest: dict, limit: int,
     output = manifest["output"]
     schema = schema_from_json(manifest["schema"])
     batch_column = written_names(manifest, manifest_path(src)).get("batch", BATCH_COLUMN)
-    layout = Layout(output.get("format") or (detect_format(files[0].name) if files else None) or registry.DEFAULT,
-                    schema, output, batch_column if any(isinstance(r, ManifestBatches) for r in rules) else None)
+    fmt = output.get("format") or (detect_format(files[0].name) if files else None) or registry.DEFAULT
+    layout = OutputReading(fmt, schema, output,
+                           batch_column if any(isinstance(r, ManifestBatches) for r in rules) else None)
     found = list(executor.map(lambda f: inspect_file(f.path, layout), files))
     results = {}
     for rule in rules:
@@ -78,7 +79,7 @@ def verify(rules: Sequence[Rule], src: str, manifest: dict, limit: int,
     return results
 
 
-def inspect_file(path: str, layout: Layout) -> Found:
+def inspect_file(path: str, layout: OutputReading) -> Found:
     """Rows, batches and schema of one file, reading only what its format needs for them."""
     if not fs.is_file(path):
         return Found(error="missing")

@@ -211,7 +211,7 @@ def output_options(fn: Callable | None = None, *, batches: bool | str = False, k
     @functools.wraps(fn)
     def resolved(*args: Any, output_format: str | None, **kwargs: Any) -> Any:
         command = click.get_current_context().command
-        chosen = output_format or default_format(command, lambda flag: kwargs[flag[2:].replace("-", "_")])
+        chosen = output_format or command_format(command, lambda flag: kwargs[flag[2:].replace("-", "_")])
         return fn(*args, output_format=chosen, **kwargs)
 
     shown = (BATCH_FORMAT if batches is True else f"{BATCH_FORMAT} with {batches}, else {ROW_FORMAT}" if batches
@@ -225,14 +225,14 @@ def output_options(fn: Callable | None = None, *, batches: bool | str = False, k
 
 
 class _ToOption(click.Option):
-    """--to, carrying its command's `batches` declaration (see output_options) for default_format."""
+    """--to, carrying its command's `batches` declaration (see output_options) for command_format."""
 
     def __init__(self, *args: Any, batches: bool | str, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.batches = batches
 
 
-def default_format(command: click.Command | None, given: Callable[[str], Any]) -> str:
+def command_format(command: click.Command | None, given: Callable[[str], Any]) -> str:
     """What `command` writes without --to (settings.default_format from its output_options declaration;
     `given(flag)` is the value of a flag of it)."""
     batches = next((p.batches for p in command.params if isinstance(p, _ToOption)), False) if command else False
@@ -316,7 +316,7 @@ def report(manifest: dict[str, Any], dst: str, quiet: bool, batches: bool) -> No
                 summary(line, quiet)
     if quiet:
         return
-    lines = render(stages, expected=False) if "stages" in stats else [
+    lines = stage_lines(stages, expected=False) if "stages" in stats else [
         f"{stage['op']}: {_count(stage['rows_in'])} rows in, {_count(stage['rows_out'])} out"
         + (f"; {details}" if (details := notes(stage, expected=False)) else "") for stage in stages]
     ctx = click.get_current_context(silent=True)
@@ -338,7 +338,7 @@ def stored_in(output: dict[str, Any], batches: bool) -> str:
     return f" in {n:,} {unit}" + ("" if n == 1 else "es" if unit.endswith("ch") else "s")
 
 
-def render(stages: list[dict[str, Any]], expected: bool) -> list[str]:
+def stage_lines(stages: list[dict[str, Any]], expected: bool) -> list[str]:
     """The per-stage table: rows in and out and what each stage reports (or, dry, plans)."""
     rows = [(f"{s['stage']} {s['op']}", _count(s["rows_in"]), _count(s["rows_out"]), notes(s, expected))
             for s in stages]

@@ -7,7 +7,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from batchtool.cli.common import command, declared, make_run, render, report, run_options
+from batchtool.cli.common import command, declared, make_run, stage_lines, report, run_options
 from batchtool.pipeline import config as pipeline_config
 from batchtool.pipeline import execute
 from batchtool.exec.settings import CommonSettings, OutputSettings
@@ -37,7 +37,7 @@ def run_cmd(pipeline: str, dry_run: bool, tmp_dir: str | None, overwrite: bool, 
     run = make_run(kwargs)
     result = execute.run_pipeline(config, run, dry_run=dry_run)
     if dry_run:
-        click.echo("\n".join(render(result.stages, expected=True)))
+        click.echo("\n".join(stage_lines(result.stages, expected=True)))
         click.echo(f"(dry run: first passes only, nothing written; {result.wall_seconds:.1f} s)")
         return
     assert result.manifest is not None

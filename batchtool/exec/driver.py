@@ -99,7 +99,7 @@ def scanner(dataset: Dataset, executor: Executor) -> Scan:
     return scan
 
 
-def make_plan(op: Operation, options: Any, dataset: Dataset, run: RunSettings, executor: Executor,
+def op_plan(op: Operation, options: Any, dataset: Dataset, run: RunSettings, executor: Executor,
               seed: int = 0) -> Any:
     """The op's plan under the run's memory: its first pass (if any) over the columns it names, on the executor,
     merged in input order."""
@@ -277,7 +277,7 @@ def _run_operation(op: Operation, options: Any, dataset: Dataset, dst: str, outp
         recorded = {**op.recorded(options, dataset.schema, output), **run.recorded(op.spills)}
     except OptionError as exc:
         raise exc.at(dataset.src) from None
-    plan = make_plan(op, options, dataset, run, executor, seed)
+    plan = op_plan(op, options, dataset, run, executor, seed)
     job = Job(op.name, recorded, seed if op.seeded else None, dataset, dst, output, schema, run,
               batches=op.writes_batches(options))
     regroups = op.shape(options).kind is not Kind.ROWS
@@ -291,6 +291,6 @@ def _run_operation(op: Operation, options: Any, dataset: Dataset, dst: str, outp
         return write(job, produce, executor)
 
 
-__all__ = ["Applied", "EngineRuntime", "Ready", "emit_nonempty", "make_plan", "run_mixed", "run_operation", "scanner",
+__all__ = ["Applied", "EngineRuntime", "Ready", "emit_nonempty", "op_plan", "run_mixed", "run_operation", "scanner",
            "stream_errors",
            "produced"]

@@ -14,7 +14,8 @@ from batchtool.io.dataset import Chunk, Dataset, ReadReport
 from batchtool.core.errors import SchemaError
 from batchtool.exec.engines import executor as run_executor
 from batchtool.ops.mix import source_table
-from batchtool.ops.written import producer, written_names
+from batchtool.ops.base import OutputRows
+from batchtool.ops.written import written_by, written_names
 from batchtool.io.formats import column_types
 from batchtool.io.formats.base import RECORDED_OPTIONS
 from batchtool.core.budget import human_bytes
@@ -45,25 +46,27 @@ def inspect(src: str, *, label: str | None = None, length: str | None = None, fo
 def _described(dataset: Dataset, src: str, label: str | None, length: str | None,
                executor: Executor) -> dict[str, Any]:
     label = label or stats_mod.default_label(dataset.schema)
-    op, options, _ = producer(dataset.manifest)
+    writer = written_by(dataset.manifest)
+    rows = writer.rows
     own = written_names(dataset.manifest, manifest_path(src))
     report = ReadReport()
     segment_columns = {own.get("key"), own.get("sequence"), own.get("total_length")}
-    if length is None and op == "segment" and segment_columns <= set(dataset.schema.names):
+    if length is None and rows is OutputRows.SEGMENTS and segment_columns <= set(dataset.schema.names):
         st, segments = segment_stats(dataset, label, own, executor, report)
         result = describe(dataset, st, label, own["total_length"], report)
         result["length"]["column"] = f"{own['total_length']} (of the examples)"
-        ranks = options.get("world_size")  # the manifest's options are free-form: shown only when they make sense
+        ranks = writer.options.get("world_size")  # free-form in a manifest: shown only when it makes sense
         result["segments"] = {**segments, "ranks": ranks if isinstance(ranks, int) and ranks >= 1 else 1}
         return result
-    if length is None and op == "pack" and {own.get("length"), own.get("cu_seqlens")} <= set(dataset.schema.names):
+    packed_columns = {own.get("length"), own.get("cu_seqlens")}
+    if length is None and rows is OutputRows.PACKED and packed_columns <= set(dataset.schema.names):
         rows_stats, examples = packed_stats(dataset, own, executor, report)
         result = describe(dataset, rows_stats, None, own["length"], report)
         result["length"]["column"] = f"{own['length']}: real steps of each row"
         result["example_length"] = {"column": f"{example_offsets(dataset, own)}: steps of each example",
                                     **examples.length_summary(), "histogram": histogram(examples.length_counts)}
         return result
-    if length is None and op == "bucket":
+    if length is None and rows is OutputRows.PADDED:
         length = own["length"] if own["length"] in dataset.schema.names else None
     length = length or stats_mod.default_length(dataset.schema)
     dataset.check_columns([c for c in (label, length) if c])
@@ -248,7 +251,7 @@ def render_labels(label: dict) -> list[str]:
     peak = max(counts.values(), default=0)
     width = max((len(k) for k in counts), default=1)
     for k, v in counts.items():
-        lines.append(f"  {k:>{width}}  {v:>10,}  {100 * v / max(rows, 1):6.2f}%  {bar(v, peak)}")
+        lines.append(f"  {k:>{width}}  {v:>10,}  {100 * v / max(rows, 1):6.2f}%  {block_bar(v, peak)}")
     return lines
 
 
@@ -260,7 +263,7 @@ def render_lengths(length: dict) -> list[str]:
     peak = max(b["count"] for b in length["histogram"])
     width = len(str(length["max"]))
     for b in length["histogram"]:
-        lines.append(f"  {b['from']:>{width}}-{b['to']:<{width}}  {b['count']:>10,}  {bar(b['count'], peak)}")
+        lines.append(f"  {b['from']:>{width}}-{b['to']:<{width}}  {b['count']:>10,}  {block_bar(b['count'], peak)}")
     return lines
 
 
@@ -274,11 +277,11 @@ def render_manifest(summary: dict) -> list[str]:
     stats = summary.get("stats", {})
     for stage in stats.get("stages", []):  # run: each stage's rows, then the last stage's own numbers
         if isinstance(stage, dict):
-            lines.append(f"  stage {stage.get('stage')} {stage.get('op')}: {shown('rows_in', stage.get('rows_in'))} "
-                         f"rows in, {shown('rows_out', stage.get('rows_out'))} out")
+            lines.append(f"  stage {stage.get('stage')} {stage.get('op')}: {readable('rows_in', stage.get('rows_in'))} "
+                         f"rows in, {readable('rows_out', stage.get('rows_out'))} out")
     for key, value in stats.items():
         if isinstance(value, (int, float, str)):
-            lines.append(f"  {key}: {shown(key, value)}")
+            lines.append(f"  {key}: {readable(key, value)}")
     last = stats["stages"][-1] if isinstance(stats.get("stages"), list) and stats["stages"] else stats
     for key, render, what in (("buckets", render_buckets, "a per-bucket table as bucket writes it"),
                               ("examples_per_row", render_packing, "a packing summary as pack writes it"),
@@ -318,11 +321,12 @@ def render_packing(stats: dict) -> list[str]:
     peak = max(b["count"] for b in bins)
     width = len(str(max(per_row)))
     lines.append("  examples per row")
-    lines += [f"  {b['from']:>{width}}-{b['to']:<{width}}  {b['count']:>10,}  {bar(b['count'], peak)}" for b in bins]
+    lines += [f"  {b['from']:>{width}}-{b['to']:<{width}}  {b['count']:>10,}  {block_bar(b['count'], peak)}"
+              for b in bins]
     return lines
 
 
-def shown(key: str, value: Any) -> str:
+def readable(key: str, value: Any) -> str:
     """A manifest number as a person reads it: thousands separators, fractions as percentages."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return "?" if value is None else str(value)
@@ -411,7 +415,7 @@ def _dropped(stats: dict) -> list[str]:
     return ["  dropped: " + ", ".join(f"{v:,} {k}" for k, v in dropped.items())] if dropped else []
 
 
-def bar(value: float, peak: float) -> str:
+def block_bar(value: float, peak: float) -> str:
     """A horizontal bar with eighth-block resolution."""
     if peak <= 0:
         return ""

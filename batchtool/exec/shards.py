@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 
 from batchtool.core import fs, progress
@@ -22,7 +23,7 @@ from batchtool.io.dataset import ReadReport
 from batchtool.io.formats.base import EncodedBatch
 from batchtool.io.output import BatchShardWriter, OutputOptions, encode_batches, shard_ends
 from batchtool.io.workspace import Workspace
-from batchtool.ops.regroup import Cut, SortedBatches
+from batchtool.ops.regroup import Cut, SortedBatches, firsts_of
 
 MEASURES_PER_WORKER = 2
 """Sorted batches are measured in this many tasks per worker CPU, so every worker encodes."""
@@ -108,7 +109,7 @@ def _spool(job: _SpoolJob, item: tuple[int, ReadUnit]) -> _Spooled:
 
 
 @dataclass(frozen=True)
-class SpooledBatches:
+class SpooledBatches(SortedBatches):
     """Spooled output (ops.regroup.SortedBatches): batch k is the k-th batch of the spool files in unit order."""
 
     directory: str
@@ -119,19 +120,9 @@ class SpooledBatches:
     sizes: tuple[int, ...]
     """Rows of each batch."""
 
-    @property
-    def count(self) -> int:
-        return len(self.sizes)
-
-    @property
-    def rows(self) -> int:
-        return sum(self.sizes)
-
-    def batch_rows(self, k: int) -> int:
-        return self.sizes[k]
-
-    def first_row(self, k: int) -> int:
-        return sum(self.sizes[:k])
+    @functools.cached_property
+    def firsts(self) -> np.ndarray:  # type: ignore[override]
+        return firsts_of(self.sizes)
 
     def reader(self, start: int, end: int) -> SpoolReader:
         """Batches [start, end) as a task reading only the spool files holding them."""
@@ -207,28 +198,30 @@ class _CountingFile:
         return True
 
 
-def _measure(batches: Encoded) -> tuple[int | None, list[int]]:
-    """A task over a run of batches: the size of each as output.ShardCutter counts it, and the file's header
-    bytes (None: no batch showed them). A sink that only counts is fed every batch; the first is fed twice,
-    since a format may write its header with the first batch (Arrow IPC does), never with the second."""
+def _measure(batches: Encoded) -> list[int]:
+    """A task over a run of batches: the bytes each adds to a file of its own, counted as BatchShardWriter counts a
+    shard's (its first with all the file holds before it, the header; output.ShardCutter)."""
     file = _CountingFile()
     sink = batches.output.spec.open_sink(file, batches.stored, batches.output)
-    opened, header, sizes = file.bytes, None, []
+    sizes: list[int] = []
     for encoded in batches():
+        before = file.bytes if sizes else 0
         if encoded.framed is not None:
-            header = 0
             sizes.append(len(encoded.framed))
             continue
-        before = file.bytes
         sink.write(encoded)
-        size = file.bytes - before
-        if header is None:
-            sink.write(encoded)
-            header = opened + 2 * size - (file.bytes - before)
-            size -= header - opened
-        sizes.append(size)
+        sizes.append(file.bytes - before)
     sink.abandon()
-    return header, sizes
+    return sizes
+
+
+def header_bytes(output: OutputOptions, stored: pa.Schema) -> int:
+    """The bytes a file of this output holds before its first batch's own: what its sink writes when opened, and
+    what the format writes with a file's first batch (Arrow IPC its schema; its data is decoded of dictionaries,
+    so no batch adds any). An empty batch written twice shows it, without reading any data."""
+    empty = pa.RecordBatch.from_pylist([], schema=stored)
+    first, again = _measure(Encoded(lambda: iter([empty, empty]), output, stored))
+    return first - again
 
 
 @dataclass(frozen=True)
@@ -264,13 +257,13 @@ def write_sorted(batches: SortedBatches, output: OutputOptions, stored: pa.Schem
     def encoded(start: int, end: int) -> Encoded:
         return Encoded(batches.reader(start, end), output, stored)
 
-    rows = [batches.batch_rows(k) for k in range(batches.count)]
+    rows = np.diff(batches.firsts).tolist()
     header, sizes = 0, [0] * batches.count
     if output.shard_bytes is not None and batches.count:
         step = -(-batches.count // max(1, segments))
-        measured = list(tasks.map(_measure, [encoded(*run) for run in runs_of(batches.count, step)]))
-        header = next((h for h, _ in measured if h is not None), 0)
-        sizes = [size for _, run in measured for size in run]
+        header = header_bytes(output, stored)
+        measured = tasks.map(_measure, [encoded(*run) for run in runs_of(batches.count, step)])
+        sizes = [size - (header if i == 0 else 0) for run in measured for i, size in enumerate(run)]
     ends = shard_ends(output, header, rows, sizes)
     shards = [_Shard(encoded(start, end), i, directory, os.path.join(scratch, f"w{i:06d}"), name)
               for i, (start, end) in enumerate(zip([0, *ends[:-1]], ends))]

@@ -34,7 +34,7 @@ def resolve_paths(src: str) -> list[str]:
             return listed
         found = [p for p in fs.walk_files(src) if detect_format(p)]  # the manifest is neither hidden nor data
         if not found:
-            raise InputError(f"{src}: empty input: no {registry.described()} files in this directory")
+            raise InputError(f"{src}: empty input: no {registry.format_labels()} files in this directory")
         return found
     raise InputError(f"{src}: no such file or directory")
 

@@ -24,7 +24,7 @@ SOURCE_TYPE = pa.int32()
 
 
 @dataclass(frozen=True)
-class Source:
+class MixSource:
     """One SRC of a mix: its index (its rows' value in the source column), its name, and its dataset, whose shards
     are numbered after the sources' before it."""
 
@@ -78,7 +78,7 @@ class MixedDataset(Dataset):
     the source column; every source holds those columns with the same types. What metadata says of the data is
     kept where every source says it alike (formats.column_meta.shared)."""
 
-    sources: tuple[Source, ...] = ()
+    sources: tuple[MixSource, ...] = ()
     column: str = SOURCE
     selected: tuple[str, ...] | None = None
     """The columns kept of every source (--columns); None: all."""
@@ -102,7 +102,7 @@ class MixedDataset(Dataset):
             for task in part.dataset.tasks(part.columns, report):
                 yield _Adapted(task, part.adapt)
 
-    def source_of(self, example_id: int) -> Source:
+    def source_of(self, example_id: int) -> MixSource:
         shard = int(example_id) >> rng.SHARD_BITS
         return next(s for s in reversed(self.sources) if s.dataset.shards and s.dataset.shards[0].index <= shard)
 
@@ -124,7 +124,7 @@ def mix_datasets(datasets: Sequence[Dataset], names: Sequence[str], column: str 
                  columns: Sequence[str] | None = None) -> MixedDataset:
     """The datasets as one (each read by its own format): no file in two of them, the same columns with the same types
     in each (after `columns`), the source column (`column`, which none of them has) added."""
-    own = [Source(i, name, d) for i, (name, d) in enumerate(zip(names, datasets))]
+    own = [MixSource(i, name, d) for i, (name, d) in enumerate(zip(names, datasets))]
     empty = next((s for s in own if s.dataset.num_rows == 0), None)
     if empty is not None:  # known without a pass (footers); the plan finds an empty source of uncounted rows
         raise InputError(f"{empty.label} is empty: it has no rows to mix")
@@ -146,9 +146,9 @@ def mix_datasets(datasets: Sequence[Dataset], names: Sequence[str], column: str 
                         sources=tuple(sources), column=column, selected=None if columns is None else tuple(columns))
 
 
-def _refuse_shared_files(sources: Sequence[Source]) -> None:
+def _refuse_shared_files(sources: Sequence[MixSource]) -> None:
     """Sources may not overlap: a file in two of them would be mixed twice, under two weights."""
-    seen: dict[tuple, tuple[str, Source]] = {}
+    seen: dict[tuple, tuple[str, MixSource]] = {}
     for source in sources:
         for shard in source.dataset.shards:
             ident = fs.identity(shard.path)
@@ -160,7 +160,7 @@ def _refuse_shared_files(sources: Sequence[Source]) -> None:
             seen.setdefault(ident, (shard.path, source))
 
 
-def _check_schemas(sources: Sequence[Source], schemas: Sequence[pa.Schema]) -> None:
+def _check_schemas(sources: Sequence[MixSource], schemas: Sequence[pa.Schema]) -> None:
     """Every source has the first one's columns with the same types, and no other (their order may differ)."""
     first, expected = sources[0], schemas[0]
     for source, schema in zip(sources[1:], schemas[1:]):
@@ -181,4 +181,4 @@ def _check_schemas(sources: Sequence[Source], schemas: Sequence[pa.Schema]) -> N
                                     "the sources the same columns, or keep only the ones they share with {columns}")
 
 
-__all__ = ["SOURCE", "SOURCE_TYPE", "MixedDataset", "Source", "Tag", "mix_datasets", "source_names"]
+__all__ = ["SOURCE", "SOURCE_TYPE", "MixedDataset", "MixSource", "Tag", "mix_datasets", "source_names"]

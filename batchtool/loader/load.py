@@ -21,7 +21,8 @@ from batchtool.io.formats.base import ReadTask, StoredBatches, size_problem
 from batchtool.io.formats.registry import FORMATS
 from batchtool.io.inputs import open_dataset
 from batchtool.io.load_padding import READ_AHEAD_PADDED_BYTES, LoadPadding
-from batchtool.loader.writer import Writer
+from batchtool.loader.writer import fixed
+from batchtool.ops.written import Written, written_by, written_names
 from batchtool.loader.order import Resume, epoch_order, rank_count, rank_positions, resume
 from batchtool.loader.receipts import Receipt, ReceiptLog
 from batchtool.io.manifest import MANIFEST_NAME, manifest_path, output_files, schema_from_json
@@ -114,7 +115,7 @@ class Loader:
     the training loop is: its state_dict() then needs `position=`. See `batchtool docs load`.
     """
 
-    def __init__(self, reading: _Reading, layout: _Layout, writer: Writer, *,
+    def __init__(self, reading: _Reading, layout: _Layout, writer: Written, *,
                  shuffle: bool, seed: int, rank: int, world_size: int, drop_uneven: bool, threads: int,
                  writable: bool, tensors: bool, receipt: str | None = None) -> None:
         self.dataset = reading.dataset
@@ -199,7 +200,7 @@ class Loader:
     def batch_size(self) -> int | None:
         """Rows per batch when the writing command fixed one number, else None (per-bucket sizes,
         --max-tokens): `batch_index()["rows"]` has each batch's rows."""
-        size = self.num_lanes or self._writer.options.get("batch_size")
+        size = self.num_lanes or self._writer.option("batch_size")
         if isinstance(size, list) and len(size) == 1:
             size = size[0]
         if isinstance(size, str) and size.strip().isdigit():  # a pipeline's `batch-size = "32"`
@@ -214,8 +215,6 @@ class Loader:
         file, local = self._layout.locate(ids)
         rows = np.zeros(len(ids), dtype=np.int64)
         bucket = np.full(len(ids), -1, dtype=np.int64)
-        from batchtool.ops.written import written_names  # here: every op's import (~0.1 s) only when asked
-
         where = self._layout.batches
         column = written_names(self.manifest, manifest_path(self.dataset.src)).get("bucket", "bucket")
         has_bucket = column in self.dataset.schema.names and where.records_buckets
@@ -273,7 +272,7 @@ class Loader:
         is recomputed, no batch before it is read). Every rank is at the same position, so one rank's state
         resumes all of them; for independent batches, also on another number of ranks (which then share the
         rest of the epoch)."""
-        found = resume(state, self.state_dict(position=0), self._writer.fixed())
+        found = resume(state, self.state_dict(position=0), fixed(self._writer))
         if found.worker is not None and found.worker != _worker_split():
             raise UsageError(f"load_state_dict: the state is DataLoader worker {found.worker[0]} of "
                              f"{found.worker[1]}'s; load it through the StatefulDataLoader that saved it")
@@ -493,7 +492,7 @@ def load(dst: str, *, columns: Sequence[str] | None = None, shuffle: bool | None
                   writable=writable, tensors=tensors, receipt=None if receipt is None else os.fspath(receipt))
 
 
-def open_output(dst: str, columns: Sequence[str] | None, verify: bool | None) -> tuple[_Reading, _Layout, Writer]:
+def open_output(dst: str, columns: Sequence[str] | None, verify: bool | None) -> tuple[_Reading, _Layout, Written]:
     """The output's dataset with the columns asked and how its batches are handed out, where its batches are and
     what wrote them: what load and source share. Reads the manifest and stats the files; parses no footer."""
     manifest = read_manifest(dst) if fs.is_dir(dst) else None
@@ -506,10 +505,10 @@ def open_output(dst: str, columns: Sequence[str] | None, verify: bool | None) ->
     if verify and unverifiable:
         raise UsageError(f"verify=True: {dst} has no batch checksums to verify: {unverifiable}")
     verify = not unverifiable if verify is None else verify
-    return _Reading(dataset, cols, padding, verify), layout, Writer.of(dataset.manifest)
+    return _Reading(dataset, cols, padding, verify), layout, written_by(dataset.manifest)
 
 
-def _shuffle(dst: str, shuffle: bool | None, writer: Writer, batches: StoredBatches) -> bool:
+def _shuffle(dst: str, shuffle: bool | None, writer: Written, batches: StoredBatches) -> bool:
     """Whether to shuffle: as asked where the output allows it; by default wherever it can."""
     if writer.ranks is not None:
         if shuffle:
@@ -528,20 +527,20 @@ def _shuffle(dst: str, shuffle: bool | None, writer: Writer, batches: StoredBatc
     if shuffle is None and unshuffled:
         warnings.warn(f"{dst} is {unshuffled}: reading its batches in file order", stacklevel=3)
         return False
-    return bool(shuffle) if shuffle is not None else writer.options.get("order") != "sorted"
+    return bool(shuffle) if shuffle is not None else writer.option("order") != "sorted"
 
 
-def _check_ranks(dst: str, rank: int, world_size: int, writer: Writer) -> None:
+def _check_ranks(dst: str, rank: int, world_size: int, writer: Written) -> None:
     if world_size < 1:
         raise UsageError(f"world_size={world_size}: must be at least 1")
     if not 0 <= rank < world_size:
         raise UsageError(f"rank={rank}: must be in 0..{world_size - 1} for world_size={world_size}")
-    fixed, ranks = writer.fixed(), writer.ranks
-    if ranks is not None and world_size != ranks and fixed is not None:
-        raise UsageError(f"world_size={world_size}: {dst} is {fixed(ranks, world_size)}")
+    fixed_by, ranks = fixed(writer), writer.ranks
+    if ranks is not None and world_size != ranks and fixed_by is not None:
+        raise UsageError(f"world_size={world_size}: {dst} is {fixed_by(ranks, world_size)}")
     streams = writer.streams
     if writer.lanes and world_size != streams:
-        fix = ("write it with `segment --world-size N` for N ranks" if streams == 1
+        fix = (f"write it with `{writer.op} --world-size N` for N ranks" if streams == 1
                else f"load it with world_size={streams}")
         plural = "s" if streams > 1 else ""
         raise UsageError(f"world_size={world_size}: {dst} is {writer.op} output with {streams} lane stream{plural} "

@@ -51,6 +51,21 @@ class Kind(enum.Enum):
     """Writes batches a later op would regroup: it must come last."""
 
 
+class OutputRows(enum.Enum):
+    """What a row of an op's output is, for those who read the output back (inspect, batchtool.load): its manifest
+    records the op, the op declares this (Operation.output_rows), so no reader branches on an op's name."""
+
+    EXAMPLES = "examples"
+    """One input example, as it was or resampled, renamed, reordered or batched."""
+    PADDED = "padded"
+    """One example padded to its batch's length, its real length in the op's `length` column (bucket)."""
+    PACKED = "packed"
+    """Whole examples packed into one row: the row's real steps in `length`, each example's by `cu_seqlens` (pack)."""
+    SEGMENTS = "segments"
+    """One segment of an example in a lane whose state carries from batch to batch (segment): the batches continue
+    each other, so they are read in order and no lane is split across ranks."""
+
+
 class ColumnError(OptionError, SchemaError):
     """An option names a column the input lacks, or one whose type it cannot use."""
 
@@ -176,6 +191,8 @@ class Operation(Generic[O, P]):
     reorder_selects: ClassVar[bool] = False
     """A reorder (Kind.REORDERS) whose kernel also selects rows (mix): a pipeline's pass that needs only the rows runs
     the kernel as they stream instead of skipping the reorder, as it may skip a shuffle."""
+    output_rows: ClassVar[OutputRows] = OutputRows.EXAMPLES
+    """What a row of its output is (what inspect and batchtool.load make of an output its manifest says it wrote)."""
     several_sources: ClassVar[bool] = False
     """It reads several SRCs as one dataset (batchtool.io.mixed: each row's source in a column of its own): its command
     (`NAME SRC SRC ... DST`) and its place in a pipeline (an [input] of several paths) are its own."""
@@ -262,4 +279,4 @@ def row_stats(rows_in: int, rows_out: int) -> Tally:
     return Tally.of(rows_in=rows_in, rows_out=rows_out)
 
 
-__all__ = ["Expanding", "Pass", "Piece", "Said", "Shape", "ColumnError", "Context", "Depends", "Kind", "Operation", "OptionError", "Scan", "manifest_options", "need_columns", "row_stats", "who"]
+__all__ = ["Expanding", "Pass", "Piece", "Said", "Shape", "ColumnError", "Context", "Depends", "Kind", "Operation", "OptionError", "OutputRows", "Scan", "manifest_options", "need_columns", "row_stats", "who"]

@@ -89,7 +89,7 @@ class Copies(Expanding):
     """Per input row, the effective rate written with each of its copies as `rate_column` (--weight), else None."""
     rate_column: str | None = None
 
-    def pieces(self) -> Iterator[Piece]:
+    def pieces(self) -> Iterator[CopiesPiece]:
         """The output in pieces of at most PIECE_BYTES (or the input chunk's bytes, if more): one piece
         unless the copies multiply the chunk past that. The last piece carries the chunk's input rows."""
         total = int(self.copies.sum())
@@ -98,7 +98,7 @@ class Copies(Expanding):
         if total and int(self.copies.max()) * self.chunk.data.nbytes > limit:
             bounds = piece_bounds(self.copies, row_nbytes(self.chunk.data), limit)
         for i, (start, stop) in enumerate(bounds):
-            yield Piece(self, start, stop, self.chunk.num_rows if i == len(bounds) - 1 else 0)
+            yield CopiesPiece(self, start, stop, self.chunk.num_rows if i == len(bounds) - 1 else 0)
 
     def rows(self) -> Chunk:
         """Every piece built, as one chunk."""
@@ -106,7 +106,7 @@ class Copies(Expanding):
 
 
 @dataclass(frozen=True)
-class Piece:
+class CopiesPiece:
     """Output rows [start, stop) of one chunk's copies, and the input rows they complete (for progress)."""
 
     source: Copies

@@ -36,10 +36,10 @@ _SPILL_ROW_BYTES = 12
 """Per spilled row on top of the data: the uint64 example id and the int32 length."""
 
 
-def row_bytes(sample: pa.RecordBatch | None, columns: Any) -> tuple[float, float]:
+def spill_row_bytes(sample: pa.RecordBatch | None, columns: Any) -> tuple[float, float]:
     """(bytes per row, bytes per step) of the spilled rows, measured on a sample chunk."""
     per_row, per_step = budget.row_bytes(sample, columns.sequences)
     return per_row + _SPILL_ROW_BYTES, per_step
 
 
-__all__ = ["BUFFER_SHARE", "RANGE_SHARE", "flush_bytes", "range_bytes", "row_bytes"]
+__all__ = ["BUFFER_SHARE", "RANGE_SHARE", "flush_bytes", "range_bytes", "spill_row_bytes"]

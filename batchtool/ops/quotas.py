@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Iterable, Iterator, Sequence
@@ -13,7 +14,7 @@ import pyarrow as pa
 
 from batchtool.core import rng
 from batchtool.io.dataset import Chunk
-from batchtool.ops.regroup import SortedStream
+from batchtool.ops.regroup import SortedBatches, SortedStream, firsts_of
 from batchtool.ops.rows import RowReader, cycled_rows
 
 
@@ -256,7 +257,7 @@ def class_readers(streams: Sequence[SortedStream], begins: Sequence[int], oversa
 
 
 @dataclass(frozen=True)
-class QuotaBatches:
+class QuotaBatches(SortedBatches):
     """Balanced batches cut from the classes' sorted streams (ops.regroup.SortedBatches): batch k takes quotas[k]."""
 
     streams: list[SortedStream]
@@ -268,19 +269,9 @@ class QuotaBatches:
     cycle: bool = False
     """A class read to its end starts again (mix --replacement: every row k or k+1 times)."""
 
-    @property
-    def count(self) -> int:
-        return len(self.quotas)
-
-    @property
-    def rows(self) -> int:
-        return int(self.quotas.sum())
-
-    def batch_rows(self, k: int) -> int:
-        return int(self.quotas[k].sum())
-
-    def first_row(self, k: int) -> int:
-        return int(self.quotas[:k].sum())
+    @functools.cached_property
+    def firsts(self) -> np.ndarray:  # type: ignore[override]
+        return firsts_of(self.quotas.sum(axis=1))
 
     def nbytes(self) -> int:
         return sum(s.nbytes() for s in self.streams)

@@ -4,6 +4,7 @@ and what the driver lends it to run them (Runtime)."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -155,27 +156,42 @@ class Scattered:
     stats: list[Any]
 
 
-class SortedBatches(Protocol):
+class SortedBatches(ABC):
     """An exchange's output batches, cut from sorted streams where they are read: the driver plans shards from
-    their sizes, and workers read any run of them through `reader`."""
+    their sizes, and workers read any run of them through `reader`. Each cut gives where its batches begin (`firsts`)
+    and how to read them; their counts are answered here, once for every cut."""
 
-    count: int
-    rows: int
+    firsts: np.ndarray
+    """Each batch's first output row, and the total rows last (count + 1 numbers)."""
 
-    def batch_rows(self, k: int) -> int: ...
+    @property
+    def count(self) -> int:
+        return len(self.firsts) - 1
+
+    @property
+    def rows(self) -> int:
+        return int(self.firsts[-1])
+
+    def batch_rows(self, k: int) -> int:
+        return int(self.firsts[k + 1] - self.firsts[k])
 
     def first_row(self, k: int) -> int:
         """The output row number of batch k's first row."""
-        ...
+        return int(self.firsts[k])
 
+    @abstractmethod
     def reader(self, start: int, end: int) -> Callable[[], Iterator[pa.RecordBatch]]:
         """Batches [start, end) as a task a worker runs (small to send: it carries only what those batches
         need), laid out exactly as `regroup` gives them."""
-        ...
 
+    @abstractmethod
     def nbytes(self) -> int:
         """The sorted data's bytes, before any output encoding."""
-        ...
+
+
+def firsts_of(rows: np.ndarray | Sequence[int]) -> np.ndarray:
+    """SortedBatches.firsts of batches of these rows."""
+    return np.concatenate([[0], np.cumsum(rows, dtype=np.int64)]).astype(np.int64)
 
 
 @dataclass(frozen=True)

@@ -3,10 +3,10 @@ chunk as the yardstick of a stream's bytes, and the data's size estimated from i
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
@@ -14,8 +14,7 @@ from batchtool.io.dataset import Chunk, Dataset
 import numpy as np
 import pyarrow.compute as pc
 
-if TYPE_CHECKING:
-    from batchtool.ops.regroup import SortedStream
+from batchtool.ops.regroup import SortedBatches, SortedStream
 
 FILE_EXPANSION = {False: 4.0, True: 16.0}
 """Assumed Arrow bytes per file byte (uncompressed, gzip) when the row count is unknown (files that do not count
@@ -146,25 +145,20 @@ def bytes_per_row(first: Chunk | Yardstick | None) -> float:
 
 
 @dataclass(frozen=True)
-class FixedBatches:
-    """A sorted stream's rows cut into batches of `batch_rows` (ops.regroup.SortedBatches): batch k holds rows
-    [k * batch_rows, (k + 1) * batch_rows) of the first `rows` (a dropped remainder already left out), cut from
+class FixedBatches(SortedBatches):
+    """A sorted stream's rows cut into batches of `batch_size` (ops.regroup.SortedBatches): batch k holds rows
+    [k * batch_size, (k + 1) * batch_size) of the first `kept` (a dropped remainder already left out), cut from
     the same chunks at the same offsets as `rebatch` over the stream, so laid out the same."""
 
     stream: SortedStream
     schema: pa.Schema
     batch_size: int
-    rows: int
+    kept: int
+    """The rows cut into batches."""
 
-    @property
-    def count(self) -> int:
-        return -(-self.rows // self.batch_size)
-
-    def batch_rows(self, k: int) -> int:
-        return min(self.batch_size, self.rows - k * self.batch_size)
-
-    def first_row(self, k: int) -> int:
-        return k * self.batch_size
+    @functools.cached_property
+    def firsts(self) -> np.ndarray:  # type: ignore[override]
+        return np.minimum(np.arange(-(-self.kept // self.batch_size) + 1, dtype=np.int64) * self.batch_size, self.kept)
 
     def reader(self, start: int, end: int) -> _FixedReader:
         return _FixedReader(self, start, end)

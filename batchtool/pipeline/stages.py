@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from batchtool.io.dataset import Chunk, Dataset, ReadReport
 from batchtool.core.run_settings import RunSettings
-from batchtool.exec.driver import Applied, make_plan, stream_errors
+from batchtool.exec.driver import Applied, op_plan, stream_errors
 from batchtool.core.runner import Executor
 from batchtool.ops import OPERATIONS
 from batchtool.ops.base import Pass, Scan, Depends, Kind, Operation
@@ -85,7 +85,7 @@ class Stage:
 
     def plan(self, view: Dataset, run: RunSettings, executor: Executor) -> None:
         """Run the first passes over `view` on the executor and keep the plan."""
-        self._plan = make_plan(self.op, self._options, view, run, executor, self._seed)
+        self._plan = op_plan(self.op, self._options, view, run, executor, self._seed)
 
     @property
     def planned(self) -> Any:

@@ -331,11 +331,11 @@ def test_tfrecord_rows_are_counted_without_decoding(tmp_path, monkeypatch):
 def test_plan_reads_only_the_columns_rules_need():
     schema = pa.schema([("key", pa.string()), ("label", pa.int64()), ("tokens", pa.list_(pa.int64())),
                         ("weight", pa.float32())])
-    assert scan.make_plan([LabelRange("r", 4)], schema, key=None, limit=5, memory=1 << 30).columns == ("label",)
-    plan = scan.make_plan([LabelRange("r", 4), Length("l", column="tokens", p50=(1, 2)), Unique("u", ("key",))],
+    assert scan.scan_plan([LabelRange("r", 4)], schema, key=None, limit=5, memory=1 << 30).columns == ("label",)
+    plan = scan.scan_plan([LabelRange("r", 4), Length("l", column="tokens", p50=(1, 2)), Unique("u", ("key",))],
                           schema, key="key", limit=5, memory=1 << 30)
     assert plan.columns == ("label", "tokens", "key") and plan.pairs == (("label", "tokens"),)
-    assert scan.make_plan([RowCount("r", min=1)], schema, key="key", limit=5, memory=1 << 30).columns == ()
+    assert scan.scan_plan([RowCount("r", min=1)], schema, key="key", limit=5, memory=1 << 30).columns == ()
 
 
 def test_stats_collect_counts_nulls_and_nans_like_check(tmp_path):

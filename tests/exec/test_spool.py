@@ -235,3 +235,17 @@ def test_a_pipeline_ending_in_a_row_stage_spools_on_the_workers(case, sources, t
     engine = run_both(run_cli, tmp_path, pipeline(tmp_path, PIPELINES[case], src=sources["parquet"]))
     assert "_spool" in spooled(engine) and spooled(engine) & {"_write_shard"}
     assert sorted(os.listdir(tmp_path)) == ["local", "local.toml", "pickled", "pickled.toml"]
+
+
+@pytest.mark.parametrize("fmt,compression", [("arrow", None), ("arrow", "zstd"), ("parquet", None),
+                                             ("parquet", "snappy"), ("tfrecord", None), ("tfrecord", "gzip")])
+def test_a_file_s_header_is_what_its_first_batch_carries_beyond_its_own_bytes(fmt, compression):
+    """Measured once from an empty batch, the header is what a real batch adds as a file's first beyond what it adds
+    as its second (Arrow IPC writes its schema with the first batch, Parquet its magic when opened), so a worker's
+    measured run, less the header on its first batch, gives each batch's own bytes."""
+    output = OutputOptions(format=fmt, compression=compression)
+    batch = make_table(20, seed=3).to_batches()[0]
+    first, again = shards._measure(shards.Encoded(lambda: iter([batch, batch]), output, batch.schema))
+    header = shards.header_bytes(output, batch.schema)
+    assert header == first - again
+    assert header > 0 if fmt in ("arrow", "parquet") else header == 0

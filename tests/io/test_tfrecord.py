@@ -305,8 +305,8 @@ def test_the_index_pass_reads_headers_not_payloads(tmp_path: Path, monkeypatch: 
     payloads = [bytes([i]) * 300_000 for i in range(8)]
     path = write(tmp_path / "big.tfrecord", payloads)
     counted: list[int] = []
-    opened = record_reading.open_input
-    monkeypatch.setattr(record_reading, "open_input", lambda *a, **k: CountingFile(opened(*a, **k), counted))
+    opened = record_reading.open_record_file
+    monkeypatch.setattr(record_reading, "open_record_file", lambda *a, **k: CountingFile(opened(*a, **k), counted))
     spans = list(iter_record_spans(str(path), 1024, chunk_bytes=600_000))
     assert [(s.first_record, s.records) for s in spans] == [(0, 2), (2, 2), (4, 2), (6, 2)]
     assert spans[-1].end == path.stat().st_size

@@ -45,7 +45,7 @@ def _unreadable(path: str, exc: BaseException) -> InputError:
     return InputError(f"{where(path)}: not a readable Arrow IPC file ({first_line(exc)})")
 
 
-def _malformed(path: str, stream: bool, exc: ipc_meta.Malformed) -> InputError:
+def _malformed(path: str, stream: bool, exc: ipc_meta.MalformedIpc) -> InputError:
     """The one line for metadata ipc_meta cannot trust: the file and, where it is known, the batch."""
     at = where(path) if exc.batch is None else f"{where(path)}, {exc.batch}"
     return InputError(f"{at}: corrupt Arrow IPC {'stream' if stream else 'file'} ({exc})")
@@ -87,7 +87,7 @@ class BatchFile:
             footer = ipc_meta.file_footer(_reader_of(source), source.size())
         except DAMAGED as exc:
             raise _unreadable(path, exc) from exc
-        except ipc_meta.Malformed as exc:
+        except ipc_meta.MalformedIpc as exc:
             raise _malformed(path, False, exc) from exc
         return BatchFile(path, reader, _reader_of(source), footer, limit)
 
@@ -99,7 +99,7 @@ class BatchFile:
         at = f"{where(self.path)}, record batch {index}"
         try:
             inflated = ipc_meta.file_inflated(self.read_at, self.footer, index)
-        except ipc_meta.Malformed as exc:
+        except ipc_meta.MalformedIpc as exc:
             raise _malformed(self.path, False, exc) from exc
         except IndexError as exc:
             raise InputError(f"{at}: corrupt (the footer lists {len(self.footer.batches):,} batches)") from exc
@@ -131,7 +131,7 @@ class IpcFile:
     source: pa.NativeFile
     stream: bool
     schema: pa.Schema
-    layout: ipc_meta.Layout
+    layout: ipc_meta.IpcLayout
 
     @staticmethod
     def open(path: str) -> IpcFile:
@@ -145,7 +145,7 @@ class IpcFile:
             raise _unreadable(path, exc) from exc
         try:
             layout = (ipc_meta.stream_layout if stream else ipc_meta.file_layout)(_reader_of(source), size)
-        except ipc_meta.Malformed as exc:
+        except ipc_meta.MalformedIpc as exc:
             raise _malformed(path, stream, exc) from exc
         return IpcFile(path, source, stream, schema, layout)
 
@@ -179,7 +179,7 @@ class IpcFile:
                     decoded = sum(column_types.decoded_bytes(batch.column(n)) for n in encoded)
                     check_batch_memory(dataset, inflated, message.rows, at, decoded)
                 yield message, (batch.select(names) if message.rows else None)
-        except ipc_meta.Malformed as exc:
+        except ipc_meta.MalformedIpc as exc:
             raise _malformed(self.path, self.stream, exc) from exc
 
     def _reader(self, options: pa.ipc.IpcReadOptions) -> pa.ipc.RecordBatchFileReader | pa.ipc.RecordBatchStreamReader:

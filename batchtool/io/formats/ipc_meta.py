@@ -6,7 +6,7 @@ pyarrow tells neither without decompressing the batch. The flatbuffers Python ru
 reads, so this is a small reader of just the fields needed (Message, RecordBatch, DictionaryBatch,
 BodyCompression, Footer, Block), in which every offset followed is checked against the bytes it points into,
 every vector's length against the bytes left, and every body against the file's size: a damaged or hostile file
-is a Malformed, never a read out of bounds, a loop or an allocation larger than the file.
+is a MalformedIpc, never a read out of bounds, a loop or an allocation larger than the file.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ _COMPRESSION_PREFIX = 8
 """A compressed buffer starts with its uncompressed length (int64, little-endian; -1: stored uncompressed)."""
 
 
-class Malformed(Exception):
+class MalformedIpc(Exception):
     """Metadata that cannot be trusted: what is wrong with it, and which batch (`batch`: 'record batch 3',
     'dictionary batch 0'; None where no batch is known yet), for a one-line error naming the file and the batch."""
 
@@ -59,8 +59,8 @@ class _Flat:
         """From here on, the flatbuffer is known to be `batch`'s metadata (a stream's message, once its kind is read)."""
         self.what, self.batch = "its metadata", batch
 
-    def malformed(self, problem: str) -> Malformed:
-        return Malformed(f"{self.what} {problem}", self.batch)
+    def malformed(self, problem: str) -> MalformedIpc:
+        return MalformedIpc(f"{self.what} {problem}", self.batch)
 
     def read(self, fmt: struct.Struct, at: int) -> int:
         if at < 0 or at + fmt.size > len(self.data):
@@ -127,7 +127,7 @@ class Message:
 
 
 @dataclass(frozen=True)
-class Layout:
+class IpcLayout:
     """Where a file's batches are: its dictionary batches and record batches, in file order."""
 
     dictionaries: tuple[Message, ...]
@@ -152,33 +152,33 @@ def _message(flat: _Flat, index: int, start: int, size: int) -> tuple[int, Messa
         flat.named(name)
     body = flat.scalar(message, 3, _I64, 0)
     if body < 0 or start + body > size:
-        raise Malformed(f"a message body of {body:,} bytes at byte {start:,} runs past the end of the file "
+        raise MalformedIpc(f"a message body of {body:,} bytes at byte {start:,} runs past the end of the file "
                         f"({size:,} bytes)", flat.batch)
     empty = Message(index, name, start, body, 0, np.zeros((0, 2), dtype=np.int64), False)
     if kind not in (_RECORD_BATCH, _DICTIONARY_BATCH):
         return kind, empty
     header = flat.target(message, 2)
     if header is None:
-        raise Malformed("a message without its header", name)
+        raise MalformedIpc("a message without its header", name)
     if kind == _DICTIONARY_BATCH:
         header = flat.target(header, 1)  # DictionaryBatch.data: the RecordBatch of the dictionary's values
         if header is None:
             return kind, empty
     rows = flat.scalar(header, 0, _I64, 0)
     if rows < 0:
-        raise Malformed(f"a row count of {rows:,}", name)
+        raise MalformedIpc(f"a row count of {rows:,}", name)
     buffers = flat.structs(header, 2, _STRUCT_BYTES)
     if len(buffers) and ((buffers < 0).any() or (buffers[:, 1] > body - buffers[:, 0]).any()):
-        raise Malformed(f"a buffer lies outside its {body:,}-byte body", name)
+        raise MalformedIpc(f"a buffer lies outside its {body:,}-byte body", name)
     compression = flat.target(header, 3)
     if compression is not None and flat.scalar(compression, 1, _U8, 0) != 0:
-        raise Malformed("a body compression method other than per buffer", name)
+        raise MalformedIpc("a body compression method other than per buffer", name)
     variadic = flat.target(header, 4)
     counts: tuple[int, ...] = ()
     if variadic is not None:
         n = flat.read(_U32, variadic)
         if variadic + 4 + 8 * n > len(flat.data):
-            raise Malformed(f"a vector of {n:,} counts, more than its metadata's bytes hold", name)
+            raise MalformedIpc(f"a vector of {n:,} counts, more than its metadata's bytes hold", name)
         counts = tuple(int(c) for c in np.frombuffer(flat.data, dtype="<i8", count=n, offset=variadic + 4))
     return kind, Message(index, name, start, body, int(rows), buffers, compression is not None, counts)
 
@@ -193,7 +193,7 @@ def _metadata(read_at: ReadAt, at: int, room: int, what: str, batch: str | None 
     else:
         prefix, length = 4, (_I32.unpack_from(head, 0)[0] if len(head) >= 4 else -1)
     if length < 0 or prefix + length > room:
-        raise Malformed(f"{what} at byte {at:,} claims {length:,} bytes of metadata, more than the "
+        raise MalformedIpc(f"{what} at byte {at:,} claims {length:,} bytes of metadata, more than the "
                         f"{max(room - prefix, 0):,} left", batch)
     return _Flat(read_at(at + prefix, length), what, batch), prefix + length
 
@@ -212,11 +212,11 @@ def file_footer(read_at: ReadAt, size: int) -> Footer:
     """The footer of an IPC *file* (magic, stream, footer, footer length, magic): the blocks, not yet followed."""
     if size < len(FILE_MAGIC) + 2 + _FILE_TRAILER or read_at(0, 6) != FILE_MAGIC \
             or read_at(size - len(FILE_MAGIC), 6) != FILE_MAGIC:
-        raise Malformed("not an Arrow IPC file (no ARROW1 magic at both ends)")
+        raise MalformedIpc("not an Arrow IPC file (no ARROW1 magic at both ends)")
     length = _I32.unpack(read_at(size - _FILE_TRAILER, 4))[0]
     footer_start = size - _FILE_TRAILER - length
     if length <= 0 or footer_start < 8:
-        raise Malformed(f"the footer claims {length:,} bytes, which the file's {size:,} cannot hold")
+        raise MalformedIpc(f"the footer claims {length:,} bytes, which the file's {size:,} cannot hold")
     footer = _Flat(read_at(footer_start, length), "the footer")
     table = footer.root()
     return Footer(footer.structs(table, 2, _BLOCK_BYTES), footer.structs(table, 3, _BLOCK_BYTES), footer_start)
@@ -229,7 +229,7 @@ def _block(read_at: ReadAt, footer: Footer, index: int, kind: int) -> tuple[_Fla
     meta = meta - (1 << 32) if meta >= 1 << 31 else meta  # the int32 field (the rest is padding)
     what = _batch_name(kind, index)
     if offset < 8 or meta <= 0 or body < 0 or offset + meta + body > footer.end:
-        raise Malformed(f"the footer places it outside the file (byte {offset:,}, {meta:,} + {body:,} bytes)", what)
+        raise MalformedIpc(f"the footer places it outside the file (byte {offset:,}, {meta:,} + {body:,} bytes)", what)
     flat, _ = _metadata(read_at, offset, meta, "its metadata", what)
     return flat, offset + meta
 
@@ -239,7 +239,7 @@ def file_message(read_at: ReadAt, footer: Footer, index: int, kind: int = _RECOR
     flat, start = _block(read_at, footer, index, kind)
     got, message = _message(flat, index, start, footer.end)
     if got != kind:
-        raise Malformed(f"the footer points to {_HEADER_NAMES.get(got, 'an unknown message')}", flat.batch)
+        raise MalformedIpc(f"the footer points to {_HEADER_NAMES.get(got, 'an unknown message')}", flat.batch)
     return message
 
 
@@ -255,14 +255,14 @@ def file_inflated(read_at: ReadAt, footer: Footer, index: int) -> int:
     return inflated(read_at, file_message(read_at, footer, index))
 
 
-def file_layout(read_at: ReadAt, size: int) -> Layout:
+def file_layout(read_at: ReadAt, size: int) -> IpcLayout:
     """The batches of an IPC *file*, from its footer."""
     footer = file_footer(read_at, size)
-    return Layout(*(tuple(file_message(read_at, footer, i, kind) for i in range(len(blocks)))
+    return IpcLayout(*(tuple(file_message(read_at, footer, i, kind) for i in range(len(blocks)))
                     for kind, blocks in ((_DICTIONARY_BATCH, footer.dictionaries), (_RECORD_BATCH, footer.batches))))
 
 
-def stream_layout(read_at: ReadAt, size: int, start: int = 0) -> Layout:
+def stream_layout(read_at: ReadAt, size: int, start: int = 0) -> IpcLayout:
     """The batches of an IPC *stream* (messages one after another, up to an end marker or the end of the file),
     walked from `start`."""
     found: dict[int, list[Message]] = {_DICTIONARY_BATCH: [], _RECORD_BATCH: []}
@@ -275,7 +275,7 @@ def stream_layout(read_at: ReadAt, size: int, start: int = 0) -> Layout:
         kind, message = _message(flat, len(found.get(kind, ())), at + used, size)
         found.get(kind, []).append(message)
         at += used + message.body
-    return Layout(tuple(found[_DICTIONARY_BATCH]), tuple(found[_RECORD_BATCH]))
+    return IpcLayout(tuple(found[_DICTIONARY_BATCH]), tuple(found[_RECORD_BATCH]))
 
 
 def inflated(read_at: ReadAt, message: Message, buffers: np.ndarray | None = None) -> int:
@@ -286,12 +286,12 @@ def inflated(read_at: ReadAt, message: Message, buffers: np.ndarray | None = Non
     chosen = message.buffers if buffers is None else message.buffers[buffers]
     chosen = chosen[chosen[:, 1] > 0]
     if (chosen[:, 1] < _COMPRESSION_PREFIX).any():
-        raise Malformed("a compressed buffer shorter than its 8-byte length prefix", message.name)
+        raise MalformedIpc("a compressed buffer shorter than its 8-byte length prefix", message.name)
     total = 0
     for offset in chosen[:, 0].tolist():
         declared = _I64.unpack(read_at(message.start + offset, _COMPRESSION_PREFIX))[0]
         if declared < -1:
-            raise Malformed(f"a compressed buffer declares {declared:,} bytes", message.name)
+            raise MalformedIpc(f"a compressed buffer declares {declared:,} bytes", message.name)
         total += max(declared, 0)
     return total
 

@@ -55,7 +55,7 @@ def listed(words: Sequence[str]) -> str:
     return f"{', '.join(words[:-1])} or {words[-1]}" if len(words) > 1 else "".join(words)
 
 
-def described() -> str:
+def format_labels() -> str:
     """The formats as a message lists them: 'Parquet, TFRecord or Arrow IPC'."""
     return listed([f.label for f in FORMATS.values()])
 

@@ -103,7 +103,7 @@ def field_at(buf: np.ndarray, at: np.ndarray, tag: int | None) -> tuple[np.ndarr
     return tags, first, first + lengths[0]
 
 
-def fields(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Fields:
+def message_fields(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Fields:
     """Every field of each (short) message buf[starts[i]:ends[i]], one field of every message per round.
 
     For messages of a few fields (an Example, a map entry); more than _MAX_ROUNDS is Unusual.
@@ -181,7 +181,7 @@ WIRE_TYPES = {0: "varint", 1: "64-bit", 2: "length-delimited", 5: "32-bit"}
 """Protobuf wire types by number (3 and 4, groups, are not used by any message batchtool reads)."""
 
 
-class Malformed(Exception):
+class MalformedWire(Exception):
     """A message whose fields cannot be walked (cut short, or a group)."""
 
 
@@ -190,18 +190,18 @@ def _varint(data: bytes, at: int) -> tuple[int, int]:
     value = 0
     for shift in range(0, 70, 7):
         if at >= len(data):
-            raise Malformed("cut short inside a varint")
+            raise MalformedWire("cut short inside a varint")
         byte = data[at]
         value |= (byte & 0x7F) << shift
         at += 1
         if byte < 0x80:
             return value, at
-    raise Malformed("a varint longer than 10 bytes")
+    raise MalformedWire("a varint longer than 10 bytes")
 
 
 def walk(data: bytes) -> Iterator[tuple[int, int, bytes]]:
     """Every field of one message: (field number, wire type, its payload: a length-delimited field's bytes, else
-    the raw value bytes), in order; Malformed where the message cannot be walked."""
+    the raw value bytes), in order; MalformedWire where the message cannot be walked."""
     at = 0
     while at < len(data):
         tag, at = _varint(data, at)
@@ -214,8 +214,8 @@ def walk(data: bytes) -> Iterator[tuple[int, int, bytes]]:
         elif wire_type in (1, 5):
             end = at + (8 if wire_type == 1 else 4)
         else:
-            raise Malformed(f"field {number} has wire type {wire_type}, a group")
+            raise MalformedWire(f"field {number} has wire type {wire_type}, a group")
         if end > len(data):
-            raise Malformed(f"field {number} runs past the end of its message")
+            raise MalformedWire(f"field {number} runs past the end of its message")
         yield number, wire_type, data[at:end]
         at = end

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool.io.dataset import Chunk, Dataset
-from batchtool.ops.base import Pass, Context, Kind, Operation, Said
+from batchtool.ops.base import Pass, Context, Kind, Operation, OutputRows, Said
 from batchtool.ops.regroup import Exchange, Probe
 from batchtool.ops.boundaries import efficiency, expected_efficiency
 from batchtool.ops.bucket import batches
@@ -48,6 +48,7 @@ class Bucket(Operation[BucketOptions, BucketPlan]):
     example = "batchtool bucket sample_data/parquet /tmp/bucketed --length tokens --auto-buckets 8 --batch-size 32"
     options = BucketOptions
     kind = Kind.BATCHES
+    output_rows = OutputRows.PADDED
     seeded = True
     spills = ("memory",)
 

@@ -17,11 +17,12 @@ from batchtool.io import load_padding
 from batchtool.io.dataset import Chunk
 from batchtool.core.errors import OptionInputError, OptionSchemaError, SchemaError
 from batchtool.ops import names as own
-from batchtool.ops.regroup import Cut, Exchange, Probe, Runtime, Scatter, Scattered, SortedStream
+from batchtool.ops.regroup import (Cut, Exchange, Probe, Runtime, Scatter, Scattered, SortedBatches, SortedStream,
+                                   firsts_of)
 from batchtool.ops.boundaries import assign_buckets
 from batchtool.ops.bucket.grid import Grid
 from batchtool.ops.bucket.plan import Balance, BucketColumns, BucketPlan, make_balance, with_spill_layout
-from batchtool.ops.keyed import flush_bytes, row_bytes
+from batchtool.ops.keyed import flush_bytes, spill_row_bytes
 from batchtool.ops.batching import BatchBudget
 from batchtool.ops.bucket.report import BucketCounts, bucket_stats
 from batchtool.ops.rows import keep_mask
@@ -62,7 +63,7 @@ def assign(chunk: Chunk, plan: BucketPlan, locate: Callable[[int], str]) -> Assi
         buckets = plan.grid.cell_of(lengths, second)
         oversize = ~plan.grid.fits_alone(buckets, lengths, second)
     else:
-        lengths = measure(chunk, plan, locate)
+        lengths = true_lengths(chunk, plan, locate)
         second = None
         if plan.boundaries is not None:
             buckets = assign_buckets(lengths, plan.boundaries)
@@ -98,7 +99,7 @@ def assign(chunk: Chunk, plan: BucketPlan, locate: Callable[[int], str]) -> Assi
     return Assigned(Chunk(data, chunk.ids), buckets, rows_in, rows_in - kept, int(oversize.sum()), classes)
 
 
-def measure(chunk: Chunk, plan: BucketPlan, locate: Callable[[int], str]) -> np.ndarray:
+def true_lengths(chunk: Chunk, plan: BucketPlan, locate: Callable[[int], str]) -> np.ndarray:
     """True length per row: the sequence columns' shared length, which --length must agree with."""
     cols = plan.columns
 
@@ -241,7 +242,7 @@ def exchange(plan: BucketPlan, data: Any, probe: Probe) -> Exchange:
     """bucket's Exchange: its spill's groups, parts and keys (parts sized from the first chunk, measured on a
     worker), `assign` on the map workers, and the cut below."""
     measured = probe(functools.partial(_row_bytes, plan.columns))
-    plan = with_spill_layout(plan, measured if measured is not None else row_bytes(None, plan.columns))
+    plan = with_spill_layout(plan, measured if measured is not None else spill_row_bytes(None, plan.columns))
     by_length = plan.balance is None and plan.order != "shuffle"  # --order sorted: each part by length
     scatter = Scatter(spill_schema(data.schema, plan.columns), tuple(plan.parts), plan.seed, ORDER_STAGE,
                       flush_bytes(plan.memory, sum(plan.parts), plan.tasks), functools.partial(_assigned, plan, data.locate),
@@ -256,7 +257,7 @@ def _by_length(column: str, rows: pa.RecordBatch) -> np.ndarray:
 
 
 def _row_bytes(columns: BucketColumns, chunk: Chunk) -> tuple[float, float]:
-    return row_bytes(chunk.data, columns)
+    return spill_row_bytes(chunk.data, columns)
 
 
 def _assigned(plan: BucketPlan, locate: Locate, chunk: Chunk) -> tuple[Chunk, np.ndarray, tuple[int, int, int]]:
@@ -443,7 +444,7 @@ def _output_order(plan: BucketPlan, per_bucket: Sequence[int]) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class BucketBatches:
+class BucketBatches(SortedBatches):
     """bucket's output batches (ops.regroup.SortedBatches): batch k is batch `index[k]` of bucket `bucket[k]`."""
 
     plan: BucketPlan
@@ -466,21 +467,7 @@ class BucketBatches:
         per_bucket = np.array([len(c.sizes) for c in cuts], dtype=np.int64)
         sizes = np.concatenate([np.zeros(0, np.int64), *(c.sizes for c in cuts)])[
             (np.cumsum(per_bucket) - per_bucket)[bucket] + index]
-        return cls(plan, schema, streams, cuts, bucket, index, np.concatenate([[0], np.cumsum(sizes)]))
-
-    @property
-    def count(self) -> int:
-        return len(self.bucket)
-
-    @property
-    def rows(self) -> int:
-        return int(self.firsts[-1])
-
-    def batch_rows(self, k: int) -> int:
-        return int(self.firsts[k + 1] - self.firsts[k])
-
-    def first_row(self, k: int) -> int:
-        return int(self.firsts[k])
+        return cls(plan, schema, streams, cuts, bucket, index, firsts_of(sizes))
 
     def nbytes(self) -> int:
         return sum(s.nbytes() for streams in self.streams for s in streams)

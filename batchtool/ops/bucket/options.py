@@ -58,7 +58,7 @@ class Lengths(Value):
         return names[0] if len(names) == 1 else names
 
 
-class Coefficients(Value):
+class CostCoefficients(Value):
     """--cost-coefficients A,B,C: three non-negative numbers (a TOML list of numbers, or that string)."""
 
     metavar = "A,B,C"
@@ -113,7 +113,7 @@ class BucketOptions:
                        Choice(COSTS), "linear")
     cost_coefficients: tuple[float, float, float] | None = option(
         "With two --length and --max-tokens: a row padded to (in, out) steps costs A*in^2 + B*in*out + C*out "
-        "(instead of --cost's in + out or in^2 + out^2).", Coefficients(), None)
+        "(instead of --cost's in + out or in^2 + out^2).", CostCoefficients(), None)
     drop_oversize: bool = option("Drop (and count) examples that exceed --max-tokens alone, instead of stopping.",
                                  Flag(), False)
     pad_to_boundary: bool = option("Pad to the longest length the bucket admits (boundary - 1), not the batch's "
@@ -265,4 +265,4 @@ class BucketOptions:
         return self.num_buckets
 
 
-__all__ = ["COSTS", "ORDERS", "PADDINGS", "OUTPUT_COLUMNS", "BucketOptions", "Coefficients", "Integers", "Lengths"]
+__all__ = ["COSTS", "ORDERS", "PADDINGS", "OUTPUT_COLUMNS", "BucketOptions", "CostCoefficients", "Integers", "Lengths"]

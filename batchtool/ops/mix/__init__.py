@@ -439,25 +439,15 @@ def _padded_cut(padding: BatchPadding, cut: Callable[[Scattered, Runtime], Cut],
 
 
 @dataclass(frozen=True)
-class PaddedBatches:
+class PaddedBatches(SortedBatches):
     """Batches (ops.regroup.SortedBatches) padded to their longest row as they are read: the same rows, in the same order."""
 
     batches: SortedBatches
     padding: BatchPadding
 
     @property
-    def count(self) -> int:
-        return self.batches.count
-
-    @property
-    def rows(self) -> int:
-        return self.batches.rows
-
-    def batch_rows(self, k: int) -> int:
-        return self.batches.batch_rows(k)
-
-    def first_row(self, k: int) -> int:
-        return self.batches.first_row(k)
+    def firsts(self) -> np.ndarray:  # type: ignore[override]
+        return self.batches.firsts
 
     def nbytes(self) -> int:
         return self.batches.nbytes()

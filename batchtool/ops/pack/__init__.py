@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from batchtool.io.dataset import Chunk, Dataset
 from batchtool.ops import names as own
-from batchtool.ops.base import Pass, Context, Kind, Operation, Said
+from batchtool.ops.base import Pass, Context, Kind, Operation, OutputRows, Said
 from batchtool.ops.regroup import Exchange, Probe
 from batchtool.ops.pack.options import (DEFAULT_BATCH_SIZE, PackColumns, PackOptions, output_schema,
                                         resolve_columns)
@@ -62,6 +62,7 @@ class Pack(Operation[PackOptions, PackPlan]):
     example = "batchtool pack sample_data/parquet /tmp/packed --max-length 512 --sequence tokens --columns key,label"
     options = PackOptions
     kind = Kind.BATCHES
+    output_rows = OutputRows.PACKED
     seeded = True
     spills = ("memory",)
     batches_flag = True

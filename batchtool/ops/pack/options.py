@@ -41,7 +41,7 @@ BALANCES = {"attention": None, "tokens": (0.0, 1.0)}
 DEFAULT_COEFFICIENTS = (1.0, 0.0)
 
 
-class Coefficients(Value):
+class PieceCost(Value):
     """Two non-negative numbers a,b, not both 0 (a TOML array of two numbers, or the text "a,b")."""
 
     metavar = "A,B"
@@ -106,7 +106,7 @@ class PackOptions:
                                  "tokens (L) (default attention).", Choice(tuple(BALANCES)), None)
     cost_coefficients: tuple[float, float] | None = option(
         "With --balance attention: a,b of the cost a x L^2 + b x L of a document piece of L steps (default 1,0).",
-        Coefficients(), None)
+        PieceCost(), None)
     output_column: tuple[tuple[str, str], ...] = own.output_column(OUTPUT_COLUMNS)
 
     def __post_init__(self) -> None:
@@ -329,6 +329,6 @@ def feature_lists(schema: pa.Schema, columns: PackColumns) -> tuple[str, ...]:
     return (*columns.sequences, *(columns.names[c] for c in PER_STEP), *nested)
 
 
-__all__ = ["ADOPTED", "BALANCES", "CU_UNPADDED", "Coefficients", "DEFAULT_BATCH_SIZE", "DEFAULT_COEFFICIENTS", "MAX_LENGTH_LIMIT", "MAX_PADDED_STEPS", "OUTPUT_COLUMNS", "PER_ROW",
+__all__ = ["ADOPTED", "BALANCES", "CU_UNPADDED", "PieceCost", "DEFAULT_BATCH_SIZE", "DEFAULT_COEFFICIENTS", "MAX_LENGTH_LIMIT", "MAX_PADDED_STEPS", "OUTPUT_COLUMNS", "PER_ROW",
            "PER_STEP", "SOURCE_OFFSET", "PackColumns", "PackOptions", "feature_lists", "output_schema", "resolve_columns",
            "step_type", "written_role"]

@@ -15,9 +15,10 @@ import pyarrow as pa
 from batchtool.core import rng
 from batchtool.io.dataset import Chunk, Dataset, ReadReport
 from batchtool.core.errors import InputError, OptionSchemaError, SchemaError
-from batchtool.ops.regroup import Cut, Exchange, Probe, Runtime, Scatter, Scattered, SortedStream
+from batchtool.ops.regroup import (Cut, Exchange, Probe, Runtime, Scatter, Scattered, SortedBatches, SortedStream,
+                                   firsts_of)
 from batchtool.core.tally import Tally
-from batchtool.ops.keyed import flush_bytes, row_bytes
+from batchtool.ops.keyed import flush_bytes, spill_row_bytes
 from batchtool.ops.pack.options import CU_UNPADDED, SOURCE_OFFSET, PackColumns, feature_lists
 from batchtool.ops.pack.plan import (BatchLayout, PackPlan, batch_layout, check_batches, check_long,
                                      planned, spill_layout)
@@ -257,7 +258,7 @@ def exchange(plan: PackPlan, data: Dataset, probe: Probe) -> Exchange:
     the largest batch, checked against --memory first), each group sorted into output order on a worker, and the
     planned batches assembled where they are written."""
     measured = probe(functools.partial(_row_bytes, plan.columns))
-    sizes = measured if measured is not None else row_bytes(None, plan.columns)  # type: ignore[arg-type]
+    sizes = measured if measured is not None else spill_row_bytes(None, plan.columns)  # type: ignore[arg-type]
     groups = spill_layout(plan, sizes)
     layout = batch_layout(plan)
     check_batches(plan, layout, sizes)
@@ -268,7 +269,7 @@ def exchange(plan: PackPlan, data: Dataset, probe: Probe) -> Exchange:
 
 
 def _row_bytes(columns: PackColumns, chunk: Chunk) -> tuple[float, float]:
-    return row_bytes(chunk.data.select(columns.kept(chunk.data.schema)), columns)  # type: ignore[arg-type]
+    return spill_row_bytes(chunk.data.select(columns.kept(chunk.data.schema)), columns)  # type: ignore[arg-type]
 
 
 def _cut(plan: PackPlan, layout: BatchLayout, scattered: Scattered, runtime: Runtime) -> Cut:
@@ -277,13 +278,12 @@ def _cut(plan: PackPlan, layout: BatchLayout, scattered: Scattered, runtime: Run
     for chunk_tally in scattered.stats:
         tally.merge(chunk_tally)
     batches = PackBatches(plan, scattered.schema, scattered.groups, layout.examples,
-                          np.concatenate([[0], np.cumsum(layout.examples)]).astype(np.int64),
-                          np.concatenate([[0], np.cumsum(layout.rows)]).astype(np.int64), layout.widest)
+                          firsts_of(layout.examples), firsts_of(layout.rows), layout.widest)
     return Cut(batches, lambda: pack_stats(plan, layout, tally), feature_lists(plan.schema, plan.columns))
 
 
 @dataclass(frozen=True)
-class PackBatches:
+class PackBatches(SortedBatches):
     """pack's output batches (ops.regroup.SortedBatches): batch k packs items [first_item[k], first_item[k + 1]) of the
     sorted groups into layout rows."""
 
@@ -292,23 +292,8 @@ class PackBatches:
     streams: list[SortedStream]
     items: np.ndarray
     first_item: np.ndarray
-    first: np.ndarray
-    """Each batch's first output row (and the total rows last)."""
+    firsts: np.ndarray
     widest: np.ndarray
-
-    @property
-    def count(self) -> int:
-        return len(self.items)
-
-    @property
-    def rows(self) -> int:
-        return int(self.first[-1])
-
-    def batch_rows(self, k: int) -> int:
-        return int(self.first[k + 1] - self.first[k])
-
-    def first_row(self, k: int) -> int:
-        return int(self.first[k])
 
     def nbytes(self) -> int:
         return sum(s.nbytes() for s in self.streams)

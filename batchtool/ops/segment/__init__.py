@@ -23,7 +23,7 @@ from batchtool.core import budget
 from batchtool.core.budget import DEFAULT_MEMORY
 from batchtool.core.errors import InputError
 from batchtool.io.dataset import Dataset, ReadReport
-from batchtool.ops.base import Scan, Context, Kind, Operation, need_columns
+from batchtool.ops.base import Scan, Context, Kind, Operation, OutputRows, need_columns
 from batchtool.ops.regroup import Probe, Stream, Regrouped, Runtime
 from batchtool.ops.segment.batches import build_batches
 from batchtool.ops.segment.chunks import Examples, SegmentPlan, make_plan, prepare_shared
@@ -116,6 +116,7 @@ class SegmentOp(Operation[SegmentOptions, SegmentPlan]):
                "--context label --num-unroll 20 --batch-size 32")
     options = SegmentOptions
     kind = Kind.BATCHES
+    output_rows = OutputRows.SEGMENTS
     spills = ("memory",)
     batches_flag = True
 

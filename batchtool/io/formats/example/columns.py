@@ -33,7 +33,7 @@ def _leaf_kind(t: pa.DataType) -> str | None:
 
 
 @dataclass(frozen=True)
-class Shape:
+class ColumnShape:
     """How a column's type nests: its list types (outermost first) and its leaf type and kind."""
 
     lists: tuple[pa.DataType, ...]
@@ -41,7 +41,7 @@ class Shape:
     kind: str
 
 
-def column_shape(field: pa.Field, kind: str) -> Shape:
+def column_shape(field: pa.Field, kind: str) -> ColumnShape:
     """The shape of a column, or SchemaError if tf.train.Feature cannot hold it in this kind."""
     lists, t = [], field.type
     while _is_list(t):
@@ -54,7 +54,7 @@ def column_shape(field: pa.Field, kind: str) -> Shape:
         raise SchemaError(f"{where(column=field.name)}: type {field.type} cannot be stored in a "
                           f"{kind}; expected {allowed} of integers, bools, floats, strings or binary "
                           "(fixed-size included)")
-    return Shape(tuple(lists), t, leaf_kind)
+    return ColumnShape(tuple(lists), t, leaf_kind)
 
 
 def check_kind(kind: str) -> None:

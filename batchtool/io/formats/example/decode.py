@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from batchtool.core.errors import CorruptRecordError, InputError, where
 from batchtool.io.formats import column_types
 from batchtool.io.formats.base import rows_only
-from batchtool.io.formats.example.columns import INT64_MAX, INT64_MIN, Shape, check_kind, column_shape
+from batchtool.io.formats.example.columns import INT64_MAX, INT64_MIN, ColumnShape, check_kind, column_shape
 from batchtool.io.formats.example.messages import (KIND_FIELD, ONEOF_KINDS, BadFeature, check_records, check_steps,
                                                 parse_feature, parse_records)
 from batchtool.io.formats.example.ragged import SLICE, exclusive_cumsum, ragged_positions, segment_sums
@@ -267,7 +267,7 @@ def _list_array(t: pa.DataType, lengths: np.ndarray, values: pa.Array,
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), values, type=t)
 
 
-def _decode_column(field: pa.Field, shape: Shape, contexts: Sequence[Mapping[str, bytes]],
+def _decode_column(field: pa.Field, shape: ColumnShape, contexts: Sequence[Mapping[str, bytes]],
                    feature_lists: Sequence[Mapping[str, Any]] | None, loc: _Where) -> pa.Array:
     """One column of the batch, decoded and cast to the schema field."""
     n = len(contexts)

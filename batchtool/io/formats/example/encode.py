@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from batchtool.core.errors import RowError, SchemaError, UsageError, where
-from batchtool.io.formats.example.columns import INT64_MAX, Shape, check_kind, column_shape
+from batchtool.io.formats.example.columns import INT64_MAX, ColumnShape, check_kind, column_shape
 from batchtool.io.formats.example.ragged import exclusive_cumsum, ragged_positions, segment_sums
 
 _VARINT_LIMITS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
@@ -170,7 +170,7 @@ def _failing(name: str, column: pa.Array, depth: int) -> Fail:
     return fail
 
 
-def _leaf(column: pa.Array, shape: Shape, as_feature_list: bool, fail: Fail) -> tuple[pa.Array, np.ndarray]:
+def _leaf(column: pa.Array, shape: ColumnShape, as_feature_list: bool, fail: Fail) -> tuple[pa.Array, np.ndarray]:
     """A column's values (every non-null one, through its lists) and the values per Feature; RowError where a value
     or a feature-list step is null, which a tf.train.Feature cannot hold."""
     depth = len(shape.lists)
@@ -186,7 +186,7 @@ def _leaf(column: pa.Array, shape: Shape, as_feature_list: bool, fail: Fail) -> 
     return leaf, counts
 
 
-def _encode_column(name: str, column: pa.Array, shape: Shape, as_feature_list: bool) -> list[bytes]:
+def _encode_column(name: str, column: pa.Array, shape: ColumnShape, as_feature_list: bool) -> list[bytes]:
     """Each row's serialized map entry (key, Feature or FeatureList) for one column; b"" where null."""
     fail = _failing(name, column, len(shape.lists))
     key = name.encode("utf-8")
@@ -201,7 +201,7 @@ def _encode_column(name: str, column: pa.Array, shape: Shape, as_feature_list: b
     return _split(flat, lengths, valid)
 
 
-def _plan(field: pa.Field, kind: str, sequence_columns: Collection[str] | None) -> tuple[Shape, bool]:
+def _plan(field: pa.Field, kind: str, sequence_columns: Collection[str] | None) -> tuple[ColumnShape, bool]:
     """A column's shape and whether it becomes a feature list (else a context feature)."""
     shape = column_shape(field, kind)
     depth = len(shape.lists)
@@ -225,7 +225,7 @@ def _message(field_tag: bytes, body: bytes) -> bytes:
 
 
 def _columns(batch: pa.RecordBatch, kind: str,
-             sequence_columns: Collection[str] | None) -> list[tuple[pa.Field, pa.Array, Shape, bool]]:
+             sequence_columns: Collection[str] | None) -> list[tuple[pa.Field, pa.Array, ColumnShape, bool]]:
     """Each column with its shape and whether it becomes a feature list, sorted by name (the order records hold
     them); SchemaError for a batch no record can hold (a column of a type a Feature cannot hold, float64)."""
     check_kind(kind)

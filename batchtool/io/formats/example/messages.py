@@ -178,7 +178,7 @@ def _first_wrong(data: bytes, message: str, feature: str | None) -> tuple[str | 
             if found is not None:
                 return (found[0], f"feature list step {step}: {found[1]}") if message == "FeatureList" else found
             step += 1
-    except wire.Malformed as exc:
+    except wire.MalformedWire as exc:
         return feature, f"a malformed {message} ({exc})"
     return None
 

@@ -164,7 +164,7 @@ def _occurrences_fast(payloads: Sequence[bytes], kind: str) -> _Occurrences:
     lengths = np.fromiter(map(len, payloads), dtype=np.int64, count=len(payloads))
     buf = np.frombuffer(b"".join(payloads) + PAD, dtype=np.uint8)
     ends = np.cumsum(lengths)
-    top = wire.fields(buf, ends - lengths, ends)
+    top = wire.message_fields(buf, ends - lengths, ends)
     holders = [top.numbered(1), top.numbered(2) if kind != "example" else top.take(top.number < 0)]
     context, lists = (_entries(buf, h.owner, h.start, h.end) for h in holders)
     keys = _strings(buf, np.concatenate([context[1], lists[1]]), np.concatenate([context[2], lists[2]]))
@@ -373,7 +373,7 @@ def scan_records(payloads: Sequence[bytes], kind: str = "auto", *, path: str | N
                  first_record: int = 0) -> FeatureScan:
     """The FeatureScan of serialized records: their feature names, kinds and value counts, not their values.
 
-    Walks the wire format with NumPy (wire.fields), many records at once; records written
+    Walks the wire format with NumPy (wire.message_fields), many records at once; records written
     some other way than protobuf writes them are parsed with protobuf instead, which also
     names the record of a malformed one (CorruptRecordError).
     """

@@ -16,14 +16,14 @@ from batchtool.core.budget import DEFAULT_MAX_RECORD_BYTES
 from batchtool.core.errors import BatchtoolError, CorruptRecordError, InputError, UsageError, where
 from batchtool.io.dataset import Skipped
 from batchtool.io.formats.tfrecord.framing import FRAMING, HEADER_SIZE, U32, U64, masked_crc, valid_headers
-from batchtool.io.formats.tfrecord.stream import (BLOCK, INDEX_BLOCK, REMOTE_INDEX_BLOCK, GzipCorrupt, Source,
-                                              open_input, resolve_compression)
+from batchtool.io.formats.tfrecord.stream import (BLOCK, INDEX_BLOCK, REMOTE_INDEX_BLOCK, GzipCorrupt, RecordStream,
+                                              open_record_file, resolve_compression)
 
 
 OnCorrupt = Callable[[Skipped], None]
 
 
-def _resynchronise(source: Source, seen: bytes, limit: int) -> tuple[int | None, int]:
+def _resynchronise(source: RecordStream, seen: bytes, limit: int) -> tuple[int | None, int]:
     """Find the next record after lost framing: (its stream offset, or None at the end; records passed).
 
     `seen` are the bytes already read past the bad record's first byte. The scan moves one
@@ -68,7 +68,7 @@ class _Reader:
     """Reads one file's records in order, verifying both CRCs; with skip_corrupt, steps over what is
     damaged and reports exactly what that cost."""
 
-    def __init__(self, path: str, source: Source, compressed: bool, limit: int, skip_corrupt: bool,
+    def __init__(self, path: str, source: RecordStream, compressed: bool, limit: int, skip_corrupt: bool,
                  on_corrupt: OnCorrupt | None) -> None:
         self.path = path
         self.source = source
@@ -179,9 +179,9 @@ def _walk(path: str, compression: str | None, skip_corrupt: bool, on_corrupt: On
     skips must be known where it is counted)."""
     compressed = resolve_compression(path, compression) == "GZIP"
     headers_only = not (read_data or compressed or skip_corrupt)
-    with open_input(path, random_access=headers_only) as raw:
-        source = (Source(raw, False, fs.file_size(path), REMOTE_INDEX_BLOCK if fs.is_uri(path) else INDEX_BLOCK)
-                  if headers_only else Source(raw, compressed))
+    with open_record_file(path, random_access=headers_only) as raw:
+        source = (RecordStream(raw, False, fs.file_size(path), REMOTE_INDEX_BLOCK if fs.is_uri(path) else INDEX_BLOCK)
+                  if headers_only else RecordStream(raw, compressed))
         reader = _Reader(path, source, compressed, DEFAULT_MAX_RECORD_BYTES if limit is None else limit,
                          skip_corrupt, on_corrupt)
         try:
@@ -327,7 +327,7 @@ class RangeReader:
         if len(data) < end - start:
             raise CorruptRecordError(f"{where(at, record=first_record)}: the file ends before byte {end}, "
                                      f"where this {what} ends")
-        source = Source(io.BytesIO(data), False)
+        source = RecordStream(io.BytesIO(data), False)
         source.offset = start
         reader = _Reader(at, source, self.compressed, max(end - start, 0), False, None)
         reader.index = first_record

@@ -22,7 +22,7 @@ REMOTE_INDEX_BLOCK = 1 << 20
 """Bytes the index pass reads at a time from an object store, where every read is a request."""
 
 
-def open_input(path: str, random_access: bool = False) -> BinaryIO:
+def open_record_file(path: str, random_access: bool = False) -> BinaryIO:
     """The file opened for buffered sequential reading, or (random_access) for reads where seeks skip what is
     not read: a local file unbuffered; a missing or unreadable file is an InputError."""
     try:
@@ -40,7 +40,7 @@ def detect_compression(path: str) -> str | None:
     uncompressed record header (length CRC matches) is uncompressed: the magic
     alone can be the low bytes of a first record of 35,615+ bytes.
     """
-    with open_input(path) as f:
+    with open_record_file(path) as f:
         head = f.read(HEADER_SIZE)
     if head[:2] != _GZIP_MAGIC or header_is_valid(head):
         return None
@@ -106,7 +106,7 @@ class _Inflater:
             raise GzipCorrupt(str(exc)) from None
 
 
-class Source:
+class RecordStream:
     """One file's record stream (inflated if GZIP), read in blocks, with push-back for resynchronising."""
 
     def __init__(self, raw: BinaryIO, compressed: bool, size: int | None = None, block: int = BLOCK) -> None:
