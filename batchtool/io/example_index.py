@@ -155,9 +155,8 @@ def build(directory: str, manifest: dict[str, Any], space: Workspace, memory: in
                                                    space.errors)
         index_schema = pa.schema(zip(_FIELDS, (key_type, pa.int64(), pa.int64())))
         sink = HashingFile(os.path.join(directory, INDEX_NAME))
-        try:
-            with space.errors():
-                write_single_batch(sink.write, index_schema, examples, buffers)
+        try:  # a refused write here is the output's (write.write_manifest names DST)
+            write_single_batch(sink.write, index_schema, examples, buffers)
         finally:
             sink.close()
     finally:
