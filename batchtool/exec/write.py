@@ -67,7 +67,7 @@ def write(job: Job, produce: Produce, executor: Executor, report: ReadReport | N
         stats = produced.stats
         placed = _write_on_driver if tasks.shares.memory else write_on_workers
         files, rows_in, rows = placed(job, produced, output, stored, tmp, space, report, tasks)
-        manifest = write_manifest(tmp, job, casts, stored, files, rows_in, rows, report,
+        manifest = write_manifest(tmp, space, job, casts, stored, files, rows_in, rows, report,
                                   stats if job.manifest_stats is None
                                   else functools.partial(_pipeline_stats, job.manifest_stats, stats, rows),
                                   executor.summary(), produced.padding if isinstance(produced, Cut) else None)
@@ -79,11 +79,11 @@ def _pipeline_stats(manifest_stats: Callable[[dict[str, Any], int], dict[str, An
     return manifest_stats(stats(), rows)
 
 
-def write_manifest(tmp: str, job: Job, casts: dict[str, str], stored: pa.Schema, files: list[dict], rows_in: int,
+def write_manifest(tmp: str, space: Workspace, job: Job, casts: dict[str, str], stored: pa.Schema, files: list[dict], rows_in: int,
                    rows_out: int, report: ReadReport, stats: Callable[[], dict[str, Any]],
                    executed: dict[str, Any], padding: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The manifest of a finished output in `tmp`, written there (with the example index of batch output); returns
-    it. Its run section (the one part that
+    """The manifest of a finished output in `tmp`, written there (with the example index of batch output, built in
+    the workspace `space` under --memory); returns it. Its run section (the one part that
     may differ between runs writing the same bytes) says how the run went (`executed`: the executor's summary);
     `padding`: how batchtool.load pads the batches (Cut.padding)."""
     job_stats = stats()
@@ -98,7 +98,8 @@ def write_manifest(tmp: str, job: Job, casts: dict[str, str], stored: pa.Schema,
         manifest["output"]["cast"] = casts
     with fs.write_errors(f"{job.dst}: cannot write the output"):
         if job.batches:
-            manifest["output"]["index"] = example_index.build(tmp, manifest, job.output.key)
+            manifest["output"]["index"] = example_index.build(tmp, manifest, space, job.run.budget,
+                                                                     job.output.key)
         manifest_mod.write(tmp, manifest)
     return manifest
 

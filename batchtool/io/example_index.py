@@ -4,7 +4,10 @@ from a memory map, and `check --receipts` can name the examples of a batch. A fu
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,8 +19,11 @@ from batchtool.core import fs
 from batchtool.core.errors import BatchtoolError, InputError, OptionError
 from batchtool.io.dataset import Dataset, Shard
 from batchtool.io.formats.registry import FORMATS
+from batchtool.io.ipc_single import NO_VALIDITY, Buffer, write_single_batch
+from batchtool.io.key_sort import KeySort, search
 from batchtool.io.manifest import dataset_file, manifest_path, schema_from_json
 from batchtool.io.output import HashingFile
+from batchtool.io.workspace import Workspace
 
 INDEX_NAME = ".batchtool_index"
 """A leading dot, as the manifest's, and no data suffix: directory readers skip it and no `*.arrow` or `*.parquet` glob
@@ -25,7 +31,15 @@ INDEX_NAME = ".batchtool_index"
 KEY_COLUMN = "key"
 """The column whose values are the examples' keys (a list of them per row in pack output: one per document)."""
 READ_BATCHES = 1024
-"""Batches of the key column read at a time while the index is built."""
+"""Batches of the key column read at a time while the index is built, at most."""
+MEMORY_SHARE = 2
+"""Building the index (after every data file is written) may hold about half of --memory: the keys it sorts at
+once (key_sort.KeySort), the batches it reads and the pieces it writes."""
+WINDOW_SHARE = 8
+"""The batches of the key column read at once hold about an eighth of the build's share of --memory in keys (at
+least one batch): how many follows the key bytes per batch of the batches read before, from one."""
+PIECE_BYTES = 1 << 20
+"""The index's columns are streamed into it from the workspace's files in pieces of this size."""
 _FIELDS = ("key", "batch", "by_key")
 """Per example in output order: its key, its batch; and the examples in key order (then batch order)."""
 
@@ -73,51 +87,141 @@ def _count(column: pa.Array) -> int:
     return len(column) - column.null_count
 
 
-def build(directory: str, manifest: dict[str, Any], key: str | None = None) -> dict[str, Any]:
+class _Spool:
+    """A column's bytes appended to a file of the workspace as they are read, streamed back into the index."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.nbytes = path, 0
+        self._file = open(path, "wb")
+
+    def append(self, data: np.ndarray | pa.Buffer) -> None:
+        view = memoryview(data).cast("B")
+        self._file.write(view)
+        self.nbytes += view.nbytes
+
+    def buffer(self) -> Buffer:
+        """What was appended (the file closed), as an index body buffer."""
+        self._file.close()
+        return Buffer(self.nbytes, functools.partial(_file_pieces, self.path))
+
+
+def _file_pieces(path: str) -> Iterator[bytes]:
+    with open(path, "rb") as f:
+        while piece := f.read(PIECE_BYTES):
+            yield piece
+
+
+def _arange_pieces(n: int) -> Iterator[np.ndarray]:
+    for start in range(0, n, PIECE_BYTES // 8):
+        yield np.arange(start, min(n, start + PIECE_BYTES // 8), dtype=np.int64)
+
+
+def _key_spools(directory: str, strings: bool) -> list[_Spool]:
+    """Where the keys go in output order: their values, or (strings) their offsets and characters."""
+    if not strings:
+        return [_Spool(os.path.join(directory, "keys"))]
+    offsets = _Spool(os.path.join(directory, "offsets"))
+    offsets.append(np.zeros(1, dtype=np.int64))
+    return [offsets, _Spool(os.path.join(directory, "characters"))]
+
+
+def _spool_keys(spools: list[_Spool], keys: pa.Array) -> None:
+    """Append one chunk of keys (int64, or large_string; no nulls) to _key_spools' files."""
+    if len(spools) == 1:
+        spools[0].append(keys.to_numpy())
+        return
+    offsets = np.frombuffer(keys.buffers()[1], dtype=np.int64)[keys.offset:keys.offset + len(keys) + 1]
+    spools[0].append(offsets[1:] - offsets[0] + spools[1].nbytes)
+    spools[1].append(keys.buffers()[2][offsets[0]:offsets[-1]])
+
+
+def build(directory: str, manifest: dict[str, Any], space: Workspace, memory: int,
+          key: str | None = None) -> dict[str, Any]:
     """Write the index of the output in `directory` (its data files written, `manifest` listing them, not yet
     written) as INDEX_NAME there, keyed by key_column(schema, `key`); returns the manifest's `output.index` entry
-    (name, key column, examples, size, sha256). Reads only the key column (or, without one, each batch's rows)."""
+    (name, key column, examples, size, sha256). Reads only the key column (or, without one, each batch's rows), a
+    few batches at a time: the index's columns wait in files of the workspace `space` and the keys are sorted there
+    (key_sort), so the build holds about `memory` / MEMORY_SHARE however many examples the output has."""
     spec = FORMATS[manifest["output"]["format"]]
     schema = schema_from_json(manifest["schema"])
     shards = tuple(Shard(i, fs.join(directory, f["path"]), f["bytes"]) for i, f in enumerate(manifest["output"]["files"]))
     dataset = Dataset(directory, spec, shards, schema, options=spec.options_of(manifest["output"]), manifest=manifest)
-    counts, stored = spec.open_batches(directory, dataset)
     column = key_column(schema, key)
-    keys: list[pa.Array] = []
-    sizes: list[np.ndarray] = []
+    with space.errors():
+        spill = fs.make_unique_dir(space.directory, "index-")
+    try:
+        with space.errors():
+            key_type, examples, buffers = _spooled(spill, dataset, column, max(1, memory // MEMORY_SHARE),
+                                                   space.errors)
+        index_schema = pa.schema(zip(_FIELDS, (key_type, pa.int64(), pa.int64())))
+        sink = HashingFile(os.path.join(directory, INDEX_NAME))
+        try:  # a refused write here is the output's (write.write_manifest names DST)
+            write_single_batch(sink.write, index_schema, examples, buffers)
+        finally:
+            sink.close()
+    finally:
+        fs.remove_tree(spill)
+    return {"path": INDEX_NAME, "key": column, "examples": examples, "bytes": sink.bytes,
+            "sha256": sink.sha256.hexdigest()}
+
+
+def _spooled(spill: str, dataset: Dataset, column: str | None, budget: int,
+             errors: Callable[[], AbstractContextManager[None]]) -> tuple[pa.DataType, int, list[Buffer]]:
+    """The index's key type, examples and body buffers (the columns in output order spooled in `spill` as the
+    output is read, the keys sorted there under `budget` bytes)."""
+    counts, stored = dataset.spec.open_batches(dataset.src, dataset)
+    batch = _Spool(os.path.join(spill, "batch"))
+    sort = None if column is None else KeySort(spill, budget, errors)
+    key_type: pa.DataType = pa.int64()  # with no key at all, as before the index was built in pieces
+    spools: list[_Spool] = []
+    batches = examples = 0
+
+    def record(sizes: np.ndarray) -> None:  # the examples of the next batches
+        nonlocal batches, examples
+        batch.append(np.repeat(np.arange(batches, batches + len(sizes), dtype=np.int64), sizes))
+        batches += len(sizes)
+        examples += int(sizes.sum())
+
+    wanted = max(1, budget // WINDOW_SHARE)
     cache: dict = {}
     try:
-        for f, count in enumerate(counts):
-            for start in range(0, int(count), READ_BATCHES):
-                local = np.arange(start, min(int(count), start + READ_BATCHES), dtype=np.int64)
-                if column is None:
-                    sizes.append(np.asarray(stored.rows(f, local), dtype=np.int64))
-                    continue
+        for f, count in enumerate(int(c) for c in counts):
+            if column is None:
+                record(np.asarray(stored.rows(f, np.arange(count, dtype=np.int64)), dtype=np.int64))
+                continue
+            start, window = 0, 1
+            while start < count:
+                local = np.arange(start, min(count, start + window), dtype=np.int64)
                 columns = [b.column(0) for b in stored.read(f, local, [column], dataset.projected_schema([column]),
                                                             cache)()]
-                sizes.append(np.array([_count(c) for c in columns], dtype=np.int64))
-                keys += _keys_of(pa.chunked_array(columns, type=schema.field(column).type)).chunks
+                sizes = np.array([_count(c) for c in columns], dtype=np.int64)
+                keys = _keys_of(pa.chunked_array(columns, type=dataset.schema.field(column).type))
+                window = max(1, min(READ_BATCHES, wanted * len(local) // max(1, keys.nbytes)))
+                if keys.num_chunks:
+                    keys = keys.combine_chunks()  # a copy: no key keeps a file's memory map open
+                    if not spools:
+                        key_type = keys.type
+                        spools = _key_spools(spill, pa.types.is_large_string(key_type))
+                    _spool_keys(spools, keys)
+                    sort.add(keys)
+                record(sizes)
+                start += len(local)
+                if stored.in_place():  # views of a memory map: its pages read so far leave this process with it
+                    del columns, keys
+                    stored.release(cache)
             stored.release(cache)
     finally:
         stored.release(cache)
-    per_batch = np.concatenate(sizes) if sizes else np.zeros(0, dtype=np.int64)
-    batch = np.repeat(np.arange(len(per_batch), dtype=np.int64), per_batch)
-    if column is None:
-        key = pa.array(np.arange(len(batch), dtype=np.int64))
+    if sort is None:
+        keys = [Buffer(8 * examples, functools.partial(_arange_pieces, examples))]
+        by_key = Buffer(8 * examples, functools.partial(_arange_pieces, examples))
     else:
-        key = pa.chunked_array(keys, type=keys[0].type if keys else pa.int64()).combine_chunks()
-    # batches ascend in output order, so a stable sort by key alone orders by (key, batch)
-    order = (np.argsort(key.to_numpy(), kind="stable") if pa.types.is_integer(key.type)
-             else pc.sort_indices(key).to_numpy().astype(np.int64))
-    table = pa.table({"key": key, "batch": batch, "by_key": order})
-    sink = HashingFile(os.path.join(directory, INDEX_NAME))
-    try:
-        with pa.PythonFile(sink, mode="w") as stream, pa.ipc.new_file(stream, table.schema) as writer:
-            writer.write_table(table, max_chunksize=max(1, table.num_rows))
-    finally:
-        sink.close()
-    return {"path": INDEX_NAME, "key": column, "examples": int(table.num_rows), "bytes": sink.bytes,
-            "sha256": sink.sha256.hexdigest()}
+        keys = [s.buffer() for s in spools]
+        order = _Spool(os.path.join(spill, "by_key"))
+        for positions in sort.positions():
+            order.append(positions)
+        by_key = order.buffer()
+    return key_type, examples, [NO_VALIDITY, *keys, NO_VALIDITY, batch.buffer(), NO_VALIDITY, by_key]
 
 
 @dataclass(frozen=True)
@@ -172,18 +276,14 @@ class ExampleIndex:
 def _bound(values: pa.Array, order: np.ndarray, key: str | int, right: bool) -> int:
     """Where `key` goes in `values` taken in `order` (sorted: numpy's searchsorted, left or right), in O(log n)
     element reads."""
-    lo, hi = 0, len(order)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        at = int(order[mid])
+
+    def value(i: int) -> str | int:
+        at = int(order[i])
         if not 0 <= at < len(values):
             raise InputError("the example index is damaged: it names an example it does not hold")
-        v = values[at].as_py()
-        if v < key or (right and v == key):
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
+        return values[at].as_py()
+
+    return search(value, len(order), key, right)
 
 
 def open_index(dst: str, manifest: dict[str, Any]) -> ExampleIndex:

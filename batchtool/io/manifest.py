@@ -187,3 +187,13 @@ def output_files(src: str, manifest: dict) -> list[OutputFile]:
     """The data files a manifest (from manifest_reader.read_manifest, so already checked) lists, in its order."""
     return [OutputFile(fs.join(src, f["path"]), f["path"], f["rows"], f["batches"], f["bytes"], f["sha256"])
             for f in manifest["output"]["files"]]
+
+
+def index_files(src: str, manifest: dict) -> list[OutputFile]:
+    """The example index a manifest (checked, as for output_files) records, as a file to verify by size and sha256
+    (rows: its examples; no batches), or none."""
+    entry = manifest["output"].get("index")
+    if entry is None:
+        return []
+    return [OutputFile(fs.join(src, entry["path"]), entry["path"], entry["examples"], 0, entry["bytes"],
+                       entry["sha256"])]

@@ -118,6 +118,21 @@ def validate(data: Any, path: str, src: str) -> dict:
             count(entry, key, f"{field}.{key}")
         if not (isinstance(entry.get("sha256"), str) and len(entry["sha256"]) == 64):
             raise refuse(f"{field}.sha256", entry.get("sha256"), "64 hex digits")
+    index = output.get("index")
+    if index is not None:  # the example index (batchtool.io.example_index), checked as the files are
+        if not isinstance(index, dict):
+            raise refuse("output.index", index, "an object")
+        if not isinstance(index.get("path"), str):
+            raise refuse("output.index.path", index.get("path"), "a relative file path")
+        dataset_file(src, index["path"], f"{path}: output.index.path")
+        if posixpath.normpath(index["path"]) in seen:
+            raise InputError(f"{path}: output.index.path {index['path']!r} is also a data file")
+        for key in ("examples", "bytes"):
+            count(index, key, f"output.index.{key}")
+        if not (isinstance(index.get("sha256"), str) and len(index["sha256"]) == 64):
+            raise refuse("output.index.sha256", index.get("sha256"), "64 hex digits")
+        if not isinstance(index.get("key"), (str, type(None))):
+            raise refuse("output.index.key", index.get("key"), "a column name or null")
     if not isinstance(data["schema"], str):
         raise refuse("schema", data["schema"], "a base64 Arrow IPC schema")
     try:

@@ -192,6 +192,30 @@ class QuotaLayout:
         position = self.batches * self.batch_size
         return shares(size, curve.over(position, size), curve.at(position) - given, self.docs, used)
 
+    def below_overrun(self, used: np.ndarray, given: np.ndarray, left: np.ndarray, largest: int) -> int:
+        """A size up to `largest` above which no last batch of documents (not cycled) fits the documents `left`:
+        below the smallest size whose running target passes all a class's documents left by 2 (plus the classes'
+        lag behind their targets). There that class gets them all and is still a document behind, so the extra
+        documents `shares` gives start with one it does not have. Found by a binary search (the targets only grow
+        with the size), so the last batch is searched from here down: a few sizes, not one per unit of the batch."""
+        curve = self._curve()
+        position = self.batches * self.batch_size
+        behind = curve.at(position) - given
+        counts_left = self.docs.counted(used, left)
+        margin = 2 + np.maximum(behind, 0).sum()
+
+        def overruns(size: int) -> bool:
+            return bool(np.max(behind + curve.over(position, size) - counts_left) >= margin)
+
+        lo, hi = 1, largest + 1  # the smallest size in [1, largest] that overruns, or largest + 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if overruns(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo - 1
+
     def sequence(self) -> Iterator[np.ndarray]:
         yield from itertools.islice(self.full_quotas(), self.batches)
         if sum(self.partial):
@@ -230,6 +254,8 @@ def plan_layout(available: np.ndarray, target: np.ndarray, batch_size: int, *, p
         largest = batch_size - 1
         if docs is ROWS:  # class i gets at least floor(size t_i) <= its rows left, so size < (left_i + 1) / t_i
             largest = min([largest, *(int((n + 1) / t) + 1 for n, t in zip(left.tolist(), target.tolist()) if t)])
+        elif isinstance(docs, Documents) and not docs.cycle:
+            largest = layout.below_overrun(used, given, left, largest)
         if end is not None:
             largest = min(largest, end - batches * batch_size)
         for size in range(largest, 0, -1):

@@ -441,8 +441,8 @@ class Prefix:
             rows_in = self.rows.get(k, planned)
             rows_out, info = last_expected if k == last else stage.expected(rows_in, scan)
             planned = self.rows.get(k + 1, rows_out)
-            out.append({"stage": k + 1, "op": stage.op.name, "rows_in": rows_in,
-                        "rows_out": planned if k < last else rows_out, **info})
+            out.append({"stage": k + 1, "op": stage.op.name, "rows_in": info.pop("rows_in", rows_in),  # an op that
+                        "rows_out": planned if k < last else rows_out, **info})  # counted its input says so
         return out
 
 

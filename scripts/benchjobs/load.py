@@ -1,7 +1,7 @@
 """Training-side costs of `batchtool.load`: one epoch per batch format (the bucket and segment modules list
 those jobs), its floors (touching the same arrays already in memory; copying them once out of the memory map,
 what writable arrays at least cost), a shuffled epoch split over 4 ranks, resuming from the middle of an
-epoch, and `where`/`step` lookups in the example index of an output of 10^7 examples.
+epoch, `where`/`step` lookups in the example index of an output of 10^7 examples, and building that index.
 
 Epoch functions print `seconds N` measured inside the process (open to last batch, interpreter start-up
 excluded); bench.py reports that figure rather than the process's wall time. The resume figure is printed
@@ -22,6 +22,8 @@ from bench import Command, Context, Job
 RANKS = 4
 LOOKUP_EXAMPLES = 10**7
 LOOKUP_BATCH = 256
+INDEX_MEMORY = 64 << 20
+"""The --memory the index build is measured under: far less than the 10^7 keys' index (240 MB)."""
 FORMATS: dict[str, tuple[str, ...]] = {
     "arrow": ("--to", "arrow", "--compression", "none"),
     "arrow zstd": ("--to", "arrow", "--compression", "zstd"),
@@ -59,6 +61,11 @@ def jobs(ctx: Context) -> list[Job]:
             note="median seconds of one `where` (every place a random key is handed out, 4 ranks) and one `step` "
                  "(the keys of a random step) in process, each opening the output anew, over a bucket output of "
                  f"{LOOKUP_EXAMPLES:.0e} one-step examples in batches of {LOOKUP_BATCH} (made once, untimed)"),
+        Job(f"example index build on {LOOKUP_EXAMPLES:.0e} examples, --memory 64MB", LOOKUP_EXAMPLES, 0,
+            ours=Command(call="load:index_build", args={"dst": os.path.join(ctx.data, "indexed-1e7"),
+                                                        "examples": LOOKUP_EXAMPLES, "memory": INDEX_MEMORY}),
+            note="seconds of building the example index of the lookups' output anew in process (keys sorted in "
+                 "runs spilled and merged); its peak growth is printed beside"),
     ]
 
 
@@ -292,3 +299,32 @@ def lookups(dst: str, examples: int, repeats: int = 21) -> None:
         step_s.append(time.perf_counter() - start)
     where, step = statistics.median(where_s), statistics.median(step_s)
     print(f"examples {examples} seconds {max(where, step):.4f} where_s {where:.4f} step_s {step:.4f}")
+
+
+def index_build(dst: str, examples: int, memory: int = 1 << 30) -> None:
+    """Seconds and peak memory of building the example index of the lookups' output (made once, untimed) anew, in
+    process under `memory` (--memory), the same bytes as recorded: the build alone, as a write ends with it."""
+    import tempfile
+
+    from batchtool.io import example_index
+    from batchtool.io.workspace import Workspace
+
+    indexed_output(dst, examples)
+    with open(os.path.join(dst, ".batchtool_manifest.json")) as f:
+        manifest = json.load(f)
+    recorded = manifest["output"].pop("index")
+    with tempfile.TemporaryDirectory() as space:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # VmHWM from here on
+        base = _status_bytes("VmRSS:")
+        start = time.perf_counter()
+        entry = example_index.build(dst, manifest, Workspace(space, dst), memory)
+        seconds = time.perf_counter() - start
+    assert entry == recorded, "the index is not the bytes recorded"
+    print(f"examples {examples} seconds {seconds:.2f} memory {memory} "
+          f"peak_growth_mib {(_status_bytes('VmHWM:') - base) / 2**20:.0f}")
+
+
+def _status_bytes(field: str) -> int:
+    with open("/proc/self/status") as status:
+        return int(next(line for line in status if line.startswith(field)).split()[1]) << 10

@@ -155,6 +155,47 @@ def test_a_manifest_path_leaving_the_directory_is_refused(bucketed, parquet_src,
     assert ("leaves the dataset directory" in result.stderr) != ("is absolute" in result.stderr)
 
 
+@pytest.mark.parametrize("damage", ["flipped", "truncated", "missing"])
+def test_a_damaged_or_missing_example_index_is_a_data_failure_naming_it(bucketed, run_cli, damage):
+    index = os.path.join(bucketed, ".batchtool_index")
+    data = open(index, "rb").read()
+    if damage == "missing":
+        os.remove(index)
+    else:
+        with open(index, "wb") as f:
+            f.write(data[:-1] if damage == "truncated" else data[:100] + bytes([data[100] ^ 1]) + data[101:])
+    result = run_cli("check", bucketed, "--json", "-")
+    assert result.exit_code == 1
+    rules = rules_of(result)
+    assert [rules[n]["status"] for n in rules] == ["FAIL", "PASS", "PASS", "PASS"]
+    assert rules["checksums"]["measured"] == "the example index differs"
+    [offender] = rules["checksums"]["offenders"]
+    assert offender["file"] == index
+    assert offender["detail"].startswith({"flipped": "the example index: changed: sha256 ",
+                                          "truncated": f"the example index: truncated: {len(data) - 1:,} bytes",
+                                          "missing": "the example index: missing"}[damage])
+
+
+def test_a_damaged_data_file_and_index_are_both_named(bucketed, run_cli):
+    with open(os.path.join(bucketed, ".batchtool_index"), "ab") as f:
+        f.write(b"x")
+    with open(os.path.join(bucketed, "part-00001.parquet"), "ab") as f:
+        f.write(b"x")
+    result = run_cli("check", bucketed, "--checksums")
+    assert result.exit_code == 1
+    assert table(result)["checksums"][:2] == ["FAIL", "1 of 3 files differ; the example index differs"]
+
+
+@pytest.mark.parametrize("entry, field", [
+    ({"path": "../elsewhere"}, "output.index.path '../elsewhere'"), ({"sha256": 7}, "output.index.sha256 is 7"),
+    ({"bytes": -1}, "output.index.bytes is -1"), ({"path": "part-00000.parquet"}, "is also a data file")])
+def test_a_hostile_index_entry_is_refused(bucketed, run_cli, entry, field):
+    rewrite_manifest(bucketed, lambda m: m["output"]["index"].update(entry))
+    result = run_cli("check", bucketed)
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1
+    assert field in result.stderr
+
+
 def test_manifest_flag_adds_the_verification_to_other_rules(bucketed, run_cli):
     result = run_cli("check", bucketed, "--manifest", "--num-classes", "4")
     assert result.exit_code == 0

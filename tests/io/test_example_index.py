@@ -115,3 +115,54 @@ def test_an_index_that_is_not_the_outputs_is_refused(root, tmp_path):
     os.remove(os.path.join(dst, INDEX_NAME))
     with pytest.raises(InputError, match="missing"):
         open_index(dst, manifest)
+
+
+_BUILD_GROWTH = """
+import json, os, sys
+from batchtool.io import example_index
+from batchtool.io.workspace import Workspace
+dst, memory, space = sys.argv[1], int(sys.argv[2]), Workspace(sys.argv[3], sys.argv[1])
+manifest = json.load(open(os.path.join(dst, ".batchtool_manifest.json")))
+recorded = manifest["output"].pop("index")
+def rss(field):
+    with open("/proc/self/status") as status:
+        return int(next(line for line in status if line.startswith(field)).split()[1]) << 10
+example_index.build(dst, manifest, space, memory)  # imports and caches: the build measured starts warm
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+base = rss("VmRSS:")
+entry = example_index.build(dst, manifest, space, memory)
+print(json.dumps({"same": entry == recorded, "grew": rss("VmHWM:") - base}))
+"""
+_BIG_KEYS = 400
+_KEY_BYTES = 48_000
+"""400 keys of 48 kB: an index of 19 MB, which a build holding every key and their sort holds twice over."""
+
+
+def test_a_large_index_is_built_under_a_small_memory(tmp_path):
+    """The build holds what --memory allows, not the keys: 19 MB of keys sorted under 8 MB (runs spilled and
+    merged) give the bytes the default --memory gave (one run, sorted in memory)."""
+    import sys
+
+    import memlimit
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    os.makedirs(tmp_path / "src")
+    keys = pa.array([f"{i:05d}".ljust(_KEY_BYTES, "k") for i in range(_BIG_KEYS)][::-1])
+    steps = pa.ListArray.from_arrays(pa.array(np.arange(_BIG_KEYS + 1, dtype=np.int32)),
+                                     pa.array(np.ones(_BIG_KEYS, dtype=np.int8)))
+    pq.write_table(pa.table({"key": keys, "tokens": steps}), tmp_path / "src" / "part-0.parquet", row_group_size=32)
+    dst = str(tmp_path / "dst")
+    from batchtool.ops.bucket import OP, BucketOptions
+
+    run_operation(OP, BucketOptions(boundaries=(2,), batch_size=(16,), sequence=("tokens",)), str(tmp_path / "src"),
+                  dst, OutputOptions(format="parquet"), QUIET, seed=1)  # the default --memory: one run in memory
+    os.makedirs(tmp_path / "space")
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    child = memlimit.run_capped([sys.executable, "-c", _BUILD_GROWTH, dst, str(8 << 20), str(tmp_path / "space")],
+                                1 << 30, env={**os.environ, "PYTHONPATH": repo})
+    assert child.returncode == 0, child.stderr
+    result = json.loads(child.stdout)
+    assert result["same"]
+    assert result["grew"] < 12 << 20, result["grew"] >> 20  # holding every key and its sort: about 38 MB

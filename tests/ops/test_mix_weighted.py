@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from batchtool.io.manifest import MANIFEST_NAME
 from batchtool.ops.mix.schedule import Point, Schedule
-from batchtool.ops.quotas import Constant, Documents, plan_layout
+from batchtool.ops.quotas import Constant, Documents, QuotaLayout, plan_layout
 
 
 def _within_one_document(layout, lengths, curve) -> None:
@@ -56,6 +56,27 @@ def test_token_shares_within_one_document_per_batch(lengths, raw, size):
     _within_one_document(layout, [np.array(own) for own in lengths], Constant(weights))
     assert np.all(layout.per_class <= available)
     assert np.all(layout.per_class[weights == 0] == 0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths_st, st.lists(st.sampled_from([0.0, 1e-3, 0.1, 0.3, 0.5, 1.0]), min_size=4, max_size=4),
+       st.integers(1, 1500), st.booleans())
+def test_the_last_batch_is_the_one_a_search_of_every_size_finds(lengths, raw, size, scheduled):
+    """The last batch of documents is searched from below the first size that overruns a source, not from
+    --batch-size down: the same batch as trying every size (byte for byte the same output)."""
+    weights = np.array(raw[:len(lengths)])
+    if not weights.sum():
+        weights[0] = 1.0
+    weights = weights / weights.sum()
+    curve = Schedule("s.toml", (Point(0, tuple(weights)), Point(size * 2, tuple(weights[::-1])))).curve() \
+        if scheduled else None
+    available = np.array([len(own) for own in lengths])
+    planned = plan_layout(available, weights, size, partial=True, oversample=False, docs=_docs(lengths), curve=curve)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(QuotaLayout, "below_overrun", lambda self, used, given, left, largest: largest)
+        every = plan_layout(available, weights, size, partial=True, oversample=False, docs=_docs(lengths),
+                            curve=curve)
+    assert (planned.batches, planned.partial) == (every.batches, every.partial)
 
 
 @st.composite

@@ -5,6 +5,7 @@ the mix on the pickling stand-in for Ray."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections import Counter
 
@@ -77,6 +78,49 @@ def test_dry_run_reports_each_source_s_rows_and_writes_nothing(tmp_path, sources
     assert mix_line.split()[2:4] == ["235", "224"] and "per source 112/67/45" in mix_line
     assert next(line for line in result.stdout.splitlines() if line.startswith("2 bucket")).split()[2] == "224"
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("stage", [
+    'schedule = "{schedule}"', 'schedule = "{schedule}"\nsize = 150', 'weights = [1, 1, 1]\nby = "rows"'])
+def test_a_scheduled_mix_s_dry_run_plans_the_rows_and_batches_the_run_writes(tmp_path, sources, run_cli, stage):
+    schedule = write_schedule(tmp_path, 200)
+    path = pipeline(tmp_path, sources, f'op = "mix"\nnames = ["a", "b", "c"]\n{stage.format(schedule=schedule)}\n'
+                                       'batch-size = 16')
+    dry = run_cli("run", path, "--dry-run")
+    assert dry.exit_code == 0, dry.stderr
+    planned = next(line for line in dry.stdout.splitlines() if line.startswith("1 mix")).split(None, 4)
+    result = run_cli("run", path)
+    assert result.exit_code == 0, result.stderr
+    done = next(line for line in result.stderr.splitlines() if line.startswith("1 mix")).split(None, 4)
+    assert planned[2:4] == done[2:4] == [f"{sum(SIZES):,}", done[3]] and done[3] != "?"
+    written = re.search(r"in ([\d,]+) batches", result.stderr).group(1)
+    assert planned[4].startswith(f"{written} batches, per source ") and planned[4].split()[-1] in done[4]
+
+
+def write_schedule(tmp_path, total: int):
+    schedule = tmp_path / "schedule.toml"
+    schedule.write_text(f"total = {total}\n[[point]]\nat = 0\nweights = {{ a = 0.6, b = 0.3, c = 0.1 }}\n"
+                        "[[point]]\nat = 100\nweights = { a = 0.5, b = 0.3, c = 0.2 }\n")
+    return schedule
+
+
+def test_a_scheduled_mix_s_dry_run_fails_as_its_run_when_a_source_runs_out(tmp_path, sources, run_cli):
+    path = pipeline(tmp_path, sources, f'op = "mix"\nnames = ["a", "b", "c"]\n'
+                                       f'schedule = "{write_schedule(tmp_path, 400)}"\nbatch-size = 16')
+    dry, run = run_cli("run", path, "--dry-run"), run_cli("run", path)
+    assert dry.exit_code == run.exit_code == 2 and dry.stderr == run.stderr and dry.stderr.count("\n") == 1
+    assert "stage 1 (mix): source 'a' runs out after" in dry.stderr
+
+
+def test_a_mix_by_tokens_dry_run_says_what_it_knows(tmp_path, sources, run_cli):
+    path = pipeline(tmp_path, sources, f'op = "mix"\nweights = [{WEIGHTS}]\nby = "tokens"\nsize = 900\n'
+                                       'batch-size = 64')
+    result = run_cli("run", path, "--dry-run")
+    assert result.exit_code == 0, result.stderr
+    line = next(line for line in result.stdout.splitlines() if line.startswith("1 mix"))
+    assert line.split()[2:4] == [f"{sum(SIZES):,}", "?"]
+    assert line.endswith("rows out follow the documents' lengths (counted as the mixture is written); 900 tokens "
+                         "planned")
 
 
 @pytest.mark.parametrize("stages, path, expected", [

@@ -25,9 +25,9 @@ _U16, _U8, _I32, _U32, _I64 = (struct.Struct(f) for f in ("<H", "<B", "<i", "<I"
 _RECORD_BATCH, _DICTIONARY_BATCH = 3, 2
 """MessageHeader union members (Message.fbs): Schema 1, DictionaryBatch 2, RecordBatch 3, Tensor 4, ..."""
 _HEADER_NAMES = {1: "a schema", 2: "a dictionary batch", 3: "a record batch", 4: "a tensor", 5: "a sparse tensor"}
-_FILE_TRAILER = 10
+FILE_TRAILER = 10
 """The file's last bytes: its footer's length (int32) and the magic."""
-_STRUCT_BYTES = 16
+STRUCT_BYTES = 16
 """FieldNode (length, null_count) and Buffer (offset, length): two int64 each."""
 _BLOCK_BYTES = 24
 """Footer Block: offset int64, metaDataLength int32 (+4 padding), bodyLength int64."""
@@ -48,7 +48,7 @@ def _batch_name(kind: int, index: int) -> str:
     return f"{'dictionary' if kind == _DICTIONARY_BATCH else 'record'} batch {index}"
 
 
-class _Flat:
+class Flat:
     """One flatbuffer, every read of it bounds-checked (a table's fields, its vtable, the vectors it points to)."""
 
     def __init__(self, data: bytes, what: str, batch: str | None = None) -> None:
@@ -142,7 +142,7 @@ ReadAt = Callable[[int, int], bytes]
 """(offset, length) -> the file's bytes there (a memory map's slice, or one read of a remote file)."""
 
 
-def _message(flat: _Flat, index: int, start: int, size: int) -> tuple[int, Message]:
+def _message(flat: Flat, index: int, start: int, size: int) -> tuple[int, Message]:
     """The header kind and the batch of one Message flatbuffer whose body starts at `start` (the file: `size`);
     a batch is `index` among those of its kind, and every error from here on names it."""
     message = flat.root()
@@ -167,7 +167,7 @@ def _message(flat: _Flat, index: int, start: int, size: int) -> tuple[int, Messa
     rows = flat.scalar(header, 0, _I64, 0)
     if rows < 0:
         raise MalformedIpc(f"a row count of {rows:,}", name)
-    buffers = flat.structs(header, 2, _STRUCT_BYTES)
+    buffers = flat.structs(header, 2, STRUCT_BYTES)
     if len(buffers) and ((buffers < 0).any() or (buffers[:, 1] > body - buffers[:, 0]).any()):
         raise MalformedIpc(f"a buffer lies outside its {body:,}-byte body", name)
     compression = flat.target(header, 3)
@@ -183,7 +183,7 @@ def _message(flat: _Flat, index: int, start: int, size: int) -> tuple[int, Messa
     return kind, Message(index, name, start, body, int(rows), buffers, compression is not None, counts)
 
 
-def _metadata(read_at: ReadAt, at: int, room: int, what: str, batch: str | None = None) -> tuple[_Flat, int]:
+def _metadata(read_at: ReadAt, at: int, room: int, what: str, batch: str | None = None) -> tuple[Flat, int]:
     """The Message flatbuffer encapsulated at `at` (continuation marker, int32 length, flatbuffer; or, before
     Arrow 0.15, int32 length and flatbuffer) in at most `room` bytes, and the bytes the encapsulation takes;
     `batch`: which batch the footer says it is, if known."""
@@ -195,7 +195,7 @@ def _metadata(read_at: ReadAt, at: int, room: int, what: str, batch: str | None 
     if length < 0 or prefix + length > room:
         raise MalformedIpc(f"{what} at byte {at:,} claims {length:,} bytes of metadata, more than the "
                         f"{max(room - prefix, 0):,} left", batch)
-    return _Flat(read_at(at + prefix, length), what, batch), prefix + length
+    return Flat(read_at(at + prefix, length), what, batch), prefix + length
 
 
 @dataclass(frozen=True)
@@ -210,19 +210,19 @@ class Footer:
 
 def file_footer(read_at: ReadAt, size: int) -> Footer:
     """The footer of an IPC *file* (magic, stream, footer, footer length, magic): the blocks, not yet followed."""
-    if size < len(FILE_MAGIC) + 2 + _FILE_TRAILER or read_at(0, 6) != FILE_MAGIC \
+    if size < len(FILE_MAGIC) + 2 + FILE_TRAILER or read_at(0, 6) != FILE_MAGIC \
             or read_at(size - len(FILE_MAGIC), 6) != FILE_MAGIC:
         raise MalformedIpc("not an Arrow IPC file (no ARROW1 magic at both ends)")
-    length = _I32.unpack(read_at(size - _FILE_TRAILER, 4))[0]
-    footer_start = size - _FILE_TRAILER - length
+    length = _I32.unpack(read_at(size - FILE_TRAILER, 4))[0]
+    footer_start = size - FILE_TRAILER - length
     if length <= 0 or footer_start < 8:
         raise MalformedIpc(f"the footer claims {length:,} bytes, which the file's {size:,} cannot hold")
-    footer = _Flat(read_at(footer_start, length), "the footer")
+    footer = Flat(read_at(footer_start, length), "the footer")
     table = footer.root()
     return Footer(footer.structs(table, 2, _BLOCK_BYTES), footer.structs(table, 3, _BLOCK_BYTES), footer_start)
 
 
-def _block(read_at: ReadAt, footer: Footer, index: int, kind: int) -> tuple[_Flat, int]:
+def _block(read_at: ReadAt, footer: Footer, index: int, kind: int) -> tuple[Flat, int]:
     """The metadata flatbuffer of batch `index` (of `kind`) of a file and where its body starts, from its Block."""
     offset, lengths, body = (footer.dictionaries if kind == _DICTIONARY_BATCH else footer.batches)[index].tolist()
     meta = lengths & 0xFFFFFFFF

@@ -233,20 +233,28 @@ class Mix(Operation[MixOptions, Mixture]):
         warnings += discard_warning(stats, self.name, "weights nearer the sources' sizes keep more, or --replacement "
                                     "with a larger --size repeats the smaller sources instead")
         note = ("per source " + "/".join(f"{s['taken']:,}" for s in sources),) if sources else ()
+        if "tokens_planned" in stats:  # a dry run by tokens: the rows follow the lengths, read as it is made
+            planned = stats["tokens_planned"]
+            note = ("rows out follow the documents' lengths (counted as the mixture is written)"
+                    + ("" if planned is None else f"; {planned:,} tokens planned"),)
         if not sources or "rows" not in sources[0]:
             return Said(warnings, note)
         return Said((*warnings, *source_table(sources)), note)
 
     def expected(self, plan: Mixture, rows_in: int | None, scan: Any = None) -> tuple[int | None, dict[str, Any]]:
-        """Dry run: the rows of each source the plan takes (with --batch-size, those its balanced batches hold)."""
-        if plan.info.get("weighted"):
-            return None, {"by": plan.info["by"]}  # the quotas follow the documents' counts, known once read
-        taken = np.asarray(plan.info["targets"], dtype=np.int64)
-        info: dict[str, Any] = {}
-        size = plan.options.batch_size
-        if size is not None:
-            layout = plan_layout(taken.copy(), plan.target, size, partial=not plan.options.drop_remainder,
-                                 oversample=False)
+        """Dry run: the rows of each source the plan takes (with --batch-size, those its balanced batches hold; by
+        schedule, its quota batches). By tokens the rows follow the documents' lengths, read only as the mixture is
+        made: the rows out are not known, the tokens asked for are (--size or the schedule's total)."""
+        info: dict[str, Any] = {"rows_in": int(sum(plan.info["rows"]))}
+        weighted = bool(plan.info.get("weighted"))
+        if weighted and plan.info["by"] == "tokens":
+            return None, {**info, "by": "tokens", "tokens_planned": plan.info["end"]}
+        taken = np.asarray(plan.info["targets"], dtype=np.int64) if not weighted else None
+        layout = _dealt(plan, np.asarray(plan.info["rows"], dtype=np.int64), ROWS) if weighted else None
+        if taken is not None and plan.options.batch_size is not None:
+            layout = plan_layout(taken.copy(), plan.target, plan.options.batch_size,
+                                 partial=not plan.options.drop_remainder, oversample=False)
+        if layout is not None:
             taken = layout.per_class
             info["batches"] = layout.batches + bool(sum(layout.partial))
         info["sources"] = [{"name": name, "weight": w, "taken": int(t)}
@@ -348,7 +356,24 @@ def _weighted_cut(op: Operation, plan: Mixture, scattered: Scattered, runtime: R
         ordered = count[mine][np.argsort(key[mine], kind="stable")]
         cumulative.append(np.concatenate([[0], np.cumsum(ordered)]).astype(np.int64))
     docs: Documents | Units = Documents(tuple(cumulative), cycle=options.replacement) if plan.length else ROWS
-    rows = np.array([len(c) - 1 for c in cumulative], dtype=np.int64)
+    layout = _dealt(plan, np.array([len(c) - 1 for c in cumulative], dtype=np.int64), docs)
+    quotas = np.array(list(layout.sequence()), dtype=np.int64).reshape(-1, k)
+    used = quotas.sum(axis=0)
+    written = Tally()
+    if len(quotas):
+        written.add(class_out=used)
+    record_layout(layout, written)
+    if plan.length:
+        written.latest["tokens"] = [int(t) for t in docs.counted(np.zeros(k, dtype=np.int64), used).tolist()]
+    batches = QuotaBatches(scattered.groups, quotas, plan.seed, BATCH_STAGE, scattered.schema, options.replacement)
+    return Cut(batches, functools.partial(written_stats, op, plan, selected, written))
+
+
+def _dealt(plan: Mixture, rows: np.ndarray, docs: Documents | Units) -> QuotaLayout:
+    """The quota batches of a mix by tokens or schedule, from each source's rows and what its documents count (in
+    the order its stream deals them; ROWS: by rows, which the plan alone knows): up to --size (or the schedule's
+    total), where a source that runs out before it, under its cap, is an error."""
+    options, k = plan.options, plan.num_classes
     schedule = plan.schedule
     available = schedule.caps(rows, options.replacement) if schedule is not None else (
         np.full(k, np.iinfo(np.int64).max // 2) if options.replacement else rows)
@@ -360,18 +385,9 @@ def _weighted_cut(op: Operation, plan: Mixture, scattered: Scattered, runtime: R
         curve = Switched(plan.previous.curve(), curve or Constant(plan.target), plan.previous.at * size)
     layout = plan_layout(available, plan.target, size, partial=not options.drop_remainder, oversample=False,
                          curve=curve, docs=docs, end=end)
-    quotas = np.array(list(layout.sequence()), dtype=np.int64).reshape(-1, k)
-    used = quotas.sum(axis=0)
     if end is not None and (layout.batches + 1) * size <= end:
         _ran_out(plan, layout, available, rows, end)
-    written = Tally()
-    if len(quotas):
-        written.add(class_out=used)
-    record_layout(layout, written)
-    if plan.length:
-        written.latest["tokens"] = [int(t) for t in docs.counted(np.zeros(k, dtype=np.int64), used).tolist()]
-    batches = QuotaBatches(scattered.groups, quotas, plan.seed, BATCH_STAGE, scattered.schema, options.replacement)
-    return Cut(batches, functools.partial(written_stats, op, plan, selected, written))
+    return layout
 
 
 def _ran_out(plan: Mixture, layout: QuotaLayout, available: np.ndarray, rows: np.ndarray, end: int) -> None:
