@@ -142,8 +142,9 @@ def check_cmd(src: str, rules_file: str | None, label: str | None, num_classes: 
     rules need. With --receipts, judges training runs' receipts instead (see `batchtool docs load`).
     Exit status: 0 all pass, 1 a rule fails, 2 bad usage or unreadable input.
     """
+    # the evaluator, once it runs: --help (and `batchtool --help`) needs none of it
     from batchtool.check import (CheckOptions, RuleSet, check, junit_xml, load_rules, render_text, rules_from_flags,
-                                 to_json)  # the evaluator, once it runs: --help (and `batchtool --help`) needs none of it
+                                 to_json)
     from batchtool.check.report import ReportFile
 
     if receipts or exactly_once or same_prefix:

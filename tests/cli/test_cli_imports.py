@@ -1,6 +1,7 @@
 """A command imports what it runs: `batchtool segment` loads segment's op and the pieces every command shares, never
-check's evaluator, another op or Ray, nor (reading Parquet, writing Arrow) the TFRecord codec's protobuf messages; check's
-evaluator loads when check runs, not for its --help; the group still lists every command, each found by its name."""
+check's evaluator, another op or Ray, nor (reading Parquet, writing Arrow) the TFRecord codec's protobuf messages;
+check's evaluator, the driver and the pipeline load when a command runs, not for --help; the group still lists every
+command, each found by its name."""
 
 from __future__ import annotations
 
@@ -74,11 +75,15 @@ def test_a_segment_run_imports_no_other_command_s_code(tmp_path):
     assert _among(imported, unneeded) == []
 
 
-def test_check_imports_its_evaluator_only_to_run():
-    """check --help (and so the group's, which makes every command for its short help) needs no evaluator."""
-    out, imported = _imported("check", "--help")
-    assert out.startswith("Usage: batchtool check [OPTIONS] SRC")
-    assert _among(imported, (*CHECK_EVALUATOR, "ray")) == []
+def test_commands_import_what_runs_them_only_to_run():
+    """`batchtool --help` makes every command (for its short help) and imports every op's definition, yet no command's
+    run: not check's evaluator, the driver, convert, inspect's summaries, the pipeline or Ray."""
+    out, imported = _imported("--help")
+    assert out.startswith("Usage: batchtool [OPTIONS] COMMAND")
+    assert {f"batchtool.ops.{name}" for name in OPERATIONS} <= imported and "batchtool.cli.check" in imported
+    unneeded = (*CHECK_EVALUATOR, "batchtool.exec.driver", "batchtool.exec.convert", "batchtool.exec.inspection",
+                "batchtool.pipeline", "ray")
+    assert _among(imported, unneeded) == []
 
 
 def test_every_listed_command_is_found_by_its_name():

@@ -17,7 +17,8 @@ _PARTS = {
 }
 """Each part's public names, imported when first used: the protobuf messages only once a record is read or written
 (TFRecord's options and --help need KINDS alone)."""
-__getattr__ = exports(globals(), {name: (f"{__name__}.{part}", name) for part, names in _PARTS.items() for name in names})
+__getattr__ = exports(globals(), {name: (f"{__name__}.{part}", name) for part, names in _PARTS.items()
+                                  for name in names})
 
 __all__ = ["KINDS", "MAX_FEATURES", "BytesList", "Example", "Feature", "FeatureList", "FeatureLists", "FeatureScan",
            "Features", "FloatList", "Int64List", "SequenceExample", "check_values", "decode_records", "encode_records",
