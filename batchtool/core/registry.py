@@ -12,8 +12,7 @@ T = TypeVar("T")
 class Registry(MutableMapping[str, T]):
     """Name -> definition, where each name's module defines it as `attribute`: the names are known without importing
     anything, and a command imports only the modules of the definitions it uses (`batchtool segment` loads no bucket
-    code, a Parquet-to-Arrow run no TFRecord or protobuf code). A definition may also be set directly (a format a
-    test or a plug-in defines at run time)."""
+    code). A definition may also be set directly (a format a test or a plug-in defines at run time)."""
 
     def __init__(self, modules: dict[str, str], attribute: str) -> None:
         self._modules = dict(modules)

@@ -16,8 +16,8 @@ FORMATS: Registry[Reader] = Registry({
     "arrow": "batchtool.io.formats.arrow",
 }, "FORMAT")
 """Every format batchtool reads, by the name --format and the manifest use (each module defines its FORMAT, imported
-when that format is first asked for: a Parquet-to-Arrow run imports no TFRecord code); those it also writes (a Format:
-reader, writer and batch index) by the name --to uses."""
+when that format is first asked for: naming the formats imports none); those it also writes (a Format: reader, writer
+and batch index) by the name --to uses."""
 NAMES = tuple(FORMATS)
 DEFAULT = "parquet"
 """The format written when none is asked for."""
