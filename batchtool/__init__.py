@@ -7,8 +7,9 @@ see batchtool.entry) starts without loading pyarrow: the command sets its signal
 from __future__ import annotations
 
 import os
-from importlib import import_module
 from typing import TYPE_CHECKING
+
+from batchtool.core.registry import exports
 
 # pyarrow's allocator (mimalloc) returns freed pages to the kernel after MIMALLOC_PURGE_DELAY ms. At 0 every
 # freed batch's pages are faulted in again by the next (830,000 minor faults and 6-7 s of system time for a
@@ -44,17 +45,15 @@ _EXPORTS = {
 """Public name: (module, name there), imported on first use."""
 
 
-def __getattr__(name: str) -> object:
-    if name == "__version__":
-        from batchtool.core.version import version
+_export = exports(globals(), _EXPORTS)
 
-        value: object = version()
-    elif name in _EXPORTS:
-        module, attribute = _EXPORTS[name]
-        value = getattr(import_module(module), attribute)
-    else:
-        raise AttributeError(f"module 'batchtool' has no attribute {name!r}")
-    globals()[name] = value
+
+def __getattr__(name: str) -> object:
+    if name != "__version__":
+        return _export(name)
+    from batchtool.core.version import version
+
+    value = globals()[name] = version()
     return value
 
 

@@ -66,9 +66,9 @@ def _command_line() -> None:
         signal.signal(sig, _interrupt)
     try:
         if sys.argv[1:] == ["--version"]:  # the one answer that needs none of the heavy imports (as click says it)
-            from batchtool.core.version import version
+            from batchtool.core.version import version_line
 
-            sys.stdout.write(f"batchtool, version {version()}\n")
+            sys.stdout.write(version_line() + "\n")
             return
         from batchtool.cli import cli  # the heavy imports: pyarrow, numpy, click
 

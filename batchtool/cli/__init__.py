@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping
 import click
 
 from batchtool.cli.common import CONTEXT, Group
-from batchtool.core.version import version
+from batchtool.core.version import version_line
 from batchtool.ops import OPERATIONS
 
 OWN_COMMANDS = {
@@ -53,8 +53,16 @@ class Commands(Mapping[str, click.Command]):
         return len(self._names)
 
 
+def _version(ctx: click.Context, param: click.Parameter, given: bool) -> None:
+    """--version, as click's version_option says it, reading the installed version (importlib.metadata) only then."""
+    if given and not ctx.resilient_parsing:
+        click.echo(version_line())
+        ctx.exit()
+
+
 @click.group(cls=Group, commands=Commands(), context_settings=CONTEXT)
-@click.version_option(version(), "--version", prog_name="batchtool")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_version,
+              help="Show the version and exit.")
 @click.option("--debug", is_flag=True, help="Show the full traceback on errors.")
 def cli(debug: bool) -> None:
     """Prepare sequence datasets for training, offline.

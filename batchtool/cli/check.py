@@ -7,9 +7,6 @@ from contextlib import ExitStack
 
 import click
 
-from batchtool.check import (CheckOptions, RuleSet, check, junit_xml, load_rules, render_text, rules_from_flags,
-                             to_json)
-from batchtool.check.report import ReportFile
 from batchtool.cli.common import (SIZE, column_list, columns_option, command, input_options, make_run,
                                   run_options)
 from batchtool.core import fs
@@ -145,6 +142,11 @@ def check_cmd(src: str, rules_file: str | None, label: str | None, num_classes: 
     rules need. With --receipts, judges training runs' receipts instead (see `batchtool docs load`).
     Exit status: 0 all pass, 1 a rule fails, 2 bad usage or unreadable input.
     """
+    # the evaluator, once it runs: --help (and `batchtool --help`) needs none of it
+    from batchtool.check import (CheckOptions, RuleSet, check, junit_xml, load_rules, render_text, rules_from_flags,
+                                 to_json)
+    from batchtool.check.report import ReportFile
+
     if receipts or exactly_once or same_prefix:
         _check_receipts(src, receipts, exactly_once, same_prefix)
     run = make_run(kwargs)

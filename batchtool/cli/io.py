@@ -6,10 +6,8 @@ import json
 
 import click
 
-from batchtool.exec import inspection
 from batchtool.cli.common import (columns_option, command, input_options, make_output, make_run, output_options,
                                   report, run_options)
-from batchtool.exec.convert import convert as convert_dataset
 
 
 @command("inspect", "batchtool inspect sample_data/parquet --label label --length tokens")
@@ -28,6 +26,8 @@ def inspect_cmd(src: str, label: str | None, length: str | None, sequence: str |
     SRC is a Parquet, Arrow IPC or TFRecord file, a directory or a glob. When SRC is a batchtool
     output directory its manifest is summarised too.
     """
+    from batchtool.exec import inspection  # when it runs: --help (and `batchtool --help`) needs none of it
+
     result = inspection.inspect(src, label=label, length=length or sequence, format=input_format,
                                 skip_corrupt=skip_corrupt, run=make_run(kwargs))
     click.echo(json.dumps(result, indent=2) if as_json else inspection.render(result))
@@ -43,6 +43,8 @@ def inspect_cmd(src: str, label: str | None, length: str | None, sequence: str |
 def convert_cmd(src: str, dst: str, columns: tuple[str, ...], input_format: str | None, skip_corrupt: bool,
                 **kwargs) -> None:
     """Rewrite SRC as batch shards in DST (Parquet, TFRecord or Arrow IPC), row for row, with a manifest."""
+    from batchtool.exec.convert import convert as convert_dataset  # when it runs, as the driver for an op's command
+
     output = make_output(kwargs)
     run = make_run(kwargs)
     result = convert_dataset(src, dst, output, columns=list(columns) or None,

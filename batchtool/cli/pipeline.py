@@ -8,8 +8,6 @@ import click
 from click.core import ParameterSource
 
 from batchtool.cli.common import command, declared, make_run, stage_lines, report, run_options
-from batchtool.pipeline import config as pipeline_config
-from batchtool.pipeline import execute
 from batchtool.exec.settings import CommonSettings, OutputSettings
 
 
@@ -28,6 +26,9 @@ def run_cmd(pipeline: str, dry_run: bool, tmp_dir: str | None, overwrite: bool, 
     Stage keys are the commands' flags without '--' (see `batchtool docs run`). --threads defaults to the
     file's `threads`, else the number of cores; --progress to the file's `progress`.
     """
+    from batchtool.pipeline import config as pipeline_config  # when it runs: --help needs none of the pipeline
+    from batchtool.pipeline import execute
+
     config = pipeline_config.load(pipeline, tmp_dir=tmp_dir, overwrite=overwrite)
     ctx = click.get_current_context()
     if config.threads is not None and ctx.get_parameter_source("threads") is not ParameterSource.COMMANDLINE:

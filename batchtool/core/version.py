@@ -15,3 +15,8 @@ def version() -> str:
         return installed("batchtool")
     except PackageNotFoundError:
         return "0.0.0+local"
+
+
+def version_line() -> str:
+    """What `batchtool --version` prints (click's words)."""
+    return f"batchtool, version {version()}"

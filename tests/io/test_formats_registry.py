@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import json
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -16,7 +18,9 @@ from batchtool.io.formats import registry
 from batchtool.io.inputs import detect_format, open_dataset
 from batchtool.io.manifest import MANIFEST_NAME
 from batchtool.io.output import OutputOptions
+from cli_help import batchtool_env
 from conftest import read_dir
+from memlimit import HANG_GUARD
 
 
 def test_registry_names_and_detection_by_name():
@@ -24,6 +28,21 @@ def test_registry_names_and_detection_by_name():
     assert [registry.detect(p) for p in ("a/x.parquet", "x.PQ", "x.tfrecord.gz", "x.tfrec", "x.arrow", "x.ipc",
                                         "x.json", ".batchtool_manifest.json")] == \
         ["parquet", "parquet", "tfrecord", "tfrecord", "arrow", "arrow", None, None]
+
+
+def test_each_format_module_is_imported_when_its_format_is_asked_for():
+    """The registry lists every format by name without importing one; asking for one imports its module alone, whose
+    FORMAT is the format of that name."""
+    assert [name for name, spec in registry.FORMATS.items() if spec.name != name] == []
+    child = ("import json, sys\nfrom batchtool.io.formats import registry\n"
+             "def formats(): return sorted(m for m in sys.modules if m.startswith(('batchtool.io.formats.parquet', "
+             "'batchtool.io.formats.arrow', 'batchtool.io.formats.tfrecord', 'batchtool.io.formats.example')))\n"
+             "before = formats()\nspec = registry.get('arrow')\n"
+             "print(json.dumps([registry.NAMES, registry.DEFAULT, before, formats()]))")
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=batchtool_env(),
+                          timeout=HANG_GUARD)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout) == [["parquet", "tfrecord", "arrow"], "parquet", [], ["batchtool.io.formats.arrow"]]
 
 
 def test_an_unnamed_file_is_recognised_by_its_magic_bytes_only_when_asked(tmp_path):

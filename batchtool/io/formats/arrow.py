@@ -525,3 +525,7 @@ class ArrowFormat(Format):
                 if batch is not None:
                     yield _Task(shard, message.index, first, batch, schema)
                 first += message.rows
+
+
+FORMAT = ArrowFormat()
+"""The format, as the registry (batchtool.io.formats.registry.FORMATS) lists it."""

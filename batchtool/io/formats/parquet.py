@@ -279,3 +279,7 @@ class ParquetFormat(Format):
                 if rows:
                     yield _Task(shard, rg, first, columns, schema, meta)
                 first += rows
+
+
+FORMAT = ParquetFormat()
+"""The format, as the registry (batchtool.io.formats.registry.FORMATS) lists it."""

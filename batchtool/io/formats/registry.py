@@ -6,17 +6,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from batchtool.core.errors import UsageError
-from batchtool.io.formats.arrow import ArrowFormat
 from batchtool.core.options import Choice, fields
+from batchtool.core.registry import Registry
 from batchtool.io.formats.base import RECORDED_OPTIONS, Format, Reader
-from batchtool.io.formats.parquet import ParquetFormat
-from batchtool.io.formats.tfrecord.format import TFRecordFormat
 
-FORMATS: dict[str, Reader] = {f.name: f for f in (ParquetFormat(), TFRecordFormat(), ArrowFormat())}
-"""Every format batchtool reads, by the name --format and the manifest use; those it also writes (a Format: reader,
-writer and batch index) by the name --to uses."""
+FORMATS: Registry[Reader] = Registry({
+    "parquet": "batchtool.io.formats.parquet",
+    "tfrecord": "batchtool.io.formats.tfrecord.format",
+    "arrow": "batchtool.io.formats.arrow",
+}, "FORMAT")
+"""Every format batchtool reads, by the name --format and the manifest use (each module defines its FORMAT, imported
+when that format is first asked for: naming the formats imports none); those it also writes (a Format: reader, writer
+and batch index) by the name --to uses."""
 NAMES = tuple(FORMATS)
-DEFAULT = ParquetFormat.name
+DEFAULT = "parquet"
 """The format written when none is asked for."""
 
 

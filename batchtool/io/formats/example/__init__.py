@@ -5,12 +5,20 @@ types a Feature holds), decode (records -> a batch), scan (records -> their sche
 batch -> records), ragged (NumPy helpers the decoder and encoder share).
 """
 
-from batchtool.io.formats.example.columns import KINDS
-from batchtool.io.formats.example.decode import decode_records
-from batchtool.io.formats.example.encode import check_values, encode_records
-from batchtool.io.formats.example.messages import (BytesList, Example, Feature, FeatureList, FeatureLists, Features,
-                                                FloatList, Int64List, SequenceExample)
-from batchtool.io.formats.example.scan import MAX_FEATURES, FeatureScan, infer_schema, scan_records
+from batchtool.core.registry import exports
+
+_PARTS = {
+    "columns": ("KINDS",),
+    "decode": ("decode_records",),
+    "encode": ("check_values", "encode_records"),
+    "messages": ("BytesList", "Example", "Feature", "FeatureList", "FeatureLists", "Features", "FloatList", "Int64List",
+                 "SequenceExample"),
+    "scan": ("MAX_FEATURES", "FeatureScan", "infer_schema", "scan_records"),
+}
+"""Each part's public names, imported when first used: the protobuf messages only once a record is read or written
+(TFRecord's options and --help need KINDS alone)."""
+__getattr__ = exports(globals(), {name: (f"{__name__}.{part}", name) for part, names in _PARTS.items()
+                                  for name in names})
 
 __all__ = ["KINDS", "MAX_FEATURES", "BytesList", "Example", "Feature", "FeatureList", "FeatureLists", "FeatureScan",
            "Features", "FloatList", "Int64List", "SequenceExample", "check_values", "decode_records", "encode_records",

@@ -435,3 +435,7 @@ class TFRecordFormat(Format):
         for shard in dataset.shards:
             yield FileTask(shard, schema, _kind(dataset), dataset.skip_corrupt,
                            dataset.max_record_bytes)
+
+
+FORMAT = TFRecordFormat()
+"""The format, as the registry (batchtool.io.formats.registry.FORMATS) lists it."""

@@ -3,6 +3,7 @@ the test of every offset of a window for a header at once (what resynchronising 
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Iterable
 
@@ -24,11 +25,13 @@ def masked_crc(data: bytes) -> int:
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
+@functools.cache
 def _length_crc_tables() -> tuple[int, np.ndarray]:
     """CRC32C of 8 zero bytes, and each 16-bit value's contribution at each of 4 byte pairs.
 
     CRC32C is affine over GF(2) for a fixed length, so the CRC of any 8 bytes is the zero
     CRC xor one table entry per byte pair: what lets valid_headers test every offset at once.
+    Made on first use (about 10 ms), not when a command imports the TFRecord format.
     """
     zero = google_crc32c.value(bytes(8))
     single = np.zeros((8, 256), dtype=np.uint32)
@@ -41,7 +44,6 @@ def _length_crc_tables() -> tuple[int, np.ndarray]:
     return zero, np.stack([single[2 * k][pairs & 0xFF] ^ single[2 * k + 1][pairs >> 8] for k in range(4)])
 
 
-_ZERO_CRC, _CRC_TABLES = _length_crc_tables()
 _EMPTY_HEADER_CRC = masked_crc(bytes(8))
 
 
@@ -59,8 +61,9 @@ def valid_headers(window: memoryview, limit: int) -> np.ndarray:
     empty = np.flatnonzero((lengths == 0) & (stored == _EMPTY_HEADER_CRC))  # zeroed regions: no CRC work
     at = np.flatnonzero((lengths <= limit) & (lengths > 0))
     pairs = at_every_byte("<u2", 0, count + 6)
-    crc = np.uint32(_ZERO_CRC) ^ _CRC_TABLES[0][pairs[at]] ^ _CRC_TABLES[1][pairs[at + 2]] \
-        ^ _CRC_TABLES[2][pairs[at + 4]] ^ _CRC_TABLES[3][pairs[at + 6]]
+    zero, tables = _length_crc_tables()
+    crc = np.uint32(zero) ^ tables[0][pairs[at]] ^ tables[1][pairs[at + 2]] ^ tables[2][pairs[at + 4]] \
+        ^ tables[3][pairs[at + 6]]
     masked = ((crc >> np.uint32(15)) | (crc << np.uint32(17))) + np.uint32(_MASK_DELTA)
     return np.union1d(empty, at[masked == stored[at]])
 
