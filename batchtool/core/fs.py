@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, BinaryIO
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 
 from batchtool.core.errors import DestinationError, InputError, first_line
@@ -83,6 +84,15 @@ def open_input(path: str, sequential: bool = False) -> BinaryIO:
         fs, p = _resolve(path)
         return fs.open_input_stream(p, buffer_size=_READ_BUFFER) if sequential else fs.open_input_file(p)
     return open(path, "rb", buffering=_READ_BUFFER)
+
+
+def open_random_access(path: str) -> pa.NativeFile:
+    """A file for random reads (an Arrow IPC file's batches, an index's columns): memory-mapped when local, so
+    what is read is a view of the page cache; a seekable reader of the object store otherwise."""
+    if is_uri(path):
+        fs, p = _resolve(path)
+        return fs.open_input_file(p)
+    return pa.memory_map(path, "r")
 
 
 def read_text(path: str) -> str:

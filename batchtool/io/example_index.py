@@ -301,7 +301,7 @@ def open_index(dst: str, manifest: dict[str, Any]) -> ExampleIndex:
         raise InputError(f"{path}: {fs.file_size(path):,} bytes, {where} says {entry.get('bytes')!r}; the index is "
                          "not this output's")
     try:
-        reader = pa.ipc.open_file(pa.memory_map(path))
+        reader = pa.ipc.open_file(fs.open_random_access(path))
         table = reader.get_batch(0) if reader.num_record_batches == 1 else None
     except (pa.ArrowException, OSError) as exc:
         raise InputError(f"{path}: unreadable example index ({exc})") from None

@@ -106,3 +106,13 @@ def test_check_checksums_of_an_s3_output(s3, tmp_path, run_cli):
     assert result.exit_code == 1
     assert re.search(r"^checksums +FAIL +1 of 3 files differ", result.output, re.M), result.output
     assert f"s3://{key}" in result.output and "changed: sha256" in result.output, result.output
+
+
+def test_where_and_step_read_an_s3_output_as_its_local_copy(s3, tmp_path, run_cli):
+    """The example index is read through the object store as the batches are: the same answers as on disk."""
+    local = bucket_output(str(tmp_path))
+    uri = _upload(s3, local, "receipts")
+    for args in (["step", "{dst}", "3"], ["where", "{dst}", "ex-00000017", "--world-size", "2"]):
+        answers = [run_cli(*[a.format(dst=dst) for a in args]) for dst in (local, uri)]
+        assert answers[0].exit_code == answers[1].exit_code == 0, answers[1].stderr
+        assert answers[0].output == answers[1].output.replace(uri, local) and answers[0].output.strip()

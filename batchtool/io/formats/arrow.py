@@ -31,11 +31,6 @@ if TYPE_CHECKING:
 MAGIC = ipc_meta.FILE_MAGIC
 
 
-def _source(path: str) -> pa.NativeFile:
-    """The file, memory-mapped when local (batches are then views of the page cache)."""
-    return fs.open_input(path) if fs.is_uri(path) else pa.memory_map(path, "r")
-
-
 def _reader_of(source: pa.NativeFile) -> ipc_meta.ReadAt:
     """ipc_meta's view of a file: (offset, length) -> bytes."""
     return lambda at, length: source.read_at(length, at)
@@ -54,7 +49,7 @@ def _malformed(path: str, stream: bool, exc: ipc_meta.MalformedIpc) -> InputErro
 def open_file(path: str) -> pa.ipc.RecordBatchFileReader:
     """Open one shard of the IPC file format, memory-mapped when local, as one-line errors."""
     try:
-        return pa.ipc.open_file(_source(path))
+        return pa.ipc.open_file(fs.open_random_access(path))
     except DAMAGED as exc:
         raise _unreadable(path, exc) from exc
 
@@ -82,7 +77,7 @@ class BatchFile:
     @staticmethod
     def open(path: str, limit: int | None = None) -> BatchFile:
         try:
-            source = _source(path)
+            source = fs.open_random_access(path)
             reader = pa.ipc.open_file(source)
             footer = ipc_meta.file_footer(_reader_of(source), source.size())
         except DAMAGED as exc:
@@ -136,7 +131,7 @@ class IpcFile:
     @staticmethod
     def open(path: str) -> IpcFile:
         try:
-            source = _source(path)
+            source = fs.open_random_access(path)
             size = source.size()
             stream = source.read_at(len(MAGIC), 0) != MAGIC
             schema = (pa.ipc.open_stream(source) if stream else pa.ipc.open_file(source)).schema
