@@ -14,8 +14,10 @@ from batchtool.core.registry import exports
 # pyarrow's allocator (mimalloc) returns freed pages to the kernel after MIMALLOC_PURGE_DELAY ms. At 0 every
 # freed batch's pages are faulted in again by the next (830,000 minor faults and 6-7 s of system time for a
 # bucket of 200 MB that takes 6 s of user time); at 100 a third of the faults and of the system time remain, for
-# 50-70 MB more peak RSS (every job stays under 1 GB at the default --memory). It only takes effect when batchtool
-# is imported before pyarrow (always so for the CLI); a user's own setting wins (0: the least memory).
+# 50-70 MB more peak RSS (every job stays under 1 GB at the default --memory). pyarrow 26's mimalloc defaults to
+# 1000, which spares a quarter of bucket's system time more but takes its peak RSS to 985 MB on that corpus
+# (docs/benchmarks.md, "pages"). It only takes effect when batchtool is imported before pyarrow (always so for the
+# CLI); a user's own setting wins (0: the least memory).
 os.environ.setdefault("MIMALLOC_PURGE_DELAY", "100")
 
 if TYPE_CHECKING:

@@ -469,12 +469,20 @@ class ArrowFormat(Format):
         """The IPC writer stores a sliced column's whole buffers (a string column sliced at offset 0 keeps
         its parent's values), and a bitmap's last byte whole (a boolean or validity bitmap cut mid-byte keeps its
         parent's next bits): such columns are copied compact, whose bitmaps end in zero bits, so the bytes depend
-        on the values only, not on how the batch was cut (key ranges, --memory, --threads, the engine). Its CRC32C
-        is computed here too, on the worker that encodes it."""
-        columns = [pa.concat_arrays([c]) if c.get_total_buffer_size() > c.nbytes or _has_bitmap(c) else c
-                   for c in batch.columns]
+        on the values only, not on how the batch was cut (key ranges, --memory, --threads, the engine). A column
+        the writer sends whole (batch_check.written_buffers) is already compact and is not copied. Its CRC32C is
+        computed here too, on the worker that encodes it, from the buffers the writer sends."""
+        columns, buffers = [], []
+        for column in batch.columns:
+            bitmap = _has_bitmap(column)
+            written = None if bitmap else batch_check.written_buffers(column)
+            if written is None and (bitmap or column.get_total_buffer_size() > column.nbytes):
+                column = pa.concat_arrays([column])
+                written = batch_check.written_buffers(column)
+            columns.append(column)
+            buffers.append(written)
         compact = pa.RecordBatch.from_arrays(columns, schema=batch.schema)
-        return EncodedBatch(compact, metadata=batch_check.batch_crc_metadata(compact))
+        return EncodedBatch(compact, metadata=batch_check.batch_crc_metadata(compact, buffers))
 
     def open_dataset(self, src: str, shards: tuple[Shard, ...], schema: pa.Schema | None, manifest: dict | None,
                      reading: Reading) -> Dataset:
