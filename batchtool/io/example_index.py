@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -38,6 +38,9 @@ once (key_sort.KeySort), the batches it reads and the pieces it writes."""
 WINDOW_SHARE = 8
 """The batches of the key column read at once hold about an eighth of the build's share of --memory in keys (at
 least one batch): how many follows the key bytes per batch of the batches read before, from one."""
+SPOOL_SHARE = 8
+"""Each of the index's columns (at most four spools) is held in memory up to an eighth of the build's share of
+--memory before it goes to a file: half the share in all, the key sort's runs the other half."""
 PIECE_BYTES = 1 << 20
 """The index's columns are streamed into it from the workspace's files in pieces of this size."""
 _FIELDS = ("key", "batch", "by_key")
@@ -88,19 +91,30 @@ def _count(column: pa.Array) -> int:
 
 
 class _Spool:
-    """A column's bytes appended to a file of the workspace as they are read, streamed back into the index."""
+    """A column's bytes as they are read, streamed back into the index: held in memory up to `limit` bytes (an
+    output whose index fits writes no file), then appended to a file of the workspace."""
 
-    def __init__(self, path: str) -> None:
-        self.path, self.nbytes = path, 0
-        self._file = open(path, "wb")
+    def __init__(self, path: str, limit: int) -> None:
+        self.path, self.limit, self.nbytes = path, limit, 0
+        self._held: list[bytes] = []
+        self._file: BinaryIO | None = None
 
     def append(self, data: np.ndarray | pa.Buffer) -> None:
         view = memoryview(data).cast("B")
-        self._file.write(view)
+        if self._file is None and self.nbytes + view.nbytes > self.limit:
+            self._file = open(self.path, "wb")
+            self._file.writelines(self._held)
+            self._held = []
+        if self._file is None:
+            self._held.append(bytes(view))  # a copy: no piece keeps a file's memory map open
+        else:
+            self._file.write(view)
         self.nbytes += view.nbytes
 
     def buffer(self) -> Buffer:
         """What was appended (the file closed), as an index body buffer."""
+        if self._file is None:
+            return Buffer(self.nbytes, functools.partial(iter, tuple(self._held)))
         self._file.close()
         return Buffer(self.nbytes, functools.partial(_file_pieces, self.path))
 
@@ -116,13 +130,13 @@ def _arange_pieces(n: int) -> Iterator[np.ndarray]:
         yield np.arange(start, min(n, start + PIECE_BYTES // 8), dtype=np.int64)
 
 
-def _key_spools(directory: str, strings: bool) -> list[_Spool]:
+def _key_spools(directory: str, strings: bool, limit: int) -> list[_Spool]:
     """Where the keys go in output order: their values, or (strings) their offsets and characters."""
     if not strings:
-        return [_Spool(os.path.join(directory, "keys"))]
-    offsets = _Spool(os.path.join(directory, "offsets"))
+        return [_Spool(os.path.join(directory, "keys"), limit)]
+    offsets = _Spool(os.path.join(directory, "offsets"), limit)
     offsets.append(np.zeros(1, dtype=np.int64))
-    return [offsets, _Spool(os.path.join(directory, "characters"))]
+    return [offsets, _Spool(os.path.join(directory, "characters"), limit)]
 
 
 def _spool_keys(spools: list[_Spool], keys: pa.Array) -> None:
@@ -170,8 +184,9 @@ def _spooled(spill: str, dataset: Dataset, column: str | None, budget: int,
     """The index's key type, examples and body buffers (the columns in output order spooled in `spill` as the
     output is read, the keys sorted there under `budget` bytes)."""
     counts, stored = dataset.spec.open_batches(dataset.src, dataset)
-    batch = _Spool(os.path.join(spill, "batch"))
-    sort = None if column is None else KeySort(spill, budget, errors)
+    held = budget // SPOOL_SHARE
+    batch = _Spool(os.path.join(spill, "batch"), held)
+    sort = None if column is None else KeySort(spill, budget - 4 * held, errors)
     key_type: pa.DataType = pa.int64()  # with no key at all, as before the index was built in pieces
     spools: list[_Spool] = []
     batches = examples = 0
@@ -201,7 +216,7 @@ def _spooled(spill: str, dataset: Dataset, column: str | None, budget: int,
                     keys = keys.combine_chunks()  # a copy: no key keeps a file's memory map open
                     if not spools:
                         key_type = keys.type
-                        spools = _key_spools(spill, pa.types.is_large_string(key_type))
+                        spools = _key_spools(spill, pa.types.is_large_string(key_type), held)
                     _spool_keys(spools, keys)
                     sort.add(keys)
                 record(sizes)
@@ -217,7 +232,7 @@ def _spooled(spill: str, dataset: Dataset, column: str | None, budget: int,
         by_key = Buffer(8 * examples, functools.partial(_arange_pieces, examples))
     else:
         keys = [s.buffer() for s in spools]
-        order = _Spool(os.path.join(spill, "by_key"))
+        order = _Spool(os.path.join(spill, "by_key"), held)
         for positions in sort.positions():
             order.append(positions)
         by_key = order.buffer()
