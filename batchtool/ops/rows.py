@@ -161,7 +161,7 @@ class FixedBatches(SortedBatches):
         return np.minimum(np.arange(-(-self.kept // self.batch_size) + 1, dtype=np.int64) * self.batch_size, self.kept)
 
     def reader(self, start: int, end: int) -> _FixedReader:
-        return _FixedReader(self, start, end)
+        return _FixedReader(self.stream, self.schema, self.batch_size, self.kept, start, end)
 
     def nbytes(self) -> int:
         return self.stream.nbytes()
@@ -169,17 +169,22 @@ class FixedBatches(SortedBatches):
 
 @dataclass(frozen=True)
 class _FixedReader:
-    batches: FixedBatches
+    """Batches [start, end) of a FixedBatches, as a task: its stream and arithmetic, not a number per batch (a task
+    sent to a worker stays a few hundred bytes however many batches the output has)."""
+
+    stream: SortedStream
+    schema: pa.Schema
+    batch_size: int
+    kept: int
     start: int
     end: int
 
     def __call__(self) -> Iterator[pa.RecordBatch]:
-        b = self.batches
-        first = b.first_row(self.start)
-        reader = RowReader(b.stream.chunks(first), b.schema)
-        reader.take(first - b.stream.first_row(first))
+        first = self.start * self.batch_size
+        reader = RowReader(self.stream.chunks(first), self.schema)
+        reader.take(first - self.stream.first_row(first))
         for k in range(self.start, self.end):
-            yield reader.take(b.batch_rows(k)).data
+            yield reader.take(min(self.batch_size, self.kept - k * self.batch_size)).data
 
 
 def sorted_rows(streams: Iterable[SortedStream], start: int = 0) -> Iterator[Chunk]:
