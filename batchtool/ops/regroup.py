@@ -1,6 +1,6 @@
 """What an op that regroups its whole input declares (batchtool.exec.exchange runs it the same way on every engine): its
 exchange (rows scattered to key ranges, each range sorted, the sorted rows cut into batches) or its stream of items,
-and what the driver lends it to run them (Runtime)."""
+what it is told of its input (Input) and what the driver lends it to run them, its rows included (Runtime)."""
 
 from __future__ import annotations
 
@@ -68,8 +68,8 @@ class Input:
 
 
 class Runtime(Protocol):
-    """What the driver lends an op that regroups its whole input: the executor of its tasks (threads or a
-    cluster's workers), their workspace and progress bars, so that ops neither choose nor import them."""
+    """What the driver lends an op that regroups its whole input: its rows, the executor of its tasks (threads or a
+    cluster's workers), their workspace and progress bars, so that ops neither read, choose nor import them."""
 
     executor: Executor
     """Runs the op's tasks (`fn` must pickle: it may run remotely), results in input order."""
