@@ -91,6 +91,23 @@ def test_every_module_imports_only_its_own_layer_and_those_below() -> None:
     assert not upward, f"imports that go up the layers {LAYERS}:\n" + "\n".join(upward)
 
 
+def _names_dataset(node: ast.AST) -> bool:
+    """Whether `node` imports or names io.dataset's Dataset (`from batchtool.io.dataset import Dataset`, a star
+    import of it, `dataset.Dataset`)."""
+    if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1] == "dataset":
+        return any(alias.name in ("Dataset", "*") for alias in node.names)
+    return isinstance(node, ast.Attribute) and node.attr == "Dataset"
+
+
+def test_the_ops_get_rows_not_the_dataset() -> None:
+    """No op reads its input itself: a regrouping op is told what is known of its input (ops.regroup.Input) and the
+    driver feeds it its rows (the probe, Runtime.rows, Runtime.map_rows), so no module under ops/ imports or names
+    Dataset (Chunk, the rows it is fed, and ReadReport, where the reading's skips go, stay)."""
+    found = sorted(f"{name}:{node.lineno}" for name, path in _modules().items() if name.startswith("batchtool.ops.")
+                   for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())) if _names_dataset(node))
+    assert not found, "ops that take the Dataset instead of the rows the driver feeds them:\n" + "\n".join(found)
+
+
 def test_only_a_few_modules_sit_directly_in_the_package() -> None:
     top = sorted(name for name in os.listdir(PACKAGE)
                  if name.endswith(".py") and name not in ("__init__.py", "__main__.py"))

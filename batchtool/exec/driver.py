@@ -8,7 +8,7 @@ import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -26,18 +26,22 @@ from batchtool.exec.job import JobResult, open_source, open_sources
 from batchtool.exec.produced import Deferred, Emitted, Item, Job, Produced, Streamed
 from batchtool.exec.write import write
 from batchtool.ops.base import Expanding, Piece, Context, Kind, Operation, OptionError, Scan
-from batchtool.ops.regroup import Bar, Exchange
+from batchtool.ops.regroup import Bar, Exchange, Repeat
 from batchtool.core.tally import Tally
 from batchtool.io.output import OutputOptions
 from batchtool.core.runner import Executor
 from batchtool.io.workspace import Workspace, tasks_executor
 
+T = TypeVar("T")
+
 
 @dataclass(frozen=True)
 class EngineRuntime:
-    """The ops.regroup.Runtime of a run: the executor of its tasks, its workspace and its progress bars, named by
-    `who` runs the op (`shuffle`, `stage 1 (shuffle)`)."""
+    """The ops.regroup.Runtime of a run: its input, whose rows it feeds the op, the executor of its tasks, its
+    workspace and its progress bars, named by `who` runs the op (`shuffle`, `stage 1 (shuffle)`)."""
 
+    data: Dataset
+    """The op's input (a pipeline stage's: the stages before it run in its read tasks)."""
     executor: Executor
     space: Workspace
     shown: Shown = HIDDEN
@@ -48,21 +52,35 @@ class EngineRuntime:
     """What the run's exchanges may hold in memory instead of the workspace's files (batchtool.exec.held)."""
 
     @classmethod
-    def of(cls, space: Workspace, executor: Executor, shown: Shown, who: str | None,
+    def of(cls, data: Dataset, space: Workspace, executor: Executor, shown: Shown, who: str | None,
            pool: Pool | None = None) -> EngineRuntime:
         """The runtime of tasks writing `space`: on the run's executor if its workers share it, else on threads."""
-        return cls(tasks_executor(space, executor), space, shown, who, pool)
+        return cls(data, tasks_executor(space, executor), space, shown, who, pool)
 
     def bar(self, desc: str, total: int | None) -> AbstractContextManager[Bar]:
         return progress.bar(f"{self.who}: {desc}" if self.who else desc, total, self.shown)
 
-    def apply(self, op: Operation, plan: Any, data: Dataset,
-              report: ReadReport) -> tuple[Iterator[tuple[Chunk, int]], Tally]:
+    def rows(self, columns: Sequence[str] | None, report: ReadReport) -> Iterator[Chunk]:
+        return self.data.chunks(columns, self.executor, report)
+
+    def map_rows(self, fn: Callable[[int, Chunk], T], columns: Sequence[str] | None,
+                 report: ReadReport) -> Iterator[T]:
+        return self.executor.map(functools.partial(_numbered, fn), enumerate(self.data.tasks(columns, report)))
+
+    def apply(self, op: Operation, plan: Any, report: ReadReport) -> tuple[Iterator[tuple[Chunk, int]], Tally]:
         applied = Applied(op, plan)
-        return applied.stream(data, None, self.executor, report), applied.stats
+        return applied.stream(self.data, None, self.executor, report), applied.stats
 
     def distinct(self, budget: int) -> KeyPairs:
         return key_pairs(self.space, budget)
+
+    def repeats(self, keys: KeyPairs, columns: Sequence[str], limit: int) -> tuple[int, list[Repeat]]:
+        return keys.repeats(self.data, columns, self.executor, limit)
+
+
+def _numbered(fn: Callable[[int, Chunk], T], item: tuple[int, Callable[[], Chunk]]) -> T:
+    index, task = item
+    return fn(index, task())
 
 
 @dataclass(frozen=True)
@@ -227,12 +245,13 @@ def _item_work(work: Callable[[Any], tuple[list[pa.RecordBatch], int]], item: An
 
 
 @contextlib.contextmanager
-def produced(op: Operation, plan: Any, regroups: bool, data: Dataset, runtime: EngineRuntime, report: ReadReport,
+def produced(op: Operation, plan: Any, regroups: bool, runtime: EngineRuntime, report: ReadReport,
              units: Iterable[ReadUnit] | None = None, columns: Sequence[str] | None = None) -> Iterator[Produced]:
-    """What the op makes of `data` for the writer (batchtool.exec.write), open while it writes: a regrouping's exchange
-    (its sorted batches, made in the runtime's workspace), else its regrouping's stream of items, or its kernel
-    over every chunk. `units`: what its tasks read (default: the input's units; an op planning chunk by chunk
-    reads its chunks here)."""
+    """What the op makes of the runtime's input for the writer (batchtool.exec.write), open while it writes: a
+    regrouping's exchange (its sorted batches, made in the runtime's workspace), else its regrouping's stream of
+    items, or its kernel over every chunk. `units`: what its tasks read (default: the input's units; an op
+    planning chunk by chunk reads its chunks here)."""
+    data = runtime.data
     if regroups:
         units = exchange.read_units(data, report) if units is None else units
         regrouped, units = exchange.regrouping(op, plan, data, units, runtime.executor)
@@ -284,8 +303,8 @@ def _run_operation(op: Operation, options: Any, dataset: Dataset, dst: str, outp
     pool = pool_for(run.budget, executor)
 
     def produce(space: Workspace, report: ReadReport) -> AbstractContextManager[Produced]:
-        runtime = EngineRuntime.of(space, executor, run.shown, op.name, pool)
-        return produced(op, plan, regroups, dataset, runtime, report, columns=op.input_columns(options, None))
+        runtime = EngineRuntime.of(dataset, space, executor, run.shown, op.name, pool)
+        return produced(op, plan, regroups, runtime, report, columns=op.input_columns(options, None))
 
     with stream_errors(dataset, executor):
         return write(job, produce, executor)

@@ -29,7 +29,7 @@ import pyarrow as pa
 from batchtool.core import fs
 from batchtool.io.dataset import Chunk, Dataset, OneChunk, ReadReport
 from batchtool.ops.base import Operation
-from batchtool.ops.regroup import Exchange, Stream, Bar, Cut, Runtime, Scatter, Scattered
+from batchtool.ops.regroup import Exchange, Input, Stream, Bar, Cut, Runtime, Scatter, Scattered
 from batchtool.core.runner import Executor
 from batchtool.exec.held import HeldCells, Pool
 from batchtool.io.spill import ID_COLUMN, Spill, SpillFiles, read_file, sort_part
@@ -342,17 +342,21 @@ def sort_groups(job: MapJob, rows: Sequence[np.ndarray], executor: Executor,
 
 def regrouping(op: Operation, plan: Any, data: Dataset, units: Iterator[ReadUnit], executor: Executor,
                like: Chunk | None = None) -> tuple[Exchange | Stream, Iterator[ReadUnit]]:
-    """The op's regrouping (Operation.regroup), and the units with any it probed put back. Its probe measures the
-    input's first chunk, read on a worker, or `like` when given (a pipeline's narrow pass, cut as the full input
-    is)."""
-    def probe(measure: Callable[[Chunk], Any]) -> Any:
+    """The op's regrouping (Operation.regroup) of `data`, told what is known before a row is read
+    (ops.regroup.Input), and the units with any it probed put back. Its probe measures the input's first chunk, read
+    on a worker, or `like` when given (a pipeline's narrow pass, cut as the full input is); in order, read here."""
+    def probe(measure: Callable[[Chunk], Any], in_order: bool = False) -> Any:
         nonlocal units
+        if in_order:
+            return next((found for found in map(measure, data.chunks()) if found is not None), None)
         if like is not None:
             return measure(like)
         found, units = first_measured(units, measure, executor)
         return found
 
-    return op.regroup(plan, data, probe), units
+    gzip = any(s.path.lower().endswith((".gz", ".gzip")) for s in data.shards)
+    told = Input(data.schema, data.locate, data.num_rows, data.progress_rows, data.total_bytes, gzip)
+    return op.regroup(plan, told, probe), units
 
 
 def exchanged(reorder: Exchange, units: Iterable[ReadUnit], data: Dataset, runtime: Runtime,
@@ -372,5 +376,6 @@ def exchanged(reorder: Exchange, units: Iterable[ReadUnit], data: Dataset, runti
     return reorder.cut(Scattered(reorder.scatter.schema, list(groups), totals, stats), runtime)
 
 
-__all__ = ["HeldPart", "MapJob", "MapOutput", "exchanged", "regrouping", "first_measured", "units", "ReadUnit", "SortedGroup", "map_directory", "read_range", "read_units",
-           "scatter", "sort_groups", "task_units"]
+__all__ = ["HeldPart", "MapJob", "MapOutput", "exchanged", "regrouping", "first_measured", "units",
+           "ReadUnit", "SortedGroup", "map_directory", "read_range", "read_units", "scatter", "sort_groups",
+           "task_units"]

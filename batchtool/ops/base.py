@@ -22,9 +22,9 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool.core.budget import DEFAULT_MEMORY
-from batchtool.io.dataset import Chunk, Dataset
+from batchtool.io.dataset import Chunk
 from batchtool.core.errors import OptionError, SchemaError
-from batchtool.ops.regroup import Exchange, Probe, Stream
+from batchtool.ops.regroup import Exchange, Input, Probe, Stream
 from batchtool.core.tally import Tally
 
 if TYPE_CHECKING:
@@ -239,10 +239,11 @@ class Operation(Generic[O, P]):
         and changes nothing it did not make."""
         raise NotImplementedError
 
-    def regroup(self, plan: P, data: Dataset, probe: Probe) -> Exchange | Stream:
+    def regroup(self, plan: P, input: Input, probe: Probe) -> Exchange | Stream:
         """For an op that regroups its whole input (Kind.REORDERS, Kind.BATCHES) instead of `kernel`: its exchange
         (batchtool.exec.exchange runs it on the engine's workers), or, when its order depends on every row before
-        (the buffered shuffle, lanes), the stream of items it makes as the input streams through the driver.
+        (the buffered shuffle, lanes), the stream of items it makes from the rows the driver feeds it (Runtime.rows,
+        Runtime.map_rows). It never reads the input itself: `input` says what is known before a row is read, and
         `probe(measure)` is measure of the input's first chunk, computed where it is read."""
         raise NotImplementedError(f"{self.name} does not regroup")
 

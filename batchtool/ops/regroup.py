@@ -1,6 +1,6 @@
 """What an op that regroups its whole input declares (batchtool.exec.exchange runs it the same way on every engine): its
 exchange (rows scattered to key ranges, each range sorted, the sorted rows cut into batches) or its stream of items,
-and what the driver lends it to run them (Runtime)."""
+what it is told of its input (Input) and what the driver lends it to run them, its rows included (Runtime)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
 
-from batchtool.io.dataset import Chunk, Dataset, ReadReport
+from batchtool.io.dataset import Chunk, ReadReport
 from batchtool.core.runner import Executor
 from batchtool.core.tally import Tally
 from batchtool.io.workspace import Workspace
@@ -42,21 +42,34 @@ class Repeat(NamedTuple):
 
 class DistinctKeys(Protocol):
     """A distinct-keys check the runtime lends (batchtool.exec.distinct.KeyPairs): each chunk's key hashes written
-    where the chunk is read, the repeated keys found once every chunk is in."""
+    where the chunk is read; the repeated keys found by the runtime (Runtime.repeats) once every chunk is in."""
 
     def write(self, index: int, hashes: np.ndarray, ids: np.ndarray) -> None:
         """Chunk number `index`'s (key hash, example id) pairs, on any worker (the check pickles)."""
         ...
 
-    def repeats(self, data: Dataset, columns: Sequence[str], executor: Executor, limit: int,
-                fetch: Sequence[str] = ()) -> tuple[int, list[Repeat]]:
-        """How many rows repeat an earlier row's `columns`, and the first `limit` by id, confirmed on the values."""
-        ...
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Input:
+    """What an op that regroups its input knows of it before a row is read; the rows come from the driver (the probe,
+    Runtime.rows, Runtime.map_rows): `locate` names a row in errors (it pickles), `num_rows` where the files count
+    them, `estimate_rows` also where a manifest does (Dataset.progress_rows: for estimates, never a buffer's size),
+    `file_bytes` and `gzip` the files' (ops.rows.estimate_bytes without a count)."""
+
+    schema: pa.Schema
+    locate: Callable[[int], str]
+    num_rows: int | None = None
+    estimate_rows: int | None = None
+    file_bytes: int = 0
+    gzip: bool = False
 
 
 class Runtime(Protocol):
-    """What the driver lends an op that regroups its whole input: the executor of its tasks (threads or a
-    cluster's workers), their workspace and progress bars, so that ops neither choose nor import them."""
+    """What the driver lends an op that regroups its whole input: its rows, the executor of its tasks (threads or a
+    cluster's workers), their workspace and progress bars, so that ops neither read, choose nor import them."""
 
     executor: Executor
     """Runs the op's tasks (`fn` must pickle: it may run remotely), results in input order."""
@@ -69,15 +82,27 @@ class Runtime(Protocol):
         the runtime says whose it is (`shuffle: spill`, `stage 1 (shuffle): spill`)."""
         ...
 
-    def apply(self, op: Kernel, plan: Any, data: Dataset,
-              report: ReadReport) -> tuple[Iterator[tuple[Chunk, int]], Tally]:
-        """`op`'s kernel over every chunk of `data` on the engine, for an op that regroups its own kernel's
+    def rows(self, columns: Sequence[str] | None, report: ReadReport) -> Iterator[Chunk]:
+        """The input's chunks of these columns (None: all) in input order, read on the executor (skips to `report`)."""
+        ...
+
+    def map_rows(self, fn: Callable[[int, Chunk], T], columns: Sequence[str] | None,
+                 report: ReadReport) -> Iterator[T]:
+        """fn(number, chunk) of every chunk of these columns (numbered in input order) where it is read; in order."""
+        ...
+
+    def apply(self, op: Kernel, plan: Any, report: ReadReport) -> tuple[Iterator[tuple[Chunk, int]], Tally]:
+        """`op`'s kernel over every chunk of the input on the engine, for an op that regroups its own kernel's
         output: the output chunks in input order, each with the input rows it completes, and the kernels'
         statistics, merged into that Tally in input order as the chunks are read."""
         ...
 
     def distinct(self, budget: int) -> DistinctKeys:
         """A new distinct-keys check in the workspace, whose search for repeats holds at most `budget` bytes."""
+        ...
+
+    def repeats(self, keys: DistinctKeys, columns: Sequence[str], limit: int) -> tuple[int, list[Repeat]]:
+        """How many rows repeat an earlier row's `columns` (hashed into `keys`), the first `limit` by id, confirmed."""
         ...
 
 
@@ -105,8 +130,11 @@ class Stream:
     open: Callable[[Runtime, ReadReport], AbstractContextManager[Regrouped]]
 
 
-Probe = Callable[[Callable[[Chunk], Any]], Any]
-"""probe(measure): measure(the input's first chunk) computed where the chunk is read (None: no rows)."""
+class Probe(Protocol):
+    """probe(measure): measure of the input's first chunk it is not None for (None: none), computed where the chunk
+    is read; `in_order`: on the driver, chunk after chunk (a measure that carries state from chunk to chunk)."""
+
+    def __call__(self, measure: Callable[[Chunk], T | None], in_order: bool = False) -> T | None: ...
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from batchtool.io.dataset import Chunk, Dataset
+from batchtool.io.dataset import Chunk
 import numpy as np
 import pyarrow.compute as pc
 
-from batchtool.ops.regroup import SortedBatches, SortedStream
+from batchtool.ops.regroup import Input, SortedBatches, SortedStream
 
 FILE_EXPANSION = {False: 4.0, True: 16.0}
 """Assumed Arrow bytes per file byte (uncompressed, gzip) when the row count is unknown (files that do not count
@@ -108,13 +108,8 @@ class Yardstick:
         return self.bytes / self.rows if self.rows else 1.0
 
 
-def estimate_memory_bytes(dataset: Dataset, first: Chunk | None, rows: int | None = None) -> float:
-    """Arrow bytes of the whole dataset, from the first chunk's bytes per row (see estimate_bytes)."""
-    return estimate_bytes(dataset, Yardstick.of(first), rows)
-
-
-def estimate_bytes(dataset: Dataset, first: Yardstick | None, rows: int | None = None) -> float:
-    """Arrow bytes of the whole dataset, from the first chunk's bytes per row.
+def estimate_bytes(input: Input, first: Yardstick | None, rows: int | None = None) -> float:
+    """Arrow bytes of the whole input, from the first chunk's bytes per row.
 
     File sizes underestimate memory (Parquet is compressed and encoded), so the first chunk is the
     yardstick. With no row count (files that do not count their rows, read without a manifest) it assumes a
@@ -122,12 +117,9 @@ def estimate_bytes(dataset: Dataset, first: Yardstick | None, rows: int | None =
     """
     if first is None or first.rows == 0:
         return 0.0
-    rows = rows if rows is not None else dataset.num_rows
-    if rows is None and dataset.manifest:
-        rows = dataset.manifest.get("output", {}).get("rows")
+    rows = rows if rows is not None else input.estimate_rows
     if rows is None:
-        gzip = any(s.path.lower().endswith((".gz", ".gzip")) for s in dataset.shards)
-        return max(float(first.bytes), dataset.total_bytes * FILE_EXPANSION[gzip])
+        return max(float(first.bytes), input.file_bytes * FILE_EXPANSION[input.gzip])
     return first.bytes / first.rows * rows
 
 
@@ -218,4 +210,4 @@ def keep_mask(chunk: Chunk, column: str) -> np.ndarray:
 
 
 __all__ = ["FixedBatches", "RowReader", "take_sizes", "cycled_rows", "sorted_rows", "Yardstick", "arrow_bytes", "bytes_per_row", "emit", "estimate_bytes",
-           "estimate_memory_bytes", "peek", "rebatch", "slice_chunk"]
+           "peek", "rebatch", "slice_chunk"]

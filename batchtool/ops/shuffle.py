@@ -12,10 +12,9 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool.core import budget, rng
-from batchtool.io.dataset import Chunk, Dataset, ReadReport
-from batchtool.core.runner import Executor
+from batchtool.io.dataset import Chunk, ReadReport
 from batchtool.ops.base import Context, Depends, Kind, Operation, OptionError, Said, Shape
-from batchtool.ops.regroup import Stream, Cut, Exchange, Probe, Regrouped, Runtime, Scatter, Scattered
+from batchtool.ops.regroup import Stream, Cut, Exchange, Input, Probe, Regrouped, Runtime, Scatter, Scattered
 from batchtool.core.options import Flag, Integer, option
 from batchtool.ops.keyed import flush_bytes, range_bytes
 from batchtool.ops.rows import FixedBatches, Yardstick, bytes_per_row, emit, estimate_bytes, peek, rebatch
@@ -94,13 +93,13 @@ def check_memory(options: ShuffleOptions, memory: int, first: Chunk | Yardstick 
                      memory, f"give a smaller {{{field}}} or a larger {{memory}}", value=value)
 
 
-def layout(dataset: Dataset, plan: ShufflePlan, first: Yardstick | None) -> dict[str, Any]:
+def layout(input: Input, plan: ShufflePlan, first: Yardstick | None) -> dict[str, Any]:
     """From the first chunk, before any row moves: check the budget and size the output batches; the manifest's
     statistics of the plan (not the global shuffle's key ranges, `key_ranges`: how many depends on --memory and
     --threads, and changes nothing of the output)."""
     options = plan.options
-    estimate = estimate_bytes(dataset, first)
-    check_memory(options, plan.memory, first, dataset.num_rows if dataset.num_rows is not None
+    estimate = estimate_bytes(input, first)
+    check_memory(options, plan.memory, first, input.num_rows if input.num_rows is not None
                  else int(estimate / bytes_per_row(first)))
     info: dict[str, Any] = {"mode": "buffered" if options.buffered else "global",
                             "batch_rows": output_batch_rows(first, options), "estimated_bytes": int(estimate)}
@@ -230,17 +229,17 @@ class _Buffered:
     """The buffered shuffle's output batches, computed as they stream (from the input again if streamed again):
     the first chunk, read now, sizes them and checks the budget; the rows are counted as they pass."""
 
-    def __init__(self, plan: ShufflePlan, data: Dataset, report: ReadReport, executor: Executor) -> None:
-        self.plan, self.data, self.report, self.executor = plan, data, report, executor
-        first, self._chunks = peek(data.chunks(None, executor, report))
-        self.info = layout(data, plan, Yardstick.of(first))
+    def __init__(self, plan: ShufflePlan, input: Input, runtime: Runtime, report: ReadReport) -> None:
+        self.plan, self.schema, self.runtime, self.report = plan, input.schema, runtime, report
+        first, self._chunks = peek(runtime.rows(None, report))
+        self.info = layout(input, plan, Yardstick.of(first))
         self.rows_in = 0
 
     def __iter__(self) -> Iterator[Chunk]:
-        o, schema = self.plan.options, self.data.schema
+        o, schema = self.plan.options, self.schema
         chunks, self._chunks = self._chunks, None
         if chunks is None:
-            chunks = self.data.chunks(None, self.executor, self.report)
+            chunks = self.runtime.rows(None, self.report)
         self.rows_in = 0
         shuffled = buffered_shuffle(self._counted(chunks), o.capacity, self.plan.seed, schema)
         yield from rebatch(shuffled, self.info["batch_rows"], schema, o.drop_remainder)
@@ -255,8 +254,8 @@ class _Buffered:
 
 
 @contextmanager
-def _buffered(plan: ShufflePlan, data: Dataset, runtime: Runtime, report: ReadReport) -> Iterator[Regrouped]:
-    buffered = _Buffered(plan, data, report, runtime.executor)
+def _buffered(plan: ShufflePlan, input: Input, runtime: Runtime, report: ReadReport) -> Iterator[Regrouped]:
+    buffered = _Buffered(plan, input, runtime, report)
     yield Regrouped(buffered, emit, buffered.stats)
 
 
@@ -282,15 +281,15 @@ class Shuffle(Operation[ShuffleOptions, ShufflePlan]):
     def plan(self, options: ShuffleOptions, context: Context, stats: Any) -> ShufflePlan:
         return ShufflePlan(options, context.seed, context.memory, context.tasks)
 
-    def regroup(self, plan: ShufflePlan, data: Dataset, probe: Probe) -> Exchange | Stream:
+    def regroup(self, plan: ShufflePlan, input: Input, probe: Probe) -> Exchange | Stream:
         """The global shuffle as its exchange (its batches cut from the one sorted stream); the buffered one as it
         streams."""
         o = plan.options
         if o.buffered:
-            return Stream(functools.partial(_buffered, plan, data))
-        info = layout(data, plan, probe(Yardstick.of))
+            return Stream(functools.partial(_buffered, plan, input))
+        info = layout(input, plan, probe(Yardstick.of))
         parts = key_ranges(plan, info)
-        scatter = Scatter(data.schema, (parts,), plan.seed, STAGE, flush_bytes(plan.memory, parts, plan.tasks))
+        scatter = Scatter(input.schema, (parts,), plan.seed, STAGE, flush_bytes(plan.memory, parts, plan.tasks))
         return Exchange(scatter, functools.partial(_exchange_cut, info, o))
 
     def said(self, stats: dict[str, Any]) -> Said:

@@ -299,7 +299,7 @@ class Prefix:
                  else exchange.task_units(upstream.tasks(None, report)))
         space = self._stack.enter_context(workspace(self.config.output_path, self.executor, self.run.tmp_dir))
         self.executor = tasks_executor(space, self.executor)
-        runtime = EngineRuntime(self.executor, space, self.run.shown, stage.name, self.pool)
+        runtime = EngineRuntime(upstream, self.executor, space, self.run.shown, stage.name, self.pool)
         regrouped, units = exchange.regrouping(stage.op, stage.planned, upstream, units, self.executor, like)
         if not isinstance(regrouped, Exchange):
             return self._stack.enter_context(regrouped.open(runtime, report))
@@ -394,8 +394,8 @@ class Prefix:
                   batches=self.config.stages[k].batching)
 
         def produce(space: Workspace, report: ReadReport) -> AbstractContextManager[Produced]:
-            runtime = EngineRuntime.of(space, self.executor, self.run.shown, stage.name, self.pool)
-            return produced(stage.op, stage.planned, stage.regroups, view, runtime, report, units)
+            runtime = EngineRuntime.of(view, space, self.executor, self.run.shown, stage.name, self.pool)
+            return produced(stage.op, stage.planned, stage.regroups, runtime, report, units)
 
         with stream_errors(view, self.executor):
             return write(job, produce, self.executor, self.report)

@@ -10,13 +10,15 @@ import shutil
 import pytest
 
 from batchtool.exec.convert import convert
-from batchtool.exec.driver import run_operation
+from batchtool.core import rng
+from batchtool.exec.driver import EngineRuntime, run_operation
 from batchtool.core.errors import DestinationError, InputError
-from batchtool.exec.exchange import MapJob, Workspace, _map, read_units
+from batchtool.exec.exchange import MapJob, Workspace, _map, read_units, regrouping
+from batchtool.io.inputs import open_dataset
+from batchtool.ops.regroup import Input, Scatter
 from batchtool.io.dataset import ReadReport
 from batchtool.core.run_settings import RunSettings
 from batchtool.exec.job import open_source
-from batchtool.ops.regroup import Scatter
 from batchtool.ops.shuffle import OP, ShuffleOptions
 from batchtool.io.output import OutputOptions
 from batchtool.core.runner import SERIAL
@@ -134,3 +136,53 @@ def test_one_tfrecord_file_is_scattered_by_several_map_tasks(sources, tmp_path, 
     ours = exchanged(src, str(tmp_path / "ours"), ShuffleOptions(batch_size=16), OutputOptions(), seed=1)
     assert data_bytes(str(tmp_path / "ours")) == data_bytes(str(tmp_path / "local"))
     assert ours.manifest["stats"] == local.manifest["stats"]
+
+
+class _Told:
+    """An op whose regroup keeps what it is told of its input and what its probes found."""
+
+    def regroup(self, plan, input, probe):
+        self.input, self.first = input, probe(_first_key)
+        self.second = probe(_NthKey(), in_order=True)
+        return plan
+
+
+def _first_key(chunk):
+    return chunk.data.column("key")[0].as_py()
+
+
+class _NthKey:
+    """A measure with state from chunk to chunk: the first key of the second chunk it sees."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def __call__(self, chunk):
+        self.seen += 1
+        return _first_key(chunk) if self.seen == 2 else None
+
+
+def _numbered_ids(index, chunk):
+    return index, chunk.data.schema.names, chunk.ids.tolist()
+
+
+def test_a_regrouping_op_is_told_its_input_and_fed_its_rows(sources, tmp_path):
+    """regroup gets ops.regroup.Input, never the dataset, and probes on a worker or in order on the driver; the
+    runtime feeds the rows: map_rows numbers the chunks of the asked columns in input order, through pickles as on a
+    cluster, and rows gives the same chunks."""
+    dataset = open_dataset(sources["parquet"])
+    op, keys = _Told(), dataset.chunks(["key"])
+    keys = [c.data.column("key").to_pylist() for c in keys]
+    regrouped, _ = regrouping(op, "plan", dataset, read_units(dataset, ReadReport()), SERIAL)
+    assert regrouped == "plan" and isinstance(op.input, Input)
+    told = op.input
+    assert (told.schema, told.num_rows, told.estimate_rows, told.gzip) == (dataset.schema, 400, 400, False)
+    row = (1 << rng.SHARD_BITS) + 7  # the second file's row 7
+    assert op.input.locate(row) == dataset.locate(row) and "part-00001" in op.input.locate(row)
+    assert (op.first, op.second) == (keys[0][0], keys[1][0])
+    engine = PicklingEngine()
+    runtime = EngineRuntime(dataset, engine, Workspace(str(tmp_path), "out", shared=True))
+    fed = list(runtime.map_rows(_numbered_ids, ["key"], ReadReport()))
+    assert [index for index, _, _ in fed] == list(range(8)) and all(names == ["key"] for _, names, _ in fed)
+    assert [ids for _, _, ids in fed] == [c.ids.tolist() for c in runtime.rows(["key"], ReadReport())]
+    assert engine.items == 16  # both passes read each chunk on the engine, its task sent through pickles

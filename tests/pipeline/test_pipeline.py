@@ -92,7 +92,8 @@ def test_stage_inputs_are_rekeyed_row_numbers_and_read_back_as_from_parquet(tmp_
                            src=parquet_src))
     seen: dict[str, object] = {}
 
-    def spy(op, plan, regroups, view, *args):
+    def spy(op, plan, regroups, runtime, *args):
+        view = runtime.data
         chunks = list(view.chunks(executor=Threads(2)))
         seen.update(ids=np.concatenate([c.ids for c in chunks]), first=chunks[0].data, view=view)
         raise InputError("stop here")

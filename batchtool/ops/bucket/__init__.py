@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from batchtool.io.dataset import Chunk, Dataset
+from batchtool.io.dataset import Chunk
 from batchtool.ops.base import Pass, Context, Kind, Operation, OutputRows, Said
-from batchtool.ops.regroup import Exchange, Probe
+from batchtool.ops.regroup import Exchange, Input, Probe
 from batchtool.ops.boundaries import efficiency, expected_efficiency
 from batchtool.ops.bucket import batches
 from batchtool.ops.bucket.batches import output_schema
@@ -69,8 +69,8 @@ class Bucket(Operation[BucketOptions, BucketPlan]):
         return make_plan(options, resolve_columns(options, context.schema), stats, context.schema, context.seed,
                          context.memory, context.tasks)
 
-    def regroup(self, plan: BucketPlan, data: Dataset, probe: Probe) -> Exchange:
-        return batches.exchange(plan, data, probe)
+    def regroup(self, plan: BucketPlan, input: Input, probe: Probe) -> Exchange:
+        return batches.exchange(plan, input, probe)
 
     def expected(self, plan: BucketPlan, rows_in: int | None, scan: Any = None) -> tuple[int | None, dict[str, Any]]:
         """The buckets' rows from the first pass, and from the plan the batches and rows written (with --max-tokens

@@ -17,8 +17,8 @@ from batchtool.io import load_padding
 from batchtool.io.dataset import Chunk
 from batchtool.core.errors import OptionInputError, OptionSchemaError, SchemaError
 from batchtool.ops import names as own
-from batchtool.ops.regroup import (Cut, Exchange, Probe, Runtime, Scatter, Scattered, SortedBatches, SortedStream,
-                                   firsts_of)
+from batchtool.ops.regroup import (Cut, Exchange, Input, Probe, Runtime, Scatter, Scattered, SortedBatches,
+                                   SortedStream, firsts_of)
 from batchtool.ops.boundaries import assign_buckets
 from batchtool.ops.bucket.grid import Grid
 from batchtool.ops.bucket.plan import Balance, BucketColumns, BucketPlan, make_balance, with_spill_layout
@@ -238,14 +238,15 @@ def output_schema(schema: pa.Schema, columns: BucketColumns, mask: bool, padded:
     return pa.schema(made.schema, metadata=schema.metadata)
 
 
-def exchange(plan: BucketPlan, data: Any, probe: Probe) -> Exchange:
+def exchange(plan: BucketPlan, input: Input, probe: Probe) -> Exchange:
     """bucket's Exchange: its spill's groups, parts and keys (parts sized from the first chunk, measured on a
     worker), `assign` on the map workers, and the cut below."""
     measured = probe(functools.partial(_row_bytes, plan.columns))
     plan = with_spill_layout(plan, measured if measured is not None else spill_row_bytes(None, plan.columns))
     by_length = plan.balance is None and plan.order != "shuffle"  # --order sorted: each part by length
-    scatter = Scatter(spill_schema(data.schema, plan.columns), tuple(plan.parts), plan.seed, ORDER_STAGE,
-                      flush_bytes(plan.memory, sum(plan.parts), plan.tasks), functools.partial(_assigned, plan, data.locate),
+    scatter = Scatter(spill_schema(input.schema, plan.columns), tuple(plan.parts), plan.seed, ORDER_STAGE,
+                      flush_bytes(plan.memory, sum(plan.parts), plan.tasks),
+                      functools.partial(_assigned, plan, input.locate),
                       keyed=not by_length,
                       order=functools.partial(_by_length, plan.columns.names["length"]) if by_length else None)
     return Exchange(scatter, functools.partial(_cut, plan))

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool.core import budget, rng
-from batchtool.io.dataset import Chunk, Dataset
+from batchtool.io.dataset import Chunk
 from batchtool.core.errors import InputError, OptionInputError
 from batchtool.ops import names as own
 from batchtool.ops.base import (ColumnError, Context, Depends, Kind, Operation, Pass, Said, Shape, manifest_options,
@@ -26,7 +26,7 @@ from batchtool.ops.mix.options import OUTPUT_COLUMNS, MixOptions, largest_remain
 from batchtool.ops.mix.schedule import Replan, Schedule, read_schedule
 from batchtool.ops.quotas import (ROWS, Constant, Curve, Documents, QuotaBatches, QuotaLayout, Switched, Units,
                                   plan_layout)
-from batchtool.ops.regroup import Cut, Exchange, Probe, Runtime, Scatter, Scattered, SortedBatches, Stream
+from batchtool.ops.regroup import Cut, Exchange, Input, Probe, Runtime, Scatter, Scattered, SortedBatches, Stream
 from batchtool.ops.rows import FixedBatches, bytes_per_row, estimate_bytes
 from batchtool.ops.shuffle import default_batch_rows
 from batchtool.ops.stratify import OP as STRATIFY
@@ -176,11 +176,11 @@ class Mix(Operation[MixOptions, Mixture]):
         """The selection of a chunk (what the exchange's map tasks scatter): stratify's copies of each row."""
         return STRATIFY.kernel(plan, chunk)
 
-    def regroup(self, plan: Mixture, data: Dataset, probe: Probe) -> Exchange | Stream:
+    def regroup(self, plan: Mixture, input: Input, probe: Probe) -> Exchange | Stream:
         """The selection in a keyed global order (a shuffle's exchange, its rows chosen on the map workers), or with
         --batch-size stratify's balanced batches of it (with --pad, padded)."""
         if plan.options.balanced_batches:
-            batches = balanced_batches(self, plan, data, probe)
+            batches = balanced_batches(self, plan, input, probe)
             assert batches is not None and batches.scatter.prepare is not None, "exact mode selects on the map side"
             if plan.info.get("weighted"):
                 batches = replace(batches, scatter=replace(batches.scatter, prepare=functools.partial(
@@ -191,8 +191,9 @@ class Mix(Operation[MixOptions, Mixture]):
                                                                          batches.scatter.prepare))
             return replace(batches, scatter=scatter, cut=functools.partial(_padded_cut, plan.padding, batches.cut))
         first = probe(functools.partial(selected_size, self, plan))
-        parts = parts_for(estimate_bytes(data, first, rows=int(plan.expected_rows or 0)), range_bytes(plan.memory, plan.tasks))
-        scatter = Scatter(data.schema, (parts,), plan.seed, STAGE, flush_bytes(plan.memory, parts, plan.tasks),
+        parts = parts_for(estimate_bytes(input, first, rows=int(plan.expected_rows or 0)),
+                          range_bytes(plan.memory, plan.tasks))
+        scatter = Scatter(input.schema, (parts,), plan.seed, STAGE, flush_bytes(plan.memory, parts, plan.tasks),
                           functools.partial(_one_group, self, plan))
         return Exchange(scatter, functools.partial(_shuffled, self, plan, default_batch_rows(bytes_per_row(first))))
 

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
-from batchtool.io.dataset import Chunk, Dataset
+from batchtool.io.dataset import Chunk
 from batchtool.ops import names as own
 from batchtool.ops.base import Pass, Context, Kind, Operation, OutputRows, Said
-from batchtool.ops.regroup import Exchange, Probe
+from batchtool.ops.regroup import Exchange, Input, Probe
 from batchtool.ops.pack.options import (DEFAULT_BATCH_SIZE, PackColumns, PackOptions, output_schema,
                                         resolve_columns)
 from batchtool.ops.pack.plan import (LengthCounts, PackPlan, batch_layout, check_long, count_lengths, make_plan,
@@ -84,8 +84,8 @@ class Pack(Operation[PackOptions, PackPlan]):
         return make_plan(options, resolve_columns(options, context.schema), stats, context.schema, context.seed,
                          context.memory, context.tasks)
 
-    def regroup(self, plan: PackPlan, data: Dataset, probe: Probe) -> Exchange:
-        return exchange(plan, data, probe)
+    def regroup(self, plan: PackPlan, input: Input, probe: Probe) -> Exchange:
+        return exchange(plan, input, probe)
 
     def expected(self, plan: PackPlan, rows_in: int | None, scan: Any = None) -> tuple[int | None, dict[str, Any]]:
         info = planned(plan, batch_layout(plan))

@@ -13,10 +13,10 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool.core import rng
-from batchtool.io.dataset import Chunk, Dataset, ReadReport
+from batchtool.io.dataset import Chunk, ReadReport
 from batchtool.core.errors import InputError, OptionSchemaError, SchemaError
-from batchtool.ops.regroup import (Cut, Exchange, Probe, Runtime, Scatter, Scattered, SortedBatches, SortedStream,
-                                   firsts_of)
+from batchtool.ops.regroup import (Cut, Exchange, Input, Probe, Runtime, Scatter, Scattered, SortedBatches,
+                                   SortedStream, firsts_of)
 from batchtool.core.tally import Tally
 from batchtool.ops.keyed import flush_bytes, spill_row_bytes
 from batchtool.ops.pack.options import CU_UNPADDED, SOURCE_OFFSET, PackColumns, feature_lists
@@ -85,8 +85,8 @@ def prepare(chunk: Chunk, plan: PackPlan, locate: Callable[[int], str]) -> Prepa
     return Prepared(items, pieces.astype(np.int64), rows_in, dropped, int(long.sum()) if o.long == "split" else 0)
 
 
-def _prepare_task(plan: PackPlan, locate: Callable[[int], str], task: Callable[[], Chunk]) -> Prepared:
-    return prepare(task(), plan, locate)
+def _prepare_numbered(plan: PackPlan, locate: Callable[[int], str], _: int, chunk: Chunk) -> Prepared:
+    return prepare(chunk, plan, locate)
 
 
 class Slots:
@@ -125,20 +125,20 @@ def spill_schema(schema: pa.Schema, plan: PackPlan) -> pa.Schema:
     return pa.schema(fields)
 
 
-def placed(plan: PackPlan, data: Dataset, rows_per_group: int, runtime: Runtime,
+def placed(plan: PackPlan, input: Input, rows_per_group: int, runtime: Runtime,
            report: ReadReport) -> Iterator[tuple[Chunk, np.ndarray, Tally]]:
     """The second pass (Exchange.rows): every chunk prepared on the runtime's workers, then, in input order (so
     the ranks, and everything after them, are the same for any --threads), each item given its output position
     and its order within the row; with the spill group of its position and what the chunk read, dropped, split
     and spilled. Items of a row of the --world-size remainder (position -1) are dropped and counted."""
     slots = Slots(plan)
-    tasks = data.tasks(plan.columns.kept(data.schema), report)
-    for p in runtime.executor.map(functools.partial(_prepare_task, plan, data.locate), tasks):
+    columns = plan.columns.kept(input.schema)
+    for p in runtime.map_rows(functools.partial(_prepare_numbered, plan, input.locate), columns, report):
         tally = Tally.of(rows_in=p.rows_in, dropped=p.dropped, split=p.split, items=len(p.lengths))
         if not len(p.lengths):
-            yield Chunk.concat([], spill_schema(data.schema, plan)), np.zeros(0, np.int64), tally
+            yield Chunk.concat([], spill_schema(input.schema, plan)), np.zeros(0, np.int64), tally
             continue
-        position = plan.positions(slots.rows(p.lengths, data.locate, p.items.ids))
+        position = plan.positions(slots.rows(p.lengths, input.locate, p.items.ids))
         items = p.items
         if plan.ranks is not None:
             kept = position >= 0
@@ -252,7 +252,7 @@ def pack_stats(plan: PackPlan, layout: BatchLayout, tally: Tally) -> dict[str, A
     return {**out, **planned(plan, layout)}
 
 
-def exchange(plan: PackPlan, data: Dataset, probe: Probe) -> Exchange:
+def exchange(plan: PackPlan, input: Input, probe: Probe) -> Exchange:
     """pack's exchange: items placed in input order on the driver (Exchange.rows: their slots depend on the items
     before), scattered to the spill group of their output position (groups sized on the first chunk's bytes, as is
     the largest batch, checked against --memory first), each group sorted into output order on a worker, and the
@@ -262,10 +262,10 @@ def exchange(plan: PackPlan, data: Dataset, probe: Probe) -> Exchange:
     groups = spill_layout(plan, sizes)
     layout = batch_layout(plan)
     check_batches(plan, layout, sizes)
-    scatter = Scatter(spill_schema(data.schema, plan), groups.parts, plan.seed, SPILL_STAGE,
+    scatter = Scatter(spill_schema(input.schema, plan), groups.parts, plan.seed, SPILL_STAGE,
                       flush_bytes(plan.memory, groups.groups, plan.tasks), order=in_row_order)
     return Exchange(scatter, functools.partial(_cut, plan, layout),
-                    functools.partial(placed, plan, data, groups.rows_per_group))
+                    functools.partial(placed, plan, input, groups.rows_per_group))
 
 
 def _row_bytes(columns: PackColumns, chunk: Chunk) -> tuple[float, float]:

@@ -22,9 +22,9 @@ import pyarrow as pa
 from batchtool.core import budget
 from batchtool.core.budget import DEFAULT_MEMORY
 from batchtool.core.errors import InputError
-from batchtool.io.dataset import Dataset, ReadReport
+from batchtool.io.dataset import Chunk, ReadReport
 from batchtool.ops.base import Scan, Context, Kind, Operation, OutputRows, need_columns
-from batchtool.ops.regroup import Probe, Stream, Regrouped, Runtime
+from batchtool.ops.regroup import Input, Probe, Stream, Regrouped, Runtime
 from batchtool.ops.segment.batches import build_batches
 from batchtool.ops.segment.chunks import Examples, SegmentPlan, make_plan, prepare_shared
 from batchtool.ops.segment.lanes import LANE_WINDOW, LanePlanner
@@ -77,27 +77,31 @@ def _plan(options: SegmentOptions, schema: pa.Schema, memory: int = DEFAULT_MEMO
 
 
 @contextmanager
-def _lanes(plan: SegmentPlan, data: Dataset, runtime: Runtime, report: ReadReport) -> Iterator[Regrouped]:
+def _lanes(plan: SegmentPlan, input: Input, sample: pa.RecordBatch | None, runtime: Runtime,
+           report: ReadReport) -> Iterator[Regrouped]:
     """The one pass: each chunk checked and its rows and key hashes written to the workspace (on the engine), lanes
     planned from the examples' segment counts as chunks arrive (here), and the planner's items handed to the
     writer, whose workers read the rows they play and build their batches; the keys are checked unique (the
-    runtime's distinct-keys check) once the last chunk is read, before the writer finishes."""
+    runtime's distinct-keys check) once the last chunk is read, before the writer finishes. `sample`: the
+    columns of the input's first chunk, which the budget is checked on."""
     o = plan.options
-    columns = o.source_columns
-    sample = next(iter(data.tasks(columns)), None)
-    planner = LanePlanner(plan, check_memory(o, plan.memory, sample().data if sample else None))
+    planner = LanePlanner(plan, check_memory(o, plan.memory, sample))
     keys = runtime.distinct(plan.memory // KEYS_SHARE)
 
     def checked() -> Iterator[Examples]:
-        yield from runtime.executor.map(functools.partial(prepare_shared, plan, data.locate, runtime.space, keys),
-                                        enumerate(data.tasks(columns, report)))
-        _, found = keys.repeats(data, [o.key], runtime.executor, 1)
+        yield from runtime.map_rows(functools.partial(prepare_shared, plan, input.locate, runtime.space, keys),
+                                    o.source_columns, report)
+        _, found = runtime.repeats(keys, [o.key], 1)
         if found:
-            raise InputError(f"duplicate key {found[0].row[o.key]!r}: {data.locate(found[0].first)} and "
-                             f"{data.locate(found[0].id)} (segment keys must be unique)")
+            raise InputError(f"duplicate key {found[0].row[o.key]!r}: {input.locate(found[0].first)} and "
+                             f"{input.locate(found[0].id)} (segment keys must be unique)")
 
     yield Regrouped(planner.items(checked()), functools.partial(build_batches, plan),
                     lambda: planner.stats.as_dict(plan), sequence_columns=tuple(o.sequence))
+
+
+def _columns(columns: list[str], chunk: Chunk) -> pa.RecordBatch:
+    return chunk.data.select(columns)
 
 
 class SegmentOp(Operation[SegmentOptions, SegmentPlan]):
@@ -131,9 +135,11 @@ class SegmentOp(Operation[SegmentOptions, SegmentPlan]):
     def plan(self, options: SegmentOptions, context: Context, stats: Any) -> SegmentPlan:
         return _plan(options, context.schema, context.memory)
 
-    def regroup(self, plan: SegmentPlan, data: Dataset, probe: Probe) -> Stream:
-        """Lanes, planned in input order as the examples stream (_lanes)."""
-        return Stream(functools.partial(_lanes, plan, data))
+    def regroup(self, plan: SegmentPlan, input: Input, probe: Probe) -> Stream:
+        """Lanes, planned in input order as the examples stream (_lanes), the budget checked on the first chunk (read
+        on the driver: a stream's rows are all read again)."""
+        sample = probe(functools.partial(_columns, plan.options.source_columns), in_order=True)
+        return Stream(functools.partial(_lanes, plan, input, sample))
 
     def expected(self, plan: SegmentPlan, rows_in: int | None, scan: Scan) -> tuple[int | None, dict[str, Any]]:
         """Segments, batches and padding efficiency from the first sequence column's length histogram (a pass over

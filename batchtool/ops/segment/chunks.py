@@ -131,9 +131,8 @@ KEYS_COLUMN = "__batchtool_key__"
 """The keys' column in a stored chunk (read back by position)."""
 
 
-def prepare_chunk(plan: SegmentPlan, locate: Callable[[int], str], task: Callable[[], Chunk]) -> Examples:
-    """Read one chunk, check its keys and lengths and count its segments; errors name the row."""
-    chunk = task()
+def prepare_chunk(plan: SegmentPlan, locate: Callable[[int], str], chunk: Chunk) -> Examples:
+    """Check one chunk's keys and lengths and count its segments; errors name the row."""
     o = plan.options
     data = chunk.data
 
@@ -216,11 +215,10 @@ def ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 
 def prepare_shared(plan: SegmentPlan, locate: Callable[[int], str], space: Workspace, keys: DistinctKeys,
-                   item: tuple[int, Callable[[], Chunk]]) -> Examples:
+                   index: int, chunk: Chunk) -> Examples:
     """prepare_chunk for chunk number `index`, its key hashes written for the key check (`keys`) and its rows to
     the workspace, where the tasks that build batches read them: the examples come back with their numbers only."""
-    index, task = item
-    examples = prepare_chunk(plan, locate, task)
+    examples = prepare_chunk(plan, locate, chunk)
     assert examples.key_hash is not None
     keys.write(index, examples.key_hash, examples.ids)
     return replace(examples.kept_at(write_rows(space, index, examples.with_keys())), key_hash=None)

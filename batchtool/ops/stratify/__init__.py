@@ -13,10 +13,10 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool.io import stats as stats_mod
-from batchtool.io.dataset import Chunk, Dataset
+from batchtool.io.dataset import Chunk
 from batchtool.core.errors import OptionInputError
 from batchtool.ops.base import Pass, Context, Depends, Kind, Operation, Said, Shape, need_columns, who
-from batchtool.ops.regroup import Stream, Exchange, Probe
+from batchtool.ops.regroup import Stream, Exchange, Input, Probe
 from batchtool.core.tally import Tally
 from batchtool.ops.labels import (MAX_CLASSES, LabelError, bad_label_count, check_label_type, full_label_error,
                                   is_class, label_codes)
@@ -175,11 +175,11 @@ class Stratify(Operation[StratifyOptions, Stratification]):
             tally.latest["online_final_probs"] = (plan.seen / plan.seen.sum()).tolist()
         return Copies(chunk, copies, plan.seed, STAGE), tally
 
-    def regroup(self, plan: Stratification, data: Dataset, probe: Probe) -> Exchange | Stream:
+    def regroup(self, plan: Stratification, input: Input, probe: Probe) -> Exchange | Stream:
         """--balanced-batches: the exchange of its selection; plain batches of it as it streams."""
         if plan.options.balanced_batches:
-            return exchange(self, plan, data, probe)
-        return Stream(functools.partial(batched, self, plan, data))
+            return exchange(self, plan, input, probe)
+        return Stream(functools.partial(batched, self, plan, input))
 
     def report(self, plan: Stratification, stats: Tally) -> dict[str, Any]:
         """manifest["stats"]: the plan, class counts before and after, copies and what was discarded (the

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
 
 from batchtool.core import budget
-from batchtool.io.dataset import Chunk, Dataset, ReadReport
+from batchtool.io.dataset import Chunk, ReadReport
 from batchtool.ops.base import Operation
-from batchtool.ops.regroup import Cut, Exchange, Probe, Regrouped, Runtime, Scatter, Scattered
-from batchtool.core.runner import SERIAL, Executor
+from batchtool.ops.regroup import Cut, Exchange, Input, Probe, Regrouped, Runtime, Scatter, Scattered
 from batchtool.core.tally import Tally
 from batchtool.ops.keyed import flush_bytes, range_bytes
 from batchtool.ops.quotas import QuotaBatches, QuotaLayout, plan_layout
@@ -27,19 +26,19 @@ ORDER_STAGE, BATCH_STAGE = STAGE + "/order", STAGE + "/batch"
 
 
 @contextlib.contextmanager
-def batched(op: Operation, plan: Stratification, data: Dataset, runtime: Runtime,
+def batched(op: Operation, plan: Stratification, input: Input, runtime: Runtime,
             report: ReadReport) -> Iterator[Regrouped]:
-    """The selection (op's kernel over `data`) in batches of --batch-size, as it streams (balanced batches run as
+    """The selection (op's kernel over the input) in batches of --batch-size, as it streams (balanced batches run as
     the exchange below)."""
     options = plan.options
     size = options.batch_size
     assert size is not None and not options.balanced_batches, "stratify streams plain batches only"
-    chunks, selected = runtime.apply(op, plan, data, report)
+    chunks, selected = runtime.apply(op, plan, report)
     first, rows = peek(c for c, _ in chunks if c.num_rows)
-    expected = _check_memory(plan, data, Yardstick.of(first))
+    expected = _check_memory(plan, input, Yardstick.of(first))
     written = Tally()
     """The classes of the batches written (`class_out`), counted in order on this side."""
-    batches = rebatch(rows, size, data.schema, options.drop_remainder)
+    batches = rebatch(rows, size, input.schema, options.drop_remainder)
     yield Regrouped(_counted(plan, batches, written), emit, functools.partial(written_stats, op, plan, selected, written),
                     expected)
 
@@ -52,21 +51,21 @@ def written_stats(op: Operation, plan: Stratification, selected: Tally, written:
     return op.report(plan, total)
 
 
-def _check_memory(plan: Stratification, data: Dataset, first: Yardstick | None) -> int | None:
+def _check_memory(plan: Stratification, input: Input, first: Yardstick | None) -> int | None:
     """Stop before spilling if one batch would not fit --memory (rows sized from the selection's first non-empty
     chunk); the rows the plan expects, if it fixes them."""
     options = plan.options
     assert options.batch_size is not None
     expected = None if plan.expected_rows is None else int(plan.expected_rows)
-    most_rows = expected if options.mode == "exact" else None if options.replacement else data.num_rows
+    most_rows = expected if options.mode == "exact" else None if options.replacement else input.num_rows
     budget.check_rows("batch_size", options.batch_size, most_rows, bytes_per_row(first), plan.memory)
     return expected
 
 
-def _class_parts(plan: Stratification, data: Dataset, first: Yardstick | None, expected: int | None) -> list[int]:
+def _class_parts(plan: Stratification, input: Input, first: Yardstick | None, expected: int | None) -> list[int]:
     """Spill parts of each class's stream, from the selection's size (its first non-empty chunk's bytes per row)."""
     active = plan.target > 0
-    whole = estimate_bytes(data, first, rows=expected)
+    whole = estimate_bytes(input, first, rows=expected)
     part_bytes = max(1, range_bytes(plan.memory, plan.tasks) // int(active.sum()))
     return [parts_for(whole * t, part_bytes) for t in plan.target.tolist()]
 
@@ -86,7 +85,7 @@ def record_layout(layout: QuotaLayout, written: Tally) -> None:
 # -- --balanced-batches as an exchange (Operation.regroup) --------------------------------------------------------
 
 
-def exchange(op: Operation, plan: Stratification, data: Dataset, probe: Probe) -> Exchange | None:
+def exchange(op: Operation, plan: Stratification, input: Input, probe: Probe) -> Exchange | None:
     """The balanced batches as map-reduce: map tasks select their rows (the kernel) and scatter them to their
     class's key ranges, reduce tasks sort each range, and the batches are cut where they are written, from the
     classes' counts alone. With --mode online, whose chunk plans depend on the chunks before, the selection runs
@@ -95,32 +94,22 @@ def exchange(op: Operation, plan: Stratification, data: Dataset, probe: Probe) -
     options = plan.options
     if not options.balanced_batches:
         return None
-    online = op.per_chunk(plan) is not None
-    first = _first_online(op, plan, data) if online else probe(functools.partial(selected_size, op, plan))
-    expected = _check_memory(plan, data, first)
-    parts = _class_parts(plan, data, first, expected)
-    scatter = Scatter(data.schema, tuple(parts), plan.seed, ORDER_STAGE, flush_bytes(plan.memory, sum(parts), plan.tasks),
-                      None if online else functools.partial(selected_rows, op, plan))
-    rows = functools.partial(_online_rows, op, plan, data) if online else None
+    per_chunk = op.per_chunk(plan)
+    if per_chunk is None:
+        first = probe(functools.partial(selected_size, op, plan))
+    else:  # the yardstick of the first chunk the online selection keeps rows of, its plans made in order
+        first = probe(functools.partial(_planned_size, op, per_chunk), in_order=True)
+    expected = _check_memory(plan, input, first)
+    parts = _class_parts(plan, input, first, expected)
+    scatter = Scatter(input.schema, tuple(parts), plan.seed, ORDER_STAGE,
+                      flush_bytes(plan.memory, sum(parts), plan.tasks),
+                      None if per_chunk is not None else functools.partial(selected_rows, op, plan))
+    rows = None if per_chunk is None else functools.partial(_online_rows, op, plan)
     return Exchange(scatter, functools.partial(_exchange_cut, op, plan), rows)
 
 
-def _in_order(op: Operation, plan: Stratification, data: Dataset, executor: Executor,
-              report: ReadReport) -> Iterator[tuple[Chunk, Stratification]]:
-    """--mode online: every chunk with its plan, made in input order."""
-    per_chunk = op.per_chunk(plan)
-    assert per_chunk is not None
-    for chunk in data.chunks(None, executor, report):
-        yield chunk, per_chunk(chunk)
-
-
-def _first_online(op: Operation, plan: Stratification, data: Dataset) -> Yardstick | None:
-    """The yardstick of the first chunk the online selection keeps rows of."""
-    for chunk, chunk_plan in _in_order(op, plan, data, SERIAL, ReadReport()):
-        rows = selected_rows(op, chunk_plan, chunk)[0]
-        if rows.num_rows:
-            return Yardstick.of(rows)
-    return None
+def _planned_size(op: Operation, per_chunk: Callable[[Chunk], Stratification], chunk: Chunk) -> Yardstick | None:
+    return selected_size(op, per_chunk(chunk), chunk)
 
 
 def _selected_planned(op: Operation, planned: tuple[Chunk, Stratification]) -> tuple[Chunk, np.ndarray, Tally]:
@@ -128,11 +117,13 @@ def _selected_planned(op: Operation, planned: tuple[Chunk, Stratification]) -> t
     return selected_rows(op, chunk_plan, chunk)
 
 
-def _online_rows(op: Operation, plan: Stratification, data: Dataset, runtime: Runtime,
+def _online_rows(op: Operation, plan: Stratification, runtime: Runtime,
                  report: ReadReport) -> Iterator[tuple[Chunk, np.ndarray, Tally]]:
     """--mode online: each chunk's selection with its plan made in input order (the kernels on the runtime)."""
-    yield from runtime.executor.map(functools.partial(_selected_planned, op),
-                                    _in_order(op, plan, data, runtime.executor, report))
+    per_chunk = op.per_chunk(plan)
+    assert per_chunk is not None
+    planned = ((chunk, per_chunk(chunk)) for chunk in runtime.rows(None, report))
+    yield from runtime.executor.map(functools.partial(_selected_planned, op), planned)
 
 
 def selected_rows(op: Operation, plan: Stratification, chunk: Chunk) -> tuple[Chunk, np.ndarray, Tally]:
