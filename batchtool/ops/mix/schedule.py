@@ -131,8 +131,11 @@ def replan_from(dst: str, at: int, names: tuple[str, ...], by: str) -> Replan:
                          f"{', '.join(names)}")
     if options.get("by") != by:
         raise UsageError(f"--continue {dst}: it was mixed --by {options.get('by')}, not --by {by}")
-    if at < 0 or at > int(stats.get("balanced_batches", 0)):
-        raise UsageError(f"--at {at}: {dst} has {int(stats.get('balanced_batches', 0)):,} batches")
+    batches, remainder = int(stats.get("balanced_batches", 0)), sum(stats.get("final_batch_quotas") or ())
+    full = batches - bool(remainder)
+    if at < 0 or at > full:
+        cut = " (and its last, which its end cut short: a batch of a plan that ended there)" if remainder else ""
+        raise UsageError(f"--at {at}: {dst} has {full:,} full batches{cut}; continue at one of 0..{full:,}")
     return Replan(dst, at, int(manifest.get("seed") or 0), int(stats["batch_size"]),
                   int(stats["balanced_batches"]), tuple(stats["target"]), stats.get("schedule"))
 
