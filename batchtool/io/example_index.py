@@ -168,15 +168,35 @@ def build(directory: str, manifest: dict[str, Any], space: Workspace, memory: in
             key_type, examples, buffers = _spooled(spill, dataset, column, max(1, memory // MEMORY_SHARE),
                                                    space.errors)
         index_schema = pa.schema(zip(_FIELDS, (key_type, pa.int64(), pa.int64())))
-        sink = HashingFile(os.path.join(directory, INDEX_NAME))
+        path = os.path.join(directory, INDEX_NAME)
+        sink = HashingFile(path)
         try:  # a refused write here is the output's (write.write_manifest names DST)
             write_single_batch(sink.write, index_schema, examples, buffers)
         finally:
             sink.close()
+        _read_back(path, index_schema, examples)
     finally:
         fs.remove_tree(spill)
     return {"path": INDEX_NAME, "key": column, "examples": examples, "bytes": sink.bytes,
             "sha256": sink.sha256.hexdigest()}
+
+
+def _read_back(path: str, schema: pa.Schema, examples: int) -> None:
+    """The written index as pyarrow reads it: one batch of `examples` rows of `schema` whose buffers lie where its
+    metadata says. ipc_single lays the file out by patching pyarrow's own one-row file; should a pyarrow release
+    lay IPC files out another way, the write fails here, before DST is replaced, not in a later lookup."""
+    try:
+        with pa.memory_map(path) as source:
+            reader = pa.ipc.open_file(source)
+            batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+            if not reader.schema.equals(schema) or sum(b.num_rows for b in batches) != examples or len(batches) > 1:
+                raise ValueError(f"{len(batches)} batches, {sum(b.num_rows for b in batches):,} rows")
+            for batch in batches:
+                batch.validate()
+    except (pa.ArrowException, ValueError) as exc:
+        raise BatchtoolError(f"{path}: the example index written does not read back as written ({exc}); pyarrow "
+                             f"{pa.__version__} lays out Arrow IPC files in a way this batchtool does not know") \
+            from None
 
 
 def _spooled(spill: str, dataset: Dataset, column: str | None, budget: int,

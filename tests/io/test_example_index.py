@@ -166,3 +166,22 @@ def test_a_large_index_is_built_under_a_small_memory(tmp_path):
     result = json.loads(child.stdout)
     assert result["same"]
     assert result["grew"] < 12 << 20, result["grew"] >> 20  # holding every key and its sort: about 38 MB
+
+
+def test_an_index_that_does_not_read_back_fails_the_write_and_leaves_no_output(tmp_path, monkeypatch, run_cli):
+    """A pyarrow whose IPC layout the patched template no longer matches: the command ends in one line, DST absent."""
+    from batchtool.io import example_index
+
+    def a_row_short(write, schema, rows, buffers):  # a file that claims one row fewer than the index holds
+        table = pa.table({name: pa.array(range(max(rows - 1, 0)), pa.int64()) for name in schema.names})
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        write(sink.getvalue().to_pybytes())
+
+    monkeypatch.setattr(example_index, "write_single_batch", a_row_short)
+    src = write_parquet_shards(str(tmp_path / "src"), make_table(40, seed=1), shards=1)
+    result = run_cli("bucket", src, tmp_path / "dst", "--boundaries", "20", "--batch-size", "4", "-q")
+    assert result.exit_code == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+    assert "the example index written does not read back as written" in result.stderr
+    assert not os.path.exists(tmp_path / "dst")
