@@ -87,7 +87,7 @@ def _check_receipts(src: str, receipts: tuple[str, ...], exactly_once: bool, sam
               help="Column of --min-length/--max-length and --baseline (default: the first list column).")
 @click.option("--min-length", type=int, help="Rule: every row at least this long.")
 @click.option("--max-length", type=int, help="Rule: every row at most this long.")
-@click.option("--checksums", is_flag=True, help="Rule: files match the sizes and sha256 in DST's manifest.")
+@click.option("--checksums", is_flag=True, help="Rule: the data files and the example index match the sizes and sha256 in DST's manifest.")
 @click.option("--manifest", "verify_manifest", is_flag=True,
               help="Rules: DST's files match its manifest (checksums, rows, batches, schema); the default for a "
                    "batchtool output when no rule is given.")

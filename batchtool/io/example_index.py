@@ -154,8 +154,9 @@ def build(directory: str, manifest: dict[str, Any], space: Workspace, memory: in
     """Write the index of the output in `directory` (its data files written, `manifest` listing them, not yet
     written) as INDEX_NAME there, keyed by key_column(schema, `key`); returns the manifest's `output.index` entry
     (name, key column, examples, size, sha256). Reads only the key column (or, without one, each batch's rows), a
-    few batches at a time: the index's columns wait in files of the workspace `space` and the keys are sorted there
-    (key_sort), so the build holds about `memory` / MEMORY_SHARE however many examples the output has."""
+    few batches at a time: the index's columns wait in memory up to their share (SPOOL_SHARE), beyond it in files of
+    the workspace `space`, where the keys are also sorted in runs (key_sort), so the build holds about `memory` /
+    MEMORY_SHARE however many examples the output has."""
     spec = FORMATS[manifest["output"]["format"]]
     schema = schema_from_json(manifest["schema"])
     shards = tuple(Shard(i, fs.join(directory, f["path"]), f["bytes"]) for i, f in enumerate(manifest["output"]["files"]))
