@@ -127,7 +127,9 @@ def test_tasks_ran_on_both_nodes():
     """After the runs above (pytest runs this module's tests in file order)."""
     if not TASKS_BY_NODE:
         pytest.skip("needs the runs above")
-    assert set(TASKS_BY_NODE) == {HEAD_IP, WORKER_IP} and min(TASKS_BY_NODE.values()) >= 5, TASKS_BY_NODE
+    # how many land on each is Ray's choice per task (on a quiet machine the head's CPU takes most: 122 and 4
+    # were seen): that both nodes ran some is the evidence, not a share
+    assert set(TASKS_BY_NODE) == {HEAD_IP, WORKER_IP} and min(TASKS_BY_NODE.values()) >= 1, TASKS_BY_NODE
 
 
 KEEPS_HANDLERS = """
