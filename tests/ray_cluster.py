@@ -146,10 +146,21 @@ def _start_node(ip: str, options: list[str], env: dict[str, str], temp_dir: str)
     with open(log, "wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", f"--node-ip-address={ip}",
-             "--num-cpus=1", f"--temp-dir={temp_dir}", "--disable-usage-stats",
+             "--num-cpus=1", f"--temp-dir={temp_dir}", "--disable-usage-stats", "--include-log-monitor=false",
              *options],
             stdout=out, stderr=subprocess.STDOUT, env={**env, **NODE_LOSS_SECONDS}, start_new_session=True)
     return Node(ip, process, log)
+
+
+STARTED = "Ray runtime started."
+"""The line `ray start` logs once its node's processes run (the worker's, once it reached the head's GCS)."""
+LOG_LOOK_SECONDS = 0.1
+"""How often the start looks at the nodes' logs for STARTED: a read of two small files."""
+
+
+def _started(node: Node) -> bool:
+    with open(node.log, errors="replace") as f:
+        return STARTED in f.read()
 
 
 def _alive_nodes(address: str, env: dict[str, str]) -> int:
@@ -185,7 +196,10 @@ def start_cluster(temp_root: str, env: dict[str, str]) -> Cluster:
             for node in cluster.nodes:
                 if node.process.poll() is not None:
                     raise RuntimeError(f"ray start on {node.ip} exited ({node.process.returncode}); see {node.log}")
-            if _alive_nodes(cluster.address, env) >= 2:
+            # Each look at the GCS is a Ray driver (seconds of CPU): ask it once both nodes say they started.
+            if not all(map(_started, cluster.nodes)):
+                time.sleep(LOG_LOOK_SECONDS)
+            elif _alive_nodes(cluster.address, env) >= 2:
                 return cluster
             if time.monotonic() > deadline:
                 raise RuntimeError(f"two Ray nodes not alive after {START_SECONDS:.0f} s; see {cluster.nodes[0].log}")
