@@ -88,7 +88,6 @@ def run_pipeline(config: config_mod.PipelineConfig, run: RunSettings, *, dry_run
             return PipelineResult(prefix.expected(), wall_seconds=round(time.perf_counter() - started, 3),
                                   peak_rss_bytes=manifest_mod.peak_rss_bytes())
         last = stages[-1]
-        prefix.main_run = True
         with attributed(config.path, last):
             result = prefix.write(started)
     run_section = result.manifest["run"]
@@ -252,9 +251,6 @@ class Prefix:
         self.report = ReadReport()
         """Corrupt records skipped while spilling a global shuffle of the main run."""
         self._barriers: dict[tuple[int, tuple[str, ...] | None, bool], Regrouped] = {}
-        self.main_run = False
-        """The main run has begun: a global shuffle may now be sorted on the workers beside the output (never
-        in a first pass or a dry run)."""
 
     def view(self, k: int, scope: Columns, needs: int = CHUNKS, desc: str | None = None) -> StageInput:
         """Stage k's input. Global shuffles before it are spilled now, in this thread, so temporary files
