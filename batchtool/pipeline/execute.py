@@ -44,8 +44,8 @@ from batchtool.exec.job import JobResult, open_mixed, read_paths
 from batchtool.io.workspace import Workspace, tasks_executor, workspace
 from batchtool.exec.produced import Job, Produced
 from batchtool.exec.write import RUN_BYTES, sized_runs, write
-from batchtool.exec.driver import EngineRuntime, Ready, produced, scanner, stream_errors
-from batchtool.ops.regroup import Exchange, Regrouped, SortedBatches
+from batchtool.exec.driver import EngineRuntime, Ready, produced, regrouped, scanner, stream_errors
+from batchtool.ops.regroup import Regrouped, SortedBatches
 from batchtool.io.output import destination_taken, refuse_overlap
 from batchtool.core.runner import SERIAL, Executor
 from batchtool.pipeline import config as config_mod
@@ -296,10 +296,9 @@ class Prefix:
         space = self._stack.enter_context(workspace(self.config.output_path, self.executor, self.run.tmp_dir))
         self.executor = tasks_executor(space, self.executor)
         runtime = EngineRuntime(upstream, self.executor, space, self.run.shown, stage.name, self.pool)
-        regrouped, units = exchange.regrouping(stage.op, stage.planned, upstream, units, self.executor, like)
-        if not isinstance(regrouped, Exchange):
-            return self._stack.enter_context(regrouped.open(runtime, report))
-        cut = exchange.exchanged(regrouped, units, upstream, runtime, report, self.pool)
+        cut = self._stack.enter_context(regrouped(stage.op, stage.planned, runtime, units, report, like))
+        if isinstance(cut, Regrouped):
+            return cut
         batches = cut.batches
         items = [batches.reader(start, end) for start, end in sized_runs(batches, RUN_BYTES)]
         return SortedRegrouped(items, _read_batches, cut.stats, total_rows=batches.rows, batches=batches)
