@@ -13,7 +13,9 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from batchtool.core.errors import InputError
+from batchtool.core.errors import BatchtoolError, InputError
+from batchtool.io.dataset import Dataset
+from batchtool.io.manifest import MANIFEST_NAME, manifest_path
 
 T = TypeVar("T")
 
@@ -165,4 +167,21 @@ class Recorded:
         return float(value)
 
 
-__all__ = ["MAX_COUNT", "Recorded", "json_shown"]
+def recorded_stat(who: str, dataset: Dataset, key: str, writer: str,
+                  error: type[BatchtoolError] = InputError) -> tuple[Recorded, Any, str]:
+    """SRC's manifest stats, the value of `key` there and its key path, for a rule (`who`) that reads what `writer`
+    records: an `error` where SRC has no manifest or its manifest does not record it (a UsageError, which stops the
+    check, for a rule that only makes sense on that writer's output)."""
+    manifest = dataset.manifest
+    if manifest is None:
+        raise error(f"{who}: {dataset.src} has no batchtool manifest ({MANIFEST_NAME}) to read stats.{key} "
+                         f"from (check the output directory of {writer.replace(' and ', ' or ')})")
+    recorded = Recorded.of(manifest, manifest_path(dataset.src))
+    found = recorded.find(key)
+    if found is None:
+        raise error(f"{who}: {manifest_path(dataset.src)} records no stats.{key} (written by "
+                         f"{manifest.get('command')!r}; {writer} output records it)")
+    return recorded, *found
+
+
+__all__ = ["MAX_COUNT", "Recorded", "json_shown", "recorded_stat"]
