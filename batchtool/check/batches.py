@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from batchtool.check.report import Offender, RuleResult, plural, skipped, verdict
 from batchtool.check.rules import BatchQuotas, BatchRows, MaxBatchCost, PaddingEfficiency, RankBatches, Rule
-from batchtool.check.recorded import Recorded
+from batchtool.check.recorded import Recorded, recorded_stat
 from batchtool.io.dataset import Dataset
 from batchtool.core.errors import InputError, UsageError
 from batchtool.loader.load import load
@@ -49,19 +49,6 @@ def _batches(rule: Rule, dataset: Dataset, columns: list[str], threads: int) -> 
     return load(dataset.src, columns=columns, shuffle=False, threads=threads).record_batches()
 
 
-def _recorded(rule: Rule, dataset: Dataset, key: str, writer: str) -> Recorded:
-    """SRC's manifest stats, which must record `key`; a usage error naming what writes it when SRC is other output."""
-    manifest = dataset.manifest
-    if manifest is None:
-        raise UsageError(f"{rule.label}: {dataset.src} has no batchtool manifest to read {key} from "
-                         f"(check the output directory of {writer})")
-    recorded = Recorded.of(manifest, manifest_path(dataset.src))
-    if not recorded.has(key):
-        raise UsageError(f"{rule.label}: {dataset.src}'s manifest records no stats.{key} (written by "
-                         f"{manifest.get('command')!r}; {writer} output records it)")
-    return recorded
-
-
 def _bucket_name(b: Recorded) -> str:
     """A bucket of a bucket manifest as a report names it: `bucket 2 (lengths 10-19)`, or for two lengths
     `cell 1,0 (lengths 10-19 x 0-7)`."""
@@ -77,7 +64,8 @@ def _bucket_name(b: Recorded) -> str:
 
 def judge_batch_cost(rule: MaxBatchCost, dataset: Dataset, limit: int) -> RuleResult:
     """Each cell's largest batch cost, as a two-length bucket output recorded it, against `max`."""
-    cells = _recorded(rule, dataset, "max_batch_cost", "bucket with two --length").objects("buckets") or []
+    cells = recorded_stat(rule.label, dataset, "max_batch_cost", "bucket with two --length",
+                          UsageError)[0].objects("buckets") or []
     costs = [(_bucket_name(b), b.number("max_batch_cost") or 0.0, b.count("batches") or 0) for b in cells]
     bound = f"<= {rule.max:g} in every batch"
     if not any(batches for _, _, batches in costs):
@@ -94,7 +82,7 @@ def judge_bucket_padding(rule: PaddingEfficiency, dataset: Dataset, limit: int) 
     def described(b: Recorded) -> tuple[str, float | None, int]:
         return _bucket_name(b), b.share("padding_efficiency"), b.count("batches") or 0
 
-    recorded = _recorded(rule, dataset, "buckets", "bucket").objects("buckets") or []
+    recorded = recorded_stat(rule.label, dataset, "buckets", "bucket", UsageError)[0].objects("buckets") or []
     buckets = [b for b in map(described, recorded) if b[1] is not None]
     bound = f">= {rule.min:g} in every bucket"
     if not buckets:
@@ -129,7 +117,8 @@ def judge_batch_rows(rule: BatchRows, dataset: Dataset, limit: int, threads: int
 def judge_batch_quotas(rule: BatchQuotas, dataset: Dataset, limit: int, threads: int) -> RuleResult:
     """Batch i must hold exactly the quotas stratify gave batch i (QuotaLayout, rebuilt from the manifest and
     unrolled along with the batches, so no manifest value decides how much is held in memory)."""
-    stats = _recorded(rule, dataset, "balanced_batches", "stratify --balanced-batches")
+    stats = recorded_stat(rule.label, dataset, "balanced_batches", "stratify --balanced-batches",
+                          UsageError)[0]
     expected, partial = stats.count("balanced_batches"), stats.counts("final_batch_quotas")
     target, size, label = stats.shares("target"), stats.count("batch_size"), stats.text("label")
     missing = [k for k, v in (("final_batch_quotas", partial), ("target", target), ("batch_size", size),

@@ -78,14 +78,16 @@ class Baseline:
         recorded = self.recorded()
         if self.data is None or (recorded is not None and all(_answers(recorded, r) for r in rules)):
             return recorded
-        dataset = _open(self.data, run, executor, self.skip_corrupt)  # under check's limits, as SRC is
+        dataset = open_checked(self.data, run, executor, self.skip_corrupt)  # under check's limits, as SRC is
         plan = scan_plan(rules, dataset.schema, None, 0, run.budget)
         return profile_of(measure(dataset, plan, run, executor, needs_rows=True), rules)
 
 
-def _open(src: str, run: RunSettings, executor: Executor, skip_corrupt: bool) -> Dataset:
-    return open_dataset(src, skip_corrupt=skip_corrupt, max_record_bytes=run.max_record_bytes, memory=run.budget,
-                        executor=executor)
+def open_checked(src: str, run: RunSettings, executor: Executor, skip_corrupt: bool,
+                 format: str | None = None) -> Dataset:
+    """SRC, or a baseline's data, opened under check's limits (its --memory bounds what one unit decompresses to)."""
+    return open_dataset(src, format=format, skip_corrupt=skip_corrupt, max_record_bytes=run.max_record_bytes,
+                        memory=run.budget, executor=executor)
 
 
 def open_baseline(spec: str, run: RunSettings, executor: Executor, skip_corrupt: bool = False) -> Baseline:
@@ -99,7 +101,7 @@ def open_baseline(spec: str, run: RunSettings, executor: Executor, skip_corrupt:
     manifest = read_manifest(spec) if fs.is_dir(spec) else None
     if manifest is not None and isinstance(manifest.get("schema"), str):
         return Baseline(spec, schema_from_json(manifest["schema"]), manifest, spec, skip_corrupt)
-    return Baseline(spec, _open(spec, run, executor, skip_corrupt).schema, None, spec, skip_corrupt)
+    return Baseline(spec, open_checked(spec, run, executor, skip_corrupt).schema, None, spec, skip_corrupt)
 
 
 def manifest_profile(manifest: dict, src: str, path: str) -> Profile:

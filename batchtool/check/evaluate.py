@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from batchtool.core import fs
 from batchtool.check.checksums import judge_checksums
-from batchtool.check.drift import open_baseline
+from batchtool.check.drift import open_baseline, open_checked
 from batchtool.check.judge import judge_measured, judge_metadata
 from batchtool.check.plan import NEEDS_ROWS, data_rules, not_evaluated, offender_limit, rules_to_check
 from batchtool.check.report import FAIL, CheckResult, RuleResult
@@ -25,7 +25,6 @@ from batchtool.check.verify import VERIFY_RULES, verify
 from batchtool.io.dataset import Dataset
 from batchtool.exec.engines import executor as run_executor
 from batchtool.core.errors import InputError, UsageError
-from batchtool.io.inputs import open_dataset
 from batchtool.core.run_settings import RunSettings
 from batchtool.core.runner import Executor
 from batchtool.io.manifest_reader import read_manifest
@@ -68,9 +67,8 @@ def _check(src: str, rules: RuleSet, options: CheckOptions, run: RunSettings, ex
     dataset = None
     rows = None
     try:
-        dataset = open_dataset(src, format=options.format,
-                               skip_corrupt=options.skip_corrupt or any(isinstance(r, Crc) for r in rules.rules),
-                               max_record_bytes=run.max_record_bytes, memory=run.budget, executor=executor)
+        crc = any(isinstance(r, Crc) for r in rules.rules)
+        dataset = open_checked(src, run, executor, options.skip_corrupt or crc, options.format)
         rows = _judge_data(dataset, rules, options, run, executor, limit, results)
     except InputError as exc:  # unreadable data; usage errors always stop the check
         if not any(r.status == FAIL for r in results.values()):

@@ -9,7 +9,6 @@ import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import singledispatch
-from typing import Any
 
 import pyarrow as pa
 
@@ -21,12 +20,11 @@ from batchtool.check.rules import (ClassProportions, Crc, Drift, LabelRange, Len
                                    NoNan, NoNulls, PaddingEfficiency, RankCost, RowCount, Rule, SameLength, Schema,
                                    Unique)
 from batchtool.check.scan import Measures
-from batchtool.check.recorded import Recorded
+from batchtool.check.recorded import recorded_stat
 from batchtool.io.dataset import Dataset
-from batchtool.core.errors import InputError, UsageError
+from batchtool.core.errors import UsageError
 from batchtool.core.run_settings import RunSettings
 from batchtool.core.runner import Executor
-from batchtool.io.manifest import MANIFEST_NAME, manifest_path
 
 
 def judge_metadata(rules: Sequence[Rule], dataset: Dataset, limit: int, threads: int) -> Iterator[RuleResult]:
@@ -94,33 +92,16 @@ def judge_schema(rule: Schema, schema: pa.Schema) -> RuleResult:
                    [Offender(p) for p in problems])
 
 
-def _recorded_stat(rule: PaddingEfficiency | RankCost, dataset: Dataset) -> tuple[Recorded, Any, str]:
-    """The manifest statistic a rule bounds (rule.stat), with where it is: an InputError where SRC has no manifest
-    or its manifest does not record it."""
-    manifest = dataset.manifest
-    if manifest is None:
-        raise InputError(f"{rule.label}: {dataset.src} has no batchtool manifest ({MANIFEST_NAME}) to read "
-                         f"the {rule.stat.replace('_', ' ')} from (check the output directory of "
-                         f"{rule.written_by.replace(' and ', ' or ')})")
-    recorded = Recorded.of(manifest, manifest_path(dataset.src))
-    found = recorded.find(rule.stat)
-    if found is None:
-        raise InputError(f"{rule.label}: {manifest_path(dataset.src)} records no "
-                         f"stats.{rule.stat} (written by {manifest.get('command')!r}; {rule.written_by} "
-                         "output records it)")
-    return recorded, *found
-
-
 def judge_padding(rule: PaddingEfficiency, dataset: Dataset) -> RuleResult:
     """A padding (or, for PackingEfficiency, packing) efficiency from SRC's manifest, against `min`."""
-    recorded, value, at = _recorded_stat(rule, dataset)
+    recorded, value, at = recorded_stat(rule.label, dataset, rule.stat, rule.written_by)
     value = recorded.share_at(value, at)
     return verdict(rule, value >= rule.min, f"{value:.4f}", f">= {rule.min:g}", value)
 
 
 def judge_rank_cost(rule: RankCost, dataset: Dataset) -> RuleResult:
     """The worst step's max/mean rank cost from SRC's manifest (`pack --world-size`), against `max`."""
-    recorded, value, at = _recorded_stat(rule, dataset)
+    recorded, value, at = recorded_stat(rule.label, dataset, rule.stat, rule.written_by)
     worst = value.get("worst") if isinstance(value, Mapping) else None
     if not isinstance(worst, (int, float)) or isinstance(worst, bool) or not (math.isfinite(worst) and worst >= 1):
         raise recorded.wrong(at, value, 'an object {"worst": X, "mean": Y} with X a number >= 1')

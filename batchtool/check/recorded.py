@@ -9,11 +9,15 @@ never a traceback and never a count of -100 taken as a share.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from batchtool.core.errors import InputError
+from batchtool.core.errors import BatchtoolError, InputError
+from batchtool.io.dataset import Dataset
+from batchtool.io.manifest import MANIFEST_NAME, manifest_path
+
+T = TypeVar("T")
 
 MAX_COUNT = 2 ** 63
 """Counts are non-negative integers below this, as the manifest's own output counts."""
@@ -67,32 +71,37 @@ class Recorded:
             yield layer
             layer = layer.under
 
+    def _read(self, key: str, read: Callable[[Any, str], T]) -> T | None:
+        """`key`'s value as `read(value, key path)` validates it, or None when it is not recorded."""
+        found = self.find(key)
+        return None if found is None else read(*found)
+
+    def _each(self, read: Callable[[Any, str], T]) -> Callable[[Any, str], list[T]]:
+        """`read` of every item of a list."""
+        return lambda value, at: [read(v, where) for v, where in self.items_at(value, at)]
+
     def has(self, key: str) -> bool:
         return self.find(key) is not None
 
     def count(self, key: str) -> int | None:
-        found = self.find(key)
-        return None if found is None else self.count_at(*found)
+        return self._read(key, self.count_at)
 
     def share(self, key: str) -> float | None:
-        found = self.find(key)
-        return None if found is None else self.share_at(*found)
+        return self._read(key, self.share_at)
 
     def text(self, key: str) -> str | None:
-        found = self.find(key)
-        if found is None:
-            return None
-        value, at = found
+        return self._read(key, self._text_at)
+
+    def _text_at(self, value: Any, at: str) -> str:
         if not isinstance(value, str) or not value:
             raise self.wrong(at, value, "a non-empty string")
         return value
 
     def class_counts(self, key: str) -> dict[int, int] | None:
         """An object of counts keyed by class: {"0": 17, "3": 2} as {0: 17, 3: 2}."""
-        found = self.find(key)
-        if found is None:
-            return None
-        value, at = found
+        return self._read(key, self._class_counts_at)
+
+    def _class_counts_at(self, value: Any, at: str) -> dict[int, int]:
         if not isinstance(value, Mapping):
             raise self.wrong(at, value, "an object of class counts")
         out = {}
@@ -103,33 +112,24 @@ class Recorded:
         return out
 
     def counts(self, key: str) -> list[int] | None:
-        found = self.find(key)
-        if found is None:
-            return None
-        return [self.count_at(v, at) for v, at in self.items_at(*found)]
+        return self._read(key, self._each(self.count_at))
 
     def shares(self, key: str) -> list[float] | None:
-        found = self.find(key)
-        if found is None:
-            return None
-        return [self.share_at(v, at) for v, at in self.items_at(*found)]
+        return self._read(key, self._each(self.share_at))
 
     def range(self, key: str) -> tuple[int, int | None] | None:
         """[low, high) edges: two counts, the high one null when unbounded."""
-        found = self.find(key)
-        return None if found is None else self.range_at(*found)
+        return self._read(key, self.range_at)
 
     def ranges(self, key: str) -> list[tuple[int, int | None]] | None:
         """[low, high) edges per dimension (a two-length bucket cell's lengths)."""
-        found = self.find(key)
-        return None if found is None else [self.range_at(v, at) for v, at in self.items_at(*found)]
+        return self._read(key, self._each(self.range_at))
 
     def number(self, key: str) -> float | None:
         """A non-negative finite number (a batch cost)."""
-        found = self.find(key)
-        if found is None:
-            return None
-        value, at = found
+        return self._read(key, self._number_at)
+
+    def _number_at(self, value: Any, at: str) -> float:
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not (math.isfinite(value)
                                                                                and value >= 0):
             raise self.wrong(at, value, "a non-negative number")
@@ -143,15 +143,12 @@ class Recorded:
 
     def objects(self, key: str) -> list[Recorded] | None:
         """A list of objects, each readable with these getters."""
-        found = self.find(key)
-        if found is None:
-            return None
-        out = []
-        for value, at in self.items_at(*found):
-            if not isinstance(value, Mapping):
-                raise self.wrong(at, value, "an object")
-            out.append(Recorded(self.path, value, at))
-        return out
+        return self._read(key, self._each(self._object_at))
+
+    def _object_at(self, value: Any, at: str) -> Recorded:
+        if not isinstance(value, Mapping):
+            raise self.wrong(at, value, "an object")
+        return Recorded(self.path, value, at)
 
     def items_at(self, value: Any, at: str) -> list[tuple[Any, str]]:
         if not isinstance(value, list):
@@ -170,4 +167,21 @@ class Recorded:
         return float(value)
 
 
-__all__ = ["MAX_COUNT", "Recorded", "json_shown"]
+def recorded_stat(who: str, dataset: Dataset, key: str, writer: str,
+                  error: type[BatchtoolError] = InputError) -> tuple[Recorded, Any, str]:
+    """SRC's manifest stats, the value of `key` there and its key path, for a rule (`who`) that reads what `writer`
+    records: an `error` where SRC has no manifest or its manifest does not record it (a UsageError, which stops the
+    check, for a rule that only makes sense on that writer's output)."""
+    manifest = dataset.manifest
+    if manifest is None:
+        raise error(f"{who}: {dataset.src} has no batchtool manifest ({MANIFEST_NAME}) to read stats.{key} "
+                         f"from (check the output directory of {writer.replace(' and ', ' or ')})")
+    recorded = Recorded.of(manifest, manifest_path(dataset.src))
+    found = recorded.find(key)
+    if found is None:
+        raise error(f"{who}: {manifest_path(dataset.src)} records no stats.{key} (written by "
+                         f"{manifest.get('command')!r}; {writer} output records it)")
+    return recorded, *found
+
+
+__all__ = ["MAX_COUNT", "Recorded", "json_shown", "recorded_stat"]

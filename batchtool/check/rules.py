@@ -228,15 +228,21 @@ class NoDuplicateRows(Rule):
 
 
 @dataclass(frozen=True)
-class RowCount(Rule):
-    kind: ClassVar[str] = "row_count"
+class Count(Rule):
+    """Base of the rules bounding a count of rows by `min` and `max`, at least one of them given."""
+
     min: int | None = option("Fewest allowed.", INTEGER, None)
     max: int | None = option("Most allowed.", INTEGER, None)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _require(self.min is not None or self.max is not None, "min", "a row_count rule needs min or max")
+        _require(self.min is not None or self.max is not None, "min", f"a {self.kind} rule needs min or max")
         _check_min_max(self.min, self.max)
+
+
+@dataclass(frozen=True)
+class RowCount(Count):
+    kind: ClassVar[str] = "row_count"
 
 
 @dataclass(frozen=True)
@@ -332,17 +338,10 @@ MANIFEST_RULES: tuple[type[Rule], ...] = (Checksums, ManifestRows, ManifestBatch
 
 
 @dataclass(frozen=True)
-class BatchRows(Rule):
+class BatchRows(Count):
     """Rows of every batch (as batchtool.load yields them) within [min, max]."""
 
     kind: ClassVar[str] = "batch_rows"
-    min: int | None = option("Fewest allowed.", INTEGER, None)
-    max: int | None = option("Most allowed.", INTEGER, None)
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _require(self.min is not None or self.max is not None, "min", "a batch_rows rule needs min or max")
-        _check_min_max(self.min, self.max)
 
 
 @dataclass(frozen=True)

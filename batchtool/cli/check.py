@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from contextlib import ExitStack
+from typing import Any
 
 import click
 
@@ -88,7 +89,7 @@ def _check_receipts(src: str, receipts: tuple[str, ...], exactly_once: bool, sam
 @click.option("--min-length", type=int, help="Rule: every row at least this long.")
 @click.option("--max-length", type=int, help="Rule: every row at most this long.")
 @click.option("--checksums", is_flag=True, help="Rule: the data files and the example index match the sizes and sha256 in DST's manifest.")
-@click.option("--manifest", "verify_manifest", is_flag=True,
+@click.option("--manifest", is_flag=True,
               help="Rules: DST's files match its manifest (checksums, rows, batches, schema); the default for a "
                    "batchtool output when no rule is given.")
 @click.option("--crc", is_flag=True, help="Rule: every TFRecord record's CRCs are valid (corrupt ones are counted).")
@@ -122,16 +123,10 @@ def _check_receipts(src: str, receipts: tuple[str, ...], exactly_once: bool, sam
 @click.option("--tmp-dir", type=click.Path(file_okay=False), help="Where the hashes go (default: system temp).")
 @input_options
 @run_options
-def check_cmd(src: str, rules_file: str | None, label: str | None, num_classes: int | None,
-              target: str | None, tolerance: tuple[float | None, dict[str, float]],
-              min_rows: int | None, max_rows: int | None, unique: tuple[tuple[str, ...], ...],
-              no_nulls: tuple[str, ...], no_nan: tuple[str, ...], length: str | None, min_length: int | None,
-              max_length: int | None, checksums: bool, verify_manifest: bool, crc: bool,
-              min_padding_efficiency: float | None, min_bucket_padding_efficiency: float | None,
-              min_batch_rows: int | None, max_batch_rows: int | None,
-              batch_quotas: bool, rank_batches: bool, baseline: str | None, key: str | None,
-              receipts: tuple[str, ...], exactly_once: bool, same_prefix: bool, max_offenders: int | None, json_file: str | None, junit_file: str | None,
-              input_format: str | None, skip_corrupt: bool, **kwargs) -> None:
+def check_cmd(src: str, rules_file: str | None, tolerance: tuple[float | None, dict[str, float]], baseline: str | None,
+              key: str | None, receipts: tuple[str, ...], exactly_once: bool, same_prefix: bool,
+              max_offenders: int | None, json_file: str | None, junit_file: str | None, input_format: str | None,
+              skip_corrupt: bool, **kwargs: Any) -> None:
     """Check SRC against rules and print a table of them: PASS/FAIL, the measured value and the bound.
 
     Rules come from --rules RULES.toml and from the flags below (schema, nulls, NaN, label range,
@@ -149,19 +144,12 @@ def check_cmd(src: str, rules_file: str | None, label: str | None, num_classes: 
 
     if receipts or exactly_once or same_prefix:
         _check_receipts(src, receipts, exactly_once, same_prefix)
-    run = make_run(kwargs)
+    run = make_run(kwargs)  # what it leaves are the rule flags, named as rules_from_flags takes them
     _refuse_writing_inputs(src, [rules_file, baseline], {"--json": None if json_file == "-" else json_file,
                                                          "--junit": junit_file, "--tmp-dir": run.tmp_dir})
     from_file = load_rules(rules_file) if rules_file else RuleSet()
     target_tolerance, drift_tolerances = tolerance
-    flags = rules_from_flags(label=label, num_classes=num_classes, target=target, tolerance=target_tolerance,
-                             min_rows=min_rows, max_rows=max_rows, unique=list(unique),
-                             no_nulls=no_nulls, no_nan=no_nan, length=length,
-                             min_length=min_length, max_length=max_length, checksums=checksums,
-                             manifest=verify_manifest, crc=crc, min_padding_efficiency=min_padding_efficiency,
-                             min_bucket_padding_efficiency=min_bucket_padding_efficiency,
-                             min_batch_rows=min_batch_rows, max_batch_rows=max_batch_rows,
-                             batch_quotas=batch_quotas, rank_batches=rank_batches, baseline=baseline,
+    flags = rules_from_flags(**kwargs, tolerance=target_tolerance, baseline=baseline,
                              drift_tolerances=drift_tolerances, drift_rules=not from_file.drift)
     options = CheckOptions(key=key, max_offenders=max_offenders,
                            format=input_format, skip_corrupt=skip_corrupt)

@@ -26,7 +26,7 @@ from batchtool.exec.job import JobResult, open_source, open_sources
 from batchtool.exec.produced import Deferred, Emitted, Item, Job, Produced, Streamed
 from batchtool.exec.write import write
 from batchtool.ops.base import Expanding, Piece, Context, Kind, Operation, OptionError, Scan
-from batchtool.ops.regroup import Bar, Exchange, Repeat
+from batchtool.ops.regroup import Bar, Cut, Exchange, Regrouped, Repeat
 from batchtool.core.tally import Tally
 from batchtool.io.output import OutputOptions
 from batchtool.core.runner import Executor
@@ -245,6 +245,19 @@ def _item_work(work: Callable[[Any], tuple[list[pa.RecordBatch], int]], item: An
 
 
 @contextlib.contextmanager
+def regrouped(op: Operation, plan: Any, runtime: EngineRuntime, units: Iterator[ReadUnit], report: ReadReport,
+              like: Chunk | None = None) -> Iterator[Cut | Regrouped]:
+    """The op's regrouping of the runtime's input, open while the block runs: its exchange run on the engine (the
+    sorted batches' cut), or its stream's items as the rows are fed to it. `like`: as exchange.regrouping."""
+    regrouping, units = exchange.regrouping(op, plan, runtime.data, units, runtime.executor, like)
+    if isinstance(regrouping, Exchange):
+        yield exchange.exchanged(regrouping, units, runtime.data, runtime, report, runtime.pool)
+        return
+    with regrouping.open(runtime, report) as out:
+        yield out
+
+
+@contextlib.contextmanager
 def produced(op: Operation, plan: Any, regroups: bool, runtime: EngineRuntime, report: ReadReport,
              units: Iterable[ReadUnit] | None = None, columns: Sequence[str] | None = None) -> Iterator[Produced]:
     """What the op makes of the runtime's input for the writer (batchtool.exec.write), open while it writes: a
@@ -253,14 +266,11 @@ def produced(op: Operation, plan: Any, regroups: bool, runtime: EngineRuntime, r
     planning chunk by chunk reads its chunks here)."""
     data = runtime.data
     if regroups:
-        units = exchange.read_units(data, report) if units is None else units
-        regrouped, units = exchange.regrouping(op, plan, data, units, runtime.executor)
-        if isinstance(regrouped, Exchange):
-            yield exchange.exchanged(regrouped, units, data, runtime, report, runtime.pool)
-            return
-        with regrouped.open(runtime, report) as out:
-            yield Streamed(map(Item, out.items), functools.partial(_item_work, out.work), out.stats,
-                           total_rows=out.total_rows, sequence_columns=out.sequence_columns)
+        with regrouped(op, plan, runtime, exchange.read_units(data, report) if units is None else units,
+                       report) as out:
+            yield out if isinstance(out, Cut) else Streamed(
+                map(Item, out.items), functools.partial(_item_work, out.work), out.stats, total_rows=out.total_rows,
+                sequence_columns=out.sequence_columns)
         return
     applied = Applied(op, plan)
     if units is None or op.per_chunk(plan) is not None:
@@ -312,4 +322,4 @@ def _run_operation(op: Operation, options: Any, dataset: Dataset, dst: str, outp
 
 __all__ = ["Applied", "EngineRuntime", "Ready", "emit_nonempty", "op_plan", "run_mixed", "run_operation", "scanner",
            "stream_errors",
-           "produced"]
+           "produced", "regrouped"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from batchtool.core import fs
 from batchtool.io.dataset import Dataset
@@ -17,9 +17,6 @@ from batchtool.ops.written import batched_rows
 from batchtool.io.output import OutputOptions, check_destination, refuse_overlap
 from batchtool.core.run_settings import RunSettings
 from batchtool.core.runner import Executor
-
-X = TypeVar("X")
-
 
 @dataclass
 class JobResult:

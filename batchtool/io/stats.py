@@ -65,10 +65,6 @@ class DatasetStats:
             for k, v in theirs.items():
                 mine[k] = mine.get(k, 0) + v
 
-    @property
-    def has_lengths(self) -> bool:
-        return int(self.length_counts.sum()) > 0
-
     def length_quantile(self, q: float) -> int:
         """Exact q-quantile (lower) of the length distribution."""
         cum = np.cumsum(self.length_counts)

@@ -96,6 +96,29 @@ class _Reading:
         return 0 if self.padding is None else self.padding.padded_bytes(batch, where)
 
 
+class _Opened:
+    """What the two ways of reading an output share (a Loader's stream, a Source's random access): the output
+    opened, its columns asked and how they are handed out."""
+
+    def __init__(self, reading: _Reading, layout: _Layout, writable: bool) -> None:
+        self.dataset = reading.dataset
+        self._reading = reading
+        self._layout = layout
+        self.columns = reading.columns
+        self.writable = writable
+        self.verify = reading.verify
+        """Whether each batch's checksum is checked as it is read (see load's `verify`)."""
+
+    @property
+    def manifest(self) -> dict | None:
+        """The output's manifest as a dict (None for a plain Parquet directory)."""
+        return self.dataset.manifest
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._reading.schema
+
+
 @dataclass(frozen=True)
 class _Unfinished:
     """A batch read but not yet padded or converted: that is done as the consuming thread hands it out."""
@@ -105,7 +128,7 @@ class _Unfinished:
 
 # --- the loader -------------------------------------------------------------------------------------------
 
-class Loader:
+class Loader(_Opened):
     """This rank's batches of DST, epoch by epoch: `for batch in loader` gives {column: array}.
 
     Also a PyTorch IterableDataset (whenever torch is imported, before or after `load`), so
@@ -118,11 +141,8 @@ class Loader:
     def __init__(self, reading: _Reading, layout: _Layout, writer: Written, *,
                  shuffle: bool, seed: int, rank: int, world_size: int, drop_uneven: bool, threads: int,
                  writable: bool, tensors: bool, receipt: str | None = None) -> None:
-        self.dataset = reading.dataset
-        self._reading = reading
-        self._layout = layout
+        super().__init__(reading, layout, writable)
         self._writer = writer
-        self.columns = reading.columns
         self.shuffle = shuffle
         self.seed = seed
         self.rank = rank
@@ -131,10 +151,7 @@ class Loader:
         self.streams = writer.streams
         """Lane streams the output was written with (`segment --world-size`); 1 for independent batches."""
         self.threads = threads
-        self.writable = writable
         self.tensors = tensors
-        self.verify = reading.verify
-        """Whether each batch's checksum is checked as it is read (see load's `verify`)."""
         self.receipt = receipt
         """The receipt file a line is appended to for each batch handed out (batchtool.loader.receipts); None: none."""
         self.epoch = 0
@@ -176,15 +193,6 @@ class Loader:
         return self._pickled or self._forked[0] != 0
 
     # metadata ---------------------------------------------------------------------------------------------
-
-    @property
-    def manifest(self) -> dict | None:
-        """The output's manifest as a dict (None for a plain Parquet directory)."""
-        return self.dataset.manifest
-
-    @property
-    def schema(self) -> pa.Schema:
-        return self._reading.schema
 
     @property
     def num_batches(self) -> int:

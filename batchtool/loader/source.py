@@ -11,29 +11,23 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from batchtool.loader.arrays import to_numpy
 from batchtool.core.errors import UsageError
-from batchtool.loader.load import _Layout, _Reading, open_output
+from batchtool.loader.load import _Layout, _Opened, _Reading, open_output
 
 OPEN_FILES = 64
 """Files a source keeps open (footers parsed, maps held) before it lets them all go and opens afresh."""
 
 
-class Source:
+class Source(_Opened):
     """The batches of DST in file order, by index: `source[i]` is batch i of the whole output (global,
     unshuffled, unsharded), as {column: array}, read and checked as `batchtool.load` reads it (zero-copy
     read-only views of Arrow IPC output with writable=False). Thread-safe; pickles without its open files,
     so worker processes reopen what they read."""
 
     def __init__(self, reading: _Reading, layout: _Layout, writable: bool) -> None:
-        self.dataset = reading.dataset
-        self._reading = reading
-        self._layout = layout
-        self.columns = reading.columns
-        self.writable = writable
-        self.verify = reading.verify
+        super().__init__(reading, layout, writable)
         self._lock = threading.Lock()
         self._cache: dict = {}
 
@@ -57,14 +51,6 @@ class Source:
         read.check()
         batch = self._reading.handed_out(batch, lambda: self._layout.where(i))
         return to_numpy(batch, writable=self.writable, where=lambda: self._layout.where(i))
-
-    @property
-    def schema(self) -> pa.Schema:
-        return self._reading.schema
-
-    @property
-    def manifest(self) -> dict | None:
-        return self.dataset.manifest
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

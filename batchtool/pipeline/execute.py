@@ -44,8 +44,8 @@ from batchtool.exec.job import JobResult, open_mixed, read_paths
 from batchtool.io.workspace import Workspace, tasks_executor, workspace
 from batchtool.exec.produced import Job, Produced
 from batchtool.exec.write import RUN_BYTES, sized_runs, write
-from batchtool.exec.driver import EngineRuntime, Ready, produced, scanner, stream_errors
-from batchtool.ops.regroup import Exchange, Regrouped, SortedBatches
+from batchtool.exec.driver import EngineRuntime, Ready, produced, regrouped, scanner, stream_errors
+from batchtool.ops.regroup import Regrouped, SortedBatches
 from batchtool.io.output import destination_taken, refuse_overlap
 from batchtool.core.runner import SERIAL, Executor
 from batchtool.pipeline import config as config_mod
@@ -88,7 +88,6 @@ def run_pipeline(config: config_mod.PipelineConfig, run: RunSettings, *, dry_run
             return PipelineResult(prefix.expected(), wall_seconds=round(time.perf_counter() - started, 3),
                                   peak_rss_bytes=manifest_mod.peak_rss_bytes())
         last = stages[-1]
-        prefix.main_run = True
         with attributed(config.path, last):
             result = prefix.write(started)
     run_section = result.manifest["run"]
@@ -252,9 +251,6 @@ class Prefix:
         self.report = ReadReport()
         """Corrupt records skipped while spilling a global shuffle of the main run."""
         self._barriers: dict[tuple[int, tuple[str, ...] | None, bool], Regrouped] = {}
-        self.main_run = False
-        """The main run has begun: a global shuffle may now be sorted on the workers beside the output (never
-        in a first pass or a dry run)."""
 
     def view(self, k: int, scope: Columns, needs: int = CHUNKS, desc: str | None = None) -> StageInput:
         """Stage k's input. Global shuffles before it are spilled now, in this thread, so temporary files
@@ -300,10 +296,9 @@ class Prefix:
         space = self._stack.enter_context(workspace(self.config.output_path, self.executor, self.run.tmp_dir))
         self.executor = tasks_executor(space, self.executor)
         runtime = EngineRuntime(upstream, self.executor, space, self.run.shown, stage.name, self.pool)
-        regrouped, units = exchange.regrouping(stage.op, stage.planned, upstream, units, self.executor, like)
-        if not isinstance(regrouped, Exchange):
-            return self._stack.enter_context(regrouped.open(runtime, report))
-        cut = exchange.exchanged(regrouped, units, upstream, runtime, report, self.pool)
+        cut = self._stack.enter_context(regrouped(stage.op, stage.planned, runtime, units, report, like))
+        if isinstance(cut, Regrouped):
+            return cut
         batches = cut.batches
         items = [batches.reader(start, end) for start, end in sized_runs(batches, RUN_BYTES)]
         return SortedRegrouped(items, _read_batches, cut.stats, total_rows=batches.rows, batches=batches)

@@ -8,8 +8,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from batchtool.ops.boundaries import efficiency, expected_efficiency, quantile_boundaries
 from batchtool.ops.bucket.plan import batchable_counts
@@ -38,18 +36,6 @@ class BucketCounts:
     @classmethod
     def zeros(cls, num_buckets: int) -> BucketCounts:
         return cls(*(np.zeros(num_buckets, dtype=np.int64) for _ in range(4)), np.zeros(num_buckets))
-
-    def add_classes(self, labels: pa.Array, num_classes: int) -> None:
-        codes = pc.cast(labels, pa.int64()).to_numpy(zero_copy_only=False)
-        share = np.bincount(codes, minlength=num_classes) / max(1, len(codes))
-        self.shares = [np.minimum(self.shares[0], share), np.maximum(self.shares[1], share)] if self.shares \
-            else [share, share]
-
-    def add_batch(self, bucket: int, lengths: np.ndarray, pad_length: int) -> None:
-        self.examples[bucket] += len(lengths)
-        self.batches[bucket] += 1
-        self.real[bucket] += int(lengths.sum())
-        self.padded[bucket] += len(lengths) * pad_length
 
     def bucket_rows(self, plan: BucketPlan) -> list[dict[str, Any]]:
         rows = []
