@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from batchtool.io.dataset import Chunk
+from batchtool.io.example_ids import carry
 import numpy as np
 import pyarrow.compute as pc
 
@@ -89,6 +90,11 @@ def peek(chunks: Iterator[Chunk]) -> tuple[Chunk | None, Iterator[Chunk]]:
 def emit(chunk: Chunk) -> tuple[list[pa.RecordBatch], int]:
     """The writer's work for streams that are already output batches: one row group each."""
     return [chunk.data], chunk.num_rows
+
+
+def emit_batch(chunk: Chunk) -> tuple[list[pa.RecordBatch], int]:
+    """emit for batch output: each batch carries its rows' example ids (batchtool.io.example_ids)."""
+    return [carry(chunk.data, chunk.ids)], chunk.num_rows
 
 
 @dataclass(frozen=True)
@@ -209,5 +215,5 @@ def keep_mask(chunk: Chunk, column: str) -> np.ndarray:
     return pc.fill_null(chunk.data.column(column), False).to_numpy(zero_copy_only=False)
 
 
-__all__ = ["FixedBatches", "RowReader", "take_sizes", "cycled_rows", "sorted_rows", "Yardstick", "arrow_bytes", "bytes_per_row", "emit", "estimate_bytes",
+__all__ = ["FixedBatches", "RowReader", "take_sizes", "cycled_rows", "sorted_rows", "Yardstick", "arrow_bytes", "bytes_per_row", "emit", "emit_batch", "estimate_bytes",
            "peek", "rebatch", "slice_chunk"]
