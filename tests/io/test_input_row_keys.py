@@ -58,6 +58,25 @@ def _index(dst: str) -> dict:
         return json.load(f)["output"]["index"]
 
 
+def _receipts_check(dst: str, tmp_path) -> tuple[str, list[int]]:
+    """`check --receipts --exactly-once` passes a receipt of epochs 0 and 1; on one missing epoch 0's second step,
+    what it says, and that step's keys."""
+    log = str(tmp_path / "receipt.log")
+    for epoch in (0, 1):
+        loader = batchtool.load(dst, receipt=log)
+        loader.set_epoch(epoch)
+        for _ in loader:
+            pass
+    lines = open(log).read().splitlines(keepends=True)
+    dropped = str(tmp_path / "dropped.log")
+    open(dropped, "w").writelines(lines[:1] + lines[2:])
+    whole = invoke_cli("check", dst, "--receipts", log, "--exactly-once")
+    assert whole.exit_code == 0, whole.stdout + whole.stderr
+    missing = invoke_cli("check", dst, "--receipts", dropped, "--exactly-once")
+    assert missing.exit_code == 1
+    return missing.stdout + missing.stderr, [int(k) for k in _cli("step", dst, 1).split()]
+
+
 @pytest.mark.parametrize("command", [
     ("bucket", "--boundaries", "2", "--batch-size", "3", "--sequence", "tokens"),
     ("pack", "--max-length", "5", "--sequence", "tokens", "--batch-size", "2"),
@@ -165,6 +184,8 @@ def test_an_output_indexed_by_output_position_still_answers_as_before(tmp_path):
     assert _cli("where", dst, steps[1][0]).startswith("step 1 ")
     result = invoke_cli("where", dst, "x")
     assert result.exit_code == 2 and "row numbers in the output" in result.stderr
+    missing, keys = _receipts_check(dst, tmp_path)
+    assert keys == [int(k) for k in steps[1]] and f"example {keys[0]!r} (batch " in missing
 
 
 def test_tfrecord_files_are_counted_to_number_the_rows_after_them(tmp_path):
@@ -249,3 +270,12 @@ def test_an_index_of_carried_ids_is_built_under_a_small_memory(tmp_path):
     result = json.loads(child.stdout)
     assert result["examples"] == _CARRIED
     assert result["grew"] < 8 << 20, result["grew"] >> 20
+
+
+def test_check_receipts_names_a_missing_batch_by_its_first_input_row(tmp_path):
+    src = _source(str(tmp_path / "src"))
+    dst = str(tmp_path / "dst")
+    _cli("bucket", src, dst, "--boundaries", "2", "--batch-size", "3", "--sequence", "tokens", "--quiet")
+    missing, keys = _receipts_check(dst, tmp_path)
+    assert f"example {keys[0]!r} (batch " in missing and "was never handed out" in missing
+    assert keys == [int(r) for r in _loaded(dst)[1]]
