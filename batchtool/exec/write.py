@@ -57,8 +57,7 @@ def write(job: Job, produce: Produce, executor: Executor, report: ReadReport | N
     report = ReadReport() if report is None else report
     casts = job.output.casts(job.schema)
     stored = job.output.stored_schema(job.schema)
-    key, carried = index_key(job), False
-    """Keep the example ids the batches carry: batch output its example index keys by input row."""
+    key, carried = index_key(job), False  # carried: keep the ids the batches carry, to key the index by input row
     try:  # an unusable --key is refused before DST is touched
         if job.batches:
             carried = example_index.key_column(stored, key) is None
@@ -104,9 +103,9 @@ def write_manifest(tmp: str, space: Workspace, job: Job, casts: dict[str, str], 
                    carried: example_index.Carried | None = None) -> dict[str, Any]:
     """The manifest of a finished output in `tmp`, written there (with the example index of batch output, built in
     the workspace `space` under --memory, keyed by the column `key` (index_key), or by input row from the ids
-    `carried` where no column keys it);
-    returns it. Its run section (the one part that may differ between runs writing the same bytes) says how the
-    run went (`executed`: the executor's summary); `padding`: how batchtool.load pads the batches (Cut.padding)."""
+    `carried` where no column keys it); returns it. Its run section (the one part that may differ between runs
+    writing the same bytes) says how the run went (`executed`: the executor's summary); `padding`: how
+    batchtool.load pads the batches (Cut.padding)."""
     job_stats = stats()
     job_stats.update(report.stats())
     manifest = manifest_mod.build(
@@ -135,7 +134,7 @@ def _write_on_driver(job: Job, produced: Produced, output: OutputOptions, stored
     batches carry were kept, in output order (a directory of the workspace)."""
     directory = os.path.join(space.directory, "examples")
     with space.errors():
-        kept = CarriedWriter(directory) if carried else None
+        kept = CarriedWriter(directory, space.errors) if carried else None
     try:
         if isinstance(produced, Streamed):
             files, rows_in, rows = _write_streamed(job, produced, output, stored, tmp, report, tasks, kept)
@@ -160,7 +159,8 @@ def _pieces(emitted: Emitted, unit: ReadUnit) -> tuple[list[Deferred], Tally, Re
     return pieces, stats, report
 
 
-def _made(output: OutputOptions, width: int, piece: Deferred) -> tuple[list[EncodedBatch], list[np.ndarray | None], int]:
+def _made(output: OutputOptions, width: int,
+          piece: Deferred) -> tuple[list[EncodedBatch], list[np.ndarray | None], int]:
     """A piece's second task on a local thread: its batches made and encoded, the example ids they carry, and the
     input rows they complete."""
     batches, consumed = piece()

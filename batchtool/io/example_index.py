@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -204,22 +204,27 @@ IDS_FILE, COUNTS_FILE = "ids", "counts"
 
 
 class CarriedWriter:
-    """Keeps the ids batches carry, in their order, in `directory` (made; a retried task's replaced)."""
+    """Keeps the ids batches carry, in their order, in `directory` (made; a retried task's replaced); a file the OS
+    refuses fails in `errors` (the workspace's, where the driver writes them)."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str,
+                 errors: Callable[[], AbstractContextManager[None]] = nullcontext) -> None:
+        self._errors = errors
         os.makedirs(directory, exist_ok=True)
         self._ids = open(os.path.join(directory, IDS_FILE), "wb")
         self._counts = open(os.path.join(directory, COUNTS_FILE), "wb")
 
     def add(self, ids: np.ndarray | None) -> None:
         """The next batch's ids (None: it carried none)."""
-        self._counts.write(np.array([-1 if ids is None else len(ids)], dtype=np.int64).tobytes())
-        if ids is not None:
-            self._ids.write(np.ascontiguousarray(ids, dtype=np.uint64).tobytes())
+        with self._errors():
+            self._counts.write(np.array([-1 if ids is None else len(ids)], dtype=np.int64).tobytes())
+            if ids is not None:
+                self._ids.write(np.ascontiguousarray(ids, dtype=np.uint64).tobytes())
 
     def close(self) -> None:
-        self._ids.close()
-        self._counts.close()
+        with self._errors():
+            self._ids.close()
+            self._counts.close()
 
 
 def _key_spools(directory: str, strings: bool, limit: int) -> list[_Spool]:
