@@ -472,7 +472,9 @@ def open_index(dst: str, manifest: dict[str, Any]) -> ExampleIndex:
         raise InputError(f"{path}: not the example index {where} records")
     batches = int(manifest["output"]["batches"])
     rows = entry.get("rows")
-    return ExampleIndex(path, entry.get("key"), rows if rows in (INPUT_ROWS, STAGE_ROWS) else None, batches, table)
+    if rows not in (None, INPUT_ROWS, STAGE_ROWS):
+        raise InputError(f"{where}: output.index.rows is {rows!r}: expected {INPUT_ROWS!r} or {STAGE_ROWS!r}")
+    return ExampleIndex(path, entry.get("key"), rows, batches, table)
 
 
 __all__ = ["INDEX_NAME", "INPUT_ROWS", "STAGE_ROWS", "Carried", "CarriedWriter", "ExampleIndex", "InputRows",

@@ -279,3 +279,18 @@ def test_check_receipts_names_a_missing_batch_by_its_first_input_row(tmp_path):
     missing, keys = _receipts_check(dst, tmp_path)
     assert f"example {keys[0]!r} (batch " in missing and "was never handed out" in missing
     assert keys == [int(r) for r in _loaded(dst)[1]]
+
+
+def test_a_manifest_naming_other_rows_is_refused_in_one_line(tmp_path):
+    src = _source(str(tmp_path / "src"))
+    dst = str(tmp_path / "dst")
+    _cli("bucket", src, dst, "--boundaries", "2", "--batch-size", "3", "--sequence", "tokens", "--quiet")
+    with open(os.path.join(dst, MANIFEST)) as f:
+        manifest = json.load(f)
+    manifest["output"]["index"]["rows"] = "output"
+    with open(os.path.join(dst, MANIFEST), "w") as f:
+        json.dump(manifest, f)
+    result = invoke_cli("step", dst, 0)
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [f"error: {os.path.join(dst, MANIFEST)}: output.index.rows is "
+                                                  "'output': expected 'input' or 'stage input'"]
