@@ -153,13 +153,15 @@ class FixedBatches(SortedBatches):
     batch_size: int
     kept: int
     """The rows cut into batches."""
+    carried: bool = False
+    """Each batch carries its rows' example ids (batchtool.io.example_ids): batch output."""
 
     @functools.cached_property
     def firsts(self) -> np.ndarray:  # type: ignore[override]
         return np.minimum(np.arange(-(-self.kept // self.batch_size) + 1, dtype=np.int64) * self.batch_size, self.kept)
 
     def reader(self, start: int, end: int) -> _FixedReader:
-        return _FixedReader(self.stream, self.schema, self.batch_size, self.kept, start, end)
+        return _FixedReader(self.stream, self.schema, self.batch_size, self.kept, start, end, self.carried)
 
     def nbytes(self) -> int:
         return self.stream.nbytes()
@@ -176,13 +178,15 @@ class _FixedReader:
     kept: int
     start: int
     end: int
+    carried: bool = False
 
     def __call__(self) -> Iterator[pa.RecordBatch]:
         first = self.start * self.batch_size
         reader = RowReader(self.stream.chunks(first), self.schema)
         reader.take(first - self.stream.first_row(first))
         for k in range(self.start, self.end):
-            yield reader.take(min(self.batch_size, self.kept - k * self.batch_size)).data
+            rows = reader.take(min(self.batch_size, self.kept - k * self.batch_size))
+            yield carry(rows.data, rows.ids) if self.carried else rows.data
 
 
 def sorted_rows(streams: Iterable[SortedStream], start: int = 0) -> Iterator[Chunk]:

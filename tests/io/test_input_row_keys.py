@@ -82,7 +82,9 @@ def _receipts_check(dst: str, tmp_path) -> tuple[str, list[int]]:
     ("pack", "--max-length", "5", "--sequence", "tokens", "--batch-size", "2"),
     ("stratify", "--target", "uniform", "--batch-size", "3", "--balanced-batches"),
     ("stratify", "--target", "uniform", "--batch-size", "3"),
-], ids=["bucket", "pack", "stratify-balanced", "stratify-plain"])
+    ("shuffle", "--batch-size", "3"),
+    ("shuffle", "--batch-size", "3", "--buffer", "4"),
+], ids=["bucket", "pack", "stratify-balanced", "stratify-plain", "shuffle-global", "shuffle-buffered"])
 def test_each_steps_keys_are_its_examples_input_rows(tmp_path, command):
     src = _source(str(tmp_path / "src"))
     dst = str(tmp_path / "dst")
