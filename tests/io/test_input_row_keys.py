@@ -132,6 +132,20 @@ def test_the_index_is_the_same_bytes_for_any_threads_memory_and_engine(tmp_path)
     assert all(w == written[0] for w in written[1:])
 
 
+def test_streamed_batches_spooled_on_worker_processes_keep_the_same_keys(tmp_path):
+    """stratify's plain batches stream: on the process engine they are spooled, their ids with them, and written by
+    the shards' tasks; the index is the one the driver's writer makes."""
+    src = _source(str(tmp_path / "src"), files=2, rows=30)
+    written = []
+    for i, run in enumerate([("--threads", "1"), ("--engine", "processes", "--threads", "2")]):
+        dst = str(tmp_path / f"dst{i}")
+        _cli("stratify", src, dst, "--target", "uniform", "--batch-size", "4", "--seed", "2", "--quiet", *run)
+        with open(os.path.join(dst, INDEX_NAME), "rb") as f:
+            written.append(f.read())
+    assert written[0] == written[1]
+    assert _steps(dst) == _loaded(dst)
+
+
 def test_a_key_column_named_by_key_still_wins(tmp_path):
     src = _source(str(tmp_path / "src"))
     dst = str(tmp_path / "dst")
