@@ -38,9 +38,11 @@ def _order_options(rank_help: str, rank_default: int | None) -> Callable:
 def where_cmd(dst: str, key: str, epoch: int, world_size: int, rank: int | None, seed: int, **kwargs: Any) -> None:
     """Print `step N batch B rank R` for each place batchtool.load(DST, ...) hands out the example KEY.
 
-    KEY is the value of the example's `key` column (for pack output, a document's), else its number in the
-    output. Steps count from 0 within the rank's epoch, as the loader yields them. Exit status: 0 found,
-    1 no example has KEY, 2 bad usage or unreadable DST.
+    KEY is the value of the example's `key` column (for pack output, a document's; or the column --key named
+    when DST was written), else its row in the input: rows counted from 0 across the input's files in the order
+    batchtool reads them (for mix, SOURCE:ROW, SOURCE the source's position). Steps count from 0 within the
+    rank's epoch, as the loader yields them. Exit status: 0 found, 1 no example has KEY, 2 bad usage or
+    unreadable DST.
     """
     from batchtool.loader.steps import key_places  # when the command runs: its --help reads no output
 

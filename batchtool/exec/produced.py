@@ -50,6 +50,9 @@ class Job:
     batches: bool = False
     """Its output is batches (Operation.writes_batches): it is written with its example index
     (batchtool.io.example_index)."""
+    numbered: bool = True
+    """The example ids its rows carry are `source`'s (False: a pipeline's last stage after the first, whose input's
+    rows the stages before numbered anew): what keys its example index without a key column."""
 
     @property
     def name(self) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass, field
 
@@ -20,6 +20,8 @@ from batchtool.core.tally import Tally
 from batchtool.exec.exchange import ReadUnit
 from batchtool.exec.produced import Emitted, Job, Streamed
 from batchtool.io.dataset import ReadReport
+from batchtool.io.example_ids import taken
+from batchtool.io.example_index import CarriedWriter
 from batchtool.io.formats.base import EncodedBatch
 from batchtool.io.output import BatchShardWriter, OutputOptions, encode_batches, shard_ends
 from batchtool.io.workspace import Workspace
@@ -27,6 +29,20 @@ from batchtool.ops.regroup import Cut, SortedBatches, firsts_of
 
 MEASURES_PER_WORKER = 2
 """Sorted batches are measured in this many tasks per worker CPU, so every worker encodes."""
+
+
+Kept = Callable[[np.ndarray | None], None]
+"""Takes each batch's carried example ids, in order (batchtool.io.example_ids; None: a batch carried none)."""
+
+
+def stored_batches(batches: Iterable[pa.RecordBatch], width: int, kept: Kept | None) -> Iterator[pa.RecordBatch]:
+    """Batches as the output stores them (`width` columns): the example ids they carry taken off, to `kept` (None:
+    dropped)."""
+    for batch in batches:
+        data, ids = taken(batch, width)
+        if kept is not None:
+            kept(ids)
+        yield data
 
 
 @dataclass(frozen=True)
@@ -37,8 +53,9 @@ class Encoded:
     output: OutputOptions
     stored: pa.Schema
 
-    def __call__(self) -> Iterator[EncodedBatch]:
-        yield from encode_batches(self.read(), self.output)
+    def __call__(self, kept: Kept | None = None) -> Iterator[EncodedBatch]:
+        """The batches encoded; the example ids they carry to `kept`, in order."""
+        yield from encode_batches(stored_batches(self.read(), len(self.stored), kept), self.output)
 
 
 def runs_of(count: int, step: int) -> list[tuple[int, int]]:
@@ -233,6 +250,8 @@ class _Shard:
     directory: str
     scratch: str
     name: str
+    carried: str | None = None
+    """Where the example ids its batches carry are kept (CarriedWriter); None: dropped."""
 
 
 def _write_shard(shard: _Shard) -> dict:
@@ -242,18 +261,25 @@ def _write_shard(shard: _Shard) -> dict:
         os.mkdir(shard.scratch)
     writer = BatchShardWriter(shard.scratch, shard.batches.stored, shard.batches.output, name=shard.name,
                               first=shard.index, rollover=False)
-    for encoded in shard.batches():
-        writer.write(encoded)
+    carried = None if shard.carried is None else CarriedWriter(shard.carried)
+    try:
+        for encoded in shard.batches(None if carried is None else carried.add):
+            writer.write(encoded)
+    finally:
+        if carried is not None:
+            carried.close()
     entry = writer.close()[0]
     os.replace(os.path.join(shard.scratch, entry["path"]), os.path.join(shard.directory, entry["path"]))
     return entry
 
 
 def write_sorted(batches: SortedBatches, output: OutputOptions, stored: pa.Schema, directory: str, scratch: str,
-                 name: str, segments: int, tasks: Executor) -> list[dict]:
+                 name: str, segments: int, tasks: Executor,
+                 carried: bool = False) -> tuple[list[dict], tuple[str, ...]]:
     """Write batches on the engine's workers as the local writer would: measure every batch's size (`segments`
     tasks; not when only --shard-rows and the format's batches per shard apply, which need no size), place the
-    shard boundaries with output.shard_ends, and write the shards in parallel."""
+    shard boundaries with output.shard_ends, and write the shards in parallel; their manifest entries, and with
+    `carried` where each shard kept the example ids its batches carried (in output order)."""
     def encoded(start: int, end: int) -> Encoded:
         return Encoded(batches.reader(start, end), output, stored)
 
@@ -265,24 +291,28 @@ def write_sorted(batches: SortedBatches, output: OutputOptions, stored: pa.Schem
         measured = tasks.map(_measure, [encoded(*run) for run in runs_of(batches.count, step)])
         sizes = [size - (header if i == 0 else 0) for run in measured for i, size in enumerate(run)]
     ends = shard_ends(output, header, rows, sizes)
-    shards = [_Shard(encoded(start, end), i, directory, os.path.join(scratch, f"w{i:06d}"), name)
+    shards = [_Shard(encoded(start, end), i, directory, os.path.join(scratch, f"w{i:06d}"), name,
+                     os.path.join(scratch, f"w{i:06d}", "examples") if carried else None)
               for i, (start, end) in enumerate(zip([0, *ends[:-1]], ends))]
-    return list(tasks.map(_write_shard, shards))
+    return list(tasks.map(_write_shard, shards)), tuple(s.carried for s in shards if s.carried is not None)
 
 
 def write_on_workers(job: Job, produced: Cut | Streamed, output: OutputOptions, stored: pa.Schema, tmp: str,
-                     space: Workspace, report: ReadReport, tasks: Executor) -> tuple[list[dict], int, int]:
-    """The job's shards written by tasks on the executor's workers (a stream spooled first): their manifest entries,
-    the input rows and the rows written."""
+                     space: Workspace, report: ReadReport, tasks: Executor,
+                     carried: bool = False) -> tuple[list[dict], int, int, tuple[str, ...]]:
+    """The job's shards written by tasks on the executor's workers (a stream spooled first, the example ids its
+    batches carry with them): their manifest entries, the input rows, the rows written, and with `carried` where
+    the shards kept those ids (in output order)."""
     if isinstance(produced, Streamed):
         batches, rows_in = _spool_all(job, produced, space, report, tasks)
     else:
         batches, rows_in = produced.batches, produced.batches.rows
     with progress.bar(f"{job.name}: write", batches.rows, job.run.shown) as bar:
-        files = write_sorted(batches, output, stored, tmp, space.directory, job.dst,
-                             MEASURES_PER_WORKER * tasks.shares.tasks, tasks)
+        files, kept = write_sorted(batches, output, stored, tmp, space.directory, job.dst,
+                                   MEASURES_PER_WORKER * tasks.shares.tasks, tasks, carried)
         bar.update(batches.rows)
-    return files, rows_in, batches.rows
+    return files, rows_in, batches.rows, kept
 
 
-__all__ = ["Encoded", "SpoolReader", "SpooledBatches", "runs_of", "spool_path", "write_on_workers", "write_sorted"]
+__all__ = ["Encoded", "Kept", "SpoolReader", "SpooledBatches", "runs_of", "spool_path", "stored_batches", "write_on_workers",
+           "write_sorted"]

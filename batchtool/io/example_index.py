@@ -1,13 +1,15 @@
 """The example index every batch output carries beside its data files: the key of each example of each batch, in
 batch order, with the permutation that sorts them by key, so that `batchtool where`/`step` find a key's batches or a batch's keys in O(log n)
-from a memory map, and `check --receipts` can name the examples of a batch. A function of the data files alone."""
+from a memory map, and `check --receipts` can name the examples of a batch. A function of the data files' key
+column, or without one of the input rows the batches carried to the writer (batchtool.io.example_ids), which no data
+file holds."""
 
 from __future__ import annotations
 
 import functools
 import os
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -15,13 +17,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batchtool.core import fs
+from batchtool.core import fs, rng
 from batchtool.core.errors import BatchtoolError, InputError, OptionError
-from batchtool.io.dataset import Dataset, Shard
+from batchtool.io.dataset import Dataset, ReadReport, Shard
 from batchtool.io.formats.registry import FORMATS
 from batchtool.io.ipc_single import NO_VALIDITY, Buffer, write_single_batch
 from batchtool.io.key_sort import KeySort, search
 from batchtool.io.manifest import dataset_file, manifest_path, schema_from_json
+from batchtool.io.mixed import MixedDataset
 from batchtool.io.output import HashingFile
 from batchtool.io.workspace import Workspace
 
@@ -53,10 +56,16 @@ class NotFoundError(BatchtoolError):
     exit_code = 1
 
 
+INPUT_ROWS, STAGE_ROWS = "input", "stage input"
+"""What the manifest's `output.index.rows` says an example's key is when no column gives it: its row in the input
+(InputRows), or in a pipeline's last stage's input. An index without it (batchtool before input rows) keys such
+an example by its number in the output."""
+
+
 def key_column(schema: pa.Schema, asked: str | None = None) -> str | None:
     """The column the keys come from: `asked` (--key; an OptionError unless the output has it, holding strings or
-    integers, or lists of them), else `key` where it does; None: an example's key is its number in the output (file
-    order)."""
+    integers, or lists of them), else `key` where it does; None: an example's key is its row in the input
+    (InputRows)."""
     if asked is not None:
         if asked not in schema.names:
             raise OptionError("key", f"the output has no such column (it has {', '.join(schema.names)})",
@@ -125,9 +134,97 @@ def _file_pieces(path: str) -> Iterator[bytes]:
             yield piece
 
 
-def _arange_pieces(n: int) -> Iterator[np.ndarray]:
-    for start in range(0, n, PIECE_BYTES // 8):
-        yield np.arange(start, min(n, start + PIECE_BYTES // 8), dtype=np.int64)
+def _file_arrays(path: str, dtype: type) -> Iterator[np.ndarray]:
+    """A file of one 8-byte NumPy type, PIECE_BYTES (a multiple of 8) at a time."""
+    for piece in _file_pieces(path):
+        yield np.frombuffer(piece, dtype=dtype)
+
+
+class InputRows:
+    """Each example id's key as an input row (core.rng.example_ids: shard << SHARD_BITS | row): its row in the input,
+    rows counted from 0 across the input's files in the order it reads them; in a mix `SOURCE:ROW`, ROW counted so
+    in source SOURCE (its position among the sources, the value of the output's source column). `dataset` None: the
+    ids are row numbers already (a pipeline's stage after the first numbers its input's rows itself). Files are
+    counted (their format's count_rows: footers, or a TFRecord file's records) only below the last one an id
+    names."""
+
+    def __init__(self, dataset: Dataset | None) -> None:
+        self.parts = [] if dataset is None else [(p.dataset, [s.index for s in p.dataset.shards])
+                                                 for p in dataset.parts()]
+        self.mixed = isinstance(dataset, MixedDataset)
+        self._source = np.array([i for i, (_, shards) in enumerate(self.parts) for _ in shards], dtype=np.int64)
+        self._firsts: list[int] = []
+        """The first row of each shard counted so far, within its source."""
+
+    @property
+    def name(self) -> str:
+        """What output.index.rows records."""
+        return STAGE_ROWS if not self.parts else INPUT_ROWS
+
+    def _first_rows(self, last: int) -> np.ndarray:
+        """The first row of shards 0..last within their source, counting the files before them not counted yet."""
+        while len(self._firsts) <= last:
+            shard = len(self._firsts)
+            source = int(self._source[shard])
+            dataset, shards = self.parts[source]
+            if shard == shards[0]:
+                self._firsts.append(0)
+                continue
+            before = dataset.shards[shards.index(shard) - 1]
+            self._firsts.append(self._firsts[-1] + dataset.spec.count_rows(dataset, before, ReadReport()))
+        return np.asarray(self._firsts, dtype=np.int64)
+
+    def keys(self, ids: np.ndarray) -> pa.Array:
+        """The keys of these ids (int64 rows; large_string `SOURCE:ROW` in a mix)."""
+        if not self.parts:
+            return pa.array(ids.astype(np.int64))
+        shards = (ids >> np.uint64(rng.SHARD_BITS)).astype(np.int64)
+        rows = (ids & np.uint64((1 << rng.SHARD_BITS) - 1)).astype(np.int64)
+        if len(shards) and not 0 <= shards.max() < len(self._source):
+            raise BatchtoolError(f"an example id names input file {int(shards.max())} of {len(self._source)}")
+        rows += self._first_rows(int(shards.max(initial=-1)))[shards] if len(shards) else 0
+        if not self.mixed:
+            return pa.array(rows)
+        return pc.binary_join_element_wise(pa.array(self._source[shards]).cast(pa.large_string()),
+                                           pa.array(rows).cast(pa.large_string()),
+                                           pa.scalar(":", pa.large_string()))
+
+
+@dataclass(frozen=True)
+class Carried:
+    """The example ids the output's batches carried (batchtool.io.example_ids), as the writer kept them: directories
+    in output order, each holding CarriedWriter's two files, and what their ids are as keys."""
+
+    directories: tuple[str, ...]
+    rows: InputRows
+
+
+IDS_FILE, COUNTS_FILE = "ids", "counts"
+"""The ids (uint64) of every example, and the examples of every batch (int64; -1: a batch that carried none)."""
+
+
+class CarriedWriter:
+    """Keeps the ids batches carry, in their order, in `directory` (made; a retried task's replaced); a file the OS
+    refuses fails in `errors` (the workspace's, where the driver writes them)."""
+
+    def __init__(self, directory: str,
+                 errors: Callable[[], AbstractContextManager[None]] = nullcontext) -> None:
+        self._errors = errors
+        os.makedirs(directory, exist_ok=True)
+        self._ids = open(os.path.join(directory, IDS_FILE), "wb")
+        self._counts = open(os.path.join(directory, COUNTS_FILE), "wb")
+
+    def add(self, ids: np.ndarray | None) -> None:
+        """The next batch's ids (None: it carried none)."""
+        with self._errors():
+            self._counts.write(np.array([-1 if ids is None else len(ids)], dtype=np.int64).tobytes())
+            if ids is not None:
+                self._ids.write(np.ascontiguousarray(ids, dtype=np.uint64).tobytes())
+
+    def close(self) -> None:
+        with self._errors():
+            self._ids.close()
+            self._counts.close()
 
 
 def _key_spools(directory: str, strings: bool, limit: int) -> list[_Spool]:
@@ -150,24 +247,27 @@ def _spool_keys(spools: list[_Spool], keys: pa.Array) -> None:
 
 
 def build(directory: str, manifest: dict[str, Any], space: Workspace, memory: int,
-          key: str | None = None) -> dict[str, Any]:
+          key: str | None = None, carried: Carried | None = None) -> dict[str, Any]:
     """Write the index of the output in `directory` (its data files written, `manifest` listing them, not yet
-    written) as INDEX_NAME there, keyed by key_column(schema, `key`); returns the manifest's `output.index` entry
-    (name, key column, examples, size, sha256). Reads only the key column (or, without one, each batch's rows), a
-    few batches at a time: the index's columns wait in memory up to their share (SPOOL_SHARE), beyond it in files of
-    the workspace `space`, where the keys are also sorted in runs (key_sort), so the build holds about `memory` /
-    MEMORY_SHARE however many examples the output has."""
+    written) as INDEX_NAME there, keyed by key_column(schema, `key`), else by the input rows of the ids its batches
+    `carried`; returns the manifest's `output.index` entry (name, key column or what rows key it, examples, size,
+    sha256). Reads only the key column (or the carried ids), a few batches at a time: the index's columns wait in
+    memory up to their share (SPOOL_SHARE), beyond it in files of the workspace `space`, where the keys are also
+    sorted in runs (key_sort), so the build holds about `memory` / MEMORY_SHARE however many examples the output
+    has."""
     spec = FORMATS[manifest["output"]["format"]]
     schema = schema_from_json(manifest["schema"])
     shards = tuple(Shard(i, fs.join(directory, f["path"]), f["bytes"]) for i, f in enumerate(manifest["output"]["files"]))
     dataset = Dataset(directory, spec, shards, schema, options=spec.options_of(manifest["output"]), manifest=manifest)
     column = key_column(schema, key)
+    if column is None and carried is None:
+        raise BatchtoolError(f"{directory}: its batches carried no example ids to key its index with")
     with space.errors():
         spill = fs.make_unique_dir(space.directory, "index-")
     try:
         with space.errors():
-            key_type, examples, buffers = _spooled(spill, dataset, column, max(1, memory // MEMORY_SHARE),
-                                                   space.errors)
+            key_type, examples, buffers = _spooled(spill, dataset, column, carried,
+                                                   max(1, memory // MEMORY_SHARE), space.errors)
         index_schema = pa.schema(zip(_FIELDS, (key_type, pa.int64(), pa.int64())))
         path = os.path.join(directory, INDEX_NAME)
         sink = HashingFile(path)
@@ -178,7 +278,8 @@ def build(directory: str, manifest: dict[str, Any], space: Workspace, memory: in
         _read_back(path, index_schema, examples)
     finally:
         fs.remove_tree(spill)
-    return {"path": INDEX_NAME, "key": column, "examples": examples, "bytes": sink.bytes,
+    rows = {} if column is not None or carried is None else {"rows": carried.rows.name}
+    return {"path": INDEX_NAME, "key": column, **rows, "examples": examples, "bytes": sink.bytes,
             "sha256": sink.sha256.hexdigest()}
 
 
@@ -200,15 +301,14 @@ def _read_back(path: str, schema: pa.Schema, examples: int) -> None:
             from None
 
 
-def _spooled(spill: str, dataset: Dataset, column: str | None, budget: int,
+def _spooled(spill: str, dataset: Dataset, column: str | None, carried: Carried | None, budget: int,
              errors: Callable[[], AbstractContextManager[None]]) -> tuple[pa.DataType, int, list[Buffer]]:
     """The index's key type, examples and body buffers (the columns in output order spooled in `spill` as the
-    output is read, the keys sorted there under `budget` bytes)."""
-    counts, stored = dataset.spec.open_batches(dataset.src, dataset)
+    output's key column, or the ids its batches carried, are read; the keys sorted there under `budget` bytes)."""
     held = budget // SPOOL_SHARE
     batch = _Spool(os.path.join(spill, "batch"), held)
-    sort = None if column is None else KeySort(spill, budget - 4 * held, errors)
-    key_type: pa.DataType = pa.int64()  # with no key at all, as before the index was built in pieces
+    sort = KeySort(spill, budget - 4 * held, errors)
+    key_type: pa.DataType = pa.int64()  # with no example at all
     spools: list[_Spool] = []
     batches = examples = 0
 
@@ -218,13 +318,49 @@ def _spooled(spill: str, dataset: Dataset, column: str | None, budget: int,
         batches += len(sizes)
         examples += int(sizes.sum())
 
+    def add(keys: pa.Array) -> None:  # the next keys, in output order
+        nonlocal key_type, spools
+        if not spools:
+            key_type = keys.type
+            spools = _key_spools(spill, pa.types.is_large_string(key_type), held)
+        _spool_keys(spools, keys)
+        sort.add(keys)
+
+    if column is None:
+        assert carried is not None, "build refuses an index with neither"
+        ids = 0
+        for directory in carried.directories:
+            for sizes in _file_arrays(os.path.join(directory, COUNTS_FILE), np.int64):
+                if (sizes < 0).any():
+                    raise BatchtoolError(f"{dataset.src}: batch {batches + int(np.argmax(sizes < 0))} carried no "
+                                         "example ids to key its index with")
+                record(sizes)
+            for piece in _file_arrays(os.path.join(directory, IDS_FILE), np.uint64):
+                add(carried.rows.keys(piece))
+                ids += len(piece)
+        if ids != examples or batches != int(dataset.manifest["output"]["batches"]):
+            raise BatchtoolError(f"{dataset.src}: {ids:,} example ids carried for {examples:,} examples in {batches:,} "
+                                 f"batches of {dataset.manifest['output']['batches']:,}")
+    else:
+        _read_keys(dataset, column, budget, record, add)
+    if not spools:  # no example: an empty column of int64 keys
+        spools = _key_spools(spill, False, held)
+    order = _Spool(os.path.join(spill, "by_key"), held)
+    for positions in sort.positions():
+        order.append(positions)
+    return key_type, examples, [NO_VALIDITY, *(s.buffer() for s in spools), NO_VALIDITY, batch.buffer(),
+                                NO_VALIDITY, order.buffer()]
+
+
+def _read_keys(dataset: Dataset, column: str, budget: int, record: Callable[[np.ndarray], None],
+               add: Callable[[pa.Array], None]) -> None:
+    """The output's key column read a window of batches at a time, in order: each window's examples per batch to
+    `record`, its keys (non-null, flattened, a copy: no key keeps a file's memory map open) to `add`."""
+    counts, stored = dataset.spec.open_batches(dataset.src, dataset)
     wanted = max(1, budget // WINDOW_SHARE)
     cache: dict = {}
     try:
         for f, count in enumerate(int(c) for c in counts):
-            if column is None:
-                record(np.asarray(stored.rows(f, np.arange(count, dtype=np.int64)), dtype=np.int64))
-                continue
             start, window = 0, 1
             while start < count:
                 local = np.arange(start, min(count, start + window), dtype=np.int64)
@@ -234,12 +370,7 @@ def _spooled(spill: str, dataset: Dataset, column: str | None, budget: int,
                 keys = _keys_of(pa.chunked_array(columns, type=dataset.schema.field(column).type))
                 window = max(1, min(READ_BATCHES, wanted * len(local) // max(1, keys.nbytes)))
                 if keys.num_chunks:
-                    keys = keys.combine_chunks()  # a copy: no key keeps a file's memory map open
-                    if not spools:
-                        key_type = keys.type
-                        spools = _key_spools(spill, pa.types.is_large_string(key_type), held)
-                    _spool_keys(spools, keys)
-                    sort.add(keys)
+                    add(keys.combine_chunks())
                 record(sizes)
                 start += len(local)
                 if stored.in_place():  # views of a memory map: its pages read so far leave this process with it
@@ -248,16 +379,6 @@ def _spooled(spill: str, dataset: Dataset, column: str | None, budget: int,
             stored.release(cache)
     finally:
         stored.release(cache)
-    if sort is None:
-        keys = [Buffer(8 * examples, functools.partial(_arange_pieces, examples))]
-        by_key = Buffer(8 * examples, functools.partial(_arange_pieces, examples))
-    else:
-        keys = [s.buffer() for s in spools]
-        order = _Spool(os.path.join(spill, "by_key"), held)
-        for positions in sort.positions():
-            order.append(positions)
-        by_key = order.buffer()
-    return key_type, examples, [NO_VALIDITY, *keys, NO_VALIDITY, batch.buffer(), NO_VALIDITY, by_key]
 
 
 @dataclass(frozen=True)
@@ -266,7 +387,10 @@ class ExampleIndex:
 
     path: str
     column: str | None
-    """The column the keys are from; None: an example's key is its number in the output."""
+    """The column the keys are from; None: rows (`rows`) are."""
+    rows: str | None
+    """Without a column, what an example's key is (INPUT_ROWS, STAGE_ROWS); None: its number in the output (an index
+    written before input rows)."""
     batches: int
     """Batches in the output: a batch number the index gives beyond them is a damaged index."""
     table: pa.RecordBatch
@@ -277,7 +401,8 @@ class ExampleIndex:
             try:
                 return int(text)
             except ValueError:
-                what = "row numbers" if self.column is None else f"integers (column {self.column!r})"
+                what = f"integers (column {self.column!r})" if self.column is not None else \
+                    "row numbers in the output" if self.rows is None else f"row numbers in the {self.rows}"
                 raise InputError(f"{self.path}: the keys of this output are {what}; {text!r} is not one") from None
         return text
 
@@ -346,7 +471,11 @@ def open_index(dst: str, manifest: dict[str, Any]) -> ExampleIndex:
             or table.column(0).null_count or table.column(1).null_count or table.column(2).null_count):
         raise InputError(f"{path}: not the example index {where} records")
     batches = int(manifest["output"]["batches"])
-    return ExampleIndex(path, entry.get("key"), batches, table)
+    rows = entry.get("rows")
+    if rows not in (None, INPUT_ROWS, STAGE_ROWS):
+        raise InputError(f"{where}: output.index.rows is {rows!r}: expected {INPUT_ROWS!r} or {STAGE_ROWS!r}")
+    return ExampleIndex(path, entry.get("key"), rows, batches, table)
 
 
-__all__ = ["INDEX_NAME", "ExampleIndex", "NotFoundError", "build", "key_column", "open_index"]
+__all__ = ["INDEX_NAME", "INPUT_ROWS", "STAGE_ROWS", "Carried", "CarriedWriter", "ExampleIndex", "InputRows",
+           "NotFoundError", "build", "key_column", "open_index"]

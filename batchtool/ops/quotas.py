@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from batchtool.core import rng
 from batchtool.io.dataset import Chunk
+from batchtool.io.example_ids import carry
 from batchtool.ops.regroup import SortedBatches, SortedStream, firsts_of
 from batchtool.ops.rows import RowReader, cycled_rows
 
@@ -284,7 +285,8 @@ def class_readers(streams: Sequence[SortedStream], begins: Sequence[int], oversa
 
 @dataclass(frozen=True)
 class QuotaBatches(SortedBatches):
-    """Balanced batches cut from the classes' sorted streams (ops.regroup.SortedBatches): batch k takes quotas[k]."""
+    """Balanced batches cut from the classes' sorted streams (ops.regroup.SortedBatches): batch k takes quotas[k],
+    each carrying its rows' example ids (batchtool.io.example_ids)."""
 
     streams: list[SortedStream]
     quotas: np.ndarray
@@ -321,7 +323,7 @@ class _QuotaReader:
     def __call__(self) -> Iterator[pa.RecordBatch]:
         readers = class_readers(self.streams, self.begins, self.cycle, self.schema)
         for batch in quota_batches(readers, self.quotas, self.seed, self.stage, self.schema):
-            yield batch.data
+            yield carry(batch.data, batch.ids)
 
 
 __all__ = ["ROWS", "Constant", "Curve", "Documents", "QuotaBatches", "QuotaLayout", "Switched", "Units", "class_readers",

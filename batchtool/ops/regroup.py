@@ -210,7 +210,8 @@ class SortedBatches(ABC):
     @abstractmethod
     def reader(self, start: int, end: int) -> Callable[[], Iterator[pa.RecordBatch]]:
         """Batches [start, end) as a task a worker runs (small to send: it carries only what those batches
-        need), laid out exactly as `regroup` gives them."""
+        need), laid out exactly as `regroup` gives them; a batch op's each carrying its examples' ids as one more
+        column (batchtool.io.example_ids), which the writer takes off."""
 
     @abstractmethod
     def nbytes(self) -> int:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from batchtool.io.dataset import Chunk
+from batchtool.io.example_ids import carry
 import numpy as np
 import pyarrow.compute as pc
 
@@ -91,6 +92,11 @@ def emit(chunk: Chunk) -> tuple[list[pa.RecordBatch], int]:
     return [chunk.data], chunk.num_rows
 
 
+def emit_batch(chunk: Chunk) -> tuple[list[pa.RecordBatch], int]:
+    """emit for batch output: each batch carries its rows' example ids (batchtool.io.example_ids)."""
+    return [carry(chunk.data, chunk.ids)], chunk.num_rows
+
+
 @dataclass(frozen=True)
 class Yardstick:
     """The first chunk's Arrow bytes and rows: what a first pass sizes everything from, and all a worker
@@ -147,13 +153,15 @@ class FixedBatches(SortedBatches):
     batch_size: int
     kept: int
     """The rows cut into batches."""
+    carried: bool = False
+    """Each batch carries its rows' example ids (batchtool.io.example_ids): batch output."""
 
     @functools.cached_property
     def firsts(self) -> np.ndarray:  # type: ignore[override]
         return np.minimum(np.arange(-(-self.kept // self.batch_size) + 1, dtype=np.int64) * self.batch_size, self.kept)
 
     def reader(self, start: int, end: int) -> _FixedReader:
-        return _FixedReader(self.stream, self.schema, self.batch_size, self.kept, start, end)
+        return _FixedReader(self.stream, self.schema, self.batch_size, self.kept, start, end, self.carried)
 
     def nbytes(self) -> int:
         return self.stream.nbytes()
@@ -170,13 +178,15 @@ class _FixedReader:
     kept: int
     start: int
     end: int
+    carried: bool = False
 
     def __call__(self) -> Iterator[pa.RecordBatch]:
         first = self.start * self.batch_size
         reader = RowReader(self.stream.chunks(first), self.schema)
         reader.take(first - self.stream.first_row(first))
         for k in range(self.start, self.end):
-            yield reader.take(min(self.batch_size, self.kept - k * self.batch_size)).data
+            rows = reader.take(min(self.batch_size, self.kept - k * self.batch_size))
+            yield carry(rows.data, rows.ids) if self.carried else rows.data
 
 
 def sorted_rows(streams: Iterable[SortedStream], start: int = 0) -> Iterator[Chunk]:
@@ -209,5 +219,5 @@ def keep_mask(chunk: Chunk, column: str) -> np.ndarray:
     return pc.fill_null(chunk.data.column(column), False).to_numpy(zero_copy_only=False)
 
 
-__all__ = ["FixedBatches", "RowReader", "take_sizes", "cycled_rows", "sorted_rows", "Yardstick", "arrow_bytes", "bytes_per_row", "emit", "estimate_bytes",
+__all__ = ["FixedBatches", "RowReader", "take_sizes", "cycled_rows", "sorted_rows", "Yardstick", "arrow_bytes", "bytes_per_row", "emit", "emit_batch", "estimate_bytes",
            "peek", "rebatch", "slice_chunk"]

@@ -17,7 +17,8 @@ from batchtool.ops.base import Context, Depends, Kind, Operation, OptionError, S
 from batchtool.ops.regroup import Stream, Cut, Exchange, Input, Probe, Regrouped, Runtime, Scatter, Scattered
 from batchtool.core.options import Flag, Integer, option
 from batchtool.ops.keyed import flush_bytes, range_bytes
-from batchtool.ops.rows import FixedBatches, Yardstick, bytes_per_row, emit, estimate_bytes, peek, rebatch
+from batchtool.ops.rows import (FixedBatches, Yardstick, bytes_per_row, emit, emit_batch, estimate_bytes, peek,
+                                rebatch)
 from batchtool.io.spill import parts_for
 
 STAGE = "shuffle"
@@ -118,7 +119,7 @@ def _exchange_cut(info: dict[str, Any], options: ShuffleOptions, scattered: Scat
     rows = int(scattered.rows.sum())
     size = info["batch_rows"]
     kept = rows - (rows % size if options.drop_remainder else 0)
-    return Cut(FixedBatches(scattered.groups[0], scattered.schema, size, kept),
+    return Cut(FixedBatches(scattered.groups[0], scattered.schema, size, kept, options.batch_size is not None),
                functools.partial(shuffle_stats, info, rows, options=options))
 
 
@@ -256,7 +257,7 @@ class _Buffered:
 @contextmanager
 def _buffered(plan: ShufflePlan, input: Input, runtime: Runtime, report: ReadReport) -> Iterator[Regrouped]:
     buffered = _Buffered(plan, input, runtime, report)
-    yield Regrouped(buffered, emit, buffered.stats)
+    yield Regrouped(buffered, emit if plan.options.batch_size is None else emit_batch, buffered.stats)
 
 
 class Shuffle(Operation[ShuffleOptions, ShufflePlan]):

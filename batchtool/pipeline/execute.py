@@ -386,7 +386,7 @@ class Prefix:
                  else exchange.task_units(view.tasks(None, self.report)))
         job = Job("run", self.config.manifest_options(), self.config.seed, self.source, self.config.output_path,
                   self.config.output, stage.output_schema(view.schema), self.run, stage.name, started, self.stats,
-                  batches=self.config.stages[k].batching)
+                  batches=self.config.stages[k].batching, numbered=k == 0)
 
         def produce(space: Workspace, report: ReadReport) -> AbstractContextManager[Produced]:
             runtime = EngineRuntime.of(view, space, self.executor, self.run.shown, stage.name, self.pool)

@@ -582,6 +582,18 @@ def test_bucket_and_balanced_batches_send_no_data_through_the_driver(name, src, 
 
 
 @RAY
+@pytest.mark.parametrize("args", [("bucket", "--boundaries", "10,20", "--batch-size", "8", "--shard-rows", "100"),
+                                  ("pack", "--max-length", "64", "--sequence", "tokens", "--split-long")],
+                         ids=["bucket", "pack"])
+def test_input_row_keys_are_kept_on_the_workers(args, tmp_path, run_cli, remote_maps):
+    """Without a key column the index keys each example by its input row, which the shards' tasks keep on the
+    workers: the same index bytes as the local engine's."""
+    src = write_parquet_shards(str(tmp_path / "src"), make_table(300, seed=7).drop(["key"]))
+    local, ray = run_both(run_cli, args, src, tmp_path)
+    assert remote_maps and local["output"] == ray["output"] and ray["output"]["index"]["rows"] == "input"
+
+
+@RAY
 def test_convert_spools_its_output_on_the_workers(tmp_path, run_cli, ray_cluster):
     """convert on Ray: each read unit's output spooled and the shards written on the workers (batchtool.spool; the
     row ops do the same: tests/exec/test_spool.py), the local bytes and statistics, and what crossed to and from the

@@ -1,4 +1,5 @@
-"""The example index every batch output carries: each batch's example keys, a function of the data files alone."""
+"""The example index every batch output carries: each batch's example keys, from the data files (their key column) or
+the input rows their batches carried."""
 
 from __future__ import annotations
 
@@ -79,18 +80,21 @@ def test_pack_indexes_each_packed_document(root, tmp_path):
     assert table.column("key").to_pylist() == [k for batch in rows for row in batch for k in row]
 
 
-def test_without_a_key_column_an_example_is_its_number_in_the_output(root, tmp_path):
-    src = write_parquet_shards(str(tmp_path / "src"), make_table(50, seed=2).drop(["key"]))
+def test_without_a_key_column_an_example_is_its_row_in_the_input(root, tmp_path):
+    table = make_table(50, seed=2).drop(["key"])
+    src = write_parquet_shards(str(tmp_path / "src"), table.append_column("row", pa.array(range(50))))
     dst = str(tmp_path / "unkeyed")
     from batchtool.ops.bucket import OP, BucketOptions
 
     run_operation(OP, BucketOptions(boundaries=(20,), batch_size=(8,)), src, dst, OutputOptions(format="parquet"),
                   QUIET, seed=1)
     table = index_table(dst)
-    rows = [len(b) for b in batches_in_file_order(dst, "label")]
-    assert table.column("key").to_pylist() == list(range(50))
-    assert table.column("batch").to_pylist() == [b for b, n in enumerate(rows) for _ in range(n)]
-    assert json.load(open(manifest_file(dst)))["output"]["index"]["key"] is None
+    rows = batches_in_file_order(dst, "row")
+    assert table.column("key").to_pylist() == [r for batch in rows for r in batch]
+    assert sorted(table.column("key").to_pylist()) == list(range(50))
+    assert table.column("batch").to_pylist() == [b for b, batch in enumerate(rows) for _ in batch]
+    entry = json.load(open(manifest_file(dst)))["output"]["index"]
+    assert entry["key"] is None and entry["rows"] == "input"
 
 
 def test_row_outputs_have_no_index(root, tmp_path):

@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 
 from batchtool.io import load_padding
 from batchtool.io.dataset import Chunk
+from batchtool.io.example_ids import carry
 from batchtool.core.errors import OptionInputError, OptionSchemaError, SchemaError
 from batchtool.ops import names as own
 from batchtool.ops.regroup import (Cut, Exchange, Input, Probe, Runtime, Scatter, Scattered, SortedBatches,
@@ -495,7 +496,8 @@ class BucketBatches(SortedBatches):
 
 @dataclass(frozen=True)
 class BucketReader:
-    """A run of bucket's output batches, read and padded on a worker from the sorted streams (SortedBatches.reader)."""
+    """A run of bucket's output batches, read and padded on a worker from the sorted streams (SortedBatches.reader),
+    each carrying its rows' example ids (batchtool.io.example_ids)."""
 
     schema: pa.Schema
     columns: BucketColumns
@@ -519,8 +521,8 @@ class BucketReader:
         else:
             rows = self._balanced()
         for (k, b, _, (pad, pad_2), _), data in zip(self.batches, rows):
-            yield make_batch(data.data, k, b, pad if self.padded else None, self.columns, self.pad_values, self.mask,
-                             pad_2 if self.padded else None)
+            yield carry(make_batch(data.data, k, b, pad if self.padded else None, self.columns, self.pad_values,
+                                   self.mask, pad_2 if self.padded else None), data.ids)
 
     def _cut(self) -> Iterator[Chunk]:
         """Each batch's rows, cut from its bucket's stream as take_sizes cuts them locally."""

@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from batchtool.core import budget, rng
 from batchtool.io.dataset import Chunk
+from batchtool.io.example_ids import carry, taken
 from batchtool.core.errors import InputError, OptionInputError
 from batchtool.ops import names as own
 from batchtool.ops.base import (ColumnError, Context, Depends, Kind, Operation, Pass, Said, Shape, manifest_options,
@@ -452,7 +453,7 @@ def _padded_cut(padding: BatchPadding, cut: Callable[[Scattered, Runtime], Cut],
                 runtime: Runtime) -> Cut:
     """--pad: the balanced batches' cut, each batch padded where it is read."""
     made = cut(scattered, runtime)
-    return replace(made, batches=PaddedBatches(made.batches, padding))
+    return replace(made, batches=PaddedBatches(made.batches, padding, len(scattered.schema)))
 
 
 @dataclass(frozen=True)
@@ -461,6 +462,8 @@ class PaddedBatches(SortedBatches):
 
     batches: SortedBatches
     padding: BatchPadding
+    width: int
+    """The columns of a batch before padding (its carried example ids after them)."""
 
     @property
     def firsts(self) -> np.ndarray:  # type: ignore[override]
@@ -470,11 +473,15 @@ class PaddedBatches(SortedBatches):
         return self.batches.nbytes()
 
     def reader(self, start: int, end: int) -> Callable[[], Iterator[pa.RecordBatch]]:
-        return functools.partial(_padded_run, self.padding, self.batches.reader(start, end))
+        return functools.partial(_padded_run, self.padding, self.width, self.batches.reader(start, end))
 
 
-def _padded_run(padding: BatchPadding, read: Callable[[], Iterator[pa.RecordBatch]]) -> Iterator[pa.RecordBatch]:
-    return map(padding, read())
+def _padded_run(padding: BatchPadding, width: int,
+                read: Callable[[], Iterator[pa.RecordBatch]]) -> Iterator[pa.RecordBatch]:
+    """Each batch padded, the example ids it carries (batchtool.io.example_ids) kept last."""
+    for batch in read():
+        data, ids = taken(batch, width)
+        yield padding(data) if ids is None else carry(padding(data), ids)
 
 
 def _one_group(op: Operation, plan: Stratification, chunk: Chunk) -> tuple[Chunk, np.ndarray, Tally]:

@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from batchtool.core import rng
 from batchtool.io.dataset import Chunk, ReadReport
+from batchtool.io.example_ids import carry
 from batchtool.core.errors import InputError, OptionSchemaError, SchemaError
 from batchtool.ops.regroup import (Cut, Exchange, Input, Probe, Runtime, Scatter, Scattered, SortedBatches,
                                    SortedStream, firsts_of)
@@ -234,11 +235,15 @@ def consumed(items: Chunk, plan: PackPlan) -> int:
 
 
 def build(plan: PackPlan, item: BatchItem) -> tuple[list[pa.RecordBatch], int]:
-    """One batch's packed rows, and the input examples it completes (the writer's work, on a worker)."""
+    """One batch's packed rows, carrying each row's documents' example ids (batchtool.io.example_ids: one per item,
+    a split document's pieces each its own), and the input examples it completes (the writer's work, on a
+    worker)."""
     data = item.items.data
-    return ([assemble(data, data.column(_POS).to_numpy(), item.index, item.pad_length, plan.schema,
-                      plan.columns.sequences, plan.pad_values, plan.columns.names, plan.options.multiple,
-                      plan.options.max_segments)], consumed(item.items, plan))
+    rows = data.column(_POS).to_numpy()
+    packed = assemble(data, rows, item.index, item.pad_length, plan.schema, plan.columns.sequences, plan.pad_values,
+                      plan.columns.names, plan.options.multiple, plan.options.max_segments)
+    firsts = np.flatnonzero(np.concatenate([[True], rows[1:] != rows[:-1]])) if len(rows) else np.zeros(0, np.int64)
+    return [carry(packed, item.items.ids, np.append(firsts, len(rows)))], consumed(item.items, plan)
 
 
 # --- the whole regrouping ----------------------------------------------------------------------------------

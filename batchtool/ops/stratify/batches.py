@@ -17,7 +17,7 @@ from batchtool.ops.regroup import Cut, Exchange, Input, Probe, Regrouped, Runtim
 from batchtool.core.tally import Tally
 from batchtool.ops.keyed import flush_bytes, range_bytes
 from batchtool.ops.quotas import QuotaBatches, QuotaLayout, plan_layout
-from batchtool.ops.rows import Yardstick, bytes_per_row, emit, estimate_bytes, peek, rebatch
+from batchtool.ops.rows import Yardstick, bytes_per_row, emit_batch, estimate_bytes, peek, rebatch
 from batchtool.ops.stratify.plans import STAGE, Stratification
 from batchtool.io.spill import parts_for
 
@@ -39,7 +39,7 @@ def batched(op: Operation, plan: Stratification, input: Input, runtime: Runtime,
     written = Tally()
     """The classes of the batches written (`class_out`), counted in order on this side."""
     batches = rebatch(rows, size, input.schema, options.drop_remainder)
-    yield Regrouped(_counted(plan, batches, written), emit, functools.partial(written_stats, op, plan, selected, written),
+    yield Regrouped(_counted(plan, batches, written), emit_batch, functools.partial(written_stats, op, plan, selected, written),
                     expected)
 
 
