@@ -146,6 +146,28 @@ def test_exact_counts_no_duplicates_and_rows_equal_input_rows(tmp_path, big_src)
     assert stats["examples_dropped"] == 20_000 - out.num_rows and stats["examples_duplicated"] == 0
 
 
+@pytest.mark.parametrize("mode, label_passes", [("exact", 2), ("bernoulli", 1)])
+def test_label_passes_decode_the_label_column_only(tmp_path, monkeypatch, mode, label_passes):
+    """The passes before the selection (class counts; exact mode's thresholds) decode the label column alone, and
+    the selection decodes each row group once: every column of the rows it keeps costs one decode, not a pass."""
+    from batchtool.io.formats import parquet
+
+    src = labelled(tmp_path / "src", [0] * 90 + [1] * 10, row_group_size=25,
+                   tokens=pa.array([[i] * 3 for i in range(100)], pa.list_(pa.int32())))
+    decoded: list[tuple[str, ...] | None] = []
+    real = parquet.decode_row_group
+
+    def counted(pf, row_group, columns):
+        decoded.append(None if columns is None else tuple(columns))
+        return real(pf, row_group, columns)
+
+    monkeypatch.setattr(parquet, "decode_row_group", counted)
+    run(src, tmp_path / "out", threads=1, target="uniform", mode=mode)
+    row_groups = sum(pq.ParquetFile(os.path.join(src, f)).num_row_groups for f in os.listdir(src)
+                     if f.endswith(".parquet"))
+    assert Counter(decoded) == {("label",): label_passes * row_groups, None: row_groups}
+
+
 def test_exact_selection_takes_the_smallest_keyed_hashes_in_input_order(tmp_path):
     labels = [0, 1] * 30
     src = labelled(tmp_path / "src", labels, row_group_size=7)
