@@ -199,15 +199,18 @@ class _ItemBuilder:
         return SegmentItem(self.first_batch, sources, src, row, seg, self.finished)
 
     def _compacted(self, source: np.ndarray, rows: np.ndarray) -> tuple[tuple[Examples, ...], np.ndarray]:
-        """Each source cut to the rows the runs play (an item carries those only: their numbers, and where the rows
-        are), and the runs' rows renumbered in it."""
+        """Each stored source cut to the rows the runs play (an item bound for another process carries those only:
+        their numbers, and where the rows are), and the runs' rows renumbered in it; a source whose rows are in
+        memory goes whole, as a reference (cutting it would copy the rows the item plays once more)."""
         renumbered = rows.copy()
         sources = []
         for i, examples in enumerate(self.source_list):
+            if examples.stored is None:
+                sources.append(examples)
+                continue
             mine = source == i
             used, renumbered[mine] = np.unique(rows[mine], return_inverse=True)
             sources.append(examples.take(used))
         return tuple(sources), renumbered
-
 
 __all__ = ["ITEM_BYTES", "ITEM_SEGMENTS", "LANE_WINDOW", "LanePlanner", "SegmentStats"]
