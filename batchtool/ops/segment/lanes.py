@@ -118,16 +118,18 @@ class LanePlanner:
             yield window
 
     def _assign(self, window: list[tuple[Examples, np.ndarray]]) -> None:
-        refs = [(ex, int(r)) for ex, rows in window for r in rows]
+        """LPT over the window: its examples (by segment count, longest first) each onto the least loaded lane. The
+        heap is sequential; what it reads comes out of NumPy as plain lists, once per window."""
         counts = np.concatenate([ex.count[rows] for ex, rows in window])
         self.stats.max_sequence_count = max(self.stats.max_sequence_count, int(counts.max()))
+        order = np.argsort(-counts, kind="stable")
+        piece = np.repeat(np.arange(len(window)), [len(rows) for _, rows in window])[order].tolist()
+        played = np.concatenate([rows for _, rows in window])[order].tolist()
         heap = [(int(load), lane) for lane, load in enumerate(self.load)]
         heapq.heapify(heap)
-        for i in np.argsort(-counts, kind="stable"):
+        for p, r, c in zip(piece, played, counts[order].tolist()):
             load, lane = heapq.heappop(heap)
-            ex, r = refs[i]
-            c = int(counts[i])
-            self.lanes[lane].append([ex, r, 0, c])
+            self.lanes[lane].append([window[p][0], r, 0, c])
             heapq.heappush(heap, (load + c, lane))
         for load, lane in heap:
             self.load[lane] = load
