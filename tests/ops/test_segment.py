@@ -19,7 +19,9 @@ from batchtool.exec.driver import run_operation
 from batchtool.ops.segment import lanes
 from batchtool.ops.segment import OP as SEGMENT
 from batchtool.ops.segment import SegmentOptions
-from batchtool.ops.segment.batches import FIRST_INSERTION_INDEX
+from batchtool.ops.segment.batches import FIRST_INSERTION_INDEX, cut
+from batchtool.io import batch_check
+from batchtool.io.formats.arrow import FORMAT as ARROW
 from batchtool.ops.segment.chunks import key_hashes
 from batchtool.io.output import OutputOptions
 from batchtool.pipeline.config import load
@@ -360,3 +362,27 @@ def test_dry_run_of_a_segment_stage_counts_segments_from_the_lengths(tmp_path):
     assert stages == [{"stage": 1, "op": "segment", "rows_in": 3, "rows_out": None, "segments": 5, "batches": 4,
                        "padding_efficiency": 0.3}]
     assert not (tmp_path / "out").exists()
+
+
+def test_cut_gives_compact_batches_with_the_slices_values_and_checksums():
+    """segment's batches are views whose buffers hold their own values only (the IPC writer's layout, so encode
+    copies none of them), equal to slices of the item's table, with the same CRC32C; a column with nulls or
+    booleans is sliced as before. 7 rows in batches of 3: the last batch is short."""
+    table = pa.RecordBatch.from_pydict({
+        "key": pa.array(["a", "", "ccc", "dd", "", "f", "gggg"]),
+        "n": pa.array(np.arange(7, dtype=np.int32)),
+        "steps": pa.array([[1, 2], [], [3], [4, 5, 6], [7], [], [8]], pa.list_(pa.int64())),
+        "frames": pa.array([[[1.0, 2.0]], [], [[3.0, 4.0], [5.0, 6.0]], [], [[7.0, 8.0]], [[9.0, 0.0]], []],
+                           pa.list_(pa.list_(pa.float32(), 2))),
+        "blob": pa.array([b"x", b"yy", b"", b"z", b"", b"", b"w"], pa.large_binary()),
+        "maybe": pa.array([1.0, None, 3.0, 4.0, 5.0, 6.0, 7.0]),
+        "flag": pa.array([True, False, True, True, False, False, True]),
+    })
+    batches = cut(table, 3)
+    assert [b.num_rows for b in batches] == [3, 3, 1]
+    for t, batch in enumerate(batches):
+        expected = table.slice(3 * t, 3)
+        assert batch.equals(expected)
+        assert ARROW.encode(batch, None).metadata == ARROW.encode(expected, None).metadata
+        for name in ("key", "n", "steps", "frames", "blob"):
+            assert batch_check.written_buffers(batch.column(name)) is not None, name

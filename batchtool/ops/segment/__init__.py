@@ -89,7 +89,8 @@ def _lanes(plan: SegmentPlan, input: Input, sample: pa.RecordBatch | None, runti
     keys = runtime.distinct(plan.memory // KEYS_SHARE)
 
     def checked() -> Iterator[Examples]:
-        yield from runtime.map_rows(functools.partial(prepare_shared, plan, input.locate, runtime.space, keys),
+        space = None if runtime.executor.shares.memory else runtime.space
+        yield from runtime.map_rows(functools.partial(prepare_shared, plan, input.locate, space, keys),
                                     o.source_columns, report)
         _, found = runtime.repeats(keys, [o.key], 1)
         if found:

@@ -214,14 +214,17 @@ def ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.int64) - np.repeat(ends - counts, counts) + np.repeat(starts, counts)
 
 
-def prepare_shared(plan: SegmentPlan, locate: Callable[[int], str], space: Workspace, keys: DistinctKeys,
+def prepare_shared(plan: SegmentPlan, locate: Callable[[int], str], space: Workspace | None, keys: DistinctKeys,
                    index: int, chunk: Chunk) -> Examples:
-    """prepare_chunk for chunk number `index`, its key hashes written for the key check (`keys`) and its rows to
-    the workspace, where the tasks that build batches read them: the examples come back with their numbers only."""
+    """prepare_chunk for chunk number `index`, its key hashes written for the key check (`keys`). Where the tasks that
+    build batches run elsewhere, its rows go to the workspace (`space`), where they read them, and the examples come
+    back with their numbers only; where they are the driver's threads (`space` None) the rows stay in memory, since a
+    round trip through a file would cost a write, a memory map and a copy of every row."""
     examples = prepare_chunk(plan, locate, chunk)
     assert examples.key_hash is not None
     keys.write(index, examples.key_hash, examples.ids)
-    return replace(examples.kept_at(write_rows(space, index, examples.with_keys())), key_hash=None)
+    kept = examples if space is None else examples.kept_at(write_rows(space, index, examples.with_keys()))
+    return replace(kept, key_hash=None)
 
 
 def write_rows(space: Workspace, index: int, rows: pa.RecordBatch) -> str:

@@ -118,16 +118,18 @@ class LanePlanner:
             yield window
 
     def _assign(self, window: list[tuple[Examples, np.ndarray]]) -> None:
-        refs = [(ex, int(r)) for ex, rows in window for r in rows]
+        """LPT over the window: its examples (by segment count, longest first) each onto the least loaded lane. The
+        heap is sequential; what it reads comes out of NumPy as plain lists, once per window."""
         counts = np.concatenate([ex.count[rows] for ex, rows in window])
         self.stats.max_sequence_count = max(self.stats.max_sequence_count, int(counts.max()))
+        order = np.argsort(-counts, kind="stable")
+        piece = np.repeat(np.arange(len(window)), [len(rows) for _, rows in window])[order].tolist()
+        played = np.concatenate([rows for _, rows in window])[order].tolist()
         heap = [(int(load), lane) for lane, load in enumerate(self.load)]
         heapq.heapify(heap)
-        for i in np.argsort(-counts, kind="stable"):
+        for p, r, c in zip(piece, played, counts[order].tolist()):
             load, lane = heapq.heappop(heap)
-            ex, r = refs[i]
-            c = int(counts[i])
-            self.lanes[lane].append([ex, r, 0, c])
+            self.lanes[lane].append([window[p][0], r, 0, c])
             heapq.heappush(heap, (load + c, lane))
         for load, lane in heap:
             self.load[lane] = load
@@ -199,15 +201,18 @@ class _ItemBuilder:
         return SegmentItem(self.first_batch, sources, src, row, seg, self.finished)
 
     def _compacted(self, source: np.ndarray, rows: np.ndarray) -> tuple[tuple[Examples, ...], np.ndarray]:
-        """Each source cut to the rows the runs play (an item carries those only: their numbers, and where the rows
-        are), and the runs' rows renumbered in it."""
+        """Each stored source cut to the rows the runs play (an item bound for another process carries those only:
+        their numbers, and where the rows are), and the runs' rows renumbered in it; a source whose rows are in
+        memory goes whole, as a reference (cutting it would copy the rows the item plays once more)."""
         renumbered = rows.copy()
         sources = []
         for i, examples in enumerate(self.source_list):
+            if examples.stored is None:
+                sources.append(examples)
+                continue
             mine = source == i
             used, renumbered[mine] = np.unique(rows[mine], return_inverse=True)
             sources.append(examples.take(used))
         return tuple(sources), renumbered
-
 
 __all__ = ["ITEM_BYTES", "ITEM_SEGMENTS", "LANE_WINDOW", "LanePlanner", "SegmentStats"]
