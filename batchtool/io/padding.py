@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,53 +123,65 @@ def list_values(arr: pa.Array) -> tuple[pa.Array, np.ndarray]:
     return arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0])), offsets - offsets[0]
 
 
-ROW_COPY_ELEMENTS = 128
-"""Padded rows of at least this many values are copied a slice a row; shorter ones in one vectorised gather. A row
-copy costs about 1 us of Python, the gather about 15 ns a value (its index arrays and masks): 32 rows of 200 x 16
-floats pad in 62 us a row at a time against 157 us gathered; 256 rows of 20 values in 241 us against 77 us."""
+PAD_SCRATCH_BYTES = 64 << 20
+"""Per thread, the most kept for padding's working arrays between batches (the real-step mask, the gather index,
+steps gathered from scattered rows). A batch needing more gets fresh arrays, freed after it: what a thread keeps
+stays within this whatever a file holds."""
+_scratch = threading.local()
+
+
+def scratch(name: str, count: int, dtype: np.dtype | type) -> np.ndarray:
+    """`count` elements of a working array reused by this thread from batch to batch (pages faulted in once, not
+    once a batch), grown to the largest batch so far, up to PAD_SCRATCH_BYTES. Its contents are undefined, and the
+    next call under `name` on this thread overwrites them: for arrays that never leave the caller (a pyarrow array
+    of numbers made from it would be a view of it)."""
+    dtype = np.dtype(dtype)
+    nbytes = count * dtype.itemsize
+    kept: dict[str, np.ndarray] = _scratch.__dict__
+    held = kept.get(name)
+    if held is None or len(held) < nbytes:
+        if nbytes > PAD_SCRATCH_BYTES:
+            return np.empty(count, dtype=dtype)
+        grown = 0 if held is None else 2 * len(held)  # (doubling: a few growths, then none)
+        held = kept[name] = np.empty(max(nbytes, 4096, grown if grown <= PAD_SCRATCH_BYTES else 0), dtype=np.uint8)
+    return held[:nbytes].view(dtype)
 
 
 def padded_list(sources: Sequence[pa.Array], source: np.ndarray, starts: np.ndarray, lens: np.ndarray, length: int,
-                pad_value: Any, value_field: pa.Field, row_copy_elements: int = ROW_COPY_ELEMENTS) -> pa.ListArray:
+                pad_value: Any, value_field: pa.Field) -> pa.ListArray:
     """list<value_field> of `length` steps a row: row i is sources[source[i]][starts[i]:][:lens[i]], then
     pad_value. Written straight into the padded buffer, never a copy of the sources (segment reads a few
-    steps of each of many long examples); NumPy does the copying, so other threads keep the GIL."""
+    steps of each of many long examples); NumPy and Arrow kernels do the copying, a constant number of calls a
+    batch (a few a source), so other threads keep the GIL."""
     n = len(lens)
     offsets = pa.array(np.arange(n + 1, dtype=np.int32) * length)
     leaves, width, leaf_type = _numeric_leaves(sources)
     if leaves is not None:
-        values = _copy_rows(leaves, width, leaf_type, sources[0].type, source, starts, lens, length, pad_value,
-                            row_copy_elements)
+        values = _copy_rows(leaves, width, leaf_type, sources[0].type, np.asarray(source, dtype=np.int64),
+                            np.asarray(starts, dtype=np.int64), np.asarray(lens, dtype=np.int64), length, pad_value)
     else:
         values = _take_rows(sources, source, starts, lens, length, pad_value)
     return pa.ListArray.from_arrays(offsets, values, type=pa.list_(value_field))
 
 
 def _copy_rows(leaves: list[np.ndarray], width: int, leaf_type: pa.DataType, t: pa.DataType, source: np.ndarray,
-               starts: np.ndarray, lens: np.ndarray, length: int, pad_value: Any, row_copy_elements: int) -> pa.Array:
-    """Numbers (in fixed-size vectors) without nulls, written into the output buffer (from Arrow's memory pool,
-    which reuses freed memory: a fresh NumPy array of a batch's size is new pages from the OS each time, and
-    the page faults cost as much as the copy). Long rows are copied a slice a row (no temporaries the size
-    of the batch); short ones in one gather (a Python step per row would cost more than the copy)."""
+               starts: np.ndarray, lens: np.ndarray, length: int, pad_value: Any) -> pa.Array:
+    """Numbers (in fixed-size vectors) without nulls, written into the output buffer: the pad value everywhere,
+    then every real step at once through a mask of the real steps (a step: one element of `width` numbers).
+    The output buffer leaves with the batch (to the writer, or to the user from a loader), so it is never reused
+    here: it comes from Arrow's memory pool, which hands freed batches' memory to the next (a fresh NumPy array
+    of a batch's size would be new pages from the OS each time). The working arrays stay here and are reused
+    (scratch)."""
     n = len(lens)
     dtype = np.dtype(leaf_type.to_pandas_dtype())
+    step = np.dtype((np.void, width * dtype.itemsize))
     buffer = pa.allocate_buffer(n * length * width * dtype.itemsize)
-    out = np.frombuffer(buffer, dtype=dtype).reshape(n, length, width)
-    steps = [leaf.reshape(-1, width) for leaf in leaves]
-    if length * width >= row_copy_elements:
-        for i, (s, start, k) in enumerate(zip(np.asarray(source).tolist(), np.asarray(starts).tolist(),
-                                             np.asarray(lens).tolist())):
-            out[i, :k] = steps[s][start:start + k]
-            out[i, k:] = pad_value
-    else:
-        flat = out.reshape(n * length, width)
-        real = (np.arange(length, dtype=np.int64) < np.asarray(lens, dtype=np.int64)[:, None]).ravel()
-        index = (np.asarray(starts, dtype=np.int64)[:, None] + np.arange(length, dtype=np.int64)).ravel()
-        per_step = np.repeat(np.asarray(source, dtype=np.int64), length)
-        flat[~real] = pad_value
-        for s, values in enumerate(steps):
-            take = real & (per_step == s) if len(steps) > 1 else real
-            flat[take] = values[index[take]]
+    out = np.frombuffer(buffer, dtype=dtype)
+    out.fill(pad_value)
+    real = scratch("real", n * length, np.bool_)
+    np.less(np.arange(length, dtype=np.int64), lens[:, None], out=real.reshape(n, length))
+    steps = [np.ascontiguousarray(leaf).view(step) for leaf in leaves]
+    out.view(step)[real] = _real_steps(steps, step, source, starts, lens)
     array = pa.Array.from_buffers(leaf_type, n * length * width, [None, buffer])
     nesting = []
     while pa.types.is_fixed_size_list(t):
@@ -177,6 +190,32 @@ def _copy_rows(leaves: list[np.ndarray], width: int, leaf_type: pa.DataType, t: 
     for fixed in reversed(nesting):
         array = pa.FixedSizeListArray.from_arrays(array, type=fixed)
     return array
+
+
+def _real_steps(steps: list[np.ndarray], step: np.dtype, source: np.ndarray, starts: np.ndarray,
+                lens: np.ndarray) -> np.ndarray:
+    """Every row's real steps, one row after another: a view of the source where the rows lie one after another
+    in one source (bucket, pack), else gathered into a reused array (segment's windows of several examples)."""
+    used = lens > 0
+    source, starts, lens = source[used], starts[used], lens[used]
+    total = int(lens.sum())
+    if not total:
+        return np.empty(0, dtype=step)
+    if (source == source[0]).all() and (starts[1:] == starts[:-1] + lens[:-1]).all():
+        return steps[int(source[0])][starts[0]:starts[0] + total]
+    index = scratch("index", total, np.int64)  # each real step's place in its source: +1 a step, a jump a row
+    index.fill(1)
+    index[(np.cumsum(lens) - lens)[1:]] = starts[1:] - (starts[:-1] + lens[:-1] - 1)
+    index[0] = starts[0]
+    np.cumsum(index, out=index)
+    gathered = scratch("gathered", total, step)
+    if len(steps) == 1:
+        return np.take(steps[0], index, out=gathered)
+    of = np.repeat(source, lens)
+    for s, values in enumerate(steps):
+        take = of == s
+        gathered[take] = values[index[take]]
+    return gathered
 
 
 def _take_rows(sources: Sequence[pa.Array], source: np.ndarray, starts: np.ndarray, lens: np.ndarray, length: int,
@@ -281,6 +320,8 @@ class BatchPadding:
 
 def mask_column(lengths: np.ndarray, length: int) -> pa.Array:
     """list<bool> of `length` steps per row, True on real steps: what a trainer multiplies its loss by."""
-    mask = np.arange(length)[None, :] < np.asarray(lengths)[:, None]
-    offsets = pa.array((np.arange(len(mask) + 1) * length).astype(np.int32))
-    return pa.ListArray.from_arrays(offsets, pa.array(mask.ravel()))
+    lengths = np.asarray(lengths)
+    mask = scratch("mask", len(lengths) * length, np.bool_)  # (pa.array packs it into bits: a copy)
+    np.less(np.arange(length), lengths[:, None], out=mask.reshape(len(lengths), length))
+    offsets = pa.array((np.arange(len(lengths) + 1) * length).astype(np.int32))
+    return pa.ListArray.from_arrays(offsets, pa.array(mask))

@@ -163,3 +163,33 @@ def tfdata_bucket(src: str, parquet: str, boundaries: list[int], batch_size: int
         padded += rows * width
     seconds = time.perf_counter() - start
     print(f"batches {batches} padding_efficiency {real / padded:.4f} seconds {seconds:.3f}")
+
+
+def pad_throughput(src: str, batch_size: int = BATCH, limit: int = 20_000, repeats: int = 3) -> None:
+    """Padding alone, per GB: the first `limit` rows of SRC (zstd Parquet) sorted by length, cut into batches of
+    `batch_size`, every list column padded to its batch's longest row (padding.pad_batch, what bucket does per
+    batch) in memory; prints the padded GB and the best of `repeats` passes' CPU seconds per GB of padded output
+    (the docs/internals.md figure):
+
+        python scripts/bench.py --call bucket:pad_throughput '{"src": "bench_data/200MB/parquet"}'
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from batchtool.io.padding import pad_batch, row_lengths
+
+    table = pq.read_table(sorted(glob.glob(os.path.join(src, "*.parquet")))[0]).slice(0, limit).combine_chunks()
+    table = table.take(pc.sort_indices(pc.list_value_length(table.column(LENGTH))))
+    rows = table.to_batches()[0]
+    sequences = [f.name for f in table.schema if pa.types.is_list(f.type)]
+    batches = [rows.slice(start, batch_size) for start in range(0, table.num_rows, batch_size)]
+    lengths = [int(row_lengths(b.column(LENGTH)).max(initial=0)) for b in batches]
+    padded = sum(pad_batch(b, sequences, n, {}).nbytes for b, n in zip(batches, lengths))
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.process_time()
+        for batch, n in zip(batches, lengths):
+            pad_batch(batch, sequences, n, {})
+        best = min(best, time.process_time() - start)
+    print(f"batches {len(batches)} padded_gb {padded / 1e9:.3f} cpu_s_per_gb {best / (padded / 1e9):.3f}")

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from batchtool.core.errors import SchemaError, UsageError
-from batchtool.io.padding import (ROW_COPY_ELEMENTS, mask_column, pad_batch, pad_list_column, padded_list, parse_pad_values,
+from batchtool.io import padding
+from batchtool.io.padding import (mask_column, pad_batch, pad_list_column, padded_list, parse_pad_values,
                                sequence_lengths)
 
 
@@ -95,14 +96,15 @@ def ragged_sources(draw):
     return sources, rows, length, pad
 
 
-@given(ragged_sources(), st.sampled_from([0, ROW_COPY_ELEMENTS]))
+@given(ragged_sources())
 @settings(max_examples=150, deadline=None)
-def test_padded_list_matches_a_per_row_reference(case, row_copy_elements):
-    """Both ways of writing numbers (a slice a row for long rows, one gather for short ones) and Arrow's take."""
+def test_padded_list_matches_a_per_row_reference(case):
+    """Numbers written through the mask of real steps (rows one after another in one source, or gathered) and
+    Arrow's take (nulls, strings)."""
     sources, rows, length, pad = case
     got = padded_list(sources, np.array([r[0] for r in rows], dtype=np.int64),
                       np.array([r[1] for r in rows], dtype=np.int64), np.array([r[2] for r in rows], dtype=np.int64),
-                      length, pad, pa.field("item", sources[0].type), row_copy_elements)
+                      length, pad, pa.field("item", sources[0].type))
     width = sources[0].type.list_size if pa.types.is_fixed_size_list(sources[0].type) else None
     pad_step = pad if width is None else [pad] * width
     want = [sources[s].to_pylist()[start:start + n] + [pad_step] * (length - n) for s, start, n in rows]
@@ -132,3 +134,59 @@ def test_a_step_that_is_a_variable_length_list_pads_with_an_empty_list():
     arr = pa.array([[[1, 2], None, [3]], [[4]], None], type=pa.list_(pa.list_(pa.int64())))
     padded = pad_list_column(arr, 3, 0)
     assert padded.to_pylist() == [[[1, 2], None, [3]], [[4], [], []], [[], [], []]]
+
+
+@st.composite
+def numeric_batches(draw, sign):
+    """padded_list's arguments for numbers without nulls (the path that uses working arrays): values of `sign`
+    and a pad value of its own, so two batches of opposite signs differ at every step."""
+    width = draw(st.sampled_from([None, 3]))
+    scalar = st.integers(1, 9).map(lambda v: sign * v)
+    step = scalar if width is None else st.lists(scalar, min_size=width, max_size=width)
+    step_type = pa.int32() if width is None else pa.list_(pa.int32(), width)
+    sources = [pa.array(draw(st.lists(step, min_size=1, max_size=8)), step_type) for _ in range(draw(st.integers(1, 3)))]
+    length = draw(st.integers(1, 4))
+    rows = []
+    for _ in range(draw(st.integers(1, 6))):
+        s = draw(st.integers(0, len(sources) - 1))
+        start = draw(st.integers(0, len(sources[s]) - 1))
+        rows.append((s, start, draw(st.integers(0, min(length, len(sources[s]) - start)))))
+    columns = [np.array([r[i] for r in rows], dtype=np.int64) for i in range(3)]
+    return sources, columns, length, sign * 100
+
+
+@given(numeric_batches(1), numeric_batches(-1))
+@settings(max_examples=60, deadline=None)
+def test_a_batch_padded_earlier_is_not_changed_by_a_later_one(first, later):
+    """Padding's working arrays are reused from batch to batch on a thread; what it hands out never is: the
+    arrays (and NumPy views of them) of an earlier batch keep their values after a later batch is padded."""
+    def pad(case):
+        sources, columns, length, value = case
+        return padded_list(sources, *columns, length, value, pa.field("item", sources[0].type))
+
+    kept = pad(first)
+    want = kept.to_pylist()
+    leaves = kept.flatten()
+    while pa.types.is_fixed_size_list(leaves.type):
+        leaves = leaves.flatten()
+    view = leaves.to_numpy()
+    seen = view.copy()
+    lengths = first[1][2]
+    mask = mask_column(lengths, first[2])
+    pad(later)
+    mask_column(np.full(len(lengths), later[2]), later[2])
+    assert kept.to_pylist() == want
+    assert (view == seen).all()
+    assert mask.to_pylist() == [[i < n for i in range(first[2])] for n in lengths]
+
+
+def test_working_arrays_are_kept_up_to_their_bound(monkeypatch):
+    """A thread keeps its working arrays between batches only up to PAD_SCRATCH_BYTES: a batch needing more gets
+    arrays of its own, and the kept one stays the size it was."""
+    monkeypatch.setattr(padding, "PAD_SCRATCH_BYTES", 1 << 16)
+    small = padding.scratch("test", 1000, np.int64)
+    again = padding.scratch("test", 500, np.int64)
+    assert np.shares_memory(small, again)
+    big = padding.scratch("test", 1 << 14, np.int64)
+    assert big.nbytes == 1 << 17 and not np.shares_memory(big, padding.scratch("test", 1000, np.int64))
+    assert np.shares_memory(small, padding.scratch("test", 1000, np.int64))
