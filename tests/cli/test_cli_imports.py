@@ -12,7 +12,7 @@ import sys
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from cli_help import batchtool_env
+from cli_help import COMMANDS, batchtool_env, help_text, recorded_help
 from conftest import read_dir
 from memlimit import HANG_GUARD
 
@@ -92,3 +92,11 @@ def test_every_listed_command_is_found_by_its_name():
     assert {"check", "convert", "docs", "inspect", "run", "step", "where", *OPERATIONS} == set(cli.commands)
     assert [name for name, command in cli.commands.items() if command.name != name] == []
     assert [name for name, op in OPERATIONS.items() if op.name != name] == []
+
+
+def test_every_help_is_the_one_recorded():
+    """Every command's --help and the group's, byte for byte as recorded (tests/data/help_texts.json): how the
+    commands are made (which modules their options are declared in, what they import) changes no text."""
+    recorded = recorded_help()
+    assert sorted(recorded) == ["", *COMMANDS]
+    assert [c for c in recorded if help_text(c or None) != recorded[c]] == []
