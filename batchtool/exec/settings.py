@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from batchtool.io.formats import registry
-from batchtool.io.formats.declared import CASTS, DECLARED, DEFAULT_SHARD_BYTES
+from batchtool.io.formats.declared import CASTS, DEFAULT_SHARD_BYTES
 from batchtool.core.errors import OptionError
 from batchtool.core.options import Choice, Flag, Integer, Value, option, shown
 from batchtool.core.progress import LINE_SECONDS, MODES
@@ -118,19 +118,19 @@ class InputSettings:
 
 def _codecs() -> str:
     """--compression's help: each written format's codecs, its default first."""
-    specs = [DECLARED[name] for name in registry.written()]
+    specs = [registry.declared(name) for name in registry.written()]
     return "; ".join(f"{s.label}: {', '.join(dict.fromkeys((s.default_codec, *s.codecs)))}" for s in specs)
 
 
 def _narrowed() -> str:
     """Why --cast's formats hold floats as float32 only (Writer.float32_only)."""
-    return "; ".join(r for name in registry.written() if (r := DECLARED[name].float32_only))
+    return "; ".join(r for name in registry.written() if (r := registry.declared(name).float32_only))
 
 
 def _format_fields() -> list[tuple[str, Any, dataclasses.Field]]:
     """Every written format's own write options (Writer.write_options), as fields of OutputSettings: declared once,
     in the format's module."""
-    specs = [DECLARED[name] for name in registry.written()]
+    specs = [registry.declared(name) for name in registry.written()]
     return [(f.name, f.type, dataclasses.field(default=f.default, metadata=f.metadata))
             for s in specs if s.write_options is not None for f in dataclasses.fields(s.write_options)]
 

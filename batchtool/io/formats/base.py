@@ -235,6 +235,8 @@ class Reader(ABC):
     """What an error calls one example of a file of this format ('row' or 'record')."""
     record_checksums: ClassVar[bool] = False
     """Each record carries its own checksum, which the `crc` rule of `check` verifies."""
+    writes: ClassVar[bool] = False
+    """A Format (--to may name it), not a Reader alone (io/formats/declared.py's Declared.writes)."""
     self_indexing: ClassVar[bool] = True
     """A file's batches can be found from the file alone (row groups, record batches); False: only from the
     batch index in the manifest batchtool writes beside the files."""
@@ -383,3 +385,5 @@ class BatchIndex(ABC):
 
 class Format(Reader, Writer, BatchIndex):
     """A format batchtool reads, writes (--to) and reads back batch by batch: the three parts in one class."""
+
+    writes = True

@@ -45,7 +45,8 @@ DECLARED = {d.name: d for d in (
              float32_only="tf.train.FloatList holds float32", write_options=TFRecordWriting),
     Declared("arrow", "Arrow IPC", (".arrow", ".ipc", ".arrows"), codecs=("none", "lz4", "zstd"), default_codec="none"),
 )}
-"""Every format of io.formats.registry.FORMATS, in its order, by name."""
+"""The built-in formats' declarations, by name (a format registered in io.formats.registry.FORMATS with none is
+imported when --help or a message asks what it is)."""
 
 RECORDED_OPTIONS = ("tfrecord_kind",)
 """The reading options a manifest records of every input and output, each None where the format has no such option,
