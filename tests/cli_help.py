@@ -22,9 +22,16 @@ COMMANDS = sorted(cli.commands)
 EXAMPLE = re.compile(r"^\s*Example:\n\s+(batchtool .+)$", re.MULTILINE)
 
 
+RECORDED = os.path.join(REPO, "tests", "data", "help_texts.json")
+"""Every command's --help as it was recorded (`python tests/cli_help.py` records it again, after a deliberate change
+to help text): tests/cli/test_cli_imports.py checks that making commands from light declarations changed no byte."""
+
+
 def batchtool_env() -> dict[str, str]:
-    """The caller's environment with this checkout first on the path, so a child runs the code under test."""
+    """The caller's environment with this checkout first on the path, so a child runs the code under test (help at
+    click's default width: COLUMNS unset)."""
     env = dict(os.environ)
+    env.pop("COLUMNS", None)
     env["PYTHONPATH"] = os.pathsep.join([REPO, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
 
@@ -62,3 +69,15 @@ def example(command: str) -> str:
     found = EXAMPLE.findall(help_text(command))
     assert len(found) == 1, (command, help_text(command))
     return found[0]
+
+
+def recorded_help() -> dict[str, str]:
+    """RECORDED: `batchtool [COMMAND] --help` by command ('' for the group's own)."""
+    with open(RECORDED, encoding="utf-8") as file:
+        return json.load(file)
+
+
+if __name__ == "__main__":
+    with open(RECORDED, "w", encoding="utf-8") as out:
+        json.dump({command: help_text(command or None) for command in ["", *COMMANDS]}, out, indent=1, sort_keys=True)
+        out.write("\n")

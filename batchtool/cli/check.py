@@ -10,9 +10,7 @@ import click
 
 from batchtool.cli.common import (SIZE, column_list, columns_option, command, input_options, make_run,
                                   run_options)
-from batchtool.core import fs
 from batchtool.core.errors import UsageError
-from batchtool.io.output import refuse_overlap
 
 
 def _keys(ctx: click.Context, param: click.Parameter, texts: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
@@ -46,6 +44,9 @@ def _refuse_writing_inputs(src: str, others: list[str | None], targets: dict[str
     """The reports and the spill directory are written: none may be, hold or lie in SRC (each file a glob
     matches, and its root when it reaches into subdirectories), the rules file or the baseline; and the
     two reports may not be one file."""
+    from batchtool.core import fs  # (pyarrow's file systems: only once check runs, not for its --help)
+    from batchtool.io.output import refuse_overlap
+
     sources = ([r for r in [fs.glob_root(src)] if r is not None] + fs.glob_files(src)) if fs.is_glob(src) else [src]
     refuse_overlap(sources + [p for p in others if p is not None], targets)
     json_file, junit_file = targets["--json"], targets["--junit"]

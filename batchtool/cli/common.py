@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from importlib import resources
 from importlib.resources.abc import Traversable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -22,11 +22,13 @@ from batchtool.ops import OPERATIONS
 from batchtool.core.errors import flag
 from batchtool.io.formats.registry import FORMATS
 from batchtool.core.options import Choice, Integer, Value, fields
-from batchtool.io.output import OutputOptions
 from batchtool.core.progress import LINE_SECONDS
 from batchtool.core.runner import default_threads
 from batchtool.exec.settings import (BATCH_FORMAT, RECORD_LIMIT, ROW_FORMAT, CommonSettings, Directory, InputSettings,
                                 OutputSettings, Positive, Size, Text, size_text)
+
+if TYPE_CHECKING:
+    from batchtool.io.output import OutputOptions
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 

@@ -12,12 +12,13 @@ the row) instead of a MemoryError, or the machine swapping. Output that is legit
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
+from typing import TYPE_CHECKING
 
 from batchtool.core.errors import NamesOptions, OptionError, UsageError
+
+if TYPE_CHECKING:  # (the measuring functions import them: --help reads the defaults above alone)
+    import numpy as np
+    import pyarrow as pa
 
 DEFAULT_MEMORY = 1 << 30
 """--memory's default: the budget of a run (spills, batches, what its input decompresses to)."""
@@ -79,6 +80,8 @@ def check_rows(field: str, value: int, rows: int | None, bytes_per_row: float, m
 def row_bytes(sample: pa.RecordBatch | None, sequences: tuple[str, ...] | list[str]) -> tuple[float, float]:
     """(bytes per row outside the sequence columns, bytes per step of the sequence columns together),
     measured on a sample chunk; steps are counted in the first sequence column."""
+    import pyarrow.compute as pc
+
     if sample is None or sample.num_rows == 0:
         return 0.0, 0.0
     steps = int(pc.sum(pc.list_value_length(sample.column(sequences[0]))).as_py() or 0) if sequences else 0
@@ -90,6 +93,8 @@ def row_nbytes(batch: pa.RecordBatch) -> np.ndarray:
     """Each row's own Arrow bytes (values, offsets and validity, through nested lists): what one more
     copy of it costs. Exact for numbers, strings, binaries and lists of them; other types count
     their average row."""
+    import numpy as np
+
     total = np.zeros(batch.num_rows)
     for column in batch.columns:
         total += _array_row_nbytes(column)
@@ -97,6 +102,10 @@ def row_nbytes(batch: pa.RecordBatch) -> np.ndarray:
 
 
 def _array_row_nbytes(arr: pa.Array) -> np.ndarray:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     t, n = arr.type, len(arr)
     validity = 0.125 if arr.buffers()[0] is not None else 0.0
     if pa.types.is_list(t) or pa.types.is_large_list(t):
@@ -119,4 +128,6 @@ def _array_row_nbytes(arr: pa.Array) -> np.ndarray:
 
 
 def _offset_width(t: pa.DataType) -> int:
+    import pyarrow as pa
+
     return 8 if pa.types.is_large_list(t) or pa.types.is_large_string(t) or pa.types.is_large_binary(t) else 4

@@ -17,7 +17,7 @@ from batchtool.ops.mix import source_table
 from batchtool.ops.base import OutputRows
 from batchtool.ops.written import written_by, written_names
 from batchtool.io.formats import column_types
-from batchtool.io.formats.base import RECORDED_OPTIONS
+from batchtool.io.formats.declared import RECORDED_OPTIONS
 from batchtool.core.budget import human_bytes
 from batchtool.io.inputs import open_dataset
 from batchtool.core.run_settings import RunSettings

@@ -8,14 +8,17 @@ from __future__ import annotations
 from collections.abc import Callable
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from batchtool.io.formats import registry
+from batchtool.io.formats.declared import CASTS, DEFAULT_SHARD_BYTES
 from batchtool.core.errors import OptionError
-from batchtool.ops.base import Kind, Operation
 from batchtool.core.options import Choice, Flag, Integer, Value, option, shown
 from batchtool.core.progress import LINE_SECONDS, MODES
-from batchtool.io.output import CASTS, DEFAULT_SHARD_BYTES, OutputOptions
+
+if TYPE_CHECKING:
+    from batchtool.io.output import OutputOptions
+    from batchtool.ops.base import Operation
 
 BATCH_FORMAT = "arrow"
 """What a command whose output is batches writes without --to: an uncompressed Arrow IPC file, which
@@ -115,19 +118,19 @@ class InputSettings:
 
 def _codecs() -> str:
     """--compression's help: each written format's codecs, its default first."""
-    specs = [registry.get(name) for name in registry.written()]
+    specs = [registry.declared(name) for name in registry.written()]
     return "; ".join(f"{s.label}: {', '.join(dict.fromkeys((s.default_codec, *s.codecs)))}" for s in specs)
 
 
 def _narrowed() -> str:
     """Why --cast's formats hold floats as float32 only (Writer.float32_only)."""
-    return "; ".join(r for name in registry.written() if (r := registry.get(name).float32_only))
+    return "; ".join(r for name in registry.written() if (r := registry.declared(name).float32_only))
 
 
 def _format_fields() -> list[tuple[str, Any, dataclasses.Field]]:
     """Every written format's own write options (Writer.write_options), as fields of OutputSettings: declared once,
     in the format's module."""
-    specs = [registry.get(name) for name in registry.written()]
+    specs = [registry.declared(name) for name in registry.written()]
     return [(f.name, f.type, dataclasses.field(default=f.default, metadata=f.metadata))
             for s in specs if s.write_options is not None for f in dataclasses.fields(s.write_options)]
 
@@ -154,6 +157,8 @@ class _OutputSettings:
 
     def options(self, default_format: str) -> OutputOptions:
         """The writer's options, with `default_format` where no format is set."""
+        from batchtool.io.output import OutputOptions  # (the writer's module: only once a command runs)
+
         fmt = self.format or default_format
         spec = registry.get(fmt)
         own = [] if spec.write_options is None else [f.name for f in dataclasses.fields(spec.write_options)]
@@ -206,6 +211,8 @@ def default_format(batches: bool | str, given: Callable[[str], Any]) -> str:
 def batches_of(op: Operation) -> bool | str:
     """When an op's output is batches: always (an op that makes batches whatever its options), with the flag it
     declares (`batches_flag`), or never."""
+    from batchtool.ops.base import Kind  # (the op's module has imported it already)
+
     return op.batches_flag or op.kind is Kind.BATCHES
 
 

@@ -26,10 +26,8 @@ from batchtool.io.formats import column_meta, column_types
 from batchtool.io.formats.base import EncodedBatch, Format, ShardSink
 from batchtool.io.formats import registry
 from batchtool.io.formats.registry import DEFAULT
+from batchtool.io.formats.declared import CASTS, DEFAULT_SHARD_BYTES
 
-CASTS = {"float64=float32": (pa.float64(), pa.float32())}
-"""Lossy conversions the output of a format holding floats as float32 only makes only when asked (--cast)."""
-DEFAULT_SHARD_BYTES = 256 * 1024 * 1024
 WRITE_BUFFER_BYTES = 1 << 20
 """What a shard's native write buffer gathers before one Python-level write (see BatchShardWriter._open)."""
 OVERLAP_BUFFERS = 4
@@ -87,8 +85,8 @@ class OutputOptions:
             return schema
         fields = []
         for field in schema:
-            stored = _narrowed(field.type, [CASTS[c] for c in self.cast])
-            if _narrowed(stored, [CASTS["float64=float32"]]) != stored:
+            stored = _narrowed(field.type, [_cast(c) for c in self.cast])
+            if _narrowed(stored, [_cast("float64=float32")]) != stored:
                 raise OptionSchemaError("cast", f"{field.type} cannot be written to {self.spec.label} exactly "
                                         f"({self.spec.float32_only}); pass {{cast}} float64=float32 to round it, "
                                         "or write Parquet", where=f"{where(column=field.name)}: ")
@@ -123,6 +121,12 @@ class OutputOptions:
     @property
     def suffix(self) -> str:
         return self.spec.suffix(self.codec)
+
+
+def _cast(name: str) -> tuple[pa.DataType, pa.DataType]:
+    """A cast of CASTS as the Arrow types it converts from and to."""
+    source, target = CASTS[name]
+    return pa.type_for_alias(source), pa.type_for_alias(target)
 
 
 def _narrowed(t: pa.DataType, casts: list[tuple[pa.DataType, pa.DataType]]) -> pa.DataType:

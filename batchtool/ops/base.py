@@ -18,17 +18,16 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
-import numpy as np
-import pyarrow as pa
-
 from batchtool.core.budget import DEFAULT_MEMORY
-from batchtool.io.dataset import Chunk
 from batchtool.core.errors import OptionError, SchemaError
-from batchtool.ops.regroup import Exchange, Input, Probe, Stream
-from batchtool.core.tally import Tally
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # (the interface alone imports no kernel: an op's --help is made from its definition)
+    import pyarrow as pa
+
+    from batchtool.core.tally import Tally
+    from batchtool.io.dataset import Chunk
     from batchtool.io.output import OutputOptions
+    from batchtool.ops.regroup import Exchange, Input, Probe, Stream
 
 O = TypeVar("O")
 """An op's options (its frozen dataclass)."""
@@ -36,7 +35,7 @@ P = TypeVar("P")
 """An op's plan (its options when it has no first pass)."""
 Columns = list[str] | None
 """Column names, or None for all of them."""
-Scan = Callable[[list[str], Callable[[Chunk], Any]], Iterator[Any]]
+Scan = Callable[[list[str], Callable[["Chunk"], Any]], Iterator[Any]]
 """A pass over some columns of the input: fn(chunk) per chunk, in input order (see Context.scan)."""
 
 
@@ -250,6 +249,8 @@ class Operation(Generic[O, P]):
     # -- what it says
     def report(self, plan: P, stats: Tally) -> dict[str, Any]:
         """The manifest's statistics from the kernels' merged ones."""
+        import numpy as np
+
         return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in stats.counts.items()}
 
     def expected(self, plan: P, rows_in: int | None, scan: Scan) -> tuple[int | None, dict[str, Any]]:
@@ -277,6 +278,8 @@ def who(stats: Mapping[str, Any], name: str) -> str:
 
 def row_stats(rows_in: int, rows_out: int) -> Tally:
     """What every row op reports per chunk."""
+    from batchtool.core.tally import Tally
+
     return Tally.of(rows_in=rows_in, rows_out=rows_out)
 
 

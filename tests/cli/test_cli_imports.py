@@ -12,7 +12,7 @@ import sys
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from cli_help import batchtool_env
+from cli_help import COMMANDS, batchtool_env, help_text, recorded_help
 from conftest import read_dir
 from memlimit import HANG_GUARD
 
@@ -86,9 +86,33 @@ def test_commands_import_what_runs_them_only_to_run():
     assert _among(imported, unneeded) == []
 
 
+ARRAYS = ("numpy", "pyarrow")
+"""What the kernels import, never a --help made from declarations alone."""
+
+
+def test_the_shared_option_sets_and_the_commands_of_no_op_import_no_arrays():
+    """The options every command shares (input, output with each format's own, run) come from declarations
+    (exec/settings.py, io/formats/declared.py): the --help of every command that runs no op imports neither NumPy
+    nor pyarrow, nor any format's module, and is the text recorded."""
+    recorded = recorded_help()
+    for name in ("check", "convert", "docs", "inspect", "run", "step", "where"):
+        out, imported = _imported(name, "--help")
+        assert out == recorded[name]
+        assert _among(imported, (*ARRAYS, "batchtool.io.formats.parquet", "batchtool.io.formats.arrow",
+                                 "batchtool.io.formats.tfrecord", "batchtool.io.output")) == [], name
+
+
 def test_every_listed_command_is_found_by_its_name():
     """Every command the group lists, made when asked for, is the command of that name (an op's registry entry
     names the module whose OP is that op)."""
     assert {"check", "convert", "docs", "inspect", "run", "step", "where", *OPERATIONS} == set(cli.commands)
     assert [name for name, command in cli.commands.items() if command.name != name] == []
     assert [name for name, op in OPERATIONS.items() if op.name != name] == []
+
+
+def test_every_help_is_the_one_recorded():
+    """Every command's --help and the group's, byte for byte as recorded (tests/data/help_texts.json): how the
+    commands are made (which modules their options are declared in, what they import) changes no text."""
+    recorded = recorded_help()
+    assert sorted(recorded) == ["", *COMMANDS]
+    assert [c for c in recorded if help_text(c or None) != recorded[c]] == []

@@ -118,6 +118,9 @@ def test_a_new_input_format_is_one_module_and_one_registry_line(tmp_path, monkey
     from jsonl_format import JsonLinesReader
 
     monkeypatch.setitem(registry.FORMATS, JsonLinesReader.name, JsonLinesReader())  # the one registry line
+    # undeclared (io/formats/declared.py): listed by asking the format itself; a Reader alone, which --to refuses
+    assert registry.format_labels() == "Parquet, TFRecord, Arrow IPC or JSON Lines"
+    assert registry.suffixes().endswith("or .jsonl") and "jsonl" not in registry.written()
     src = tmp_path / "src"
     src.mkdir()
     (src / "a.jsonl").write_text('{"id": 1, "name": "x"}\n{"id": 2, "name": "y"}\n')

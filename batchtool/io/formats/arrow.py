@@ -20,6 +20,7 @@ from batchtool.io import batch_check
 from batchtool.io.dataset import Reading, shard_chunk
 from batchtool.core.errors import InputError, first_line, where
 from batchtool.io.formats import column_types, hf, ipc_meta
+from batchtool.io.formats.declared import DECLARED
 from batchtool.io.formats.base import (DAMAGED, EncodedBatch, Format, ReadTask, StoredBatches, WriteOptions,
                                        check_batch_memory, open_self_describing, rows_only, schema_problem,
                                        size_problem)
@@ -440,17 +441,12 @@ def _has_bitmap(array: pa.Array) -> bool:
     return False
 
 
-class ArrowFormat(Format):
+class ArrowFormat(Format, declared=DECLARED["arrow"]):
     """Arrow IPC (`.arrow`): the file format written, which pyarrow, polars, DuckDB and Hugging Face datasets map
     directly; the file and the stream format read."""
 
-    name = "arrow"
-    label = "Arrow IPC"
-    suffixes = (".arrow", ".ipc", ".arrows")
     min_batch_bytes = 24
     """The footer's entry of one record batch (offset, metadata and body lengths): bounds a manifest's count."""
-    codecs = ("none", "lz4", "zstd")
-    default_codec = "none"
     magic = MAGIC
     group = "record batch"
 

@@ -15,8 +15,10 @@ from batchtool.core.options import build, fields
 from batchtool.io.dataset import Dataset, OneChunk, Reading
 from batchtool.core.errors import InputError, OptionError, OptionInputError, SchemaError
 from batchtool.io.manifest import MANIFEST_NAME
+from batchtool.io.formats.declared import RECORDED_OPTIONS
 
 if TYPE_CHECKING:
+    from batchtool.io.formats.declared import Declared
     from batchtool.io.dataset import Chunk, ReadReport, Shard
 
 
@@ -217,12 +219,6 @@ def declared_options(options: type | None, given: Mapping[str, Any]) -> Any:
     return build(options, {k: v for k, v in given.items() if k in names and v is not None})
 
 
-RECORDED_OPTIONS = ("tfrecord_kind",)
-"""The reading options a manifest records of every input and output, each None where the format has no such option,
-so that every manifest has one shape whatever its formats (a format's option is named here only if readers of
-its manifests need it)."""
-
-
 class Reader(ABC):
     """What reads a format's files as a Dataset: how they are recognised, opened and cut into read tasks. A format
     only read (an input) is a Reader alone, listed in batchtool.io.formats.registry."""
@@ -239,9 +235,20 @@ class Reader(ABC):
     """What an error calls one example of a file of this format ('row' or 'record')."""
     record_checksums: ClassVar[bool] = False
     """Each record carries its own checksum, which the `crc` rule of `check` verifies."""
+    writes: ClassVar[bool] = False
+    """A Format (--to may name it), not a Reader alone (io/formats/declared.py's Declared.writes)."""
     self_indexing: ClassVar[bool] = True
     """A file's batches can be found from the file alone (row groups, record batches); False: only from the
     batch index in the manifest batchtool writes beside the files."""
+
+    def __init_subclass__(cls, declared: Declared | None = None, **kwargs: Any) -> None:
+        """`class ParquetFormat(Format, declared=DECLARED["parquet"])`: its name, label, codecs, ... from its
+        declaration (io/formats/declared.py), which --help reads without importing this module."""
+        super().__init_subclass__(**kwargs)
+        if declared is not None:
+            for name in ("name", "label", "suffixes", "codecs", "default_codec", "record_checksums", "float32_only",
+                         "write_options"):
+                setattr(cls, name, getattr(declared, name))
 
     def detect(self, path: str, head: bytes | None = None) -> bool:
         """By the file name, or (given the file's first bytes) by its magic number."""
@@ -378,3 +385,5 @@ class BatchIndex(ABC):
 
 class Format(Reader, Writer, BatchIndex):
     """A format batchtool reads, writes (--to) and reads back batch by batch: the three parts in one class."""
+
+    writes = True

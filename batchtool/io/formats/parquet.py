@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 from batchtool.core import fs
 from batchtool.io.dataset import Reading, shard_chunk
 from batchtool.core.errors import InputError, first_line, where
+from batchtool.io.formats.declared import DECLARED
 from batchtool.io.formats.base import (DAMAGED, EncodedBatch, Format, ReadTask, StoredBatches, WriteOptions, cut,
                                        open_self_describing, schema_problem)
 from batchtool.io.manifest import MANIFEST_NAME
@@ -222,14 +223,9 @@ class _Read(ReadTask):
         return cut(_one_batch(table), [self.metadata.row_group(rg).num_rows for rg in self.row_groups])
 
 
-class ParquetFormat(Format):
+class ParquetFormat(Format, declared=DECLARED["parquet"]):
     """Parquet batch shards: one row group per batch, zstd by default."""
 
-    name = "parquet"
-    label = "Parquet"
-    suffixes = (".parquet", ".pq")
-    codecs = ("zstd", "snappy", "gzip", "lz4", "brotli", "none")
-    default_codec = "zstd"
     max_shard_batches = MAX_SHARD_BATCHES
     magic = b"PAR1"
     group = "row group"

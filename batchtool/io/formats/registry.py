@@ -4,11 +4,16 @@ it is. A new format is one module and one entry of FORMATS (docs/internals.md)."
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from batchtool.core.errors import UsageError
 from batchtool.core.options import Choice, fields
 from batchtool.core.registry import Registry
-from batchtool.io.formats.base import RECORDED_OPTIONS, Format, Reader
+from batchtool.io.formats.declared import DECLARED, RECORDED_OPTIONS
+
+if TYPE_CHECKING:
+    from batchtool.io.formats.base import Format, Reader
+    from batchtool.io.formats.declared import Declared
 
 FORMATS: Registry[Reader] = Registry({
     "parquet": "batchtool.io.formats.parquet",
@@ -17,40 +22,46 @@ FORMATS: Registry[Reader] = Registry({
 }, "FORMAT")
 """Every format batchtool reads, by the name --format and the manifest use (each module defines its FORMAT, imported
 when that format is first asked for: naming the formats imports none); those it also writes (a Format: reader, writer
-and batch index) by the name --to uses."""
+and batch index) by the name --to uses. What the functions below list comes from each format's declaration
+(`declared`), so --help and the option schemas import no format's module that io/formats/declared.py declares."""
 NAMES = tuple(FORMATS)
 DEFAULT = "parquet"
 """The format written when none is asked for."""
 
 
+def declared(name: str) -> Declared | Reader:
+    """What format `name` says of itself: its declaration (io/formats/declared.py, importing no codec), else the
+    format itself (one registered with no declaration: its module imported to ask it)."""
+    return DECLARED.get(name) or FORMATS[name]
+
+
 def written() -> tuple[str, ...]:
     """The names of the formats batchtool writes (--to)."""
-    return tuple(n for n, f in FORMATS.items() if isinstance(f, Format))
+    return tuple(n for n in FORMATS if declared(n).writes)
 
 
 def get(name: str) -> Format:
     """The written format called `name`; UsageError listing them otherwise."""
-    found = FORMATS.get(name)
-    if not isinstance(found, Format):
+    if name not in written():
         raise UsageError(f"--to {name!r}: expected {', '.join(written())}")
-    return found
+    return FORMATS[name]
 
 
 def recorded_choices() -> dict[str, tuple[str, ...]]:
     """The write options a manifest records (RECORDED_OPTIONS) that are one of a few words, with those words: what a
     manifest read back may say of them."""
-    return {f.name: decl.value.choices for name in written() if (options := get(name).write_options) is not None
+    return {f.name: decl.value.choices for name in written() if (options := declared(name).write_options) is not None
             for f, decl in fields(options) if f.name in RECORDED_OPTIONS and isinstance(decl.value, Choice)}
 
 
 def checksummed() -> str:
     """The formats whose records carry checksums (the ones --skip-corrupt skips), as a message lists them."""
-    return " or ".join(f.label for f in FORMATS.values() if f.record_checksums)
+    return " or ".join(d.label for d in map(declared, FORMATS) if d.record_checksums)
 
 
 def narrowing() -> str:
     """The formats whose output holds floats as float32 only, as a message lists them: 'TFRecord'."""
-    return " or ".join(f.label for f in FORMATS.values() if isinstance(f, Format) and f.float32_only)
+    return " or ".join(d.label for d in map(declared, FORMATS) if d.writes and d.float32_only)
 
 
 def listed(words: Sequence[str]) -> str:
@@ -60,12 +71,12 @@ def listed(words: Sequence[str]) -> str:
 
 def format_labels() -> str:
     """The formats as a message lists them: 'Parquet, TFRecord or Arrow IPC'."""
-    return listed([f.label for f in FORMATS.values()])
+    return listed([d.label for d in map(declared, FORMATS)])
 
 
 def suffixes() -> str:
     """Each format's first file name ending, as a message lists them."""
-    return listed([f.suffixes[0] for f in FORMATS.values()])
+    return listed([d.suffixes[0] for d in map(declared, FORMATS)])
 
 
 def detect(path: str, head: bytes | None = None) -> str | None:

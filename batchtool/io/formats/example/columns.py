@@ -8,10 +8,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from batchtool.core.errors import SchemaError, UsageError, where
-
-KINDS = ("sequence_example", "example")
-"""What a TFRecord file's records hold: tf.train.SequenceExample (what batchtool writes unless asked) or
-tf.train.Example."""
+from batchtool.io.formats.declared import TFRECORD_KINDS as KINDS
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 

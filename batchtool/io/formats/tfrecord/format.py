@@ -16,7 +16,7 @@ from batchtool.core.budget import DEFAULT_MAX_RECORD_BYTES, check_record_limit
 from batchtool.io.dataset import Dataset, OneChunk, Reading, shard_chunk
 from batchtool.core.errors import CorruptRecordError, InputError, OptionError, where
 from batchtool.io.formats import example as example_codec
-from batchtool.io.formats.example import KINDS as TFRECORD_KINDS
+from batchtool.io.formats.declared import DECLARED, TFRECORD_KINDS
 from batchtool.io.formats.base import (BATCH_COLUMN, EncodedBatch, Format, ReadTask, StoredBatches, WriteOptions,
                                        cut)
 from batchtool.io.formats.tfrecord.framing import FRAMING, frame_record
@@ -274,13 +274,6 @@ def _lists(options: WriteOptions) -> tuple[str, ...] | None:
 
 
 @dataclass(frozen=True)
-class TFRecordWriting:
-    """How TFRecord shards are written (TFRecordFormat.write_options)."""
-
-    tfrecord_kind: str = option("Payload of TFRecord output.", Choice(TFRECORD_KINDS), TFRECORD_KINDS[0])
-
-
-@dataclass(frozen=True)
 class TFRecordReading:
     """How TFRecord files are read (TFRecordFormat.read_options)."""
 
@@ -293,20 +286,12 @@ def _kind(dataset: Dataset) -> str:
     return dataset.options.tfrecord_kind if dataset.options is not None else "sequence_example"
 
 
-class TFRecordFormat(Format):
+class TFRecordFormat(Format, declared=DECLARED["tfrecord"]):
     """TFRecord shards of tf.train.SequenceExample (or Example) records, directly batchable by tf.data."""
 
-    name = "tfrecord"
-    label = "TFRecord"
-    suffixes = (".tfrecord", ".tfrecords", ".tfrec", ".tfrecord.gz", ".tfrecords.gz", ".tfrecord.gzip")
-    codecs = ("gzip", "none")
-    default_codec = "none"
     unit = "record"
-    float32_only = "tf.train.FloatList holds float32"
-    record_checksums = True
     self_indexing = False
     read_options = TFRecordReading
-    write_options = TFRecordWriting
 
     def most_batches(self, size: int, codec: str | None) -> int:
         """A batch is a record at least (a header and a data CRC) in the record stream, which gzip may have made up to
