@@ -50,9 +50,10 @@ def offender_limit(flag: int | None, rules: RuleSet, memory: int) -> int:
     rule may list that many, which must fit --memory's share."""
     limit = next(v for v in (flag, rules.max_offenders, DEFAULT_MAX_OFFENDERS) if v is not None)
     n = len(rules.rules)
-    budget.check("max_offenders", f"listing up to {limit:,} offending rows for each of {n} rule{'s' if n != 1 else ''}",
-                 limit * max(n, 1) * OFFENDER_BYTES, memory, "give a smaller {max_offenders} or a larger {memory}",
-                 value=limit)
+    budget.check_fits("max_offenders",
+                      f"listing up to {limit:,} offending rows for each of {n} rule{'s' if n != 1 else ''}",
+                      limit * max(n, 1) * OFFENDER_BYTES, memory, "give a smaller {max_offenders} or a larger {memory}",
+                      value=limit)
     return limit
 
 

@@ -125,7 +125,7 @@ def click_type(kind: Value) -> click.ParamType:
     return Checked(kind)
 
 
-def declared(schema: type, name: str, **settings: Any) -> Callable:
+def declared_option(schema: type, name: str, **settings: Any) -> Callable:
     """The click option of a settings schema's field: its flag (the schema's FLAGS, else the field's), help, value
     kind and default, shown in --help; `settings` are a command's own (its --to help, its --threads default)."""
     f, decl = next((f, decl) for f, decl in fields(schema) if f.name == name)
@@ -149,19 +149,19 @@ def _apply(fn: Callable, options: list[Callable]) -> Callable:
 
 
 def seed_option(fn: Callable) -> Callable:
-    return declared(CommonSettings, "seed")(fn)
+    return declared_option(CommonSettings, "seed")(fn)
 
 
 def memory_options(fn: Callable) -> Callable:
     """--memory (in bytes) and --tmp-dir, for commands that reorder through spill files (run settings: make_run;
     --memory also bounds what the command's input decompresses to)."""
-    return _apply(fn, [declared(CommonSettings, "memory"), declared(CommonSettings, "tmp_dir")])
+    return _apply(fn, [declared_option(CommonSettings, "memory"), declared_option(CommonSettings, "tmp_dir")])
 
 
 def input_options(fn: Callable) -> Callable:
     """--format, --skip-corrupt and --max-record-bytes (a run setting: make_run), for every command that reads SRC."""
     return _apply(fn, [
-        declared(InputSettings, "format", dest="input_format"), declared(InputSettings, "skip_corrupt"),
+        declared_option(InputSettings, "format", dest="input_format"), declared_option(InputSettings, "skip_corrupt"),
         click.option("--max-record-bytes", default=size_text(DEFAULT_MAX_RECORD_BYTES), metavar="SIZE",
                      show_default=True, help="Largest TFRecord record to read: a record header claiming more is an "
                                              "error, before anything is read. Without --memory, also the most one "
@@ -187,8 +187,8 @@ def run_options(fn: Callable) -> Callable:
         return fn(*args, **kwargs)
 
     return _apply(settled, [
-        declared(CommonSettings, "threads", default=default_threads, show_default="cores"),
-        declared(CommonSettings, "progress"),
+        declared_option(CommonSettings, "threads", default=default_threads, show_default="cores"),
+        declared_option(CommonSettings, "progress"),
         click.option("--quiet", "-q", is_flag=True, help="No summary, and no progress unless --progress is given."),
         click.option("--engine", type=click.Choice(tuple(ENGINES)), default="local", show_default=True,
                      help="Where the work runs: local threads, local processes, or a Ray cluster (needs "
@@ -218,11 +218,11 @@ def output_options(fn: Callable | None = None, *, batches: bool | str = False, k
 
     shown = (BATCH_FORMAT if batches is True else f"{BATCH_FORMAT} with {batches}, else {ROW_FORMAT}" if batches
              else ROW_FORMAT)
-    to = declared(OutputSettings, "format", dest="output_format", cls=_ToOption, batches=batches,
+    to = declared_option(OutputSettings, "format", dest="output_format", cls=_ToOption, batches=batches,
                   help="Output format" + (f"; batchtool.load memory-maps {BATCH_FORMAT} batches" if batches else "")
                   + f".  [default: {shown}]")
-    key = [declared(OutputSettings, "index_key", metavar="COL")] if batches and not keyed else []
-    return _apply(resolved, [to, *(declared(OutputSettings, f.name) for f, _ in fields(OutputSettings)[1:]
+    key = [declared_option(OutputSettings, "index_key", metavar="COL")] if batches and not keyed else []
+    return _apply(resolved, [to, *(declared_option(OutputSettings, f.name) for f, _ in fields(OutputSettings)[1:]
                                    if f.name != "index_key"), *key])
 
 

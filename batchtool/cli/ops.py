@@ -13,7 +13,7 @@ from batchtool.cli.common import (command, input_options, make_output, make_run,
                                   report, run_options, seed_option)
 from batchtool.ops.base import Kind, Operation
 from batchtool.core.errors import flag, key
-from batchtool.core.options import Option, build, fields, from_texts, required
+from batchtool.core.options import Option, build_options, fields, from_texts, required
 
 
 def make_command(op: Operation) -> click.Command:
@@ -57,7 +57,7 @@ def given_options(op: Operation, kwargs: dict[str, Any], **settled: Any) -> Any:
     """Pop the op's options out of a command's kwargs and build them (`settled`: values the command worked out,
     instead of the flags' texts)."""
     given = {f.name: value for f, _ in fields(op.options) if (value := kwargs.pop(f.name)) not in (None, ())}
-    return build(op.options, from_texts(op.options, {**given, **settled}))
+    return build_options(op.options, from_texts(op.options, {**given, **settled}))
 
 
 def _click_settings(f: dataclasses.Field, decl: Option) -> dict[str, Any]:

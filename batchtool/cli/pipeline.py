@@ -7,7 +7,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from batchtool.cli.common import command, declared, make_run, stage_lines, report, run_options
+from batchtool.cli.common import command, declared_option, make_run, stage_lines, report, run_options
 from batchtool.exec.settings import CommonSettings, OutputSettings
 
 
@@ -15,8 +15,9 @@ from batchtool.exec.settings import CommonSettings, OutputSettings
 @click.argument("pipeline", metavar="PIPELINE.toml")
 @click.option("--dry-run", is_flag=True,
               help="Run the first passes only and print what each stage would produce; write nothing.")
-@declared(CommonSettings, "tmp_dir", help="Directory for spill files (instead of the file's tmp-dir or the system's).")
-@declared(OutputSettings, "overwrite", help="Replace the [output] path if it exists (as overwrite = true).")
+@declared_option(CommonSettings, "tmp_dir",
+                 help="Directory for spill files (instead of the file's tmp-dir or the system's).")
+@declared_option(OutputSettings, "overwrite", help="Replace the [output] path if it exists (as overwrite = true).")
 @run_options
 def run_cmd(pipeline: str, dry_run: bool, tmp_dir: str | None, overwrite: bool, **kwargs: Any) -> None:
     """Run the stages of PIPELINE.toml (stratify, resample, shuffle, bucket, pack, segment, filter,

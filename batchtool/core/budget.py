@@ -4,7 +4,7 @@
 Options multiply memory (a batch of --batch-size rows padded to --num-unroll steps, a shuffle buffer,
 one bookkeeping entry per bucket) and so can values (a length that sizes a histogram). Operations
 estimate those bytes from their options, the first-pass statistics and the first input chunk, and
-call `check` before allocating, so an impossible request ends in one error naming the option (or
+call `check_fits` before allocating, so an impossible request ends in one error naming the option (or
 the row) instead of a MemoryError, or the machine swapping. Output that is legitimately large
 (many copies of a row) is streamed in bounded pieces instead: see `row_nbytes`.
 """
@@ -59,7 +59,7 @@ def allowed(memory: int) -> int:
     return max(memory // SHARE, FLOOR)
 
 
-def check(field: str, what: str, need: float, memory: int, fix: str, *, value: object = None,
+def check_fits(field: str, what: str, need: float, memory: int, fix: str, *, value: object = None,
           mentions: Sequence[str] = (), where: str = "", error: type[NamesOptions] = OptionError) -> None:
     """Stop before allocating `need` bytes for `what` (an option's use, or a row) if the budget does not
     allow it; `fix` says what to change. The error names option `field` (given `value`, if any); `{field}`
@@ -73,7 +73,7 @@ def check(field: str, what: str, need: float, memory: int, fix: str, *, value: o
 def check_rows(field: str, value: int, rows: int | None, bytes_per_row: float, memory: int) -> None:
     """One batch of `value` rows (or of all `rows`, when known and fewer) of `bytes_per_row` each."""
     held = value if rows is None else min(value, rows)
-    check(field, f"one batch of {held:,} rows", held * bytes_per_row, memory,
+    check_fits(field, f"one batch of {held:,} rows", held * bytes_per_row, memory,
           f"give a smaller {{{field}}} or a larger {{memory}}", value=value)
 
 

@@ -309,7 +309,7 @@ def from_texts(options: type, given: Mapping[str, Any]) -> dict[str, Any]:
     return {name: kinds[name].from_text(name, list(v) if isinstance(v, tuple) else v) for name, v in given.items()}
 
 
-def build(options: type[O], given: Mapping[str, Any], **settings: Any) -> O:
+def build_options(options: type[O], given: Mapping[str, Any], **settings: Any) -> O:
     """The options from {field: raw value} (absent fields take their defaults): every value parsed by its
     kind, then the dataclass's own checks. Every problem is an OptionError naming the field. `settings` are
     fields that are not options of the op (the pipeline's memory for a spilling op), passed as they are."""
@@ -365,6 +365,6 @@ def read_table(options: type[O], table: Mapping[str, Any], *, name: Callable[[st
             if not isinstance(table[given], bool):
                 raise TableError(given, f"key {given!r}: expected true or false, got {shown(table[given])}")
             values[f.name] = not table[given]
-    return build(options, values, **settings)
+    return build_options(options, values, **settings)
 
 

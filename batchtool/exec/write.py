@@ -108,7 +108,7 @@ def write_manifest(tmp: str, space: Workspace, job: Job, casts: dict[str, str], 
     batchtool.load pads the batches (Cut.padding)."""
     job_stats = stats()
     job_stats.update(report.stats())
-    manifest = manifest_mod.build(
+    manifest = manifest_mod.new_manifest(
         command=job.command, options=job.options, seed=job.seed, dataset=job.source, output=job.output.recorded(),
         schema=stored, files=files, stats={"rows_in": rows_in, "rows_out": rows_out, **job_stats},
         run={"threads": job.run.threads, "engine": job.run.engine, **executed,
@@ -118,8 +118,8 @@ def write_manifest(tmp: str, space: Workspace, job: Job, casts: dict[str, str], 
         manifest["output"]["cast"] = casts
     with fs.write_errors(f"{job.dst}: cannot write the output"):
         if job.batches:
-            manifest["output"]["index"] = example_index.build(tmp, manifest, space, job.run.budget, key, carried)
-        manifest_mod.write(tmp, manifest)
+            manifest["output"]["index"] = example_index.build_index(tmp, manifest, space, job.run.budget, key, carried)
+        manifest_mod.write_file(tmp, manifest)
     return manifest
 
 

@@ -246,8 +246,8 @@ def _spool_keys(spools: list[_Spool], keys: pa.Array) -> None:
     spools[1].append(keys.buffers()[2][offsets[0]:offsets[-1]])
 
 
-def build(directory: str, manifest: dict[str, Any], space: Workspace, memory: int,
-          key: str | None = None, carried: Carried | None = None) -> dict[str, Any]:
+def build_index(directory: str, manifest: dict[str, Any], space: Workspace, memory: int,
+                key: str | None = None, carried: Carried | None = None) -> dict[str, Any]:
     """Write the index of the output in `directory` (its data files written, `manifest` listing them, not yet
     written) as INDEX_NAME there, keyed by key_column(schema, `key`), else by the input rows of the ids its batches
     `carried`; returns the manifest's `output.index` entry (name, key column or what rows key it, examples, size,
@@ -327,7 +327,7 @@ def _spooled(spill: str, dataset: Dataset, column: str | None, carried: Carried 
         sort.add(keys)
 
     if column is None:
-        assert carried is not None, "build refuses an index with neither"
+        assert carried is not None, "build_index refuses an index with neither"
         ids = 0
         for directory in carried.directories:
             for sizes in _file_arrays(os.path.join(directory, COUNTS_FILE), np.int64):
@@ -478,4 +478,4 @@ def open_index(dst: str, manifest: dict[str, Any]) -> ExampleIndex:
 
 
 __all__ = ["INDEX_NAME", "INPUT_ROWS", "STAGE_ROWS", "Carried", "CarriedWriter", "ExampleIndex", "InputRows",
-           "NotFoundError", "build", "key_column", "open_index"]
+           "NotFoundError", "build_index", "key_column", "open_index"]

@@ -110,7 +110,7 @@ def peak_rss_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
-def build(*, command: str, options: dict[str, Any], seed: int | None, dataset: Dataset,
+def new_manifest(*, command: str, options: dict[str, Any], seed: int | None, dataset: Dataset,
           output: dict[str, Any], schema: pa.Schema, files: list[dict], stats: dict[str, Any],
           run: dict[str, Any], padding: dict[str, Any] | None = None) -> dict[str, Any]:
     """The manifest; `output`: how the output is written (output.OutputOptions.recorded); `padding`: how
@@ -135,7 +135,7 @@ def build(*, command: str, options: dict[str, Any], seed: int | None, dataset: D
     return manifest
 
 
-def write(directory: str, manifest: dict[str, Any]) -> None:
+def write_file(directory: str, manifest: dict[str, Any]) -> None:
     with open(os.path.join(directory, MANIFEST_NAME), "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=2, sort_keys=False, default=_json_default)
         f.write("\n")

@@ -115,7 +115,7 @@ class OutputOptions:
         return (self.compression or self.spec.default_codec).lower()
 
     def recorded(self) -> dict[str, Any]:
-        """How the output is written, as the head of a manifest's output section records it (manifest.build)."""
+        """How the output is written, as the head of a manifest's output section records it (manifest.new_manifest)."""
         return {"format": self.format, "compression": self.codec, **self.spec.recorded_output(self)}
 
     @property

@@ -90,8 +90,8 @@ def check_memory(options: ShuffleOptions, memory: int, first: Chunk | Yardstick 
         field, value = ("buffer", options.buffer) if options.buffer is not None else \
             ("min_after_dequeue", options.min_after_dequeue)
         held = options.capacity if rows is None else min(options.capacity, rows)
-        budget.check(field, f"a buffer of {held:,} rows", held * (BUFFER_COPIES * per_row + SLOT_BYTES),
-                     memory, f"give a smaller {{{field}}} or a larger {{memory}}", value=value)
+        budget.check_fits(field, f"a buffer of {held:,} rows", held * (BUFFER_COPIES * per_row + SLOT_BYTES),
+                          memory, f"give a smaller {{{field}}} or a larger {{memory}}", value=value)
 
 
 def layout(input: Input, plan: ShufflePlan, first: Yardstick | None) -> dict[str, Any]:

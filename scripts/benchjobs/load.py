@@ -318,7 +318,7 @@ def index_build(dst: str, examples: int, memory: int = 1 << 30) -> None:
             f.write("5")  # VmHWM from here on
         base = _status_bytes("VmRSS:")
         start = time.perf_counter()
-        entry = example_index.build(dst, manifest, Workspace(space, dst), memory)
+        entry = example_index.build_index(dst, manifest, Workspace(space, dst), memory)
         seconds = time.perf_counter() - start
     assert entry == recorded, "the index is not the bytes recorded"
     print(f"examples {examples} seconds {seconds:.2f} memory {memory} "

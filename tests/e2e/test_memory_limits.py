@@ -268,8 +268,8 @@ def test_budget_errors_name_their_options_in_each_front_ends_words():
         "key 'batch-size' = 64: one batch of 64 rows takes about 64.0 GB at once, more than memory 1.0 GB allows "
         "(128.0 MB); give a smaller batch-size or a larger memory")
     with pytest.raises(InputError) as row:
-        budget.check("memory", "length 9", 1 << 40, 1 << 30, "check the column, or give a larger {memory}",
-                     where="f.parquet, row 3: ", error=OptionInputError)
+        budget.check_fits("memory", "length 9", 1 << 40, 1 << 30, "check the column, or give a larger {memory}",
+                          where="f.parquet, row 3: ", error=OptionInputError)
     assert row.value.rendered("toml") == ("f.parquet, row 3: length 9 takes about 1.0 TB at once, more than memory "
                                           "1.0 GB allows (128.0 MB); check the column, or give a larger memory")
 

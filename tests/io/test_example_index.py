@@ -131,11 +131,11 @@ recorded = manifest["output"].pop("index")
 def rss(field):
     with open("/proc/self/status") as status:
         return int(next(line for line in status if line.startswith(field)).split()[1]) << 10
-example_index.build(dst, manifest, space, memory)  # imports and caches: the build measured starts warm
+example_index.build_index(dst, manifest, space, memory)  # imports and caches: the build measured starts warm
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")
 base = rss("VmRSS:")
-entry = example_index.build(dst, manifest, space, memory)
+entry = example_index.build_index(dst, manifest, space, memory)
 print(json.dumps({"same": entry == recorded, "grew": rss("VmHWM:") - base}))
 """
 _BIG_KEYS = 400

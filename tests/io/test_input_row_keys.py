@@ -251,8 +251,8 @@ counts.tofile(os.path.join(carried, "counts"))
 np.random.default_rng(0).permutation(n).astype(np.uint64).tofile(os.path.join(carried, "ids"))
 del counts
 def build():
-    return example_index.build(dst, manifest, Workspace(scratch, dst), memory, None,
-                               example_index.Carried((carried,), example_index.InputRows(None)))
+    return example_index.build_index(dst, manifest, Workspace(scratch, dst), memory, None,
+                                     example_index.Carried((carried,), example_index.InputRows(None)))
 build()  # imports and caches: the build measured starts warm
 def rss(field):
     with open("/proc/self/status") as status:

@@ -19,7 +19,7 @@ from batchtool.io.dataset import Chunk
 from batchtool.io.manifest import MANIFEST_NAME
 from batchtool.ops import OPERATIONS
 from batchtool.ops.base import OptionError
-from batchtool.core.options import Column, ColumnList, Flag, Integer, Number, NumberOrColumn, Pairs, build
+from batchtool.core.options import Column, ColumnList, Flag, Integer, Number, NumberOrColumn, Pairs, build_options
 from batchtool.ops.rename import RenameOptions
 from batchtool.ops.select import SelectOptions
 
@@ -103,13 +103,13 @@ def test_command_writes_what_the_pipeline_stage_writes(tmp_path, run_cli, flagge
 
 def test_option_errors_name_a_field_rendered_per_front_end():
     with pytest.raises(OptionError) as caught:
-        build(RenameOptions, {"columns": {"a": "x", "b": "x"}})
+        build_options(RenameOptions, {"columns": {"a": "x", "b": "x"}})
     assert caught.value.field == "columns"
     assert str(caught.value) == "--columns: two columns are renamed to the same name (x, x)"
     assert caught.value.rendered("toml") == "key 'columns': two columns are renamed to the same name (x, x)"
-    assert build(SelectOptions, {"columns": "a, b"}) == SelectOptions(("a", "b"))
+    assert build_options(SelectOptions, {"columns": "a, b"}) == SelectOptions(("a", "b"))
     with pytest.raises(OptionError, match="missing"):
-        build(SelectOptions, {})
+        build_options(SelectOptions, {})
 
 
 def test_pipeline_rejects_unknown_and_missing_keys(tmp_path, run_cli, flagged):

@@ -19,7 +19,7 @@ from batchtool.exec.driver import run_operation
 from batchtool.ops.segment import lanes
 from batchtool.ops.segment import OP as SEGMENT
 from batchtool.ops.segment import SegmentOptions
-from batchtool.ops.segment.batches import FIRST_INSERTION_INDEX, cut
+from batchtool.ops.segment.batches import FIRST_INSERTION_INDEX, compact_batches
 from batchtool.io import batch_check
 from batchtool.io.formats.arrow import FORMAT as ARROW
 from batchtool.ops.segment.chunks import key_hashes
@@ -378,7 +378,7 @@ def test_cut_gives_compact_batches_with_the_slices_values_and_checksums():
         "maybe": pa.array([1.0, None, 3.0, 4.0, 5.0, 6.0, 7.0]),
         "flag": pa.array([True, False, True, True, False, False, True]),
     })
-    batches = cut(table, 3)
+    batches = compact_batches(table, 3)
     assert [b.num_rows for b in batches] == [3, 3, 1]
     for t, batch in enumerate(batches):
         expected = table.slice(3 * t, 3)

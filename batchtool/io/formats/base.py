@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool.core import budget
-from batchtool.core.options import build, fields
+from batchtool.core.options import build_options, fields
 from batchtool.io.dataset import Dataset, OneChunk, Reading
 from batchtool.core.errors import InputError, OptionError, OptionInputError, SchemaError
 from batchtool.io.manifest import MANIFEST_NAME
@@ -77,9 +77,9 @@ def check_batch_memory(dataset: Dataset, inflated: int, rows: int, where: str, d
     what = " and ".join(w for w, n in (("its buffers decompressed", inflated), ("its dictionaries decoded", decoded))
                         if n) or "no decompression"
     if dataset.memory is not None:
-        budget.check("memory", f"reading it ({what}, {rows:,} row ids)", need, dataset.memory,
-                     "give a larger {memory}, or write the file in smaller record batches", where=f"{where}: ",
-                     error=OptionInputError)
+        budget.check_fits("memory", f"reading it ({what}, {rows:,} row ids)", need, dataset.memory,
+                          "give a larger {memory}, or write the file in smaller record batches", where=f"{where}: ",
+                          error=OptionInputError)
     elif need > dataset.max_record_bytes:
         raise OptionInputError("max_record_bytes", f"reading it ({what}, {rows:,} row ids) takes {need:,} bytes, "
                                                    f"more than the limit of {dataset.max_record_bytes:,} "
@@ -216,7 +216,7 @@ def declared_options(options: type | None, given: Mapping[str, Any]) -> Any:
     if options is None:
         return None
     names = {f.name for f, _ in fields(options)}
-    return build(options, {k: v for k, v in given.items() if k in names and v is not None})
+    return build_options(options, {k: v for k, v in given.items() if k in names and v is not None})
 
 
 class Reader(ABC):

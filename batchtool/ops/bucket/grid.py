@@ -40,8 +40,9 @@ def merge_pairs(a: np.ndarray, b: np.ndarray, memory: int) -> np.ndarray:
         return both
     pairs, inverse = np.unique(both[:, :-1], axis=0, return_inverse=True)
     what = "(length, length) pairs" if pairs.shape[1] == 2 else "(length, length, class) keys"
-    budget.check("memory", f"counting {len(pairs):,} distinct {what}", len(pairs) * both.shape[1] * PAIR_BYTES // 3,
-                 memory, "check the length columns, or give a larger {memory}", error=OptionInputError)
+    budget.check_fits("memory", f"counting {len(pairs):,} distinct {what}",
+                      len(pairs) * both.shape[1] * PAIR_BYTES // 3,
+                      memory, "check the length columns, or give a larger {memory}", error=OptionInputError)
     return np.column_stack([pairs, np.bincount(inverse.ravel(), weights=both[:, -1]).astype(np.int64)])
 
 

@@ -200,8 +200,8 @@ def joint_counts(chunk: Chunk, columns: BucketColumns, num_classes: int | None, 
     if not len(values):
         return np.zeros((0, 0), dtype=np.int64)
     k, width = int(codes.max()) + 1, int(values.max()) + 1
-    budget.check("balance", f"counting {k:,} classes x {width:,} lengths", k * width * 8, memory,
-                 "check the label column, or give a larger {memory}", value=columns.label, error=OptionInputError)
+    budget.check_fits("balance", f"counting {k:,} classes x {width:,} lengths", k * width * 8, memory,
+                      "check the label column, or give a larger {memory}", value=columns.label, error=OptionInputError)
     return np.bincount(codes * width + values, minlength=k * width).reshape(k, width)
 
 
@@ -331,17 +331,17 @@ def make_plan(options: BucketOptions, columns: BucketColumns, first: LengthPass,
     elif options.auto_buckets is not None:
         distinct = int(np.count_nonzero(counts))
         k = min(options.auto_buckets, distinct)
-        budget.check("auto_buckets", f"choosing {k:,} buckets among {distinct:,} distinct lengths",
-                     max(0, k - 1) * (distinct + 1) * CHOICE_BYTES, memory,
-                     "give a smaller {auto_buckets} (or fixed {boundaries})", value=options.auto_buckets,
-                     mentions=("boundaries",))
+        budget.check_fits("auto_buckets", f"choosing {k:,} buckets among {distinct:,} distinct lengths",
+                          max(0, k - 1) * (distinct + 1) * CHOICE_BYTES, memory,
+                          "give a smaller {auto_buckets} (or fixed {boundaries})", value=options.auto_buckets,
+                          mentions=("boundaries",))
         boundaries = choose_boundaries(counts, options.auto_buckets)
     else:
         boundaries = None
     n = len(boundaries) + 1 if boundaries is not None else options.num_buckets
     field, value = ("num_buckets", f"{n}") if boundaries is None else ("boundaries", f"({n - 1:,} values)")
-    budget.check(field, f"the bookkeeping of {n:,} buckets", n * BUCKET_BYTES, memory, "give fewer buckets",
-                 value=value)
+    budget.check_fits(field, f"the bookkeeping of {n:,} buckets", n * BUCKET_BYTES, memory, "give fewer buckets",
+                      value=value)
     sizes = options.batch_size or (None,)
     budgets = tuple(BatchBudget(batch_size=sizes[b % len(sizes)], max_tokens=options.max_tokens,
                                 max_rows=options.max_rows, cost=options.cost) for b in range(n))
@@ -365,8 +365,8 @@ def num_classes(options: BucketOptions, seen: int, n: int, memory: int) -> int:
     n buckets (cells) fits --memory."""
     named = max(options.target) + 1 if isinstance(options.target, dict) and options.target else 0
     k = options.known_classes or max(1, seen, named)
-    budget.check("balance", f"balancing {k:,} classes in each of {n:,} buckets", n * k * BALANCE_GROUP_BYTES,
-                 memory, "give fewer buckets (or classes), or a larger {memory}", value=options.balance)
+    budget.check_fits("balance", f"balancing {k:,} classes in each of {n:,} buckets", n * k * BALANCE_GROUP_BYTES,
+                      memory, "give fewer buckets (or classes), or a larger {memory}", value=options.balance)
     return k
 
 
@@ -380,13 +380,13 @@ def _grid_plan(options: BucketOptions, columns: BucketColumns, first: LengthPass
                        options.cost, options.cost_coefficients)
     distinct = max((len(np.unique(first.pairs[:, d])) for d in (0, 1)), default=0)
     k = min(options.auto_buckets, max(1, distinct))
-    budget.check("auto_buckets", f"choosing {k:,} cells among {distinct:,} distinct lengths",
-                 2 * k * (distinct + 1) * CHOICE_BYTES, memory,
-                 "give a smaller {auto_buckets}", value=options.auto_buckets)
+    budget.check_fits("auto_buckets", f"choosing {k:,} cells among {distinct:,} distinct lengths",
+                      2 * k * (distinct + 1) * CHOICE_BYTES, memory,
+                      "give a smaller {auto_buckets}", value=options.auto_buckets)
     grid = Grid.choose(first.pairs, k, limit, options.pad_to_boundary)
     n = grid.cells
-    budget.check("auto_buckets", f"the bookkeeping of {n:,} cells", n * BUCKET_BYTES, memory,
-                 "give a smaller {auto_buckets}", value=options.auto_buckets)
+    budget.check_fits("auto_buckets", f"the bookkeeping of {n:,} cells", n * BUCKET_BYTES, memory,
+                      "give a smaller {auto_buckets}", value=options.auto_buckets)
     pad_values = parse_pad_values(options.pad_value, schema)
     _check_padded(pad_values, columns)
     balance = None
@@ -457,9 +457,9 @@ def check_largest_cell_batch(plan: BucketPlan, grid: Grid, row_bytes: tuple[floa
         batch_rows = min(int(rows[b]), most)
         field, value = ("batch_size", limit.batch_size) if limit.batch_size is not None else ("max_tokens",
                                                                                             limit.max_tokens)
-        budget.check(field, f"one batch of cell {b}, {batch_rows:,} rows padded to up to {first:,} x {second:,} "
-                     "steps,", batch_rows * per_row + batch_rows * first * per_step, plan.memory,
-                     f"give a smaller {{{field}}} or a larger {{memory}}", value=value)
+        budget.check_fits(field, f"one batch of cell {b}, {batch_rows:,} rows padded to up to {first:,} x {second:,} "
+                          "steps,", batch_rows * per_row + batch_rows * first * per_step, plan.memory,
+                          f"give a smaller {{{field}}} or a larger {{memory}}", value=value)
 
 
 def check_largest_batch(plan: BucketPlan, row_bytes: tuple[float, float]) -> None:
@@ -483,9 +483,9 @@ def check_largest_batch(plan: BucketPlan, row_bytes: tuple[float, float]) -> Non
         padding = (f"padded to {padded:,} steps ({{pad_to_boundary}}, boundary {padded + 1})" if fixed
                    else f"padded to up to {padded:,} steps")
         fix = f"give a smaller {{{field}}}{', drop {pad_to_boundary}' if fixed else ''} or a larger {{memory}}"
-        budget.check(field, f"one batch of bucket {b}, {batch_rows:,} rows {padding},",
-                     batch_rows * per_row + elements * per_step, plan.memory, fix, value=value,
-                     mentions=("pad_to_boundary",))
+        budget.check_fits(field, f"one batch of bucket {b}, {batch_rows:,} rows {padding},",
+                          batch_rows * per_row + elements * per_step, plan.memory, fix, value=value,
+                          mentions=("pad_to_boundary",))
 
 
 def bucket_longest(stats: DatasetStats, options: BucketOptions, boundaries: tuple[int, ...] | None,

@@ -290,10 +290,10 @@ def _weighted_plan(options: MixOptions, context: Context, rows: np.ndarray) -> M
                             "points": [{"at": p.at, "weights": dict(zip(options.names, p.weights))}
                                        for p in schedule.points],
                             "max_repeats": list(schedule.max_repeats), "max_fraction": list(schedule.max_fraction)}
-    budget.check("by" if options.by == "tokens" else "schedule", f"each row's source, order key and count, which "
-                 f"the quotas are dealt from ({int(rows.sum()):,} rows, {ORDER_BYTES} bytes each)",
-                 float(rows.sum()) * ORDER_BYTES, context.memory, "give a larger {memory}",
-                 value=options.by if options.by == "tokens" else options.schedule, error=OptionInputError)
+    budget.check_fits("by" if options.by == "tokens" else "schedule", f"each row's source, order key and count, which "
+                      f"the quotas are dealt from ({int(rows.sum()):,} rows, {ORDER_BYTES} bytes each)",
+                      float(rows.sum()) * ORDER_BYTES, context.memory, "give a larger {memory}",
+                      value=options.by if options.by == "tokens" else options.schedule, error=OptionInputError)
     plan = ThresholdPlan((1,) * k, (None,) * k)
     return Mixture(_as_stratify(options, target), k, np.array(target), plan, float(rows.sum()), info, context.seed,
                    context.locate, context.memory, context.tasks, padding=batch_padding(options, context.schema),
@@ -420,14 +420,15 @@ def _check_memory(options: MixOptions, memory: int, stats: Tally, rows: np.ndarr
     chunk = np.array([stats.high.get(f"chunk_rows/{i}", 0) for i in range(len(rows))], dtype=np.int64)
     i = int(np.argmax(copies * chunk))
     size = "" if options.size is None else f"{options.size:,}"
-    budget.check("size", f"the copies of one chunk of source {options.names[i]!r} ({int(chunk[i]):,} rows, each "
-                 f"written up to {int(copies[i]):,} times)", float(copies[i] * chunk[i] * COPY_BYTES), memory,
-                 "give a smaller {size}", value=size or None, error=OptionInputError)
+    budget.check_fits("size", f"the copies of one chunk of source {options.names[i]!r} ({int(chunk[i]):,} rows, each "
+                      f"written up to {int(copies[i]):,} times)", float(copies[i] * chunk[i] * COPY_BYTES), memory,
+                      "give a smaller {size}", value=size or None, error=OptionInputError)
     if options.batch_size is not None:
         batches = -(-int(totals.sum()) // options.batch_size)
-        budget.check("size", f"the layout of {batches:,} batches", batches * (BATCH_BYTES + 16 * len(rows)), memory,
-                     "give a smaller {size} or a larger {batch_size}", value=size or None, error=OptionInputError,
-                     mentions=["batch_size"])
+        budget.check_fits("size", f"the layout of {batches:,} batches", batches * (BATCH_BYTES + 16 * len(rows)),
+                          memory,
+                          "give a smaller {size} or a larger {batch_size}", value=size or None, error=OptionInputError,
+                          mentions=["batch_size"])
 
 
 def source_table(sources: list[dict[str, Any]]) -> list[str]:

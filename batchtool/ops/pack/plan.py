@@ -254,8 +254,9 @@ def check_batches(plan: PackPlan, layout: BatchLayout, sizes: tuple[float, float
     fix = f"give a smaller {{{field}}} or {{max_length}}" + (", drop {pad_to_max_length}," if o.pad_to_max_length
                                                             else "") + " or a larger {memory}"
     rows = int(layout.rows[b])
-    budget.check(field, f"one batch of {rows:,} row{'s' if rows != 1 else ''} {padding}", float(need[b]), plan.memory, fix,
-                 value=value, mentions=("max_length", "pad_to_max_length"))
+    budget.check_fits(field, f"one batch of {rows:,} row{'s' if rows != 1 else ''} {padding}", float(need[b]),
+                      plan.memory, fix,
+                      value=value, mentions=("max_length", "pad_to_max_length"))
 
 
 def planned(plan: PackPlan, layout: BatchLayout) -> dict[str, Any]:

@@ -52,15 +52,15 @@ def check_memory(options: SegmentOptions, memory: int, sample: pa.RecordBatch | 
     rows = f"{B:,} segments" if N == 1 else f"{B:,} segments for each rank ({N * B:,} in all)"
     smaller = "{num_unroll} or {batch_size}" if N == 1 else "{num_unroll}, {batch_size} or {world_size}"
     step = N * B * (U * per_step + per_row + METADATA_BYTES)
-    budget.check("num_unroll", f"{{num_unroll}} {U} with {{batch_size}} {B}{ranks}: one batch of {rows} padded to "
-                 f"{U:,} steps", step, memory, f"give a smaller {smaller}, or a larger {{memory}}",
-                 mentions=("batch_size", "world_size"))
+    budget.check_fits("num_unroll", f"{{num_unroll}} {U} with {{batch_size}} {B}{ranks}: one batch of {rows} padded to "
+                      f"{U:,} steps", step, memory, f"give a smaller {smaller}, or a larger {{memory}}",
+                      mentions=("batch_size", "world_size"))
     example = sample.nbytes / sample.num_rows if sample is not None and sample.num_rows else 0.0
     lanes = f"{B:,} lanes" if N == 1 else f"{N * B:,} lanes ({N:,} ranks x {B:,})"
-    budget.check("batch_size", f"{lanes}, each planning {LANE_WINDOW} examples ahead",
-                 N * B * (LANE_BYTES + LANE_WINDOW * example), memory,
-                 "give a smaller {batch_size}" + (" or {world_size}," if N > 1 else "") + " or a larger {memory}",
-                 value=B, mentions=("world_size",))
+    budget.check_fits("batch_size", f"{lanes}, each planning {LANE_WINDOW} examples ahead",
+                      N * B * (LANE_BYTES + LANE_WINDOW * example), memory,
+                      "give a smaller {batch_size}" + (" or {world_size}," if N > 1 else "") + " or a larger {memory}",
+                      value=B, mentions=("world_size",))
     return step
 
 

@@ -87,7 +87,7 @@ def build_batches(plan: SegmentPlan, item: SegmentItem) -> tuple[list[pa.RecordB
     for name, col in o.states.items():
         arrays[name] = _zero_where(column(col), first_segment)
     table = pa.RecordBatch.from_arrays([arrays[f.name] for f in plan.schema], schema=plan.schema)
-    batches = cut(table, B)
+    batches = compact_batches(table, B)
     if o.allow_small_batch:
         # a batch with no real row keeps its empty rows, so every rank still gets a batch at this step
         real = ~empty.reshape(n * N, B)
@@ -96,7 +96,7 @@ def build_batches(plan: SegmentPlan, item: SegmentItem) -> tuple[list[pa.RecordB
     return batches, item.finished
 
 
-def cut(table: pa.RecordBatch, rows: int) -> list[pa.RecordBatch]:
+def compact_batches(table: pa.RecordBatch, rows: int) -> list[pa.RecordBatch]:
     """`table` cut into batches of `rows` rows whose columns are compact (each buffer starts at the batch's first
     value and holds its values only), as the Arrow IPC writer sends them: views of the table's buffers, with each
     batch's offsets rebased in one NumPy pass a column, so the encoder neither copies nor re-checks them column by
@@ -110,9 +110,9 @@ def cut(table: pa.RecordBatch, rows: int) -> list[pa.RecordBatch]:
 
 
 def _views(array: pa.Array, starts: np.ndarray, lengths: np.ndarray) -> list[pa.Array] | None:
-    """Rows [start, start + length) of `array` for each start, as compact arrays over its buffers (cut); None
-    where the array has nulls or an offset, or its type is not a fixed-width number, a string or binary, a list or a
-    fixed-size list of those."""
+    """Rows [start, start + length) of `array` for each start, as compact arrays over its buffers
+    (compact_batches); None where the array has nulls or an offset, or its type is not a fixed-width number, a
+    string or binary, a list or a fixed-size list of those."""
     t = array.type
     if array.null_count or array.offset:
         return None
