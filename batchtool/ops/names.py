@@ -11,16 +11,17 @@ spells `--output-column`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-
-from batchtool.io.dataset import Chunk
 from batchtool.core.errors import OptionError, OptionSchemaError
 from batchtool.ops.base import ColumnError
 from batchtool.core.options import Pairs, option
+
+if TYPE_CHECKING:  # an op's options import this module, and --help imports no arrays (tests/cli/test_cli_imports.py)
+    import numpy as np
+    import pyarrow as pa
+
+    from batchtool.io.dataset import Chunk
 
 FIELD = "output_column"
 """The options field (and so `--output-column`, `output-column`) of every op that writes columns of its own."""
@@ -95,6 +96,7 @@ def refuse_clashes(op: str, names: Mapping[str, str], written: Iterable[str], *,
 def adopted(schema: pa.Schema, names: Mapping[str, str], roles: Sequence[str]) -> dict[str, str]:
     """{role: input column} for the `roles` whose name an integer input column has: the op takes such a column for
     its own when it holds what the op computes on every row (`check_adopted`), and writes it once."""
+    import pyarrow as pa
     return {role: names[role] for role in roles
             if names[role] in schema.names and pa.types.is_integer(schema.field(names[role]).type)}
 
@@ -104,6 +106,9 @@ def check_adopted(chunk: Chunk, column: str, computed: np.ndarray, locate: Calla
     """An adopted column must equal what `op` computes (`what`, e.g. "the sequence has 12 steps" is
     f"the sequence has {value} steps") row by row; the first row where it does not is an error naming that row and
     the ways out."""
+    import numpy as np
+    import pyarrow.compute as pc
+
     arr = chunk.data.column(column)
     given = pc.fill_null(arr, -1).to_numpy(zero_copy_only=False)
     bad = np.flatnonzero((given != computed) | arr.is_null().to_numpy(zero_copy_only=False))

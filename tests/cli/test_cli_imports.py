@@ -92,10 +92,11 @@ ARRAYS = ("numpy", "pyarrow")
 
 def test_the_shared_option_sets_and_the_commands_of_no_op_import_no_arrays():
     """The options every command shares (input, output with each format's own, run) come from declarations
-    (exec/settings.py, io/formats/declared.py): the --help of every command that runs no op imports neither NumPy
-    nor pyarrow, nor any format's module, and is the text recorded."""
+    (exec/settings.py, io/formats/declared.py): the --help of every command that runs no op, and segment's (whose
+    module imports its kernels where the op runs), imports neither NumPy nor pyarrow, nor any format's module, and
+    is the text recorded."""
     recorded = recorded_help()
-    for name in ("check", "convert", "docs", "inspect", "run", "step", "where"):
+    for name in ("check", "convert", "docs", "inspect", "run", "step", "where", "segment"):
         out, imported = _imported(name, "--help")
         assert out == recorded[name]
         assert _among(imported, (*ARRAYS, "batchtool.io.formats.parquet", "batchtool.io.formats.arrow",

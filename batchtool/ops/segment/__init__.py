@@ -16,23 +16,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pyarrow as pa
-
 from batchtool.core import budget
 from batchtool.core.budget import DEFAULT_MEMORY
 from batchtool.core.errors import InputError
-from batchtool.io.dataset import Chunk, ReadReport
 from batchtool.ops.base import Scan, Context, Kind, Operation, OutputRows, need_columns
-from batchtool.ops.regroup import Input, Probe, Stream, Regrouped, Runtime
-from batchtool.ops.segment.batches import build_batches
-from batchtool.ops.segment.chunks import Examples, SegmentPlan, make_plan, prepare_shared
-from batchtool.ops.segment.lanes import LANE_WINDOW, LanePlanner
-from batchtool.io.stats import DatasetStats, chunk_stats
-
-if TYPE_CHECKING:
-    from batchtool.io.output import OutputOptions
 from batchtool.ops.segment.options import SegmentOptions
+
+if TYPE_CHECKING:  # the kernels are imported where the op runs: `segment --help` imports no arrays
+    import pyarrow as pa
+
+    from batchtool.io.dataset import Chunk, ReadReport
+    from batchtool.io.output import OutputOptions
+    from batchtool.ops.regroup import Input, Probe, Regrouped, Runtime, Stream
+    from batchtool.ops.segment.chunks import Examples, SegmentPlan
 
 LANE_BYTES = 1 << 10
 """Planner bookkeeping per lane (its queue, load and heap entry)."""
@@ -46,6 +42,8 @@ def check_memory(options: SegmentOptions, memory: int, sample: pa.RecordBatch | 
     """Stop before planning if one step of the plan (a padded batch of B rows for each of the --world-size N ranks,
     which one worker builds together), or the N x B lanes with their window of examples, would not fit the
     budget (sized from a sample chunk); returns the bytes of one step."""
+    from batchtool.ops.segment.lanes import LANE_WINDOW
+
     B, U, N = options.batch_size, options.num_unroll, options.world_size
     per_row, per_step = budget.row_bytes(sample, options.sequence)
     ranks = "" if N == 1 else f" and {{world_size}} {N}"
@@ -66,6 +64,10 @@ def check_memory(options: SegmentOptions, memory: int, sample: pa.RecordBatch | 
 
 def _plan(options: SegmentOptions, schema: pa.Schema, memory: int = DEFAULT_MEMORY) -> SegmentPlan:
     """The plan for an input schema: its columns checked, the context resolved, the output schema fixed."""
+    import pyarrow as pa
+
+    from batchtool.ops.segment.chunks import make_plan
+
     need_columns(schema, "key", [options.key])
     need_columns(schema, "sequence", options.sequence)
     o = options.with_context(schema)
@@ -84,6 +86,11 @@ def _lanes(plan: SegmentPlan, input: Input, sample: pa.RecordBatch | None, runti
     writer, whose workers read the rows they play and build their batches; the keys are checked unique (the
     runtime's distinct-keys check) once the last chunk is read, before the writer finishes. `sample`: the
     columns of the input's first chunk, which the budget is checked on."""
+    from batchtool.ops.regroup import Regrouped
+    from batchtool.ops.segment.batches import build_batches
+    from batchtool.ops.segment.chunks import prepare_shared
+    from batchtool.ops.segment.lanes import LanePlanner
+
     o = plan.options
     planner = LanePlanner(plan, check_memory(o, plan.memory, sample))
     keys = runtime.distinct(plan.memory // KEYS_SHARE)
@@ -105,7 +112,7 @@ def _columns(columns: list[str], chunk: Chunk) -> pa.RecordBatch:
     return chunk.data.select(columns)
 
 
-class SegmentOp(Operation[SegmentOptions, SegmentPlan]):
+class SegmentOp(Operation[SegmentOptions, "SegmentPlan"]):
     """The op: no first pass; one regrouping pass checks keys, plans lanes and builds the batches."""
 
     name = "segment"
@@ -139,12 +146,18 @@ class SegmentOp(Operation[SegmentOptions, SegmentPlan]):
     def regroup(self, plan: SegmentPlan, input: Input, probe: Probe) -> Stream:
         """Lanes, planned in input order as the examples stream (_lanes), the budget checked on the first chunk (read
         on the driver: a stream's rows are all read again)."""
+        from batchtool.ops.regroup import Stream
+
         sample = probe(functools.partial(_columns, plan.options.source_columns), in_order=True)
         return Stream(functools.partial(_lanes, plan, input, sample))
 
     def expected(self, plan: SegmentPlan, rows_in: int | None, scan: Scan) -> tuple[int | None, dict[str, Any]]:
         """Segments, batches and padding efficiency from the first sequence column's length histogram (a pass over
         that column)."""
+        import numpy as np
+
+        from batchtool.io.stats import DatasetStats, chunk_stats
+
         o = plan.options
         stats = DatasetStats()
         for part in scan([o.sequence[0]], functools.partial(chunk_stats, label=None, length=o.sequence[0])):

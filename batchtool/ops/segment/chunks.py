@@ -55,7 +55,7 @@ def make_plan(schema: pa.Schema, options: SegmentOptions, memory: int) -> Segmen
     pads = {name: pad_values.get(name, default_pad(schema.field(name).type)) for name in options.sequence}
     assert options.context is not None, "make_plan takes options with their context resolved"
     names = options.names
-    fields = [pa.field(names[name], t) for name, t in METADATA]
+    fields = [pa.field(names[name], pa.type_for_alias(t)) for name, t in METADATA]
     fields += [schema.field(name) for name in options.context]
     fields += [pa.field(name, pa.list_(schema.field(name).type.value_field), metadata=schema.field(name).metadata)
                for name in options.sequence]

@@ -4,20 +4,22 @@ checks that need no data."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any
 
 from batchtool.ops import names as own
 from batchtool.ops.base import OptionError
 from batchtool.core.options import Column, ColumnList, Flag, Integer, Pairs, option
 
-METADATA: tuple[tuple[str, pa.DataType], ...] = (
-    ("key", pa.string()), ("next_key", pa.string()), ("sequence", pa.int32()), ("sequence_count", pa.int32()),
-    ("length", pa.int32()), ("total_length", pa.int32()), ("insertion_index", pa.int64()), ("lane", pa.int32()),
-    ("batch", pa.int64()))
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+METADATA: tuple[tuple[str, str], ...] = (
+    ("key", "string"), ("next_key", "string"), ("sequence", "int32"), ("sequence_count", "int32"),
+    ("length", "int32"), ("total_length", "int32"), ("insertion_index", "int64"), ("lane", "int32"),
+    ("batch", "int64"))
 """The columns segment adds to every output row (tf.contrib.training.batch_sequences_with_states' metadata), by
-their default names (--output-column names them otherwise)."""
+their default names (--output-column names them otherwise), with their Arrow types' names (pyarrow.type_for_alias:
+the options' module imports no pyarrow, so that --help does not)."""
 OUTPUT_COLUMNS = tuple(name for name, _ in METADATA)
 STEPS = ("length", "total_length")
 """Own columns that count steps: a clash with one offers --input-length."""
