@@ -9,6 +9,7 @@ process on the machine, including the local cluster tests/engines/test_ray.py st
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -155,7 +156,8 @@ def _start_node(ip: str, options: list[str], env: dict[str, str], temp_dir: str)
 STARTED = "Ray runtime started."
 """The line `ray start` logs once its node's processes run (the worker's, once it reached the head's GCS)."""
 LOG_LOOK_SECONDS = 0.1
-"""How often the start looks at the nodes' logs for STARTED: a read of two small files."""
+"""How often the start looks at the nodes' logs for STARTED (a read of two small files), between waits for the
+node not started yet to exit."""
 
 
 def _started(node: Node) -> bool:
@@ -197,8 +199,10 @@ def start_cluster(temp_root: str, env: dict[str, str]) -> Cluster:
                 if node.process.poll() is not None:
                     raise RuntimeError(f"ray start on {node.ip} exited ({node.process.returncode}); see {node.log}")
             # Each look at the GCS is a Ray driver (seconds of CPU): ask it once both nodes say they started.
-            if not all(map(_started, cluster.nodes)):
-                time.sleep(LOG_LOOK_SECONDS)
+            waiting = [node for node in cluster.nodes if not _started(node)]
+            if waiting:  # the node's exit ends the wait at once (and the check above names it)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    waiting[0].process.wait(LOG_LOOK_SECONDS)
             elif _alive_nodes(cluster.address, env) >= 2:
                 return cluster
             if time.monotonic() > deadline:
