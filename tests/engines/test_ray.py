@@ -123,12 +123,40 @@ def test_map_runs_remotely_in_input_order(ray_cluster):
     assert ray_cluster.is_initialized()  # a joined session is left running
 
 
+def _outcome(seconds: float) -> ray_engine._Outcome:
+    return ray_engine._Outcome(results=[], error=None, seconds=seconds, node="node")
+
+
+@pytest.mark.parametrize("worker, transfer, local", [(0.001, 0.002, True), (0.002, 0.001, False)])
+def test_the_schedule_keeps_a_function_on_the_driver_once_shipping_it_costs_more(worker, transfer, local):
+    """The decision alone, from given timings: it waits for LOCAL_PROBE_ITEMS items, then compares the workers'
+    time for them with the driver's time packing and unpacking them."""
+    schedule = ray_engine._Schedule()
+    seen = []
+    for _ in range(ray_engine.LOCAL_PROBE_ITEMS):
+        schedule.sent(ray_engine._pack([0]), 1, transfer / 2)
+        schedule.received(_outcome(worker), 1, transfer / 2)
+        seen.append(schedule.local)
+    assert seen == [False] * (ray_engine.LOCAL_PROBE_ITEMS - 1) + [local]
+
+
+class _FreeOnWorkers(ray_engine._Schedule):
+    """A schedule that sees every item take no time on a worker, whatever the machine's load did to the
+    measurement: the map's switch to the driver, without timing luck."""
+
+    def received(self, outcome, items, seconds):
+        super().received(ray_engine._Outcome(outcome.results, outcome.error, 0.0, outcome.node), items, seconds)
+
+
 @RAY
-def test_a_function_too_cheap_to_ship_finishes_on_the_driver(ray_cluster):
-    out = list(ray_engine.RayEngine().map(lambda x: (x + 1, os.getpid()), range(5000), 2))
+def test_a_function_too_cheap_to_ship_finishes_on_the_driver(ray_cluster, monkeypatch):
+    monkeypatch.setattr(ray_engine, "_Schedule", _FreeOnWorkers)
+    engine = ray_engine.RayEngine()
+    out = list(engine.map(lambda x: (x + 1, os.getpid()), range(5000), 2))
     assert [v for v, _ in out] == list(range(1, 5001))
     pids = [pid for _, pid in out]
     assert pids[0] != os.getpid() and pids[-1] == os.getpid()
+    assert 0 < engine.timings.local_items < 5000
 
 
 @RAY
