@@ -345,8 +345,8 @@ class Loader(_Opened):
     def _batches(self, convert: Callable[[pa.RecordBatch, int], Any] | None = None) -> Iterator[tuple[Any, int]]:
         """(batch, its number in the output) in this iterator's order, counting self.position; each batch
         `convert`ed (batch, number) -> item first where given: on the thread that read it, or on this one as it is
-        handed out where a read decodes nothing (StoredBatches.in_place) and no checksum is verified (no thread
-        involved, its file checked once, just before), or where padding it on load there would pass the
+        handed out where a read decodes nothing and verifying it costs less than handing it to a thread
+        (StoredBatches.in_place; its file checked just before), or where padding it on load there would pass the
         read-ahead's bound (READ_AHEAD_PADDED_BYTES, shared by the reads in flight)."""
         worker, workers = _worker_split()
         first = self._first(worker, workers)
@@ -357,7 +357,7 @@ class Loader(_Opened):
         order, blocks = self._epoch()
         picked = self._rank_positions()[first::workers]
         self.position, self._iterating = first, True
-        inline = self._layout.batches.in_place() and not self.verify and self._reading.padding is None
+        inline = self._layout.batches.in_place(self.verify) and self._reading.padding is None
         threads = 1 if inline else self.threads
         # bytes of padded batches each read group may make: threaded_map holds threads + 1 groups' results, this
         # thread one more
@@ -481,13 +481,12 @@ def load(dst: str, *, columns: Sequence[str] | None = None, shuffle: bool | None
     output, `bucket --order sorted` and GZIP-compressed records, read only forward) permutes the batches per
     epoch (`set_epoch`); rank/world_size give each rank an equal, disjoint part of every epoch (drop_uneven: drop
     the remainder, else repeat batches to fill). `threads` decode ahead of the training loop (default: min(4,
-    cores); uncompressed Arrow IPC, whose batches are views of a memory map, is read by the loop itself unless
-    `verify`); the
-    batches are the same. verify (default: wherever the output records checksums) checks every batch's checksum
-    as it is read (Arrow IPC's CRC32C; Parquet's page and each record's checksums are checked on every read):
-    a damaged batch is a BatchtoolError naming its file and batch, never wrong values. verify=False skips it
-    (uncompressed Arrow IPC is then read by the loop itself, zero-copy); verify=True refuses an output without
-    checksums (Arrow IPC files without the manifest that records them, or written by an older batchtool).
+    cores; uncompressed Arrow IPC, whose batches are views of a memory map, is read by the loop itself, checksums
+    included where its batches average at most 1 MB); the batches are the same. verify (default: wherever the
+    output records checksums) checks every batch's checksum as it is read (Arrow IPC's CRC32C; Parquet's page and
+    each record's checksums are checked on every read): a damaged batch is a BatchtoolError naming its file and
+    batch, never wrong values. verify=False skips it; verify=True refuses an output without checksums (Arrow IPC
+    files without the manifest that records them, or written by an older batchtool).
     receipt: a file to which a line (epoch, step, rank, batch, ...) is appended for each batch handed out, by every
     run, resumed or not, on any world size (`batchtool check DST --receipts FILE --exactly-once` reads it).
     """

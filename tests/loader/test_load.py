@@ -218,14 +218,23 @@ def test_a_batch_that_does_not_convert_ends_the_stream_after_the_batches_before_
     assert got == expected[:6] and loader.position == 6
 
 
-@pytest.mark.parametrize("compression, verify, inline", [("none", False, True), ("none", True, False),
-                                                         ("zstd", False, False)])
-def test_views_of_a_memory_map_are_made_on_the_consuming_thread(tmp_path, monkeypatch, compression, verify, inline):
+@pytest.mark.parametrize("compression, verify, large, inline", [("none", False, False, True),
+                                                                ("none", True, False, True),
+                                                                ("none", True, True, False),
+                                                                ("none", False, True, True),
+                                                                ("zstd", False, False, False)])
+def test_views_of_a_memory_map_are_made_on_the_consuming_thread(tmp_path, monkeypatch, compression, verify, large,
+                                                                 inline):
     """Uncompressed Arrow IPC batches are views of the map (nothing to decode): the loop reads and converts them
-    itself, with no reading thread, whatever `threads` says; a read that decompresses or verifies CRC32Cs still goes
-    to the reading threads. The batches are the same either way."""
+    itself, with no reading thread, whatever `threads` says, and verifies their CRC32Cs itself where they average at
+    most INLINE_VERIFIED_BYTES (`large`: as if every batch were more); a read that decompresses, or verifies large
+    batches, goes to the reading threads. The batches are the same either way."""
     import threading
 
+    from batchtool.io.formats import arrow
+
+    if large:
+        monkeypatch.setattr(arrow, "INLINE_VERIFIED_BYTES", 0)
     load_module = importlib.import_module("batchtool.loader.load")
     dst = bucket_output(str(tmp_path), "arrow", compression)
     convert = load_module.views

@@ -277,6 +277,14 @@ def largest_batch(entry: dict) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
+INLINE_VERIFIED_BYTES = 1 << 20
+"""Batches of a memory-mapped output that average at most this many bytes are read and verified on the consuming
+thread: their CRC32C (google-crc32c releases the GIL, about 0.2 ms a MB) costs less than what handing them to
+reading threads adds in GIL hand-offs. Measured on 2 cores, first epoch (every batch verified), every column to
+NumPy and touched: segment's 53 KB batches 1.98 s on the loop against 2.77-3.60 s on threads; bucket's 380 KB ones
+0.77 against 0.92 s; 1.6 MB ones even (0.55 and 0.54 s); 6 MB ones 0.50 against 0.43 s."""
+
+
 @dataclass(frozen=True)
 class _Batches(StoredBatches):
     """Record batch i is batch i, found through the file's footer (parsed when the file is first read)."""
@@ -300,8 +308,12 @@ class _Batches(StoredBatches):
             opened = cache[f] = _OpenFile.of(self.paths[f], self.schema, None if self.listed is None else self.listed[f])
         return _Read(opened, tuple(int(i) for i in local), columns, verify)
 
-    def in_place(self) -> bool:
-        return self.mapped
+    def in_place(self, verify: bool = False) -> bool:
+        """Verified too where the batches average at most INLINE_VERIFIED_BYTES."""
+        if not self.mapped or not verify or self.listed is None:
+            return self.mapped and not verify
+        stored = sum(entry.bytes for entry in self.listed)
+        return stored <= INLINE_VERIFIED_BYTES * max(1, sum(entry.batches for entry in self.listed))
 
     def unverifiable(self) -> str | None:
         if self.listed is None:

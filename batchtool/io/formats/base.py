@@ -193,10 +193,11 @@ class StoredBatches(ABC):
         None: it can (Parquet pages and TFRecord records carry checksums every read verifies)."""
         return None
 
-    def in_place(self) -> bool:
+    def in_place(self, verify: bool = False) -> bool:
         """Whether a read decodes nothing (Arrow IPC without compression, memory-mapped: its batches are views of
         the map): load then reads on the consuming thread, as handing such a read to a thread costs more than the
-        read (Python holding the GIL either way)."""
+        read (Python holding the GIL either way). With `verify`, whether that holds with each batch's CRC32C
+        computed on the read too."""
         return False
 
     def release(self, cache: dict) -> None:
