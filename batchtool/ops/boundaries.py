@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from batchtool.core.errors import OptionError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # arrays are imported where the functions run: options declared from here make --help
     import numpy as np
 
 CHOICE_BYTES = 4

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from batchtool.core.errors import PartialError, SchemaError, where
 from batchtool.ops.base import Context, Scan
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # arrays are imported where the functions run: options declared from here make --help
     import numpy as np
 
     from batchtool.io import stats as stats_mod

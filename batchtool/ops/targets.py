@@ -12,7 +12,7 @@ from batchtool.core.errors import OptionError, OptionInputError
 from batchtool.core.options import Value
 from batchtool.core.options import shown as shown_value
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # arrays are imported where the functions run: options declared from here make --help
     import numpy as np
 
 PROB_TOLERANCE = 1e-6

@@ -14,7 +14,7 @@ from batchtool.io.mix_source import SOURCE
 from batchtool.ops import names as own
 from batchtool.core.options import Choice, Column, ColumnList, Flag, Integer, Number, Pairs, Value, option, shown
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # arrays are imported where the functions run: options declared from here make --help
     import numpy as np
 
     from batchtool.ops.mix.schedule import Replan

@@ -24,7 +24,8 @@ def padded_cut(padding: BatchPadding, cut: Callable[[Scattered, Runtime], Cut], 
 
 @dataclass(frozen=True)
 class PaddedBatches(SortedBatches):
-    """Batches (ops.regroup.SortedBatches) padded to their longest row as they are read: the same rows, in the same order."""
+    """Batches (ops.regroup.SortedBatches) padded to their longest row as they are read: the same rows, in the same
+    order."""
 
     batches: SortedBatches
     padding: BatchPadding

@@ -12,7 +12,7 @@ from batchtool.ops import names as own
 from batchtool.ops.base import ColumnError, OptionError, need_columns
 from batchtool.core.options import Choice, ColumnList, Flag, Integer, Pairs, Value, option, shown
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # arrays are imported where the functions run: options declared from here make --help
     import pyarrow as pa
 
     from batchtool.ops.batching import BatchBudget
@@ -342,6 +342,7 @@ def feature_lists(schema: pa.Schema, columns: PackColumns) -> tuple[str, ...]:
     return (*columns.sequences, *(columns.names[c] for c in PER_STEP), *nested)
 
 
-__all__ = ["ADOPTED", "BALANCES", "CU_UNPADDED", "PieceCost", "DEFAULT_BATCH_SIZE", "DEFAULT_COEFFICIENTS", "MAX_LENGTH_LIMIT", "OUTPUT_COLUMNS", "PER_ROW",
+__all__ = ["ADOPTED", "BALANCES", "CU_UNPADDED", "PieceCost", "DEFAULT_BATCH_SIZE", "DEFAULT_COEFFICIENTS", "MAX_LENGTH_LIMIT",
+           "OUTPUT_COLUMNS", "PER_ROW",
            "PER_STEP", "SOURCE_OFFSET", "PackColumns", "PackOptions", "feature_lists", "output_schema", "resolve_columns",
            "step_type", "written_role"]

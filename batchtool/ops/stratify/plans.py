@@ -15,7 +15,7 @@ from batchtool.ops.labels import Locate, label_codes
 from batchtool.ops.stratify.options import StratifyOptions
 from batchtool.ops.targets import Target
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # arrays are imported where the functions run: options declared from here make --help
     import numpy as np
 
     from batchtool.io.dataset import Chunk
