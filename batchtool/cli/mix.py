@@ -11,15 +11,15 @@ import click
 from batchtool.cli.common import columns_option, command, make_output, make_run, report
 from batchtool.cli.ops import given_options, op_options
 from batchtool.core.errors import UsageError
-from batchtool.io.mixed import source_names
 from batchtool.ops.mix import OP as MIX
 from batchtool.ops.mix.options import Names
-from batchtool.ops.mix.schedule import replan_from
 
 
 def mix_cmd(paths: tuple[str, ...], columns: tuple[str, ...], input_format: str | None, skip_corrupt: bool,
             continue_from: str | None, at: int | None, **kwargs: Any) -> None:
     from batchtool.exec.driver import run_mixed  # when the command runs: its --help needs none of the driver
+    from batchtool.io.mixed import source_names
+    from batchtool.ops.mix.schedule import replan_from
 
     if len(paths) < 3:
         raise UsageError(f"mix takes at least two sources and DST (SRC SRC [SRC ...] DST); got {len(paths)} path(s)")

@@ -17,9 +17,8 @@ from batchtool.core.errors import InputError, OptionError, OptionSchemaError
 from batchtool.io.formats import column_meta
 from batchtool.io.formats.base import rows_only
 from batchtool.io.formats.column_types import same_type, shown_type
+from batchtool.io.mix_source import SOURCE
 
-SOURCE = "source"
-"""The column saying each row's source (its index), unless renamed (`--output-column source=NAME`)."""
 SOURCE_TYPE = pa.int32()
 
 

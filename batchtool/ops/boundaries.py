@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from array import array
 from collections import deque
 from collections.abc import Sequence
 
-import numpy as np
-
 from batchtool.core.errors import OptionError
+
+if TYPE_CHECKING:  # arrays are imported where the functions run: options declared from here make --help
+    import numpy as np
 
 CHOICE_BYTES = 4
 """Memory of `choose_boundaries` per (bucket, distinct length): where each bucket's best start is."""
@@ -16,6 +19,8 @@ CHOICE_BYTES = 4
 
 def check_boundaries(boundaries: Sequence[int], field: str = "boundaries") -> tuple[int, ...]:
     """`bucket_by_sequence_length`'s rule: a non-empty list of strictly increasing non-negative integers."""
+    import numpy as np
+
     values = tuple(boundaries)
     text = ",".join(str(b) for b in values)
     if not values:
@@ -33,6 +38,8 @@ def check_boundaries(boundaries: Sequence[int], field: str = "boundaries") -> tu
 
 def assign_buckets(lengths: np.ndarray, boundaries: Sequence[int]) -> np.ndarray:
     """Bucket per length: 0 for `< b[0]`, i + 1 for `[b[i], b[i+1])`, len(b) for `>= b[-1]` (TensorFlow's buckets)."""
+    import numpy as np
+
     return np.searchsorted(np.asarray(boundaries, dtype=np.int64), lengths, side="right").astype(np.int32)
 
 
@@ -43,6 +50,8 @@ def padded_elements(length_counts: np.ndarray, boundaries: Sequence[int]) -> int
     than its bucket's longest length (as chosen here), and an upper bound on dynamic padding,
     whose batches are padded to their own longest example.
     """
+    import numpy as np
+
     counts = np.asarray(length_counts, dtype=np.int64)
     values = np.flatnonzero(counts)
     buckets = assign_buckets(values, boundaries)
@@ -52,6 +61,8 @@ def padded_elements(length_counts: np.ndarray, boundaries: Sequence[int]) -> int
 
 
 def real_elements(length_counts: np.ndarray) -> int:
+    import numpy as np
+
     counts = np.asarray(length_counts, dtype=np.int64)
     return int((np.arange(len(counts)) * counts).sum())
 
@@ -77,6 +88,8 @@ def choose_boundaries(length_counts: np.ndarray, k: int) -> tuple[int, ...]:
     one more than the longest length of the bucket below it, so padding to the boundary costs exactly
     this optimum.
     """
+    import numpy as np
+
     if k < 1:
         raise OptionError("auto_buckets", "must be at least 1", value=str(k))
     counts = np.asarray(length_counts, dtype=np.int64)
@@ -124,6 +137,8 @@ def quantile_boundaries(length_counts: np.ndarray, k: int) -> tuple[int, ...]:
 
     Boundary i is one more than the lower i/k quantile of the lengths; duplicates collapse.
     """
+    import numpy as np
+
     counts = np.asarray(length_counts, dtype=np.int64)
     total = int(counts.sum())
     if not total or k <= 1:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
-
-from batchtool.io.dataset import Chunk
 from batchtool.ops.base import ColumnError, Operation, need_columns, row_stats
-from batchtool.core.tally import Tally
 from batchtool.core.options import Column, option
-from batchtool.ops.rows import keep_mask
+
+if TYPE_CHECKING:  # arrays are imported where the op runs: `filter --help` imports none
+    import pyarrow as pa
+
+    from batchtool.core.tally import Tally
+    from batchtool.io.dataset import Chunk
 
 
 @dataclass(frozen=True)
@@ -29,12 +31,16 @@ class Filter(Operation[FilterOptions, FilterOptions]):
 
     def output_schema(self, options: FilterOptions, schema: pa.Schema) -> pa.Schema:
         need_columns(schema, "column", [options.column])
+        import pyarrow as pa
+
         kind = schema.field(options.column).type
         if not pa.types.is_boolean(kind):
             raise ColumnError("column", f"column {options.column!r} is {kind}, expected bool")
         return schema
 
     def kernel(self, plan: FilterOptions, chunk: Chunk) -> tuple[Chunk, Tally]:
+        from batchtool.ops.rows import keep_mask
+
         mask = keep_mask(chunk, plan.column)
         out = chunk if mask.all() else chunk.filter(mask)
         return out, row_stats(chunk.num_rows, out.num_rows)

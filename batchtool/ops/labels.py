@@ -5,16 +5,16 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-
-from batchtool.io import stats as stats_mod
-from batchtool.io.dataset import Chunk
 from batchtool.core.errors import PartialError, SchemaError, where
 from batchtool.ops.base import Context, Scan
+
+if TYPE_CHECKING:  # arrays are imported where the functions run: options declared from here make --help
+    import numpy as np
+
+    from batchtool.io import stats as stats_mod
+    from batchtool.io.dataset import Chunk
 
 MAX_CLASSES = 1 << 16
 """Most classes, given (--num-classes, --target) or inferred from the data: every input chunk counts its
@@ -38,6 +38,8 @@ class LabelError(PartialError):
 
 def check_label_type(context: Context, column: str) -> None:
     """Labels must be integers (or floats holding them): checked on the schema, before any label is counted."""
+    import pyarrow as pa
+
     t = context.schema.field(column).type
     if not (pa.types.is_integer(t) or pa.types.is_floating(t)):
         path = context.first_file or context.src
@@ -46,6 +48,10 @@ def check_label_type(context: Context, column: str) -> None:
 
 def label_codes(chunk: Chunk, column: str, num_classes: int, locate: Locate) -> np.ndarray:
     """Labels as int64 class indices; a null, fractional or out-of-range label raises LabelError."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     arr = chunk.data.column(column)
     values = pc.fill_null(pc.cast(arr, pa.float64()), math.nan).to_numpy(zero_copy_only=False)
     if pa.types.is_integer(arr.type):
@@ -81,6 +87,8 @@ def bad_label_count(counted: stats_mod.DatasetStats, num_classes: int) -> int:
 def full_label_error(scan: Scan, column: str, num_classes: int, locate: Locate,
                      counted: stats_mod.DatasetStats | None = None) -> LabelError:
     """The error over the whole dataset: how many labels are bad (counting pass) and the first one."""
+    from batchtool.io import stats as stats_mod
+
     if counted is None:
         counted = stats_mod.DatasetStats()
         for part in scan([column], functools.partial(stats_mod.chunk_stats, label=column, length=None)):

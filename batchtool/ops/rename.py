@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dataclasses import dataclass
 
-import pyarrow as pa
-
-from batchtool.io.dataset import Chunk
 from batchtool.ops.base import ColumnError, Columns, Operation, need_columns, row_stats
-from batchtool.core.tally import Tally
 from batchtool.core.options import Pairs, option
+
+if TYPE_CHECKING:  # arrays are imported where the op runs: `rename --help` imports none
+    import pyarrow as pa
+
+    from batchtool.core.tally import Tally
+    from batchtool.io.dataset import Chunk
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,8 @@ class Rename(Operation[RenameOptions, RenameOptions]):
     options = RenameOptions
 
     def output_schema(self, options: RenameOptions, schema: pa.Schema) -> pa.Schema:
+        import pyarrow as pa
+
         mapping = dict(options.columns)
         need_columns(schema, "columns", list(mapping))
         names = [mapping.get(n, n) for n in schema.names]
@@ -43,6 +47,8 @@ class Rename(Operation[RenameOptions, RenameOptions]):
         return None if columns is None else [back.get(c, c) for c in columns]
 
     def kernel(self, plan: RenameOptions, chunk: Chunk) -> tuple[Chunk, Tally]:
+        from batchtool.io.dataset import Chunk
+
         mapping = dict(plan.columns)
         out = Chunk(chunk.data.rename_columns([mapping.get(n, n) for n in chunk.data.schema.names]), chunk.ids)
         return out, row_stats(chunk.num_rows, chunk.num_rows)

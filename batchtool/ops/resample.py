@@ -8,18 +8,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-
-from batchtool.core import rng
-from batchtool.io.dataset import Chunk
 from batchtool.core.errors import InputError, OptionInputError, SchemaError
 from batchtool.ops import names as own
 from batchtool.ops.base import Pass, Context, Depends, Operation, OptionError, Shape, manifest_options, need_columns
-from batchtool.core.tally import Tally
 from batchtool.core.options import Column, Flag, Integer, Number, NumberOrColumn, option
-from batchtool.ops.copies import MAX_RATE, Copies, copy_stats, copy_summary
 
 STAGE = "resample"
 DEFAULT_RATE_COLUMN = "resample_rate"
@@ -27,7 +19,13 @@ OUTPUT_COLUMNS = (DEFAULT_RATE_COLUMN,)
 """resample's own column (with --weight): each output row's effective rate."""
 Locate = Callable[[int], str]
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the kernels are imported where the op runs: `resample --help` imports no arrays
+    import numpy as np
+    import pyarrow as pa
+
+    from batchtool.core.tally import Tally
+    from batchtool.io.dataset import Chunk
+    from batchtool.ops.copies import Copies
     from batchtool.io.output import OutputOptions
 
 
@@ -49,6 +47,8 @@ class ResampleOptions:
     output_column: tuple[tuple[str, str], ...] = own.output_column(OUTPUT_COLUMNS)
 
     def __post_init__(self) -> None:
+        from batchtool.ops.copies import MAX_RATE
+
         modes = ("rate", "weight", "accept_prob")
         chosen = [name for name in modes if getattr(self, name) is not None]
         if len(chosen) != 1:
@@ -106,6 +106,10 @@ class ResampleOptions:
 def checked_values(chunk: Chunk, column: str, locate: Locate, what: str, high: float = math.inf) -> np.ndarray:
     """A numeric column as float64; a null, NaN, infinite, negative or > `high` value is an error naming
     its file, row and column."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     arr = chunk.data.column(column)
     t = arr.type
     if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
@@ -124,6 +128,10 @@ def checked_values(chunk: Chunk, column: str, locate: Locate, what: str, high: f
 def example_rates(chunk: Chunk, options: ResampleOptions, mean_weight: float | None, locate: Locate) -> np.ndarray:
     """Expected copies of each row: the rate (constant or column), overall_rate * weight / mean weight,
     or the acceptance probability. A rate above MAX_RATE is an error naming its row."""
+    import numpy as np
+
+    from batchtool.ops.copies import MAX_RATE
+
     if options.mode == "rate":
         if isinstance(options.rate, float):
             return np.full(chunk.num_rows, options.rate)
@@ -146,6 +154,11 @@ def example_rates(chunk: Chunk, options: ResampleOptions, mean_weight: float | N
 def resample_copies(chunk: Chunk, rates: np.ndarray, options: ResampleOptions, seed: int) -> Copies:
     """How many times each row of one chunk is written: Poisson(rate) (exact for any rate), or once with
     probability p for --accept-prob. Weighted mode keeps the rates, written with each copy."""
+    import numpy as np
+
+    from batchtool.core import rng
+    from batchtool.ops.copies import Copies
+
     if options.mode == "accept":
         copies = (rng.uniform(seed, STAGE, chunk.ids) < rates).astype(np.int64)
     else:
@@ -196,6 +209,8 @@ class ResamplePlan:
 
 def _weights(column: str, context: Context, chunk: Chunk) -> Tally:
     """The first pass's statistics of a chunk: its rows and weights."""
+    from batchtool.core.tally import Tally
+
     tally = Tally.of(rows=chunk.num_rows)
     tally.add_values("weight", checked_values(chunk, column, context.locate, "weight"))
     return tally
@@ -221,6 +236,8 @@ class Resample(Operation[ResampleOptions, ResamplePlan]):
         return Shape(self.kind, Depends.CHUNKS if options.running_mean else Depends.ORDER)
 
     def output_schema(self, options: ResampleOptions, schema: pa.Schema) -> pa.Schema:
+        import pyarrow as pa
+
         if options.column:
             need_columns(schema, {"rate": "rate", "weighted": "weight", "accept": "accept_prob"}[options.mode],
                          [options.column])
@@ -237,6 +254,8 @@ class Resample(Operation[ResampleOptions, ResamplePlan]):
 
     def first_pass(self, options: ResampleOptions, schema: pa.Schema) -> Pass | None:
         """--weight without --running-mean: the mean weight, in a pass over that column only."""
+        from batchtool.core.tally import Tally
+
         if options.weight is None or options.running_mean:
             return None
         return Pass([options.weight], Tally, functools.partial(_weights, options.weight))
@@ -259,6 +278,8 @@ class Resample(Operation[ResampleOptions, ResamplePlan]):
 
     def kernel(self, plan: ResamplePlan, chunk: Chunk) -> tuple[Copies, Tally]:
         """One chunk's copies per row (built into rows piece by piece) and its statistics."""
+        from batchtool.ops.copies import copy_stats
+
         rates = example_rates(chunk, plan.options, plan.mean, plan.locate)
         copies = resample_copies(chunk, rates, plan.options, plan.seed)
         tally = copy_stats(copies.copies)
@@ -268,6 +289,8 @@ class Resample(Operation[ResampleOptions, ResamplePlan]):
         return copies, tally
 
     def report(self, plan: ResamplePlan, stats: Tally) -> dict[str, Any]:
+        from batchtool.ops.copies import copy_summary
+
         o, rows_in = plan.options, stats.count("rows_in")
         result = {"mode": o.mode, **copy_summary(stats),
                   ("accept_prob" if o.mode == "accept" else "rate"): stats.summary("rate", rows_in)}

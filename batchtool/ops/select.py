@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dataclasses import dataclass
 
-import pyarrow as pa
-
-from batchtool.io.dataset import Chunk
 from batchtool.ops.base import Columns, Operation, need_columns, row_stats
-from batchtool.core.tally import Tally
 from batchtool.core.options import ColumnList, option
+
+if TYPE_CHECKING:  # arrays are imported where the op runs: `select --help` imports none
+    import pyarrow as pa
+
+    from batchtool.core.tally import Tally
+    from batchtool.io.dataset import Chunk
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,8 @@ class Select(Operation[SelectOptions, SelectOptions]):
     options = SelectOptions
 
     def output_schema(self, options: SelectOptions, schema: pa.Schema) -> pa.Schema:
+        import pyarrow as pa
+
         need_columns(schema, "columns", options.columns)
         return pa.schema([schema.field(c) for c in options.columns], metadata=schema.metadata)
 
@@ -33,6 +37,8 @@ class Select(Operation[SelectOptions, SelectOptions]):
         return list(options.columns) if columns is None else columns
 
     def kernel(self, plan: SelectOptions, chunk: Chunk) -> tuple[Chunk, Tally]:
+        from batchtool.io.dataset import Chunk
+
         names = chunk.data.schema.names
         out = Chunk(chunk.data.select([c for c in plan.columns if c in names]), chunk.ids)
         return out, row_stats(chunk.num_rows, chunk.num_rows)

@@ -6,20 +6,19 @@ import functools
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pyarrow as pa
-
-from batchtool.core import budget, rng
-from batchtool.io.dataset import Chunk, ReadReport
+from batchtool.core import budget
 from batchtool.ops.base import Context, Depends, Kind, Operation, OptionError, Said, Shape
-from batchtool.ops.regroup import Stream, Cut, Exchange, Input, Probe, Regrouped, Runtime, Scatter, Scattered
 from batchtool.core.options import Flag, Integer, option
-from batchtool.ops.keyed import flush_bytes, range_bytes
-from batchtool.ops.rows import (FixedBatches, Yardstick, bytes_per_row, emit, emit_batch, estimate_bytes, peek,
-                                rebatch)
-from batchtool.io.spill import parts_for
+
+if TYPE_CHECKING:  # the kernels are imported where the op runs: `shuffle --help` imports no arrays
+    import numpy as np
+    import pyarrow as pa
+
+    from batchtool.io.dataset import Chunk, ReadReport
+    from batchtool.ops.regroup import Cut, Exchange, Input, Probe, Regrouped, Runtime, Scattered, Stream
+    from batchtool.ops.rows import Yardstick
 
 STAGE = "shuffle"
 MAX_BATCH_ROWS = 65536
@@ -78,11 +77,15 @@ def default_batch_rows(bytes_per_row: float) -> int:
 
 def output_batch_rows(first: Chunk | Yardstick | None, options: ShuffleOptions) -> int:
     """Rows per output batch: --batch-size, or a default sized from the first input chunk's bytes per row."""
+    from batchtool.ops.rows import bytes_per_row
+
     return options.batch_size or default_batch_rows(bytes_per_row(first))
 
 
 def check_memory(options: ShuffleOptions, memory: int, first: Chunk | Yardstick | None, rows: int | None) -> None:
     """Stop before shuffling if one --batch-size batch, or the --buffer, would not fit the budget."""
+    from batchtool.ops.rows import bytes_per_row
+
     per_row = bytes_per_row(first)
     if options.batch_size is not None:
         budget.check_rows("batch_size", options.batch_size, rows, per_row, memory)
@@ -98,6 +101,8 @@ def layout(input: Input, plan: ShufflePlan, first: Yardstick | None) -> dict[str
     """From the first chunk, before any row moves: check the budget and size the output batches; the manifest's
     statistics of the plan (not the global shuffle's key ranges, `key_ranges`: how many depends on --memory and
     --threads, and changes nothing of the output)."""
+    from batchtool.ops.rows import bytes_per_row, estimate_bytes
+
     options = plan.options
     estimate = estimate_bytes(input, first)
     check_memory(options, plan.memory, first, input.num_rows if input.num_rows is not None
@@ -111,11 +116,17 @@ def layout(input: Input, plan: ShufflePlan, first: Yardstick | None) -> dict[str
 
 def key_ranges(plan: ShufflePlan, info: dict[str, Any]) -> int:
     """The global shuffle's key ranges: each sorted by a task of its own, within its share of --memory."""
+    from batchtool.io.spill import parts_for
+    from batchtool.ops.keyed import range_bytes
+
     return parts_for(info["estimated_bytes"], range_bytes(plan.memory, plan.tasks))
 
 
 def _exchange_cut(info: dict[str, Any], options: ShuffleOptions, scattered: Scattered, runtime: Runtime) -> Cut:
     """The global shuffle's batches from its one sorted stream, as the local spill's rebatch cuts them."""
+    from batchtool.ops.regroup import Cut
+    from batchtool.ops.rows import FixedBatches
+
     rows = int(scattered.rows.sum())
     size = info["batch_rows"]
     kept = rows - (rows % size if options.drop_remainder else 0)
@@ -142,6 +153,10 @@ class BufferedShuffle:
     """
 
     def __init__(self, capacity: int, seed: int, schema: pa.Schema) -> None:
+        import numpy as np
+
+        from batchtool.io.dataset import Chunk
+
         self.capacity, self.seed, self.schema = capacity, seed, schema
         self._held = Chunk.concat([], schema)
         self._held_rows = np.zeros(0, dtype=np.int64)
@@ -150,6 +165,10 @@ class BufferedShuffle:
         self._out_pos = 0
 
     def _uniforms(self, count: int) -> list[float]:
+        import numpy as np
+
+        from batchtool.core import rng
+
         positions = np.arange(self._out_pos, self._out_pos + count, dtype=np.uint64)
         self._out_pos += count
         return rng.uniform(self.seed, STAGE + "/buffer", positions).tolist()
@@ -169,6 +188,8 @@ class BufferedShuffle:
 
     def drain(self) -> Chunk:
         """The input has ended: dequeue everything left, one uniform draw over the remaining rows each."""
+        from batchtool.io.dataset import Chunk
+
         slots = self._slots
         out: list[int] = []
         for u in self._uniforms(len(slots)):
@@ -179,6 +200,10 @@ class BufferedShuffle:
         return self._gather(Chunk.concat([], self.schema), out)
 
     def _gather(self, new: Chunk, out: list[int]) -> Chunk:
+        import numpy as np
+
+        from batchtool.io.dataset import Chunk
+
         pool = Chunk.concat([self._held, new], self.schema) if new.num_rows else self._held
         pool_rows = np.concatenate([self._held_rows, np.arange(self._next_row - new.num_rows, self._next_row)])
         order = np.argsort(pool_rows, kind="stable")
@@ -194,6 +219,8 @@ class BufferedShuffle:
 def buffered_shuffle(chunks: Iterable[Chunk], capacity: int, seed: int, schema: pa.Schema) -> Iterator[Chunk]:
     """The buffered shuffle of a chunk stream; input is pushed in groups of at least `capacity` rows so
     that gathering (which copies the buffer) costs at most about one extra copy of the data."""
+    from batchtool.io.dataset import Chunk
+
     buffer = BufferedShuffle(capacity, seed, schema)
     group: list[Chunk] = []
     rows = 0
@@ -231,12 +258,16 @@ class _Buffered:
     the first chunk, read now, sizes them and checks the budget; the rows are counted as they pass."""
 
     def __init__(self, plan: ShufflePlan, input: Input, runtime: Runtime, report: ReadReport) -> None:
+        from batchtool.ops.rows import Yardstick, peek
+
         self.plan, self.schema, self.runtime, self.report = plan, input.schema, runtime, report
         first, self._chunks = peek(runtime.rows(None, report))
         self.info = layout(input, plan, Yardstick.of(first))
         self.rows_in = 0
 
     def __iter__(self) -> Iterator[Chunk]:
+        from batchtool.ops.rows import rebatch
+
         o, schema = self.plan.options, self.schema
         chunks, self._chunks = self._chunks, None
         if chunks is None:
@@ -256,6 +287,9 @@ class _Buffered:
 
 @contextmanager
 def _buffered(plan: ShufflePlan, input: Input, runtime: Runtime, report: ReadReport) -> Iterator[Regrouped]:
+    from batchtool.ops.regroup import Regrouped
+    from batchtool.ops.rows import emit, emit_batch
+
     buffered = _Buffered(plan, input, runtime, report)
     yield Regrouped(buffered, emit if plan.options.batch_size is None else emit_batch, buffered.stats)
 
@@ -285,6 +319,10 @@ class Shuffle(Operation[ShuffleOptions, ShufflePlan]):
     def regroup(self, plan: ShufflePlan, input: Input, probe: Probe) -> Exchange | Stream:
         """The global shuffle as its exchange (its batches cut from the one sorted stream); the buffered one as it
         streams."""
+        from batchtool.ops.keyed import flush_bytes
+        from batchtool.ops.regroup import Exchange, Scatter, Stream
+        from batchtool.ops.rows import Yardstick
+
         o = plan.options
         if o.buffered:
             return Stream(functools.partial(_buffered, plan, input))

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any, Union
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Union
 
 from batchtool.core.errors import OptionError, OptionInputError
 from batchtool.core.options import Value
 from batchtool.core.options import shown as shown_value
+
+if TYPE_CHECKING:  # arrays are imported where the functions run: options declared from here make --help
+    import numpy as np
 
 PROB_TOLERANCE = 1e-6
 """How far from 1 a list of probabilities may sum (`tf.contrib.training.stratified_sample`'s tolerance)."""
@@ -118,6 +119,8 @@ class Probs(Value):
 
 def target_vector(target: Target, num_classes: int) -> np.ndarray:
     """Target proportions per class, normalised to sum to exactly 1 (after the tolerance check)."""
+    import numpy as np
+
     if isinstance(target, str):
         t = np.full(num_classes, 1.0 / num_classes)
     elif isinstance(target, dict):
@@ -132,6 +135,8 @@ def target_vector(target: Target, num_classes: int) -> np.ndarray:
 def check_zero_classes(init_probs: np.ndarray, target: np.ndarray, counted: str | None = None) -> None:
     """`stratified_sample`'s error: a class with zero initial probability cannot reach a non-zero target.
     `counted` says where the probabilities were counted (None: --init-probs gives them)."""
+    import numpy as np
+
     for i in np.flatnonzero((init_probs <= 0) & (target > 0)):
         raise (OptionError if counted is None else OptionInputError)(
             "target", f"class {i} has initial probability 0 ({counted or '{init_probs}'}) but {{target}} gives it "

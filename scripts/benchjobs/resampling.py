@@ -64,7 +64,8 @@ def selection_mask(ctx: Context, target: str = "uniform") -> str:
 
     from batchtool.exec.driver import run_operation
     from batchtool.core.run_settings import RunSettings
-    from batchtool.ops.stratify import OP, StratifyOptions, parse_target
+    from batchtool.ops.stratify import OP, StratifyOptions
+    from batchtool.ops.targets import parse_target
     from batchtool.io.output import OutputOptions
 
     name = "uniform" if target == "uniform" else target.replace(",", "_")

@@ -23,9 +23,11 @@ from batchtool.core.run_settings import RunSettings
 from batchtool.ops.base import Context
 from batchtool.ops.labels import MAX_CLASSES
 from batchtool.ops.quotas import plan_layout
-from batchtool.ops.stratify import (OP, ONLINE_PRIOR, STAGE, StratifyOptions, acceptance_probs, exact_target,
-                                    exact_totals, find_thresholds, largest_total, parse_target,
-                                    threshold_plan)
+from batchtool.ops.stratify import OP, ONLINE_PRIOR, StratifyOptions
+from batchtool.ops.stratify.plans import (STAGE, acceptance_probs, exact_target, exact_totals, largest_total,
+                                          threshold_plan)
+from batchtool.ops.stratify.thresholds import find_thresholds
+from batchtool.ops.targets import parse_target
 from batchtool.io.output import OutputOptions
 from batchtool.pipeline import load, run_pipeline
 from batchtool.core.synthetic import make_table

@@ -8,35 +8,37 @@ import functools
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pyarrow as pa
-
-from batchtool.io.dataset import Chunk
 from batchtool.ops.base import Pass, Context, Kind, Operation, OutputRows, Said
-from batchtool.ops.regroup import Exchange, Input, Probe
-from batchtool.ops.boundaries import efficiency, expected_efficiency
-from batchtool.ops.bucket import batches
-from batchtool.ops.bucket.batches import output_schema
-from batchtool.ops.bucket.plan import BucketPlan, LengthPass, batchable_counts, length_pass, make_plan, resolve_columns
-from batchtool.ops.bucket.report import summary_lines
-from batchtool.io.stats import DatasetStats
-
-if TYPE_CHECKING:
-    from batchtool.io.output import OutputOptions
 from batchtool.ops.bucket.options import BucketOptions
+
+if TYPE_CHECKING:  # the kernels are imported where the op runs: `bucket --help` imports no arrays
+    import pyarrow as pa
+
+    from batchtool.io.dataset import Chunk
+    from batchtool.ops.bucket import batches
+    from batchtool.ops.bucket.plan import BucketPlan, LengthPass
+    from batchtool.ops.regroup import Exchange, Input, Probe
+    from batchtool.io.output import OutputOptions
 
 
 def _no_lengths(options: BucketOptions) -> LengthPass:
+    import numpy as np
+
+    from batchtool.io.stats import DatasetStats
+    from batchtool.ops.bucket.plan import LengthPass
+
     classes = np.zeros((0, 4 if options.grid else 0), dtype=np.int64)
     return LengthPass(DatasetStats(), classes if options.balance else None,
                       np.zeros((0, 3), dtype=np.int64) if options.grid else None)
 
 
 def _lengths(options: BucketOptions, context: Context, chunk: Chunk) -> LengthPass:
+    from batchtool.ops.bucket.plan import length_pass, resolve_columns
+
     return length_pass(options, resolve_columns(options, context.schema), chunk, context.locate, context.memory)
 
 
-class Bucket(Operation[BucketOptions, BucketPlan]):
+class Bucket(Operation[BucketOptions, "BucketPlan"]):
     """bucket's definition: a first pass over the lengths plans the buckets; its regrouping scatters the rows to
     per-bucket spills and gives back padded batches, in a seeded order across buckets."""
 
@@ -53,6 +55,9 @@ class Bucket(Operation[BucketOptions, BucketPlan]):
     spills = ("memory",)
 
     def output_schema(self, options: BucketOptions, schema: pa.Schema) -> pa.Schema:
+        from batchtool.ops.bucket.batches import output_schema
+        from batchtool.ops.bucket.plan import resolve_columns
+
         return output_schema(schema, resolve_columns(options, schema), options.mask, options.padding == "stored")
 
     def recorded(self, options: BucketOptions, schema: pa.Schema, output: OutputOptions) -> dict[str, Any]:
@@ -61,20 +66,31 @@ class Bucket(Operation[BucketOptions, BucketPlan]):
     def first_pass(self, options: BucketOptions, schema: pa.Schema) -> Pass:
         """The length histogram of the length column (the input's first list column unless --length names one),
         with --keep, --bucket-column and --balance's labels."""
+        from batchtool.ops.bucket.plan import resolve_columns
+
         return Pass(resolve_columns(options, schema).first_pass, functools.partial(_no_lengths, options),
                     functools.partial(_lengths, options), desc="lengths")
 
     def plan(self, options: BucketOptions, context: Context, stats: LengthPass | None) -> BucketPlan:
+        from batchtool.ops.bucket.plan import make_plan, resolve_columns
+
         assert stats is not None
         return make_plan(options, resolve_columns(options, context.schema), stats, context.schema, context.seed,
                          context.memory, context.tasks)
 
     def regroup(self, plan: BucketPlan, input: Input, probe: Probe) -> Exchange:
+        from batchtool.ops.bucket import batches
+
         return batches.exchange(plan, input, probe)
 
     def expected(self, plan: BucketPlan, rows_in: int | None, scan: Any = None) -> tuple[int | None, dict[str, Any]]:
         """The buckets' rows from the first pass, and from the plan the batches and rows written (with --max-tokens
         and no --drop-remainder all rows; the batches depend on the order) and the expected padding efficiency."""
+        import numpy as np
+
+        from batchtool.ops.boundaries import efficiency, expected_efficiency
+        from batchtool.ops.bucket.plan import batchable_counts
+
         options = plan.options
         rows = plan.rows_per_bucket()
         info: dict[str, Any] = {"boundaries": list(plan.boundaries) if plan.boundaries is not None else None,
@@ -110,6 +126,8 @@ class Bucket(Operation[BucketOptions, BucketPlan]):
         return rows_out, info
 
     def said(self, stats: dict[str, Any]) -> Said:
+        from batchtool.ops.bucket.report import summary_lines
+
         return Said(tuple(summary_lines(stats)))
 
 

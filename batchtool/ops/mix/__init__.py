@@ -7,39 +7,31 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pyarrow as pa
-
-from batchtool.core import budget, rng
-from batchtool.io.dataset import Chunk
-from batchtool.io.example_ids import carry, taken
+from batchtool.core import budget
 from batchtool.core.errors import InputError, OptionInputError
 from batchtool.ops import names as own
 from batchtool.ops.base import (ColumnError, Context, Depends, Kind, Operation, Pass, Said, Shape, manifest_options,
                                 need_columns, who)
-from batchtool.ops.copies import Copies
-from batchtool.ops.keyed import flush_bytes, range_bytes
 from batchtool.ops.mix.options import OUTPUT_COLUMNS, MixOptions, largest_remainder, mixture_totals
-from batchtool.ops.mix.schedule import Replan, Schedule, read_schedule
-from batchtool.ops.quotas import (ROWS, Constant, Curve, Documents, QuotaBatches, QuotaLayout, Switched, Units,
-                                  plan_layout)
-from batchtool.ops.regroup import Cut, Exchange, Input, Probe, Runtime, Scatter, Scattered, SortedBatches, Stream
-from batchtool.ops.rows import FixedBatches, bytes_per_row, estimate_bytes
-from batchtool.ops.shuffle import default_batch_rows
 from batchtool.ops.stratify import OP as STRATIFY
-from batchtool.ops.stratify import Stratification, StratifyOptions, discard_warning, find_thresholds, threshold_plan
-from batchtool.ops.stratify.batches import exchange as balanced_batches
-from batchtool.ops.stratify.batches import (BATCH_STAGE, ORDER_STAGE, record_layout, selected_rows, selected_size,
-                                            written_stats)
-from batchtool.ops.stratify.plans import ThresholdPlan
-from batchtool.io.padding import BatchPadding, default_pad, parse_pad_values, row_lengths
-from batchtool.io.spill import parts_for
-from batchtool.io.stats import is_sequence_type
-from batchtool.core.tally import Tally
+from batchtool.ops.stratify import StratifyOptions, discard_warning
+from batchtool.ops.stratify.plans import Stratification
+
+if TYPE_CHECKING:  # the kernels are imported where the op runs: `mix --help` imports no arrays
+    import numpy as np
+    import pyarrow as pa
+
+    from batchtool.core.tally import Tally
+    from batchtool.io.dataset import Chunk
+    from batchtool.io.padding import BatchPadding
+    from batchtool.ops.copies import Copies
+    from batchtool.ops.mix.schedule import Replan, Schedule
+    from batchtool.ops.quotas import Curve, Documents, QuotaLayout, Units
+    from batchtool.ops.regroup import Cut, Exchange, Input, Probe, Runtime, Scattered, Stream
 
 STAGE = "mix"
 """The keyed order of the shuffled mixture."""
@@ -83,6 +75,9 @@ class Mixture(Stratification):
 def batch_padding(options: MixOptions, schema: pa.Schema) -> BatchPadding | None:
     """--pad: the sequence columns (every list column unless --sequence names them), their pad values and the length
     and mask columns, none of which the input may already hold; None without --pad."""
+    from batchtool.io.padding import BatchPadding, default_pad, parse_pad_values
+    from batchtool.io.stats import is_sequence_type
+
     if not options.pad:
         return None
     for name in options.sequence:
@@ -129,6 +124,8 @@ class Mix(Operation[MixOptions, Mixture]):
         return Shape(Kind.BATCHES if batches else Kind.REORDERS, Depends.ORDER)
 
     def output_schema(self, options: MixOptions, schema: pa.Schema) -> pa.Schema:
+        import pyarrow as pa
+
         need_columns(schema, own.FIELD, [options.column])
         padding = batch_padding(options, schema)
         return schema if padding is None else padding(pa.RecordBatch.from_pylist([], schema=schema)).schema
@@ -152,6 +149,11 @@ class Mix(Operation[MixOptions, Mixture]):
     def plan(self, options: MixOptions, context: Context, stats: Tally) -> Mixture:
         """The rows each source gives (exact: floor(M w_i), or --size by largest remainder) and stratify's exact
         plan for them: the thresholds of keyed hashes found in passes over the source column."""
+        import numpy as np
+
+        from batchtool.ops.stratify.plans import threshold_plan
+        from batchtool.ops.stratify.thresholds import find_thresholds
+
         k = len(options.names)
         counted = stats.counts.get("label_counts", {})
         rows = np.array([counted.get(i, 0) for i in range(k)], dtype=np.int64)
@@ -180,6 +182,14 @@ class Mix(Operation[MixOptions, Mixture]):
     def regroup(self, plan: Mixture, input: Input, probe: Probe) -> Exchange | Stream:
         """The selection in a keyed global order (a shuffle's exchange, its rows chosen on the map workers), or with
         --batch-size stratify's balanced batches of it (with --pad, padded)."""
+        from batchtool.io.spill import parts_for
+        from batchtool.ops.keyed import flush_bytes, range_bytes
+        from batchtool.ops.mix.padded import padded_cut
+        from batchtool.ops.regroup import Exchange, Scatter
+        from batchtool.ops.rows import bytes_per_row, estimate_bytes
+        from batchtool.ops.shuffle import default_batch_rows
+        from batchtool.ops.stratify.batches import exchange as balanced_batches, selected_size
+
         if plan.options.balanced_batches:
             batches = balanced_batches(self, plan, input, probe)
             assert batches is not None and batches.scatter.prepare is not None, "exact mode selects on the map side"
@@ -190,7 +200,7 @@ class Mix(Operation[MixOptions, Mixture]):
                 return batches
             scatter = replace(batches.scatter, prepare=functools.partial(_checked, plan.padding, plan.locate,
                                                                          batches.scatter.prepare))
-            return replace(batches, scatter=scatter, cut=functools.partial(_padded_cut, plan.padding, batches.cut))
+            return replace(batches, scatter=scatter, cut=functools.partial(padded_cut, plan.padding, batches.cut))
         first = probe(functools.partial(selected_size, self, plan))
         parts = parts_for(estimate_bytes(input, first, rows=int(plan.expected_rows or 0)),
                           range_bytes(plan.memory, plan.tasks))
@@ -247,6 +257,10 @@ class Mix(Operation[MixOptions, Mixture]):
         """Dry run: the rows of each source the plan takes (with --batch-size, those its balanced batches hold; by
         schedule, its quota batches). By tokens the rows follow the documents' lengths, read only as the mixture is
         made: the rows out are not known, the tokens asked for are (--size or the schedule's total)."""
+        import numpy as np
+
+        from batchtool.ops.quotas import ROWS, plan_layout
+
         info: dict[str, Any] = {"rows_in": int(sum(plan.info["rows"]))}
         weighted = bool(plan.info.get("weighted"))
         if weighted and plan.info["by"] == "tokens":
@@ -268,6 +282,11 @@ def _weighted_plan(options: MixOptions, context: Context, rows: np.ndarray) -> M
     """--by tokens or --schedule: every row of every source selected once, each source's rows in their keyed order;
     the cut then deals them out in quotas that follow the weights (or the schedule's integral) by what each row
     counts (ops.quotas), taking of each source only what its share needs."""
+    import numpy as np
+
+    from batchtool.ops.mix.schedule import read_schedule
+    from batchtool.ops.stratify.plans import ThresholdPlan
+
     k = len(options.names)
     schedule = read_schedule(options.schedule, options.names) if options.schedule is not None else None
     if schedule is not None:
@@ -302,6 +321,10 @@ def _weighted_plan(options: MixOptions, context: Context, rows: np.ndarray) -> M
 
 def _length_column(options: MixOptions, schema: pa.Schema) -> str:
     """--by tokens: --length (an integer column), else --sequence's first column or the first list column."""
+    import pyarrow as pa
+
+    from batchtool.io.stats import is_sequence_type
+
     if options.length is not None:
         if options.length not in schema.names:
             raise ColumnError("length", f"no such column (available: {', '.join(schema.names)})", value=options.length)
@@ -319,6 +342,11 @@ def _length_column(options: MixOptions, schema: pa.Schema) -> str:
 def _row_counts(plan: Mixture, chunk: Chunk) -> np.ndarray:
     """What each row counts: its tokens (--length's value, or its sequence's steps), else 1. A negative or null
     --length is an error naming the row."""
+    import numpy as np
+
+    from batchtool.io.padding import row_lengths
+    from batchtool.io.stats import is_sequence_type
+
     if plan.length is None:
         return np.ones(chunk.num_rows, dtype=np.int64)
     column = chunk.data.column(plan.length)
@@ -336,6 +364,9 @@ def _row_counts(plan: Mixture, chunk: Chunk) -> np.ndarray:
 def _measured(plan: Mixture, prepare: Callable[[Chunk], Any], chunk: Chunk) -> tuple[Chunk, np.ndarray, Any]:
     """A map task's selection with what the weighted cut needs of it: each row's source, its key in its source's
     order (the sorted streams' order) and what it counts."""
+    from batchtool.core import rng
+    from batchtool.ops.stratify.batches import ORDER_STAGE
+
     rows, labels, tally = prepare(chunk)
     return rows, labels, (tally, labels, rng.permutation_keys(plan.seed, ORDER_STAGE, rows.ids),
                           _row_counts(plan, rows))
@@ -345,6 +376,13 @@ def _weighted_cut(op: Operation, plan: Mixture, scattered: Scattered, runtime: R
     """--by tokens / --schedule: each source's counts in its stream's order, then the quota batches that follow the
     weights by them (ops.quotas.plan_layout), up to --size (or the schedule's total): a source that runs out before
     it, under its cap, is an error before anything is written."""
+    import numpy as np
+
+    from batchtool.core.tally import Tally
+    from batchtool.ops.quotas import Documents, QuotaBatches, ROWS
+    from batchtool.ops.regroup import Cut
+    from batchtool.ops.stratify.batches import BATCH_STAGE, record_layout, written_stats
+
     options, k = plan.options, plan.num_classes
     selected = Tally()
     labels, keys, counts = [], [], []
@@ -375,6 +413,10 @@ def _dealt(plan: Mixture, rows: np.ndarray, docs: Documents | Units) -> QuotaLay
     """The quota batches of a mix by tokens or schedule, from each source's rows and what its documents count (in
     the order its stream deals them; ROWS: by rows, which the plan alone knows): up to --size (or the schedule's
     total), where a source that runs out before it, under its cap, is an error."""
+    import numpy as np
+
+    from batchtool.ops.quotas import Constant, Switched, plan_layout
+
     options, k = plan.options, plan.num_classes
     schedule = plan.schedule
     available = schedule.caps(rows, options.replacement) if schedule is not None else (
@@ -394,6 +436,8 @@ def _dealt(plan: Mixture, rows: np.ndarray, docs: Documents | Units) -> QuotaLay
 
 def _ran_out(plan: Mixture, layout: QuotaLayout, available: np.ndarray, rows: np.ndarray, end: int) -> None:
     """The error for a source whose documents (under its cap) run out before the mixture's end."""
+    import numpy as np
+
     used = layout.per_class - np.asarray(layout.partial or np.zeros(len(rows)), dtype=np.int64)
     following = next(itertools.islice(layout.full_quotas(), layout.batches, None))
     i = int(np.argmax(used + following > available))
@@ -406,6 +450,8 @@ def _ran_out(plan: Mixture, layout: QuotaLayout, available: np.ndarray, rows: np
 
 def _chunk_counts(column: str, count: Any, context: Context, chunk: Chunk) -> Tally:
     """A chunk's class counts (`count`, stratify's) and its rows as a chunk of its source (a chunk is of one)."""
+    import numpy as np
+
     tally = count(context, chunk)
     if chunk.num_rows:
         tally.add_values(f"chunk_rows/{chunk.data.column(column)[0].as_py()}", np.array([chunk.num_rows]))
@@ -416,6 +462,8 @@ def _check_memory(options: MixOptions, memory: int, stats: Tally, rows: np.ndarr
     """Refuse, before any row is selected, a mixture whose making cannot fit --memory, however large --size: a map
     task builds the copies of one chunk at once (COPY_BYTES a copy at least), and --batch-size's layout holds every
     batch's quotas."""
+    import numpy as np
+
     copies = -(-totals // np.maximum(rows, 1))
     chunk = np.array([stats.high.get(f"chunk_rows/{i}", 0) for i in range(len(rows))], dtype=np.int64)
     i = int(np.argmax(copies * chunk))
@@ -450,49 +498,22 @@ def _checked(padding: BatchPadding, locate: Callable[[int], str], prepare: Calla
     return prepare(chunk)
 
 
-def _padded_cut(padding: BatchPadding, cut: Callable[[Scattered, Runtime], Cut], scattered: Scattered,
-                runtime: Runtime) -> Cut:
-    """--pad: the balanced batches' cut, each batch padded where it is read."""
-    made = cut(scattered, runtime)
-    return replace(made, batches=PaddedBatches(made.batches, padding, len(scattered.schema)))
-
-
-@dataclass(frozen=True)
-class PaddedBatches(SortedBatches):
-    """Batches (ops.regroup.SortedBatches) padded to their longest row as they are read: the same rows, in the same order."""
-
-    batches: SortedBatches
-    padding: BatchPadding
-    width: int
-    """The columns of a batch before padding (its carried example ids after them)."""
-
-    @property
-    def firsts(self) -> np.ndarray:  # type: ignore[override]
-        return self.batches.firsts
-
-    def nbytes(self) -> int:
-        return self.batches.nbytes()
-
-    def reader(self, start: int, end: int) -> Callable[[], Iterator[pa.RecordBatch]]:
-        return functools.partial(_padded_run, self.padding, self.width, self.batches.reader(start, end))
-
-
-def _padded_run(padding: BatchPadding, width: int,
-                read: Callable[[], Iterator[pa.RecordBatch]]) -> Iterator[pa.RecordBatch]:
-    """Each batch padded, the example ids it carries (batchtool.io.example_ids) kept last."""
-    for batch in read():
-        data, ids = taken(batch, width)
-        yield padding(data) if ids is None else carry(padding(data), ids)
-
-
 def _one_group(op: Operation, plan: Stratification, chunk: Chunk) -> tuple[Chunk, np.ndarray, Tally]:
     """A map task's chunk of the shuffled mixture: the selected rows, all to the one group, and the counts."""
+    import numpy as np
+
+    from batchtool.ops.stratify.batches import selected_rows
+
     rows, _, tally = selected_rows(op, plan, chunk)
     return rows, np.zeros(rows.num_rows, dtype=np.int64), tally
 
 
 def _shuffled(op: Operation, plan: Stratification, batch_rows: int, scattered: Scattered, runtime: Runtime) -> Cut:
     """The mixture in its keyed order, cut into row groups as a global shuffle cuts them."""
+    from batchtool.core.tally import Tally
+    from batchtool.ops.regroup import Cut
+    from batchtool.ops.rows import FixedBatches
+
     selected = Tally()
     for tally in scattered.stats:
         selected.merge(tally)
@@ -502,5 +523,5 @@ def _shuffled(op: Operation, plan: Stratification, batch_rows: int, scattered: S
 
 OP = Mix()
 
-__all__ = ["OP", "OUTPUT_COLUMNS", "STAGE", "Mix", "MixOptions", "Mixture", "PaddedBatches", "batch_padding",
+__all__ = ["OP", "OUTPUT_COLUMNS", "STAGE", "Mix", "MixOptions", "Mixture", "batch_padding",
            "largest_remainder", "mixture_totals", "source_table"]

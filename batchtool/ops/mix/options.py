@@ -7,16 +7,17 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Union
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Union
 
 from batchtool.core.errors import OptionError, OptionInputError
-from batchtool.io.mixed import SOURCE
+from batchtool.io.mix_source import SOURCE
 from batchtool.ops import names as own
-from batchtool.ops.copies import MAX_RATE
-from batchtool.ops.mix.schedule import Replan
 from batchtool.core.options import Choice, Column, ColumnList, Flag, Integer, Number, Pairs, Value, option, shown
+
+if TYPE_CHECKING:  # arrays are imported where the functions run: options declared from here make --help
+    import numpy as np
+
+    from batchtool.ops.mix.schedule import Replan
 
 OUTPUT_COLUMNS = (SOURCE, "length", "mask")
 """mix's own columns: each row's source, by index (the manifest names them); with --pad, as bucket writes them, each
@@ -235,6 +236,10 @@ def mixture_totals(options: MixOptions, rows: np.ndarray, weights: Sequence[Frac
     """Rows of each source in the mixture and M, the largest mixture that uses no row twice (min_i n_i / w_i over
     the sources with a weight): floor(M * w_i) each, or --size split by largest remainder (beyond M only with
     --replacement, and no row more than MAX_RATE times)."""
+    import numpy as np
+
+    from batchtool.ops.copies import MAX_RATE
+
     m = min(Fraction(int(n)) / w for n, w in zip(rows.tolist(), weights) if w > 0)
     if options.size is None:
         return np.array([math.floor(m * w) for w in weights], dtype=np.int64), m

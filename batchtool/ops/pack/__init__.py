@@ -17,29 +17,32 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pyarrow as pa
-
-from batchtool.io.dataset import Chunk
 from batchtool.ops import names as own
 from batchtool.ops.base import Pass, Context, Kind, Operation, OutputRows, Said
-from batchtool.ops.regroup import Exchange, Input, Probe
 from batchtool.ops.pack.options import (DEFAULT_BATCH_SIZE, PackColumns, PackOptions, output_schema,
                                         resolve_columns)
-from batchtool.ops.pack.plan import (LengthCounts, PackPlan, batch_layout, check_long, count_lengths, make_plan,
-                                     planned)
-from batchtool.ops.pack.rows import assemble, exchange
-from batchtool.io.padding import row_lengths
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the kernels are imported where the op runs: `pack --help` imports no arrays
+    import pyarrow as pa
+
+    from batchtool.io.dataset import Chunk
+    from batchtool.ops.pack.plan import LengthCounts, PackPlan
+    from batchtool.ops.regroup import Exchange, Input, Probe
     from batchtool.io.output import OutputOptions
 
 
 def _no_lengths() -> LengthCounts:
+    import numpy as np
+
+    from batchtool.ops.pack.plan import LengthCounts
+
     return LengthCounts(np.zeros(0, dtype=np.int64))
 
 
 def _lengths(options: PackOptions, context: Context, chunk: Chunk) -> LengthCounts:
+    from batchtool.io.padding import row_lengths
+    from batchtool.ops.pack.plan import check_long, count_lengths
+
     columns = resolve_columns(options, context.schema)
     lengths = row_lengths(chunk.data.column(columns.length))
     for role, column in columns.adopted.items():
@@ -48,7 +51,7 @@ def _lengths(options: PackOptions, context: Context, chunk: Chunk) -> LengthCoun
     return count_lengths(lengths, options)
 
 
-class Pack(Operation[PackOptions, PackPlan]):
+class Pack(Operation[PackOptions, "PackPlan"]):
     name = "pack"
     summary = f"""Pack whole sequences into rows of at most L steps, for transformer training without padding waste.
 
@@ -80,14 +83,20 @@ class Pack(Operation[PackOptions, PackPlan]):
                     desc="lengths")
 
     def plan(self, options: PackOptions, context: Context, stats: LengthCounts | None) -> PackPlan:
+        from batchtool.ops.pack.plan import make_plan
+
         assert stats is not None  # pack always has its first pass
         return make_plan(options, resolve_columns(options, context.schema), stats, context.schema, context.seed,
                          context.memory, context.tasks)
 
     def regroup(self, plan: PackPlan, input: Input, probe: Probe) -> Exchange:
+        from batchtool.ops.pack.rows import exchange
+
         return exchange(plan, input, probe)
 
     def expected(self, plan: PackPlan, rows_in: int | None, scan: Any = None) -> tuple[int | None, dict[str, Any]]:
+        from batchtool.ops.pack.plan import batch_layout, planned
+
         info = planned(plan, batch_layout(plan))
         return info["rows"], info
 

@@ -6,17 +6,16 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any
 
 from batchtool.ops import names as own
 from batchtool.ops.base import ColumnError, OptionError, need_columns
 from batchtool.core.options import Choice, ColumnList, Flag, Integer, Pairs, Value, option, shown
-from batchtool.ops.batching import BatchBudget
-from batchtool.io.padding import MAX_PADDED_STEPS, parse_pad_values
-from batchtool.io.stats import is_sequence_type
+
+if TYPE_CHECKING:  # arrays are imported where the functions run: options declared from here make --help
+    import pyarrow as pa
+
+    from batchtool.ops.batching import BatchBudget
 
 PER_STEP = ("segment_ids", "positions")
 PER_ROW = ("cu_seqlens", "num_examples", "length", "batch")
@@ -110,6 +109,8 @@ class PackOptions:
     output_column: tuple[tuple[str, str], ...] = own.output_column(OUTPUT_COLUMNS)
 
     def __post_init__(self) -> None:
+        from batchtool.io.padding import MAX_PADDED_STEPS
+
         L = self.max_length
         if not 1 <= L <= MAX_LENGTH_LIMIT:
             raise OptionError("max_length", f"must be between 1 and {MAX_LENGTH_LIMIT:,}", value=str(L))
@@ -211,6 +212,8 @@ class PackOptions:
 
     @property
     def budget(self) -> BatchBudget:
+        from batchtool.ops.batching import BatchBudget
+
         return BatchBudget(batch_size=self.batch_size, max_tokens=self.max_tokens)
 
     def recorded(self) -> dict[str, Any]:
@@ -263,6 +266,9 @@ class PackColumns:
 def resolve_columns(options: PackOptions, schema: pa.Schema) -> PackColumns:
     """Check the named sequence columns (default: every list column), and that no input column it writes is named
     like one of its own columns (one that holds each example's steps is adopted instead, see PackColumns)."""
+    from batchtool.io.padding import parse_pad_values
+    from batchtool.io.stats import is_sequence_type
+
     names = schema.names
     for name in options.sequences:
         if name not in names:
@@ -291,6 +297,8 @@ def resolve_columns(options: PackOptions, schema: pa.Schema) -> PackColumns:
 def output_schema(schema: pa.Schema, columns: PackColumns, options: PackOptions) -> pa.Schema:
     """Input columns in their order (sequences packed, the others as per-example lists), then the
     packing columns."""
+    import pyarrow as pa
+
     out = columns.names
     kept = columns.kept(schema)
     fields = [pa.field(f.name, pa.list_(f.type.value_field) if f.name in columns.sequences else pa.list_(f.type),
@@ -316,6 +324,9 @@ def step_type(max_length: int) -> pa.DataType:
     and a row holds at most L examples, PackOptions.row_examples), so they cost 1 or 2 bytes a step instead of 4.
     Signed because their consumers index with them: PyTorch indexes with signed integers (a uint8 tensor indexes as a
     boolean mask) and NumPy, PyTorch and JAX widen a signed one with int32/int64 to a signed one."""
+    import numpy as np
+    import pyarrow as pa
+
     for t in (pa.int8(), pa.int16()):
         if max_length <= np.iinfo(t.to_pandas_dtype()).max:
             return t
@@ -325,10 +336,13 @@ def step_type(max_length: int) -> pa.DataType:
 def feature_lists(schema: pa.Schema, columns: PackColumns) -> tuple[str, ...]:
     """Columns written as SequenceExample feature lists: the per-step ones, and per-example lists of lists
     (which a context feature cannot hold); the other per-example and per-row lists are context features."""
+    from batchtool.io.stats import is_sequence_type
+
     nested = tuple(f.name for f in schema if f.name in columns.others and is_sequence_type(f.type.value_type))
     return (*columns.sequences, *(columns.names[c] for c in PER_STEP), *nested)
 
 
-__all__ = ["ADOPTED", "BALANCES", "CU_UNPADDED", "PieceCost", "DEFAULT_BATCH_SIZE", "DEFAULT_COEFFICIENTS", "MAX_LENGTH_LIMIT", "MAX_PADDED_STEPS", "OUTPUT_COLUMNS", "PER_ROW",
+__all__ = ["ADOPTED", "BALANCES", "CU_UNPADDED", "PieceCost", "DEFAULT_BATCH_SIZE", "DEFAULT_COEFFICIENTS", "MAX_LENGTH_LIMIT",
+           "OUTPUT_COLUMNS", "PER_ROW",
            "PER_STEP", "SOURCE_OFFSET", "PackColumns", "PackOptions", "feature_lists", "output_schema", "resolve_columns",
            "step_type", "written_role"]

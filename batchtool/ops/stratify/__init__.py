@@ -7,26 +7,24 @@ import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pyarrow as pa
-
-from batchtool.io import stats as stats_mod
-from batchtool.io.dataset import Chunk
 from batchtool.core.errors import OptionInputError
 from batchtool.ops.base import Pass, Context, Depends, Kind, Operation, Said, Shape, need_columns, who
-from batchtool.ops.regroup import Stream, Exchange, Input, Probe
-from batchtool.core.tally import Tally
 from batchtool.ops.labels import (MAX_CLASSES, LabelError, bad_label_count, check_label_type, full_label_error,
                                   is_class, label_codes)
-from batchtool.ops.copies import Copies, copy_stats, copy_summary
-from batchtool.ops.stratify.batches import batched, exchange
 from batchtool.ops.stratify.options import MODES, StratifyOptions
-from batchtool.ops.targets import check_probs, parse_probs, parse_target
-from batchtool.ops.stratify.plans import STAGE, Plan, RatePlan, Stratification, Target, ThresholdPlan, acceptance_probs, exact_target, exact_totals, largest_total, replacement_rates, threshold_plan
-from batchtool.ops.targets import check_zero_classes, target_vector
-from batchtool.ops.stratify.thresholds import find_thresholds
+
+if TYPE_CHECKING:  # the kernels are imported where the op runs: `stratify --help` imports no arrays
+    import numpy as np
+    import pyarrow as pa
+
+    from batchtool.core.tally import Tally
+    from batchtool.io import stats as stats_mod
+    from batchtool.io.dataset import Chunk
+    from batchtool.ops.copies import Copies
+    from batchtool.ops.regroup import Exchange, Input, Probe, Stream
+    from batchtool.ops.stratify.plans import Plan, Stratification
 
 ONLINE_PRIOR = 10
 """Pseudo-count of every class before any label is seen (`stratified_sample_unknown_dist`'s smoothing constant)."""
@@ -52,6 +50,12 @@ def classes_from_data(counted: stats_mod.DatasetStats, options: StratifyOptions,
 def _plan(context: Context, options: StratifyOptions, counted: stats_mod.DatasetStats | None, num_classes: int,
           target: np.ndarray, info: dict[str, Any]) -> tuple[Plan, float | None]:
     """The plan of the exact and Bernoulli modes, and the expected output rows (None if unknown)."""
+    import numpy as np
+
+    from batchtool.ops.stratify.plans import RatePlan, acceptance_probs, exact_totals, replacement_rates, threshold_plan
+    from batchtool.ops.stratify.thresholds import find_thresholds
+    from batchtool.ops.targets import check_zero_classes
+
     if counted is None:
         init = np.asarray(options.init_probs, dtype=np.float64)
         check_zero_classes(init, target)
@@ -75,6 +79,8 @@ def _plan(context: Context, options: StratifyOptions, counted: stats_mod.Dataset
 
 
 def _by_class(counts: np.ndarray) -> dict[str, int]:
+    import numpy as np
+
     return {str(i): int(n) for i, n in enumerate(np.asarray(counts).tolist())}
 
 
@@ -82,6 +88,11 @@ def _class_counts(options: StratifyOptions, context: Context, chunk: Chunk) -> T
     """The first pass's statistics of a chunk: its rows per class; labels that can be no class (fractional,
     negative, past --num-classes or the most classes) are counted together, with the largest of them, so the
     counts never outgrow the classes."""
+    import numpy as np
+
+    from batchtool.core.tally import Tally
+    from batchtool.io import stats as stats_mod
+
     check_label_type(context, options.label)  # before a first chunk's labels are counted
     part = stats_mod.chunk_stats(chunk, options.label, None)
     classes = options.known_classes() or MAX_CLASSES
@@ -94,7 +105,7 @@ def _class_counts(options: StratifyOptions, context: Context, chunk: Chunk) -> T
     return tally
 
 
-class Stratify(Operation[StratifyOptions, Stratification]):
+class Stratify(Operation[StratifyOptions, "Stratification"]):
     """stratify's definition: options, first pass, plan, kernel, report and dry run; with --batch-size it
     regroups its selection into batches (ops/stratify/batches.py)."""
 
@@ -122,6 +133,8 @@ class Stratify(Operation[StratifyOptions, Stratification]):
     def first_pass(self, options: StratifyOptions, schema: pa.Schema) -> Pass | None:
         """The class counts (unless --init-probs or --mode online make them unnecessary); in exact mode its
         thresholds are keyed hashes of the ids, so a shuffle before it must really run."""
+        from batchtool.core.tally import Tally
+
         if not options.needs_counts:
             return None
         return Pass([options.label], Tally, functools.partial(_class_counts, options),
@@ -130,6 +143,10 @@ class Stratify(Operation[StratifyOptions, Stratification]):
     def plan(self, options: StratifyOptions, context: Context, stats: Tally | None) -> Stratification:
         """The classes, the target and, unless --mode online (which plans chunk by chunk), the plan: in exact
         mode with the per-class thresholds, found in further passes over the label column."""
+        from batchtool.io import stats as stats_mod
+        from batchtool.ops.stratify.plans import Stratification
+        from batchtool.ops.targets import target_vector
+
         check_label_type(context, options.label)
         num_classes = options.known_classes()
         counted = None
@@ -152,6 +169,10 @@ class Stratify(Operation[StratifyOptions, Stratification]):
     def per_chunk(self, plan: Stratification) -> Callable[[Chunk], Stratification] | None:
         """--mode online: chunk c's acceptance probabilities come from the label counts of chunks 0..c in input
         order (plus ONLINE_PRIOR per class), so they do not depend on threads."""
+        import numpy as np
+
+        from batchtool.ops.stratify.plans import RatePlan, acceptance_probs
+
         if plan.plan is not None:
             return None
         seen = np.full(plan.num_classes, float(ONLINE_PRIOR))
@@ -165,6 +186,11 @@ class Stratify(Operation[StratifyOptions, Stratification]):
 
     def kernel(self, plan: Stratification, chunk: Chunk) -> tuple[Copies, Tally]:
         """One chunk's copies per row (built into rows piece by piece) and its class counts before and after."""
+        import numpy as np
+
+        from batchtool.ops.copies import Copies, copy_stats
+        from batchtool.ops.stratify.plans import STAGE
+
         labels = plan.labels(chunk)
         copies = plan.plan.copies(labels, chunk.ids, plan.seed)  # type: ignore[union-attr]
         tally = copy_stats(copies)
@@ -177,6 +203,9 @@ class Stratify(Operation[StratifyOptions, Stratification]):
 
     def regroup(self, plan: Stratification, input: Input, probe: Probe) -> Exchange | Stream:
         """--balanced-batches: the exchange of its selection; plain batches of it as it streams."""
+        from batchtool.ops.regroup import Stream
+        from batchtool.ops.stratify.batches import batched, exchange
+
         if plan.options.balanced_batches:
             return exchange(self, plan, input, probe)
         return Stream(functools.partial(batched, self, plan, input))
@@ -184,6 +213,10 @@ class Stratify(Operation[StratifyOptions, Stratification]):
     def report(self, plan: Stratification, stats: Tally) -> dict[str, Any]:
         """manifest["stats"]: the plan, class counts before and after, copies and what was discarded (the
         writer adds `class_out`, the classes of the batches it wrote, and `latest["batches"]`, their layout)."""
+        import numpy as np
+
+        from batchtool.ops.copies import copy_summary
+
         zeros = np.zeros(plan.num_classes)
         written = stats.counts.get("class_out", stats.counts.get("class_selected", zeros))
         online = {k: v for k, v in stats.latest.items() if k == "online_final_probs"}
@@ -216,7 +249,5 @@ def discard_warning(stats: dict[str, Any], name: str, hint: str) -> tuple[str, .
 
 OP = Stratify()
 
-__all__ = ["MAX_CLASSES", "MODES", "OP", "ONLINE_PRIOR", "STAGE", "LabelError", "RatePlan", "Stratification",
-           "Stratify", "StratifyOptions", "Target", "ThresholdPlan", "acceptance_probs",
-           "check_probs", "check_zero_classes", "discard_warning", "exact_target", "exact_totals", "find_thresholds",
-           "label_codes", "largest_total", "parse_probs", "parse_target", "target_vector", "threshold_plan"]
+__all__ = ["MAX_CLASSES", "MODES", "OP", "ONLINE_PRIOR", "LabelError", "Stratify", "StratifyOptions",
+           "discard_warning", "label_codes"]
