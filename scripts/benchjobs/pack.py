@@ -46,7 +46,8 @@ def pyarrow_floor(src: str, dst: str, first_fit: bool) -> None:
     import pyarrow.parquet as pq
 
     from batchtool.ops.pack import packing
-    from batchtool.ops.pack import PackColumns, PackOptions, assemble, output_schema
+    from batchtool.ops.pack import PackColumns, PackOptions, output_schema
+    from batchtool.ops.pack.rows import assemble
     from batchtool.io.padding import row_lengths
 
     files = sorted(glob.glob(os.path.join(src, "*.parquet")))

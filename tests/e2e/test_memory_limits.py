@@ -23,6 +23,7 @@ import memlimit
 from batchtool.core import budget
 from batchtool.core.budget import DEFAULT_MEMORY
 from batchtool.core.errors import InputError, OptionInputError, UsageError
+from batchtool.io.dataset import Chunk
 from batchtool.ops import segment as segment_op
 from batchtool.ops import shuffle as shuffle_op
 from batchtool.ops.bucket import BucketOptions
@@ -233,7 +234,7 @@ def test_auto_buckets_refuses_a_choice_too_large_for_the_budget():
 
 
 def test_a_buffer_of_more_rows_than_the_budget_holds_is_refused():
-    first = shuffle_op.Chunk(pa.record_batch({"x": np.zeros(100, dtype=np.int64)}), np.arange(100, dtype=np.uint64))
+    first = Chunk(pa.record_batch({"x": np.zeros(100, dtype=np.int64)}), np.arange(100, dtype=np.uint64))
     options = shuffle_op.ShuffleOptions(buffer=10**8)
     with pytest.raises(UsageError, match=r"--buffer 100000000: a buffer of 100,000,000 rows takes about"):
         shuffle_op.check_memory(options, 1 << 20, first, rows=10**9)
