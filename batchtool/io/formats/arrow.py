@@ -406,7 +406,10 @@ _VERIFIED_LOCK = threading.Lock()
 def _verified(stat: os.stat_result, batches: int) -> np.ndarray:
     key = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
     with _VERIFIED_LOCK:
-        return _VERIFIED.setdefault(key, np.zeros(batches, dtype=bool))
+        found = _VERIFIED.get(key)
+        if found is None:
+            found = _VERIFIED[key] = np.zeros(batches, dtype=bool)
+        return found
 
 
 @dataclass(frozen=True)
