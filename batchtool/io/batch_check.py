@@ -56,11 +56,11 @@ def batch_crc(batch: pa.RecordBatch) -> int:
     array (children included) in order. The writer records it from the batch's own buffers as the reader will
     get them (batch_crc_metadata), so both sides hash the same bytes."""
     buffers = [b for b in batch.to_struct_array().buffers()[1:] if b is not None]  # every column's, depth first
-    return _crc(batch, buffers)
+    return _crc(batch.num_rows, batch.columns, buffers)
 
 
-def _crc(batch: pa.RecordBatch, buffers: list[pa.Buffer]) -> int:
-    head = struct.pack(f"<q{batch.num_columns}q", batch.num_rows, *(c.null_count for c in batch.columns))
+def _crc(rows: int, columns: list[pa.Array], buffers: list[pa.Buffer]) -> int:
+    head = struct.pack(f"<q{len(columns)}q", rows, *(c.null_count for c in columns))
     crc = google_crc32c.extend(0, head)
     for buffer in buffers:
         crc = google_crc32c.extend(crc, buffer)
@@ -135,16 +135,18 @@ def _exact(buffer: pa.Buffer | None, size: int, out: list[pa.Buffer]) -> bool:
     return True
 
 
-def batch_crc_metadata(batch: pa.RecordBatch,
-                       buffers: list[list[pa.Buffer] | None] | None = None) -> dict[bytes, bytes]:
+def batch_crc_metadata(batch: pa.RecordBatch, buffers: list[list[pa.Buffer] | None] | None = None,
+                       columns: list[pa.Array] | None = None) -> dict[bytes, bytes]:
     """The custom metadata the Arrow IPC writer stores with `batch`: its CRC32C, as its reader will compute it.
     From the batch's own buffers (`buffers`: each column's written_buffers, where the caller has them) without a
-    copy; where the writer would not send some column's buffers whole, from the batch serialized and read back."""
+    copy; where the writer would not send some column's buffers whole, from the batch serialized and read back.
+    `columns`: batch.columns where the caller has them (each call of it makes every column's object again)."""
+    columns = batch.columns if columns is None else columns
     if buffers is None:
-        buffers = [written_buffers(c) for c in batch.columns]
+        buffers = [written_buffers(c) for c in columns]
     if any(b is None for b in buffers):
         return {CRC_KEY: f"{batch_crc(pa.ipc.read_record_batch(batch.serialize(), batch.schema)):08x}".encode()}
-    return {CRC_KEY: f"{_crc(batch, [b for column in buffers for b in column]):08x}".encode()}
+    return {CRC_KEY: f"{_crc(batch.num_rows, columns, [b for column in buffers for b in column]):08x}".encode()}
 
 
 def verify_crc(batch: pa.RecordBatch, metadata: pa.KeyValueMetadata | None, path: str, index: int) -> None:

@@ -483,17 +483,18 @@ class ArrowFormat(Format, declared=DECLARED["arrow"]):
         on the values only, not on how the batch was cut (key ranges, --memory, --threads, the engine). A column
         the writer sends whole (batch_check.written_buffers) is already compact and is not copied. Its CRC32C is
         computed here too, on the worker that encodes it, from the buffers the writer sends."""
-        columns, buffers = [], []
+        columns, buffers, copied = [], [], False
         for column in batch.columns:
             bitmap = _has_bitmap(column)
             written = None if bitmap else batch_check.written_buffers(column)
             if written is None and (bitmap or column.get_total_buffer_size() > column.nbytes):
                 column = pa.concat_arrays([column])
                 written = batch_check.written_buffers(column)
+                copied = True
             columns.append(column)
             buffers.append(written)
-        compact = pa.RecordBatch.from_arrays(columns, schema=batch.schema)
-        return EncodedBatch(compact, metadata=batch_check.batch_crc_metadata(compact, buffers))
+        compact = pa.RecordBatch.from_arrays(columns, schema=batch.schema) if copied else batch
+        return EncodedBatch(compact, metadata=batch_check.batch_crc_metadata(compact, buffers, columns))
 
     def open_dataset(self, src: str, shards: tuple[Shard, ...], schema: pa.Schema | None, manifest: dict | None,
                      reading: Reading) -> Dataset:
