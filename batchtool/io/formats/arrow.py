@@ -309,9 +309,10 @@ class _Batches(StoredBatches):
         return _Read(opened, tuple(int(i) for i in local), columns, verify)
 
     def in_place(self, verify: bool = False) -> bool:
-        """Verified too where the batches average at most INLINE_VERIFIED_BYTES."""
-        if not self.mapped or not verify or self.listed is None:
-            return self.mapped and not verify
+        """Verified too where the batches average at most INLINE_VERIFIED_BYTES (mapped: the manifest lists the
+        files)."""
+        if not (self.mapped and verify and self.listed):
+            return self.mapped
         stored = sum(entry.bytes for entry in self.listed)
         return stored <= INLINE_VERIFIED_BYTES * max(1, sum(entry.batches for entry in self.listed))
 
