@@ -270,7 +270,7 @@ def produced(op: Operation, plan: Any, regroups: bool, runtime: EngineRuntime, r
                        report) as out:
             yield out if isinstance(out, Cut) else Streamed(
                 map(Item, out.items), functools.partial(_item_work, out.work), out.stats, total_rows=out.total_rows,
-                sequence_columns=out.sequence_columns)
+                sequence_columns=out.sequence_columns, stacked_rows=out.stacked_rows)
         return
     applied = Applied(op, plan)
     if units is None or op.per_chunk(plan) is not None:

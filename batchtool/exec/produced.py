@@ -83,6 +83,8 @@ class Streamed:
     """The input rows the units complete (the progress total); None: the source's."""
     sequence_columns: tuple[str, ...] | None = None
     """Columns to write as feature lists should the output be tf.train.SequenceExample records."""
+    stacked_rows: int | None = None
+    """Each record batch made holds consecutive batches of this many rows (ops.regroup.Regrouped.stacked_rows)."""
 
 
 Produced = Cut | Streamed

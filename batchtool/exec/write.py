@@ -70,6 +70,8 @@ def write(job: Job, produce: Produce, executor: Executor, report: ReadReport | N
         tasks = tasks_executor(space, executor)
         output = job.output if produced.sequence_columns is None else \
             replace(job.output, sequence_columns=produced.sequence_columns)
+        produced, output = _stacking(produced, output)
+        job = replace(job, output=output)  # (what the manifest records: the stacks)
         stats = produced.stats
         placed = _write_on_driver if tasks.shares.memory else write_on_workers
         files, rows_in, rows, kept = placed(job, produced, output, stored, tmp, space, report, tasks, carried)
@@ -124,6 +126,28 @@ def write_manifest(tmp: str, space: Workspace, job: Job, casts: dict[str, str], 
 
 
 # -- on the driver: one writer, in order, for workers that share its memory -----------------------------------
+
+
+def _stacking(produced: Produced, output: OutputOptions) -> tuple[Produced, OutputOptions]:
+    """Stacks of batches (Streamed.stacked_rows) written as they are made where the output format stores stacks,
+    else cut into their batches where they are made."""
+    if not isinstance(produced, Streamed) or produced.stacked_rows is None:
+        return produced, output
+    if output.spec.stores_stacks:
+        return produced, replace(output, stacked_rows=produced.stacked_rows)
+    return replace(produced, emitted=functools.partial(_unstacked, produced.emitted, produced.stacked_rows),
+                   stacked_rows=None), output
+
+
+def _unstacked(emitted: Emitted, rows: int, thing: Any) -> tuple[list[Deferred], Tally]:
+    """`emitted`, each piece's stacks cut into their batches of `rows` rows."""
+    made, stats = emitted(thing)
+    return [functools.partial(_cut_piece, piece, rows) for piece in made], stats
+
+
+def _cut_piece(piece: Deferred, rows: int) -> tuple[list[pa.RecordBatch], int]:
+    stacks, consumed = piece()
+    return [stack.slice(start, rows) for stack in stacks for start in range(0, stack.num_rows, rows)], consumed
 
 
 def _write_on_driver(job: Job, produced: Produced, output: OutputOptions, stored: pa.Schema, tmp: str,

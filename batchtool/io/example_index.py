@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 from batchtool.core import fs, rng
 from batchtool.core.errors import BatchtoolError, InputError, OptionError
 from batchtool.io.dataset import Dataset, ReadReport, Shard
+from batchtool.io.formats.base import batch_of
 from batchtool.io.formats.registry import FORMATS
 from batchtool.io.ipc_single import NO_VALIDITY, Buffer, write_single_batch
 from batchtool.io.key_sort import KeySort, search
@@ -364,7 +365,7 @@ def _read_keys(dataset: Dataset, column: str, budget: int, record: Callable[[np.
             start, window = 0, 1
             while start < count:
                 local = np.arange(start, min(count, start + window), dtype=np.int64)
-                columns = [b.column(0) for b in stored.read(f, local, [column], dataset.projected_schema([column]),
+                columns = [batch_of(b).column(0) for b in stored.read(f, local, [column], dataset.projected_schema([column]),
                                                             cache)()]
                 sizes = np.array([_count(c) for c in columns], dtype=np.int64)
                 keys = _keys_of(pa.chunked_array(columns, type=dataset.schema.field(column).type))

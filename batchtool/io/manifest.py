@@ -32,12 +32,17 @@ MANIFEST_NAME = ".batchtool_manifest.json"
 pyarrow.dataset skip names starting with `.` or `_`, Hugging Face `datasets` only those starting with `.`."""
 LEGACY_MANIFEST_NAME = "manifest.json"
 """The name batchtool 0.1 wrote: still read (after MANIFEST_NAME), never written."""
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 """The newest manifest_version this batchtool reads. Outputs are written as version 1 unless their batches are
-padded by the loader (`bucket --padding on-load`, output.padding): those are version 2, so that a batchtool that
-predates them refuses them in one line rather than handing out ragged arrays where padded ones were meant."""
+padded by the loader (`bucket --padding on-load`, output.padding): those are version 2, or their record batches
+hold several batches each (output.stacked_batch_rows): version 3. A batchtool that predates either refuses it in
+one line rather than handing out ragged arrays where padded ones were meant, or stacks where batches were."""
 PLAIN_VERSION = 1
 PADDED_ON_LOAD_VERSION = 2
+STACKED_VERSION = 3
+STACKED_ROWS = "stacked_batch_rows"
+"""The output section's field saying that every batch has this many rows and each Arrow IPC record batch holds
+consecutive batches (its rows / this many): absent where each record batch is one batch."""
 _SAMPLE_BYTES = 1 << 20
 
 
@@ -117,7 +122,8 @@ def new_manifest(*, command: str, options: dict[str, Any], seed: int | None, dat
     batchtool.load pads the stored batches (batchtool.io.load_padding), if it does."""
     manifest = {
         "batchtool_version": version(),
-        "manifest_version": PLAIN_VERSION if padding is None else PADDED_ON_LOAD_VERSION,
+        "manifest_version": (STACKED_VERSION if output.get(STACKED_ROWS) else
+                             PLAIN_VERSION if padding is None else PADDED_ON_LOAD_VERSION),
         "command": command,
         "options": options,
         "seed": seed,

@@ -9,9 +9,10 @@ from typing import Any
 
 from batchtool.core import fs
 from batchtool.core.errors import InputError
-from batchtool.io.formats.registry import NAMES, recorded_choices
+from batchtool.io.formats.registry import FORMATS, NAMES, recorded_choices, stacking
 from batchtool.io.load_padding import LoadPadding
-from batchtool.io.manifest import FORMAT_VERSION, LEGACY_MANIFEST_NAME, dataset_file, manifest_path, schema_from_json
+from batchtool.io.manifest import (FORMAT_VERSION, LEGACY_MANIFEST_NAME, STACKED_ROWS, dataset_file, manifest_path,
+                                   schema_from_json)
 
 MAX_MANIFEST_BYTES = 256 << 20
 """A manifest is read whole; one this large is not batchtool's (a million shards take ~200 MB)."""
@@ -100,6 +101,10 @@ def validate(data: Any, path: str, src: str) -> dict:
         raise refuse("output.compression", output["compression"], "a string")
     for key in ("rows", "batches", "bytes"):
         count(output, key, f"output.{key}")
+    stacked = output.get(STACKED_ROWS)
+    if stacked is not None and (not _is_int(stacked) or stacked < 1 or not FORMATS[output["format"]].stores_stacks):
+        raise refuse(f"output.{STACKED_ROWS}", stacked, "a positive count of rows, for a format that stores stacks "
+                                                        f"({stacking()})")
     files = output.get("files")
     if not isinstance(files, list):
         raise refuse("output.files", files, "a list")

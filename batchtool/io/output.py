@@ -47,6 +47,11 @@ class OutputOptions:
     """The format's write options: its Writer.write_options dataclass, or {name: value} made into it (None: its
     defaults)."""
     sequence_columns: tuple[str, ...] | None = None
+    stacked_rows: int | None = None
+    """Set by the writer, not asked for: every batch has this many rows, and a format that stores stacks
+    (Format.stores_stacks) is given runs of consecutive batches as one record batch, each run counted as
+    rows / stacked_rows batches (segment's lane steps: a batch's fixed costs are paid once per run, on writing and
+    on every epoch of `batchtool.load`)."""
     overwrite: bool = False
     cast: tuple[str, ...] = ()
     """Lossy conversions asked for (keys of CASTS); a format holding floats as float32 only refuses a column that
@@ -99,6 +104,10 @@ class OutputOptions:
         return ((self.shard_rows is not None and rows >= self.shard_rows)
                 or (self.shard_bytes is not None and size >= self.shard_bytes)
                 or (self.spec.max_shard_batches is not None and batches >= self.spec.max_shard_batches))
+
+    def batches_in(self, rows: int) -> int:
+        """The batches one unit of `rows` rows the writer is given holds (several where it is a stack)."""
+        return rows // self.stacked_rows if self.stacked_rows else 1
 
     def casts(self, schema: pa.Schema) -> dict[str, str]:
         """The columns --cast changes, as {name: "old -> new"}, for the manifest."""
@@ -170,10 +179,11 @@ class ShardCutter:
         self.rows = self.bytes = self.batches = 0
 
     def add(self, rows: int, size: int) -> bool:
-        """Count one more batch of the shard; True if the shard ends after it (the count starts over)."""
+        """Count one more unit of the shard (a batch, or a stack of them); True if the shard ends after it (the count
+        starts over)."""
         self.rows += rows
         self.bytes += size
-        self.batches += 1
+        self.batches += self.options.batches_in(rows)
         if not self.options.shard_full(self.rows, self.bytes, self.batches):
             return False
         self.rows = self.bytes = self.batches = 0
@@ -317,7 +327,7 @@ class BatchShardWriter:
             before = self._stream.tell() if self._batches else 0  # a shard's first batch carries its header
             self._encoder.write(encoded)
             self._rows += encoded.data.num_rows
-            self._batches += 1
+            self._batches += self.options.batches_in(encoded.data.num_rows)
             size = len(encoded.framed) if encoded.framed is not None else self._stream.tell() - before
             if self._cutter is not None and self._cutter.add(encoded.data.num_rows, size):
                 self._close_shard()

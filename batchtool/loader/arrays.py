@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import repeat
@@ -12,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool.core.errors import InputError, first_line
+from batchtool.io.formats.base import Stacked
 from batchtool.io.stats import is_sequence_type
 
 
@@ -44,6 +46,56 @@ def views(batch: pa.RecordBatch, writable: bool, where: Callable[[], str] = lamb
         except (pa.ArrowException, ValueError) as exc:  # UnicodeDecodeError is a ValueError
             raise InputError(f"{where()}, column {name!r}: corrupt ({first_line(exc)})") from exc
     return out
+
+
+class StackViews:
+    """views of the batches of stacks (formats.base.Stacked): each stack's arrays made once, on the thread that
+    first asks for one of its batches (its last stack kept per thread), and each batch's arrays their rows. A
+    column is sliced only where that gives exactly what views makes of the batch alone: strings and bytes, and
+    numbers (lists of them included) with no null at any level and, for lists, equal lengths across the stack
+    (an array not of objects); any other column is made from the batch's own rows."""
+
+    def __init__(self, writable: bool, unsliced: bool) -> None:
+        self.writable = writable
+        self.unsliced = unsliced
+        self._held = threading.local()
+
+    def __call__(self, piece: Stacked, where: Callable[[], str] = lambda: "a batch") -> dict[str, Any]:
+        held = getattr(self._held, "stack", None)
+        if held is None or held[0] is not piece.stack:
+            held = self._held.stack = (piece.stack, self._stack_arrays(piece.stack, where))
+        stack, arrays = held
+        start = piece.index * piece.rows
+        out = {}
+        for i, (name, array) in enumerate(arrays.items()):
+            try:
+                out[name] = array[start:start + piece.rows] if array is not None else \
+                    _plan(stack).converts[i](stack.column(i).slice(start, piece.rows), self.writable)
+            except (pa.ArrowException, ValueError) as exc:
+                raise InputError(f"{where()}, column {name!r}: corrupt ({first_line(exc)})") from exc
+        return out
+
+    def _stack_arrays(self, stack: pa.RecordBatch, where: Callable[[], str]) -> dict[str, np.ndarray | None]:
+        """{column: the stack's array, or None where a batch's must be made apart}."""
+        made = views(stack, self.writable, where, self.unsliced)
+        return {name: array if _sliceable(stack.column(i), array) else None
+                for i, (name, array) in enumerate(made.items())}
+
+
+def _sliceable(column: pa.Array, array: np.ndarray) -> bool:
+    """Whether rows of `array` (what views made of `column`) are what views makes of those rows alone."""
+    kind = column.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind) \
+            or pa.types.is_large_binary(kind):
+        return True
+    if array.dtype == object:
+        return False
+    while True:  # no null at any level (a batch without one would convert to another dtype)
+        if column.null_count:
+            return False
+        if not is_sequence_type(column.type):
+            return True
+        column = column.values
 
 
 def hand_out(arrays: dict[str, Any], writable: bool, tensors: bool) -> dict[str, Any]:

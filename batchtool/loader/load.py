@@ -14,10 +14,10 @@ import numpy as np
 import pyarrow as pa
 
 from batchtool.core import fs
-from batchtool.loader.arrays import column_to_numpy, hand_out, to_numpy, views
+from batchtool.loader.arrays import StackViews, column_to_numpy, hand_out, to_numpy, views
 from batchtool.io.dataset import Dataset, Shard
 from batchtool.core.errors import BatchtoolError, InputError, UsageError
-from batchtool.io.formats.base import ReadTask, StoredBatches, size_problem
+from batchtool.io.formats.base import Piece, ReadTask, Stacked, StoredBatches, batch_of, size_problem
 from batchtool.io.formats.registry import FORMATS
 from batchtool.io.inputs import open_dataset
 from batchtool.io.load_padding import READ_AHEAD_PADDED_BYTES, LoadPadding
@@ -87,13 +87,13 @@ class _Reading:
         stored = self.columns if self.padding is None else self.padding.stored_columns(self.columns)
         return batches.read(file, local, stored, self.dataset.projected_schema(stored), cache, self.verify)
 
-    def handed_out(self, batch: pa.RecordBatch, where: Callable[[], str]) -> pa.RecordBatch:
+    def handed_out(self, batch: Piece, where: Callable[[], str]) -> Piece:
         """A stored batch as it is handed out: padded if stored at its real lengths (after its read's check)."""
-        return batch if self.padding is None else self.padding.pad(batch, self.columns, where)
+        return batch if self.padding is None else self.padding.pad(batch_of(batch), self.columns, where)
 
-    def padded_bytes(self, batch: pa.RecordBatch, where: Callable[[], str]) -> int:
+    def padded_bytes(self, batch: Piece, where: Callable[[], str]) -> int:
         """What handed_out allocates padding a stored batch (0 where nothing is padded), learnt allocating nothing."""
-        return 0 if self.padding is None else self.padding.padded_bytes(batch, where)
+        return 0 if self.padding is None else self.padding.padded_bytes(batch_of(batch), where)
 
 
 class _Opened:
@@ -123,7 +123,7 @@ class _Opened:
 class _Unfinished:
     """A batch read but not yet padded or converted: that is done as the consuming thread hands it out."""
 
-    batch: pa.RecordBatch
+    batch: Piece
 
 
 # --- the loader -------------------------------------------------------------------------------------------
@@ -327,7 +327,11 @@ class Loader(_Opened):
         writable = self.writable or self.tensors
         unsliced = self._layout.batches.unsliced and self._reading.padding is None  # (a padded batch is made here)
 
-        def convert(batch: pa.RecordBatch, batch_id: int) -> dict[str, Any]:
+        stacks = StackViews(writable, unsliced)
+
+        def convert(batch: Piece, batch_id: int) -> dict[str, Any]:
+            if isinstance(batch, Stacked):
+                return stacks(batch, lambda: self._layout.where(batch_id))
             return views(batch, writable, lambda: self._layout.where(batch_id), unsliced)
 
         for arrays, _ in self._batches(convert):
@@ -340,9 +344,9 @@ class Loader(_Opened):
     def record_batches(self) -> Iterator[pa.RecordBatch]:
         """The same batches as Arrow RecordBatches (for Arrow-native consumers)."""
         for batch, _ in self._batches():
-            yield batch
+            yield batch_of(batch)
 
-    def _batches(self, convert: Callable[[pa.RecordBatch, int], Any] | None = None) -> Iterator[tuple[Any, int]]:
+    def _batches(self, convert: Callable[[Piece, int], Any] | None = None) -> Iterator[tuple[Any, int]]:
         """(batch, its number in the output) in this iterator's order, counting self.position; each batch
         `convert`ed (batch, number) -> item first where given: on the thread that read it, or on this one as it is
         handed out where a read decodes nothing and verifying it costs less than handing it to a thread
@@ -363,7 +367,7 @@ class Loader(_Opened):
         # thread one more
         ahead = READ_AHEAD_PADDED_BYTES // (threads + 2)
 
-        def finish(batch: pa.RecordBatch, batch_id: int) -> Any:
+        def finish(batch: Piece, batch_id: int) -> Any:
             batch = self._reading.handed_out(batch, lambda: self._layout.where(batch_id))
             return batch if convert is None else convert(batch, batch_id)
 

@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from batchtool.loader.arrays import to_numpy
+from batchtool.io.formats.base import Stacked
+from batchtool.loader.arrays import StackViews, hand_out, to_numpy
 from batchtool.core.errors import UsageError
 from batchtool.loader.load import _Layout, _Opened, _Reading, open_output
 
@@ -30,6 +31,7 @@ class Source(_Opened):
         super().__init__(reading, layout, writable)
         self._lock = threading.Lock()
         self._cache: dict = {}
+        self._stacks = StackViews(writable, layout.batches.unsliced)
 
     def __len__(self) -> int:
         """Batches in the whole output."""
@@ -50,15 +52,18 @@ class Source(_Opened):
         batch = read()[0]
         read.check()
         batch = self._reading.handed_out(batch, lambda: self._layout.where(i))
+        if isinstance(batch, Stacked):  # (the stack's arrays are kept for the batches after it)
+            return hand_out(self._stacks(batch, lambda: self._layout.where(i)), self.writable, False)
         return to_numpy(batch, writable=self.writable, where=lambda: self._layout.where(i))
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        del state["_lock"], state["_cache"]
+        del state["_lock"], state["_cache"], state["_stacks"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, _lock=threading.Lock(), _cache={})
+        self.__dict__.update(state, _lock=threading.Lock(), _cache={},
+                             _stacks=StackViews(state["writable"], state["_layout"].batches.unsliced))
 
     def __repr__(self) -> str:
         return f"batchtool.source({self.dataset.src!r}): {len(self)} batches"

@@ -119,6 +119,9 @@ class Regrouped:
     """The input rows the items complete (the write's progress total); None: the input's rows."""
     sequence_columns: tuple[str, ...] | None = None
     """Columns to write as feature lists should the output be tf.train.SequenceExample records."""
+    stacked_rows: int | None = None
+    """Every batch has this many rows, and `work` may give several consecutive ones as one record batch (a stack,
+    cut back where the output format stores batches apart: OutputOptions.stacked_rows); None: one each."""
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,8 @@ def test_registry_names_and_detection_by_name():
 
 
 def test_each_format_module_is_imported_when_its_format_is_asked_for():
-    """The registry lists every format by name without importing one; asking for one imports its module alone, whose
-    FORMAT is the format of that name."""
+    """The registry lists every format by name without importing one; asking for one imports its modules alone (Arrow
+    IPC: the format, and its files opened to read), whose FORMAT is the format of that name."""
     assert [name for name, spec in registry.FORMATS.items() if spec.name != name] == []
     child = ("import json, sys\nfrom batchtool.io.formats import registry\n"
              "def formats(): return sorted(m for m in sys.modules if m.startswith(('batchtool.io.formats.parquet', "
@@ -42,7 +42,8 @@ def test_each_format_module_is_imported_when_its_format_is_asked_for():
     done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=batchtool_env(),
                           timeout=HANG_GUARD)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads(done.stdout) == [["parquet", "tfrecord", "arrow"], "parquet", [], ["batchtool.io.formats.arrow"]]
+    assert json.loads(done.stdout) == [["parquet", "tfrecord", "arrow"], "parquet", [],
+                                       ["batchtool.io.formats.arrow", "batchtool.io.formats.arrow_files"]]
 
 
 def test_an_unnamed_file_is_recognised_by_its_magic_bytes_only_when_asked(tmp_path):

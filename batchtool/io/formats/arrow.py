@@ -1,7 +1,6 @@
-"""Arrow IPC shards: file format written (one record batch per batch, read by memory map, so an epoch of `load` only
-touches pages); file and stream format read (a stream: what Hugging Face `datasets` writes), every batch's
-decompressed size checked before it is decompressed (ipc_meta): against the command's budget on input, against the
-largest batch the manifest records for the file when `load` reads an output."""
+"""Arrow IPC shards: file format written (one record batch per batch, or per stack of batches, read by memory map, so
+an epoch of `load` only touches pages); file and stream format read (a stream: what Hugging Face `datasets` writes;
+the files opened by arrow_files)."""
 
 from __future__ import annotations
 
@@ -10,211 +9,52 @@ import threading
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 import pyarrow as pa
 
-from batchtool.core import budget, fs
+from batchtool.core import fs
 from batchtool.io import batch_check
 from batchtool.io.dataset import Reading, shard_chunk
 from batchtool.core.errors import InputError, first_line, where
-from batchtool.io.formats import column_types, hf, ipc_meta
+from batchtool.io.formats import hf, ipc_meta
 from batchtool.io.formats.declared import DECLARED
-from batchtool.io.formats.base import (DAMAGED, EncodedBatch, Format, ReadTask, StoredBatches, WriteOptions,
-                                       check_batch_memory, open_self_describing, rows_only, schema_problem,
-                                       size_problem)
-from batchtool.io.manifest import MANIFEST_NAME
+from batchtool.io.formats.arrow_files import (LARGEST_BATCH, MAGIC, BatchFile, IpcFile, batch_rows, malformed,
+                                              open_file)
+from batchtool.io.formats.base import (DAMAGED, EncodedBatch, Format, Piece, ReadTask, Stacked, StoredBatches,
+                                       WriteOptions, open_self_describing, schema_problem, size_problem)
+from batchtool.io.manifest import MANIFEST_NAME, STACKED_ROWS
 
 if TYPE_CHECKING:
     from batchtool.io.dataset import Chunk, Dataset, ReadReport, Shard
 
-MAGIC = ipc_meta.FILE_MAGIC
+
+RECORD_BATCHES = "record_batches"
+"""A stacked output file's manifest entry (STACKED_ROWS): the record batches holding its batches."""
 
 
-def _reader_of(source: pa.NativeFile) -> ipc_meta.ReadAt:
-    """ipc_meta's view of a file: (offset, length) -> bytes."""
-    return lambda at, length: source.read_at(length, at)
-
-
-def _unreadable(path: str, exc: BaseException) -> InputError:
-    return InputError(f"{where(path)}: not a readable Arrow IPC file ({first_line(exc)})")
-
-
-def _malformed(path: str, stream: bool, exc: ipc_meta.MalformedIpc) -> InputError:
-    """The one line for metadata ipc_meta cannot trust: the file and, where it is known, the batch."""
-    at = where(path) if exc.batch is None else f"{where(path)}, {exc.batch}"
-    return InputError(f"{at}: corrupt Arrow IPC {'stream' if stream else 'file'} ({exc})")
-
-
-def open_file(path: str) -> pa.ipc.RecordBatchFileReader:
-    """Open one shard of the IPC file format, memory-mapped when local, as one-line errors."""
-    try:
-        return pa.ipc.open_file(fs.open_random_access(path))
-    except DAMAGED as exc:
-        raise _unreadable(path, exc) from exc
-
-
-LARGEST_BATCH = "largest_batch_bytes"
-"""An output file's manifest entry: the most bytes one of its batches takes as uncompressed IPC, which no batch of the
-file may declare more than before it is decompressed."""
-UNRECORDED_LIMIT = budget.allowed(budget.DEFAULT_MEMORY)
-"""What one batch may decompress to where the manifest does not record LARGEST_BATCH (outputs of older batchtools,
-Arrow IPC files without a manifest): the share of the default --memory one batch of a run may take."""
-
-
-@dataclass(frozen=True)
-class BatchFile:
-    """An Arrow IPC file opened to read any of its batches: pyarrow's reader, and the footer from which each batch's
-    declared sizes are read (ipc_meta, O(1) a batch) and checked against `limit` before pyarrow decompresses it."""
-
-    path: str
-    reader: pa.ipc.RecordBatchFileReader
-    read_at: ipc_meta.ReadAt
-    footer: ipc_meta.Footer
-    limit: int | None
-    """The file's largest batch as the manifest records it (None: UNRECORDED_LIMIT)."""
-
-    @staticmethod
-    def open(path: str, limit: int | None = None) -> BatchFile:
-        try:
-            source = fs.open_random_access(path)
-            reader = pa.ipc.open_file(source)
-            footer = ipc_meta.file_footer(_reader_of(source), source.size())
-        except DAMAGED as exc:
-            raise _unreadable(path, exc) from exc
-        except ipc_meta.MalformedIpc as exc:
-            raise _malformed(path, False, exc) from exc
-        return BatchFile(path, reader, _reader_of(source), footer, limit)
-
-    def read(self, index: int, columns: list[str] | None, verify: bool = False) -> pa.RecordBatch:
-        """Batch `index` (O(1): the footer says where it is), its compressed buffers' declared sizes checked first
-        (a few bytes can declare petabytes, or really inflate to gigabytes), then checked before anything slices it
-        (batch_check.check_batch: buffer sizes, offsets, null counts; O(offsets)), and with `verify`, its CRC32C.
-        The commands also check every value against its type (a full pass over the data, on their worker threads)."""
-        at = f"{where(self.path)}, record batch {index}"
-        try:
-            inflated = ipc_meta.file_inflated(self.read_at, self.footer, index)
-        except ipc_meta.MalformedIpc as exc:
-            raise _malformed(self.path, False, exc) from exc
-        except IndexError as exc:
-            raise InputError(f"{at}: corrupt (the footer lists {len(self.footer.batches):,} batches)") from exc
-        limit = UNRECORDED_LIMIT if self.limit is None else self.limit
-        if inflated > limit:
-            of = (f"the {limit:,} of the largest batch {MANIFEST_NAME} records for the file" if self.limit is not None
-                  else f"the {limit:,} allowed a batch of a file whose largest batch no {MANIFEST_NAME} records")
-            raise InputError(f"{at}: corrupt (its compressed buffers declare {inflated:,} bytes decompressed, more "
-                             f"than {of})")
-        try:
-            if verify:
-                batch, metadata = self.reader.get_batch_with_custom_metadata(index)
-            else:
-                batch, metadata = self.reader.get_batch(index), None
-        except (*DAMAGED, IndexError, pa.ArrowMemoryError) as exc:
-            raise InputError(f"{at}: corrupt ({first_line(exc)})") from exc
-        batch_check.check_batch(batch, self.path, index)
-        if verify:
-            batch_check.verify_crc(batch, metadata, self.path, index)
-        return batch if columns is None else batch.select(columns)
-
-
-@dataclass(frozen=True)
-class IpcFile:
-    """One Arrow IPC file, file or stream format, opened for reading: its schema and where its batches are (read
-    from the metadata alone: nothing is decompressed to learn a batch's rows or what it inflates to)."""
-
-    path: str
-    source: pa.NativeFile
-    stream: bool
-    schema: pa.Schema
-    layout: ipc_meta.IpcLayout
-
-    @staticmethod
-    def open(path: str) -> IpcFile:
-        try:
-            source = fs.open_random_access(path)
-            size = source.size()
-            stream = source.read_at(len(MAGIC), 0) != MAGIC
-            schema = (pa.ipc.open_stream(source) if stream else pa.ipc.open_file(source)).schema
-            schema.names  # (a field name that is not UTF-8 fails here, not later)
-        except DAMAGED as exc:
-            raise _unreadable(path, exc) from exc
-        try:
-            layout = (ipc_meta.stream_layout if stream else ipc_meta.file_layout)(_reader_of(source), size)
-        except ipc_meta.MalformedIpc as exc:
-            raise _malformed(path, stream, exc) from exc
-        return IpcFile(path, source, stream, schema, layout)
-
-    def batches(self, dataset: Dataset, columns: list[str] | None) -> Iterator[tuple[ipc_meta.Message,
-                                                                                     pa.RecordBatch | None]]:
-        """Each record batch's metadata and the batch (only `columns`; None when it has no rows), each checked
-        against the command's budget (check_batch_memory) before it is decompressed, and again, with what its
-        dictionary-encoded columns take decoded (column_types.decoded_bytes), before a worker decodes them; the
-        dictionaries (which the reader keeps for the whole file) first. No data is read when `columns` is empty: the batches are their row
-        counts."""
-        read_at = _reader_of(self.source)
-        if columns == []:
-            for message in self.layout.batches:
-                check_batch_memory(dataset, 0, message.rows, f"{where(self.path)}, record batch {message.index}")
-                yield message, rows_only(message.rows) if message.rows else None
-            return
-        try:
-            check_batch_memory(dataset, sum(ipc_meta.inflated(read_at, m) for m in self.layout.dictionaries), 0,
-                               f"{where(self.path)}, its dictionaries")
-            names = self.schema.names if columns is None else columns
-            included = [self.schema.get_field_index(c) for c in names]
-            reader = self._reader(pa.ipc.IpcReadOptions(included_fields=sorted(included)))
-            encoded = [n for n in names if column_types.holds_dictionary(self.schema.field(n).type)]
-            for message in self.layout.batches:
-                kept = ipc_meta.field_buffers(self.schema, message, names)
-                at = f"{where(self.path)}, record batch {message.index}"
-                inflated = ipc_meta.inflated(read_at, message, kept)
-                check_batch_memory(dataset, inflated, message.rows, at)
-                batch = self._read(reader, message.index)
-                if encoded:
-                    decoded = sum(column_types.decoded_bytes(batch.column(n)) for n in encoded)
-                    check_batch_memory(dataset, inflated, message.rows, at, decoded)
-                yield message, (batch.select(names) if message.rows else None)
-        except ipc_meta.MalformedIpc as exc:
-            raise _malformed(self.path, self.stream, exc) from exc
-
-    def _reader(self, options: pa.ipc.IpcReadOptions) -> pa.ipc.RecordBatchFileReader | pa.ipc.RecordBatchStreamReader:
-        try:
-            if self.stream:
-                self.source.seek(0)
-                return pa.ipc.open_stream(self.source, options=options)
-            return pa.ipc.open_file(self.source, options=options)
-        except DAMAGED as exc:
-            raise _unreadable(self.path, exc) from exc
-
-    def _read(self, reader: pa.ipc.RecordBatchFileReader | pa.ipc.RecordBatchStreamReader,
-              index: int) -> pa.RecordBatch:
-        """The next batch of a stream, or batch `index` of a file, checked before anything slices it
-        (batch_check.check_batch, naming the column)."""
-        try:
-            batch = reader.read_next_batch() if self.stream else reader.get_batch(index)
-        except (*DAMAGED, StopIteration, pa.ArrowMemoryError) as exc:
-            raise InputError(f"{where(self.path)}, record batch {index}: corrupt ({first_line(exc)})") from exc
-        batch_check.check_batch(batch, self.path, index)
-        return batch
-
-
-def batch_rows(path: str, verify: bool = False, limit: int | None = None) -> list[int]:
-    """Rows of each batch of a file, from its metadata (nothing is decompressed), or with `verify`, each batch read
-    whole (none decompressing to more than `limit`: BatchFile) and its CRC32C checked."""
-    if not verify:
-        return [m.rows for m in IpcFile.open(path).layout.batches]
-    file = BatchFile.open(path, limit)
-    return [file.read(i, None, True).num_rows for i in range(file.reader.num_record_batches)]
+def stacked_starts(path: str, rows: list[int], stacked: int) -> np.ndarray:
+    """Where each record batch's batches start among the file's, and their count at the end, from each record
+    batch's `rows`, which must be a whole number of `stacked`-row batches (STACKED_ROWS)."""
+    counts = np.asarray(rows, dtype=np.int64)
+    bad = np.flatnonzero((counts % stacked != 0) | (counts == 0))
+    if len(bad):
+        raise InputError(f"{path}, record batch {int(bad[0])}: {int(counts[bad[0]]):,} rows, not a whole number of the "
+                         f"{stacked:,}-row batches {MANIFEST_NAME} says its record batches hold")
+    return np.concatenate([[0], np.cumsum(counts // stacked)]).astype(np.int64)
 
 
 class _Sink:
-    """An Arrow IPC file: one record batch per batch, buffers compressed with `codec` (or not)."""
+    """An Arrow IPC file: one record batch per batch, or per stack of them (OutputOptions.stacked_rows), buffers
+    compressed with `codec` (or not)."""
 
-    def __init__(self, file: BinaryIO, schema: pa.Schema, codec: str) -> None:
+    def __init__(self, file: BinaryIO, schema: pa.Schema, codec: str, stacked: bool) -> None:
         options = pa.ipc.IpcWriteOptions(compression=None if codec == "none" else codec)
         self._writer = pa.ipc.new_file(file, schema, options=options)
         self._largest = 0
+        self._stacked = stacked
+        self._count = 0
 
     def write(self, encoded: EncodedBatch) -> None:
         """Each record batch carries the CRC32C of its buffers (Arrow IPC has no checksum of its own), which
@@ -223,10 +63,12 @@ class _Sink:
         alone) bounds what reading one may decompress to (LARGEST_BATCH)."""
         self._writer.write_batch(encoded.data, custom_metadata=encoded.metadata)
         self._largest = max(self._largest, pa.ipc.get_record_batch_size(encoded.data))
+        self._count += 1
 
     def close(self) -> dict:
         self._writer.close()
-        return {"batch_checksums": batch_check.CHECKSUMS, LARGEST_BATCH: self._largest}
+        return {"batch_checksums": batch_check.CHECKSUMS, LARGEST_BATCH: self._largest,
+                **({RECORD_BATCHES: self._count} if self._stacked else {})}
 
     def abandon(self) -> None:
         self._writer.close()
@@ -264,11 +106,22 @@ class Listed:
     rows: int
     checksums: bool
     largest: int | None
+    stacked: int | None = None
+    """Rows of every batch, where each record batch holds rows / stacked of them (STACKED_ROWS)."""
+    record_batches: int | None = None
+    """Where stacked: the record batches the manifest lists (None: not recorded)."""
 
     @staticmethod
-    def of(entry: dict) -> Listed:
+    def of(entry: dict, stacked: int | None = None) -> Listed:
+        count = entry.get(RECORD_BATCHES) if stacked else None
         return Listed(entry["bytes"], entry["batches"], entry["rows"],
-                      entry.get("batch_checksums") == batch_check.CHECKSUMS, largest_batch(entry))
+                      entry.get("batch_checksums") == batch_check.CHECKSUMS, largest_batch(entry), stacked,
+                      count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else None)
+
+    @property
+    def records(self) -> int:
+        """Its record batches, as far as the manifest says (a stacked file's unrecorded count: 1)."""
+        return (self.record_batches or 1) if self.stacked else self.batches
 
 
 def largest_batch(entry: dict) -> int | None:
@@ -298,7 +151,13 @@ class _Batches(StoredBatches):
     mapped: bool = False
     """The manifest says the files are uncompressed and they are local: every read is a view of a memory map."""
 
+    @property
+    def stacked(self) -> int | None:
+        return None if not self.listed else self.listed[0].stacked
+
     def rows(self, f: int, local: np.ndarray) -> np.ndarray:
+        if self.stacked:
+            return np.full(len(local), self.stacked, dtype=np.int64)
         return np.asarray(batch_rows(self.paths[f]), dtype=np.int64)[local]
 
     def read(self, f: int, local: np.ndarray, columns: list[str] | None, schema: pa.Schema,
@@ -314,7 +173,7 @@ class _Batches(StoredBatches):
         if not (self.mapped and verify and self.listed):
             return self.mapped
         stored = sum(entry.bytes for entry in self.listed)
-        return stored <= INLINE_VERIFIED_BYTES * max(1, sum(entry.batches for entry in self.listed))
+        return stored <= INLINE_VERIFIED_BYTES * max(1, sum(entry.records for entry in self.listed))
 
     def unverifiable(self) -> str | None:
         if self.listed is None:
@@ -340,6 +199,10 @@ class _OpenFile:
     size: int | None
     """Bytes when mapped: each read first checks the file still has them."""
     rows: int | None
+    stacked: int | None = None
+    """Rows of each batch where each record batch holds several (Listed.stacked)."""
+    starts: np.ndarray | None = None
+    """Where stacked: the first batch of each record batch, then the file's batch count."""
 
     @staticmethod
     def of(path: str, schema: pa.Schema, listed: Listed | None) -> _OpenFile:
@@ -362,13 +225,16 @@ class _OpenFile:
             raise InputError(problem)
         file = BatchFile.open(path, None if listed is None else listed.largest)
         reader = file.reader
-        if listed is not None and reader.num_record_batches != listed.batches:
-            raise InputError(f"{path}: {reader.num_record_batches:,} record batches, but {MANIFEST_NAME} lists "
-                             f"{listed.batches:,}")
+        starts = None if listed is None or not listed.stacked else _stacks(file, listed)
+        batches = reader.num_record_batches if starts is None else int(starts[-1])
+        if listed is not None and batches != listed.batches:
+            raise InputError(f"{path}: {batches:,} {'batches' if starts is not None else 'record batches'}, but "
+                             f"{MANIFEST_NAME} lists {listed.batches:,}")
         problem = schema_problem(reader.schema, schema)
         if problem:
             raise InputError(f"{path}: schema differs from the output's ({problem})")
-        return _OpenFile(path, file, threading.Lock(), descriptor, size, None if listed is None else listed.rows)
+        return _OpenFile(path, file, threading.Lock(), descriptor, size, None if listed is None else listed.rows,
+                         None if starts is None else listed.stacked, starts)
 
     def check_size(self) -> np.ndarray | None:
         """The mapped file has not shrunk since it was opened (reading a page past its end would be SIGBUS); which of
@@ -380,6 +246,18 @@ class _OpenFile:
             raise InputError(f"{self.path}: truncated to {now.st_size:,} bytes while being read (it had "
                              f"{self.size:,})")
         return _verified(now, self.file.reader.num_record_batches)
+
+
+def _stacks(file: BatchFile, listed: Listed) -> np.ndarray:
+    """A stacked file's stacked_starts, from its record batches' headers (and their count the manifest's)."""
+    count = len(file.footer.batches)
+    if listed.record_batches is not None and count != listed.record_batches:
+        raise InputError(f"{file.path}: {count:,} record batches, but {MANIFEST_NAME} lists {listed.record_batches:,}")
+    try:
+        rows = [ipc_meta.file_message(file.read_at, file.footer, i).rows for i in range(count)]
+    except ipc_meta.MalformedIpc as exc:
+        raise malformed(file.path, False, exc) from exc
+    return stacked_starts(file.path, rows, listed.stacked)
 
 
 def _open_descriptor(path: str) -> int:
@@ -415,29 +293,36 @@ def _verified(stat: os.stat_result, batches: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class _Read(ReadTask):
-    """Record batches of one file: views of its memory map when uncompressed, decompressed here otherwise."""
+    """Batches of one file: views of its memory map when uncompressed, decompressed here otherwise."""
 
     file: _OpenFile
     batches: tuple[int, ...]
     columns: list[str] | None
     verify: bool = False
 
-    def __call__(self) -> list[pa.RecordBatch]:
+    def __call__(self) -> list[Piece]:
+        """The batches, each record batch read once (a stacked file's batches are Stacked pieces of theirs)."""
         opened = self.file
+        starts = opened.starts
+        records = self.batches if starts is None else \
+            (np.searchsorted(starts, self.batches, side="right") - 1).tolist()
+        read: dict[int, pa.RecordBatch] = {}
         with opened.lock:
             verified = opened.check_size()
-            out = []
-            for i in self.batches:
-                unverified = self.verify and (verified is None or not verified[i])
-                out.append(opened.file.read(i, self.columns, unverified))
-                if unverified and verified is not None:
-                    verified[i] = True
+            for r in records:
+                if r not in read:
+                    unverified = self.verify and (verified is None or not verified[r])
+                    read[r] = opened.file.read(r, self.columns, unverified)
+                    if unverified and verified is not None:
+                        verified[r] = True
         if opened.rows is not None:
-            for i, batch in zip(self.batches, out):
+            for r, batch in read.items():
                 if batch.num_rows > opened.rows:
-                    raise InputError(f"{opened.path}, record batch {i}: {batch.num_rows:,} rows, but {MANIFEST_NAME} "
+                    raise InputError(f"{opened.path}, record batch {r}: {batch.num_rows:,} rows, but {MANIFEST_NAME} "
                                      f"lists {opened.rows:,} for the whole file")
-        return out
+        if starts is None:
+            return [read[r] for r in records]
+        return [Stacked(read[r], i - int(starts[r]), opened.stacked) for i, r in zip(self.batches, records)]
 
     def check(self) -> None:
         self.file.check_size()
@@ -474,8 +359,15 @@ class ArrowFormat(Format, declared=DECLARED["arrow"]):
         """A Hugging Face `datasets` save_to_disk directory's stream files, in its state.json's order."""
         return hf.split_files(src)
 
+    stores_stacks = True
+
     def open_sink(self, file: BinaryIO, schema: pa.Schema, options: WriteOptions) -> _Sink:
-        return _Sink(file, schema, options.codec)
+        return _Sink(file, schema, options.codec, bool(options.stacked_rows))
+
+    def recorded_output(self, options: WriteOptions) -> dict[str, Any]:
+        """STACKED_ROWS where each record batch holds several batches."""
+        recorded = super().recorded_output(options)
+        return {**recorded, STACKED_ROWS: options.stacked_rows} if options.stacked_rows else recorded
 
     def encode(self, batch: pa.RecordBatch, options: WriteOptions) -> EncodedBatch:
         """The IPC writer stores a sliced column's whole buffers (a string column sliced at offset 0 keeps
@@ -517,21 +409,23 @@ class ArrowFormat(Format, declared=DECLARED["arrow"]):
         if entries is None:
             counts = np.array([open_file(p).num_record_batches for p in paths], dtype=np.int64)
             return counts, _Batches(paths, dataset.schema, None)
-        listed = tuple(Listed.of(e) for e in entries)
+        listed = tuple(Listed.of(e, dataset.manifest["output"].get(STACKED_ROWS)) for e in entries)
         mapped = dataset.manifest["output"].get("compression") == "none" and not any(map(fs.is_uri, paths))
         return np.array([e.batches for e in listed], dtype=np.int64), _Batches(paths, dataset.schema, listed, mapped)
 
     def inspect_shard(self, path: str, schema: pa.Schema, output: dict,
                       batch_column: str | None) -> tuple[int, int, str | None]:
-        """From the metadata: every non-empty record batch is a batch; where the output's batches carry CRC32Cs,
-        every batch is read whole and verified."""
+        """From the metadata: every non-empty record batch is a batch, or where stacked (STACKED_ROWS) holds rows /
+        stacked of them; where the output's batches carry CRC32Cs, every record batch is read whole and verified."""
         files = output.get("files") or []
         verify = bool(files) and all(e.get("batch_checksums") == batch_check.CHECKSUMS for e in files)
         opened = IpcFile.open(path)
         recorded = [largest_batch(e) for e in files]
         limit = None if None in recorded or not recorded else max(recorded)
         rows = batch_rows(path, True, limit) if verify else [m.rows for m in opened.layout.batches]
-        return sum(rows), sum(1 for r in rows if r), schema_problem(opened.schema, schema)
+        stacked = output.get(STACKED_ROWS)
+        batches = int(stacked_starts(path, rows, stacked)[-1]) if stacked else sum(1 for r in rows if r)
+        return sum(rows), batches, schema_problem(opened.schema, schema)
 
     def tasks(self, dataset: Dataset, columns: list[str] | None, report: ReadReport) -> Iterator[_Task]:
         schema = dataset.projected_schema(columns)

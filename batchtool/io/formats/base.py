@@ -35,6 +35,7 @@ class WriteOptions(Protocol):
     writing: Any
     """The format's write options (its Writer.write_options dataclass; None where it has none)."""
     sequence_columns: tuple[str, ...] | None
+    stacked_rows: int | None
 
     @property
     def codec(self) -> str: ...
@@ -145,11 +146,35 @@ class ShardSink(Protocol):
         """Close any encoder into the already abandoned file (cannot fail)."""
 
 
+@dataclass(frozen=True)
+class Stacked:
+    """Batch `index` of `stack`, a record batch holding consecutive batches of `rows` rows each (an output written
+    with stacked batches: OutputOptions.stacked_rows): what a read gives of it, so that `batchtool.load` makes the
+    stack's arrays once and slices them, instead of paying a batch's fixed costs once per batch."""
+
+    stack: pa.RecordBatch
+    index: int
+    rows: int
+
+    @property
+    def batch(self) -> pa.RecordBatch:
+        return self.stack.slice(self.index * self.rows, self.rows)
+
+
+Piece = pa.RecordBatch | Stacked
+"""One batch as a read gives it."""
+
+
+def batch_of(piece: Piece) -> pa.RecordBatch:
+    """The batch a read gave, as a record batch (a slice of its stack)."""
+    return piece.batch if isinstance(piece, Stacked) else piece
+
+
 class ReadTask(ABC):
     """A read of some batches of one file (StoredBatches.read), run on any thread."""
 
     @abstractmethod
-    def __call__(self) -> list[pa.RecordBatch]: ...
+    def __call__(self) -> list[Piece]: ...
 
     def check(self) -> None:
         """Run on the consuming thread before each batch this task read is handed out: an InputError if they can
@@ -318,6 +343,9 @@ class Writer(ABC):
     default_codec: ClassVar[str]
     """The codec without --compression."""
     max_shard_batches: ClassVar[int | None] = None
+    stores_stacks: ClassVar[bool] = False
+    """It stores stacked batches as they come (OutputOptions.stacked_rows: one stored unit holding several
+    batches of equal rows, which its reader cuts back); a format that does not gets each batch apart."""
     """Batches per shard at most, whatever its size (None: no limit)."""
     float32_only: ClassVar[str | None] = None
     """Why it holds floats as float32 only (what a message says: the API holding them), so float64 columns need

@@ -59,6 +59,11 @@ def checksummed() -> str:
     return " or ".join(d.label for d in map(declared, FORMATS) if d.record_checksums)
 
 
+def stacking() -> str:
+    """The written formats that store stacks of batches (Format.stores_stacks), as messages list them."""
+    return listed([get(name).label for name in written() if get(name).stores_stacks])
+
+
 def narrowing() -> str:
     """The formats whose output holds floats as float32 only, as a message lists them: 'TFRecord'."""
     return " or ".join(d.label for d in map(declared, FORMATS) if d.writes and d.float32_only)

@@ -105,7 +105,8 @@ def _lanes(plan: SegmentPlan, input: Input, sample: pa.RecordBatch | None, runti
                              f"{input.locate(found[0].id)} (segment keys must be unique)")
 
     yield Regrouped(planner.items(checked()), functools.partial(build_batches, plan),
-                    lambda: planner.stats.as_dict(plan), sequence_columns=tuple(o.sequence))
+                    lambda: planner.stats.as_dict(plan), sequence_columns=tuple(o.sequence),
+                    stacked_rows=None if o.allow_small_batch else o.batch_size)
 
 
 def _columns(columns: list[str], chunk: Chunk) -> pa.RecordBatch:

@@ -35,8 +35,9 @@ class SegmentItem:
 
 
 def build_batches(plan: SegmentPlan, item: SegmentItem) -> tuple[list[pa.RecordBatch], int]:
-    """The item's batches, one RecordBatch each (B rows; without empty rows under allow_small_batch), and the
-    examples it finishes (the writer's work: Regrouped.work).
+    """The item's batches of B rows as one RecordBatch, stacked (Regrouped.stacked_rows), or under
+    allow_small_batch one RecordBatch each, without empty rows; and the examples it finishes (the writer's work:
+    Regrouped.work).
 
     With world_size N each step of the planner's N * B lanes is cut into N batches, rank by rank."""
     o = plan.options
@@ -87,12 +88,12 @@ def build_batches(plan: SegmentPlan, item: SegmentItem) -> tuple[list[pa.RecordB
     for name, col in o.states.items():
         arrays[name] = _zero_where(column(col), first_segment)
     table = pa.RecordBatch.from_arrays([arrays[f.name] for f in plan.schema], schema=plan.schema)
-    batches = compact_batches(table, B)
-    if o.allow_small_batch:
-        # a batch with no real row keeps its empty rows, so every rank still gets a batch at this step
-        real = ~empty.reshape(n * N, B)
-        batches = [b if real[t].all() or not real[t].any() else b.filter(pa.array(real[t]))
-                   for t, b in enumerate(batches)]
+    if not o.allow_small_batch:
+        return [table], item.finished  # the item's n * N batches of B rows, stacked (Regrouped.stacked_rows)
+    # a batch with no real row keeps its empty rows, so every rank still gets a batch at this step
+    real = ~empty.reshape(n * N, B)
+    batches = [b if real[t].all() or not real[t].any() else b.filter(pa.array(real[t]))
+               for t, b in enumerate(compact_batches(table, B))]
     return batches, item.finished
 
 
