@@ -8,7 +8,7 @@ import functools
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from batchtool.ops.base import Pass, Context, Kind, Operation, OutputRows, Said
+from batchtool.ops.base import Context, Declared, Kind, Operation, OutputRows, Pass, Said
 from batchtool.ops.bucket.options import BucketOptions
 
 if TYPE_CHECKING:  # the kernels are imported where the op runs: `bucket --help` imports no arrays
@@ -38,21 +38,23 @@ def _lengths(options: BucketOptions, context: Context, chunk: Chunk) -> LengthPa
     return length_pass(options, resolve_columns(options, context.schema), chunk, context.locate, context.memory)
 
 
-class Bucket(Operation[BucketOptions, "BucketPlan"]):
+DECLARED = Declared(
+    "bucket",
+    summary=("Group examples by length into padded batches (tf.contrib.training.bucket / bucket_by_sequence_length)."
+             "\n\nEvery batch holds examples of one bucket, padded to one length; batches from all buckets are "
+             "written in a seeded random order. DST gets batch, bucket and length columns, and a manifest with "
+             "padding efficiency per bucket."),
+    example="batchtool bucket sample_data/parquet /tmp/bucketed --length tokens --auto-buckets 8 --batch-size 32",
+    options=BucketOptions,
+    kind=Kind.BATCHES,
+    seeded=True,
+    spills=("memory",),
+    output_rows=OutputRows.PADDED)
+
+
+class Bucket(Operation[BucketOptions, "BucketPlan"], declared=DECLARED):
     """bucket's definition: a first pass over the lengths plans the buckets; its regrouping scatters the rows to
     per-bucket spills and gives back padded batches, in a seeded order across buckets."""
-
-    name = "bucket"
-    summary = ("Group examples by length into padded batches (tf.contrib.training.bucket / bucket_by_sequence_length)."
-               "\n\nEvery batch holds examples of one bucket, padded to one length; batches from all buckets are "
-               "written in a seeded random order. DST gets batch, bucket and length columns, and a manifest with "
-               "padding efficiency per bucket.")
-    example = "batchtool bucket sample_data/parquet /tmp/bucketed --length tokens --auto-buckets 8 --batch-size 32"
-    options = BucketOptions
-    kind = Kind.BATCHES
-    output_rows = OutputRows.PADDED
-    seeded = True
-    spills = ("memory",)
 
     def output_schema(self, options: BucketOptions, schema: pa.Schema) -> pa.Schema:
         from batchtool.ops.bucket.batches import output_schema

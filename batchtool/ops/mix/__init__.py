@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 from batchtool.core import budget
 from batchtool.core.errors import InputError, OptionInputError
 from batchtool.ops import names as own
-from batchtool.ops.base import (ColumnError, Context, Depends, Kind, Operation, Pass, Said, Shape, manifest_options,
-                                need_columns, who)
+from batchtool.ops.base import (ColumnError, Context, Declared, Depends, Kind, Operation, Pass, Said, Shape,
+                                manifest_options, need_columns, who)
 from batchtool.ops.mix.options import OUTPUT_COLUMNS, MixOptions, largest_remainder, mixture_totals
 from batchtool.ops.stratify import OP as STRATIFY
 from batchtool.ops.stratify import StratifyOptions, discard_warning
@@ -103,25 +103,29 @@ def batch_padding(options: MixOptions, schema: pa.Schema) -> BatchPadding | None
                         names["mask"] if options.mask else None)
 
 
-class Mix(Operation[MixOptions, Mixture]):
+def _shape(options: MixOptions) -> Shape:
+    """A global reorder, or batches with --batch-size; its selection is keyed by the ids, like stratify's."""
+    batches = options.batch_size is not None or options.weighted  # --by tokens, --schedule: in BLOCK batches
+    return Shape(Kind.BATCHES if batches else Kind.REORDERS, Depends.ORDER)
+
+
+DECLARED = Declared(
+    "mix",
+    summary="""Mix several sources into DST in exact proportions: tf.data.Dataset.sample_from_datasets without
+    the sampling noise, per epoch and (with --batch-size) per batch.""",
+    example="batchtool mix sample_data/parquet sample_data/tfrecord /tmp/mixed --weights parquet=0.7,tfrecord=0.3",
+    options=MixOptions,
+    seeded=True,
+    spills=("memory", "tmp_dir"),
+    batches_flag="--batch-size",
+    reorder_selects=True,
+    several_sources=True,
+    shaped=_shape)
+
+
+class Mix(Operation[MixOptions, Mixture], declared=DECLARED):
     """mix's definition. Its plan is a stratification of the source column (stratify's exact thresholds for counts
     from the weights); its regrouping is a keyed global order of the selection, or stratify's balanced batches."""
-
-    name = "mix"
-    summary = """Mix several sources into DST in exact proportions: tf.data.Dataset.sample_from_datasets without
-    the sampling noise, per epoch and (with --batch-size) per batch."""
-    example = "batchtool mix sample_data/parquet sample_data/tfrecord /tmp/mixed --weights parquet=0.7,tfrecord=0.3"
-    options = MixOptions
-    seeded = True
-    spills = ("memory", "tmp_dir")
-    batches_flag = "--batch-size"
-    several_sources = True
-    reorder_selects = True
-
-    def shape(self, options: MixOptions) -> Shape:
-        """A global reorder, or batches with --batch-size; its selection is keyed by the ids, like stratify's."""
-        batches = options.batch_size is not None or options.weighted  # --by tokens, --schedule: in BLOCK batches
-        return Shape(Kind.BATCHES if batches else Kind.REORDERS, Depends.ORDER)
 
     def output_schema(self, options: MixOptions, schema: pa.Schema) -> pa.Schema:
         import pyarrow as pa

@@ -18,7 +18,7 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from batchtool.ops import names as own
-from batchtool.ops.base import Pass, Context, Kind, Operation, OutputRows, Said
+from batchtool.ops.base import Context, Declared, Kind, Operation, OutputRows, Pass, Said
 from batchtool.ops.pack.options import (DEFAULT_BATCH_SIZE, PackColumns, PackOptions, output_schema,
                                         resolve_columns)
 
@@ -51,9 +51,9 @@ def _lengths(options: PackOptions, context: Context, chunk: Chunk) -> LengthCoun
     return count_lengths(lengths, options)
 
 
-class Pack(Operation[PackOptions, "PackPlan"]):
-    name = "pack"
-    summary = f"""Pack whole sequences into rows of at most L steps, for transformer training without padding waste.
+DECLARED = Declared(
+    "pack",
+    summary=f"""Pack whole sequences into rows of at most L steps, for transformer training without padding waste.
 
     Which lengths share a row is planned once over the whole length histogram (near the optimum,
     which the summary states); which examples fill those rows, and the order of the rows, are seeded
@@ -61,15 +61,17 @@ class Pack(Operation[PackOptions, "PackPlan"]):
     integer type that holds L), cu_seqlens, num_examples and length per row (--output-column names them
     otherwise), and every other column (or those --columns names) as a list of one value per example (an integer
     column named like pack's `length` is taken for it if it holds each example's steps). A batch holds
-    {DEFAULT_BATCH_SIZE} rows unless --batch-size or --max-tokens says otherwise."""
-    example = "batchtool pack sample_data/parquet /tmp/packed --max-length 512 --sequence tokens --columns key,label"
-    options = PackOptions
-    kind = Kind.BATCHES
-    output_rows = OutputRows.PACKED
-    seeded = True
-    spills = ("memory",)
-    batches_flag = True
+    {DEFAULT_BATCH_SIZE} rows unless --batch-size or --max-tokens says otherwise.""",
+    example="batchtool pack sample_data/parquet /tmp/packed --max-length 512 --sequence tokens --columns key,label",
+    options=PackOptions,
+    kind=Kind.BATCHES,
+    seeded=True,
+    spills=("memory",),
+    batches_flag=True,
+    output_rows=OutputRows.PACKED)
 
+
+class Pack(Operation[PackOptions, "PackPlan"], declared=DECLARED):
     def output_schema(self, options: PackOptions, schema: pa.Schema) -> pa.Schema:
         return output_schema(schema, resolve_columns(options, schema), options)
 

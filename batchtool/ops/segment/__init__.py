@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from batchtool.core import budget
 from batchtool.core.budget import DEFAULT_MEMORY
 from batchtool.core.errors import InputError
-from batchtool.ops.base import Scan, Context, Kind, Operation, OutputRows, need_columns
+from batchtool.ops.base import Context, Declared, Kind, Operation, OutputRows, Scan, need_columns
 from batchtool.ops.segment.options import SegmentOptions
 
 if TYPE_CHECKING:  # the kernels are imported where the op runs: `segment --help` imports no arrays
@@ -112,25 +112,27 @@ def _columns(columns: list[str], chunk: Chunk) -> pa.RecordBatch:
     return chunk.data.select(columns)
 
 
-class SegmentOp(Operation[SegmentOptions, "SegmentPlan"]):
-    """The op: no first pass; one regrouping pass checks keys, plans lanes and builds the batches."""
-
-    name = "segment"
-    summary = """Split sequences into --num-unroll-step segments and write lane-stable batches for truncated BPTT.
+DECLARED = Declared(
+    "segment",
+    summary="""Split sequences into --num-unroll-step segments and write lane-stable batches for truncated BPTT.
 
     Row b of every batch is lane b: it plays one example's segments in order in
     consecutive batches, then the next example's, so a trainer carries its state per
     lane and resets lane b where sequence == 0. Read the output with
     batchtool.load(DST). With --world-size N, each of N training ranks gets its own B
     lanes and the same number of batches.
-    """
-    example = ("batchtool segment sample_data/parquet /tmp/seg --key key --sequence tokens,frames "
-               "--context label --num-unroll 20 --batch-size 32")
-    options = SegmentOptions
-    kind = Kind.BATCHES
-    output_rows = OutputRows.SEGMENTS
-    spills = ("memory",)
-    batches_flag = True
+    """,
+    example=("batchtool segment sample_data/parquet /tmp/seg --key key --sequence tokens,frames "
+             "--context label --num-unroll 20 --batch-size 32"),
+    options=SegmentOptions,
+    kind=Kind.BATCHES,
+    spills=("memory",),
+    batches_flag=True,
+    output_rows=OutputRows.SEGMENTS)
+
+
+class SegmentOp(Operation[SegmentOptions, "SegmentPlan"], declared=DECLARED):
+    """The op: no first pass; one regrouping pass checks keys, plans lanes and builds the batches."""
 
     def output_schema(self, options: SegmentOptions, schema: pa.Schema) -> pa.Schema:
         return _plan(options, schema).schema

@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from batchtool.core.errors import OptionInputError
-from batchtool.ops.base import Pass, Context, Depends, Kind, Operation, Said, Shape, need_columns, who
+from batchtool.ops.base import Context, Declared, Depends, Kind, Operation, Pass, Said, Shape, need_columns, who
 from batchtool.ops.labels import (MAX_CLASSES, LabelError, bad_label_count, check_label_type, full_label_error,
                                   is_class, label_codes)
 from batchtool.ops.stratify.options import MODES, StratifyOptions
@@ -105,26 +105,30 @@ def _class_counts(options: StratifyOptions, context: Context, chunk: Chunk) -> T
     return tally
 
 
-class Stratify(Operation[StratifyOptions, "Stratification"]):
+def _shape(options: StratifyOptions) -> Shape:
+    """Rows as they stream, or batches with --batch-size (and --balanced-batches); online, its rates follow the
+    chunks."""
+    return Shape(Kind.ROWS if options.batch_size is None else Kind.BATCHES,
+                 Depends.CHUNKS if options.mode == "online" else Depends.ORDER)
+
+
+DECLARED = Declared(
+    "stratify",
+    summary="Resample SRC to target class proportions (tf.contrib.training.stratified_sample) and write DST.",
+    example="batchtool stratify sample_data/parquet /tmp/balanced --label label --target uniform",
+    options=StratifyOptions,
+    seeded=True,
+    spills=("memory", "tmp_dir"),
+    batches_flag="--balanced-batches",
+    shaped=_shape)
+
+
+class Stratify(Operation[StratifyOptions, "Stratification"], declared=DECLARED):
     """stratify's definition: options, first pass, plan, kernel, report and dry run; with --batch-size it
     regroups its selection into batches (ops/stratify/batches.py)."""
 
-    name = "stratify"
-    summary = "Resample SRC to target class proportions (tf.contrib.training.stratified_sample) and write DST."
-    example = "batchtool stratify sample_data/parquet /tmp/balanced --label label --target uniform"
-    options = StratifyOptions
-    seeded = True
-    spills = ("memory", "tmp_dir")
-    batches_flag = "--balanced-batches"
-
     def input_columns(self, options: StratifyOptions, columns: list[str] | None) -> list[str] | None:
         return None if columns is None else list(dict.fromkeys([*columns, options.label]))
-
-    def shape(self, options: StratifyOptions) -> Shape:
-        """Rows as they stream, or batches with --batch-size (and --balanced-batches); online, its rates follow the
-        chunks."""
-        return Shape(Kind.ROWS if options.batch_size is None else Kind.BATCHES,
-                     Depends.CHUNKS if options.mode == "online" else Depends.ORDER)
 
     def output_schema(self, options: StratifyOptions, schema: pa.Schema) -> pa.Schema:
         need_columns(schema, "label", [options.label])
