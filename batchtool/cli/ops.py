@@ -13,12 +13,12 @@ import click
 from batchtool.cli.common import (command, input_options, make_output, make_run, memory_options, output_options,
                                   report, run_options, seed_option)
 from batchtool.ops import OPERATIONS
-from batchtool.ops.base import Declared, Kind
+from batchtool.ops.base import Declaration, Kind
 from batchtool.core.errors import flag, key
 from batchtool.core.options import Option, build_options, fields, from_texts, required
 
 
-def make_command(op: Declared) -> click.Command:
+def make_command(op: Declaration) -> click.Command:
     """`batchtool NAME SRC DST --option ...`: the op's options generated from its schema, plus what every
     writing command takes (input, output and run options; --seed for a seeded op, --memory and --tmp-dir
     for one that spills), running the op through the driver (both imported when the command runs: its --help needs
@@ -40,7 +40,7 @@ def make_command(op: Declared) -> click.Command:
     return command(op.name, op.example)(fn)
 
 
-def op_options(op: Declared, fn: Callable) -> Callable:
+def op_options(op: Declaration, fn: Callable) -> Callable:
     """`fn` with the op's options, generated from its schema, and what every writing command takes (input, output
     and run options; --seed for a seeded op, --memory and --tmp-dir for one that spills)."""
     batches = True if op.kind is Kind.BATCHES else op.batches_flag or False
@@ -56,7 +56,7 @@ def op_options(op: Declared, fn: Callable) -> Callable:
     return fn
 
 
-def given_options(op: Declared, kwargs: dict[str, Any], **settled: Any) -> Any:
+def given_options(op: Declaration, kwargs: dict[str, Any], **settled: Any) -> Any:
     """Pop the op's options out of a command's kwargs and build them (`settled`: values the command worked out,
     instead of the flags' texts)."""
     given = {f.name: value for f, _ in fields(op.options) if (value := kwargs.pop(f.name)) not in (None, ())}

@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING
 from batchtool.core.registry import Registry
 
 if TYPE_CHECKING:
-    from batchtool.ops.base import Declared, Operation
+    from batchtool.ops.base import Declaration, Operation
 
 MODULES = {name: f"batchtool.ops.{name}" for name in (
     "filter", "select", "rename", "resample", "stratify", "pack", "bucket", "segment", "shuffle", "mix")}
 """Name -> the module that declares the op (its DECLARED, importing no kernel) and gives its OP."""
 
-DECLARATIONS: Registry[Declared] = Registry(MODULES, "DECLARED")
+DECLARATIONS: Registry[Declaration] = Registry(MODULES, "DECLARED")
 """Name -> declaration (each imported when first asked for): the command and the pipeline stage of each are made from
 it, so `segment --help` or reading a pipeline file imports no kernel."""
 

@@ -1,6 +1,6 @@
 """The operation interface: one definition per op, from which its command, its pipeline stage and its dry run are derived.
 
-An op is declared (`Declared`: its name, help, options and kind, in a module that imports no kernel, which its command
+An op is declared (`Declaration`: its name, help, options and kind, in a module that imports no kernel, which its command
 and pipeline stage are made from) and run by a subclass of `Operation` that takes that declaration; both are registered
 in batchtool.ops (DECLARATIONS, OPERATIONS). It declares its options as
 a frozen dataclass whose fields are made with `option(...)` (help, value kind, default): click options,
@@ -171,7 +171,7 @@ class Piece(Protocol):
 
 
 @dataclass(frozen=True)
-class Declared(Generic[O]):
+class Declaration(Generic[O]):
     """What an op is before it runs, importing none of its kernels: its command, its pipeline stage and their checks
     are made from it (`--help` reads it alone), and its Operation takes its attributes of the same names
     (`class SegmentOp(Operation, declared=DECLARED)`)."""
@@ -218,7 +218,7 @@ class Operation(Generic[O, P]):
     (or `regroup`). Every other hook has a default for an op with no first pass, one plan for every chunk, and
     output no larger than its input."""
 
-    declared: ClassVar[Declared]
+    declared: ClassVar[Declaration]
     name: ClassVar[str]
     summary: ClassVar[str]
     example: ClassVar[str]
@@ -231,7 +231,7 @@ class Operation(Generic[O, P]):
     output_rows: ClassVar[OutputRows]
     several_sources: ClassVar[bool]
 
-    def __init_subclass__(cls, declared: Declared | None = None, **kwargs: Any) -> None:
+    def __init_subclass__(cls, declared: Declaration | None = None, **kwargs: Any) -> None:
         """`class SegmentOp(Operation, declared=DECLARED)`: its name, options, kind, ... from its declaration (the
         light module batchtool.ops.DECLARATIONS names), which --help and pipeline files read without this module."""
         super().__init_subclass__(**kwargs)
@@ -325,4 +325,4 @@ def row_stats(rows_in: int, rows_out: int) -> Tally:
     return Tally.of(rows_in=rows_in, rows_out=rows_out)
 
 
-__all__ = ["Declared", "Expanding", "Pass", "Piece", "Said", "Shape", "ColumnError", "Context", "Depends", "Kind", "Operation", "OptionError", "OutputRows", "Scan", "manifest_options", "need_columns", "row_stats", "who"]
+__all__ = ["Declaration", "Expanding", "Pass", "Piece", "Said", "Shape", "ColumnError", "Context", "Depends", "Kind", "Operation", "OptionError", "OutputRows", "Scan", "manifest_options", "need_columns", "row_stats", "who"]

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from batchtool.core.errors import InputError, OptionInputError, SchemaError
 from batchtool.ops import names as own
-from batchtool.ops.base import (Context, Declared, Depends, Kind, Operation, OptionError, Pass, Shape,
+from batchtool.ops.base import (Context, Declaration, Depends, Kind, Operation, OptionError, Pass, Shape,
                                manifest_options, need_columns)
 from batchtool.core.options import Column, Flag, Integer, Number, NumberOrColumn, option
 
@@ -222,7 +222,7 @@ def _shape(options: ResampleOptions) -> Shape:
     return Shape(Kind.ROWS, Depends.CHUNKS if options.running_mean else Depends.ORDER)
 
 
-DECLARED = Declared(
+DECLARED = Declaration(
     "resample",
     summary="""Resample SRC by Poisson rate, relative weight or acceptance probability and write DST.
 

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from dataclasses import dataclass
 
-from batchtool.ops.base import Columns, Declared, Operation, need_columns, row_stats
+from batchtool.ops.base import Columns, Declaration, Operation, need_columns, row_stats
 from batchtool.core.options import ColumnList, option
 
 if TYPE_CHECKING:  # arrays are imported where the op runs: `select --help` imports none
@@ -21,7 +21,7 @@ class SelectOptions:
     columns: tuple[str, ...] = option("Columns to keep, in this order.", ColumnList())
 
 
-DECLARED = Declared(
+DECLARED = Declaration(
     "select",
     summary="Keep these columns of SRC, in this order, and write DST.",
     example="batchtool select sample_data/parquet /tmp/selected --columns key,label,tokens",

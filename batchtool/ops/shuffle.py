@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from batchtool.core import budget
-from batchtool.ops.base import Context, Declared, Depends, Kind, Operation, OptionError, Said, Shape
+from batchtool.ops.base import Context, Declaration, Depends, Kind, Operation, OptionError, Said, Shape
 from batchtool.core.options import Flag, Integer, option
 
 if TYPE_CHECKING:  # the kernels are imported where the op runs: `shuffle --help` imports no arrays
@@ -298,7 +298,7 @@ def _shape(options: ShuffleOptions) -> Shape:
     return Shape(Kind.BATCHES if options.batch_size is not None else Kind.REORDERS, Depends.ORDER)
 
 
-DECLARED = Declared(
+DECLARED = Declaration(
     "shuffle",
     summary="""Shuffle SRC into DST: an exact seeded permutation in bounded memory, or the buffered shuffle of
     tf.compat.v1.train.shuffle_batch.""",

@@ -1,7 +1,7 @@
 """Pipeline files: TOML read into frozen, validated configs; every error names the file, the stage and the key.
 
 A stage's keys are its command's flags without `--` (`batch-size = 32` is `--batch-size 32`), read by the
-op's declared option schema (ops/base.py's Declared: reading a file imports no op's kernels); [input], [output] and the top-level keys are read by the schemas of the
+op's declared option schema (ops/base.py's Declaration: reading a file imports no op's kernels); [input], [output] and the top-level keys are read by the schemas of the
 settings every command shares (batchtool.exec.settings). The command line's options are generated from the same
 schemas, so a pipeline file and a command cannot disagree on a name, a default or a check.
 """
