@@ -9,7 +9,7 @@ import click
 
 from batchtool.cli.common import CONTEXT, Group
 from batchtool.core.version import version_line
-from batchtool.ops import OPERATIONS
+from batchtool.ops import DECLARATIONS
 
 OWN_COMMANDS = {
     "check": "batchtool.cli.check",
@@ -21,27 +21,27 @@ OWN_COMMANDS = {
     "step": "batchtool.cli.steps",
     "where": "batchtool.cli.steps",
 }
-"""The commands written by hand, each the `NAME_cmd` of its module; every other op of OPERATIONS has the command
-cli/ops.py generates from its definition."""
+"""The commands written by hand, each the `NAME_cmd` of its module; every other op of DECLARATIONS has the command
+cli/ops.py generates from its declaration."""
 
 
 class Commands(Mapping[str, click.Command]):
-    """The group's commands by name, each made when first asked for: `batchtool segment` imports segment's op (and
-    the driver once it runs), not check's evaluator, the other ops or Ray; `batchtool --help` asks for them all
+    """The group's commands by name, each made when first asked for: `batchtool segment` imports segment's declaration (and
+    its kernels and the driver once it runs), not check's evaluator, the other ops or Ray; `batchtool --help` asks for them all
     (their short help)."""
 
     def __init__(self) -> None:
-        self._names = sorted({*OWN_COMMANDS, *OPERATIONS})
+        self._names = sorted({*OWN_COMMANDS, *DECLARATIONS})
         self._made: dict[str, click.Command] = {}
 
     def __getitem__(self, name: str) -> click.Command:
         if name not in self._made:
             if name in OWN_COMMANDS:
                 self._made[name] = getattr(importlib.import_module(OWN_COMMANDS[name]), f"{name}_cmd")
-            elif name in OPERATIONS:
+            elif name in DECLARATIONS:
                 from batchtool.cli.ops import make_command
 
-                self._made[name] = make_command(OPERATIONS[name])
+                self._made[name] = make_command(DECLARATIONS[name])
             else:
                 raise KeyError(name)
         return self._made[name]

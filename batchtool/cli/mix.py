@@ -11,7 +11,8 @@ import click
 from batchtool.cli.common import columns_option, command, make_output, make_run, report
 from batchtool.cli.ops import given_options, op_options
 from batchtool.core.errors import UsageError
-from batchtool.ops.mix import OP as MIX
+from batchtool.ops import OPERATIONS
+from batchtool.ops.mix import DECLARED as MIX
 from batchtool.ops.mix.options import Names
 
 
@@ -35,8 +36,8 @@ def mix_cmd(paths: tuple[str, ...], columns: tuple[str, ...], input_format: str 
         options = replace(options, previous=replan_from(continue_from, int(at or 0), options.names, options.by))
     seed = kwargs.pop("seed", 0)
     output, run = make_output(kwargs), make_run(kwargs)
-    result = run_mixed(MIX, options, srcs, options.names, options.column, dst, output, run, seed=seed,
-                       format=input_format, skip_corrupt=skip_corrupt, columns=list(columns) or None)
+    result = run_mixed(OPERATIONS[MIX.name], options, srcs, options.names, options.column, dst, output, run,
+                       seed=seed, format=input_format, skip_corrupt=skip_corrupt, columns=list(columns) or None)
     report(result.manifest, dst, run.quiet, MIX.writes_batches(options))
 
 

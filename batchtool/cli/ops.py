@@ -1,5 +1,6 @@
-"""The commands generated from operation definitions (batchtool.ops.OPERATIONS): one factory, no click code per op;
-an op of several sources has its own command (cli/mix.py)."""
+"""The commands generated from operation declarations (batchtool.ops.DECLARATIONS): one factory, no click code per op;
+an op of several sources has its own command (cli/mix.py). An op's kernels (batchtool.ops.OPERATIONS) are imported
+only when it runs."""
 
 from __future__ import annotations
 
@@ -11,22 +12,24 @@ import click
 
 from batchtool.cli.common import (command, input_options, make_output, make_run, memory_options, output_options,
                                   report, run_options, seed_option)
-from batchtool.ops.base import Kind, Operation
+from batchtool.ops import OPERATIONS
+from batchtool.ops.base import Declaration, Kind
 from batchtool.core.errors import flag, key
 from batchtool.core.options import Option, build_options, fields, from_texts, required
 
 
-def make_command(op: Operation) -> click.Command:
+def make_command(op: Declaration) -> click.Command:
     """`batchtool NAME SRC DST --option ...`: the op's options generated from its schema, plus what every
     writing command takes (input, output and run options; --seed for a seeded op, --memory and --tmp-dir
-    for one that spills), running through the driver (imported when the command runs: its --help needs none of it)."""
+    for one that spills), running the op through the driver (both imported when the command runs: its --help needs
+    neither)."""
     def run_op(src: str, dst: str, input_format: str | None, skip_corrupt: bool, **kwargs: Any) -> None:
         from batchtool.exec.driver import run_operation
 
         options = given_options(op, kwargs)
         seed = kwargs.pop("seed", 0)
         output, run = make_output(kwargs), make_run(kwargs)
-        result = run_operation(op, options, src, dst, output, run, seed=seed, format=input_format,
+        result = run_operation(OPERATIONS[op.name], options, src, dst, output, run, seed=seed, format=input_format,
                                skip_corrupt=skip_corrupt)
         report(result.manifest, dst, run.quiet, op.writes_batches(options))
 
@@ -37,7 +40,7 @@ def make_command(op: Operation) -> click.Command:
     return command(op.name, op.example)(fn)
 
 
-def op_options(op: Operation, fn: Callable) -> Callable:
+def op_options(op: Declaration, fn: Callable) -> Callable:
     """`fn` with the op's options, generated from its schema, and what every writing command takes (input, output
     and run options; --seed for a seeded op, --memory and --tmp-dir for one that spills)."""
     batches = True if op.kind is Kind.BATCHES else op.batches_flag or False
@@ -53,7 +56,7 @@ def op_options(op: Operation, fn: Callable) -> Callable:
     return fn
 
 
-def given_options(op: Operation, kwargs: dict[str, Any], **settled: Any) -> Any:
+def given_options(op: Declaration, kwargs: dict[str, Any], **settled: Any) -> Any:
     """Pop the op's options out of a command's kwargs and build them (`settled`: values the command worked out,
     instead of the flags' texts)."""
     given = {f.name: value for f, _ in fields(op.options) if (value := kwargs.pop(f.name)) not in (None, ())}

@@ -18,7 +18,7 @@ from batchtool.core.progress import LINE_SECONDS, MODES
 
 if TYPE_CHECKING:
     from batchtool.io.output import OutputOptions
-    from batchtool.ops.base import Operation
+    from batchtool.ops.base import Declaration
 
 BATCH_FORMAT = "arrow"
 """What a command whose output is batches writes without --to: an uncompressed Arrow IPC file, which
@@ -208,7 +208,7 @@ def default_format(batches: bool | str, given: Callable[[str], Any]) -> str:
     return BATCH_FORMAT if batches is True or (batches and given(batches)) else ROW_FORMAT
 
 
-def batches_of(op: Operation) -> bool | str:
+def batches_of(op: Declaration) -> bool | str:
     """When an op's output is batches: always (an op that makes batches whatever its options), with the flag it
     declares (`batches_flag`), or never."""
     from batchtool.ops.base import Kind  # (the op's module has imported it already)
@@ -216,7 +216,7 @@ def batches_of(op: Operation) -> bool | str:
     return op.batches_flag or op.kind is Kind.BATCHES
 
 
-def op_default_format(op: Operation, options: Any) -> str:
+def op_default_format(op: Declaration, options: Any) -> str:
     """What an op writes without --to, given its options (a pipeline's last stage)."""
     return default_format(batches_of(op), lambda flag: getattr(options, flag[2:].replace("-", "_")))
 

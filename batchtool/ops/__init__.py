@@ -1,4 +1,4 @@
-"""The operations, each one module; OPERATIONS registers those written to the operation interface (ops/base.py)."""
+"""The operations, each one module or package; DECLARATIONS and OPERATIONS register them (ops/base.py)."""
 
 from __future__ import annotations
 
@@ -7,21 +7,18 @@ from typing import TYPE_CHECKING
 from batchtool.core.registry import Registry
 
 if TYPE_CHECKING:
-    from batchtool.ops.base import Operation
+    from batchtool.ops.base import Declaration, Operation
 
-OPERATIONS: Registry[Operation] = Registry({
-    "filter": "batchtool.ops.filter",
-    "select": "batchtool.ops.select",
-    "rename": "batchtool.ops.rename",
-    "resample": "batchtool.ops.resample",
-    "stratify": "batchtool.ops.stratify",
-    "pack": "batchtool.ops.pack",
-    "bucket": "batchtool.ops.bucket",
-    "segment": "batchtool.ops.segment",
-    "shuffle": "batchtool.ops.shuffle",
-    "mix": "batchtool.ops.mix",
-}, "OP")
-"""Name -> definition (each op's module defines its OP, imported when that op is first asked for: a command imports the
-op it runs, not every op): the command, the pipeline stage and the dry run of each are derived from it."""
+MODULES = {name: f"batchtool.ops.{name}" for name in (
+    "filter", "select", "rename", "resample", "stratify", "pack", "bucket", "segment", "shuffle", "mix")}
+"""Name -> the module that declares the op (its DECLARED, importing no kernel) and gives its OP."""
 
-__all__ = ["OPERATIONS"]
+DECLARATIONS: Registry[Declaration] = Registry(MODULES, "DECLARED")
+"""Name -> declaration (each imported when first asked for): the command and the pipeline stage of each are made from
+it, so `segment --help` or reading a pipeline file imports no kernel."""
+
+OPERATIONS: Registry[Operation] = Registry(MODULES, "OP")
+"""Name -> definition, imported when the op runs (a command imports the op it runs, not every op): the run and the dry
+run of each are derived from it."""
+
+__all__ = ["DECLARATIONS", "OPERATIONS"]

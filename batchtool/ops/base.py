@@ -1,6 +1,8 @@
 """The operation interface: one definition per op, from which its command, its pipeline stage and its dry run are derived.
 
-An op is a subclass of `Operation` registered in `batchtool.ops.OPERATIONS`. It declares its options as
+An op is declared (`Declaration`: its name, help, options and kind, in a module that imports no kernel, which its command
+and pipeline stage are made from) and run by a subclass of `Operation` that takes that declaration; both are registered
+in batchtool.ops (DECLARATIONS, OPERATIONS). It declares its options as
 a frozen dataclass whose fields are made with `option(...)` (help, value kind, default): click options,
 pipeline TOML keys and their checks are all generated from that one schema. Its work is a pure kernel
 `kernel(plan, chunk) -> (chunk, stats)` that mutates nothing shared; the driver merges the statistics
@@ -168,33 +170,76 @@ class Piece(Protocol):
     def build(self) -> Chunk: ...
 
 
-class Operation(Generic[O, P]):
-    """One operation. A new op sets `name`, `summary`, `example` and `options` (and `kind`, `seeded` if they
-    differ), and writes `output_schema` and `kernel` (or `regroup`). Every other hook has a default for an op
-    with no first pass, one plan for every chunk, and output no larger than its input."""
+@dataclass(frozen=True)
+class Declaration(Generic[O]):
+    """What an op is before it runs, importing none of its kernels: its command, its pipeline stage and their checks
+    are made from it (`--help` reads it alone), and its Operation takes its attributes of the same names
+    (`class SegmentOp(Operation, declared=DECLARED)`)."""
 
-    name: ClassVar[str]
-    summary: ClassVar[str]
+    name: str
+    summary: str
     """What the command does (its --help starts with this)."""
-    example: ClassVar[str]
+    example: str
     """A command line that runs as written on sample_data/ (its --help ends with it)."""
-    options: ClassVar[type]
-    kind: ClassVar[Kind] = Kind.ROWS
-    seeded: ClassVar[bool] = False
+    options: type[O]
+    kind: Kind = Kind.ROWS
+    seeded: bool = False
     """Takes a --seed (random draws keyed by it and the example ids)."""
-    spills: ClassVar[tuple[str, ...]] = ()
+    spills: tuple[str, ...] = ()
     """It spills (it takes --memory and --tmp-dir; a pipeline's own in a pipeline): the run settings its manifest's
     options record besides its own (RunSettings.recorded)."""
-    batches_flag: ClassVar[str | bool | None] = None
+    batches_flag: str | bool | None = None
     """The flag with which its output is batches (written as batch shards without --to); True: always batches."""
-    reorder_selects: ClassVar[bool] = False
+    reorder_selects: bool = False
     """A reorder (Kind.REORDERS) whose kernel also selects rows (mix): a pipeline's pass that needs only the rows runs
     the kernel as they stream instead of skipping the reorder, as it may skip a shuffle."""
-    output_rows: ClassVar[OutputRows] = OutputRows.EXAMPLES
+    output_rows: OutputRows = OutputRows.EXAMPLES
     """What a row of its output is (what inspect and batchtool.load make of an output its manifest says it wrote)."""
-    several_sources: ClassVar[bool] = False
+    several_sources: bool = False
     """It reads several SRCs as one dataset (batchtool.io.mixed: each row's source in a column of its own): its command
     (`NAME SRC SRC ... DST`) and its place in a pipeline (an [input] of several paths) are its own."""
+    shaped: Callable[[O], Shape] | None = None
+    """Its Shape from its options, where they change it (stratify makes batches only with --batch-size); None: its
+    kind, depending on the rows' order if it is seeded."""
+
+    def shape(self, options: O) -> Shape:
+        """Its kind with these options, and what its output depends on besides the rows (a pipeline keeps it intact)."""
+        if self.shaped is not None:
+            return self.shaped(options)
+        return Shape(self.kind, Depends.ORDER if self.seeded else Depends.ROWS)
+
+    def writes_batches(self, options: O) -> bool:
+        """Its output is batches with these options (each stored batch one training batch), not rows in row groups."""
+        return self.shape(options).kind is Kind.BATCHES
+
+
+class Operation(Generic[O, P]):
+    """One operation: its declaration (`declared=`, its name, options, kind, ...), its `output_schema` and `kernel`
+    (or `regroup`). Every other hook has a default for an op with no first pass, one plan for every chunk, and
+    output no larger than its input."""
+
+    declared: ClassVar[Declaration]
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    example: ClassVar[str]
+    options: ClassVar[type]
+    kind: ClassVar[Kind]
+    seeded: ClassVar[bool]
+    spills: ClassVar[tuple[str, ...]]
+    batches_flag: ClassVar[str | bool | None]
+    reorder_selects: ClassVar[bool]
+    output_rows: ClassVar[OutputRows]
+    several_sources: ClassVar[bool]
+
+    def __init_subclass__(cls, declared: Declaration | None = None, **kwargs: Any) -> None:
+        """`class SegmentOp(Operation, declared=DECLARED)`: its name, options, kind, ... from its declaration (the
+        light module batchtool.ops.DECLARATIONS names), which --help and pipeline files read without this module."""
+        super().__init_subclass__(**kwargs)
+        if declared is not None:
+            cls.declared = declared
+            for name in ("name", "summary", "example", "options", "kind", "seeded", "spills", "batches_flag",
+                         "reorder_selects", "output_rows", "several_sources"):
+                setattr(cls, name, getattr(declared, name))
 
     # -- what it reads and writes
     def output_schema(self, options: O, schema: pa.Schema) -> pa.Schema:
@@ -210,13 +255,10 @@ class Operation(Generic[O, P]):
         return manifest_options(options, output)
 
     def shape(self, options: O) -> Shape:
-        """Its kind with these options (stratify makes batches only with --batch-size), and what its output depends
-        on besides the rows (a pipeline keeps it intact)."""
-        return Shape(self.kind, Depends.ORDER if self.seeded else Depends.ROWS)
+        return self.declared.shape(options)
 
     def writes_batches(self, options: O) -> bool:
-        """Its output is batches with these options (each stored batch one training batch), not rows in row groups."""
-        return self.shape(options).kind is Kind.BATCHES
+        return self.declared.writes_batches(options)
 
     # -- what it learns first, and its plan
     def first_pass(self, options: O, schema: pa.Schema) -> Pass | None:
@@ -283,4 +325,4 @@ def row_stats(rows_in: int, rows_out: int) -> Tally:
     return Tally.of(rows_in=rows_in, rows_out=rows_out)
 
 
-__all__ = ["Expanding", "Pass", "Piece", "Said", "Shape", "ColumnError", "Context", "Depends", "Kind", "Operation", "OptionError", "OutputRows", "Scan", "manifest_options", "need_columns", "row_stats", "who"]
+__all__ = ["Declaration", "Expanding", "Pass", "Piece", "Said", "Shape", "ColumnError", "Context", "Depends", "Kind", "Operation", "OptionError", "OutputRows", "Scan", "manifest_options", "need_columns", "row_stats", "who"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from batchtool.ops.base import ColumnError, Operation, need_columns, row_stats
+from batchtool.ops.base import ColumnError, Declaration, Operation, need_columns, row_stats
 from batchtool.core.options import Column, option
 
 if TYPE_CHECKING:  # arrays are imported where the op runs: `filter --help` imports none
@@ -20,12 +20,14 @@ class FilterOptions:
     column: str = option("Boolean column: keep the rows where it is true (null is false).", Column())
 
 
-class Filter(Operation[FilterOptions, FilterOptions]):
-    name = "filter"
-    summary = "Keep the rows of SRC where a boolean column is true (null is false) and write DST."
-    example = "batchtool filter sample_data/flagged.parquet /tmp/kept --column keep"
-    options = FilterOptions
+DECLARED = Declaration(
+    "filter",
+    summary="Keep the rows of SRC where a boolean column is true (null is false) and write DST.",
+    example="batchtool filter sample_data/flagged.parquet /tmp/kept --column keep",
+    options=FilterOptions)
 
+
+class Filter(Operation[FilterOptions, FilterOptions], declared=DECLARED):
     def input_columns(self, options: FilterOptions, columns: list[str] | None) -> list[str] | None:
         return None if columns is None else list(dict.fromkeys([*columns, options.column]))
 

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from dataclasses import dataclass
 
-from batchtool.ops.base import ColumnError, Columns, Operation, need_columns, row_stats
+from batchtool.ops.base import ColumnError, Columns, Declaration, Operation, need_columns, row_stats
 from batchtool.core.options import Pairs, option
 
 if TYPE_CHECKING:  # arrays are imported where the op runs: `rename --help` imports none
@@ -24,12 +24,14 @@ class RenameOptions:
               same="two columns are renamed to the same name ({})", metavar="OLD=NEW[,OLD=NEW...]"))
 
 
-class Rename(Operation[RenameOptions, RenameOptions]):
-    name = "rename"
-    summary = "Rename columns of SRC (OLD=NEW pairs) and write DST."
-    example = "batchtool rename sample_data/parquet /tmp/renamed --columns label=class,tokens=ids"
-    options = RenameOptions
+DECLARED = Declaration(
+    "rename",
+    summary="Rename columns of SRC (OLD=NEW pairs) and write DST.",
+    example="batchtool rename sample_data/parquet /tmp/renamed --columns label=class,tokens=ids",
+    options=RenameOptions)
 
+
+class Rename(Operation[RenameOptions, RenameOptions], declared=DECLARED):
     def output_schema(self, options: RenameOptions, schema: pa.Schema) -> pa.Schema:
         import pyarrow as pa
 

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from batchtool.core.errors import InputError, OptionInputError, SchemaError
 from batchtool.ops import names as own
-from batchtool.ops.base import Pass, Context, Depends, Operation, OptionError, Shape, manifest_options, need_columns
+from batchtool.ops.base import (Context, Declaration, Depends, Kind, Operation, OptionError, Pass, Shape,
+                               manifest_options, need_columns)
 from batchtool.core.options import Column, Flag, Integer, Number, NumberOrColumn, option
 
 STAGE = "resample"
@@ -216,24 +217,29 @@ def _weights(column: str, context: Context, chunk: Chunk) -> Tally:
     return tally
 
 
-class Resample(Operation[ResampleOptions, ResamplePlan]):
-    name = "resample"
-    summary = """Resample SRC by Poisson rate, relative weight or acceptance probability and write DST.
+def _shape(options: ResampleOptions) -> Shape:
+    """Its rows' kind; a running mean's rates follow the chunks."""
+    return Shape(Kind.ROWS, Depends.CHUNKS if options.running_mean else Depends.ORDER)
 
-    Copies of an example are consecutive rows; pipe the result through `shuffle` to spread them."""
-    example = "batchtool resample sample_data/parquet /tmp/weighted --weight weight --overall-rate 1.0"
-    options = ResampleOptions
-    seeded = True
 
+DECLARED = Declaration(
+    "resample",
+    summary="""Resample SRC by Poisson rate, relative weight or acceptance probability and write DST.
+
+    Copies of an example are consecutive rows; pipe the result through `shuffle` to spread them.""",
+    example="batchtool resample sample_data/parquet /tmp/weighted --weight weight --overall-rate 1.0",
+    options=ResampleOptions,
+    seeded=True,
+    shaped=_shape)
+
+
+class Resample(Operation[ResampleOptions, ResamplePlan], declared=DECLARED):
     def recorded(self, options: ResampleOptions, schema: pa.Schema, output: OutputOptions) -> dict[str, Any]:
         """The manifest's options: every field, the rate column's name as `rate_column` (and its --output-column
         as every op records one)."""
         out = manifest_options(options, output)
         del out[own.FIELD]
         return {**out, "rate_column": options.rate_name, **own.recorded(options.output_column)}
-
-    def shape(self, options: ResampleOptions) -> Shape:
-        return Shape(self.kind, Depends.CHUNKS if options.running_mean else Depends.ORDER)
 
     def output_schema(self, options: ResampleOptions, schema: pa.Schema) -> pa.Schema:
         import pyarrow as pa

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from dataclasses import dataclass
 
-from batchtool.ops.base import Columns, Operation, need_columns, row_stats
+from batchtool.ops.base import Columns, Declaration, Operation, need_columns, row_stats
 from batchtool.core.options import ColumnList, option
 
 if TYPE_CHECKING:  # arrays are imported where the op runs: `select --help` imports none
@@ -21,12 +21,14 @@ class SelectOptions:
     columns: tuple[str, ...] = option("Columns to keep, in this order.", ColumnList())
 
 
-class Select(Operation[SelectOptions, SelectOptions]):
-    name = "select"
-    summary = "Keep these columns of SRC, in this order, and write DST."
-    example = "batchtool select sample_data/parquet /tmp/selected --columns key,label,tokens"
-    options = SelectOptions
+DECLARED = Declaration(
+    "select",
+    summary="Keep these columns of SRC, in this order, and write DST.",
+    example="batchtool select sample_data/parquet /tmp/selected --columns key,label,tokens",
+    options=SelectOptions)
 
+
+class Select(Operation[SelectOptions, SelectOptions], declared=DECLARED):
     def output_schema(self, options: SelectOptions, schema: pa.Schema) -> pa.Schema:
         import pyarrow as pa
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from batchtool.core import budget
-from batchtool.ops.base import Context, Depends, Kind, Operation, OptionError, Said, Shape
+from batchtool.ops.base import Context, Declaration, Depends, Kind, Operation, OptionError, Said, Shape
 from batchtool.core.options import Flag, Integer, option
 
 if TYPE_CHECKING:  # the kernels are imported where the op runs: `shuffle --help` imports no arrays
@@ -294,21 +294,25 @@ def _buffered(plan: ShufflePlan, input: Input, runtime: Runtime, report: ReadRep
     yield Regrouped(buffered, emit if plan.options.batch_size is None else emit_batch, buffered.stats)
 
 
-class Shuffle(Operation[ShuffleOptions, ShufflePlan]):
+def _shape(options: ShuffleOptions) -> Shape:
+    return Shape(Kind.BATCHES if options.batch_size is not None else Kind.REORDERS, Depends.ORDER)
+
+
+DECLARED = Declaration(
+    "shuffle",
+    summary="""Shuffle SRC into DST: an exact seeded permutation in bounded memory, or the buffered shuffle of
+    tf.compat.v1.train.shuffle_batch.""",
+    example="batchtool shuffle sample_data/parquet /tmp/shuffled --memory 256MB --seed 1",
+    options=ShuffleOptions,
+    kind=Kind.REORDERS,
+    seeded=True,
+    spills=("memory", "tmp_dir"),
+    shaped=_shape)
+
+
+class Shuffle(Operation[ShuffleOptions, ShufflePlan], declared=DECLARED):
     """The global shuffle reorders (a pipeline spills it before anything after it runs); the buffered one
     computes its order as it streams; with --batch-size either writes batches (it must come last)."""
-
-    name = "shuffle"
-    summary = """Shuffle SRC into DST: an exact seeded permutation in bounded memory, or the buffered shuffle of
-    tf.compat.v1.train.shuffle_batch."""
-    example = "batchtool shuffle sample_data/parquet /tmp/shuffled --memory 256MB --seed 1"
-    options = ShuffleOptions
-    kind = Kind.REORDERS
-    seeded = True
-    spills = ("memory", "tmp_dir")
-
-    def shape(self, options: ShuffleOptions) -> Shape:
-        return Shape(Kind.BATCHES if options.batch_size is not None else Kind.REORDERS, Depends.ORDER)
 
     def output_schema(self, options: ShuffleOptions, schema: pa.Schema) -> pa.Schema:
         return schema

@@ -1,7 +1,7 @@
 """Pipeline files: TOML read into frozen, validated configs; every error names the file, the stage and the key.
 
 A stage's keys are its command's flags without `--` (`batch-size = 32` is `--batch-size 32`), read by the
-op's option schema (ops/base.py); [input], [output] and the top-level keys are read by the schemas of the
+op's declared option schema (ops/base.py's Declaration: reading a file imports no op's kernels); [input], [output] and the top-level keys are read by the schemas of the
 settings every command shares (batchtool.exec.settings). The command line's options are generated from the same
 schemas, so a pipeline file and a command cannot disagree on a name, a default or a check.
 """
@@ -17,7 +17,7 @@ from typing import Any
 from batchtool.core import fs
 from batchtool.core.errors import UsageError
 from batchtool.io.mixed import source_names
-from batchtool.ops import OPERATIONS
+from batchtool.ops import DECLARATIONS
 from batchtool.ops.base import Kind, OptionError
 from batchtool.core.options import ColumnList, TableError, fields, option, read_table, shown, suggest
 from batchtool.core.errors import key as key_of
@@ -25,7 +25,7 @@ from batchtool.io.output import OutputOptions
 from batchtool.exec.settings import ROW_FORMAT, CommonSettings, InputSettings, OutputSettings, Text, op_default_format
 from batchtool.core.tomlfile import read_toml
 
-OPS = tuple(OPERATIONS)
+OPS = tuple(DECLARATIONS)
 TABLES = ("input", "stage", "output")
 
 
@@ -56,7 +56,7 @@ class StageConfig:
     @property
     def batching(self) -> bool:
         """Does it write batches (row groups a later stage would regroup)? Then it must be last."""
-        return OPERATIONS[self.op].writes_batches(self.options)
+        return DECLARATIONS[self.op].writes_batches(self.options)
 
 
 class InputPaths(Text):
@@ -214,12 +214,12 @@ class _Reader:
         for key in keys:
             if key in _PIPELINE_WIDE:
                 raise self.fail(where, f"key {key!r} is set for the whole pipeline, in {_PIPELINE_WIDE[key]}")
-        several = OPERATIONS[op].several_sources
+        several = DECLARATIONS[op].several_sources
         if several and (index != 1 or sources is None):
             raise self.fail(where, f"key 'op': {op} mixes the sources [input] path lists: make it the first stage, "
                                    "with path = [\"SRC\", \"SRC\", ...]")
         named = {"names": source_names(sources)} if several and sources is not None and "names" not in keys else {}
-        options = self.table(OPERATIONS[op].options, keys, where, **named)
+        options = self.table(DECLARATIONS[op].options, keys, where, **named)
         if several and getattr(options, "schedule", None) is not None:  # a mix's schedule file: beside this one
             options = replace(options, schedule=self.resolve(options.schedule))
         if several and sources is not None and len(options.names) != len(sources):
@@ -231,7 +231,7 @@ class _Reader:
         """A stage that writes batches must be the last: anything after it would regroup its batches."""
         for earlier, later in itertools.pairwise(stages):
             if earlier.batching:
-                what = ("writes batches" if OPERATIONS[earlier.op].kind is Kind.BATCHES
+                what = ("writes batches" if DECLARATIONS[earlier.op].kind is Kind.BATCHES
                         else "writes batches (batch-size)")
                 raise self.fail(later.name, f"key 'op': cannot follow {earlier.name}, which {what} that a later "
                                             "stage would break up; a batching stage (bucket, pack, segment, "
@@ -239,7 +239,7 @@ class _Reader:
 
     def check_mix(self, source: InputConfig, stages: Sequence[StageConfig]) -> None:
         """Several inputs are a mix's sources: its stage comes first (stage() keeps it there)."""
-        if source.sources is not None and (not stages or not OPERATIONS[stages[0].op].several_sources):
+        if source.sources is not None and (not stages or not DECLARATIONS[stages[0].op].several_sources):
             raise self.fail("[input]", f"key 'path': {len(source.sources)} sources are mixed by a first stage "
                                        "op = \"mix\" (with weights, temperature or schedule)")
 
@@ -248,7 +248,7 @@ def _default_format(last: StageConfig | None) -> str:
     """What the pipeline writes without [output] format: what its last stage's command writes without --to."""
     if last is None:  # no stage: an error follows
         return ROW_FORMAT
-    return op_default_format(OPERATIONS[last.op], last.options)
+    return op_default_format(DECLARATIONS[last.op], last.options)
 
 
 __all__ = ["OPS", "InputConfig", "PipelineConfig", "PipelineError", "StageConfig", "load"]

@@ -24,7 +24,7 @@ from batchtool.core import budget
 from batchtool.core.budget import DEFAULT_MEMORY
 from batchtool.core.errors import InputError, OptionInputError, UsageError
 from batchtool.io.dataset import Chunk
-from batchtool.ops import segment as segment_op
+from batchtool.ops.segment import op as segment_op
 from batchtool.ops import shuffle as shuffle_op
 from batchtool.ops.bucket import BucketOptions
 from batchtool.ops.bucket.plan import LengthPass, make_plan, resolve_columns, with_spill_layout

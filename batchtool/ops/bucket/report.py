@@ -5,16 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from batchtool.ops.boundaries import efficiency, expected_efficiency, quantile_boundaries
-from batchtool.ops.bucket.plan import batchable_counts
-
-if TYPE_CHECKING:
-    from batchtool.ops.bucket.grid import Grid
-    from batchtool.ops.bucket.plan import Balance, BucketPlan
+from batchtool.ops.bucket.grid import Grid
+from batchtool.ops.bucket.plan import Balance, BucketPlan, batchable_counts
 
 
 @dataclass

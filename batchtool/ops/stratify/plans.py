@@ -7,18 +7,17 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any, Union
 
+import numpy as np
+
+from batchtool.core import rng
 from batchtool.core.errors import OptionError
-
+from batchtool.io.dataset import Chunk
+from batchtool.ops.copies import MAX_RATE
 from batchtool.ops.labels import Locate, label_codes
 from batchtool.ops.stratify.options import StratifyOptions
 from batchtool.ops.targets import Target
-
-if TYPE_CHECKING:  # arrays are imported where the functions run: options declared from here make --help
-    import numpy as np
-
-    from batchtool.io.dataset import Chunk
 
 STAGE = "stratify"
 
@@ -35,10 +34,6 @@ class ThresholdPlan:
     thresholds: tuple[int | None, ...]
 
     def copies(self, labels: np.ndarray, ids: np.ndarray, seed: int) -> np.ndarray:
-        import numpy as np
-
-        from batchtool.core import rng
-
         has = np.array([t is not None for t in self.thresholds])
         limit = np.array([t or 0 for t in self.thresholds], dtype=np.uint64)
         extra = has[labels] & (rng.keyed_hash(seed, STAGE, ids) <= limit[labels])
@@ -53,10 +48,6 @@ class RatePlan:
     rates: tuple[float, ...]
 
     def copies(self, labels: np.ndarray, ids: np.ndarray, seed: int) -> np.ndarray:
-        import numpy as np
-
-        from batchtool.core import rng
-
         r = np.asarray(self.rates, dtype=np.float64)[labels]
         whole = np.floor(r)
         return whole.astype(np.int64) + (rng.uniform(seed, STAGE, ids) < r - whole)
@@ -67,8 +58,6 @@ Plan = Union[ThresholdPlan, RatePlan]
 
 def acceptance_probs(init_probs: np.ndarray, target: np.ndarray) -> np.ndarray:
     """`stratified_sample`'s a_i = (t_i / p_i) / max_j (t_j / p_j); a class with p_i = 0 (and so t_i = 0) gets 0."""
-    import numpy as np
-
     ratio = np.divide(target, init_probs, out=np.zeros_like(target), where=init_probs > 0)
     return ratio / ratio.max()
 
@@ -95,10 +84,6 @@ def largest_total(counts: np.ndarray, target: Sequence[Fraction]) -> Fraction:
 
 def check_copies(total: int, counts: np.ndarray, target: np.ndarray, options: StratifyOptions) -> None:
     """With --replacement each example of class i is written about total * t_i / n_i times: at most MAX_RATE."""
-    import numpy as np
-
-    from batchtool.ops.copies import MAX_RATE
-
     copies = np.divide(float(total) * target, counts, out=np.zeros_like(target), where=counts > 0)
     i = int(np.argmax(copies))
     if copies[i] > MAX_RATE:
@@ -111,8 +96,6 @@ def check_copies(total: int, counts: np.ndarray, target: np.ndarray, options: St
 def exact_totals(counts: np.ndarray, target: np.ndarray, options: StratifyOptions) -> tuple[np.ndarray, Fraction]:
     """Output examples per class, floor(M * t_i) in exact arithmetic, and M: min_i n_i / t_i (or --size);
     with --replacement M is --size or the input size."""
-    import numpy as np
-
     exact = exact_target(options.target, len(counts))
     if options.replacement:
         m = Fraction(options.size or int(counts.sum()))
@@ -130,8 +113,6 @@ def exact_totals(counts: np.ndarray, target: np.ndarray, options: StratifyOption
 
 def replacement_rates(counts: np.ndarray, target: np.ndarray, options: StratifyOptions) -> np.ndarray:
     """Bernoulli with replacement: r_i = N * t_i / n_i expected copies, N = --size or the input size."""
-    import numpy as np
-
     total = options.size or int(counts.sum())
     check_copies(total, counts, target, options)
     return np.divide(float(total) * target, counts, out=np.zeros_like(target), where=counts > 0)
@@ -140,8 +121,6 @@ def replacement_rates(counts: np.ndarray, target: np.ndarray, options: StratifyO
 def threshold_plan(totals: np.ndarray, counts: np.ndarray, find: Callable[[dict[int, int]], dict[int, int]]
                    ) -> ThresholdPlan:
     """base_i = T_i // n_i copies for all, one more for the T_i % n_i examples with the smallest hashes."""
-    import numpy as np
-
     base = np.floor_divide(totals, np.maximum(counts, 1))
     extra = totals - base * counts
     found = find({i: int(k) for i, k in enumerate(extra.tolist()) if k > 0})
