@@ -35,7 +35,8 @@ def jobs(ctx: Context) -> list[Job]:
         Job(f"segment u{U} b{B} {fmt}", ctx.rows, ctx.parquet_bytes,
             ours=Command(batchtool=with_dst(cli, kept(ctx, base, fmt)) + options),
             floor=floors.get(fmt), peer=peer, peer_name=peer_name, output=kept(ctx, base, fmt),
-            note=f"zstd Parquet in, {fmt} out, one batch per row group / record batch; floor = pyarrow read, copy "
+            note=f"zstd Parquet in, {fmt} out (Arrow IPC: a record batch per work item of 64 batches; Parquet: a row "
+                 "group per batch); floor = pyarrow read, copy "
                  "into preallocated padded NumPy arrays, the same columns, B consecutive segments per batch in "
                  "the same format; peer seconds inside its process (TensorFlow start-up excluded), every batch "
                  "to NumPy and touched")
