@@ -49,9 +49,10 @@ def pyarrow_copy(src: str, dst: str, transform: Callable[[pa.Table], pa.Table] |
 
 def batchtool_read(src: str, threads: int) -> None:
     """Decode every record of every shard to Arrow (all columns) on `threads` threads."""
+    from batchtool.core.runner import Threads
     from batchtool.io.inputs import open_dataset
 
-    rows = sum(chunk.num_rows for chunk in open_dataset(src).chunks(threads=threads))
+    rows = sum(chunk.num_rows for chunk in open_dataset(src).chunks(executor=Threads(threads)))
     print(rows)
 
 
