@@ -248,7 +248,8 @@ class HashingFile:
             self._append(view)
         else:
             self._raise_failure()
-            self._queue.put(bytes(view))
+            self._queue.put(data if type(data) is bytes else bytes(view))  # (pyarrow's PythonFile hands out bytes
+            # of their own, which nothing changes after: copied only when given a buffer its caller may reuse)
         return view.nbytes
 
     def _stop(self) -> None:
