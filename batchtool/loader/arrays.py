@@ -63,20 +63,20 @@ class StackViews:
     def __call__(self, piece: Stacked, where: Callable[[], str] = lambda: "a batch") -> dict[str, Any]:
         held = getattr(self._held, "stack", None)
         if held is None or held[0] is not piece.stack:
-            held = self._held.stack = (piece.stack, self._stack_arrays(piece.stack, where))
-        stack, arrays = held
+            held = self._held.stack = (piece.stack, self._stack_arrays(piece.stack, where), _plan(piece.stack))
+        stack, arrays, plan = held
         start = piece.index * piece.rows
         out = {}
         for i, (name, array) in enumerate(arrays.items()):
             try:
                 out[name] = array[start:start + piece.rows] if array is not None else \
-                    _plan(stack).converts[i](stack.column(i).slice(start, piece.rows), self.writable)
+                    plan.converts[i](stack.column(i).slice(start, piece.rows), self.writable)
             except (pa.ArrowException, ValueError) as exc:
                 raise InputError(f"{where()}, column {name!r}: corrupt ({first_line(exc)})") from exc
         return out
 
     def _stack_arrays(self, stack: pa.RecordBatch, where: Callable[[], str]) -> dict[str, np.ndarray | None]:
-        """{column: the stack's array, or None where a batch's must be made apart}."""
+        """{column: the stack's array, or None where each batch's is made from its own rows}."""
         made = views(stack, self.writable, where, self.unsliced)
         return {name: array if _sliceable(stack.column(i), array) else None
                 for i, (name, array) in enumerate(made.items())}
