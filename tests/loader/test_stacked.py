@@ -14,6 +14,9 @@ import shutil
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import record_batches
 
 import batchtool
 from batchtool.core.errors import InputError
@@ -34,16 +37,21 @@ def _manifest(dst: str) -> dict:
         return json.load(f)
 
 
+def _equal(a: object, b: object) -> bool:
+    """Arrays of the same dtype, shape and values (NaN equal to NaN; arrays of objects compared element by element)."""
+    if not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray):
+        return type(a) is type(b) and a == b
+    if (a.dtype, a.shape) != (b.dtype, b.shape):
+        return False
+    if a.dtype == object:
+        return all(_equal(x, y) for x, y in zip(a.ravel(), b.ravel()))
+    return np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
+
+
 def _same(left: dict, right: dict, where: str) -> None:
     assert left.keys() == right.keys(), where
     for name in left:
-        a, b = left[name], right[name]
-        assert (a.dtype, a.shape) == (b.dtype, b.shape), (where, name, a.dtype, b.dtype, a.shape, b.shape)
-        if a.dtype == object:
-            assert all(np.array_equal(x, y) if isinstance(x, np.ndarray) else x == y for x, y in zip(a, b)), \
-                (where, name)
-        else:
-            assert np.array_equal(a, b, equal_nan=a.dtype.kind == "f"), (where, name)
+        assert _equal(left[name], right[name]), (where, name, left[name], right[name])
 
 
 @pytest.fixture(scope="module")
@@ -230,6 +238,24 @@ def test_stack_views_are_the_views_of_each_batch_alone(writable):
     made = StackViews(writable, unsliced=False)
     for piece in pieces:
         _same(made(piece), views(piece.batch, writable), f"batch {piece.index}")
+
+
+@settings(max_examples=150, deadline=None)
+@given(batch=record_batches(max_columns=5), rows=st.integers(1, 5), writable=st.booleans())
+def test_any_stack_hands_out_what_each_batch_alone_converts_to(batch, rows, writable):
+    """Whatever the columns (nulls in some batches only, lists of equal lengths within a batch but not across,
+    nested and fixed-size lists, strings, booleans), a batch of a stack read back from Arrow IPC converts as the
+    same rows stored alone."""
+    rows = max(1, min(rows, batch.num_rows))
+    batch = batch.slice(0, batch.num_rows - batch.num_rows % rows)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    stack = pa.ipc.open_file(sink.getvalue()).get_batch(0)  # (as a read gives it: every array at offset 0)
+    made = StackViews(writable, unsliced=True)
+    for index in range(batch.num_rows // rows):
+        piece = Stacked(stack, index, rows)
+        _same(made(piece), views(piece.batch, writable), f"batch {index}")
 
 
 def test_checksum_of_a_stack_covers_every_batch_in_it():
