@@ -28,8 +28,9 @@ from batchtool.io.output import OutputOptions
 from batchtool.loader.arrays import StackViews, views
 
 SAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "sample_data", "parquet")
-SEGMENT = ["segment", SAMPLE, "--key", "key", "--sequence", "tokens,frames", "--num-unroll", "8",
-           "--batch-size", "4"]
+B = 16
+SEGMENT = ["segment", SAMPLE, "--key", "key", "--sequence", "tokens,frames", "--num-unroll", "20",
+           "--batch-size", str(B)]
 
 
 def _manifest(dst: str) -> dict:
@@ -75,12 +76,12 @@ def outputs(tmp_path_factory) -> dict[str, str]:
 def test_segment_writes_stacks_and_says_so(outputs):
     manifest = _manifest(outputs["stacked"])
     output = manifest["output"]
-    assert manifest["manifest_version"] == 3 and output["stacked_batch_rows"] == 4
+    assert manifest["manifest_version"] == 3 and output["stacked_batch_rows"] == B
     entry = output["files"][0]
     reader = pa.ipc.open_file(os.path.join(outputs["stacked"], entry["path"]))
     rows = [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)]
     assert entry["record_batches"] == reader.num_record_batches < entry["batches"]
-    assert sum(r // 4 for r in rows) == entry["batches"] and all(r % 4 == 0 for r in rows)
+    assert sum(r // B for r in rows) == entry["batches"] and all(r % B == 0 for r in rows)
     # formats that store batches apart get them apart, and say nothing of stacks
     assert "stacked_batch_rows" not in _manifest(outputs["parquet"])["output"]
     assert _manifest(outputs["parquet"])["manifest_version"] == 1
@@ -167,9 +168,9 @@ def _rewrite_manifest(src: str, dst: str, change) -> str:
 
 
 @pytest.mark.parametrize("change,message", [
-    (lambda m: m["output"].update(stacked_batch_rows=3),
-     r"record batch 0: [\d,]+ rows, not a whole number of the 3-row batches"),
-    (lambda m: m["output"].update(stacked_batch_rows="4"), r"stacked_batch_rows is '4', expected a positive count"),
+    (lambda m: m["output"].update(stacked_batch_rows=B + 1),
+     r"record batch 0: [\d,]+ rows, not a whole number of the 17-row batches"),
+    (lambda m: m["output"].update(stacked_batch_rows="16"), r"stacked_batch_rows is '16', expected a positive count"),
     (lambda m: m["output"].update(stacked_batch_rows=0), r"stacked_batch_rows is 0, expected a positive count"),
     (lambda m: m["output"]["files"][0].update(record_batches=2), r"record batches, but .* lists 2"),
     (lambda m: (m["output"]["files"][0].update(batches=m["output"]["files"][0]["batches"] - 1),
@@ -184,8 +185,8 @@ def test_a_manifest_that_lies_about_stacks_is_refused(outputs, tmp_path, change,
 
 def test_a_stacked_manifest_on_other_formats_is_refused(outputs, tmp_path):
     dst = _rewrite_manifest(outputs["parquet"], str(tmp_path / "lied"),
-                            lambda m: m["output"].update(stacked_batch_rows=4))
-    with pytest.raises(InputError, match=r"stacked_batch_rows is 4, expected .* that stores stacks \(Arrow IPC\)"):
+                            lambda m: m["output"].update(stacked_batch_rows=B))
+    with pytest.raises(InputError, match=r"stacked_batch_rows is 16, expected .* that stores stacks \(Arrow IPC\)"):
         batchtool.load(dst)
 
 
@@ -201,8 +202,8 @@ def test_an_output_of_one_record_batch_per_batch_still_reads(outputs, tmp_path):
             sink = ARROW.open_sink(f, reader.schema, options)
             for r in range(reader.num_record_batches):
                 stack = reader.get_batch(r)
-                for start in range(0, stack.num_rows, 4):
-                    sink.write(ARROW.encode(stack.slice(start, 4), options))
+                for start in range(0, stack.num_rows, B):
+                    sink.write(ARROW.encode(stack.slice(start, B), options))
             extra = sink.close()
         entry.update(extra, bytes=os.path.getsize(dst / entry["path"]))
         entry.pop("record_batches")
