@@ -79,6 +79,9 @@ class Measurement:
     wall: float
     peak_rss: int
     output: str
+    user: float
+    """CPU seconds of the whole process (its start-up included) in user space and in the kernel (wait4)."""
+    system: float
 
 
 LAUNCHER = """
@@ -89,8 +92,8 @@ for line in sys.stdin:
         start = time.perf_counter()
         proc = subprocess.Popen(job["argv"], stdout=out, stderr=err, env=job["env"])
         _, status, usage = os.wait4(proc.pid, 0)
-    print(json.dumps({"seconds": time.perf_counter() - start, "status": status, "maxrss": usage.ru_maxrss}),
-          flush=True)
+    print(json.dumps({"seconds": time.perf_counter() - start, "status": status, "maxrss": usage.ru_maxrss,
+                      "user": usage.ru_utime, "system": usage.ru_stime}), flush=True)
 """
 """Runs the measured commands. Linux carries a process's peak RSS over fork and exec, so a command started by
 bench.py itself (which may have just generated the corpus) would report bench.py's peak if larger than
@@ -102,14 +105,16 @@ class Launcher:
         self.proc = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
 
-    def run(self, argv: list[str], env: dict[str, str], tmp: str) -> tuple[float, int, int, str, str]:
-        """(wall seconds, wait status, peak RSS in bytes, stdout, stderr) of running argv."""
+    def run(self, argv: list[str], env: dict[str, str], tmp: str) -> tuple[float, int, int, str, str, float, float]:
+        """(wall seconds, wait status, peak RSS in bytes, stdout, stderr, user and system CPU seconds) of running
+        argv."""
         out, err = os.path.join(tmp, "stdout.tmp"), os.path.join(tmp, "stderr.tmp")
         self.proc.stdin.write(json.dumps({"argv": argv, "env": env, "out": out, "err": err}) + "\n")
         self.proc.stdin.flush()
         done = json.loads(self.proc.stdout.readline())
         with open(out) as o, open(err) as e:
-            return done["seconds"], done["status"], done["maxrss"] * 1024, o.read(), e.read()
+            return (done["seconds"], done["status"], done["maxrss"] * 1024, o.read(), e.read(), done["user"],
+                    done["system"])
 
 
 def measure(cmd: Command, ctx: Context, launcher: Launcher) -> Measurement | None:
@@ -120,13 +125,13 @@ def measure(cmd: Command, ctx: Context, launcher: Launcher) -> Measurement | Non
     else:
         argv = [sys.executable, "-m", "batchtool", *cmd.batchtool]
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    seconds, status, peak, out, err = launcher.run(argv, env, ctx.data)
+    seconds, status, peak, out, err, user, system = launcher.run(argv, env, ctx.data)
     if os.waitstatus_to_exitcode(status) != 0:
         print(f"  ! {' '.join(argv[:6])}... failed: {err.strip().splitlines()[-1] if err.strip() else status}",
               file=sys.stderr)
         return None
     inside = re.search(r"\bseconds ([0-9.]+)", out)
-    return Measurement(float(inside.group(1)) if inside else seconds, seconds, peak, out)
+    return Measurement(float(inside.group(1)) if inside else seconds, seconds, peak, out, user, system)
 
 
 def generate(size: str, root: str, tfrecord: bool = True) -> Context:
@@ -200,14 +205,16 @@ def run_job(job: Job, ctx: Context, done: dict[str, Measurement], launcher: Laun
         os.makedirs(ctx.work)
         if m is not None:
             results[role] = m
-            print(f"  {role:5} {m.seconds:8.2f} s (wall {m.wall:.2f})  peak {m.peak_rss / 2**20:7.0f} MiB  "
+            print(f"  {role:5} {m.seconds:8.2f} s (wall {m.wall:.2f}, user {m.user:.2f}, sys {m.system:.2f})  "
+                  f"peak {m.peak_rss / 2**20:7.0f} MiB  "
                   f"{m.output.strip()[-80:]}", file=sys.stderr)
     ours = results.get("ours")
     row = {"job": job.name, "rows": job.rows, "bytes": job.bytes, "note": job.note, "peer": job.peer_name}
     if ours:
         row.update(seconds=round(ours.seconds, 3), wall_seconds=round(ours.wall, 3),
                    rows_per_s=round(job.rows / ours.seconds),
-                   mb_per_s=round(job.bytes / 2**20 / ours.seconds, 1), peak_rss_mib=round(ours.peak_rss / 2**20))
+                   mb_per_s=round(job.bytes / 2**20 / ours.seconds, 1), peak_rss_mib=round(ours.peak_rss / 2**20),
+                   user_seconds=round(ours.user, 2), system_seconds=round(ours.system, 2))
     if disk is not None:
         row["disk_bytes"] = disk
     for role in ("floor", "peer"):
@@ -215,25 +222,31 @@ def run_job(job: Job, ctx: Context, done: dict[str, Measurement], launcher: Laun
             row[f"{role}_seconds"] = round(results[role].seconds, 3)
             row[f"ratio_to_{role}"] = round(ours.seconds / results[role].seconds, 2)
             row[f"{role}_peak_rss_mib"] = round(results[role].peak_rss / 2**20)
+            row[f"{role}_user_seconds"] = round(results[role].user, 2)
+            row[f"{role}_system_seconds"] = round(results[role].system, 2)
     return row
 
 
 def markdown(rows: list[dict], machine: str) -> str:
     lines = [f"Machine: {machine}", "",
-             "| job | rows/s | MB/s | time (s) | vs floor (time ratio) | vs peer (time ratio) | peak RSS | on disk |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| job | rows/s | MB/s | time (s) | vs floor (time ratio) | vs peer (time ratio) | CPU user + sys (s) "
+             "| peak RSS | on disk |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         if "seconds" not in r:
-            lines.append(f"| {r['job']} | failed | | | | | | |")
+            lines.append(f"| {r['job']} | failed | | | | | | | |")
             continue
         floor = f"{r['ratio_to_floor']:.2f}x" if "ratio_to_floor" in r else "-"
         peer = f"{r['ratio_to_peer']:.2f}x ({r['peer']})" if "ratio_to_peer" in r else "-"
         disk = f"{r['disk_bytes'] / 1e9:.2f} GB" if "disk_bytes" in r else "-"
+        cpu = r["user_seconds"] + r["system_seconds"]
         lines.append(f"| {r['job']} | {r['rows_per_s']:,} | {r['mb_per_s']} | {r['seconds']} | {floor} | {peer} | "
-                     f"{r['peak_rss_mib']} MiB | {disk} |")
+                     f"{r['user_seconds']:.1f} + {r['system_seconds']:.1f} ({r['system_seconds'] / max(cpu, 1e-9):.0%} "
+                     f"sys) | {r['peak_rss_mib']} MiB | {disk} |")
     lines += ["", "Ratios are time of batchtool / time of the floor or peer: below 1 is faster. Times are wall "
               "times of the process, or where the job prints one, the time inside it (interpreter and "
-              "TensorFlow start-up excluded). On disk: the bytes the job wrote."]
+              "TensorFlow start-up excluded). CPU: user and system seconds of batchtool's whole process (start-up "
+              "included; the share in the kernel in brackets). On disk: the bytes the job wrote."]
     return "\n".join(lines)
 
 
