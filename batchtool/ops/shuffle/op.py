@@ -1,4 +1,5 @@
-"""`shuffle`: an exact seeded global permutation in bounded memory, or shuffle_batch's buffered shuffle."""
+"""The `shuffle` op's run: its Operation (its declaration, DECLARED, is the package's), the global shuffle's
+exchange and the buffered shuffle."""
 
 from __future__ import annotations
 
@@ -6,19 +7,19 @@ import functools
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from batchtool.core import budget
-from batchtool.ops.base import Context, Declaration, Depends, Kind, Operation, OptionError, Said, Shape
-from batchtool.core.options import Flag, Integer, option
+import numpy as np
+import pyarrow as pa
 
-if TYPE_CHECKING:  # the kernels are imported where the op runs: `shuffle --help` imports no arrays
-    import numpy as np
-    import pyarrow as pa
-
-    from batchtool.io.dataset import Chunk, ReadReport
-    from batchtool.ops.regroup import Cut, Exchange, Input, Probe, Regrouped, Runtime, Scattered, Stream
-    from batchtool.ops.rows import Yardstick
+from batchtool.core import budget, rng
+from batchtool.io.dataset import Chunk, ReadReport
+from batchtool.io.spill import parts_for
+from batchtool.ops.base import Context, Operation, Said
+from batchtool.ops.keyed import flush_bytes, range_bytes
+from batchtool.ops.regroup import Cut, Exchange, Input, Probe, Regrouped, Runtime, Scatter, Scattered, Stream
+from batchtool.ops.rows import FixedBatches, Yardstick, bytes_per_row, emit, emit_batch, estimate_bytes, peek, rebatch
+from batchtool.ops.shuffle import DECLARED, ShuffleOptions
 
 STAGE = "shuffle"
 MAX_BATCH_ROWS = 65536
@@ -31,61 +32,20 @@ BUFFER_COPIES, SLOT_BYTES = 5, 100
 their concatenation and the new buffer) plus SLOT_BYTES of row numbers per slot."""
 
 
-@dataclass(frozen=True)
-class ShuffleOptions:
-    """What `shuffle` computes."""
-
-    batch_size: int | None = option("Write batches (row groups) of this many rows.", Integer(), None)
-    drop_remainder: bool = option("Drop the final batch if it is smaller than --batch-size.", Flag(), False)
-    buffer: int | None = option("Buffered shuffle (shuffle_batch's capacity) instead of a global one.", Integer(),
-                                None)
-    min_after_dequeue: int | None = option("shuffle_batch's min_after_dequeue; alone it sets the buffer to it plus "
-                                           "the batch size.", Integer(), None)
-
-    def __post_init__(self) -> None:
-        if self.batch_size is not None and self.batch_size < 1:
-            raise OptionError("batch_size", "must be at least 1", value=str(self.batch_size))
-        if self.drop_remainder and self.batch_size is None:
-            raise OptionError("drop_remainder", "{drop_remainder} needs {batch_size} (the final partial batch is "
-                              "what it drops)", mentions=["batch_size"])
-        if self.buffer is not None and self.buffer < 1:
-            raise OptionError("buffer", "must be at least 1 row", value=str(self.buffer))
-        if self.min_after_dequeue is not None and self.min_after_dequeue < 0:
-            raise OptionError("min_after_dequeue", "must be >= 0", value=str(self.min_after_dequeue))
-        if self.buffer is not None and self.min_after_dequeue is not None and self.min_after_dequeue >= self.buffer:
-            raise OptionError("min_after_dequeue", f"{{min_after_dequeue}} {self.min_after_dequeue} must be smaller "
-                              f"than {{buffer}} {self.buffer} (shuffle_batch's capacity)", mentions=["buffer"])
-
-    @property
-    def buffered(self) -> bool:
-        return self.buffer is not None or self.min_after_dequeue is not None
-
-    @property
-    def capacity(self) -> int:
-        """Rows the buffered shuffle draws from: --buffer, or the smallest capacity shuffle_batch allowed."""
-        if self.buffer is not None:
-            return self.buffer
-        return (self.min_after_dequeue or 0) + (self.batch_size or 1)
-
-
 # -- sizes: output batches and the budget, from the first chunk -----------------------------------------------
 
 
-def default_batch_rows(bytes_per_row: float) -> int:
-    return int(max(1, min(MAX_BATCH_ROWS, BATCH_BYTES / max(bytes_per_row, 1.0))))
+def default_batch_rows(row_bytes: float) -> int:
+    return int(max(1, min(MAX_BATCH_ROWS, BATCH_BYTES / max(row_bytes, 1.0))))
 
 
 def output_batch_rows(first: Chunk | Yardstick | None, options: ShuffleOptions) -> int:
     """Rows per output batch: --batch-size, or a default sized from the first input chunk's bytes per row."""
-    from batchtool.ops.rows import bytes_per_row
-
     return options.batch_size or default_batch_rows(bytes_per_row(first))
 
 
 def check_memory(options: ShuffleOptions, memory: int, first: Chunk | Yardstick | None, rows: int | None) -> None:
     """Stop before shuffling if one --batch-size batch, or the --buffer, would not fit the budget."""
-    from batchtool.ops.rows import bytes_per_row
-
     per_row = bytes_per_row(first)
     if options.batch_size is not None:
         budget.check_rows("batch_size", options.batch_size, rows, per_row, memory)
@@ -101,8 +61,6 @@ def layout(input: Input, plan: ShufflePlan, first: Yardstick | None) -> dict[str
     """From the first chunk, before any row moves: check the budget and size the output batches; the manifest's
     statistics of the plan (not the global shuffle's key ranges, `key_ranges`: how many depends on --memory and
     --threads, and changes nothing of the output)."""
-    from batchtool.ops.rows import bytes_per_row, estimate_bytes
-
     options = plan.options
     estimate = estimate_bytes(input, first)
     check_memory(options, plan.memory, first, input.num_rows if input.num_rows is not None
@@ -116,17 +74,11 @@ def layout(input: Input, plan: ShufflePlan, first: Yardstick | None) -> dict[str
 
 def key_ranges(plan: ShufflePlan, info: dict[str, Any]) -> int:
     """The global shuffle's key ranges: each sorted by a task of its own, within its share of --memory."""
-    from batchtool.io.spill import parts_for
-    from batchtool.ops.keyed import range_bytes
-
     return parts_for(info["estimated_bytes"], range_bytes(plan.memory, plan.tasks))
 
 
 def _exchange_cut(info: dict[str, Any], options: ShuffleOptions, scattered: Scattered, runtime: Runtime) -> Cut:
     """The global shuffle's batches from its one sorted stream, as the local spill's rebatch cuts them."""
-    from batchtool.ops.regroup import Cut
-    from batchtool.ops.rows import FixedBatches
-
     rows = int(scattered.rows.sum())
     size = info["batch_rows"]
     kept = rows - (rows % size if options.drop_remainder else 0)
@@ -153,10 +105,6 @@ class BufferedShuffle:
     """
 
     def __init__(self, capacity: int, seed: int, schema: pa.Schema) -> None:
-        import numpy as np
-
-        from batchtool.io.dataset import Chunk
-
         self.capacity, self.seed, self.schema = capacity, seed, schema
         self._held = Chunk.concat([], schema)
         self._held_rows = np.zeros(0, dtype=np.int64)
@@ -165,10 +113,6 @@ class BufferedShuffle:
         self._out_pos = 0
 
     def _uniforms(self, count: int) -> list[float]:
-        import numpy as np
-
-        from batchtool.core import rng
-
         positions = np.arange(self._out_pos, self._out_pos + count, dtype=np.uint64)
         self._out_pos += count
         return rng.uniform(self.seed, STAGE + "/buffer", positions).tolist()
@@ -188,8 +132,6 @@ class BufferedShuffle:
 
     def drain(self) -> Chunk:
         """The input has ended: dequeue everything left, one uniform draw over the remaining rows each."""
-        from batchtool.io.dataset import Chunk
-
         slots = self._slots
         out: list[int] = []
         for u in self._uniforms(len(slots)):
@@ -200,10 +142,6 @@ class BufferedShuffle:
         return self._gather(Chunk.concat([], self.schema), out)
 
     def _gather(self, new: Chunk, out: list[int]) -> Chunk:
-        import numpy as np
-
-        from batchtool.io.dataset import Chunk
-
         pool = Chunk.concat([self._held, new], self.schema) if new.num_rows else self._held
         pool_rows = np.concatenate([self._held_rows, np.arange(self._next_row - new.num_rows, self._next_row)])
         order = np.argsort(pool_rows, kind="stable")
@@ -219,8 +157,6 @@ class BufferedShuffle:
 def buffered_shuffle(chunks: Iterable[Chunk], capacity: int, seed: int, schema: pa.Schema) -> Iterator[Chunk]:
     """The buffered shuffle of a chunk stream; input is pushed in groups of at least `capacity` rows so
     that gathering (which copies the buffer) costs at most about one extra copy of the data."""
-    from batchtool.io.dataset import Chunk
-
     buffer = BufferedShuffle(capacity, seed, schema)
     group: list[Chunk] = []
     rows = 0
@@ -258,16 +194,12 @@ class _Buffered:
     the first chunk, read now, sizes them and checks the budget; the rows are counted as they pass."""
 
     def __init__(self, plan: ShufflePlan, input: Input, runtime: Runtime, report: ReadReport) -> None:
-        from batchtool.ops.rows import Yardstick, peek
-
         self.plan, self.schema, self.runtime, self.report = plan, input.schema, runtime, report
         first, self._chunks = peek(runtime.rows(None, report))
         self.info = layout(input, plan, Yardstick.of(first))
         self.rows_in = 0
 
     def __iter__(self) -> Iterator[Chunk]:
-        from batchtool.ops.rows import rebatch
-
         o, schema = self.plan.options, self.schema
         chunks, self._chunks = self._chunks, None
         if chunks is None:
@@ -287,27 +219,8 @@ class _Buffered:
 
 @contextmanager
 def _buffered(plan: ShufflePlan, input: Input, runtime: Runtime, report: ReadReport) -> Iterator[Regrouped]:
-    from batchtool.ops.regroup import Regrouped
-    from batchtool.ops.rows import emit, emit_batch
-
     buffered = _Buffered(plan, input, runtime, report)
     yield Regrouped(buffered, emit if plan.options.batch_size is None else emit_batch, buffered.stats)
-
-
-def _shape(options: ShuffleOptions) -> Shape:
-    return Shape(Kind.BATCHES if options.batch_size is not None else Kind.REORDERS, Depends.ORDER)
-
-
-DECLARED = Declaration(
-    "shuffle",
-    summary="""Shuffle SRC into DST: an exact seeded permutation in bounded memory, or the buffered shuffle of
-    tf.compat.v1.train.shuffle_batch.""",
-    example="batchtool shuffle sample_data/parquet /tmp/shuffled --memory 256MB --seed 1",
-    options=ShuffleOptions,
-    kind=Kind.REORDERS,
-    seeded=True,
-    spills=("memory", "tmp_dir"),
-    shaped=_shape)
 
 
 class Shuffle(Operation[ShuffleOptions, ShufflePlan], declared=DECLARED):
@@ -323,10 +236,6 @@ class Shuffle(Operation[ShuffleOptions, ShufflePlan], declared=DECLARED):
     def regroup(self, plan: ShufflePlan, input: Input, probe: Probe) -> Exchange | Stream:
         """The global shuffle as its exchange (its batches cut from the one sorted stream); the buffered one as it
         streams."""
-        from batchtool.ops.keyed import flush_bytes
-        from batchtool.ops.regroup import Exchange, Scatter, Stream
-        from batchtool.ops.rows import Yardstick
-
         o = plan.options
         if o.buffered:
             return Stream(functools.partial(_buffered, plan, input))
@@ -348,6 +257,5 @@ class Shuffle(Operation[ShuffleOptions, ShufflePlan], declared=DECLARED):
 
 OP = Shuffle()
 
-
-__all__ = ["OP", "STAGE", "BufferedShuffle", "Shuffle", "ShuffleOptions", "ShufflePlan", "buffered_shuffle",
-           "check_memory", "layout", "output_batch_rows", "shuffle_stats"]
+__all__ = ["OP", "STAGE", "BufferedShuffle", "Shuffle", "ShufflePlan", "buffered_shuffle", "check_memory",
+           "default_batch_rows", "layout", "output_batch_rows", "shuffle_stats"]

@@ -1,4 +1,5 @@
-"""`resample`: each example a Poisson(rate) number of times, rates proportional to a weight, or rejection sampling."""
+"""The `resample` op's run: its Operation (its declaration, DECLARED, is the package's), each chunk's rates and
+copies, and the mean weight's running estimate."""
 
 from __future__ import annotations
 
@@ -6,111 +7,32 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from batchtool.core import rng
 from batchtool.core.errors import InputError, OptionInputError, SchemaError
+from batchtool.core.tally import Tally
+from batchtool.io.dataset import Chunk
+from batchtool.io.output import OutputOptions
 from batchtool.ops import names as own
-from batchtool.ops.base import (Context, Declaration, Depends, Kind, Operation, OptionError, Pass, Shape,
-                               manifest_options, need_columns)
-from batchtool.core.options import Column, Flag, Integer, Number, NumberOrColumn, option
+from batchtool.ops.base import Context, Operation, Pass, manifest_options, need_columns
+from batchtool.ops.copies import MAX_RATE, Copies, copy_stats, copy_summary
+from batchtool.ops.resample import DECLARED, DEFAULT_RATE_COLUMN, ResampleOptions
 
 STAGE = "resample"
-DEFAULT_RATE_COLUMN = "resample_rate"
-OUTPUT_COLUMNS = (DEFAULT_RATE_COLUMN,)
-"""resample's own column (with --weight): each output row's effective rate."""
 Locate = Callable[[int], str]
 
-if TYPE_CHECKING:  # the kernels are imported where the op runs: `resample --help` imports no arrays
-    import numpy as np
-    import pyarrow as pa
 
-    from batchtool.core.tally import Tally
-    from batchtool.io.dataset import Chunk
-    from batchtool.ops.copies import Copies
-    from batchtool.io.output import OutputOptions
-
-
-@dataclass(frozen=True)
-class ResampleOptions:
-    """Exactly one of: `rate` (a constant or a column), `weight` with `overall_rate`, `accept_prob`."""
-
-    rate: float | str | None = option("Each example appears Poisson(rate) times: a number or a column.",
-                                      NumberOrColumn(), None)
-    weight: str | None = option("Rate proportional to this column (with --overall-rate).", Column(), None)
-    overall_rate: float | None = option("Mean rate over the data for --weight.", Number(), None)
-    running_mean: bool = option("Estimate the mean weight as the data streams (as "
-                                "tf.contrib.training.weighted_resample) instead of a first pass.", Flag(), False)
-    mean_decay: float = option("Decay of --running-mean.", Number(), 0.999)
-    warmup: int = option("Chunks during which --running-mean is the plain mean.", Integer(), 10)
-    rate_column: str = option("With --weight: the column of each output row's effective rate (the same as "
-                              f"--output-column {DEFAULT_RATE_COLUMN}=NAME).", Column(), DEFAULT_RATE_COLUMN)
-    accept_prob: str | None = option("Rejection sampling: keep each example with this probability.", Column(), None)
-    output_column: tuple[tuple[str, str], ...] = own.output_column(OUTPUT_COLUMNS)
-
-    def __post_init__(self) -> None:
-        from batchtool.ops.copies import MAX_RATE
-
-        modes = ("rate", "weight", "accept_prob")
-        chosen = [name for name in modes if getattr(self, name) is not None]
-        if len(chosen) != 1:
-            raise OptionError(chosen[-1] if chosen else "rate", "give exactly one of {rate}, {weight} (with "
-                              "{overall_rate}) or {accept_prob}" + (f" (got {', '.join('{%s}' % c for c in chosen)})"
-                                                                    if chosen else ""),
-                              mentions=[*modes, "overall_rate"])
-        if isinstance(self.rate, float) and not (math.isfinite(self.rate) and 0 <= self.rate <= MAX_RATE):
-            raise OptionError("rate", f"must be a finite rate >= 0 and at most {MAX_RATE:.10g} (expected copies of "
-                              "each example), or a column name", value=str(self.rate))
-        if (self.weight is None) != (self.overall_rate is None):
-            raise OptionError("weight" if self.weight is None else "overall_rate", "{weight} and {overall_rate} go "
-                              "together (rate = overall rate * weight / mean weight)",
-                              mentions=["weight", "overall_rate"])
-        if self.overall_rate is not None and not (math.isfinite(self.overall_rate)
-                                                  and 0 <= self.overall_rate <= MAX_RATE):
-            raise OptionError("overall_rate", f"must be a finite rate >= 0 and at most {MAX_RATE:.10g}",
-                              value=str(self.overall_rate))
-        if self.running_mean and self.weight is None:
-            raise OptionError("running_mean", "{running_mean} applies to {weight} (it estimates the mean weight as "
-                              "data streams)",
-                              mentions=["weight"])
-        if not 0.0 <= self.mean_decay < 1.0:
-            raise OptionError("mean_decay", "must be in [0, 1)", value=str(self.mean_decay))
-        if self.warmup < 1:
-            raise OptionError("warmup", "must be at least 1", value=str(self.warmup))
-        if not self.rate_column:
-            raise OptionError("rate_column", "must be a non-empty column name")
-        own.check_names(OUTPUT_COLUMNS, self.output_column)
-        if self.output_column and self.rate_column != DEFAULT_RATE_COLUMN:
-            raise OptionError("rate_column", "{rate_column} and {output_column} name the same column; give one",
-                              mentions=["output_column"])
-
-    @property
-    def rate_name(self) -> str:
-        """The name of the rate column (--output-column, or --rate-column)."""
-        return own.named(OUTPUT_COLUMNS, self.output_column or ((DEFAULT_RATE_COLUMN, self.rate_column),))[
-            DEFAULT_RATE_COLUMN]
-
-    @property
-    def mode(self) -> str:
-        return "rate" if self.rate is not None else "weighted" if self.weight is not None else "accept"
-
-    @property
-    def column(self) -> str | None:
-        """The input column the mode reads, if any."""
-        if self.mode == "rate":
-            return self.rate if isinstance(self.rate, str) else None
-        return self.weight if self.mode == "weighted" else self.accept_prob
-
-
-# -- per-chunk functions (pure; shared with stratify) -------------------------------------------------------
+# -- per-chunk functions (pure) ----------------------------------------------------------------------------
 
 
 def checked_values(chunk: Chunk, column: str, locate: Locate, what: str, high: float = math.inf) -> np.ndarray:
     """A numeric column as float64; a null, NaN, infinite, negative or > `high` value is an error naming
     its file, row and column."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     arr = chunk.data.column(column)
     t = arr.type
     if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
@@ -129,10 +51,6 @@ def checked_values(chunk: Chunk, column: str, locate: Locate, what: str, high: f
 def example_rates(chunk: Chunk, options: ResampleOptions, mean_weight: float | None, locate: Locate) -> np.ndarray:
     """Expected copies of each row: the rate (constant or column), overall_rate * weight / mean weight,
     or the acceptance probability. A rate above MAX_RATE is an error naming its row."""
-    import numpy as np
-
-    from batchtool.ops.copies import MAX_RATE
-
     if options.mode == "rate":
         if isinstance(options.rate, float):
             return np.full(chunk.num_rows, options.rate)
@@ -155,11 +73,6 @@ def example_rates(chunk: Chunk, options: ResampleOptions, mean_weight: float | N
 def resample_copies(chunk: Chunk, rates: np.ndarray, options: ResampleOptions, seed: int) -> Copies:
     """How many times each row of one chunk is written: Poisson(rate) (exact for any rate), or once with
     probability p for --accept-prob. Weighted mode keeps the rates, written with each copy."""
-    import numpy as np
-
-    from batchtool.core import rng
-    from batchtool.ops.copies import Copies
-
     if options.mode == "accept":
         copies = (rng.uniform(seed, STAGE, chunk.ids) < rates).astype(np.int64)
     else:
@@ -167,9 +80,6 @@ def resample_copies(chunk: Chunk, rates: np.ndarray, options: ResampleOptions, s
     if options.mode != "weighted":
         return Copies(chunk, copies, seed, STAGE)
     return Copies(chunk, copies, seed, STAGE, rates, options.rate_name)
-
-
-# -- statistics -------------------------------------------------------------------------------------------
 
 
 # -- the mean weight: first pass or weighted_resample's running estimate ------------------------------------
@@ -210,27 +120,9 @@ class ResamplePlan:
 
 def _weights(column: str, context: Context, chunk: Chunk) -> Tally:
     """The first pass's statistics of a chunk: its rows and weights."""
-    from batchtool.core.tally import Tally
-
     tally = Tally.of(rows=chunk.num_rows)
     tally.add_values("weight", checked_values(chunk, column, context.locate, "weight"))
     return tally
-
-
-def _shape(options: ResampleOptions) -> Shape:
-    """Its rows' kind; a running mean's rates follow the chunks."""
-    return Shape(Kind.ROWS, Depends.CHUNKS if options.running_mean else Depends.ORDER)
-
-
-DECLARED = Declaration(
-    "resample",
-    summary="""Resample SRC by Poisson rate, relative weight or acceptance probability and write DST.
-
-    Copies of an example are consecutive rows; pipe the result through `shuffle` to spread them.""",
-    example="batchtool resample sample_data/parquet /tmp/weighted --weight weight --overall-rate 1.0",
-    options=ResampleOptions,
-    seeded=True,
-    shaped=_shape)
 
 
 class Resample(Operation[ResampleOptions, ResamplePlan], declared=DECLARED):
@@ -242,8 +134,6 @@ class Resample(Operation[ResampleOptions, ResamplePlan], declared=DECLARED):
         return {**out, "rate_column": options.rate_name, **own.recorded(options.output_column)}
 
     def output_schema(self, options: ResampleOptions, schema: pa.Schema) -> pa.Schema:
-        import pyarrow as pa
-
         if options.column:
             need_columns(schema, {"rate": "rate", "weighted": "weight", "accept": "accept_prob"}[options.mode],
                          [options.column])
@@ -260,8 +150,6 @@ class Resample(Operation[ResampleOptions, ResamplePlan], declared=DECLARED):
 
     def first_pass(self, options: ResampleOptions, schema: pa.Schema) -> Pass | None:
         """--weight without --running-mean: the mean weight, in a pass over that column only."""
-        from batchtool.core.tally import Tally
-
         if options.weight is None or options.running_mean:
             return None
         return Pass([options.weight], Tally, functools.partial(_weights, options.weight))
@@ -284,8 +172,6 @@ class Resample(Operation[ResampleOptions, ResamplePlan], declared=DECLARED):
 
     def kernel(self, plan: ResamplePlan, chunk: Chunk) -> tuple[Copies, Tally]:
         """One chunk's copies per row (built into rows piece by piece) and its statistics."""
-        from batchtool.ops.copies import copy_stats
-
         rates = example_rates(chunk, plan.options, plan.mean, plan.locate)
         copies = resample_copies(chunk, rates, plan.options, plan.seed)
         tally = copy_stats(copies.copies)
@@ -295,8 +181,6 @@ class Resample(Operation[ResampleOptions, ResamplePlan], declared=DECLARED):
         return copies, tally
 
     def report(self, plan: ResamplePlan, stats: Tally) -> dict[str, Any]:
-        from batchtool.ops.copies import copy_summary
-
         o, rows_in = plan.options, stats.count("rows_in")
         result = {"mode": o.mode, **copy_summary(stats),
                   ("accept_prob" if o.mode == "accept" else "rate"): stats.summary("rate", rows_in)}
@@ -316,5 +200,5 @@ class Resample(Operation[ResampleOptions, ResamplePlan], declared=DECLARED):
 
 OP = Resample()
 
-
-__all__ = ["OP", "ResampleOptions", "RunningMean", "example_rates", "resample_copies"]
+__all__ = ["OP", "STAGE", "Resample", "ResamplePlan", "RunningMean", "checked_values", "example_rates",
+           "resample_copies"]
