@@ -35,11 +35,20 @@ def views(batch: pa.RecordBatch, writable: bool, where: Callable[[], str] = lamb
     batch, children included, starts at offset 0 of its buffers (a batch as the Arrow IPC reader makes it, the
     format has no offsets), so columns of numbers are made from the batch's buffers, fetched in one call, with
     no pyarrow object per column or level."""
+    return _made(batch, writable, where, unsliced)
+
+
+def _made(batch: pa.RecordBatch, writable: bool, where: Callable[[], str], unsliced: bool,
+          numbers_only: bool = False) -> dict[str, Any]:
+    """views' arrays; with `numbers_only`, None for every column that is not of numbers (lists of them included)."""
     plan = _plan(batch)
     buffers = plan.flat(batch) if unsliced else None
     rows = batch.num_rows
-    out = {}
+    out: dict[str, Any] = {}
     for i, (name, convert, at) in enumerate(zip(plan.names, plan.converts, plan.at)):
+        if numbers_only and not isinstance(convert, _Dense):
+            out[name] = None
+            continue
         try:
             array = None if buffers is None or at is None else convert.from_buffers(buffers, at, rows, writable)
             out[name] = convert(batch.column(i), writable) if array is None else array
@@ -50,10 +59,12 @@ def views(batch: pa.RecordBatch, writable: bool, where: Callable[[], str] = lamb
 
 class StackViews:
     """views of the batches of stacks (formats.base.Stacked): each stack's arrays made once, on the thread that
-    first asks for one of its batches (its last stack kept per thread), and each batch's arrays their rows. A
-    column is sliced only where that gives exactly what views makes of the batch alone: strings and bytes, and
-    numbers (lists of them included) with no null at any level and, for lists, equal lengths across the stack
-    (an array not of objects); any other column is made from the batch's own rows."""
+    first asks for one of its batches (its last stack kept per thread, whichever read gave it again), and each
+    batch's arrays their rows. A column is sliced only where that gives exactly what views makes of the batch
+    alone and costs nothing to make for the whole stack: numbers (lists of them included) with no null at any
+    level and, for lists, equal lengths across the stack (views of the stack's buffers); any other column
+    (strings: a Python object a row) is made from the batch's own rows, so a random access (batchtool.source)
+    makes no more than its batch."""
 
     def __init__(self, writable: bool, unsliced: bool) -> None:
         self.writable = writable
@@ -62,9 +73,9 @@ class StackViews:
 
     def __call__(self, piece: Stacked, where: Callable[[], str] = lambda: "a batch") -> dict[str, Any]:
         held = getattr(self._held, "stack", None)
-        if held is None or held[0] is not piece.stack:
-            held = self._held.stack = (piece.stack, self._stack_arrays(piece.stack, where), _plan(piece.stack))
-        stack, arrays, plan = held
+        if held is None or not held[0].same_stack(piece):
+            held = self._held.stack = (piece, self._stack_arrays(piece.stack, where), _plan(piece.stack))
+        stack, arrays, plan = held[0].stack, held[1], held[2]
         start = piece.index * piece.rows
         out = {}
         for i, (name, array) in enumerate(arrays.items()):
@@ -77,17 +88,14 @@ class StackViews:
 
     def _stack_arrays(self, stack: pa.RecordBatch, where: Callable[[], str]) -> dict[str, np.ndarray | None]:
         """{column: the stack's array, or None where each batch's is made from its own rows}."""
-        made = views(stack, self.writable, where, self.unsliced)
-        return {name: array if _sliceable(stack.column(i), array) else None
+        made = _made(stack, self.writable, where, self.unsliced, numbers_only=True)
+        return {name: array if array is not None and _sliceable(stack.column(i), array) else None
                 for i, (name, array) in enumerate(made.items())}
 
 
 def _sliceable(column: pa.Array, array: np.ndarray) -> bool:
-    """Whether rows of `array` (what views made of `column`) are what views makes of those rows alone."""
-    kind = column.type
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind) \
-            or pa.types.is_large_binary(kind):
-        return True
+    """Whether rows of `array` (what views made of `column`) are what views makes of those rows alone, and are
+    views, not objects."""
     if array.dtype == object:
         return False
     while True:  # no null at any level (a batch without one would convert to another dtype)

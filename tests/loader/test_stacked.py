@@ -132,6 +132,24 @@ def test_record_batches_source_and_resume_address_batches_not_stacks(outputs):
         _same(a, b, f"resumed batch {i}")
 
 
+def test_a_stack_is_made_into_arrays_once_whichever_read_gives_it(outputs, monkeypatch):
+    """batchtool.source reads one batch a call and the loader a group of batches a read: the batches of one stack
+    after the first reuse its arrays (strings, made a row at a time, are made for the batch alone)."""
+    from batchtool.loader import arrays
+
+    made = []
+    original = arrays._made
+    monkeypatch.setattr(arrays, "_made", lambda *a, **k: made.append(k.get("numbers_only")) or original(*a, **k))
+    source = batchtool.source(outputs["stacked"])
+    per_stack = pa.ipc.open_file(os.path.join(outputs["stacked"], "part-00000.arrow")).get_batch(0).num_rows // B
+    for i in range(per_stack + 1):
+        source[i]
+    assert made.count(True) == 2  # the first stack, then the second
+    made.clear()
+    batches = sum(1 for _ in batchtool.load(outputs["stacked"]))
+    assert made.count(True) == _manifest(outputs["stacked"])["output"]["files"][0]["record_batches"] < batches
+
+
 def test_check_counts_batches_not_record_batches(outputs, run_cli):
     result = run_cli("check", outputs["stacked"])
     assert result.exit_code == 0, result.output

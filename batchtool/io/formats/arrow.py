@@ -320,7 +320,7 @@ class _Read(ReadTask):
                                      f"lists {opened.rows:,} for the whole file")
         if starts is None:
             return [read[r] for r in records]
-        return [Stacked(read[r], i - int(starts[r]), opened.stacked) for i, r in zip(self.batches, records)]
+        return [Stacked(read[r], i - int(starts[r]), opened.stacked, opened, r) for i, r in zip(self.batches, records)]
 
     def check(self) -> None:
         self.file.check_size()

@@ -155,6 +155,15 @@ class Stacked:
     stack: pa.RecordBatch
     index: int
     rows: int
+    origin: object = None
+    """What read it (an open file), kept alive with the stack: the same origin and `record` are the same stack,
+    whichever read gave it, so its arrays are made once (None: only this very stack object)."""
+    record: int = 0
+    """The stack's record batch in its file."""
+
+    def same_stack(self, other: Stacked) -> bool:
+        return self.stack is other.stack or (self.origin is not None and self.origin is other.origin
+                                              and self.record == other.record)
 
     @property
     def batch(self) -> pa.RecordBatch:
